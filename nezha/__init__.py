@@ -1,0 +1,1 @@
+"""Nezha: a Kubernetes-native cache for the datasets ML training jobs download."""

@@ -1,0 +1,5 @@
+import sys
+
+from nezha.cli import main
+
+sys.exit(main())

@@ -1,0 +1,217 @@
+"""Settings for every component, read in one place.
+
+Precedence, highest first: command-line flags, `NEZHA_*` environment
+variables, an optional YAML file (`--config FILE`, a flat mapping of field
+names), then the defaults below. Nothing else in Nezha reads the environment.
+Each component gets its own class and receives it as `settings=`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from yarl import URL
+
+from nezha.errors import ConfigError
+
+_yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("nezha_yaml_file", default=None)
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string such as `10GiB`, `500M`, `1048576`."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use bytes or a suffix such as 500M, 10GiB)")
+    unit = (m.group(2) or "").lower().rstrip("b")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def parse_hostport(value: str, *, field: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{field} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class Origin(BaseModel):
+    """One dataset host the cache may contact, and where it really lives.
+
+    `host` is the name clients ask for (`www.cs.toronto.edu`); `upstream` is
+    where the node fetches it (`http://www.cs.toronto.edu` in a cluster, a
+    local server in tests). Keyed by `host`, so an HTTPS listener with
+    per-host certificates can be added without changing the table.
+    """
+
+    host: str
+    upstream: str
+    default_ttl: float = 3600.0
+    volatile_params: tuple[str, ...] = ()
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        v = v.strip().lower().rstrip(".")
+        if not _HOST_RE.match(v):
+            raise ValueError(f"origin host {v!r} is not a hostname")
+        return v
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, v: str) -> str:
+        u = URL(v)
+        if u.scheme not in ("http", "https") or not u.host:
+            raise ValueError(f"origin upstream {v!r} must be an http:// or https:// URL")
+        return str(u).rstrip("/")
+
+    @classmethod
+    def parse(cls, spec: str) -> "Origin":
+        """`HOST=UPSTREAM_URL`, as given to `--origin`."""
+        host, sep, upstream = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--origin wants HOST=UPSTREAM_URL, got {spec!r}")
+        return cls(host=host, upstream=upstream)
+
+
+class _Base(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="ignore", validate_default=True)
+
+    log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _yaml_file.get()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def _origins(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [s for s in value.split(",") if s.strip()]
+    if isinstance(value, dict):
+        value = [{"host": h, "upstream": u} for h, u in value.items()]
+    return [Origin.parse(v) if isinstance(v, str) else v for v in (value or [])]
+
+
+class CacheSettings(_Base):
+    """One cache node (`nezha cache`)."""
+
+    listen: str = "127.0.0.1:8080"
+    data_dir: Path = Path("./nezha-data")
+    origins: list[Origin] = Field(default_factory=list)
+    capacity: int | None = None
+    origin_connect_timeout: float = 5.0
+    origin_read_timeout: float = 30.0
+    chunk_size: int = 256 * 1024
+    # Cluster membership; all optional so a node runs alone.
+    redis_url: str | None = None
+    node_id: str | None = None
+    advertise: str | None = None
+    replicas: int = 1
+    peer_timeout: float = 1.0
+    stats_flush_interval: float = 1.0
+    ring_refresh_interval: float = 5.0
+
+    @field_validator("origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v: Any) -> Any:
+        return _origins(v)
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _capacity(cls, v: Any) -> Any:
+        return None if v in (None, "", "0", 0) else parse_size(v)
+
+    @field_validator("listen", "advertise")
+    @classmethod
+    def _hostport(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            parse_hostport(v, field=info.field_name)
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "CacheSettings":
+        hosts = [o.host for o in self.origins]
+        dup = {h for h in hosts if hosts.count(h) > 1}
+        if dup:
+            raise ValueError(f"origins: host {sorted(dup)[0]!r} is configured twice")
+        if self.replicas < 1:
+            raise ValueError(f"replicas ({self.replicas}) must be at least 1")
+        if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
+            raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
+        return self
+
+    @property
+    def origin_table(self) -> dict[str, Origin]:
+        return {o.host: o for o in self.origins}
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        return parse_hostport(self.listen, field="listen")
+
+
+class WebhookSettings(_Base):
+    """The admission webhook (`nezha webhook`)."""
+
+    listen: str = "127.0.0.1:8443"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    rules: Path | None = None
+    cache_ip: str | None = None
+    cache_service: str = "nezha-cache"
+    namespace: str = "nezha"
+    max_body_bytes: int = 3 * 1024 * 1024
+    rules_reload_interval: float = 2.0
+
+    @field_validator("listen")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        parse_hostport(v, field="listen")
+        return v
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        return parse_hostport(self.listen, field="listen")
+
+
+def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> Any:
+    """Build settings of `cls` from flags, environment and an optional YAML file.
+
+    Flags that were not given (None) do not mask the environment. Errors come
+    back as one ConfigError naming every bad field.
+    """
+    from pydantic import ValidationError
+
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    if config_file is not None and not Path(config_file).is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    token = _yaml_file.set(Path(config_file) if config_file else None)
+    try:
+        return cls(**given)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or cls.__name__}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"invalid {cls.__name__}: {problems}") from e
+    finally:
+        _yaml_file.reset(token)
