@@ -1,0 +1,55 @@
+"""`nezha cache` (one node) and `nezha demo` (the first thing a user runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from nezha.config import CacheSettings, load
+from nezha.logs import configure
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cache", help="run one cache node")
+    p.add_argument("--listen", help="HOST:PORT to serve on (default 127.0.0.1:8080)")
+    p.add_argument("--data-dir", type=Path, help="folder for cached objects")
+    p.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL",
+                   help="a dataset host and where to fetch it; repeat for more")
+    p.add_argument("--capacity", help="bytes of disk to use, e.g. 50GiB; LRU eviction beyond")
+    p.add_argument("--redis-url", help="index to join (redis:// or rediss://)")
+    p.add_argument("--node-id", help="this node's identity in the ring")
+    p.add_argument("--advertise", help="HOST:PORT peers use to reach this node")
+    p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key)")
+    p.add_argument("--config", type=Path, help="YAML file of settings")
+    p.add_argument("--log-level")
+    p.set_defaults(func=run_cache)
+
+    d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
+    d.add_argument("--size", type=int, default=None, help="bytes of the demo file (default 169001437)")
+    d.add_argument("--rate", type=float, default=None, help="origin throttle in bytes/s (default 3.5 MB/s)")
+    d.add_argument("--nodes", type=int, default=1, help="cache nodes (more than 1 shows peer hits)")
+    d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
+    d.set_defaults(func=run_demo)
+
+
+def _flags(args: argparse.Namespace, names: list[str]) -> dict:
+    return {n: getattr(args, n, None) for n in names}
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    from cachenode.app import serve
+
+    settings = load(CacheSettings, config_file=args.config, flags=_flags(
+        args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
+               "replicas", "log_level"]))
+    configure(level=settings.log_level)
+    asyncio.run(serve(settings))
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from cachenode.demo import main as demo_main
+
+    return demo_main(args)

@@ -1,0 +1,159 @@
+"""One origin exchange per key, shared by every client that wants it.
+
+A `Flight` is the single in-progress exchange for a key. The first request
+that misses leads it; requests arriving meanwhile join and learn the same
+outcome. When the origin answers with a storable 200 the outcome is a
+`Fill`: the body is written to a temp file by a task of its own (so a
+leader that disconnects does not cancel it), and every waiter streams from
+that file as it grows. Late waiters start from byte 0 of the file, so they
+get bytes already streamed without the node holding them in memory.
+
+No aiohttp here: the body arrives as an async iterator of chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+
+import structlog
+
+from cachenode.store import Meta, Store, TempObject
+from nezha.errors import FillAborted, NezhaError
+
+log = structlog.get_logger("nezha.fill")
+
+
+class Fill:
+    """Bytes of one object arriving from the origin into a temp file."""
+
+    def __init__(self, *, key: str, headers: dict[str, str], length: int | None, temp: TempObject) -> None:
+        self.key = key
+        self.headers = headers
+        self.length = length
+        self.temp = temp
+        self.meta: Meta | None = None  # set when committed
+        self.error: NezhaError | None = None
+        self._progress = asyncio.Event()
+
+    @property
+    def written(self) -> int:
+        return self.temp.written
+
+    @property
+    def finished(self) -> bool:
+        return self.meta is not None or self.error is not None
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def wait_beyond(self, offset: int) -> int:
+        """Block until more than `offset` bytes are on disk, or the fill ends.
+
+        Returns the bytes available; raises FillAborted if the fill failed,
+        so a client mid-stream sees a broken connection, not a short body.
+        """
+        while True:
+            if self.error is not None:
+                raise FillAborted(f"fill of {self.key} failed: {self.error}") from self.error
+            if self.written > offset or self.meta is not None:
+                return self.written
+            await self._progress.wait()
+
+    async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
+                  on_bytes: Callable[[int], None] | None = None) -> Meta:
+        """Copy the origin body to disk, verify its length, commit it."""
+        try:
+            async for chunk in chunks:
+                await store.write(self.temp, chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+                self._notify()
+            if self.length is not None and self.written != self.length:
+                raise FillAborted(
+                    f"origin sent {self.written} of {self.length} bytes for {self.key}")
+            self.meta = await store.commit(self.temp, meta)
+            return self.meta
+        except asyncio.CancelledError:
+            self.error = FillAborted(f"fill of {self.key} was cancelled")
+            await store.discard(self.temp)
+            raise
+        except Exception as e:
+            self.error = e if isinstance(e, NezhaError) else FillAborted(
+                f"reading origin body for {self.key}: {type(e).__name__}: {e}")
+            await store.discard(self.temp)
+            if self.error is e:
+                raise
+            raise self.error from e
+        finally:
+            self._notify()
+
+
+class Kind(enum.Enum):
+    STREAMING = "streaming"  # a Fill is writing the object; stream from it
+    REVALIDATED = "revalidated"  # 304: the stored object is fresh again
+    PASSED = "passed"  # not storable: each waiter fetches for itself
+    FAILED = "failed"  # the origin could not be used
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Kind
+    fill: Fill | None = None
+    meta: Meta | None = None
+    error: NezhaError | None = None
+
+
+class Flight:
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    def resolve(self, outcome: Outcome) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(outcome)
+
+
+class Flights:
+    """The registry of exchanges in progress: at most one per key."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, Flight] = {}
+
+    def __len__(self) -> int:
+        return len(self._flights)
+
+    def get(self, key: str) -> Flight | None:
+        return self._flights.get(key)
+
+    def lead_or_join(self, key: str) -> tuple[Flight, bool]:
+        flight = self._flights.get(key)
+        if flight is not None:
+            return flight, False
+        flight = Flight(key)
+        self._flights[key] = flight
+        return flight, True
+
+    def land(self, flight: Flight) -> None:
+        if self._flights.get(flight.key) is flight:
+            del self._flights[flight.key]
+
+    def abort(self, flight: Flight, error: NezhaError) -> None:
+        """The leader went away before the origin answered: joiners retry."""
+        self.land(flight)
+        flight.resolve(Outcome(Kind.FAILED, error=error))
+
+
+async def run_fill_in_background(flights: Flights, flight: Flight, work: Awaitable[Meta]) -> None:
+    """Keep the flight registered until the fill ends, so late requests join it."""
+    try:
+        await work
+    except NezhaError as e:
+        log.warning("fill_failed", key=flight.key, error=str(e))
+    except asyncio.CancelledError:
+        raise
+    finally:
+        flights.land(flight)

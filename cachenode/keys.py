@@ -1,0 +1,101 @@
+"""Request targets and cache keys. Pure: no I/O.
+
+The cache key is the object's identity everywhere (disk, peers, Redis):
+`scheme://host/path?query`, with the path kept as the client encoded it and
+the per-origin volatile query parameters removed. On disk an object is named
+by the SHA-256 of its key, never by anything the client typed, so no request
+can choose a file name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from nezha.errors import NezhaError
+
+
+class BadTarget(NezhaError):
+    """The request line or Host header cannot name an object."""
+
+
+_CTL = re.compile(r"[\x00-\x20\x7f]")
+_HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    path: str  # percent-encoded, as sent, always starting with "/"
+    query: str  # percent-encoded, without "?"
+
+    @property
+    def path_qs(self) -> str:
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+def _split_host(hostport: str) -> str:
+    host = hostport.strip().lower()
+    if host.startswith("["):
+        raise BadTarget(f"IP literal host {hostport!r} is not a dataset origin")
+    host = host.rsplit(":", 1)[0] if ":" in host else host
+    host = host.rstrip(".")
+    if not host or not _HOST.match(host):
+        raise BadTarget(f"host {hostport!r} is not a valid hostname")
+    return host
+
+
+def parse_target(raw_target: str, host_header: str | None, *, scheme: str = "http") -> Target:
+    """Read the host and path a client asked for.
+
+    Accepts origin form (`GET /path` with `Host:`) and the absolute-URI proxy
+    form (`GET http://host/path`), where the URI's host wins over `Host:` as
+    RFC 9112 §3.2.2 requires. Dot segments are refused rather than resolved:
+    a client that sends them is probing, and the origin may resolve them
+    differently than we would.
+    """
+    if _CTL.search(raw_target):
+        raise BadTarget("request target contains control characters or spaces")
+    if raw_target.startswith("/"):
+        if not host_header:
+            raise BadTarget("request has no Host header")
+        host = _split_host(host_header)
+        rest = raw_target
+    else:
+        m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)$", raw_target)
+        if not m:
+            raise BadTarget(f"request target {raw_target[:200]!r} is neither a path nor an absolute URI")
+        scheme = m.group(1).lower()
+        if scheme not in ("http", "https"):
+            raise BadTarget(f"scheme {scheme!r} is not served")
+        authority = m.group(2)
+        if "@" in authority:
+            raise BadTarget("credentials in the request URI are not accepted")
+        host = _split_host(authority)
+        rest = m.group(3) or "/"
+        if not rest.startswith("/"):
+            rest = "/" + rest
+    rest = rest.split("#", 1)[0]
+    path, _, query = rest.partition("?")
+    segments = unquote(path).replace("\\", "/").split("/")
+    if any(seg in (".", "..") for seg in segments):
+        raise BadTarget(f"path {path[:200]!r} contains a dot segment")
+    return Target(scheme=scheme, host=host, path=path, query=query)
+
+
+def cache_key(target: Target, *, volatile_params: tuple[str, ...] = ()) -> str:
+    """The object's identity: scheme, host, path and the stable query."""
+    query = target.query
+    if query and volatile_params:
+        drop = set(volatile_params)
+        query = "&".join(p for p in query.split("&") if p.split("=", 1)[0] not in drop)
+    qs = f"?{query}" if query else ""
+    return f"{target.scheme}://{target.host}{target.path}{qs}"
+
+
+def object_id(key: str) -> str:
+    """File-system-safe name of a key's object: hex SHA-256."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()

@@ -1,0 +1,28 @@
+"""Prometheus metrics of one node, on a registry of its own so that several
+nodes in one process (tests, `nezha up` in-process) never share counters."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("nezha_requests", "Requests answered, by cache outcome", ["cache"], registry=r)
+        self.hits = Counter("nezha_cache_hits", "Requests served from this node's disk", registry=r)
+        self.misses = Counter("nezha_cache_misses", "Requests that needed the origin", registry=r)
+        self.bytes_from_disk = Counter("nezha_bytes_served_from_disk", "Body bytes sent from stored objects", registry=r)
+        self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
+        self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
+        self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
+        self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)
+        self.stored_bytes = Gauge("nezha_stored_bytes", "Bytes of complete objects on disk", registry=r)
+        self.stored_objects = Gauge("nezha_stored_objects", "Complete objects on disk", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

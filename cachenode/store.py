@@ -1,0 +1,329 @@
+"""The node's disk: complete objects only, named by key hash, LRU-evicted.
+
+Layout under the data directory:
+
+    objects/<2 hex>/<id>.meta            JSON: key, URL, headers, size, expiry, data file
+    objects/<2 hex>/<id>.<nonce>.data    the bytes
+    tmp/                                 fills in progress; emptied at start-up
+
+An object becomes servable only by the rename of its `.meta`, which happens
+after its data file is complete, verified against the origin's length,
+fsynced and renamed into place. A crash at any step leaves either the old
+object or no object, never a partial one; start-up deletes orphans.
+
+Every file name comes from the SHA-256 of the key, and every path is checked
+to lie under the data directory, so no request can read or write elsewhere.
+Blocking calls run in the default executor; the in-memory index is touched
+only from the event loop, so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from cachenode.keys import object_id
+from nezha.errors import StoreError
+
+log = structlog.get_logger("nezha.store")
+
+# Headers of the origin's response kept with the object and sent on hits.
+KEPT_HEADERS = (
+    "Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition",
+    "ETag", "Last-Modified", "Cache-Control", "Expires",
+)
+
+
+@dataclass(frozen=True)
+class Meta:
+    key: str
+    url: str
+    host: str
+    size: int
+    headers: dict[str, str]
+    stored_at: float
+    expires_at: float
+    stale_if_error: bool = True
+    data: str = ""  # data file name, relative to the object's folder
+
+    @property
+    def etag(self) -> str | None:
+        return self.headers.get("ETag")
+
+    @property
+    def last_modified(self) -> str | None:
+        return self.headers.get("Last-Modified")
+
+    def fresh(self, now: float) -> bool:
+        return now < self.expires_at
+
+
+@dataclass
+class TempObject:
+    """A fill's file in tmp/. The writer owns `fd`; readers open `path`."""
+
+    path: Path
+    fd: int
+    written: int = 0
+    reserved: int = 0
+
+
+@dataclass
+class _Usage:
+    stored: int = 0
+    reserved: int = 0
+
+
+class Store:
+    def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
+                 on_evict: Callable[[Meta], None] | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.objects = self.root / "objects"
+        self.tmp = self.root / "tmp"
+        self.capacity = capacity
+        self._clock = clock
+        self._on_evict = on_evict
+        self._index: OrderedDict[str, Meta] = OrderedDict()  # LRU order: oldest first
+        self._usage = _Usage()
+
+    # -- paths -------------------------------------------------------------
+    def _dir_of(self, oid: str) -> Path:
+        return self.objects / oid[:2]
+
+    def _inside(self, path: Path) -> Path:
+        resolved = path.resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            raise StoreError(f"refusing path {path}: outside data directory {self.root}")
+        return resolved
+
+    def data_path(self, meta: Meta) -> Path:
+        return self._inside(self._dir_of(object_id(meta.key)) / meta.data)
+
+    # -- start-up ----------------------------------------------------------
+    async def open(self) -> None:
+        """Rebuild the index from disk; delete temporary and orphaned files."""
+        metas, removed = await asyncio.get_running_loop().run_in_executor(None, self._scan)
+        for meta in sorted(metas, key=lambda m: m.stored_at):
+            self._index[meta.key] = meta
+            self._usage.stored += meta.size
+        log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self._usage.stored, removed=removed)
+        if self.capacity is not None:
+            self._evict_to(self.capacity)
+
+    def _scan(self) -> tuple[list[Meta], int]:
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        removed = 0
+        for leftover in self.tmp.iterdir():
+            if leftover.is_file():
+                leftover.unlink(missing_ok=True)
+                removed += 1
+        metas: list[Meta] = []
+        for sub in self.objects.iterdir():
+            if not sub.is_dir():
+                continue
+            wanted: set[str] = set()
+            for mpath in sub.glob("*.meta"):
+                meta = self._read_meta(mpath)
+                if meta is None or object_id(meta.key) != mpath.stem:
+                    mpath.unlink(missing_ok=True)
+                    removed += 1
+                    continue
+                dpath = sub / meta.data
+                try:
+                    ok = dpath.stat().st_size == meta.size
+                except OSError:
+                    ok = False
+                if not ok:
+                    mpath.unlink(missing_ok=True)
+                    removed += 1
+                    continue
+                wanted.add(meta.data)
+                metas.append(meta)
+            for f in sub.iterdir():
+                if f.suffix != ".meta" and f.name not in wanted:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+        return metas, removed
+
+    @staticmethod
+    def _read_meta(path: Path) -> Meta | None:
+        try:
+            raw = json.loads(path.read_text())
+            meta = Meta(**raw)
+            if "/" in meta.data or not meta.data.endswith(".data"):
+                return None
+            return meta
+        except (OSError, ValueError, TypeError):
+            return None
+
+    # -- reads -------------------------------------------------------------
+    def lookup(self, key: str) -> Meta | None:
+        meta = self._index.get(key)
+        if meta is not None:
+            self._index.move_to_end(key)
+        return meta
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._usage.stored
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # -- capacity ------------------------------------------------------------
+    def fits(self, size: int) -> bool:
+        return self.capacity is None or size <= self.capacity
+
+    def reserve(self, size: int) -> None:
+        """Make room for a fill of known size before its bytes arrive."""
+        self._usage.reserved += size
+        if self.capacity is not None:
+            self._evict_to(self.capacity)
+
+    def release(self, size: int) -> None:
+        self._usage.reserved = max(0, self._usage.reserved - size)
+
+    def _evict_to(self, limit: int, *, keep: str | None = None) -> None:
+        while self._usage.stored + self._usage.reserved > limit and self._index:
+            key = next(iter(self._index))
+            if key == keep:
+                if len(self._index) == 1:
+                    break
+                self._index.move_to_end(key)
+                continue
+            meta = self._index.pop(key)
+            self._usage.stored -= meta.size
+            self._unlink_later(meta, final=True)
+            log.info("object_evicted", key=key, bytes=meta.size)
+            if self._on_evict:
+                self._on_evict(meta)
+
+    def _unlink_later(self, meta: Meta, *, final: bool) -> None:
+        d = self._dir_of(object_id(meta.key))
+        paths = [d / meta.data] + ([d / f"{object_id(meta.key)}.meta"] if final else [])
+
+        def unlink() -> None:
+            for p in paths:
+                try:
+                    self._inside(p).unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("unlink_failed", path=str(p), error=str(e))
+
+        # Open readers keep their file descriptors; unlinking under them is safe.
+        asyncio.get_running_loop().run_in_executor(None, unlink)
+
+    # -- writes --------------------------------------------------------------
+    async def new_temp(self) -> TempObject:
+        path = self.tmp / f"{secrets.token_hex(12)}.part"
+        try:
+            fd = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except OSError as e:
+            raise StoreError(f"create {path}: {e}") from e
+        return TempObject(path=path, fd=fd)
+
+    async def write(self, temp: TempObject, data: bytes) -> None:
+        def _write() -> None:
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(temp.fd, view, temp.written)
+                temp.written += n
+                view = view[n:]
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _write)
+        except OSError as e:
+            raise StoreError(f"write {temp.path}: {e}") from e
+
+    async def discard(self, temp: TempObject) -> None:
+        self.release(temp.reserved)
+        temp.reserved = 0
+
+        def _discard() -> None:
+            try:
+                os.close(temp.fd)
+            except OSError:
+                pass
+            temp.path.unlink(missing_ok=True)
+        await asyncio.get_running_loop().run_in_executor(None, _discard)
+
+    async def commit(self, temp: TempObject, meta: Meta) -> Meta:
+        """Make a finished temp file the servable object for `meta.key`."""
+        oid = object_id(meta.key)
+        folder = self._dir_of(oid)
+        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
+        data_path = self._inside(folder / meta.data)
+        meta_path = self._inside(folder / f"{oid}.meta")
+
+        def _commit() -> None:
+            step = "fsync"
+            try:
+                os.fsync(temp.fd)
+                os.close(temp.fd)
+                step = "mkdir"
+                folder.mkdir(parents=True, exist_ok=True)
+                step = "rename data"
+                os.rename(temp.path, data_path)
+                step = "write meta"
+                self._write_meta(meta_path, meta)
+            except OSError as e:
+                temp.path.unlink(missing_ok=True)
+                raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+
+        await asyncio.get_running_loop().run_in_executor(None, _commit)
+        self.release(temp.reserved)
+        temp.reserved = 0
+        old = self._index.pop(meta.key, None)
+        if old is not None:
+            self._usage.stored -= old.size
+            self._unlink_later(old, final=False)
+        self._index[meta.key] = meta
+        self._usage.stored += meta.size
+        if self.capacity is not None:
+            self._evict_to(self.capacity, keep=meta.key)
+        return meta
+
+    def _write_meta(self, meta_path: Path, meta: Meta) -> None:
+        tmp = self.tmp / f"{secrets.token_hex(12)}.meta"
+        with open(tmp, "w") as f:
+            json.dump(asdict(meta), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, meta_path)
+
+    async def refresh(self, meta: Meta, *, headers: dict[str, str], expires_at: float) -> Meta:
+        """A 304 from the origin: same bytes, new validators and expiry."""
+        current = self._index.get(meta.key)
+        if current is None or current.data != meta.data:
+            return current or meta
+        merged = dict(meta.headers)
+        merged.update({k: v for k, v in headers.items() if k in KEPT_HEADERS})
+        new = replace(meta, headers=merged, expires_at=expires_at)
+        path = self._inside(self._dir_of(object_id(meta.key)) / f"{object_id(meta.key)}.meta")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._write_meta, path, new)
+        except OSError as e:
+            raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
+        self._index[meta.key] = new
+        return new
+
+    async def remove(self, key: str) -> None:
+        meta = self._index.pop(key, None)
+        if meta is not None:
+            self._usage.stored -= meta.size
+            self._unlink_later(meta, final=True)

@@ -1,0 +1,89 @@
+"""A local origin server whose misbehaviour tests can dial in.
+
+It serves `files` (path -> bytes) and counts every request, so a test can
+prove how often the cache went to the origin. Knobs: throttle, delay before
+headers, die after N bytes, lie about Content-Length, omit it (chunked),
+custom status and headers per path, ETag/Last-Modified, and 304 handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Behaviour:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # before the headers
+    rate: float | None = None  # bytes per second
+    die_after: int | None = None  # drop the connection after this many body bytes
+    claim_length: int | None = None  # Content-Length to announce instead of the real one
+    chunked: bool = False
+
+
+class TestOrigin:
+    __test__ = False  # not a test class
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.behaviour: dict[str, Behaviour] = {}
+        self.etags: dict[str, str] = {}
+        self.requests: Counter[str] = Counter()
+        self.request_headers: list[dict[str, str]] = []
+        self.url = ""
+
+    def put(self, path: str, body: bytes, *, etag: str | None = None, **behaviour) -> None:
+        self.files[path] = body
+        self.etags[path] = etag or '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        self.behaviour[path] = Behaviour(**behaviour)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path_qs
+        self.requests[path] += 1
+        self.request_headers.append(dict(request.headers))
+        if path not in self.files:
+            return web.Response(status=404, text=f"no {path}\n")
+        body = self.files[path]
+        b = self.behaviour[path]
+        if b.delay:
+            await asyncio.sleep(b.delay)
+        etag = self.etags[path]
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag, **b.headers})
+        resp = web.StreamResponse(status=b.status)
+        resp.headers["ETag"] = etag
+        resp.headers["Content-Type"] = "application/octet-stream"
+        resp.headers["Last-Modified"] = "Wed, 01 Jan 2025 00:00:00 GMT"
+        resp.headers.update(b.headers)
+        if b.chunked:
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = b.claim_length if b.claim_length is not None else len(body)
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            return resp
+        limit = len(body) if b.die_after is None else min(b.die_after, len(body))
+        step = 64 * 1024
+        if b.rate:
+            step = max(1024, int(b.rate / 20))
+        for i in range(0, limit, step):
+            await resp.write(body[i:min(i + step, limit)])
+            if b.rate:
+                await asyncio.sleep(step / b.rate)
+        if b.die_after is not None:
+            await asyncio.sleep(0.05)
+            request.transport.close()
+            return resp
+        await resp.write_eof()
+        return resp
