@@ -59,7 +59,7 @@ def parse_range(value: str, size: int) -> tuple[int, int] | None | bool:
         end = int(last) if last else size - 1
     except ValueError:
         return None
-    if start < 0 or end < start:
+    if start < 0 or (last and end < start):
         return None
     if start >= size:
         return False

@@ -1,0 +1,65 @@
+"""Disk bounds and what survives a restart."""
+
+import os
+
+
+async def test_least_recently_used_objects_are_evicted_under_capacity(origin, make_node, session):
+    for name in "abcd":
+        origin.put(f"/{name}", name.encode() * 40_000)
+    node = await make_node(capacity=100_000)
+    for name in "abc":
+        await node.get(session, f"/{name}")
+        await node.node.settled()
+        if name == "b":
+            await node.get(session, "/a")  # touch a: b is now the oldest
+    store = node.node.store
+    assert "http://www.cs.toronto.edu/b" not in store
+    assert {"http://www.cs.toronto.edu/a", "http://www.cs.toronto.edu/c"} <= set(store.keys())
+    assert store.used_bytes <= 100_000
+    on_disk = sum(p.stat().st_size for p in store.objects.rglob("*.data"))
+    assert on_disk <= 100_000
+    async with session.get(node.url + "/metrics") as r:
+        assert "nezha_evictions_total 1.0" in await r.text()
+
+
+async def test_object_larger_than_capacity_is_streamed_through_unstored(origin, make_node, session):
+    origin.put("/big", b"B" * 200_000)
+    node = await make_node(capacity=100_000)
+    status, headers, got = await node.get(session, "/big")
+    assert status == 200 and got == b"B" * 200_000 and headers["X-Nezha-Cache"] == "pass"
+    await node.node.settled()
+    assert len(node.node.store) == 0
+
+
+async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origin, make_node, session, tmp_path):
+    data = tmp_path / "persist"
+    origin.put("/keep", b"k" * 5000)
+    node = await make_node(data_dir=data)
+    await node.get(session, "/keep")
+    await node.node.settled()
+    await node.server.close()
+    # What a crash mid-fill and mid-commit leaves behind:
+    (data / "tmp" / "deadbeef.part").write_bytes(b"partial")
+    sub = data / "objects" / "ab"
+    sub.mkdir(exist_ok=True)
+    (sub / ("ab" + "0" * 62 + ".123.data")).write_bytes(b"data without meta")
+    meta = next(data.rglob("*.meta"))
+    data_file = next(p for p in meta.parent.iterdir() if p.suffix == ".data")
+
+    node2 = await make_node(data_dir=data)
+    assert list((data / "tmp").iterdir()) == []
+    assert not (sub / ("ab" + "0" * 62 + ".123.data")).exists()
+    status, headers, got = await node2.get(session, "/keep")
+    assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "hit"
+    assert origin.requests["/keep"] == 1
+    await node2.server.close()
+
+    # A data file cut short (a torn write) is never served: it is dropped and refetched.
+    with open(data_file, "r+b") as f:
+        f.truncate(100)
+    node3 = await make_node(data_dir=data)
+    assert len(node3.node.store) == 0
+    status, headers, got = await node3.get(session, "/keep")
+    assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "miss"
+    assert origin.requests["/keep"] == 2
+    assert not os.path.exists(data_file)

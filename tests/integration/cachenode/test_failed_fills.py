@@ -1,0 +1,80 @@
+"""A fill that fails leaves nothing servable and breaks its streams visibly."""
+
+import asyncio
+
+import aiohttp
+import pytest
+
+PATH = "/data/train.bin"
+
+
+async def read_all(node, session, path):
+    """Body bytes, or the exception a client sees when the stream breaks."""
+    try:
+        async with session.get(node.url + path, headers={"Host": "www.cs.toronto.edu"}) as r:
+            return r.status, await r.read()
+    except aiohttp.ClientError as e:
+        return None, e
+
+
+async def test_origin_dying_mid_fill_breaks_streams_and_next_request_refetches(origin, make_node, session):
+    body = b"d" * 500_000
+    origin.put(PATH, body, die_after=200_000)
+    node = await make_node()
+    results = await asyncio.gather(*(read_all(node, session, PATH) for _ in range(5)))
+    for status, got in results:
+        assert status is None and isinstance(got, aiohttp.ClientPayloadError), (status, got)
+    await node.node.settled()
+    assert "http://www.cs.toronto.edu" + PATH not in node.node.store
+    origin.behaviour[PATH].die_after = None
+    status, got = await read_all(node, session, PATH)
+    assert status == 200 and got == body
+    assert origin.requests[PATH] == 2
+
+
+async def test_origin_lying_about_length_stores_nothing(origin, make_node, session):
+    body = b"l" * 100_000
+    origin.put(PATH, body, claim_length=150_000, die_after=100_000)
+    node = await make_node()
+    status, got = await read_all(node, session, PATH)
+    assert isinstance(got, aiohttp.ClientPayloadError)
+    await node.node.settled()
+    assert len(node.node.store) == 0
+    assert list((node.node.store.tmp).iterdir()) == []
+
+
+async def test_chunked_origin_dying_breaks_the_chunked_stream(origin, make_node, session):
+    origin.put(PATH, b"c" * 400_000, chunked=True, die_after=100_000)
+    node = await make_node()
+    status, got = await read_all(node, session, PATH)
+    assert isinstance(got, aiohttp.ClientPayloadError)
+    await node.node.settled()
+    assert len(node.node.store) == 0
+
+
+async def test_unreachable_origin_is_502_naming_the_origin(make_node, session):
+    from nezha.config import Origin
+
+    node = await make_node(origins=[Origin(host="www.cs.toronto.edu", upstream="http://127.0.0.1:9")])
+    status, headers, got = await node.get(session, PATH)
+    assert status == 502
+    assert b"origin http://127.0.0.1:9/data/train.bin" in got and b"cannot connect" in got
+
+
+async def test_silent_origin_is_504_naming_the_origin(origin, make_node, session):
+    origin.put(PATH, b"s", delay=2.0)
+    node = await make_node(origin_read_timeout=0.3)
+    status, headers, got = await node.get(session, PATH)
+    assert status == 504
+    assert origin.url.encode() in got and b"timeout" in got
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+async def test_origin_errors_are_passed_on_and_not_cached(origin, make_node, session, status):
+    origin.put(PATH, b"nope\n", status=status)
+    node = await make_node()
+    for _ in range(2):
+        got_status, headers, got = await node.get(session, PATH)
+        assert got_status == status and got == b"nope\n"
+    assert origin.requests[PATH] == 2
+    assert len(node.node.store) == 0

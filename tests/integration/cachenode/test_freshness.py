@@ -1,0 +1,103 @@
+"""TTL, revalidation, and stale copies when the origin is down."""
+
+PATH = "/datasets/mnist.npz"
+KEY = "http://www.cs.toronto.edu" + PATH
+
+
+async def test_expired_object_revalidated_by_304_is_kept(origin, make_node, session):
+    origin.put(PATH, b"v1" * 1000, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    status, headers, got = await node.get(session, PATH)
+    assert status == 200 and got == b"v1" * 1000 and headers["X-Nezha-Cache"] == "revalidated"
+    assert origin.request_headers[-1]["If-None-Match"] == origin.etags[PATH]
+    assert origin.requests[PATH] == 2
+
+
+async def test_changed_etag_replaces_the_stored_object(origin, make_node, session):
+    origin.put(PATH, b"old" * 1000, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"new!" * 1000, headers={"Cache-Control": "max-age=600"})
+    status, headers, got = await node.get(session, PATH)
+    assert got == b"new!" * 1000
+    await node.node.settled()
+    status, headers, got = await node.get(session, PATH)
+    assert got == b"new!" * 1000 and headers["X-Nezha-Cache"] == "hit"
+    assert headers["ETag"] == origin.etags[PATH]
+    assert len(list(node.node.store.objects.rglob("*.data"))) == 1
+
+
+async def test_max_age_keeps_object_fresh_without_asking_origin(origin, make_node, session):
+    origin.put(PATH, b"f" * 10, headers={"Cache-Control": "max-age=3600"})
+    node = await make_node()
+    for _ in range(3):
+        await node.get(session, PATH)
+        await node.node.settled()
+    assert origin.requests[PATH] == 1
+
+
+async def test_stale_copy_is_served_with_a_warning_when_origin_is_down(origin, make_node, session):
+    origin.put(PATH, b"stale" * 100, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"x", status=503, headers={"Cache-Control": "max-age=0"})
+    status, headers, got = await node.get(session, PATH)
+    assert status == 200 and got == b"stale" * 100
+    assert headers["X-Nezha-Cache"] == "stale" and "Revalidation Failed" in headers["Warning"]
+
+
+async def test_stale_copy_is_served_when_origin_is_unreachable(origin, make_node, session, tmp_path):
+    from nezha.config import Origin
+
+    origin.put(PATH, b"keep" * 100, headers={"Cache-Control": "max-age=0"})
+    node = await make_node(data_dir=tmp_path / "d")
+    await node.get(session, PATH)
+    await node.node.settled()
+    await node.server.close()
+    dead = await make_node(data_dir=tmp_path / "d",
+                           origins=[Origin(host="www.cs.toronto.edu", upstream="http://127.0.0.1:9")])
+    status, headers, got = await dead.get(session, PATH)
+    assert status == 200 and got == b"keep" * 100 and headers["X-Nezha-Cache"] == "stale"
+
+
+async def test_must_revalidate_object_is_not_served_stale(origin, make_node, session):
+    origin.put(PATH, b"m" * 10, headers={"Cache-Control": "max-age=0, must-revalidate"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"down", status=503)
+    status, _, got = await node.get(session, PATH)
+    assert status == 503 and got == b"down"
+
+
+async def test_no_store_and_private_responses_pass_through_unstored(origin, make_node, session):
+    origin.put("/a", b"secret-a", headers={"Cache-Control": "private"})
+    origin.put("/b", b"secret-b", headers={"Cache-Control": "no-store"})
+    node = await make_node()
+    for path, body in (("/a", b"secret-a"), ("/b", b"secret-b")):
+        for _ in range(2):
+            status, headers, got = await node.get(session, path)
+            assert got == body and headers["X-Nezha-Cache"] == "pass"
+        assert origin.requests[path] == 2
+    assert len(node.node.store) == 0
+
+
+async def test_authorization_and_cookie_requests_bypass_the_cache(origin, make_node, session):
+    origin.put(PATH, b"public" * 10)
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    for creds in ({"Authorization": "Bearer alice"}, {"Cookie": "session=bob"}):
+        status, headers, got = await node.get(session, PATH, headers=creds)
+        assert headers["X-Nezha-Cache"] == "bypass"
+        sent = origin.request_headers[-1]
+        assert all(sent.get(k) == v for k, v in creds.items()), "credentials must reach the origin"
+    origin.put("/private", b"alice-only")
+    await node.get(session, "/private", headers={"Authorization": "Bearer alice"})
+    await node.node.settled()
+    assert "http://www.cs.toronto.edu/private" not in node.node.store
+    assert origin.requests[PATH] == 3

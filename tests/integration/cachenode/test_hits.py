@@ -1,0 +1,90 @@
+"""Serving stored objects: Range, HEAD, conditionals, the origin's headers kept."""
+
+import pytest
+
+PATH = "/~kriz/cifar-10-python.tar.gz"
+BODY = bytes(range(256)) * 1000
+
+
+@pytest.fixture
+async def warm(origin, make_node, session):
+    origin.put(PATH, BODY, headers={"Content-Type": "application/x-gzip"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    return node
+
+
+@pytest.mark.parametrize("header,status,expect,content_range", [
+    ("bytes=0-99", 206, BODY[:100], "bytes 0-99/256000"),
+    ("bytes=1000-", 206, BODY[1000:], "bytes 1000-255999/256000"),
+    ("bytes=-10", 206, BODY[-10:], "bytes 255990-255999/256000"),
+    ("bytes=255999-999999", 206, BODY[-1:], "bytes 255999-255999/256000"),
+    ("bytes=0-1,5-6", 200, BODY, None),
+    ("items=0-1", 200, BODY, None),
+])
+async def test_single_range_on_a_hit(warm, session, header, status, expect, content_range):
+    got_status, headers, got = await warm.get(session, PATH, headers={"Range": header})
+    assert got_status == status and got == expect
+    assert headers.get("Content-Range") == content_range
+    assert headers["X-Nezha-Cache"] == "hit"
+
+
+async def test_range_past_the_end_is_416_with_the_size(warm, session):
+    status, headers, got = await warm.get(session, PATH, headers={"Range": "bytes=300000-"})
+    assert status == 416 and headers["Content-Range"] == "bytes */256000"
+
+
+async def test_hit_keeps_origin_headers(origin, warm, session):
+    status, headers, got = await warm.get(session, PATH)
+    assert headers["Content-Type"] == "application/x-gzip"
+    assert headers["ETag"] == origin.etags[PATH]
+    assert headers["Last-Modified"] == "Wed, 01 Jan 2025 00:00:00 GMT"
+    assert headers["Content-Length"] == str(len(BODY))
+
+
+async def test_head_on_a_hit_sends_headers_without_body(warm, session):
+    status, headers, got = await warm.get(session, PATH, method="HEAD")
+    assert status == 200 and got == b"" and headers["Content-Length"] == str(len(BODY))
+    assert headers["X-Nezha-Cache"] == "hit"
+
+
+async def test_head_on_a_miss_asks_the_origin_and_stores_nothing(origin, make_node, session):
+    origin.put(PATH, BODY)
+    node = await make_node()
+    status, headers, got = await node.get(session, PATH, method="HEAD")
+    assert status == 200 and got == b"" and headers["Content-Length"] == str(len(BODY))
+    assert len(node.node.store) == 0
+
+
+async def test_if_none_match_on_a_hit_is_304(origin, warm, session):
+    status, headers, got = await warm.get(session, PATH, headers={"If-None-Match": origin.etags[PATH]})
+    assert status == 304 and got == b"" and headers["ETag"] == origin.etags[PATH]
+
+
+async def test_if_modified_since_on_a_hit_is_304(warm, session):
+    status, _, _ = await warm.get(session, PATH, headers={"If-Modified-Since": "Thu, 02 Jan 2025 00:00:00 GMT"})
+    assert status == 304
+    status, _, got = await warm.get(session, PATH, headers={"If-Modified-Since": "Tue, 31 Dec 2024 00:00:00 GMT"})
+    assert status == 200 and got == BODY
+
+
+async def test_if_range_with_another_etag_gets_the_whole_object(warm, session):
+    status, _, got = await warm.get(session, PATH, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert status == 200 and got == BODY
+
+
+async def test_absolute_uri_proxy_form_is_served(origin, warm, session):
+    async with session.get(warm.url + PATH, headers={"Host": "127.0.0.1"}, proxy=None) as r:
+        assert r.status == 403  # Host alone names no origin
+    import asyncio
+
+    host, port = warm.server.host, warm.server.port
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET http://www.cs.toronto.edu{PATH} HTTP/1.1\r\nHost: ignored\r\n"
+                 "Connection: close\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == BODY

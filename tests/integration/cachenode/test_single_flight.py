@@ -1,0 +1,68 @@
+"""Many clients, one origin fetch, and every client streamed while it fills."""
+
+import asyncio
+import hashlib
+
+import aiohttp
+
+PATH = "/~kriz/cifar-100-python.tar.gz"
+
+
+async def test_fifty_concurrent_cold_requests_make_one_origin_request(origin, make_node, session):
+    body = hashlib.sha256(b"x").digest() * 40000  # 1.28 MB
+    origin.put(PATH, body, rate=8_000_000)
+    node = await make_node()
+    results = await asyncio.gather(*(node.get(session, PATH) for _ in range(50)))
+    assert origin.requests[PATH] == 1
+    assert all(status == 200 for status, _, _ in results)
+    assert all(got == body for _, _, got in results)
+
+
+async def test_clients_receive_bytes_before_the_fill_completes(origin, make_node, session):
+    body = b"a" * 600_000
+    origin.put(PATH, body, rate=400_000)  # 1.5 s for the whole object
+    node = await make_node()
+    async with session.get(node.url + PATH, headers={"Host": "www.cs.toronto.edu"}) as r:
+        first = await asyncio.wait_for(r.content.readexactly(1000), timeout=1.0)
+        assert node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None, "fill already over"
+        rest = await r.read()
+    assert first + rest == body
+
+
+async def test_late_waiter_gets_bytes_already_streamed(origin, make_node, session):
+    body = bytes(range(256)) * 2000
+    origin.put(PATH, body, rate=1_000_000)
+    node = await make_node()
+    first = asyncio.ensure_future(node.get(session, PATH))
+    await asyncio.sleep(0.25)  # about half the object is on disk by now
+    late = await node.get(session, PATH)
+    assert late[2] == body and (await first)[2] == body
+    assert late[1]["X-Nezha-Cache"] == "miss-joined"
+    assert origin.requests[PATH] == 1
+
+
+async def test_client_disconnect_mid_fill_leaves_other_clients_unaffected(origin, make_node, session):
+    body = b"z" * 800_000
+    origin.put(PATH, body, rate=1_000_000)
+    node = await make_node()
+    other = asyncio.ensure_future(node.get(session, PATH))
+    async with aiohttp.ClientSession() as quitter:
+        async with quitter.get(node.url + PATH, headers={"Host": "www.cs.toronto.edu"}) as r:
+            await r.content.readexactly(10_000)
+            r.close()  # hang up mid-body
+    status, _, got = await other
+    assert status == 200 and got == body
+    await node.node.settled()
+    status, headers, got = await node.get(session, PATH)
+    assert got == body and headers["X-Nezha-Cache"] == "hit"
+    assert origin.requests[PATH] == 1
+
+
+async def test_origin_without_content_length_is_streamed_chunked_and_stored(origin, make_node, session):
+    body = b"q" * 300_000
+    origin.put(PATH, body, chunked=True)
+    node = await make_node()
+    assert (await node.get(session, PATH))[2] == body
+    await node.node.settled()
+    status, headers, got = await node.get(session, PATH)
+    assert got == body and headers["X-Nezha-Cache"] == "hit" and headers["Content-Length"] == str(len(body))
