@@ -28,7 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
     d.add_argument("--size", type=int, default=None, help="bytes of the demo file (default 169001437)")
     d.add_argument("--rate", type=float, default=None, help="origin throttle in bytes/s (default 3.5 MB/s)")
-    d.add_argument("--nodes", type=int, default=1, help="cache nodes (more than 1 shows peer hits)")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)

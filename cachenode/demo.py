@@ -1,0 +1,183 @@
+"""`nezha demo`: the original Nezha experiment on one machine.
+
+A local origin plays www.cs.toronto.edu, throttled like the real one was
+(3.49 MB/s in 2018); a cache node runs as its own process on a temporary
+folder; the same dataset is downloaded through the cache twice, addressed
+the way a pod with hostAliases addresses it (its Host header names the
+dataset host, its connection goes to the cache). Both copies are checked
+against the origin's SHA-256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from tqdm import tqdm
+
+from nezha.localorigin import LocalOrigin
+
+HOST = "www.cs.toronto.edu"
+PATH = "/~kriz/cifar-100-python.tar.gz"
+CIFAR100_BYTES = 169_001_437
+RATE_2018 = 3_500_000
+
+
+@dataclass
+class Download:
+    seconds: float
+    nbytes: int
+    sha256: str
+    cache: str
+
+    @property
+    def mbps(self) -> float:
+        return self.nbytes / self.seconds / 1e6
+
+
+def make_dataset(path: Path, size: int) -> str:
+    """Write `size` random bytes (incompressible, like a .tar.gz) and return their SHA-256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    block = 4 * 1024 * 1024
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            data = os.urandom(min(block, left))
+            f.write(data)
+            digest.update(data)
+            left -= len(data)
+    return digest.hexdigest()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"cache node exited with status {proc.returncode}")
+            try:
+                async with s.get(url + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"cache node at {url} was not ready within {timeout:g}s")
+
+
+async def wait_settled(url: str, timeout: float = 60.0) -> None:
+    """Wait until the node has committed its fills, so the next read is a hit."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            async with s.get(url + "/readyz") as r:
+                if (await r.json()).get("fills_in_flight") == 0:
+                    return
+            await asyncio.sleep(0.05)
+
+
+async def download(cache_url: str, *, label: str, show: bool) -> Download:
+    digest = hashlib.sha256()
+    n = 0
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
+    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as s:
+        async with s.get(cache_url + PATH, headers={"Host": HOST}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{label} download: cache answered {r.status}: {(await r.text())[:200]}")
+            total = r.content_length
+            with tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not show,
+                      file=sys.stderr, leave=True) as bar:
+                async for chunk in r.content.iter_chunked(1 << 20):
+                    digest.update(chunk)
+                    n += len(chunk)
+                    bar.update(len(chunk))
+            cache = r.headers.get("X-Nezha-Cache", "?")
+    return Download(time.perf_counter() - started, n, digest.hexdigest(), cache)
+
+
+async def run(*, size: int, rate: float, as_json: bool, keep: Path | None) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="nezha-demo-"))
+    data_dir = keep or work / "cache"
+    proc: subprocess.Popen | None = None
+    origin = LocalOrigin(work / "origin", rate=rate)
+    show = not as_json
+    try:
+        if show:
+            print(f"making a {size:,}-byte {PATH.rsplit('/', 1)[1]} for the local origin ...", file=sys.stderr)
+        expected = await asyncio.get_running_loop().run_in_executor(
+            None, make_dataset, work / "origin" / PATH.lstrip("/"), size)
+        origin_url = await origin.start()
+        port = free_port()
+        cache_url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+             "--origin", f"{HOST}={origin_url}", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL)
+        await wait_ready(cache_url, proc)
+        if show:
+            print(f"origin {origin_url} throttled to {rate / 1e6:.2f} MB/s plays http://{HOST}; "
+                  f"cache node at {cache_url}", file=sys.stderr)
+        cold = await download(cache_url, label="cold", show=show)
+        await wait_settled(cache_url)
+        warm = await download(cache_url, label="warm", show=show)
+        result = {
+            "url": f"http://{HOST}{PATH}",
+            "bytes": size,
+            "origin_rate_mbps": round(rate / 1e6, 3),
+            "cold_mbps": round(cold.mbps, 2),
+            "warm_mbps": round(warm.mbps, 2),
+            "speedup": round(warm.mbps / cold.mbps, 1),
+            "cold_cache": cold.cache,
+            "warm_cache": warm.cache,
+            "origin_gets": origin.gets,
+            "sha256": expected,
+            "sha256_match": cold.sha256 == expected and warm.sha256 == expected,
+        }
+        return result
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await origin.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    size = args.size if args.size is not None else CIFAR100_BYTES
+    rate = args.rate if args.rate is not None else RATE_2018
+    if size <= 0 or rate <= 0:
+        print("nezha demo: --size and --rate must be positive", file=sys.stderr)
+        return 2
+    result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"cold (origin -> cache -> you): {result['cold_mbps']:8.2f} MB/s  [{result['cold_cache']}]")
+        print(f"warm (cache disk -> you):     {result['warm_mbps']:8.2f} MB/s  [{result['warm_cache']}]")
+        print(f"speed-up: {result['speedup']}x   origin GETs: {result['origin_gets']}   "
+              f"sha256 {'matches' if result['sha256_match'] else 'DOES NOT MATCH'} ({result['sha256'][:16]}...)")
+    return 0 if result["sha256_match"] else 1

@@ -1,0 +1,31 @@
+"""The commands a new user types first."""
+
+import json
+import subprocess
+import sys
+
+
+def nezha(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nezha", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_downloads_cold_then_warm_and_checks_sha256():
+    run = nezha("demo", "--size", "3000000", "--rate", "6000000", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["sha256_match"] is True
+    assert result["cold_cache"] == "miss" and result["warm_cache"] == "hit"
+    assert result["origin_gets"] == 1
+    assert 3.0 < result["cold_mbps"] < 6.6  # the throttle holds the cold copy near 6 MB/s
+    assert result["warm_mbps"] > result["cold_mbps"] and result["speedup"] > 1
+
+
+def test_cache_refuses_a_malformed_origin_naming_it():
+    run = nezha("cache", "--origin", "no-equals-sign", "--data-dir", "/nonexistent-never-created")
+    assert run.returncode == 2
+    assert "HOST=UPSTREAM_URL" in run.stderr and "no-equals-sign" in run.stderr
+
+
+def test_cache_refuses_a_non_http_upstream():
+    run = nezha("cache", "--origin", "h.example=ftp://127.0.0.1/")
+    assert run.returncode == 2 and "http:// or https://" in run.stderr
