@@ -20,6 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import structlog
 
+from cachenode.cluster import Peer
 from cachenode.store import Meta, Store, TempObject
 from nezha.errors import FillAborted, NezhaError
 
@@ -63,6 +64,15 @@ class Fill:
                 return self.written
             await self._progress.wait()
 
+    async def wait_finished(self) -> Meta:
+        """The committed object, once the whole body is on disk; FillAborted otherwise."""
+        while True:
+            if self.error is not None:
+                raise FillAborted(f"fill of {self.key} failed: {self.error}") from self.error
+            if self.meta is not None:
+                return self.meta
+            await self._progress.wait()
+
     async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
                   on_bytes: Callable[[int], None] | None = None) -> Meta:
         """Copy the origin body to disk, verify its length, commit it."""
@@ -90,6 +100,16 @@ class Fill:
             raise self.error from e
         finally:
             self._notify()
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fill reads from: the origin, or (for replicas) a peer's disk."""
+
+    url: str
+    what: str
+    headers: dict[str, str]
+    peer: Peer | None = None
 
 
 class Kind(enum.Enum):

@@ -47,7 +47,7 @@ class OriginClient:
             await self._session.close()
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
-                      timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+                      timeout: aiohttp.ClientTimeout | None = None, json: object = None) -> aiohttp.ClientResponse:
         """Send a request and return once the response headers are in.
 
         `what` names the thing being fetched in error messages ("origin
@@ -56,7 +56,7 @@ class OriginClient:
         assert self._session is not None, "OriginClient.start() was not awaited"
         try:
             return await self._session.request(
-                method, url, headers=headers, allow_redirects=False, timeout=timeout or self._timeout)
+                method, url, headers=headers, allow_redirects=False, timeout=timeout or self._timeout, json=json)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise OriginTimeout(f"{what}: no answer within the timeout "
                                 f"(connect {self._connect_timeout:g}s, read {self._read_timeout:g}s)") from e

@@ -20,11 +20,14 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, run_fill_in_background
-from cachenode.freshness import request_bypasses_cache, response_policy
+from cachenode.cluster import ClusterView
+from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
+from cachenode.handoff import Handoff
+from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, end_to_end
+from cachenode.peers import PEER_HEADER, PeerRelay
 from cachenode.ranges import Outcome as RangeOutcome
 from cachenode.ranges import evaluate
 from cachenode.store import KEPT_HEADERS, Meta, Store
@@ -34,7 +37,9 @@ from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 log = structlog.get_logger("nezha.cachenode")
 
 CACHE_HEADER = "X-Nezha-Cache"
+EXPIRES_HEADER = "X-Nezha-Expires"  # peer responses: the owner's expiry, so copies age alike
 ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+INTERNAL_PREFIX = "/_nezha/"
 _SENDFILE = os.environ.get("AIOHTTP_NOSENDFILE") is None  # aiohttp's own switch, honoured alike
 
 
@@ -52,21 +57,34 @@ def _kept(headers: "aiohttp.typedefs.LooseHeaders") -> dict[str, str]:
 
 class CacheNode:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time) -> None:
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 cluster: ClusterView | None = None, index=None) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
         self.metrics = metrics or Metrics()
         self.flights = Flights()
+        self.node_id = settings.node_id or settings.advertise or settings.listen
+        self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
+        self.index = index  # cachenode.index.Index or None: stats and locations, never awaited on the hot path
+        self.relay = PeerRelay(node_id=self.node_id, client=origins, connect_timeout=settings.peer_timeout,
+                               read_timeout=settings.origin_read_timeout + settings.peer_timeout,
+                               chunk_size=settings.chunk_size)
         self._table = settings.origin_table
         self._clock = clock
         self._tasks: set[asyncio.Task] = set()
         self._ready = False
+        self.handoff = Handoff(node=self)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
         await self.store.open()
         await self.origins.start()
+        if self.index is not None:
+            self.index.on_membership(self.cluster.update)
+            await self.index.start()
+            if self.index.membership is not None:
+                self.cluster.update(self.index.membership)
         self._update_store_gauges()
         self._ready = True
 
@@ -75,7 +93,16 @@ class CacheNode:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.index is not None:
+            await self.index.close()
         await self.origins.close()
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Run background work that `stop()` cancels and `settled()` waits for."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def settled(self) -> None:
         """Wait for fills and other background work in progress to finish."""
@@ -83,7 +110,9 @@ class CacheNode:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def on_evict(self, meta: Meta) -> None:
-        self.metrics.evictions.inc()
+        self._count(meta.host, evictions=1, objects=-1, bytes_stored=-meta.size)
+        if self.index is not None:
+            self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self._update_store_gauges()
 
     def _update_store_gauges(self) -> None:
@@ -93,8 +122,12 @@ class CacheNode:
     # -- entry point -----------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         host_header = request.headers.get("Host")
-        if request.raw_path in ADMIN_PATHS and not self._names_origin(host_header):
-            return await self._admin(request)
+        if not self._names_origin(host_header):
+            if request.raw_path in ADMIN_PATHS:
+                return await self._admin(request)
+            if request.raw_path.startswith(INTERNAL_PREFIX):
+                request["cache"] = "internal"
+                return await self.handoff.handle(request)
         try:
             target = parse_target(request.raw_path, host_header)
         except BadTarget as e:
@@ -113,9 +146,19 @@ class CacheNode:
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
             return await self._pass(request, url, label="bypass")
+        meta = self.store.lookup(key)
+        fresh = meta is not None and meta.fresh(self._clock())
+        if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
+            raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+        if PEER_HEADER not in request.headers and not fresh and not self.cluster.owns(key):
+            relayed = await self.relay.relay(request, self.cluster.owners(key), target=target)
+            if relayed is not None:
+                if request.get("cache") == "peer-hit":
+                    self._count(target.host, peer_hits=1)
+                return relayed
+            log.warning("owners_unreachable", key=key, owners=[p.id for p in self.cluster.owners(key)])
         if request.method == "HEAD":
-            meta = self.store.lookup(key)
-            if meta is not None and meta.fresh(self._clock()):
+            if fresh:
                 return await self._serve_hit(request, meta, label="hit")
             return await self._pass(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
@@ -125,17 +168,28 @@ class CacheNode:
             return False
         return host_header.rsplit(":", 1)[0].lower().rstrip(".") in self._table
 
+    def status(self) -> dict:
+        snap = self.cluster.snapshot
+        detail = {"ready": self._ready, "node": self.node_id, "objects": len(self.store),
+                  "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
+                  "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.addresses)}
+        if self.index is not None:
+            detail["index"] = self.index.status()
+        return detail
+
     async def _admin(self, request: web.Request) -> web.Response:
         request["cache"] = "admin"
         if request.raw_path == "/healthz":
             return web.Response(text="ok\n")
         if request.raw_path == "/readyz":
-            detail = {"ready": self._ready, "objects": len(self.store), "bytes": self.store.used_bytes,
-                      "fills_in_flight": len(self.flights)}
-            return web.json_response(detail, status=200 if self._ready else 503)
+            # Redis down is reported but does not make the node unready: it keeps serving.
+            return web.json_response(self.status(), status=200 if self._ready else 503)
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     # -- GET ---------------------------------------------------------------------
+    def origin_source(self, url: str) -> Source:
+        return Source(url=url, what=f"origin {url}", headers={})
+
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
                    target: Target) -> web.StreamResponse:
         # A joiner whose leader vanished retries; bounded so a pathological
@@ -150,8 +204,8 @@ class CacheNode:
             flight, leader = self.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:
-                outcome, response = await self._lead(flight, key=key, url=url, origin=origin,
-                                                     stale=meta, target=target)
+                outcome, response = await self.lead(flight, key=key, url=url, origin=origin, stale=meta,
+                                                    target=target, source=self.origin_source(url))
             else:
                 outcome = await asyncio.shield(flight.outcome)
             if outcome.kind is Kind.STREAMING:
@@ -182,28 +236,41 @@ class CacheNode:
             return web.HTTPGatewayTimeout(text=f"{error}\n")
         return web.HTTPBadGateway(text=f"{error}\n")
 
-    async def _lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
-                    target: Target) -> tuple[Outcome, aiohttp.ClientResponse | None]:
-        """Ask the origin once for everybody waiting on `key`."""
-        headers: dict[str, str] = {}
+    async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
+                   target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
+        """Ask the source once for everybody waiting on `key`."""
+        headers = dict(source.headers)
         if stale is not None:
             if stale.etag:
                 headers["If-None-Match"] = stale.etag
             if stale.last_modified:
                 headers["If-Modified-Since"] = stale.last_modified
-        what = f"origin {url}"
         response: aiohttp.ClientResponse | None = None
         try:
             try:
-                response = await self.origins.request("GET", url, headers=headers, what=what)
+                response = await self.origins.request("GET", source.url, headers=headers, what=source.what)
             except OriginError as e:
                 self.flights.land(flight)
-                self._count(fill_failures=1)
+                self._count(target.host, failed_fills=1)
                 outcome = Outcome(Kind.FAILED, error=e)
                 flight.resolve(outcome)
                 return outcome, None
             now = self._clock()
             policy = response_policy(response.status, response.headers, default_ttl=origin.default_ttl, now=now)
+            expires_at = now + policy.ttl
+            if source.peer is not None:
+                if response.status != 200:
+                    # A peer copy is all or nothing: a replica never falls back to the origin.
+                    error = OriginError(f"{source.what} answered {response.status} for {key}")
+                    response.release()
+                    self.flights.land(flight)
+                    outcome = Outcome(Kind.FAILED, error=error)
+                    flight.resolve(outcome)
+                    return outcome, None
+                try:
+                    expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
+                except ValueError:
+                    pass
             if response.status == 304 and stale is not None:
                 response.release()
                 ttl = response_policy(200, {**stale.headers, **_kept(response.headers)},
@@ -216,7 +283,7 @@ class CacheNode:
             if response.status >= 500 and stale is not None and stale.stale_if_error:
                 response.release()
                 self.flights.land(flight)
-                outcome = Outcome(Kind.FAILED, error=OriginError(f"{what} returned {response.status}"))
+                outcome = Outcome(Kind.FAILED, error=OriginError(f"{source.what} returned {response.status}"))
                 flight.resolve(outcome)
                 return outcome, None
             length = response.content_length
@@ -228,7 +295,8 @@ class CacheNode:
                 flight.resolve(outcome)
                 return outcome, response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host,
-                                          ttl=policy.ttl, stale_if_error=policy.stale_if_error, now=now)
+                                          expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                                          now=now, target=target, source=source)
             response = None  # the fill owns it now
             outcome = Outcome(Kind.STREAMING, fill=fill)
             flight.resolve(outcome)
@@ -241,7 +309,8 @@ class CacheNode:
             raise
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
-                          host: str, ttl: float, stale_if_error: bool, now: float) -> Fill:
+                          host: str, expires_at: float, stale_if_error: bool, now: float, target: Target,
+                          source: Source) -> Fill:
         length = response.content_length
         try:
             temp = await self.store.new_temp()
@@ -253,9 +322,11 @@ class CacheNode:
         kept = _kept(response.headers)
         fill = Fill(key=key, headers=kept, length=length, temp=temp)
         meta = Meta(key=key, url=url, host=host, size=0, headers=kept, stored_at=now,
-                    expires_at=now + ttl, stale_if_error=stale_if_error)
-        self._count(misses=1)
+                    expires_at=expires_at, stale_if_error=stale_if_error)
+        if source.peer is None:
+            self._count(host, misses=1)
         self.metrics.fills_in_flight.inc()
+        from_origin = self.metrics.bytes_from_origin
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -264,37 +335,43 @@ class CacheNode:
             finally:
                 response.release()
 
+        def on_bytes(n: int) -> None:
+            if source.peer is None:
+                from_origin.inc(n)
+                self._count(host, bytes_from_origin=n, metrics=False)
+
         async def work() -> Meta:
             started = time.monotonic()
             try:
-                stored = await fill.run(body(), store=self.store, meta=meta,
-                                        on_bytes=lambda n: self.metrics.bytes_from_origin.inc(n))
+                stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes)
             except NezhaError:
-                self._count(fill_failures=1)
+                self._count(host, failed_fills=1)
                 raise
             finally:
                 self.metrics.fills_in_flight.dec()
             self._update_store_gauges()
-            log.info("fill_completed", key=key, bytes=stored.size,
+            self._count(host, objects=1, bytes_stored=stored.size)
+            if self.index is not None:
+                self.index.object_stored(key, url=url, host=host, size=stored.size)
+            log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
                      seconds=round(time.monotonic() - started, 3))
+            if source.peer is None:
+                self.handoff.replicate_soon(key, target)
             return stored
 
-        task = asyncio.get_running_loop().create_task(run_fill_in_background(self.flights, flight, work()))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.spawn(run_fill_in_background(self.flights, flight, work()))
         return fill
 
-    def _count(self, **deltas: int) -> None:
-        m = self.metrics
-        for name, value in deltas.items():
-            if name == "hits":
-                m.hits.inc(value)
-            elif name == "misses":
-                m.misses.inc(value)
-            elif name == "bytes_from_disk":
-                m.bytes_from_disk.inc(value)
-            elif name == "fill_failures":
-                m.fill_failures.inc(value)
+    def _count(self, host: str, *, metrics: bool = True, **deltas: int) -> None:
+        """Count for Prometheus and for the Redis index (batched there, never awaited)."""
+        if metrics:
+            m = self.metrics
+            for name, counter in (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_from_disk),
+                                  ("failed_fills", m.fill_failures), ("evictions", m.evictions)):
+                if deltas.get(name):
+                    counter.inc(deltas[name])
+        if self.index is not None:
+            self.index.count(host, **deltas)
 
     # -- responses -------------------------------------------------------------
     def _object_headers(self, resp: web.StreamResponse, headers: dict[str, str], label: str) -> None:
@@ -324,7 +401,7 @@ class CacheNode:
                 resp.content_length = 0 if decision.outcome is RangeOutcome.PRECONDITION_FAILED else None
                 await resp.prepare(request)
                 await resp.write_eof()
-                self._count(hits=1)
+                self._count(meta.host, hits=1)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
                 resp.headers["Content-Range"] = f"bytes */{meta.size}"
@@ -336,11 +413,13 @@ class CacheNode:
                 end = decision.start + decision.length - 1
                 resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
             resp.content_length = decision.length
-            self._count(hits=1)
+            self._count(meta.host, hits=1)
+            if PEER_HEADER in request.headers:
+                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
             await resp.prepare(request)
             if request.method != "HEAD" and decision.length:
                 await self._send_file(request, resp, f, decision.start, decision.length)
-                self._count(bytes_from_disk=decision.length)
+                self._count(meta.host, bytes_served=decision.length)
                 request["bytes"] = decision.length
             await resp.write_eof()
             return resp
@@ -418,10 +497,16 @@ class CacheNode:
                 self._break(request)
                 return resp
             request["bytes"] = offset - start
+            # Streamed during a fill: counted as served, not as a disk hit.
+            self._count(self._host_of(fill.key), bytes_served=offset - start, metrics=False)
             await resp.write_eof()
             return resp
         finally:
             f.close()
+
+    @staticmethod
+    def _host_of(key: str) -> str:
+        return key.split("://", 1)[-1].split("/", 1)[0]
 
     def _open_fill(self, fill: Fill) -> IO[bytes]:
         # The temp file is renamed when the fill commits; fall back to its new name.
@@ -495,4 +580,9 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
                   "ms": round((time.monotonic() - started) * 1000, 2)}
         if request.get("broken"):
             fields["broken"] = True
+        if request.get("peer"):
+            fields["peer"] = request["peer"]
+        node = request.app.get("node")
+        if node is not None:
+            node.metrics.requests.labels(cache=fields["cache"] or "none").inc()
         log.info("request_completed", **fields)

@@ -1,0 +1,73 @@
+"""This node's view of the cluster: who owns a key, and where peers listen.
+
+The view is an immutable snapshot swapped whole on a membership change, so
+request handlers read it without locks and one request never sees half of
+an update. A node with no membership (standalone, or Redis not reached yet)
+owns every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from cachenode.ring import Ring
+
+log = structlog.get_logger("nezha.cluster")
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    address: str  # host:port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    epoch: int | None
+    ring: Ring | None
+    addresses: dict[str, str] = field(default_factory=dict)
+
+
+class ClusterView:
+    def __init__(self, *, node_id: str, replicas: int, vnodes: int = 160) -> None:
+        self.node_id = node_id
+        self.replicas = replicas
+        self.vnodes = vnodes
+        self.snapshot = Snapshot(epoch=None, ring=None)
+
+    def update(self, membership) -> None:
+        """Adopt a `Membership` (epoch, nodes id->address, weights) from the index."""
+        current = self.snapshot.epoch
+        if current is not None and membership.epoch is not None and membership.epoch <= current:
+            return
+        weights = {n: (membership.weights or {}).get(n, 1) for n in membership.nodes}
+        ring = Ring(weights, vnodes=self.vnodes) if weights else None
+        self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes))
+        log.info("ring_updated", epoch=membership.epoch, nodes=sorted(membership.nodes), me=self.node_id,
+                 member=self.node_id in membership.nodes)
+
+    @property
+    def clustered(self) -> bool:
+        return self.snapshot.ring is not None
+
+    def owners(self, key: str, n: int | None = None, *, snapshot: Snapshot | None = None) -> list[Peer]:
+        snap = snapshot or self.snapshot
+        if snap.ring is None:
+            return []
+        ids = snap.ring.owners(key, n or self.replicas)
+        return [Peer(i, snap.addresses[i]) for i in ids if i in snap.addresses]
+
+    def peer(self, node_id: str) -> Peer | None:
+        addr = self.snapshot.addresses.get(node_id)
+        return Peer(node_id, addr) if addr else None
+
+    def owns(self, key: str) -> bool:
+        """True when this node must serve `key` itself (owner, or no ring)."""
+        owners = self.owners(key)
+        return not owners or any(p.id == self.node_id for p in owners)

@@ -1,0 +1,227 @@
+"""Copying objects between nodes: replicas after a fill, and hand-off on a ring change.
+
+Copies always come from a peer's disk (`Cache-Control: only-if-cached`),
+never from the origin: a replica that cannot be copied is simply missing,
+and the next miss fills it the usual way.
+
+Internal endpoints (reachable only with a Host that names no origin):
+
+    POST /_nezha/replicate  {"host", "path", "source"}   copy one object from `source`
+    POST /_nezha/handoff    {"nodes": {id: addr}, "weights": {...}?}
+                            copy every object held here to its owners under that ring
+    GET  /_nezha/handoff    progress of the last hand-off
+
+A drain is a hand-off to the ring without this node: the controller (or
+`nezha up`) runs it before removing a node, then publishes the new ring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.cluster import ClusterView, Peer
+from cachenode.fill import Kind, Source
+from cachenode.keys import BadTarget, Target, cache_key, parse_target
+from cachenode.peers import PEER_HEADER
+
+if TYPE_CHECKING:
+    from cachenode.proxy import CacheNode
+
+log = structlog.get_logger("nezha.handoff")
+
+
+@dataclass
+class Progress:
+    state: str = "idle"  # idle | running | done
+    epoch: int | None = None
+    total: int = 0
+    done: int = 0
+    copied: int = 0
+    present: int = 0
+    failed: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Handoff:
+    def __init__(self, *, node: "CacheNode", parallel: int = 4) -> None:
+        self.node = node
+        self.parallel = parallel
+        self.progress = Progress()
+        self._running: asyncio.Task | None = None
+
+    # -- HTTP ------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.raw_path.split("?", 1)[0]
+        if path == "/_nezha/replicate" and request.method == "POST":
+            return await self._replicate_endpoint(request)
+        if path == "/_nezha/handoff" and request.method == "POST":
+            return await self._handoff_endpoint(request)
+        if path == "/_nezha/handoff" and request.method == "GET":
+            return web.json_response(asdict(self.progress))
+        raise web.HTTPNotFound(text=f"no internal endpoint {request.method} {path}\n")
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError) as e:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {e}\n")
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="body must be a JSON object\n")
+        return body
+
+    async def _replicate_endpoint(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        host, path, source = body.get("host"), body.get("path"), body.get("source")
+        if not all(isinstance(v, str) for v in (host, path, source)):
+            raise web.HTTPBadRequest(text="replicate wants string fields host, path and source\n")
+        peer = self.node.cluster.peer(source)
+        if peer is None:
+            raise web.HTTPBadRequest(text=f"source {source!r} is not a member of the ring\n")
+        try:
+            target = parse_target(path, host)
+        except BadTarget as e:
+            raise web.HTTPBadRequest(text=f"bad target: {e}\n")
+        if target.host not in self.node.settings.origin_table:
+            raise web.HTTPForbidden(text=f"host {target.host!r} is not a configured origin\n")
+        result = await self.copy_from(peer, target)
+        return web.json_response({"result": result})
+
+    async def _handoff_endpoint(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        nodes = body.get("nodes")
+        if not isinstance(nodes, dict) or not nodes or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in nodes.items()):
+            raise web.HTTPBadRequest(text="handoff wants nodes: a non-empty {id: host:port} object\n")
+        weights = body.get("weights") or {}
+        if self._running is not None and not self._running.done():
+            raise web.HTTPConflict(text="a hand-off is already running; GET /_nezha/handoff for progress\n")
+        view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas,
+                           vnodes=self.node.cluster.vnodes)
+        view.update(_Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
+        self._running = self.node.spawn(self.run(view))
+        return web.json_response(asdict(self.progress), status=202)
+
+    # -- work --------------------------------------------------------------------
+    async def copy_from(self, peer: Peer, target: Target) -> str:
+        """Make this node hold `target`'s object, copied from `peer`'s disk."""
+        node = self.node
+        origin = node.settings.origin_table[target.host]
+        key = cache_key(target, volatile_params=origin.volatile_params)
+        meta = node.store.lookup(key)
+        if meta is not None and meta.fresh(time.time()):
+            return "present"
+        flight, leader = node.flights.lead_or_join(key)
+        if leader:
+            source = _peer_source(node, peer, target)
+            outcome, response = await node.lead(flight, key=key, url=origin.upstream + target.path_qs,
+                                                origin=origin, stale=None, target=target, source=source)
+            if response is not None:
+                response.release()
+        else:
+            outcome = await asyncio.shield(flight.outcome)
+        if outcome.kind is Kind.STREAMING and outcome.fill is not None:
+            try:
+                await outcome.fill.wait_finished()
+            except Exception as e:
+                return f"failed: {e}"
+            return "copied"
+        if outcome.kind is Kind.REVALIDATED:
+            return "present"
+        return f"failed: {outcome.error or outcome.kind.value}"
+
+    def replicate_soon(self, key: str, target: Target) -> None:
+        """After a fill from the origin: have the key's other owners copy it from here."""
+        others = [p for p in self.node.cluster.owners(key) if p.id != self.node.node_id]
+        if others:
+            self.node.spawn(self._push(others, target))
+
+    async def _push(self, peers: list[Peer], target: Target) -> list[str]:
+        return list(await asyncio.gather(*(self.ask_to_copy(p, target) for p in peers)))
+
+    async def ask_to_copy(self, peer: Peer, target: Target) -> str:
+        body = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
+        try:
+            r = await self.node.origins.request(
+                "POST", peer.url + "/_nezha/replicate", headers={"Content-Type": "application/json"},
+                what=f"peer {peer.id} replicate", json=body)
+        except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
+            log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))
+            return f"failed: {e}"
+        try:
+            if r.status != 200:
+                text = (await r.text())[:200]
+                log.warning("replicate_failed", peer=peer.id, path=target.path, status=r.status, body=text)
+                return f"failed: {r.status} {text}"
+            result = (await r.json()).get("result", "unknown")
+            log.info("replicated", peer=peer.id, path=target.path, result=result)
+            return result
+        except (aiohttp.ClientError, ValueError) as e:
+            return f"failed: {e}"
+        finally:
+            r.release()
+
+    async def run(self, view: ClusterView) -> Progress:
+        """Copy every object held here to each of its owners under `view`'s ring."""
+        node = self.node
+        keys = node.store.keys()
+        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(keys),
+                                     started=time.time())
+        log.info("handoff_started", objects=len(keys), nodes=sorted(view.snapshot.addresses))
+        gate = asyncio.Semaphore(self.parallel)
+
+        async def one(key: str) -> None:
+            meta = node.store.lookup(key)
+            async with gate:
+                try:
+                    if meta is None:
+                        return
+                    target = _target_of(key)
+                    results = [await self.ask_to_copy(peer, target)
+                               for peer in view.owners(key) if peer.id != node.node_id]
+                    for r in results:
+                        if r == "copied":
+                            p.copied += 1
+                        elif r == "present":
+                            p.present += 1
+                        else:
+                            p.failed += 1
+                            if len(p.errors) < 20:
+                                p.errors.append(f"{key}: {r}")
+                finally:
+                    p.done += 1
+
+        await asyncio.gather(*(one(k) for k in keys))
+        p.state = "done"
+        p.finished = time.time()
+        log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, failed=p.failed,
+                 seconds=round(p.finished - p.started, 3))
+        return p
+
+
+@dataclass(frozen=True)
+class _Membership:
+    epoch: int | None
+    nodes: dict[str, str]
+    weights: dict[str, int]
+
+
+def _target_of(key: str) -> Target:
+    scheme, _, rest = key.partition("://")
+    host, _, path_qs = rest.partition("/")
+    path, _, query = ("/" + path_qs).partition("?")
+    return Target(scheme=scheme, host=host, path=path, query=query)
+
+
+def _peer_source(node: "CacheNode", peer: Peer, target: Target) -> Source:
+    return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
+                  headers={"Host": target.host, PEER_HEADER: node.node_id, "Cache-Control": "only-if-cached"})
