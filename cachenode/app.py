@@ -28,7 +28,13 @@ def build_node(settings: CacheSettings) -> CacheNode:
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
                            read_timeout=settings.origin_read_timeout)
-    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics)
+    index = None
+    if settings.redis_url is not None:
+        from cachenode.index import Index
+
+        index = Index(redis_url=settings.redis_url, node_id=settings.identity,
+                      flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
+    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index)
     return node
 
 

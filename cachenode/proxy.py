@@ -64,7 +64,7 @@ class CacheNode:
         self.origins = origins
         self.metrics = metrics or Metrics()
         self.flights = Flights()
-        self.node_id = settings.node_id or settings.advertise or settings.listen
+        self.node_id = settings.identity
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
         self.index = index  # cachenode.index.Index or None: stats and locations, never awaited on the hot path
         self.relay = PeerRelay(node_id=self.node_id, client=origins, connect_timeout=settings.peer_timeout,

@@ -162,6 +162,11 @@ class CacheSettings(_Base):
         return self
 
     @property
+    def identity(self) -> str:
+        """This node's name in the ring: --node-id, else the address peers use."""
+        return self.node_id or self.advertise or self.listen
+
+    @property
     def origin_table(self) -> dict[str, Origin]:
         return {o.host: o for o in self.origins}
 
