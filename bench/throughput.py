@@ -1,0 +1,884 @@
+#!/usr/bin/env python3
+"""Throughput of one cache node, measured against its origin and against nginx.
+
+One run on this machine measures:
+
+- large object (1 GiB; 256 MiB with --quick), MB/s, median of several runs,
+  all with curl writing to /dev/null:
+  direct from the local origin; cold through the cache (origin not
+  throttled: the node's fill path); warm through the cache; warm through
+  nginx `proxy_cache` (Debian's nginx, configured here, the same origin);
+- small objects (200 distinct 100 KiB files, 32 concurrent connections),
+  requests/s with wrk and a Lua script that round-robins the paths and sets
+  the Host header: the same command against the cache and nginx, both warm
+  (every object is checked to be a hit first), and the origin for context;
+- the cold ratio: cold through the cache / direct, both from the origin
+  throttled per connection (--rate, 20 MB/s by default) - what a training
+  job sees the first time, where the node must add nothing;
+- the node's peak RSS (its process tree, psutil, every 50 ms) during the
+  cold fill and the warm large transfers.
+
+Equal CPU: nginx gets as many worker processes as the cache node runs
+(counted from its process tree, 1 today), sendfile on, access log off.
+Cache and nginx runs alternate so that drift on a shared machine hits both.
+
+The last line is machine-readable:
+
+    ratios: large=<cache/nginx MB/s> small=<cache/nginx req/s> cold=<cold/direct> rss_mb=<peak>
+
+Everything listens on 127.0.0.1. Children run in their own sessions with a
+parent-death signal, and a `finally` stops them and removes the temp dir,
+also on Ctrl-C and SIGTERM. Needs curl, wrk and nginx (installed with
+apt-get when running as root) and psutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+
+from nezha.localorigin import LocalOrigin  # noqa: E402
+
+HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream
+SLOW_HOST = "slow.nezha.test"  # the same folder, throttled per connection
+NGINX = "/usr/sbin/nginx"
+WRK = "/usr/bin/wrk"
+CURL = "/usr/bin/curl"
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+class BenchError(Exception):
+    """The benchmark cannot run or a measurement is not what it claims to be."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    large_bytes: int
+    runs: int  # curl runs per large measurement
+    small_count: int
+    small_bytes: int
+    connections: int
+    wrk_seconds: int
+    wrk_runs: int  # per server
+    cold_bytes: int | None  # None: the large object itself
+    cold_runs: int
+    rate: float
+
+
+def profile(args: argparse.Namespace) -> Profile:
+    quick = args.quick
+    return Profile(
+        large_bytes=args.large_bytes or (256 * MiB if quick else 1024 * MiB),
+        runs=args.runs or (3 if quick else 5),
+        small_count=200,
+        small_bytes=100 * KiB,
+        connections=args.connections,
+        wrk_seconds=args.wrk_seconds or (5 if quick else 10),
+        wrk_runs=1 if quick else 3,
+        cold_bytes=64 * MiB if quick else None,
+        cold_runs=2 if quick else 1,
+        rate=args.rate,
+    )
+
+
+# -- processes -----------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Child side of fork: get SIGTERM if the benchmark itself is killed."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Children:
+    """Every process the benchmark starts, so that one `finally` can stop them all."""
+
+    def __init__(self) -> None:
+        self._procs: list[asyncio.subprocess.Process] = []
+
+    async def spawn(self, *argv: str, **kw) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, start_new_session=True, preexec_fn=_die_with_parent, **kw)
+        self._procs.append(proc)
+        return proc
+
+    async def run(self, *argv: str, timeout: float) -> str:
+        """Run to completion and return stdout; fail naming the command and its stderr."""
+        proc = await self.spawn(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            raise BenchError(f"{argv[0]} did not finish within {timeout:g}s: {' '.join(argv)}") from None
+        finally:
+            await self.stop(proc)
+        if proc.returncode != 0:
+            raise BenchError(f"{' '.join(argv)} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+        return out.decode(errors="replace")
+
+    async def stop(self, proc: asyncio.subprocess.Process, *, sig: int = signal.SIGTERM) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if proc in self._procs:
+            self._procs.remove(proc)
+
+    async def stop_all(self) -> None:
+        for proc in reversed(list(self._procs)):
+            await self.stop(proc)
+
+
+def ensure_tool(path: str, package: str) -> None:
+    """Install a Debian package when its binary is missing; only root may."""
+    if os.access(path, os.X_OK):
+        return
+    if os.geteuid() != 0:
+        raise BenchError(f"{path} is missing; install Debian's {package} first "
+                         f"(sudo apt-get install -y {package}), then rerun")
+    print(f"{path} is missing; installing Debian's {package} ...", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    done = subprocess.run(["apt-get", "install", "-y", package], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+        done = subprocess.run(["apt-get", "install", "-y", package], env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not os.access(path, os.X_OK):
+        raise BenchError(f"apt-get install -y {package} failed: {done.stderr[-500:]}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- memory ----------------------------------------------------------------------
+
+class Sampler:
+    """Peak resident memory of a process tree, sampled every 50 ms on a thread,
+    and the CPU the tree used meanwhile (100% = one core busy).
+
+    A thread, not a task: the event loop is busy serving the origin, and a
+    late sample would miss a peak.
+    """
+
+    def __init__(self, pid: int, *, interval: float = 0.05) -> None:
+        import psutil
+
+        self._root = psutil.Process(pid)
+        self._psutil = psutil
+        self.interval = interval
+        self.peak = 0
+        self.samples = 0
+        self.cpu_percent = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _tree(self) -> list:
+        try:
+            return [self._root] + self._root.children(recursive=True)
+        except self._psutil.Error:
+            return []
+
+    def tree_rss(self) -> int:
+        total = 0
+        for p in self._tree():
+            with contextlib.suppress(self._psutil.Error):
+                total += p.memory_info().rss
+        return total
+
+    def tree_cpu(self) -> float:
+        total = 0.0
+        for p in self._tree():
+            with contextlib.suppress(self._psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.tree_rss())
+            self.samples += 1
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "Sampler":
+        self._cpu0, self._t0 = self.tree_cpu(), time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.tree_rss())
+        self.cpu_percent = 100 * (self.tree_cpu() - self._cpu0) / max(1e-9, time.monotonic() - self._t0)
+
+
+# -- data --------------------------------------------------------------------------
+
+def write_random(path: Path, size: int) -> str:
+    """`size` random bytes (incompressible, like a dataset archive); returns their SHA-256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            block = os.urandom(min(4 * MiB, left))
+            f.write(block)
+            digest.update(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Dataset:
+    root: Path
+    large: str  # URL path
+    large_bytes: int
+    large_sha256: str
+    small: list[str]
+    cold: list[str]  # distinct names, each fetched cold once through the cache
+    cold_direct: str
+    cold_bytes: int
+    profile_cold: list[str]  # fresh names of the large object, for a profiled cold fill
+
+
+def make_dataset(root: Path, p: Profile) -> Dataset:
+    large_sha = write_random(root / "large.bin", p.large_bytes)
+    (root / "small").mkdir()
+    small = []
+    for i in range(p.small_count):
+        name = f"small/s{i:03d}.bin"
+        (root / name).write_bytes(os.urandom(p.small_bytes))
+        small.append("/" + name)
+    # Cold runs need fresh cache keys for the same bytes: hard links cost no disk.
+    if p.cold_bytes is None:
+        base, cold_bytes = root / "large.bin", p.large_bytes
+    else:
+        base, cold_bytes = root / "cold-base.bin", p.cold_bytes
+        write_random(base, cold_bytes)
+    (root / "cold").mkdir()
+    cold = []
+    for i in range(p.cold_runs):
+        os.link(base, root / "cold" / f"c{i}.bin")
+        cold.append(f"/cold/c{i}.bin")
+    os.link(root / "large.bin", root / "cold" / "profile.bin")
+    return Dataset(root=root, large="/large.bin", large_bytes=p.large_bytes, large_sha256=large_sha,
+                   small=small, cold=cold, cold_direct="/" + base.name, cold_bytes=cold_bytes,
+                   profile_cold=["/cold/profile.bin"])
+
+
+# -- clients -------------------------------------------------------------------------
+
+@dataclass
+class Transfer:
+    status: int
+    nbytes: int
+    seconds: float
+    headers: dict[str, str]
+
+    @property
+    def mbps(self) -> float:
+        return self.nbytes / self.seconds / 1e6
+
+
+async def curl(children: Children, url: str, *, host: str, expect_bytes: int, timeout: float = 900) -> Transfer:
+    """One GET with curl to /dev/null; headers on stdout, then the -w line."""
+    out = await children.run(
+        CURL, "-s", "-S", "-o", "/dev/null", "-D", "-", "-H", f"Host: {host}",
+        "-w", "\nCURLW %{http_code} %{size_download} %{time_total}\n", url, timeout=timeout)
+    head, _, tail = out.rpartition("CURLW ")
+    code, size, secs = tail.split()
+    headers = {}
+    for line in head.splitlines()[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    t = Transfer(status=int(code), nbytes=int(size), seconds=float(secs), headers=headers)
+    if t.status != 200 or t.nbytes != expect_bytes:
+        raise BenchError(f"GET {url} (Host {host}) answered {t.status} with {t.nbytes} bytes, "
+                         f"expected 200 with {expect_bytes}")
+    return t
+
+
+async def curl_sha256(url: str, *, host: str) -> str:
+    """SHA-256 of a body as curl receives it (a correctness check, not timed)."""
+    proc = await asyncio.create_subprocess_exec(
+        CURL, "-s", "-S", "-H", f"Host: {host}", url, stdout=subprocess.PIPE,
+        start_new_session=True, preexec_fn=_die_with_parent)
+    digest = hashlib.sha256()
+    assert proc.stdout is not None
+    try:
+        while chunk := await proc.stdout.read(4 * MiB):
+            digest.update(chunk)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await proc.wait()
+    return digest.hexdigest()
+
+
+WRK_LUA = """\
+-- Round-robin over the objects; each wrk thread starts at its own offset.
+local paths = {%(paths)s}
+local i = 0
+local threads = 0
+function setup(thread)
+  thread:set("offset", threads * 37)
+  threads = threads + 1
+end
+function init(args)
+  i = (offset or 0) %% #paths
+end
+wrk.headers["Host"] = "%(host)s"
+function request()
+  i = i %% #paths + 1
+  return wrk.format("GET", paths[i])
+end
+"""
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    requests: int
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: str | None
+
+    @staticmethod
+    def parse(out: str) -> "WrkResult":
+        m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        n = re.search(r"(\d+) requests in", out)
+        if not m or not n:
+            raise BenchError(f"cannot read wrk output:\n{out}")
+        bad = []
+        if (e := re.search(r"Non-2xx or 3xx responses: (\d+)", out)):
+            bad.append(f"{e.group(1)} non-2xx")
+        if (e := re.search(r"Socket errors: (.*)", out)):
+            bad.append(f"socket errors {e.group(1)}")
+        return WrkResult(rps=float(m.group(1)), requests=int(n.group(1)),
+                         p50_ms=_latency(out, "50%"), p99_ms=_latency(out, "99%"),
+                         errors="; ".join(bad) or None)
+
+
+def _latency(out: str, pct: str) -> float | None:
+    m = re.search(rf"^\s*{re.escape(pct)}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    if not m:
+        return None
+    return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
+
+
+async def wrk(children: Children, url: str, script: Path, *, p: Profile) -> WrkResult:
+    out = await children.run(
+        WRK, "-t2", f"-c{p.connections}", f"-d{p.wrk_seconds}s", "--timeout", "10s", "--latency",
+        "-s", str(script), url, timeout=p.wrk_seconds + 60)
+    result = WrkResult.parse(out)
+    if result.errors:
+        raise BenchError(f"wrk against {url} saw errors ({result.errors}); figures would be meaningless")
+    return result
+
+
+# -- servers ---------------------------------------------------------------------------
+
+class Node:
+    """`nezha cache` as its own process, as an operator runs it."""
+
+    def __init__(self, children: Children, work: Path) -> None:
+        self.children = children
+        self.work = work
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, *, origins: dict[str, str]) -> None:
+        argv = [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
+                "--data-dir", str(self.work / "node"), "--log-level", "warning"]
+        for host, upstream in origins.items():
+            argv += ["--origin", f"{host}={upstream}"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        self.log = open(self.work / "node.log", "wb")
+        self.proc = await self.children.spawn(*argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                if self.proc.returncode is not None:
+                    raise BenchError(f"cache node exited {self.proc.returncode}: {self.tail_log()}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with s.get(self.url + "/readyz") as r:
+                        if r.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise BenchError(f"cache node at {self.url} not ready within 30s: {self.tail_log()}")
+
+    def tail_log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.work / "node.log").read_text(errors="replace")[-1000:]
+        return ""
+
+    def workers(self) -> int:
+        """Processes serving: the node and any workers it forked (SO_REUSEPORT)."""
+        import psutil
+
+        assert self.proc is not None
+        return 1 + len(psutil.Process(self.proc.pid).children(recursive=True))
+
+    async def settled(self, timeout: float = 120) -> None:
+        """Wait until fills have committed, so the next read is a hit."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as s:
+            while time.monotonic() < deadline:
+                async with s.get(self.url + "/readyz") as r:
+                    if (await r.json()).get("fills_in_flight") == 0:
+                        return
+                await asyncio.sleep(0.05)
+        raise BenchError(f"cache node still filling after {timeout:g}s")
+
+    async def counters(self) -> dict[str, float]:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(self.url + "/metrics") as r:
+                text = await r.text()
+        found = {}
+        for name in ("nezha_cache_hits_total", "nezha_cache_misses_total"):
+            m = re.search(rf"^{name} ([\d.e+]+)$", text, re.M)
+            found[name] = float(m.group(1)) if m else 0.0
+        return found
+
+
+NGINX_CONF = """\
+# Written by bench/throughput.py: proxy_cache in front of the same local origin.
+%(user)s
+worker_processes %(workers)d;
+daemon off;
+master_process on;
+pid %(prefix)s/nginx.pid;
+error_log %(prefix)s/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    sendfile on;
+    # tcp_nopush stays off (nginx's default; Debian's nginx.conf turns it on):
+    # with it, every cached 100 KiB response over keep-alive stalled ~40 ms
+    # on loopback (measured: 23 req/s on one connection instead of ~9,600),
+    # which would flatter the cache node.
+    tcp_nopush off;
+    keepalive_requests 1000000;
+    client_body_temp_path %(prefix)s/client_body;
+    proxy_temp_path %(prefix)s/proxy_temp;
+    fastcgi_temp_path %(prefix)s/fastcgi;
+    uwsgi_temp_path %(prefix)s/uwsgi;
+    scgi_temp_path %(prefix)s/scgi;
+    proxy_cache_path %(prefix)s/cache levels=1:2 keys_zone=bench:16m max_size=16g inactive=1h use_temp_path=off;
+    server {
+        listen 127.0.0.1:%(port)d;
+        server_name _;
+        location / {
+            proxy_pass %(upstream)s;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache bench;
+            proxy_cache_valid 200 1h;
+            proxy_cache_lock on;
+            add_header X-Nginx-Cache $upstream_cache_status always;
+        }
+    }
+}
+"""
+
+
+class Nginx:
+    def __init__(self, children: Children, work: Path) -> None:
+        self.children = children
+        self.prefix = work / "nginx"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self, *, upstream: str, workers: int) -> None:
+        self.prefix.mkdir()
+        conf = self.prefix / "nginx.conf"
+        # As root nginx would drop its workers to `nobody`, who cannot write
+        # into our private temp dir; keep them as the caller.
+        user = "user root root;" if os.geteuid() == 0 else ""
+        conf.write_text(NGINX_CONF % {"user": user, "workers": workers, "prefix": self.prefix,
+                                      "port": self.port, "upstream": upstream})
+        self.proc = await self.children.spawn(
+            NGINX, "-p", str(self.prefix), "-c", str(conf), "-e", str(self.prefix / "error.log"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise BenchError(f"nginx exited {self.proc.returncode}: {self.error_log()}")
+            with contextlib.suppress(OSError):
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            await asyncio.sleep(0.1)
+        raise BenchError(f"nginx not listening on {self.port} within 15s: {self.error_log()}")
+
+    def error_log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.prefix / "error.log").read_text(errors="replace")[-1000:]
+        return ""
+
+
+# -- the run -------------------------------------------------------------------------
+
+@dataclass
+class Results:
+    rows: list[tuple[str, str, float | None, str]] = field(default_factory=list)
+
+    def add(self, what: str, figure: str, cpu: float | None, note: str = "") -> None:
+        self.rows.append((what, figure, cpu, note))
+        say(f"  {what}: {figure}  {note}".rstrip())
+
+    def table(self) -> list[str]:
+        w = max(len(r[0]) for r in self.rows)
+        fw = max(len(r[1]) for r in self.rows)
+        lines = [f"  {'measurement':<{w}}  {'result':>{fw}}  {'server cpu':>10}  runs / notes"]
+        for what, figure, cpu, note in self.rows:
+            c = "" if cpu is None else f"{cpu:.0f}%"
+            lines.append(f"  {what:<{w}}  {figure:>{fw}}  {c:>10}  {note}".rstrip())
+        return lines
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def median_mbps(transfers: list[Transfer]) -> float:
+    return statistics.median(t.mbps for t in transfers)
+
+
+def spread(transfers: list[Transfer]) -> str:
+    xs = sorted(t.mbps for t in transfers)
+    return f"runs {', '.join(f'{x:.0f}' for x in xs)}"
+
+
+def expect_header(t: Transfer, name: str, want: str, *, what: str) -> None:
+    got = t.headers.get(name.lower())
+    if got != want:
+        raise BenchError(f"{what}: expected {name}: {want}, got {got!r}")
+
+
+async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
+    p = profile(args)
+    mode = "quick" if args.quick else "full"
+    say(f"nezha bench ({mode}): {os.cpu_count()} CPUs, work dir {work}")
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+
+    say(f"making data: {p.large_bytes / MiB:.0f} MiB large object, {p.small_count} x {p.small_bytes // KiB} KiB ...")
+    data = await loop.run_in_executor(None, make_dataset, work / "origin", p)
+
+    fast = LocalOrigin(data.root)
+    slow = LocalOrigin(data.root, rate=p.rate)
+    fast_url = await fast.start()
+    slow_url = await slow.start()
+    try:
+        node = Node(children, work)
+        await node.start(origins={HOST: fast_url, SLOW_HOST: slow_url})
+        workers = node.workers()
+        nginx = Nginx(children, work)
+        await nginx.start(upstream=fast_url, workers=workers)
+        assert node.proc is not None and nginx.proc is not None
+        node_pid, nginx_pid = node.proc.pid, nginx.proc.pid
+        res = Results()
+        rss: dict[str, int] = {}
+        say(f"origin {fast_url} (throttled twin {slow_url}), cache node {node.url} ({workers} process), "
+            f"nginx {nginx.url} (worker_processes {workers})")
+        with Sampler(node_pid) as idle:
+            await asyncio.sleep(0.2)
+        rss["idle"] = idle.peak
+
+        # -- large object -------------------------------------------------------
+        size = data.large_bytes
+        say(f"large object, {size / MiB:.0f} MiB, curl, {p.runs} runs each:")
+        direct = [await curl(children, fast_url + data.large, host=HOST, expect_bytes=size) for _ in range(p.runs)]
+        res.add("large direct from origin", f"{median_mbps(direct):.0f} MB/s", None, spread(direct))
+
+        with Sampler(node_pid) as s:
+            cold = await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
+            await node.settled()
+        expect_header(cold, "X-Nezha-Cache", "miss", what="first large GET through the cache")
+        rss["cold_fill_fast"] = s.peak
+        res.add("large cold through cache (origin not throttled)", f"{cold.mbps:.0f} MB/s", s.cpu_percent, "1 run")
+
+        prime = await curl(children, nginx.url + data.large, host=HOST, expect_bytes=size)
+        expect_header(prime, "X-Nginx-Cache", "MISS", what="first large GET through nginx")
+
+        warm_cache: list[Transfer] = []
+        warm_nginx: list[Transfer] = []
+        cpu_cache: list[float] = []
+        cpu_nginx: list[float] = []
+        rss["warm_large"] = 0
+        for _ in range(p.runs):  # alternate, so drift on a shared machine hits both alike
+            with Sampler(node_pid) as s:
+                t = await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
+            expect_header(t, "X-Nezha-Cache", "hit", what="warm large GET through the cache")
+            warm_cache.append(t)
+            cpu_cache.append(s.cpu_percent)
+            rss["warm_large"] = max(rss["warm_large"], s.peak)
+            with Sampler(nginx_pid) as s:
+                t = await curl(children, nginx.url + data.large, host=HOST, expect_bytes=size)
+            expect_header(t, "X-Nginx-Cache", "HIT", what="warm large GET through nginx")
+            warm_nginx.append(t)
+            cpu_nginx.append(s.cpu_percent)
+        res.add("large warm through cache", f"{median_mbps(warm_cache):.0f} MB/s", statistics.median(cpu_cache),
+                spread(warm_cache))
+        res.add("large warm through nginx proxy_cache", f"{median_mbps(warm_nginx):.0f} MB/s",
+                statistics.median(cpu_nginx), spread(warm_nginx))
+
+        for name, url in (("cache", node.url), ("nginx", nginx.url)):
+            digest = await curl_sha256(url + data.large, host=HOST)
+            if digest != data.large_sha256:
+                raise BenchError(f"large object through {name}: sha256 {digest[:16]}... "
+                                 f"!= origin {data.large_sha256[:16]}...")
+
+        # -- small objects --------------------------------------------------------
+        script = work / "paths.lua"
+        script.write_text(WRK_LUA % {"paths": ", ".join(f'"{s}"' for s in data.small), "host": HOST})
+        say(f"small objects, {len(data.small)} x {p.small_bytes // KiB} KiB, wrk -t2 -c{p.connections}, "
+            f"{p.wrk_seconds}s x {p.wrk_runs} each:")
+        await prime_small(node.url, nginx.url, data.small)
+        await node.settled()
+        await check_small_hits(node.url, nginx.url, data.small)
+
+        origin_rps = await wrk(children, fast_url + "/", script, p=p)
+        res.add("small direct from origin (aiohttp FileResponse)", f"{origin_rps.rps:.0f} req/s", None,
+                _wrk_note([origin_rps]))
+        small_cache: list[WrkResult] = []
+        small_nginx: list[WrkResult] = []
+        cpu_cache, cpu_nginx = [], []
+        rss["small"] = 0
+        for _ in range(p.wrk_runs):
+            before = await node.counters()
+            with Sampler(node_pid) as s:
+                small_cache.append(await wrk(children, node.url + "/", script, p=p))
+            after = await node.counters()
+            if after["nezha_cache_misses_total"] != before["nezha_cache_misses_total"]:
+                raise BenchError("the cache node missed during the warm small-object run")
+            cpu_cache.append(s.cpu_percent)
+            rss["small"] = max(rss["small"], s.peak)
+            with Sampler(nginx_pid) as s:
+                small_nginx.append(await wrk(children, nginx.url + "/", script, p=p))
+            cpu_nginx.append(s.cpu_percent)
+        cache_rps = statistics.median(r.rps for r in small_cache)
+        nginx_rps = statistics.median(r.rps for r in small_nginx)
+        res.add("small warm through cache", f"{cache_rps:.0f} req/s", statistics.median(cpu_cache),
+                _wrk_note(small_cache))
+        res.add("small warm through nginx proxy_cache", f"{nginx_rps:.0f} req/s", statistics.median(cpu_nginx),
+                _wrk_note(small_nginx))
+
+        # -- cold, throttled origin -----------------------------------------------------
+        say(f"cold ratio: origin throttled to {p.rate / 1e6:g} MB/s per connection, "
+            f"{data.cold_bytes / MiB:.0f} MiB, {p.cold_runs} run(s) each:")
+        cold_direct: list[Transfer] = []
+        cold_cache: list[Transfer] = []
+        with Sampler(node_pid) as s:
+            for path in data.cold:
+                cold_direct.append(await curl(children, slow_url + data.cold_direct, host=SLOW_HOST,
+                                              expect_bytes=data.cold_bytes))
+                t = await curl(children, node.url + path, host=SLOW_HOST, expect_bytes=data.cold_bytes)
+                expect_header(t, "X-Nezha-Cache", "miss", what=f"cold GET of {path}")
+                cold_cache.append(t)
+            await node.settled()
+        rss["cold_fill_throttled"] = s.peak
+        res.add("throttled direct from origin", f"{median_mbps(cold_direct):.2f} MB/s", None, spread_fine(cold_direct))
+        res.add("throttled cold through cache", f"{median_mbps(cold_cache):.2f} MB/s", None, spread_fine(cold_cache))
+
+        if args.profile:
+            await profile_node(args.profile, children, node=node, data=data, script=script, p=p)
+    finally:
+        await fast.stop()
+        await slow.stop()
+
+    large_ratio = median_mbps(warm_cache) / median_mbps(warm_nginx)
+    small_ratio = cache_rps / nginx_rps
+    cold_ratio = median_mbps(cold_cache) / median_mbps(cold_direct)
+    peak = max(rss["cold_fill_fast"], rss["warm_large"], rss["cold_fill_throttled"])
+    elapsed = time.monotonic() - started
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines = [
+        "",
+        f"Cache node throughput ({mode}; {os.cpu_count()} CPUs; cache node {workers} process, "
+        f"nginx worker_processes {workers}; {elapsed:.0f}s)",
+        "",
+        *res.table(),
+        "",
+        "  server cpu: CPU time of the serving process tree / wall time (100% = one core)",
+        "  cache node peak RSS (process tree, sampled every 50 ms):",
+        f"    idle {rss['idle'] / MiB:.1f} MiB; cold fill (fast origin) {rss['cold_fill_fast'] / MiB:.1f} MiB; "
+        f"warm large {rss['warm_large'] / MiB:.1f} MiB; cold fill (throttled) "
+        f"{rss['cold_fill_throttled'] / MiB:.1f} MiB; small {rss['small'] / MiB:.1f} MiB",
+        "",
+        f"  large  warm cache / warm nginx       {large_ratio:6.3f}  target >= 0.9   {verdict(large_ratio >= 0.9)}",
+        f"  small  warm cache / warm nginx       {small_ratio:6.3f}  target >= 0.5   {verdict(small_ratio >= 0.5)}",
+        f"  cold   cold cache / direct, throttled {cold_ratio:6.3f}  target >= 0.95  {verdict(cold_ratio >= 0.95)}",
+        f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
+        f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f}",
+    ]
+    return "\n".join(lines)
+
+
+async def profile_node(out: Path, children: Children, *, node: Node, data: Dataset, script: Path,
+                       p: Profile) -> None:
+    """Sample the node with py-spy under each load, after the measurements (py-spy costs CPU).
+
+    Writes <phase>.folded (collapsed stacks, for flamegraph.pl or speedscope)
+    for: warm small objects, warm large object, cold fill.
+    """
+    pyspy = shutil.which("py-spy")
+    if pyspy is None:
+        raise BenchError("--profile needs py-spy: pip install py-spy")
+    out.mkdir(parents=True, exist_ok=True)
+    assert node.proc is not None
+
+    async def sampled(phase: str, work) -> None:
+        spy = await children.spawn(pyspy, "record", "--pid", str(node.proc.pid), "--rate", "250",
+                                   "--format", "raw", "-o", str(out / f"{phase}.folded"),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await asyncio.sleep(1.0)  # attach
+        await work()
+        await children.stop(spy, sig=signal.SIGINT)  # py-spy writes its file on SIGINT
+        say(f"profile: {out / phase}.folded")
+
+    async def small() -> None:
+        await wrk(children, node.url + "/", script, p=p)
+
+    async def large() -> None:
+        for _ in range(3):
+            await curl(children, node.url + data.large, host=HOST, expect_bytes=data.large_bytes)
+
+    fresh = iter(data.profile_cold)
+
+    async def cold_fill() -> None:
+        t = await curl(children, node.url + next(fresh), host=HOST, expect_bytes=data.large_bytes)
+        expect_header(t, "X-Nezha-Cache", "miss", what="profiled cold fill")
+        await node.settled()
+
+    say("profiling the cache node with py-spy (not part of the figures) ...")
+    await sampled("small", small)
+    await sampled("large-warm", large)
+    await sampled("cold-fill", cold_fill)
+
+
+def spread_fine(transfers: list[Transfer]) -> str:
+    return f"runs {', '.join(f'{t.mbps:.2f}' for t in transfers)}"
+
+
+def _wrk_note(results: list[WrkResult]) -> str:
+    runs = ", ".join(f"{r.rps:.0f}" for r in results)
+    r = sorted(results, key=lambda r: r.rps)[len(results) // 2]
+    return f"runs {runs}; p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms"
+
+
+async def prime_small(cache_url: str, nginx_url: str, paths: list[str]) -> None:
+    """Fetch every small object once through both, eight at a time."""
+    sem = asyncio.Semaphore(8)
+    async with aiohttp.ClientSession() as s:
+        async def get(url: str) -> None:
+            async with sem:
+                async with s.get(url, headers={"Host": HOST}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise BenchError(f"priming {url}: {r.status}")
+        await asyncio.gather(*(get(base + path) for base in (cache_url, nginx_url) for path in paths))
+
+
+async def check_small_hits(cache_url: str, nginx_url: str, paths: list[str]) -> None:
+    async with aiohttp.ClientSession() as s:
+        for path in paths:
+            for base, header, want in ((cache_url, "X-Nezha-Cache", "hit"), (nginx_url, "X-Nginx-Cache", "HIT")):
+                async with s.get(base + path, headers={"Host": HOST}) as r:
+                    await r.read()
+                    if r.headers.get(header) != want:
+                        raise BenchError(f"{base}{path} is not warm: {header}: {r.headers.get(header)!r}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="nezha-bench-"))
+    children = Children()
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        report = await run(args, work, children)
+        print(report)
+        return 0
+    finally:
+        await children.stop_all()
+        if args.keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="256 MiB object, short runs: under 2 minutes")
+    ap.add_argument("--rate", type=float, default=20e6,
+                    help="origin throttle for the cold ratio, bytes/s per connection (default 20e6)")
+    ap.add_argument("--large-bytes", type=int, default=None, help="size of the large object")
+    ap.add_argument("--runs", type=int, default=None, help="curl runs per large measurement")
+    ap.add_argument("--wrk-seconds", type=int, default=None, help="duration of each wrk run")
+    ap.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, nginx.conf)")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="afterwards, sample the node with py-spy under each load; stacks into DIR")
+    args = ap.parse_args(argv)
+    try:
+        for path, package in ((CURL, "curl"), (NGINX, "nginx"), (WRK, "wrk")):
+            ensure_tool(path, package)
+        import psutil  # noqa: F401
+    except ImportError:
+        print("bench: psutil is missing: pip install psutil (it is in the test extras)", file=sys.stderr)
+        return 2
+    except BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(main_async(args))
+    except KeyboardInterrupt:
+        print("bench: interrupted; children stopped, temp dir removed", file=sys.stderr)
+        return 130
+    except asyncio.CancelledError:
+        print("bench: terminated; children stopped, temp dir removed", file=sys.stderr)
+        return 143
+    except BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
