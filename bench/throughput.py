@@ -174,6 +174,18 @@ def ensure_tool(path: str, package: str) -> None:
         raise BenchError(f"apt-get install -y {package} failed: {done.stderr[-500:]}")
 
 
+def source_version() -> str:
+    """Which cache node code is measured: the commit, and whether it was edited."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "cachenode", "nezha"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"commit {head}" + (" + uncommitted changes in cachenode/ or nezha/" if dirty else "")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -514,6 +526,11 @@ http {
 """
 
 
+def nginx_version() -> str:
+    done = subprocess.run([NGINX, "-v"], capture_output=True, text=True)
+    return done.stderr.strip().removeprefix("nginx version: ")
+
+
 class Nginx:
     def __init__(self, children: Children, work: Path) -> None:
         self.children = children
@@ -732,6 +749,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         "",
         f"Cache node throughput ({mode}; {os.cpu_count()} CPUs; cache node {workers} process, "
         f"nginx worker_processes {workers}; {elapsed:.0f}s)",
+        f"  code: {source_version()}; nginx: {nginx_version()}",
         "",
         *res.table(),
         "",
