@@ -1,0 +1,179 @@
+"""The index against a real redis-server on 127.0.0.1: membership reaches
+other nodes through pub/sub, a node outlives Redis, passwords work, and the
+embedded default runs with or without redis-server installed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aredis
+from structlog.testing import capture_logs
+
+from cachenode.index import Index, Membership, embedded_index
+from tests.conftest import RedisServer, require_tool
+
+HOST = "www.cs.toronto.edu"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def wait_for(predicate, timeout: float) -> float:
+    """Seconds until `predicate()` (sync or async) is true; fails after `timeout`."""
+    start = time.monotonic()
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout} s")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def indexes():
+    made: list[Index] = []
+
+    def make(url: str, node_id: str | None, **kw) -> Index:
+        index = Index(redis_url=url, node_id=node_id, **kw)
+        made.append(index)
+        return index
+
+    yield make
+    for index in made:
+        await index.close(flush_timeout=0.5)
+
+
+async def test_membership_change_reaches_every_other_node_within_a_second(redis_server, indexes):
+    nodes = [indexes(redis_server.url, f"nezha-cache-{i}", refresh_interval=60) for i in range(3)]
+    arrived: dict[str, float] = {}
+    for index in nodes:
+        await index.start()
+        index.on_membership(lambda m, n=index.node_id: arrived.setdefault(n, time.monotonic()))
+    writer = indexes(redis_server.url, None)
+    await asyncio.sleep(0.1)  # subscriptions are made by background tasks
+    start = time.monotonic()
+    epoch = await writer.set_membership({f"nezha-cache-{i}": f"127.0.0.1:{8080 + i}" for i in range(3)})
+    await wait_for(lambda: len(arrived) == 3, timeout=1.0)
+    delays_ms = sorted((t - start) * 1000 for t in arrived.values())
+    print(f"ring propagation ms: {[round(d, 1) for d in delays_ms]}")
+    assert all(index.membership.epoch == epoch for index in nodes)
+    assert delays_ms[-1] < 1000
+
+
+async def test_with_redis_killed_counting_goes_on_and_buffered_stats_arrive_after_it_returns(redis_server, indexes):
+    node = indexes(redis_server.url, "nezha-cache-0", flush_interval=0.1, backoff_max=0.2)
+    await node.set_membership({"nezha-cache-0": "127.0.0.1:8080"})
+    await node.start()
+    observer = aredis.from_url(redis_server.url, decode_responses=True)
+    node.count(HOST, hits=1)
+    await wait_for(lambda: observer.hget("nezha:stats:cluster", "hits"), timeout=2)
+
+    with capture_logs() as logs:
+        redis_server.stop(kill=True)
+        start = time.perf_counter()
+        for _ in range(10_000):
+            node.count(HOST, hits=1, bytes_served=100)
+        counting_s = time.perf_counter() - start
+        node.object_stored("http://www.cs.toronto.edu/a", url="http://www.cs.toronto.edu/a", host=HOST, size=5)
+        await wait_for(lambda: node.status()["redis"] == "degraded", timeout=3)
+        degraded = node.status()
+        await asyncio.sleep(0.5)  # several failed flushes with backoff
+
+        redis_server.start()  # same port, empty: no persistence
+        await observer.aclose()
+        observer = aredis.from_url(redis_server.url, decode_responses=True)
+        await wait_for(lambda: observer.hget("nezha:stats:cluster", "hits"), timeout=5)
+        await wait_for(lambda: node.status()["redis"] == "ok", timeout=5)
+
+    print(f"10000 count() calls with Redis down: {counting_s * 1000:.1f} ms")
+    assert counting_s < 1.0
+    assert degraded["buffered"] == 2 and degraded["epoch"] == 1
+    assert "Connect" in degraded["reason"]
+    assert await observer.hgetall("nezha:stats:host:www.cs.toronto.edu") == {
+        "hits": "10000", "bytes_served": "1000000"}
+    assert await node.locations("http://www.cs.toronto.edu/a") == {"nezha-cache-0"}
+    # The new Redis has no membership; the node keeps the ring it had.
+    assert await node.get_membership() is None
+    assert node.membership == Membership(epoch=1, nodes={"nezha-cache-0": "127.0.0.1:8080"},
+                                         weights={"nezha-cache-0": 1})
+    events = [e["event"] for e in logs]
+    assert events.count("index_degraded") == 1 and events.count("index_recovered") == 1
+    await observer.aclose()
+
+
+async def test_password_in_the_url_opens_a_protected_redis(tmp_path, indexes):
+    server = RedisServer(require_tool("redis-server"), tmp_path, password="s3cr3t-pw")
+    server.start()
+    try:
+        good = indexes(server.url, "nezha-cache-0")
+        assert await good.set_membership({"nezha-cache-0": "127.0.0.1:8080"}) == 1
+        good.count(HOST, misses=1)
+        assert await good.flush()
+        assert (await good.read_stats())["nodes"]["nezha-cache-0"]["misses"] == 1
+
+        bad = indexes(server.url.replace("s3cr3t-pw", "wrong-pw"), "nezha-cache-1")
+        await bad.start(first_read_timeout=2)
+        status = bad.status()
+        assert status["redis"] == "degraded"
+        assert "AuthenticationError" in status["reason"] and "wrong-pw" not in status["reason"]
+        assert "redis://:***@127.0.0.1" in status["reason"]
+    finally:
+        server.stop(kill=True)
+
+
+READ_MEMBERSHIP = """
+import asyncio, json, sys
+from cachenode.index import Index
+async def main():
+    index = Index(redis_url=sys.argv[1], node_id=None)
+    m = await index.get_membership()
+    print("membership=" + json.dumps({"epoch": m.epoch, "nodes": m.nodes}))
+    await index.close()
+asyncio.run(main())
+"""
+
+
+def _listening(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["redis-server", "no-redis-server"])
+async def test_embedded_index_is_shared_by_node_processes_with_or_without_redis_server(
+        installed, tmp_path, monkeypatch, indexes):
+    if installed:
+        require_tool("redis-server")
+    else:
+        monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # redis-server cannot be found
+    with capture_logs() as logs:
+        url, stop = await embedded_index(tmp_path / "index")
+    try:
+        assert [e["kind"] for e in logs if e["event"] == "embedded_index_started"] == [
+            "redis-server" if installed else "fakeredis"]
+        assert url.startswith("redis://127.0.0.1:")
+        writer, reader = indexes(url, None), indexes(url, "nezha-cache-1", refresh_interval=60)
+        await reader.start()
+        await asyncio.sleep(0.1)
+        epoch = await writer.set_membership({"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"})
+        await wait_for(lambda: reader.membership and reader.membership.epoch == epoch, timeout=1.0)
+        # Another process (as `nezha up` runs its nodes) sees the same index.
+        out = subprocess.run([sys.executable, "-c", READ_MEMBERSHIP, url], capture_output=True, text=True,
+                             check=True, cwd=ROOT, timeout=30)
+        line = next(x for x in out.stdout.splitlines() if x.startswith("membership="))
+        assert json.loads(line.removeprefix("membership=")) == {
+            "epoch": epoch, "nodes": {"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"}}
+    finally:
+        await stop()
+    assert not _listening(url)
