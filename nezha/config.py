@@ -220,3 +220,16 @@ def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: 
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from e
     finally:
         _yaml_file.reset(token)
+
+
+class ClusterSettings(_Base):
+    """Cluster-wide commands (`nezha ring`, `nezha stats`): where the shared index is."""
+
+    redis_url: str | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(redis|rediss|unix)://", v):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return v
