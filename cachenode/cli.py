@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from pathlib import Path
 
 from nezha.config import CacheSettings, load
@@ -25,9 +26,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level")
     p.set_defaults(func=run_cache)
 
+    u = sub.add_parser("up", help="run a local cache cluster of node processes")
+    u.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
+    u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL", required=True,
+                   help="a dataset host and where to fetch it; repeat for more")
+    u.add_argument("--base-port", type=int, default=8080, help="node i listens on 127.0.0.1:BASE+i")
+    u.add_argument("--data-dir", type=Path, default=Path("./nezha-data"), help="node i uses DIR/node-i")
+    u.add_argument("--replicas", type=int, default=1, help="owners per key")
+    u.add_argument("--redis-url", help="index to use; default: an embedded one")
+    u.set_defaults(func=run_up)
+
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
     d.add_argument("--size", type=int, default=None, help="bytes of the demo file (default 169001437)")
     d.add_argument("--rate", type=float, default=None, help="origin throttle in bytes/s (default 3.5 MB/s)")
+    d.add_argument("--nodes", type=int, default=1, help="cache nodes; with 2 or more the warm download "
+                   "enters through another node and is a peer hit")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
@@ -45,6 +58,38 @@ def run_cache(args: argparse.Namespace) -> int:
                "replicas", "log_level"]))
     configure(level=settings.log_level)
     asyncio.run(serve(settings))
+    return 0
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from cachenode.local_cluster import LocalCluster
+    from nezha.config import Origin
+    from nezha.errors import ConfigError
+
+    try:
+        origins = [Origin.parse(o) for o in args.origins]
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if args.nodes < 1 or args.replicas < 1:
+        raise ConfigError(f"--nodes ({args.nodes}) and --replicas ({args.replicas}) must be at least 1")
+
+    async def main() -> None:
+        cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,
+                               base_port=args.base_port, replicas=args.replicas, redis_url=args.redis_url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await cluster.start()
+            print(f"index {cluster.redis_url}", flush=True)
+            for node in cluster.nodes.values():
+                print(f"{node.id} {node.address} pid={node.proc.pid}", flush=True)
+            await stop.wait()
+        finally:
+            await cluster.stop()
+
+    asyncio.run(main())
     return 0
 
 

@@ -26,7 +26,10 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
+from cachenode.local_cluster import LocalCluster
+from nezha.config import Origin
 from nezha.localorigin import LocalOrigin
+from nezha.logs import configure
 
 HOST = "www.cs.toronto.edu"
 PATH = "/~kriz/cifar-100-python.tar.gz"
@@ -116,34 +119,42 @@ async def download(cache_url: str, *, label: str, show: bool) -> Download:
     return Download(time.perf_counter() - started, n, digest.hexdigest(), cache)
 
 
-async def run(*, size: int, rate: float, as_json: bool, keep: Path | None) -> dict:
+async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes: int = 1) -> dict:
     work = Path(tempfile.mkdtemp(prefix="nezha-demo-"))
     data_dir = keep or work / "cache"
-    proc: subprocess.Popen | None = None
     origin = LocalOrigin(work / "origin", rate=rate)
     show = not as_json
+    cluster = None
     try:
         if show:
             print(f"making a {size:,}-byte {PATH.rsplit('/', 1)[1]} for the local origin ...", file=sys.stderr)
         expected = await asyncio.get_running_loop().run_in_executor(
             None, make_dataset, work / "origin" / PATH.lstrip("/"), size)
         origin_url = await origin.start()
-        port = free_port()
-        cache_url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
-             "--origin", f"{HOST}={origin_url}", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL)
-        await wait_ready(cache_url, proc)
+        cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=origin_url)], data_dir=data_dir,
+                               base_port=_free_run(nodes))
+        await cluster.start()
+        urls = [n.url for n in cluster.nodes.values()]
         if show:
             print(f"origin {origin_url} throttled to {rate / 1e6:.2f} MB/s plays http://{HOST}; "
-                  f"cache node at {cache_url}", file=sys.stderr)
-        cold = await download(cache_url, label="cold", show=show)
-        await wait_settled(cache_url)
-        warm = await download(cache_url, label="warm", show=show)
-        result = {
+                  f"cache nodes at {', '.join(urls)}", file=sys.stderr)
+        # Enter through a node that does not own the object, then through
+        # another one: with several nodes the warm copy is a peer hit.
+        key = f"http://{HOST}{PATH}"
+        owner = cluster.index.membership.ring().owners(key, 1)[0]
+        entries = [n.url for n in cluster.nodes.values() if n.id != owner] or urls
+        cold_url, warm_url = entries[0], entries[-1]
+        cold = await download(cold_url, label=f"cold via {cold_url}", show=show)
+        for url in urls:
+            await wait_settled(url)
+        warm = await download(warm_url, label=f"warm via {warm_url}", show=show)
+        await asyncio.sleep(1.2)  # one stats flush interval
+        stats = await cluster.index.read_stats()
+        return {
             "url": f"http://{HOST}{PATH}",
             "bytes": size,
+            "nodes": nodes,
+            "owner": owner,
             "origin_rate_mbps": round(rate / 1e6, 3),
             "cold_mbps": round(cold.mbps, 2),
             "warm_mbps": round(warm.mbps, 2),
@@ -153,17 +164,32 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None) -> di
             "origin_gets": origin.gets,
             "sha256": expected,
             "sha256_match": cold.sha256 == expected and warm.sha256 == expected,
+            "stats": {"cluster": stats["cluster"], "nodes": stats["nodes"]},
         }
-        return result
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if cluster is not None:
+            await cluster.stop()
         await origin.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _free_run(n: int) -> int:
+    """A base port with n free ports after it."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no run of {n} free ports on 127.0.0.1")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -172,7 +198,11 @@ def main(args: argparse.Namespace) -> int:
     if size <= 0 or rate <= 0:
         print("nezha demo: --size and --rate must be positive", file=sys.stderr)
         return 2
-    result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep))
+    if args.nodes < 1:
+        print("nezha demo: --nodes must be at least 1", file=sys.stderr)
+        return 2
+    configure(level="warning", stream=sys.stderr)
+    result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep, nodes=args.nodes))
     if args.json:
         print(json.dumps(result))
     else:
@@ -180,4 +210,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"warm (cache disk -> you):     {result['warm_mbps']:8.2f} MB/s  [{result['warm_cache']}]")
         print(f"speed-up: {result['speedup']}x   origin GETs: {result['origin_gets']}   "
               f"sha256 {'matches' if result['sha256_match'] else 'DOES NOT MATCH'} ({result['sha256'][:16]}...)")
+        print("stats from the index (redis):")
+        print(f"  {'node':<10} {'hits':>6} {'misses':>7} {'peer_hits':>10} {'from origin':>14} {'served':>14}")
+        for name, st in sorted(result["stats"]["nodes"].items()):
+            print(f"  {name:<10} {st['hits']:>6} {st['misses']:>7} {st['peer_hits']:>10} "
+                  f"{st['bytes_from_origin']:>14,} {st['bytes_served']:>14,}")
     return 0 if result["sha256_match"] else 1

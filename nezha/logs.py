@@ -12,7 +12,7 @@ import sys
 import structlog
 
 
-def configure(*, level: str = "info", json: bool = True) -> None:
+def configure(*, level: str = "info", json: bool = True, stream=None) -> None:
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
         lvl = logging.INFO
@@ -26,7 +26,7 @@ def configure(*, level: str = "info", json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
     # Libraries (aiohttp, asyncio) log through the standard library; keep them

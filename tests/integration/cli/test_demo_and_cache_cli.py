@@ -29,3 +29,14 @@ def test_cache_refuses_a_malformed_origin_naming_it():
 def test_cache_refuses_a_non_http_upstream():
     run = nezha("cache", "--origin", "h.example=ftp://127.0.0.1/")
     assert run.returncode == 2 and "http:// or https://" in run.stderr
+
+
+def test_demo_with_three_nodes_shows_a_peer_hit_in_the_index_stats():
+    run = nezha("demo", "--size", "2000000", "--rate", "8000000", "--nodes", "3", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["sha256_match"] is True and result["origin_gets"] == 1
+    assert result["cold_cache"] == "peer-miss" and result["warm_cache"] == "peer-hit"
+    nodes = result["stats"]["nodes"]
+    assert nodes[result["owner"]]["misses"] == 1 and nodes[result["owner"]]["hits"] == 1
+    assert sum(st["peer_hits"] for st in nodes.values()) == 1

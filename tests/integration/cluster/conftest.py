@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from cachenode.local_cluster import LocalCluster
+from nezha.config import Origin
+from tests.conftest import free_port
+from tests.support_origin import TestOrigin
+
+HOST = "www.cs.toronto.edu"
+
+
+@pytest.fixture
+async def origin(aiohttp_server):
+    o = TestOrigin()
+    server = await aiohttp_server(o.app(), host="127.0.0.1")
+    o.url = str(server.make_url("")).rstrip("/")
+    return o
+
+
+@pytest.fixture
+async def start_cluster(origin, tmp_path):
+    """Real node processes on free ports, sharing an index."""
+    started: list[LocalCluster] = []
+
+    async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None) -> LocalCluster:
+        base = free_port()
+        while any(_busy(base + i) for i in range(nodes)):
+            base = free_port()
+        cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=origin.url)],
+                               data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
+                               replicas=replicas, redis_url=redis_url, log_level="info")
+        started.append(cluster)
+        await cluster.start()
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        return cluster
+
+    yield start
+    for c in started:
+        await c.stop()
+
+
+def _busy(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+async def node_status(session: aiohttp.ClientSession, url: str) -> dict:
+    async with session.get(url + "/readyz") as r:
+        return await r.json()
+
+
+async def wait_epoch(cluster: LocalCluster, membership, timeout: float = 5.0) -> float:
+    """Seconds until every live node reports the membership's epoch."""
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() - started < timeout:
+            states = [await node_status(s, n.url) for n in cluster.nodes.values() if n.proc.poll() is None]
+            if all(st.get("ring_epoch") == membership.epoch for st in states):
+                return time.monotonic() - started
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"nodes did not reach epoch {membership.epoch} within {timeout}s: {states}")
+
+
+async def fetch(session: aiohttp.ClientSession, url: str, path: str, **headers) -> tuple[int, dict, bytes]:
+    async with session.get(url + path, headers={"Host": HOST, **headers}) as r:
+        return r.status, dict(r.headers), await r.read()

@@ -1,0 +1,151 @@
+"""A real cluster: node processes, a real redis-server, a local origin.
+
+These are the promises a job relies on: ring changes reach every node fast,
+a killed node costs no download and no origin fetch for replicated objects,
+Redis going away stops nothing, and a drained node takes nothing with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from tests.integration.cluster.conftest import fetch, node_status, wait_epoch
+
+
+async def test_ring_change_reaches_every_node_within_one_second(start_cluster, redis_server):
+    cluster = await start_cluster(3, redis_url=redis_server.url)
+    members = cluster.members()
+    for _ in range(3):
+        first = dict(list(members.items())[:2])
+        await cluster.publish(first)
+        assert await wait_epoch(cluster, await cluster.index.get_membership()) < 1.0
+        await cluster.publish(members)
+        assert await wait_epoch(cluster, await cluster.index.get_membership()) < 1.0
+
+
+async def test_killed_node_during_warm_reads_costs_no_read_and_no_origin_fetch(origin, start_cluster, redis_server):
+    paths = [f"/warm/{i}.bin" for i in range(12)]
+    for p in paths:
+        origin.put(p, p.encode() * 20_000)
+    cluster = await start_cluster(3, replicas=2, redis_url=redis_server.url)
+    urls = [n.url for n in cluster.nodes.values()]
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            status, _, _ = await fetch(s, urls[0], p)
+            assert status == 200
+        await asyncio.sleep(1.0)  # replicas copy in the background
+        fetched = sum(origin.requests.values())
+        assert fetched == len(paths)
+        victim = cluster.nodes["node-1"]
+        survivors = [n.url for n in cluster.nodes.values() if n.id != victim.id]
+        failures = []
+        for round_ in range(4):
+            if round_ == 1:
+                victim.proc.send_signal(signal.SIGKILL)
+            for i, p in enumerate(paths):
+                status, headers, body = await fetch(s, survivors[i % 2], p)
+                if status != 200 or body != p.encode() * 20_000:
+                    failures.append((p, status))
+        assert failures == []
+    assert sum(origin.requests.values()) == fetched, "a replicated object was fetched from the origin again"
+
+
+async def test_redis_killed_downloads_continue_and_stats_resume(origin, start_cluster, redis_server):
+    origin.put("/r/a", b"a" * 50_000)
+    origin.put("/r/b", b"b" * 50_000)
+    cluster = await start_cluster(2, redis_url=redis_server.url)
+    url = cluster.nodes["node-0"].url
+    async with aiohttp.ClientSession() as s:
+        assert (await fetch(s, url, "/r/a"))[0] == 200
+        redis_server.stop(kill=True)
+        for _ in range(3):
+            status, _, body = await fetch(s, url, "/r/b")
+            assert status == 200 and body == b"b" * 50_000
+        await asyncio.sleep(1.5)
+        status = await node_status(s, url)
+        assert status["ready"] is True and status["index"]["redis"] == "degraded"
+        redis_server.start()  # same port, empty data: stats must be re-sent from the buffer
+        for _ in range(100):
+            status = await node_status(s, url)
+            if status["index"]["redis"] == "ok" and status["index"]["buffered"] == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert status["index"]["redis"] == "ok"
+    r = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        for _ in range(50):
+            cluster_stats = await r.hgetall("nezha:stats:cluster")
+            if int(cluster_stats.get("bytes_served", 0)) >= 150_000:
+                break
+            await asyncio.sleep(0.1)
+        assert int(cluster_stats.get("bytes_served", 0)) >= 150_000, cluster_stats
+    finally:
+        await r.aclose()
+
+
+async def test_drained_node_is_removed_with_zero_origin_fetches_after(origin, start_cluster, redis_server):
+    paths = [f"/drain/{i}" for i in range(40)]
+    for p in paths:
+        origin.put(p, p.encode() * 1000)
+    cluster = await start_cluster(3, redis_url=redis_server.url)
+    url = cluster.nodes["node-0"].url
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            assert (await fetch(s, url, p))[0] == 200
+        await asyncio.sleep(0.5)
+        assert sum(origin.requests.values()) == len(paths)
+        progress = await cluster.remove("node-2")
+        assert progress["failed"] == 0 and progress["done"] == progress["total"] > 0
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        for p in paths:
+            status, _, body = await fetch(s, url, p)
+            assert status == 200 and body == p.encode() * 1000
+    assert sum(origin.requests.values()) == len(paths)
+
+
+async def test_stats_in_redis_show_hits_misses_and_peer_hits(origin, start_cluster, redis_server):
+    origin.put("/s/x", b"x" * 10_000)
+    cluster = await start_cluster(2, redis_url=redis_server.url)
+    urls = [n.url for n in cluster.nodes.values()]
+    async with aiohttp.ClientSession() as s:
+        for u in urls + urls:
+            assert (await fetch(s, u, "/s/x"))[0] == 200
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.5)
+    r = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        total = await r.hgetall("nezha:stats:cluster")
+        host = await r.hgetall("nezha:stats:host:www.cs.toronto.edu")
+    finally:
+        await r.aclose()
+    assert int(total["misses"]) == 1 and int(total["hits"]) >= 3 and int(total["peer_hits"]) >= 1, total
+    assert int(host["bytes_from_origin"]) == 10_000, host
+    assert json.dumps(total)  # plain strings an operator can read
+
+
+async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cluster, redis_server):
+    from tests.conftest import free_port
+
+    paths = [f"/grow/{i}" for i in range(40)]
+    for p in paths:
+        origin.put(p, p.encode() * 1000)
+    cluster = await start_cluster(2, redis_url=redis_server.url)
+    url = cluster.nodes["node-0"].url
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            assert (await fetch(s, url, p))[0] == 200
+        await asyncio.sleep(0.5)
+        newcomer = await cluster.add("node-2", free_port())
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        labels = [(await fetch(s, newcomer.url, p))[1]["X-Nezha-Cache"] for p in paths]
+        assert "hit" in labels, "the newcomer holds none of its keys"
+        assert set(labels) <= {"hit", "peer-hit"}, labels
+        for p in paths:
+            status, _, body = await fetch(s, url, p)
+            assert status == 200 and body == p.encode() * 1000
+    assert sum(origin.requests.values()) == len(paths)
