@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from structlog.testing import capture_logs
 
 from cachenode.index import Index, Membership, embedded_index
-from tests.conftest import RedisServer, require_tool
+from tests.conftest import RedisServer, free_port, require_tool
 
 HOST = "www.cs.toronto.edu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,3 +177,45 @@ async def test_embedded_index_is_shared_by_node_processes_with_or_without_redis_
     finally:
         await stop()
     assert not _listening(url)
+
+
+@pytest.fixture
+def tls_redis(tmp_path):
+    """A redis-server that speaks only TLS (certificate from a trustme CA) and wants a password."""
+    import trustme
+
+    exe = require_tool("redis-server")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    cert.cert_chain_pems[0].write_to_path(paths["cert"])
+    cert.private_key_pem.write_to_path(paths["key"])
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path), "--tls-cert-file", str(paths["cert"]), "--tls-key-file", str(paths["key"]),
+         "--tls-ca-cert-file", str(paths["ca"]), "--tls-auth-clients", "no", "--requirepass", "tls-pw"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not _listening(f"redis://127.0.0.1:{port}/0"):
+        assert proc.poll() is None and time.monotonic() < deadline, "TLS redis-server did not start"
+        time.sleep(0.02)
+    try:
+        yield port, paths["ca"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_rediss_url_with_password_speaks_tls_to_redis(tls_redis, indexes):
+    port, ca = tls_redis
+    node = indexes(f"rediss://:tls-pw@127.0.0.1:{port}/0?ssl_ca_certs={ca}", "nezha-cache-0")
+    assert await node.set_membership({"nezha-cache-0": "127.0.0.1:8080"}) == 1
+    node.count(HOST, hits=1)
+    assert await node.flush()
+    assert (await node.read_stats())["cluster"]["hits"] == 1
+    # Plain redis:// to the TLS port is refused: the TLS path above was really taken.
+    plain = indexes(f"redis://:tls-pw@127.0.0.1:{port}/0", "nezha-cache-1")
+    await plain.start(first_read_timeout=0.5)
+    assert plain.status()["redis"] == "degraded"
