@@ -487,7 +487,11 @@ class Index:
                 self._restore(counters, ops, accesses)
                 self._trouble("flush", e)
                 return False
+            except asyncio.CancelledError:
+                self._restore(counters, ops, accesses)  # close() sends them in its last flush
+                raise
             self._ok("flush")
+            self._ok("refresh")  # Redis answers again; the next re-read would only confirm it
             await self._forget_unheld(removed)
             return True
 
@@ -620,6 +624,7 @@ class Index:
                 # Catch up on changes published while we were not subscribed.
                 await self._refresh_membership()
                 self._ok("watch")
+                self._ok("refresh")
                 delay = 0.05
                 while not self._closing:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)

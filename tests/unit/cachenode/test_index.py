@@ -318,3 +318,13 @@ def test_redis_url_of_another_scheme_is_refused_without_showing_the_password():
     assert "hunter2" not in str(e.value) and "http://:***@127.0.0.1:6379" in str(e.value)
     assert redact_url("rediss://user:pw@redis.example:6380/1") == "rediss://user:***@redis.example:6380/1"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+async def test_close_sends_what_is_still_buffered(make_index, redis):
+    index = make_index(flush_interval=60)
+    await index.start()
+    index.count(HOST, failed_fills=1)
+    index.object_stored(KEY, url=URL, host=HOST, size=3)
+    await index.close()
+    assert await redis.hget("nezha:stats:cluster", "failed_fills") == "1"
+    assert await redis.smembers(f"nezha:loc:{KEY}") == {"nezha-cache-0"}
