@@ -40,6 +40,7 @@ class OriginClient:
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
         )
 
     async def close(self) -> None:

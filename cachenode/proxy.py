@@ -12,9 +12,8 @@ None of them holds a whole object in memory.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from typing import IO, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import aiohttp
 import structlog
@@ -26,29 +25,21 @@ from cachenode.handoff import Handoff
 from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
-from cachenode.origin import OriginClient, end_to_end
+from cachenode.origin import OriginClient
 from cachenode.peers import PEER_HEADER, PeerRelay
-from cachenode.ranges import Outcome as RangeOutcome
-from cachenode.ranges import evaluate
+from cachenode.serve import EXPIRES_HEADER, Responder, origin_failure
 from cachenode.store import KEPT_HEADERS, Meta, Store
 from nezha.config import CacheSettings, Origin
-from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
+from nezha.errors import FillAborted, NezhaError, OriginError
 
 log = structlog.get_logger("nezha.cachenode")
 
-CACHE_HEADER = "X-Nezha-Cache"
-EXPIRES_HEADER = "X-Nezha-Expires"  # peer responses: the owner's expiry, so copies age alike
 ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 INTERNAL_PREFIX = "/_nezha/"
-_SENDFILE = os.environ.get("AIOHTTP_NOSENDFILE") is None  # aiohttp's own switch, honoured alike
 
 
 class LeaderGone(FillAborted):
     """The request leading a flight ended before the origin answered."""
-
-
-class BrokenStream(Exception):
-    """A body could not be completed; the connection was closed on purpose."""
 
 
 def _kept(headers: "aiohttp.typedefs.LooseHeaders") -> dict[str, str]:
@@ -75,6 +66,7 @@ class CacheNode:
         self._tasks: set[asyncio.Task] = set()
         self._ready = False
         self.handoff = Handoff(node=self)
+        self.respond = Responder(settings=settings, store=store, origins=origins, count=self._count)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -145,7 +137,7 @@ class CacheNode:
         request["key"] = key
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
-            return await self._pass(request, url, label="bypass")
+            return await self.respond.passthrough(request, url, label="bypass")
         meta = self.store.lookup(key)
         fresh = meta is not None and meta.fresh(self._clock())
         if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
@@ -159,8 +151,8 @@ class CacheNode:
             log.warning("owners_unreachable", key=key, owners=[p.id for p in self.cluster.owners(key)])
         if request.method == "HEAD":
             if fresh:
-                return await self._serve_hit(request, meta, label="hit")
-            return await self._pass(request, url, label="pass")
+                return await self.respond.hit(request, meta, label="hit")
+            return await self.respond.passthrough(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
 
     def _names_origin(self, host_header: str | None) -> bool:
@@ -197,7 +189,7 @@ class CacheNode:
         for _ in range(5):
             meta = self.store.lookup(key)
             if meta is not None and meta.fresh(self._clock()):
-                served = await self._serve_hit(request, meta, label="hit")
+                served = await self.respond.hit(request, meta, label="hit")
                 if served is not None:
                     return served
                 continue  # evicted between lookup and open
@@ -210,31 +202,25 @@ class CacheNode:
                 outcome = await asyncio.shield(flight.outcome)
             if outcome.kind is Kind.STREAMING:
                 assert outcome.fill is not None
-                return await self._serve_fill(request, outcome.fill, label="miss" if leader else "miss-joined")
+                return await self.respond.fill(request, outcome.fill, label="miss" if leader else "miss-joined")
             if outcome.kind is Kind.REVALIDATED:
                 assert outcome.meta is not None
-                served = await self._serve_hit(request, outcome.meta, label="revalidated")
+                served = await self.respond.hit(request, outcome.meta, label="revalidated")
                 if served is not None:
                     return served
                 continue
             if outcome.kind is Kind.PASSED:
-                return await self._pass(request, url, label="pass", response=response)
+                return await self.respond.passthrough(request, url, label="pass", response=response)
             error = outcome.error
             if isinstance(error, LeaderGone):
                 continue
             if meta is not None and meta.stale_if_error:
                 log.warning("serving_stale", key=key, error=str(error))
-                served = await self._serve_hit(request, meta, label="stale", stale_reason=str(error))
+                served = await self.respond.hit(request, meta, label="stale", stale_reason=str(error))
                 if served is not None:
                     return served
-            raise self._origin_failure(error)
+            raise origin_failure(error)
         raise web.HTTPServiceUnavailable(text=f"gave up on {key}: the origin exchange kept restarting\n")
-
-    @staticmethod
-    def _origin_failure(error: NezhaError | None) -> web.HTTPException:
-        if isinstance(error, OriginTimeout):
-            return web.HTTPGatewayTimeout(text=f"{error}\n")
-        return web.HTTPBadGateway(text=f"{error}\n")
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -372,194 +358,6 @@ class CacheNode:
                     counter.inc(deltas[name])
         if self.index is not None:
             self.index.count(host, **deltas)
-
-    # -- responses -------------------------------------------------------------
-    def _object_headers(self, resp: web.StreamResponse, headers: dict[str, str], label: str) -> None:
-        for name, value in headers.items():
-            resp.headers[name] = value
-        resp.headers["Accept-Ranges"] = "bytes"
-        resp.headers[CACHE_HEADER] = label
-
-    async def _serve_hit(self, request: web.Request, meta: Meta, *, label: str,
-                         stale_reason: str | None = None) -> web.StreamResponse | None:
-        """Send a stored object; None if it vanished (evicted or replaced) first."""
-        loop = asyncio.get_running_loop()
-        try:
-            f = await loop.run_in_executor(None, open, self.store.data_path(meta), "rb")
-        except FileNotFoundError:
-            return None
-        try:
-            request["cache"] = label
-            decision = evaluate(request.headers, size=meta.size, etag=meta.etag, last_modified=meta.last_modified)
-            resp = web.StreamResponse(status=decision.outcome.value)
-            self._object_headers(resp, meta.headers, label)
-            if stale_reason is not None:
-                resp.headers["Warning"] = '111 - "Revalidation Failed"'
-            if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
-                for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
-                    resp.headers.popall(h, None)
-                resp.content_length = 0 if decision.outcome is RangeOutcome.PRECONDITION_FAILED else None
-                await resp.prepare(request)
-                await resp.write_eof()
-                self._count(meta.host, hits=1)
-                return resp
-            if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                resp.headers["Content-Range"] = f"bytes */{meta.size}"
-                resp.content_length = 0
-                await resp.prepare(request)
-                await resp.write_eof()
-                return resp
-            if decision.outcome is RangeOutcome.PARTIAL:
-                end = decision.start + decision.length - 1
-                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
-            resp.content_length = decision.length
-            self._count(meta.host, hits=1)
-            if PEER_HEADER in request.headers:
-                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
-            await resp.prepare(request)
-            if request.method != "HEAD" and decision.length:
-                await self._send_file(request, resp, f, decision.start, decision.length)
-                self._count(meta.host, bytes_served=decision.length)
-                request["bytes"] = decision.length
-            await resp.write_eof()
-            return resp
-        finally:
-            f.close()
-
-    async def _send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
-                         offset: int, count: int) -> None:
-        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible."""
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("client went away")
-        if _SENDFILE and resp.chunked is False and not resp.compression:
-            try:
-                sent = await asyncio.get_running_loop().sendfile(transport, f, offset, count)
-            except NotImplementedError:
-                pass
-            else:
-                if sent != count:
-                    raise BrokenStream(f"sent {sent} of {count} bytes")
-                return
-        loop = asyncio.get_running_loop()
-        chunk = self.settings.chunk_size
-        while count > 0:
-            data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count), offset)
-            if not data:
-                raise BrokenStream(f"file ended {count} bytes early")
-            await resp.write(data)
-            offset += len(data)
-            count -= len(data)
-
-    async def _serve_fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
-        """Stream an object while the origin is still sending it."""
-        loop = asyncio.get_running_loop()
-        f = await loop.run_in_executor(None, self._open_fill, fill)
-        try:
-            request["cache"] = label
-            size = fill.length
-            start, length = 0, size
-            status = 200
-            resp = web.StreamResponse()
-            self._object_headers(resp, fill.headers, label)
-            if size is not None:
-                decision = evaluate(request.headers, size=size, etag=fill.headers.get("ETag"),
-                                    last_modified=fill.headers.get("Last-Modified"))
-                if decision.outcome is RangeOutcome.PARTIAL:
-                    status, start, length = 206, decision.start, decision.length
-                    resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
-                elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                    resp.set_status(416)
-                    resp.headers["Content-Range"] = f"bytes */{size}"
-                    resp.content_length = 0
-                    await resp.prepare(request)
-                    await resp.write_eof()
-                    return resp
-                resp.content_length = length
-            else:
-                resp.enable_chunked_encoding()
-            resp.set_status(status)
-            await resp.prepare(request)
-            offset = start
-            end = None if length is None else start + length
-            try:
-                while end is None or offset < end:
-                    available = await fill.wait_beyond(offset)
-                    if end is not None:
-                        available = min(available, end)
-                    if available <= offset:
-                        break  # unknown length and the fill is complete
-                    await self._send_file(request, resp, f, offset, available - offset)
-                    offset = available
-            except (FillAborted, BrokenStream) as e:
-                request["cache"] = f"{label}-aborted"
-                log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
-                self._break(request)
-                return resp
-            request["bytes"] = offset - start
-            # Streamed during a fill: counted as served, not as a disk hit.
-            self._count(self._host_of(fill.key), bytes_served=offset - start, metrics=False)
-            await resp.write_eof()
-            return resp
-        finally:
-            f.close()
-
-    @staticmethod
-    def _host_of(key: str) -> str:
-        return key.split("://", 1)[-1].split("/", 1)[0]
-
-    def _open_fill(self, fill: Fill) -> IO[bytes]:
-        # The temp file is renamed when the fill commits; fall back to its new name.
-        try:
-            return open(fill.temp.path, "rb")
-        except FileNotFoundError:
-            if fill.meta is None:
-                raise
-            return open(self.store.data_path(fill.meta), "rb")
-
-    @staticmethod
-    def _break(request: web.Request) -> None:
-        """Close the connection mid-body: the client must see an error, not a short object."""
-        request["broken"] = True
-        if request.transport is not None:
-            request.transport.abort() if hasattr(request.transport, "abort") else request.transport.close()
-
-    async def _pass(self, request: web.Request, url: str, *, label: str,
-                    response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
-        """Copy the origin's answer to this one client; store nothing."""
-        request["cache"] = label
-        if response is None:
-            headers = end_to_end(request.headers)
-            try:
-                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}")
-            except OriginError as e:
-                raise self._origin_failure(e)
-        try:
-            resp = web.StreamResponse(status=response.status, reason=response.reason)
-            for name, value in end_to_end(response.headers).items():
-                resp.headers.add(name, value)
-            resp.headers[CACHE_HEADER] = label
-            if response.content_length is not None:
-                resp.content_length = response.content_length
-            elif request.method != "HEAD" and response.status not in (204, 304):
-                resp.enable_chunked_encoding()
-            await resp.prepare(request)
-            sent = 0
-            if request.method != "HEAD":
-                try:
-                    async for chunk in response.content.iter_chunked(self.settings.chunk_size):
-                        await resp.write(chunk)
-                        sent += len(chunk)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
-                    self._break(request)
-                    return resp
-            request["bytes"] = sent
-            await resp.write_eof()
-            return resp
-        finally:
-            response.release()
-
 
 @web.middleware
 async def access_log(request: web.Request, handler) -> web.StreamResponse:

@@ -123,6 +123,9 @@ class CacheSettings(_Base):
     origin_connect_timeout: float = 5.0
     origin_read_timeout: float = 30.0
     chunk_size: int = 256 * 1024
+    # Send stored objects with sendfile(2); off falls back to read+write
+    # (for filesystems or transports without sendfile, and to test both paths).
+    sendfile: bool = True
     # Cluster membership; all optional so a node runs alone.
     redis_url: str | None = None
     node_id: str | None = None

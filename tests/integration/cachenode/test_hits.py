@@ -6,10 +6,11 @@ PATH = "/~kriz/cifar-10-python.tar.gz"
 BODY = bytes(range(256)) * 1000
 
 
-@pytest.fixture
-async def warm(origin, make_node, session):
+@pytest.fixture(params=[True, False], ids=["sendfile", "read-write"])
+async def warm(request, origin, make_node, session):
+    """A node holding PATH, serving it by sendfile or by the read+write fallback."""
     origin.put(PATH, BODY, headers={"Content-Type": "application/x-gzip"})
-    node = await make_node()
+    node = await make_node(sendfile=request.param)
     await node.get(session, PATH)
     await node.node.settled()
     return node

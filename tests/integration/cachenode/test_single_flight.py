@@ -4,14 +4,16 @@ import asyncio
 import hashlib
 
 import aiohttp
+import pytest
 
 PATH = "/~kriz/cifar-100-python.tar.gz"
 
 
-async def test_fifty_concurrent_cold_requests_make_one_origin_request(origin, make_node, session):
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-write"])
+async def test_fifty_concurrent_cold_requests_make_one_origin_request(origin, make_node, session, sendfile):
     body = hashlib.sha256(b"x").digest() * 40000  # 1.28 MB
     origin.put(PATH, body, rate=8_000_000)
-    node = await make_node()
+    node = await make_node(sendfile=sendfile)
     results = await asyncio.gather(*(node.get(session, PATH) for _ in range(50)))
     assert origin.requests[PATH] == 1
     assert all(status == 200 for status, _, _ in results)

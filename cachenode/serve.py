@@ -1,0 +1,240 @@
+"""Writing responses: stored objects by sendfile, growing fills, pass-through copies.
+
+Every writer streams: a stored object goes out in one `loop.sendfile`, a fill
+is sent from its temp file as bytes land, a pass-through is copied chunk by
+chunk. None holds a whole object in memory. When a body cannot be finished
+the connection is aborted, so the client sees an error, never a short object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import IO, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.fill import Fill
+from cachenode.origin import OriginClient, end_to_end
+from cachenode.peers import PEER_HEADER
+from cachenode.ranges import Outcome as RangeOutcome
+from cachenode.ranges import evaluate
+from cachenode.store import Meta, Store
+from nezha.config import CacheSettings
+from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
+
+log = structlog.get_logger("nezha.serve")
+
+CACHE_HEADER = "X-Nezha-Cache"
+EXPIRES_HEADER = "X-Nezha-Expires"  # peer responses: the owner's expiry, so copies age alike
+
+
+class BrokenStream(Exception):
+    """A body could not be completed; the connection was closed on purpose."""
+
+
+def origin_failure(error: NezhaError | None) -> web.HTTPException:
+    """502 for an origin that failed, 504 for one that did not answer in time."""
+    if isinstance(error, OriginTimeout):
+        return web.HTTPGatewayTimeout(text=f"{error}\n")
+    return web.HTTPBadGateway(text=f"{error}\n")
+
+
+def break_connection(request: web.Request) -> None:
+    """Close the connection mid-body: the client must see an error, not a short object."""
+    request["broken"] = True
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def _object_headers(resp: web.StreamResponse, headers: dict[str, str], label: str) -> None:
+    for name, value in headers.items():
+        resp.headers[name] = value
+    resp.headers["Accept-Ranges"] = "bytes"
+    resp.headers[CACHE_HEADER] = label
+
+
+def _host_of(key: str) -> str:
+    return key.split("://", 1)[-1].split("/", 1)[0]
+
+
+class Responder:
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
+                 count: Callable[..., None]) -> None:
+        self.settings = settings
+        self.store = store
+        self.origins = origins
+        self._count = count
+
+    async def hit(self, request: web.Request, meta: Meta, *, label: str,
+                         stale_reason: str | None = None) -> web.StreamResponse | None:
+        """Send a stored object; None if it vanished (evicted or replaced) first."""
+        loop = asyncio.get_running_loop()
+        try:
+            f = await loop.run_in_executor(None, open, self.store.data_path(meta), "rb")
+        except FileNotFoundError:
+            return None
+        try:
+            request["cache"] = label
+            decision = evaluate(request.headers, size=meta.size, etag=meta.etag, last_modified=meta.last_modified)
+            resp = web.StreamResponse(status=decision.outcome.value)
+            _object_headers(resp, meta.headers, label)
+            if stale_reason is not None:
+                resp.headers["Warning"] = '111 - "Revalidation Failed"'
+            if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
+                for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
+                    resp.headers.popall(h, None)
+                resp.content_length = 0 if decision.outcome is RangeOutcome.PRECONDITION_FAILED else None
+                await resp.prepare(request)
+                await resp.write_eof()
+                self._count(meta.host, hits=1)
+                return resp
+            if decision.outcome is RangeOutcome.UNSATISFIABLE:
+                resp.headers["Content-Range"] = f"bytes */{meta.size}"
+                resp.content_length = 0
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
+            if decision.outcome is RangeOutcome.PARTIAL:
+                end = decision.start + decision.length - 1
+                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
+            resp.content_length = decision.length
+            self._count(meta.host, hits=1)
+            if PEER_HEADER in request.headers:
+                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+            await resp.prepare(request)
+            if request.method != "HEAD" and decision.length:
+                await self.send_file(request, resp, f, decision.start, decision.length)
+                self._count(meta.host, bytes_served=decision.length)
+                request["bytes"] = decision.length
+            await resp.write_eof()
+            return resp
+        finally:
+            f.close()
+
+    async def send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
+                         offset: int, count: int) -> None:
+        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible."""
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        if self.settings.sendfile and resp.chunked is False and not resp.compression:
+            try:
+                sent = await asyncio.get_running_loop().sendfile(transport, f, offset, count)
+            except NotImplementedError:
+                pass
+            else:
+                if sent != count:
+                    raise BrokenStream(f"sent {sent} of {count} bytes")
+                return
+        loop = asyncio.get_running_loop()
+        chunk = self.settings.chunk_size
+        while count > 0:
+            data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count), offset)
+            if not data:
+                raise BrokenStream(f"file ended {count} bytes early")
+            await resp.write(data)
+            offset += len(data)
+            count -= len(data)
+
+    async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
+        """Stream an object while the origin is still sending it."""
+        loop = asyncio.get_running_loop()
+        f = await loop.run_in_executor(None, self._open_fill, fill)
+        try:
+            request["cache"] = label
+            size = fill.length
+            start, length = 0, size
+            status = 200
+            resp = web.StreamResponse()
+            _object_headers(resp, fill.headers, label)
+            if size is not None:
+                decision = evaluate(request.headers, size=size, etag=fill.headers.get("ETag"),
+                                    last_modified=fill.headers.get("Last-Modified"))
+                if decision.outcome is RangeOutcome.PARTIAL:
+                    status, start, length = 206, decision.start, decision.length
+                    resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+                elif decision.outcome is RangeOutcome.UNSATISFIABLE:
+                    resp.set_status(416)
+                    resp.headers["Content-Range"] = f"bytes */{size}"
+                    resp.content_length = 0
+                    await resp.prepare(request)
+                    await resp.write_eof()
+                    return resp
+                resp.content_length = length
+            else:
+                resp.enable_chunked_encoding()
+            resp.set_status(status)
+            await resp.prepare(request)
+            offset = start
+            end = None if length is None else start + length
+            try:
+                while end is None or offset < end:
+                    available = await fill.wait_beyond(offset)
+                    if end is not None:
+                        available = min(available, end)
+                    if available <= offset:
+                        break  # unknown length and the fill is complete
+                    await self.send_file(request, resp, f, offset, available - offset)
+                    offset = available
+            except (FillAborted, BrokenStream) as e:
+                request["cache"] = f"{label}-aborted"
+                log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
+                break_connection(request)
+                return resp
+            request["bytes"] = offset - start
+            # Streamed during a fill: counted as served, not as a disk hit.
+            self._count(_host_of(fill.key), bytes_served=offset - start, metrics=False)
+            await resp.write_eof()
+            return resp
+        finally:
+            f.close()
+
+    def _open_fill(self, fill: Fill) -> IO[bytes]:
+        # The temp file is renamed when the fill commits; fall back to its new name.
+        try:
+            return open(fill.temp.path, "rb")
+        except FileNotFoundError:
+            if fill.meta is None:
+                raise
+            return open(self.store.data_path(fill.meta), "rb")
+
+    async def passthrough(self, request: web.Request, url: str, *, label: str,
+                    response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
+        """Copy the origin's answer to this one client; store nothing."""
+        request["cache"] = label
+        if response is None:
+            headers = end_to_end(request.headers)
+            try:
+                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}")
+            except OriginError as e:
+                raise origin_failure(e)
+        try:
+            resp = web.StreamResponse(status=response.status, reason=response.reason)
+            for name, value in end_to_end(response.headers).items():
+                resp.headers.add(name, value)
+            resp.headers[CACHE_HEADER] = label
+            if response.content_length is not None:
+                resp.content_length = response.content_length
+            elif request.method != "HEAD" and response.status not in (204, 304):
+                resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            sent = 0
+            if request.method != "HEAD":
+                try:
+                    async for chunk in response.content.iter_chunked(self.settings.chunk_size):
+                        await resp.write(chunk)
+                        sent += len(chunk)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
+                    break_connection(request)
+                    return resp
+            request["bytes"] = sent
+            await resp.write_eof()
+            return resp
+        finally:
+            response.release()
+
+
