@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name == name:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
                 continue  # that part is not built yet
+
             raise
         module.register(sub)
     return parser
