@@ -10,7 +10,7 @@ from aiohttp import web
 
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
-from cachenode.proxy import CacheNode, access_log
+from cachenode.proxy import NODE, CacheNode, access_log
 from cachenode.store import Store
 from nezha.config import CacheSettings
 
@@ -48,7 +48,7 @@ def build_app(node: CacheNode) -> web.Application:
         await node.stop()
 
     app.cleanup_ctx.append(lifecycle)
-    app["node"] = node
+    app[NODE] = node
     return app
 
 

@@ -22,6 +22,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.access import access
 from cachenode.cluster import Peer
 from cachenode.keys import Target
 from cachenode.origin import OriginClient, end_to_end
@@ -95,8 +96,8 @@ class PeerRelay:
                     label = f"peer-{r.headers.get('X-Nezha-Cache', 'unknown')}"
                     out.headers["X-Nezha-Cache"] = label
                     out.headers["X-Nezha-Served-By"] = peer.id
-                    request["cache"] = label
-                    request["peer"] = peer.id
+                    access(request).cache = label
+                    access(request).peer = peer.id
                     if r.content_length is not None:
                         out.content_length = r.content_length
                     elif request.method != "HEAD" and r.status not in (204, 304):
@@ -120,7 +121,7 @@ class PeerRelay:
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     self.mark_down(peer, f"broke mid-body after {sent} bytes: {type(e).__name__}")
                     continue
-                request["bytes"] = sent
+                access(request).bytes = sent
                 await out.write_eof()
                 return out
             finally:
@@ -128,7 +129,7 @@ class PeerRelay:
         if out is not None:
             # Headers are out and no owner could finish the body: the client
             # must see a broken response, never a short one.
-            request["broken"] = True
+            access(request).broken = True
             if request.transport is not None:
                 request.transport.abort()
             return out

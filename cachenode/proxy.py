@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.access import access
 from cachenode.cluster import ClusterView
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.handoff import Handoff
@@ -118,13 +119,13 @@ class CacheNode:
             if request.raw_path in ADMIN_PATHS:
                 return await self._admin(request)
             if request.raw_path.startswith(INTERNAL_PREFIX):
-                request["cache"] = "internal"
+                access(request).cache = "internal"
                 return await self.handoff.handle(request)
         try:
             target = parse_target(request.raw_path, host_header)
         except BadTarget as e:
             raise web.HTTPBadRequest(text=f"bad request: {e}\n")
-        request["host"] = target.host
+        access(request).host = target.host
         origin = self._table.get(target.host)
         if origin is None:
             raise web.HTTPForbidden(
@@ -134,7 +135,7 @@ class CacheNode:
                 request.method, ["GET", "HEAD"], text=f"method {request.method} is not served; use GET or HEAD\n")
         url = origin.upstream + target.path_qs
         key = cache_key(target, volatile_params=origin.volatile_params)
-        request["key"] = key
+        access(request).key = key
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
             return await self.respond.passthrough(request, url, label="bypass")
@@ -145,7 +146,7 @@ class CacheNode:
         if PEER_HEADER not in request.headers and not fresh and not self.cluster.owns(key):
             relayed = await self.relay.relay(request, self.cluster.owners(key), target=target)
             if relayed is not None:
-                if request.get("cache") == "peer-hit":
+                if access(request).cache == "peer-hit":
                     self._count(target.host, peer_hits=1)
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in self.cluster.owners(key)])
@@ -170,7 +171,7 @@ class CacheNode:
         return detail
 
     async def _admin(self, request: web.Request) -> web.Response:
-        request["cache"] = "admin"
+        access(request).cache = "admin"
         if request.raw_path == "/healthz":
             return web.Response(text="ok\n")
         if request.raw_path == "/readyz":
@@ -363,6 +364,7 @@ class CacheNode:
 async def access_log(request: web.Request, handler) -> web.StreamResponse:
     """One `request_completed` line per request, with the cache outcome."""
     started = time.monotonic()
+    record = access(request)
     status = 500
     try:
         resp = await handler(request)
@@ -370,17 +372,20 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
         return resp
     except web.HTTPException as e:
         status = e.status
-        request.setdefault("cache", "refused" if status in (400, 403, 405) else "error")
+        if record.cache is None:
+            record.cache = "refused" if status in (400, 403, 405) else "error"
         raise
     finally:
-        fields = {"method": request.method, "host": request.get("host"), "path": request.path[:300],
-                  "status": status, "cache": request.get("cache"), "bytes": request.get("bytes", 0),
-                  "ms": round((time.monotonic() - started) * 1000, 2)}
-        if request.get("broken"):
+        fields = {"method": request.method, "host": record.host, "path": request.path[:300], "status": status,
+                  "cache": record.cache, "bytes": record.bytes, "ms": round((time.monotonic() - started) * 1000, 2)}
+        if record.broken:
             fields["broken"] = True
-        if request.get("peer"):
-            fields["peer"] = request["peer"]
-        node = request.app.get("node")
+        if record.peer:
+            fields["peer"] = record.peer
+        node = request.app.get(NODE)
         if node is not None:
-            node.metrics.requests.labels(cache=fields["cache"] or "none").inc()
+            node.metrics.requests.labels(cache=record.cache or "none").inc()
         log.info("request_completed", **fields)
+
+
+NODE = web.AppKey("nezha_node", CacheNode)

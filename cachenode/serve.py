@@ -16,6 +16,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.access import access
 from cachenode.fill import Fill
 from cachenode.origin import OriginClient, end_to_end
 from cachenode.peers import PEER_HEADER
@@ -44,7 +45,7 @@ def origin_failure(error: NezhaError | None) -> web.HTTPException:
 
 def break_connection(request: web.Request) -> None:
     """Close the connection mid-body: the client must see an error, not a short object."""
-    request["broken"] = True
+    access(request).broken = True
     if request.transport is not None:
         request.transport.abort()
 
@@ -77,7 +78,7 @@ class Responder:
         except FileNotFoundError:
             return None
         try:
-            request["cache"] = label
+            access(request).cache = label
             decision = evaluate(request.headers, size=meta.size, etag=meta.etag, last_modified=meta.last_modified)
             resp = web.StreamResponse(status=decision.outcome.value)
             _object_headers(resp, meta.headers, label)
@@ -108,7 +109,7 @@ class Responder:
             if request.method != "HEAD" and decision.length:
                 await self.send_file(request, resp, f, decision.start, decision.length)
                 self._count(meta.host, bytes_served=decision.length)
-                request["bytes"] = decision.length
+                access(request).bytes = decision.length
             await resp.write_eof()
             return resp
         finally:
@@ -144,7 +145,7 @@ class Responder:
         loop = asyncio.get_running_loop()
         f = await loop.run_in_executor(None, self._open_fill, fill)
         try:
-            request["cache"] = label
+            access(request).cache = label
             size = fill.length
             start, length = 0, size
             status = 200
@@ -180,11 +181,11 @@ class Responder:
                     await self.send_file(request, resp, f, offset, available - offset)
                     offset = available
             except (FillAborted, BrokenStream) as e:
-                request["cache"] = f"{label}-aborted"
+                access(request).cache = f"{label}-aborted"
                 log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
                 break_connection(request)
                 return resp
-            request["bytes"] = offset - start
+            access(request).bytes = offset - start
             # Streamed during a fill: counted as served, not as a disk hit.
             self._count(_host_of(fill.key), bytes_served=offset - start, metrics=False)
             await resp.write_eof()
@@ -204,7 +205,7 @@ class Responder:
     async def passthrough(self, request: web.Request, url: str, *, label: str,
                     response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
         """Copy the origin's answer to this one client; store nothing."""
-        request["cache"] = label
+        access(request).cache = label
         if response is None:
             headers = end_to_end(request.headers)
             try:
@@ -231,7 +232,7 @@ class Responder:
                     log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
                     break_connection(request)
                     return resp
-            request["bytes"] = sent
+            access(request).bytes = sent
             await resp.write_eof()
             return resp
         finally:
