@@ -38,7 +38,7 @@ HashFn = Callable[[str], int]
 
 
 class Ring:
-    __slots__ = ("_nodes", "_vnodes", "_points", "_owner_at", "_hash")
+    __slots__ = ("_hash", "_nodes", "_owner_at", "_points", "_vnodes")
 
     def __init__(self, nodes: Mapping[str, int], *, vnodes: int = 160, hash_fn: HashFn | None = None) -> None:
         """`nodes` maps node id -> weight (a positive int; weight w gets w × vnodes points).
@@ -72,7 +72,7 @@ class Ring:
         self._hash = hr.hashi
 
     @classmethod
-    def empty(cls) -> "Ring":
+    def empty(cls) -> Ring:
         """A ring with no nodes; `owners()` returns `[]`."""
         return cls({})
 

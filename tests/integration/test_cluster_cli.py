@@ -118,7 +118,7 @@ def test_stats_reads_the_url_from_the_environment(redis_server, capsys, monkeypa
 def test_bad_node_address_is_refused_before_touching_redis(redis_server, capsys):
     import redis
 
-    code, out, err = run(capsys, "ring", "set", "nezha-cache-0=nowhere", "--redis-url", redis_server.url)
+    code, _, err = run(capsys, "ring", "set", "nezha-cache-0=nowhere", "--redis-url", redis_server.url)
     assert code == 2
     assert err.strip() == "nezha ring: address of ring node 'nezha-cache-0' must be HOST:PORT, got 'nowhere'"
     assert redis.Redis.from_url(redis_server.url).exists("nezha:ring:epoch") == 0

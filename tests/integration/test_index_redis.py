@@ -169,8 +169,8 @@ async def test_embedded_index_is_shared_by_node_processes_with_or_without_redis_
         epoch = await writer.set_membership({"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"})
         await wait_for(lambda: reader.membership and reader.membership.epoch == epoch, timeout=1.0)
         # Another process (as `nezha up` runs its nodes) sees the same index.
-        out = subprocess.run([sys.executable, "-c", READ_MEMBERSHIP, url], capture_output=True, text=True,
-                             check=True, cwd=ROOT, timeout=30)
+        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", READ_MEMBERSHIP, url],
+                                      capture_output=True, text=True, check=True, cwd=ROOT, timeout=30)
         line = next(x for x in out.stdout.splitlines() if x.startswith("membership="))
         assert json.loads(line.removeprefix("membership=")) == {
             "epoch": epoch, "nodes": {"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"}}
