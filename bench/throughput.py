@@ -92,7 +92,7 @@ def profile(args: argparse.Namespace) -> Profile:
     quick = args.quick
     return Profile(
         large_bytes=args.large_bytes or (256 * MiB if quick else 1024 * MiB),
-        runs=args.runs or (3 if quick else 5),
+        runs=args.runs or (3 if quick else 7),
         small_count=200,
         small_bytes=100 * KiB,
         connections=args.connections,
@@ -340,21 +340,19 @@ async def curl(children: Children, url: str, *, host: str, expect_bytes: int, ti
     return t
 
 
-async def curl_sha256(url: str, *, host: str) -> str:
+async def curl_sha256(children: Children, url: str, *, host: str) -> str:
     """SHA-256 of a body as curl receives it (a correctness check, not timed)."""
-    proc = await asyncio.create_subprocess_exec(
-        CURL, "-s", "-S", "-H", f"Host: {host}", url, stdout=subprocess.PIPE,
-        start_new_session=True, preexec_fn=_die_with_parent)
+    proc = await children.spawn(CURL, "-s", "-S", "-f", "-H", f"Host: {host}", url,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
     digest = hashlib.sha256()
-    assert proc.stdout is not None
-    try:
-        while chunk := await proc.stdout.read(4 * MiB):
-            digest.update(chunk)
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        await proc.wait()
+    while chunk := await proc.stdout.read(4 * MiB):
+        digest.update(chunk)
+    err = await proc.stderr.read()
+    # Let asyncio reap it: signalling an exited child races with its watcher.
+    if await proc.wait() != 0:
+        raise BenchError(f"curl {url} exited {proc.returncode}: {err.decode(errors='replace')[-300:]}")
+    await children.stop(proc)
     return digest.hexdigest()
 
 
@@ -671,9 +669,11 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                 spread(warm_cache))
         res.add("large warm through nginx proxy_cache", f"{median_mbps(warm_nginx):.0f} MB/s",
                 statistics.median(cpu_nginx), spread(warm_nginx))
+        pairs = sorted(c.mbps / n.mbps for c, n in zip(warm_cache, warm_nginx))
+        say(f"  cache/nginx run by run (adjacent runs): {', '.join(f'{x:.2f}' for x in pairs)}")
 
         for name, url in (("cache", node.url), ("nginx", nginx.url)):
-            digest = await curl_sha256(url + data.large, host=HOST)
+            digest = await curl_sha256(children, url + data.large, host=HOST)
             if digest != data.large_sha256:
                 raise BenchError(f"large object through {name}: sha256 {digest[:16]}... "
                                  f"!= origin {data.large_sha256[:16]}...")
@@ -733,6 +733,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         if args.profile:
             await profile_node(args.profile, children, node=node, data=data, script=script, p=p)
     finally:
+        await children.stop_all()  # clients first, so no origin handler sees a reset
         await fast.stop()
         await slow.stop()
 
@@ -753,6 +754,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         "",
         *res.table(),
         "",
+        f"  large cache/nginx run by run (adjacent runs): {', '.join(f'{x:.2f}' for x in pairs)}",
         "  server cpu: CPU time of the serving process tree / wall time (100% = one core)",
         "  cache node peak RSS (process tree, sampled every 50 ms):",
         f"    idle {rss['idle'] / MiB:.1f} MiB; cold fill (fast origin) {rss['cold_fill_fast'] / MiB:.1f} MiB; "
@@ -848,7 +850,9 @@ async def main_async(args: argparse.Namespace) -> int:
     children = Children()
     task = asyncio.current_task()
     assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also where a shell left SIGINT ignored
+        loop.add_signal_handler(sig, task.cancel)
     try:
         report = await run(args, work, children)
         print(report)
@@ -891,8 +895,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted; children stopped, temp dir removed", file=sys.stderr)
         return 130
     except asyncio.CancelledError:
-        print("bench: terminated; children stopped, temp dir removed", file=sys.stderr)
-        return 143
+        print("bench: interrupted; children stopped, temp dir removed", file=sys.stderr)
+        return 130
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
