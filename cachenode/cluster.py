@@ -43,10 +43,13 @@ class ClusterView:
 
     def update(self, membership) -> None:
         """Adopt a `Membership` (epoch, nodes id->address, weights) from the index."""
-        current = self.snapshot.epoch
-        if current is not None and membership.epoch is not None and membership.epoch <= current:
-            return
         weights = {n: (membership.weights or {}).get(n, 1) for n in membership.nodes}
+        snap = self.snapshot
+        if (membership.epoch == snap.epoch and dict(membership.nodes) == snap.addresses
+                and weights == (dict(snap.ring.nodes) if snap.ring else {})):
+            return
+        # Any difference is adopted, a lower epoch too: Redis may have lost its
+        # data and restarted the count. The index filters stale notifications.
         ring = Ring(weights, vnodes=self.vnodes) if weights else None
         self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes))
         log.info("ring_updated", epoch=membership.epoch, nodes=sorted(membership.nodes), me=self.node_id,

@@ -143,11 +143,16 @@ class CacheNode:
         fresh = meta is not None and meta.fresh(self._clock())
         if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
             raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+        if fresh and self.index is not None:
+            self.index.object_accessed(key)
         if PEER_HEADER not in request.headers and not fresh and not self.cluster.owns(key):
             relayed = await self.relay.relay(request, self.cluster.owners(key), target=target)
             if relayed is not None:
-                if access(request).cache == "peer-hit":
-                    self._count(target.host, peer_hits=1)
+                record = access(request)
+                outcome = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",
+                           "peer-miss": "misses", "peer-miss-joined": "misses"}.get(record.cache or "")
+                self._count(target.host, metrics=False, bytes_served=record.bytes,
+                            **({outcome: 1} if outcome else {}))
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in self.cluster.owners(key)])
         if request.method == "HEAD":
@@ -310,8 +315,6 @@ class CacheNode:
         fill = Fill(key=key, headers=kept, length=length, temp=temp)
         meta = Meta(key=key, url=url, host=host, size=0, headers=kept, stored_at=now,
                     expires_at=expires_at, stale_if_error=stale_if_error)
-        if source.peer is None:
-            self._count(host, misses=1)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
@@ -349,16 +352,29 @@ class CacheNode:
         self.spawn(run_fill_in_background(self.flights, flight, work()))
         return fill
 
-    def _count(self, host: str, *, metrics: bool = True, **deltas: int) -> None:
-        """Count for Prometheus and for the Redis index (batched there, never awaited)."""
+    def _count(self, host: str, *, request: web.Request | None = None, metrics: bool = True,
+               **deltas: int) -> None:
+        """Count for Prometheus (what this node did) and for the Redis index.
+
+        In the index each client request is counted once, by the node the
+        client reached (docs/redis-schema.md): a node answering a peer's
+        internal request leaves out the request fields. Batched there, never awaited.
+        """
         if metrics:
             m = self.metrics
-            for name, counter in (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_from_disk),
+            for name, counter in (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
                                   ("failed_fills", m.fill_failures), ("evictions", m.evictions)):
                 if deltas.get(name):
                     counter.inc(deltas[name])
         if self.index is not None:
-            self.index.count(host, **deltas)
+            if request is not None and PEER_HEADER in request.headers:
+                deltas = {k: v for k, v in deltas.items() if k not in _REQUEST_FIELDS}
+            if deltas:
+                self.index.count(host, **deltas)
+
+
+_REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
+
 
 @web.middleware
 async def access_log(request: web.Request, handler) -> web.StreamResponse:

@@ -90,7 +90,7 @@ class Responder:
                 resp.content_length = 0 if decision.outcome is RangeOutcome.PRECONDITION_FAILED else None
                 await resp.prepare(request)
                 await resp.write_eof()
-                self._count(meta.host, hits=1)
+                self._count(meta.host, request=request, hits=1)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
                 resp.headers["Content-Range"] = f"bytes */{meta.size}"
@@ -102,13 +102,13 @@ class Responder:
                 end = decision.start + decision.length - 1
                 resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
             resp.content_length = decision.length
-            self._count(meta.host, hits=1)
+            self._count(meta.host, request=request, hits=1)
             if PEER_HEADER in request.headers:
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
             await resp.prepare(request)
             if request.method != "HEAD" and decision.length:
                 await self.send_file(request, resp, f, decision.start, decision.length)
-                self._count(meta.host, bytes_served=decision.length)
+                self._count(meta.host, request=request, bytes_served=decision.length)
                 access(request).bytes = decision.length
             await resp.write_eof()
             return resp
@@ -186,8 +186,7 @@ class Responder:
                 break_connection(request)
                 return resp
             access(request).bytes = offset - start
-            # Streamed during a fill: counted as served, not as a disk hit.
-            self._count(_host_of(fill.key), bytes_served=offset - start, metrics=False)
+            self._count(_host_of(fill.key), request=request, misses=1, bytes_served=offset - start)
             await resp.write_eof()
             return resp
         finally:

@@ -72,6 +72,18 @@ async def wait_epoch(cluster: LocalCluster, membership, timeout: float = 5.0) ->
     raise AssertionError(f"nodes did not reach epoch {membership.epoch} within {timeout}s: {states}")
 
 
+async def settle(cluster: LocalCluster, timeout: float = 10.0) -> None:
+    """Wait until no live node has a fill in progress."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            states = [await node_status(s, n.url) for n in cluster.nodes.values() if n.proc.poll() is None]
+            if all(st["fills_in_flight"] == 0 for st in states):
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"fills still in flight after {timeout}s")
+
+
 async def fetch(session: aiohttp.ClientSession, url: str, path: str, **headers) -> tuple[int, dict, bytes]:
     async with session.get(url + path, headers={"Host": HOST, **headers}) as r:
         return r.status, dict(r.headers), await r.read()

@@ -8,7 +8,7 @@ import shutil
 
 import aiohttp
 
-from tests.integration.cluster.conftest import fetch
+from tests.integration.cluster.conftest import fetch, settle
 
 
 async def test_cluster_without_redis_server_installed_runs_on_fakeredis(origin, start_cluster, monkeypatch, capsys):
@@ -25,6 +25,7 @@ async def test_cluster_without_redis_server_installed_runs_on_fakeredis(origin, 
         for u in urls:
             status, headers, body = await fetch(s, u, "/e/x")
             assert status == 200 and body == b"x" * 30_000
+            await settle(cluster)
         await asyncio.sleep(1.5)
     stats = await cluster.index.read_stats()
     assert stats["cluster"]["misses"] == 1 and stats["cluster"]["bytes_from_origin"] == 30_000
