@@ -97,9 +97,22 @@ class LocalCluster:
     def members(self) -> dict[str, str]:
         return {n.id: n.address for n in self.nodes.values() if n.proc.poll() is None}
 
-    async def publish(self, members: dict[str, str] | None = None) -> int:
+    async def publish(self, members: dict[str, str] | None = None, *, timeout: float = 5.0) -> int:
+        """Write the ring to the index and wait until every live node has adopted it."""
         assert self.index is not None
-        return await self.index.set_membership(members if members is not None else self.members())
+        epoch = await self.index.set_membership(members if members is not None else self.members())
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as s:
+            for node in self.nodes.values():
+                while node.proc.poll() is None:
+                    with contextlib.suppress(aiohttp.ClientError, ValueError):
+                        async with s.get(node.url + "/readyz") as r:
+                            if (await r.json()).get("ring_epoch") == epoch:
+                                break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{node.id} did not adopt ring epoch {epoch} within {timeout:g}s")
+                    await asyncio.sleep(0.01)
+        return epoch
 
     async def handoff(self, node_id: str, members: dict[str, str], timeout: float = 300.0) -> dict:
         """Have `node_id` copy what it holds to its owners under `members`; wait for it."""
