@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import ctypes
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -75,7 +76,9 @@ class BenchError(Exception):
 
 
 @dataclass(frozen=True)
-class Profile:
+class Plan:
+    """Sizes and repetitions of one run (--quick or full)."""
+
     large_bytes: int
     runs: int  # curl runs per large measurement
     small_count: int
@@ -88,9 +91,9 @@ class Profile:
     rate: float
 
 
-def profile(args: argparse.Namespace) -> Profile:
+def plan(args: argparse.Namespace) -> Plan:
     quick = args.quick
-    return Profile(
+    return Plan(
         large_bytes=args.large_bytes or (256 * MiB if quick else 1024 * MiB),
         runs=args.runs or (3 if quick else 7),
         small_count=200,
@@ -166,10 +169,21 @@ def ensure_tool(path: str, package: str) -> None:
                          f"(sudo apt-get install -y {package}), then rerun")
     print(f"{path} is missing; installing Debian's {package} ...", file=sys.stderr)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    done = subprocess.run(["apt-get", "install", "-y", package], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+    # Debian starts nginx on 0.0.0.0:80 when it is installed, unless
+    # policy-rc.d says no; say no for the install if nothing else does.
+    guard = Path("/usr/sbin/policy-rc.d")
+    made_guard = not guard.exists()
+    if made_guard:
+        guard.write_text("#!/bin/sh\n# bench/throughput.py: start no services while installing\nexit 101\n")
+        guard.chmod(0o755)
+    try:
         done = subprocess.run(["apt-get", "install", "-y", package], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+            done = subprocess.run(["apt-get", "install", "-y", package], env=env, capture_output=True, text=True)
+    finally:
+        if made_guard:
+            guard.unlink(missing_ok=True)
     if done.returncode != 0 or not os.access(path, os.X_OK):
         raise BenchError(f"apt-get install -y {package} failed: {done.stderr[-500:]}")
 
@@ -282,7 +296,7 @@ class Dataset:
     profile_cold: list[str]  # fresh names of the large object, for a profiled cold fill
 
 
-def make_dataset(root: Path, p: Profile) -> Dataset:
+def make_dataset(root: Path, p: Plan) -> Dataset:
     large_sha = write_random(root / "large.bin", p.large_bytes)
     (root / "small").mkdir()
     small = []
@@ -407,7 +421,7 @@ def _latency(out: str, pct: str) -> float | None:
     return float(m.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
 
 
-async def wrk(children: Children, url: str, script: Path, *, p: Profile) -> WrkResult:
+async def wrk(children: Children, url: str, script: Path, *, p: Plan) -> WrkResult:
     out = await children.run(
         WRK, "-t2", f"-c{p.connections}", f"-d{p.wrk_seconds}s", "--timeout", "10s", "--latency",
         "-s", str(script), url, timeout=p.wrk_seconds + 60)
@@ -603,7 +617,7 @@ def expect_header(t: Transfer, name: str, want: str, *, what: str) -> None:
 
 
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
-    p = profile(args)
+    p = plan(args)
     mode = "quick" if args.quick else "full"
     say(f"nezha bench ({mode}): {os.cpu_count()} CPUs, work dir {work}")
     loop = asyncio.get_running_loop()
@@ -771,7 +785,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
 
 
 async def profile_node(out: Path, children: Children, *, node: Node, data: Dataset, script: Path,
-                       p: Profile) -> None:
+                       p: Plan) -> None:
     """Sample the node with py-spy under each load, after the measurements (py-spy costs CPU).
 
     Writes <phase>.folded (collapsed stacks, for flamegraph.pl or speedscope)
@@ -879,13 +893,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="afterwards, sample the node with py-spy under each load; stacks into DIR")
     args = ap.parse_args(argv)
+    if importlib.util.find_spec("psutil") is None:
+        print("bench: psutil is missing: pip install psutil (it is in the test extras)", file=sys.stderr)
+        return 2
     try:
         for path, package in ((CURL, "curl"), (NGINX, "nginx"), (WRK, "wrk")):
             ensure_tool(path, package)
-        import psutil  # noqa: F401
-    except ImportError:
-        print("bench: psutil is missing: pip install psutil (it is in the test extras)", file=sys.stderr)
-        return 2
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
