@@ -70,7 +70,14 @@ def parse_range(value: str, size: int) -> tuple[int, int] | None | bool:
 def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_modified: str | None) -> Decision:
     """RFC 9110 §13.2.2 order: If-Match, If-Unmodified-Since, If-None-Match,
     If-Modified-Since, then If-Range and Range."""
-    lm = http_date(last_modified)
+    # Parsed only when a date validator is asked for: most hits carry none.
+    lm_cache: list[float | None] = []
+
+    def lm_at() -> float | None:
+        if not lm_cache:
+            lm_cache.append(http_date(last_modified))
+        return lm_cache[0]
+
     if_match = headers.get("If-Match")
     if if_match is not None:
         tags = _etags(if_match)
@@ -78,7 +85,7 @@ def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_mo
             return Decision(Outcome.PRECONDITION_FAILED)
     else:
         ius = http_date(headers.get("If-Unmodified-Since"))
-        if ius is not None and lm is not None and lm > ius:
+        if ius is not None and (lm := lm_at()) is not None and lm > ius:
             return Decision(Outcome.PRECONDITION_FAILED)
     inm = headers.get("If-None-Match")
     if inm is not None:
@@ -87,7 +94,7 @@ def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_mo
             return Decision(Outcome.NOT_MODIFIED)
     else:
         ims = http_date(headers.get("If-Modified-Since"))
-        if ims is not None and lm is not None and lm <= ims:
+        if ims is not None and (lm := lm_at()) is not None and lm <= ims:
             return Decision(Outcome.NOT_MODIFIED)
     rng = headers.get("Range")
     if rng is not None:
@@ -98,7 +105,7 @@ def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_mo
                 applies = etag is not None and not etag.startswith("W/") and if_range == etag
             else:
                 ir = http_date(if_range)
-                applies = ir is not None and lm is not None and lm == ir
+                applies = ir is not None and (lm := lm_at()) is not None and lm == ir
             if not applies:
                 return Decision(Outcome.FULL, 0, size)
         parsed = parse_range(rng, size)

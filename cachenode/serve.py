@@ -61,6 +61,27 @@ def _host_of(key: str) -> str:
     return key.split("://", 1)[-1].split("/", 1)[0]
 
 
+def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+    """Bytes pushed by one os.sendfile straight to the socket, 0 if that is not safe.
+
+    `loop.sendfile` pauses reading, swaps writers and awaits futures around
+    every call; for a 100 KiB object that overhead costs more than the copy.
+    When nothing is queued in the transport (the headers already left), one
+    non-blocking sendfile usually sends the whole body and `loop.sendfile`
+    only finishes what the socket did not take. Never on TLS transports,
+    whose socket carries ciphertext.
+    """
+    if transport.get_write_buffer_size() or transport.get_extra_info("sslcontext") is not None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return os.sendfile(sock.fileno(), fd, offset, count)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
 class Responder:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
                  count: Callable[..., None]) -> None:
@@ -72,9 +93,11 @@ class Responder:
     async def hit(self, request: web.Request, meta: Meta, *, label: str,
                          stale_reason: str | None = None) -> web.StreamResponse | None:
         """Send a stored object; None if it vanished (evicted or replaced) first."""
-        loop = asyncio.get_running_loop()
         try:
-            f = await loop.run_in_executor(None, open, self.store.data_path(meta), "rb")
+            # Opened on the loop: for a local data directory this is a cached
+            # metadata lookup (microseconds), and an executor hop per hit cost
+            # more than the open itself (docs/benchmarks.md, profile).
+            f = open(self.store.data_path(meta), "rb")
         except FileNotFoundError:
             return None
         try:
@@ -122,6 +145,11 @@ class Responder:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
         if self.settings.sendfile and resp.chunked is False and not resp.compression:
+            pushed = _sendfile_now(transport, f.fileno(), offset, count)
+            offset += pushed
+            count -= pushed
+            if count == 0:
+                return
             try:
                 sent = await asyncio.get_running_loop().sendfile(transport, f, offset, count)
             except NotImplementedError:

@@ -105,8 +105,12 @@ class Store:
             raise StoreError(f"refusing path {path}: outside data directory {self.root}")
         return resolved
 
-    def data_path(self, meta: Meta) -> Path:
-        return self._inside(self._dir_of(object_id(meta.key)) / meta.data)
+    def data_path(self, meta: Meta) -> str:
+        """Where a stored object's bytes are. Lexical, with no resolve() on the hit path:
+        the folder is hex from SHA-256 and `meta.data` was checked to be a bare
+        `*.data` name when the meta was read or written."""
+        oid = object_id(meta.key)
+        return os.path.join(self.objects, oid[:2], meta.data)
 
     # -- start-up ----------------------------------------------------------
     async def open(self) -> None:

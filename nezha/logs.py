@@ -27,7 +27,8 @@ def configure(*, level: str = "info", json: bool = True, stream=None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
-        cache_logger_on_first_use=False,
+        # Cached: rebinding the lazy logger proxy on every call showed in profiles.
+        cache_logger_on_first_use=True,
     )
     # Libraries (aiohttp, asyncio) log through the standard library; keep them
     # on stderr at warning level so stdout stays one JSON event per line.
