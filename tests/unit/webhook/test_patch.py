@@ -1,0 +1,235 @@
+"""webhook.patch: rules in the original Nezha format -> JSON-patch ops."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+
+from webhook.patch import INJECTED, PatchError, RuleError, escape, parse_rules, patch_for
+
+HOSTS = ["download.tensorflow.org", "www.cs.toronto.edu"]
+KEY = "app.kubernetes.io/deploy-manager"
+
+RULES = parse_rules(f"""
+- name: dataset
+  app: {KEY}
+  label: ksonnet
+  hostAliases:
+    - ip: "10.106.122.174"
+      hostnames: [download.tensorflow.org, www.cs.toronto.edu]
+""")
+CACHE_RULES = parse_rules(f"""
+- name: cache
+  app: {KEY}
+  label: ksonnet
+  hostAliases:
+    - hostnames: [download.tensorflow.org, www.cs.toronto.edu]
+""")
+
+
+def pod(*, labels=None, annotations=None, host_aliases=None, env=None, containers=1):
+    p = {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "train", "namespace": "ml", "labels": {KEY: "ksonnet"} if labels is None else labels},
+         "spec": {"containers": [{"name": f"c{i}", "image": "busybox"} for i in range(containers)]}}
+    if annotations is not None:
+        p["metadata"]["annotations"] = annotations
+    if host_aliases is not None:
+        p["spec"]["hostAliases"] = host_aliases
+    if env is not None:
+        p["spec"]["containers"][0]["env"] = env
+    return p
+
+
+def job(**kw):
+    template = pod(**kw)
+    template["metadata"].pop("name"), template["metadata"].pop("namespace")
+    template["spec"]["restartPolicy"] = "Never"
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"template": {"metadata": template["metadata"], "spec": template["spec"]}}}
+
+
+def apply(obj, kind="Pod", rules=RULES, cache_ip="10.0.0.9", **kw):
+    result = patch_for(obj=obj, kind=kind, namespace="ml", rules=rules, cache_ip=cache_ip, **kw)
+    patched = jsonpatch.apply_patch(obj, result.ops) if result.ops else copy.deepcopy(obj)
+    return result, patched
+
+
+def validate(obj):
+    kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("before,after", [
+    (None, [{"ip": "10.106.122.174", "hostnames": HOSTS}]),
+    ([{"ip": "1.1.1.1", "hostnames": ["own.example"]}],
+     [{"ip": "1.1.1.1", "hostnames": ["own.example"]}, {"ip": "10.106.122.174", "hostnames": HOSTS}]),
+    ([{"ip": "10.106.122.174", "hostnames": ["own.example"]}],
+     [{"ip": "10.106.122.174", "hostnames": ["own.example"] + HOSTS}]),
+    ([{"ip": "10.106.122.174", "hostnames": ["www.cs.toronto.edu"]}],
+     [{"ip": "10.106.122.174", "hostnames": ["www.cs.toronto.edu", "download.tensorflow.org"]}]),
+    ([{"ip": "10.106.122.174"}], [{"ip": "10.106.122.174", "hostnames": HOSTS}]),
+    ([], [{"ip": "10.106.122.174", "hostnames": HOSTS}]),
+])
+@pytest.mark.parametrize("make,kind,spec", [
+    (pod, "Pod", lambda o: o["spec"]),
+    (job, "Job", lambda o: o["spec"]["template"]["spec"]),
+])
+def test_host_aliases_are_added_appended_or_merged_into_a_valid_object(before, after, make, kind, spec):
+    original = make(host_aliases=copy.deepcopy(before))
+    result, patched = apply(original, kind)
+    assert spec(patched)["hostAliases"] == after
+    meta = patched["metadata"] if kind == "Pod" else patched["spec"]["template"]["metadata"]
+    assert meta["annotations"] == {INJECTED: "dataset"}
+    assert result.rules == ["dataset"] and result.warnings == []
+    validate(patched)
+
+
+@pytest.mark.parametrize("make,kind", [(pod, "Pod"), (job, "Job")])
+@pytest.mark.parametrize("before", [None, [{"ip": "1.1.1.1", "hostnames": ["x.example"]}],
+                                    [{"ip": "10.106.122.174", "hostnames": ["x.example"]}]])
+def test_running_again_on_the_patched_object_adds_nothing(make, kind, before):
+    _, once = apply(make(host_aliases=before), kind)
+    again, twice = apply(once, kind)
+    assert again.ops == [] and twice == once
+
+
+def test_a_rule_without_ip_uses_the_cache_service_ip():
+    _, patched = apply(pod(), rules=CACHE_RULES, cache_ip="10.96.0.42")
+    assert patched["spec"]["hostAliases"] == [{"ip": "10.96.0.42", "hostnames": HOSTS}]
+
+
+def test_a_rule_without_ip_and_no_known_cache_ip_is_skipped_with_a_warning():
+    result, patched = apply(pod(), rules=CACHE_RULES, cache_ip=None)
+    assert result.ops == [] and "hostAliases" not in patched["spec"]
+    assert "cache Service IP is not known" in result.warnings[0]
+
+
+@pytest.mark.parametrize("labels,annotations,namespace_rules,expect_ops", [
+    ({KEY: "ksonnet"}, None, None, True),
+    ({KEY: "other"}, None, None, False),
+    ({}, None, None, False),
+    ({"deploy-manager": "ksonnet"}, None, None, False),
+    ({KEY: "ksonnet"}, {"nezha.io/inject": "false"}, None, False),
+    ({KEY: "ksonnet"}, {"nezha.io/inject": "true"}, None, True),
+    ({KEY: "ksonnet"}, None, ["ml"], True),
+    ({KEY: "ksonnet"}, None, ["other"], False),
+])
+def test_rules_select_by_label_key_with_slash_namespace_and_opt_out(labels, annotations, namespace_rules,
+                                                                      expect_ops):
+    ns = f"\n  namespaces: {namespace_rules}" if namespace_rules else ""
+    rules = parse_rules(f"- name: r\n  app: {KEY}\n  label: ksonnet{ns}\n"
+                        "  hostAliases: [{ip: 10.0.0.1, hostnames: [a.example]}]\n")
+    result, _ = apply(pod(labels=labels, annotations=annotations), rules=rules)
+    assert bool(result.ops) is expect_ops
+
+
+def test_annotation_keys_are_json_pointer_escaped():
+    original = pod(annotations={"a/b~c": "1"})
+    result, patched = apply(original)
+    assert {"op": "add", "path": "/metadata/annotations/nezha.io~1injected", "value": "dataset"} in result.ops
+    assert patched["metadata"]["annotations"] == {"a/b~c": "1", INJECTED: "dataset"}
+    assert escape("a~/b") == "a~0~1b"
+
+
+def test_a_hostname_the_pod_already_maps_elsewhere_is_left_to_the_pod():
+    result, patched = apply(pod(host_aliases=[{"ip": "9.9.9.9", "hostnames": ["www.cs.toronto.edu"]}]))
+    assert patched["spec"]["hostAliases"] == [
+        {"ip": "9.9.9.9", "hostnames": ["www.cs.toronto.edu"]},
+        {"ip": "10.106.122.174", "hostnames": ["download.tensorflow.org"]}]
+    assert "already maps to 9.9.9.9" in result.warnings[0]
+
+
+def test_two_matching_rules_for_one_ip_make_one_entry_and_name_both():
+    rules = parse_rules(f"""
+- {{name: a, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [a.example]}}]}}
+- {{name: b, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [a.example, b.example]}}]}}
+""")
+    result, patched = apply(pod(), rules=rules)
+    assert patched["spec"]["hostAliases"] == [{"ip": "10.0.0.1", "hostnames": ["a.example", "b.example"]}]
+    assert patched["metadata"]["annotations"][INJECTED] == "a,b"
+    assert apply(patched, rules=rules)[0].ops == []
+    validate(patched)
+
+
+ENV_RULES = parse_rules(f"""
+- name: proxy
+  app: {KEY}
+  label: ksonnet
+  mode: env
+  hostAliases: [{{hostnames: [www.cs.toronto.edu]}}]
+""")
+
+
+def test_env_mode_adds_proxy_variables_without_overriding_existing_ones():
+    original = pod(containers=2, env=[{"name": "HTTP_PROXY", "value": "http://mine:3128"}])
+    result, patched = apply(original, rules=ENV_RULES, proxy_url="http://nezha-cache.nezha.svc:80")
+    first, second = (c["env"] for c in patched["spec"]["containers"])
+    assert {e["name"]: e["value"] for e in first}["HTTP_PROXY"] == "http://mine:3128"
+    assert [e["name"] for e in first] == ["HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"]
+    assert {e["name"]: e["value"] for e in second}["http_proxy"] == "http://nezha-cache.nezha.svc:80"
+    assert ".svc" in {e["name"]: e["value"] for e in second}["NO_PROXY"]
+    assert apply(patched, rules=ENV_RULES, proxy_url="http://nezha-cache.nezha.svc:80")[0].ops == []
+    validate(patched)
+
+
+@pytest.mark.parametrize("obj,kind,why", [
+    (pod(), "ConfigMap", "not one the webhook patches"),
+    ({"kind": "Pod", "metadata": {}}, "Pod", "no pod spec"),
+    ({"kind": "Job", "spec": {"template": None}}, "Job", "no pod spec"),
+    (pod(host_aliases="10.0.0.1 a.example"), "Pod", "hostAliases is not a list"),
+])
+def test_objects_that_cannot_be_patched_raise_patch_error(obj, kind, why):
+    with pytest.raises(PatchError, match=why):
+        patch_for(obj=obj, kind=kind, namespace="ml", rules=RULES, cache_ip=None)
+
+
+def test_a_job_template_without_metadata_gets_metadata_with_the_annotation():
+    original = job()
+    del original["spec"]["template"]["metadata"]
+    original["metadata"]["labels"] = {KEY: "ksonnet"}
+    _, patched = apply(original, "Job")
+    assert patched["spec"]["template"]["metadata"] == {"annotations": {INJECTED: "dataset"}}
+    validate(patched)
+
+
+def test_the_original_nezha_configmap_parses_unchanged():
+    rules = parse_rules("""
+- name: dataset
+  app: app.kubernetes.io/deploy-manager
+  label: ksonnet
+  hostAliases:
+    - ip: "10.106.122.174"
+      hostnames:
+        - "download.tensorflow.org"
+        - "yann.lecun.com"
+        - "www.cs.toronto.edu"
+        - "storage.googleapis.com"
+        - "images.cocodataset.org"
+""")
+    assert rules[0].name == "dataset" and rules[0].label_key == KEY and rules[0].mode == "hosts"
+    assert rules[0].host_aliases[0].ip == "10.106.122.174" and len(rules[0].host_aliases[0].hostnames) == 5
+
+
+@pytest.mark.parametrize("text,why", [
+    ("{a: [", "not valid YAML"),
+    ("name: x", "must be a list"),
+    ("- just a string", "rule #0: must be a mapping"),
+    ("- {app: k, label: v, hostAliases: [{hostnames: [a.b]}]}", "rule #0: name"),
+    ("- {name: r, label: v, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': app"),
+    ("- {name: r, app: k, label: 1, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': label must be a string"),
+    ("- {name: r, app: k, label: v}", "rule 'r': hostAliases must be"),
+    ("- {name: r, app: k, label: v, hostAliases: [{ip: 300.1.1.1, hostnames: [a.b]}]}",
+     r"rule 'r': hostAliases\[0\].ip"),
+    ("- {name: r, app: k, label: v, hostAliases: [{hostnames: []}]}", r"hostAliases\[0\].hostnames"),
+    ("- {name: r, app: k, label: v, hostAliases: [{hostnames: ['bad host']}]}", "not a hostname"),
+    ("- {name: r, app: k, label: v, mode: dns, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': mode"),
+    ("- {name: r, app: k, label: v, namespaces: ml, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': namespaces"),
+    ("- {name: r, app: k, label: v, labels: x, hostAliases: [{hostnames: [a.b]}]}", "unknown field 'labels'"),
+    ("- {name: r, app: k, label: v, hostAliases: [{hostnames: [a.b]}]}\n"
+     "- {name: r, app: k, label: w, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': name is used twice"),
+])
+def test_bad_rules_are_refused_naming_the_rule_and_field(text, why):
+    with pytest.raises(RuleError, match=why):
+        parse_rules(text)

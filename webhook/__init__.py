@@ -1,0 +1,1 @@
+"""Admission webhook: points training pods at the cache with hostAliases."""

@@ -1,0 +1,329 @@
+"""Pure core of the webhook: rules and pod -> JSON-patch operations.
+
+Rules keep the original Nezha ConfigMap format, so old configs work as they
+are::
+
+    - name: dataset
+      app: app.kubernetes.io/deploy-manager   # label key
+      label: ksonnet                          # label value
+      hostAliases:
+        - ip: "10.106.122.174"                # optional: else the cache Service IP
+          hostnames: [www.cs.toronto.edu, yann.lecun.com]
+      namespaces: [ml]                        # optional, new
+      mode: env                               # optional, new
+
+The patch is computed against the object as it is, so running it again on
+the patched object yields no operations: that is what makes the webhook safe
+under `reinvocationPolicy: IfNeeded`. No I/O here; `server.py` does that.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from nezha.errors import ConfigError, NezhaError
+
+INJECTED = "nezha.io/injected"
+OPT_OUT = "nezha.io/inject"
+MODES = ("hosts", "env")
+PROXY_VARS = ("HTTP_PROXY", "http_proxy")
+NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
+# Cluster-internal traffic stays direct when a rule injects a proxy.
+DEFAULT_NO_PROXY = "localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default"
+
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+# Where the pod spec and pod metadata sit in each kind we patch.
+POD_PATHS: dict[str, tuple[str, str]] = {
+    "Pod": ("/spec", "/metadata"),
+    "Job": ("/spec/template/spec", "/spec/template/metadata"),
+    "Deployment": ("/spec/template/spec", "/spec/template/metadata"),
+    "StatefulSet": ("/spec/template/spec", "/spec/template/metadata"),
+    "DaemonSet": ("/spec/template/spec", "/spec/template/metadata"),
+    "ReplicaSet": ("/spec/template/spec", "/spec/template/metadata"),
+    "CronJob": ("/spec/jobTemplate/spec/template/spec", "/spec/jobTemplate/spec/template/metadata"),
+}
+
+
+class RuleError(ConfigError):
+    """A rule that cannot be used; the message names the rule and the field."""
+
+
+class PatchError(NezhaError):
+    """The object cannot be patched (its shape is not a pod spec we understand)."""
+
+
+@dataclass(frozen=True)
+class HostAlias:
+    ip: str | None  # None: the cache Service ClusterIP, learned at run time
+    hostnames: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    label_key: str
+    label_value: str
+    host_aliases: tuple[HostAlias, ...]
+    namespaces: tuple[str, ...] | None = None
+    mode: str = "hosts"
+
+    def matches(self, *, labels: dict[str, str], namespace: str | None) -> bool:
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return False
+        return labels.get(self.label_key) == self.label_value
+
+
+@dataclass
+class Patch:
+    """What `patch_for` decided: the operations, the rules applied, and warnings."""
+
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def escape(token: str) -> str:
+    """One JSON Pointer reference token (RFC 6901 section 4): ~ before /."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+# -- rules -----------------------------------------------------------------
+
+
+def parse_rules(text: str) -> tuple[Rule, ...]:
+    """Rules from the ConfigMap's `config` value (YAML or JSON)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RuleError(f"rules are not valid YAML: {str(e).splitlines()[0]}") from e
+    return rules_from(data)
+
+
+def rules_from(data: Any) -> tuple[Rule, ...]:
+    if data is None:
+        return ()
+    if isinstance(data, dict) and "rules" in data:
+        data = data["rules"]
+    if not isinstance(data, list):
+        raise RuleError(f"rules must be a list of rules, got {type(data).__name__}")
+    rules = tuple(_rule(i, r) for i, r in enumerate(data))
+    names = [r.name for r in rules]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RuleError(f"rule {dup[0]!r}: name is used twice")
+    return rules
+
+
+def _rule(i: int, raw: Any) -> Rule:
+    if not isinstance(raw, dict):
+        raise RuleError(f"rule #{i}: must be a mapping, got {type(raw).__name__}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise RuleError(f"rule #{i}: name must be a non-empty string, got {name!r}")
+    where = f"rule {name!r}"
+    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode"})
+    if unknown:
+        raise RuleError(f"{where}: unknown field {unknown[0]!r}")
+    key, value = raw.get("app"), raw.get("label")
+    if not isinstance(key, str) or not key:
+        raise RuleError(f"{where}: app (the label key) must be a non-empty string, got {key!r}")
+    if isinstance(value, (int, float, bool)):
+        raise RuleError(f"{where}: label must be a string, got {value!r}; quote it")
+    if not isinstance(value, str):
+        raise RuleError(f"{where}: label (the label value) must be a string, got {value!r}")
+    aliases = raw.get("hostAliases")
+    if not isinstance(aliases, list) or not aliases:
+        raise RuleError(f"{where}: hostAliases must be a non-empty list, got {aliases!r}")
+    parsed = tuple(_alias(where, j, a) for j, a in enumerate(aliases))
+    namespaces = raw.get("namespaces")
+    if namespaces is not None:
+        if not isinstance(namespaces, list) or not all(isinstance(n, str) and n for n in namespaces):
+            raise RuleError(f"{where}: namespaces must be a list of names, got {namespaces!r}")
+        namespaces = tuple(namespaces)
+    mode = raw.get("mode", "hosts")
+    if mode not in MODES:
+        raise RuleError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return Rule(name=name, label_key=key, label_value=value, host_aliases=parsed,
+                namespaces=namespaces, mode=mode)
+
+
+def _alias(where: str, j: int, raw: Any) -> HostAlias:
+    if not isinstance(raw, dict):
+        raise RuleError(f"{where}: hostAliases[{j}] must be a mapping, got {raw!r}")
+    ip = raw.get("ip")
+    if ip is not None:
+        try:
+            ipaddress.ip_address(str(ip))
+        except ValueError:
+            raise RuleError(f"{where}: hostAliases[{j}].ip is not an IP address: {ip!r}") from None
+        ip = str(ip)
+    names = raw.get("hostnames")
+    if not isinstance(names, list) or not names:
+        raise RuleError(f"{where}: hostAliases[{j}].hostnames must be a non-empty list, got {names!r}")
+    for h in names:
+        if not isinstance(h, str) or not _HOSTNAME_RE.match(h):
+            raise RuleError(f"{where}: hostAliases[{j}].hostnames has {h!r}, which is not a hostname")
+    return HostAlias(ip=ip, hostnames=tuple(dict.fromkeys(h.lower() for h in names)))
+
+
+# -- patch -----------------------------------------------------------------
+
+
+def _at(obj: Any, pointer: str) -> Any:
+    """The value at a JSON Pointer made of plain tokens, or None when absent."""
+    for token in pointer.strip("/").split("/"):
+        if not token:
+            continue
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(token)
+    return obj
+
+
+def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: tuple[Rule, ...] | list[Rule],
+              cache_ip: str | None, proxy_url: str | None = None,
+              no_proxy: str = DEFAULT_NO_PROXY) -> Patch:
+    """JSON-patch operations that make `obj` (a `kind`) use the cache.
+
+    Matches rules on the pod's labels (a workload's template labels, or the
+    workload's own), honours the opt-out annotation on either, and adds only
+    what is missing. Raises PatchError when the object is not shaped like one.
+    """
+    if kind not in POD_PATHS:
+        raise PatchError(f"kind {kind!r} is not one the webhook patches ({', '.join(POD_PATHS)})")
+    if not isinstance(obj, dict):
+        raise PatchError(f"{kind} object is {type(obj).__name__}, not a mapping")
+    spec_path, meta_path = POD_PATHS[kind]
+    spec = _at(obj, spec_path)
+    if not isinstance(spec, dict):
+        raise PatchError(f"{kind} has no pod spec at {spec_path}")
+    pod_meta = _at(obj, meta_path)
+    if pod_meta is not None and not isinstance(pod_meta, dict):
+        raise PatchError(f"{kind} {meta_path} is {type(pod_meta).__name__}, not a mapping")
+    own_meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    labels = {**_strdict(own_meta.get("labels")), **_strdict((pod_meta or {}).get("labels"))}
+    annotations = {**_strdict(own_meta.get("annotations")), **_strdict((pod_meta or {}).get("annotations"))}
+
+    out = Patch()
+    if annotations.get(OPT_OUT, "").lower() == "false":
+        return out
+    matched = [r for r in rules if r.matches(labels=labels, namespace=namespace)]
+    if not matched:
+        return out
+
+    aliases = spec.get("hostAliases")
+    if aliases is not None and not (isinstance(aliases, list) and all(isinstance(a, dict) for a in aliases)):
+        raise PatchError(f"{kind} {spec_path}/hostAliases is not a list of entries")
+    applied: list[str] = []
+    for rule in matched:
+        wanted = []
+        for alias in rule.host_aliases:
+            ip = alias.ip or cache_ip
+            if ip is None:
+                out.warnings.append(f"rule {rule.name!r}: no ip and the cache Service IP is not known yet; "
+                                    f"{', '.join(alias.hostnames)} left alone")
+                continue
+            wanted.append((ip, alias.hostnames))
+        if wanted or rule.mode == "env":
+            applied.append(rule.name)
+        aliases = _merge_aliases(out, spec_path, aliases, wanted)
+        if rule.mode == "env":
+            if proxy_url is None:
+                out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
+            else:
+                _add_env(out, spec_path, spec, proxy_url, no_proxy)
+    if applied:
+        out.rules = applied
+        _annotate(out, meta_path, pod_meta, ",".join(applied))
+    return out
+
+
+def _strdict(v: Any) -> dict[str, str]:
+    return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, str)} if isinstance(v, dict) else {}
+
+
+def _merge_aliases(out: Patch, spec_path: str, aliases: list | None,
+                   wanted: list[tuple[str, tuple[str, ...]]]) -> list | None:
+    """Append ops for `wanted` to `out`; returns the aliases as they will be after them."""
+    if not wanted:
+        return aliases
+    state = [dict(a, hostnames=list(a.get("hostnames") or [])) for a in aliases] if aliases is not None else []
+    had_hostnames = [isinstance(a.get("hostnames"), list) for a in (aliases or [])]
+    mapped = {h: a.get("ip") for a in state for h in a["hostnames"]}
+    new_entries: list[dict[str, Any]] = []
+    for ip, hostnames in wanted:
+        missing = []
+        for h in hostnames:
+            if h in mapped:
+                if mapped[h] != ip:
+                    out.warnings.append(f"hostname {h} already maps to {mapped[h]} in the pod; left alone")
+                continue
+            missing.append(h)
+            mapped[h] = ip
+        if not missing:
+            continue
+        index = next((i for i, a in enumerate(state) if a.get("ip") == ip), None)
+        if index is None:
+            entry = {"ip": ip, "hostnames": missing}
+            state.append(entry)
+            new_entries.append(entry)
+        elif aliases is not None and index < len(aliases):
+            base = f"{spec_path}/hostAliases/{index}/hostnames"
+            if had_hostnames[index]:
+                out.ops.extend({"op": "add", "path": f"{base}/-", "value": h} for h in missing)
+            else:
+                out.ops.append({"op": "add", "path": base, "value": list(missing)})
+                had_hostnames[index] = True
+            state[index]["hostnames"].extend(missing)
+        else:  # an entry this patch adds: extend it before it is emitted
+            state[index]["hostnames"].extend(missing)
+    if aliases is None:
+        if state:
+            out.ops.append({"op": "add", "path": f"{spec_path}/hostAliases", "value": state})
+    else:
+        out.ops.extend({"op": "add", "path": f"{spec_path}/hostAliases/-", "value": e} for e in new_entries)
+    return state if state or aliases is not None else None
+
+
+def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str) -> None:
+    wanted = {**{v: proxy_url for v in PROXY_VARS}, **{v: no_proxy for v in NO_PROXY_VARS}}
+    for group in ("initContainers", "containers"):
+        containers = spec.get(group)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            raise PatchError(f"{spec_path}/{group} is not a list")
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict):
+                raise PatchError(f"{spec_path}/{group}/{i} is not a container")
+            env = c.get("env")
+            present = {e.get("name") for e in env if isinstance(e, dict)} if isinstance(env, list) else set()
+            # Already-planned ops for this container count as present (two env rules).
+            base = f"{spec_path}/{group}/{i}/env"
+            present |= {op["value"]["name"] for op in out.ops if op["path"] == f"{base}/-"}
+            present |= {e["name"] for op in out.ops if op["path"] == base for e in op["value"]}
+            add = [{"name": k, "value": v} for k, v in wanted.items() if k not in present]
+            if not add:
+                continue
+            if isinstance(env, list) or any(op["path"] == base for op in out.ops):
+                out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in add)
+            else:
+                out.ops.append({"op": "add", "path": base, "value": add})
+
+
+def _annotate(out: Patch, meta_path: str, meta: dict | None, value: str) -> None:
+    if meta is None:
+        out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": {INJECTED: value}}})
+        return
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": {INJECTED: value}})
+    elif annotations.get(INJECTED) != value:
+        # "add" on an existing member replaces it (RFC 6902 section 4.1).
+        out.ops.append({"op": "add", "path": f"{meta_path}/annotations/{escape(INJECTED)}", "value": value})
