@@ -190,6 +190,21 @@ class WebhookSettings(_Base):
     namespace: str = "nezha"
     max_body_bytes: int = 3 * 1024 * 1024
     rules_reload_interval: float = 2.0
+    # How often the serving certificate and key files are checked for a renewed pair.
+    tls_reload_interval: float = 10.0
+    # Learn the cache Service ClusterIP from the API (in-cluster or kubeconfig)
+    # when --cache-ip is not given.
+    watch_service: bool = True
+    kubeconfig: Path | None = None
+    # mode: env rules point HTTP_PROXY here; default http://<cache_service>.<namespace>.svc:80
+    proxy_url: str | None = None
+    no_proxy: str = "localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default"
+    # `nezha webhook certs`
+    webhook_service: str = "nezha-webhook"
+    webhook_configuration: str = "nezha-webhook"
+    tls_secret: str = "nezha-webhook-tls"
+    cert_days: int = 365
+    renew_days: int = 30
 
     @field_validator("listen")
     @classmethod
@@ -197,9 +212,36 @@ class WebhookSettings(_Base):
         parse_hostport(v, field="listen")
         return v
 
+    @field_validator("cache_ip")
+    @classmethod
+    def _cache_ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            import ipaddress
+
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"cache_ip {v!r} is not an IP address") from None
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "WebhookSettings":
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes ({self.max_body_bytes}) must be at least 1024")
+        if self.rules_reload_interval <= 0 or self.tls_reload_interval <= 0:
+            raise ValueError("rules_reload_interval and tls_reload_interval must be positive")
+        if not 0 < self.renew_days < self.cert_days:
+            raise ValueError(f"renew_days ({self.renew_days}) must be positive and below cert_days "
+                             f"({self.cert_days})")
+        return self
+
     @property
     def listen_addr(self) -> tuple[str, int]:
         return parse_hostport(self.listen, field="listen")
+
+    @property
+    def cache_proxy_url(self) -> str:
+        return self.proxy_url or f"http://{self.cache_service}.{self.namespace}.svc:80"
 
 
 def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> Any:

@@ -1,0 +1,119 @@
+"""A running webhook follows its rules file and certificate pair without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import aiohttp
+import pytest
+import trustme
+from cryptography import x509
+from structlog.testing import capture_logs
+
+from tests.integration.webhook.reviews import patched, pod, review
+
+
+async def eventually(check, timeout=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{check.__name__} stayed false for {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+async def aliases(client, webhook, obj=None):
+    obj = obj or pod()
+    async with client.post(f"{webhook.url}/mutate", json=review(obj)) as r:
+        assert r.status == 200
+        return patched(obj, await r.json())["spec"].get("hostAliases")
+
+
+async def test_a_changed_rules_file_is_used_for_the_next_review(webhook, client, rules_file):
+    assert (await aliases(client, webhook))[0]["ip"] == "10.106.122.174"
+    rules_file.write_text(rules_file.read_text().replace("10.106.122.174", "10.1.2.3"))
+
+    async def new_ip():
+        return (await aliases(client, webhook))[0]["ip"] == "10.1.2.3"
+
+    await eventually(new_ip)
+
+
+async def test_a_broken_rules_file_is_reported_and_the_previous_rules_stay(webhook, client, rules_file):
+    with capture_logs() as logs:
+        rules_file.write_text("- name: dataset\n  app: [unclosed\n")
+
+        async def reported():
+            async with client.get(f"{webhook.url}/healthz") as r:
+                return (await r.json())["rules_error"]
+
+        error = await eventually(reported)
+    assert "not valid YAML" in error
+    assert any(e["event"] == "rules_reload_failed" and e["kept"] == 1 for e in logs)
+    assert (await aliases(client, webhook))[0]["ip"] == "10.106.122.174"
+
+    rules_file.write_text("- {name: other, app: team, label: ml, hostAliases: [{ip: 10.9.9.9, hostnames: [a.example]}]}\n")
+
+    async def recovered():
+        return await aliases(client, webhook, pod(labels={"team": "ml"})) == [{"ip": "10.9.9.9",
+                                                                             "hostnames": ["a.example"]}]
+
+    await eventually(recovered)
+    async with client.get(f"{webhook.url}/healthz") as r:
+        assert (await r.json())["rules_error"] is None
+
+
+async def served_certificate(webhook, ctx: ssl.SSLContext) -> x509.Certificate:
+    host, port = webhook.settings.listen_addr
+    reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname="127.0.0.1")
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_the_handshake_verifies_against_the_ca_and_fails_against_another(webhook, tls):
+    cert = await served_certificate(webhook, tls.client_context())
+    assert cert.issuer == x509.load_pem_x509_certificate(tls.ca.cert_pem.bytes()).subject
+    stranger = trustme.CA()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await served_certificate(webhook, tls.client_context(stranger))
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(webhook, tls):
+    before = await served_certificate(webhook, tls.client_context())
+    new_ca = trustme.CA()
+    leaf = tls.issue(new_ca)
+    expected = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes())
+    assert expected.serial_number != before.serial_number
+
+    async def rotated():
+        try:
+            return (await served_certificate(webhook, tls.client_context(new_ca))).serial_number \
+                == expected.serial_number
+        except ssl.SSLError:
+            return False
+
+    await eventually(rotated)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await served_certificate(webhook, tls.client_context())
+    # Reviews keep working over the new certificate.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context(new_ca))) as c:
+        async with c.get(f"{webhook.url}/healthz") as r:
+            assert r.status == 200
+
+
+async def test_a_half_written_pair_is_not_adopted(webhook, tls):
+    before = await served_certificate(webhook, tls.client_context())
+    tls.key.write_bytes(trustme.CA().issue_cert("127.0.0.1").private_key_pem.bytes())  # key of another cert
+    with capture_logs() as logs:
+        async def failed():
+            return any(e["event"] == "tls_reload_failed" for e in logs)
+
+        await eventually(failed)
+    assert (await served_certificate(webhook, tls.client_context())).serial_number == before.serial_number

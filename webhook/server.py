@@ -1,0 +1,258 @@
+"""The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port.
+
+Bad requests (not JSON, oversize, not an AdmissionReview v1) get a 400 whose
+one-line body says what is wrong; nothing reaches the client as a 500 with a
+traceback. Objects the webhook cannot patch are allowed unchanged (review.py):
+the server fails open.
+
+Files change under a running server: the rules file (a mounted ConfigMap) and
+the serving certificate (a mounted Secret). Both are polled by stat signature;
+a rules file that does not parse is logged and the previous rules stay; a
+certificate pair is first loaded into a scratch context, so a half-written
+pair never reaches the live one. The live SSLContext is updated in place with
+`load_cert_chain`, which applies to every new handshake, because aiohttp's
+site holds on to the context it was started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from nezha.config import WebhookSettings
+from nezha.errors import ConfigError, ReviewError
+from webhook.patch import Rule, RuleError, parse_rules
+from webhook.review import review
+
+log = structlog.get_logger("nezha.webhook")
+
+WEBHOOK: web.AppKey["Webhook"] = web.AppKey("webhook")
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class RulesFile:
+    """The rules, re-read when the file's stat signature changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.signature: tuple[int, int, int] | None = None
+        self.rules: tuple[Rule, ...] = ()
+        self.error: str | None = None
+
+    def load_initial(self) -> None:
+        """First load: a file that is missing or does not parse stops start-up."""
+        self.signature = _signature(self.path)
+        try:
+            self.rules = parse_rules(self.path.read_text())
+        except OSError as e:
+            raise ConfigError(f"rules file {self.path}: {e.strerror}") from e
+        except RuleError as e:
+            raise ConfigError(f"rules file {self.path}: {e}") from e
+
+    def refresh(self) -> bool:
+        """Reload if changed; True when new rules were adopted."""
+        sig = _signature(self.path)
+        if sig == self.signature:
+            return False
+        self.signature = sig
+        try:
+            rules = parse_rules(self.path.read_text())
+        except (OSError, RuleError) as e:
+            self.error = f"{self.path}: {getattr(e, 'strerror', None) or e}"
+            log.error("rules_reload_failed", path=str(self.path), error=str(self.error), kept=len(self.rules))
+            return False
+        self.rules, self.error = rules, None
+        log.info("rules_reloaded", path=str(self.path), rules=[r.name for r in rules])
+        return True
+
+
+class ServingCert:
+    """A server SSLContext whose certificate pair follows the files."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.cert, self.key = Path(cert), Path(key)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.signature: tuple[Any, Any] | None = None
+
+    def _sig(self) -> tuple[Any, Any]:
+        return (_signature(self.cert), _signature(self.key))
+
+    def load_initial(self) -> None:
+        self.signature = self._sig()
+        try:
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"tls_cert {self.cert} / tls_key {self.key}: {e}") from e
+
+    def refresh(self) -> bool:
+        sig = self._sig()
+        if sig == self.signature:
+            return False
+        try:
+            scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            scratch.load_cert_chain(self.cert, self.key)
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            # Maybe half-written; the next poll tries again because the signature is not kept.
+            log.warning("tls_reload_failed", cert=str(self.cert), key=str(self.key), error=str(e))
+            return False
+        self.signature = sig
+        log.info("tls_reloaded", cert=str(self.cert))
+        return True
+
+
+class Webhook:
+    """Request handlers over the current rules and cache IP."""
+
+    def __init__(self, *, settings: WebhookSettings, rules: RulesFile | None = None,
+                 cert: ServingCert | None = None) -> None:
+        self.settings = settings
+        self.rules_file = rules
+        self.static_rules: tuple[Rule, ...] = ()
+        self.cert = cert
+        # Set by --cache-ip, or kept current by the Service watcher.
+        self.cache_ip: str | None = settings.cache_ip
+        self.background: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return self.rules_file.rules if self.rules_file is not None else self.static_rules
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._bad(f"body of {request.content_length} bytes exceeds max_body_bytes ({limit})")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._bad(f"body exceeds max_body_bytes ({limit})")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            return self._bad(f"body is not JSON: {e}")
+        try:
+            decision = review(body, rules=self.rules, cache_ip=self.cache_ip,
+                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.settings.no_proxy)
+        except ReviewError as e:
+            return self._bad(str(e))
+        log.info("review_completed", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,
+                 name=decision.name, rules=decision.rules, ops=len(decision.ops), warnings=decision.warnings,
+                 ms=round((time.perf_counter() - started) * 1000, 3))
+        return web.json_response(decision.response)
+
+    def _bad(self, message: str) -> web.Response:
+        message = " ".join(message.split())[:500]
+        log.warning("review_rejected", status=400, error=message)
+        return web.Response(status=400, text=message + "\n")
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        rules_error = self.rules_file.error if self.rules_file is not None else None
+        return web.json_response({"ok": True, "rules": [r.name for r in self.rules], "rules_error": rules_error,
+                                  "cache_ip": self.cache_ip})
+
+    async def poll_files(self) -> None:
+        """Follow the rules file and certificate; tiny on purpose, the work is in refresh()."""
+        next_rules = next_tls = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if self.rules_file is not None and now >= next_rules:
+                self.rules_file.refresh()
+                next_rules = now + self.settings.rules_reload_interval
+            if self.cert is not None and now >= next_tls:
+                self.cert.refresh()
+                next_tls = now + self.settings.tls_reload_interval
+            await asyncio.sleep(min(self.settings.rules_reload_interval, self.settings.tls_reload_interval))
+
+
+@web.middleware
+async def no_tracebacks(request: web.Request, handler):
+    """An unexpected error is logged once and answered with one line, never a traceback page."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:  # noqa: BLE001 - last resort, the webhook must answer
+        log.exception("request_failed", path=request.path)
+        return web.Response(status=500, text=f"internal error: {type(e).__name__}\n")
+
+
+def build_app(webhook: Webhook) -> web.Application:
+    app = web.Application(client_max_size=webhook.settings.max_body_bytes, middlewares=[no_tracebacks])
+    app.router.add_post("/mutate", webhook.mutate)
+    app.router.add_get("/healthz", webhook.healthz)
+    app[WEBHOOK] = webhook
+
+    async def lifecycle(app: web.Application):
+        tasks = [asyncio.create_task(webhook.poll_files())]
+        tasks += [asyncio.create_task(job()) for job in webhook.background]
+        yield
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def build_webhook(settings: WebhookSettings) -> Webhook:
+    """Load rules and certificate from the files named in settings; errors name the field."""
+    if settings.rules is None:
+        raise ConfigError("rules: a rules file is required (--rules)")
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise ConfigError("tls_cert and tls_key are required (--tls-cert, --tls-key)")
+    rules = RulesFile(settings.rules)
+    rules.load_initial()
+    cert = ServingCert(settings.tls_cert, settings.tls_key)
+    cert.load_initial()
+    return Webhook(settings=settings, rules=rules, cert=cert)
+
+
+async def start(webhook: Webhook) -> web.AppRunner:
+    """Serve over TLS on settings.listen; returns the runner (cleanup() stops it)."""
+    assert webhook.cert is not None
+    runner = web.AppRunner(build_app(webhook), access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = webhook.settings.listen_addr
+    site = web.TCPSite(runner, host, port, ssl_context=webhook.cert.context, reuse_address=True)
+    await site.start()
+    log.info("webhook_listening", listen=webhook.settings.listen, rules=[r.name for r in webhook.rules],
+             cache_ip=webhook.cache_ip)
+    return runner
+
+
+async def serve(settings: WebhookSettings, *, webhook: Webhook | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or `stop` is set)."""
+    webhook = webhook or build_webhook(settings)
+    runner = await start(webhook)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await stop.wait()
+    finally:
+        log.info("webhook_stopping", listen=settings.listen)
+        await runner.cleanup()
