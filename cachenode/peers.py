@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.access import access
+from cachenode import splice
 from cachenode.cluster import Peer
 from cachenode.keys import Target
 from cachenode.origin import OriginClient, end_to_end
@@ -36,7 +37,8 @@ _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 class PeerRelay:
     def __init__(self, *, node_id: str, client: OriginClient, connect_timeout: float, read_timeout: float,
-                 chunk_size: int, down_for: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 chunk_size: int, down_for: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 use_splice: bool = True) -> None:
         self.node_id = node_id
         self.client = client
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
@@ -44,6 +46,7 @@ class PeerRelay:
         self.down_for = down_for
         self._clock = clock
         self._down_until: dict[str, float] = {}
+        self.splice = use_splice
 
     def mark_down(self, peer: Peer, why: str) -> None:
         self._down_until[peer.id] = self._clock() + self.down_for
@@ -114,13 +117,27 @@ class PeerRelay:
                 if request.method == "HEAD":
                     await out.write_eof()
                     return out
+                def count(n: int) -> None:
+                    nonlocal sent
+                    sent += n
+
                 try:
-                    async for chunk in r.content.iter_chunked(self.chunk_size):
-                        await out.write(chunk)
-                        sent += len(chunk)
+                    if self.splice and splice.usable(r, request):
+                        await splice.splice_body(r, request, out, read_timeout=self.timeout.sock_read or 60,
+                                                 on_bytes=count)
+                    else:
+                        async for chunk in r.content.iter_chunked(self.chunk_size):
+                            await out.write(chunk)
+                            count(len(chunk))
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     self.mark_down(peer, f"broke mid-body after {sent} bytes: {type(e).__name__}")
                     continue
+                except splice.ClientGone as e:
+                    log.info("client_gone", peer=peer.id, sent=sent, error=str(e))
+                    access(request).broken = True
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return out
                 access(request).bytes = sent
                 await out.write_eof()
                 return out

@@ -177,3 +177,25 @@ async def test_replicate_refuses_a_source_outside_the_ring(cluster, session):
         assert r.status == 400 and "not a member" in await r.text()
     async with session.post(nodes["n0"].url + "/_nezha/replicate", data=b"{not json") as r:
         assert r.status == 400 and "not JSON" in await r.text()
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "copy"])
+async def test_large_relays_arrive_whole_and_never_stall(origin, cluster, session, splice):
+    """Big enough that aiohttp pauses and resumes the peer socket under the relay."""
+    import hashlib
+    import os as _os
+
+    body = _os.urandom(24 * 1024 * 1024)
+    origin.put("/d/big.bin", body)
+    nodes, _ = await cluster(2, origin_read_timeout=2.0)
+    owners, others = owner_and_other(nodes, "/d/big.bin")
+    await nodes[owners[0]].get(session, "/d/big.bin")
+    await nodes[owners[0]].node.settled()
+    relay = nodes[others[0]]
+    relay.node.relay.splice = splice
+    digest = hashlib.sha256(body).hexdigest()
+    for _ in range(4):
+        status, headers, got = await relay.get(session, "/d/big.bin")
+        assert status == 200 and headers["X-Nezha-Cache"] == "peer-hit"
+        assert hashlib.sha256(got).hexdigest() == digest
+    assert origin.requests["/d/big.bin"] == 1
