@@ -1,0 +1,1 @@
+from tests.kubeapi.fixtures import kube, kube_api  # noqa: F401

@@ -1,0 +1,537 @@
+"""The Kubernetes API double: an aiohttp app over an in-memory store.
+
+Honest to kube-apiserver where Nezha depends on it: paths, list and object
+shapes, string resourceVersions from one cluster-wide counter, Status objects
+for 400/404/409/410/422/500, optimistic concurrency on PUT, watch streams
+(initial ADDED events without a resourceVersion, replay from one, BOOKMARK
+events with `allowWatchBookmarks`, `410 Gone` as an ERROR event for a
+compacted version, `timeoutSeconds`), JSON merge, strategic merge (lists
+merged by `name`) and JSON patch, the `scale` and `status` subresources, the
+namespace label `kubernetes.io/metadata.name`, Service ClusterIP allocation,
+mutating admission webhooks on create (admission.py), and a Job controller
+that creates a Job's pod through that same admission path.
+
+Simpler than kube-apiserver: no authentication, no defaulting beyond the
+above, no field managers or server-side apply, no deletion grace periods or
+finalizers, no garbage collection.
+
+Test-side controls: `compact()` (later watches from older versions get 410),
+`drop_watches()` (end or cut every open watch), `service_addresses` (where a
+webhook Service is reachable), `admission_calls` (what the webhooks were
+asked and answered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import json
+import random
+import string
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+from aiohttp import web
+
+from tests.kubeapi.admission import Call, Refused, admit
+from tests.kubeapi.resources import BY_PATH, BadSelector, Resource, matches, merge_patch, parse_label_selector
+
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+Key = tuple[str | None, str]  # (namespace, name)
+
+
+def status(code: int, reason: str, message: str, *, details: dict | None = None) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    if details:
+        body["details"] = details
+    return web.json_response(body, status=code)
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(eq=False)
+class Watcher:
+    res: Resource
+    namespace: str | None
+    terms: list
+    fields: dict[str, str]
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    request: web.Request | None = None
+
+    def wants(self, res: Resource, obj: dict) -> bool:
+        meta = obj.get("metadata") or {}
+        if res.key != self.res.key or (self.namespace is not None and meta.get("namespace") != self.namespace):
+            return False
+        for k, v in self.fields.items():
+            if k == "metadata.name" and meta.get("name") != v or k == "metadata.namespace" and \
+                    meta.get("namespace") != v:
+                return False
+        return matches(self.terms, meta.get("labels"))
+
+
+class KubeAPI:
+    def __init__(self, *, bookmark_interval: float = 0.5, validate_pods: bool = True,
+                 job_controller: bool = True) -> None:
+        self.bookmark_interval = bookmark_interval
+        self.validate_pods = validate_pods
+        self.job_controller = job_controller
+        self.rv = 1
+        self.compacted = 0
+        self.store: dict[tuple[str, str], dict[Key, dict]] = {}
+        self.history: list[tuple[int, Resource, str, dict]] = []
+        self.watchers: set[Watcher] = set()
+        self.service_addresses: dict[tuple[str, str, int], str] = {}
+        self.admission_calls: list[Call] = []
+        self.job_errors: list[str] = []
+        self._next_ip = 10
+        self._tasks: set[asyncio.Task] = set()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        for ns in ("default", "kube-system"):
+            self._store_new(BY_PATH[("", "v1", "namespaces")], None, {"metadata": {"name": ns}})
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        async def version(request: web.Request) -> web.Response:
+            return web.json_response({"major": "1", "minor": "35", "gitVersion": "v1.35.0-nezha-double"})
+
+        app.router.add_get("/version", version)
+        app.router.add_route("*", "/api/{version}/{tail:.*}", self._dispatch)
+        app.router.add_route("*", "/apis/{group}/{version}/{tail:.*}", self._dispatch)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.url = f"http://{host}:{sock.getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        self.drop_watches(abrupt=False)
+        for t in list(self._tasks):
+            t.cancel()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def client(self):
+        """A kubernetes_asyncio ApiClient pointed at this double."""
+        from kubernetes_asyncio.client import ApiClient, Configuration
+
+        return ApiClient(configuration=Configuration(host=self.url))
+
+    # -- test-side controls --------------------------------------------------
+
+    def compact(self) -> int:
+        """Forget history: a watch from an older resourceVersion now gets 410 Gone."""
+        self.compacted = self.rv
+        self.history.clear()
+        return self.compacted
+
+    def drop_watches(self, *, abrupt: bool = True) -> int:
+        """End every open watch: cut the connection (abrupt) or finish the stream cleanly."""
+        n = 0
+        for w in list(self.watchers):
+            if abrupt and w.request is not None and w.request.transport is not None:
+                w.request.transport.abort()
+            w.queue.put_nowait(None)
+            n += 1
+        return n
+
+    def objects_of(self, group: str, plural: str) -> dict[Key, dict]:
+        return self.store.setdefault((group, plural), {})
+
+    # -- storage -----------------------------------------------------------
+
+    def _emit(self, res: Resource, kind: str, obj: dict) -> None:
+        snapshot = copy.deepcopy(obj)
+        self.history.append((self.rv, res, kind, snapshot))
+        del self.history[:-5000]
+        for w in list(self.watchers):
+            if w.wants(res, snapshot):
+                w.queue.put_nowait((kind, snapshot))
+
+    def _bump(self, obj: dict) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+
+    def _store_new(self, res: Resource, namespace: str | None, obj: dict) -> dict:
+        meta = obj.setdefault("metadata", {})
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if res.namespaced:
+            meta["namespace"] = namespace
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["creationTimestamp"] = _now()
+        if res.plural == "namespaces":
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+            obj.setdefault("status", {"phase": "Active"})
+        if res.scale or res.plural == "jobs":
+            meta["generation"] = 1
+        self._bump(obj)
+        self.objects_of(res.group, res.plural)[(namespace if res.namespaced else None, meta["name"])] = obj
+        self._emit(res, "ADDED", obj)
+        return obj
+
+    # -- HTTP --------------------------------------------------------------
+
+    def _resolve(self, request: web.Request) -> tuple[Resource, str | None, str | None, str | None]:
+        group = request.match_info.get("group", "")
+        version = request.match_info["version"]
+        parts = [p for p in request.match_info["tail"].split("/") if p]
+        namespace = None
+        if len(parts) >= 3 and parts[0] == "namespaces":
+            namespace, parts = parts[1], parts[2:]
+        if not parts or len(parts) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        res = BY_PATH.get((group, version, parts[0]))
+        if res is None or (namespace is not None and not res.namespaced):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = parts[1] if len(parts) > 1 else None
+        sub = parts[2] if len(parts) > 2 else None
+        if sub is not None and not (sub == "status" or sub == "scale" and res.scale):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if name is not None and res.namespaced and namespace is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return res, namespace, name, sub
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        try:
+            res, namespace, name, sub = self._resolve(request)
+            method = request.method
+            if name is None:
+                if method == "GET":
+                    if (request.query.get("watch") or "").lower() in ("true", "1"):
+                        return await self._watch(request, res, namespace)
+                    return self._list(request, res, namespace)
+                if method == "POST" and (namespace is not None or not res.namespaced):
+                    return await self._create(request, res, namespace)
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on this collection")
+            if method == "GET":
+                obj = self._get(res, namespace, name)
+                return web.json_response(self._scale_of(res, obj) if sub == "scale" else obj)
+            if method == "PUT":
+                return await self._replace(request, res, namespace, name, sub)
+            if method == "PATCH":
+                return await self._patch(request, res, namespace, name, sub)
+            if method == "DELETE" and sub is None:
+                return self._delete(res, namespace, name)
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        except ApiError as e:
+            return status(e.code, e.reason, e.message, details=e.details)
+
+    def _get(self, res: Resource, namespace: str | None, name: str) -> dict:
+        obj = self.objects_of(res.group, res.plural).get((namespace, name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{res.plural}{"." + res.group if res.group else ""} "{name}" not found',
+                           {"name": name, "group": res.group, "kind": res.plural})
+        return obj
+
+    def _selection(self, request: web.Request, res: Resource, namespace: str | None) -> Watcher:
+        try:
+            terms = parse_label_selector(request.query.get("labelSelector"))
+        except BadSelector as e:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {e}") from e
+        fields = {}
+        for part in filter(None, (request.query.get("fieldSelector") or "").split(",")):
+            k, _, v = part.replace("==", "=").partition("=")
+            if k not in ("metadata.name", "metadata.namespace"):
+                raise ApiError(400, "BadRequest", f'field label not supported: {k}')
+            fields[k] = v
+        return Watcher(res=res, namespace=namespace, terms=terms, fields=fields)
+
+    def _list(self, request: web.Request, res: Resource, namespace: str | None) -> web.Response:
+        sel = self._selection(request, res, namespace)
+        items = [copy.deepcopy(o) for o in self.objects_of(res.group, res.plural).values() if sel.wants(res, o)]
+        items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
+        for item in items:  # list items carry no apiVersion/kind, as from kube-apiserver
+            item.pop("apiVersion", None), item.pop("kind", None)
+        return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                                  "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    async def _watch(self, request: web.Request, res: Resource, namespace: str | None) -> web.StreamResponse:
+        watcher = self._selection(request, res, namespace)
+        watcher.request = request
+        rv_param = request.query.get("resourceVersion")
+        bookmarks = (request.query.get("allowWatchBookmarks") or "").lower() in ("true", "1")
+        timeout = float(request.query.get("timeoutSeconds") or 0) or None
+        backlog: list[tuple[str, dict]] = []
+        too_old = False
+        if rv_param in (None, "", "0"):
+            backlog = [("ADDED", copy.deepcopy(o)) for o in self.objects_of(res.group, res.plural).values()
+                       if watcher.wants(res, o)]
+        else:
+            try:
+                since = int(rv_param)
+            except ValueError:
+                raise ApiError(400, "BadRequest", f"invalid resource version {rv_param!r}") from None
+            if since < self.compacted:
+                too_old = True
+            else:
+                backlog = [(kind, o) for rv, r, kind, o in self.history if rv > since and watcher.wants(r, o)]
+        # Registered before the first await, so no event falls between backlog and live stream.
+        self.watchers.add(watcher)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            if too_old:
+                await self._send(response, "ERROR", {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": f"too old resource version: {rv_param} ({self.compacted})", "reason": "Expired",
+                    "code": 410})
+                return response
+            for kind, obj in backlog:
+                await self._send(response, kind, obj)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            while True:
+                wait = self.bookmark_interval if bookmarks else None
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    wait = left if wait is None else min(wait, left)
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                except asyncio.TimeoutError:
+                    if bookmarks and watcher.queue.empty():
+                        await self._send(response, "BOOKMARK", {
+                            "kind": res.kind, "apiVersion": res.api_version,
+                            "metadata": {"resourceVersion": str(self.rv)}})
+                    continue
+                if item is None:
+                    break
+                await self._send(response, *item)
+            await response.write_eof()
+        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.watchers.discard(watcher)
+        return response
+
+    @staticmethod
+    async def _send(response: web.StreamResponse, kind: str, obj: dict) -> None:
+        await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, "BadRequest", f"the body of the request was in an unknown format: {e}") from e
+
+    async def _create(self, request: web.Request, res: Resource, namespace: str | None) -> web.Response:
+        obj = await self._body(request)
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        if obj.get("kind") not in (None, res.kind):
+            raise ApiError(400, "BadRequest", f"the API version in the data ({obj.get('apiVersion')}) and kind "
+                           f"({obj.get('kind')}) do not match the resource {res.plural}")
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            if meta.get("namespace") not in (None, "", namespace):
+                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                               "namespace sent on the request")
+            if (None, namespace) not in self.objects_of("", "namespaces"):
+                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
+                               {"name": namespace, "kind": "namespaces"})
+            meta["namespace"] = namespace
+        if not meta.get("name") and not meta.get("generateName"):
+            raise ApiError(422, "Invalid", f"{res.kind} \"\" is invalid: metadata.name: Required value: name or "
+                           "generateName is required")
+        if res.plural == "services":
+            spec = obj.setdefault("spec", {})
+            if not spec.get("clusterIP") and spec.get("type") != "ExternalName":
+                spec["clusterIP"] = self._allocate_ip()
+                spec["clusterIPs"] = [spec["clusterIP"]]
+        warnings: list[str] = []
+        try:
+            obj, warnings = await admit(self, res=res, namespace=namespace, obj=obj)
+        except Refused as e:
+            raise ApiError(e.code, e.reason, e.message) from e
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            meta["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
+        key = (namespace if res.namespaced else None, meta["name"])
+        if key in self.objects_of(res.group, res.plural):
+            raise ApiError(409, "AlreadyExists", f'{res.plural}{"." + res.group if res.group else ""} '
+                           f'"{meta["name"]}" already exists', {"name": meta["name"], "kind": res.plural})
+        if res.plural == "pods":
+            obj.setdefault("status", {"phase": "Pending"})
+            self._validate(obj)
+        obj = self._store_new(res, namespace, obj)
+        if res.plural == "jobs" and self.job_controller:
+            task = asyncio.create_task(self._run_job(obj))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        response = web.json_response(obj, status=201)
+        for w in warnings:
+            response.headers.add("Warning", f'299 - "{w}"')
+        return response
+
+    def _validate(self, pod: dict) -> None:
+        if not self.validate_pods:
+            return
+        import kubernetes_validate
+
+        candidate = {k: v for k, v in pod.items() if k != "status"}
+        try:
+            kubernetes_validate.validate(candidate, kubernetes_validate.latest_version(), strict=True)
+        except kubernetes_validate.ValidationError as e:
+            first = str(e).splitlines()[0]
+            raise ApiError(422, "Invalid", f'Pod "{pod["metadata"].get("name", "")}" is invalid: {first}') from e
+
+    def _allocate_ip(self) -> str:
+        used = {s.get("spec", {}).get("clusterIP") for s in self.objects_of("", "services").values()}
+        while True:
+            self._next_ip += 1
+            ip = f"10.96.{self._next_ip // 250}.{self._next_ip % 250 + 1}"
+            if ip not in used:
+                return ip
+
+    async def _run_job(self, job: dict) -> None:
+        """What the Job controller does first: create the Job's pod from its template, through admission."""
+        template = copy.deepcopy(job["spec"].get("template") or {})
+        meta = template.setdefault("metadata", {})
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        meta["generateName"] = f"{name}-"
+        meta.setdefault("labels", {}).update({"job-name": name, "batch.kubernetes.io/job-name": name,
+                                              "controller-uid": uid, "batch.kubernetes.io/controller-uid": uid})
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                    "controller": True, "blockOwnerDeletion": True}]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template.get("spec") or {}}
+        res, namespace = BY_PATH[("", "v1", "pods")], job["metadata"]["namespace"]
+        try:
+            pod, _ = await admit(self, res=res, namespace=namespace, obj=pod,
+                                 user="system:serviceaccount:kube-system:job-controller")
+            pod["metadata"]["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
+            pod.setdefault("status", {"phase": "Pending"})
+            self._validate(pod)
+            self._store_new(res, namespace, pod)
+        except (Refused, ApiError) as e:
+            self.job_errors.append(f"job {namespace}/{name}: {e}")
+
+    def _scale_of(self, res: Resource, obj: dict) -> dict:
+        meta = obj["metadata"]
+        selector = ((obj.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                  "creationTimestamp") if k in meta},
+                "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+                "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
+                           "selector": ",".join(f"{k}={v}" for k, v in selector.items())}}
+
+    def _commit(self, res: Resource, namespace: str | None, name: str, old: dict, new: dict,
+                sub: str | None) -> web.Response:
+        if not isinstance(new, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        if sub == "scale":
+            replicas = (new.get("spec") or {}).get("replicas")
+            if not isinstance(replicas, int) or replicas < 0:
+                raise ApiError(422, "Invalid", f'Scale.autoscaling "{name}" is invalid: spec.replicas: Invalid '
+                               f"value: {replicas!r}: must be greater than or equal to 0")
+            updated = copy.deepcopy(old)
+            updated.setdefault("spec", {})["replicas"] = replicas
+        elif sub == "status":
+            updated = copy.deepcopy(old)
+            updated["status"] = new.get("status")
+        else:
+            updated = copy.deepcopy(new)
+            updated["status"] = copy.deepcopy(old.get("status")) if "status" in old else new.get("status")
+            if updated.get("status") is None:
+                updated.pop("status", None)
+        meta = updated.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not match the "
+                           f"name on the URL ({name})")
+        for k in ("uid", "creationTimestamp", "namespace", "generation"):
+            if k in old["metadata"]:
+                meta[k] = old["metadata"][k]
+        meta["name"] = name
+        updated["apiVersion"], updated["kind"] = res.api_version, res.kind
+        if "generation" in meta and updated.get("spec") != old.get("spec"):
+            meta["generation"] += 1
+        if res.plural == "pods" and updated.get("spec") != old.get("spec"):
+            self._pod_spec_update_allowed(old, updated)
+        if updated == old:
+            return web.json_response(self._scale_of(res, old) if sub == "scale" else old)
+        self._bump(updated)
+        self.objects_of(res.group, res.plural)[(namespace, name)] = updated
+        self._emit(res, "MODIFIED", updated)
+        return web.json_response(self._scale_of(res, updated) if sub == "scale" else updated)
+
+    @staticmethod
+    def _pod_spec_update_allowed(old: dict, new: dict) -> None:
+        def mutable_view(spec: dict) -> dict:
+            spec = copy.deepcopy(spec)
+            for c in spec.get("containers") or []:
+                c.pop("image", None)
+            spec.pop("activeDeadlineSeconds", None)
+            spec.pop("tolerations", None)
+            return spec
+
+        if mutable_view(old.get("spec") or {}) != mutable_view(new.get("spec") or {}):
+            raise ApiError(422, "Invalid", f'Pod "{old["metadata"]["name"]}" is invalid: spec: Forbidden: pod '
+                           "updates may not change fields other than `spec.containers[*].image`, "
+                           "`spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing "
+                           "tolerations)")
+
+    async def _replace(self, request: web.Request, res: Resource, namespace: str | None, name: str,
+                       sub: str | None) -> web.Response:
+        old = self._get(res, namespace, name)
+        new = await self._body(request)
+        want = ((new or {}).get("metadata") or {}).get("resourceVersion") if isinstance(new, dict) else None
+        if want and want != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural}'
+                           f'{"." + res.group if res.group else ""} "{name}": the object has been modified; '
+                           "please apply your changes to the latest version and try again",
+                           {"name": name, "group": res.group, "kind": res.plural})
+        return self._commit(res, namespace, name, old, new, sub)
+
+    async def _patch(self, request: web.Request, res: Resource, namespace: str | None, name: str,
+                     sub: str | None) -> web.Response:
+        old = self._get(res, namespace, name)
+        patch = await self._body(request)
+        ctype = request.content_type
+        base = self._scale_of(res, old) if sub == "scale" else old
+        try:
+            if ctype == "application/json-patch+json":
+                new = jsonpatch.apply_patch(base, patch)
+            elif ctype == "application/merge-patch+json":
+                new = merge_patch(base, patch)
+            elif ctype == "application/strategic-merge-patch+json":
+                new = merge_patch(base, patch, strategic=True)
+            else:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                               f"accepted media types include: application/json-patch+json, "
+                               f"application/merge-patch+json, application/strategic-merge-patch+json")
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}")
+        want = (new.get("metadata") or {}).get("resourceVersion") if isinstance(new, dict) else None
+        if want and want != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
+                           "has been modified; please apply your changes to the latest version and try again")
+        return self._commit(res, namespace, name, old, new, sub)
+
+    def _delete(self, res: Resource, namespace: str | None, name: str) -> web.Response:
+        obj = self._get(res, namespace, name)
+        del self.objects_of(res.group, res.plural)[(namespace, name)]
+        obj = copy.deepcopy(obj)
+        self._bump(obj)
+        self._emit(res, "DELETED", obj)
+        return web.json_response(obj)

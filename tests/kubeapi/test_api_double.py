@@ -1,0 +1,205 @@
+"""The API double, driven by the real kubernetes_asyncio client exactly as Nezha drives a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+
+
+def configmap(name, data=None, labels=None):
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels or {}},
+            "data": data or {}}
+
+
+async def test_objects_are_created_read_listed_and_deleted_with_resource_versions(kube):
+    core = client.CoreV1Api(kube)
+    created = await core.create_namespaced_config_map("default", configmap("a", {"k": "v"}, {"team": "ml"}))
+    await core.create_namespaced_config_map("default", configmap("b", labels={"team": "web"}))
+    assert created.metadata.uid and int(created.metadata.resource_version) > 0
+    got = await core.read_namespaced_config_map("a", "default")
+    assert got.data == {"k": "v"} and got.metadata.resource_version == created.metadata.resource_version
+    listed = await core.list_namespaced_config_map("default", label_selector="team=ml")
+    assert [c.metadata.name for c in listed.items] == ["a"]
+    assert int(listed.metadata.resource_version) >= int(created.metadata.resource_version)
+    await core.delete_namespaced_config_map("a", "default")
+    assert [c.metadata.name for c in (await core.list_namespaced_config_map("default")).items] == ["b"]
+
+
+async def test_missing_and_duplicate_objects_get_status_objects(kube):
+    core = client.CoreV1Api(kube)
+    with pytest.raises(ApiException) as e:
+        await core.read_namespaced_config_map("nope", "default")
+    assert e.value.status == 404 and '"reason":"NotFound"' in e.value.body.replace(" ", "")
+    await core.create_namespaced_config_map("default", configmap("a"))
+    with pytest.raises(ApiException) as e:
+        await core.create_namespaced_config_map("default", configmap("a"))
+    assert e.value.status == 409 and "AlreadyExists" in e.value.body
+    with pytest.raises(ApiException) as e:
+        await core.create_namespaced_config_map("missing-ns", configmap("a"))
+    assert e.value.status == 404 and 'namespaces \\"missing-ns\\" not found' in e.value.body
+
+
+async def test_a_stale_replace_conflicts_and_a_fresh_one_succeeds(kube):
+    core = client.CoreV1Api(kube)
+    cm = await core.create_namespaced_config_map("default", configmap("a", {"v": "1"}))
+    cm.data = {"v": "2"}
+    updated = await core.replace_namespaced_config_map("a", "default", cm)
+    cm.data = {"v": "3"}
+    with pytest.raises(ApiException) as e:
+        await core.replace_namespaced_config_map("a", "default", cm)  # carries the old resourceVersion
+    assert e.value.status == 409 and "Conflict" in e.value.body
+    assert updated.data == {"v": "2"}
+
+
+async def test_merge_strategic_and_json_patches_apply(kube):
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map("default", configmap("a", {"x": "1", "y": "2"}))
+    merged = await core.patch_namespaced_config_map("a", "default", {"data": {"x": None, "z": "3"}},
+                                                    _content_type="application/merge-patch+json")
+    assert merged.data == {"y": "2", "z": "3"}
+    strategic = await core.patch_namespaced_config_map("a", "default", {"metadata": {"annotations": {"a": "b"}}})
+    assert strategic.metadata.annotations == {"a": "b"} and strategic.data == {"y": "2", "z": "3"}
+    patched = await core.patch_namespaced_config_map("a", "default", [{"op": "replace", "path": "/data/y",
+                                                                        "value": "9"}])
+    assert patched.data == {"y": "9", "z": "3"}
+
+
+async def test_strategic_merge_merges_named_lists_by_name(kube):
+    apps = client.AppsV1Api(kube)
+    await apps.create_namespaced_stateful_set("default", statefulset("cache"))
+    patched = await apps.patch_namespaced_stateful_set("cache", "default", {"spec": {"template": {"spec": {
+        "containers": [{"name": "cache", "env": [{"name": "A", "value": "1"}]}]}}}})
+    [container] = patched.spec.template.spec.containers
+    assert container.image == "nezha" and container.env[0].name == "A"
+
+
+def statefulset(name, replicas=2):
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "serviceName": f"{name}-peers", "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "cache", "image": "nezha"}]}}}}
+
+
+async def test_the_scale_subresource_reads_and_sets_replicas(kube):
+    apps = client.AppsV1Api(kube)
+    await apps.create_namespaced_stateful_set("default", statefulset("cache", 2))
+    scale = await apps.read_namespaced_stateful_set_scale("cache", "default")
+    assert scale.spec.replicas == 2 and scale.status.selector == "app=cache"
+    await apps.patch_namespaced_stateful_set_scale("cache", "default", {"spec": {"replicas": 5}})
+    sts = await apps.read_namespaced_stateful_set("cache", "default")
+    assert sts.spec.replicas == 5 and sts.metadata.generation == 2
+    with pytest.raises(ApiException) as e:
+        await apps.patch_namespaced_stateful_set_scale("cache", "default", {"spec": {"replicas": -1}})
+    assert e.value.status == 422
+
+
+async def test_services_get_a_cluster_ip(kube):
+    core = client.CoreV1Api(kube)
+    svc = await core.create_namespaced_service("default", {"metadata": {"name": "nezha-cache"},
+                                                           "spec": {"ports": [{"port": 80}]}})
+    assert svc.spec.cluster_ip.startswith("10.96.")
+
+
+async def next_event(stream, timeout=5.0):
+    return await asyncio.wait_for(stream.__anext__(), timeout)
+
+
+async def test_a_watch_starts_with_current_objects_then_streams_changes_in_order(kube):
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map("default", configmap("a"))
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, "default")
+    try:
+        first = await next_event(stream)
+        assert (first["type"], first["object"].metadata.name) == ("ADDED", "a")
+        await core.patch_namespaced_config_map("a", "default", {"data": {"k": "v"}})
+        await core.delete_namespaced_config_map("a", "default")
+        modified, deleted = await next_event(stream), await next_event(stream)
+        assert modified["type"] == "MODIFIED" and modified["object"].data == {"k": "v"}
+        assert deleted["type"] == "DELETED"
+        assert int(deleted["object"].metadata.resource_version) > int(modified["object"].metadata.resource_version)
+    finally:
+        await w.close()
+
+
+async def test_a_watch_from_a_resource_version_replays_only_later_events(kube):
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map("default", configmap("old"))
+    listed = await core.list_namespaced_config_map("default")
+    await core.create_namespaced_config_map("default", configmap("new"))
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, "default", resource_version=listed.metadata.resource_version)
+    try:
+        event = await next_event(stream)
+        assert (event["type"], event["object"].metadata.name) == ("ADDED", "new")
+    finally:
+        await w.close()
+
+
+async def test_bookmarks_carry_the_current_resource_version(kube):
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map("default", configmap("a"))
+    listed = await core.list_namespaced_config_map("default")
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, "default", resource_version=listed.metadata.resource_version,
+                      allow_watch_bookmarks=True)
+    try:
+        event = await next_event(stream)
+        assert event["type"] == "BOOKMARK"
+        assert event["raw_object"]["metadata"]["resourceVersion"] == listed.metadata.resource_version
+        assert w.resource_version == listed.metadata.resource_version
+    finally:
+        await w.close()
+
+
+async def test_a_watch_from_a_compacted_version_gets_410_gone(kube, kube_api):
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map("default", configmap("a"))
+    old = (await core.list_namespaced_config_map("default")).metadata.resource_version
+    await core.create_namespaced_config_map("default", configmap("b"))
+    kube_api.compact()
+    w = Watch()
+    with pytest.raises(ApiException) as e:
+        async for _ in w.stream(core.list_namespaced_config_map, "default", resource_version=old):
+            pass
+    assert e.value.status == 410 and "Expired" in e.value.reason
+
+
+async def test_a_watch_with_timeout_seconds_ends(kube):
+    core = client.CoreV1Api(kube)
+    w = Watch()
+    started = asyncio.get_running_loop().time()
+    events = [e async for e in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=1)]
+    assert events == [] and 0.9 < asyncio.get_running_loop().time() - started < 3
+
+
+async def test_a_dropped_watch_resumes_from_the_last_version_without_losing_events(kube, kube_api):
+    core = client.CoreV1Api(kube)
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, "default")
+    try:
+        await core.create_namespaced_config_map("default", configmap("a"))
+        assert (await next_event(stream))["object"].metadata.name == "a"
+        assert kube_api.drop_watches(abrupt=False) == 1
+        await core.create_namespaced_config_map("default", configmap("b"))
+        event = await next_event(stream)  # the client reconnects from resource_version
+        assert (event["type"], event["object"].metadata.name) == ("ADDED", "b")
+    finally:
+        await w.close()
+
+
+async def test_an_abruptly_cut_watch_raises_in_the_client(kube, kube_api):
+    core = client.CoreV1Api(kube)
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, "default")
+    await core.create_namespaced_config_map("default", configmap("a"))
+    await next_event(stream)
+    kube_api.drop_watches(abrupt=True)
+    with pytest.raises(Exception) as e:
+        await next_event(stream)
+    assert not isinstance(e.value, asyncio.TimeoutError)
