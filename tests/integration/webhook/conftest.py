@@ -74,3 +74,6 @@ async def webhook(tls: TLSFiles, rules_file: Path):
 async def client(tls: TLSFiles):
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as session:
         yield session
+
+
+from tests.kubeapi.fixtures import kube, kube_api  # noqa: E402,F401  (fixtures)
