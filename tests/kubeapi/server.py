@@ -139,7 +139,11 @@ class KubeAPI:
     # -- test-side controls --------------------------------------------------
 
     def compact(self) -> int:
-        """Forget history: a watch from an older resourceVersion now gets 410 Gone."""
+        """Forget history: a watch from any version handed out so far now gets 410 Gone.
+
+        The counter moves on first, so a fresh list's version is not itself expired.
+        """
+        self.rv += 1
         self.compacted = self.rv
         self.history.clear()
         return self.compacted

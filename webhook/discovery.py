@@ -1,0 +1,101 @@
+"""The cache Service's ClusterIP, kept current with a list and a watch.
+
+Rules may leave `ip` out; pods then get the ClusterIP of the cache Service,
+learned here rather than typed by hand. The loop is list, then watch from the
+list's resourceVersion, resuming from the last version seen when a stream ends,
+and relisting when the API answers 410 Gone (the version is too old) or the
+connection fails. A deleted Service clears the IP: until it returns, rules
+without `ip` are skipped with a warning and pods download directly, which is
+failing open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+
+log = structlog.get_logger("nezha.webhook.discovery")
+
+
+async def api_client(*, kubeconfig: Path | None = None) -> client.ApiClient:
+    """An ApiClient from a kubeconfig file, else from the pod's service account."""
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    return client.ApiClient(configuration=configuration)
+
+
+def cluster_ip(service: Any) -> str | None:
+    """The Service's ClusterIP, or None for a headless Service or one without an IP yet."""
+    ip = getattr(getattr(service, "spec", None), "cluster_ip", None)
+    return ip if ip and ip != "None" else None
+
+
+class ServiceWatcher:
+    """Calls `on_ip` with the Service's ClusterIP whenever it changes (None when it is gone)."""
+
+    def __init__(self, *, api: client.ApiClient, namespace: str, name: str, on_ip: Callable[[str | None], Any],
+                 watch_timeout: int = 300, retry_delay: float = 1.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace, self.name = namespace, name
+        self.on_ip = on_ip
+        self.watch_timeout = watch_timeout
+        self.retry_delay = retry_delay
+        self.ip: str | None = None
+        self.relists = 0
+
+    def _set(self, ip: str | None) -> None:
+        if ip != self.ip:
+            log.info("cache_ip_changed", service=f"{self.namespace}/{self.name}", old=self.ip, new=ip)
+            self.ip = ip
+            self.on_ip(ip)
+
+    async def run(self) -> None:
+        """Forever: list, then watch; relist on 410 or a failed connection."""
+        while True:
+            try:
+                version = await self._list()
+                await self._watch(version)
+            except ApiException as e:
+                if e.status == 410:
+                    log.info("service_watch_expired", service=f"{self.namespace}/{self.name}")
+                    continue
+                log.warning("service_watch_failed", service=f"{self.namespace}/{self.name}", status=e.status,
+                            error=str(e.reason))
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                log.warning("service_watch_failed", service=f"{self.namespace}/{self.name}",
+                            error=f"{type(e).__name__}: {e}")
+            await asyncio.sleep(self.retry_delay)
+
+    async def _list(self) -> str:
+        self.relists += 1
+        listed = await self.core.list_namespaced_service(self.namespace, field_selector=f"metadata.name={self.name}")
+        self._set(cluster_ip(listed.items[0]) if listed.items else None)
+        return listed.metadata.resource_version
+
+    async def _watch(self, version: str) -> None:
+        """Stream changes from `version`; returns only by raising (410 or a connection error)."""
+        while True:
+            watch = Watch()
+            try:
+                async for event in watch.stream(self.core.list_namespaced_service, self.namespace,
+                                                field_selector=f"metadata.name={self.name}",
+                                                resource_version=version, allow_watch_bookmarks=True,
+                                                timeout_seconds=self.watch_timeout):
+                    kind = event["type"]
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._set(cluster_ip(event["object"]))
+                    elif kind == "DELETED":
+                        self._set(None)
+                version = watch.resource_version or version
+            finally:
+                await watch.close()
