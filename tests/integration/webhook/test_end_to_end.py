@@ -1,0 +1,171 @@
+"""The whole way with real programs: a labelled Job's pods download through the cache.
+
+API double (in process) -> `nezha webhook` (a process that learns the cache
+Service IP from the double) -> the Job's pods are stored with hostAliases to
+127.0.0.2 -> `nezha cache` (a process on 127.0.0.2:80) -> the pods' own
+`wget`, run in a mount namespace whose /etc/hosts is built from the stored
+hostAliases the way kubelet writes it. The origin sees one request for two pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from tests.conftest import free_port, require_tool
+from tests.integration.webhook.registration import namespace, register
+from tests.integration.webhook.reviews import job
+from tests.support_origin import TestOrigin
+
+URL_PATH = "/~kriz/cifar-100-python.tar.gz"
+RULES = """\
+- name: datasets
+  app: app.kubernetes.io/deploy-manager
+  label: ksonnet
+  hostAliases:
+    - hostnames: [download.tensorflow.org, www.cs.toronto.edu, images.cocodataset.org]
+"""
+
+
+def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
+    """/etc/hosts as kubelet writes it for a pod (managedHostsFileContent + hostsEntriesFromHostAliases)."""
+    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
+             "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet", "fe00::0\tip6-mcastprefix",
+             "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters", f"{pod_ip}\t{pod['metadata']['name']}", ""]
+    aliases = pod["spec"].get("hostAliases") or []
+    if aliases:
+        lines.append("# Entries added by HostAliases.")
+        lines += [f"{a['ip']}\t{h}" for a in aliases for h in a.get("hostnames") or []]
+    return "\n".join(lines) + "\n"
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: double, cluster: {{server: "{server}"}}}}]
+users: [{{name: tester, user: {{token: not-checked}}}}]
+contexts: [{{name: double, context: {{cluster: double, user: tester}}}}]
+current-context: double
+""")
+    return path
+
+
+async def spawn(*args: str, log: Path) -> asyncio.subprocess.Process:
+    out = open(log, "wb")
+    try:
+        return await asyncio.create_subprocess_exec(*args, stdout=out, stderr=asyncio.subprocess.STDOUT)
+    finally:
+        out.close()
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def listening(host: str, port: int, proc: asyncio.subprocess.Process, log: Path, timeout=20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            _, w = await asyncio.open_connection(host, port)
+            w.close()
+            return
+        except OSError:
+            assert proc.returncode is None, f"process exited: {log.read_text()[-2000:]}"
+            assert asyncio.get_running_loop().time() < deadline, f"{host}:{port} not listening: {log.read_text()}"
+            await asyncio.sleep(0.05)
+
+
+async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_request(
+        tmp_path, aiohttp_server, kube, kube_api, tls):
+    wget, unshare = require_tool("wget"), require_tool("unshare")
+    payload = os.urandom(300_000)
+    origin = TestOrigin()
+    origin.put(URL_PATH, payload)
+    origin_server = await aiohttp_server(origin.app())
+    with socket.socket() as s:  # port 80 on 127.0.0.2 must be ours
+        s.bind(("127.0.0.2", 80))
+    assert "www.cs.toronto.edu" not in Path("/etc/hosts").read_text()  # else hostAliases would prove nothing
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    hook_port = free_port()
+    processes = []
+    try:
+        cache_log, hook_log = tmp_path / "cache.log", tmp_path / "webhook.log"
+        cache = await spawn(sys.executable, "-m", "nezha", "cache", "--listen", "127.0.0.2:80",
+                            "--data-dir", str(tmp_path / "cache"),
+                            "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{origin_server.port}", log=cache_log)
+        processes.append(cache)
+        hook = await spawn(sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{hook_port}",
+                           "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules),
+                           "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", kube_api.url)),
+                           "--namespace", "nezha", "--cache-service", "nezha-cache", log=hook_log)
+        processes.append(hook)
+
+        core = client.CoreV1Api(kube)
+        await namespace(kube, "nezha")
+        await namespace(kube, "ml")
+        await core.create_namespaced_service("nezha", {"metadata": {"name": "nezha-cache"}, "spec": {
+            "clusterIP": "127.0.0.2", "ports": [{"port": 80}], "selector": {"app": "nezha-cache"}}})
+        await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
+        await listening("127.0.0.2", 80, cache, cache_log)
+        await listening("127.0.0.1", hook_port, hook, hook_log)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
+            for _ in range(200):  # the webhook learns the IP from its Service watch
+                async with c.get(f"https://127.0.0.1:{hook_port}/healthz") as r:
+                    if (await r.json())["cache_ip"] == "127.0.0.2":
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"webhook never learned the cache IP: {hook_log.read_text()[-2000:]}")
+
+        batch = client.BatchV1Api(kube)
+        for name in ("train-a", "train-b"):
+            j = job()
+            j["metadata"]["name"] = name
+            await batch.create_namespaced_job("ml", j)
+        pods = []
+        for _ in range(200):
+            pods = (await core.list_namespaced_pod("ml")).items
+            if len(pods) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(pods) == 2, kube_api.job_errors
+
+        for p in pods:
+            raw = kube.sanitize_for_serialization(p)
+            assert raw["spec"]["hostAliases"] == [{"ip": "127.0.0.2", "hostnames": [
+                "download.tensorflow.org", "www.cs.toronto.edu", "images.cocodataset.org"]}]
+            workdir = tmp_path / raw["metadata"]["name"]
+            workdir.mkdir()
+            hosts = workdir / "hosts"
+            hosts.write_text(kubelet_hosts_file(raw))
+            command = raw["spec"]["containers"][0]["command"]  # the pod's own command, unchanged
+            assert command[0] == "wget"
+            script = f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && " \
+                     f"{shlex.quote(wget)} -q {' '.join(shlex.quote(a) for a in command[1:])}"
+            env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+            run = await asyncio.create_subprocess_exec(unshare, "-m", "sh", "-c", script, env=env,
+                                                       stdout=asyncio.subprocess.PIPE,
+                                                       stderr=asyncio.subprocess.STDOUT)
+            out, _ = await asyncio.wait_for(run.communicate(), 60)
+            assert run.returncode == 0, out.decode()
+            assert (workdir / "cifar-100-python.tar.gz").read_bytes() == payload
+        assert origin.requests[URL_PATH] == 1
+        assert "www.cs.toronto.edu" not in Path("/etc/hosts").read_text()  # only the pods' namespaces saw it
+    finally:
+        for p in processes:
+            await stop(p)
