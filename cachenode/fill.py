@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import IO, AsyncIterator, Awaitable, Callable
 
 import structlog
 
@@ -38,6 +39,15 @@ class Fill:
         self.meta: Meta | None = None  # set when committed
         self.error: NezhaError | None = None
         self._progress = asyncio.Event()
+
+    def open_reader(self) -> IO[bytes]:
+        """A file object of its own on the fill's bytes, valid whatever happens to the name."""
+        return os.fdopen(os.dup(self.temp.read_fd), "rb")
+
+    def close_reader(self) -> None:
+        if self.temp.read_fd >= 0:
+            os.close(self.temp.read_fd)
+            self.temp.read_fd = -1
 
     @property
     def written(self) -> int:
@@ -167,8 +177,13 @@ class Flights:
         flight.resolve(Outcome(Kind.FAILED, error=error))
 
 
-async def run_fill_in_background(flights: Flights, flight: Flight, work: Awaitable[Meta]) -> None:
-    """Keep the flight registered until the fill ends, so late requests join it."""
+async def run_fill_in_background(flights: Flights, flight: Flight, fill: Fill, work: Awaitable[Meta]) -> None:
+    """Keep the flight registered until the fill ends, so late requests join it.
+
+    The fill's reader descriptor is closed in the same step as the landing:
+    a request that joined the flight has already duplicated it, and none can
+    join afterwards.
+    """
     try:
         await work
     except NezhaError as e:
@@ -177,3 +192,4 @@ async def run_fill_in_background(flights: Flights, flight: Flight, work: Awaitab
         raise
     finally:
         flights.land(flight)
+        fill.close_reader()

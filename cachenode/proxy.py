@@ -349,7 +349,7 @@ class CacheNode:
                 self.handoff.replicate_soon(key, target)
             return stored
 
-        self.spawn(run_fill_in_background(self.flights, flight, work()))
+        self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
         return fill
 
     def _count(self, host: str, *, request: web.Request | None = None, metrics: bool = True,

@@ -170,8 +170,7 @@ class Responder:
 
     async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
         """Stream an object while the origin is still sending it."""
-        loop = asyncio.get_running_loop()
-        f = await loop.run_in_executor(None, self._open_fill, fill)
+        f = fill.open_reader()  # first, before any await: see run_fill_in_background
         try:
             access(request).cache = label
             size = fill.length
@@ -219,15 +218,6 @@ class Responder:
             return resp
         finally:
             f.close()
-
-    def _open_fill(self, fill: Fill) -> IO[bytes]:
-        # The temp file is renamed when the fill commits; fall back to its new name.
-        try:
-            return open(fill.temp.path, "rb")
-        except FileNotFoundError:
-            if fill.meta is None:
-                raise
-            return open(self.store.data_path(fill.meta), "rb")
 
     async def passthrough(self, request: web.Request, url: str, *, label: str,
                     response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:

@@ -69,10 +69,16 @@ class Meta:
 
 @dataclass
 class TempObject:
-    """A fill's file in tmp/. The writer owns `fd`; readers open `path`."""
+    """A fill's file in tmp/. The writer owns `fd`; readers duplicate `read_fd`.
+
+    `read_fd` is opened with the file, so a reader never depends on the
+    file's name, which changes when the fill commits and vanishes when it
+    fails. Its owner (the fill) closes it when no new reader can arrive.
+    """
 
     path: Path
     fd: int
+    read_fd: int
     written: int = 0
     reserved: int = 0
 
@@ -235,12 +241,20 @@ class Store:
     # -- writes --------------------------------------------------------------
     async def new_temp(self) -> TempObject:
         path = self.tmp / f"{secrets.token_hex(12)}.part"
+        def create() -> tuple[int, int]:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                return fd, os.open(path, os.O_RDONLY)
+            except OSError:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+                raise
+
         try:
-            fd = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            fd, read_fd = await asyncio.get_running_loop().run_in_executor(None, create)
         except OSError as e:
             raise StoreError(f"create {path}: {e}") from e
-        return TempObject(path=path, fd=fd)
+        return TempObject(path=path, fd=fd, read_fd=read_fd)
 
     async def write(self, temp: TempObject, data: bytes) -> None:
         def _write() -> None:

@@ -68,3 +68,31 @@ async def test_origin_without_content_length_is_streamed_chunked_and_stored(orig
     await node.node.settled()
     status, headers, got = await node.get(session, PATH)
     assert got == body and headers["X-Nezha-Cache"] == "hit" and headers["Content-Length"] == str(len(body))
+
+
+def open_files_under(root) -> list[str]:
+    import os
+
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            found.append(target)
+    return found
+
+
+async def test_no_descriptor_on_the_data_dir_outlives_its_fill_and_readers(origin, make_node, session):
+    for i in range(10):
+        origin.put(f"/fd/{i}", bytes([i]) * 200_000, die_after=100_000 if i % 3 == 0 else None)
+    node = await make_node()
+    await asyncio.gather(*(node.get(session, f"/fd/{i}") for i in range(10) for _ in range(3)),
+                         return_exceptions=True)
+    await node.node.settled()
+    for i in range(10):
+        if i % 3:  # the stored ones, read once more as hits
+            await node.get(session, f"/fd/{i}")
+    await asyncio.sleep(0.05)
+    assert open_files_under(node.node.store.root) == []
