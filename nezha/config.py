@@ -9,12 +9,14 @@ Each component gets its own class and receives it as `settings=`.
 from __future__ import annotations
 
 import contextvars
+import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict,
+                               SettingsError, YamlConfigSettingsSource)
 from yarl import URL
 
 from nezha.errors import ConfigError
@@ -106,8 +108,17 @@ class _Base(BaseSettings):
 
 
 def _origins(value: Any) -> Any:
+    """Origins as a list of HOST=URL strings or objects, a JSON text of either,
+    or (the handy form for NEZHA_ORIGINS) `host=url,host2=url2`."""
     if isinstance(value, str):
-        value = [s for s in value.split(",") if s.strip()]
+        text = value.strip()
+        if text.startswith(("[", "{")):
+            try:
+                value = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"origins: not valid JSON: {e}") from e
+        else:
+            value = [s.strip() for s in text.split(",") if s.strip()]
     if isinstance(value, dict):
         value = [{"host": h, "upstream": u} for h, u in value.items()]
     return [Origin.parse(v) if isinstance(v, str) else v for v in (value or [])]
@@ -118,7 +129,7 @@ class CacheSettings(_Base):
 
     listen: str = "127.0.0.1:8080"
     data_dir: Path = Path("./nezha-data")
-    origins: list[Origin] = Field(default_factory=list)
+    origins: Annotated[list[Origin], NoDecode] = Field(default_factory=list)
     capacity: int | None = None
     origin_connect_timeout: float = 5.0
     origin_read_timeout: float = 30.0
@@ -263,6 +274,8 @@ def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: 
             f"{'.'.join(str(p) for p in err['loc']) or cls.__name__}: {err['msg']}" for err in e.errors()
         )
         raise ConfigError(f"invalid {cls.__name__}: {problems}") from e
+    except SettingsError as e:
+        raise ConfigError(f"invalid {cls.__name__}: {e}: {e.__cause__}") from e
     finally:
         _yaml_file.reset(token)
 
