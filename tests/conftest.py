@@ -76,6 +76,17 @@ class RedisServer:
 
 
 @pytest.fixture
+async def origin(aiohttp_server):
+    """A local origin on 127.0.0.1 (tests.support_origin.TestOrigin), its URL in `.url`."""
+    from tests.support_origin import TestOrigin
+
+    o = TestOrigin()
+    server = await aiohttp_server(o.app(), host="127.0.0.1")
+    o.url = str(server.make_url("")).rstrip("/")
+    return o
+
+
+@pytest.fixture
 def redis_server(tmp_path: Path):
     server = RedisServer(require_tool("redis-server"), tmp_path)
     server.start()

@@ -8,17 +8,8 @@ import pytest
 
 from cachenode.app import build_app, build_node
 from nezha.config import CacheSettings, Origin
-from tests.support_origin import TestOrigin
 
 HOST = "www.cs.toronto.edu"
-
-
-@pytest.fixture
-async def origin(aiohttp_server):
-    o = TestOrigin()
-    server = await aiohttp_server(o.app(), host="127.0.0.1")
-    o.url = str(server.make_url("")).rstrip("/")
-    return o
 
 
 class Node:

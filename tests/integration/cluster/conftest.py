@@ -9,17 +9,8 @@ import pytest
 from cachenode.local_cluster import LocalCluster
 from nezha.config import Origin
 from tests.conftest import free_port
-from tests.support_origin import TestOrigin
 
 HOST = "www.cs.toronto.edu"
-
-
-@pytest.fixture
-async def origin(aiohttp_server):
-    o = TestOrigin()
-    server = await aiohttp_server(o.app(), host="127.0.0.1")
-    o.url = str(server.make_url("")).rstrip("/")
-    return o
 
 
 @pytest.fixture
