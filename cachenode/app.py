@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import structlog
 from aiohttp import web
@@ -13,6 +12,7 @@ from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log
 from cachenode.store import Store
 from nezha.config import CacheSettings
+from nezha.lifecycle import stop_on_signals
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -63,13 +63,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     await site.start()
     log.info("node_listening", listen=settings.listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    stop = stop_on_signals(stop)
     try:
         await stop.wait()
     finally:

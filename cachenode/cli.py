@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from pathlib import Path
 
 from nezha.config import CacheSettings, load
+from nezha.lifecycle import stop_on_signals
 from nezha.logs import configure
 
 
@@ -76,10 +76,7 @@ def run_up(args: argparse.Namespace) -> int:
     async def main() -> None:
         cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,
                                base_port=args.base_port, replicas=args.replicas, redis_url=args.redis_url)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         try:
             await cluster.start()
             print(f"index {cluster.redis_url}", flush=True)
