@@ -211,11 +211,15 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
     annotations = {**_strdict(own_meta.get("annotations")), **_strdict((pod_meta or {}).get("annotations"))}
 
     out = Patch()
-    if annotations.get(OPT_OUT, "").lower() == "false":
+    opt = annotations.get(OPT_OUT)
+    if opt is not None and opt.lower() == "false":
         return out
     matched = [r for r in rules if r.matches(labels=labels, namespace=namespace)]
     if not matched:
         return out
+    if opt is not None and opt.lower() != "true":
+        # Failing open: a typo in the opt-out must not stop the pod, but the user should hear of it.
+        out.warnings.append(f"annotation {OPT_OUT} is {opt!r}; expected \"true\" or \"false\"; treated as \"true\"")
 
     aliases = spec.get("hostAliases")
     if aliases is not None and not (isinstance(aliases, list) and all(isinstance(a, dict) for a in aliases)):

@@ -233,3 +233,9 @@ def test_the_original_nezha_configmap_parses_unchanged():
 def test_bad_rules_are_refused_naming_the_rule_and_field(text, why):
     with pytest.raises(RuleError, match=why):
         parse_rules(text)
+
+
+def test_an_opt_out_annotation_with_an_unknown_value_warns_and_injects():
+    result, patched = apply(pod(annotations={"nezha.io/inject": "no"}))
+    assert patched["spec"]["hostAliases"][0]["ip"] == "10.106.122.174"
+    assert result.warnings == ['annotation nezha.io/inject is \'no\'; expected "true" or "false"; treated as "true"']
