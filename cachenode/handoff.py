@@ -13,11 +13,18 @@ Internal endpoints (reachable only with a Host that names no origin):
 
 A drain is a hand-off to the ring without this node: the controller (or
 `nezha up`) runs it before removing a node, then publishes the new ring.
+
+These endpoints make the node send requests to addresses named in the
+request, so they are not for anyone who can reach the port: they need the
+shared `cluster_token` in `X-Nezha-Token`, and with no token configured they
+answer only to loopback clients (a local `nezha up`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,6 +58,26 @@ class Progress:
     errors: list[str] = field(default_factory=list)
 
 
+TOKEN_HEADER = "X-Nezha-Token"
+
+
+def refuse_internal(*, remote: str | None, token: str | None, presented: str | None) -> str | None:
+    """Why an internal request must be refused, or None to allow it. Pure."""
+    if token:
+        if presented is None:
+            return f"internal endpoint needs the cluster token in {TOKEN_HEADER}"
+        if not hmac.compare_digest(presented.encode(), token.encode()):
+            return f"wrong cluster token in {TOKEN_HEADER}"
+        return None
+    try:
+        loopback = remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return f"internal endpoints answer {remote} only when cluster_token is set on this node"
+    return None
+
+
 class Handoff:
     def __init__(self, *, node: "CacheNode", parallel: int = 4) -> None:
         self.node = node
@@ -61,6 +88,10 @@ class Handoff:
     # -- HTTP ------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
+        why = refuse_internal(remote=request.remote, token=self.node.settings.cluster_token,
+                              presented=request.headers.get(TOKEN_HEADER))
+        if why is not None:
+            raise web.HTTPForbidden(text=f"{why}\n")
         if path == "/_nezha/replicate" and request.method == "POST":
             return await self._replicate_endpoint(request)
         if path == "/_nezha/handoff" and request.method == "POST":
@@ -145,6 +176,12 @@ class Handoff:
         if others:
             self.node.spawn(self._push(others, target))
 
+    def internal_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.node.settings.cluster_token:
+            headers[TOKEN_HEADER] = self.node.settings.cluster_token
+        return headers
+
     async def _push(self, peers: list[Peer], target: Target) -> list[str]:
         return list(await asyncio.gather(*(self.ask_to_copy(p, target) for p in peers)))
 
@@ -152,7 +189,7 @@ class Handoff:
         body = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
         try:
             r = await self.node.origins.request(
-                "POST", peer.url + "/_nezha/replicate", headers={"Content-Type": "application/json"},
+                "POST", peer.url + "/_nezha/replicate", headers=self.internal_headers(),
                 what=f"peer {peer.id} replicate", json=body)
         except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
             log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))

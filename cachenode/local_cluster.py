@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class LocalCluster:
         self.log_level = log_level
         self.extra_args = extra_args
         self.nodes: dict[str, NodeProcess] = {}
+        self.token = secrets.token_hex(16)  # guards the nodes' internal endpoints
         self._stop_index = None
         self.index: Index | None = None
 
@@ -75,7 +77,9 @@ class LocalCluster:
         for o in self.origins:
             args += ["--origin", f"{o.host}={o.upstream}"]
         log = open(self.data_dir / f"{node_id}.log", "ab")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # The token travels in the environment, not argv, where `ps` would show it.
+        env = {**os.environ, "NEZHA_CLUSTER_TOKEN": self.token}
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         node = NodeProcess(node_id, address, folder, proc)
         self.nodes[node_id] = node
         return node
@@ -118,12 +122,13 @@ class LocalCluster:
         """Have `node_id` copy what it holds to its owners under `members`; wait for it."""
         node = self.nodes[node_id]
         async with aiohttp.ClientSession() as s:
-            async with s.post(node.url + "/_nezha/handoff", json={"nodes": members}) as r:
+            auth = {"X-Nezha-Token": self.token}
+            async with s.post(node.url + "/_nezha/handoff", json={"nodes": members}, headers=auth) as r:
                 if r.status != 202:
                     raise RuntimeError(f"{node_id} refused hand-off: {r.status} {await r.text()}")
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                async with s.get(node.url + "/_nezha/handoff") as r:
+                async with s.get(node.url + "/_nezha/handoff", headers=auth) as r:
                     progress = await r.json()
                 if progress["state"] == "done":
                     return progress

@@ -143,6 +143,9 @@ class CacheSettings(_Base):
     advertise: str | None = None
     replicas: int = 1
     peer_timeout: float = 1.0
+    # Shared secret for the internal /_nezha/* endpoints (replicate, hand-off).
+    # Without it they answer only to loopback clients.
+    cluster_token: str | None = Field(default=None, repr=False)
     stats_flush_interval: float = 1.0
     ring_refresh_interval: float = 5.0
 

@@ -199,3 +199,18 @@ async def test_large_relays_arrive_whole_and_never_stall(origin, cluster, sessio
         assert status == 200 and headers["X-Nezha-Cache"] == "peer-hit"
         assert hashlib.sha256(got).hexdigest() == digest
     assert origin.requests["/d/big.bin"] == 1
+
+
+async def test_with_a_cluster_token_internal_endpoints_refuse_callers_without_it(origin, cluster, session):
+    origin.put("/t/x", b"t" * 5000)
+    nodes, members = await cluster(2, replicas=2, cluster_token="s3cret")
+    for headers, status in (({}, 403), ({"X-Nezha-Token": "nope"}, 403)):
+        async with session.post(nodes["n0"].url + "/_nezha/handoff", json={"nodes": members.nodes},
+                                headers=headers) as r:
+            assert r.status == status and "token" in await r.text()
+    # Nodes that share the token still replicate to each other.
+    owners, _ = owner_and_other(nodes, "/t/x", replicas=2)
+    await nodes[owners[0]].get(session, "/t/x")
+    await asyncio.gather(*(n.node.settled() for n in nodes.values()))
+    assert all(key_of("/t/x") in n.node.store for n in nodes.values())
+    assert origin.requests["/t/x"] == 1
