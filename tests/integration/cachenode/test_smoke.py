@@ -1,4 +1,3 @@
-from tests.integration.cachenode.conftest import HOST
 
 
 async def test_second_download_is_a_hit_with_same_bytes(origin, make_node, session):
