@@ -69,8 +69,3 @@ class ClusterView:
     def peer(self, node_id: str) -> Peer | None:
         addr = self.snapshot.addresses.get(node_id)
         return Peer(node_id, addr) if addr else None
-
-    def owns(self, key: str) -> bool:
-        """True when this node must serve `key` itself (owner, or no ring)."""
-        owners = self.owners(key)
-        return not owners or any(p.id == self.node_id for p in owners)

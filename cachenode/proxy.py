@@ -145,16 +145,16 @@ class CacheNode:
             raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
         if fresh and self.index is not None:
             self.index.object_accessed(key)
-        if PEER_HEADER not in request.headers and not fresh and not self.cluster.owns(key):
-            relayed = await self.relay.relay(request, self.cluster.owners(key), target=target)
+        owners = [] if PEER_HEADER in request.headers or fresh else self.cluster.owners(key)
+        if owners and all(p.id != self.node_id for p in owners):
+            relayed = await self.relay.relay(request, owners, target=target)
             if relayed is not None:
                 record = access(request)
-                outcome = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",
-                           "peer-miss": "misses", "peer-miss-joined": "misses"}.get(record.cache or "")
+                outcome = _RELAY_OUTCOME.get(record.cache or "")
                 self._count(target.host, metrics=False, bytes_served=record.bytes,
                             **({outcome: 1} if outcome else {}))
                 return relayed
-            log.warning("owners_unreachable", key=key, owners=[p.id for p in self.cluster.owners(key)])
+            log.warning("owners_unreachable", key=key, owners=[p.id for p in owners])
         if request.method == "HEAD":
             if fresh:
                 return await self.respond.hit(request, meta, label="hit")
@@ -374,6 +374,9 @@ class CacheNode:
 
 
 _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
+# The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
+_RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",
+                  "peer-miss": "misses", "peer-miss-joined": "misses"}
 
 
 @web.middleware
