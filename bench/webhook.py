@@ -20,6 +20,10 @@ The last line is machine-readable:
 
 Target (issue 5): p99 < 10 ms, 0 errors. Everything on 127.0.0.1. Needs trustme
 and psutil (the test extras). Not collected by pytest.
+
+This file shares its name with the `webhook` package and must not import it:
+run as a script, bench/ comes first on sys.path. The server under test is a
+separate `python -m nezha webhook` process started from the repository root.
 """
 
 from __future__ import annotations

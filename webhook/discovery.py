@@ -21,16 +21,23 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
+from nezha.errors import ConfigError
+
 log = structlog.get_logger("nezha.webhook.discovery")
 
 
 async def api_client(*, kubeconfig: Path | None = None) -> client.ApiClient:
     """An ApiClient from a kubeconfig file, else from the pod's service account."""
     configuration = client.Configuration()
-    if kubeconfig is not None:
-        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
+    try:
+        if kubeconfig is not None:
+            await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (config.ConfigException, OSError) as e:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "the in-cluster service account"
+        raise ConfigError(f"cannot reach the Kubernetes API through {where}: {e}; outside a cluster pass "
+                          "--kubeconfig, or --cache-ip to name the cache address") from e
     return client.ApiClient(configuration=configuration)
 
 

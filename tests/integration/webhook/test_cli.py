@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,3 +51,13 @@ def test_a_rules_file_that_does_not_parse_stops_start_up_naming_it(tls, tmp_path
                            "--cache-ip", "10.96.0.10"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert f"rules file {bad}: rule 'r': hostAliases[0].ip is not an IP address: 'nope'" in proc.stderr
+
+
+def test_without_cache_ip_or_cluster_access_the_command_says_what_to_pass(tls, rules_file):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "NEZHA_"))}
+    proc = subprocess.run([sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{free_port()}",
+                           "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules_file)],
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot reach the Kubernetes API through the in-cluster service account" in proc.stderr
+    assert "--cache-ip" in proc.stderr

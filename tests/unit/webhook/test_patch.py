@@ -239,3 +239,23 @@ def test_an_opt_out_annotation_with_an_unknown_value_warns_and_injects():
     result, patched = apply(pod(annotations={"nezha.io/inject": "no"}))
     assert patched["spec"]["hostAliases"][0]["ip"] == "10.106.122.174"
     assert result.warnings == ['annotation nezha.io/inject is \'no\'; expected "true" or "false"; treated as "true"']
+
+
+@pytest.mark.parametrize("kind,api_version,wrap", [
+    ("Deployment", "apps/v1", lambda t: {"replicas": 1, "selector": {"matchLabels": {"app": "x"}}, "template": t}),
+    ("StatefulSet", "apps/v1", lambda t: {"serviceName": "x", "selector": {"matchLabels": {"app": "x"}},
+                                          "template": t}),
+    ("CronJob", "batch/v1", lambda t: {"schedule": "@daily", "jobTemplate": {"spec": {"template": t}}}),
+])
+def test_workload_templates_are_patched_at_their_pod_template(kind, api_version, wrap):
+    template = {"metadata": {"labels": {KEY: "ksonnet", "app": "x"}},
+                "spec": {"restartPolicy": "OnFailure" if kind == "CronJob" else "Always",
+                         "containers": [{"name": "c", "image": "busybox"}]}}
+    obj = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "w", "namespace": "ml"},
+           "spec": wrap(template)}
+    result, patched = apply(obj, kind)
+    spec = patched["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else patched["spec"]
+    assert spec["template"]["spec"]["hostAliases"] == [{"ip": "10.106.122.174", "hostnames": HOSTS}]
+    assert spec["template"]["metadata"]["annotations"] == {INJECTED: "dataset"}
+    validate(patched)
+    assert apply(patched, kind)[0].ops == []
