@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import ssl
 from dataclasses import replace
 
@@ -13,7 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.conftest import free_port
-from tests.integration.webhook.registration import namespace, register
+from tests.integration.webhook.registration import configuration, namespace, register
 from tests.integration.webhook.reviews import job, pod
 
 CACHE = {"ip": "10.106.122.174", "hostnames": ["download.tensorflow.org", "www.cs.toronto.edu"]}
@@ -140,3 +142,41 @@ async def test_the_webhooks_warnings_reach_the_client(kube, kube_api, webhook, t
     core = client.CoreV1Api(kube)
     _, code, headers = await core.create_namespaced_pod_with_http_info("ml", pod())
     assert code == 201 and "cache Service IP is not known" in headers["Warning"]
+
+
+@pytest.fixture
+async def sidecar_webhook(tls):
+    """Another mutating webhook that adds a sidecar container, as service meshes do."""
+    async def handler(request):
+        req = (await request.json())["request"]
+        ops = [{"op": "add", "path": "/spec/containers/-", "value": {"name": "sidecar", "image": "envoy"}}]
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": req["uid"], "allowed": True, "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(ops).encode()).decode()}})
+
+    app = web.Application()
+    app.router.add_post("/mutate", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tls.cert, tls.key)
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx).start()
+    yield f"https://127.0.0.1:{port}/mutate"
+    await runner.cleanup()
+
+
+async def test_a_later_webhook_change_reinvokes_nezha_which_changes_nothing(kube, kube_api, webhook, tls,
+                                                                          sidecar_webhook):
+    await namespace(kube, "ml")
+    await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"{webhook.url}/mutate")
+    sidecar = configuration(ca_pem=tls.ca.cert_pem.bytes(), url=sidecar_webhook, name="sidecar.example.com",
+                            reinvocationPolicy="Never")
+    sidecar["metadata"]["name"] = "zz-sidecar"  # configurations run in name order: after nezha's
+    await client.AdmissionregistrationV1Api(kube).create_mutating_webhook_configuration(sidecar)
+    stored = await client.CoreV1Api(kube).create_namespaced_pod("ml", pod())
+    assert [(c.webhook, c.outcome) for c in kube_api.admission_calls] == [
+        ("pods.webhook.nezha.io", "patched"), ("sidecar.example.com", "patched"),
+        ("pods.webhook.nezha.io", "unchanged")]
+    assert [c.name for c in stored.spec.containers] == ["train", "sidecar"]
+    assert [a.to_dict() for a in stored.spec.host_aliases] == [CACHE]
