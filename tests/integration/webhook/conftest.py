@@ -76,4 +76,4 @@ async def client(tls: TLSFiles):
         yield session
 
 
-from tests.kubeapi.fixtures import kube, kube_api  # noqa: E402,F401  (fixtures)
+from tests.kubeapi.fixtures import kube, kube_api, kube_target  # noqa: E402,F401  (fixtures)

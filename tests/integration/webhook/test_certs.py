@@ -1,4 +1,7 @@
-"""`nezha webhook certs` against the API double: mint, store, patch caBundle, renew only when due."""
+"""`nezha webhook certs` against the API double: mint, store, patch caBundle, renew only when due.
+
+Double only (they take `kube_api`): against a real cluster they would register a webhook there.
+"""
 
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ async def test_a_second_run_with_valid_certificates_writes_nothing(kube, kube_ap
     assert kube_api.rv == before
 
 
-async def test_the_serving_certificate_is_renewed_within_renew_days_of_expiry_and_the_ca_kept(kube):
+async def test_the_serving_certificate_is_renewed_within_renew_days_of_expiry_and_the_ca_kept(kube_api, kube):
     await install(kube)
     await ensure_certs(api=kube, settings=SETTINGS, now=NOW)
     _, old = await secret(kube, "nezha-webhook-tls")
@@ -93,7 +96,7 @@ async def test_the_serving_certificate_is_renewed_within_renew_days_of_expiry_an
     assert await ca_bundle(kube) == bundle
 
 
-async def test_a_rotated_ca_keeps_the_previous_one_in_the_bundle_while_it_is_valid(kube):
+async def test_a_rotated_ca_keeps_the_previous_one_in_the_bundle_while_it_is_valid(kube_api, kube):
     await install(kube)
     await ensure_certs(api=kube, settings=SETTINGS, now=NOW)
     _, first = await secret(kube, "nezha-webhook-tls")
@@ -105,7 +108,7 @@ async def test_a_rotated_ca_keeps_the_previous_one_in_the_bundle_while_it_is_val
     assert await ca_bundle(kube) == second["ca.crt"] + first["ca.crt"]
 
 
-async def test_a_missing_webhook_configuration_is_named(kube):
+async def test_a_missing_webhook_configuration_is_named(kube_api, kube):
     await namespace(kube, "nezha")
     with pytest.raises(ConfigError, match="MutatingWebhookConfiguration nezha-webhook not found"):
         await ensure_certs(api=kube, settings=SETTINGS, now=NOW)
