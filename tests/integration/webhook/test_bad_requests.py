@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.integration.webhook.reviews import pod, review
 
@@ -73,3 +74,12 @@ async def test_the_server_keeps_answering_after_bad_requests(webhook, client):
         assert r.status == 400
     async with client.post(f"{webhook.url}/mutate", json=review(pod())) as r:
         assert r.status == 200 and (await r.json())["response"]["allowed"] is True
+
+
+async def test_an_unexpected_error_is_one_line_and_logged_not_a_traceback_page(webhook, client):
+    webhook.rules_file.rules = None  # breaks review() inside the handler
+    with capture_logs() as logs:
+        async with client.post(f"{webhook.url}/mutate", json=review(pod())) as r:
+            text = await r.text()
+    assert r.status == 500 and text == "internal error: TypeError\n"
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["request_failed"]
