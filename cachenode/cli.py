@@ -56,7 +56,7 @@ def run_cache(args: argparse.Namespace) -> int:
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "log_level"]))
-    configure(level=settings.log_level)
+    configure(level=settings.log_level, cache_loggers=True)
     asyncio.run(serve(settings))
     return 0
 

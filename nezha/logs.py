@@ -12,7 +12,10 @@ import sys
 import structlog
 
 
-def configure(*, level: str = "info", json: bool = True, stream=None) -> None:
+def configure(*, level: str = "info", json: bool = True, stream=None, cache_loggers: bool = False) -> None:
+    """`cache_loggers` binds each module's logger once, on first use: worth it
+    in a server's hot path (rebinding showed in profiles), wrong for commands
+    run in-process by tests, whose output streams come and go."""
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
         lvl = logging.INFO
@@ -27,8 +30,7 @@ def configure(*, level: str = "info", json: bool = True, stream=None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
-        # Cached: rebinding the lazy logger proxy on every call showed in profiles.
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache_loggers,
     )
     # Libraries (aiohttp, asyncio) log through the standard library; keep them
     # on stderr at warning level so stdout stays one JSON event per line.
