@@ -11,7 +11,11 @@ import trustme
 from cryptography import x509
 from structlog.testing import capture_logs
 
+from nezha.config import WebhookSettings
+from tests.conftest import free_port
+from tests.integration.webhook.conftest import RULES
 from tests.integration.webhook.reviews import patched, pod, review
+from webhook.server import build_webhook, start
 
 
 async def eventually(check, timeout=5.0):
@@ -117,3 +121,30 @@ async def test_a_half_written_pair_is_not_adopted(webhook, tls):
 
         await eventually(failed)
     assert (await served_certificate(webhook, tls.client_context())).serial_number == before.serial_number
+
+
+async def test_a_configmap_volume_update_by_symlink_swap_is_picked_up(tls, tmp_path, client):
+    """kubelet updates a ConfigMap volume by pointing `..data` at a new folder; the file's own path stays."""
+    volume = tmp_path / "volume"
+    (volume / "..2026_11_22_v1").mkdir(parents=True)
+    (volume / "..2026_11_22_v1" / "config").write_text(RULES)
+    (volume / "..data").symlink_to("..2026_11_22_v1")
+    (volume / "config").symlink_to("..data/config")
+    settings = WebhookSettings(listen=f"127.0.0.1:{free_port()}", tls_cert=tls.cert, tls_key=tls.key,
+                               rules=volume / "config", cache_ip="10.96.0.10", rules_reload_interval=0.05)
+    hook = build_webhook(settings)
+    runner = await start(hook)
+    hook.url = f"https://127.0.0.1:{settings.listen_addr[1]}"
+    try:
+        assert (await aliases(client, hook))[0]["ip"] == "10.106.122.174"
+        (volume / "..2026_11_22_v2").mkdir()
+        (volume / "..2026_11_22_v2" / "config").write_text(RULES.replace("10.106.122.174", "10.7.7.7"))
+        (volume / "..data_tmp").symlink_to("..2026_11_22_v2")
+        (volume / "..data_tmp").rename(volume / "..data")  # atomic, as kubelet does
+
+        async def swapped():
+            return (await aliases(client, hook))[0]["ip"] == "10.7.7.7"
+
+        await eventually(swapped)
+    finally:
+        await runner.cleanup()
