@@ -95,7 +95,8 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
     origin = TestOrigin()
     origin.put(URL_PATH, payload)
     origin_server = await aiohttp_server(origin.app())
-    with socket.socket() as s:  # port 80 on 127.0.0.2 must be ours
+    with socket.socket() as s:  # nothing else may listen on 127.0.0.2:80 (TIME_WAIT of an earlier run is fine)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.2", 80))
     assert "www.cs.toronto.edu" not in Path("/etc/hosts").read_text()  # else hostAliases would prove nothing
 
