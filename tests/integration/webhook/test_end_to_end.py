@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -159,11 +160,18 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
             script = f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && " \
                      f"{shlex.quote(wget)} -q {' '.join(shlex.quote(a) for a in command[1:])}"
             env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-            run = await asyncio.create_subprocess_exec(unshare, "-m", "sh", "-c", script, env=env,
-                                                       stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.STDOUT)
-            out, _ = await asyncio.wait_for(run.communicate(), 60)
-            assert run.returncode == 0, out.decode()
+            # Output to a file, not a pipe, and in its own session: a hung wget is killed with its shell.
+            wget_log = workdir / "wget.log"
+            with open(wget_log, "wb") as out:
+                run = await asyncio.create_subprocess_exec(unshare, "-m", "sh", "-c", script, env=env, stdout=out,
+                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            try:
+                await asyncio.wait_for(run.wait(), 30)
+            except asyncio.TimeoutError:
+                os.killpg(run.pid, signal.SIGKILL)
+                await run.wait()
+                raise AssertionError(f"wget did not finish in 30 s; cache log: {cache_log.read_text()[-3000:]}")
+            assert run.returncode == 0, f"{wget_log.read_text()}\ncache log: {cache_log.read_text()[-3000:]}"
             assert (workdir / "cifar-100-python.tar.gz").read_bytes() == payload
         assert origin.requests[URL_PATH] == 1
         assert "www.cs.toronto.edu" not in Path("/etc/hosts").read_text()  # only the pods' namespaces saw it
