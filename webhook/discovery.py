@@ -81,7 +81,7 @@ class ServiceWatcher:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 log.warning("service_watch_failed", service=f"{self.namespace}/{self.name}",
                             error=f"{type(e).__name__}: {e}")
-            except Exception:  # noqa: BLE001 - a dead watcher would leave the IP stale forever
+            except Exception:  # a dead watcher would leave the IP stale forever
                 log.exception("service_watch_failed", service=f"{self.namespace}/{self.name}")
             await asyncio.sleep(self.retry_delay)
 

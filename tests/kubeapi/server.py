@@ -28,7 +28,6 @@ import copy
 import datetime as dt
 import json
 import random
-import string
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -521,9 +520,9 @@ class KubeAPI:
             elif ctype == "application/strategic-merge-patch+json":
                 new = merge_patch(base, patch, strategic=True)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
-                               f"accepted media types include: application/json-patch+json, "
-                               f"application/merge-patch+json, application/strategic-merge-patch+json")
+                raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                               "accepted media types include: application/json-patch+json, "
+                               "application/merge-patch+json, application/strategic-merge-patch+json")
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
             raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}")
         want = (new.get("metadata") or {}).get("resourceVersion") if isinstance(new, dict) else None
