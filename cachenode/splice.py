@@ -54,6 +54,20 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool, timeo
         remove(fd)
 
 
+def _take(transport: asyncio.Transport) -> None:
+    """Stop `transport` reading for the rest of its life (it is closed after the splice).
+
+    Pausing alone is not enough: aiohttp pools connections, and the reader of
+    a previous response on this connection (a replication copy still draining
+    its buffer after the connection went back to the pool) may call
+    `resume_reading()` on it later. A resumed transport would swallow the
+    bytes being spliced into a buffer nobody reads, and the relay would wait
+    for them until its read timeout.
+    """
+    transport.pause_reading()
+    transport.resume_reading = lambda: None  # type: ignore[method-assign]
+
+
 async def splice_body(response: aiohttp.ClientResponse, request: web.Request, out: web.StreamResponse, *,
                       read_timeout: float, on_bytes: Callable[[int], None]) -> None:
     """Send the rest of `response`'s body to the client.
@@ -72,7 +86,7 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     # transport is paused only after, with no await in between: from then on
     # every byte on the socket is ours to splice.
     buffered = response.content.read_nowait(-1)
-    upstream.pause_reading()
+    _take(upstream)
     if buffered:
         await out.write(buffered)
         on_bytes(len(buffered))
