@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 from aiohttp import web
 
+from cachenode.fastpath import FastPath
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log
@@ -52,20 +54,75 @@ def build_app(node: CacheNode) -> web.Application:
     return app
 
 
+class Listener:
+    """A node's listening socket: the fast path in front of aiohttp (or aiohttp alone).
+
+    Connections still on the fast path are closed after `idle_timeout` without
+    a byte from the client, as aiohttp closes its idle keep-alive ones after
+    the same time, so idle or half-sent requests cannot pile up.
+    """
+
+    def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0) -> None:  # aiohttp's default
+        self.node = node
+        self.idle_timeout = idle_timeout
+        self.runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False,
+                                    keepalive_timeout=idle_timeout)
+        self._server: asyncio.AbstractServer | None = None
+        self._site: web.TCPSite | None = None
+        self._sweeper: asyncio.Task | None = None
+        self._connections: set[FastPath] = set()
+        self.host = ""
+        self.port = 0
+        self._closed = False
+
+    async def start(self, host: str, port: int) -> None:
+        self.host = host
+        await self.runner.setup()
+        if self.node.settings.fast_hits:
+            aiohttp_protocol = self.runner.server
+            assert aiohttp_protocol is not None
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: FastPath(node=self.node, aiohttp_protocol=aiohttp_protocol, connections=self._connections),
+                host, port, reuse_address=True)
+            self.port = self._server.sockets[0].getsockname()[1]
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        else:
+            self._site = web.TCPSite(self.runner, host, port, reuse_address=True)
+            await self._site.start()
+            self.port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(10.0, self.idle_timeout / 2))
+            cutoff = time.monotonic() - self.idle_timeout
+            for conn in [c for c in self._connections if c.idle and c.last_active < cutoff]:
+                conn.close()
+
+    async def close(self) -> None:
+        """Stop listening, close client connections, stop the node. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._connections):
+                conn.close()
+        await self.runner.cleanup()
+
+
 async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -> None:
     """Run one node until SIGINT/SIGTERM (or `stop` is set)."""
-    node = build_node(settings)
-    app = build_app(node)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
+    listener = Listener(build_node(settings))
     host, port = settings.listen_addr
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    await listener.start(host, port)
     log.info("node_listening", listen=settings.listen, data_dir=str(settings.data_dir),
-             origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity)
+             origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
+             fast_hits=settings.fast_hits)
     stop = stop_on_signals(stop)
     try:
         await stop.wait()
     finally:
         log.info("node_stopping", listen=settings.listen)
-        await runner.cleanup()
+        await listener.close()

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from cachenode.access import access
 from cachenode.cluster import ClusterView
+from cachenode.fastpath import response_head
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
@@ -67,6 +68,10 @@ class CacheNode:
         self._tasks: set[asyncio.Task] = set()
         self._ready = False
         self.handoff = Handoff(node=self)
+        self._hit_requests = self.metrics.requests.labels(cache="hit")
+        # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
+        self._plain_keys: dict[tuple[str, str], str] = {}
+        self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
         self.respond = Responder(settings=settings, store=store, origins=origins, count=self._count)
 
     # -- lifecycle -----------------------------------------------------------
@@ -160,6 +165,46 @@ class CacheNode:
                 return await self.respond.hit(request, meta, label="hit")
             return await self.respond.passthrough(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
+
+    # -- the fast path's two questions (cachenode/fastpath.py) -------------------
+    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+        """The fresh stored object a plain GET/HEAD asks for, with its response
+        head and data path, if this node serves it itself as `handle()` would (a
+        fresh local copy is served whoever owns the key). None sends the request
+        through the full handler."""
+        key = self._plain_keys.get((raw_target, host_header))
+        if key is None:
+            if not self._names_origin(host_header):
+                return None
+            try:
+                target = parse_target(raw_target, host_header)
+            except BadTarget:
+                return None
+            origin = self._table.get(target.host)  # an absolute URI may name another host
+            if origin is None:
+                return None
+            key = cache_key(target, volatile_params=origin.volatile_params)
+            if len(self._plain_keys) >= _PLAIN_CACHE:
+                self._plain_keys.clear()
+            self._plain_keys[(raw_target, host_header)] = key
+        meta = self.store.lookup(key)
+        if meta is None or not meta.fresh(self._clock()):
+            return None
+        prepared = self._plain_heads.get(key)
+        if prepared is None or prepared[0] is not meta:
+            if len(self._plain_heads) >= _PLAIN_CACHE:
+                self._plain_heads.clear()
+            prepared = self._plain_heads[key] = (meta, response_head(meta), self.store.data_path(meta))
+        return prepared
+
+    def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float) -> None:
+        """Count and log a fast-path hit exactly as the handler would."""
+        self._count(meta.host, hits=1, bytes_served=sent)
+        if self.index is not None:
+            self.index.object_accessed(meta.key)
+        self._hit_requests.inc()
+        log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache="hit",
+                 bytes=sent, ms=round(ms, 2), fast=True)
 
     def _names_origin(self, host_header: str | None) -> bool:
         if not host_header:
@@ -373,6 +418,7 @@ class CacheNode:
                 self.index.count(host, **deltas)
 
 
+_PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
 _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
 _RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",

@@ -137,6 +137,8 @@ class CacheSettings(_Base):
     # Send stored objects with sendfile(2); off falls back to read+write
     # (for filesystems or transports without sendfile, and to test both paths).
     sendfile: bool = True
+    # Answer plain GET/HEAD hits below aiohttp (cachenode/fastpath.py).
+    fast_hits: bool = True
     # Cluster membership; all optional so a node runs alone.
     redis_url: str | None = None
     node_id: str | None = None

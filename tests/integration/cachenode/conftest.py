@@ -6,17 +6,19 @@ import aiohttp
 from multidict import CIMultiDict  # noqa: F401  (type of returned headers)
 import pytest
 
-from cachenode.app import build_app, build_node
+from cachenode.app import Listener, build_node
 from nezha.config import CacheSettings, Origin
 
 HOST = "www.cs.toronto.edu"
 
 
 class Node:
-    def __init__(self, server, node) -> None:
+    """A node listening on 127.0.0.1 exactly as `nezha cache` does (fast path in front)."""
+
+    def __init__(self, server: Listener, node) -> None:
         self.server = server
         self.node = node
-        self.url = str(server.make_url("")).rstrip("/")
+        self.url = f"http://127.0.0.1:{server.port}"
 
     async def get(self, session: aiohttp.ClientSession, path: str, *, host: str = HOST, method: str = "GET",
                   headers: dict | None = None) -> tuple[int, "CIMultiDict[str]", bytes]:
@@ -26,7 +28,9 @@ class Node:
 
 
 @pytest.fixture
-def make_node(aiohttp_server, origin, tmp_path: Path):
+async def make_node(origin, tmp_path: Path):
+    listeners: list[Listener] = []
+
     async def make(*, data_dir: Path | None = None, **settings) -> Node:
         s = CacheSettings(
             listen="127.0.0.1:0",
@@ -35,10 +39,14 @@ def make_node(aiohttp_server, origin, tmp_path: Path):
             **settings,
         )
         node = build_node(s)
-        server = await aiohttp_server(build_app(node), host="127.0.0.1")
-        return Node(server, node)
+        listener = Listener(node)
+        await listener.start("127.0.0.1", 0)
+        listeners.append(listener)
+        return Node(listener, node)
 
-    return make
+    yield make
+    for listener in listeners:
+        await listener.close()
 
 
 @pytest.fixture

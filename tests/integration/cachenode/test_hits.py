@@ -6,11 +6,14 @@ PATH = "/~kriz/cifar-10-python.tar.gz"
 BODY = bytes(range(256)) * 1000
 
 
-@pytest.fixture(params=[True, False], ids=["sendfile", "read-write"])
+@pytest.fixture(params=[(True, True), (True, False), (False, False)],
+                ids=["fast-path", "aiohttp-sendfile", "aiohttp-read-write"])
 async def warm(request, origin, make_node, session):
-    """A node holding PATH, serving it by sendfile or by the read+write fallback."""
+    """A node holding PATH, serving plain hits on the fast path, or all in aiohttp
+    by sendfile or by the read+write fallback."""
     origin.put(PATH, BODY, headers={"Content-Type": "application/x-gzip"})
-    node = await make_node(sendfile=request.param)
+    fast, sendfile = request.param
+    node = await make_node(sendfile=sendfile, fast_hits=fast)
     await node.get(session, PATH)
     await node.node.settled()
     return node
@@ -89,3 +92,51 @@ async def test_absolute_uri_proxy_form_is_served(origin, warm, session):
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and body == BODY
+
+
+async def test_one_connection_moves_from_fast_path_to_aiohttp_and_stays_correct(origin, make_node, session):
+    """Plain hit, then a Range request (handed to aiohttp), then plain again, pipelined."""
+    import asyncio
+
+    origin.put(PATH, BODY)
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    plain = f"GET {PATH} HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n\r\n".encode()
+    ranged = f"GET {PATH} HTTP/1.1\r\nHost: www.cs.toronto.edu\r\nRange: bytes=0-9\r\n\r\n".encode()
+    writer.write(plain + ranged + plain)
+    await writer.drain()
+    bodies = []
+    for _ in range(3):
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        length = int(next(v for k, _, v in (line.partition(": ") for line in head.split("\r\n"))
+                          if k.lower() == "content-length"))
+        bodies.append((head.split(" ")[1], await reader.readexactly(length)))
+    writer.close()
+    assert bodies == [("200", BODY), ("206", BODY[:10]), ("200", BODY)]
+
+
+async def test_fast_path_and_aiohttp_send_the_same_headers_for_a_hit(origin, make_node, session):
+    origin.put(PATH, BODY, headers={"Content-Type": "application/x-gzip", "Cache-Control": "max-age=600"})
+    fast = await make_node(fast_hits=True)
+    slow = await make_node(fast_hits=False, data_dir=fast.node.store.root.parent / "slow")
+    import asyncio
+
+    import aiohttp
+    from structlog.testing import capture_logs
+
+    seen = []
+    for node in (fast, slow):
+        await node.get(session, PATH)
+        await node.node.settled()
+        with capture_logs() as logs:
+            # A new connection: the one that carried the miss was handed to aiohttp for good.
+            async with aiohttp.ClientSession(auto_decompress=False) as fresh:
+                status, headers, body = await node.get(fresh, PATH)
+            await asyncio.sleep(0.1)  # the server logs once its write completes
+        assert status == 200 and body == BODY
+        served_fast = [e for e in logs if e["event"] == "request_completed" and e.get("fast")]
+        assert len(served_fast) == (1 if node is fast else 0)
+        seen.append({k: v for k, v in headers.items() if k not in ("Date", "Server")})
+    assert seen[0] == seen[1]

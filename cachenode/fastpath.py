@@ -1,0 +1,249 @@
+"""Plain GET/HEAD hits served below aiohttp; everything else handed to aiohttp.
+
+Most dataset traffic is the same request again and again: `GET /path`,
+`Host:` a dataset host, no range, no validators, no credentials, and the
+object fresh on this node's disk. For a 100 KiB object aiohttp's
+per-request machinery (request object, middleware, response object,
+`loop.sendfile` futures) costs several times the sendfile itself, so such a
+request is answered here, inside `data_received`: the head (cached per
+stored object) with one `write(2)`, the body with one `sendfile(2)`, and a
+task only when the socket does not take the whole body at once.
+
+Only what `parse_plain` accepts comes here, and it accepts little: HTTP/1.1,
+GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a
+header not on the list, a miss, a range, a peer or internal request, an
+error, TLS) hands the connection, with every byte received so far, to
+aiohttp's own protocol, which serves it and the rest of that connection. A
+handed-off connection never comes back, so the fast path cannot change the
+meaning of any request it does not fully understand, and a request with a
+body (Content-Length, Transfer-Encoding) can never be split differently by
+the two parsers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import TYPE_CHECKING, Callable
+
+from cachenode.serve import CACHE_HEADER
+from cachenode.store import Meta
+
+if TYPE_CHECKING:
+    from cachenode.proxy import CacheNode
+
+MAX_HEAD = 8192
+# Pipelined requests are not read while a body is still going out:
+# `loop.sendfile` pauses reading until it is done, so at most one read's worth
+# of bytes waits in the buffer (tests/integration/cachenode/test_fastpath.py).
+# Headers a plain hit may carry; any other sends the request to aiohttp.
+ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection"})
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(frozen=True)
+class PlainRequest:
+    method: str
+    target: str
+    host: str
+    size: int  # bytes of the request head, blank line included
+
+
+def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
+    """The request at the start of `buf` if it is plain; None if more bytes are
+    needed; False if it is not plain (aiohttp must parse it). Pure."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        return None if len(buf) < MAX_HEAD else False
+    try:
+        head = buf[:end].decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    lines = head.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
+        return False
+    host = None
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or not _TOKEN.issuperset(name):
+            return False  # also folded lines, which start with a space
+        lname = name.lower()
+        if lname not in ALLOWED:
+            return False
+        value = value.strip(" \t")
+        if not value.isprintable():
+            return False
+        if lname == "host":
+            if host is not None:
+                return False
+            host = value
+        elif lname == "connection" and value.lower() != "keep-alive":
+            return False
+    if not host:
+        return False
+    return PlainRequest(parts[0], parts[1], host, end + 4)
+
+
+_date_cache: list = [0, b""]
+
+
+def _http_date() -> bytes:
+    """The Date header line, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[:] = [now, f"Date: {formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")]
+    return _date_cache[1]
+
+
+def response_head(meta: Meta) -> bytes:
+    """Status line and headers of a 200 for `meta`, without the Date line."""
+    lines = ["HTTP/1.1 200 OK"]
+    lines += [f"{k}: {v}" for k, v in meta.headers.items()]
+    lines += ["Accept-Ranges: bytes", f"{CACHE_HEADER}: hit", f"Content-Length: {meta.size}", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+class FastPath(asyncio.Protocol):
+    """One client connection: plain hits here, the rest handed to aiohttp."""
+
+    def __init__(self, *, node: "CacheNode", aiohttp_protocol: Callable[[], asyncio.Protocol],
+                 connections: set) -> None:
+        self.node = node
+        self._aiohttp_protocol = aiohttp_protocol
+        self._connections = connections
+        self.transport: asyncio.Transport | None = None
+        self._fd = -1
+        self._buf = bytearray()
+        self._serving: asyncio.Task | None = None
+        self._eof = False
+        self.last_active = time.monotonic()
+
+    # -- asyncio.Protocol ----------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._fd = sock.fileno()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        self.transport = None
+        if self._serving is not None:
+            self._serving.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        self._buf += data
+        if self._serving is None:
+            self._next()
+
+    def eof_received(self) -> bool:
+        # Requests already received are still answered; the connection closes after them.
+        self._eof = True
+        if self._serving is None:
+            self._next()
+        return True
+
+    # -- control -----------------------------------------------------------------
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return self._serving is None and self.transport is not None
+
+    def _next(self) -> None:
+        """Answer complete plain hits at the head of the buffer, in order."""
+        while self._serving is None and self.transport is not None:
+            if not self._buf:
+                break
+            req = parse_plain(self._buf)
+            if req is None:
+                break
+            hit = self.node.plain_hit(req.target, req.host) if req is not False else None
+            if hit is None:
+                self._hand_off()
+                return
+            if not self._serve(req, *hit):
+                return
+        if self._eof and self._serving is None and self.transport is not None:
+            self.transport.close()
+
+    def _hand_off(self) -> None:
+        """aiohttp takes the connection and every byte not yet answered, for good."""
+        transport, self.transport = self.transport, None
+        self._connections.discard(self)
+        protocol = self._aiohttp_protocol()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self._buf:
+            protocol.data_received(bytes(self._buf))
+        self._buf = bytearray()
+        if self._eof and not protocol.eof_received():
+            transport.close()
+
+    # -- one hit ---------------------------------------------------------------
+    def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str) -> bool:
+        """Send one hit. True if it is complete and the next request may follow."""
+        started = time.monotonic()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._hand_off()  # evicted or replaced since the lookup: aiohttp serves it as a miss
+            return False
+        del self._buf[:req.size]
+        transport = self.transport
+        head += _http_date()
+        size = meta.size if req.method == "GET" else 0
+        sent = 0
+        try:
+            if self._fd >= 0 and not transport.get_write_buffer_size():
+                try:
+                    n = os.write(self._fd, head)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                if n < len(head):
+                    transport.write(head[n:])
+                elif size:
+                    try:
+                        sent = os.sendfile(self._fd, fd, 0, size)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+            else:
+                transport.write(head)
+        except OSError:
+            os.close(fd)
+            transport.abort()  # the client went away; connection_lost follows
+            return False
+        if sent >= size:
+            os.close(fd)
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+                                    ms=(time.monotonic() - started) * 1000)
+            return True
+        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, fd, sent, size, started))
+        return False
+
+    async def _finish(self, req: PlainRequest, meta: Meta, fd: int, sent: int, size: int, started: float) -> None:
+        """The rest of a body the socket did not take at once."""
+        transport = self.transport
+        try:
+            with open(fd, "rb") as f:
+                sent += await asyncio.get_running_loop().sendfile(transport, f, sent, size - sent)
+        except (ConnectionError, OSError, RuntimeError):
+            # RuntimeError: the transport closed under sendfile.
+            transport.abort()
+            return
+        finally:
+            self._serving = None
+        if sent < size:
+            transport.abort()  # a short body must never look complete
+            return
+        self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+                                ms=(time.monotonic() - started) * 1000)
+        self._next()

@@ -1,0 +1,152 @@
+"""The fast path answers plain hits itself and never changes what any other request means."""
+
+import asyncio
+import hashlib
+import os
+
+import aiohttp
+
+from structlog.testing import capture_logs
+
+from cachenode.app import Listener
+
+PATH = "/~kriz/cifar-100-python.tar.gz"
+HOST = "www.cs.toronto.edu"
+
+
+async def _warm(origin, make_node, session, body: bytes, **settings):
+    origin.put(PATH, body)
+    node = await make_node(**settings)
+    await node.get(session, PATH)
+    await node.node.settled()
+    return node
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    lines = head.split("\r\n")
+    headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:] if line)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return lines[0].split(" ")[1], headers, body
+
+
+async def test_absolute_uri_naming_another_host_is_refused_not_served_from_the_origin_named_in_host(
+        origin, make_node, session):
+    """Host names an origin but the request line names another host: that host wins, and it is refused."""
+    node = await _warm(origin, make_node, session, b"x" * 1000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"GET http://evil.example{PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    status, _, body = await _read_response(reader)
+    writer.close()
+    assert status == "403" and b"evil.example" in body
+    assert origin.requests[PATH] == 1
+
+
+async def test_pipelined_hits_to_a_slow_reader_all_arrive_whole_and_in_order(origin, make_node, session):
+    """Requests queued behind a body the client is slow to take are answered in order, none lost."""
+    body = bytes(range(256)) * 16384  # 4 MiB: more than the socket takes at once
+    node = await _warm(origin, make_node, session, body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    request = f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    writer.write(request * 40)  # 40 x 60 bytes pipelined, beyond what one body takes to send
+    await writer.drain()
+    await asyncio.sleep(0.2)  # let the server block on the first body
+    digests = []
+    for _ in range(40):
+        status, headers, got = await _read_response(reader)
+        assert status == "200" and headers["x-nezha-cache"] == "hit"
+        digests.append(hashlib.sha256(got).hexdigest())
+    writer.close()
+    assert digests == [hashlib.sha256(body).hexdigest()] * 40
+    assert origin.requests[PATH] == 1
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(origin, make_node, session):
+    node = await _warm(origin, make_node, session, b"y" * 50_000)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    writer.write_eof()
+    status, _, got = await _read_response(reader)
+    assert status == "200" and got == b"y" * 50_000
+    assert await reader.read() == b""  # and then the node closes
+    writer.close()
+
+
+async def test_a_client_gone_mid_body_leaves_the_node_serving_others(origin, make_node, session):
+    body = b"z" * (8 << 20)
+    node = await _warm(origin, make_node, session, body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    await reader.readexactly(1000)
+    writer.transport.abort()
+    await asyncio.sleep(0.1)
+    status, _, got = await node.get(session, PATH)
+    assert status == 200 and got == body
+
+
+async def test_a_hit_evicted_between_lookup_and_open_is_served_by_the_full_handler(origin, make_node, session):
+    """The object is evicted after the fast path found it: aiohttp serves the request as a miss."""
+    node = await _warm(origin, make_node, session, b"w" * 3000)
+    found = node.node.plain_hit
+
+    def evicted_right_after_lookup(raw_target, host_header):
+        hit = found(raw_target, host_header)
+        if hit is not None:
+            os.unlink(hit[2])
+            asyncio.get_running_loop().create_task(node.node.store.remove(hit[0].key))
+        return hit
+
+    node.node.plain_hit = evicted_right_after_lookup
+    async with aiohttp.ClientSession(auto_decompress=False) as fresh:  # the warm-up's connection went to aiohttp
+        status, headers, got = await node.get(fresh, PATH)
+    assert status == 200 and got == b"w" * 3000 and headers["X-Nezha-Cache"] == "miss"
+    assert origin.requests[PATH] == 2
+
+
+async def test_idle_fast_path_connections_are_closed_after_the_idle_timeout(origin, make_node, session, tmp_path):
+    node = await _warm(origin, make_node, session, b"v" * 100)
+    listener = Listener(node.node, idle_timeout=0.2)
+    await listener.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(f"GET {PATH} HTTP/1.1\r\n".encode())  # a head that never ends
+        assert await asyncio.wait_for(reader.read(), timeout=15) == b""
+        writer.close()
+    finally:
+        await listener.close()
+
+
+async def test_fast_path_hits_are_counted_and_logged_once(origin, make_node, session):
+    node = await _warm(origin, make_node, session, b"u" * 2000)
+    with capture_logs() as logs:
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(f"HEAD {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\nGET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n"
+                     .encode())
+        head = await reader.readuntil(b"\r\n\r\n")  # HEAD: headers only
+        assert b"Content-Length: 2000" in head
+        status, _, got = await _read_response(reader)
+        writer.close()
+    assert status == "200" and got == b"u" * 2000
+    done = [e for e in logs if e["event"] == "request_completed"]
+    assert [(e["method"], e["bytes"], e["cache"], e.get("fast")) for e in done] == [
+        ("HEAD", 0, "hit", True), ("GET", 2000, "hit", True)]
+    metrics = node.node.metrics.render().decode()
+    assert 'nezha_requests_total{cache="hit"} 2.0' in metrics
+
+
+async def test_pipelined_bytes_behind_an_unread_body_are_bounded(origin, make_node, session):
+    """A client that sends and never reads cannot make the node buffer its requests without limit."""
+    body = b"b" * (16 << 20)  # more than loopback socket buffers take at once
+    node = await _warm(origin, make_node, session, body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    head = f"HEAD {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() + head * 20000)  # 20000 x 61 bytes
+    await asyncio.sleep(0.5)
+    (conn,) = node.server._connections
+    assert not conn.transport.is_reading()
+    assert len(conn._buf) < 256 << 10  # one read or so, not 20000 requests
+    status, _, got = await _read_response(reader)
+    assert status == "200" and got == body
+    for _ in range(20000):
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+    writer.close()
