@@ -60,8 +60,27 @@ def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def current_age(headers: Mapping[str, str]) -> float:
+    """Seconds the response already spent in caches upstream: its `Age`.
+
+    RFC 9111 §4.2.3, simplified to max(0, Age): the node does not correct
+    for its own request time. A list keeps its first member and an invalid
+    value is ignored (§5.1).
+    """
+    value = headers.get("Age")
+    if value is None:
+        return 0.0
+    first = value.split(",", 1)[0].strip()
+    return float(first) if first.isascii() and first.isdigit() else 0.0
+
+
 def response_policy(status: int, headers: Mapping[str, str], *, default_ttl: float, now: float) -> Policy:
-    """Storable? For how long? From the origin's status and headers."""
+    """Storable? For how long? From the origin's status and headers.
+
+    An explicit lifetime (s-maxage, max-age, Expires) is what is left of it
+    after the response's `Age`; `default_ttl` is this node's own policy for
+    objects without one, counted from when it stores them.
+    """
     if status != 200:
         return Policy(False, f"status {status}")
     cc = parse_cache_control(headers.get("Cache-Control"))
@@ -78,11 +97,12 @@ def response_policy(status: int, headers: Mapping[str, str], *, default_ttl: flo
         return Policy(True, "ok", 0.0, stale_ok)
     for directive in ("s-maxage", "max-age"):
         if directive in cc:
-            age = _seconds(cc[directive])
-            if age is not None:
-                return Policy(True, "ok", age, stale_ok)
+            lifetime = _seconds(cc[directive])
+            if lifetime is not None:
+                return Policy(True, "ok", max(0.0, lifetime - current_age(headers)), stale_ok)
     expires = http_date(headers.get("Expires"))
     if "Expires" in headers:
         date = http_date(headers.get("Date")) or now
-        return Policy(True, "ok", max(0.0, (expires or 0.0) - date), stale_ok)
+        lifetime = (expires or 0.0) - date
+        return Policy(True, "ok", max(0.0, lifetime - current_age(headers)), stale_ok)
     return Policy(True, "ok", default_ttl, stale_ok)

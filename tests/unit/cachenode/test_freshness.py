@@ -1,6 +1,6 @@
 import pytest
 
-from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
+from cachenode.freshness import current_age, parse_cache_control, request_bypasses_cache, response_policy
 
 NOW = 1_000_000.0
 
@@ -28,6 +28,27 @@ def test_cache_control_directives_are_parsed_with_arguments():
 def test_response_policy(status, headers, storable, ttl, reason):
     p = response_policy(status, headers, default_ttl=300.0, now=NOW)
     assert p.storable is storable and p.ttl == ttl and reason in p.reason
+
+
+@pytest.mark.parametrize("headers,ttl", [
+    ({"Cache-Control": "max-age=600", "Age": "100"}, 500.0),
+    ({"Cache-Control": "s-maxage=60, max-age=600", "Age": "10"}, 50.0),
+    ({"Cache-Control": "max-age=60", "Age": "600"}, 0.0),
+    ({"Cache-Control": "max-age=60", "Age": "0"}, 60.0),
+    ({"Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": "Mon, 12 Jan 1970 13:46:40 GMT", "Age": "4"}, 6.0),
+    ({}, 300.0),  # the node's default TTL is its own policy, counted from its store
+    ({"Age": "100"}, 300.0),
+])
+def test_age_is_taken_off_an_explicit_lifetime(headers, ttl):
+    assert response_policy(200, headers, default_ttl=300.0, now=NOW).ttl == ttl
+
+
+@pytest.mark.parametrize("value,age", [
+    (None, 0.0), ("0", 0.0), ("42", 42.0), (" 42 ", 42.0), ("42, 7", 42.0),
+    ("-5", 0.0), ("4.5", 0.0), ("soon", 0.0), ("", 0.0), ("\u00b2", 0.0),
+])
+def test_current_age_is_the_first_non_negative_integer_or_zero(value, age):
+    assert current_age({} if value is None else {"Age": value}) == age
 
 
 def test_must_revalidate_forbids_stale_on_error():
