@@ -16,7 +16,11 @@ def test_demo_downloads_cold_then_warm_and_checks_sha256():
     assert result["sha256_match"] is True
     assert result["cold_cache"] == "miss" and result["warm_cache"] == "hit"
     assert result["origin_gets"] == 1
-    assert 3.0 < result["cold_mbps"] < 6.6  # the throttle holds the cold copy near 6 MB/s
+    # The throttle holds the cold copy to 6 MB/s. Only the upper bound is
+    # checked: load on the machine can slow a transfer, never speed it past
+    # the origin's pacing, so a lower bound would be a flaky timing test.
+    assert result["origin_rate_mbps"] == 6.0
+    assert result["cold_mbps"] < 6.6
     assert result["warm_mbps"] > result["cold_mbps"] and result["speedup"] > 1
 
 
