@@ -15,6 +15,10 @@ Simpler than kube-apiserver: no authentication, no defaulting beyond the
 above, no field managers or server-side apply, no deletion grace periods or
 finalizers, no garbage collection.
 
+History is kept for the last `history_limit` events, like etcd between
+compactions: a watch from a version older than the oldest event kept gets
+410 Gone, never a replay with a gap.
+
 Test-side controls: `compact()` (later watches from older versions get 410),
 `drop_watches()` (end or cut every open watch), `service_addresses` (where a
 webhook Service is reachable), `admission_calls` (what the webhooks were
@@ -82,8 +86,9 @@ class Watcher:
 
 class KubeAPI:
     def __init__(self, *, bookmark_interval: float = 0.5, validate_pods: bool = True,
-                 job_controller: bool = True) -> None:
+                 job_controller: bool = True, history_limit: int = 5000) -> None:
         self.bookmark_interval = bookmark_interval
+        self.history_limit = history_limit
         self.validate_pods = validate_pods
         self.job_controller = job_controller
         self.rv = 1
@@ -165,7 +170,11 @@ class KubeAPI:
     def _emit(self, res: Resource, kind: str, obj: dict) -> None:
         snapshot = copy.deepcopy(obj)
         self.history.append((self.rv, res, kind, snapshot))
-        del self.history[:-5000]
+        if len(self.history) > self.history_limit:
+            # A watch from before the newest dropped event would miss that
+            # event: it gets 410 Gone instead, as after an etcd compaction.
+            self.compacted = max(self.compacted, self.history[-self.history_limit - 1][0])
+            del self.history[:-self.history_limit]
         for w in list(self.watchers):
             if w.wants(res, snapshot):
                 w.queue.put_nowait((kind, snapshot))

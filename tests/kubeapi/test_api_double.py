@@ -205,3 +205,24 @@ async def test_an_abruptly_cut_watch_raises_in_the_client(kube_api, kube, ns):
     with pytest.raises(Exception) as e:
         await next_event(stream)
     assert not isinstance(e.value, asyncio.TimeoutError)
+
+
+async def test_a_watch_from_before_the_kept_history_gets_410_gone_not_a_replay_with_a_gap(kube_api, kube, ns):
+    """Like etcd after compaction: history keeps the last `history_limit` events, older versions are gone."""
+    kube_api.history_limit = 3
+    core = client.CoreV1Api(kube)
+    created = {n: await core.create_namespaced_config_map(ns, configmap(n)) for n in "abcdef"}
+    version = {n: cm.metadata.resource_version for n, cm in created.items()}
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, ns, resource_version=version["b"], timeout_seconds=5)
+    with pytest.raises(ApiException) as e:  # c's event was dropped: replaying d, e, f would skip it
+        await next_event(stream)
+    assert e.value.status == 410 and "Expired" in e.value.reason
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, ns, resource_version=version["c"], timeout_seconds=5)
+    try:
+        replayed = [await next_event(stream) for _ in range(3)]
+    finally:
+        await w.close()
+    assert [(e["type"], e["object"].metadata.name) for e in replayed] == [("ADDED", "d"), ("ADDED", "e"),
+                                                                         ("ADDED", "f")]
