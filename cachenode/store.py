@@ -15,6 +15,13 @@ Every file name comes from the SHA-256 of the key, and every path is checked
 to lie under the data directory, so no request can read or write elsewhere.
 Blocking calls run in the default executor; the in-memory index is touched
 only from the event loop, so it needs no lock.
+
+Disk steps on one object's files (commit, refresh, unlink after eviction or
+replacement) run one after another, in the order they were asked for: an
+eviction's unlink of `<id>.meta` that is still queued when the same key is
+committed again must not land after the new meta. Unlinks are not awaited
+by whoever caused them (eviction happens inside `reserve`, which is sync),
+so the store tracks them; `idle()` waits until they are done.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ class TempObject:
     `read_fd` is opened with the file, so a reader never depends on the
     file's name, which changes when the fill commits and vanishes when it
     fails. Its owner (the fill) closes it when no new reader can arrive.
+    A descriptor is set to -1 the moment it is closed, so nothing closes the
+    same number twice (by then it may belong to another file).
     """
 
     path: Path
@@ -81,6 +90,7 @@ class TempObject:
     read_fd: int
     written: int = 0
     reserved: int = 0
+    committing: asyncio.Future | None = None  # the commit's disk step, once asked for
 
 
 @dataclass
@@ -100,6 +110,8 @@ class Store:
         self._on_evict = on_evict
         self._index: OrderedDict[str, Meta] = OrderedDict()  # LRU order: oldest first
         self._usage = _Usage()
+        self._pending: set[asyncio.Future] = set()  # disk steps not yet done
+        self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
 
     # -- paths -------------------------------------------------------------
     def _dir_of(self, oid: str) -> Path:
@@ -225,10 +237,21 @@ class Store:
                 self._on_evict(meta)
 
     def _unlink_later(self, meta: Meta, *, final: bool) -> None:
-        d = self._dir_of(object_id(meta.key))
-        paths = [d / meta.data] + ([d / f"{object_id(meta.key)}.meta"] if final else [])
+        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon.
+
+        The meta goes only if it still names this data file: a commit of the
+        same key queued before this step may already have replaced it.
+        """
+        oid = object_id(meta.key)
+        d = self._dir_of(oid)
+        data_path, meta_path = d / meta.data, d / f"{oid}.meta"
 
         def unlink() -> None:
+            paths = [data_path]
+            if final:
+                current = self._read_meta(meta_path)
+                if current is None or current.data == meta.data:
+                    paths.append(meta_path)
             for p in paths:
                 try:
                     self._inside(p).unlink(missing_ok=True)
@@ -236,7 +259,50 @@ class Store:
                     log.warning("unlink_failed", path=str(p), error=str(e))
 
         # Open readers keep their file descriptors; unlinking under them is safe.
-        asyncio.get_running_loop().run_in_executor(None, unlink)
+        self._step(oid, unlink)
+
+    def _step(self, oid: str, fn: Callable[[], object]) -> asyncio.Future:
+        """Run blocking `fn` in the executor after every earlier step on object `oid`.
+
+        The returned future is tracked until done (see `idle`). Awaiting it
+        through `asyncio.shield` keeps a cancelled caller from starting the
+        next step while this one still runs in its thread.
+        """
+        loop = asyncio.get_running_loop()
+        before = self._last_step.get(oid)
+        if before is None:
+            step = loop.run_in_executor(None, fn)
+        else:
+            step = loop.create_future()
+
+            def start(_: asyncio.Future) -> None:
+                inner = loop.run_in_executor(None, fn)
+
+                def done(f: asyncio.Future) -> None:
+                    if f.cancelled():
+                        step.cancel()
+                    elif f.exception() is not None:
+                        step.set_exception(f.exception())
+                    else:
+                        step.set_result(f.result())
+                inner.add_done_callback(done)
+            before.add_done_callback(start)
+        self._last_step[oid] = step
+        self._pending.add(step)
+
+        def finished(f: asyncio.Future) -> None:
+            self._pending.discard(f)
+            if self._last_step.get(oid) is f:
+                del self._last_step[oid]
+            if not f.cancelled():
+                f.exception()  # retrieved here, so a cancelled awaiter leaves no "never retrieved" warning
+        step.add_done_callback(finished)
+        return step
+
+    async def idle(self) -> None:
+        """Wait until every disk step asked for so far (unlinks included) is done."""
+        while self._pending:
+            await asyncio.wait(list(self._pending))
 
     # -- writes --------------------------------------------------------------
     async def new_temp(self) -> TempObject:
@@ -269,14 +335,20 @@ class Store:
             raise StoreError(f"write {temp.path}: {e}") from e
 
     async def discard(self, temp: TempObject) -> None:
+        """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""
         self.release(temp.reserved)
         temp.reserved = 0
+        if temp.committing is not None:
+            # A commit whose caller was cancelled still runs in its thread; let it finish first.
+            await asyncio.wait([temp.committing])
 
         def _discard() -> None:
-            try:
-                os.close(temp.fd)
-            except OSError:
-                pass
+            if temp.fd >= 0:
+                fd, temp.fd = temp.fd, -1
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             temp.path.unlink(missing_ok=True)
         await asyncio.get_running_loop().run_in_executor(None, _discard)
 
@@ -290,20 +362,26 @@ class Store:
 
         def _commit() -> None:
             step = "fsync"
+            renamed = False
             try:
                 os.fsync(temp.fd)
-                os.close(temp.fd)
+                fd, temp.fd = temp.fd, -1
+                os.close(fd)
                 step = "mkdir"
                 folder.mkdir(parents=True, exist_ok=True)
                 step = "rename data"
                 os.rename(temp.path, data_path)
+                renamed = True
                 step = "write meta"
                 self._write_meta(meta_path, meta)
             except OSError as e:
                 temp.path.unlink(missing_ok=True)
+                if renamed:  # no meta names it: it would only be found, and deleted, at start-up
+                    data_path.unlink(missing_ok=True)
                 raise StoreError(f"commit {meta.key}: {step}: {e}") from e
 
-        await asyncio.get_running_loop().run_in_executor(None, _commit)
+        temp.committing = self._step(oid, _commit)
+        await asyncio.shield(temp.committing)
         self.release(temp.reserved)
         temp.reserved = 0
         old = self._index.pop(meta.key, None)
@@ -318,11 +396,15 @@ class Store:
 
     def _write_meta(self, meta_path: Path, meta: Meta) -> None:
         tmp = self.tmp / f"{secrets.token_hex(12)}.meta"
-        with open(tmp, "w") as f:
-            json.dump(asdict(meta), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, meta_path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(asdict(meta), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, meta_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     async def refresh(self, meta: Meta, *, headers: dict[str, str], expires_at: float) -> Meta:
         """A 304 from the origin: same bytes, new validators and expiry."""
@@ -332,12 +414,16 @@ class Store:
         merged = dict(meta.headers)
         merged.update({k: v for k, v in headers.items() if k in KEPT_HEADERS})
         new = replace(meta, headers=merged, expires_at=expires_at)
-        path = self._inside(self._dir_of(object_id(meta.key)) / f"{object_id(meta.key)}.meta")
+        oid = object_id(meta.key)
+        path = self._inside(self._dir_of(oid) / f"{oid}.meta")
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self._write_meta, path, new)
+            await asyncio.shield(self._step(oid, lambda: self._write_meta(path, new)))
         except OSError as e:
             raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
-        self._index[meta.key] = new
+        # Evicted or replaced while the meta was written: the queued unlink or
+        # commit has the last word on disk, and the index must not revive it.
+        if self._index.get(meta.key) is current:
+            self._index[meta.key] = new
         return new
 
     async def remove(self, key: str) -> None:

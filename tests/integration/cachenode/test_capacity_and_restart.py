@@ -1,5 +1,6 @@
 """Disk bounds and what survives a restart."""
 
+import asyncio
 import os
 
 
@@ -63,3 +64,77 @@ async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origi
     assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "miss"
     assert origin.requests["/keep"] == 2
     assert not os.path.exists(data_file)
+
+
+async def test_a_late_eviction_unlink_never_deletes_the_meta_of_a_recommit(tmp_path, monkeypatch):
+    """An eviction's queued unlink of <id>.meta runs before a later commit of the same key, never after it."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from cachenode.store import Meta, Store
+
+    key = "http://www.cs.toronto.edu/k"
+    store = Store(tmp_path / "s", capacity=1000)
+    await store.open()
+
+    async def commit(body: bytes) -> None:
+        temp = await store.new_temp()
+        os.close(temp.read_fd)
+        await store.write(temp, body)
+        now = time.time()
+        await store.commit(temp, Meta(key=key, url=key, host="www.cs.toronto.edu", size=0, headers={},
+                                      stored_at=now, expires_at=now + 600))
+
+    await commit(b"1" * 600)
+    release, unlinked = threading.Event(), threading.Event()
+    real_unlink = Path.unlink
+
+    def slow_meta_unlink(self, missing_ok=False):
+        if self.suffix == ".meta" and self.parent.parent == store.objects:
+            release.wait(5)
+            real_unlink(self, missing_ok=missing_ok)
+            unlinked.set()
+            return
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", slow_meta_unlink)
+    store.reserve(600)  # another fill's reservation evicts k; unlinking its meta is held up
+    store.release(600)
+    assert key not in store
+    asyncio.get_running_loop().call_later(0.3, release.set)
+    await commit(b"2" * 500)
+    assert await asyncio.get_running_loop().run_in_executor(None, unlinked.wait, 5)
+    monkeypatch.undo()
+
+    assert len(list(store.objects.rglob("*.meta"))) == 1
+    reopened = Store(tmp_path / "s", capacity=1000)
+    await reopened.open()
+    meta = reopened.lookup(key)
+    assert meta is not None and meta.size == 500
+    with open(reopened.data_path(meta), "rb") as f:
+        assert f.read() == b"2" * 500
+
+
+async def test_store_idle_waits_for_the_unlink_of_an_evicted_object(origin, make_node, session, monkeypatch):
+    """Unlinks run in the background; `idle()` returns only when they are done."""
+    import time
+    from pathlib import Path
+
+    for name in "ab":
+        origin.put(f"/{name}", name.encode() * 60_000)
+    node = await make_node(capacity=100_000)
+    real_unlink = Path.unlink
+
+    def slow_unlink(self, missing_ok=False):
+        if self.suffix == ".data":
+            time.sleep(0.2)
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", slow_unlink)
+    for name in "ab":
+        await node.get(session, f"/{name}")
+        await node.node.settled()
+    await node.node.store.idle()
+    assert [p.read_bytes()[:1] for p in node.node.store.objects.rglob("*.data")] == [b"b"]
+

@@ -78,3 +78,49 @@ async def test_origin_errors_are_passed_on_and_not_cached(origin, make_node, ses
         assert got_status == status and got == b"nope\n"
     assert origin.requests[PATH] == 2
     assert len(node.node.store) == 0
+
+
+async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_file(tmp_path, monkeypatch):
+    """commit closes the temp file before renaming; when the meta write then fails, the
+    discard that follows must not close that number again: it may belong to another file."""
+    import os
+    import time
+
+    from cachenode.fill import Fill
+    from cachenode.store import Meta, Store
+    from nezha.errors import StoreError
+
+    key = "http://www.cs.toronto.edu" + PATH
+    store = Store(tmp_path / "s")
+    await store.open()
+    temp = await store.new_temp()
+    fd_number = temp.fd
+    bystander = tmp_path / "bystander"
+    bystander.write_bytes(b"someone else's file")
+
+    def failing_write_meta(meta_path, meta):
+        # The number commit just closed is free; another open takes it, as any thread may.
+        other = os.open(bystander, os.O_RDONLY)
+        if other != fd_number:
+            os.dup2(other, fd_number)
+            os.close(other)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_meta", failing_write_meta)
+
+    async def body():
+        yield b"x" * 1000
+
+    fill = Fill(key=key, headers={}, length=1000, temp=temp)
+    now = time.time()
+    meta = Meta(key=key, url="http://127.0.0.1:9" + PATH, host="www.cs.toronto.edu", size=0, headers={},
+                stored_at=now, expires_at=now + 60)
+    with pytest.raises(StoreError, match="write meta"):
+        await fill.run(body(), store=store, meta=meta)
+    fill.close_reader()
+    try:
+        assert os.fstat(fd_number).st_ino == bystander.stat().st_ino, "the bystander's descriptor was closed"
+    finally:
+        os.close(fd_number)
+    assert key not in store
+    assert list(store.objects.rglob("*.data")) == [] and list(store.tmp.iterdir()) == []

@@ -27,6 +27,7 @@ async def test_changed_etag_replaces_the_stored_object(origin, make_node, sessio
     status, headers, got = await node.get(session, PATH)
     assert got == b"new!" * 1000 and headers["X-Nezha-Cache"] == "hit"
     assert headers["ETag"] == origin.etags[PATH]
+    await node.node.store.idle()  # the replaced data file is unlinked in the background
     assert len(list(node.node.store.objects.rglob("*.data"))) == 1
 
 
