@@ -17,7 +17,9 @@ finalizers, no garbage collection.
 
 History is kept for the last `history_limit` events, like etcd between
 compactions: a watch from a version older than the oldest event kept gets
-410 Gone, never a replay with a gap.
+410 Gone, never a replay with a gap. MutatingWebhookConfigurations are
+validated as kube-apiserver validates them (sideEffects and
+admissionReviewVersions required, timeoutSeconds 1 to 30), with 422 Invalid.
 
 Test-side controls: `compact()` (later watches from older versions get 410),
 `drop_watches()` (end or cut every open watch), `service_addresses` (where a
@@ -62,6 +64,53 @@ class ApiError(Exception):
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _go_value(value: Any) -> str:
+    """A rejected value as kube-apiserver's field errors print it."""
+    if isinstance(value, list):
+        return "[]string{" + ", ".join(json.dumps(v) for v in value) + "}"
+    return json.dumps(value)
+
+
+def validate_webhook_configuration(res: Resource, obj: dict) -> None:
+    """The checks of kube-apiserver's ValidateMutatingWebhookConfiguration that a manifest is likely to fail.
+
+    In its order: per webhook, sideEffects and timeoutSeconds, then admissionReviewVersions.
+
+    In admissionregistration.k8s.io/v1, sideEffects and admissionReviewVersions
+    have no default: a webhook without them is refused, with every problem
+    listed as kube-apiserver lists them.
+    """
+    causes: list[tuple[str, str, str]] = []  # (field, reason, message)
+    for i, hook in enumerate(obj.get("webhooks") or []):
+        at = f"webhooks[{i}]"
+        side = hook.get("sideEffects")
+        if side is None:
+            causes.append((f"{at}.sideEffects", "FieldValueRequired",
+                           "Required value: must specify one of None, NoneOnDryRun"))
+        elif side not in ("None", "NoneOnDryRun"):
+            causes.append((f"{at}.sideEffects", "FieldValueNotSupported",
+                           f'Unsupported value: {json.dumps(side)}: supported values: "None", "NoneOnDryRun"'))
+        timeout = hook.get("timeoutSeconds")
+        if timeout is not None and not 1 <= timeout <= 30:
+            causes.append((f"{at}.timeoutSeconds", "FieldValueInvalid",
+                           f"Invalid value: {timeout}: the timeout value must be between 1 and 30 seconds"))
+        versions = hook.get("admissionReviewVersions") or []
+        if not versions:
+            causes.append((f"{at}.admissionReviewVersions", "FieldValueRequired",
+                           "Required value: must specify one of v1, v1beta1"))
+        elif not set(versions) & {"v1", "v1beta1"}:
+            causes.append((f"{at}.admissionReviewVersions", "FieldValueInvalid",
+                           f"Invalid value: {_go_value(versions)}: must include at least one of v1, v1beta1"))
+    if not causes:
+        return
+    errors = [f"{f}: {m}" for f, _, m in causes]
+    name = (obj.get("metadata") or {}).get("name", "")
+    raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{name}" is invalid: '
+                   + (errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"),
+                   {"name": name, "group": res.group, "kind": res.kind,
+                    "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})
 
 
 @dataclass(eq=False)
@@ -386,6 +435,8 @@ class KubeAPI:
         if res.plural == "pods":
             obj.setdefault("status", {"phase": "Pending"})
             self._validate(obj)
+        if res.plural == "mutatingwebhookconfigurations":
+            validate_webhook_configuration(res, obj)
         obj = self._store_new(res, namespace, obj)
         if res.plural == "jobs" and self.job_controller:
             task = asyncio.create_task(self._run_job(obj))
@@ -480,6 +531,8 @@ class KubeAPI:
             meta["generation"] += 1
         if res.plural == "pods" and updated.get("spec") != old.get("spec"):
             self._pod_spec_update_allowed(old, updated)
+        if res.plural == "mutatingwebhookconfigurations":
+            validate_webhook_configuration(res, updated)
         if updated == old:
             return web.json_response(self._scale_of(res, old) if sub == "scale" else old)
         self._bump(updated)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import json
+import uuid
 
 import pytest
 from kubernetes_asyncio import client
@@ -226,3 +229,60 @@ async def test_a_watch_from_before_the_kept_history_gets_410_gone_not_a_replay_w
         await w.close()
     assert [(e["type"], e["object"].metadata.name) for e in replayed] == [("ADDED", "d"), ("ADDED", "e"),
                                                                          ("ADDED", "f")]
+
+
+def webhook_configuration(name, **hook):
+    body = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": "pods.test.nezha.io", "clientConfig": {"url": "https://127.0.0.1:9/mutate"},
+                          "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                     "resources": ["pods"]}],
+                          "sideEffects": "None", "admissionReviewVersions": ["v1"]}]}
+    for key, value in hook.items():
+        if value is None:
+            del body["webhooks"][0][key]
+        else:
+            body["webhooks"][0][key] = value
+    return body
+
+
+@pytest.mark.parametrize("hook,errors", [
+    ({"sideEffects": None}, ["webhooks[0].sideEffects: Required value: must specify one of None, NoneOnDryRun"]),
+    ({"admissionReviewVersions": None},
+     ["webhooks[0].admissionReviewVersions: Required value: must specify one of v1, v1beta1"]),
+    ({"sideEffects": None, "admissionReviewVersions": None},
+     ["webhooks[0].sideEffects: Required value: must specify one of None, NoneOnDryRun",
+      "webhooks[0].admissionReviewVersions: Required value: must specify one of v1, v1beta1"]),
+    ({"sideEffects": "Some"}, ['webhooks[0].sideEffects: Unsupported value: "Some"']),
+], ids=["no-side-effects", "no-review-versions", "neither", "side-effects-some"])
+async def test_a_webhook_configuration_without_side_effects_or_review_versions_is_invalid(kube, hook, errors):
+    """admissionregistration.k8s.io/v1 defaults neither; kube-apiserver answers 422 listing each field."""
+    api = client.AdmissionregistrationV1Api(kube)
+    name = f"nezha-test-{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(ApiException) as e:
+            await api.create_mutating_webhook_configuration(webhook_configuration(name, **hook))
+    finally:
+        with contextlib.suppress(ApiException):  # only if it was wrongly accepted
+            await api.delete_mutating_webhook_configuration(name)
+    status = json.loads(e.value.body)
+    assert e.value.status == 422 and status["reason"] == "Invalid"
+    assert status["message"].startswith(f'MutatingWebhookConfiguration.admissionregistration.k8s.io "{name}" is '
+                                        "invalid: ")
+    for error in errors:
+        assert error in status["message"]
+    assert [c["field"] for c in status["details"]["causes"]] == [error.split(":")[0] for error in errors]
+
+
+async def test_a_complete_webhook_configuration_is_stored_and_an_update_is_validated_too(kube):
+    api = client.AdmissionregistrationV1Api(kube)
+    name = f"nezha-test-{uuid.uuid4().hex[:8]}"
+    created = await api.create_mutating_webhook_configuration(webhook_configuration(name))
+    try:
+        assert created.webhooks[0].side_effects == "None"
+        with pytest.raises(ApiException) as e:
+            await api.patch_mutating_webhook_configuration(name, [{"op": "remove",
+                                                                   "path": "/webhooks/0/admissionReviewVersions"}])
+        assert e.value.status == 422 and "admissionReviewVersions: Required value" in e.value.body
+    finally:
+        await api.delete_mutating_webhook_configuration(name)
