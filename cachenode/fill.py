@@ -8,6 +8,11 @@ leader that disconnects does not cancel it), and every waiter streams from
 that file as it grows. Late waiters start from byte 0 of the file, so they
 get bytes already streamed without the node holding them in memory.
 
+A fill is `complete` once the whole body is on disk and matches the
+origin's length; its streams end there. Storing it is a separate step that
+may still refuse (a body without Content-Length that outgrew the capacity,
+a disk error): the clients got every byte either way.
+
 No aiohttp here: the body arrives as an async iterator of chunks.
 """
 
@@ -22,7 +27,7 @@ from typing import IO, AsyncIterator, Awaitable, Callable
 import structlog
 
 from cachenode.cluster import Peer
-from cachenode.store import Meta, Store, TempObject
+from cachenode.store import Meta, Store, TempObject, TooLarge
 from nezha.errors import FillAborted, NezhaError
 
 log = structlog.get_logger("nezha.fill")
@@ -36,6 +41,8 @@ class Fill:
         self.headers = headers
         self.length = length
         self.temp = temp
+        self.url: str | None = None  # where the bytes come from, once `run` starts
+        self.complete = False  # every byte is on disk, length verified
         self.meta: Meta | None = None  # set when committed
         self.error: NezhaError | None = None
         self._progress = asyncio.Event()
@@ -62,16 +69,17 @@ class Fill:
         self._progress = asyncio.Event()
 
     async def wait_beyond(self, offset: int) -> int:
-        """Block until more than `offset` bytes are on disk, or the fill ends.
+        """Block until more than `offset` bytes are on disk, or the body is complete.
 
-        Returns the bytes available; raises FillAborted if the fill failed,
-        so a client mid-stream sees a broken connection, not a short body.
+        Returns the bytes available (== `offset` only when complete); raises
+        FillAborted if the fill failed before the body was complete, so a
+        client mid-stream sees a broken connection, not a short body.
         """
         while True:
-            if self.error is not None:
-                raise FillAborted(f"fill of {self.key} failed: {self.error}") from self.error
-            if self.written > offset or self.meta is not None:
+            if self.written > offset or self.complete:
                 return self.written
+            if self.error is not None:
+                raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
             await self._progress.wait()
 
     async def wait_finished(self) -> Meta:
@@ -85,7 +93,12 @@ class Fill:
 
     async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
                   on_bytes: Callable[[int], None] | None = None) -> Meta:
-        """Copy the origin body to disk, verify its length, commit it."""
+        """Copy the origin body to disk, verify its length, commit it.
+
+        Raises TooLarge, after every client got the whole body, when a body
+        of unknown length turned out larger than the store's capacity.
+        """
+        self.url = meta.url
         try:
             async for chunk in chunks:
                 await store.write(self.temp, chunk)
@@ -94,16 +107,18 @@ class Fill:
                 self._notify()
             if self.length is not None and self.written != self.length:
                 raise FillAborted(
-                    f"origin sent {self.written} of {self.length} bytes for {self.key}")
+                    f"origin {self.url} sent {self.written} of {self.length} bytes for {self.key}")
+            self.complete = True
+            self._notify()
             self.meta = await store.commit(self.temp, meta)
             return self.meta
         except asyncio.CancelledError:
-            self.error = FillAborted(f"fill of {self.key} was cancelled")
+            self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")
             await store.discard(self.temp)
             raise
         except Exception as e:
             self.error = e if isinstance(e, NezhaError) else FillAborted(
-                f"reading origin body for {self.key}: {type(e).__name__}: {e}")
+                f"reading the body of origin {self.url} for {self.key}: {type(e).__name__}: {e}")
             await store.discard(self.temp)
             if self.error is e:
                 raise
@@ -186,6 +201,8 @@ async def run_fill_in_background(flights: Flights, flight: Flight, fill: Fill, w
     """
     try:
         await work
+    except TooLarge as e:
+        log.info("response_not_stored", key=flight.key, reason=str(e))
     except NezhaError as e:
         log.warning("fill_failed", key=flight.key, error=str(e))
     except asyncio.CancelledError:

@@ -39,7 +39,7 @@ from typing import Callable
 import structlog
 
 from cachenode.keys import object_id
-from nezha.errors import StoreError
+from nezha.errors import NezhaError, StoreError
 
 log = structlog.get_logger("nezha.store")
 
@@ -48,6 +48,10 @@ KEPT_HEADERS = (
     "Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition",
     "ETag", "Last-Modified", "Cache-Control", "Expires",
 )
+
+
+class TooLarge(NezhaError):
+    """An object's bytes exceed the store's capacity: it was streamed, never stored."""
 
 
 @dataclass(frozen=True)
@@ -222,13 +226,19 @@ class Store:
         self._usage.reserved = max(0, self._usage.reserved - size)
 
     def _evict_to(self, limit: int, *, keep: str | None = None) -> None:
+        """Evict least recently used objects until stored + reserved bytes fit `limit`.
+
+        `keep` (the object just committed) goes last, and survives alone only
+        while its own bytes fit: the reservations of fills still running may
+        leave the total above the limit until they commit and evict in turn.
+        """
         while self._usage.stored + self._usage.reserved > limit and self._index:
             key = next(iter(self._index))
-            if key == keep:
-                if len(self._index) == 1:
-                    break
+            if key == keep and len(self._index) > 1:
                 self._index.move_to_end(key)
                 continue
+            if key == keep and self._usage.stored <= limit:
+                break
             meta = self._index.pop(key)
             self._usage.stored -= meta.size
             self._unlink_later(meta, final=True)
@@ -353,7 +363,13 @@ class Store:
         await asyncio.get_running_loop().run_in_executor(None, _discard)
 
     async def commit(self, temp: TempObject, meta: Meta) -> Meta:
-        """Make a finished temp file the servable object for `meta.key`."""
+        """Make a finished temp file the servable object for `meta.key`.
+
+        Raises TooLarge, before touching the disk, for bytes beyond the
+        capacity: such an object would evict everything else and still not fit.
+        """
+        if not self.fits(temp.written):
+            raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the capacity of {self.capacity} bytes")
         oid = object_id(meta.key)
         folder = self._dir_of(oid)
         meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")

@@ -138,3 +138,30 @@ async def test_store_idle_waits_for_the_unlink_of_an_evicted_object(origin, make
     await node.node.store.idle()
     assert [p.read_bytes()[:1] for p in node.node.store.objects.rglob("*.data")] == [b"b"]
 
+
+async def test_chunked_object_larger_than_capacity_is_streamed_whole_but_never_stored(origin, make_node, session):
+    """Without Content-Length the bound is checked as bytes arrive: the client
+    gets the whole body, the store keeps what it had and evicts nothing."""
+    for name in "ab":
+        origin.put(f"/{name}", name.encode() * 40_000)
+    big = bytes(range(256)) * 1200  # 307,200 bytes
+    origin.put("/big", big, chunked=True)
+    node = await make_node(capacity=100_000)
+    for name in "ab":
+        await node.get(session, f"/{name}")
+        await node.node.settled()
+    results = await asyncio.gather(*(node.get(session, "/big") for _ in range(3)))
+    for status, headers, got in results:
+        assert status == 200 and got == big and "Content-Length" not in headers
+    await node.node.settled()
+    store = node.node.store
+    await store.idle()
+    assert set(store.keys()) == {"http://www.cs.toronto.edu/a", "http://www.cs.toronto.edu/b"}
+    assert store.used_bytes == 80_000
+    assert sum(p.stat().st_size for p in store.objects.rglob("*.data")) == 80_000
+    assert list(store.tmp.iterdir()) == []
+    async with session.get(node.url + "/metrics") as r:
+        assert "nezha_evictions_total 0.0" in await r.text()
+    status, headers, got = await node.get(session, "/big")
+    assert got == big and headers["X-Nezha-Cache"] == "miss"
+    assert origin.requests["/big"] == 2
