@@ -48,14 +48,24 @@ def cluster_ip(service: Any) -> str | None:
 
 
 class ServiceWatcher:
-    """Calls `on_ip` with the Service's ClusterIP whenever it changes (None when it is gone)."""
+    """Calls `on_ip` with the Service's ClusterIP whenever it changes (None when it is gone).
+
+    Every request has a client-side deadline. The server ends a watch after
+    `watch_timeout` seconds, so a stream still open `watch_grace` seconds
+    later is on a connection that died without a FIN (a half-open one, after
+    a NAT or load-balancer reset): it is abandoned and the watcher relists,
+    instead of waiting on it forever while the IP goes stale.
+    """
 
     def __init__(self, *, api: client.ApiClient, namespace: str, name: str, on_ip: Callable[[str | None], Any],
-                 watch_timeout: int = 300, retry_delay: float = 1.0) -> None:
+                 watch_timeout: int = 300, watch_grace: float = 15.0, list_timeout: float = 30.0,
+                 retry_delay: float = 1.0) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.name = namespace, name
         self.on_ip = on_ip
         self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
+        self.list_timeout = list_timeout
         self.retry_delay = retry_delay
         self.ip: str | None = None
         self.relists = 0
@@ -87,19 +97,21 @@ class ServiceWatcher:
 
     async def _list(self) -> str:
         self.relists += 1
-        listed = await self.core.list_namespaced_service(self.namespace, field_selector=f"metadata.name={self.name}")
+        listed = await self.core.list_namespaced_service(self.namespace, field_selector=f"metadata.name={self.name}",
+                                                         _request_timeout=self.list_timeout)
         self._set(cluster_ip(listed.items[0]) if listed.items else None)
         return listed.metadata.resource_version
 
     async def _watch(self, version: str) -> None:
-        """Stream changes from `version`; returns only by raising (410 or a connection error)."""
+        """Stream changes from `version`; returns only by raising (410, a connection error, or the deadline)."""
         while True:
             watch = Watch()
             try:
                 async for event in watch.stream(self.core.list_namespaced_service, self.namespace,
                                                 field_selector=f"metadata.name={self.name}",
                                                 resource_version=version, allow_watch_bookmarks=True,
-                                                timeout_seconds=self.watch_timeout):
+                                                timeout_seconds=self.watch_timeout,
+                                                _request_timeout=self.watch_timeout + self.watch_grace):
                     kind = event["type"]
                     if kind in ("ADDED", "MODIFIED"):
                         self._set(cluster_ip(event["object"]))

@@ -22,9 +22,10 @@ validated as kube-apiserver validates them (sideEffects and
 admissionReviewVersions required, timeoutSeconds 1 to 30), with 422 Invalid.
 
 Test-side controls: `compact()` (later watches from older versions get 410),
-`drop_watches()` (end or cut every open watch), `service_addresses` (where a
-webhook Service is reachable), `admission_calls` (what the webhooks were
-asked and answered).
+`drop_watches()` (end or cut every open watch), `stall_watches()` (open
+watches go silent, as over a half-open connection), `service_addresses`
+(where a webhook Service is reachable), `admission_calls` (what the webhooks
+were asked and answered).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tests.kubeapi.admission import Call, Refused, admit
 from tests.kubeapi.resources import BY_PATH, BadSelector, Resource, matches, merge_patch, parse_label_selector
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+_WAKE = object()  # a watch's queue item that carries no event: look at the watch's state again
 Key = tuple[str | None, str]  # (namespace, name)
 
 
@@ -121,6 +123,7 @@ class Watcher:
     fields: dict[str, str]
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     request: web.Request | None = None
+    stalled: bool = False
 
     def wants(self, res: Resource, obj: dict) -> bool:
         meta = obj.get("metadata") or {}
@@ -209,6 +212,21 @@ class KubeAPI:
                 w.request.transport.abort()
             w.queue.put_nowait(None)
             n += 1
+        return n
+
+    def stall_watches(self) -> int:
+        """Open watches go silent and stay open: no events, bookmarks or end, whatever their timeoutSeconds.
+
+        What a client sees on a half-open connection. The events they would
+        have carried are lost; the watch ends only when the client gives up
+        (or `stop()` / `drop_watches()`). Watches opened later are normal.
+        """
+        n = 0
+        for w in list(self.watchers):
+            if not w.stalled:
+                w.stalled = True
+                w.queue.put_nowait(_WAKE)
+                n += 1
         return n
 
     def objects_of(self, group: str, plural: str) -> dict[Key, dict]:
@@ -362,6 +380,9 @@ class KubeAPI:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout if timeout else None
             while True:
+                if watcher.stalled:
+                    await self._hold(request, watcher)
+                    break
                 wait = self.bookmark_interval if bookmarks else None
                 if deadline is not None:
                     left = deadline - loop.time()
@@ -371,6 +392,10 @@ class KubeAPI:
                 try:
                     item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except asyncio.TimeoutError:
+                    item = _WAKE
+                if watcher.stalled:
+                    continue
+                if item is _WAKE:
                     if bookmarks and watcher.queue.empty():
                         await self._send(response, "BOOKMARK", {
                             "kind": res.kind, "apiVersion": res.api_version,
@@ -385,6 +410,18 @@ class KubeAPI:
         finally:
             self.watchers.discard(watcher)
         return response
+
+    @staticmethod
+    async def _hold(request: web.Request, watcher: Watcher) -> None:
+        """Send nothing until the client goes away or the double ends the watch; swallow its events."""
+        while True:
+            try:
+                if await asyncio.wait_for(watcher.queue.get(), 0.1) is None:
+                    return
+            except asyncio.TimeoutError:
+                pass
+            if request.transport is None or request.transport.is_closing():
+                return
 
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, obj: dict) -> None:

@@ -210,6 +210,34 @@ async def test_an_abruptly_cut_watch_raises_in_the_client(kube_api, kube, ns):
     assert not isinstance(e.value, asyncio.TimeoutError)
 
 
+async def test_a_stalled_watch_sends_nothing_not_even_its_end_until_the_client_gives_up(kube_api, kube, ns):
+    """What a half-open connection looks like from the client: timeoutSeconds passes and nothing comes."""
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map(ns, configmap("a"))
+    w = Watch()
+    stream = w.stream(core.list_namespaced_config_map, ns, timeout_seconds=1, allow_watch_bookmarks=True,
+                      _request_timeout=2.5)
+    assert (await next_event(stream))["object"].metadata.name == "a"
+    assert kube_api.stall_watches() == 1
+    await core.create_namespaced_config_map(ns, configmap("b"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(asyncio.TimeoutError):  # the client's own deadline, not the stream's end
+        await next_event(stream)
+    assert 1.5 < loop.time() - started < 3
+    for _ in range(50):  # the double notices the client left and lets the watch go
+        if not kube_api.watchers:
+            break
+        await asyncio.sleep(0.05)
+    assert not kube_api.watchers
+    fresh = Watch()
+    try:  # later watches are not stalled
+        event = await next_event(fresh.stream(core.list_namespaced_config_map, ns))
+        assert event["type"] == "ADDED"
+    finally:
+        await fresh.close()
+
+
 async def test_a_watch_from_before_the_kept_history_gets_410_gone_not_a_replay_with_a_gap(kube_api, kube, ns):
     """Like etcd after compaction: history keeps the last `history_limit` events, older versions are gone."""
     kube_api.history_limit = 3

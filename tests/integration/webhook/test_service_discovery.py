@@ -106,3 +106,26 @@ async def test_a_cleanly_ended_watch_resumes_without_relisting(kube, kube_api, d
     await client.CoreV1Api(kube).delete_namespaced_service("nezha-cache", "nezha")
     await until(lambda: hook.cache_ip is None)
     assert watcher.relists == relists
+
+
+async def test_a_watch_that_goes_silent_is_abandoned_at_its_deadline_and_the_ip_follows_again(kube, kube_api):
+    """A half-open connection: the stream neither ends at timeoutSeconds nor carries the change."""
+    await namespace(kube, "nezha")
+    await cache_service(kube, "10.96.4.4")
+    watcher = ServiceWatcher(api=kube, namespace="nezha", name="nezha-cache", watch_timeout=1, watch_grace=0.5,
+                             retry_delay=0.05, on_ip=lambda ip: None)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await until(lambda: watcher.ip == "10.96.4.4")
+        await until(lambda: kube_api.stall_watches() > 0)
+        relists = watcher.relists
+        with capture_logs() as logs:
+            await client.CoreV1Api(kube).delete_namespaced_service("nezha-cache", "nezha")
+            await cache_service(kube, "10.96.5.5")
+            await until(lambda: watcher.ip == "10.96.5.5", timeout=8)
+        assert watcher.relists > relists
+        [failed] = [e for e in logs if e["event"] == "service_watch_failed"]
+        assert "Timeout" in failed["error"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
