@@ -8,22 +8,25 @@ the server fails open.
 Files change under a running server: the rules file (a mounted ConfigMap) and
 the serving certificate (a mounted Secret). Both are polled by stat signature;
 a rules file that does not parse is logged and the previous rules stay; a
-certificate pair is first loaded into a scratch context, so a half-written
-pair never reaches the live one. The live SSLContext is updated in place with
-`load_cert_chain`, which applies to every new handshake, because aiohttp's
-site holds on to the context it was started with.
+certificate pair is read once and loaded into a scratch context before the
+same bytes go into the live one, so a half-written pair never reaches it. The
+live SSLContext is updated in place with `load_cert_chain`, which applies to
+every new handshake, because aiohttp's site holds on to the context it was
+started with.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import ssl
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import structlog
 from aiohttp import web
@@ -82,8 +85,42 @@ class RulesFile:
         return True
 
 
+@contextlib.contextmanager
+def _pem_paths(*blobs: bytes) -> Iterator[list[str]]:
+    """Paths that read back exactly `blobs`, for APIs that take only file names (load_cert_chain).
+
+    memfds on Linux: nothing touches a disk, and a read-only root file system
+    is fine; elsewhere files in a private temporary directory.
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fds: list[int] = []
+        try:
+            for blob in blobs:
+                fds.append(os.memfd_create("nezha-pem", os.MFD_CLOEXEC))
+                with open(fds[-1], "wb", closefd=False) as f:
+                    f.write(blob)
+            yield [f"/proc/self/fd/{fd}" for fd in fds]
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="nezha-pem-") as folder:
+        paths = []
+        for i, blob in enumerate(blobs):
+            path = os.path.join(folder, str(i))
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(blob)
+            paths.append(path)
+        yield paths
+
+
 class ServingCert:
-    """A server SSLContext whose certificate pair follows the files."""
+    """A server SSLContext whose certificate pair follows the files.
+
+    Each file is read once per load, and the scratch check and the live
+    context load the same bytes: a pair swapped on disk between the two can
+    never reach the live context half old, half new.
+    """
 
     def __init__(self, cert: Path, key: Path) -> None:
         self.cert, self.key = Path(cert), Path(key)
@@ -97,7 +134,8 @@ class ServingCert:
     def load_initial(self) -> None:
         self.signature = self._sig()
         try:
-            self.context.load_cert_chain(self.cert, self.key)
+            with _pem_paths(self.cert.read_bytes(), self.key.read_bytes()) as (cert, key):
+                self.context.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as e:
             raise ConfigError(f"tls_cert {self.cert} / tls_key {self.key}: {e}") from e
 
@@ -106,9 +144,14 @@ class ServingCert:
         if sig == self.signature:
             return False
         try:
-            scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            scratch.load_cert_chain(self.cert, self.key)
-            self.context.load_cert_chain(self.cert, self.key)
+            cert_pem, key_pem = self.cert.read_bytes(), self.key.read_bytes()
+            with _pem_paths(cert_pem, key_pem) as (cert, key):
+                # A failed load_cert_chain can leave a context with the new
+                # certificate and the old key, so only a pair that loaded into
+                # a scratch context goes into the live one.
+                scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                scratch.load_cert_chain(cert, key)
+                self.context.load_cert_chain(cert, key)
         except (OSError, ssl.SSLError) as e:
             # Maybe half-written; the next poll tries again because the signature is not kept.
             log.warning("tls_reload_failed", cert=str(self.cert), key=str(self.key), error=str(e))

@@ -123,6 +123,46 @@ async def test_a_half_written_pair_is_not_adopted(webhook, tls):
     assert (await served_certificate(webhook, tls.client_context())).serial_number == before.serial_number
 
 
+class SwapOnLoad(ssl.SSLContext):
+    """A server context that runs `before_load` once, just before its next load_cert_chain reads the files."""
+
+    before_load = None
+
+    def load_cert_chain(self, *args, **kwargs):
+        if self.before_load is not None:
+            hook, self.before_load = self.before_load, None
+            hook()
+        return super().load_cert_chain(*args, **kwargs)
+
+
+async def test_a_pair_swapped_while_it_is_installed_never_mixes_old_and_new(tls, rules_file):
+    """The live context loads the bytes that were checked, not the files again.
+
+    A pair that changes on disk between the check and the live load (here:
+    the certificate replaced, the key not yet) would otherwise install the
+    new certificate with the old key, and every handshake would fail.
+    """
+    settings = WebhookSettings(listen=f"127.0.0.1:{free_port()}", tls_cert=tls.cert, tls_key=tls.key,
+                               rules=rules_file, cache_ip="10.96.0.10", tls_reload_interval=3600)
+    hook = build_webhook(settings)
+    live = SwapOnLoad(ssl.PROTOCOL_TLS_SERVER)
+    live.load_cert_chain(tls.cert, tls.key)
+    hook.cert.context = live
+    runner = await start(hook)
+    try:
+        renewed = x509.load_pem_x509_certificate(tls.issue().cert_chain_pems[0].bytes())
+        half_written = tls.ca.issue_cert("127.0.0.1")
+        live.before_load = lambda: half_written.cert_chain_pems[0].write_to_path(str(tls.cert))
+        assert hook.cert.refresh() is True
+        assert (await served_certificate(hook, tls.client_context())).serial_number == renewed.serial_number
+        with capture_logs() as logs:
+            assert hook.cert.refresh() is False  # the half-written pair now on disk is refused
+        assert [e["event"] for e in logs] == ["tls_reload_failed"]
+        assert (await served_certificate(hook, tls.client_context())).serial_number == renewed.serial_number
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_configmap_volume_update_by_symlink_swap_is_picked_up(tls, tmp_path, client):
     """kubelet updates a ConfigMap volume by pointing `..data` at a new folder; the file's own path stays."""
     volume = tmp_path / "volume"
