@@ -193,7 +193,9 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
 
     Matches rules on the pod's labels (a workload's template labels, or the
     workload's own), honours the opt-out annotation on either, and adds only
-    what is missing. Raises PatchError when the object is not shaped like one.
+    what is missing. A rule is named in `rules` and in the annotation only
+    when it added something. Raises PatchError when the object is not shaped
+    like one.
     """
     if kind not in POD_PATHS:
         raise PatchError(f"kind {kind!r} is not one the webhook patches ({', '.join(POD_PATHS)})")
@@ -226,6 +228,7 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
         raise PatchError(f"{kind} {spec_path}/hostAliases is not a list of entries")
     applied: list[str] = []
     for rule in matched:
+        before = len(out.ops)
         wanted = []
         for alias in rule.host_aliases:
             ip = alias.ip or cache_ip
@@ -234,17 +237,20 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
                                     f"{', '.join(alias.hostnames)} left alone")
                 continue
             wanted.append((ip, alias.hostnames))
-        if wanted or rule.mode == "env":
-            applied.append(rule.name)
         aliases = _merge_aliases(out, spec_path, aliases, wanted)
         if rule.mode == "env":
             if proxy_url is None:
                 out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
             else:
                 _add_env(out, spec_path, spec, proxy_url, no_proxy)
+        # Only a rule that changed something is recorded: one whose hostnames
+        # the pod already maps (a reinvocation, or the pod's own entries)
+        # injected nothing.
+        if len(out.ops) > before:
+            applied.append(rule.name)
     if applied:
         out.rules = applied
-        _annotate(out, meta_path, pod_meta, ",".join(applied))
+        _annotate(out, meta_path, pod_meta, applied)
     return out
 
 
@@ -321,13 +327,18 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
                 out.ops.append({"op": "add", "path": base, "value": add})
 
 
-def _annotate(out: Patch, meta_path: str, meta: dict | None, value: str) -> None:
+def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str]) -> None:
+    """Record the rules that injected, keeping names already recorded (an earlier pass or workload template)."""
     if meta is None:
-        out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": {INJECTED: value}}})
+        out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": {INJECTED: ",".join(applied)}}})
         return
     annotations = meta.get("annotations")
     if not isinstance(annotations, dict):
-        out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": {INJECTED: value}})
-    elif annotations.get(INJECTED) != value:
+        out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": {INJECTED: ",".join(applied)}})
+        return
+    current = annotations.get(INJECTED)
+    names = [n for n in current.split(",") if n] if isinstance(current, str) else []
+    value = ",".join(names + [n for n in applied if n not in names])
+    if value != current:
         # "add" on an existing member replaces it (RFC 6902 section 4.1).
         out.ops.append({"op": "add", "path": f"{meta_path}/annotations/{escape(INJECTED)}", "value": value})

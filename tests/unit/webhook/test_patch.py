@@ -153,6 +153,34 @@ def test_two_matching_rules_for_one_ip_make_one_entry_and_name_both():
     validate(patched)
 
 
+@pytest.mark.parametrize("ip", ["10.106.122.174", "9.9.9.9"], ids=["to-the-cache", "elsewhere"])
+def test_a_rule_whose_hostnames_the_pod_maps_already_injects_nothing_and_does_not_annotate(ip):
+    result, patched = apply(pod(host_aliases=[{"ip": ip, "hostnames": HOSTS}]))
+    assert result.ops == [] and result.rules == []
+    assert "annotations" not in patched["metadata"]
+
+
+def test_only_the_rules_that_added_something_are_named():
+    rules = parse_rules(f"""
+- {{name: mapped, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [a.example]}}]}}
+- {{name: added, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [b.example]}}]}}
+""")
+    result, patched = apply(pod(host_aliases=[{"ip": "10.0.0.1", "hostnames": ["a.example"]}]), rules=rules)
+    assert result.rules == ["added"] and patched["metadata"]["annotations"] == {INJECTED: "added"}
+
+
+def test_a_pass_that_adds_keeps_the_rules_an_earlier_pass_recorded():
+    """Reinvoked after the rules changed: the first pass's record stays and the new rule joins it."""
+    rules = parse_rules(f"""
+- {{name: first, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [a.example]}}]}}
+- {{name: second, app: {KEY}, label: ksonnet, hostAliases: [{{ip: 10.0.0.1, hostnames: [b.example]}}]}}
+""")
+    _, once = apply(pod(), rules=rules[:1])
+    result, twice = apply(once, rules=rules)
+    assert twice["metadata"]["annotations"] == {INJECTED: "first,second"} and result.rules == ["second"]
+    assert apply(twice, rules=rules)[0].ops == []
+
+
 ENV_RULES = parse_rules(f"""
 - name: proxy
   app: {KEY}
