@@ -3,11 +3,17 @@
 Maps transport failures to named errors the handlers answer with: refused
 or reset connections are `OriginError` (502), silence is `OriginTimeout`
 (504). Only URLs built from the configured origin table reach this module.
+
+Connections come from one pool of `limit`. With every one of them busy
+(that many downloads streaming at once), a new request queues for a free
+one; that wait is bounded too (`pool_timeout`), so a saturated node answers
+504 naming the origin instead of leaving the client hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Mapping
 
 import aiohttp
@@ -26,21 +32,52 @@ def end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed}
 
 
+async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    ctx.trace_request_ctx.queued = True
+
+
+async def _dequeued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    ctx.trace_request_ctx.queued = False
+
+
 class OriginClient:
-    def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+    def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256,
+                 pool_timeout: float | None = None) -> None:
+        """`pool_timeout` bounds getting a connection: the wait for a free one in
+        the pool plus the connect that may follow. It defaults to as long as a
+        silent origin is given (`read_timeout`) and is never below `connect_timeout`.
+        """
+        if pool_timeout is None:
+            pool_timeout = max(read_timeout, connect_timeout)
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout),
+                            ("pool_timeout", pool_timeout)):
+            if value <= 0:
+                raise ValueError(f"{name} ({value!r}) must be positive")
+        if pool_timeout < connect_timeout:
+            raise ValueError(f"pool_timeout ({pool_timeout!r}) must be at least connect_timeout ({connect_timeout!r}): "
+                             "it includes the connect")
+        if limit < 1:
+            raise ValueError(f"limit ({limit!r}) must be at least 1")
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        self._pool_timeout = pool_timeout
+        # aiohttp's `connect` is the pool wait plus the connect; `sock_connect` the connect alone.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=pool_timeout,
+                                              sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._limit = limit
 
     async def start(self) -> None:
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_queued_start.append(_queued)
+        tracing.on_connection_queued_end.append(_dequeued)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=60),
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
+            trace_configs=[tracing],
         )
 
     async def close(self) -> None:
@@ -55,10 +92,23 @@ class OriginClient:
         http://host/path"). The caller must release the response.
         """
         assert self._session is not None, "OriginClient.start() was not awaited"
+        if timeout is None:
+            timeout = self._timeout
+        elif timeout.connect is None and timeout.total is None:
+            # A caller's own timeouts (peers) still get the bound on the pool queue.
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=max(self._pool_timeout, timeout.sock_connect or 0),
+                sock_connect=timeout.sock_connect, sock_read=timeout.sock_read, ceil_threshold=timeout.ceil_threshold)
+        waiting = SimpleNamespace(queued=False)
         try:
             return await self._session.request(
-                method, url, headers=headers, allow_redirects=False, timeout=timeout or self._timeout, json=json)
+                method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json,
+                trace_request_ctx=waiting)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
+            if waiting.queued:
+                raise OriginTimeout(
+                    f"{what}: no free connection within {timeout.connect:g}s: all {self._limit} connections "
+                    f"of this node's origin pool are busy") from e
             raise OriginTimeout(f"{what}: no answer within the timeout "
                                 f"(connect {self._connect_timeout:g}s, read {self._read_timeout:g}s)") from e
         except aiohttp.ClientConnectorError as e:

@@ -124,3 +124,34 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
         os.close(fd_number)
     assert key not in store
     assert list(store.objects.rglob("*.data")) == [] and list(store.tmp.iterdir()) == []
+
+
+async def test_exhausted_origin_pool_is_504_naming_the_origin_instead_of_waiting_forever(
+        origin, make_node, session, monkeypatch):
+    """With every pooled origin connection busy streaming, a new miss waits a bounded time for one."""
+    import functools
+
+    import cachenode.app
+    from cachenode.origin import OriginClient
+
+    monkeypatch.setattr(cachenode.app, "OriginClient", functools.partial(OriginClient, limit=1, pool_timeout=0.3))
+    origin.put("/slow", b"s" * 300_000, rate=150_000)  # holds the only connection for 2 s
+    origin.put(PATH, b"t" * 100)
+    node = await make_node(origin_connect_timeout=0.2)
+    slow = asyncio.ensure_future(read_all(node, session, "/slow"))
+    await asyncio.sleep(0.2)
+    status, headers, got = await node.get(session, PATH)
+    assert status == 504, (status, got)
+    assert (origin.url + PATH).encode() in got and b"all 1 connections" in got and b"busy" in got
+    assert not slow.done(), "the miss waited for the busy connection instead of giving up"
+    assert origin.requests[PATH] == 0
+    assert await slow == (200, b"s" * 300_000)
+
+
+def test_origin_client_refuses_pool_timeouts_that_cannot_work_naming_them():
+    from cachenode.origin import OriginClient
+
+    with pytest.raises(ValueError, match=r"pool_timeout \(0\) must be positive"):
+        OriginClient(connect_timeout=1, read_timeout=1, pool_timeout=0)
+    with pytest.raises(ValueError, match=r"pool_timeout \(0.5\) must be at least connect_timeout \(1\)"):
+        OriginClient(connect_timeout=1, read_timeout=1, pool_timeout=0.5)
