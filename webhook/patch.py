@@ -31,6 +31,9 @@ from nezha.errors import ConfigError, NezhaError
 INJECTED = "nezha.io/injected"
 OPT_OUT = "nezha.io/inject"
 MODES = ("hosts", "env")
+# Each pair is one setting to clients: curl and wget read the lower case,
+# others the upper case, and which one wins differs by client. So a container
+# that sets either case owns the pair.
 PROXY_VARS = ("HTTP_PROXY", "http_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
 # Cluster-internal traffic stays direct when a rule injects a proxy.
@@ -186,6 +189,28 @@ def _at(obj: Any, pointer: str) -> Any:
     return obj
 
 
+def _what(value: Any) -> str:
+    """What a value of the wrong type is, in JSON terms; never its (possibly huge or deep) repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return f"the string {_short(value)}"
+    return "a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _short(text: str, limit: int = 63) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _warn(out: "Patch", message: str) -> None:
+    if message not in out.warnings:
+        out.warnings.append(message)
+
+
 def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: tuple[Rule, ...] | list[Rule],
               cache_ip: str | None, proxy_url: str | None = None,
               no_proxy: str = DEFAULT_NO_PROXY) -> Patch:
@@ -302,29 +327,59 @@ def _merge_aliases(out: Patch, spec_path: str, aliases: list | None,
 
 
 def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str) -> None:
-    wanted = {**{v: proxy_url for v in PROXY_VARS}, **{v: no_proxy for v in NO_PROXY_VARS}}
+    """Give each container the proxy pairs it does not set itself.
+
+    A container that sets HTTP_PROXY or http_proxy has a proxy of its own:
+    it gets nothing, not even NO_PROXY, which would change how its own proxy
+    is used. One that sets only NO_PROXY or no_proxy keeps its value and gets
+    the proxy pair, with a warning. One with envFrom may set any of them
+    where the webhook cannot see, so it is left alone, with a warning.
+    """
     for group in ("initContainers", "containers"):
         containers = spec.get(group)
         if containers is None:
             continue
         if not isinstance(containers, list):
-            raise PatchError(f"{spec_path}/{group} is not a list")
+            raise PatchError(f"{spec_path}/{group} is {_what(containers)}, not a list")
         for i, c in enumerate(containers):
+            where = f"{spec_path}/{group}/{i}"
             if not isinstance(c, dict):
-                raise PatchError(f"{spec_path}/{group}/{i} is not a container")
+                raise PatchError(f"{where} is {_what(c)}, not a container")
             env = c.get("env")
-            present = {e.get("name") for e in env if isinstance(e, dict)} if isinstance(env, list) else set()
-            # Already-planned ops for this container count as present (two env rules).
-            base = f"{spec_path}/{group}/{i}/env"
-            present |= {op["value"]["name"] for op in out.ops if op["path"] == f"{base}/-"}
-            present |= {e["name"] for op in out.ops if op["path"] == base for e in op["value"]}
-            add = [{"name": k, "value": v} for k, v in wanted.items() if k not in present]
-            if not add:
+            if env is not None and not isinstance(env, list):
+                raise PatchError(f"{where}/env is {_what(env)}, not a list")
+            own: set[str] = set()
+            for j, e in enumerate(env or []):
+                if not isinstance(e, dict):
+                    raise PatchError(f"{where}/env/{j} is {_what(e)}, not a variable")
+                if not isinstance(e.get("name"), str):
+                    raise PatchError(f"{where}/env/{j}/name is {_what(e.get('name'))}, not a variable name")
+                own.add(e["name"])
+            env_from = c.get("envFrom")
+            if env_from is not None and not isinstance(env_from, list):
+                raise PatchError(f"{where}/envFrom is {_what(env_from)}, not a list")
+            base = f"{where}/env"
+            if any(op["path"] in (base, f"{base}/-") for op in out.ops):
+                continue  # an earlier env rule already decided for this container
+            name = c.get("name")
+            label = f"container {_short(name)}" if isinstance(name, str) else where
+            if env_from:
+                _warn(out, f"{label} has envFrom, which may set proxy variables the webhook cannot see; "
+                      "its proxy variables are left alone")
                 continue
-            if isinstance(env, list) or any(op["path"] == base for op in out.ops):
-                out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in add)
+            if mine := sorted(own & set(PROXY_VARS)):
+                _warn(out, f"{label} sets {mine[0]} itself; its proxy variables are left alone")
+                continue
+            add = [{"name": v, "value": proxy_url} for v in PROXY_VARS]
+            if mine := sorted(own & set(NO_PROXY_VARS)):
+                _warn(out, f"{label} sets {mine[0]} itself, which is kept: hosts it does not list, cluster "
+                      "Services included, go to the cache proxy, which refuses hosts it does not cache")
             else:
+                add += [{"name": v, "value": no_proxy} for v in NO_PROXY_VARS]
+            if env is None:
                 out.ops.append({"op": "add", "path": base, "value": add})
+            else:
+                out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in add)
 
 
 def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str]) -> None:

@@ -190,15 +190,72 @@ ENV_RULES = parse_rules(f"""
 """)
 
 
-def test_env_mode_adds_proxy_variables_without_overriding_existing_ones():
-    original = pod(containers=2, env=[{"name": "HTTP_PROXY", "value": "http://mine:3128"}])
-    result, patched = apply(original, rules=ENV_RULES, proxy_url="http://nezha-cache.nezha.svc:80")
-    first, second = (c["env"] for c in patched["spec"]["containers"])
-    assert {e["name"]: e["value"] for e in first}["HTTP_PROXY"] == "http://mine:3128"
-    assert [e["name"] for e in first] == ["HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"]
-    assert {e["name"]: e["value"] for e in second}["http_proxy"] == "http://nezha-cache.nezha.svc:80"
-    assert ".svc" in {e["name"]: e["value"] for e in second}["NO_PROXY"]
-    assert apply(patched, rules=ENV_RULES, proxy_url="http://nezha-cache.nezha.svc:80")[0].ops == []
+PROXY = "http://nezha-cache.nezha.svc:80"
+
+
+def env_of(container):
+    return {e["name"]: e["value"] for e in container.get("env") or []}
+
+
+def test_env_mode_gives_every_container_both_cases_of_both_pairs():
+    original = pod(containers=2)
+    original["spec"]["initContainers"] = [{"name": "fetch", "image": "busybox"}]
+    result, patched = apply(original, rules=ENV_RULES, proxy_url=PROXY)
+    for c in patched["spec"]["initContainers"] + patched["spec"]["containers"]:
+        assert [e["name"] for e in c["env"]] == ["HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"]
+        assert env_of(c)["http_proxy"] == PROXY and ".svc" in env_of(c)["no_proxy"]
+    assert result.warnings == []
+    assert apply(patched, rules=ENV_RULES, proxy_url=PROXY)[0].ops == []
+    validate(patched)
+
+
+@pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy"])
+def test_a_container_with_its_own_proxy_in_either_case_gets_no_proxy_variables(name):
+    """Its proxy is its own: not even NO_PROXY is added, which would change how that proxy is used."""
+    mine = [{"name": name, "value": "http://mine:3128"}]
+    result, patched = apply(pod(containers=2, env=mine), rules=ENV_RULES, proxy_url=PROXY)
+    first, second = patched["spec"]["containers"]
+    assert first["env"] == mine
+    assert env_of(second)["HTTP_PROXY"] == env_of(second)["http_proxy"] == PROXY
+    assert result.warnings == [f"container 'c0' sets {name} itself; its proxy variables are left alone"]
+    assert apply(patched, rules=ENV_RULES, proxy_url=PROXY)[0].ops == []
+    validate(patched)
+
+
+@pytest.mark.parametrize("name", ["NO_PROXY", "no_proxy"])
+def test_a_container_with_its_own_no_proxy_in_either_case_keeps_it_and_gets_only_the_proxy_pair(name):
+    """wget and urllib read no_proxy first: adding it would override the container's NO_PROXY."""
+    mine = [{"name": name, "value": "internal.example"}]
+    result, patched = apply(pod(env=mine), rules=ENV_RULES, proxy_url=PROXY)
+    [c] = patched["spec"]["containers"]
+    assert env_of(c) == {name: "internal.example", "HTTP_PROXY": PROXY, "http_proxy": PROXY}
+    assert result.warnings == [f"container 'c0' sets {name} itself, which is kept: hosts it does not list, "
+                               "cluster Services included, go to the cache proxy, which refuses hosts it does "
+                               "not cache"]
+    assert apply(patched, rules=ENV_RULES, proxy_url=PROXY)[0].ops == []
+    validate(patched)
+
+
+def test_a_container_with_env_from_is_left_alone_with_a_warning():
+    """envFrom may set the proxy variables from a ConfigMap or Secret the webhook cannot read."""
+    original = pod(containers=2)
+    original["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "proxy-settings"}}]
+    result, patched = apply(original, rules=ENV_RULES, proxy_url=PROXY)
+    first, second = patched["spec"]["containers"]
+    assert "env" not in first and env_of(second)["HTTP_PROXY"] == PROXY
+    assert result.warnings == ["container 'c0' has envFrom, which may set proxy variables the webhook cannot "
+                               "see; its proxy variables are left alone"]
+    assert patched["spec"]["hostAliases"][0]["hostnames"] == ["www.cs.toronto.edu"]
+    validate(patched)
+
+
+def test_two_env_rules_give_a_container_its_variables_once():
+    second = parse_rules(f"""
+- {{name: proxy2, app: {KEY}, label: ksonnet, mode: env, hostAliases: [{{hostnames: [yann.lecun.com]}}]}}
+""")
+    result, patched = apply(pod(), rules=ENV_RULES + second, proxy_url=PROXY)
+    assert [e["name"] for e in patched["spec"]["containers"][0]["env"]] == [
+        "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"]
     validate(patched)
 
 

@@ -80,3 +80,26 @@ def test_job_reviews_patch_the_pod_template():
 def test_malformed_reviews_raise_review_error_saying_what_is_wrong(bad, why):
     with pytest.raises(ReviewError, match=why):
         review(bad, rules=RULES, cache_ip=None)
+
+
+ENV_RULES = parse_rules("""
+- name: proxy
+  app: app.kubernetes.io/deploy-manager
+  label: ksonnet
+  mode: env
+  hostAliases: [{ip: 10.0.0.7, hostnames: [www.cs.toronto.edu]}]
+""")
+
+
+def with_container(**fields):
+    return {**POD, "spec": {"containers": [{"name": "c", "image": "busybox", **fields}]}}
+
+
+def test_a_container_with_env_from_is_named_in_the_reviews_warnings():
+    d = review(body(with_container(envFrom=[{"secretRef": {"name": "proxy"}}])), rules=ENV_RULES, cache_ip=None,
+               proxy_url="http://cache:80")
+    assert d.response["response"]["warnings"] == [
+        "nezha: container 'c' has envFrom, which may set proxy variables the webhook cannot see; its proxy "
+        "variables are left alone"]
+    patched = jsonpatch.apply_patch(with_container(envFrom=[{"secretRef": {"name": "proxy"}}]), d.ops)
+    assert "env" not in patched["spec"]["containers"][0] and patched["spec"]["hostAliases"]
