@@ -11,6 +11,7 @@ are::
           hostnames: [www.cs.toronto.edu, yann.lecun.com]
       namespaces: [ml]                        # optional, new
       mode: env                               # optional, new
+      noProxy: [localhost, .svc]              # optional, new (mode env only)
 
 The patch is computed against the object as it is, so running it again on
 the patched object yields no operations: that is what makes the webhook safe
@@ -36,8 +37,12 @@ MODES = ("hosts", "env")
 # that sets either case owns the pair.
 PROXY_VARS = ("HTTP_PROXY", "http_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
-# Cluster-internal traffic stays direct when a rule injects a proxy.
-DEFAULT_NO_PROXY = "localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default"
+# Cluster-internal traffic stays direct when a rule injects a proxy: Service
+# names by suffix, and addresses by the private ranges (clients that match
+# CIDRs: Go, curl >= 7.86, requests; wget and urllib match suffixes only).
+# Short names (`redis`, `redis.ml`) cannot be covered; see docs/webhook.md.
+DEFAULT_NO_PROXY = ("localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default,"
+                    "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16")
 
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -75,6 +80,7 @@ class Rule:
     host_aliases: tuple[HostAlias, ...]
     namespaces: tuple[str, ...] | None = None
     mode: str = "hosts"
+    no_proxy: str | None = None  # mode env: NO_PROXY for this rule; None: the setting's
 
     def matches(self, *, labels: dict[str, str], namespace: str | None) -> bool:
         if self.namespaces is not None and namespace not in self.namespaces:
@@ -130,7 +136,7 @@ def _rule(i: int, raw: Any) -> Rule:
     if not isinstance(name, str) or not name:
         raise RuleError(f"rule #{i}: name must be a non-empty string, got {name!r}")
     where = f"rule {name!r}"
-    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode"})
+    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode", "noProxy"})
     if unknown:
         raise RuleError(f"{where}: unknown field {unknown[0]!r}")
     key, value = raw.get("app"), raw.get("label")
@@ -152,8 +158,24 @@ def _rule(i: int, raw: Any) -> Rule:
     mode = raw.get("mode", "hosts")
     if mode not in MODES:
         raise RuleError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    no_proxy = _no_proxy(where, raw.get("noProxy"))
+    if no_proxy is not None and mode != "env":
+        raise RuleError(f"{where}: noProxy applies only to mode: env, and mode is {mode}")
     return Rule(name=name, label_key=key, label_value=value, host_aliases=parsed,
-                namespaces=namespaces, mode=mode)
+                namespaces=namespaces, mode=mode, no_proxy=no_proxy)
+
+
+def _no_proxy(where: str, raw: Any) -> str | None:
+    """`noProxy` as a list or a comma-separated string -> the NO_PROXY value; None when absent."""
+    if raw is None:
+        return None
+    entries = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(entries, list) or not entries:
+        raise RuleError(f"{where}: noProxy must be a list of hosts, domains or CIDRs, got {raw!r}")
+    for e in entries:
+        if not isinstance(e, str) or not e.strip() or any(c.isspace() or c == "," for c in e.strip()):
+            raise RuleError(f"{where}: noProxy has {e!r}, which is not a host, domain or CIDR")
+    return ",".join(e.strip() for e in entries)
 
 
 def _alias(where: str, j: int, raw: Any) -> HostAlias:
@@ -267,7 +289,7 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
             if proxy_url is None:
                 out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
             else:
-                _add_env(out, spec_path, spec, proxy_url, no_proxy)
+                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy)
         # Only a rule that changed something is recorded: one whose hostnames
         # the pod already maps (a reinvocation, or the pod's own entries)
         # injected nothing.

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError, ReviewError
-from webhook.patch import Rule, RuleError, parse_rules
+from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
 from webhook.review import review
 
 log = structlog.get_logger("nezha.webhook")
@@ -172,6 +172,10 @@ class Webhook:
         self.cert = cert
         # Set by --cache-ip, or kept current by the Service watcher.
         self.cache_ip: str | None = settings.cache_ip
+        # NO_PROXY for env-mode rules without their own noProxy: the setting
+        # when one was given (flag, NEZHA_NO_PROXY, config file), else the
+        # webhook's default, which keeps the private ranges direct as well.
+        self.no_proxy = settings.no_proxy if "no_proxy" in settings.model_fields_set else DEFAULT_NO_PROXY
         self.background: list[Callable[[], Awaitable[None]]] = []
 
     @property
@@ -193,7 +197,7 @@ class Webhook:
             return self._bad(f"body is not JSON: {e}")
         try:
             decision = review(body, rules=self.rules, cache_ip=self.cache_ip,
-                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.settings.no_proxy)
+                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy)
         except ReviewError as e:
             return self._bad(str(e))
         log.info("review_completed", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,

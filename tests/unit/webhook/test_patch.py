@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
+import urllib.request
 
 import jsonpatch
 import kubernetes_validate
 import pytest
 
-from webhook.patch import INJECTED, PatchError, RuleError, escape, parse_rules, patch_for
+from webhook.patch import DEFAULT_NO_PROXY, INJECTED, PatchError, RuleError, escape, parse_rules, patch_for
 
 HOSTS = ["download.tensorflow.org", "www.cs.toronto.edu"]
 KEY = "app.kubernetes.io/deploy-manager"
@@ -259,6 +261,41 @@ def test_two_env_rules_give_a_container_its_variables_once():
     validate(patched)
 
 
+@pytest.mark.parametrize("host,direct", [
+    ("nezha-cache.nezha.svc", True), ("redis.ml.svc.cluster.local", True), ("kubernetes.default", True),
+    ("localhost", True), ("127.0.0.1", True),
+    ("www.cs.toronto.edu", False), ("download.tensorflow.org", False),
+])
+def test_the_default_no_proxy_keeps_service_names_and_loopback_direct_but_not_dataset_hosts(host, direct):
+    """Checked with urllib's own matcher, which is suffix-based as wget's is."""
+    assert bool(urllib.request.proxy_bypass_environment(host, proxies={"no": DEFAULT_NO_PROXY})) is direct
+
+
+@pytest.mark.parametrize("ip", ["10.96.0.1", "10.244.3.7", "172.16.0.1", "172.31.255.254", "192.168.49.2"])
+def test_the_default_no_proxy_keeps_the_private_ranges_direct_for_clients_that_match_cidrs(ip):
+    cidrs = [ipaddress.ip_network(e) for e in DEFAULT_NO_PROXY.split(",") if "/" in e]
+    assert any(ipaddress.ip_address(ip) in net for net in cidrs)
+
+
+def test_the_default_no_proxy_is_what_env_mode_injects():
+    _, patched = apply(pod(), rules=ENV_RULES, proxy_url=PROXY)
+    assert env_of(patched["spec"]["containers"][0])["NO_PROXY"] == DEFAULT_NO_PROXY
+
+
+@pytest.mark.parametrize("value", ["[.svc, internal.example]", "'.svc, internal.example'"])
+def test_a_rule_no_proxy_replaces_the_setting_for_its_pods(value):
+    rules = parse_rules(f"- {{name: p, app: {KEY}, label: ksonnet, mode: env, noProxy: {value}, "
+                        "hostAliases: [{hostnames: [www.cs.toronto.edu]}]}")
+    _, patched = apply(pod(), rules=rules, proxy_url=PROXY, no_proxy="from.setting")
+    env = env_of(patched["spec"]["containers"][0])
+    assert env["NO_PROXY"] == env["no_proxy"] == ".svc,internal.example"
+
+
+def test_without_a_rule_no_proxy_the_setting_is_used():
+    _, patched = apply(pod(), rules=ENV_RULES, proxy_url=PROXY, no_proxy="from.setting")
+    assert env_of(patched["spec"]["containers"][0])["no_proxy"] == "from.setting"
+
+
 @pytest.mark.parametrize("obj,kind,why", [
     (pod(), "ConfigMap", "not one the webhook patches"),
     ({"kind": "Pod", "metadata": {}}, "Pod", "no pod spec"),
@@ -312,6 +349,12 @@ def test_the_original_nezha_configmap_parses_unchanged():
     ("- {name: r, app: k, label: v, mode: dns, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': mode"),
     ("- {name: r, app: k, label: v, namespaces: ml, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': namespaces"),
     ("- {name: r, app: k, label: v, labels: x, hostAliases: [{hostnames: [a.b]}]}", "unknown field 'labels'"),
+    ("- {name: r, app: k, label: v, noProxy: [.svc], hostAliases: [{hostnames: [a.b]}]}",
+     "rule 'r': noProxy applies only to mode: env"),
+    ("- {name: r, app: k, label: v, mode: env, noProxy: ['a b'], hostAliases: [{hostnames: [a.b]}]}",
+     "rule 'r': noProxy has 'a b'"),
+    ("- {name: r, app: k, label: v, mode: env, noProxy: 5, hostAliases: [{hostnames: [a.b]}]}",
+     "rule 'r': noProxy must be a list"),
     ("- {name: r, app: k, label: v, hostAliases: [{hostnames: [a.b]}]}\n"
      "- {name: r, app: k, label: w, hostAliases: [{hostnames: [a.b]}]}", "rule 'r': name is used twice"),
 ])
