@@ -16,6 +16,10 @@ are::
 The patch is computed against the object as it is, so running it again on
 the patched object yields no operations: that is what makes the webhook safe
 under `reinvocationPolicy: IfNeeded`. No I/O here; `server.py` does that.
+
+The object is untrusted input: every field read is type-checked, and one of
+the wrong type raises PatchError naming its JSON Pointer, so the review allows
+the object unchanged with that warning instead of failing with a TypeError.
 """
 
 from __future__ import annotations
@@ -242,19 +246,19 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
     workload's own), honours the opt-out annotation on either, and adds only
     what is missing. A rule is named in `rules` and in the annotation only
     when it added something. Raises PatchError when the object is not shaped
-    like one.
+    like one, naming the field.
     """
     if kind not in POD_PATHS:
         raise PatchError(f"kind {kind!r} is not one the webhook patches ({', '.join(POD_PATHS)})")
     if not isinstance(obj, dict):
-        raise PatchError(f"{kind} object is {type(obj).__name__}, not a mapping")
+        raise PatchError(f"{kind} object is {_what(obj)}, not a mapping")
     spec_path, meta_path = POD_PATHS[kind]
     spec = _at(obj, spec_path)
     if not isinstance(spec, dict):
         raise PatchError(f"{kind} has no pod spec at {spec_path}")
     pod_meta = _at(obj, meta_path)
     if pod_meta is not None and not isinstance(pod_meta, dict):
-        raise PatchError(f"{kind} {meta_path} is {type(pod_meta).__name__}, not a mapping")
+        raise PatchError(f"{kind} {meta_path} is {_what(pod_meta)}, not a mapping")
     own_meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     labels = {**_strdict(own_meta.get("labels")), **_strdict((pod_meta or {}).get("labels"))}
     annotations = {**_strdict(own_meta.get("annotations")), **_strdict((pod_meta or {}).get("annotations"))}
@@ -268,11 +272,10 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
         return out
     if opt is not None and opt.lower() != "true":
         # Failing open: a typo in the opt-out must not stop the pod, but the user should hear of it.
-        out.warnings.append(f"annotation {OPT_OUT} is {opt!r}; expected \"true\" or \"false\"; treated as \"true\"")
+        out.warnings.append(f"annotation {OPT_OUT} is {_short(opt)}; expected \"true\" or \"false\"; "
+                            "treated as \"true\"")
 
-    aliases = spec.get("hostAliases")
-    if aliases is not None and not (isinstance(aliases, list) and all(isinstance(a, dict) for a in aliases)):
-        raise PatchError(f"{kind} {spec_path}/hostAliases is not a list of entries")
+    aliases = _existing_aliases(spec, spec_path)
     applied: list[str] = []
     for rule in matched:
         before = len(out.ops)
@@ -305,6 +308,31 @@ def _strdict(v: Any) -> dict[str, str]:
     return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, str)} if isinstance(v, dict) else {}
 
 
+def _existing_aliases(spec: dict, spec_path: str) -> list[dict[str, Any]] | None:
+    """The pod's hostAliases, checked to be entries of an IP string and a list of hostname strings."""
+    aliases = spec.get("hostAliases")
+    if aliases is None:
+        return None
+    where = f"{spec_path}/hostAliases"
+    if not isinstance(aliases, list):
+        raise PatchError(f"{where} is not a list of entries: it is {_what(aliases)}")
+    for i, a in enumerate(aliases):
+        if not isinstance(a, dict):
+            raise PatchError(f"{where}/{i} is {_what(a)}, not a hostAliases entry")
+        ip = a.get("ip")
+        if ip is not None and not isinstance(ip, str):
+            raise PatchError(f"{where}/{i}/ip is {_what(ip)}, not an IP address")
+        names = a.get("hostnames")
+        if names is None:
+            continue
+        if not isinstance(names, list):
+            raise PatchError(f"{where}/{i}/hostnames is {_what(names)}, not a list of hostnames")
+        for j, h in enumerate(names):
+            if not isinstance(h, str):
+                raise PatchError(f"{where}/{i}/hostnames/{j} is {_what(h)}, not a hostname")
+    return aliases
+
+
 def _merge_aliases(out: Patch, spec_path: str, aliases: list | None,
                    wanted: list[tuple[str, tuple[str, ...]]]) -> list | None:
     """Append ops for `wanted` to `out`; returns the aliases as they will be after them."""
@@ -319,7 +347,7 @@ def _merge_aliases(out: Patch, spec_path: str, aliases: list | None,
         for h in hostnames:
             if h in mapped:
                 if mapped[h] != ip:
-                    out.warnings.append(f"hostname {h} already maps to {mapped[h]} in the pod; left alone")
+                    _warn(out, f"hostname {h} already maps to {str(mapped[h])[:45]} in the pod; left alone")
                 continue
             missing.append(h)
             mapped[h] = ip
@@ -410,9 +438,11 @@ def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str])
         out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": {INJECTED: ",".join(applied)}}})
         return
     annotations = meta.get("annotations")
-    if not isinstance(annotations, dict):
+    if annotations is None:
         out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": {INJECTED: ",".join(applied)}})
         return
+    if not isinstance(annotations, dict):
+        raise PatchError(f"{meta_path}/annotations is {_what(annotations)}, not a mapping")
     current = annotations.get(INJECTED)
     names = [n for n in current.split(",") if n] if isinstance(current, str) else []
     value = ",".join(names + [n for n in applied if n not in names])

@@ -40,15 +40,15 @@ def parse_review(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ReviewError(f"AdmissionReview must be a JSON object, got {type(body).__name__}")
     if body.get("apiVersion") != API_VERSION:
-        raise ReviewError(f"apiVersion must be {API_VERSION}, got {body.get('apiVersion')!r}")
+        raise ReviewError(f"apiVersion must be {API_VERSION}, got {_seen(body.get('apiVersion'))}")
     if body.get("kind") != "AdmissionReview":
-        raise ReviewError(f"kind must be AdmissionReview, got {body.get('kind')!r}")
+        raise ReviewError(f"kind must be AdmissionReview, got {_seen(body.get('kind'))}")
     request = body.get("request")
     if not isinstance(request, dict):
         raise ReviewError("request is missing" if request is None else "request must be an object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
-        raise ReviewError(f"request.uid must be a non-empty string, got {uid!r}")
+        raise ReviewError(f"request.uid must be a non-empty string, got {_seen(uid)}")
     operation = request.get("operation", "CREATE")
     if operation in ("CREATE", "UPDATE", "CONNECT") and not isinstance(request.get("object"), dict):
         raise ReviewError("request.object is missing" if request.get("object") is None
@@ -62,15 +62,15 @@ def review(body: Any, *, rules: tuple[Rule, ...] | list[Rule], cache_ip: str | N
     request = parse_review(body)
     uid = request["uid"]
     obj = request.get("object")
+    # Only strings are taken from here on: these values are logged and put in
+    # messages, and str() of an arbitrary (deep) value is neither short nor safe.
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
     kind_ref = request.get("kind")
-    kind = kind_ref.get("kind") if isinstance(kind_ref, dict) else None
-    if not isinstance(kind, str):
-        kind = obj.get("kind") if isinstance(obj, dict) else None
-    namespace = request.get("namespace")
-    if not isinstance(namespace, str) or not namespace:
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        namespace = meta.get("namespace") if isinstance(meta, dict) else None
-    name = request.get("name") or _name(obj)
+    kind = _text(kind_ref.get("kind") if isinstance(kind_ref, dict) else None) \
+        or _text(obj.get("kind") if isinstance(obj, dict) else None)
+    namespace = _text(request.get("namespace")) or _text(meta.get("namespace"))
+    name = _text(request.get("name")) or _text(meta.get("name")) or _text(meta.get("generateName"))
     decision = Decision(response={"uid": uid, "allowed": True}, uid=uid, kind=str(kind), namespace=namespace,
                         name=name)
     # Pod specs are immutable after creation (hostAliases included), so only
@@ -95,11 +95,18 @@ def review(body: Any, *, rules: tuple[Rule, ...] | list[Rule], cache_ip: str | N
     return _wrap(decision)
 
 
-def _name(obj: Any) -> str | None:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(meta, dict):
-        return None
-    return meta.get("name") or meta.get("generateName")
+def _seen(value: Any) -> str:
+    """A value for an error message: scalars as they are (long strings cut), containers by type only."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:60] + "...")
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    return "a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string, or None for anything else."""
+    return value if isinstance(value, str) and value else None
 
 
 def _wrap(decision: Decision) -> Decision:

@@ -1,9 +1,9 @@
 """The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port.
 
-Bad requests (not JSON, oversize, not an AdmissionReview v1) get a 400 whose
-one-line body says what is wrong; nothing reaches the client as a 500 with a
-traceback. Objects the webhook cannot patch are allowed unchanged (review.py):
-the server fails open.
+Bad requests (not JSON, oversize, nested deeper than MAX_DEPTH, not an
+AdmissionReview v1) get a 400 whose one-line body says what is wrong; nothing
+reaches the client as a 500 with a traceback. Objects the webhook cannot patch
+are allowed unchanged (review.py): the server fails open.
 
 Files change under a running server: the rules file (a mounted ConfigMap) and
 the serving certificate (a mounted Secret). Both are polled by stat signature;
@@ -39,6 +39,25 @@ from webhook.review import review
 log = structlog.get_logger("nezha.webhook")
 
 WEBHOOK: web.AppKey["Webhook"] = web.AppKey("webhook")
+# A review of a pod nests under 25 levels (its managedFields are the deepest).
+# Deeper bodies are refused before any code walks them, so nothing later can
+# hit the interpreter's recursion limit on a body the parser accepted.
+MAX_DEPTH = 100
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when a parsed JSON value nests arrays or objects more than `limit` levels. Iterative."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in node)
+    return False
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -195,6 +214,10 @@ class Webhook:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return self._bad(f"body is not JSON: {e}")
+        except RecursionError:  # the parser's own limit, far above MAX_DEPTH
+            return self._bad(f"body nests arrays or objects more than {MAX_DEPTH} levels deep")
+        if _deeper_than(body, MAX_DEPTH):
+            return self._bad(f"body nests arrays or objects more than {MAX_DEPTH} levels deep")
         try:
             decision = review(body, rules=self.rules, cache_ip=self.cache_ip,
                               proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy)

@@ -42,8 +42,11 @@ def replaced(path: str, value) -> bytes:
     (without("request.uid"), "request.uid must be a non-empty string, got None"),
     (without("request.object"), "request.object is missing"),
     (replaced("request.object", "pod"), "request.object must be an object"),
+    (b"[" * 60000, "body nests arrays or objects more than 100 levels deep"),  # under the 64 KiB limit
+    (replaced("request.object.metadata.annotations", json.loads("[" * 500 + "]" * 500)),
+     "body nests arrays or objects more than 100 levels deep"),
 ], ids=["not-json", "empty", "not-utf8", "array", "wrong-api-version", "wrong-kind", "no-request", "no-uid",
-        "no-object", "object-not-mapping"])
+        "no-object", "object-not-mapping", "nested-beyond-the-parser", "nested-beyond-the-limit"])
 async def test_malformed_reviews_get_400_naming_the_problem(webhook, client, data, message):
     async with client.post(f"{webhook.url}/mutate", data=data, headers={"Content-Type": "application/json"}) as r:
         text = await r.text()
@@ -83,3 +86,30 @@ async def test_an_unexpected_error_is_one_line_and_logged_not_a_traceback_page(w
             text = await r.text()
     assert r.status == 500 and text == "internal error: TypeError\n"
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["request_failed"]
+
+
+@pytest.mark.parametrize("field,value,warning", [
+    ("hostAliases", [{"ip": "10.0.0.1", "hostnames": [["x"]]}],
+     "nezha: not patched: /spec/hostAliases/0/hostnames/0 is a list, not a hostname"),
+    ("hostAliases", [{"ip": {"v4": "10.0.0.1"}, "hostnames": ["x.example"]}],
+     "nezha: not patched: /spec/hostAliases/0/ip is a mapping, not an IP address"),
+], ids=["hostnames-of-lists", "ip-a-mapping"])
+async def test_an_ill_typed_pod_is_allowed_unchanged_with_a_warning_not_a_500(webhook, client, field, value, warning):
+    body = review(pod())
+    body["request"]["object"]["spec"][field] = value
+    async with client.post(f"{webhook.url}/mutate", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = (await r.json())["response"]
+    assert answer == {"uid": body["request"]["uid"], "allowed": True, "warnings": [warning]}
+
+
+@pytest.mark.parametrize("levels,status", [(100, 200), (101, 400)])
+async def test_nesting_up_to_the_limit_is_reviewed_and_beyond_it_refused(webhook, client, levels, status):
+    """AdmissionReview, request, object and metadata are four levels; lists make up the rest."""
+    nested = "x"
+    for _ in range(levels - 4):
+        nested = [nested]
+    body = review(pod())
+    body["request"]["object"]["metadata"]["x-nested"] = nested
+    async with client.post(f"{webhook.url}/mutate", json=body) as r:
+        assert r.status == status, await r.text()

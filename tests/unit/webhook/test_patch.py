@@ -6,9 +6,11 @@ import copy
 import ipaddress
 import urllib.request
 
+import hypothesis
 import jsonpatch
 import kubernetes_validate
 import pytest
+from hypothesis import strategies as st
 
 from webhook.patch import DEFAULT_NO_PROXY, INJECTED, PatchError, RuleError, escape, parse_rules, patch_for
 
@@ -387,3 +389,89 @@ def test_workload_templates_are_patched_at_their_pod_template(kind, api_version,
     assert spec["template"]["metadata"]["annotations"] == {INJECTED: "dataset"}
     validate(patched)
     assert apply(patched, kind)[0].ops == []
+
+
+def with_value(obj, path, value):
+    """`obj` with `value` put at `path` (keys and list indexes); unchanged when the path is not there."""
+    def has(node, step):
+        return isinstance(node, dict) and isinstance(step, str) \
+            or isinstance(node, list) and isinstance(step, int) and step < len(node)
+
+    node = obj
+    for step in path[:-1]:
+        if not has(node, step) or isinstance(node, dict) and step not in node:
+            return obj
+        node = node[step]
+    if has(node, path[-1]):
+        node[path[-1]] = value
+    return obj
+
+
+def messy_pod():
+    p = pod(host_aliases=[{"ip": "10.106.122.174", "hostnames": ["www.cs.toronto.edu"]}],
+            annotations={"a": "b"}, env=[{"name": "A", "value": "1"}])
+    p["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "env": [{"name": "B", "value": "2"}]}]
+    return p
+
+
+WRONG = [  # (where, value, message)
+    (("spec", "hostAliases", 0, "hostnames"), [["x"]],
+     "/spec/hostAliases/0/hostnames/0 is a list, not a hostname"),
+    (("spec", "hostAliases", 0, "hostnames"), "x.example",
+     "/spec/hostAliases/0/hostnames is the string 'x.example', not a list of hostnames"),
+    (("spec", "hostAliases", 0, "ip"), ["10.0.0.1"], "/spec/hostAliases/0/ip is a list, not an IP address"),
+    (("spec", "hostAliases", 0), "10.0.0.1 x.example",
+     "/spec/hostAliases/0 is the string '10.0.0.1 x.example', not a hostAliases entry"),
+    (("spec", "hostAliases"), {"ip": "10.0.0.1"}, "/spec/hostAliases is not a list of entries: it is a mapping"),
+    (("spec", "containers", 0, "env", 0, "name"), ["x"],
+     "/spec/containers/0/env/0/name is a list, not a variable name"),
+    (("spec", "containers", 0, "env", 0), "A=1", "/spec/containers/0/env/0 is the string 'A=1', not a variable"),
+    (("spec", "containers", 0, "env"), "HTTP_PROXY=x",
+     "/spec/containers/0/env is the string 'HTTP_PROXY=x', not a list"),
+    (("spec", "containers", 0, "envFrom"), {"configMapRef": {"name": "x"}},
+     "/spec/containers/0/envFrom is a mapping, not a list"),
+    (("spec", "initContainers", 0), 7, "/spec/initContainers/0 is a number, not a container"),
+    (("spec", "containers"), {"name": "c0"}, "/spec/containers is a mapping, not a list"),
+    (("metadata", "annotations"), ["a=b"], "/metadata/annotations is a list, not a mapping"),
+]
+
+
+@pytest.mark.parametrize("where,value,message", WRONG, ids=["/".join(map(str, w[0])) + ":" + type(w[1]).__name__
+                                                             for w in WRONG])
+def test_a_field_of_the_wrong_type_raises_patch_error_naming_its_pointer(where, value, message):
+    """Never a TypeError, and never a patch that writes over the user's malformed value."""
+    obj = with_value(messy_pod(), where, value)
+    with pytest.raises(PatchError) as e:
+        patch_for(obj=obj, kind="Pod", namespace="ml", rules=RULES + ENV_RULES, cache_ip="10.0.0.9",
+                  proxy_url=PROXY)
+    assert str(e.value) == message
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                max_size=3),
+                    max_leaves=8)
+PLACES = [("spec",), ("spec", "hostAliases"), ("spec", "hostAliases", 0), ("spec", "hostAliases", 0, "ip"),
+          ("spec", "hostAliases", 0, "hostnames"), ("spec", "hostAliases", 0, "hostnames", 0),
+          ("spec", "containers"), ("spec", "containers", 0), ("spec", "containers", 0, "name"),
+          ("spec", "containers", 0, "env"), ("spec", "containers", 0, "env", 0),
+          ("spec", "containers", 0, "env", 0, "name"), ("spec", "containers", 0, "envFrom"),
+          ("spec", "initContainers"), ("spec", "initContainers", 0, "env"), ("metadata",),
+          ("metadata", "labels"), ("metadata", "annotations"), ("metadata", "annotations", INJECTED),
+          ("metadata", "annotations", "nezha.io/inject")]
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(changes=st.lists(st.tuples(st.sampled_from(PLACES), JSON), min_size=1, max_size=3),
+                  rules=st.sampled_from([RULES, CACHE_RULES, ENV_RULES, RULES + ENV_RULES]))
+def test_any_value_anywhere_gives_a_patch_that_applies_once_or_a_patch_error(changes, rules):
+    obj = messy_pod()
+    for where, value in changes:
+        obj = with_value(obj, where, value)
+    try:
+        result = patch_for(obj=obj, kind="Pod", namespace="ml", rules=rules, cache_ip="10.0.0.9", proxy_url=PROXY)
+    except PatchError:
+        return
+    patched = jsonpatch.apply_patch(obj, result.ops)
+    again = patch_for(obj=patched, kind="Pod", namespace="ml", rules=rules, cache_ip="10.0.0.9", proxy_url=PROXY)
+    assert again.ops == []

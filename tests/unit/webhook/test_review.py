@@ -95,6 +95,18 @@ def with_container(**fields):
     return {**POD, "spec": {"containers": [{"name": "c", "image": "busybox", **fields}]}}
 
 
+@pytest.mark.parametrize("obj,warning", [
+    ({**POD, "spec": {**POD["spec"], "hostAliases": [{"ip": "1.1.1.1", "hostnames": [["x"]]}]}},
+     "nezha: not patched: /spec/hostAliases/0/hostnames/0 is a list, not a hostname"),
+    (with_container(env=[{"name": ["x"], "value": "1"}]),
+     "nezha: not patched: /spec/containers/0/env/0/name is a list, not a variable name"),
+], ids=["hostnames-of-lists", "env-name-a-list"])
+def test_an_ill_typed_object_is_allowed_unchanged_with_a_warning_naming_the_field(obj, warning):
+    resp = review(body(obj), rules=RULES + ENV_RULES, cache_ip=None, proxy_url="http://cache:80").response
+    assert resp["response"] == {"uid": "u-1", "allowed": True, "warnings": [warning]}
+    json.dumps(resp)
+
+
 def test_a_container_with_env_from_is_named_in_the_reviews_warnings():
     d = review(body(with_container(envFrom=[{"secretRef": {"name": "proxy"}}])), rules=ENV_RULES, cache_ip=None,
                proxy_url="http://cache:80")
@@ -103,3 +115,31 @@ def test_a_container_with_env_from_is_named_in_the_reviews_warnings():
         "variables are left alone"]
     patched = jsonpatch.apply_patch(with_container(envFrom=[{"secretRef": {"name": "proxy"}}]), d.ops)
     assert "env" not in patched["spec"]["containers"][0] and patched["spec"]["hostAliases"]
+
+
+def deep(levels):
+    value = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_kind_name_and_namespace_of_other_types_are_ignored_not_stringified():
+    """str() of a deep value would be long, or raise RecursionError; only strings are used."""
+    obj = {**POD, "kind": deep(900), "metadata": {**POD["metadata"], "name": deep(900), "namespace": {"a": 1}}}
+    d = review(body(obj, kind={"kind": deep(900)}, name=deep(900), namespace=["ml"]), rules=RULES, cache_ip=None)
+    assert (d.kind, d.name, d.namespace) == ("None", None, None)
+    assert d.response["response"]["warnings"] == [
+        "nezha: not patched: kind 'None' is not one the webhook patches "
+        "(Pod, Job, Deployment, StatefulSet, DaemonSet, ReplicaSet, CronJob)"]
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("apiVersion", deep(900), "apiVersion must be admission.k8s.io/v1, got a list"),
+    ("kind", {"a": deep(900)}, "kind must be AdmissionReview, got a mapping"),
+    ("apiVersion", "v" * 5000, "apiVersion must be admission.k8s.io/v1, got 'vvvvvvvvvv"),
+])
+def test_malformed_reviews_describe_what_they_got_without_printing_it_whole(field, value, why):
+    with pytest.raises(ReviewError) as e:
+        review({**body(), field: value}, rules=RULES, cache_ip=None)
+    assert str(e.value).startswith(why) and len(str(e.value)) < 200
