@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", type=Path, help="serving certificate (PEM); re-read when it changes")
     p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     p.add_argument("--rules", type=Path, help="rules file (the ConfigMap's config value); re-read when it changes")
-    p.add_argument("--cache-ip", help="address for rules without ip; default: watch the cache Service")
+    p.add_argument("--cache-ip", help="address for rules without ip; default: watch the cache Service "
+                   "(only while some rule leaves ip out)")
     p.add_argument("--cache-service", help="cache Service name (default nezha-cache)")
     p.add_argument("--namespace", help="Nezha's namespace (default nezha)")
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig; default: in-cluster service account")
@@ -53,12 +54,15 @@ def run_webhook(args: argparse.Namespace) -> int:
     async def main() -> None:
         api = None
         if settings.cache_ip is None and settings.watch_service:
-            from webhook.discovery import ServiceWatcher, api_client
+            from webhook.discovery import api_client, service_follower
 
-            api = await api_client(kubeconfig=settings.kubeconfig)
-            watcher = ServiceWatcher(api=api, namespace=settings.namespace, name=settings.cache_service,
-                                     on_ip=lambda ip: setattr(webhook, "cache_ip", ip))
-            webhook.background.append(watcher.run)
+            if any(r.needs_cache_ip for r in webhook.rules):
+                # Checked now so that a webhook that could never learn the IP
+                # stops at start with exit code 2, naming the flags to pass.
+                api = await api_client(kubeconfig=settings.kubeconfig)
+            # Runs only while a rule leaves `ip` out (see Webhook.start_discovery_if_needed).
+            webhook.discovery = service_follower(settings=settings, api=api,
+                                                 on_ip=lambda ip: setattr(webhook, "cache_ip", ip))
         try:
             await serve(settings, webhook=webhook)
         finally:

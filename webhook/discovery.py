@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -21,6 +21,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
+from nezha.config import WebhookSettings
 from nezha.errors import ConfigError
 
 log = structlog.get_logger("nezha.webhook.discovery")
@@ -120,3 +121,32 @@ class ServiceWatcher:
                 version = watch.resource_version or version
             finally:
                 await watch.close()
+
+
+def service_follower(*, settings: WebhookSettings, on_ip: Callable[[str | None], Any],
+                     api: client.ApiClient | None = None) -> Callable[[], Awaitable[None]]:
+    """A coroutine function for `Webhook.discovery`: reach the API, then watch the cache Service until cancelled.
+
+    `api` is a client the command made at start-up (the caller closes it);
+    without one each run makes its own. Without cluster access a run logs
+    `service_watch_unavailable`, naming what to pass, and ends; the next rules
+    reload that needs the IP tries again.
+    """
+    service = f"{settings.namespace}/{settings.cache_service}"
+
+    async def follow() -> None:
+        own = None
+        if api is None:
+            try:
+                own = await api_client(kubeconfig=settings.kubeconfig)
+            except ConfigError as e:
+                log.error("service_watch_unavailable", service=service, error=str(e))
+                return
+        try:
+            await ServiceWatcher(api=api or own, namespace=settings.namespace, name=settings.cache_service,
+                                 on_ip=on_ip).run()
+        finally:
+            if own is not None:
+                await own.close()
+
+    return follow

@@ -86,6 +86,11 @@ class Rule:
     mode: str = "hosts"
     no_proxy: str | None = None  # mode env: NO_PROXY for this rule; None: the setting's
 
+    @property
+    def needs_cache_ip(self) -> bool:
+        """True when some alias leaves `ip` out, so the cache Service IP must be known."""
+        return any(a.ip is None for a in self.host_aliases)
+
     def matches(self, *, labels: dict[str, str], namespace: str | None) -> bool:
         if self.namespaces is not None and namespace not in self.namespaces:
             return False

@@ -196,6 +196,11 @@ class Webhook:
         # webhook's default, which keeps the private ranges direct as well.
         self.no_proxy = settings.no_proxy if "no_proxy" in settings.model_fields_set else DEFAULT_NO_PROXY
         self.background: list[Callable[[], Awaitable[None]]] = []
+        # Keeps cache_ip current (the Service watcher, set by the command). It
+        # runs only while some rule leaves `ip` out and no --cache-ip is given:
+        # started at start-up, or by the rules reload that first needs it.
+        self.discovery: Callable[[], Awaitable[None]] | None = None
+        self._discovery_task: asyncio.Task | None = None
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -238,6 +243,21 @@ class Webhook:
         return web.json_response({"ok": True, "rules": [r.name for r in self.rules], "rules_error": rules_error,
                                   "cache_ip": self.cache_ip})
 
+    def start_discovery_if_needed(self) -> None:
+        """Start following the cache Service when a rule needs its IP and nothing else provides it."""
+        if self.settings.cache_ip is not None:
+            return
+        needing = [r.name for r in self.rules if r.needs_cache_ip]
+        if not needing or self._discovery_task is not None and not self._discovery_task.done():
+            return
+        if self.discovery is None:
+            log.error("cache_ip_unavailable", rules=needing,
+                      error="rules without ip need the cache Service IP, and there is no --cache-ip and no "
+                            "Service watch (watch_service is off); their aliases are skipped")
+            return
+        log.info("service_watch_starting", rules=needing)
+        self._discovery_task = asyncio.create_task(self.discovery())
+
     async def poll_files(self) -> None:
         """Follow the rules file and certificate; tiny on purpose, the work is in refresh()."""
         next_rules = next_tls = 0.0
@@ -245,7 +265,8 @@ class Webhook:
         while True:
             now = loop.time()
             if self.rules_file is not None and now >= next_rules:
-                self.rules_file.refresh()
+                if self.rules_file.refresh():
+                    self.start_discovery_if_needed()
                 next_rules = now + self.settings.rules_reload_interval
             if self.cert is not None and now >= next_tls:
                 self.cert.refresh()
@@ -274,7 +295,10 @@ def build_app(webhook: Webhook) -> web.Application:
     async def lifecycle(app: web.Application):
         tasks = [asyncio.create_task(webhook.poll_files())]
         tasks += [asyncio.create_task(job()) for job in webhook.background]
+        webhook.start_discovery_if_needed()
         yield
+        if webhook._discovery_task is not None:
+            tasks.append(webhook._discovery_task)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -25,7 +25,7 @@ Test-side controls: `compact()` (later watches from older versions get 410),
 `drop_watches()` (end or cut every open watch), `stall_watches()` (open
 watches go silent, as over a half-open connection), `service_addresses`
 (where a webhook Service is reachable), `admission_calls` (what the webhooks
-were asked and answered).
+were asked and answered), `requests` (method and path of every API request).
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class KubeAPI:
         self.watchers: set[Watcher] = set()
         self.service_addresses: dict[tuple[str, str, int], str] = {}
         self.admission_calls: list[Call] = []
+        self.requests: list[tuple[str, str]] = []
         self.job_errors: list[str] = []
         self._next_ip = 10
         self._tasks: set[asyncio.Task] = set()
@@ -290,6 +291,7 @@ class KubeAPI:
         return res, namespace, name, sub
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append((request.method, request.path_qs))
         try:
             res, namespace, name, sub = self._resolve(request)
             method = request.method

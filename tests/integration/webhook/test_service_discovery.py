@@ -33,7 +33,7 @@ async def discovering(tls, tmp_path, kube, kube_api):
     hook = build_webhook(settings)
     watcher = ServiceWatcher(api=kube, namespace="nezha", name="nezha-cache", retry_delay=0.05,
                              on_ip=lambda ip: setattr(hook, "cache_ip", ip))
-    hook.background.append(watcher.run)
+    hook.discovery = watcher.run
     runner = await start(hook)
     await namespace(kube, "nezha")
     await namespace(kube, "ml")
