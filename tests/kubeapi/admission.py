@@ -48,7 +48,7 @@ class Call:
     review: dict[str, Any] = field(default_factory=dict)
 
 
-def _rule_matches(rule: dict[str, Any], res: Resource, operation: str) -> bool:
+def rule_matches(rule: dict[str, Any], res: Resource, operation: str) -> bool:
     def has(values: list[str] | None, value: str) -> bool:
         return bool(values) and ("*" in values or value in values)
 
@@ -60,7 +60,7 @@ def _rule_matches(rule: dict[str, Any], res: Resource, operation: str) -> bool:
 
 
 def _selected(api: "KubeAPI", hook: dict[str, Any], res: Resource, namespace: str | None, obj: dict) -> bool:
-    if not any(_rule_matches(r, res, "CREATE") for r in hook.get("rules") or []):
+    if not any(rule_matches(r, res, "CREATE") for r in hook.get("rules") or []):
         return False
     if res.namespaced:
         ns_obj = api.objects_of("", "namespaces").get((None, namespace)) or {}

@@ -32,11 +32,14 @@ async def test_a_labelled_pod_is_stored_with_host_aliases(kube, kube_api, webhoo
     assert call.outcome == "patched" and call.review["request"]["namespace"] == "ml"
 
 
-async def test_a_job_gets_its_pod_created_with_host_aliases(kube, kube_api, webhook, tls):
+async def test_a_job_template_is_patched_and_its_pod_ends_with_exactly_one_set_of_aliases(kube, kube_api, webhook,
+                                                                                         tls):
+    """Template, then pod: the pod's own review finds the aliases there already and adds nothing."""
     await namespace(kube, "ml")
     await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"{webhook.url}/mutate")
     created = await client.BatchV1Api(kube).create_namespaced_job("ml", job())
-    assert created.spec.template.spec.host_aliases is None  # the registration covers pods, not Jobs
+    assert [a.to_dict() for a in created.spec.template.spec.host_aliases] == [CACHE]
+    assert created.spec.template.metadata.annotations == {"nezha.io/injected": "dataset"}
     core = client.CoreV1Api(kube)
     for _ in range(100):
         pods = (await core.list_namespaced_pod("ml", label_selector="job-name=train")).items
@@ -45,7 +48,29 @@ async def test_a_job_gets_its_pod_created_with_host_aliases(kube, kube_api, webh
         await asyncio.sleep(0.02)
     [stored] = pods
     assert [a.to_dict() for a in stored.spec.host_aliases] == [CACHE]
+    assert stored.metadata.annotations == {"nezha.io/injected": "dataset"}
     assert stored.metadata.owner_references[0].kind == "Job" and kube_api.job_errors == []
+    assert [(c.review["request"]["kind"]["kind"], c.outcome) for c in kube_api.admission_calls] == [
+        ("Job", "patched"), ("Pod", "unchanged")]
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet"])
+async def test_deployment_and_statefulset_templates_are_patched(kube, kube_api, webhook, tls, kind):
+    await namespace(kube, "ml")
+    await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"{webhook.url}/mutate")
+    template = job()["spec"]["template"]
+    template["metadata"]["labels"]["app"] = "train"
+    template["spec"]["restartPolicy"] = "Always"
+    spec = {"replicas": 1, "selector": {"matchLabels": {"app": "train"}}, "template": template}
+    apps = client.AppsV1Api(kube)
+    if kind == "Deployment":
+        created = await apps.create_namespaced_deployment("ml", {"metadata": {"name": "train"}, "spec": spec})
+    else:
+        created = await apps.create_namespaced_stateful_set("ml", {"metadata": {"name": "train"},
+                                                                   "spec": {**spec, "serviceName": "train"}})
+    assert [a.to_dict() for a in created.spec.template.spec.host_aliases] == [CACHE]
+    assert [(c.review["request"]["kind"]["kind"], c.outcome) for c in kube_api.admission_calls] == [
+        (kind, "patched")]
 
 
 async def test_the_service_reference_is_verified_against_the_service_dns_name(kube, kube_api, webhook, tls):

@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.kubeapi.admission import rule_matches
 from tests.kubeapi.resources import BY_PATH, matches, selector_terms
 from tests.kubeapi.server import validate_webhook_configuration
 
@@ -41,3 +42,13 @@ def test_the_namespace_selector_keeps_kube_system_and_nezhas_own_namespace_out(n
     labels = {"kubernetes.io/metadata.name": namespace}
     for hook in HOOKS:
         assert matches(selector_terms(hook.get("namespaceSelector")), labels) is sent
+
+
+@pytest.mark.parametrize("group,version,plural", [("", "v1", "pods"), ("batch", "v1", "jobs"),
+                                                  ("apps", "v1", "deployments"), ("apps", "v1", "statefulsets")])
+def test_pods_and_the_templates_of_jobs_deployments_and_statefulsets_are_sent_on_create_only(group, version,
+                                                                                             plural):
+    res = BY_PATH[(group, version, plural)]
+    [hook] = HOOKS
+    assert any(rule_matches(rule, res, "CREATE") for rule in hook["rules"])
+    assert not any(rule_matches(rule, res, op) for rule in hook["rules"] for op in ("UPDATE", "DELETE"))
