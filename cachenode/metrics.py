@@ -17,8 +17,8 @@ class Metrics:
         self.hits = Counter("nezha_cache_hits", "Requests served from this node's disk", registry=r)
         self.misses = Counter("nezha_cache_misses", "Requests served from a fill in progress (the origin was "
                               "needed)", registry=r)
-        self.bytes_served = Counter("nezha_bytes_served", "Body bytes sent to clients from this node's disk "
-                                    "(stored objects and fills in progress)", registry=r)
+        self.bytes_served = Counter("nezha_bytes_served", "Body bytes sent to clients: stored objects, fills "
+                                    "in progress and pass-through (bypass, unstorable, origin errors)", registry=r)
         self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)

@@ -4,6 +4,10 @@ Every writer streams: a stored object goes out in one `loop.sendfile`, a fill
 is sent from its temp file as bytes land, a pass-through is copied chunk by
 chunk. None holds a whole object in memory. When a body cannot be finished
 the connection is aborted, so the client sees an error, never a short object.
+
+A client that hangs up mid-body is an ordinary outcome, not an error: one
+`client_gone` line with the bytes that left, those bytes counted, and the
+fill and every other client carry on.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ class BrokenStream(Exception):
     """A body could not be completed; the connection was closed on purpose."""
 
 
+class ClientGone(Exception):
+    """The client closed its connection mid-body, after `sent` bytes of this write left."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__(f"client went away after {sent} bytes")
+        self.sent = sent
+
+
 def origin_failure(error: NezhaError | None) -> web.HTTPException:
     """502 for an origin that failed, 504 for one that did not answer in time."""
     if isinstance(error, OriginTimeout):
@@ -55,6 +67,16 @@ def _object_headers(resp: web.StreamResponse, headers: dict[str, str], label: st
         resp.headers[name] = value
     resp.headers["Accept-Ranges"] = "bytes"
     resp.headers[CACHE_HEADER] = label
+
+
+async def _answer_precondition(request: web.Request, resp: web.StreamResponse, outcome: RangeOutcome) -> None:
+    """304 or 412 with the object's validators and no body (RFC 9110 §15.4.5, §15.5.13)."""
+    for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
+        resp.headers.popall(h, None)
+    resp.set_status(outcome.value)
+    resp.content_length = 0 if outcome is RangeOutcome.PRECONDITION_FAILED else None
+    await resp.prepare(request)
+    await resp.write_eof()
 
 
 def _host_of(key: str) -> str:
@@ -90,6 +112,12 @@ class Responder:
         self.origins = origins
         self._count = count
 
+    def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
+        """A client hung up: log it once, count what it was sent."""
+        access(request).bytes = sent
+        log.info("client_gone", key=key, bytes=sent)
+        self._count(host, request=request, bytes_served=sent, **deltas)
+
     async def hit(self, request: web.Request, meta: Meta, *, label: str,
                          stale_reason: str | None = None) -> web.StreamResponse | None:
         """Send a stored object; None if it vanished (evicted or replaced) first."""
@@ -108,18 +136,20 @@ class Responder:
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
-                for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
-                    resp.headers.popall(h, None)
-                resp.content_length = 0 if decision.outcome is RangeOutcome.PRECONDITION_FAILED else None
-                await resp.prepare(request)
-                await resp.write_eof()
                 self._count(meta.host, request=request, hits=1)
+                try:
+                    await _answer_precondition(request, resp, decision.outcome)
+                except ConnectionError:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
                 resp.headers["Content-Range"] = f"bytes */{meta.size}"
                 resp.content_length = 0
-                await resp.prepare(request)
-                await resp.write_eof()
+                try:
+                    await resp.prepare(request)
+                    await resp.write_eof()
+                except ConnectionError:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
                 return resp
             if decision.outcome is RangeOutcome.PARTIAL:
                 end = decision.start + decision.length - 1
@@ -128,49 +158,72 @@ class Responder:
             self._count(meta.host, request=request, hits=1)
             if PEER_HEADER in request.headers:
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
-            await resp.prepare(request)
-            if request.method != "HEAD" and decision.length:
-                await self.send_file(request, resp, f, decision.start, decision.length)
-                self._count(meta.host, request=request, bytes_served=decision.length)
-                access(request).bytes = decision.length
-            await resp.write_eof()
+            sent = 0
+            try:
+                await resp.prepare(request)
+                if request.method != "HEAD" and decision.length:
+                    await self.send_file(request, resp, f, decision.start, decision.length)
+                    sent = decision.length
+                    self._count(meta.host, request=request, bytes_served=sent)
+                    access(request).bytes = sent
+                await resp.write_eof()
+            except ClientGone as e:
+                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent)
+            except ConnectionError:
+                if not sent:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+            except BrokenStream as e:  # the data file is shorter than its meta says
+                access(request).cache = f"{label}-aborted"
+                log.warning("stream_aborted", key=meta.key, error=str(e))
+                break_connection(request)
             return resp
         finally:
             f.close()
 
     async def send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
                          offset: int, count: int) -> None:
-        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible."""
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("client went away")
-        if self.settings.sendfile and resp.chunked is False and not resp.compression:
-            pushed = _sendfile_now(transport, f.fileno(), offset, count)
-            offset += pushed
-            count -= pushed
-            if count == 0:
-                return
-            try:
-                sent = await asyncio.get_running_loop().sendfile(transport, f, offset, count)
-            except NotImplementedError:
-                pass
-            else:
-                if sent != count:
-                    raise BrokenStream(f"sent {sent} of {count} bytes")
-                return
-        loop = asyncio.get_running_loop()
-        chunk = self.settings.chunk_size
-        while count > 0:
-            data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count), offset)
-            if not data:
-                raise BrokenStream(f"file ended {count} bytes early")
-            await resp.write(data)
-            offset += len(data)
-            count -= len(data)
+        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible.
+
+        Raises ClientGone, with the bytes that did leave, when the client hung up.
+        """
+        done = 0
+        try:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("client went away")
+            if self.settings.sendfile and resp.chunked is False and not resp.compression:
+                done = _sendfile_now(transport, f.fileno(), offset, count)
+                if done == count:
+                    return
+                # asyncio leaves the file position after what it sent, even when
+                # sending fails: that is how many bytes left if the client hangs up.
+                os.lseek(f.fileno(), offset + done, os.SEEK_SET)
+                try:
+                    sent = await asyncio.get_running_loop().sendfile(transport, f, offset + done, count - done)
+                except NotImplementedError:
+                    pass
+                except ConnectionError:
+                    done = os.lseek(f.fileno(), 0, os.SEEK_CUR) - offset
+                    raise
+                else:
+                    if sent != count - done:
+                        raise BrokenStream(f"sent {done + sent} of {count} bytes")
+                    return
+            loop = asyncio.get_running_loop()
+            chunk = self.settings.chunk_size
+            while done < count:
+                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
+                if not data:
+                    raise BrokenStream(f"file ended {count - done} bytes early")
+                await resp.write(data)
+                done += len(data)
+        except ConnectionError as e:
+            raise ClientGone(max(0, min(done, count))) from e
 
     async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
         """Stream an object while the origin is still sending it."""
         f = fill.open_reader()  # first, before any await: see run_fill_in_background
+        host = _host_of(fill.key)
         try:
             access(request).cache = label
             size = fill.length
@@ -188,33 +241,45 @@ class Responder:
                     resp.set_status(416)
                     resp.headers["Content-Range"] = f"bytes */{size}"
                     resp.content_length = 0
-                    await resp.prepare(request)
-                    await resp.write_eof()
+                    try:
+                        await resp.prepare(request)
+                        await resp.write_eof()
+                    except ConnectionError:
+                        self._client_gone(request, host=host, key=fill.key, sent=0)
                     return resp
                 resp.content_length = length
             else:
                 resp.enable_chunked_encoding()
             resp.set_status(status)
-            await resp.prepare(request)
             offset = start
             end = None if length is None else start + length
             try:
+                await resp.prepare(request)
                 while end is None or offset < end:
                     available = await fill.wait_beyond(offset)
                     if end is not None:
                         available = min(available, end)
                     if available <= offset:
-                        break  # unknown length and the fill is complete
+                        break  # unknown length and the body is complete
                     await self.send_file(request, resp, f, offset, available - offset)
                     offset = available
+            except ClientGone as e:
+                self._client_gone(request, host=host, key=fill.key, sent=offset + e.sent - start, misses=1)
+                return resp
+            except ConnectionError:
+                self._client_gone(request, host=host, key=fill.key, sent=offset - start, misses=1)
+                return resp
             except (FillAborted, BrokenStream) as e:
                 access(request).cache = f"{label}-aborted"
                 log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
                 break_connection(request)
                 return resp
             access(request).bytes = offset - start
-            self._count(_host_of(fill.key), request=request, misses=1, bytes_served=offset - start)
-            await resp.write_eof()
+            self._count(host, request=request, misses=1, bytes_served=offset - start)
+            try:
+                await resp.write_eof()
+            except ConnectionError:
+                pass  # every byte left; only the end of the framing did not
             return resp
         finally:
             f.close()
@@ -238,19 +303,29 @@ class Responder:
                 resp.content_length = response.content_length
             elif request.method != "HEAD" and response.status not in (204, 304):
                 resp.enable_chunked_encoding()
-            await resp.prepare(request)
-            sent = 0
-            if request.method != "HEAD":
-                try:
+            sent = received = 0
+            gone = False
+            try:
+                await resp.prepare(request)
+                if request.method != "HEAD":
                     async for chunk in response.content.iter_chunked(self.settings.chunk_size):
+                        received += len(chunk)
                         await resp.write(chunk)
                         sent += len(chunk)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
-                    break_connection(request)
-                    return resp
-            access(request).bytes = sent
-            await resp.write_eof()
+                await resp.write_eof()
+            except ConnectionError:  # the client hung up (aiohttp's ClientConnectionResetError is one too)
+                gone = True
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
+                break_connection(request)
+            # Stats go by the origin's configured host, not the upstream URL's.
+            host = access(request).host or _host_of(url)
+            if gone:
+                self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
+                                  bytes_from_origin=received)
+            else:
+                access(request).bytes = sent
+                self._count(host, request=request, bytes_served=sent, bytes_from_origin=received)
             return resp
         finally:
             response.release()

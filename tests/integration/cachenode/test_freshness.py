@@ -102,3 +102,55 @@ async def test_authorization_and_cookie_requests_bypass_the_cache(origin, make_n
     await node.node.settled()
     assert "http://www.cs.toronto.edu/private" not in node.node.store
     assert origin.requests[PATH] == 3
+
+
+async def test_pass_through_bytes_are_counted_in_metrics_and_index_stats(origin, make_node, session, redis_server):
+    """Bypass, unstorable, over-capacity and origin-error answers are traffic too: bytes served and fetched."""
+    origin.put("/bypass", b"b" * 1000)
+    origin.put("/nostore", b"n" * 2000, headers={"Cache-Control": "no-store"})
+    origin.put("/missing", b"nope\n", status=404)
+    origin.put("/big", b"B" * 200_000)
+    node = await make_node(capacity=100_000, redis_url=redis_server.url, node_id="nezha-cache-0")
+    expect = [("/bypass", {"Authorization": "Bearer alice"}, "bypass", 1000), ("/nostore", {}, "pass", 2000),
+              ("/missing", {}, "pass", 5), ("/big", {}, "pass", 200_000)]
+    for path, headers, label, size in expect:
+        status, got_headers, got = await node.get(session, path, headers=headers)
+        assert got_headers["X-Nezha-Cache"] == label and len(got) == size
+    await node.node.settled()
+    total = sum(size for *_, size in expect)
+    async with session.get(node.url + "/metrics") as r:
+        assert f"nezha_bytes_served_total {float(total)}" in await r.text()
+    assert await node.node.index.flush()
+    stats = await node.node.index.read_stats()
+    for scope in (stats["nodes"]["nezha-cache-0"], stats["hosts"]["www.cs.toronto.edu"], stats["cluster"]):
+        assert scope["bytes_served"] == total and scope["bytes_from_origin"] == total, scope
+        assert scope["hits"] == 0 and scope["misses"] == 0
+    assert len(node.node.store) == 0
+
+
+async def test_client_hanging_up_mid_pass_through_is_client_gone_with_its_bytes_counted(origin, make_node, session):
+    """An unstorable response cut short by its client: one info line, the bytes that left counted."""
+    import asyncio
+
+    import aiohttp
+    from structlog.testing import capture_logs
+
+    origin.put("/nostore", b"n" * 2_000_000, rate=1_000_000, headers={"Cache-Control": "no-store"})
+    node = await make_node()
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as quitter:
+            async with quitter.get(node.url + "/nostore", headers={"Host": "www.cs.toronto.edu"}) as r:
+                assert r.headers["X-Nezha-Cache"] == "pass"
+                await r.content.readexactly(10_000)
+                r.close()
+        for _ in range(300):  # the node notices at its next write
+            if any(e["event"] == "request_completed" for e in logs):
+                break
+            await asyncio.sleep(0.01)
+    gone = [e for e in logs if e["event"] == "client_gone"]
+    assert len(gone) == 1 and gone[0]["log_level"] == "info", logs
+    assert 10_000 <= gone[0]["bytes"] < 2_000_000
+    assert [(e["status"], e["bytes"]) for e in logs if e["event"] == "request_completed"] == [(200, gone[0]["bytes"])]
+    assert not [e for e in logs if e["log_level"] in ("warning", "error", "critical")], logs
+    async with session.get(node.url + "/metrics") as r:
+        assert f"nezha_bytes_served_total {float(gone[0]['bytes'])}" in await r.text()

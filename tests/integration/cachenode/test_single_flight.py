@@ -96,3 +96,33 @@ async def test_no_descriptor_on_the_data_dir_outlives_its_fill_and_readers(origi
             await node.get(session, f"/fd/{i}")
     await asyncio.sleep(0.05)
     assert open_files_under(node.node.store.root) == []
+
+
+async def test_client_hanging_up_mid_fill_is_logged_once_as_client_gone_with_its_bytes(
+        origin, make_node, session, caplog):
+    """A disconnect is an ordinary outcome: one info line, its bytes counted, no 500 and no traceback."""
+    from structlog.testing import capture_logs
+
+    body = b"z" * 800_000
+    origin.put(PATH, body, rate=1_000_000)
+    node = await make_node()
+    with capture_logs() as logs:
+        other = asyncio.ensure_future(node.get(session, PATH))
+        async with aiohttp.ClientSession() as quitter:
+            async with quitter.get(node.url + PATH, headers={"Host": "www.cs.toronto.edu"}) as r:
+                await r.content.readexactly(10_000)
+                r.close()  # hang up mid-body
+        status, _, got = await other
+        await node.node.settled()
+    assert status == 200 and got == body
+    gone = [e for e in logs if e["event"] == "client_gone"]
+    assert len(gone) == 1 and gone[0]["log_level"] == "info", logs
+    assert 10_000 <= gone[0]["bytes"] < len(body)
+    done = sorted((e["status"], e["bytes"]) for e in logs if e["event"] == "request_completed")
+    assert done == [(200, gone[0]["bytes"]), (200, len(body))]
+    assert not [e for e in logs if e["log_level"] in ("warning", "error", "critical")], logs
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    async with session.get(node.url + "/metrics") as r:
+        assert f"nezha_bytes_served_total {float(len(body) + gone[0]['bytes'])}" in await r.text()
+    assert node.node.store.lookup("http://www.cs.toronto.edu" + PATH) is not None
+

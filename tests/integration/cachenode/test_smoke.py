@@ -1,3 +1,8 @@
+"""The main promise: the second download is a hit with the same bytes."""
+
+import asyncio
+
+import pytest
 
 
 async def test_second_download_is_a_hit_with_same_bytes(origin, make_node, session):
@@ -12,3 +17,36 @@ async def test_second_download_is_a_hit_with_same_bytes(origin, make_node, sessi
     assert h1["X-Nezha-Cache"] == "miss" and h2["X-Nezha-Cache"] == "hit"
     assert h2["ETag"] == origin.etags["/~kriz/data.tar.gz"]
     assert origin.requests["/~kriz/data.tar.gz"] == 1
+
+
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-write"])
+async def test_client_hanging_up_mid_hit_is_logged_once_as_client_gone(origin, make_node, session, caplog, sendfile):
+    """A hit cut short by its client is an info line with the bytes sent, not a 500 with a traceback.
+
+    Served by aiohttp (serve.py), not the fast path, which has its own writer."""
+    import aiohttp
+    from structlog.testing import capture_logs
+
+    body = bytes(range(256)) * 160_000  # 40 MB: more than the socket buffers hold
+    origin.put("/big.tar", body)
+    node = await make_node(sendfile=sendfile, fast_hits=False)
+    await node.get(session, "/big.tar")
+    await node.node.settled()
+    with capture_logs() as logs:
+        async with aiohttp.ClientSession() as quitter:
+            async with quitter.get(node.url + "/big.tar", headers={"Host": "www.cs.toronto.edu"}) as r:
+                await r.content.readexactly(100_000)
+                r.close()
+        for _ in range(500):  # the server notices at its next send
+            if any(e["event"] == "request_completed" for e in logs):
+                break
+            await asyncio.sleep(0.01)
+    gone = [e for e in logs if e["event"] == "client_gone"]
+    assert len(gone) == 1 and gone[0]["log_level"] == "info", logs
+    assert gone[0]["bytes"] < len(body)
+    done = [e for e in logs if e["event"] == "request_completed"]
+    assert [(e["status"], e["cache"], e["bytes"]) for e in done] == [(200, "hit", gone[0]["bytes"])]
+    assert not [e for e in logs if e["log_level"] in ("warning", "error", "critical")], logs
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    status, headers, got = await node.get(session, "/big.tar")
+    assert got == body and headers["X-Nezha-Cache"] == "hit"
