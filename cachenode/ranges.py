@@ -2,6 +2,8 @@
 
 `evaluate()` turns request headers and the object's validators into one
 outcome the handler dispatches on, the way aiohttp's FileResponse does.
+`preconditions()` is its first half, which needs no size: it also judges
+objects still streaming from the origin with no Content-Length.
 """
 
 from __future__ import annotations
@@ -67,35 +69,42 @@ def parse_range(value: str, size: int) -> tuple[int, int] | None | bool:
     return start, end - start + 1
 
 
-def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_modified: str | None) -> Decision:
-    """RFC 9110 §13.2.2 order: If-Match, If-Unmodified-Since, If-None-Match,
-    If-Modified-Since, then If-Range and Range."""
-    # Parsed only when a date validator is asked for: most hits carry none.
-    lm_cache: list[float | None] = []
+def preconditions(headers: Mapping[str, str], *, etag: str | None, last_modified: str | None) -> Outcome | None:
+    """NOT_MODIFIED, PRECONDITION_FAILED or None (go on), in RFC 9110 §13.2.2 order:
+    If-Match, If-Unmodified-Since, If-None-Match, If-Modified-Since.
 
-    def lm_at() -> float | None:
-        if not lm_cache:
-            lm_cache.append(http_date(last_modified))
-        return lm_cache[0]
+    Needs no size, so an object still arriving with no known length is judged
+    the same way as a stored one.
+    """
+    def lm_at() -> float | None:  # parsed only when a date validator is asked for: most requests carry none
+        return http_date(last_modified)
 
     if_match = headers.get("If-Match")
     if if_match is not None:
         tags = _etags(if_match)
         if "*" not in tags and not (etag and not etag.startswith("W/") and etag in tags):
-            return Decision(Outcome.PRECONDITION_FAILED)
+            return Outcome.PRECONDITION_FAILED
     else:
         ius = http_date(headers.get("If-Unmodified-Since"))
         if ius is not None and (lm := lm_at()) is not None and lm > ius:
-            return Decision(Outcome.PRECONDITION_FAILED)
+            return Outcome.PRECONDITION_FAILED
     inm = headers.get("If-None-Match")
     if inm is not None:
         tags = _etags(inm)
         if "*" in tags or (etag and any(_weak_match(etag, t) for t in tags)):
-            return Decision(Outcome.NOT_MODIFIED)
+            return Outcome.NOT_MODIFIED
     else:
         ims = http_date(headers.get("If-Modified-Since"))
         if ims is not None and (lm := lm_at()) is not None and lm <= ims:
-            return Decision(Outcome.NOT_MODIFIED)
+            return Outcome.NOT_MODIFIED
+    return None
+
+
+def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_modified: str | None) -> Decision:
+    """`preconditions`, then If-Range and Range."""
+    verdict = preconditions(headers, etag=etag, last_modified=last_modified)
+    if verdict is not None:
+        return Decision(verdict)
     rng = headers.get("Range")
     if rng is not None:
         if_range = headers.get("If-Range")
@@ -105,7 +114,7 @@ def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_mo
                 applies = etag is not None and not etag.startswith("W/") and if_range == etag
             else:
                 ir = http_date(if_range)
-                applies = ir is not None and (lm := lm_at()) is not None and lm == ir
+                applies = ir is not None and (lm := http_date(last_modified)) is not None and lm == ir
             if not applies:
                 return Decision(Outcome.FULL, 0, size)
         parsed = parse_range(rng, size)

@@ -25,7 +25,7 @@ from cachenode.fill import Fill
 from cachenode.origin import OriginClient, end_to_end
 from cachenode.peers import PEER_HEADER
 from cachenode.ranges import Outcome as RangeOutcome
-from cachenode.ranges import evaluate
+from cachenode.ranges import evaluate, preconditions
 from cachenode.store import Meta, Store
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
@@ -231,6 +231,15 @@ class Responder:
             status = 200
             resp = web.StreamResponse()
             _object_headers(resp, fill.headers, label)
+            verdict = preconditions(request.headers, etag=fill.headers.get("ETag"),
+                                    last_modified=fill.headers.get("Last-Modified"))
+            if verdict is not None:
+                self._count(host, request=request, misses=1)
+                try:
+                    await _answer_precondition(request, resp, verdict)
+                except ConnectionError:
+                    self._client_gone(request, host=host, key=fill.key, sent=0)
+                return resp
             if size is not None:
                 decision = evaluate(request.headers, size=size, etag=fill.headers.get("ETag"),
                                     last_modified=fill.headers.get("Last-Modified"))

@@ -126,3 +126,22 @@ async def test_client_hanging_up_mid_fill_is_logged_once_as_client_gone_with_its
         assert f"nezha_bytes_served_total {float(len(body) + gone[0]['bytes'])}" in await r.text()
     assert node.node.store.lookup("http://www.cs.toronto.edu" + PATH) is not None
 
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_streaming_miss_answers_validators_like_a_hit(origin, make_node, session, chunked):
+    """If-None-Match matching the fill's ETag is a 304, a failed If-Match a 412, while the object streams."""
+    body = b"v" * 600_000
+    origin.put(PATH, body, rate=1_000_000, chunked=chunked)
+    etag = origin.etags[PATH]
+    node = await make_node()
+    status, headers, got = await node.get(session, PATH, headers={"If-None-Match": etag})
+    assert (status, got, headers["X-Nezha-Cache"], headers["ETag"]) == (304, b"", "miss", etag)
+    assert node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None, "fill already over"
+    status, headers, got = await node.get(session, PATH, headers={"If-Match": '"something-else"'})
+    assert (status, got, headers["X-Nezha-Cache"]) == (412, b"", "miss-joined")
+    status, headers, got = await node.get(session, PATH, headers={"If-Match": etag})
+    assert (status, got, headers["X-Nezha-Cache"]) == (200, body, "miss-joined")
+    await node.node.settled()
+    assert origin.requests[PATH] == 1
+    status, headers, got = await node.get(session, PATH, headers={"If-None-Match": etag})
+    assert (status, headers["X-Nezha-Cache"]) == (304, "hit")

@@ -1,6 +1,6 @@
 import pytest
 
-from cachenode.ranges import Decision, Outcome, evaluate, parse_range
+from cachenode.ranges import Decision, Outcome, evaluate, parse_range, preconditions
 
 ETAG = '"abc"'
 LM = "Wed, 01 Jan 2025 00:00:00 GMT"
@@ -44,3 +44,19 @@ def test_parse_range(value, size, expect):
 ])
 def test_evaluate_follows_rfc9110_precedence(headers, expect):
     assert evaluate(headers, size=100, etag=ETAG, last_modified=LM) == expect
+
+
+@pytest.mark.parametrize("headers,expect", [
+    ({}, None),
+    ({"Range": "bytes=0-9"}, None),
+    ({"If-None-Match": ETAG}, Outcome.NOT_MODIFIED),
+    ({"If-None-Match": '"zzz"'}, None),
+    ({"If-Modified-Since": LM}, Outcome.NOT_MODIFIED),
+    ({"If-Match": '"zzz"'}, Outcome.PRECONDITION_FAILED),
+    ({"If-Match": ETAG, "If-None-Match": ETAG}, Outcome.NOT_MODIFIED),
+    ({"If-Match": '"zzz"', "If-None-Match": ETAG}, Outcome.PRECONDITION_FAILED),
+    ({"If-Unmodified-Since": "Tue, 31 Dec 2024 00:00:00 GMT"}, Outcome.PRECONDITION_FAILED),
+])
+def test_preconditions_need_no_size(headers, expect):
+    """Validators alone decide 304 and 412, so an object of unknown length is judged like a stored one."""
+    assert preconditions(headers, etag=ETAG, last_modified=LM) == expect
