@@ -48,7 +48,16 @@ class Fill:
         self._progress = asyncio.Event()
 
     def open_reader(self) -> IO[bytes]:
-        """A file object of its own on the fill's bytes, valid whatever happens to the name."""
+        """A file object of its own on the fill's bytes, valid whatever happens to the name.
+
+        Raises FillAborted once the fill has ended and closed its reader (a
+        joiner that woke late): the fill's error if it failed; otherwise its
+        `meta` (stored) or `complete` (streamed, not stored) says what is left.
+        """
+        if self.temp.read_fd < 0:
+            if self.error is not None and not self.complete:
+                raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
+            raise FillAborted(f"fill of {self.key} from {self.url} ended before this reader opened")
         return os.fdopen(os.dup(self.temp.read_fd), "rb")
 
     def close_reader(self) -> None:

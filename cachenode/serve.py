@@ -222,7 +222,10 @@ class Responder:
 
     async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
         """Stream an object while the origin is still sending it."""
-        f = fill.open_reader()  # first, before any await: see run_fill_in_background
+        try:
+            f = fill.open_reader()  # first, before any await: see run_fill_in_background
+        except FillAborted as e:
+            return await self._fill_ended(request, fill, label=label, error=e)
         host = _host_of(fill.key)
         try:
             access(request).cache = label
@@ -292,6 +295,22 @@ class Responder:
             return resp
         finally:
             f.close()
+
+    async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
+                          error: FillAborted) -> web.StreamResponse:
+        """A joiner that woke after the fill ended and closed its reader.
+
+        Stored: serve the object. Complete but not stored (too large for the
+        store): ask the origin for this client, as for any unstorable
+        response. Failed: the fill's error, naming the origin (502/504).
+        """
+        if fill.meta is not None:
+            served = await self.hit(request, fill.meta, label=label)
+            if served is not None:
+                return served
+        if fill.complete and fill.url is not None:
+            return await self.passthrough(request, fill.url, label="pass")
+        raise origin_failure(error)
 
     async def passthrough(self, request: web.Request, url: str, *, label: str,
                     response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:

@@ -155,3 +155,59 @@ def test_origin_client_refuses_pool_timeouts_that_cannot_work_naming_them():
         OriginClient(connect_timeout=1, read_timeout=1, pool_timeout=0)
     with pytest.raises(ValueError, match=r"pool_timeout \(0.5\) must be at least connect_timeout \(1\)"):
         OriginClient(connect_timeout=1, read_timeout=1, pool_timeout=0.5)
+
+
+def joiners_wake_after_the_fill_ends(node, monkeypatch):
+    """Make every joiner resume only once the fill is over and has closed its reader:
+    the order a loaded loop can produce when a fill ends right after the flight resolves."""
+    respond = node.node.respond
+    real_fill = respond.fill
+
+    async def late_fill(request, fill, *, label):
+        if label == "miss-joined":
+            while fill.temp.read_fd >= 0:
+                await asyncio.sleep(0.01)
+        return await real_fill(request, fill, label=label)
+
+    monkeypatch.setattr(respond, "fill", late_fill)
+
+
+async def test_joiner_waking_after_the_fill_failed_gets_502_naming_the_origin(origin, make_node, session, monkeypatch):
+    origin.put(PATH, b"f" * 300_000, delay=0.3, die_after=100_000)
+    node = await make_node()
+    joiners_wake_after_the_fill_ends(node, monkeypatch)
+    leader = asyncio.ensure_future(read_all(node, session, PATH))
+    await asyncio.sleep(0.1)
+    assert node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None
+    status, headers, got = await node.get(session, PATH)
+    assert status == 502, (status, got)
+    assert (origin.url + PATH).encode() in got and b"failed" in got
+    assert isinstance((await leader)[1], aiohttp.ClientPayloadError)
+    assert origin.requests[PATH] == 1
+
+
+async def test_joiner_waking_after_the_fill_committed_is_served_the_stored_object(
+        origin, make_node, session, monkeypatch):
+    body = b"g" * 300_000
+    origin.put(PATH, body, delay=0.3)
+    node = await make_node()
+    joiners_wake_after_the_fill_ends(node, monkeypatch)
+    leader = asyncio.ensure_future(read_all(node, session, PATH))
+    await asyncio.sleep(0.1)
+    status, headers, got = await node.get(session, PATH)
+    assert (status, got, headers["X-Nezha-Cache"]) == (200, body, "miss-joined")
+    assert await leader == (200, body)
+    assert origin.requests[PATH] == 1
+
+
+async def test_joiner_waking_after_an_unstored_fill_asks_the_origin_itself(origin, make_node, session, monkeypatch):
+    body = b"h" * 300_000
+    origin.put(PATH, body, delay=0.3, chunked=True)
+    node = await make_node(capacity=100_000)
+    joiners_wake_after_the_fill_ends(node, monkeypatch)
+    leader = asyncio.ensure_future(read_all(node, session, PATH))
+    await asyncio.sleep(0.1)
+    status, headers, got = await node.get(session, PATH)
+    assert (status, got, headers["X-Nezha-Cache"]) == (200, body, "pass")
+    assert await leader == (200, body)
+    assert origin.requests[PATH] == 2
