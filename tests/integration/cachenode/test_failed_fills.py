@@ -17,6 +17,15 @@ async def read_all(node, session, path):
         return None, e
 
 
+async def until(predicate, timeout: float = 5.0) -> None:
+    """Poll `predicate()` until true; no fixed sleep that a loaded machine could outlast."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not true within {timeout} s")
+
+
 async def test_origin_dying_mid_fill_breaks_streams_and_next_request_refetches(origin, make_node, session):
     body = b"d" * 500_000
     origin.put(PATH, body, die_after=200_000)
@@ -139,7 +148,7 @@ async def test_exhausted_origin_pool_is_504_naming_the_origin_instead_of_waiting
     origin.put(PATH, b"t" * 100)
     node = await make_node(origin_connect_timeout=0.2)
     slow = asyncio.ensure_future(read_all(node, session, "/slow"))
-    await asyncio.sleep(0.2)
+    await until(lambda: origin.requests["/slow"] == 1)  # it holds the only connection
     status, headers, got = await node.get(session, PATH)
     assert status == 504, (status, got)
     assert (origin.url + PATH).encode() in got and b"all 1 connections" in got and b"busy" in got
@@ -177,8 +186,7 @@ async def test_joiner_waking_after_the_fill_failed_gets_502_naming_the_origin(or
     node = await make_node()
     joiners_wake_after_the_fill_ends(node, monkeypatch)
     leader = asyncio.ensure_future(read_all(node, session, PATH))
-    await asyncio.sleep(0.1)
-    assert node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None
+    await until(lambda: node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None)
     status, headers, got = await node.get(session, PATH)
     assert status == 502, (status, got)
     assert (origin.url + PATH).encode() in got and b"failed" in got
@@ -193,7 +201,7 @@ async def test_joiner_waking_after_the_fill_committed_is_served_the_stored_objec
     node = await make_node()
     joiners_wake_after_the_fill_ends(node, monkeypatch)
     leader = asyncio.ensure_future(read_all(node, session, PATH))
-    await asyncio.sleep(0.1)
+    await until(lambda: node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None)
     status, headers, got = await node.get(session, PATH)
     assert (status, got, headers["X-Nezha-Cache"]) == (200, body, "miss-joined")
     assert await leader == (200, body)
@@ -206,7 +214,7 @@ async def test_joiner_waking_after_an_unstored_fill_asks_the_origin_itself(origi
     node = await make_node(capacity=100_000)
     joiners_wake_after_the_fill_ends(node, monkeypatch)
     leader = asyncio.ensure_future(read_all(node, session, PATH))
-    await asyncio.sleep(0.1)
+    await until(lambda: node.node.flights.get("http://www.cs.toronto.edu" + PATH) is not None)
     status, headers, got = await node.get(session, PATH)
     assert (status, got, headers["X-Nezha-Cache"]) == (200, body, "pass")
     assert await leader == (200, body)
