@@ -7,12 +7,20 @@ and the next miss fills it the usual way.
 Internal endpoints (reachable only with a Host that names no origin):
 
     POST /_nezha/replicate  {"host", "path", "source"}   copy one object from `source`
+                            answers at once and streams JSON lines: {"copying": bytes}
+                            every second while the copy runs, then {"result", "bytes"}
     POST /_nezha/handoff    {"nodes": {id: addr}, "weights": {...}?}
                             copy every object held here to its owners under that ring
     GET  /_nezha/handoff    progress of the last hand-off
 
-A drain is a hand-off to the ring without this node: the controller (or
-`nezha up`) runs it before removing a node, then publishes the new ring.
+A copy takes as long as the object takes to cross the network, which for a
+dataset can be minutes. The replicate call therefore proves it is alive with
+a line a second instead of answering at the end: the caller gives up after
+`REPLICATE_SILENCE` without a line, never because a copy is merely long.
+
+A drain is a hand-off to the ring without this node: the controller (and
+`LocalCluster.remove` for local clusters) runs it before removing a node,
+and publishes the new ring only when no copy failed.
 
 These endpoints make the node send requests to addresses named in the
 request, so they are not for anyone who can reach the port: they need the
@@ -25,16 +33,17 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from cachenode.cluster import ClusterView, Peer
-from cachenode.fill import Kind, Source
+from cachenode.fill import Fill, Kind, Source
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.peers import PEER_HEADER
 
@@ -50,8 +59,10 @@ class Progress:
     epoch: int | None = None
     total: int = 0
     done: int = 0
+    bytes: int = 0  # bytes copied to other nodes so far, counted as they arrive
     copied: int = 0
     present: int = 0
+    skipped: int = 0  # stale objects, left for their new owners to revalidate
     failed: int = 0
     started: float = 0.0
     finished: float = 0.0
@@ -59,6 +70,22 @@ class Progress:
 
 
 TOKEN_HEADER = "X-Nezha-Token"
+HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
+REPLICATE_SILENCE = 10.0  # a caller gives up on a replicate call silent this long
+
+
+class _Copy:
+    """How far one copy has got: the fill that writes it, once there is one."""
+
+    fill: Fill | None = None
+
+    @property
+    def bytes(self) -> int:
+        return self.fill.written if self.fill is not None else 0
+
+
+def _line(message: dict) -> bytes:
+    return json.dumps(message).encode() + b"\n"
 
 
 def refuse_internal(*, remote: str | None, token: str | None, presented: str | None) -> str | None:
@@ -110,7 +137,7 @@ class Handoff:
             raise web.HTTPBadRequest(text="body must be a JSON object\n")
         return body
 
-    async def _replicate_endpoint(self, request: web.Request) -> web.Response:
+    async def _replicate_endpoint(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         host, path, source = body.get("host"), body.get("path"), body.get("source")
         if not all(isinstance(v, str) for v in (host, path, source)):
@@ -124,8 +151,27 @@ class Handoff:
             raise web.HTTPBadRequest(text=f"bad target: {e}\n")
         if target.host not in self.node.settings.origin_table:
             raise web.HTTPForbidden(text=f"host {target.host!r} is not a configured origin\n")
-        result = await self.copy_from(peer, target)
-        return web.json_response({"result": result})
+        copy = _Copy()
+        # The copy runs on its own: a caller that hangs up does not stop it.
+        task = self.node.spawn(self.copy_from(peer, target, copy=copy))
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=HEARTBEAT)
+                if not task.done():
+                    await resp.write(_line({"copying": copy.bytes}))
+            if task.cancelled():
+                result = f"failed: {self.node.node_id} is stopping"
+            elif task.exception() is not None:
+                result = f"failed: {type(task.exception()).__name__}: {task.exception()}"
+            else:
+                result = task.result()
+            await resp.write(_line({"result": result, "bytes": copy.bytes}))
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.info("replicate_caller_gone", source=source, path=target.path, bytes=copy.bytes)
+        return resp
 
     async def _handoff_endpoint(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -143,8 +189,11 @@ class Handoff:
         return web.json_response(asdict(self.progress), status=202)
 
     # -- work --------------------------------------------------------------------
-    async def copy_from(self, peer: Peer, target: Target) -> str:
-        """Make this node hold `target`'s object, copied from `peer`'s disk."""
+    async def copy_from(self, peer: Peer, target: Target, *, copy: _Copy | None = None) -> str:
+        """Make this node hold `target`'s object, copied from `peer`'s disk.
+
+        Returns "copied", "present" or "failed: <why>"; `copy` follows its bytes.
+        """
         node = self.node
         origin = node.settings.origin_table[target.host]
         key = cache_key(target, volatile_params=origin.volatile_params)
@@ -161,6 +210,8 @@ class Handoff:
         else:
             outcome = await asyncio.shield(flight.outcome)
         if outcome.kind is Kind.STREAMING and outcome.fill is not None:
+            if copy is not None:
+                copy.fill = outcome.fill
             try:
                 await outcome.fill.wait_finished()
             except Exception as e:
@@ -169,6 +220,15 @@ class Handoff:
         if outcome.kind is Kind.REVALIDATED:
             return "present"
         return f"failed: {outcome.error or outcome.kind.value}"
+
+    def copy_soon(self, peer: Peer, target: Target) -> None:
+        """Copy `target`'s object from `peer` in the background (a replica that
+        found it missing); a failure only leaves the replica missing."""
+        async def copy() -> None:
+            result = await self.copy_from(peer, target)
+            log.info("replica_kept", source=peer.id, path=target.path, result=result)
+
+        self.node.spawn(copy())
 
     def replicate_soon(self, key: str, target: Target) -> None:
         """After a fill from the origin: have the key's other owners copy it from here."""
@@ -185,25 +245,54 @@ class Handoff:
     async def _push(self, peers: list[Peer], target: Target) -> list[str]:
         return list(await asyncio.gather(*(self.ask_to_copy(p, target) for p in peers)))
 
-    async def ask_to_copy(self, peer: Peer, target: Target) -> str:
+    async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None) -> str:
+        """Have `peer` copy `target`'s object from this node; its result, or "failed: <why>".
+
+        Waits for the whole copy however long it takes, as long as `peer`
+        keeps reporting progress; `on_bytes` gets the bytes as they arrive.
+        """
         body = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.node.settings.peer_timeout,
+                                        sock_read=REPLICATE_SILENCE)
         try:
             r = await self.node.origins.request(
                 "POST", peer.url + "/_nezha/replicate", headers=self.internal_headers(),
-                what=f"peer {peer.id} replicate", json=body)
+                what=f"peer {peer.id} replicate", json=body, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
             log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))
             return f"failed: {e}"
+        seen = 0
+
+        def advance(n: object) -> None:
+            nonlocal seen
+            if isinstance(n, int) and n > seen:
+                if on_bytes is not None:
+                    on_bytes(n - seen)
+                seen = n
+
         try:
             if r.status != 200:
                 text = (await r.text())[:200]
                 log.warning("replicate_failed", peer=peer.id, path=target.path, status=r.status, body=text)
                 return f"failed: {r.status} {text}"
-            result = (await r.json()).get("result", "unknown")
-            log.info("replicated", peer=peer.id, path=target.path, result=result)
+            result: str | None = None
+            async for line in r.content:  # one JSON object a line
+                if not line.strip():
+                    continue
+                message = json.loads(line)
+                if not isinstance(message, dict):
+                    raise ValueError(f"not a JSON object: {line[:100]!r}")
+                advance(message.get("copying", message.get("bytes")))
+                if "result" in message:
+                    result = str(message["result"])
+            if result is None:
+                result = f"failed: {peer.id} ended the replicate answer without a result"
+            log.info("replicated", peer=peer.id, path=target.path, result=result, bytes=seen)
             return result
-        except (aiohttp.ClientError, ValueError) as e:
-            return f"failed: {e}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            log.warning("replicate_failed", peer=peer.id, path=target.path, bytes=seen,
+                        error=f"{type(e).__name__}: {e}")
+            return f"failed: {type(e).__name__} after {seen} bytes: {e}"
         finally:
             r.release()
 
@@ -216,14 +305,23 @@ class Handoff:
         log.info("handoff_started", objects=len(keys), nodes=sorted(view.snapshot.addresses))
         gate = asyncio.Semaphore(self.parallel)
 
+        def moved(n: int) -> None:
+            p.bytes += n
+
         async def one(key: str) -> None:
-            meta = node.store.lookup(key)
             async with gate:
                 try:
+                    meta = node.store.lookup(key)
                     if meta is None:
+                        return  # evicted since the listing
+                    if not meta.fresh(time.time()):
+                        # Copies are made only of fresh objects (only-if-cached);
+                        # a stale one is refetched or revalidated by its new
+                        # owner at the next miss, so it is no failed copy.
+                        p.skipped += 1
                         return
                     target = _target_of(key)
-                    results = [await self.ask_to_copy(peer, target)
+                    results = [await self.ask_to_copy(peer, target, on_bytes=moved)
                                for peer in view.owners(key) if peer.id != node.node_id]
                     for r in results:
                         if r == "copied":
@@ -240,8 +338,8 @@ class Handoff:
         await asyncio.gather(*(one(k) for k in keys))
         p.state = "done"
         p.finished = time.time()
-        log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, failed=p.failed,
-                 seconds=round(p.finished - p.started, 3))
+        log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
+                 failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
         return p
 
 

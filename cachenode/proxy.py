@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.access import access
-from cachenode.cluster import ClusterView
+from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.handoff import Handoff
@@ -28,7 +28,7 @@ from cachenode.freshness import parse_cache_control, request_bypasses_cache, res
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
-from cachenode.peers import PEER_HEADER, PeerRelay
+from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, PeerRelay, origin_error_value
 from cachenode.serve import EXPIRES_HEADER, Responder, origin_failure
 from cachenode.store import KEPT_HEADERS, Meta, Store
 from nezha.config import CacheSettings, Origin
@@ -60,9 +60,13 @@ class CacheNode:
         self.node_id = settings.identity
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
         self.index = index  # cachenode.index.Index or None: stats and locations, never awaited on the hot path
-        self.relay = PeerRelay(node_id=self.node_id, client=origins, connect_timeout=settings.peer_timeout,
-                               read_timeout=settings.origin_read_timeout + settings.peer_timeout,
-                               chunk_size=settings.chunk_size)
+        # A cold owner sends its headers once the origin sent its own: within
+        # the origin's connect and read timeouts; a frozen one is found sooner,
+        # by probing it (the rules are in cachenode/peers.py).
+        self.relay = PeerRelay(
+            node_id=self.node_id, client=origins, peer_timeout=settings.peer_timeout,
+            header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
+            read_timeout=settings.origin_read_timeout + settings.peer_timeout, chunk_size=settings.chunk_size)
         self._table = settings.origin_table
         self._clock = clock
         self._tasks: set[asyncio.Task] = set()
@@ -143,27 +147,34 @@ class CacheNode:
         access(request).key = key
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
-            return await self.respond.passthrough(request, url, label="bypass")
+            return await self._passthrough(request, url, label="bypass")
         meta = self.store.lookup(key)
         fresh = meta is not None and meta.fresh(self._clock())
         if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
             raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
         if fresh and self.index is not None:
             self.index.object_accessed(key)
+        # Only the first live owner fills from the origin. A replica that
+        # misses asks the owners ahead of it, like a non-owner asks them all;
+        # if none answers it is the first live owner and fills. A relayed
+        # request (PEER_HEADER) is never relayed again: at most one hop.
         owners = [] if PEER_HEADER in request.headers or fresh else self.cluster.owners(key)
-        if owners and all(p.id != self.node_id for p in owners):
-            relayed = await self.relay.relay(request, owners, target=target)
+        ahead = _ahead_of(self.node_id, owners)
+        if ahead:
+            relayed = await self.relay.relay(request, ahead, target=target, origin_url=url)
             if relayed is not None:
                 record = access(request)
                 outcome = _RELAY_OUTCOME.get(record.cache or "")
                 self._count(target.host, metrics=False, bytes_served=record.bytes,
                             **({outcome: 1} if outcome else {}))
+                if len(ahead) < len(owners) and request.method == "GET":
+                    self._keep_copy(record, ahead, target)
                 return relayed
-            log.warning("owners_unreachable", key=key, owners=[p.id for p in owners])
+            log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
         if request.method == "HEAD":
             if fresh:
                 return await self.respond.hit(request, meta, label="hit")
-            return await self.respond.passthrough(request, url, label="pass")
+            return await self._passthrough(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
 
     # -- the fast path's two questions (cachenode/fastpath.py) -------------------
@@ -206,6 +217,25 @@ class CacheNode:
         log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache="hit",
                  bytes=sent, ms=round(ms, 2), fast=True)
 
+    def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
+        """A replica that relayed an owner's hit copies the object, so it holds
+        its replica from now on. After a miss there is nothing to do: the
+        owner's fill pushes the copy here when it completes."""
+        if record.broken or record.cache not in ("peer-hit", "peer-revalidated"):
+            return
+        peer = next((p for p in ahead if p.id == record.peer), None)
+        if peer is not None:
+            self.handoff.copy_soon(peer, target)
+
+    async def _passthrough(self, request: web.Request, url: str, *, label: str,
+                           response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
+        try:
+            return await self.respond.passthrough(request, url, label=label, response=response)
+        except (web.HTTPBadGateway, web.HTTPGatewayTimeout) as e:
+            # Raised before any byte went out, only when the origin failed.
+            e.headers[ORIGIN_ERROR_HEADER] = origin_error_value(e.text)
+            raise
+
     def _names_origin(self, host_header: str | None) -> bool:
         if not host_header:
             return False
@@ -213,7 +243,8 @@ class CacheNode:
 
     def status(self) -> dict:
         snap = self.cluster.snapshot
-        detail = {"ready": self._ready, "node": self.node_id, "objects": len(self.store),
+        detail = {"ready": self._ready, "node": self.node_id, "replicas": self.cluster.replicas,
+                  "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.addresses)}
         if self.index is not None:
@@ -261,7 +292,7 @@ class CacheNode:
                     return served
                 continue
             if outcome.kind is Kind.PASSED:
-                return await self.respond.passthrough(request, url, label="pass", response=response)
+                return await self._passthrough(request, url, label="pass", response=response)
             error = outcome.error
             if isinstance(error, LeaderGone):
                 continue
@@ -270,7 +301,11 @@ class CacheNode:
                 served = await self.respond.hit(request, meta, label="stale", stale_reason=str(error))
                 if served is not None:
                     return served
-            raise origin_failure(error)
+            failure = origin_failure(error)
+            # Tells a relaying peer that the origin failed, not this node: it
+            # passes the answer on instead of asking the origin again elsewhere.
+            failure.headers[ORIGIN_ERROR_HEADER] = origin_error_value(error)
+            raise failure
         raise web.HTTPServiceUnavailable(text=f"gave up on {key}: the origin exchange kept restarting\n")
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
@@ -285,7 +320,13 @@ class CacheNode:
         response: aiohttp.ClientResponse | None = None
         try:
             try:
-                response = await self.origins.request("GET", source.url, headers=headers, what=source.what)
+                if source.peer is not None:
+                    # A copy is served from the source's disk or refused at once;
+                    # a source that stops answering is given up by probing it.
+                    response = await self.relay.ask(source.peer, "GET", source.url, headers=headers,
+                                                    header_timeout=self.settings.origin_read_timeout)
+                else:
+                    response = await self.origins.request("GET", source.url, headers=headers, what=source.what)
             except OriginError as e:
                 self.flights.land(flight)
                 self._count(target.host, failed_fills=1)
@@ -377,12 +418,17 @@ class CacheNode:
 
         async def work() -> Meta:
             started = time.monotonic()
+            # A copy from a peer that freezes mid-body fails within seconds, not
+            # after the read timeout (the origin is not probed: it has no /healthz).
+            watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
             try:
                 stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes)
             except NezhaError:
                 self._count(host, failed_fills=1)
                 raise
             finally:
+                if watch is not None:
+                    watch.cancel()
                 self.metrics.fills_in_flight.dec()
             self._update_store_gauges()
             self._count(host, objects=1, bytes_stored=stored.size)
@@ -419,6 +465,18 @@ class CacheNode:
 
 
 _PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
+
+
+def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:
+    """The owners to ask before serving a key here: all of them for a
+    non-owner, those before this node in ring order for a replica, none for
+    the first owner."""
+    for i, p in enumerate(owners):
+        if p.id == node_id:
+            return owners[:i]
+    return owners
+
+
 _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
 _RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",

@@ -53,3 +53,75 @@ async def make_node(origin, tmp_path: Path):
 async def session():
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         yield s
+
+
+@pytest.fixture
+async def silent_server():
+    """Start servers that take connections and never answer a byte: a frozen
+    process, or a connection an aiohttp server accepted while shutting down.
+    Each call returns one server's host:port."""
+    import asyncio
+
+    servers: list[asyncio.AbstractServer] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        while await reader.read(65536):  # swallow the request; answer nothing
+            pass
+
+    async def start() -> str:
+        server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        servers.append(server)
+        return f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for w in writers:
+        w.close()
+    for s in servers:
+        s.close()
+        await s.wait_closed()
+
+
+class RangedOrigin:
+    """An origin that honours Range under If-Range (RFC 9110 §13.1.5, §14.2):
+    the range while the validator still matches, else the whole object.
+    `rate` (bytes/s) makes it slow; `seen` holds every request's headers."""
+
+    def __init__(self, body: bytes, headers: dict[str, str], *, rate: float | None = None) -> None:
+        self.body = body
+        self.headers = headers
+        self.rate = rate
+        self.seen: list[dict[str, str]] = []
+
+    def app(self) -> "web.Application":
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self.handle)
+        return app
+
+    async def handle(self, request: "web.Request") -> "web.StreamResponse":
+        import asyncio
+        import re
+
+        from aiohttp import web
+
+        self.seen.append(dict(request.headers))
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", ""))
+        if_range = request.headers.get("If-Range")
+        start, end = 0, len(self.body) - 1
+        resp = web.StreamResponse(headers=self.headers)
+        if wanted and (if_range is None or if_range in self.headers.values()):
+            start, end = int(wanted.group(1)), int(wanted.group(2) or end)
+            resp.set_status(206)
+            resp.headers["Content-Range"] = f"bytes {start}-{end}/{len(self.body)}"
+        resp.content_length = end + 1 - start
+        await resp.prepare(request)
+        step = max(1024, int(self.rate / 20)) if self.rate else 256 * 1024
+        for i in range(start, end + 1, step):
+            await resp.write(self.body[i:min(i + step, end + 1)])
+            if self.rate:
+                await asyncio.sleep(step / self.rate)
+        await resp.write_eof()
+        return resp
