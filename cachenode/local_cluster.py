@@ -5,6 +5,14 @@ DIR/node-i, and is named `node-i` in the ring. Membership is written to the
 index, exactly as the controller writes it in a cluster, and each node learns
 it from there. Without `--redis-url` the cluster gets an embedded index (a
 local redis-server if one is installed, otherwise fakeredis over TCP).
+
+Growing and shrinking follow the same order as the controller: `add` hands
+keys to the newcomer before it owns them; `remove` drains the leaving node
+to the ring without it, and publishes that ring and stops the node only when
+every object reached its new owners (it retries, then refuses with
+`DrainFailed` naming the objects, leaving the node serving and in the ring).
+`nezha up` runs a fixed set of nodes and never removes one while running;
+programs that do (tests, benchmarks) go through these two methods.
 """
 
 from __future__ import annotations
@@ -23,7 +31,22 @@ from pathlib import Path
 import aiohttp
 
 from cachenode.index import Index, embedded_index
-from nezha.config import Origin
+from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
+from nezha.errors import NezhaError
+
+
+class DrainFailed(NezhaError):
+    """A node's objects did not all reach their new owners; it was not removed."""
+
+    def __init__(self, node_id: str, progress: dict, attempts: int) -> None:
+        self.node_id = node_id
+        self.progress = progress
+        errors = progress.get("errors") or []
+        more = (progress.get("failed") or 0) - len(errors)
+        shown = "; ".join(errors) + (f"; and {more} more" if more > 0 else "")
+        super().__init__(
+            f"drain of {node_id} failed for {progress.get('failed')} of {progress.get('total')} object copies "
+            f"after {attempts} attempt(s); {node_id} keeps serving and stays in the ring: {shown}")
 
 
 @dataclass
@@ -40,10 +63,15 @@ class NodeProcess:
 
 class LocalCluster:
     def __init__(self, *, nodes: int, origins: list[Origin], data_dir: Path, base_port: int = 8080,
-                 replicas: int = 1, redis_url: str | None = None, log_level: str = "warning",
+                 replicas: int | None = 1, redis_url: str | None = None, log_level: str = "warning",
                  extra_args: tuple[str, ...] = ()) -> None:
+        """`replicas` None means the cluster default: min(2, nodes)."""
         if nodes < 1:
             raise ValueError(f"nodes ({nodes}) must be at least 1")
+        if replicas is None:
+            replicas = min(DEFAULT_CLUSTER_REPLICAS, nodes)
+        if replicas < 1:
+            raise ValueError(f"replicas ({replicas}) must be at least 1")
         self.count = nodes
         self.origins = origins
         self.data_dir = Path(data_dir)
@@ -118,22 +146,32 @@ class LocalCluster:
                     await asyncio.sleep(0.01)
         return epoch
 
-    async def handoff(self, node_id: str, members: dict[str, str], timeout: float = 300.0) -> dict:
-        """Have `node_id` copy what it holds to its owners under `members`; wait for it."""
+    async def handoff(self, node_id: str, members: dict[str, str], *, stall_timeout: float = 60.0) -> dict:
+        """Have `node_id` copy what it holds to its owners under `members`; wait for it.
+
+        No bound on the whole: copying a large data set takes what it takes.
+        The hand-off fails only when its progress (objects done, bytes moved)
+        stands still for `stall_timeout`.
+        """
         node = self.nodes[node_id]
         async with aiohttp.ClientSession() as s:
             auth = {"X-Nezha-Token": self.token}
             async with s.post(node.url + "/_nezha/handoff", json={"nodes": members}, headers=auth) as r:
                 if r.status != 202:
                     raise RuntimeError(f"{node_id} refused hand-off: {r.status} {await r.text()}")
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
+            progress: dict = {}
+            moved, last = None, time.monotonic()
+            while time.monotonic() - last < stall_timeout:
+                if node.proc.poll() is not None:
+                    raise RuntimeError(f"{node_id} exited with {node.proc.returncode} during its hand-off")
                 async with s.get(node.url + "/_nezha/handoff", headers=auth) as r:
                     progress = await r.json()
                 if progress["state"] == "done":
                     return progress
+                if (progress["done"], progress.get("bytes")) != moved:
+                    moved, last = (progress["done"], progress.get("bytes")), time.monotonic()
                 await asyncio.sleep(0.1)
-        raise RuntimeError(f"hand-off from {node_id} did not finish within {timeout:g}s")
+        raise RuntimeError(f"hand-off from {node_id} made no progress for {stall_timeout:g}s: {progress}")
 
     async def add(self, node_id: str, port: int) -> NodeProcess:
         """Start a node and move keys to it before it owns them, then publish the ring.
@@ -148,10 +186,25 @@ class LocalCluster:
         await self.publish(grown)
         return node
 
-    async def remove(self, node_id: str) -> dict:
-        """Drain a node to the ring without it, publish that ring, then stop it."""
+    async def remove(self, node_id: str, *, attempts: int = 3) -> dict:
+        """Drain a node to the ring without it, publish that ring, then stop it.
+
+        A drain that reports failed copies is run again (objects already
+        copied are only checked); if copies still fail after `attempts`,
+        raises DrainFailed and leaves the node serving and in the ring, so no
+        object is lost.
+        """
         remaining = {k: v for k, v in self.members().items() if k != node_id}
-        progress = await self.handoff(node_id, remaining)
+        if not remaining:
+            raise ValueError(f"{node_id} is the last node; there is nothing to drain it to")
+        for attempt in range(1, attempts + 1):
+            progress = await self.handoff(node_id, remaining)
+            if progress["failed"] == 0:
+                break
+            if attempt < attempts:
+                await asyncio.sleep(0.5 * attempt)
+        else:
+            raise DrainFailed(node_id, progress, attempts)
         await self.publish(remaining)
         self.terminate(self.nodes[node_id])
         return progress

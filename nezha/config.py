@@ -29,6 +29,12 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
+# Owners per key in a cluster unless configured: one node can go away (a
+# crash, a drain, a rolling restart) without an object being lost or fetched
+# again from the origin.
+DEFAULT_CLUSTER_REPLICAS = 2
+
+
 def parse_size(value: Any) -> int:
     """Bytes from an int or a string such as `10GiB`, `500M`, `1048576`."""
     if isinstance(value, int):
@@ -143,7 +149,13 @@ class CacheSettings(_Base):
     redis_url: str | None = None
     node_id: str | None = None
     advertise: str | None = None
-    replicas: int = 1
+    # Owners per key (replicas-per-key). Unset: 2 for a node in a cluster
+    # (redis_url given), so losing one node loses no object and costs no
+    # origin fetch; 1 for a node alone, where a second owner cannot exist.
+    replicas: int | None = None
+    # Connect timeout to peers; a peer silent this long (no headers, or a
+    # body that stopped) is probed at /healthz, within this time too, and
+    # given up if the probe fails. The rules are in cachenode/peers.py.
     peer_timeout: float = 1.0
     # Shared secret for the internal /_nezha/* endpoints (replicate, hand-off).
     # Without it they answer only to loopback clients.
@@ -174,8 +186,12 @@ class CacheSettings(_Base):
         dup = {h for h in hosts if hosts.count(h) > 1}
         if dup:
             raise ValueError(f"origins: host {sorted(dup)[0]!r} is configured twice")
+        if self.replicas is None:
+            self.replicas = DEFAULT_CLUSTER_REPLICAS if self.redis_url else 1
         if self.replicas < 1:
             raise ValueError(f"replicas ({self.replicas}) must be at least 1")
+        if self.peer_timeout <= 0:
+            raise ValueError(f"peer_timeout ({self.peer_timeout:g}) must be positive")
         if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
             raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
         return self

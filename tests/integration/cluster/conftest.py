@@ -18,11 +18,12 @@ async def start_cluster(origin, tmp_path):
     """Real node processes on free ports, sharing an index."""
     started: list[LocalCluster] = []
 
-    async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None) -> LocalCluster:
+    async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None,
+                    upstream: str | None = None) -> LocalCluster:
         base = free_port()
         while any(_busy(base + i) for i in range(nodes)):
             base = free_port()
-        cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=origin.url)],
+        cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=upstream or origin.url)],
                                data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
                                replicas=replicas, redis_url=redis_url, log_level="info")
         started.append(cluster)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 
-from tests.integration.cluster.conftest import fetch, node_status, settle, wait_epoch
+from tests.integration.cluster.conftest import HOST, fetch, node_status, settle, wait_epoch
 
 
 async def test_ring_change_reaches_every_node_within_one_second(start_cluster, redis_server):
@@ -152,3 +157,94 @@ async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cl
             status, _, body = await fetch(s, url, p)
             assert status == 200 and body == p.encode() * 1000
     assert sum(origin.requests.values()) == len(paths)
+
+
+async def test_a_drain_with_failed_copies_leaves_the_node_serving_and_in_the_ring(origin, start_cluster,
+                                                                                 redis_server):
+    from cachenode.local_cluster import DrainFailed
+
+    paths = [f"/keep/{i}" for i in range(30)]
+    for p in paths:
+        origin.put(p, p.encode() * 1000)
+    cluster = await start_cluster(3, redis_url=redis_server.url)
+    url = cluster.nodes["node-0"].url
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            assert (await fetch(s, url, p))[0] == 200
+        await asyncio.sleep(0.5)
+        # node-1's disk fails: it can take no copy, so node-2 cannot be drained.
+        tmp = cluster.nodes["node-1"].data_dir / "tmp"
+        shutil.rmtree(tmp)
+        tmp.write_text("not a directory")
+        before = await cluster.index.get_membership()
+        with pytest.raises(DrainFailed) as failed:
+            await cluster.remove("node-2")
+        message = str(failed.value)
+        assert "node-2" in message and f"http://{HOST}/keep/" in message and "Not a directory" in message
+        assert cluster.nodes["node-2"].proc.poll() is None
+        assert await cluster.index.get_membership() == before
+        for p in paths:
+            status, _, body = await fetch(s, url, p)
+            assert status == 200 and body == p.encode() * 1000
+        tmp.unlink()
+        tmp.mkdir()  # repaired: the drain goes through
+        progress = await cluster.remove("node-2")
+        assert progress["failed"] == 0 and cluster.nodes["node-2"].proc.poll() is not None
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        for p in paths:
+            status, _, body = await fetch(s, url, p)
+            assert status == 200 and body == p.encode() * 1000
+    assert sum(origin.requests.values()) == len(paths)
+
+
+async def test_sole_owner_killed_mid_body_costs_the_download_nothing(start_cluster, redis_server, aiohttp_server):
+    """Replicas-per-key 1: no owner to resume from, so the rest comes from the origin."""
+    from tests.integration.cachenode.conftest import RangedOrigin
+
+    body = os.urandom(3_000_000)
+    upstream = RangedOrigin(body, {"ETag": '"v7"'}, rate=1_500_000)
+    server = await aiohttp_server(upstream.app(), host="127.0.0.1")
+    cluster = await start_cluster(2, replicas=1, redis_url=redis_server.url,
+                                  upstream=f"http://127.0.0.1:{server.port}")
+    ring = (await cluster.index.get_membership()).ring()
+    path = next(p for p in (f"/k/{i}.bin" for i in range(100)) if ring.owners(f"http://{HOST}{p}", 1) == ["node-1"])
+    got = bytearray()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(cluster.nodes["node-0"].url + path, headers={"Host": HOST}) as r:
+            assert r.status == 200 and r.headers["X-Nezha-Served-By"] == "node-1"
+            async for chunk in r.content.iter_chunked(64 * 1024):
+                got += chunk
+                if len(got) >= 500_000 and cluster.nodes["node-1"].proc.poll() is None:
+                    cluster.nodes["node-1"].proc.send_signal(signal.SIGKILL)
+    assert cluster.nodes["node-1"].proc.wait(5) == -signal.SIGKILL
+    assert bytes(got) == body
+    resumed = [h for h in upstream.seen if "Range" in h]
+    assert len(resumed) == 1 and resumed[0]["If-Range"] == '"v7"'
+    assert len(upstream.seen) == 2  # node-1's fill, then node-0's resumption
+
+
+async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin, redis_server, tmp_path):
+    """Alone a node owns every key once; in a cluster each key has a replica by default."""
+    from tests.conftest import free_port
+
+    async def replicas(*flags: str) -> int:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir",
+             str(tmp_path / str(port)), "--origin", f"{HOST}={origin.url}", "--log-level", "warning", *flags],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with aiohttp.ClientSession() as s:
+                for _ in range(200):
+                    try:
+                        return (await node_status(s, f"http://127.0.0.1:{port}"))["replicas"]
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.05)
+            raise AssertionError(f"node on {port} did not answer /readyz")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+    assert await replicas() == 1
+    assert await replicas("--redis-url", redis_server.url) == 2
+    assert await replicas("--redis-url", redis_server.url, "--replicas", "1") == 1
