@@ -21,18 +21,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis-url", help="index to join (redis:// or rediss://)")
     p.add_argument("--node-id", help="this node's identity in the ring")
     p.add_argument("--advertise", help="HOST:PORT peers use to reach this node")
-    p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key)")
+    p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
+                   "else 1")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level")
     p.set_defaults(func=run_cache)
 
-    u = sub.add_parser("up", help="run a local cache cluster of node processes")
+    u = sub.add_parser(
+        "up", help="run a local cache cluster of node processes",
+        description="Start NODES cache node processes on this machine, publish their ring in the index and "
+                    "serve until SIGINT/SIGTERM, which stops every node. The set of nodes is fixed while it "
+                    "runs: nezha up never adds or removes a node, so it never needs to drain one (a program "
+                    "that removes nodes uses LocalCluster.remove, which drains first). Cached objects stay "
+                    "in DIR/node-i for the next run.")
     u.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
     u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL", required=True,
                    help="a dataset host and where to fetch it; repeat for more")
     u.add_argument("--base-port", type=int, default=8080, help="node i listens on 127.0.0.1:BASE+i")
     u.add_argument("--data-dir", type=Path, default=Path("./nezha-data"), help="node i uses DIR/node-i")
-    u.add_argument("--replicas", type=int, default=1, help="owners per key")
+    u.add_argument("--replicas", type=int, default=None,
+                   help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
     u.add_argument("--redis-url", help="index to use; default: an embedded one")
     u.set_defaults(func=run_up)
 
@@ -70,7 +78,7 @@ def run_up(args: argparse.Namespace) -> int:
         origins = [Origin.parse(o) for o in args.origins]
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if args.nodes < 1 or args.replicas < 1:
+    if args.nodes < 1 or (args.replicas is not None and args.replicas < 1):
         raise ConfigError(f"--nodes ({args.nodes}) and --replicas ({args.replicas}) must be at least 1")
 
     async def main() -> None:
@@ -80,6 +88,7 @@ def run_up(args: argparse.Namespace) -> int:
         try:
             await cluster.start()
             print(f"index {cluster.redis_url}", flush=True)
+            print(f"replicas-per-key {cluster.replicas}", flush=True)
             for node in cluster.nodes.values():
                 print(f"{node.id} {node.address} pid={node.proc.pid}", flush=True)
             await stop.wait()

@@ -34,11 +34,15 @@ async def test_up_starts_nodes_prints_them_and_stops_on_sigterm(aiohttp_server, 
             line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 30)
             assert line, f"nezha up exited early with {proc.poll()}"
             lines.append(line.strip())
+        assert "replicas-per-key 2" in lines  # the default for two or more nodes
         nodes = [x.split() for x in lines if x.startswith("node-")]
         assert [n[0] for n in nodes] == ["node-0", "node-1"]
         assert [n[1] for n in nodes] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
         pids = [int(n[2].removeprefix("pid=")) for n in nodes]
         async with aiohttp.ClientSession() as s:
+            for _, address, _ in nodes:
+                async with s.get(f"http://{address}/readyz") as r:
+                    assert (await r.json())["replicas"] == 2
             for _, address, _ in nodes:
                 async with s.get(f"http://{address}/f.bin", headers={"Host": "www.cs.toronto.edu"}) as r:
                     assert r.status == 200 and await r.read() == b"f" * 50_000
@@ -52,3 +56,11 @@ async def test_up_starts_nodes_prints_them_and_stops_on_sigterm(aiohttp_server, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_help_says_it_never_removes_a_node_and_so_never_drains():
+    out = subprocess.run([sys.executable, "-m", "nezha", "up", "--help"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    text = " ".join(out.split())
+    assert "never adds or removes a node" in text and "drains first" in text
+    assert "default min(2, NODES)" in text
