@@ -220,6 +220,8 @@ class FastPath(asyncio.Protocol):
         except OSError:
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+                                    ms=(time.monotonic() - started) * 1000, gone=True)
             return False
         if sent >= size:
             os.close(fd)
@@ -236,14 +238,20 @@ class FastPath(asyncio.Protocol):
             with open(fd, "rb") as f:
                 sent += await asyncio.get_running_loop().sendfile(transport, f, sent, size - sent)
         except (ConnectionError, OSError, RuntimeError):
-            # RuntimeError: the transport closed under sendfile.
+            # RuntimeError: the transport closed under sendfile. `sent` is then
+            # what left before the last sendfile call: asyncio does not say more.
             transport.abort()
-            return
+        except asyncio.CancelledError:
+            transport.abort()
+            if self.transport is not None:
+                raise
+            # Cancelled by connection_lost: the client went away mid-body.
         finally:
             self._serving = None
+        ms = (time.monotonic() - started) * 1000
         if sent < size:
             transport.abort()  # a short body must never look complete
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
             return
-        self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
-                                ms=(time.monotonic() - started) * 1000)
+        self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
         self._next()

@@ -208,14 +208,18 @@ class CacheNode:
             prepared = self._plain_heads[key] = (meta, response_head(meta), self.store.data_path(meta))
         return prepared
 
-    def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float) -> None:
-        """Count and log a fast-path hit exactly as the handler would."""
+    def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
+                      gone: bool = False) -> None:
+        """Count and log a fast-path hit exactly as the handler would, also when
+        the client hung up mid-body (`gone`)."""
         self._count(meta.host, hits=1, bytes_served=sent)
         if self.index is not None:
             self.index.object_accessed(meta.key)
         self._hit_requests.inc()
+        if gone:
+            log.info("client_gone", key=meta.key, bytes=sent)
         log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache="hit",
-                 bytes=sent, ms=round(ms, 2), fast=True)
+                 bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
         """A replica that relayed an owner's hit copies the object, so it holds
