@@ -213,15 +213,18 @@ class PeerRelay:
         sock = conn.transport.get_extra_info("socket") if conn is not None and conn.transport is not None else None
 
         async def watch() -> None:
-            last = progress()
+            loop = asyncio.get_running_loop()
+            last, moved_at = progress(), loop.time()
             while True:
-                await asyncio.sleep(self.peer_timeout)
+                await asyncio.sleep(self.peer_timeout / 4)
                 if progress() != last:
-                    last = progress()
+                    last, moved_at = progress(), loop.time()
+                    continue
+                if loop.time() - moved_at < self.peer_timeout:
                     continue
                 why = await self.probe(peer)
                 if why is None or progress() != last:
-                    last = progress()
+                    last, moved_at = progress(), loop.time()
                     continue
                 log.warning("peer_stalled", peer=peer.id, address=peer.address, reason=why, at=last)
                 if sock is not None:
