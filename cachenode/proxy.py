@@ -30,7 +30,7 @@ from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, PeerRelay, origin_error_value
 from cachenode.serve import EXPIRES_HEADER, Responder, origin_failure
-from cachenode.store import KEPT_HEADERS, Meta, Store
+from cachenode.store import KEPT_HEADERS, Meta, Store, TooLarge
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
 
@@ -110,6 +110,7 @@ class CacheNode:
         """Wait for fills and other background work in progress to finish."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.store.idle()  # and the disk steps they left behind (unlinks)
 
     def on_evict(self, meta: Meta) -> None:
         self._count(meta.host, evictions=1, objects=-1, bytes_stored=-meta.size)
@@ -427,6 +428,8 @@ class CacheNode:
             watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
             try:
                 stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes)
+            except TooLarge:
+                raise  # streamed whole to its clients, only not stored: not a failed fill
             except NezhaError:
                 self._count(host, failed_fills=1)
                 raise
@@ -458,6 +461,7 @@ class CacheNode:
         if metrics:
             m = self.metrics
             for name, counter in (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
+                                  ("bytes_from_origin", m.bytes_from_origin),
                                   ("failed_fills", m.fill_failures), ("evictions", m.evictions)):
                 if deltas.get(name):
                     counter.inc(deltas[name])

@@ -161,7 +161,9 @@ async def test_chunked_object_larger_than_capacity_is_streamed_whole_but_never_s
     assert sum(p.stat().st_size for p in store.objects.rglob("*.data")) == 80_000
     assert list(store.tmp.iterdir()) == []
     async with session.get(node.url + "/metrics") as r:
-        assert "nezha_evictions_total 0.0" in await r.text()
+        text = await r.text()
+    assert "nezha_evictions_total 0.0" in text
+    assert "nezha_fill_failures_total 0.0" in text  # streamed whole: not a failed fill
     status, headers, got = await node.get(session, "/big")
     assert got == big and headers["X-Nezha-Cache"] == "miss"
     assert origin.requests["/big"] == 2

@@ -27,7 +27,7 @@ async def test_changed_etag_replaces_the_stored_object(origin, make_node, sessio
     status, headers, got = await node.get(session, PATH)
     assert got == b"new!" * 1000 and headers["X-Nezha-Cache"] == "hit"
     assert headers["ETag"] == origin.etags[PATH]
-    await node.node.store.idle()  # the replaced data file is unlinked in the background
+    # settled() also waits for the replaced data file's unlink, done in the background.
     assert len(list(node.node.store.objects.rglob("*.data"))) == 1
 
 
@@ -119,7 +119,9 @@ async def test_pass_through_bytes_are_counted_in_metrics_and_index_stats(origin,
     await node.node.settled()
     total = sum(size for *_, size in expect)
     async with session.get(node.url + "/metrics") as r:
-        assert f"nezha_bytes_served_total {float(total)}" in await r.text()
+        text = await r.text()
+    assert f"nezha_bytes_served_total {float(total)}" in text
+    assert f"nezha_bytes_from_origin_total {float(total)}" in text
     assert await node.node.index.flush()
     stats = await node.node.index.read_stats()
     for scope in (stats["nodes"]["nezha-cache-0"], stats["hosts"]["www.cs.toronto.edu"], stats["cluster"]):
