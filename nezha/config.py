@@ -225,12 +225,13 @@ class WebhookSettings(_Base):
     # How often the serving certificate and key files are checked for a renewed pair.
     tls_reload_interval: float = 10.0
     # Learn the cache Service ClusterIP from the API (in-cluster or kubeconfig)
-    # when --cache-ip is not given.
+    # while some rule leaves `ip` out and --cache-ip is not given.
     watch_service: bool = True
     kubeconfig: Path | None = None
     # mode: env rules point HTTP_PROXY here; default http://<cache_service>.<namespace>.svc:80
     proxy_url: str | None = None
-    no_proxy: str = "localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default"
+    # mode: env rules' NO_PROXY unless a rule sets `noProxy`; None: webhook.patch.DEFAULT_NO_PROXY
+    no_proxy: str | None = None
     # `nezha webhook certs`
     webhook_service: str = "nezha-webhook"
     webhook_configuration: str = "nezha-webhook"

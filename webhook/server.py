@@ -194,7 +194,7 @@ class Webhook:
         # NO_PROXY for env-mode rules without their own noProxy: the setting
         # when one was given (flag, NEZHA_NO_PROXY, config file), else the
         # webhook's default, which keeps the private ranges direct as well.
-        self.no_proxy = settings.no_proxy if "no_proxy" in settings.model_fields_set else DEFAULT_NO_PROXY
+        self.no_proxy = settings.no_proxy or DEFAULT_NO_PROXY
         self.background: list[Callable[[], Awaitable[None]]] = []
         # Keeps cache_ip current (the Service watcher, set by the command). It
         # runs only while some rule leaves `ip` out and no --cache-ip is given:
