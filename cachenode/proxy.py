@@ -118,6 +118,17 @@ class CacheNode:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self._update_store_gauges()
 
+    async def _forget_lost(self, meta: Meta) -> None:
+        """A stored object whose data file is gone although the index still has
+        it (not evicted, not replaced: removed behind the node's back, or a
+        disk fault). Forget it, so the request refetches instead of failing."""
+        log.warning("object_file_missing", key=meta.key, data=meta.data)
+        await self.store.remove(meta.key)
+        self._count(meta.host, objects=-1, bytes_stored=-meta.size)
+        if self.index is not None:
+            self.index.object_removed(meta.key, host=meta.host, size=meta.size)
+        self._update_store_gauges()
+
     def _update_store_gauges(self) -> None:
         self.metrics.stored_bytes.set(self.store.used_bytes)
         self.metrics.stored_objects.set(len(self.store))
@@ -279,7 +290,9 @@ class CacheNode:
                 served = await self.respond.hit(request, meta, label="hit")
                 if served is not None:
                     return served
-                continue  # evicted between lookup and open
+                if self.store.lookup(key) is meta:
+                    await self._forget_lost(meta)
+                continue  # evicted or replaced between lookup and open, or lost
             flight, leader = self.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:

@@ -3,6 +3,9 @@
 import asyncio
 import os
 
+import aiohttp
+import pytest
+
 
 async def test_least_recently_used_objects_are_evicted_under_capacity(origin, make_node, session):
     for name in "abcd":
@@ -167,3 +170,21 @@ async def test_chunked_object_larger_than_capacity_is_streamed_whole_but_never_s
     status, headers, got = await node.get(session, "/big")
     assert got == big and headers["X-Nezha-Cache"] == "miss"
     assert origin.requests["/big"] == 2
+
+
+@pytest.mark.parametrize("fast_hits", [True, False], ids=["fast-path", "aiohttp"])
+async def test_a_data_file_deleted_behind_the_nodes_back_is_refetched_not_an_error(origin, make_node, fast_hits):
+    """The index still names the object but its bytes are gone: the node forgets it and fetches it again."""
+    origin.put("/lost", b"L" * 5000)
+    node = await make_node(fast_hits=fast_hits)
+    async with aiohttp.ClientSession() as s:
+        await node.get(s, "/lost")
+    await node.node.settled()
+    meta = node.node.store.lookup("http://www.cs.toronto.edu/lost")
+    os.unlink(node.node.store.data_path(meta))
+    async with aiohttp.ClientSession() as s:  # a new connection, so the fast path sees it first
+        status, headers, got = await node.get(s, "/lost")
+    assert status == 200 and got == b"L" * 5000 and headers["X-Nezha-Cache"] == "miss"
+    assert origin.requests["/lost"] == 2
+    await node.node.settled()
+    assert node.node.store.lookup("http://www.cs.toronto.edu/lost") is not None
