@@ -369,7 +369,10 @@ class CacheNode:
                     pass
             if response.status == 304 and stale is not None:
                 response.release()
-                ttl = response_policy(200, {**stale.headers, **_kept(response.headers)},
+                # Age is not kept with an object (it would be stale by the next
+                # hit), but this 304's Age still shortens the lifetime it grants.
+                age = {"Age": response.headers["Age"]} if "Age" in response.headers else {}
+                ttl = response_policy(200, {**stale.headers, **_kept(response.headers), **age},
                                       default_ttl=origin.default_ttl, now=now).ttl
                 meta = await self.store.refresh(stale, headers=_kept(response.headers), expires_at=now + ttl)
                 self.flights.land(flight)

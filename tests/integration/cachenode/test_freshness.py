@@ -156,3 +156,18 @@ async def test_client_hanging_up_mid_pass_through_is_client_gone_with_its_bytes_
     assert not [e for e in logs if e["log_level"] in ("warning", "error", "critical")], logs
     async with session.get(node.url + "/metrics") as r:
         assert f"nezha_bytes_served_total {float(gone[0]['bytes'])}" in await r.text()
+
+
+async def test_a_revalidation_304_with_age_grants_only_what_is_left_of_max_age(origin, make_node, session):
+    """A 304 from a shared cache upstream, 500 s old with max-age=600: fresh for about 100 s, not 600."""
+    import time
+
+    origin.put(PATH, b"a" * 1000, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"a" * 1000, headers={"Cache-Control": "max-age=600", "Age": "500"})
+    status, headers, got = await node.get(session, PATH)
+    assert status == 200 and headers["X-Nezha-Cache"] == "revalidated"
+    left = node.node.store.lookup(f"http://www.cs.toronto.edu{PATH}").expires_at - time.time()
+    assert 90 < left <= 100
