@@ -248,3 +248,48 @@ async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin,
     assert await replicas() == 1
     assert await replicas("--redis-url", redis_server.url) == 2
     assert await replicas("--redis-url", redis_server.url, "--replicas", "1") == 1
+
+
+async def test_node_killed_while_reads_are_mid_body_costs_no_read_and_no_origin_fetch(origin, start_cluster,
+                                                                                       redis_server):
+    """SIGKILL lands while survivors are relaying bodies from the victim: they resume from the other owner."""
+    paths = [f"/midbody/{i}.bin" for i in range(8)]
+    bodies = {p: os.urandom(4 << 20) for p in paths}
+    for p in paths:
+        origin.put(p, bodies[p])
+    cluster = await start_cluster(3, replicas=2, redis_url=redis_server.url)
+    urls = [n.url for n in cluster.nodes.values()]
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            assert (await fetch(s, urls[0], p))[0] == 200
+        await asyncio.sleep(1.5)  # replicas copy in the background
+        fetched = sum(origin.requests.values())
+        assert fetched == len(paths)
+        victim = cluster.nodes["node-1"]
+        survivors = [n.url for n in cluster.nodes.values() if n.id != victim.id]
+        failures, reads = [], 0
+        stop = asyncio.Event()
+
+        async def reader(k: int) -> None:
+            nonlocal reads
+            i = k
+            while not stop.is_set():
+                p = paths[i % len(paths)]
+                try:
+                    status, _, body = await asyncio.wait_for(fetch(s, survivors[i % 2], p), timeout=20)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    failures.append((p, repr(e)))
+                else:
+                    if status != 200 or body != bodies[p]:
+                        failures.append((p, status))
+                reads += 1
+                i += 1
+
+        tasks = [asyncio.create_task(reader(k)) for k in range(6)]
+        await asyncio.sleep(0.5)
+        victim.proc.send_signal(signal.SIGKILL)
+        await asyncio.sleep(2.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert failures == [] and reads > 20
+    assert sum(origin.requests.values()) == fetched, "a replicated object was fetched from the origin again"
