@@ -21,6 +21,11 @@ class BadTarget(NezhaError):
     """The request line or Host header cannot name an object."""
 
 
+class BadHost(BadTarget):
+    """The host named is not a hostname any origin can have (an IP literal, an
+    underscore): like any host that is not configured, it is refused (403)."""
+
+
 _CTL = re.compile(r"[\x00-\x20\x7f]")
 _HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 
@@ -40,11 +45,11 @@ class Target:
 def _split_host(hostport: str) -> str:
     host = hostport.strip().lower()
     if host.startswith("["):
-        raise BadTarget(f"IP literal host {hostport!r} is not a dataset origin")
+        raise BadHost(f"IP literal host {hostport!r} is not a dataset origin")
     host = host.rsplit(":", 1)[0] if ":" in host else host
     host = host.rstrip(".")
     if not host or not _HOST.match(host):
-        raise BadTarget(f"host {hostport!r} is not a valid hostname")
+        raise BadHost(f"host {hostport!r} is not a valid hostname")
     return host
 
 

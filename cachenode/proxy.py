@@ -25,7 +25,7 @@ from cachenode.fastpath import response_head
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
-from cachenode.keys import BadTarget, Target, cache_key, parse_target
+from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, PeerRelay, origin_error_value
@@ -144,6 +144,8 @@ class CacheNode:
                 return await self.handoff.handle(request)
         try:
             target = parse_target(request.raw_path, host_header)
+        except BadHost as e:
+            raise web.HTTPForbidden(text=f"{e}: not a configured origin; this cache is not an open proxy\n")
         except BadTarget as e:
             raise web.HTTPBadRequest(text=f"bad request: {e}\n")
         access(request).host = target.host

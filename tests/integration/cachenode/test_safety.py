@@ -26,6 +26,17 @@ async def test_unknown_host_is_403_naming_the_host_and_origin_never_contacted(or
     assert sum(origin.requests.values()) == 0
 
 
+@pytest.mark.parametrize("host,named", [("my_bucket.example.com", "my_bucket.example.com"), ("[::1]", "[::1]"),
+                                        ("127.0.0.1:22", "127.0.0.1")])
+async def test_hosts_that_no_origin_can_have_are_403_naming_them(origin, make_node, host, named):
+    """An underscore, an IP literal, an address: not a configured origin, so refused like any other."""
+    origin.put("/x", b"x")
+    node = await make_node()
+    status, body = await raw_request(node, f"GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    assert status == 403 and named.encode() in body and b"not an open proxy" in body
+    assert sum(origin.requests.values()) == 0
+
+
 @pytest.mark.parametrize("target", [
     b"/../../etc/passwd", b"/a/%2e%2e/%2E%2E/etc/passwd", b"/a/..%2f..%2fetc", b"/a/..\\..\\etc",
     b"/./x",
