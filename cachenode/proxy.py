@@ -28,7 +28,7 @@ from cachenode.freshness import parse_cache_control, request_bypasses_cache, res
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
-from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, PeerRelay, origin_error_value
+from cachenode.peers import PEER_HEADER, PeerRelay
 from cachenode.serve import EXPIRES_HEADER, Responder, origin_failure
 from cachenode.store import KEPT_HEADERS, Meta, Store, TooLarge
 from nezha.config import CacheSettings, Origin
@@ -161,7 +161,7 @@ class CacheNode:
         access(request).key = key
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
-            return await self._passthrough(request, url, label="bypass")
+            return await self.respond.passthrough(request, url, label="bypass")
         meta = self.store.lookup(key)
         fresh = meta is not None and meta.fresh(self._clock())
         if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
@@ -188,7 +188,7 @@ class CacheNode:
         if request.method == "HEAD":
             if fresh:
                 return await self.respond.hit(request, meta, label="hit")
-            return await self._passthrough(request, url, label="pass")
+            return await self.respond.passthrough(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
 
     # -- the fast path's two questions (cachenode/fastpath.py) -------------------
@@ -244,15 +244,6 @@ class CacheNode:
         peer = next((p for p in ahead if p.id == record.peer), None)
         if peer is not None:
             self.handoff.copy_soon(peer, target)
-
-    async def _passthrough(self, request: web.Request, url: str, *, label: str,
-                           response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
-        try:
-            return await self.respond.passthrough(request, url, label=label, response=response)
-        except (web.HTTPBadGateway, web.HTTPGatewayTimeout) as e:
-            # Raised before any byte went out, only when the origin failed.
-            e.headers[ORIGIN_ERROR_HEADER] = origin_error_value(e.text)
-            raise
 
     def _names_origin(self, host_header: str | None) -> bool:
         if not host_header:
@@ -312,7 +303,7 @@ class CacheNode:
                     return served
                 continue
             if outcome.kind is Kind.PASSED:
-                return await self._passthrough(request, url, label="pass", response=response)
+                return await self.respond.passthrough(request, url, label="pass", response=response)
             error = outcome.error
             if isinstance(error, LeaderGone):
                 continue
@@ -321,11 +312,7 @@ class CacheNode:
                 served = await self.respond.hit(request, meta, label="stale", stale_reason=str(error))
                 if served is not None:
                     return served
-            failure = origin_failure(error)
-            # Tells a relaying peer that the origin failed, not this node: it
-            # passes the answer on instead of asking the origin again elsewhere.
-            failure.headers[ORIGIN_ERROR_HEADER] = origin_error_value(error)
-            raise failure
+            raise origin_failure(error)
         raise web.HTTPServiceUnavailable(text=f"gave up on {key}: the origin exchange kept restarting\n")
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,

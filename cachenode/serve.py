@@ -23,7 +23,7 @@ from aiohttp import web
 from cachenode.access import access
 from cachenode.fill import Fill
 from cachenode.origin import OriginClient, end_to_end
-from cachenode.peers import PEER_HEADER
+from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, origin_error_value
 from cachenode.ranges import Outcome as RangeOutcome
 from cachenode.ranges import evaluate, preconditions
 from cachenode.store import Meta, Store
@@ -49,10 +49,13 @@ class ClientGone(Exception):
 
 
 def origin_failure(error: NezhaError | None) -> web.HTTPException:
-    """502 for an origin that failed, 504 for one that did not answer in time."""
-    if isinstance(error, OriginTimeout):
-        return web.HTTPGatewayTimeout(text=f"{error}\n")
-    return web.HTTPBadGateway(text=f"{error}\n")
+    """502 for an origin that failed, 504 for one that did not answer in time.
+
+    Marked with ORIGIN_ERROR_HEADER, so that a relaying peer passes the answer
+    on instead of blaming this node and asking the same origin elsewhere.
+    """
+    cls = web.HTTPGatewayTimeout if isinstance(error, OriginTimeout) else web.HTTPBadGateway
+    return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
 
 
 def break_connection(request: web.Request) -> None:

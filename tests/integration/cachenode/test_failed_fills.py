@@ -68,6 +68,7 @@ async def test_unreachable_origin_is_502_naming_the_origin(make_node, session):
     status, headers, got = await node.get(session, PATH)
     assert status == 502
     assert b"origin http://127.0.0.1:9/data/train.bin" in got and b"cannot connect" in got
+    assert "cannot connect" in headers["X-Nezha-Origin-Error"]  # a relaying peer must not blame this node
 
 
 async def test_silent_origin_is_504_naming_the_origin(origin, make_node, session):
@@ -76,6 +77,7 @@ async def test_silent_origin_is_504_naming_the_origin(origin, make_node, session
     status, headers, got = await node.get(session, PATH)
     assert status == 504
     assert origin.url.encode() in got and b"timeout" in got
+    assert "timeout" in headers["X-Nezha-Origin-Error"]
 
 
 @pytest.mark.parametrize("status", [404, 500, 503])
