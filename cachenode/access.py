@@ -29,3 +29,10 @@ def access(request: web.Request) -> Access:
     if record is None:
         record = request[ACCESS] = Access()
     return record
+
+
+def break_connection(request: web.Request) -> None:
+    """Close the connection mid-body: the client must see an error, not a short object."""
+    access(request).broken = True
+    if request.transport is not None:
+        request.transport.abort()

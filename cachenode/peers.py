@@ -50,7 +50,7 @@ import structlog
 from aiohttp import web
 
 from cachenode import splice
-from cachenode.access import access
+from cachenode.access import access, break_connection
 from cachenode.cluster import Peer
 from cachenode.freshness import http_date
 from cachenode.keys import Target
@@ -297,9 +297,7 @@ class PeerRelay:
         # Headers are out and nothing could finish the body: the client must
         # see a broken response, never a short one.
         log.warning("relay_broken", path=target.path, sent=body.sent, resumable=body.resumable)
-        access(request).broken = True
-        if request.transport is not None:
-            request.transport.abort()
+        break_connection(request)
         return body.out
 
     async def _start(self, request: web.Request, r: aiohttp.ClientResponse, peer: Peer) -> _Body:
@@ -332,7 +330,10 @@ class PeerRelay:
                 await splice.splice_body(r, request, body.out, read_timeout=self.read_timeout, on_bytes=count)
             else:
                 async for chunk in r.content.iter_chunked(self.chunk_size):
-                    await body.out.write(chunk)
+                    try:
+                        await body.out.write(chunk)
+                    except ConnectionError as e:  # aiohttp's reset error is a ClientError too: not the owner's
+                        raise splice.ClientGone(f"client socket: {e}") from e
                     count(len(chunk))
         finally:
             if watch is not None:
@@ -374,10 +375,9 @@ class PeerRelay:
 
     @staticmethod
     def _client_gone(request: web.Request, body: _Body, source: str, error: Exception) -> web.StreamResponse:
-        log.info("client_gone", peer=source, sent=body.sent, error=str(error))
-        access(request).broken = True
-        if request.transport is not None:
-            request.transport.abort()
+        log.info("client_gone", peer=source, bytes=body.sent, error=str(error))
+        access(request).bytes = body.sent
+        break_connection(request)
         return body.out
 
 

@@ -20,7 +20,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.access import access
+from cachenode.access import access, break_connection
 from cachenode.fill import Fill
 from cachenode.origin import OriginClient, end_to_end
 from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, origin_error_value
@@ -56,13 +56,6 @@ def origin_failure(error: NezhaError | None) -> web.HTTPException:
     """
     cls = web.HTTPGatewayTimeout if isinstance(error, OriginTimeout) else web.HTTPBadGateway
     return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
-
-
-def break_connection(request: web.Request) -> None:
-    """Close the connection mid-body: the client must see an error, not a short object."""
-    access(request).broken = True
-    if request.transport is not None:
-        request.transport.abort()
 
 
 def _object_headers(resp: web.StreamResponse, headers: dict[str, str], label: str) -> None:

@@ -88,7 +88,10 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     buffered = response.content.read_nowait(-1)
     _take(upstream)
     if buffered:
-        await out.write(buffered)
+        try:
+            await out.write(buffered)
+        except ConnectionError as e:
+            raise ClientGone(f"client socket: {e}") from e
         on_bytes(len(buffered))
         remaining -= len(buffered)
     while request.transport.get_write_buffer_size():

@@ -492,3 +492,35 @@ async def test_a_drain_reports_bytes_and_skips_stale_objects_instead_of_failing(
     assert progress["state"] == "done"
     assert (progress["copied"], progress["skipped"], progress["failed"], progress["bytes"]) == (1, 1, 0, 300_000)
     assert key_of("/h/fresh.bin") in staying.node.store
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "copy"])
+async def test_a_client_hanging_up_mid_relay_blames_no_owner_and_costs_no_origin_fetch(origin, cluster, session,
+                                                                                       splice):
+    """The client went away, not the owner: no owner is marked down, nothing is resumed from anywhere."""
+    from structlog.testing import capture_logs
+
+    body = os.urandom(64 << 20)  # more than the kernel buffers take, so the relay is mid-body
+    origin.put("/d/hangup.bin", body)
+    nodes, _ = await cluster(2)
+    owners, others = owner_and_other(nodes, "/d/hangup.bin")
+    await nodes[owners[0]].get(session, "/d/hangup.bin")
+    await nodes[owners[0]].node.settled()
+    relay = nodes[others[0]]
+    relay.node.relay.splice = splice
+    with capture_logs() as logs:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.server.port)
+        writer.write(f"GET /d/hangup.bin HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+        await reader.readexactly(1 << 20)
+        writer.transport.abort()
+        for _ in range(100):
+            if any(e["event"] in ("client_gone", "relay_broken") for e in logs):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+    events = [e["event"] for e in logs]
+    assert "client_gone" in events
+    assert "peer_marked_down" not in events and "relay_broken" not in events
+    assert not any(e["event"].startswith("origin_resume") for e in logs)
+    assert origin.requests["/d/hangup.bin"] == 1
+    assert not relay.node.relay.is_down(next(p for p in relay.node.cluster.owners(key_of("/d/hangup.bin"))))
