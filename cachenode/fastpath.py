@@ -27,9 +27,9 @@ import os
 import time
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import TYPE_CHECKING, Callable
+from typing import IO, TYPE_CHECKING, Callable
 
-from cachenode.serve import CACHE_HEADER
+from cachenode.serve import CACHE_HEADER, _sendfile_now
 from cachenode.store import Meta
 
 if TYPE_CHECKING:
@@ -211,10 +211,7 @@ class FastPath(asyncio.Protocol):
                 if n < len(head):
                     transport.write(head[n:])
                 elif size:
-                    try:
-                        sent = os.sendfile(self._fd, fd, 0, size)
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                    sent = _sendfile_now(transport, fd, 0, size)
             else:
                 transport.write(head)
         except OSError:
@@ -228,15 +225,18 @@ class FastPath(asyncio.Protocol):
             self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
                                     ms=(time.monotonic() - started) * 1000)
             return True
-        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, fd, sent, size, started))
+        f = open(fd, "rb")
+        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, f, sent, size, started))
+        # Closed however the task ends, even cancelled before its first step.
+        self._serving.add_done_callback(lambda _: f.close())
         return False
 
-    async def _finish(self, req: PlainRequest, meta: Meta, fd: int, sent: int, size: int, started: float) -> None:
+    async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
+                      started: float) -> None:
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
-            with open(fd, "rb") as f:
-                sent += await asyncio.get_running_loop().sendfile(transport, f, sent, size - sent)
+            sent += await asyncio.get_running_loop().sendfile(transport, f, sent, size - sent)
         except (ConnectionError, OSError, RuntimeError):
             # RuntimeError: the transport closed under sendfile. `sent` is then
             # what left before the last sendfile call: asyncio does not say more.

@@ -113,7 +113,11 @@ class CacheNode:
         await self.store.idle()  # and the disk steps they left behind (unlinks)
 
     def on_evict(self, meta: Meta) -> None:
-        self._count(meta.host, evictions=1, objects=-1, bytes_stored=-meta.size)
+        self._object_gone(meta, evictions=1)
+
+    def _object_gone(self, meta: Meta, **extra: int) -> None:
+        """Count and index an object that left the store."""
+        self._count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
         if self.index is not None:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self._update_store_gauges()
@@ -124,10 +128,7 @@ class CacheNode:
         disk fault). Forget it, so the request refetches instead of failing."""
         log.warning("object_file_missing", key=meta.key, data=meta.data)
         await self.store.remove(meta.key)
-        self._count(meta.host, objects=-1, bytes_stored=-meta.size)
-        if self.index is not None:
-            self.index.object_removed(meta.key, host=meta.host, size=meta.size)
-        self._update_store_gauges()
+        self._object_gone(meta)
 
     def _update_store_gauges(self) -> None:
         self.metrics.stored_bytes.set(self.store.used_bytes)
@@ -143,21 +144,19 @@ class CacheNode:
                 access(request).cache = "internal"
                 return await self.handoff.handle(request)
         try:
-            target = parse_target(request.raw_path, host_header)
+            target, origin, key = self._resolve(request.raw_path, host_header)
         except BadHost as e:
             raise web.HTTPForbidden(text=f"{e}: not a configured origin; this cache is not an open proxy\n")
         except BadTarget as e:
             raise web.HTTPBadRequest(text=f"bad request: {e}\n")
         access(request).host = target.host
-        origin = self._table.get(target.host)
-        if origin is None:
+        if origin is None or key is None:
             raise web.HTTPForbidden(
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         if request.method not in ("GET", "HEAD"):
             raise web.HTTPMethodNotAllowed(
                 request.method, ["GET", "HEAD"], text=f"method {request.method} is not served; use GET or HEAD\n")
         url = origin.upstream + target.path_qs
-        key = cache_key(target, volatile_params=origin.volatile_params)
         access(request).key = key
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
@@ -191,6 +190,16 @@ class CacheNode:
             return await self.respond.passthrough(request, url, label="pass")
         return await self._get(request, key=key, url=url, origin=origin, target=target)
 
+    def _resolve(self, raw_target: str, host_header: str | None) -> tuple[Target, Origin | None, str | None]:
+        """What a request names: its target, the origin configured for its host
+        (None: refused) and its cache key. Raises BadTarget. One place, so the
+        handler and the fast path can never disagree about a request."""
+        target = parse_target(raw_target, host_header)
+        origin = self._table.get(target.host)  # an absolute URI's host wins over Host:
+        if origin is None:
+            return target, None, None
+        return target, origin, cache_key(target, volatile_params=origin.volatile_params)
+
     # -- the fast path's two questions (cachenode/fastpath.py) -------------------
     def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD asks for, with its response
@@ -202,13 +211,11 @@ class CacheNode:
             if not self._names_origin(host_header):
                 return None
             try:
-                target = parse_target(raw_target, host_header)
+                _, _, key = self._resolve(raw_target, host_header)
             except BadTarget:
                 return None
-            origin = self._table.get(target.host)  # an absolute URI may name another host
-            if origin is None:
+            if key is None:
                 return None
-            key = cache_key(target, volatile_params=origin.volatile_params)
             if len(self._plain_keys) >= _PLAIN_CACHE:
                 self._plain_keys.clear()
             self._plain_keys[(raw_target, host_header)] = key
