@@ -195,7 +195,6 @@ class Webhook:
         # when one was given (flag, NEZHA_NO_PROXY, config file), else the
         # webhook's default, which keeps the private ranges direct as well.
         self.no_proxy = settings.no_proxy or DEFAULT_NO_PROXY
-        self.background: list[Callable[[], Awaitable[None]]] = []
         # Keeps cache_ip current (the Service watcher, set by the command). It
         # runs only while some rule leaves `ip` out and no --cache-ip is given:
         # started at start-up, or by the rules reload that first needs it.
@@ -294,7 +293,6 @@ def build_app(webhook: Webhook) -> web.Application:
 
     async def lifecycle(app: web.Application):
         tasks = [asyncio.create_task(webhook.poll_files())]
-        tasks += [asyncio.create_task(job()) for job in webhook.background]
         webhook.start_discovery_if_needed()
         yield
         if webhook._discovery_task is not None:
