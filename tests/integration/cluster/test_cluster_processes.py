@@ -22,6 +22,20 @@ import redis.asyncio as aioredis
 from tests.integration.cluster.conftest import HOST, fetch, node_status, settle, wait_epoch
 
 
+async def cached_cluster(origin, start_cluster, redis_server, prefix: str, count: int, *, nodes: int):
+    """`nodes` node processes holding `count` objects under /prefix/, each fetched once through node-0."""
+    paths = [f"/{prefix}/{i}" for i in range(count)]
+    for p in paths:
+        origin.put(p, p.encode() * 1000)
+    cluster = await start_cluster(nodes, redis_url=redis_server.url)
+    url = cluster.nodes["node-0"].url
+    async with aiohttp.ClientSession() as s:
+        for p in paths:
+            assert (await fetch(s, url, p))[0] == 200
+    await asyncio.sleep(0.5)  # replicas and index writes land
+    return cluster, paths, url
+
+
 async def test_ring_change_reaches_every_node_within_one_second(start_cluster, redis_server):
     cluster = await start_cluster(3, redis_url=redis_server.url)
     members = cluster.members()
@@ -94,15 +108,8 @@ async def test_redis_killed_downloads_continue_and_stats_resume(origin, start_cl
 
 
 async def test_drained_node_is_removed_with_zero_origin_fetches_after(origin, start_cluster, redis_server):
-    paths = [f"/drain/{i}" for i in range(40)]
-    for p in paths:
-        origin.put(p, p.encode() * 1000)
-    cluster = await start_cluster(3, redis_url=redis_server.url)
-    url = cluster.nodes["node-0"].url
+    cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "drain", 40, nodes=3)
     async with aiohttp.ClientSession() as s:
-        for p in paths:
-            assert (await fetch(s, url, p))[0] == 200
-        await asyncio.sleep(0.5)
         assert sum(origin.requests.values()) == len(paths)
         progress = await cluster.remove("node-2")
         assert progress["failed"] == 0 and progress["done"] == progress["total"] > 0
@@ -139,15 +146,8 @@ async def test_stats_in_redis_show_hits_misses_and_peer_hits(origin, start_clust
 async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cluster, redis_server):
     from tests.conftest import free_port
 
-    paths = [f"/grow/{i}" for i in range(40)]
-    for p in paths:
-        origin.put(p, p.encode() * 1000)
-    cluster = await start_cluster(2, redis_url=redis_server.url)
-    url = cluster.nodes["node-0"].url
+    cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "grow", 40, nodes=2)
     async with aiohttp.ClientSession() as s:
-        for p in paths:
-            assert (await fetch(s, url, p))[0] == 200
-        await asyncio.sleep(0.5)
         newcomer = await cluster.add("node-2", free_port())
         await wait_epoch(cluster, await cluster.index.get_membership())
         labels = [(await fetch(s, newcomer.url, p))[1]["X-Nezha-Cache"] for p in paths]
@@ -163,15 +163,8 @@ async def test_a_drain_with_failed_copies_leaves_the_node_serving_and_in_the_rin
                                                                                  redis_server):
     from cachenode.local_cluster import DrainFailed
 
-    paths = [f"/keep/{i}" for i in range(30)]
-    for p in paths:
-        origin.put(p, p.encode() * 1000)
-    cluster = await start_cluster(3, redis_url=redis_server.url)
-    url = cluster.nodes["node-0"].url
+    cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "keep", 30, nodes=3)
     async with aiohttp.ClientSession() as s:
-        for p in paths:
-            assert (await fetch(s, url, p))[0] == 200
-        await asyncio.sleep(0.5)
         # node-1's disk fails: it can take no copy, so node-2 cannot be drained.
         tmp = cluster.nodes["node-1"].data_dir / "tmp"
         shutil.rmtree(tmp)
