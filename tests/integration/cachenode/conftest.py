@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -47,6 +48,28 @@ async def make_node(origin, tmp_path: Path):
     yield make
     for listener in listeners:
         await listener.close()
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    """Poll `predicate()` until true; no fixed sleep that a loaded machine could outlast."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not true within {timeout} s")
+
+
+def logged(logs: list[dict], *events: str):
+    """A predicate for `until`: one of `events` is in the captured logs."""
+    return lambda: any(e["event"] in events for e in logs)
+
+
+async def hang_up_after(node: Node, path: str, nbytes: int) -> None:
+    """A client of its own reads `nbytes` of `path`'s body, then hangs up mid-body."""
+    async with aiohttp.ClientSession() as quitter:
+        async with quitter.get(node.url + path, headers={"Host": HOST}) as r:
+            await r.content.readexactly(nbytes)
+            r.close()
 
 
 @pytest.fixture

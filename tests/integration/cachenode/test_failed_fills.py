@@ -5,6 +5,8 @@ import asyncio
 import aiohttp
 import pytest
 
+from tests.integration.cachenode.conftest import until
+
 PATH = "/data/train.bin"
 
 
@@ -15,15 +17,6 @@ async def read_all(node, session, path):
             return r.status, await r.read()
     except aiohttp.ClientError as e:
         return None, e
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    """Poll `predicate()` until true; no fixed sleep that a loaded machine could outlast."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not true within {timeout} s")
 
 
 async def test_origin_dying_mid_fill_breaks_streams_and_next_request_refetches(origin, make_node, session):

@@ -9,6 +9,7 @@ import aiohttp
 from structlog.testing import capture_logs
 
 from cachenode.app import Listener
+from tests.integration.cachenode.conftest import logged, until
 
 PATH = "/~kriz/cifar-100-python.tar.gz"
 HOST = "www.cs.toronto.edu"
@@ -80,10 +81,7 @@ async def test_a_client_gone_mid_body_is_logged_once_and_the_node_serves_others(
         writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
         await reader.readexactly(1000)
         writer.transport.abort()
-        for _ in range(100):
-            if any(e["event"] == "client_gone" for e in logs):
-                break
-            await asyncio.sleep(0.05)
+        await until(logged(logs, "client_gone"))
     gone = [e for e in logs if e["event"] == "client_gone"]
     done = [e for e in logs if e["event"] == "request_completed"]
     assert len(gone) == 1 and 0 < gone[0]["bytes"] < len(body)

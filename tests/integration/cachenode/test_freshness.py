@@ -132,23 +132,16 @@ async def test_pass_through_bytes_are_counted_in_metrics_and_index_stats(origin,
 
 async def test_client_hanging_up_mid_pass_through_is_client_gone_with_its_bytes_counted(origin, make_node, session):
     """An unstorable response cut short by its client: one info line, the bytes that left counted."""
-    import asyncio
-
-    import aiohttp
     from structlog.testing import capture_logs
+
+    from tests.integration.cachenode.conftest import hang_up_after, logged, until
 
     origin.put("/nostore", b"n" * 2_000_000, rate=1_000_000, headers={"Cache-Control": "no-store"})
     node = await make_node()
     with capture_logs() as logs:
-        async with aiohttp.ClientSession() as quitter:
-            async with quitter.get(node.url + "/nostore", headers={"Host": "www.cs.toronto.edu"}) as r:
-                assert r.headers["X-Nezha-Cache"] == "pass"
-                await r.content.readexactly(10_000)
-                r.close()
-        for _ in range(300):  # the node notices at its next write
-            if any(e["event"] == "request_completed" for e in logs):
-                break
-            await asyncio.sleep(0.01)
+        await hang_up_after(node, "/nostore", 10_000)
+        await until(logged(logs, "request_completed"))  # the node notices at its next write
+    assert [e["cache"] for e in logs if e["event"] == "request_completed"] == ["pass"]
     gone = [e for e in logs if e["event"] == "client_gone"]
     assert len(gone) == 1 and gone[0]["log_level"] == "info", logs
     assert 10_000 <= gone[0]["bytes"] < 2_000_000

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from cachenode.cluster import Peer
 from cachenode.keys import cache_key, parse_target
-from tests.integration.cachenode.conftest import RangedOrigin
+from tests.integration.cachenode.conftest import RangedOrigin, logged, until
 
 HOST = "www.cs.toronto.edu"
 
@@ -513,11 +513,8 @@ async def test_a_client_hanging_up_mid_relay_blames_no_owner_and_costs_no_origin
         writer.write(f"GET /d/hangup.bin HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
         await reader.readexactly(1 << 20)
         writer.transport.abort()
-        for _ in range(100):
-            if any(e["event"] in ("client_gone", "relay_broken") for e in logs):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
+        await until(logged(logs, "client_gone", "relay_broken"))
+        await asyncio.sleep(0.2)  # room for a wrong peer_marked_down or origin resume to show
     events = [e["event"] for e in logs]
     assert "client_gone" in events
     assert "peer_marked_down" not in events and "relay_broken" not in events

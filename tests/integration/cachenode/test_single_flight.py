@@ -3,8 +3,9 @@
 import asyncio
 import hashlib
 
-import aiohttp
 import pytest
+
+from tests.integration.cachenode.conftest import hang_up_after
 
 PATH = "/~kriz/cifar-100-python.tar.gz"
 
@@ -48,10 +49,7 @@ async def test_client_disconnect_mid_fill_leaves_other_clients_unaffected(origin
     origin.put(PATH, body, rate=1_000_000)
     node = await make_node()
     other = asyncio.ensure_future(node.get(session, PATH))
-    async with aiohttp.ClientSession() as quitter:
-        async with quitter.get(node.url + PATH, headers={"Host": "www.cs.toronto.edu"}) as r:
-            await r.content.readexactly(10_000)
-            r.close()  # hang up mid-body
+    await hang_up_after(node, PATH, 10_000)
     status, _, got = await other
     assert status == 200 and got == body
     await node.node.settled()
@@ -108,10 +106,7 @@ async def test_client_hanging_up_mid_fill_is_logged_once_as_client_gone_with_its
     node = await make_node()
     with capture_logs() as logs:
         other = asyncio.ensure_future(node.get(session, PATH))
-        async with aiohttp.ClientSession() as quitter:
-            async with quitter.get(node.url + PATH, headers={"Host": "www.cs.toronto.edu"}) as r:
-                await r.content.readexactly(10_000)
-                r.close()  # hang up mid-body
+        await hang_up_after(node, PATH, 10_000)
         status, _, got = await other
         await node.node.settled()
     assert status == 200 and got == body
