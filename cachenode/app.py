@@ -11,7 +11,7 @@ from aiohttp import web
 from cachenode.fastpath import FastPath
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
-from cachenode.proxy import NODE, CacheNode, access_log
+from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
 from nezha.config import CacheSettings
 from nezha.lifecycle import stop_on_signals
@@ -41,7 +41,7 @@ def build_node(settings: CacheSettings) -> CacheNode:
 
 
 def build_app(node: CacheNode) -> web.Application:
-    app = web.Application(middlewares=[access_log])
+    app = web.Application(middlewares=[access_log, refuse_methods])
     app.router.add_route("*", "/{tail:.*}", node.handle)
 
     async def lifecycle(app: web.Application):

@@ -99,12 +99,16 @@ def _http_date() -> bytes:
     return _date_cache[1]
 
 
-def response_head(meta: Meta) -> bytes:
-    """Status line and headers of a 200 for `meta`, without the Date line."""
+def response_head(meta: Meta, *, via: str) -> bytes:
+    """Status line and headers of a 200 for `meta`, as the handler would send
+    them (cachenode/serve.py), without the Age and Date lines of each reuse."""
     lines = ["HTTP/1.1 200 OK"]
-    lines += [f"{k}: {v}" for k, v in meta.headers.items()]
-    lines += ["Accept-Ranges: bytes", f"{CACHE_HEADER}: hit", f"Content-Length: {meta.size}", ""]
-    return "\r\n".join(lines).encode("latin-1")
+    lines += [f"{k}: {v}" for k, v in meta.headers if k.lower() != "via"]
+    if meta.header("Accept-Ranges") is None:
+        lines.append("Accept-Ranges: bytes")
+    lines += [f"Via: {', '.join([v for k, v in meta.headers if k.lower() == 'via'] + [via])}",
+              f"{CACHE_HEADER}: hit", f"Content-Length: {meta.size}", ""]
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
 class FastPath(asyncio.Protocol):
@@ -199,7 +203,7 @@ class FastPath(asyncio.Protocol):
             return False
         del self._buf[:req.size]
         transport = self.transport
-        head += _http_date()
+        head += b"Age: %d\r\n" % meta.age_at(time.time()) + _http_date()
         size = meta.size if req.method == "GET" else 0
         sent = 0
         try:

@@ -22,11 +22,12 @@ import asyncio
 import enum
 import os
 from dataclasses import dataclass
-from typing import IO, AsyncIterator, Awaitable, Callable
+from typing import IO, AsyncIterator, Awaitable, Callable, Mapping
 
 import structlog
 
 from cachenode.cluster import Peer
+from cachenode.headers import Pairs
 from cachenode.store import Meta, Store, TempObject, TooLarge
 from nezha.errors import FillAborted, NezhaError
 
@@ -36,9 +37,12 @@ log = structlog.get_logger("nezha.fill")
 class Fill:
     """Bytes of one object arriving from the origin into a temp file."""
 
-    def __init__(self, *, key: str, headers: dict[str, str], length: int | None, temp: TempObject) -> None:
+    def __init__(self, *, key: str, headers: Pairs, length: int | None, temp: TempObject,
+                 age: float = 0.0, status: int = 200) -> None:
         self.key = key
-        self.headers = headers
+        self.status = status
+        self.headers = headers  # the fields stored with the object (cachenode/headers.py)
+        self.age = age  # the origin's Age: a response from a cache upstream is that old already
         self.length = length
         self.temp = temp
         self.url: str | None = None  # where the bytes come from, once `run` starts
@@ -142,7 +146,7 @@ class Source:
 
     url: str
     what: str
-    headers: dict[str, str]
+    headers: Mapping[str, str]  # the request's fields (for the origin: the leading client's, forwarded)
     peer: Peer | None = None
 
 

@@ -1,51 +1,160 @@
-"""What may be stored and for how long (RFC 9111). Pure: no I/O.
+"""What may be stored, for how long, and when a stored copy may be reused
+(RFC 9111, RFC 5861). Pure: no I/O.
 
 A shared cache stores a response only when nothing in it or its request
 says the response belongs to one client. Anything doubtful is passed through.
+
+Two halves. `response_policy()` runs once, when a response arrives, and
+turns its status and headers into a `Policy`: storable or not, a TTL, and
+how long past expiry the copy may still answer. `judge()` runs on every hit
+and weighs that stored policy against the request's own directives
+(`request_directives()`), returning a `Use` the handler dispatches on.
+
+Header arguments are any `Mapping[str, str]`: a plain dict in any
+capitalisation, or a case-insensitive multidict carrying repeated fields.
+Every lookup goes through `field_value()`, so two `Cache-Control` lines
+count as one list (RFC 9110 §5.3) everywhere.
 """
 
 from __future__ import annotations
 
+import enum
+import math
+import re
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
+from datetime import datetime, timezone
 from typing import Mapping
+
+HEURISTIC_STATUSES: frozenset[int] = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
+# The lifetime given a response with Last-Modified but no explicit one, when
+# the operator set no per-origin policy (RFC 9111 §4.2.2 leaves the heuristic
+# to the cache). Not the 10 % of its age that §4.2.2 suggests: dataset files
+# are written once, and a file an origin made a minute ago would otherwise be
+# revalidated on every read for its first hours.
+HEURISTIC_TTL: float = 3600.0
+# Statuses this cache may store at all: the heuristically cacheable ones.
+# 206 never: this cache keeps only complete responses (RFC 9111 §3.3 lets it
+# decline to combine partial ones), and serves ranges from them itself.
+STORED_STATUSES: frozenset[int] = HEURISTIC_STATUSES
+
+# RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
+_DELTA_MAX = 2**31
+
+
+def field_value(headers: Mapping[str, str], name: str) -> str | None:
+    """All lines of the field `name`, combined as one comma-separated list; None when absent.
+
+    RFC 9110 §5.3: repeated lines of a list field mean the same as one line
+    joining them with commas, so `Cache-Control: no-cache` plus
+    `Cache-Control: max-age=60` must not lose either. A multidict yields
+    every line from `items()`; a plain dict yields its one key, whatever its
+    capitalisation (field names are case-insensitive, RFC 9110 §5.1).
+    An empty field is "" and stays distinct from an absent one.
+    """
+    wanted = name.lower()
+    values = [value for key, value in headers.items() if key.lower() == wanted]
+    return ", ".join(values) if values else None
+
+
+def _split_list(value: str) -> list[str]:
+    """Members of a comma-separated list; commas inside a quoted string don't split (RFC 9110 §5.6.1, §5.6.4)."""
+    members, start, quoted, escaped = [], 0, False, False
+    for i, ch in enumerate(value):
+        if escaped:
+            escaped = False
+        elif quoted and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            members.append(value[start:i])
+            start = i + 1
+    members.append(value[start:])
+    return [m.strip(" \t") for m in members if m.strip(" \t")]
+
+
+def _unquote(arg: str) -> str:
+    if len(arg) >= 2 and arg[0] == arg[-1] == '"':
+        body, out, i = arg[1:-1], [], 0
+        while i < len(body):
+            if body[i] == "\\" and i + 1 < len(body):
+                i += 1
+            out.append(body[i])
+            i += 1
+        return "".join(out)
+    return arg
 
 
 def parse_cache_control(value: str | None) -> dict[str, str | None]:
-    """`max-age=60, no-cache="set-cookie", private` -> {directive: argument}."""
+    """`max-age=60, no-cache="set-cookie, x", private` -> {directive: argument}.
+
+    Names are lowercased; arguments are unquoted but keep their case. The
+    first occurrence of a directive wins (RFC 9111 §4.2.1 lets a cache use
+    the first of conflicting values). Both the token and the quoted form of
+    an argument are accepted (RFC 9111 §5.2).
+    """
     out: dict[str, str | None] = {}
-    if not value:
-        return out
-    for part in value.split(","):
-        name, sep, arg = part.strip().partition("=")
-        name = name.strip().lower()
-        if name:
-            out[name] = arg.strip().strip('"') if sep else None
+    for member in _split_list(value or ""):
+        name, sep, arg = member.partition("=")
+        name = name.strip(" \t").lower()
+        if name and name not in out:
+            out[name] = _unquote(arg.strip(" \t")) if sep else None
     return out
 
 
-def _seconds(arg: str | None) -> float | None:
-    try:
-        return max(0.0, float(int(arg))) if arg is not None else None
-    except ValueError:
+def _delta_seconds(arg: str | None) -> float | None:
+    """A delta-seconds argument (RFC 9111 §1.2.2), or None when it is not a non-negative integer."""
+    if arg is None:
         return None
+    arg = arg.strip(" \t")
+    if not (arg.isascii() and arg.isdigit()):
+        return None
+    # A long digit string is beyond 2^31 anyway; don't make int() parse it.
+    return float(_DELTA_MAX if len(arg) > 10 else min(int(arg), _DELTA_MAX))
+
+
+_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_TIME = r"(?P<H>\d\d):(?P<M>\d\d):(?P<S>\d\d)"
+# RFC 9110 §5.6.7: IMF-fixdate, and the obsolete rfc850-date and asctime-date
+# a recipient must still accept. Day names are not checked.
+_HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
+    rf"(?:[a-z]{{3}},\s*)?(?P<d>\d\d?)\s+(?P<b>[a-z]{{3}})\s+(?P<Y>\d{{4}})\s+{_TIME}\s+(?:GMT|UTC)",
+    rf"[a-z]{{6,9}},\s*(?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d)\s+{_TIME}\s+GMT",
+    rf"[a-z]{{3}}\s+(?P<b>[a-z]{{3}})\s+(?P<d>\d\d?)\s+{_TIME}\s+(?P<Y>\d{{4}})",
+)]
 
 
 def http_date(value: str | None) -> float | None:
+    """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
+
+    HTTP dates are always GMT; the asctime form names no zone and is read as
+    UTC. An rfc850 two-digit year is 19yy from 70 up and 20yy below, a fixed
+    pivot rather than the RFC's 50-years-ahead rule, which would need a clock.
+    Anything else, including a second date after a comma (two Expires lines
+    combined), is invalid, which for Expires means already expired (RFC 9111 §5.3).
+    """
     if not value:
         return None
-    try:
-        return parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-
-
-@dataclass(frozen=True)
-class Policy:
-    storable: bool
-    reason: str  # why not storable, or "ok"
-    ttl: float = 0.0
-    stale_if_error: bool = True
+    text = value.strip(" \t")
+    for pattern in _HTTP_DATES:
+        m = pattern.fullmatch(text)
+        if m is None:
+            continue
+        month = _MONTHS.get(m["b"].lower())
+        if month is None:
+            return None
+        if "Y" in pattern.groupindex:
+            year = int(m["Y"])
+        else:
+            year = int(m["y"]) + (1900 if int(m["y"]) >= 70 else 2000)
+        try:
+            # A leap second (60) is allowed on the wire but not by datetime.
+            stamp = datetime(year, month, int(m["d"]), int(m["H"]), int(m["M"]), min(int(m["S"]), 59),
+                             tzinfo=timezone.utc)
+        except ValueError:
+            return None
+        return stamp.timestamp()
+    return None
 
 
 def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
@@ -55,7 +164,7 @@ def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
     the cache nor storing it is ever right (RFC 9111 §3.5).
     """
     for name in ("Authorization", "Cookie"):
-        if name in headers:
+        if field_value(headers, name) is not None:
             return f"request carries {name}"
     return None
 
@@ -67,42 +176,185 @@ def current_age(headers: Mapping[str, str]) -> float:
     for its own request time. A list keeps its first member and an invalid
     value is ignored (§5.1).
     """
-    value = headers.get("Age")
+    value = field_value(headers, "Age")
     if value is None:
         return 0.0
-    first = value.split(",", 1)[0].strip()
-    return float(first) if first.isascii() and first.isdigit() else 0.0
+    return _delta_seconds(value.split(",", 1)[0]) or 0.0
 
 
-def response_policy(status: int, headers: Mapping[str, str], *, default_ttl: float, now: float) -> Policy:
-    """Storable? For how long? From the origin's status and headers.
+@dataclass(frozen=True)
+class Policy:
+    storable: bool
+    reason: str  # why not storable, or "ok"
+    # Seconds the response stays fresh from `now`: its freshness lifetime
+    # minus its Age; 0 = validate before any reuse.
+    ttl: float = 0.0
+    # Seconds past expiry a stored copy may still answer when the origin
+    # fails or answers 5xx; 0 = never.
+    stale_if_error: float = math.inf
+    # Seconds past expiry a stored copy may answer while a background
+    # revalidation runs (RFC 5861 §3).
+    stale_while_revalidate: float = 0.0
+    heuristic: bool = False  # ttl came from a heuristic, not from the origin
 
-    An explicit lifetime (s-maxage, max-age, Expires) is what is left of it
-    after the response's `Age`; `default_ttl` is this node's own policy for
-    objects without one, counted from when it stores them.
+
+def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], now: float) -> float | None:
+    """The origin's own freshness lifetime (RFC 9111 §4.2.1), or None when it gave none.
+
+    A malformed s-maxage or max-age is ignored and the next source applies.
+    An invalid Expires ("0", "-1", garbage) is a date in the past (§5.3):
+    explicit, and already expired.
     """
-    if status != 200:
+    for directive in ("s-maxage", "max-age"):
+        lifetime = _delta_seconds(cc.get(directive))
+        if lifetime is not None:
+            return lifetime
+    expires_value = field_value(headers, "Expires")
+    if expires_value is None:
+        return None
+    expires = http_date(expires_value)
+    if expires is None:
+        return 0.0
+    return max(0.0, expires - _date(headers, now))
+
+
+def _date(headers: Mapping[str, str], now: float) -> float:
+    """When the origin generated the response: its Date, else `now` (RFC 9110 §6.6.1)."""
+    date = http_date(field_value(headers, "Date"))
+    return now if date is None else date
+
+
+def response_policy(status: int, headers: Mapping[str, str], *, now: float, policy_ttl: float | None) -> Policy:
+    """Storable? For how long? How stale may it be served? From the origin's status and headers.
+
+    `policy_ttl` is the operator's per-origin lifetime for responses that
+    carry no explicit one; it replaces the Last-Modified heuristic and is
+    counted from storing, so the response's Age is not taken off it. With
+    no such policy a response with a valid Last-Modified gets HEURISTIC_TTL,
+    and one without gets nothing.
+    """
+    if status not in STORED_STATUSES:
         return Policy(False, f"status {status}")
-    cc = parse_cache_control(headers.get("Cache-Control"))
+    cc = parse_cache_control(field_value(headers, "Cache-Control"))
     if "no-store" in cc:
         return Policy(False, "Cache-Control: no-store")
     if "private" in cc:
+        # Qualified or not: storing the rest while dropping the named fields
+        # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, "Cache-Control: private")
-    if headers.get("Vary", "").strip() == "*":
-        return Policy(False, "Vary: *")
-    if "Set-Cookie" in headers:
+    if "*" in _split_list(field_value(headers, "Vary") or ""):
+        return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
+    if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
-    stale_ok = "must-revalidate" not in cc and "proxy-revalidate" not in cc
     if "no-cache" in cc:
-        return Policy(True, "ok", 0.0, stale_ok)
-    for directive in ("s-maxage", "max-age"):
-        if directive in cc:
-            lifetime = _seconds(cc[directive])
-            if lifetime is not None:
-                return Policy(True, "ok", max(0.0, lifetime - current_age(headers)), stale_ok)
-    expires = http_date(headers.get("Expires"))
-    if "Expires" in headers:
-        date = http_date(headers.get("Date")) or now
-        lifetime = (expires or 0.0) - date
-        return Policy(True, "ok", max(0.0, lifetime - current_age(headers)), stale_ok)
-    return Policy(True, "ok", default_ttl, stale_ok)
+        # §5.2.2.4: storable, but never reused, not even on error, without a
+        # successful validation. A qualified no-cache="field" is treated
+        # the same: stricter than required, never wrong.
+        return Policy(True, "ok", 0.0, stale_if_error=0.0, stale_while_revalidate=0.0)
+    if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
+        # §5.2.2.2, §5.2.2.8; s-maxage implies proxy-revalidate (§5.2.2.10).
+        stale_if_error, stale_while_revalidate = 0.0, 0.0
+    else:
+        # RFC 5861 §4. Without the directive this cache still answers from a
+        # stale copy while its origin is down: §4.2.4 allows it when no
+        # directive forbids it, and a dataset a training job can read beats a 502.
+        sie = _delta_seconds(cc.get("stale-if-error"))
+        stale_if_error = math.inf if sie is None else sie
+        stale_while_revalidate = _delta_seconds(cc.get("stale-while-revalidate")) or 0.0
+
+    def policy(ttl: float, heuristic: bool = False) -> Policy:
+        return Policy(True, "ok", ttl, stale_if_error, stale_while_revalidate, heuristic)
+
+    lifetime = _explicit_lifetime(cc, headers, now)
+    if lifetime is not None:
+        return policy(max(0.0, lifetime - current_age(headers)))
+    if status not in HEURISTIC_STATUSES:
+        return policy(0.0)
+    # §4.2.2. `public` would only widen this to responses to authenticated
+    # requests, which this cache never stores.
+    if policy_ttl is not None:
+        return policy(max(0.0, policy_ttl), heuristic=True)
+    last_modified = http_date(field_value(headers, "Last-Modified"))
+    if last_modified is None:
+        return policy(0.0, heuristic=True)
+    # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
+    # it up), not a reason to distrust the file.
+    return policy(max(0.0, HEURISTIC_TTL - current_age(headers)), heuristic=True)
+
+
+@dataclass(frozen=True)
+class RequestDirectives:
+    # Cache-Control: no-cache, or Pragma: no-cache when the request has no
+    # Cache-Control field at all (RFC 9111 §5.4).
+    no_cache: bool = False
+    max_age: float | None = None  # a valid max-age=N
+    max_stale: float | None = None  # max-stale=N; without a value math.inf; invalid None
+    min_fresh: float | None = None
+    only_if_cached: bool = False
+    no_store: bool = False
+
+
+def request_directives(headers: Mapping[str, str]) -> RequestDirectives:
+    """What the client asks of the cache (RFC 9111 §5.2.1). A malformed argument counts as absent."""
+    cc_value = field_value(headers, "Cache-Control")
+    cc = parse_cache_control(cc_value)
+    pragma_no_cache = cc_value is None and "no-cache" in parse_cache_control(field_value(headers, "Pragma"))
+    if "max-stale" in cc:
+        # §5.2.1.2: without a value the client accepts any staleness.
+        max_stale = math.inf if cc["max-stale"] is None else _delta_seconds(cc["max-stale"])
+    else:
+        max_stale = None
+    return RequestDirectives(
+        no_cache="no-cache" in cc or pragma_no_cache,
+        max_age=_delta_seconds(cc.get("max-age")),
+        max_stale=max_stale,
+        min_fresh=_delta_seconds(cc.get("min-fresh")),
+        only_if_cached="only-if-cached" in cc,
+        no_store="no-store" in cc,
+    )
+
+
+class Use(enum.Enum):
+    FRESH = "fresh"  # serve it, no origin contact
+    STALE_WHILE_REVALIDATE = "swr"  # serve it now, revalidate in the background
+    VALIDATE = "validate"  # ask the origin (conditional request) first
+
+
+def age_of(*, now: float, stored_at: float, initial_age: float) -> float:
+    """The Age to send with a stored copy: what it had when stored plus its time here (RFC 9111 §4.2.3, §5.1)."""
+    return initial_age + max(0.0, now - stored_at)
+
+
+def judge(*, now: float, stored_at: float, expires_at: float, initial_age: float,
+          stale_if_error: float, stale_while_revalidate: float, request: RequestDirectives) -> Use:
+    """May a stored copy answer this request, and how? (RFC 9111 §4.2, §5.2.1; RFC 5861 §3.)
+
+    The request's own limits come first: they can only make the cache
+    stricter. `stale_if_error == 0` is how a Policy marks must-revalidate,
+    proxy-revalidate, s-maxage and no-cache, under which a stale copy is
+    never served unvalidated, whatever max-stale the client sends (§5.2.2.2).
+    """
+    if request.no_cache:
+        return Use.VALIDATE
+    if request.max_age is not None:
+        # max-age=0 is the common "revalidate" idiom: validate even at age 0.
+        age = age_of(now=now, stored_at=stored_at, initial_age=initial_age)
+        if request.max_age == 0 or age > request.max_age:
+            return Use.VALIDATE
+    if request.min_fresh is not None and expires_at - now < request.min_fresh:
+        return Use.VALIDATE
+    if now < expires_at:
+        return Use.FRESH
+    if stale_if_error == 0:
+        return Use.VALIDATE
+    staleness = now - expires_at
+    if request.max_stale is not None and staleness <= request.max_stale:
+        return Use.FRESH
+    if staleness < stale_while_revalidate:
+        return Use.STALE_WHILE_REVALIDATE
+    return Use.VALIDATE
+
+
+def may_serve_stale_on_error(*, now: float, expires_at: float, stale_if_error: float) -> bool:
+    """Whether a stored copy may answer when the origin fails or answers 5xx (RFC 5861 §4, RFC 9111 §4.2.4)."""
+    return stale_if_error > 0 and now - expires_at <= stale_if_error

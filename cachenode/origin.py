@@ -17,19 +17,15 @@ from types import SimpleNamespace
 from typing import Mapping
 
 import aiohttp
+from multidict import CIMultiDict
 
+from cachenode.headers import end_to_end_pairs
 from nezha.errors import OriginError, OriginTimeout
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) never cross the cache.
-HOP_BY_HOP = frozenset(h.lower() for h in (
-    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-    "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
-))
 
-
-def end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
-    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed}
+def end_to_end(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    """A message's end-to-end fields (cachenode/headers.py), repeats and order kept, ready to send."""
+    return CIMultiDict(end_to_end_pairs(headers, drop=drop))
 
 
 async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
@@ -85,7 +81,8 @@ class OriginClient:
             await self._session.close()
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
-                      timeout: aiohttp.ClientTimeout | None = None, json: object = None) -> aiohttp.ClientResponse:
+                      timeout: aiohttp.ClientTimeout | None = None, json: object = None,
+                      data: object = None) -> aiohttp.ClientResponse:
         """Send a request and return once the response headers are in.
 
         `what` names the thing being fetched in error messages ("origin
@@ -102,7 +99,7 @@ class OriginClient:
         waiting = SimpleNamespace(queued=False)
         try:
             return await self._session.request(
-                method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json,
+                method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
                 trace_request_ctx=waiting)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             if waiting.queued:

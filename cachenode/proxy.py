@@ -14,23 +14,28 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import AsyncIterator, Callable
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from cachenode.access import access
 from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.handoff import Handoff
-from cachenode.freshness import parse_cache_control, request_bypasses_cache, response_policy
+from cachenode.headers import Pairs
+from cachenode.invalidation import Invalidation
+from cachenode.freshness import STORED_STATUSES, current_age, parse_cache_control, request_bypasses_cache, response_policy
+from cachenode.headers import MAX_STORED_HEADER_BYTES, header_bytes, stored_pairs, updated_by_304
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.peers import PEER_HEADER, PeerRelay
-from cachenode.serve import EXPIRES_HEADER, Responder, origin_failure
-from cachenode.store import KEPT_HEADERS, Meta, Store, TooLarge
+from cachenode.serve import CACHE_HEADER, EXPIRES_HEADER, Responder, forwarded_request_headers, origin_failure
+from cachenode.store import Meta, Store, TooLarge
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
 
@@ -44,8 +49,19 @@ class LeaderGone(FillAborted):
     """The request leading a flight ended before the origin answered."""
 
 
-def _kept(headers: "aiohttp.typedefs.LooseHeaders") -> dict[str, str]:
-    return {h: headers[h] for h in KEPT_HEADERS if h in headers}
+# Methods whose purpose is to read (RFC 9110 §9.2.1); any other, known or not,
+# may change the resource, and a success invalidates it (RFC 9111 §4.4).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# Refused: CONNECT would make the cache a tunnel to anywhere, TRACE would
+# echo to the origin's side what clients sent the cache (credentials included).
+REFUSED_METHODS = {
+    "CONNECT": "this cache is not a tunnel; clients reach HTTPS hosts without CONNECT",
+    "TRACE": "the cache does not echo requests",
+}
+# A fill asks for the whole object whatever one client asked: its own
+# validators replace the client's, and Range is applied to the stored bytes.
+_NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if-modified-since",
+                            "if-unmodified-since"})
 
 
 class CacheNode:
@@ -72,11 +88,12 @@ class CacheNode:
         self._tasks: set[asyncio.Task] = set()
         self._ready = False
         self.handoff = Handoff(node=self)
+        self.invalidation = Invalidation(node=self)
         self._hit_requests = self.metrics.requests.labels(cache="hit")
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
-        self.respond = Responder(settings=settings, store=store, origins=origins, count=self._count)
+        self.respond = Responder(settings=settings, store=store, origins=origins, count=self._count, clock=clock)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -142,6 +159,8 @@ class CacheNode:
                 return await self._admin(request)
             if request.raw_path.startswith(INTERNAL_PREFIX):
                 access(request).cache = "internal"
+                if request.raw_path.split("?", 1)[0] == Invalidation.PATH:
+                    return await self.invalidation.handle(request)
                 return await self.handoff.handle(request)
         try:
             target, origin, key = self._resolve(request.raw_path, host_header)
@@ -153,11 +172,10 @@ class CacheNode:
         if origin is None or key is None:
             raise web.HTTPForbidden(
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
-        if request.method not in ("GET", "HEAD"):
-            raise web.HTTPMethodNotAllowed(
-                request.method, ["GET", "HEAD"], text=f"method {request.method} is not served; use GET or HEAD\n")
         url = origin.upstream + target.path_qs
         access(request).key = key
+        if request.method not in ("GET", "HEAD"):
+            return await self._forward(request, url=url, key=key, target=target)
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
             return await self.respond.passthrough(request, url, label="bypass")
@@ -220,13 +238,14 @@ class CacheNode:
                 self._plain_keys.clear()
             self._plain_keys[(raw_target, host_header)] = key
         meta = self.store.lookup(key)
-        if meta is None or not meta.fresh(self._clock()):
+        if meta is None or meta.status != 200 or not meta.fresh(self._clock()):
             return None
         prepared = self._plain_heads.get(key)
         if prepared is None or prepared[0] is not meta:
             if len(self._plain_heads) >= _PLAIN_CACHE:
                 self._plain_heads.clear()
-            prepared = self._plain_heads[key] = (meta, response_head(meta), self.store.data_path(meta))
+            prepared = self._plain_heads[key] = (meta, response_head(meta, via=self.respond.via),
+                                                        self.store.data_path(meta))
         return prepared
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
@@ -276,9 +295,66 @@ class CacheNode:
             return web.json_response(self.status(), status=200 if self._ready else 503)
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
+    # -- other methods -------------------------------------------------------------
+    async def _forward(self, request: web.Request, *, url: str, key: str, target: Target) -> web.StreamResponse:
+        """Any method but GET and HEAD goes to the origin as sent, body streamed.
+
+        A success of an unsafe one invalidates what the cache holds for the
+        URL, and for Location and Content-Location on the same host (RFC
+        9111 §4.4), here and on the key's owners, before the client hears
+        of it: a GET that follows a finished PUT never gets the old bytes.
+        """
+        async def on_response(response: aiohttp.ClientResponse) -> None:
+            if request.method in SAFE_METHODS or not 200 <= response.status < 400:
+                return
+            keys = [key]
+            for name in ("Location", "Content-Location"):
+                other = self._same_host_key(response.headers.get(name), target)
+                if other is not None and other not in keys:
+                    keys.append(other)
+            await self.invalidate(keys, why=f"{request.method} {target.path[:200]} answered {response.status}")
+
+        return await self.respond.passthrough(request, url, label="pass", on_response=on_response)
+
+    def _same_host_key(self, reference: str | None, base: Target) -> str | None:
+        """The cache key a Location or Content-Location names, when it is on the
+        request's own host (§4.4 forbids invalidating another host's objects)."""
+        if not reference:
+            return None
+        try:
+            absolute = urlsplit(urljoin(f"{base.scheme}://{base.host}{base.path_qs}", reference.strip()))
+            if absolute.scheme != base.scheme or (absolute.hostname or "").rstrip(".") != base.host:
+                return None
+            path_qs = (absolute.path or "/") + (f"?{absolute.query}" if absolute.query else "")
+            _, _, key = self._resolve(path_qs, base.host)
+        except (ValueError, BadTarget):
+            return None
+        return key
+
+    async def invalidate(self, keys: list[str], *, why: str) -> None:
+        """Forget `keys` here and on every other owner of each (their copies
+        would answer a GET with what the write replaced)."""
+        await self.forget(keys, why=why)
+        await self.invalidation.tell_owners(keys, why=why)
+
+    async def forget(self, keys: list[str], *, why: str) -> int:
+        """Remove what this node stores for `keys`; how many objects went."""
+        removed = 0
+        for key in keys:
+            meta = self.store.lookup(key)
+            if meta is not None:
+                await self.store.remove(key)
+                self._object_gone(meta)
+                log.info("object_invalidated", key=key, reason=why)
+                removed += 1
+        return removed
+
     # -- GET ---------------------------------------------------------------------
-    def origin_source(self, url: str) -> Source:
-        return Source(url=url, what=f"origin {url}", headers={})
+    def origin_source(self, url: str, request: web.Request) -> Source:
+        """The origin, asked with the leading client's own fields (all but its
+        validators and Range: the fill fetches the whole object for everyone)."""
+        headers = forwarded_request_headers(request.headers, via=self.respond.via, drop=_NOT_FOR_FILLS)
+        return Source(url=url, what=f"origin {url}", headers=headers)
 
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
                    target: Target) -> web.StreamResponse:
@@ -297,7 +373,7 @@ class CacheNode:
             response: aiohttp.ClientResponse | None = None
             if leader:
                 outcome, response = await self.lead(flight, key=key, url=url, origin=origin, stale=meta,
-                                                    target=target, source=self.origin_source(url))
+                                                    target=target, source=self.origin_source(url, request))
             else:
                 outcome = await asyncio.shield(flight.outcome)
             if outcome.kind is Kind.STREAMING:
@@ -325,7 +401,7 @@ class CacheNode:
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
         """Ask the source once for everybody waiting on `key`."""
-        headers = dict(source.headers)
+        headers = CIMultiDict(source.headers)
         if stale is not None:
             if stale.etag:
                 headers["If-None-Match"] = stale.etag
@@ -348,10 +424,12 @@ class CacheNode:
                 flight.resolve(outcome)
                 return outcome, None
             now = self._clock()
-            policy = response_policy(response.status, response.headers, default_ttl=origin.default_ttl, now=now)
+            policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl)
             expires_at = now + policy.ttl
             if source.peer is not None:
-                if response.status != 200:
+                # A stored 404 or 301 is a copy too, when the peer says it came from its disk.
+                if response.status != 200 and (response.status not in STORED_STATUSES
+                                               or response.headers.get(CACHE_HEADER) != "hit"):
                     # A peer copy is all or nothing: a replica never falls back to the origin.
                     error = OriginError(f"{source.what} answered {response.status} for {key}")
                     response.release()
@@ -365,12 +443,16 @@ class CacheNode:
                     pass
             if response.status == 304 and stale is not None:
                 response.release()
-                # Age is not kept with an object (it would be stale by the next
-                # hit), but this 304's Age still shortens the lifetime it grants.
-                age = {"Age": response.headers["Age"]} if "Age" in response.headers else {}
-                ttl = response_policy(200, {**stale.headers, **_kept(response.headers), **age},
-                                      default_ttl=origin.default_ttl, now=now).ttl
-                meta = await self.store.refresh(stale, headers=_kept(response.headers), expires_at=now + ttl)
+                # The 304's fields update the stored ones (RFC 9111 §3.2); its
+                # Age (not stored) shortens the lifetime it grants, and the
+                # object's age restarts from it.
+                merged = updated_by_304(stale.headers, response.headers)
+                age = current_age(response.headers)
+                judged = CIMultiDict(merged)
+                if "Age" in response.headers:
+                    judged["Age"] = response.headers["Age"]
+                ttl = response_policy(200, judged, now=now, policy_ttl=origin.default_ttl).ttl
+                meta = await self.store.refresh(stale, headers=merged, stored_at=now, expires_at=now + ttl, age=age)
                 self.flights.land(flight)
                 outcome = Outcome(Kind.REVALIDATED, meta=meta)
                 flight.resolve(outcome)
@@ -382,14 +464,24 @@ class CacheNode:
                 flight.resolve(outcome)
                 return outcome, None
             length = response.content_length
-            if not policy.storable or (length is not None and not self.store.fits(length)):
-                reason = policy.reason if not policy.storable else f"{length} bytes exceed capacity"
+            kept = stored_pairs(response.headers)
+            reason = None
+            if not policy.storable:
+                reason = policy.reason
+            elif length is not None and not self.store.fits(length):
+                reason = f"{length} bytes exceed capacity"
+            elif policy.ttl <= 0 and not ("ETag" in response.headers or "Last-Modified" in response.headers):
+                reason = "it is stale at once and has no validator: it could never be reused"
+            elif header_bytes(kept) > MAX_STORED_HEADER_BYTES:
+                reason = (f"its header fields take {header_bytes(kept)} bytes, more than the "
+                          f"{MAX_STORED_HEADER_BYTES} this cache stores with an object")
+            if reason is not None:
                 log.info("response_not_stored", key=key, reason=reason)
                 self.flights.land(flight)
                 outcome = Outcome(Kind.PASSED)
                 flight.resolve(outcome)
                 return outcome, response
-            fill = await self._start_fill(flight, response, key=key, url=url, host=target.host,
+            fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, stale_if_error=policy.stale_if_error,
                                           now=now, target=target, source=source)
             response = None  # the fill owns it now
@@ -404,8 +496,8 @@ class CacheNode:
             raise
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
-                          host: str, expires_at: float, stale_if_error: bool, now: float, target: Target,
-                          source: Source) -> Fill:
+                          host: str, headers: Pairs, expires_at: float, stale_if_error: float, now: float,
+                          target: Target, source: Source) -> Fill:
         length = response.content_length
         try:
             temp = await self.store.new_temp()
@@ -414,10 +506,11 @@ class CacheNode:
             raise
         temp.reserved = length or 0
         self.store.reserve(temp.reserved)
-        kept = _kept(response.headers)
-        fill = Fill(key=key, headers=kept, length=length, temp=temp)
-        meta = Meta(key=key, url=url, host=host, size=0, headers=kept, stored_at=now,
-                    expires_at=expires_at, stale_if_error=stale_if_error)
+        # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
+        age = current_age(response.headers) if source.peer is None else 0.0
+        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status)
+        meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
+                    expires_at=expires_at, stale_if_error=stale_if_error, age=age)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
@@ -501,6 +594,17 @@ _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
 _RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",
                   "peer-miss": "misses", "peer-miss-joined": "misses"}
+
+
+@web.middleware
+async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
+    """CONNECT and TRACE are refused before routing: a CONNECT's target
+    (`host:443`) is no path, and would otherwise be a puzzling 404."""
+    if request.method in REFUSED_METHODS:
+        raise web.HTTPMethodNotAllowed(
+            request.method, sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"}),
+            text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")
+    return await handler(request)
 
 
 @web.middleware

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import IO, Callable
+import time
+from typing import IO, Awaitable, Callable, Mapping
 
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from cachenode.access import access, break_connection
 from cachenode.fill import Fill
+from cachenode.headers import OWN_PREFIX, Pairs, first
 from cachenode.origin import OriginClient, end_to_end
 from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, origin_error_value
 from cachenode.ranges import Outcome as RangeOutcome
-from cachenode.ranges import evaluate, preconditions
+from cachenode.ranges import Decision, evaluate, preconditions
 from cachenode.store import Meta, Store
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
@@ -58,11 +61,39 @@ def origin_failure(error: NezhaError | None) -> web.HTTPException:
     return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
 
 
-def _object_headers(resp: web.StreamResponse, headers: dict[str, str], label: str) -> None:
-    for name, value in headers.items():
-        resp.headers[name] = value
-    resp.headers["Accept-Ranges"] = "bytes"
+def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str,
+                    age: int | None = None) -> None:
+    """A stored (or storing) response's fields, as the origin sent them, plus
+    the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
+    X-Nezha-Cache. Date is the cache's, set when the response goes out."""
+    for name, value in headers:
+        resp.headers.add(name, value)
+    if "Accept-Ranges" not in resp.headers:
+        resp.headers["Accept-Ranges"] = "bytes"
+    if age is not None:
+        resp.headers["Age"] = str(age)
+    add_via(resp.headers, via)
     resp.headers[CACHE_HEADER] = label
+
+
+def add_via(headers: "CIMultiDict[str]", via: str) -> None:
+    """Append this node to a message's Via (RFC 9110 §7.6.3): one list, in hop order."""
+    before = headers.getall("Via", [])
+    headers.popall("Via", None)
+    headers["Via"] = ", ".join([*before, via])
+
+
+def forwarded_request_headers(headers: "Mapping[str, str]", *, via: str,
+                              drop: frozenset[str] = frozenset()) -> "CIMultiDict[str]":
+    """A client's request as the origin should see it: its end-to-end fields in
+    order, without the cache's own X-Nezha-* fields, Expect (the node answers
+    100-continue itself and streams the body) and the lowercased names in
+    `drop`; this node added to Via."""
+    out = end_to_end(headers, drop=drop | {"expect"})
+    for name in [n for n in out if n.lower().startswith(OWN_PREFIX)]:
+        out.popall(name, None)
+    add_via(out, via)
+    return out
 
 
 async def _answer_precondition(request: web.Request, resp: web.StreamResponse, outcome: RangeOutcome) -> None:
@@ -102,11 +133,13 @@ def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int
 
 class Responder:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
-                 count: Callable[..., None]) -> None:
+                 count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
         self._count = count
+        self._clock = clock
+        self.via = f"1.1 {settings.identity}"
 
     def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
         """A client hung up: log it once, count what it was sent."""
@@ -126,9 +159,16 @@ class Responder:
             return None
         try:
             access(request).cache = label
-            decision = evaluate(request.headers, size=meta.size, etag=meta.etag, last_modified=meta.last_modified)
-            resp = web.StreamResponse(status=decision.outcome.value)
-            _object_headers(resp, meta.headers, label)
+            if meta.status == 200:
+                decision = evaluate(request.headers, size=meta.size, etag=meta.etag,
+                                    last_modified=meta.last_modified)
+            else:
+                # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
+                # a stored 404 or 301 is sent whole, with its own status.
+                decision = Decision(RangeOutcome.FULL, 0, meta.size)
+            resp = web.StreamResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
+                                      else decision.outcome.value)
+            _object_headers(resp, meta.headers, label, via=self.via, age=meta.age_at(self._clock()))
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
@@ -227,11 +267,12 @@ class Responder:
             access(request).cache = label
             size = fill.length
             start, length = 0, size
-            status = 200
+            status = fill.status
             resp = web.StreamResponse()
-            _object_headers(resp, fill.headers, label)
-            verdict = preconditions(request.headers, etag=fill.headers.get("ETag"),
-                                    last_modified=fill.headers.get("Last-Modified"))
+            _object_headers(resp, fill.headers, label, via=self.via, age=int(fill.age) or None)
+            etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
+            plain = fill.status != 200  # preconditions and Range apply to a 200 only
+            verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
             if verdict is not None:
                 self._count(host, request=request, misses=1)
                 try:
@@ -239,9 +280,10 @@ class Responder:
                 except ConnectionError:
                     self._client_gone(request, host=host, key=fill.key, sent=0)
                 return resp
-            if size is not None:
-                decision = evaluate(request.headers, size=size, etag=fill.headers.get("ETag"),
-                                    last_modified=fill.headers.get("Last-Modified"))
+            if size is not None and plain:
+                resp.content_length = size
+            elif size is not None:
+                decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
                 if decision.outcome is RangeOutcome.PARTIAL:
                     status, start, length = 206, decision.start, decision.length
                     resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
@@ -309,19 +351,38 @@ class Responder:
         raise origin_failure(error)
 
     async def passthrough(self, request: web.Request, url: str, *, label: str,
-                    response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
-        """Copy the origin's answer to this one client; store nothing."""
+                          response: aiohttp.ClientResponse | None = None,
+                          on_response: Callable[[aiohttp.ClientResponse], Awaitable[None]] | None = None,
+                          ) -> web.StreamResponse:
+        """Copy the origin's answer to this one client; store nothing.
+
+        The request goes as the client sent it: every end-to-end field and
+        the body, streamed (an upload is never held whole). `on_response` runs
+        once the origin's status and headers are in, before the client sees
+        them (a write's invalidation must be done by then).
+        """
         access(request).cache = label
         if response is None:
-            headers = end_to_end(request.headers)
+            headers = forwarded_request_headers(request.headers, via=self.via)
+            data = None
+            if request.body_exists:
+                # Streamed with the client's framing: a known length goes on as
+                # Content-Length (object stores refuse chunked uploads), else chunked.
+                data = request.content
+                if request.content_length is not None:
+                    headers["Content-Length"] = str(request.content_length)
             try:
-                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}")
+                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+                                                      data=data)
             except OriginError as e:
                 raise origin_failure(e)
         try:
+            if on_response is not None:
+                await on_response(response)
             resp = web.StreamResponse(status=response.status, reason=response.reason)
             for name, value in end_to_end(response.headers).items():
                 resp.headers.add(name, value)
+            add_via(resp.headers, self.via)
             resp.headers[CACHE_HEADER] = label
             if response.content_length is not None:
                 resp.content_length = response.content_length

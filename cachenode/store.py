@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import secrets
 import time
@@ -38,16 +39,11 @@ from typing import Callable
 
 import structlog
 
+from cachenode.headers import Pairs, first
 from cachenode.keys import object_id
 from nezha.errors import NezhaError, StoreError
 
 log = structlog.get_logger("nezha.store")
-
-# Headers of the origin's response kept with the object and sent on hits.
-KEPT_HEADERS = (
-    "Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition",
-    "ETag", "Last-Modified", "Cache-Control", "Expires",
-)
 
 
 class TooLarge(NezhaError):
@@ -56,23 +52,47 @@ class TooLarge(NezhaError):
 
 @dataclass(frozen=True)
 class Meta:
+    """A stored response: where its bytes are, and what the origin said with them.
+
+    `headers` are the origin's end-to-end fields as (name, value) pairs in the
+    order it sent them (cachenode/headers.py says which are kept); a dict
+    from a meta written before that is read as its pairs.
+    """
+
     key: str
     url: str
     host: str
     size: int
-    headers: dict[str, str]
+    headers: Pairs
     stored_at: float
     expires_at: float
-    stale_if_error: bool = True
+    stale_if_error: float = math.inf  # seconds past expiry it may answer when the origin fails
     data: str = ""  # data file name, relative to the object's folder
+    age: float = 0.0  # the response's Age when it was stored (RFC 9111 §4.2.3)
+    stale_while_revalidate: float = 0.0  # seconds past expiry it may answer while revalidating (RFC 5861)
+    status: int = 200  # a stored 404 or 301 is answered with its own status (RFC 9111 §4.2.2)
+
+    def __post_init__(self) -> None:
+        h = self.headers
+        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((str(n), str(v)) for n, v in h)
+        object.__setattr__(self, "headers", pairs)
+        if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
+            object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
+
+    def header(self, name: str) -> str | None:
+        return first(self.headers, name)
 
     @property
     def etag(self) -> str | None:
-        return self.headers.get("ETag")
+        return self.header("ETag")
 
     @property
     def last_modified(self) -> str | None:
-        return self.headers.get("Last-Modified")
+        return self.header("Last-Modified")
+
+    def age_at(self, now: float) -> int:
+        """The Age a reuse of this response carries now (RFC 9111 §4.2.3, §5.1)."""
+        return int(self.age + max(0.0, now - self.stored_at))
 
     def fresh(self, now: float) -> bool:
         return now < self.expires_at
@@ -422,14 +442,14 @@ class Store:
             tmp.unlink(missing_ok=True)
             raise
 
-    async def refresh(self, meta: Meta, *, headers: dict[str, str], expires_at: float) -> Meta:
-        """A 304 from the origin: same bytes, new validators and expiry."""
+    async def refresh(self, meta: Meta, *, headers: Pairs, stored_at: float, expires_at: float,
+                      age: float = 0.0) -> Meta:
+        """A 304 from the origin: same bytes; the headers it updated (`headers`,
+        merged by the caller), a new expiry, and an age counted from now."""
         current = self._index.get(meta.key)
         if current is None or current.data != meta.data:
             return current or meta
-        merged = dict(meta.headers)
-        merged.update({k: v for k, v in headers.items() if k in KEPT_HEADERS})
-        new = replace(meta, headers=merged, expires_at=expires_at)
+        new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age)
         oid = object_id(meta.key)
         path = self._inside(self._dir_of(oid) / f"{oid}.meta")
         try:

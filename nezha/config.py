@@ -64,7 +64,11 @@ class Origin(BaseModel):
 
     host: str
     upstream: str
-    default_ttl: float = 3600.0
+    # The operator's lifetime for this origin's responses that carry none of
+    # their own (RFC 9111 §4.2.2 heuristic freshness), whether or not they
+    # have Last-Modified. Unset: those with Last-Modified get an hour
+    # (cachenode/freshness.py HEURISTIC_TTL), those without are revalidated.
+    default_ttl: float | None = None
     volatile_params: tuple[str, ...] = ()
 
     @field_validator("host")

@@ -3,7 +3,12 @@
 It serves `files` (path -> bytes) and counts every request, so a test can
 prove how often the cache went to the origin. Knobs: throttle, delay before
 headers, die after N bytes, lie about Content-Length, omit it (chunked),
-custom status and headers per path, ETag/Last-Modified, and 304 handling.
+custom status and headers per path (`fields`: repeated ones, in order),
+ETag/Last-Modified, and 304 handling. Writes (PUT, POST, DELETE, PATCH, any
+other method) are read as a stream and hashed, never held whole: PUT stores
+the body as the path's new content (its bytes kept only when small), DELETE
+removes it; `uploads` says what arrived, `raw_headers` how each request's
+fields were sent (repeats and order kept).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class Behaviour:
     die_after: int | None = None  # drop the connection after this many body bytes
     claim_length: int | None = None  # Content-Length to announce instead of the real one
     chunked: bool = False
+    fields: list[tuple[str, str]] = field(default_factory=list)  # added after `headers`, repeats kept
 
 
 class TestOrigin:
@@ -36,6 +42,8 @@ class TestOrigin:
         self.etags: dict[str, str] = {}
         self.requests: Counter[str] = Counter()
         self.request_headers: list[dict[str, str]] = []
+        self.raw_headers: list[list[tuple[str, str]]] = []
+        self.uploads: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256 hex) of the last write
         self.url = ""
 
     def put(self, path: str, body: bytes, *, etag: str | None = None, **behaviour) -> None:
@@ -52,6 +60,9 @@ class TestOrigin:
         path = request.path_qs
         self.requests[path] += 1
         self.request_headers.append(dict(request.headers))
+        self.raw_headers.append(list(request.headers.items()))
+        if request.method not in ("GET", "HEAD"):
+            return await self.write(request, path)
         if path not in self.files:
             return web.Response(status=404, text=f"no {path}\n")
         body = self.files[path]
@@ -66,6 +77,7 @@ class TestOrigin:
         resp.headers["Content-Type"] = "application/octet-stream"
         resp.headers["Last-Modified"] = "Wed, 01 Jan 2025 00:00:00 GMT"
         resp.headers.update(b.headers)
+        resp.headers.extend(b.fields)
         if b.chunked:
             resp.enable_chunked_encoding()
         else:
@@ -87,3 +99,23 @@ class TestOrigin:
             return resp
         await resp.write_eof()
         return resp
+
+    async def write(self, request: web.Request, path: str) -> web.StreamResponse:
+        digest, size = hashlib.sha256(), 0
+        kept = bytearray()
+        async for chunk in request.content.iter_any():
+            digest.update(chunk)
+            size += len(chunk)
+            if size <= SMALL:
+                kept += chunk
+        self.uploads[path] = (size, digest.hexdigest())
+        if request.method == "PUT":
+            self.put(path, bytes(kept) if size <= SMALL else b"", headers=self.behaviour.get(path, Behaviour()).headers)
+            return web.Response(status=200, headers={"ETag": self.etags[path]})
+        if request.method == "DELETE":
+            self.files.pop(path, None)
+            return web.Response(status=204)
+        return web.json_response({"method": request.method, "received": size, "sha256": digest.hexdigest()})
+
+
+SMALL = 1 << 20  # uploads up to this size become the path's new content

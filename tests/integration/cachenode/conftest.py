@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -8,6 +9,7 @@ from multidict import CIMultiDict  # noqa: F401  (type of returned headers)
 import pytest
 
 from cachenode.app import Listener, build_node
+from cachenode.keys import cache_key, parse_target
 from nezha.config import CacheSettings, Origin
 
 HOST = "www.cs.toronto.edu"
@@ -24,7 +26,7 @@ class Node:
     async def get(self, session: aiohttp.ClientSession, path: str, *, host: str = HOST, method: str = "GET",
                   headers: dict | None = None) -> tuple[int, "CIMultiDict[str]", bytes]:
         async with session.request(method, self.url + path, headers={"Host": host, **(headers or {})},
-                                   auto_decompress=False) as r:
+                                   auto_decompress=False, allow_redirects=False) as r:
             return r.status, r.headers.copy(), await r.read()
 
 
@@ -148,3 +150,37 @@ class RangedOrigin:
                 await asyncio.sleep(step / self.rate)
         await resp.write_eof()
         return resp
+
+
+# -- clusters of in-process nodes (relay, replicas, invalidation) ----------------
+@dataclass(frozen=True)
+class Members:
+    epoch: int
+    nodes: dict[str, str]
+    weights: dict[str, int] = field(default_factory=dict)
+
+
+def key_of(path: str) -> str:
+    return cache_key(parse_target(path, HOST))
+
+
+@pytest.fixture
+def cluster(make_node, tmp_path):
+    async def build(n: int, *, replicas: int = 1, **settings):
+        nodes = {}
+        for i in range(n):
+            node = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", replicas=replicas, **settings)
+            nodes[f"n{i}"] = node
+        members = Members(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+        for nd in nodes.values():
+            nd.node.cluster.update(members)
+        return nodes, members
+
+    return build
+
+
+def owner_and_other(nodes, path, replicas=1):
+    anyone = next(iter(nodes.values()))
+    owners = [p.id for p in anyone.node.cluster.owners(key_of(path), replicas)]
+    others = [nid for nid in nodes if nid not in owners]
+    return owners, others

@@ -73,7 +73,7 @@ async def test_silent_origin_is_504_naming_the_origin(origin, make_node, session
     assert "timeout" in headers["X-Nezha-Origin-Error"]
 
 
-@pytest.mark.parametrize("status", [404, 500, 503])
+@pytest.mark.parametrize("status", [500, 502, 503])
 async def test_origin_errors_are_passed_on_and_not_cached(origin, make_node, session, status):
     origin.put(PATH, b"nope\n", status=status)
     node = await make_node()
@@ -82,6 +82,32 @@ async def test_origin_errors_are_passed_on_and_not_cached(origin, make_node, ses
         assert got_status == status and got == b"nope\n"
     assert origin.requests[PATH] == 2
     assert len(node.node.store) == 0
+
+
+async def test_a_404_without_lifetime_or_validator_is_passed_on_and_not_cached(origin, make_node, session):
+    """Heuristically cacheable (RFC 9111 §4.2.2), but with nothing to judge it by: never reusable."""
+    node = await make_node()
+    for _ in range(2):
+        status, headers, got = await node.get(session, "/absent")
+        assert status == 404 and got == b"no /absent\n" and headers["X-Nezha-Cache"] == "pass"
+    assert origin.requests["/absent"] == 2
+    assert len(node.node.store) == 0
+
+
+@pytest.mark.parametrize("status", [404, 410, 301])
+async def test_a_heuristically_cacheable_status_with_last_modified_is_stored_and_answered_with_its_status(
+        origin, make_node, session, status):
+    """404, 410, 301 ... may be reused on a heuristic lifetime (RFC 9111 §4.2.2); a hit keeps the status."""
+    origin.put(PATH, b"gone\n", status=status, headers={"Location": "/elsewhere"} if status == 301 else {})
+    node = await make_node()
+    first = await node.get(session, PATH, headers={"Range": "bytes=0-1"})
+    await node.node.settled()
+    status2, headers, got = await node.get(session, PATH, headers={"Range": "bytes=0-1"})
+    assert first[0] == status2 == status and got == b"gone\n", "Range applies to a 200 only"
+    assert first[1]["X-Nezha-Cache"] == "miss" and headers["X-Nezha-Cache"] == "hit"
+    if status == 301:
+        assert headers["Location"] == "/elsewhere"
+    assert origin.requests[PATH] == 1
 
 
 async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_file(tmp_path, monkeypatch):

@@ -9,51 +9,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from cachenode.cluster import Peer
-from cachenode.keys import cache_key, parse_target
-from tests.integration.cachenode.conftest import RangedOrigin, logged, until
+from cachenode.keys import parse_target
+from tests.integration.cachenode.conftest import Members, RangedOrigin, key_of, logged, owner_and_other, until
 
 HOST = "www.cs.toronto.edu"
-
-
-@dataclass(frozen=True)
-class Members:
-    epoch: int
-    nodes: dict[str, str]
-    weights: dict[str, int] = field(default_factory=dict)
-
-
-def key_of(path: str) -> str:
-    return cache_key(parse_target(path, HOST))
-
-
-@pytest.fixture
-def cluster(make_node, tmp_path):
-    async def build(n: int, *, replicas: int = 1, **settings):
-        nodes = {}
-        for i in range(n):
-            node = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", replicas=replicas, **settings)
-            nodes[f"n{i}"] = node
-        members = Members(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
-        for nd in nodes.values():
-            nd.node.cluster.update(members)
-        return nodes, members
-
-    return build
-
-
-def owner_and_other(nodes, path, replicas=1):
-    anyone = next(iter(nodes.values()))
-    owners = [p.id for p in anyone.node.cluster.owners(key_of(path), replicas)]
-    others = [nid for nid in nodes if nid not in owners]
-    return owners, others
 
 
 async def test_request_to_non_owner_is_relayed_to_the_owner_once(origin, cluster, session):

@@ -62,11 +62,18 @@ async def test_stored_files_are_named_by_hash_inside_the_data_dir(origin, make_n
         assert "weird" not in p.name
 
 
-async def test_other_methods_are_405(origin, make_node, session):
+async def test_connect_and_trace_are_refused_with_405_naming_why(origin, make_node, session):
     node = await make_node()
-    for method in ("POST", "PUT", "DELETE"):
-        status, headers, body = await node.get(session, "/x", method=method)
-        assert status == 405 and headers["Allow"] == "GET,HEAD" and method.encode() in body
+    for method, why in (("TRACE", b"does not echo"), ("CONNECT", b"not a tunnel")):
+        target = "www.cs.toronto.edu:443" if method == "CONNECT" else "/x"
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(f"{method} {target} HTTP/1.1\r\nHost: www.cs.toronto.edu\r\nContent-Length: 0\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 405"), head
+        assert b"CONNECT" not in head.split(b"Allow:")[1].split(b"\r\n")[0]
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        assert why in await reader.readexactly(length)
+        writer.close()
     assert sum(origin.requests.values()) == 0
 
 

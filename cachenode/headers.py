@@ -1,0 +1,112 @@
+"""Which header fields cross the cache, and which it keeps. Pure: no I/O.
+
+The cache stands where the origin stood for every client of an aliased host
+(hostAliases send all of a pod's traffic for that host here), so it passes
+every end-to-end field both ways, in the order and repetition the sender
+used (RFC 9110 §5.3: a repeated field is one list, and its order matters).
+Only hop-by-hop fields stop here (RFC 9110 §7.6.1): they describe one
+connection, and the cache's connections are its own.
+
+Headers travel as lists of (name, value) pairs: a dict would lose repeated
+fields (`Link`, `x-amz-meta-*` pairs, `Vary`) and their order.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+Pairs = tuple[tuple[str, str], ...]
+
+# RFC 9110 §7.6.1, plus Proxy-* (Proxy-Authorization, Proxy-Authenticate and
+# the non-standard Proxy-Connection all speak to the next hop, not the origin).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"})
+# Framing the cache writes itself for each message it sends.
+FRAMING = frozenset({"content-length", "host"})
+# Never stored with an object (RFC 9111 §3.1, §5.1): Age and Date describe one
+# response at one moment and are the cache's own on every reuse; Set-Cookie
+# belongs to one client (a response carrying it is never shared at all).
+NOT_STORED = frozenset({"age", "date", "set-cookie", "set-cookie2"})
+# The cache's own fields: never taken from a sender (a peer's copy carries them).
+OWN_PREFIX = "x-nezha-"
+
+# Stored header bytes per object: beyond this a response is passed, not stored
+# (its metadata is read on every start-up and hit).
+MAX_STORED_HEADER_BYTES = 64 * 1024
+
+
+def _items(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
+    items = getattr(headers, "items", None)
+    return items() if items is not None else headers
+
+
+def connection_listed(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[str]:
+    """The field names a message's `Connection` fields name: hop-by-hop too (§7.6.1)."""
+    listed: set[str] = set()
+    for name, value in _items(headers):
+        if name.lower() == "connection":
+            listed.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return frozenset(listed)
+
+
+def is_hop_by_hop(lname: str, listed: frozenset[str] = frozenset()) -> bool:
+    return lname in HOP_BY_HOP or lname.startswith("proxy-") or lname in listed
+
+
+def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
+                     drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every end-to-end field of a message, in order, repeats kept; without the
+    hop-by-hop fields, the framing (Content-Length, Host) and the lowercased
+    names in `drop`."""
+    pairs = list(_items(headers))
+    listed = connection_listed(pairs)
+    out = []
+    for name, value in pairs:
+        lname = name.lower()
+        if is_hop_by_hop(lname, listed) or lname in FRAMING or lname in drop:
+            continue
+        out.append((name, value))
+    return out
+
+
+def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
+    """What is kept with a stored object: the end-to-end fields minus Age, Date,
+    Set-Cookie and the cache's own X-Nezha-* fields (a peer's copy carries them)."""
+    return tuple((n, v) for n, v in end_to_end_pairs(headers, drop=NOT_STORED)
+                 if not n.lower().startswith(OWN_PREFIX))
+
+
+def header_bytes(pairs: Iterable[tuple[str, str]]) -> int:
+    """Size of the fields as they go on the wire (`Name: value\\r\\n`)."""
+    return sum(len(n) + len(v) + 4 for n, v in pairs)
+
+
+def first(pairs: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of field `name` (case-insensitive), or None."""
+    lname = name.lower()
+    for n, v in pairs:
+        if n.lower() == lname:
+            return v
+    return None
+
+
+def joined(pairs: Iterable[tuple[str, str]], name: str) -> str | None:
+    """Every value of field `name` as one comma-separated list (RFC 9110 §5.3), or None."""
+    lname = name.lower()
+    values = [v for n, v in pairs if n.lower() == lname]
+    return ", ".join(values) if values else None
+
+
+# Fields of a 304 that do not replace the stored ones (RFC 9111 §3.2): they
+# describe the 304 message itself, or the cache recomputes them.
+# Content-Encoding stays: it says how the stored bytes are encoded.
+_NOT_UPDATED = frozenset({"content-length", "content-range", "content-encoding"})
+
+
+def updated_by_304(stored: Pairs, update: Iterable[tuple[str, str]]) -> Pairs:
+    """The stored fields after a 304: every field the 304 carries replaces all
+    stored fields of that name (RFC 9111 §3.2), the others stay as they were,
+    in their order; new fields go last."""
+    fresh = [(n, v) for n, v in stored_pairs(update) if n.lower() not in _NOT_UPDATED]
+    replaced = {n.lower() for n, _ in fresh}
+    kept = [(n, v) for n, v in stored if n.lower() not in replaced]
+    return tuple(kept + fresh)
