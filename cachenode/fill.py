@@ -169,6 +169,7 @@ class Flight:
     def __init__(self, key: str) -> None:
         self.key = key
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.landed = asyncio.Event()  # set once no request can join it any more
 
     def resolve(self, outcome: Outcome) -> None:
         if not self.outcome.done():
@@ -198,6 +199,7 @@ class Flights:
     def land(self, flight: Flight) -> None:
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
+        flight.landed.set()
 
     def abort(self, flight: Flight, error: NezhaError) -> None:
         """The leader went away before the origin answered: joiners retry."""

@@ -187,7 +187,8 @@ class Policy:
     storable: bool
     reason: str  # why not storable, or "ok"
     # Seconds the response stays fresh from `now`: its freshness lifetime
-    # minus its Age; 0 = validate before any reuse.
+    # minus its Age. 0 or less: validate before any reuse; below 0 it was
+    # stale that long already when it arrived (stale-if-error counts those).
     ttl: float = 0.0
     # Seconds past expiry a stored copy may still answer when the origin
     # fails or answers 5xx; 0 = never.
@@ -267,7 +268,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
 
     lifetime = _explicit_lifetime(cc, headers, now)
     if lifetime is not None:
-        return policy(max(0.0, lifetime - current_age(headers)))
+        return policy(lifetime - current_age(headers))
     if status not in HEURISTIC_STATUSES:
         return policy(0.0)
     # §4.2.2. `public` would only widen this to responses to authenticated
@@ -279,7 +280,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
         return policy(0.0, heuristic=True)
     # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
     # it up), not a reason to distrust the file.
-    return policy(max(0.0, HEURISTIC_TTL - current_age(headers)), heuristic=True)
+    return policy(HEURISTIC_TTL - current_age(headers), heuristic=True)
 
 
 @dataclass(frozen=True)

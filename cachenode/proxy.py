@@ -28,7 +28,9 @@ from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fil
 from cachenode.handoff import Handoff
 from cachenode.headers import Pairs
 from cachenode.invalidation import Invalidation
-from cachenode.freshness import STORED_STATUSES, current_age, parse_cache_control, request_bypasses_cache, response_policy
+from cachenode.freshness import (STORED_STATUSES, Policy, RequestDirectives, Use, current_age, judge,
+                                 may_serve_stale_on_error, request_bypasses_cache, request_directives,
+                                 response_policy)
 from cachenode.headers import MAX_STORED_HEADER_BYTES, header_bytes, stored_pairs, updated_by_304
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
@@ -180,8 +182,10 @@ class CacheNode:
         if bypass is not None:
             return await self.respond.passthrough(request, url, label="bypass")
         meta = self.store.lookup(key)
-        fresh = meta is not None and meta.fresh(self._clock())
-        if "only-if-cached" in parse_cache_control(request.headers.get("Cache-Control")) and not fresh:
+        directives = request_directives(request.headers)
+        use = self._use(meta, directives)
+        fresh = use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE  # served from here without waiting
+        if directives.only_if_cached and not fresh:
             raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
         if fresh and self.index is not None:
             self.index.object_accessed(key)
@@ -206,7 +210,15 @@ class CacheNode:
             if fresh:
                 return await self.respond.hit(request, meta, label="hit")
             return await self.respond.passthrough(request, url, label="pass")
-        return await self._get(request, key=key, url=url, origin=origin, target=target)
+        return await self._get(request, key=key, url=url, origin=origin, target=target, directives=directives)
+
+    def _use(self, meta: Meta | None, directives: RequestDirectives) -> Use | None:
+        """How a stored response may answer this request (RFC 9111 §4, RFC 5861); None: nothing stored."""
+        if meta is None:
+            return None
+        return judge(now=self._clock(), stored_at=meta.stored_at, expires_at=meta.expires_at, initial_age=meta.age,
+                     stale_if_error=meta.stale_if_error, stale_while_revalidate=meta.stale_while_revalidate,
+                     request=directives)
 
     def _resolve(self, raw_target: str, host_header: str | None) -> tuple[Target, Origin | None, str | None]:
         """What a request names: its target, the origin configured for its host
@@ -357,13 +369,18 @@ class CacheNode:
         return Source(url=url, what=f"origin {url}", headers=headers)
 
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
-                   target: Target) -> web.StreamResponse:
+                   target: Target, directives: RequestDirectives) -> web.StreamResponse:
         # A joiner whose leader vanished retries; bounded so a pathological
         # origin cannot keep a request looping.
         for _ in range(5):
             meta = self.store.lookup(key)
-            if meta is not None and meta.fresh(self._clock()):
-                served = await self.respond.hit(request, meta, label="hit")
+            use = self._use(meta, directives)
+            if use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE:
+                assert meta is not None
+                if use is Use.STALE_WHILE_REVALIDATE:
+                    self._revalidate_soon(key=key, url=url, origin=origin, stale=meta, target=target,
+                                          source=self.origin_source(url, request))
+                served = await self.respond.hit(request, meta, label="hit" if use is Use.FRESH else "stale")
                 if served is not None:
                     return served
                 if self.store.lookup(key) is meta:
@@ -376,6 +393,12 @@ class CacheNode:
                                                     target=target, source=self.origin_source(url, request))
             else:
                 outcome = await asyncio.shield(flight.outcome)
+                if outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete:
+                    # The fill's whole response was in before this request came:
+                    # it is no joiner, but a later request, judged by the stored
+                    # object's freshness (a no-cache object is revalidated).
+                    await flight.landed.wait()  # stored (or failed) by then
+                    continue
             if outcome.kind is Kind.STREAMING:
                 assert outcome.fill is not None
                 return await self.respond.fill(request, outcome.fill, label="miss" if leader else "miss-joined")
@@ -390,7 +413,8 @@ class CacheNode:
             error = outcome.error
             if isinstance(error, LeaderGone):
                 continue
-            if meta is not None and meta.stale_if_error:
+            if meta is not None and may_serve_stale_on_error(now=self._clock(), expires_at=meta.expires_at,
+                                                             stale_if_error=meta.stale_if_error):
                 log.warning("serving_stale", key=key, error=str(error))
                 served = await self.respond.hit(request, meta, label="stale", stale_reason=str(error))
                 if served is not None:
@@ -457,7 +481,8 @@ class CacheNode:
                 outcome = Outcome(Kind.REVALIDATED, meta=meta)
                 flight.resolve(outcome)
                 return outcome, None
-            if response.status >= 500 and stale is not None and stale.stale_if_error:
+            if response.status >= 500 and stale is not None and may_serve_stale_on_error(
+                    now=now, expires_at=stale.expires_at, stale_if_error=stale.stale_if_error):
                 response.release()
                 self.flights.land(flight)
                 outcome = Outcome(Kind.FAILED, error=OriginError(f"{source.what} returned {response.status}"))
@@ -482,8 +507,8 @@ class CacheNode:
                 flight.resolve(outcome)
                 return outcome, response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
-                                          expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                                          now=now, target=target, source=source)
+                                          expires_at=expires_at, policy=policy, now=now, target=target,
+                                          source=source)
             response = None  # the fill owns it now
             outcome = Outcome(Kind.STREAMING, fill=fill)
             flight.resolve(outcome)
@@ -496,7 +521,7 @@ class CacheNode:
             raise
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
-                          host: str, headers: Pairs, expires_at: float, stale_if_error: float, now: float,
+                          host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                           target: Target, source: Source) -> Fill:
         length = response.content_length
         try:
@@ -510,7 +535,8 @@ class CacheNode:
         age = current_age(response.headers) if source.peer is None else 0.0
         fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status)
         meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
-                    expires_at=expires_at, stale_if_error=stale_if_error, age=age)
+                    expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
+                    stale_while_revalidate=policy.stale_while_revalidate)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
@@ -554,6 +580,25 @@ class CacheNode:
 
         self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
         return fill
+
+    def _revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
+                         source: Source) -> None:
+        """Revalidate a stale object in the background while it is served
+        (stale-while-revalidate, RFC 5861 §3); nothing if a fetch of the key
+        is already under way."""
+        if self.flights.get(key) is not None:
+            return
+
+        async def revalidate() -> None:
+            flight, leader = self.flights.lead_or_join(key)
+            if not leader:
+                return
+            _, response = await self.lead(flight, key=key, url=url, origin=origin, stale=stale,
+                                          target=target, source=source)
+            if response is not None:
+                response.release()
+
+        self.spawn(revalidate())
 
     def _count(self, host: str, *, request: web.Request | None = None, metrics: bool = True,
                **deltas: int) -> None:
