@@ -29,6 +29,7 @@ import structlog
 from cachenode.cluster import Peer
 from cachenode.headers import Pairs
 from cachenode.store import Meta, Store, TempObject, TooLarge
+from cachenode.vary import variant
 from nezha.errors import FillAborted, NezhaError
 
 log = structlog.get_logger("nezha.fill")
@@ -38,9 +39,11 @@ class Fill:
     """Bytes of one object arriving from the origin into a temp file."""
 
     def __init__(self, *, key: str, headers: Pairs, length: int | None, temp: TempObject,
-                 age: float = 0.0, status: int = 200) -> None:
+                 age: float = 0.0, status: int = 200, vary: tuple[str, ...] = (), variant: str = "") -> None:
         self.key = key
         self.status = status
+        self.vary = vary  # the request fields the response varies on, and the fill's values of them
+        self.variant = variant
         self.headers = headers  # the fields stored with the object (cachenode/headers.py)
         self.age = age  # the origin's Age: a response from a cache upstream is that old already
         self.length = length
@@ -163,6 +166,12 @@ class Outcome:
     fill: Fill | None = None
     meta: Meta | None = None
     error: NezhaError | None = None
+
+    def answers(self, request_headers: Mapping[str, str]) -> bool:
+        """Whether the response this flight got answers a request with these
+        fields too: always, unless it varies on one they set otherwise (RFC 9111 §4.1)."""
+        held = self.fill if self.fill is not None else self.meta
+        return held is None or not held.vary or variant(held.vary, request_headers) == held.variant
 
 
 class Flight:

@@ -6,7 +6,9 @@ and the next miss fills it the usual way.
 
 Internal endpoints (reachable only with a Host that names no origin):
 
-    POST /_nezha/replicate  {"host", "path", "source"}   copy one object from `source`
+    POST /_nezha/replicate  {"host", "path", "source", "headers"?}
+                            copy one object from `source`; `headers`, the request
+                            fields that select one variant of a response that varies
                             answers at once and streams JSON lines: {"copying": bytes}
                             every second while the copy runs, then {"result", "bytes"}
     POST /_nezha/handoff    {"nodes": {id: addr}, "weights": {...}?}
@@ -34,6 +36,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -46,6 +49,8 @@ from cachenode.cluster import ClusterView, Peer
 from cachenode.fill import Fill, Kind, Source
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.peers import PEER_HEADER
+from cachenode.store import Meta
+from cachenode.vary import selecting_headers
 
 if TYPE_CHECKING:
     from cachenode.proxy import CacheNode
@@ -70,6 +75,7 @@ class Progress:
 
 
 TOKEN_HEADER = "X-Nezha-Token"
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
 REPLICATE_SILENCE = 10.0  # a caller gives up on a replicate call silent this long
 
@@ -151,9 +157,14 @@ class Handoff:
             raise web.HTTPBadRequest(text=f"bad target: {e}\n")
         if target.host not in self.node.settings.origin_table:
             raise web.HTTPForbidden(text=f"host {target.host!r} is not a configured origin\n")
+        selecting = body.get("headers") or {}
+        if not isinstance(selecting, dict) or len(selecting) > 32 or not all(
+                isinstance(k, str) and isinstance(v, str) and _FIELD_NAME.fullmatch(k) and "\n" not in v
+                and "\r" not in v for k, v in selecting.items()):
+            raise web.HTTPBadRequest(text="replicate headers must be an object of at most 32 request fields\n")
         copy = _Copy()
         # The copy runs on its own: a caller that hangs up does not stop it.
-        task = self.node.spawn(self.copy_from(peer, target, copy=copy))
+        task = self.node.spawn(self.copy_from(peer, target, copy=copy, headers=selecting))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         try:
@@ -189,26 +200,35 @@ class Handoff:
         return web.json_response(asdict(self.progress), status=202)
 
     # -- work --------------------------------------------------------------------
-    async def copy_from(self, peer: Peer, target: Target, *, copy: _Copy | None = None) -> str:
-        """Make this node hold `target`'s object, copied from `peer`'s disk.
+    async def copy_from(self, peer: Peer, target: Target, *, copy: _Copy | None = None,
+                        headers: dict[str, str] | None = None) -> str:
+        """Make this node hold `target`'s object, copied from `peer`'s disk;
+        for a response that varies, the variant `headers` select.
 
         Returns "copied", "present" or "failed: <why>"; `copy` follows its bytes.
         """
         node = self.node
         origin = node.settings.origin_table[target.host]
         key = cache_key(target, volatile_params=origin.volatile_params)
-        meta = node.store.lookup(key)
-        if meta is not None and meta.fresh(time.time()):
-            return "present"
-        flight, leader = node.flights.lead_or_join(key)
-        if leader:
-            source = _peer_source(node, peer, target)
-            outcome, response = await node.lead(flight, key=key, url=origin.upstream + target.path_qs,
-                                                origin=origin, stale=None, target=target, source=source)
-            if response is not None:
-                response.release()
-        else:
+        selecting = headers or {}
+        for _ in range(5):
+            meta = node.store.lookup(key, selecting)
+            if meta is not None and meta.fresh(time.time()):
+                return "present"
+            flight, leader = node.flights.lead_or_join(key)
+            if leader:
+                source = _peer_source(node, peer, target, selecting)
+                outcome, response = await node.lead(flight, key=key, url=origin.upstream + target.path_qs,
+                                                    origin=origin, stale=None, target=target, source=source)
+                if response is not None:
+                    response.release()
+                break
             outcome = await asyncio.shield(flight.outcome)
+            if outcome.answers(selecting):
+                break
+            await flight.landed.wait()  # a fetch of another variant of the key: copy this one after it
+        else:
+            return f"failed: {key} kept being fetched for other variants"
         if outcome.kind is Kind.STREAMING and outcome.fill is not None:
             if copy is not None:
                 copy.fill = outcome.fill
@@ -230,11 +250,16 @@ class Handoff:
 
         self.node.spawn(copy())
 
-    def replicate_soon(self, key: str, target: Target) -> None:
+    def replicate_soon(self, meta: Meta, target: Target) -> None:
         """After a fill from the origin: have the key's other owners copy it from here."""
-        others = [p for p in self.node.cluster.owners(key) if p.id != self.node.node_id]
-        if others:
-            self.node.spawn(self._push(others, target))
+        others = [p for p in self.node.cluster.owners(meta.key) if p.id != self.node.node_id]
+        if not others:
+            return
+        selecting = selecting_headers(meta.vary, meta.variant)
+        if selecting is None:
+            log.info("replica_not_asked", key=meta.key, reason="its variant cannot be spelled as request fields")
+            return
+        self.node.spawn(self._push(others, target, selecting))
 
     def internal_headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -242,16 +267,19 @@ class Handoff:
             headers[TOKEN_HEADER] = self.node.settings.cluster_token
         return headers
 
-    async def _push(self, peers: list[Peer], target: Target) -> list[str]:
-        return list(await asyncio.gather(*(self.ask_to_copy(p, target) for p in peers)))
+    async def _push(self, peers: list[Peer], target: Target, selecting: dict[str, str]) -> list[str]:
+        return list(await asyncio.gather(*(self.ask_to_copy(p, target, headers=selecting) for p in peers)))
 
-    async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None) -> str:
+    async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None,
+                          headers: dict[str, str] | None = None) -> str:
         """Have `peer` copy `target`'s object from this node; its result, or "failed: <why>".
 
         Waits for the whole copy however long it takes, as long as `peer`
         keeps reporting progress; `on_bytes` gets the bytes as they arrive.
         """
-        body = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
+        body: dict[str, Any] = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
+        if headers:
+            body["headers"] = headers
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.node.settings.peer_timeout,
                                         sock_read=REPLICATE_SILENCE)
         try:
@@ -299,21 +327,27 @@ class Handoff:
     async def run(self, view: ClusterView) -> Progress:
         """Copy every object held here to each of its owners under `view`'s ring."""
         node = self.node
-        keys = node.store.keys()
-        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(keys),
+        metas = node.store.metas()  # every variant is an object of its own
+        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
                                      started=time.time())
-        log.info("handoff_started", objects=len(keys), nodes=sorted(view.snapshot.addresses))
+        log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.addresses))
         gate = asyncio.Semaphore(self.parallel)
 
         def moved(n: int) -> None:
             p.bytes += n
 
-        async def one(key: str) -> None:
+        async def one(listed: Meta) -> None:
+            key = listed.key
             async with gate:
                 try:
-                    meta = node.store.lookup(key)
-                    if meta is None:
+                    selecting = selecting_headers(listed.vary, listed.variant)
+                    meta = node.store.lookup(key, selecting or {})
+                    if meta is None or meta.slot != listed.slot:
                         return  # evicted since the listing
+                    if selecting is None:
+                        p.failed += 1
+                        p.errors.append(f"{key}: its variant cannot be spelled as request fields")
+                        return
                     if not meta.fresh(time.time()):
                         # Copies are made only of fresh objects (only-if-cached);
                         # a stale one is refetched or revalidated by its new
@@ -321,7 +355,7 @@ class Handoff:
                         p.skipped += 1
                         return
                     target = _target_of(key)
-                    results = [await self.ask_to_copy(peer, target, on_bytes=moved)
+                    results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
                                for peer in view.owners(key) if peer.id != node.node_id]
                     for r in results:
                         if r == "copied":
@@ -335,7 +369,7 @@ class Handoff:
                 finally:
                     p.done += 1
 
-        await asyncio.gather(*(one(k) for k in keys))
+        await asyncio.gather(*(one(m) for m in metas))
         p.state = "done"
         p.finished = time.time()
         log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
@@ -357,6 +391,7 @@ def _target_of(key: str) -> Target:
     return Target(scheme=scheme, host=host, path=path, query=query)
 
 
-def _peer_source(node: "CacheNode", peer: Peer, target: Target) -> Source:
+def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:
     return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
-                  headers={"Host": target.host, PEER_HEADER: node.node_id, "Cache-Control": "only-if-cached"})
+                  headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id,
+                           "Cache-Control": "only-if-cached"})

@@ -32,6 +32,8 @@ from cachenode.freshness import (STORED_STATUSES, Policy, RequestDirectives, Use
                                  may_serve_stale_on_error, request_bypasses_cache, request_directives,
                                  response_policy)
 from cachenode.headers import MAX_STORED_HEADER_BYTES, header_bytes, stored_pairs, updated_by_304
+from cachenode.vary import variant as variant_of
+from cachenode.vary import vary_names
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
@@ -146,8 +148,8 @@ class CacheNode:
         it (not evicted, not replaced: removed behind the node's back, or a
         disk fault). Forget it, so the request refetches instead of failing."""
         log.warning("object_file_missing", key=meta.key, data=meta.data)
-        await self.store.remove(meta.key)
-        self._object_gone(meta)
+        if await self.store.remove_one(meta):
+            self._object_gone(meta)
 
     def _update_store_gauges(self) -> None:
         self.metrics.stored_bytes.set(self.store.used_bytes)
@@ -181,7 +183,7 @@ class CacheNode:
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
             return await self.respond.passthrough(request, url, label="bypass")
-        meta = self.store.lookup(key)
+        meta = self.store.lookup(key, request.headers)
         directives = request_directives(request.headers)
         use = self._use(meta, directives)
         fresh = use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE  # served from here without waiting
@@ -353,9 +355,7 @@ class CacheNode:
         """Remove what this node stores for `keys`; how many objects went."""
         removed = 0
         for key in keys:
-            meta = self.store.lookup(key)
-            if meta is not None:
-                await self.store.remove(key)
+            for meta in await self.store.remove(key):  # every variant
                 self._object_gone(meta)
                 log.info("object_invalidated", key=key, reason=why)
                 removed += 1
@@ -373,7 +373,7 @@ class CacheNode:
         # A joiner whose leader vanished retries; bounded so a pathological
         # origin cannot keep a request looping.
         for _ in range(5):
-            meta = self.store.lookup(key)
+            meta = self.store.lookup(key, request.headers)
             use = self._use(meta, directives)
             if use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE:
                 assert meta is not None
@@ -398,6 +398,12 @@ class CacheNode:
                     # it is no joiner, but a later request, judged by the stored
                     # object's freshness (a no-cache object is revalidated).
                     await flight.landed.wait()  # stored (or failed) by then
+                    continue
+                if not outcome.answers(request.headers):
+                    # The leader's response varies on a field this request sets
+                    # otherwise (RFC 9111 §4.1): it is not this request's answer.
+                    if outcome.kind is Kind.STREAMING:
+                        return await self.respond.passthrough(request, url, label="pass")
                     continue
             if outcome.kind is Kind.STREAMING:
                 assert outcome.fill is not None
@@ -490,9 +496,12 @@ class CacheNode:
                 return outcome, None
             length = response.content_length
             kept = stored_pairs(response.headers)
+            names = vary_names(response.headers)
             reason = None
             if not policy.storable:
                 reason = policy.reason
+            elif names is None:
+                reason = f"Vary: {response.headers.get('Vary', '')[:100]!r} names no field a request could match"
             elif length is not None and not self.store.fits(length):
                 reason = f"{length} bytes exceed capacity"
             elif policy.ttl <= 0 and not ("ETag" in response.headers or "Last-Modified" in response.headers):
@@ -508,7 +517,7 @@ class CacheNode:
                 return outcome, response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
-                                          source=source)
+                                          source=source, vary=names)
             response = None  # the fill owns it now
             outcome = Outcome(Kind.STREAMING, fill=fill)
             flight.resolve(outcome)
@@ -522,7 +531,7 @@ class CacheNode:
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                           host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
-                          target: Target, source: Source) -> Fill:
+                          target: Target, source: Source, vary: tuple[str, ...]) -> Fill:
         length = response.content_length
         try:
             temp = await self.store.new_temp()
@@ -533,10 +542,14 @@ class CacheNode:
         self.store.reserve(temp.reserved)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
         age = current_age(response.headers) if source.peer is None else 0.0
-        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status)
+        # Stored per variant: under the values the fill's own request had
+        # for the fields the response varies on (RFC 9111 §4.1).
+        variant = variant_of(vary, source.headers) if vary else ""
+        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
+                    vary=vary, variant=variant)
         meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
-                    stale_while_revalidate=policy.stale_while_revalidate)
+                    stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
@@ -575,7 +588,7 @@ class CacheNode:
             log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
                      seconds=round(time.monotonic() - started, 3))
             if source.peer is None:
-                self.handoff.replicate_soon(key, target)
+                self.handoff.replicate_soon(stored, target)
             return stored
 
         self.spawn(run_fill_in_background(self.flights, flight, fill, work()))

@@ -6,6 +6,12 @@ Layout under the data directory:
     objects/<2 hex>/<id>.<nonce>.data    the bytes
     tmp/                                 fills in progress; emptied at start-up
 
+A response that varies (`Vary`, RFC 9111 §4.1) is stored once per variant:
+its slot in the index, and the name of its files, is its key plus the
+canonical values of the request fields it varies on (cachenode/vary.py).
+`lookup(key, request_headers)` finds the variant a request selects; the
+names a key varies on are those of its most recently stored response.
+
 An object becomes servable only by the rename of its `.meta`, which happens
 after its data file is complete, verified against the origin's length,
 fsynced and renamed into place. A crash at any step leaves either the old
@@ -41,9 +47,14 @@ import structlog
 
 from cachenode.headers import Pairs, first
 from cachenode.keys import object_id
+from cachenode.vary import variant as variant_of
 from nezha.errors import NezhaError, StoreError
 
 log = structlog.get_logger("nezha.store")
+
+
+# Between a key and a variant in a slot: keys never hold control characters.
+VARIANT_SEPARATOR = "\n"
 
 
 class TooLarge(NezhaError):
@@ -71,16 +82,24 @@ class Meta:
     age: float = 0.0  # the response's Age when it was stored (RFC 9111 §4.2.3)
     stale_while_revalidate: float = 0.0  # seconds past expiry it may answer while revalidating (RFC 5861)
     status: int = 200  # a stored 404 or 301 is answered with its own status (RFC 9111 §4.2.2)
+    vary: tuple[str, ...] = ()  # the request fields its Vary names, lowercased and sorted
+    variant: str = ""  # their values in the request that fetched it (cachenode/vary.py)
 
     def __post_init__(self) -> None:
         h = self.headers
         pairs = tuple(h.items()) if isinstance(h, dict) else tuple((str(n), str(v)) for n, v in h)
         object.__setattr__(self, "headers", pairs)
+        object.__setattr__(self, "vary", tuple(self.vary))
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
             object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
 
     def header(self, name: str) -> str | None:
         return first(self.headers, name)
+
+    @property
+    def slot(self) -> str:
+        """Its place in the store: the key, plus the variant for a response that varies."""
+        return f"{self.key}{VARIANT_SEPARATOR}{self.variant}" if self.vary else self.key
 
     @property
     def etag(self) -> str | None:
@@ -132,7 +151,9 @@ class Store:
         self.capacity = capacity
         self._clock = clock
         self._on_evict = on_evict
-        self._index: OrderedDict[str, Meta] = OrderedDict()  # LRU order: oldest first
+        self._index: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
+        self._slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
+        self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
         self._usage = _Usage()
         self._pending: set[asyncio.Future] = set()  # disk steps not yet done
         self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
@@ -151,7 +172,7 @@ class Store:
         """Where a stored object's bytes are. Lexical, with no resolve() on the hit path:
         the folder is hex from SHA-256 and `meta.data` was checked to be a bare
         `*.data` name when the meta was read or written."""
-        oid = object_id(meta.key)
+        oid = object_id(meta.slot)
         return os.path.join(self.objects, oid[:2], meta.data)
 
     # -- start-up ----------------------------------------------------------
@@ -159,8 +180,7 @@ class Store:
         """Rebuild the index from disk; delete temporary and orphaned files."""
         metas, removed = await asyncio.get_running_loop().run_in_executor(None, self._scan)
         for meta in sorted(metas, key=lambda m: m.stored_at):
-            self._index[meta.key] = meta
-            self._usage.stored += meta.size
+            self._add(meta)
         log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self._usage.stored, removed=removed)
         if self.capacity is not None:
             self._evict_to(self.capacity)
@@ -180,7 +200,7 @@ class Store:
             wanted: set[str] = set()
             for mpath in sub.glob("*.meta"):
                 meta = self._read_meta(mpath)
-                if meta is None or object_id(meta.key) != mpath.stem:
+                if meta is None or object_id(meta.slot) != mpath.stem:
                     mpath.unlink(missing_ok=True)
                     removed += 1
                     continue
@@ -213,17 +233,53 @@ class Store:
             return None
 
     # -- reads -------------------------------------------------------------
-    def lookup(self, key: str) -> Meta | None:
-        meta = self._index.get(key)
+    def lookup(self, key: str, request_headers=None) -> Meta | None:
+        """The stored response for `key` that a request with `request_headers`
+        selects (RFC 9111 §4.1). Without headers, only a response that does
+        not vary: who does not say what it asks for gets no variant."""
+        names = self._vary.get(key)
+        if names is None:
+            slot = key
+        elif request_headers is None:
+            return None
+        else:
+            slot = f"{key}{VARIANT_SEPARATOR}{variant_of(names, request_headers)}"
+        meta = self._index.get(slot)
         if meta is not None:
-            self._index.move_to_end(key)
+            self._index.move_to_end(slot)
         return meta
 
     def __contains__(self, key: str) -> bool:
-        return key in self._index
+        return key in self._slots
 
     def keys(self) -> list[str]:
-        return list(self._index)
+        return list(self._slots)
+
+    def metas(self) -> list[Meta]:
+        """Every stored response, variants included, least recently used first."""
+        return list(self._index.values())
+
+    def _add(self, meta: Meta) -> None:
+        self._index[meta.slot] = meta
+        self._usage.stored += meta.size
+        self._slots.setdefault(meta.key, set()).add(meta.slot)
+        if meta.vary:
+            self._vary[meta.key] = meta.vary
+        else:
+            self._vary.pop(meta.key, None)
+
+    def _drop(self, slot: str) -> Meta | None:
+        meta = self._index.pop(slot, None)
+        if meta is None:
+            return None
+        self._usage.stored -= meta.size
+        slots = self._slots.get(meta.key)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._slots[meta.key]
+                self._vary.pop(meta.key, None)
+        return meta
 
     @property
     def used_bytes(self) -> int:
@@ -259,8 +315,8 @@ class Store:
                 continue
             if key == keep and self._usage.stored <= limit:
                 break
-            meta = self._index.pop(key)
-            self._usage.stored -= meta.size
+            meta = self._drop(key)
+            assert meta is not None
             self._unlink_later(meta, final=True)
             log.info("object_evicted", key=key, bytes=meta.size)
             if self._on_evict:
@@ -272,7 +328,7 @@ class Store:
         The meta goes only if it still names this data file: a commit of the
         same key queued before this step may already have replaced it.
         """
-        oid = object_id(meta.key)
+        oid = object_id(meta.slot)
         d = self._dir_of(oid)
         data_path, meta_path = d / meta.data, d / f"{oid}.meta"
 
@@ -390,7 +446,7 @@ class Store:
         """
         if not self.fits(temp.written):
             raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the capacity of {self.capacity} bytes")
-        oid = object_id(meta.key)
+        oid = object_id(meta.slot)
         folder = self._dir_of(oid)
         meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
         data_path = self._inside(folder / meta.data)
@@ -420,14 +476,19 @@ class Store:
         await asyncio.shield(temp.committing)
         self.release(temp.reserved)
         temp.reserved = 0
-        old = self._index.pop(meta.key, None)
+        old = self._drop(meta.slot)
         if old is not None:
-            self._usage.stored -= old.size
             self._unlink_later(old, final=False)
-        self._index[meta.key] = meta
-        self._usage.stored += meta.size
+        # Responses stored under other Vary names (or none) no longer say how
+        # this key varies: the newest response does (RFC 9111 §4.1).
+        for slot in list(self._slots.get(meta.key, ())):
+            other = self._index[slot]
+            if other.vary != meta.vary:
+                self._drop(slot)
+                self._unlink_later(other, final=True)
+        self._add(meta)
         if self.capacity is not None:
-            self._evict_to(self.capacity, keep=meta.key)
+            self._evict_to(self.capacity, keep=meta.slot)
         return meta
 
     def _write_meta(self, meta_path: Path, meta: Meta) -> None:
@@ -446,11 +507,11 @@ class Store:
                       age: float = 0.0) -> Meta:
         """A 304 from the origin: same bytes; the headers it updated (`headers`,
         merged by the caller), a new expiry, and an age counted from now."""
-        current = self._index.get(meta.key)
+        current = self._index.get(meta.slot)
         if current is None or current.data != meta.data:
             return current or meta
         new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age)
-        oid = object_id(meta.key)
+        oid = object_id(meta.slot)
         path = self._inside(self._dir_of(oid) / f"{oid}.meta")
         try:
             await asyncio.shield(self._step(oid, lambda: self._write_meta(path, new)))
@@ -458,12 +519,24 @@ class Store:
             raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
         # Evicted or replaced while the meta was written: the queued unlink or
         # commit has the last word on disk, and the index must not revive it.
-        if self._index.get(meta.key) is current:
-            self._index[meta.key] = new
+        if self._index.get(meta.slot) is current:
+            self._index[meta.slot] = new
         return new
 
-    async def remove(self, key: str) -> None:
-        meta = self._index.pop(key, None)
-        if meta is not None:
-            self._usage.stored -= meta.size
-            self._unlink_later(meta, final=True)
+    async def remove(self, key: str) -> list[Meta]:
+        """Forget every stored response of `key`, variants included; what went."""
+        gone = []
+        for slot in list(self._slots.get(key, ())):
+            meta = self._drop(slot)
+            if meta is not None:
+                self._unlink_later(meta, final=True)
+                gone.append(meta)
+        return gone
+
+    async def remove_one(self, meta: Meta) -> bool:
+        """Forget the one stored response `meta` (its variant only), if still stored."""
+        if self._index.get(meta.slot) is not meta:
+            return False
+        self._drop(meta.slot)
+        self._unlink_later(meta, final=True)
+        return True

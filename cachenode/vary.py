@@ -105,3 +105,24 @@ def variant(names: tuple[str, ...], request_headers: Mapping[str, str]) -> str:
     if len(encoded) > VARIANT_MAX_BYTES:
         return "sha256:" + hashlib.sha256(encoded).hexdigest()
     return text
+
+
+def selecting_headers(names: tuple[str, ...], variant_text: str) -> dict[str, str] | None:
+    """Request fields that select the variant `variant_text` again: what a
+    node sends a peer to copy that one variant. None when the variant cannot
+    be spelled as fields (hashed, or a value that needed escaping)."""
+    if not names:
+        return {}
+    if variant_text.startswith("sha256:") or "\\" in variant_text:
+        return None
+    fields: dict[str, str] = {}
+    lines = variant_text.split("\n")
+    if len(lines) != len(names):
+        return None
+    for name, line in zip(names, lines):
+        got, sep, value = line.partition("=")
+        if got != name:
+            return None
+        if sep:
+            fields[name] = value
+    return fields if variant(names, fields) == variant_text else None

@@ -101,3 +101,26 @@ def test_variant_ignores_whitespace_around_commas_and_header_name_case(name, mem
     cased = "".join(c.upper() if data.draw(st.booleans()) else c for c in name)
     names = ("accept", "accept-encoding", "origin")
     assert variant(names, {cased: spaced}) == variant(names, {name: ", ".join(members)})
+
+
+@pytest.mark.parametrize("request_headers", [
+    {"Accept-Encoding": "GZIP, br;q=0.5"},
+    {"Accept-Encoding": ""},
+    {},
+    {"Accept-Encoding": "gzip", "Accept-Language": "fr-CH,  fr;q=0.9"},
+])
+def test_selecting_headers_select_the_same_variant_again(request_headers):
+    from cachenode.vary import selecting_headers
+
+    names = ("accept-encoding", "accept-language")
+    text = variant(names, request_headers)
+    fields = selecting_headers(names, text)
+    assert fields is not None and variant(names, fields) == text
+
+
+def test_a_variant_that_cannot_be_spelled_as_fields_has_no_selecting_headers():
+    from cachenode.vary import selecting_headers
+
+    assert selecting_headers(("x-long",), variant(("x-long",), {"X-Long": "v" * 10_000})) is None
+    assert selecting_headers(("x-ctl",), variant(("x-ctl",), {"X-Ctl": "a\x01b"})) is None
+    assert selecting_headers((), "") == {}
