@@ -19,13 +19,38 @@ from typing import Mapping
 import aiohttp
 from multidict import CIMultiDict
 
-from cachenode.headers import end_to_end_pairs
+from cachenode.headers import OWN_PREFIX, end_to_end_pairs
 from nezha.errors import OriginError, OriginTimeout
 
 
 def end_to_end(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
     """A message's end-to-end fields (cachenode/headers.py), repeats and order kept, ready to send."""
     return CIMultiDict(end_to_end_pairs(headers, drop=drop))
+
+
+def via_of(node_id: str) -> str:
+    """This node's Via entry: the protocol it received, and its name as pseudonym."""
+    return f"1.1 {node_id}"
+
+
+def add_via(headers: CIMultiDict[str], via: str) -> None:
+    """Append this node to a message's Via (RFC 9110 §7.6.3): one list, in hop order."""
+    before = headers.getall("Via", [])
+    headers.popall("Via", None)
+    headers["Via"] = ", ".join([*before, via])
+
+
+def forwarded_request_headers(headers: Mapping[str, str], *, via: str,
+                              drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    """A client's request as the origin should see it: its end-to-end fields in
+    order, without the cache's own X-Nezha-* fields, Expect (the node answers
+    100-continue itself and streams the body) and the lowercased names in
+    `drop`; this node added to Via."""
+    out = end_to_end(headers, drop=drop | {"expect"})
+    for name in [n for n in out if n.lower().startswith(OWN_PREFIX)]:
+        out.popall(name, None)
+    add_via(out, via)
+    return out
 
 
 async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:

@@ -54,7 +54,7 @@ from cachenode.access import access, break_connection
 from cachenode.cluster import Peer
 from cachenode.freshness import http_date
 from cachenode.keys import Target
-from cachenode.origin import OriginClient, end_to_end
+from cachenode.origin import OriginClient, end_to_end, forwarded_request_headers, via_of
 from nezha.errors import OriginError, OriginTimeout
 
 log = structlog.get_logger("nezha.peers")
@@ -254,7 +254,7 @@ class PeerRelay:
                 if not body.resumable:
                     break
                 for name in _CONDITIONALS:
-                    headers.pop(name, None)
+                    headers.popall(name, None)
                 headers.update(body.resume_headers())
             try:
                 r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers)
@@ -341,9 +341,9 @@ class PeerRelay:
 
     async def _resume_from_origin(self, request: web.Request, body: _Body, url: str, target: Target) -> bool:
         """Fetch the rest of the body from the origin; False if it cannot be had."""
-        headers = end_to_end(request.headers)
-        for name in (PEER_HEADER, *_CONDITIONALS):
-            headers.pop(name, None)
+        headers = forwarded_request_headers(request.headers, via=via_of(self.node_id))
+        for name in _CONDITIONALS:
+            headers.popall(name, None)
         headers.update(body.resume_headers())
         offset = body.start + body.sent
         try:

@@ -36,9 +36,9 @@ from cachenode.vary import variant as variant_of
 from cachenode.vary import vary_names
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
-from cachenode.origin import OriginClient
+from cachenode.origin import OriginClient, forwarded_request_headers
 from cachenode.peers import PEER_HEADER, PeerRelay
-from cachenode.serve import CACHE_HEADER, EXPIRES_HEADER, Responder, forwarded_request_headers, origin_failure
+from cachenode.serve import CACHE_HEADER, EXPIRES_HEADER, Responder, origin_failure
 from cachenode.store import Meta, Store, TooLarge
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError

@@ -15,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import IO, Awaitable, Callable, Mapping
+from typing import IO, Awaitable, Callable
 
 import aiohttp
 import structlog
 from aiohttp import web
-from multidict import CIMultiDict
 
 from cachenode.access import access, break_connection
 from cachenode.fill import Fill
-from cachenode.headers import OWN_PREFIX, Pairs, first
-from cachenode.origin import OriginClient, end_to_end
+from cachenode.headers import Pairs, first
+from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, origin_error_value
 from cachenode.ranges import Outcome as RangeOutcome
 from cachenode.ranges import Decision, evaluate, preconditions
@@ -76,26 +75,6 @@ def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via
     resp.headers[CACHE_HEADER] = label
 
 
-def add_via(headers: "CIMultiDict[str]", via: str) -> None:
-    """Append this node to a message's Via (RFC 9110 §7.6.3): one list, in hop order."""
-    before = headers.getall("Via", [])
-    headers.popall("Via", None)
-    headers["Via"] = ", ".join([*before, via])
-
-
-def forwarded_request_headers(headers: "Mapping[str, str]", *, via: str,
-                              drop: frozenset[str] = frozenset()) -> "CIMultiDict[str]":
-    """A client's request as the origin should see it: its end-to-end fields in
-    order, without the cache's own X-Nezha-* fields, Expect (the node answers
-    100-continue itself and streams the body) and the lowercased names in
-    `drop`; this node added to Via."""
-    out = end_to_end(headers, drop=drop | {"expect"})
-    for name in [n for n in out if n.lower().startswith(OWN_PREFIX)]:
-        out.popall(name, None)
-    add_via(out, via)
-    return out
-
-
 async def _answer_precondition(request: web.Request, resp: web.StreamResponse, outcome: RangeOutcome) -> None:
     """304 or 412 with the object's validators and no body (RFC 9110 §15.4.5, §15.5.13)."""
     for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
@@ -139,7 +118,7 @@ class Responder:
         self.origins = origins
         self._count = count
         self._clock = clock
-        self.via = f"1.1 {settings.identity}"
+        self.via = via_of(settings.identity)
 
     def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
         """A client hung up: log it once, count what it was sent."""
