@@ -54,7 +54,7 @@ from cachenode.access import access, break_connection
 from cachenode.cluster import Peer
 from cachenode.freshness import http_date
 from cachenode.keys import Target
-from cachenode.origin import OriginClient, end_to_end, forwarded_request_headers, via_of
+from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from nezha.errors import OriginError, OriginTimeout
 
 log = structlog.get_logger("nezha.peers")
@@ -65,6 +65,8 @@ ORIGIN_ERROR_HEADER = "X-Nezha-Origin-Error"
 _CACHE_HEADER = "X-Nezha-Cache"
 _PASSED_ON = frozenset({"pass", "bypass"})  # X-Nezha-Cache of a response copied from the origin
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+# Fields an owner sends only to the node that relays: never to its client.
+_OWNER_ONLY = frozenset({"x-nezha-expires"})
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 
@@ -302,8 +304,9 @@ class PeerRelay:
 
     async def _start(self, request: web.Request, r: aiohttp.ClientResponse, peer: Peer) -> _Body:
         out = web.StreamResponse(status=r.status, reason=r.reason)
-        for name, value in end_to_end(r.headers).items():
+        for name, value in end_to_end(r.headers, drop=_OWNER_ONLY).items():
             out.headers.add(name, value)
+        add_via(out.headers, via_of(self.node_id))
         label = f"peer-{r.headers.get(_CACHE_HEADER, 'unknown')}"
         out.headers[_CACHE_HEADER] = label
         out.headers["X-Nezha-Served-By"] = peer.id

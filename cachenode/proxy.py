@@ -1,8 +1,11 @@
 """The cache node's HTTP handlers: the only module that speaks HTTP to clients.
 
-Request path, in order: admin endpoints; target parsing (400); origin
-allow-list (403, the origin never contacted); method (405); credentials
-(pass through, never stored); then hit, join a flight, or lead one.
+Request path, in order: CONNECT and TRACE (405, a middleware); admin
+endpoints; target parsing (400); origin allow-list (403, the origin never
+contacted); methods other than GET and HEAD (forwarded, body streamed; a
+success invalidates); credentials (pass through, never stored); then hit,
+join a flight, or lead one. What crosses and what is stored:
+docs/http-semantics.md.
 
 A response is either a single sendfile of a stored object, a stream from a
 fill's growing temp file, or a pass-through copy of the origin's response.

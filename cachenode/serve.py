@@ -60,7 +60,7 @@ def origin_failure(error: NezhaError | None) -> web.HTTPException:
     return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
 
 
-def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str,
+def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
                     age: int | None = None) -> None:
     """A stored (or storing) response's fields, as the origin sent them, plus
     the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
@@ -71,7 +71,8 @@ def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via
         resp.headers["Accept-Ranges"] = "bytes"
     if age is not None:
         resp.headers["Age"] = str(age)
-    add_via(resp.headers, via)
+    if via is not None:
+        add_via(resp.headers, via)
     resp.headers[CACHE_HEADER] = label
 
 
@@ -120,6 +121,11 @@ class Responder:
         self._clock = clock
         self.via = via_of(settings.identity)
 
+    def via_for(self, request: web.Request) -> str | None:
+        """This node's Via entry for a response to `request`; none to a peer:
+        a cluster is one cache, and the node that answers the client adds its own."""
+        return None if PEER_HEADER in request.headers else self.via
+
     def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
         """A client hung up: log it once, count what it was sent."""
         access(request).bytes = sent
@@ -147,7 +153,7 @@ class Responder:
                 decision = Decision(RangeOutcome.FULL, 0, meta.size)
             resp = web.StreamResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                       else decision.outcome.value)
-            _object_headers(resp, meta.headers, label, via=self.via, age=meta.age_at(self._clock()))
+            _object_headers(resp, meta.headers, label, via=self.via_for(request), age=meta.age_at(self._clock()))
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
@@ -248,7 +254,7 @@ class Responder:
             start, length = 0, size
             status = fill.status
             resp = web.StreamResponse()
-            _object_headers(resp, fill.headers, label, via=self.via, age=int(fill.age) or None)
+            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
             etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
             plain = fill.status != 200  # preconditions and Range apply to a 200 only
             verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
@@ -361,7 +367,8 @@ class Responder:
             resp = web.StreamResponse(status=response.status, reason=response.reason)
             for name, value in end_to_end(response.headers).items():
                 resp.headers.add(name, value)
-            add_via(resp.headers, self.via)
+            if (via := self.via_for(request)) is not None:
+                add_via(resp.headers, via)
             resp.headers[CACHE_HEADER] = label
             if response.content_length is not None:
                 resp.content_length = response.content_length

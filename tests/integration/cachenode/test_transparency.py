@@ -351,3 +351,24 @@ async def test_a_post_invalidates_the_owners_copy_in_a_three_node_cluster(origin
     origin.put(PATH, b"after", headers={"Cache-Control": "max-age=3600"})
     status, headers, body = await nodes[others[0]].get(session, PATH)
     assert body == b"after" and headers["X-Nezha-Cache"] == "peer-miss"
+
+
+async def test_a_cluster_is_one_cache_in_via_and_its_own_fields_stay_inside(origin, cluster, session):
+    """The relaying node names itself; the owner behind it does not, and a replica's copy
+    stores no owner's Via or X-Nezha-* field."""
+    from tests.integration.cachenode.conftest import owner_and_other, until
+
+    origin.put(PATH, b"v" * 1000, headers={"Cache-Control": "max-age=3600"}, fields=[("Via", "1.1 cdn")])
+    nodes, _ = await cluster(3, replicas=2)
+    owners, others = owner_and_other(nodes, PATH, replicas=2)
+    for label in ("peer-miss", "peer-hit"):
+        _, headers, _ = await nodes[others[0]].get(session, PATH)
+        assert headers["X-Nezha-Cache"] == label
+        assert headers.getall("Via") == [f"1.1 cdn, 1.1 {others[0]}"]
+        assert "X-Nezha-Expires" not in headers
+        await until(lambda: all(KEY in nodes[o].node.store for o in owners))
+    _, headers, _ = await nodes[owners[1]].get(session, PATH)
+    assert headers["X-Nezha-Cache"] == "hit" and headers.getall("Via") == [f"1.1 cdn, 1.1 {owners[1]}"]
+    replica = nodes[owners[1]].node.store.lookup(KEY)
+    assert [v for n, v in replica.headers if n.lower() == "via"] == ["1.1 cdn"]
+    assert not [n for n, _ in replica.headers if n.lower().startswith("x-nezha")]
