@@ -28,11 +28,16 @@ import structlog
 
 from cachenode.cluster import Peer
 from cachenode.headers import Pairs
-from cachenode.store import Meta, Store, TempObject, TooLarge
+from cachenode.store import Meta, NotStored, Store, TempObject
 from cachenode.vary import variant
 from nezha.errors import FillAborted, NezhaError
 
 log = structlog.get_logger("nezha.fill")
+
+
+class Superseded(NotStored):
+    """A write to the URL succeeded while its fill ran: what the fill got may
+    predate the write, so it is streamed to its clients but never stored."""
 
 
 class Fill:
@@ -108,11 +113,13 @@ class Fill:
             await self._progress.wait()
 
     async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
-                  on_bytes: Callable[[int], None] | None = None) -> Meta:
+                  on_bytes: Callable[[int], None] | None = None,
+                  superseded: Callable[[], bool] = lambda: False) -> Meta:
         """Copy the origin body to disk, verify its length, commit it.
 
         Raises TooLarge, after every client got the whole body, when a body
-        of unknown length turned out larger than the store's capacity.
+        of unknown length turned out larger than the store's capacity, and
+        Superseded when `superseded()` says a write made it obsolete.
         """
         self.url = meta.url
         try:
@@ -126,6 +133,8 @@ class Fill:
                     f"origin {self.url} sent {self.written} of {self.length} bytes for {self.key}")
             self.complete = True
             self._notify()
+            if superseded():
+                raise Superseded(f"a write to {self.url} succeeded while {self.key} was being fetched")
             self.meta = await store.commit(self.temp, meta)
             return self.meta
         except asyncio.CancelledError:
@@ -179,6 +188,7 @@ class Flight:
         self.key = key
         self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self.landed = asyncio.Event()  # set once no request can join it any more
+        self.superseded = False  # a write to the URL succeeded meanwhile: store nothing it got
 
     def resolve(self, outcome: Outcome) -> None:
         if not self.outcome.done():
@@ -210,6 +220,14 @@ class Flights:
             del self._flights[flight.key]
         flight.landed.set()
 
+    def supersede(self, key: str) -> None:
+        """A write to `key` succeeded: its exchange in progress, if any, stores
+        nothing, and later requests start their own (RFC 9111 §4.4)."""
+        flight = self._flights.get(key)
+        if flight is not None:
+            flight.superseded = True
+            self.land(flight)
+
     def abort(self, flight: Flight, error: NezhaError) -> None:
         """The leader went away before the origin answered: joiners retry."""
         self.land(flight)
@@ -225,7 +243,7 @@ async def run_fill_in_background(flights: Flights, flight: Flight, fill: Fill, w
     """
     try:
         await work
-    except TooLarge as e:
+    except NotStored as e:
         log.info("response_not_stored", key=flight.key, reason=str(e))
     except NezhaError as e:
         log.warning("fill_failed", key=flight.key, error=str(e))

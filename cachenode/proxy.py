@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 from cachenode.access import access
 from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
-from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, run_fill_in_background
+from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.headers import Pairs
 from cachenode.invalidation import Invalidation
@@ -42,7 +42,7 @@ from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, forwarded_request_headers
 from cachenode.peers import PEER_HEADER, PeerRelay
 from cachenode.serve import CACHE_HEADER, EXPIRES_HEADER, Responder, origin_failure
-from cachenode.store import Meta, Store, TooLarge
+from cachenode.store import Meta, NotStored, Store
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
 
@@ -358,6 +358,7 @@ class CacheNode:
         """Remove what this node stores for `keys`; how many objects went."""
         removed = 0
         for key in keys:
+            self.flights.supersede(key)
             for meta in await self.store.remove(key):  # every variant
                 self._object_gone(meta)
                 log.info("object_invalidated", key=key, reason=why)
@@ -574,8 +575,9 @@ class CacheNode:
             # after the read timeout (the origin is not probed: it has no /healthz).
             watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
             try:
-                stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes)
-            except TooLarge:
+                stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes,
+                                        superseded=lambda: flight.superseded)
+            except NotStored:
                 raise  # streamed whole to its clients, only not stored: not a failed fill
             except NezhaError:
                 self._count(host, failed_fills=1)
@@ -584,6 +586,8 @@ class CacheNode:
                 if watch is not None:
                     watch.cancel()
                 self.metrics.fills_in_flight.dec()
+            if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
+                raise Superseded(f"a write to {url} succeeded while {key} was being stored")
             self._update_store_gauges()
             self._count(host, objects=1, bytes_stored=stored.size)
             if self.index is not None:

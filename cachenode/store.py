@@ -57,7 +57,11 @@ log = structlog.get_logger("nezha.store")
 VARIANT_SEPARATOR = "\n"
 
 
-class TooLarge(NezhaError):
+class NotStored(NezhaError):
+    """A fill's bytes reached its clients whole but were not stored: no failure."""
+
+
+class TooLarge(NotStored):
     """An object's bytes exceed the store's capacity: it was streamed, never stored."""
 
 

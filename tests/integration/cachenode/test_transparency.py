@@ -372,3 +372,22 @@ async def test_a_cluster_is_one_cache_in_via_and_its_own_fields_stay_inside(orig
     replica = nodes[owners[1]].node.store.lookup(KEY)
     assert [v for n, v in replica.headers if n.lower() == "via"] == ["1.1 cdn"]
     assert not [n for n, _ in replica.headers if n.lower().startswith("x-nezha")]
+
+
+async def test_a_write_during_a_slow_fill_keeps_its_old_bytes_from_later_readers_and_the_store(
+        origin, make_node, session):
+    """GET A starts a slow fill; a PUT completes; GET B, sent after it, must not join A's
+    (possibly older) fill, and what A's fill got is never stored."""
+    origin.put(PATH, b"old!" * 250_000, headers={"Cache-Control": "max-age=3600"}, rate=2_000_000)
+    node = await make_node()
+    reader = asyncio.get_running_loop().create_task(node.get(session, PATH))
+    await asyncio.sleep(0.1)  # A's body is streaming
+    async with session.put(node.url + PATH, data=b"new!" * 10, headers={"Host": HOST}) as r:
+        assert r.status == 200
+    status, headers, body = await node.get(session, PATH)
+    assert body == b"new!" * 10 and headers["X-Nezha-Cache"] == "miss"
+    status, headers, old = await reader
+    assert old == b"old!" * 250_000, "the reader that came first still gets a whole answer"
+    await node.node.settled()
+    status, headers, body = await node.get(session, PATH)
+    assert body == b"new!" * 10 and headers["X-Nezha-Cache"] == "hit"
