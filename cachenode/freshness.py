@@ -157,29 +157,43 @@ def http_date(value: str | None) -> float | None:
     return None
 
 
+# Request fields that carry a client's credentials (RFC 9110 §11.6.2 and
+# the token headers of S3, OpenStack Swift, GitLab, Google and API gateways).
+CREDENTIAL_FIELDS = ("Authorization", "Cookie", "X-Amz-Security-Token", "X-Auth-Token", "X-Storage-Token",
+                     "Private-Token", "Job-Token", "X-Api-Key", "X-Goog-Api-Key", "Api-Key")
+
+
 def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
     """Why a request must go straight to the origin, or None.
 
     Credentials make a response one client's own; neither serving it from
-    the cache nor storing it is ever right (RFC 9111 §3.5).
+    the cache nor storing it is ever right (RFC 9111 §3.5). Beyond
+    Authorization and Cookie, the fields that object stores and APIs take
+    tokens in: a miss forwards the leading client's fields, so a token in
+    one of them would otherwise fetch a response the cache then shares.
     """
-    for name in ("Authorization", "Cookie"):
+    for name in CREDENTIAL_FIELDS:
         if field_value(headers, name) is not None:
             return f"request carries {name}"
     return None
 
 
-def current_age(headers: Mapping[str, str]) -> float:
-    """Seconds the response already spent in caches upstream: its `Age`.
+def current_age(headers: Mapping[str, str], now: float | None = None) -> float:
+    """Seconds the response had already lived when it arrived (RFC 9111 §4.2.3).
 
-    RFC 9111 §4.2.3, simplified to max(0, Age): the node does not correct
-    for its own request time. A list keeps its first member and an invalid
-    value is ignored (§5.1).
+    Its `Age` (caches upstream), or with `now` (when it arrived) the larger
+    of that and its apparent age, `now - Date` in whole seconds, so a
+    response generated long ago is not taken as new. The node does not
+    correct for its own request time. A list keeps its first member and an
+    invalid value is ignored (§5.1).
     """
     value = field_value(headers, "Age")
-    if value is None:
-        return 0.0
-    return _delta_seconds(value.split(",", 1)[0]) or 0.0
+    age = 0.0 if value is None else (_delta_seconds(value.split(",", 1)[0]) or 0.0)
+    if now is not None:
+        date = http_date(field_value(headers, "Date"))
+        if date is not None:
+            age = max(age, float(int(max(0.0, now - date))))
+    return age
 
 
 @dataclass(frozen=True)
@@ -202,14 +216,14 @@ class Policy:
 def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], now: float) -> float | None:
     """The origin's own freshness lifetime (RFC 9111 §4.2.1), or None when it gave none.
 
-    A malformed s-maxage or max-age is ignored and the next source applies.
-    An invalid Expires ("0", "-1", garbage) is a date in the past (§5.3):
-    explicit, and already expired.
+    A malformed s-maxage or max-age ("-1", "soon", no value) is explicit and
+    stale: §4.2.1 encourages that over guessing. An invalid Expires ("0",
+    "-1", garbage) is a date in the past (§5.3): explicit, and already expired.
     """
     for directive in ("s-maxage", "max-age"):
-        lifetime = _delta_seconds(cc.get(directive))
-        if lifetime is not None:
-            return lifetime
+        if directive in cc:
+            lifetime = _delta_seconds(cc[directive])
+            return 0.0 if lifetime is None else lifetime
     expires_value = field_value(headers, "Expires")
     if expires_value is None:
         return None
@@ -268,7 +282,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
 
     lifetime = _explicit_lifetime(cc, headers, now)
     if lifetime is not None:
-        return policy(lifetime - current_age(headers))
+        return policy(lifetime - current_age(headers, now))
     if status not in HEURISTIC_STATUSES:
         return policy(0.0)
     # §4.2.2. `public` would only widen this to responses to authenticated
@@ -280,7 +294,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
         return policy(0.0, heuristic=True)
     # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
     # it up), not a reason to distrust the file.
-    return policy(HEURISTIC_TTL - current_age(headers), heuristic=True)
+    return policy(HEURISTIC_TTL - current_age(headers, now), heuristic=True)
 
 
 @dataclass(frozen=True)

@@ -390,6 +390,9 @@ class CacheNode:
                 if self.store.lookup(key) is meta:
                     await self._forget_lost(meta)
                 continue  # evicted or replaced between lookup and open, or lost
+            if directives.no_store:
+                # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
+                return await self.respond.passthrough(request, url, label="pass")
             flight, leader = self.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:
@@ -419,6 +422,12 @@ class CacheNode:
                     return served
                 continue
             if outcome.kind is Kind.PASSED:
+                if response is not None and any(name in request.headers for name in _NOT_FOR_FILLS):
+                    # The fill's request left out this client's Range and
+                    # validators; a response that is not stored is this
+                    # client's alone, so it asks again, as it asked.
+                    response.release()
+                    response = None
                 return await self.respond.passthrough(request, url, label="pass", response=response)
             error = outcome.error
             if isinstance(error, LeaderGone):
@@ -481,12 +490,21 @@ class CacheNode:
                 # Age (not stored) shortens the lifetime it grants, and the
                 # object's age restarts from it.
                 merged = updated_by_304(stale.headers, response.headers)
-                age = current_age(response.headers)
                 judged = CIMultiDict(merged)
-                if "Age" in response.headers:
-                    judged["Age"] = response.headers["Age"]
-                ttl = response_policy(200, judged, now=now, policy_ttl=origin.default_ttl).ttl
-                meta = await self.store.refresh(stale, headers=merged, stored_at=now, expires_at=now + ttl, age=age)
+                for name in ("Age", "Date"):  # not stored, but they date the 304
+                    if name in response.headers:
+                        judged[name] = response.headers[name]
+                renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl)
+                meta = await self.store.refresh(
+                    stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
+                    age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
+                    stale_while_revalidate=renewed.stale_while_revalidate)
+                if not renewed.storable:
+                    # The 304 made it one client's (private, no-store, Set-Cookie):
+                    # this request may have it, nobody after (RFC 9111 §3.2, §3).
+                    log.info("object_not_kept", key=key, reason=renewed.reason)
+                    if await self.store.remove_one(meta):
+                        self._object_gone(meta)
                 self.flights.land(flight)
                 outcome = Outcome(Kind.REVALIDATED, meta=meta)
                 flight.resolve(outcome)
@@ -545,7 +563,7 @@ class CacheNode:
         temp.reserved = length or 0
         self.store.reserve(temp.reserved)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
-        age = current_age(response.headers) if source.peer is None else 0.0
+        age = current_age(response.headers, now) if source.peer is None else 0.0
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""

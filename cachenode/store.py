@@ -508,13 +508,15 @@ class Store:
             raise
 
     async def refresh(self, meta: Meta, *, headers: Pairs, stored_at: float, expires_at: float,
-                      age: float = 0.0) -> Meta:
+                      age: float = 0.0, stale_if_error: float, stale_while_revalidate: float) -> Meta:
         """A 304 from the origin: same bytes; the headers it updated (`headers`,
-        merged by the caller), a new expiry, and an age counted from now."""
+        merged by the caller), the expiry and stale allowances they now give,
+        and an age counted from now."""
         current = self._index.get(meta.slot)
         if current is None or current.data != meta.data:
             return current or meta
-        new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age)
+        new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age,
+                      stale_if_error=stale_if_error, stale_while_revalidate=stale_while_revalidate)
         oid = object_id(meta.slot)
         path = self._inside(self._dir_of(oid) / f"{oid}.meta")
         try:

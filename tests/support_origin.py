@@ -4,7 +4,7 @@ It serves `files` (path -> bytes) and counts every request, so a test can
 prove how often the cache went to the origin. Knobs: throttle, delay before
 headers, die after N bytes, lie about Content-Length, omit it (chunked),
 custom status and headers per path (`fields`: repeated ones, in order),
-ETag/Last-Modified, and 304 handling. Writes (PUT, POST, DELETE, PATCH, any
+ETag/Last-Modified, 304 and 412 handling, and one `bytes=a-b` range. Writes (PUT, POST, DELETE, PATCH, any
 other method) are read as a stream and hashed, never held whole: PUT stores
 the body as the path's new content (its bytes kept only when small), DELETE
 removes it; `uploads` says what arrived, `raw_headers` how each request's
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -72,6 +73,13 @@ class TestOrigin:
         etag = self.etags[path]
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag, **b.headers})
+        if request.headers.get("If-Match", etag) != etag:
+            return web.Response(status=412, headers={"ETag": etag})
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if wanted and b.status == 200 and not b.chunked and b.claim_length is None:
+            start, end = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1)
+            return web.Response(status=206, body=body[start:end + 1], headers={
+                "ETag": etag, "Content-Range": f"bytes {start}-{end}/{len(body)}", **b.headers})
         resp = web.StreamResponse(status=b.status)
         resp.headers["ETag"] = etag
         resp.headers["Content-Type"] = "application/octet-stream"

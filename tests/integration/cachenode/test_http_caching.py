@@ -155,3 +155,71 @@ async def test_only_if_cached_is_504_for_what_is_not_on_disk_and_never_asks_the_
     await node.node.settled()
     status, headers, _ = await node.get(session, PATH, headers={"Cache-Control": "only-if-cached"})
     assert status == 200 and headers["X-Nezha-Cache"] == "hit"
+
+
+async def test_a_304_that_adds_must_revalidate_ends_stale_answers_on_error(origin, make_node, session):
+    """RFC 9111 §3.2: the refreshed fields, not the first response's, rule the stored copy."""
+    origin.put(PATH, b"r" * 100, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"r" * 100, headers={"Cache-Control": "max-age=0, must-revalidate"})
+    assert (await node.get(session, PATH))[1]["X-Nezha-Cache"] == "revalidated"
+    origin.put(PATH, b"down\n", status=503)
+    status, _, body = await node.get(session, PATH)
+    assert status == 503 and body == b"down\n"
+
+
+async def test_a_304_that_makes_the_response_private_serves_this_request_and_keeps_nothing(
+        origin, make_node, session):
+    origin.put(PATH, b"p" * 100, headers={"Cache-Control": "max-age=0"})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    origin.put(PATH, b"p" * 100, headers={"Cache-Control": "private"})
+    status, headers, body = await node.get(session, PATH)
+    assert status == 200 and body == b"p" * 100
+    await node.node.settled()
+    assert f"http://www.cs.toronto.edu{PATH}" not in node.node.store
+
+
+async def test_a_response_generated_long_ago_is_as_old_as_its_date_says(origin, make_node, session):
+    """RFC 9111 §4.2.3: apparent age (arrival - Date) counts even without Age."""
+    from email.utils import formatdate
+    import time
+
+    origin.put(PATH, b"d" * 10, headers={"Date": formatdate(time.time() - 7200, usegmt=True),
+                                         "Expires": formatdate(time.time() - 3600, usegmt=True)})
+    node = await make_node()
+    await node.get(session, PATH)
+    await node.node.settled()
+    assert (await node.get(session, PATH))[1]["X-Nezha-Cache"] == "revalidated"
+
+
+async def test_a_request_with_no_store_stores_nothing(origin, make_node, session):
+    origin.put(PATH, b"n" * 100, headers={"Cache-Control": "max-age=600"})
+    node = await make_node()
+    _, headers, _ = await node.get(session, PATH, headers={"Cache-Control": "no-store"})
+    await node.node.settled()
+    assert headers["X-Nezha-Cache"] == "pass" and len(node.node.store) == 0
+    await node.get(session, PATH)
+    await node.node.settled()
+    _, headers, _ = await node.get(session, PATH, headers={"Cache-Control": "no-store"})
+    assert headers["X-Nezha-Cache"] == "hit", "it may still be answered from what is stored"
+
+
+@pytest.mark.parametrize("why", ["no-store", "over-capacity"])
+@pytest.mark.parametrize("asked,status,length", [
+    ({"Range": "bytes=0-9"}, 206, 10),
+    ({"If-Match": '"not-it"'}, 412, 0),
+    ("etag", 304, 0),
+])
+async def test_a_response_that_is_not_stored_still_honours_the_clients_range_and_validators(
+        origin, make_node, session, why, asked, status, length):
+    """The fill asked without them; the client gets what the origin gives its own request."""
+    headers = {"Cache-Control": "no-store"} if why == "no-store" else {"Cache-Control": "max-age=60"}
+    origin.put(PATH, b"b" * 200_000, headers=headers)
+    node = await make_node(capacity=100_000)
+    sent = {"If-None-Match": origin.etags[PATH]} if asked == "etag" else asked
+    got_status, got_headers, body = await node.get(session, PATH, headers=sent)
+    assert got_status == status and len(body) == length and got_headers["X-Nezha-Cache"] == "pass"

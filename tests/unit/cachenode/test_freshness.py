@@ -73,7 +73,7 @@ def test_http_date_reads_the_three_rfc_9110_formats_or_is_none(value, expect):
     (200, {"Cache-Control": "max-age=60"}, True, 60.0, "ok"),
     (200, {"Cache-Control": "max-age=60, s-maxage=5"}, True, 5.0, "ok"),
     (200, {"Cache-Control": "no-cache"}, True, 0.0, "ok"),
-    (200, {"Cache-Control": "max-age=bogus"}, True, 300.0, "ok"),
+    (200, {"Cache-Control": "max-age=bogus"}, True, 0.0, "ok"),  # invalid freshness: stale (§4.2.1)
     (200, {"Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": DATE}, True, 10.0, "ok"),
     (200, {"Expires": "0"}, True, 0.0, "ok"),
     (200, {"Cache-Control": "no-store"}, False, 0.0, "no-store"),
@@ -114,16 +114,17 @@ def test_responses_for_one_client_are_not_storable(headers, reason):
 
 @pytest.mark.parametrize("headers,ttl", [
     ({"Cache-Control": "s-maxage=5, max-age=60"}, 5.0),
-    ({"Cache-Control": "s-maxage=x, max-age=60"}, 60.0),  # a malformed s-maxage is ignored
-    ({"Cache-Control": "s-maxage=-5, max-age=60"}, 60.0),
+    ({"Cache-Control": "s-maxage=x, max-age=60"}, 0.0),  # a malformed s-maxage: stale, not ignored
+    ({"Cache-Control": "s-maxage=-5, max-age=60"}, 0.0),
     ({"Cache-Control": "max-age=60", "Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": DATE}, 60.0),
-    ({"Cache-Control": "max-age=1.5", "Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": DATE}, 10.0),
+    ({"Cache-Control": "max-age=1.5", "Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": DATE}, 0.0),
     ({"Cache-Control": 'max-age="30"'}, 30.0),
     ({"Cache-Control": "max-age=99999999999999999999999"}, float(2**31)),
     (multi(("Cache-Control", "public"), ("Cache-Control", "max-age=45")), 45.0),
     ({"Expires": "Mon, 12 Jan 1970 13:46:50 GMT"}, 10.0),  # no Date: counted from now
     ({"Expires": "Mon, 12 Jan 1970 13:46:50 GMT", "Date": "yesterday"}, 10.0),
-    ({"expires": "Mon, 12 Jan 1970 13:46:50 GMT", "date": "Mon, 12 Jan 1970 13:46:30 GMT"}, 20.0),
+    # Generated 10 s before it arrived: 20 s of lifetime, 10 of them gone (apparent age, §4.2.3).
+    ({"expires": "Mon, 12 Jan 1970 13:46:50 GMT", "date": "Mon, 12 Jan 1970 13:46:30 GMT"}, 10.0),
     ({"Expires": "Mon, 12 Jan 1970 13:46:30 GMT", "Date": DATE}, 0.0),
     ({"Expires": "-1"}, 0.0),
     (multi(("Expires", "Mon, 12 Jan 1970 13:46:50 GMT"), ("Expires", "Mon, 12 Jan 1970 13:46:50 GMT")), 0.0),
@@ -192,7 +193,7 @@ def test_no_cache_is_stored_but_validated_before_every_reuse(cache_control):
     (200, {"Age": "100"}, 300.0, 300.0),  # policy TTL counts from storing
     (200, {"Last-Modified": DAY_BEFORE}, 300.0, 300.0),  # the operator's policy beats the heuristic
     (200, {"Last-Modified": DAY_BEFORE}, None, HEURISTIC_TTL),
-    (200, {"Last-Modified": DAY_BEFORE, "Date": HOUR_BEFORE}, None, HEURISTIC_TTL),
+    (200, {"Last-Modified": DAY_BEFORE, "Date": HOUR_BEFORE}, None, 0.0),  # an hour old on arrival
     (200, {"Last-Modified": DAY_BEFORE, "Date": "garbage"}, None, HEURISTIC_TTL),
     (200, {"Last-Modified": DAY_BEFORE, "Age": "640"}, None, HEURISTIC_TTL - 640),
     (200, {"Last-Modified": "Thu, 01 Jan 1970 00:00:00 GMT"}, None, HEURISTIC_TTL),
@@ -306,3 +307,19 @@ def test_stale_on_error_is_bounded_by_stale_if_error(now, stale_if_error, allowe
 def test_credentialed_requests_bypass(headers, bypass):
     got = request_bypasses_cache(headers)
     assert (got is None) if bypass is None else (bypass in got)
+
+
+@pytest.mark.parametrize("headers,age", [
+    ({}, 0.0),
+    ({"Date": HOUR_BEFORE}, 3600.0),  # generated an hour before it arrived
+    ({"Date": HOUR_BEFORE, "Age": "7200"}, 7200.0),  # the larger of the two
+    ({"Date": "Mon, 12 Jan 1970 14:46:40 GMT"}, 0.0),  # a Date in the future is no negative age
+    ({"Date": "garbage", "Age": "5"}, 5.0),
+])
+def test_current_age_on_arrival_is_the_larger_of_age_and_apparent_age(headers, age):
+    assert current_age(headers, NOW) == age
+
+
+@pytest.mark.parametrize("name", ["X-Auth-Token", "Private-Token", "x-api-key", "X-Amz-Security-Token"])
+def test_token_fields_bypass_like_authorization(name):
+    assert name.lower() in request_bypasses_cache({name: "secret"}).lower()
