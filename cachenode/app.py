@@ -42,7 +42,7 @@ def build_node(settings: CacheSettings) -> CacheNode:
 
 def build_app(node: CacheNode) -> web.Application:
     app = web.Application(middlewares=[access_log, refuse_methods])
-    app.router.add_route("*", "/{tail:.*}", node.handle)
+    app.router.add_route("*", "/{tail:.*}", node.handle, expect_handler=node.expect)
 
     async def lifecycle(app: web.Application):
         await node.start()

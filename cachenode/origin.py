@@ -40,15 +40,18 @@ def add_via(headers: CIMultiDict[str], via: str) -> None:
     headers["Via"] = ", ".join([*before, via])
 
 
-def forwarded_request_headers(headers: Mapping[str, str], *, via: str,
-                              drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+def forwarded_request_headers(headers: Mapping[str, str], *, via: str, drop: frozenset[str] = frozenset(),
+                              expect: bool = False) -> CIMultiDict[str]:
     """A client's request as the origin should see it: its end-to-end fields in
-    order, without the cache's own X-Nezha-* fields, Expect (the node answers
-    100-continue itself and streams the body) and the lowercased names in
-    `drop`; this node added to Via."""
-    out = end_to_end(headers, drop=drop | {"expect"})
+    order, without the cache's own X-Nezha-* fields, the lowercased names in
+    `drop` and, unless `expect` (the origin's 100 is relayed to the client),
+    Expect; this node added to Via."""
+    out = end_to_end(headers, drop=drop if expect else drop | {"expect"})
     for name in [n for n in out if n.lower().startswith(OWN_PREFIX)]:
         out.popall(name, None)
+    hops = out.get("Max-Forwards", "").strip()
+    if hops.isdigit() and int(hops) > 0:
+        out["Max-Forwards"] = str(int(hops) - 1)  # RFC 9110 §7.6.2: each hop takes one
     add_via(out, via)
     return out
 

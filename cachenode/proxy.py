@@ -41,7 +41,8 @@ from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, forwarded_request_headers
 from cachenode.peers import PEER_HEADER, PeerRelay
-from cachenode.serve import CACHE_HEADER, EXPIRES_HEADER, Responder, origin_failure
+from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Responder, origin_failure,
+                             send_continue)
 from cachenode.store import Meta, NotStored, Store
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
@@ -224,6 +225,24 @@ class CacheNode:
         return judge(now=self._clock(), stored_at=meta.stored_at, expires_at=meta.expires_at, initial_age=meta.age,
                      stale_if_error=meta.stale_if_error, stale_while_revalidate=meta.stale_while_revalidate,
                      request=directives)
+
+    async def expect(self, request: web.Request) -> None:
+        """`Expect: 100-continue` (RFC 9110 §10.1.1): a request forwarded to an
+        origin with its body gets the origin's own 100, or its early refusal
+        (a 403, a redirect) before the body is sent; every other request is
+        answered 100 at once, as aiohttp would."""
+        if request.version == aiohttp.HttpVersion11 and request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown expectation {request.headers.get('Expect')!r}\n")
+        if request.method not in ("GET", "HEAD") and request.method not in REFUSED_METHODS:
+            try:
+                _, origin, _ = self._resolve(request.raw_path, request.headers.get("Host"))
+            except BadTarget:
+                origin = None
+            if origin is not None:
+                request[CONTINUE_DEFERRED] = True
+                return
+        if request.version == aiohttp.HttpVersion11:
+            await send_continue(request)
 
     def _resolve(self, raw_target: str, host_header: str | None) -> tuple[Target, Origin | None, str | None]:
         """What a request names: its target, the origin configured for its host
@@ -679,14 +698,24 @@ _RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "pee
                   "peer-miss": "misses", "peer-miss-joined": "misses"}
 
 
+ALLOWED_METHODS = sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"})
+
+
 @web.middleware
 async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
     """CONNECT and TRACE are refused before routing: a CONNECT's target
-    (`host:443`) is no path, and would otherwise be a puzzling 404."""
+    (`host:443`) is no path, and would otherwise be a puzzling 404. The node
+    answers an OPTIONS itself when it is the last hop it may travel
+    (`Max-Forwards: 0`, RFC 9110 §7.6.2) or asks about the server as a whole
+    (`OPTIONS *`, §9.3.7)."""
     if request.method in REFUSED_METHODS:
         raise web.HTTPMethodNotAllowed(
-            request.method, sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"}),
+            request.method, ALLOWED_METHODS,
             text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")
+    if request.method == "OPTIONS" and (request.raw_path == "*"
+                                        or request.headers.get("Max-Forwards", "").strip() == "0"):
+        access(request).cache = "options"
+        return web.Response(status=200, headers={"Allow": ", ".join(ALLOWED_METHODS)})
     return await handler(request)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import IO, Awaitable, Callable
+from typing import IO, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -35,6 +35,16 @@ from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 log = structlog.get_logger("nezha.serve")
 
 CACHE_HEADER = "X-Nezha-Cache"
+# Set on a request whose `Expect: 100-continue` the node did not answer: the
+# origin's own 100 (or its refusal) reaches the client instead.
+CONTINUE_DEFERRED = web.RequestKey("nezha_continue_deferred", bool)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def send_continue(request: web.Request) -> None:
+    """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
+    await request.writer.write(_CONTINUE)
+    request.writer.output_size = 0  # the response proper has not started
 EXPIRES_HEADER = "X-Nezha-Expires"  # peer responses: the owner's expiry, so copies age alike
 
 
@@ -109,6 +119,19 @@ def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int
         return os.sendfile(sock.fileno(), fd, offset, count)
     except (BlockingIOError, InterruptedError):
         return 0
+
+
+async def _continued(request: web.Request) -> AsyncIterator[bytes]:
+    """The client's body, asked for only once the origin said 100 Continue.
+
+    aiohttp's client pulls the first chunk only after the origin's 100
+    (it waits on it for a request with Expect), and that pull is when the
+    client hears 100 too; a final answer instead (403, 307) reaches the
+    client before it sent any of a body it need not send.
+    """
+    await send_continue(request)
+    async for chunk in request.content.iter_any():
+        yield chunk
 
 
 class Responder:
@@ -348,12 +371,13 @@ class Responder:
         """
         access(request).cache = label
         if response is None:
-            headers = forwarded_request_headers(request.headers, via=self.via)
+            deferred = request.get(CONTINUE_DEFERRED, False)
+            headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
             data = None
             if request.body_exists:
                 # Streamed with the client's framing: a known length goes on as
                 # Content-Length (object stores refuse chunked uploads), else chunked.
-                data = request.content
+                data = _continued(request) if deferred else request.content
                 if request.content_length is not None:
                     headers["Content-Length"] = str(request.content_length)
             try:

@@ -272,7 +272,31 @@ async def test_expect_100_continue_upload_gets_its_interim_answer_and_reaches_th
     assert head.startswith(b"HTTP/1.1 200"), head
     writer.close()
     assert origin.uploads["/ckpt/e.bin"][0] == 5
-    assert "expect" not in {k.lower() for k, _ in origin.raw_headers[-1]}
+    assert {k.lower(): v for k, v in origin.raw_headers[-1]}["expect"] == "100-continue"
+
+
+async def test_expect_100_continue_lets_the_origin_refuse_before_the_body_is_sent(make_node, aiohttp_server):
+    """boto3's PutObject sends Expect so a 403 or 307 comes back before a large body goes out."""
+    from aiohttp import web
+
+    from nezha.config import Origin
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=403, text="AccessDenied\n")
+
+    async def handler(request: web.Request) -> web.Response:
+        raise AssertionError("the body must not be asked for")
+
+    app = web.Application()
+    app.router.add_route("PUT", "/{tail:.*}", handler, expect_handler=refuse)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    node = await make_node(origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{server.port}")])
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"PUT /ckpt/big.bin HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 52428800\r\n"
+                 "Expect: 100-continue\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 403"), head
+    writer.close()
 
 
 async def test_put_then_get_of_the_same_url_is_not_served_stale_from_disk(origin, make_node, session):
@@ -394,3 +418,21 @@ async def test_a_write_during_a_slow_fill_keeps_its_old_bytes_from_later_readers
     await node.node.settled()
     status, headers, body = await node.get(session, PATH)
     assert body == b"new!" * 10 and headers["X-Nezha-Cache"] == "hit"
+
+
+@pytest.mark.parametrize("target,max_forwards,answered_here", [
+    ("/any", "0", True), ("*", None, True), ("/any", "3", False)])
+async def test_options_stops_here_only_at_its_last_hop_or_for_the_whole_server(origin, make_node, target,
+                                                                                max_forwards, answered_here):
+    """RFC 9110 §7.6.2, §9.3.7: Max-Forwards 0 is answered by this hop; others are forwarded, decremented."""
+    node = await make_node()
+    hops = f"Max-Forwards: {max_forwards}\r\n" if max_forwards else ""
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"OPTIONS {target} HTTP/1.1\r\nHost: {HOST}\r\n{hops}\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200") or not answered_here, head
+    if answered_here:
+        assert b"Allow: " in head and sum(origin.requests.values()) == 0
+    else:
+        assert {k.lower(): v for k, v in origin.raw_headers[-1]}["max-forwards"] == "2"
