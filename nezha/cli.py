@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "cachenode.cli",
     "nezha.cluster_cli",
     "webhook.cli",
+    "controller.cli",
 )
 
 

@@ -17,29 +17,21 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 import structlog
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError
+from nezha.kube import api_client as kube_api_client
 
 log = structlog.get_logger("nezha.webhook.discovery")
 
 
 async def api_client(*, kubeconfig: Path | None = None) -> client.ApiClient:
-    """An ApiClient from a kubeconfig file, else from the pod's service account."""
-    configuration = client.Configuration()
-    try:
-        if kubeconfig is not None:
-            await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-    except (config.ConfigException, OSError) as e:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig is not None else "the in-cluster service account"
-        raise ConfigError(f"cannot reach the Kubernetes API through {where}: {e}; outside a cluster pass "
-                          "--kubeconfig, or --cache-ip to name the cache address") from e
-    return client.ApiClient(configuration=configuration)
+    """The webhook's way in: nezha.kube.api_client, naming its own fallback flag."""
+    return await kube_api_client(kubeconfig=kubeconfig,
+                                 hint="pass --kubeconfig, or --cache-ip to name the cache address")
 
 
 def cluster_ip(service: Any) -> str | None:

@@ -45,7 +45,7 @@ def kube_api(kube_target):
 async def kube(kube_target):
     """A kubernetes_asyncio ApiClient talking to the double, or to NEZHA_TEST_KUBECONFIG's cluster."""
     if kube_target is None:
-        from webhook.discovery import api_client
+        from nezha.kube import api_client
 
         client = await api_client(kubeconfig=Path(REAL_CLUSTER))
     else:
@@ -68,3 +68,14 @@ async def ns(kube):
         yield name
     finally:
         await core.delete_namespace(name)
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: double, cluster: {{server: "{server}"}}}}]
+users: [{{name: tester, user: {{token: not-checked}}}}]
+contexts: [{{name: double, context: {{cluster: double, user: tester}}}}]
+current-context: double
+""")
+    return path

@@ -19,7 +19,7 @@ from tests.conftest import free_port
 from tests.integration.webhook.conftest import RULES
 from tests.integration.webhook.registration import configuration, namespace
 from tests.integration.webhook.reviews import pod
-from tests.integration.webhook.test_end_to_end import kubeconfig
+from tests.kubeapi.fixtures import kubeconfig
 from webhook.certs import Pair, ensure_certs
 from webhook.server import build_webhook, start
 

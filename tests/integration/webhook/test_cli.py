@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from tests.conftest import free_port
 from tests.integration.webhook.registration import namespace
 from tests.integration.webhook.reviews import patched, pod, review
-from tests.integration.webhook.test_end_to_end import kubeconfig
+from tests.kubeapi.fixtures import kubeconfig
 
 
 async def test_nezha_webhook_serves_reviews_from_files(tls, rules_file):

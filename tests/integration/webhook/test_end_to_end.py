@@ -21,6 +21,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from tests.conftest import free_port, require_tool
+from tests.kubeapi.fixtures import kubeconfig
 from tests.integration.webhook.registration import namespace, register
 from tests.integration.webhook.reviews import job
 from tests.support_origin import TestOrigin
@@ -45,17 +46,6 @@ def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
         lines.append("# Entries added by HostAliases.")
         lines += [f"{a['ip']}\t{h}" for a in aliases for h in a.get("hostnames") or []]
     return "\n".join(lines) + "\n"
-
-
-def kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: double, cluster: {{server: "{server}"}}}}]
-users: [{{name: tester, user: {{token: not-checked}}}}]
-contexts: [{{name: double, context: {{cluster: double, user: tester}}}}]
-current-context: double
-""")
-    return path
 
 
 async def spawn(*args: str, log: Path) -> asyncio.subprocess.Process:

@@ -1,0 +1,179 @@
+"""The controller's loop: watch the cache StatefulSet and its pods, keep the ring equal to the ready ones.
+
+Two informers (controller/watch.py) hold the StatefulSet and the pods its
+own `spec.selector` picks. Every change they apply wakes one reconcile
+task; changes that arrive within `batch_window` of each other share one
+pass. A pass is level-based: it computes the membership from everything
+observed (controller/membership.py, pure) and compares it with what Redis
+holds, so a relist that finds the same pods, a resync, or a duplicate event
+writes nothing, while a Redis that lost its keys is written again.
+
+Failure behaviour: an API server that does not answer, a Redis outage or
+an object it cannot read is logged and retried with backoff; the loop
+never exits on them. Nodes keep the last ring they had meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+import structlog
+from kubernetes_asyncio import client
+
+from cachenode.index import Index, IndexUnavailable
+from controller.membership import members, pod_selector
+from controller.watch import Informer
+from nezha.config import ControllerSettings
+from nezha.errors import ConfigError
+
+log = structlog.get_logger("nezha.controller")
+
+# Redis is re-read this often even without an API event, so a Redis that
+# lost its keys (a restart without persistence) gets the ring back.
+RESYNC = 30.0
+
+
+class Controller:
+    def __init__(self, *, settings: ControllerSettings, api: client.ApiClient, index: Index,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.api = api
+        self.index = index
+        self._clock = clock
+        self.namespace = settings.namespace
+        self.name = settings.statefulset
+        apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+        self._wake = asyncio.Event()
+        self.statefulsets = Informer(kind="statefulset", list_fn=apps.list_namespaced_stateful_set,
+                                     namespace=self.namespace, field_selector=f"metadata.name={self.name}",
+                                     on_change=self._changed)
+        self._list_pods = core.list_namespaced_pod
+        self.pods: Informer | None = None
+        self._pods_task: asyncio.Task | None = None
+        self.written: dict[str, str] | None = None  # what Redis held after our last read or write
+        self.writes = 0
+        self.last_event_at: float | None = None
+
+    def _changed(self) -> None:
+        if self.last_event_at is None:
+            self.last_event_at = self._clock()
+        self._wake.set()
+
+    @property
+    def statefulset(self) -> dict | None:
+        return self.statefulsets.objects.get(self.name)
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        watcher = asyncio.get_running_loop().create_task(self.statefulsets.run())
+        try:
+            await self._reconcile_forever()
+        finally:
+            for task in (watcher, self._pods_task):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in (watcher, self._pods_task) if t is not None), return_exceptions=True)
+
+    def _follow_pods(self, selector: str) -> None:
+        """Watch the pods `selector` picks; a new selector (the StatefulSet changed it) starts over."""
+        if self.pods is not None and self.pods.label_selector == selector:
+            return
+        if self._pods_task is not None:
+            self._pods_task.cancel()
+        log.info("pods_followed", statefulset=self.name, selector=selector)
+        self.pods = Informer(kind="pod", list_fn=self._list_pods, namespace=self.namespace,
+                             label_selector=selector, on_change=self._changed)
+        self._pods_task = asyncio.get_running_loop().create_task(self.pods.run())
+
+    async def _reconcile_forever(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), RESYNC)
+            except asyncio.TimeoutError:
+                self.written = None  # look at Redis again
+            await asyncio.sleep(self.settings.batch_window)
+            self._wake.clear()
+            try:
+                await self.reconcile()
+                delay = 0.2
+            except IndexUnavailable as e:
+                log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                self._wake.set()
+
+    async def reconcile(self) -> None:
+        """One level-based pass over everything observed."""
+        sts = self.statefulset
+        if sts is None:
+            if self.statefulsets.synced.is_set():
+                log.warning("statefulset_missing", namespace=self.namespace, statefulset=self.name)
+            return
+        selector = pod_selector(sts)
+        if selector is None:
+            log.error("statefulset_without_selector", statefulset=self.name)
+            return
+        self._follow_pods(selector)
+        assert self.pods is not None
+        if not self.pods.synced.is_set():
+            return  # its first list wakes us again
+        desired = members(self.pods.objects.values(), statefulset=sts, namespace=self.namespace,
+                          peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
+        await self.write_ring(desired)
+
+    async def write_ring(self, desired: dict[str, str]) -> None:
+        """Write `desired` unless Redis already holds exactly it."""
+        if self.written is None:
+            held = await self.index.get_membership()
+            self.written = dict(held.nodes) if held is not None else None
+        if desired == self.written:
+            self.last_event_at = None
+            return
+        if not desired:
+            # No pod can serve: nodes keep the ring they have rather than each
+            # owning every key; the first ready pod gets a ring again.
+            log.warning("ring_kept_without_ready_pods", statefulset=self.name, kept=sorted(self.written or {}))
+            self.last_event_at = None
+            return
+        epoch = await self.index.set_membership(desired)
+        self.written = dict(desired)
+        self.writes += 1
+        waited = None if self.last_event_at is None else round((self._clock() - self.last_event_at) * 1000, 1)
+        self.last_event_at = None
+        log.info("ring_updated", epoch=epoch, members=sorted(desired), ms_since_event=waited)
+
+
+async def run_controller(settings: ControllerSettings, *, stop: asyncio.Event | None = None,
+                         api: Any = None) -> None:
+    """`nezha controller`: reach the API and Redis (retrying), then run until SIGINT/SIGTERM or `stop`."""
+    from nezha.kube import api_client
+    from nezha.lifecycle import stop_on_signals
+
+    own_api = api is None
+    if own_api:
+        api = await api_client(kubeconfig=settings.kubeconfig,
+                               hint="pass --kubeconfig (or set KUBECONFIG)")
+    index = Index(redis_url=settings.redis_url, node_id=None)
+    try:
+        await index.start()
+    except ConfigError:
+        if own_api:
+            await api.close()
+        raise
+    controller = Controller(settings=settings, api=api, index=index)
+    stop = stop_on_signals(stop)
+    log.info("controller_started", namespace=settings.namespace, statefulset=settings.statefulset,
+             identity=settings.holder, peer_address=settings.peer_address)
+    task = asyncio.get_running_loop().create_task(controller.run())
+    try:
+        await stop.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await index.close()
+        if own_api:
+            await api.close()
+        log.info("controller_stopped")

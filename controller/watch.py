@@ -1,0 +1,133 @@
+"""One resource kept current: list, then watch from the list's resourceVersion.
+
+An `Informer` holds the objects of one kind that match a selector, as the
+API's own JSON (dicts), and calls `on_change()` after every change it
+applies. It never polls: after the list, every change arrives on a watch
+stream, and the stream is resumed from the last resourceVersion it saw
+(bookmarks included, `allowWatchBookmarks`) whenever it ends: the server's
+timeout, a dropped connection, or a connection that went silent past the
+server's timeout plus a grace (a half-open one).
+
+A `410 Gone` means the version is older than the API keeps history for, so
+changes may have happened that no stream will replay: the informer lists
+again and replaces what it holds with the list, so nothing that happened in
+the gap is lost; the decision made from it is level-based anyway (from the
+whole observed state, never from one event). kubernetes-asyncio's `Watch`
+retries a 410 once with the same version and then raises it: that raise is
+the relist signal.
+
+The loop is deliberately small (it is hard to test an infinite loop): each
+pass is `list` then `watch until it ends`, and any failure only decides how
+long to wait before the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import structlog
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
+
+log = structlog.get_logger("nezha.controller.watch")
+
+
+class Informer:
+    def __init__(self, *, kind: str, list_fn: Callable[..., Awaitable[Any]], namespace: str,
+                 on_change: Callable[[], None], label_selector: str | None = None,
+                 field_selector: str | None = None, watch_timeout: int = 300, watch_grace: float = 15.0,
+                 list_timeout: float = 30.0, backoff: tuple[float, float] = (0.2, 10.0)) -> None:
+        self.kind = kind
+        self.list_fn = list_fn
+        self.namespace = namespace
+        self.on_change = on_change
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
+        self.list_timeout = list_timeout
+        self.backoff = backoff
+        self.objects: dict[str, dict] = {}
+        self.synced = asyncio.Event()  # set after the first successful list
+        self.version: str | None = None
+        self.relists = 0
+        self.events = 0
+
+    def _selectors(self) -> dict[str, str]:
+        out = {}
+        if self.label_selector:
+            out["label_selector"] = self.label_selector
+        if self.field_selector:
+            out["field_selector"] = self.field_selector
+        return out
+
+    async def run(self) -> None:
+        """Forever: list, then watch; a 410 relists at once, other failures after a backoff."""
+        delay = self.backoff[0]
+        while True:
+            try:
+                if self.version is None:
+                    await self._list()
+                await self._watch()
+                delay = self.backoff[0]  # a stream that ended normally: resume at once
+                continue
+            except ApiException as e:
+                if e.status == 410:
+                    log.info("watch_expired", kind=self.kind, version=self.version)
+                    self.version = None
+                    continue
+                log.warning("watch_failed", kind=self.kind, status=e.status, error=str(e.reason)[:300])
+                if e.status not in (429,) and not 500 <= (e.status or 0) < 600:
+                    self.version = None  # 403, 404...: start over from a list once it is fixed
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                log.warning("watch_failed", kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.backoff[1])
+
+    async def _list(self) -> None:
+        response = await self.list_fn(self.namespace, _preload_content=False, _request_timeout=self.list_timeout,
+                                       **self._selectors())
+        try:
+            listed = json.loads(await response.read())
+        finally:
+            response.release()
+        self.relists += 1
+        objects = {o["metadata"]["name"]: o for o in listed.get("items") or []}
+        changed = objects != self.objects
+        self.objects = objects
+        self.version = listed["metadata"]["resourceVersion"]
+        first = not self.synced.is_set()
+        self.synced.set()
+        if changed or first:
+            self.on_change()
+
+    async def _watch(self) -> None:
+        """Apply events from `self.version` until the stream ends; raises on 410 and failures."""
+        watch = Watch(return_type="object")  # raw dicts: no model objects to build per event
+        try:
+            async for event in watch.stream(self.list_fn, self.namespace, resource_version=self.version,
+                                            allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
+                                            _request_timeout=self.watch_timeout + self.watch_grace,
+                                            **self._selectors()):
+                kind, obj = event["type"], event["raw_object"]
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    self.version = version
+                if kind == "BOOKMARK":
+                    continue
+                self.events += 1
+                name = obj["metadata"]["name"]
+                if kind == "DELETED":
+                    if self.objects.pop(name, None) is None:
+                        continue
+                elif self.objects.get(name) == obj:
+                    continue
+                else:
+                    self.objects[name] = obj
+                self.on_change()
+        finally:
+            await watch.close()

@@ -1,0 +1,124 @@
+"""A cache StatefulSet in the API double, its pods made by the test as the StatefulSet controller would,
+a real redis-server, and the controller running in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kubernetes_asyncio import client
+
+from cachenode.index import Index
+from controller.run import Controller
+from nezha.config import ControllerSettings
+from tests.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
+
+STS = "nezha-cache"
+LABELS = {"app.kubernetes.io/name": "nezha-cache"}
+
+
+def statefulset(replicas: int = 3) -> dict:
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": STS},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "nezha-cache-peers",
+            "selector": {"matchLabels": LABELS},
+            "template": {
+                "metadata": {"labels": LABELS},
+                "spec": {"terminationGracePeriodSeconds": 30,
+                         "containers": [{"name": "cache", "image": "nezha:test",
+                                         "ports": [{"name": "http", "containerPort": 8080}]}]},
+            },
+        },
+    }
+
+
+def pod(ordinal: int) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{STS}-{ordinal}", "labels": {**LABELS,
+                                                           "apps.kubernetes.io/pod-index": str(ordinal)}},
+        "spec": {"containers": [{"name": "cache", "image": "nezha:test",
+                                 "ports": [{"name": "http", "containerPort": 8080}]}]},
+    }
+
+
+class Cluster:
+    """What the StatefulSet controller and the kubelet would do, done by hand."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.ns = namespace
+
+    async def create(self, replicas: int = 3) -> None:
+        await self.apps.create_namespaced_stateful_set(self.ns, statefulset(replicas))
+
+    async def add_pod(self, ordinal: int, *, ready: bool = True, ip: str | None = None) -> None:
+        await self.core.create_namespaced_pod(self.ns, pod(ordinal))
+        await self.set_ready(ordinal, ready, ip=ip or f"127.0.0.{11 + ordinal}")
+
+    async def set_ready(self, ordinal: int, ready: bool, *, ip: str | None = None) -> None:
+        status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        if ip is not None:
+            status["podIP"] = ip
+        await self.core.patch_namespaced_pod_status(f"{STS}-{ordinal}", self.ns, {"status": status})
+
+    async def delete_pod(self, ordinal: int) -> None:
+        await self.core.delete_namespaced_pod(f"{STS}-{ordinal}", self.ns)
+
+
+@pytest.fixture
+async def cluster(kube, ns):  # noqa: F811
+    return Cluster(kube, ns)
+
+
+@pytest.fixture
+async def index(redis_server):
+    idx = Index(redis_url=redis_server.url, node_id=None)
+    await idx.start()
+    try:
+        yield idx
+    finally:
+        await idx.close()
+
+
+@pytest.fixture
+async def run_controller(kube, ns, redis_server):  # noqa: F811
+    """Start a controller in this process; returns it. Stopped at teardown."""
+    running: list[tuple[Controller, asyncio.Task, Index]] = []
+
+    async def start(**overrides) -> Controller:
+        settings = ControllerSettings(namespace=ns, statefulset=STS, redis_url=redis_server.url,
+                                      identity="controller-a", **overrides)
+        idx = Index(redis_url=settings.redis_url, node_id=None)
+        await idx.start()
+        controller = Controller(settings=settings, api=kube, index=idx)
+        task = asyncio.get_running_loop().create_task(controller.run())
+        running.append((controller, task, idx))
+        return controller
+
+    yield start
+    for controller, task, idx in running:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await idx.close()
+
+
+async def ring_becomes(index: Index, expected: dict[str, str], timeout: float = 1.0) -> float:
+    """Seconds until Redis holds exactly `expected` (fails after `timeout`)."""
+    started = time.monotonic()
+    held = None
+    while time.monotonic() - started < timeout:
+        held = await index.get_membership()
+        if held is not None and dict(held.nodes) == expected:
+            return time.monotonic() - started
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"ring is {held and dict(held.nodes)}, not {expected}, after {timeout} s")
+
+
+def dns(ordinal: int, ns: str) -> str:
+    return f"{STS}-{ordinal}.nezha-cache-peers.{ns}.svc:8080"

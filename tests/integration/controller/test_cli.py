@@ -1,0 +1,90 @@
+"""`nezha controller` as a process: the command line is a contract."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.controller.conftest import STS, dns, ring_becomes
+from tests.kubeapi.fixtures import kubeconfig
+
+
+def nezha(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nezha", *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0"], "--namespace"),
+    (["--namespace", "nezha", "--redis-url", "redis://127.0.0.1:1/0"], "--statefulset"),
+    (["--namespace", "nezha", "--statefulset", STS], "--redis-url"),
+    (["--namespace", "nezha", "--statefulset", STS, "--redis-url", "http://127.0.0.1:1"], "--redis-url"),
+    (["--namespace", "nezha", "--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0",
+      "--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+    (["--namespace", "Not_A_Name", "--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0"], "--namespace"),
+])
+def test_bad_settings_exit_2_with_one_line_naming_the_flag(args, names):
+    run = nezha("controller", *args, env={"KUBECONFIG": "", "NEZHA_NAMESPACE": ""})
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and names in lines[0], run.stderr
+
+
+def test_no_kubeconfig_and_no_service_account_is_exit_2_naming_both():
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    run = subprocess.run([sys.executable, "-m", "nezha", "controller", "--namespace", "nezha", "--statefulset",
+                          STS, "--redis-url", "redis://127.0.0.1:1/0"], capture_output=True, text=True,
+                         timeout=30, env=env)
+    assert run.returncode == 2
+    assert "service account" in run.stderr and "--kubeconfig" in run.stderr
+
+
+async def test_the_process_writes_the_ring_and_stops_on_sigterm(cluster, index, kube_api, ns, redis_server,
+                                                                tmp_path):
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    await cluster.add_pod(1)
+    config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nezha", "controller", "--namespace", ns, "--statefulset", STS,
+        "--redis-url", redis_server.url, "--identity", "controller-a", "--kubeconfig", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=10.0)
+        await cluster.set_ready(0, False)
+        await ring_becomes(index, {"nezha-cache-1": dns(1, ns)})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 10)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    assert b'"ring_updated"' in out or b"ring_updated" in out
+
+
+async def test_redis_not_answering_yet_is_retried_not_an_exit(cluster, kube_api, ns, redis_server, tmp_path):
+    from cachenode.index import Index
+
+    await cluster.create(1)
+    await cluster.add_pod(0)
+    redis_server.stop()
+    config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nezha", "controller", "--namespace", ns, "--statefulset", STS,
+        "--redis-url", redis_server.url, "--kubeconfig", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await asyncio.sleep(1.5)
+        assert proc.returncode is None, "a Redis that does not answer yet is no reason to exit"
+        redis_server.start()
+        idx = Index(redis_url=redis_server.url, node_id=None)
+        try:
+            await ring_becomes(idx, {"nezha-cache-0": dns(0, ns)}, timeout=15.0)
+        finally:
+            await idx.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), 10)

@@ -1,0 +1,96 @@
+"""The ring in Redis follows the ready cache pods, from watch events, within a second."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.integration.controller.conftest import dns, ring_becomes
+
+
+async def test_ready_pods_become_the_ring_and_a_pod_that_is_not_ready_leaves_it(cluster, run_controller, index, ns):
+    await cluster.create(3)
+    for i in range(3):
+        await cluster.add_pod(i, ready=(i != 2))
+    await run_controller()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
+    await cluster.set_ready(2, True)
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1, 2)})
+    await cluster.set_ready(0, False)
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (1, 2)})
+    await cluster.delete_pod(1)
+    await ring_becomes(index, {"nezha-cache-2": dns(2, ns)})
+
+
+async def test_pod_ip_addresses_use_the_pods_ip_and_its_http_port(cluster, run_controller, index):
+    await cluster.create(2)
+    await cluster.add_pod(0, ip="127.0.0.11")
+    await cluster.add_pod(1, ip="127.0.0.12")
+    await run_controller(peer_address="pod-ip")
+    await ring_becomes(index, {"nezha-cache-0": "127.0.0.11:8080", "nezha-cache-1": "127.0.0.12:8080"})
+
+
+async def test_nothing_changed_writes_nothing_on_relist_or_duplicate_events(cluster, run_controller, index,
+                                                                             kube_api, ns):
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    await cluster.add_pod(1)
+    controller = await run_controller()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
+    epoch = (await index.get_membership()).epoch
+    kube_api.compact()
+    kube_api.drop_watches()  # the resume gets 410: both informers list again and find the same pods
+    await cluster.set_ready(1, True)  # the same state written again: an event, no change
+    relists = controller.pods.relists
+    for _ in range(200):
+        if controller.pods.relists > relists:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    assert controller.pods.relists > relists
+    assert (await index.get_membership()).epoch == epoch and controller.writes == 1
+
+
+async def test_a_change_made_while_the_watch_was_gone_is_found_by_the_relist_after_410(
+        cluster, run_controller, index, kube_api, ns):
+    await cluster.create(3)
+    for i in range(3):
+        await cluster.add_pod(i)
+    controller = await run_controller()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in range(3)})
+    kube_api.stall_watches()  # the streams go silent, as over a half-open connection
+    await cluster.set_ready(1, False)  # no stream delivers this event
+    kube_api.compact()  # and the history that held it is gone: resuming gets 410
+    kube_api.drop_watches()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 2)})
+    assert controller.pods.relists >= 2
+
+
+async def test_a_dropped_watch_connection_is_resumed_and_misses_nothing(cluster, run_controller, index,
+                                                                        kube_api, ns):
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    controller = await run_controller()
+    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)})
+    for _ in range(3):
+        kube_api.drop_watches(abrupt=True)
+        await asyncio.sleep(0.05)
+    await cluster.add_pod(1)
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
+    assert controller.pods.relists == 1, "a resumed watch needs no relist"
+
+
+async def test_a_ring_lost_from_redis_is_written_again(cluster, run_controller, index, redis_server, ns,
+                                                       monkeypatch):
+    import controller.run as run
+
+    monkeypatch.setattr(run, "RESYNC", 0.2)
+    await cluster.create(1)
+    await cluster.add_pod(0)
+    await run_controller()
+    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)})
+    import redis.asyncio as aredis
+
+    r = aredis.from_url(redis_server.url)
+    await r.flushdb()
+    await r.aclose()
+    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)}, timeout=2.0)
