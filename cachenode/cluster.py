@@ -32,26 +32,35 @@ class Snapshot:
     epoch: int | None
     ring: Ring | None
     addresses: dict[str, str] = field(default_factory=dict)
+    replicas: int | None = None  # owners per key published with the ring, if any
 
 
 class ClusterView:
     def __init__(self, *, node_id: str, replicas: int, vnodes: int = 160) -> None:
         self.node_id = node_id
-        self.replicas = replicas
+        self.configured_replicas = replicas  # this node's own setting (--replicas)
         self.vnodes = vnodes
         self.snapshot = Snapshot(epoch=None, ring=None)
+
+    @property
+    def replicas(self) -> int:
+        """Owners per key: what the controller published with the ring, else this node's setting,
+        so that every node of a cluster agrees on who owns a key."""
+        return self.snapshot.replicas or self.configured_replicas
 
     def update(self, membership) -> None:
         """Adopt a `Membership` (epoch, nodes id->address, weights) from the index."""
         weights = {n: (membership.weights or {}).get(n, 1) for n in membership.nodes}
         snap = self.snapshot
+        published = getattr(membership, "replicas", None)
         if (membership.epoch == snap.epoch and dict(membership.nodes) == snap.addresses
-                and weights == (dict(snap.ring.nodes) if snap.ring else {})):
+                and weights == (dict(snap.ring.nodes) if snap.ring else {}) and published == snap.replicas):
             return
         # Any difference is adopted, a lower epoch too: Redis may have lost its
         # data and restarted the count. The index filters stale notifications.
         ring = Ring(weights, vnodes=self.vnodes) if weights else None
-        self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes))
+        self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes),
+                                 replicas=published)
         log.info("ring_updated", epoch=membership.epoch, nodes=sorted(membership.nodes), me=self.node_id,
                  member=self.node_id in membership.nodes)
 

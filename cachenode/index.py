@@ -55,6 +55,7 @@ PREFIX = "nezha:"
 KEY_EPOCH = "nezha:ring:epoch"  # string: int, INCR on every membership write
 KEY_NODES = "nezha:ring:nodes"  # hash: node id -> "host:port"
 KEY_WEIGHTS = "nezha:ring:weights"  # hash: node id -> weight
+KEY_REPLICAS = "nezha:ring:replicas"  # string: int, owners per key for every node (absent: each node's own)
 CHANNEL_RING = "nezha:ring:changed"  # pub/sub: message is the new epoch
 KEY_OBJECTS = "nezha:objects"  # zset: cache key -> last access (unix seconds)
 KEY_CLUSTER_STATS = "nezha:stats:cluster"  # hash: FIELDS
@@ -82,6 +83,9 @@ def key_locations(key: str) -> str:
     return f"nezha:loc:{key}"
 
 
+UNCHANGED = object()  # set_membership(replicas=UNCHANGED): leave nezha:ring:replicas as it is
+
+
 class IndexUnavailable(NezhaError):
     """Redis could not be reached or refused a command that had to succeed."""
 
@@ -97,6 +101,7 @@ class Membership:
     epoch: int
     nodes: dict[str, str]
     weights: dict[str, int] = field(default_factory=dict)
+    replicas: int | None = None  # owners per key the controller published; None: each node's own setting
 
     def ring(self, *, vnodes: int = 160, hash_fn: Callable[[str], int] | None = None) -> Ring:
         return Ring({n: self.weights.get(n, 1) for n in self.nodes}, vnodes=vnodes, hash_fn=hash_fn)
@@ -341,9 +346,19 @@ class Index:
         pipe.get(KEY_EPOCH)
         pipe.hgetall(KEY_NODES)
         pipe.hgetall(KEY_WEIGHTS)
-        epoch, nodes, weights = await pipe.execute()
+        pipe.get(KEY_REPLICAS)
+        epoch, nodes, weights, raw_replicas = await pipe.execute()
         if epoch is None:
             return None
+        replicas = None
+        if raw_replicas is not None:
+            try:
+                replicas = int(_s(raw_replicas))
+            except ValueError:
+                replicas = 0
+            if replicas < 1:
+                log.warning("ring_replicas_invalid", key=KEY_REPLICAS, value=_s(raw_replicas))
+                replicas = None
         nodes = {_s(k): _s(v) for k, v in nodes.items()}
         raw_weights = {_s(k): _s(v) for k, v in weights.items()}
         clean: dict[str, int] = {}
@@ -353,7 +368,7 @@ class Index:
             except ValueError:
                 log.warning("ring_weight_invalid", node=node, weight=raw_weights[node])
                 clean[node] = 1
-        return Membership(epoch=int(_s(epoch)), nodes=nodes, weights=clean)
+        return Membership(epoch=int(_s(epoch)), nodes=nodes, weights=clean, replicas=replicas)
 
     async def _refresh_membership(self) -> None:
         async with self._read_lock:
@@ -370,16 +385,25 @@ class Index:
         except _REDIS_ERRORS as e:
             raise IndexUnavailable(f"read ring membership from {self._where}: {type(e).__name__}: {e}") from e
 
-    async def set_membership(self, nodes: dict[str, str], weights: dict[str, int] | None = None) -> int:
+    async def set_membership(self, nodes: dict[str, str], weights: dict[str, int] | None = None, *,
+                             replicas: int | None | object = UNCHANGED) -> int:
         """Replace the membership, bump the epoch atomically, tell every node; returns the new epoch.
 
+        `replicas` (owners per key for every node; None removes it) is
+        written in the same MULTI, so no node sees a ring with the other's
+        owner count; left out, it stays as it is.
         Raises ConfigError for a bad entry and IndexUnavailable if Redis did not take it.
         """
         nodes, weights = check_membership(nodes, weights)
+        if replicas is not UNCHANGED and replicas is not None and (
+                isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
+            raise ConfigError(f"replicas per key must be a positive int, got {replicas!r}")
         if not self.enabled:
             async with self._read_lock:
                 epoch = (self.membership.epoch if self.membership else 0) + 1
-                self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights))
+                kept = self.membership.replicas if self.membership else None
+                self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
+                                       replicas=kept if replicas is UNCHANGED else replicas))
             return epoch
         pipe = self._client.pipeline(transaction=True)
         pipe.incr(KEY_EPOCH)
@@ -387,6 +411,10 @@ class Index:
         if nodes:
             pipe.hset(KEY_NODES, mapping=nodes)
             pipe.hset(KEY_WEIGHTS, mapping=weights)
+        if replicas is None:
+            pipe.delete(KEY_REPLICAS)
+        elif replicas is not UNCHANGED:
+            pipe.set(KEY_REPLICAS, str(replicas))
         try:
             epoch = int((await pipe.execute())[0])
         except _REDIS_ERRORS as e:
@@ -398,7 +426,9 @@ class Index:
             log.warning("ring_publish_failed", epoch=epoch, error=str(e))
         async with self._read_lock:
             if self.membership is None or self.membership.epoch < epoch:
-                self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights))
+                kept = self.membership.replicas if self.membership else None
+                self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
+                                       replicas=kept if replicas is UNCHANGED else replicas))
         log.info("ring_written", epoch=epoch, nodes=sorted(nodes))
         return epoch
 

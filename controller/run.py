@@ -23,6 +23,8 @@ import structlog
 from kubernetes_asyncio import client
 
 from cachenode.index import Index, IndexUnavailable
+from controller.annotations import DEFAULT, Problem, Spec, read_spec
+from controller.events import EventRecorder
 from controller.membership import members, pod_selector
 from controller.watch import Informer
 from nezha.config import ControllerSettings
@@ -52,8 +54,13 @@ class Controller:
         self._list_pods = core.list_namespaced_pod
         self.pods: Informer | None = None
         self._pods_task: asyncio.Task | None = None
-        self.written: dict[str, str] | None = None  # what Redis held after our last read or write
+        # What Redis held after our last read or write: nodes and owners per key.
+        self.written: tuple[dict[str, str], int | None] | None = None
         self.writes = 0
+        self.spec: Spec = DEFAULT
+        self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
+        self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
+                                    host=settings.holder)
         self.last_event_at: float | None = None
 
     def _changed(self) -> None:
@@ -112,6 +119,7 @@ class Controller:
             if self.statefulsets.synced.is_set():
                 log.warning("statefulset_missing", namespace=self.namespace, statefulset=self.name)
             return
+        await self.read_annotations(sts)
         selector = pod_selector(sts)
         if selector is None:
             log.error("statefulset_without_selector", statefulset=self.name)
@@ -122,28 +130,50 @@ class Controller:
             return  # its first list wakes us again
         desired = members(self.pods.objects.values(), statefulset=sts, namespace=self.namespace,
                           peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
-        await self.write_ring(desired)
+        await self.write_ring(desired, replicas=self.spec.replicas_per_key)
 
-    async def write_ring(self, desired: dict[str, str]) -> None:
-        """Write `desired` unless Redis already holds exactly it."""
+    async def read_annotations(self, sts: dict) -> None:
+        """The StatefulSet's nezha.io/* annotations -> self.spec; a Warning Event
+        for each new problem (the last valid value stays in force), a Normal
+        Event when one is fixed."""
+        annotations = (sts.get("metadata") or {}).get("annotations") or {}
+        spec, problems = read_spec(annotations, last=self.spec)
+        now = {p.keys: p for p in problems}
+        for keys, problem in now.items():
+            if self.problems.get(keys) != problem:
+                log.warning("annotation_invalid", keys=list(keys), value=problem.value[:200], message=problem.message)
+                await self.events.emit(sts, "Warning", "InvalidAnnotation", problem.message)
+        for keys in self.problems.keys() - now.keys():
+            shown = ", ".join(f"{k}={annotations[k]!r}" if k in annotations else f"{k} (removed)" for k in keys)
+            log.info("annotation_fixed", keys=list(keys))
+            await self.events.emit(sts, "Normal", "AnnotationFixed", f"fixed: {shown}; in force now")
+        self.problems = now
+        if spec != self.spec:
+            log.info("spec_changed", spec=spec.__dict__)
+        self.spec = spec
+
+    async def write_ring(self, desired: dict[str, str], *, replicas: int | None = None) -> None:
+        """Write `desired` (and the owners per key) unless Redis already holds exactly it."""
         if self.written is None:
             held = await self.index.get_membership()
-            self.written = dict(held.nodes) if held is not None else None
-        if desired == self.written:
+            self.written = (dict(held.nodes), held.replicas) if held is not None else None
+        if (desired, replicas) == self.written:
             self.last_event_at = None
             return
         if not desired:
             # No pod can serve: nodes keep the ring they have rather than each
             # owning every key; the first ready pod gets a ring again.
-            log.warning("ring_kept_without_ready_pods", statefulset=self.name, kept=sorted(self.written or {}))
+            log.warning("ring_kept_without_ready_pods", statefulset=self.name,
+                        kept=sorted(self.written[0]) if self.written else [])
             self.last_event_at = None
             return
-        epoch = await self.index.set_membership(desired)
-        self.written = dict(desired)
+        epoch = await self.index.set_membership(desired, replicas=replicas)
+        self.written = (dict(desired), replicas)
         self.writes += 1
         waited = None if self.last_event_at is None else round((self._clock() - self.last_event_at) * 1000, 1)
         self.last_event_at = None
-        log.info("ring_updated", epoch=epoch, members=sorted(desired), ms_since_event=waited)
+        log.info("ring_updated", epoch=epoch, members=sorted(desired), replicas_per_key=replicas,
+                 ms_since_event=waited)
 
 
 async def run_controller(settings: ControllerSettings, *, stop: asyncio.Event | None = None,

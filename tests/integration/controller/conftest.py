@@ -122,3 +122,20 @@ async def ring_becomes(index: Index, expected: dict[str, str], timeout: float = 
 
 def dns(ordinal: int, ns: str) -> str:
     return f"{STS}-{ordinal}.nezha-cache-peers.{ns}.svc:8080"
+
+
+async def annotate(cluster: Cluster, annotations: dict[str, str | None]) -> None:
+    """Merge `annotations` into the StatefulSet's (None removes one), as `kubectl annotate` does."""
+    await cluster.apps.patch_namespaced_stateful_set(STS, cluster.ns, {"metadata": {"annotations": annotations}})
+
+
+async def events_about(cluster: Cluster, *, reason: str | None = None, timeout: float = 2.0,
+                       count: int = 1) -> list:
+    """The Events about the StatefulSet (with `reason`), once at least `count` exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = await cluster.core.list_namespaced_event(cluster.ns)
+        found = [e for e in listed.items if e.involved_object.name == STS and (reason is None or e.reason == reason)]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.02)

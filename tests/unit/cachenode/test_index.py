@@ -328,3 +328,30 @@ async def test_close_sends_what_is_still_buffered(make_index, redis):
     await index.close()
     assert await redis.hget("nezha:stats:cluster", "failed_fills") == "1"
     assert await redis.smembers(f"nezha:loc:{KEY}") == {"nezha-cache-0"}
+
+
+async def test_owners_per_key_published_with_the_ring_reach_every_node_and_override_its_own(make_index):
+    """nezha:ring:replicas is written in the ring's MULTI; a node with --replicas 1 then keeps 2 owners."""
+    from cachenode.cluster import ClusterView
+
+    writer, node = make_index(node_id=None), make_index(node_id="n1")
+    await writer.start()
+    await node.start()
+    view = ClusterView(node_id="n1", replicas=1)
+    node.on_membership(view.update)
+    await writer.set_membership({"n1": "127.0.0.1:1", "n2": "127.0.0.1:2"}, replicas=2)
+    for _ in range(200):
+        if view.replicas == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert view.replicas == 2 and len(view.owners("http://h/k")) == 2
+    await writer.set_membership({"n1": "127.0.0.1:1", "n2": "127.0.0.1:2"})  # left out: unchanged
+    assert (await writer.get_membership()).replicas == 2
+    await writer.set_membership({"n1": "127.0.0.1:1", "n2": "127.0.0.1:2"}, replicas=None)
+    for _ in range(200):
+        if view.replicas == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert view.replicas == 1 and (await writer.get_membership()).replicas is None
+    with pytest.raises(ConfigError):
+        await writer.set_membership({"n1": "127.0.0.1:1"}, replicas=0)
