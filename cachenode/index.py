@@ -56,6 +56,7 @@ KEY_EPOCH = "nezha:ring:epoch"  # string: int, INCR on every membership write
 KEY_NODES = "nezha:ring:nodes"  # hash: node id -> "host:port"
 KEY_WEIGHTS = "nezha:ring:weights"  # hash: node id -> weight
 KEY_REPLICAS = "nezha:ring:replicas"  # string: int, owners per key for every node (absent: each node's own)
+KEY_FENCE = "nezha:ring:leader"  # hash: generation (the Lease's leaseTransitions), holder: who may write the ring
 CHANNEL_RING = "nezha:ring:changed"  # pub/sub: message is the new epoch
 KEY_OBJECTS = "nezha:objects"  # zset: cache key -> last access (unix seconds)
 KEY_CLUSTER_STATS = "nezha:stats:cluster"  # hash: FIELDS
@@ -84,6 +85,18 @@ def key_locations(key: str) -> str:
 
 
 UNCHANGED = object()  # set_membership(replicas=UNCHANGED): leave nezha:ring:replicas as it is
+
+
+class Deposed(NezhaError):
+    """A ring write or claim by a controller that no longer leads: refused by the fence."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The leader's right to write the ring: its Lease generation and identity."""
+
+    generation: int
+    holder: str
 
 
 class IndexUnavailable(NezhaError):
@@ -127,6 +140,14 @@ def check_membership(nodes: Mapping[str, str], weights: Mapping[str, int] | None
             raise ConfigError(f"weight of ring node {node!r} must be a positive int, got {weight!r}")
         clean_weights[node] = weight
     return clean_nodes, clean_weights
+
+
+def _fence_of(raw: Mapping) -> Fence | None:
+    values = {_s(k): _s(v) for k, v in (raw or {}).items()}
+    try:
+        return Fence(generation=int(values["generation"]), holder=values["holder"])
+    except (KeyError, ValueError):
+        return None
 
 
 def redact_url(url: str) -> str:
@@ -385,14 +406,44 @@ class Index:
         except _REDIS_ERRORS as e:
             raise IndexUnavailable(f"read ring membership from {self._where}: {type(e).__name__}: {e}") from e
 
+    async def claim_fence(self, fence: Fence) -> Fence | None:
+        """Make `fence` the only one whose ring writes are taken.
+
+        Taken when the stored generation is lower (a new leader), or equal
+        with the same holder (a renewal). Returns None when taken, else the
+        stored fence that is newer: the caller is deposed, or (a Lease made
+        anew, whose count restarted) must raise its generation above it.
+        """
+        async with self._client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(KEY_FENCE)
+                stored = _fence_of(await pipe.hgetall(KEY_FENCE))
+                if stored is not None and (stored.generation > fence.generation or (
+                        stored.generation == fence.generation and stored.holder != fence.holder)):
+                    await pipe.unwatch()
+                    return stored
+                pipe.multi()
+                pipe.hset(KEY_FENCE, mapping={"generation": str(fence.generation), "holder": fence.holder})
+                await pipe.execute()
+            except WatchError:
+                return _fence_of(await self._client.hgetall(KEY_FENCE)) or fence
+            except _REDIS_ERRORS as e:
+                raise IndexUnavailable(f"claim the ring fence in {self._where}: {type(e).__name__}: {e}") from e
+        log.info("ring_fence_claimed", generation=fence.generation, holder=fence.holder)
+        return None
+
     async def set_membership(self, nodes: dict[str, str], weights: dict[str, int] | None = None, *,
-                             replicas: int | None | object = UNCHANGED) -> int:
+                             replicas: int | None | object = UNCHANGED, fence: Fence | None = None) -> int:
         """Replace the membership, bump the epoch atomically, tell every node; returns the new epoch.
 
         `replicas` (owners per key for every node; None removes it) is
         written in the same MULTI, so no node sees a ring with the other's
         owner count; left out, it stays as it is.
-        Raises ConfigError for a bad entry and IndexUnavailable if Redis did not take it.
+        With `fence` (the controller), the write is taken only while Redis
+        holds exactly that fence, checked in the same transaction (WATCH):
+        a controller that lost its Lease cannot write, even late. Raises
+        Deposed then, ConfigError for a bad entry and IndexUnavailable if
+        Redis did not take it.
         """
         nodes, weights = check_membership(nodes, weights)
         if replicas is not UNCHANGED and replicas is not None and (
@@ -405,18 +456,30 @@ class Index:
                 self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
                                        replicas=kept if replicas is UNCHANGED else replicas))
             return epoch
-        pipe = self._client.pipeline(transaction=True)
-        pipe.incr(KEY_EPOCH)
-        pipe.delete(KEY_NODES, KEY_WEIGHTS)
-        if nodes:
-            pipe.hset(KEY_NODES, mapping=nodes)
-            pipe.hset(KEY_WEIGHTS, mapping=weights)
-        if replicas is None:
-            pipe.delete(KEY_REPLICAS)
-        elif replicas is not UNCHANGED:
-            pipe.set(KEY_REPLICAS, str(replicas))
         try:
-            epoch = int((await pipe.execute())[0])
+            async with self._client.pipeline(transaction=True) as pipe:
+                if fence is not None:
+                    await pipe.watch(KEY_FENCE)
+                    stored = _fence_of(await pipe.hgetall(KEY_FENCE))
+                    if stored != fence:
+                        await pipe.unwatch()
+                        raise Deposed(f"ring write refused: {self._where} holds the fence of "
+                                      f"{stored.holder if stored else 'nobody'} (generation "
+                                      f"{stored.generation if stored else '-'}), not {fence.holder} "
+                                      f"(generation {fence.generation})")
+                    pipe.multi()
+                pipe.incr(KEY_EPOCH)
+                pipe.delete(KEY_NODES, KEY_WEIGHTS)
+                if nodes:
+                    pipe.hset(KEY_NODES, mapping=nodes)
+                    pipe.hset(KEY_WEIGHTS, mapping=weights)
+                if replicas is None:
+                    pipe.delete(KEY_REPLICAS)
+                elif replicas is not UNCHANGED:
+                    pipe.set(KEY_REPLICAS, str(replicas))
+                epoch = int((await pipe.execute())[0])
+        except WatchError as e:
+            raise Deposed(f"ring write refused: the fence in {self._where} changed during the write") from e
         except _REDIS_ERRORS as e:
             raise IndexUnavailable(f"write ring membership to {self._where}: {type(e).__name__}: {e}") from e
         try:

@@ -22,9 +22,10 @@ from typing import Any, Callable
 import structlog
 from kubernetes_asyncio import client
 
-from cachenode.index import Index, IndexUnavailable
+from cachenode.index import Deposed, Index, IndexUnavailable
 from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder
+from controller.leader import LeaderElector
 from controller.membership import members, pod_selector
 from controller.watch import Informer
 from nezha.config import ControllerSettings
@@ -39,10 +40,12 @@ RESYNC = 30.0
 
 class Controller:
     def __init__(self, *, settings: ControllerSettings, api: client.ApiClient, index: Index,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 elector: LeaderElector | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """Without `elector` it acts as if it always led (one replica, tests of one controller)."""
         self.settings = settings
         self.api = api
         self.index = index
+        self.elector = elector
         self._clock = clock
         self.namespace = settings.namespace
         self.name = settings.statefulset
@@ -69,19 +72,37 @@ class Controller:
         self._wake.set()
 
     @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading
+
+    @property
     def statefulset(self) -> dict | None:
         return self.statefulsets.objects.get(self.name)
 
     async def run(self) -> None:
         """Until cancelled."""
-        watcher = asyncio.get_running_loop().create_task(self.statefulsets.run())
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self.statefulsets.run())]
+        if self.elector is not None:
+            tasks += [loop.create_task(self.elector.run()), loop.create_task(self._follow_leadership())]
         try:
             await self._reconcile_forever()
         finally:
-            for task in (watcher, self._pods_task):
+            tasks.append(self._pods_task)
+            for task in tasks:
                 if task is not None:
                     task.cancel()
-            await asyncio.gather(*(t for t in (watcher, self._pods_task) if t is not None), return_exceptions=True)
+            await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+
+    async def _follow_leadership(self) -> None:
+        """A new leader looks at everything afresh: Redis may hold what another wrote."""
+        assert self.elector is not None
+        while True:
+            await self.elector.changed.wait()
+            self.elector.changed.clear()
+            self.written = None
+            self.problems = {}
+            self._wake.set()
 
     def _follow_pods(self, selector: str) -> None:
         """Watch the pods `selector` picks; a new selector (the StatefulSet changed it) starts over."""
@@ -106,6 +127,10 @@ class Controller:
             try:
                 await self.reconcile()
                 delay = 0.2
+            except Deposed as e:
+                log.warning("ring_write_refused", error=str(e))
+                if self.elector is not None:
+                    self.elector._lose(str(e))
             except IndexUnavailable as e:
                 log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
@@ -113,7 +138,9 @@ class Controller:
                 self._wake.set()
 
     async def reconcile(self) -> None:
-        """One level-based pass over everything observed."""
+        """One level-based pass over everything observed; only the leader acts on it."""
+        if not self.leading:
+            return
         sts = self.statefulset
         if sts is None:
             if self.statefulsets.synced.is_set():
@@ -167,7 +194,10 @@ class Controller:
                         kept=sorted(self.written[0]) if self.written else [])
             self.last_event_at = None
             return
-        epoch = await self.index.set_membership(desired, replicas=replicas)
+        fence = self.elector.fence if self.elector is not None else None
+        if self.elector is not None and fence is None:
+            return  # lost the lease since the pass began
+        epoch = await self.index.set_membership(desired, replicas=replicas, fence=fence)
         self.written = (dict(desired), replicas)
         self.writes += 1
         waited = None if self.last_event_at is None else round((self._clock() - self.last_event_at) * 1000, 1)
@@ -193,7 +223,11 @@ async def run_controller(settings: ControllerSettings, *, stop: asyncio.Event | 
         if own_api:
             await api.close()
         raise
-    controller = Controller(settings=settings, api=api, index=index)
+    elector = LeaderElector(api=api, namespace=settings.namespace, name=settings.lease_name,
+                            identity=settings.holder, lease_duration=settings.lease_duration,
+                            renew_deadline=settings.renew_deadline, retry_period=settings.retry_period,
+                            claim=index.claim_fence)
+    controller = Controller(settings=settings, api=api, index=index, elector=elector)
     stop = stop_on_signals(stop)
     log.info("controller_started", namespace=settings.namespace, statefulset=settings.statefulset,
              identity=settings.holder, peer_address=settings.peer_address)

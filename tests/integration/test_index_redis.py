@@ -75,6 +75,9 @@ async def test_with_redis_killed_counting_goes_on_and_buffered_stats_arrive_afte
     observer = aredis.from_url(redis_server.url, decode_responses=True)
     node.count(HOST, hits=1)
     await wait_for(lambda: observer.hget("nezha:stats:cluster", "hits"), timeout=2)
+    # Redis has applied that flush; wait until the node has its reply too (the flush
+    # lock), or the kill could cut the reply and the node would rightly send it again.
+    assert await node.flush()
 
     with capture_logs() as logs:
         redis_server.stop(kill=True)

@@ -91,13 +91,22 @@ async def run_controller(kube, ns, redis_server):  # noqa: F811
     """Start a controller in this process; returns it. Stopped at teardown."""
     running: list[tuple[Controller, asyncio.Task, Index]] = []
 
-    async def start(**overrides) -> Controller:
-        settings = ControllerSettings(namespace=ns, statefulset=STS, redis_url=redis_server.url,
-                                      identity="controller-a", **overrides)
+    async def start(*, elected: bool = False, **overrides) -> Controller:
+        """`elected`: with a LeaderElector on the Lease, as `nezha controller` runs."""
+        from controller.leader import LeaderElector
+
+        overrides.setdefault("identity", "controller-a")
+        settings = ControllerSettings(namespace=ns, statefulset=STS, redis_url=redis_server.url, **overrides)
         idx = Index(redis_url=settings.redis_url, node_id=None)
         await idx.start()
-        controller = Controller(settings=settings, api=kube, index=idx)
+        elector = None
+        if elected:
+            elector = LeaderElector(api=kube, namespace=ns, name=settings.lease_name, identity=settings.holder,
+                                    lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
+                                    retry_period=settings.retry_period, claim=idx.claim_fence)
+        controller = Controller(settings=settings, api=kube, index=idx, elector=elector)
         task = asyncio.get_running_loop().create_task(controller.run())
+        controller.test_task = task  # cancelling it ends the controller without releasing anything, as SIGKILL
         running.append((controller, task, idx))
         return controller
 

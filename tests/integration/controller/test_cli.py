@@ -88,3 +88,34 @@ async def test_redis_not_answering_yet_is_retried_not_an_exit(cluster, kube_api,
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.communicate(), 10)
+
+
+async def test_two_processes_with_default_timings_fail_over_within_25_s_of_a_sigkill(
+        cluster, index, kube, kube_api, ns, redis_server, tmp_path):
+    from kubernetes_asyncio import client
+
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
+    procs = {}
+    for identity in ("controller-a", "controller-b"):
+        procs[identity] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "nezha", "controller", "--namespace", ns, "--statefulset", STS,
+            "--redis-url", redis_server.url, "--identity", identity, "--kubeconfig", str(config),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    leases = client.CoordinationV1Api(kube)
+    try:
+        await ring_becomes(index, {"nezha-cache-0": dns(0, ns)}, timeout=10.0)
+        leader = (await leases.read_namespaced_lease("nezha-controller", ns)).spec.holder_identity
+        standby = next(i for i in procs if i != leader)
+        procs[leader].kill()
+        killed = asyncio.get_running_loop().time()
+        await cluster.add_pod(1)
+        await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=25.0)
+        assert asyncio.get_running_loop().time() - killed < 25.0
+        assert (await leases.read_namespaced_lease("nezha-controller", ns)).spec.holder_identity == standby
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 10)
