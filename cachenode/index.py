@@ -65,6 +65,13 @@ FIELDS = ("hits", "misses", "peer_hits", "bytes_from_origin", "bytes_served",
           "objects", "bytes_stored", "evictions", "failed_fills")
 
 
+def hit_ratio(stats: Mapping) -> float | None:
+    """(hits + peer_hits) / (hits + peer_hits + misses) of a stats hash; None before any request."""
+    served = stats.get("hits", 0) + stats.get("peer_hits", 0)
+    total = served + stats.get("misses", 0)
+    return served / total if total else None
+
+
 def key_node_stats(node_id: str) -> str:
     return f"nezha:stats:node:{node_id}"
 
@@ -529,6 +536,15 @@ class Index:
             "last_access": float(last_access) if last_access is not None else None,
             "nodes": {_s(n) for n in nodes},
         }
+
+    async def read_cluster_stats(self) -> dict[str, int]:
+        """`nezha:stats:cluster` alone (every FIELD an int, 0 if absent): one read, no scan."""
+        try:
+            raw = await self._client.hgetall(KEY_CLUSTER_STATS)
+        except _REDIS_ERRORS as e:
+            raise IndexUnavailable(f"read stats from {self._where}: {type(e).__name__}: {e}") from e
+        values = {_s(k): _num(v) for k, v in raw.items()}
+        return {f: int(values.get(f, 0)) for f in FIELDS}
 
     async def read_stats(self) -> dict:
         """{"cluster": {...}, "nodes": {id: {...}}, "hosts": {host: {...}}}, every FIELD an int (0 if absent)."""

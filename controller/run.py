@@ -22,7 +22,8 @@ from typing import Any, Callable
 import structlog
 from kubernetes_asyncio import client
 
-from cachenode.index import Deposed, Index, IndexUnavailable
+from cachenode.index import Deposed, Index, IndexUnavailable, hit_ratio
+from controller import status as status_annotation
 from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
@@ -50,6 +51,7 @@ class Controller:
         self.namespace = settings.namespace
         self.name = settings.statefulset
         apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+        self._apps = apps
         self._wake = asyncio.Event()
         self.statefulsets = Informer(kind="statefulset", list_fn=apps.list_namespaced_stateful_set,
                                      namespace=self.namespace, field_selector=f"metadata.name={self.name}",
@@ -60,6 +62,7 @@ class Controller:
         # What Redis held after our last read or write: nodes and owners per key.
         self.written: tuple[dict[str, str], int | None] | None = None
         self.writes = 0
+        self.status_written_at: float | None = None
         self.spec: Spec = DEFAULT
         self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
         self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
@@ -158,6 +161,30 @@ class Controller:
         desired = members(self.pods.objects.values(), statefulset=sts, namespace=self.namespace,
                           peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
         await self.write_ring(desired, replicas=self.spec.replicas_per_key)
+        await self.write_status(sts)
+
+    async def write_status(self, sts: dict) -> None:
+        """The `nezha.io/status` annotation, when what it says changed (controller/status.py)."""
+        if self.written is None:
+            return
+        held = self.index.membership
+        try:
+            ratio = hit_ratio(await self.index.read_cluster_stats())
+        except IndexUnavailable:
+            ratio = None
+        new = status_annotation.build(epoch=held.epoch if held else None, members=list(self.written[0]),
+                                      replicas_per_key=self.written[1], hit_ratio=ratio, leader=self.settings.holder)
+        current = ((sts.get("metadata") or {}).get("annotations") or {}).get(status_annotation.KEY)
+        now = self._clock()
+        if not status_annotation.should_write(current, new, now=now, last_write_at=self.status_written_at):
+            return
+        try:
+            await self._apps.patch_namespaced_stateful_set(
+                self.name, self.namespace,
+                {"metadata": {"annotations": {status_annotation.KEY: status_annotation.render(new)}}})
+            self.status_written_at = now
+        except Exception as e:  # noqa: BLE001 - a status is never worth the controller; the next pass retries
+            log.warning("status_not_written", error=f"{type(e).__name__}: {str(e)[:200]}")
 
     async def read_annotations(self, sts: dict) -> None:
         """The StatefulSet's nezha.io/* annotations -> self.spec; a Warning Event

@@ -140,14 +140,9 @@ def _print_membership(membership, *, as_json: bool) -> None:
         print(_table(rows))
 
 
-def hit_ratio(stats: dict) -> float | None:
-    """(hits + peer_hits) / (hits + peer_hits + misses); None before any request."""
-    served = stats.get("hits", 0) + stats.get("peer_hits", 0)
-    total = served + stats.get("misses", 0)
-    return served / total if total else None
-
-
 def run_stats(args: argparse.Namespace) -> int:
+    from cachenode.index import hit_ratio
+
     async def work(index) -> int:
         stats = await index.read_stats()
         for group in (stats["nodes"], stats["hosts"]):

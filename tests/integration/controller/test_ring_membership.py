@@ -94,3 +94,38 @@ async def test_a_ring_lost_from_redis_is_written_again(cluster, run_controller, 
     await r.flushdb()
     await r.aclose()
     await ring_becomes(index, {"nezha-cache-0": dns(0, ns)}, timeout=2.0)
+
+
+async def test_the_status_annotation_says_epoch_members_and_leader_and_is_written_only_on_change(
+        cluster, run_controller, index, ns):
+    import json
+
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    await cluster.add_pod(1)
+    await run_controller(elected=True, identity="controller-a", lease_duration=1.5, renew_deadline=1.0,
+                         retry_period=0.2)
+
+    async def status() -> tuple[dict | None, str]:
+        sts = await cluster.apps.read_namespaced_stateful_set("nezha-cache", ns)
+        text = (sts.metadata.annotations or {}).get("nezha.io/status")
+        return (json.loads(text) if text else None), sts.metadata.resource_version
+
+    for _ in range(200):
+        got, version = await status()
+        if got and got["members"] == ["nezha-cache-0", "nezha-cache-1"]:
+            break
+        await asyncio.sleep(0.02)
+    held = await index.get_membership()
+    assert got == {"epoch": held.epoch, "members": ["nezha-cache-0", "nezha-cache-1"], "replicasPerKey": None,
+                   "hitRatio": None, "leader": "controller-a"}
+    await cluster.set_ready(0, True)  # an event that changes nothing
+    await asyncio.sleep(0.4)
+    assert (await status())[1] == version, "no write when nothing changed"
+    await cluster.set_ready(1, False)
+    for _ in range(200):
+        got, _ = await status()
+        if got["members"] == ["nezha-cache-0"]:
+            break
+        await asyncio.sleep(0.02)
+    assert got["members"] == ["nezha-cache-0"] and got["epoch"] == held.epoch + 1
