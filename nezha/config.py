@@ -53,6 +53,13 @@ def parse_hostport(value: str, *, field: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def check_redis_url(value: str | None) -> str | None:
+    """A Redis URL as every command takes it (`--redis-url`): redis://, rediss:// or unix://, no spaces."""
+    if value is not None and not re.match(r"^(redis|rediss|unix)://[^\s]*$", value):
+        raise ValueError("redis_url must be redis://, rediss:// or unix:// (--redis-url)")
+    return value
+
+
 class Origin(BaseModel):
     """One dataset host the cache may contact, and where it really lives.
 
@@ -314,9 +321,7 @@ class ClusterSettings(_Base):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(redis|rediss|unix)://", v):
-            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
-        return v
+        return check_redis_url(v)
 
 
 class ControllerSettings(_Base):
@@ -348,9 +353,7 @@ class ControllerSettings(_Base):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(redis|rediss|unix)://[^\s]*$", v):
-            raise ValueError("redis_url must be redis://, rediss:// or unix:// (--redis-url)")
-        return v
+        return check_redis_url(v)
 
     @field_validator("peer_address")
     @classmethod
