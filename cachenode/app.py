@@ -123,6 +123,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     stop = stop_on_signals(stop)
     try:
         await stop.wait()
+        # Still serving while it hands off: the new owners copy from here.
+        await listener.node.leave()
     finally:
         log.info("node_stopping", listen=settings.listen)
         await listener.close()

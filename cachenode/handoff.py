@@ -6,7 +6,7 @@ and the next miss fills it the usual way.
 
 Internal endpoints (reachable only with a Host that names no origin):
 
-    POST /_nezha/replicate  {"host", "path", "source", "headers"?}
+    POST /_nezha/replicate  {"host", "path", "source", "address"?, "headers"?}
                             copy one object from `source`; `headers`, the request
                             fields that select one variant of a response that varies
                             answers at once and streams JSON lines: {"copying": bytes}
@@ -46,6 +46,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster import ClusterView, Peer
+from nezha.config import parse_hostport
 from cachenode.fill import Fill, Kind, Source
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
 from cachenode.peers import PEER_HEADER
@@ -149,8 +150,17 @@ class Handoff:
         if not all(isinstance(v, str) for v in (host, path, source)):
             raise web.HTTPBadRequest(text="replicate wants string fields host, path and source\n")
         peer = self.node.cluster.peer(source)
+        address = body.get("address")
+        if peer is None and isinstance(address, str):
+            # A node the ring no longer has, handing off before it exits (a
+            # scale-down): it says where it is. The cluster token vouches for it.
+            try:
+                parse_hostport(address, field="address")
+            except ValueError as e:
+                raise web.HTTPBadRequest(text=f"{e}\n")
+            peer = Peer(source, address)
         if peer is None:
-            raise web.HTTPBadRequest(text=f"source {source!r} is not a member of the ring\n")
+            raise web.HTTPBadRequest(text=f"source {source!r} is not a member of the ring and gave no address\n")
         try:
             target = parse_target(path, host)
         except BadTarget as e:
@@ -277,7 +287,9 @@ class Handoff:
         Waits for the whole copy however long it takes, as long as `peer`
         keeps reporting progress; `on_bytes` gets the bytes as they arrive.
         """
-        body: dict[str, Any] = {"host": target.host, "path": target.path_qs, "source": self.node.node_id}
+        settings = self.node.settings
+        body: dict[str, Any] = {"host": target.host, "path": target.path_qs, "source": self.node.node_id,
+                                "address": settings.advertise or settings.listen}
         if headers:
             body["headers"] = headers
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.node.settings.peer_timeout,

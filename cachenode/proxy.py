@@ -137,6 +137,48 @@ class CacheNode:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self.store.idle()  # and the disk steps they left behind (unlinks)
 
+    async def leave(self) -> str:
+        """On SIGTERM: hand every object to its owners if the ring no longer has
+        this node; exit at once if it does. What happened, for the log.
+
+        Kubernetes does not say whether a termination is permanent. The ring
+        does: the controller takes the pods a scale-down removes out of it at
+        once (their ordinals are at or above the new replicas), while a
+        restarted or evicted pod stays in it and comes back with its disk. The
+        SIGTERM may arrive before the ring that drops this node, so it waits
+        up to `leave_settle` for one. Bounded by `shutdown_grace`.
+        """
+        s = self.settings
+        if self.index is None:
+            return "standalone"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.shutdown_grace
+        settle = loop.time() + min(s.leave_settle, s.shutdown_grace)
+        while self._in_ring() and loop.time() < settle:
+            await asyncio.sleep(0.05)
+        if self._in_ring() or not self.cluster.clustered:
+            log.info("node_leaving", reason="still in the ring: a restart keeps its disk", handoff=False)
+            return "in ring"
+        if len(self.store) == 0:
+            log.info("node_leaving", reason="out of the ring, nothing stored", handoff=False)
+            return "empty"
+        log.info("node_leaving", reason="out of the ring: handing objects off", handoff=True,
+                 objects=len(self.store), seconds=round(deadline - loop.time(), 1))
+        try:
+            progress = await asyncio.wait_for(self.handoff.run(self.cluster), timeout=max(0.1, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            p = self.handoff.progress
+            log.error("handoff_unfinished", done=p.done, total=p.total, failed=p.failed,
+                      reason=f"shutdown_grace ({s.shutdown_grace:g}s) ran out")
+            return "timed out"
+        if progress.failed:
+            log.error("handoff_incomplete", failed=progress.failed, total=progress.total, errors=progress.errors[:5])
+            return "incomplete"
+        return "handed off"
+
+    def _in_ring(self) -> bool:
+        return self.node_id in self.cluster.snapshot.addresses
+
     def on_evict(self, meta: Meta) -> None:
         self._object_gone(meta, evictions=1)
 

@@ -56,12 +56,25 @@ def address(pod: Obj, *, statefulset: Obj, namespace: str, peer_address: str, pe
     return f"{name}.{service}.{namespace}.svc:{port}"
 
 
+def leaving(pod: Obj, *, statefulset: Obj) -> bool:
+    """A pod a scale-down removes: its ordinal is at or above the StatefulSet's replicas.
+
+    The StatefulSet controller deletes it as soon as replicas drop, and a
+    user's `kubectl scale` gives no earlier warning, so it leaves the ring
+    at once, while it still runs and can hand its objects off.
+    """
+    replicas = _get(statefulset, "spec", "replicas")
+    n = ordinal(_get(pod, "metadata", "name", default=""), _get(statefulset, "metadata", "name", default=""))
+    return isinstance(replicas, int) and n is not None and n >= replicas
+
+
 def members(pods: Iterable[Obj], *, statefulset: Obj, namespace: str, peer_address: str,
             peer_port: int) -> dict[str, str]:
-    """node id -> address for every pod that belongs in the ring."""
+    """node id -> address for every pod that belongs in the ring: ready, not being
+    deleted, and not removed by a scale-down."""
     out: dict[str, str] = {}
     for pod in pods:
-        if not is_member(pod):
+        if not is_member(pod) or leaving(pod, statefulset=statefulset):
             continue
         where = address(pod, statefulset=statefulset, namespace=namespace, peer_address=peer_address,
                         peer_port=peer_port)

@@ -168,6 +168,13 @@ class CacheSettings(_Base):
     # body that stopped) is probed at /healthz, within this time too, and
     # given up if the probe fails. The rules are in cachenode/peers.py.
     peer_timeout: float = 1.0
+    # On SIGTERM, a node the ring no longer has (a scale-down) hands its
+    # objects to their owners before it exits, for at most this long: set it
+    # a few seconds under the pod's terminationGracePeriodSeconds, after
+    # which Kubernetes kills it. A node still in the ring (a restart) waits
+    # at most `leave_settle` for a ring without it, then exits at once.
+    shutdown_grace: float = 25.0
+    leave_settle: float = 2.0
     # Shared secret for the internal /_nezha/* endpoints (replicate, hand-off).
     # Without it they answer only to loopback clients.
     cluster_token: str | None = Field(default=None, repr=False)

@@ -129,3 +129,15 @@ async def test_the_status_annotation_says_epoch_members_and_leader_and_is_writte
             break
         await asyncio.sleep(0.02)
     assert got["members"] == ["nezha-cache-0"] and got["epoch"] == held.epoch + 1
+
+
+async def test_a_users_scale_down_takes_the_leaving_pods_out_of_the_ring_within_a_second(
+        cluster, run_controller, index, ns):
+    await cluster.create(5)
+    for i in range(5):
+        await cluster.add_pod(i)
+    await run_controller()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in range(5)})
+    # kubectl scale statefulset nezha-cache --replicas=2: the scale subresource, nothing else.
+    await cluster.apps.patch_namespaced_stateful_set_scale("nezha-cache", ns, {"spec": {"replicas": 2}})
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in range(2)})

@@ -62,3 +62,14 @@ def test_pods_are_selected_by_the_statefulsets_own_selector(selector, text):
                                     ("other-1", None), ("nezha-cache-", None)])
 def test_ordinal_of_a_pod_name(name, n):
     assert ordinal(name, "nezha-cache") == n
+
+
+@pytest.mark.parametrize("replicas,expected", [
+    (3, ["nezha-cache-0", "nezha-cache-1", "nezha-cache-2"]),
+    (2, ["nezha-cache-0", "nezha-cache-1"]),  # a scale-down: nezha-cache-2 leaves the ring at once
+    (0, []),
+])
+def test_pods_a_scale_down_removes_leave_the_ring_while_they_still_run(replicas, expected):
+    sts = {**STS, "spec": {**STS["spec"], "replicas": replicas}}
+    pods = [pod(f"nezha-cache-{i}") for i in range(3)]
+    assert sorted(members(pods, statefulset=sts, namespace="ns", peer_address="dns", peer_port=8080)) == expected
