@@ -64,8 +64,14 @@ class NodeProcess:
 class LocalCluster:
     def __init__(self, *, nodes: int, origins: list[Origin], data_dir: Path, base_port: int = 8080,
                  replicas: int | None = 1, redis_url: str | None = None, log_level: str = "warning",
-                 extra_args: tuple[str, ...] = ()) -> None:
-        """`replicas` None means the cluster default: min(2, nodes)."""
+                 extra_args: tuple[str, ...] = (), leave_settle: float = 0.0) -> None:
+        """`replicas` None means the cluster default: min(2, nodes).
+
+        `leave_settle` is how long a node given SIGTERM while in the ring waits
+        for a ring without it (cachenode/proxy.py `leave`). 0 here: a local
+        cluster changes its ring before it stops a node (`remove`), and never
+        otherwise, so waiting would only slow every stop down.
+        """
         if nodes < 1:
             raise ValueError(f"nodes ({nodes}) must be at least 1")
         if replicas is None:
@@ -80,6 +86,7 @@ class LocalCluster:
         self.redis_url = redis_url
         self.log_level = log_level
         self.extra_args = extra_args
+        self.leave_settle = leave_settle
         self.nodes: dict[str, NodeProcess] = {}
         self.token = secrets.token_hex(16)  # guards the nodes' internal endpoints
         self._stop_index = None
@@ -106,7 +113,7 @@ class LocalCluster:
             args += ["--origin", f"{o.host}={o.upstream}"]
         log = open(self.data_dir / f"{node_id}.log", "ab")
         # The token travels in the environment, not argv, where `ps` would show it.
-        env = {**os.environ, "NEZHA_CLUSTER_TOKEN": self.token}
+        env = {**os.environ, "NEZHA_CLUSTER_TOKEN": self.token, "NEZHA_LEAVE_SETTLE": str(self.leave_settle)}
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         node = NodeProcess(node_id, address, folder, proc)
         self.nodes[node_id] = node

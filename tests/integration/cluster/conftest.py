@@ -19,13 +19,14 @@ async def start_cluster(origin, tmp_path):
     started: list[LocalCluster] = []
 
     async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None,
-                    upstream: str | None = None) -> LocalCluster:
+                    upstream: str | None = None, leave_settle: float = 0.0) -> LocalCluster:
         base = free_port()
         while any(_busy(base + i) for i in range(nodes)):
             base = free_port()
         cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=upstream or origin.url)],
                                data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
-                               replicas=replicas, redis_url=redis_url, log_level="info")
+                               replicas=replicas, redis_url=redis_url, log_level="info",
+                               leave_settle=leave_settle)
         started.append(cluster)
         await cluster.start()
         await wait_epoch(cluster, await cluster.index.get_membership())

@@ -22,12 +22,13 @@ import redis.asyncio as aioredis
 from tests.integration.cluster.conftest import HOST, fetch, node_status, settle, wait_epoch
 
 
-async def cached_cluster(origin, start_cluster, redis_server, prefix: str, count: int, *, nodes: int):
+async def cached_cluster(origin, start_cluster, redis_server, prefix: str, count: int, *, nodes: int,
+                         **options):
     """`nodes` node processes holding `count` objects under /prefix/, each fetched once through node-0."""
     paths = [f"/{prefix}/{i}" for i in range(count)]
     for p in paths:
         origin.put(p, p.encode() * 1000)
-    cluster = await start_cluster(nodes, redis_url=redis_server.url)
+    cluster = await start_cluster(nodes, redis_url=redis_server.url, **options)
     url = cluster.nodes["node-0"].url
     async with aiohttp.ClientSession() as s:
         for p in paths:

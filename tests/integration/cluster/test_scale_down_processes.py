@@ -36,7 +36,8 @@ async def terminate_like_kubernetes(node, *, grace: float = GRACE) -> float:
 
 
 async def test_scale_from_five_to_two_loses_nothing_cached(origin, start_cluster, redis_server):
-    cluster, paths, _ = await cached_cluster(origin, start_cluster, redis_server, "scale", 40, nodes=5)
+    cluster, paths, _ = await cached_cluster(origin, start_cluster, redis_server, "scale", 40, nodes=5,
+                                             leave_settle=2.0)  # as in Kubernetes
     fetched = sum(origin.requests.values())
     remaining = {k: v for k, v in cluster.members().items() if k in ("node-0", "node-1")}
     leaving = [cluster.nodes[f"node-{i}"] for i in (2, 3, 4)]
@@ -56,7 +57,8 @@ async def test_scale_from_five_to_two_loses_nothing_cached(origin, start_cluster
 
 
 async def test_a_node_still_in_the_ring_exits_promptly_and_keeps_its_disk(origin, start_cluster, redis_server):
-    cluster, paths, _ = await cached_cluster(origin, start_cluster, redis_server, "restart", 10, nodes=3)
+    cluster, paths, _ = await cached_cluster(origin, start_cluster, redis_server, "restart", 10, nodes=3,
+                                             leave_settle=2.0)
     node = cluster.nodes["node-2"]
     held = list(node.data_dir.rglob("*.data"))
     took = await terminate_like_kubernetes(node)
