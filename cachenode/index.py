@@ -546,6 +546,26 @@ class Index:
         values = {_s(k): _num(v) for k, v in raw.items()}
         return {f: int(values.get(f, 0)) for f in FIELDS}
 
+    async def read_node_counters(self, node_ids: list[str], field: str = "bytes_served") -> dict[str, int]:
+        """One counter of `nezha:stats:node:<id>` for each of `node_ids` that has it (one round trip)."""
+        if field not in FIELDS:
+            raise ValueError(f"unknown stats field {field!r}")
+        pipe = self._client.pipeline(transaction=False)
+        for node in node_ids:
+            pipe.hget(key_node_stats(node), field)
+        try:
+            values = await pipe.execute()
+        except _REDIS_ERRORS as e:
+            raise IndexUnavailable(f"read stats from {self._where}: {type(e).__name__}: {e}") from e
+        out = {}
+        for node, value in zip(node_ids, values):
+            if value is not None:
+                try:
+                    out[node] = int(_s(value))
+                except ValueError:
+                    continue
+        return out
+
     async def read_stats(self) -> dict:
         """{"cluster": {...}, "nodes": {id: {...}}, "hosts": {host: {...}}}, every FIELD an int (0 if absent)."""
         if not self.enabled:

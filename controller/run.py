@@ -28,6 +28,7 @@ from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
 from controller.membership import members, pod_selector
+from controller.scaler import Scaler, policy_of
 from controller.watch import Informer
 from nezha.config import ControllerSettings
 from nezha.errors import ConfigError
@@ -67,6 +68,8 @@ class Controller:
         self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
         self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
                                     host=settings.holder)
+        self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
+                             clock=clock)
         self.last_event_at: float | None = None
 
     def _changed(self) -> None:
@@ -86,6 +89,7 @@ class Controller:
         """Until cancelled."""
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self.statefulsets.run())]
+        tasks.append(loop.create_task(self._autoscale_forever()))
         if self.elector is not None:
             tasks += [loop.create_task(self.elector.run()), loop.create_task(self._follow_leadership())]
         try:
@@ -96,6 +100,18 @@ class Controller:
                 if task is not None:
                     task.cancel()
             await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+
+    async def _autoscale_forever(self) -> None:
+        """Sample and decide while leading with autoscaling on (controller/scaler.py)."""
+        while True:
+            await asyncio.sleep(self.scaler.sample_interval())
+            sts = self.statefulset
+            if not self.leading or sts is None or self.written is None:
+                continue
+            try:
+                await self.scaler.tick(sts=sts, members=sorted(self.written[0]))
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad tick
+                log.exception("autoscale_failed")
 
     async def _follow_leadership(self) -> None:
         """A new leader looks at everything afresh: Redis may hold what another wrote."""
@@ -205,6 +221,7 @@ class Controller:
         if spec != self.spec:
             log.info("spec_changed", spec=spec.__dict__)
         self.spec = spec
+        self.scaler.configure(policy_of(spec))
 
     async def write_ring(self, desired: dict[str, str], *, replicas: int | None = None) -> None:
         """Write `desired` (and the owners per key) unless Redis already holds exactly it."""
