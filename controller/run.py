@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import Any, Callable
 
+import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
@@ -28,6 +29,7 @@ from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
 from controller.membership import members, pod_selector
+from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.watch import Informer
 from nezha.config import ControllerSettings
@@ -58,6 +60,10 @@ class Controller:
                                      namespace=self.namespace, field_selector=f"metadata.name={self.name}",
                                      on_change=self._changed)
         self._list_pods = core.list_namespaced_pod
+        # Training Jobs live in their users' namespaces: watched everywhere, for nezha.io/prefetch.
+        self.jobs = Informer(kind="job", list_fn=client.BatchV1Api(api).list_job_for_all_namespaces,
+                             namespace=None, on_change=self._changed)
+        self._http: aiohttp.ClientSession | None = None
         self.pods: Informer | None = None
         self._pods_task: asyncio.Task | None = None
         # What Redis held after our last read or write: nodes and owners per key.
@@ -70,6 +76,7 @@ class Controller:
                                     host=settings.holder)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
+        self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring)
         self.last_event_at: float | None = None
 
     def _changed(self) -> None:
@@ -88,7 +95,7 @@ class Controller:
     async def run(self) -> None:
         """Until cancelled."""
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self.statefulsets.run())]
+        tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self.jobs.run())]
         tasks.append(loop.create_task(self._autoscale_forever()))
         if self.elector is not None:
             tasks += [loop.create_task(self.elector.run()), loop.create_task(self._follow_leadership())]
@@ -100,6 +107,21 @@ class Controller:
                 if task is not None:
                     task.cancel()
             await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
+            await self.prefetcher.close()
+            if self._http is not None:
+                await self._http.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5,
+                                                                             sock_read=60))
+        return self._http
+
+    def _ring(self):
+        held = self.index.membership
+        if held is None or not held.nodes:
+            return None, {}
+        return held.ring(), dict(held.nodes)
 
     async def _autoscale_forever(self) -> None:
         """Sample and decide while leading with autoscaling on (controller/scaler.py)."""
@@ -178,6 +200,8 @@ class Controller:
                           peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
         await self.write_ring(desired, replicas=self.spec.replicas_per_key)
         await self.write_status(sts)
+        if self.jobs.synced.is_set():
+            self.prefetcher.observe(self.jobs.objects)
 
     async def write_status(self, sts: dict) -> None:
         """The `nezha.io/status` annotation, when what it says changed (controller/status.py)."""

@@ -37,7 +37,7 @@ log = structlog.get_logger("nezha.controller.watch")
 
 
 class Informer:
-    def __init__(self, *, kind: str, list_fn: Callable[..., Awaitable[Any]], namespace: str,
+    def __init__(self, *, kind: str, list_fn: Callable[..., Awaitable[Any]], namespace: str | None,
                  on_change: Callable[[], None], label_selector: str | None = None,
                  field_selector: str | None = None, watch_timeout: int = 300, watch_grace: float = 15.0,
                  list_timeout: float = 30.0, backoff: tuple[float, float] = (0.2, 10.0)) -> None:
@@ -51,11 +51,20 @@ class Informer:
         self.watch_grace = watch_grace
         self.list_timeout = list_timeout
         self.backoff = backoff
+        # name -> object; "namespace/name" when watching every namespace (namespace None,
+        # with a list_fn such as list_job_for_all_namespaces)
         self.objects: dict[str, dict] = {}
         self.synced = asyncio.Event()  # set after the first successful list
         self.version: str | None = None
         self.relists = 0
         self.events = 0
+
+    def _args(self) -> tuple:
+        return () if self.namespace is None else (self.namespace,)
+
+    def _key(self, obj: dict) -> str:
+        meta = obj["metadata"]
+        return meta["name"] if self.namespace is not None else f"{meta.get('namespace')}/{meta['name']}"
 
     def _selectors(self) -> dict[str, str]:
         out = {}
@@ -89,14 +98,14 @@ class Informer:
             delay = min(delay * 2, self.backoff[1])
 
     async def _list(self) -> None:
-        response = await self.list_fn(self.namespace, _preload_content=False, _request_timeout=self.list_timeout,
+        response = await self.list_fn(*self._args(), _preload_content=False, _request_timeout=self.list_timeout,
                                        **self._selectors())
         try:
             listed = json.loads(await response.read())
         finally:
             response.release()
         self.relists += 1
-        objects = {o["metadata"]["name"]: o for o in listed.get("items") or []}
+        objects = {self._key(o): o for o in listed.get("items") or []}
         changed = objects != self.objects
         self.objects = objects
         self.version = listed["metadata"]["resourceVersion"]
@@ -109,7 +118,7 @@ class Informer:
         """Apply events from `self.version` until the stream ends; raises on 410 and failures."""
         watch = Watch(return_type="object")  # raw dicts: no model objects to build per event
         try:
-            async for event in watch.stream(self.list_fn, self.namespace, resource_version=self.version,
+            async for event in watch.stream(self.list_fn, *self._args(), resource_version=self.version,
                                             allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
                                             _request_timeout=self.watch_timeout + self.watch_grace,
                                             **self._selectors()):
@@ -120,7 +129,7 @@ class Informer:
                 if kind == "BOOKMARK":
                     continue
                 self.events += 1
-                name = obj["metadata"]["name"]
+                name = self._key(obj)
                 if kind == "DELETED":
                     if self.objects.pop(name, None) is None:
                         continue

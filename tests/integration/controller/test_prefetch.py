@@ -1,0 +1,73 @@
+"""nezha.io/prefetch on a Job: each URL filled once by its owner, progress on the Job, later GETs are hits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from cachenode.app import Listener, build_node
+from nezha.config import CacheSettings, Origin
+from tests.integration.controller.conftest import STS, pod, ring_becomes
+
+HOST = "www.cs.toronto.edu"
+
+
+def training_job(name: str, prefetch: str) -> dict:
+    spec = {"restartPolicy": "Never", "containers": [{"name": "train", "image": "trainer:1",
+                                                      "command": ["python", "train.py"]}]}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
+            "spec": {"template": {"spec": spec}}}
+
+
+async def job_done(batch: client.BatchV1Api, core: client.CoreV1Api, ns: str, name: str,
+                   timeout: float = 10.0) -> tuple[dict, list]:
+    """The Job's prefetch-status once its PrefetchDone Event exists, and the Events about it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = [e for e in (await core.list_namespaced_event(ns)).items if e.involved_object.name == name]
+        if any(e.reason == "PrefetchDone" for e in events):
+            job = await batch.read_namespaced_job(name, ns)
+            return json.loads(job.metadata.annotations["nezha.io/prefetch-status"]), events
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no PrefetchDone for {ns}/{name} within {timeout} s")
+
+
+async def test_prefetch_fills_each_url_once_reports_on_the_job_and_a_later_get_is_a_hit(
+        kube, ns, cluster, run_controller, index, origin, redis_server, tmp_path):
+    origin.put("/d/a.bin", b"a" * 300_000, headers={"Cache-Control": "max-age=3600"}, rate=3_000_000)
+    origin.put("/d/b.bin", b"b" * 100_000, headers={"Cache-Control": "max-age=3600"})
+    node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
+                                    redis_url=redis_server.url,
+                                    origins=[Origin(host=HOST, upstream=origin.url)]))
+    listener = Listener(node)
+    await listener.start("127.0.0.1", 0)
+    try:
+        await cluster.create(1)
+        cache_pod = pod(0)
+        cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
+        await cluster.core.create_namespaced_pod(ns, cache_pod)
+        await cluster.set_ready(0, True, ip="127.0.0.1")
+        await run_controller(peer_address="pod-ip")
+        await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+
+        batch = client.BatchV1Api(kube)
+        urls = f"http://{HOST}/d/a.bin, http://{HOST}/d/b.bin,http://evil.example/x"
+        await batch.create_namespaced_job(ns, training_job("train-1", urls))
+        await batch.create_namespaced_job(ns, training_job("train-2", f"http://{HOST}/d/a.bin"))
+        status, events = await job_done(batch, cluster.core, ns, "train-1")
+        assert status["total"] == 3 and status["done"] == 2 and status["bytes"] == 400_000
+        assert [f["url"] for f in status["failed"]] == ["http://evil.example/x"]
+        assert any(e.type == "Warning" and "http://evil.example/x" in e.message for e in events)
+        second, _ = await job_done(batch, cluster.core, ns, "train-2")
+        assert second == {"total": 1, "done": 1, "failed": [], "bytes": 300_000}
+        assert origin.requests["/d/a.bin"] == 1 and origin.requests["/d/b.bin"] == 1, "once each"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{listener.port}/d/a.bin", headers={"Host": HOST}) as r:
+                assert r.headers["X-Nezha-Cache"] == "hit" and len(await r.read()) == 300_000
+    finally:
+        await listener.close()
