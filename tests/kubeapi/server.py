@@ -11,9 +11,11 @@ namespace label `kubernetes.io/metadata.name`, Service ClusterIP allocation,
 mutating admission webhooks on create (admission.py), and a Job controller
 that creates a Job's pod through that same admission path.
 
+Pods bound to a node are deleted gracefully (deletionTimestamp first, gone
+after a DELETE with gracePeriodSeconds=0, as the kubelet sends).
 Simpler than kube-apiserver: no authentication, no defaulting beyond the
-above, no field managers or server-side apply, no deletion grace periods or
-finalizers, no garbage collection.
+above, no field managers or server-side apply, no finalizers, no garbage
+collection, no kubelet (the grace period is not enforced by the double).
 
 History is kept for the last `history_limit` events, like etcd between
 compactions: a watch from a version older than the oldest event kept gets
@@ -311,7 +313,7 @@ class KubeAPI:
             if method == "PATCH":
                 return await self._patch(request, res, namespace, name, sub)
             if method == "DELETE" and sub is None:
-                return self._delete(res, namespace, name)
+                return await self._delete_request(request, res, namespace, name)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
         except ApiError as e:
             return status(e.code, e.reason, e.message, details=e.details)
@@ -631,6 +633,43 @@ class KubeAPI:
             raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
                            "has been modified; please apply your changes to the latest version and try again")
         return self._commit(res, namespace, name, old, new, sub)
+
+    async def _delete_request(self, request: web.Request, res: Resource, namespace: str | None,
+                              name: str) -> web.Response:
+        """DELETE, with a pod's graceful deletion as kube-apiserver does it.
+
+        A pod bound to a node (`spec.nodeName`) is not removed at once: it
+        gets `deletionTimestamp` (now + the grace period) and
+        `deletionGracePeriodSeconds`, a MODIFIED event, and stays until a
+        DELETE with `gracePeriodSeconds=0` (what the kubelet sends once the
+        containers are gone). The grace period comes from the request
+        (`gracePeriodSeconds`, query or DeleteOptions body), else the pod's
+        `terminationGracePeriodSeconds`, else 30. An unbound pod, and every
+        other kind, goes at once.
+        """
+        obj = self._get(res, namespace, name)
+        grace: int | None = None
+        if "gracePeriodSeconds" in request.query:
+            grace = int(request.query["gracePeriodSeconds"])
+        elif request.can_read_body:
+            body = await self._body(request)
+            if isinstance(body, dict) and isinstance(body.get("gracePeriodSeconds"), int):
+                grace = body["gracePeriodSeconds"]
+        if res.plural != "pods" or not (obj.get("spec") or {}).get("nodeName"):
+            return self._delete(res, namespace, name)
+        if grace is None:
+            grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        if grace <= 0:
+            return self._delete(res, namespace, name)
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            return web.json_response(obj)  # already terminating: a longer grace never extends it
+        meta["deletionTimestamp"] = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=grace)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        meta["deletionGracePeriodSeconds"] = grace
+        self._bump(obj)
+        self._emit(res, "MODIFIED", obj)
+        return web.json_response(obj)
 
     def _delete(self, res: Resource, namespace: str | None, name: str) -> web.Response:
         obj = self._get(res, namespace, name)

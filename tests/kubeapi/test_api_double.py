@@ -314,3 +314,25 @@ async def test_a_complete_webhook_configuration_is_stored_and_an_update_is_valid
         assert e.value.status == 422 and "admissionReviewVersions: Required value" in e.value.body
     finally:
         await api.delete_mutating_webhook_configuration(name)
+
+
+async def test_a_bound_pod_is_deleted_gracefully_and_removed_by_the_kubelets_zero_grace_delete(kube, ns):
+    """kube-apiserver: deletionTimestamp and deletionGracePeriodSeconds first (MODIFIED), gone at grace 0."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(kube)
+    spec = {"nodeName": "node-a", "terminationGracePeriodSeconds": 45,
+            "containers": [{"name": "c", "image": "busybox"}]}
+    await core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec})
+    await core.delete_namespaced_pod("p", ns)
+    terminating = await core.read_namespaced_pod("p", ns)
+    assert terminating.metadata.deletion_timestamp is not None
+    assert terminating.metadata.deletion_grace_period_seconds == 45
+    await core.delete_namespaced_pod("p", ns, grace_period_seconds=0)
+    try:
+        await core.read_namespaced_pod("p", ns)
+    except ApiException as e:
+        assert e.status == 404
+    else:
+        raise AssertionError("the pod is still there after a zero-grace delete")

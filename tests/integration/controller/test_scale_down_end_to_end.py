@@ -1,0 +1,117 @@
+"""kubectl scale 5 -> 2 with everything real but the API server: the controller, five `nezha cache`
+processes on their own loopback addresses, a real redis-server, and the test doing what the
+StatefulSet controller and the kubelet do (graceful delete, SIGTERM, SIGKILL after the grace period)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.conftest import free_port
+from tests.integration.controller.conftest import STS, pod, ring_becomes
+
+HOST = "www.cs.toronto.edu"
+GRACE = 20  # terminationGracePeriodSeconds of the cache pods in this test
+TOKEN = "e2e-cluster-token"
+
+
+def start_node(i: int, *, port: int, redis_url: str, origin_url: str, data: Path) -> subprocess.Popen:
+    ip = f"127.0.0.{11 + i}"
+    env = {**os.environ, "NEZHA_CLUSTER_TOKEN": TOKEN, "NEZHA_LEAVE_SETTLE": "2",
+           "NEZHA_SHUTDOWN_GRACE": str(GRACE - 5)}
+    log = open(data / f"node-{i}.log", "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "nezha", "cache", "--listen", f"{ip}:{port}", "--advertise", f"{ip}:{port}",
+         "--node-id", f"{STS}-{i}", "--data-dir", str(data / f"node-{i}"), "--redis-url", redis_url,
+         "--replicas", "1", "--origin", f"{HOST}={origin_url}", "--log-level", "info"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+async def healthy(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"{url} exited with {proc.returncode}"
+            try:
+                async with s.get(url + "/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} not healthy within {timeout} s")
+
+
+async def kubelet_stops(cluster, ns: str, i: int, proc: subprocess.Popen) -> float:
+    """Graceful delete, SIGTERM, SIGKILL after GRACE, then the kubelet's zero-grace delete."""
+    started = time.monotonic()
+    await cluster.core.delete_namespaced_pod(f"{STS}-{i}", ns)  # deletionTimestamp, MODIFIED
+    proc.send_signal(signal.SIGTERM)
+    while proc.poll() is None and time.monotonic() - started < GRACE:
+        await asyncio.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+    await cluster.core.delete_namespaced_pod(f"{STS}-{i}", ns, grace_period_seconds=0)
+    return time.monotonic() - started
+
+
+async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_fetches(
+        cluster, run_controller, index, ns, origin, redis_server, tmp_path):
+    paths = [f"/train/shard-{n:03d}" for n in range(40)]
+    for p in paths:
+        origin.put(p, p.encode() * 2000, headers={"Cache-Control": "max-age=3600"})
+    ports = [free_port() for _ in range(5)]
+    procs = [start_node(i, port=ports[i], redis_url=redis_server.url, origin_url=origin.url, data=tmp_path)
+             for i in range(5)]
+    urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(5)]
+    try:
+        await asyncio.gather(*(healthy(u, p) for u, p in zip(urls, procs)))
+        await cluster.create(5)
+        for i in range(5):
+            cache_pod = pod(i)
+            cache_pod["spec"]["nodeName"] = "node-a"
+            cache_pod["spec"]["terminationGracePeriodSeconds"] = GRACE
+            cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": ports[i]}]
+            await cluster.core.create_namespaced_pod(ns, cache_pod)
+            await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
+        await run_controller(peer_address="pod-ip")
+        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(5)}, timeout=2.0)
+        await asyncio.sleep(0.5)  # every node adopts the ring (pub/sub)
+        async with aiohttp.ClientSession() as s:
+            for p in paths:
+                async with s.get(urls[0] + p, headers={"Host": HOST}) as r:
+                    assert r.status == 200 and await r.read() == p.encode() * 2000
+        await asyncio.sleep(1.0)  # fills committed
+        fetched = sum(origin.requests.values())
+        assert fetched == len(paths)
+
+        # kubectl scale statefulset nezha-cache --replicas=2
+        await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 2}})
+        took = await asyncio.gather(*(kubelet_stops(cluster, ns, i, procs[i]) for i in (4, 3, 2)))
+        assert all(procs[i].returncode == 0 for i in (2, 3, 4)), "each leaving node exited by itself"
+        assert max(took) < GRACE
+        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(2)})
+
+        async with aiohttp.ClientSession() as s:
+            for url in urls[:2]:
+                for p in paths:
+                    async with s.get(url + p, headers={"Host": HOST}) as r:
+                        assert r.status == 200 and await r.read() == p.encode() * 2000, (url, p)
+        assert sum(origin.requests.values()) == fetched, "not one origin fetch after the scale-down"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
