@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import shutil
 import socket
@@ -70,6 +71,14 @@ def hit_ratio(stats: Mapping) -> float | None:
     served = stats.get("hits", 0) + stats.get("peer_hits", 0)
     total = served + stats.get("misses", 0)
     return served / total if total else None
+
+
+def key_drain(node_id: str) -> str:
+    """hash: how a node's last hand-off on leaving the ring ended (kept a day)."""
+    return f"{PREFIX}drain:{node_id}"
+
+
+DRAIN_TTL = 86400
 
 
 def key_node_stats(node_id: str) -> str:
@@ -545,6 +554,37 @@ class Index:
             raise IndexUnavailable(f"read stats from {self._where}: {type(e).__name__}: {e}") from e
         values = {_s(k): _num(v) for k, v in raw.items()}
         return {f: int(values.get(f, 0)) for f in FIELDS}
+
+    async def record_drain(self, result: Mapping[str, Any]) -> None:
+        """This node's hand-off result, for the controller's Events (`nezha:drain:<id>`); best effort."""
+        if not self.enabled or self.node_id is None:
+            return
+        fields = {k: (v if isinstance(v, (int, float, str)) else json.dumps(v)) for k, v in result.items()}
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(key_drain(self.node_id))
+        pipe.hset(key_drain(self.node_id), mapping=fields)
+        pipe.expire(key_drain(self.node_id), DRAIN_TTL)
+        try:
+            await asyncio.wait_for(pipe.execute(), timeout=2.0)
+        except (*_REDIS_ERRORS,) as e:
+            log.warning("drain_not_recorded", error=f"{type(e).__name__}: {e}")
+
+    async def read_drain(self, node_id: str) -> dict | None:
+        """A node's last recorded hand-off (see `record_drain`), or None."""
+        try:
+            raw = await self._client.hgetall(key_drain(node_id))
+        except _REDIS_ERRORS as e:
+            raise IndexUnavailable(f"read {key_drain(node_id)} from {self._where}: {type(e).__name__}: {e}") from e
+        if not raw:
+            return None
+        out: dict[str, Any] = {}
+        for k, v in raw.items():
+            k, v = _s(k), _s(v)
+            try:
+                out[k] = json.loads(v) if k == "errors" else _num(v)
+            except ValueError:
+                out[k] = v
+        return out
 
     async def read_node_counters(self, node_ids: list[str], field: str = "bytes_served") -> dict[str, int]:
         """One counter of `nezha:stats:node:<id>` for each of `node_ids` that has it (one round trip)."""

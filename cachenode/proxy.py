@@ -164,17 +164,23 @@ class CacheNode:
             return "empty"
         log.info("node_leaving", reason="out of the ring: handing objects off", handoff=True,
                  objects=len(self.store), seconds=round(deadline - loop.time(), 1))
+        started = time.time()
         try:
             progress = await asyncio.wait_for(self.handoff.run(self.cluster), timeout=max(0.1, deadline - loop.time()))
+            outcome = "incomplete" if progress.failed else "handed off"
         except asyncio.TimeoutError:
-            p = self.handoff.progress
-            log.error("handoff_unfinished", done=p.done, total=p.total, failed=p.failed,
+            progress = self.handoff.progress
+            log.error("handoff_unfinished", done=progress.done, total=progress.total, failed=progress.failed,
                       reason=f"shutdown_grace ({s.shutdown_grace:g}s) ran out")
-            return "timed out"
+            outcome = "timed out"
         if progress.failed:
             log.error("handoff_incomplete", failed=progress.failed, total=progress.total, errors=progress.errors[:5])
-            return "incomplete"
-        return "handed off"
+        # For the controller's Events: it cannot ask a node that has exited.
+        await self.index.record_drain({"outcome": outcome, "started": round(started, 3), "total": progress.total,
+                                       "done": progress.done, "copied": progress.copied, "present": progress.present,
+                                       "skipped": progress.skipped, "failed": progress.failed,
+                                       "bytes": progress.bytes, "errors": progress.errors[:20]})
+        return outcome
 
     def _in_ring(self) -> bool:
         return self.node_id in self.cluster.snapshot.addresses

@@ -28,7 +28,8 @@ from controller import status as status_annotation
 from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
-from controller.membership import members, pod_selector
+from controller.drains import Drains
+from controller.membership import leaving, members, pod_selector
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.watch import Informer
@@ -77,6 +78,8 @@ class Controller:
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring)
+        self.drains = Drains(events=self.events, index=index,
+                             present=lambda node: self.pods is not None and node in self.pods.objects)
         self.last_event_at: float | None = None
 
     def _changed(self) -> None:
@@ -108,6 +111,7 @@ class Controller:
                     task.cancel()
             await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)
             await self.prefetcher.close()
+            await self.drains.close()
             if self._http is not None:
                 await self._http.close()
 
@@ -200,8 +204,15 @@ class Controller:
                           peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
         await self.write_ring(desired, replicas=self.spec.replicas_per_key)
         await self.write_status(sts)
+        self._follow_drains(sts)
         if self.jobs.synced.is_set():
             self.prefetcher.observe(self.jobs.objects)
+
+    def _follow_drains(self, sts: dict) -> None:
+        """Events for the nodes a scale-down takes out of the ring while they still run (controller/drains.py)."""
+        assert self.pods is not None
+        going = [name for name, pod in self.pods.objects.items() if leaving(pod, statefulset=sts)]
+        self.drains.observe(sts=sts, leaving=going)
 
     async def write_status(self, sts: dict) -> None:
         """The `nezha.io/status` annotation, when what it says changed (controller/status.py)."""

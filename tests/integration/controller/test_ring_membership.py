@@ -141,3 +141,22 @@ async def test_a_users_scale_down_takes_the_leaving_pods_out_of_the_ring_within_
     # kubectl scale statefulset nezha-cache --replicas=2: the scale subresource, nothing else.
     await cluster.apps.patch_namespaced_stateful_set_scale("nezha-cache", ns, {"spec": {"replicas": 2}})
     await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in range(2)})
+
+
+async def test_a_leaving_node_that_records_no_hand_off_is_a_drain_failed_warning(cluster, run_controller, index,
+                                                                                    ns):
+    """Killed before it could hand off (or record it): the operator hears that its objects will be refetched."""
+    from tests.integration.controller.conftest import events_about
+
+    await cluster.create(3)
+    for i in range(3):
+        await cluster.add_pod(i)
+    controller = await run_controller()
+    controller.drains.record_wait = 0.3
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in range(3)})
+    await cluster.apps.patch_namespaced_stateful_set_scale("nezha-cache", ns, {"spec": {"replicas": 2}})
+    [started] = await events_about(cluster, reason="DrainStarted")
+    assert started.message.startswith("nezha-cache-2 left the ring")
+    await cluster.delete_pod(2)
+    [failed] = await events_about(cluster, reason="DrainFailed", timeout=3.0)
+    assert failed.type == "Warning" and "nezha-cache-2" in failed.message and "origin" in failed.message

@@ -93,6 +93,8 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
         fetched = sum(origin.requests.values())
         assert fetched == len(paths)
 
+        leaving_held = sum(len(list((tmp_path / f"node-{i}").rglob("*.data"))) for i in (2, 3, 4))
+        assert leaving_held > 0
         # kubectl scale statefulset nezha-cache --replicas=2
         await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 2}})
         took = await asyncio.gather(*(kubelet_stops(cluster, ns, i, procs[i]) for i in (4, 3, 2)))
@@ -106,6 +108,14 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
                     async with s.get(url + p, headers={"Host": HOST}) as r:
                         assert r.status == 200 and await r.read() == p.encode() * 2000, (url, p)
         assert sum(origin.requests.values()) == fetched, "not one origin fetch after the scale-down"
+        from tests.integration.controller.conftest import events_about
+
+        started = await events_about(cluster, reason="DrainStarted", count=3)
+        finished = await events_about(cluster, reason="DrainFinished", count=3)
+        assert sorted(e.message.split()[0] for e in started) == [f"{STS}-{i}" for i in (2, 3, 4)]
+        assert sorted(e.message.split()[0] for e in finished) == [f"{STS}-{i}" for i in (2, 3, 4)]
+        assert sum(int(e.message.split("handed off ")[1].split()[0]) for e in finished) == leaving_held
+        assert await events_about(cluster, reason="DrainFailed", timeout=0) == []
     finally:
         for proc in procs:
             if proc.poll() is None:
