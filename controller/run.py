@@ -71,6 +71,7 @@ class Controller:
         self.written: tuple[dict[str, str], int | None] | None = None
         self.writes = 0
         self.status_written_at: float | None = None
+        self.failing: str | None = None  # why reconciling fails, while it does (one Warning per outage)
         self.spec: Spec = DEFAULT
         self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
         self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
@@ -172,12 +173,23 @@ class Controller:
             try:
                 await self.reconcile()
                 delay = 0.2
+                if self.failing is not None and self.statefulset is not None:
+                    await self.events.emit(self.statefulset, "Normal", "RingWriteRecovered",
+                                           f"the ring is written again after: {self.failing}")
+                    self.failing = None
             except Deposed as e:
                 log.warning("ring_write_refused", error=str(e))
                 if self.elector is not None:
                     self.elector._lose(str(e))
-            except IndexUnavailable as e:
-                log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))
+            except Exception as e:  # noqa: BLE001 - Redis down, an object it cannot read: log, back off, go on
+                if isinstance(e, IndexUnavailable):
+                    log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))
+                else:
+                    log.exception("reconcile_failed", retry_in=round(delay, 2))
+                if self.failing is None and self.statefulset is not None and self.leading:
+                    self.failing = f"{type(e).__name__}: {str(e)[:300]}"
+                    await self.events.emit(self.statefulset, "Warning", "RingWriteFailed",
+                                           f"cannot keep the ring current, retrying with backoff: {self.failing}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 self._wake.set()

@@ -119,3 +119,22 @@ async def test_two_processes_with_default_timings_fail_over_within_25_s_of_a_sig
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
             await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_a_redis_outage_is_one_warning_event_and_recovery_a_normal_one(cluster, run_controller, index,
+                                                                             redis_server, ns):
+    from tests.integration.controller.conftest import events_about
+
+    await cluster.create(2)
+    await cluster.add_pod(0)
+    await run_controller()
+    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)})
+    redis_server.stop(kill=True)
+    await cluster.add_pod(1)  # a change the controller cannot write
+    [warning] = await events_about(cluster, reason="RingWriteFailed", timeout=5.0)
+    assert warning.type == "Warning" and "retrying" in warning.message
+    redis_server.start()
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=15.0)
+    [recovered] = await events_about(cluster, reason="RingWriteRecovered", timeout=5.0)
+    assert recovered.type == "Normal"
+    assert len(await events_about(cluster, reason="RingWriteFailed", timeout=0)) == 1, "one per outage"
