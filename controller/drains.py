@@ -56,10 +56,12 @@ class Drains:
                 del self.running[node]  # followed to its end and gone: a later pod of that name is new
 
     async def close(self) -> None:
+        """Stop following (leadership lost, or shutdown); a new leader starts over."""
         tasks = [d.task for d in self.running.values() if d.task is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.running.clear()
 
     async def _follow(self, sts: dict, drain: Drain) -> None:
         replicas = (sts.get("spec") or {}).get("replicas")

@@ -9,6 +9,7 @@ the controller: a failure to write it is logged and dropped.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Callable
 
 import structlog
 from kubernetes_asyncio import client
@@ -19,7 +20,10 @@ MAX_MESSAGE = 1024  # kube-apiserver truncates longer messages anyway
 
 
 class EventRecorder:
-    def __init__(self, *, api: client.ApiClient, namespace: str, component: str, host: str) -> None:
+    def __init__(self, *, api: client.ApiClient, namespace: str, component: str, host: str,
+                 allowed: Callable[[], bool] = lambda: True) -> None:
+        """`allowed()`: whether this replica may write now (it leads); a standby records nothing."""
+        self.allowed = allowed
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.component = component
@@ -28,13 +32,18 @@ class EventRecorder:
 
     async def emit(self, obj: dict, type_: str, reason: str, message: str) -> None:
         """One Event of `type_` (Normal or Warning) about `obj` (its API JSON)."""
+        if not self.allowed():
+            return
         meta = obj.get("metadata") or {}
+        # An Event lives in the namespace of the object it is about (kube-apiserver
+        # refuses another): a Job's in its user's namespace.
+        namespace = meta.get("namespace") or self.namespace
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": self.namespace},
+            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
             "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                               "name": meta.get("name"), "namespace": meta.get("namespace", self.namespace),
+                               "name": meta.get("name"), "namespace": namespace,
                                "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
             "type": type_, "reason": reason, "message": message[:MAX_MESSAGE],
             "source": {"component": self.component, "host": self.host},
@@ -42,7 +51,7 @@ class EventRecorder:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            await self.core.create_namespaced_event(self.namespace, body)
+            await self.core.create_namespaced_event(namespace, body)
             self.sent += 1
         except Exception as e:  # noqa: BLE001 - an API error, a timeout: an Event is never worth the controller
             log.warning("event_not_recorded", reason=reason, object=meta.get("name"),

@@ -96,10 +96,14 @@ class Prefetcher:
             self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, job, progress))
 
     async def close(self) -> None:
+        """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
         tasks = list(self._tasks.values()) + list(self.fetches.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.fetches.clear()
+        self.jobs.clear()
 
     async def _follow(self, key: str, job: dict, progress: JobProgress) -> None:
         for bad in progress.bad:
@@ -165,6 +169,8 @@ class Prefetcher:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
 
     async def _write_status(self, job: dict, progress: JobProgress) -> None:
+        if not self.events.allowed():
+            return  # not the leader (any more): a standby writes nothing
         meta = job.get("metadata") or {}
         text = json.dumps(progress.status(), sort_keys=True, separators=(",", ":"))
         try:

@@ -75,7 +75,7 @@ class Controller:
         self.spec: Spec = DEFAULT
         self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
         self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
-                                    host=settings.holder)
+                                    host=settings.holder, allowed=lambda: self.leading)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring)
@@ -146,6 +146,10 @@ class Controller:
         while True:
             await self.elector.changed.wait()
             self.elector.changed.clear()
+            if not self.elector.leading:
+                # A standby writes nothing: stop what the leader had started.
+                await self.prefetcher.close()
+                await self.drains.close()
             self.written = None
             self.problems = {}
             self._wake.set()

@@ -94,6 +94,9 @@ class Informer:
                     self.version = None  # 403, 404...: start over from a list once it is fixed
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
                 log.warning("watch_failed", kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
+            except Exception as e:  # noqa: BLE001 - a cut or malformed line: never end the watch for good
+                log.warning("watch_failed", kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
+                self.version = None  # what it held may have missed an event: list again
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.backoff[1])
 
@@ -105,6 +108,12 @@ class Informer:
         finally:
             response.release()
         self.relists += 1
+        # List items come without kind and apiVersion (kube-apiserver leaves them out);
+        # Events about them need both, so they are put back from the list's own.
+        kind, api_version = (listed.get("kind") or "").removesuffix("List"), listed.get("apiVersion")
+        for item in listed.get("items") or []:
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", api_version)
         objects = {self._key(o): o for o in listed.get("items") or []}
         changed = objects != self.objects
         self.objects = objects
@@ -123,6 +132,8 @@ class Informer:
                                             _request_timeout=self.watch_timeout + self.watch_grace,
                                             **self._selectors()):
                 kind, obj = event["type"], event["raw_object"]
+                if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+                    raise ValueError(f"watch event without an object: {str(event)[:200]}")
                 version = (obj.get("metadata") or {}).get("resourceVersion")
                 if version:
                     self.version = version

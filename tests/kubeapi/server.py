@@ -453,6 +453,12 @@ class KubeAPI:
                 raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
                                {"name": namespace, "kind": "namespaces"})
             meta["namespace"] = namespace
+        involved = (obj.get("involvedObject") or {}).get("namespace") if res.plural == "events" else None
+        if involved not in (None, "", namespace):
+            # kube-apiserver's Event validation: an Event lives beside what it is about.
+            raise ApiError(422, "Invalid", f'Event "{meta.get("name") or meta.get("generateName")}" is invalid: '
+                           f"involvedObject.namespace: Invalid value: {_go_value(involved)}: does not match "
+                           f"event.namespace")
         if not meta.get("name") and not meta.get("generateName"):
             raise ApiError(422, "Invalid", f"{res.kind} \"\" is invalid: metadata.name: Required value: name or "
                            "generateName is required")
