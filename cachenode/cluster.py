@@ -33,6 +33,7 @@ class Snapshot:
     ring: Ring | None
     addresses: dict[str, str] = field(default_factory=dict)
     replicas: int | None = None  # owners per key published with the ring, if any
+    leaving: frozenset[str] = frozenset()  # nodes a scale-down took out: they hand off before exiting
 
 
 class ClusterView:
@@ -53,14 +54,16 @@ class ClusterView:
         weights = {n: (membership.weights or {}).get(n, 1) for n in membership.nodes}
         snap = self.snapshot
         published = getattr(membership, "replicas", None)
+        leaving = frozenset(getattr(membership, "leaving", ()) or ())
         if (membership.epoch == snap.epoch and dict(membership.nodes) == snap.addresses
-                and weights == (dict(snap.ring.nodes) if snap.ring else {}) and published == snap.replicas):
+                and weights == (dict(snap.ring.nodes) if snap.ring else {}) and published == snap.replicas
+                and leaving == snap.leaving):
             return
         # Any difference is adopted, a lower epoch too: Redis may have lost its
         # data and restarted the count. The index filters stale notifications.
         ring = Ring(weights, vnodes=self.vnodes) if weights else None
         self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes),
-                                 replicas=published)
+                                 replicas=published, leaving=leaving)
         log.info("ring_updated", epoch=membership.epoch, nodes=sorted(membership.nodes), me=self.node_id,
                  member=self.node_id in membership.nodes)
 

@@ -57,6 +57,7 @@ KEY_EPOCH = "nezha:ring:epoch"  # string: int, INCR on every membership write
 KEY_NODES = "nezha:ring:nodes"  # hash: node id -> "host:port"
 KEY_WEIGHTS = "nezha:ring:weights"  # hash: node id -> weight
 KEY_REPLICAS = "nezha:ring:replicas"  # string: int, owners per key for every node (absent: each node's own)
+KEY_LEAVING = "nezha:ring:leaving"  # set: node ids a scale-down took out of the ring; they hand off on SIGTERM
 KEY_FENCE = "nezha:ring:leader"  # hash: generation (the Lease's leaseTransitions), holder: who may write the ring
 CHANNEL_RING = "nezha:ring:changed"  # pub/sub: message is the new epoch
 KEY_OBJECTS = "nezha:objects"  # zset: cache key -> last access (unix seconds)
@@ -131,6 +132,7 @@ class Membership:
     nodes: dict[str, str]
     weights: dict[str, int] = field(default_factory=dict)
     replicas: int | None = None  # owners per key the controller published; None: each node's own setting
+    leaving: frozenset[str] = frozenset()  # nodes out of the ring for good (a scale-down), not for a restart
 
     def ring(self, *, vnodes: int = 160, hash_fn: Callable[[str], int] | None = None) -> Ring:
         return Ring({n: self.weights.get(n, 1) for n in self.nodes}, vnodes=vnodes, hash_fn=hash_fn)
@@ -384,7 +386,8 @@ class Index:
         pipe.hgetall(KEY_NODES)
         pipe.hgetall(KEY_WEIGHTS)
         pipe.get(KEY_REPLICAS)
-        epoch, nodes, weights, raw_replicas = await pipe.execute()
+        pipe.smembers(KEY_LEAVING)
+        epoch, nodes, weights, raw_replicas, leaving = await pipe.execute()
         if epoch is None:
             return None
         replicas = None
@@ -405,7 +408,8 @@ class Index:
             except ValueError:
                 log.warning("ring_weight_invalid", node=node, weight=raw_weights[node])
                 clean[node] = 1
-        return Membership(epoch=int(_s(epoch)), nodes=nodes, weights=clean, replicas=replicas)
+        return Membership(epoch=int(_s(epoch)), nodes=nodes, weights=clean, replicas=replicas,
+                          leaving=frozenset(_s(n) for n in leaving or ()))
 
     async def _refresh_membership(self) -> None:
         async with self._read_lock:
@@ -449,10 +453,13 @@ class Index:
         return None
 
     async def set_membership(self, nodes: dict[str, str], weights: dict[str, int] | None = None, *,
-                             replicas: int | None | object = UNCHANGED, fence: Fence | None = None) -> int:
+                             replicas: int | None | object = UNCHANGED, fence: Fence | None = None,
+                             leaving: frozenset[str] | set[str] | object = UNCHANGED) -> int:
         """Replace the membership, bump the epoch atomically, tell every node; returns the new epoch.
 
-        `replicas` (owners per key for every node; None removes it) is
+        `leaving` (the nodes a scale-down took out, which hand their objects
+        off on SIGTERM; a node merely out of the ring is restarting) and
+        `replicas` (owners per key for every node; None removes it) are
         written in the same MULTI, so no node sees a ring with the other's
         owner count; left out, it stays as it is.
         With `fence` (the controller), the write is taken only while Redis
@@ -469,8 +476,10 @@ class Index:
             async with self._read_lock:
                 epoch = (self.membership.epoch if self.membership else 0) + 1
                 kept = self.membership.replicas if self.membership else None
+                gone = self.membership.leaving if self.membership else frozenset()
                 self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
-                                       replicas=kept if replicas is UNCHANGED else replicas))
+                                       replicas=kept if replicas is UNCHANGED else replicas,
+                                       leaving=gone if leaving is UNCHANGED else frozenset(leaving)))
             return epoch
         try:
             async with self._client.pipeline(transaction=True) as pipe:
@@ -493,6 +502,10 @@ class Index:
                     pipe.delete(KEY_REPLICAS)
                 elif replicas is not UNCHANGED:
                     pipe.set(KEY_REPLICAS, str(replicas))
+                if leaving is not UNCHANGED:
+                    pipe.delete(KEY_LEAVING)
+                    if leaving:
+                        pipe.sadd(KEY_LEAVING, *sorted(leaving))
                 epoch = int((await pipe.execute())[0])
         except WatchError as e:
             raise Deposed(f"ring write refused: the fence in {self._where} changed during the write") from e
@@ -506,8 +519,10 @@ class Index:
         async with self._read_lock:
             if self.membership is None or self.membership.epoch < epoch:
                 kept = self.membership.replicas if self.membership else None
+                gone = self.membership.leaving if self.membership else frozenset()
                 self._adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
-                                       replicas=kept if replicas is UNCHANGED else replicas))
+                                       replicas=kept if replicas is UNCHANGED else replicas,
+                                       leaving=gone if leaving is UNCHANGED else frozenset(leaving)))
         log.info("ring_written", epoch=epoch, nodes=sorted(nodes))
         return epoch
 

@@ -136,10 +136,16 @@ class LocalCluster:
     def members(self) -> dict[str, str]:
         return {n.id: n.address for n in self.nodes.values() if n.proc.poll() is None}
 
-    async def publish(self, members: dict[str, str] | None = None, *, timeout: float = 5.0) -> int:
-        """Write the ring to the index and wait until every live node has adopted it."""
+    async def publish(self, members: dict[str, str] | None = None, *, timeout: float = 5.0,
+                      leaving: set[str] | None = None) -> int:
+        """Write the ring to the index and wait until every live node has adopted it.
+
+        `leaving` names nodes taken out for good, as the controller does on a
+        scale-down: they hand their objects off when they get SIGTERM.
+        """
         assert self.index is not None
-        epoch = await self.index.set_membership(members if members is not None else self.members())
+        epoch = await self.index.set_membership(members if members is not None else self.members(),
+                                                leaving=leaving or set())
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as s:
             for node in self.nodes.values():

@@ -141,12 +141,14 @@ class CacheNode:
         """On SIGTERM: hand every object to its owners if the ring no longer has
         this node; exit at once if it does. What happened, for the log.
 
-        Kubernetes does not say whether a termination is permanent. The ring
-        does: the controller takes the pods a scale-down removes out of it at
-        once (their ordinals are at or above the new replicas), while a
-        restarted or evicted pod stays in it and comes back with its disk. The
-        SIGTERM may arrive before the ring that drops this node, so it waits
-        up to `leave_settle` for one. Bounded by `shutdown_grace`.
+        Kubernetes does not say whether a termination is permanent. The
+        controller does: a pod a scale-down removes (ordinal at or above the
+        new replicas) is taken out of the ring and named in its `leaving`
+        set, in one write; a restarted or evicted pod also leaves the ring
+        while it terminates, but is not named, and comes back with its disk.
+        The SIGTERM may arrive before that write, so the node waits up to
+        `leave_settle` for it. Only a node named leaving hands off, bounded
+        by `shutdown_grace`.
         """
         s = self.settings
         if self.index is None:
@@ -154,11 +156,12 @@ class CacheNode:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.shutdown_grace
         settle = loop.time() + min(s.leave_settle, s.shutdown_grace)
-        while self._in_ring() and loop.time() < settle:
+        while self._in_ring() and not self._named_leaving() and loop.time() < settle:
             await asyncio.sleep(0.05)
-        if self._in_ring() or not self.cluster.clustered:
-            log.info("node_leaving", reason="still in the ring: a restart keeps its disk", handoff=False)
-            return "in ring"
+        if not self._named_leaving() or not self.cluster.clustered:
+            log.info("node_leaving", reason="not leaving for good: a restart keeps its disk", handoff=False,
+                     in_ring=self._in_ring())
+            return "restart"
         if len(self.store) == 0:
             log.info("node_leaving", reason="out of the ring, nothing stored", handoff=False)
             return "empty"
@@ -184,6 +187,9 @@ class CacheNode:
 
     def _in_ring(self) -> bool:
         return self.node_id in self.cluster.snapshot.addresses
+
+    def _named_leaving(self) -> bool:
+        return self.node_id in self.cluster.snapshot.leaving and not self._in_ring()
 
     def on_evict(self, meta: Meta) -> None:
         self._object_gone(meta, evictions=1)

@@ -218,7 +218,8 @@ class Controller:
             return  # its first list wakes us again
         desired = members(self.pods.objects.values(), statefulset=sts, namespace=self.namespace,
                           peer_address=self.settings.peer_address, peer_port=self.settings.peer_port)
-        await self.write_ring(desired, replicas=self.spec.replicas_per_key)
+        going = frozenset(n for n, p in self.pods.objects.items() if leaving(p, statefulset=sts))
+        await self.write_ring(desired, replicas=self.spec.replicas_per_key, leaving=going)
         await self.write_status(sts)
         self._follow_drains(sts)
         if self.jobs.synced.is_set():
@@ -274,12 +275,14 @@ class Controller:
         self.spec = spec
         self.scaler.configure(policy_of(spec))
 
-    async def write_ring(self, desired: dict[str, str], *, replicas: int | None = None) -> None:
-        """Write `desired` (and the owners per key) unless Redis already holds exactly it."""
+    async def write_ring(self, desired: dict[str, str], *, replicas: int | None = None,
+                         leaving: frozenset[str] = frozenset()) -> None:
+        """Write `desired` (with the owners per key, and the nodes a scale-down
+        took out, which hand off on SIGTERM) unless Redis already holds exactly it."""
         if self.written is None:
             held = await self.index.get_membership()
-            self.written = (dict(held.nodes), held.replicas) if held is not None else None
-        if (desired, replicas) == self.written:
+            self.written = (dict(held.nodes), held.replicas, held.leaving) if held is not None else None
+        if (desired, replicas, leaving) == self.written:
             self.last_event_at = None
             return
         if not desired:
@@ -292,8 +295,8 @@ class Controller:
         fence = self.elector.fence if self.elector is not None else None
         if self.elector is not None and fence is None:
             return  # lost the lease since the pass began
-        epoch = await self.index.set_membership(desired, replicas=replicas, fence=fence)
-        self.written = (dict(desired), replicas)
+        epoch = await self.index.set_membership(desired, replicas=replicas, fence=fence, leaving=leaving)
+        self.written = (dict(desired), replicas, leaving)
         self.writes += 1
         waited = None if self.last_event_at is None else round((self._clock() - self.last_event_at) * 1000, 1)
         self.last_event_at = None

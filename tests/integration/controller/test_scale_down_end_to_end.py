@@ -125,3 +125,48 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+async def test_a_rolling_restart_of_one_pod_hands_nothing_off_and_keeps_its_data(
+        cluster, run_controller, index, ns, origin, redis_server, tmp_path):
+    """A pod deleted with replicas unchanged leaves the ring while it terminates, but is not leaving for good."""
+    paths = [f"/train/r-{n:02d}" for n in range(15)]
+    for p in paths:
+        origin.put(p, p.encode() * 1000, headers={"Cache-Control": "max-age=3600"})
+    ports = [free_port() for _ in range(3)]
+    procs = [start_node(i, port=ports[i], redis_url=redis_server.url, origin_url=origin.url, data=tmp_path)
+             for i in range(3)]
+    urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(3)]
+    try:
+        await asyncio.gather(*(healthy(u, p) for u, p in zip(urls, procs)))
+        await cluster.create(3)
+        for i in range(3):
+            cache_pod = pod(i)
+            cache_pod["spec"]["nodeName"] = "node-a"
+            cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": ports[i]}]
+            await cluster.core.create_namespaced_pod(ns, cache_pod)
+            await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
+        await run_controller(peer_address="pod-ip")
+        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(3)}, timeout=2.0)
+        await asyncio.sleep(0.5)
+        async with aiohttp.ClientSession() as s:
+            for p in paths:
+                async with s.get(urls[0] + p, headers={"Host": HOST}) as r:
+                    assert r.status == 200
+        await asyncio.sleep(1.0)
+        held = sorted(q.name for q in (tmp_path / "node-1").rglob("*.data"))
+        assert held, "node-1 owns some of them"
+        took = await kubelet_stops(cluster, ns, 1, procs[1])
+        assert procs[1].returncode == 0 and took < 5.0, took
+        log = (tmp_path / "node-1.log").read_text()
+        assert "a restart keeps its disk" in log and "handing objects off" not in log
+        assert sorted(q.name for q in (tmp_path / "node-1").rglob("*.data")) == held
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
