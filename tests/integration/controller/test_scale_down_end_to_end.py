@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.conftest import free_port
-from tests.integration.controller.conftest import STS, pod, ring_becomes
+from tests.integration.controller.conftest import STS, events_about, pod, ring_becomes
 
 HOST = "www.cs.toronto.edu"
 GRACE = 20  # terminationGracePeriodSeconds of the cache pods in this test
@@ -63,19 +64,28 @@ async def kubelet_stops(cluster, ns: str, i: int, proc: subprocess.Popen) -> flo
     return time.monotonic() - started
 
 
-async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_fetches(
-        cluster, run_controller, index, ns, origin, redis_server, tmp_path):
-    paths = [f"/train/shard-{n:03d}" for n in range(40)]
-    for p in paths:
-        origin.put(p, p.encode() * 2000, headers={"Cache-Control": "max-age=3600"})
-    ports = [free_port() for _ in range(5)]
-    procs = [start_node(i, port=ports[i], redis_url=redis_server.url, origin_url=origin.url, data=tmp_path)
-             for i in range(5)]
-    urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(5)]
-    try:
+class CachePods:
+    """Node processes, their pods in the API double, and the controller; objects cached through node 0."""
+
+    def __init__(self, procs: list[subprocess.Popen], urls: list[str]) -> None:
+        self.procs, self.urls = procs, urls
+
+
+@pytest.fixture
+async def cache_pods(cluster, run_controller, index, ns, origin, redis_server, tmp_path):
+    started: list[subprocess.Popen] = []
+
+    async def start(n: int, paths: list[str]) -> CachePods:
+        for p in paths:
+            origin.put(p, p.encode() * 2000, headers={"Cache-Control": "max-age=3600"})
+        ports = [free_port() for _ in range(n)]
+        procs = [start_node(i, port=ports[i], redis_url=redis_server.url, origin_url=origin.url, data=tmp_path)
+                 for i in range(n)]
+        started.extend(procs)
+        urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(n)]
         await asyncio.gather(*(healthy(u, p) for u, p in zip(urls, procs)))
-        await cluster.create(5)
-        for i in range(5):
+        await cluster.create(n)
+        for i in range(n):
             cache_pod = pod(i)
             cache_pod["spec"]["nodeName"] = "node-a"
             cache_pod["spec"]["terminationGracePeriodSeconds"] = GRACE
@@ -83,90 +93,64 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
             await cluster.core.create_namespaced_pod(ns, cache_pod)
             await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
         await run_controller(peer_address="pod-ip")
-        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(5)}, timeout=2.0)
+        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(n)}, timeout=2.0)
         await asyncio.sleep(0.5)  # every node adopts the ring (pub/sub)
         async with aiohttp.ClientSession() as s:
             for p in paths:
                 async with s.get(urls[0] + p, headers={"Host": HOST}) as r:
                     assert r.status == 200 and await r.read() == p.encode() * 2000
         await asyncio.sleep(1.0)  # fills committed
-        fetched = sum(origin.requests.values())
-        assert fetched == len(paths)
+        return CachePods(procs, urls)
 
-        leaving_held = sum(len(list((tmp_path / f"node-{i}").rglob("*.data"))) for i in (2, 3, 4))
-        assert leaving_held > 0
-        # kubectl scale statefulset nezha-cache --replicas=2
-        await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 2}})
-        took = await asyncio.gather(*(kubelet_stops(cluster, ns, i, procs[i]) for i in (4, 3, 2)))
-        assert all(procs[i].returncode == 0 for i in (2, 3, 4)), "each leaving node exited by itself"
-        assert max(took) < GRACE
-        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(2)})
-
-        async with aiohttp.ClientSession() as s:
-            for url in urls[:2]:
-                for p in paths:
-                    async with s.get(url + p, headers={"Host": HOST}) as r:
-                        assert r.status == 200 and await r.read() == p.encode() * 2000, (url, p)
-        assert sum(origin.requests.values()) == fetched, "not one origin fetch after the scale-down"
-        from tests.integration.controller.conftest import events_about
-
-        started = await events_about(cluster, reason="DrainStarted", count=3)
-        finished = await events_about(cluster, reason="DrainFinished", count=3)
-        assert sorted(e.message.split()[0] for e in started) == [f"{STS}-{i}" for i in (2, 3, 4)]
-        assert sorted(e.message.split()[0] for e in finished) == [f"{STS}-{i}" for i in (2, 3, 4)]
-        assert sum(int(e.message.split("handed off ")[1].split()[0]) for e in finished) == leaving_held
-        assert await events_about(cluster, reason="DrainFailed", timeout=0) == []
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in started:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
-async def test_a_rolling_restart_of_one_pod_hands_nothing_off_and_keeps_its_data(
-        cluster, run_controller, index, ns, origin, redis_server, tmp_path):
-    """A pod deleted with replicas unchanged leaves the ring while it terminates, but is not leaving for good."""
-    paths = [f"/train/r-{n:02d}" for n in range(15)]
-    for p in paths:
-        origin.put(p, p.encode() * 1000, headers={"Cache-Control": "max-age=3600"})
-    ports = [free_port() for _ in range(3)]
-    procs = [start_node(i, port=ports[i], redis_url=redis_server.url, origin_url=origin.url, data=tmp_path)
-             for i in range(3)]
-    urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(3)]
-    try:
-        await asyncio.gather(*(healthy(u, p) for u, p in zip(urls, procs)))
-        await cluster.create(3)
-        for i in range(3):
-            cache_pod = pod(i)
-            cache_pod["spec"]["nodeName"] = "node-a"
-            cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": ports[i]}]
-            await cluster.core.create_namespaced_pod(ns, cache_pod)
-            await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
-        await run_controller(peer_address="pod-ip")
-        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(3)}, timeout=2.0)
-        await asyncio.sleep(0.5)
-        async with aiohttp.ClientSession() as s:
+async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_fetches(
+        cache_pods, cluster, index, ns, origin, tmp_path):
+    paths = [f"/train/shard-{n:03d}" for n in range(40)]
+    pods = await cache_pods(5, paths)
+    fetched = sum(origin.requests.values())
+    assert fetched == len(paths)
+    leaving_held = sum(len(list((tmp_path / f"node-{i}").rglob("*.data"))) for i in (2, 3, 4))
+    assert leaving_held > 0
+
+    # kubectl scale statefulset nezha-cache --replicas=2
+    await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 2}})
+    took = await asyncio.gather(*(kubelet_stops(cluster, ns, i, pods.procs[i]) for i in (4, 3, 2)))
+    assert all(pods.procs[i].returncode == 0 for i in (2, 3, 4)), "each leaving node exited by itself"
+    assert max(took) < GRACE
+    await ring_becomes(index, {f"{STS}-{i}": pods.urls[i].removeprefix("http://") for i in range(2)})
+
+    async with aiohttp.ClientSession() as s:
+        for url in pods.urls[:2]:
             for p in paths:
-                async with s.get(urls[0] + p, headers={"Host": HOST}) as r:
-                    assert r.status == 200
-        await asyncio.sleep(1.0)
-        held = sorted(q.name for q in (tmp_path / "node-1").rglob("*.data"))
-        assert held, "node-1 owns some of them"
-        took = await kubelet_stops(cluster, ns, 1, procs[1])
-        assert procs[1].returncode == 0 and took < 5.0, took
-        log = (tmp_path / "node-1.log").read_text()
-        assert "a restart keeps its disk" in log and "handing objects off" not in log
-        assert sorted(q.name for q in (tmp_path / "node-1").rglob("*.data")) == held
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                async with s.get(url + p, headers={"Host": HOST}) as r:
+                    assert r.status == 200 and await r.read() == p.encode() * 2000, (url, p)
+    assert sum(origin.requests.values()) == fetched, "not one origin fetch after the scale-down"
+
+    started = await events_about(cluster, reason="DrainStarted", count=3)
+    finished = await events_about(cluster, reason="DrainFinished", count=3)
+    assert sorted(e.message.split()[0] for e in started) == [f"{STS}-{i}" for i in (2, 3, 4)]
+    assert sorted(e.message.split()[0] for e in finished) == [f"{STS}-{i}" for i in (2, 3, 4)]
+    assert sum(int(e.message.split("handed off ")[1].split()[0]) for e in finished) == leaving_held
+    assert await events_about(cluster, reason="DrainFailed", timeout=0) == []
+
+
+async def test_a_rolling_restart_of_one_pod_hands_nothing_off_and_keeps_its_data(cache_pods, cluster, ns, tmp_path):
+    """A pod deleted with replicas unchanged leaves the ring while it terminates, but is not leaving for good."""
+    pods = await cache_pods(3, [f"/train/r-{n:02d}" for n in range(15)])
+    held = sorted(q.name for q in (tmp_path / "node-1").rglob("*.data"))
+    assert held, "node-1 owns some of them"
+    took = await kubelet_stops(cluster, ns, 1, pods.procs[1])
+    assert pods.procs[1].returncode == 0 and took < 5.0, took
+    log = (tmp_path / "node-1.log").read_text()
+    assert "a restart keeps its disk" in log and "handing objects off" not in log
+    assert sorted(q.name for q in (tmp_path / "node-1").rglob("*.data")) == held
