@@ -76,11 +76,11 @@ class LeaderElector:
         if self.fence is None:
             return False
         if self._clock() - self._renewed_at > self.renew_deadline:
-            self._lose("the lease was not renewed within the renew deadline")
+            self.lose("the lease was not renewed within the renew deadline")
             return False
         return True
 
-    def _lose(self, why: str) -> None:
+    def lose(self, why: str) -> None:
         if self.fence is not None:
             log.warning("leadership_lost", identity=self.identity, lease=self.name, reason=why)
             self.fence = None
@@ -117,7 +117,7 @@ class LeaderElector:
         if holder == self.identity:
             await self._write(lease, transitions=transitions, acquired=False)
             return
-        self._lose(f"{holder} holds the lease")
+        self.lose(f"{holder} holds the lease")
         duration = (spec.lease_duration_seconds if spec and spec.lease_duration_seconds else self.lease_duration)
         if holder and now - self._observed_at < duration:
             return  # held and renewed within its duration, as far as this clock can tell
@@ -150,7 +150,7 @@ class LeaderElector:
             await self.api.replace_namespaced_lease(self.name, self.namespace, body)
         except ApiException as e:
             if e.status == 409:
-                self._lose("another candidate wrote the lease first")
+                self.lose("another candidate wrote the lease first")
                 return
             raise
         if acquired or self.fence is None:

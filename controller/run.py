@@ -184,7 +184,7 @@ class Controller:
             except Deposed as e:
                 log.warning("ring_write_refused", error=str(e))
                 if self.elector is not None:
-                    self.elector._lose(str(e))
+                    self.elector.lose(str(e))
             except Exception as e:  # noqa: BLE001 - Redis down, an object it cannot read: log, back off, go on
                 if isinstance(e, IndexUnavailable):
                     log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))

@@ -44,16 +44,22 @@ async def serve_load(redis_url: str, nodes: list[str], bytes_per_second: float, 
         await r.aclose()
 
 
-async def test_heavy_egress_scales_up_then_idle_scales_down_one_step_at_a_time(cluster, run_controller, index, ns,
-                                                                                 redis_server):
+async def two_nodes_under_load(cluster, run_controller, index, ns: str, redis_url: str):
+    """Two ready cache pods in the ring, the controller running, and 10 MB/s of egress on each;
+    set the returned event to stop the load, then await the task."""
     await cluster.create(2)
     await cluster.add_pod(0)
     await cluster.add_pod(1)
     await run_controller()
     await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
     stop = asyncio.Event()
-    load = asyncio.get_running_loop().create_task(
-        serve_load(redis_server.url, ["nezha-cache-0", "nezha-cache-1"], 10e6, stop))
+    load = asyncio.get_running_loop().create_task(serve_load(redis_url, ["nezha-cache-0", "nezha-cache-1"], 10e6, stop))
+    return stop, load
+
+
+async def test_heavy_egress_scales_up_then_idle_scales_down_one_step_at_a_time(cluster, run_controller, index, ns,
+                                                                                 redis_server):
+    stop, load = await two_nodes_under_load(cluster, run_controller, index, ns, redis_server.url)
     await annotate(cluster, FAST)
     assert (await replicas_become(cluster, 4))[-1] == 4  # 20 MB/s on 2 nodes for 1 MB/s each: at most doubling
     [up] = await events_about(cluster, reason="ScaledUp")
@@ -84,14 +90,7 @@ async def test_a_users_scale_outside_the_bounds_is_clamped_with_an_event(cluster
 
 async def test_with_autoscaling_off_the_controller_never_writes_replicas(cluster, run_controller, index, ns,
                                                                          redis_server):
-    await cluster.create(2)
-    await cluster.add_pod(0)
-    await cluster.add_pod(1)
-    await run_controller()
-    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
-    stop = asyncio.Event()
-    load = asyncio.get_running_loop().create_task(
-        serve_load(redis_server.url, ["nezha-cache-0", "nezha-cache-1"], 10e6, stop))
+    stop, load = await two_nodes_under_load(cluster, run_controller, index, ns, redis_server.url)
     await annotate(cluster, {**FAST, "nezha.io/autoscale": "false"})
     await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 7}})
     await asyncio.sleep(2.0)
