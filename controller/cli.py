@@ -9,7 +9,7 @@ from pathlib import Path
 from nezha.config import ControllerSettings, load
 from nezha.logs import configure
 
-FLAGS = ["namespace", "statefulset", "redis_url", "identity", "kubeconfig", "lease_name", "peer_address",
+FLAGS = ["health_listen", "namespace", "statefulset", "redis_url", "identity", "kubeconfig", "lease_name", "peer_address",
          "peer_port", "cluster_token_file", "log_level"]
 
 
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peer-port", type=int, help="node port when the container has no port named http "
                    "(default 8080)")
     p.add_argument("--cluster-token-file", type=Path, help="file holding the nodes' cluster token")
+    p.add_argument("--health-listen", help="HOST:PORT answering /healthz and /readyz for probes (default: none)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level")
     p.set_defaults(func=run)

@@ -33,7 +33,7 @@ from controller.membership import leaving, members, pod_selector
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.watch import Informer
-from nezha.config import ControllerSettings
+from nezha.config import ControllerSettings, parse_hostport
 from nezha.errors import ConfigError
 
 log = structlog.get_logger("nezha.controller")
@@ -41,6 +41,9 @@ log = structlog.get_logger("nezha.controller")
 # Redis is re-read this often even without an API event, so a Redis that
 # lost its keys (a restart without persistence) gets the ring back.
 RESYNC = 30.0
+# /healthz fails once the loop has not gone round for this long: it wakes at
+# least every RESYNC seconds, and a failing pass backs off at most 10 s.
+STUCK_AFTER = 3 * RESYNC
 
 
 class Controller:
@@ -82,6 +85,11 @@ class Controller:
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
         self.last_event_at: float | None = None
+        self.loop_at: float | None = None  # when the reconcile loop last went round (controller/health.py)
+
+    def loop_idle(self) -> float | None:
+        """Seconds since the reconcile loop last went round; None before it started."""
+        return None if self.loop_at is None else self._clock() - self.loop_at
 
     def _changed(self) -> None:
         if self.last_event_at is None:
@@ -168,6 +176,7 @@ class Controller:
     async def _reconcile_forever(self) -> None:
         delay = 0.2
         while True:
+            self.loop_at = self._clock()
             try:
                 await asyncio.wait_for(self._wake.wait(), RESYNC)
             except asyncio.TimeoutError:
@@ -330,11 +339,18 @@ async def run_controller(settings: ControllerSettings, *, stop: asyncio.Event | 
     log.info("controller_started", namespace=settings.namespace, statefulset=settings.statefulset,
              identity=settings.holder, peer_address=settings.peer_address)
     task = asyncio.get_running_loop().create_task(controller.run())
+    health = None
     try:
+        if settings.health_listen is not None:
+            from controller import health as health_server
+            health = await health_server.start(controller, parse_hostport(settings.health_listen, field="health_listen"),
+                                               stuck_after=STUCK_AFTER)
         await stop.wait()
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if health is not None:
+            await health.cleanup()
         await index.close()
         if own_api:
             await api.close()

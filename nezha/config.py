@@ -356,6 +356,15 @@ class ControllerSettings(_Base):
     # A change of pods or StatefulSet is written to the ring at most this long after it arrives;
     # changes within it share one write.
     batch_window: float = 0.05
+    # HOST:PORT of /healthz and /readyz (kubelet probes); none: no listener.
+    health_listen: str | None = None
+
+    @field_validator("health_listen")
+    @classmethod
+    def _health_listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_hostport(v, field="health_listen (--health-listen)")
+        return v
 
     @field_validator("redis_url")
     @classmethod

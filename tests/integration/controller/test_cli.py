@@ -8,8 +8,10 @@ import signal
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 
+from tests.conftest import free_port
 from tests.integration.controller.conftest import STS, dns, ring_becomes
 from tests.kubeapi.fixtures import kubeconfig
 
@@ -26,6 +28,8 @@ def nezha(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["--namespace", "nezha", "--statefulset", STS, "--redis-url", "http://127.0.0.1:1"], "--redis-url"),
     (["--namespace", "nezha", "--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0",
       "--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+    (["--namespace", "nezha", "--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0",
+      "--health-listen", "nope"], "--health-listen"),
     (["--namespace", "Not_A_Name", "--statefulset", STS, "--redis-url", "redis://127.0.0.1:1/0"], "--namespace"),
 ])
 def test_bad_settings_exit_2_with_one_line_naming_the_flag(args, names):
@@ -50,12 +54,21 @@ async def test_the_process_writes_the_ring_and_stops_on_sigterm(cluster, index, 
     await cluster.add_pod(0)
     await cluster.add_pod(1)
     config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
+    health = f"127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "nezha", "controller", "--namespace", ns, "--statefulset", STS,
         "--redis-url", redis_server.url, "--identity", "controller-a", "--kubeconfig", str(config),
+        "--health-listen", health,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=10.0)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{health}/healthz") as r:
+                assert r.status == 200
+            async with http.get(f"http://{health}/readyz") as r:
+                ready = await r.json()
+                assert r.status == 200 and ready["leading"] is True, ready
+                assert ready["members"] == ["nezha-cache-0", "nezha-cache-1"]
         await cluster.set_ready(0, False)
         await ring_becomes(index, {"nezha-cache-1": dns(1, ns)})
     finally:
@@ -138,3 +151,23 @@ async def test_a_redis_outage_is_one_warning_event_and_recovery_a_normal_one(clu
     [recovered] = await events_about(cluster, reason="RingWriteRecovered", timeout=5.0)
     assert recovered.type == "Normal"
     assert len(await events_about(cluster, reason="RingWriteFailed", timeout=0)) == 1, "one per outage"
+
+
+async def test_health_fails_when_the_reconcile_loop_stops_going_round(cluster, run_controller):
+    """Liveness is the loop turning, not the process answering: a wedged loop gets the pod restarted."""
+    from controller import health
+
+    await cluster.create(1)
+    controller = await run_controller()
+    app = health.build_app(controller, stuck_after=60.0)
+    from aiohttp.test_utils import TestClient, TestServer
+    async with TestClient(TestServer(app)) as http:
+        for _ in range(100):
+            if controller.statefulsets.synced.is_set():
+                break
+            await asyncio.sleep(0.05)
+        assert (await http.get("/healthz")).status == 200
+        assert (await http.get("/readyz")).status == 200
+        controller.loop_at -= 61.0  # as if the loop had not come back for a minute
+        r = await http.get("/healthz")
+        assert r.status == 503 and "has not run for" in (await r.json())["why"]
