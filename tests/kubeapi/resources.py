@@ -37,6 +37,15 @@ RESOURCES = [
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
     Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
              "MutatingWebhookConfiguration", namespaced=False),
+    # What the chart creates beside them; stored and served, no behaviour of their own.
+    Resource("", "v1", "serviceaccounts", "ServiceAccount"),
+    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    Resource("batch", "v1", "cronjobs", "CronJob"),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
@@ -137,3 +146,44 @@ def merge_patch(target: Any, patch: Any, *, strategic: bool = False) -> Any:
 
 def _named_list(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(i, dict) and "name" in i for i in v)
+
+
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def api_versions() -> dict[str, Any]:
+    """`GET /api`: the core group's versions."""
+    return {"kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}
+
+
+def api_groups() -> dict[str, Any]:
+    """`GET /apis`: the legacy (unaggregated) discovery document every client falls back to."""
+    groups: dict[str, list[str]] = {}
+    for r in RESOURCES:
+        if r.group and r.version not in groups.setdefault(r.group, []):
+            groups[r.group].append(r.version)
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+         "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+        for g, vs in sorted(groups.items())]}
+
+
+def api_resources(group: str, version: str) -> dict[str, Any] | None:
+    """`GET /api/v1` or `/apis/GROUP/VERSION`: the resources and subresources, as kubectl maps kinds with."""
+    served = [r for r in RESOURCES if (r.group, r.version) == (group, version)]
+    if not served:
+        return None
+    listed: list[dict[str, Any]] = []
+    for r in served:
+        listed.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
+                       "kind": r.kind, "verbs": VERBS})
+        if r.plural in ("pods", "jobs", "statefulsets", "deployments", "poddisruptionbudgets", "cronjobs"):
+            listed.append({"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
+                           "kind": r.kind, "verbs": ["get", "patch", "update"]})
+        if r.scale:
+            listed.append({"name": f"{r.plural}/scale", "singularName": "", "namespaced": r.namespaced,
+                           "group": "autoscaling", "version": "v1", "kind": "Scale",
+                           "verbs": ["get", "patch", "update"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version, "resources": listed}

@@ -45,7 +45,8 @@ import jsonpatch
 from aiohttp import web
 
 from tests.kubeapi.admission import Call, Refused, admit
-from tests.kubeapi.resources import BY_PATH, BadSelector, Resource, matches, merge_patch, parse_label_selector
+from tests.kubeapi.resources import (BY_PATH, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
+                                     merge_patch, parse_label_selector)
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _WAKE = object()  # a watch's queue item that carries no event: look at the watch's state again
@@ -168,7 +169,24 @@ class KubeAPI:
         async def version(request: web.Request) -> web.Response:
             return web.json_response({"major": "1", "minor": "35", "gitVersion": "v1.35.0-nezha-double"})
 
+        async def core_versions(request: web.Request) -> web.Response:
+            return web.json_response(api_versions())
+
+        async def groups(request: web.Request) -> web.Response:
+            return web.json_response(api_groups())
+
+        async def resources(request: web.Request) -> web.Response:
+            listed = api_resources(request.match_info.get("group", ""), request.match_info["version"])
+            if listed is None:
+                return status(404, "NotFound", "the server could not find the requested resource")
+            return web.json_response(listed)
+
         app.router.add_get("/version", version)
+        # Discovery, so kubectl can map kinds to resources.
+        app.router.add_get("/api", core_versions)
+        app.router.add_get("/apis", groups)
+        app.router.add_get("/api/{version}", resources)
+        app.router.add_get("/apis/{group}/{version}", resources)
         app.router.add_route("*", "/api/{version}/{tail:.*}", self._dispatch)
         app.router.add_route("*", "/apis/{group}/{version}/{tail:.*}", self._dispatch)
         return app

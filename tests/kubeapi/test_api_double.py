@@ -336,3 +336,17 @@ async def test_a_bound_pod_is_deleted_gracefully_and_removed_by_the_kubelets_zer
         assert e.status == 404
     else:
         raise AssertionError("the pod is still there after a zero-grace delete")
+
+
+async def test_discovery_lists_groups_resources_and_the_scale_subresource(kube):
+    """What kubectl maps kinds with; checked with the real client's discovery calls."""
+    groups = await client.ApisApi(kube).get_api_versions()
+    assert {"apps", "batch", "rbac.authorization.k8s.io", "coordination.k8s.io"} <= {g.name for g in groups.groups}
+    apps = await client.AppsV1Api(kube).get_api_resources()
+    by_name = {r.name: r for r in apps.resources}
+    assert by_name["statefulsets"].kind == "StatefulSet" and by_name["statefulsets"].namespaced
+    assert by_name["statefulsets/scale"].group == "autoscaling" and by_name["statefulsets/scale"].kind == "Scale"
+    core = await client.CoreV1Api(kube).get_api_resources()
+    assert {"pods", "services", "secrets", "serviceaccounts"} <= {r.name for r in core.resources}
+    versions = await client.CoreApi(kube).get_api_versions()
+    assert "v1" in versions.versions

@@ -1,0 +1,443 @@
+"""The Helm chart, rendered by the real `helm` and checked by the real `kubectl` and the Kubernetes 1.35 schemas.
+
+What is asserted is what breaks a cluster when wrong: a webhook that can
+block jobs, RBAC wider than docs/rbac.md, pods that run as root, a
+StatefulSet whose replicas an upgrade would reset, a flag a component does
+not take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import require_tool
+from tests.integration.chart.render import (CHART, CI_VALUES, RenderError, find, helm, pod_specs, render,
+                                            render_text)
+
+K8S_VERSION = "1.35.0"
+VALUE_SETS = [pytest.param((), id="defaults")] + [pytest.param((f,), id=f.stem) for f in CI_VALUES]
+
+
+def test_the_ci_value_sets_chart_testing_runs_are_there():
+    assert {f.name for f in CI_VALUES} >= {"external-redis-values.yaml", "autoscale-values.yaml",
+                                           "two-origins-values.yaml", "fixed-clusterip-values.yaml"}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_helm_lint_strict_passes(values):
+    args = ["lint", "--strict", str(CHART)]
+    for f in values:
+        args += ["-f", str(f)]
+    run = helm(*args, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_manifest_is_valid_against_the_kubernetes_1_35_schemas_strictly(values):
+    objects = render(values=values)
+    assert objects
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+async def test_kubectl_apply_dry_run_client_accepts_the_rendered_output(values, tmp_path):
+    """The real kubectl maps every kind through discovery (served by the API double) and accepts each object."""
+    from tests.kubeapi.fixtures import kubeconfig
+    from tests.kubeapi.server import KubeAPI
+
+    kubectl = require_tool("kubectl")
+    manifest = tmp_path / "nezha.yaml"
+    manifest.write_text(render_text(values=values))
+    api = KubeAPI()
+    url = await api.start()
+    try:
+        config = kubeconfig(tmp_path / "kubeconfig", url)
+        # Schema validation is the kubernetes-validate test above; the double serves no OpenAPI documents.
+        proc = await asyncio.create_subprocess_exec(
+            kubectl, "--kubeconfig", str(config), "apply", "--dry-run=client", "--validate=false",
+            "--namespace", "nezha", "-f", str(manifest), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await api.stop()
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert len(lines) == len([d for d in yaml.safe_load_all(manifest.read_text()) if d])
+    assert all(line.endswith("created (dry run)") for line in lines), out.decode()
+
+
+# -- the webhook can never block a job ------------------------------------------
+
+def test_the_webhook_fails_open_and_leaves_out_kube_system_and_its_own_namespace():
+    objects = render(namespace="caches")
+    mwc = find(objects, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["timeoutSeconds"] <= 5
+    assert hook["sideEffects"] == "None"
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "caches"]}]}
+    service = hook["clientConfig"]["service"]
+    assert (service["name"], service["namespace"], service["port"]) == ("nezha-webhook", "caches", 443)
+    find(objects, "Service", "nezha-webhook")
+    # caBundle is the certificates Job's: an upgrade that rendered it would reset it.
+    assert "caBundle" not in hook["clientConfig"]
+
+
+def test_the_chart_registration_matches_the_webhook_manifest_the_tests_register():
+    """One registration: the chart's and webhook/manifests' differ only in names the release sets."""
+    manifest = yaml.safe_load((CHART.parents[1] / "webhook" / "manifests" /
+                               "mutatingwebhookconfiguration.yaml").read_text())
+    chart = find(render(), "MutatingWebhookConfiguration")
+    ours, theirs = chart["webhooks"][0], manifest["webhooks"][0]
+    for key in ("name", "rules", "admissionReviewVersions", "sideEffects", "failurePolicy", "timeoutSeconds",
+                "reinvocationPolicy", "matchPolicy", "namespaceSelector"):
+        assert ours[key] == theirs[key], key
+
+
+# -- RBAC: exactly docs/rbac.md ----------------------------------------------------
+
+def _documented_rbac() -> dict[tuple[str, str], dict[tuple[str, str], set[str]]]:
+    """(kind, name) -> {(group, resource): verbs} from the tables under `### Role `x`` headings."""
+    doc = (CHART.parents[1] / "docs" / "rbac.md").read_text()
+    out: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {}
+    current = None
+    for line in doc.splitlines():
+        m = re.match(r"^### (Role|ClusterRole) `([^`]+)`", line)
+        if m:
+            current = out.setdefault((m.group(1), m.group(2)), {})
+            continue
+        if line.startswith("#"):
+            current = None
+        if current is None or not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        group = re.match(r"`([^`]*)`", cells[0]).group(1).strip('"')
+        resource = re.match(r"`([^`]*)`", cells[1]).group(1)
+        verbs = set(re.findall(r"`([a-z]+)`", cells[2]))
+        current.setdefault((group, resource), set()).update(verbs)
+    return out
+
+
+def _granted(objects: list[dict]) -> dict[tuple[str, str], dict[tuple[str, str], set[str]]]:
+    out: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {}
+    for o in objects:
+        if o["kind"] not in ("Role", "ClusterRole"):
+            continue
+        rules = out.setdefault((o["kind"], o["metadata"]["name"]), {})
+        for rule in o["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    rules.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_rbac_in_the_chart_is_exactly_docs_rbac_md(values):
+    documented = _documented_rbac()
+    assert documented, "docs/rbac.md has no '### Role `name`' tables"
+    assert _granted(render(values=values)) == documented
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_no_rbac_rule_has_a_wildcard_and_every_binding_names_a_role_of_the_chart(values):
+    objects = render(values=values)
+    for o in objects:
+        for rule in o.get("rules") or []:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in (rule.get(field) or []), f"{o['kind']}/{o['metadata']['name']}: {rule}"
+    roles = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    accounts = {o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"}
+    for o in objects:
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            assert (o["roleRef"]["kind"], o["roleRef"]["name"]) in roles
+            assert o["kind"] == "RoleBinding" or o["roleRef"]["kind"] == "ClusterRole"
+            assert all(s["name"] in accounts for s in o["subjects"])
+
+
+def test_each_component_runs_as_its_own_service_account_and_cache_nodes_mount_no_token():
+    objects = render()
+    accounts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceAccount"}
+    used = {owner["metadata"]["name"]: spec.get("serviceAccountName") for owner, spec in pod_specs(objects)}
+    assert used["nezha-cache"] == "nezha-cache" and used["nezha-controller"] == "nezha-controller"
+    assert used["nezha-webhook"] == "nezha-webhook" and used["nezha-webhook-certs"] == "nezha-webhook-certs"
+    assert all(name in accounts for name in used.values() if name)
+    cache = find(objects, "StatefulSet", "nezha-cache")["spec"]["template"]["spec"]
+    assert cache["automountServiceAccountToken"] is False
+    assert accounts["nezha-cache"]["automountServiceAccountToken"] is False
+
+
+# -- pods: security, probes, env ---------------------------------------------------
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_pod_is_non_root_read_only_without_capabilities_with_runtime_default_seccomp(values):
+    for owner, spec in pod_specs(render(values=values)):
+        where = f"{owner['kind']}/{owner['metadata']['name']}"
+        pod = spec.get("securityContext") or {}
+        assert pod.get("runAsNonRoot") is True and pod.get("runAsUser", 0) > 0, where
+        assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c.get("securityContext") or {}
+            assert sc.get("allowPrivilegeEscalation") is False, where
+            assert sc.get("readOnlyRootFilesystem") is True, where
+            assert sc.get("capabilities") == {"drop": ["ALL"]}, where
+            assert c.get("resources", {}).get("requests"), f"{where}: no resource requests"
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_no_container_renders_an_env_name_twice(values):
+    """Server-side apply (Helm 4) refuses duplicate keys in env, a list merged by name."""
+    for owner, spec in pod_specs(render(values=values)):
+        for c in spec["containers"]:
+            names = [e["name"] for e in c.get("env") or []]
+            assert len(names) == len(set(names)), f"{owner['metadata']['name']}/{c['name']}: {names}"
+
+
+def test_long_running_components_have_probes_on_healthz_and_readyz():
+    objects = render()
+    for kind, name, ready, live in [("StatefulSet", "nezha-cache", "/readyz", "/healthz"),
+                                    ("Deployment", "nezha-controller", "/readyz", "/healthz"),
+                                    ("Deployment", "nezha-webhook", "/healthz", "/healthz")]:
+        (c,) = find(objects, kind, name)["spec"]["template"]["spec"]["containers"]
+        assert c["readinessProbe"]["httpGet"]["path"] == ready, name
+        assert c["livenessProbe"]["httpGet"]["path"] == live, name
+        ports = {p["name"] for p in c["ports"]}
+        assert c["readinessProbe"]["httpGet"]["port"] in ports
+    (redis,) = find(objects, "StatefulSet", "nezha-redis")["spec"]["template"]["spec"]["containers"]
+    assert redis["readinessProbe"]["tcpSocket"]["port"] == "redis"
+
+
+def test_every_object_carries_the_standard_labels():
+    for o in render():
+        labels = o["metadata"].get("labels") or {}
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                    "app.kubernetes.io/managed-by", "app.kubernetes.io/component", "helm.sh/chart"):
+            assert key in labels, f"{o['kind']}/{o['metadata']['name']} lacks {key}"
+
+
+# -- the cache StatefulSet -----------------------------------------------------------
+
+def test_the_cache_statefulset_is_parallel_with_its_peer_service_and_a_claim_template():
+    objects = render(values=[CHART / "ci" / "fixed-clusterip-values.yaml"])
+    sts = find(objects, "StatefulSet", "nezha-cache")
+    spec = sts["spec"]
+    assert spec["serviceName"] == "nezha-cache-peers"
+    assert spec["podManagementPolicy"] == "Parallel"
+    peers = find(objects, "Service", "nezha-cache-peers")["spec"]
+    assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True
+    assert peers["selector"] == spec["selector"]["matchLabels"]
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+    (c,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    # The node hands off within the grace period, with time left before SIGKILL.
+    assert float(env["NEZHA_SHUTDOWN_GRACE"]["value"]) == 115
+    cache = find(objects, "Service", "nezha-cache")["spec"]
+    assert cache["clusterIP"] == "10.96.200.200" and cache["ports"][0]["port"] == 80
+
+
+def test_node_identity_and_address_come_from_the_downward_api():
+    sts = find(render(), "StatefulSet", "nezha-cache")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "--node-id=$(POD_NAME)" in c["args"]
+    assert "--listen=$(POD_IP):8080" in c["args"]
+    assert "--advertise=$(POD_NAME).nezha-cache-peers.$(POD_NAMESPACE).svc:8080" in c["args"]
+    assert env["NEZHA_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "nezha-cluster-token", "key": "token"}
+    # $(VAR) expands only variables defined before it.
+    order = [e["name"] for e in c["env"]]
+    assert order.index("REDIS_PASSWORD") < order.index("NEZHA_REDIS_URL")
+
+
+def test_origins_and_capacity_reach_the_nodes_settings_file():
+    objects = render(values=[CHART / "ci" / "two-origins-values.yaml"])
+    config = yaml.safe_load(find(objects, "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
+    from nezha.config import CacheSettings
+
+    settings = CacheSettings(**config, capacity="45GiB")
+    assert [o.host for o in settings.origins] == ["www.cs.toronto.edu", "datasets.example.org"]
+    assert settings.origins[0].default_ttl == 86400
+    assert settings.origins[1].volatile_params == ("X-Amz-Signature", "X-Amz-Date")
+    # A config change rolls the nodes.
+    sts = find(objects, "StatefulSet", "nezha-cache")
+    assert sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
+        find(render(), "StatefulSet", "nezha-cache")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_the_controller_annotations_come_from_values():
+    sts = find(render(values=[CHART / "ci" / "autoscale-values.yaml"]), "StatefulSet", "nezha-cache")
+    notes = sts["metadata"]["annotations"]
+    assert notes["nezha.io/autoscale"] == "true"
+    assert (notes["nezha.io/min-replicas"], notes["nezha.io/max-replicas"]) == ("2", "8")
+    assert notes["nezha.io/target-bytes-per-second"] == "500M"
+    assert notes["nezha.io/scale-down-delay"] == "600"
+    assert notes["nezha.io/replicas-per-key"] == "2"
+    from controller.annotations import read_spec
+
+    spec, problems = read_spec(notes)
+    assert not problems and spec.autoscale and spec.min_replicas == 2 and spec.max_replicas == 8
+    plain = find(render(), "StatefulSet", "nezha-cache")["metadata"]["annotations"]
+    assert "nezha.io/autoscale" not in plain
+
+
+def test_a_fresh_install_renders_cache_replicas_from_values():
+    sts = find(render(sets=["cache.replicas=4"]), "StatefulSet", "nezha-cache")
+    assert sts["spec"]["replicas"] == 4
+
+
+# -- the controller and the webhook -------------------------------------------------
+
+def test_two_controllers_elect_a_leader_for_the_charts_statefulset():
+    objects = render()
+    dep = find(objects, "Deployment", "nezha-controller")
+    assert dep["spec"]["replicas"] == 2
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "--statefulset=nezha-cache" in c["args"] and "--lease-name=nezha-controller" in c["args"]
+    assert "--identity=$(POD_NAME)" in c["args"]
+    role = find(objects, "Role", "nezha-controller")
+    narrowed = [r for r in role["rules"] if r.get("resourceNames")]
+    assert narrowed == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                         "resourceNames": ["nezha-controller"], "verbs": ["get", "update"]}]
+
+
+def test_the_webhook_runs_twice_with_a_budget_and_spreads_over_nodes():
+    objects = render()
+    dep = find(objects, "Deployment", "nezha-webhook")
+    assert dep["spec"]["replicas"] == 2
+    affinity = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    pdb = find(objects, "PodDisruptionBudget", "nezha-webhook")
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert find(objects, "PodDisruptionBudget", "nezha-cache")["spec"]["maxUnavailable"] == 1
+
+
+def test_the_webhook_certificate_is_made_by_a_job_each_revision_and_renewed_by_a_cronjob():
+    objects = render()
+    job = next(o for o in objects if o["kind"] == "Job")
+    assert job["metadata"]["name"] == "nezha-webhook-certs-1"
+    cron = find(objects, "CronJob", "nezha-webhook-certs")
+    for spec in (job["spec"]["template"]["spec"], cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]):
+        (c,) = spec["containers"]
+        assert c["args"][:2] == ["webhook", "certs"]
+        assert "--webhook-configuration=nezha-webhook" in c["args"] and "--secret=nezha-webhook-tls" in c["args"]
+    dep = find(objects, "Deployment", "nezha-webhook")
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "nezha-webhook-tls"
+
+
+def test_the_rules_configmap_is_in_the_original_nezha_format_and_names_no_ip():
+    from webhook.patch import parse_rules
+
+    objects = render()
+    text = find(objects, "ConfigMap", "nezha-webhook-rules")["data"]["config"]
+    raw = yaml.safe_load(text)
+    assert set(raw[0]) == {"name", "app", "label", "hostAliases"}
+    assert all("ip" not in alias for rule in raw for alias in rule["hostAliases"])
+    rules = parse_rules(text)
+    assert (rules[0].label_key, rules[0].label_value) == ("nezha.io/cache", "true")
+    assert rules[0].host_aliases[0].ip is None
+    two = yaml.safe_load(find(render(values=[CHART / "ci" / "two-origins-values.yaml"]), "ConfigMap",
+                              "nezha-webhook-rules")["data"]["config"])
+    assert [r["name"] for r in two] == ["cifar", "mirror"]
+    assert len(parse_rules(yaml.safe_dump(two))) == 2
+
+
+# -- Redis ---------------------------------------------------------------------------
+
+def test_the_default_redis_is_one_debian_instance_with_appendonly_and_a_kept_password():
+    objects = render()
+    sts = find(objects, "StatefulSet", "nezha-redis")
+    assert sts["spec"]["replicas"] == 1
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert "bookworm" in c["image"]
+    args = c["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    secret = find(objects, "Secret", "nezha-redis")
+    assert set(secret["data"]) == {"password"}
+    assert "volumeClaimTemplates" not in sts["spec"]
+    persistent = find(render(values=[CHART / "ci" / "fixed-clusterip-values.yaml"]), "StatefulSet", "nezha-redis")
+    assert persistent["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "standard"
+
+
+def test_an_external_redis_replaces_the_charts_own_and_its_password_comes_from_the_users_secret():
+    objects = render(values=[CHART / "ci" / "external-redis-values.yaml"])
+    assert not [o for o in objects if "redis" in o["metadata"]["name"]]
+    for name in ("nezha-cache", "nezha-controller"):
+        kind = "StatefulSet" if name == "nezha-cache" else "Deployment"
+        (c,) = find(objects, kind, name)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "redis-credentials",
+                                                                      "key": "redis-password"}
+        assert env["NEZHA_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@redis-master.data.svc:6379/2"
+
+
+# -- every flag the chart passes is one the command takes -------------------------------
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_nezha_command_line_in_the_chart_parses(values):
+    from nezha.cli import build_parser
+
+    parser = build_parser()
+    seen = set()
+    for owner, spec in pod_specs(render(values=values)):
+        for c in spec["containers"]:
+            if c["image"].split(":")[0] != "nezha" or c.get("command"):
+                continue
+            try:
+                args = parser.parse_args(c["args"])
+            except SystemExit:
+                pytest.fail(f"{owner['metadata']['name']}: nezha {shlex.join(c['args'])} does not parse")
+            seen.add(" ".join(c["args"][:2]) if c["args"][:2] == ["webhook", "certs"] else c["args"][0])
+            assert args.func is not None
+    assert seen == {"cache", "controller", "webhook", "webhook certs"}
+
+
+# -- values.schema.json refuses bad values, naming the field ----------------------------
+
+@pytest.mark.parametrize("sets,field", [
+    (["cache.replicas=0"], "/cache/replicas"),
+    (["cache.capacity=lots"], "/cache/capacity"),
+    (["cache.capasity=1GiB"], "capasity"),
+    (["cache.autoscale.maxReplicas=0"], "/cache/autoscale/maxReplicas"),
+    (["webhook.timeoutSeconds=10"], "/webhook/timeoutSeconds"),
+    (["redis.external.url=http://redis:6379"], "/redis/external/url"),
+    (["cache.autoscale.minReplicas=5", "cache.autoscale.maxReplicas=3"], "cache.autoscale.minReplicas"),
+])
+def test_a_bad_value_is_refused_with_its_field_named(sets, field):
+    with pytest.raises(RenderError) as e:
+        render(sets=sets)
+    assert field in str(e.value)
+
+
+def test_an_origin_without_a_url_is_refused_naming_it(tmp_path):
+    values = tmp_path / "v.yaml"
+    values.write_text("origins:\n  - host: datasets.example.org\n")
+    with pytest.raises(RenderError) as e:
+        render(values=[values])
+    assert "/origins/0" in str(e.value) and "upstream" in str(e.value)
+
+
+def test_notes_say_how_to_label_a_job_scale_and_read_stats():
+    run = helm("install", "nezha", str(CHART), "--namespace", "nezha", "--dry-run=client")
+    notes = run.stdout.split("NOTES:", 1)[1]
+    assert 'nezha.io/cache: "true"' in notes
+    assert "kubectl -n nezha scale statefulset nezha-cache --replicas=5" in notes
+    assert "redis-cli" in notes and "HGETALL nezha:stats:cluster" in notes and "nezha stats" in notes
