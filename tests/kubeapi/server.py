@@ -183,10 +183,11 @@ class KubeAPI:
 
         app.router.add_get("/version", version)
         # Discovery, so kubectl can map kinds to resources.
-        app.router.add_get("/api", core_versions)
-        app.router.add_get("/apis", groups)
-        app.router.add_get("/api/{version}", resources)
-        app.router.add_get("/apis/{group}/{version}", resources)
+        for slash in ("", "/"):  # kube-apiserver answers both spellings; clients use both
+            app.router.add_get("/api" + slash, core_versions)
+            app.router.add_get("/apis" + slash, groups)
+            app.router.add_get("/api/{version}" + slash, resources)
+            app.router.add_get("/apis/{group}/{version}" + slash, resources)
         app.router.add_route("*", "/api/{version}/{tail:.*}", self._dispatch)
         app.router.add_route("*", "/apis/{group}/{version}/{tail:.*}", self._dispatch)
         return app
