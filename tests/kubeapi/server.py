@@ -42,9 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
+import yaml
 from aiohttp import web
 
 from tests.kubeapi.admission import Call, Refused, admit
+from tests.kubeapi import protobuf
+from tests.kubeapi.apply import Conflict, Owners, apply, conflict_message, record_write
 from tests.kubeapi.resources import (BY_PATH, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
                                      merge_patch, parse_label_selector)
 
@@ -65,6 +68,11 @@ class ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str, details: dict | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+def _manager(request: web.Request) -> str:
+    """The field manager of a write: `fieldManager`, else the client's User-Agent name, as kube-apiserver does."""
+    return request.query.get("fieldManager") or (request.headers.get("User-Agent") or "unknown").split("/")[0]
 
 
 def _now() -> str:
@@ -152,6 +160,8 @@ class KubeAPI:
         self.history: list[tuple[int, Resource, str, dict]] = []
         self.watchers: set[Watcher] = set()
         self.service_addresses: dict[tuple[str, str, int], str] = {}
+        # Who set which fields (server-side apply), by (group, plural, namespace, name).
+        self.field_owners: dict[tuple[str, str, str | None, str], Owners] = {}
         self.admission_calls: list[Call] = []
         self.requests: list[tuple[str, str]] = []
         self.job_errors: list[str] = []
@@ -451,13 +461,29 @@ class KubeAPI:
         await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
     async def _body(self, request: web.Request) -> Any:
+        ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.decode(await request.read())
+            except protobuf.ProtobufError as e:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                               f"{e}; send application/json") from e
+        if ctype not in ("application/json", "application/merge-patch+json", "application/strategic-merge-patch+json",
+                         "application/json-patch+json", "application/apply-patch+yaml"):
+            # kube-apiserver's answer to a media type it does not serve; clients fall back to JSON on it.
+            raise ApiError(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - '
+                           f'accepted media types include: application/json, application/yaml (got {ctype})')
         try:
+            if ctype == "application/apply-patch+yaml":
+                return yaml.safe_load(await request.read())
             return json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise ApiError(400, "BadRequest", f"the body of the request was in an unknown format: {e}") from e
 
     async def _create(self, request: web.Request, res: Resource, namespace: str | None) -> web.Response:
-        obj = await self._body(request)
+        return await self._create_obj(res, namespace, await self._body(request), manager=_manager(request))
+
+    async def _create_obj(self, res: Resource, namespace: str | None, obj: Any, *, manager: str) -> web.Response:
         if not isinstance(obj, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
         if obj.get("kind") not in (None, res.kind):
@@ -504,6 +530,7 @@ class KubeAPI:
         if res.plural == "mutatingwebhookconfigurations":
             validate_webhook_configuration(res, obj)
         obj = self._store_new(res, namespace, obj)
+        self.field_owners[(res.group, res.plural, namespace, meta["name"])] = record_write({}, manager, None, obj)
         if res.plural == "jobs" and self.job_controller:
             task = asyncio.create_task(self._run_job(obj))
             self._tasks.add(task)
@@ -566,7 +593,8 @@ class KubeAPI:
                            "selector": ",".join(f"{k}={v}" for k, v in selector.items())}}
 
     def _commit(self, res: Resource, namespace: str | None, name: str, old: dict, new: dict,
-                sub: str | None) -> web.Response:
+                sub: str | None, *, manager: str, owners: Owners | None = None) -> web.Response:
+        """Store an update; `owners` is the field ownership an apply computed, else the writer takes what it changed."""
         if not isinstance(new, dict):
             raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
         if sub == "scale":
@@ -599,6 +627,9 @@ class KubeAPI:
             self._pod_spec_update_allowed(old, updated)
         if res.plural == "mutatingwebhookconfigurations":
             validate_webhook_configuration(res, updated)
+        key = (res.group, res.plural, namespace, name)
+        self.field_owners[key] = owners if owners is not None else \
+            record_write(self.field_owners.get(key, {}), manager, old, updated)
         if updated == old:
             return web.json_response(self._scale_of(res, old) if sub == "scale" else old)
         self._bump(updated)
@@ -632,13 +663,15 @@ class KubeAPI:
                            f'{"." + res.group if res.group else ""} "{name}": the object has been modified; '
                            "please apply your changes to the latest version and try again",
                            {"name": name, "group": res.group, "kind": res.plural})
-        return self._commit(res, namespace, name, old, new, sub)
+        return self._commit(res, namespace, name, old, new, sub, manager=_manager(request))
 
     async def _patch(self, request: web.Request, res: Resource, namespace: str | None, name: str,
                      sub: str | None) -> web.Response:
+        ctype = request.content_type
+        if ctype == "application/apply-patch+yaml":
+            return await self._apply(request, res, namespace, name, sub)
         old = self._get(res, namespace, name)
         patch = await self._body(request)
-        ctype = request.content_type
         base = self._scale_of(res, old) if sub == "scale" else old
         try:
             if ctype == "application/json-patch+json":
@@ -657,7 +690,39 @@ class KubeAPI:
         if want and want != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
                            "has been modified; please apply your changes to the latest version and try again")
-        return self._commit(res, namespace, name, old, new, sub)
+        return self._commit(res, namespace, name, old, new, sub, manager=_manager(request))
+
+    async def _apply(self, request: web.Request, res: Resource, namespace: str | None, name: str,
+                     sub: str | None) -> web.Response:
+        """Server-side apply (tests/kubeapi/apply.py): create when missing, else merge with field ownership."""
+        manager = request.query.get("fieldManager")
+        if not manager:
+            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "
+                           "is required for apply patch")
+        if sub is not None:
+            raise ApiError(415, "UnsupportedMediaType", "the double applies only to whole objects")
+        config = await self._body(request)
+        if not isinstance(config, dict):
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        if (config.get("metadata") or {}).get("name", name) != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+        old = self.objects_of(res.group, res.plural).get((namespace if res.namespaced else None, name))
+        if old is None:
+            config.setdefault("metadata", {})["name"] = name
+            response = await self._create_obj(res, namespace, copy.deepcopy(config), manager=manager)
+            response.set_status(201)
+            return response
+        key = (res.group, res.plural, namespace if res.namespaced else None, name)
+        try:
+            new, owners = apply(old, config, self.field_owners.get(key, {}), manager,
+                                force=request.query.get("force", "").lower() == "true")
+        except Conflict as e:
+            raise ApiError(409, "Conflict", conflict_message(res.kind, res.api_version, e.conflicts),
+                           {"name": name, "group": res.group, "kind": res.plural,
+                            "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}"',
+                                        "field": "." + ".".join(p)} for m, p in e.conflicts]}) from e
+        return self._commit(res, namespace if res.namespaced else None, name, old, new, None,
+                            manager=manager, owners=owners)
 
     async def _delete_request(self, request: web.Request, res: Resource, namespace: str | None,
                               name: str) -> web.Response:
@@ -699,6 +764,7 @@ class KubeAPI:
     def _delete(self, res: Resource, namespace: str | None, name: str) -> web.Response:
         obj = self._get(res, namespace, name)
         del self.objects_of(res.group, res.plural)[(namespace, name)]
+        self.field_owners.pop((res.group, res.plural, namespace, name), None)
         obj = copy.deepcopy(obj)
         self._bump(obj)
         self._emit(res, "DELETED", obj)

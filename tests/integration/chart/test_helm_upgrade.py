@@ -1,0 +1,74 @@
+"""`helm install` and `helm upgrade` with the real Helm 4 against the API double, and the real `kubectl scale`.
+
+Both ways Helm writes: server-side apply (Helm 4's default) and the
+three-way merge patches of Helm 3 (`--server-side=false`). The double
+keeps field ownership as kube-apiserver does (tests/kubeapi/apply.py), so
+a chart that still claimed `.spec.replicas` would conflict, or reset it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+
+import pytest
+from kubernetes_asyncio import client
+
+from tests.conftest import require_tool
+from tests.integration.chart.render import CHART
+from tests.kubeapi.fixtures import kubeconfig
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def run(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(*args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, f"{' '.join(args[:3])}... exited {proc.returncode}:\n{out.decode()[-3000:]}"
+    return out.decode()
+
+
+@pytest.fixture
+async def cluster(kube_api, tmp_path):
+    """(helm, kubectl) command prefixes aimed at the double, and an API client."""
+    config = str(kubeconfig(tmp_path / "kubeconfig", kube_api.url))
+    helm = [require_tool("helm"), "--kubeconfig", config]
+    kubectl = [require_tool("kubectl"), "--kubeconfig", config]
+    await run(*kubectl, "create", "namespace", "nezha")
+    api = kube_api.client()
+    try:
+        yield helm, kubectl, api
+    finally:
+        await api.close()
+
+
+# The double serves no OpenAPI documents; the chart's schemas are checked in test_chart.py.
+NO_OPENAPI = "--disable-openapi-validation"
+
+
+@pytest.mark.parametrize("server_side", ["true", "false"], ids=["helm4-server-side-apply", "three-way-merge"])
+async def test_helm_upgrade_keeps_a_kubectl_scale_and_the_generated_secrets(cluster, server_side):
+    helm, kubectl, api = cluster
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    await run(*helm, "install", "nezha", str(CHART), "-n", "nezha", NO_OPENAPI, f"--server-side={server_side}")
+    sts = await apps.read_namespaced_stateful_set("nezha-cache", "nezha")
+    assert sts.spec.replicas == 3
+    token = (await core.read_namespaced_secret("nezha-cluster-token", "nezha")).data["token"]
+    password = (await core.read_namespaced_secret("nezha-redis", "nezha")).data["password"]
+    assert len(base64.b64decode(token)) >= 32
+
+    await run(*kubectl, "-n", "nezha", "scale", "statefulset", "nezha-cache", "--replicas=5")
+    await run(*helm, "upgrade", "nezha", str(CHART), "-n", "nezha", NO_OPENAPI, f"--server-side={server_side}",
+              "--set", "cache.capacity=40GiB")
+
+    sts = await apps.read_namespaced_stateful_set("nezha-cache", "nezha")
+    assert sts.spec.replicas == 5, "helm upgrade undid kubectl scale"
+    # The upgrade did reach the StatefulSet: its nodes get the new capacity.
+    (container,) = sts.spec.template.spec.containers
+    assert "--capacity=40GiB" in container.args
+    assert (await core.read_namespaced_secret("nezha-cluster-token", "nezha")).data["token"] == token
+    assert (await core.read_namespaced_secret("nezha-redis", "nezha")).data["password"] == password
+    # Each revision runs the certificates Job again.
+    jobs = await client.BatchV1Api(api).list_namespaced_job("nezha")
+    assert [j.metadata.name for j in jobs.items] == ["nezha-webhook-certs-2"]
