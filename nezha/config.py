@@ -245,7 +245,9 @@ class WebhookSettings(_Base):
     # Learn the cache Service ClusterIP from the API (in-cluster or kubeconfig)
     # while some rule leaves `ip` out and --cache-ip is not given.
     watch_service: bool = True
-    kubeconfig: Path | None = None
+    # --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG (as for the controller); none: the pod's service account.
+    kubeconfig: Path | None = Field(default=None, validation_alias=AliasChoices(
+        "kubeconfig", "NEZHA_KUBECONFIG", "KUBECONFIG"))
     # mode: env rules point HTTP_PROXY here; default http://<cache_service>.<namespace>.svc:80
     proxy_url: str | None = None
     # mode: env rules' NO_PROXY unless a rule sets `noProxy`; None: webhook.patch.DEFAULT_NO_PROXY

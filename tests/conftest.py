@@ -21,9 +21,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def require_tool(name: str) -> str:
     """Path of executable `name`; skip locally, fail in CI, when it is missing.
 
-    `.tools/bin` (where `.ci/run` puts helm and kubectl) is searched after PATH.
+    `.tools/bin` (where `.ci/run` puts the pinned helm and kubectl) comes before PATH.
     """
-    path = shutil.which(name) or shutil.which(name, path=str(Path(__file__).resolve().parents[1] / ".tools" / "bin"))
+    path = shutil.which(name, path=str(Path(__file__).resolve().parents[1] / ".tools" / "bin")) or shutil.which(name)
     if path is None:
         msg = f"{name} is not installed (bash .ci/run installs it)"
         if IN_CI:

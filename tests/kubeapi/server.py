@@ -166,6 +166,9 @@ class KubeAPI:
         self.requests: list[tuple[str, str]] = []
         self.job_errors: list[str] = []
         self._next_ip = 10
+        # The first two octets of ClusterIPs (kube-apiserver's --service-cluster-ip-range); the
+        # whole-system test makes them loopback addresses, where its kube-proxy stand-in listens.
+        self.service_network = "10.96"
         self._tasks: set[asyncio.Task] = set()
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -556,7 +559,7 @@ class KubeAPI:
         used = {s.get("spec", {}).get("clusterIP") for s in self.objects_of("", "services").values()}
         while True:
             self._next_ip += 1
-            ip = f"10.96.{self._next_ip // 250}.{self._next_ip % 250 + 1}"
+            ip = f"{self.service_network}.{self._next_ip // 250}.{self._next_ip % 250 + 1}"
             if ip not in used:
                 return ip
 

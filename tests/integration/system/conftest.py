@@ -1,0 +1,113 @@
+"""The whole system from the chart's own pod specs: fixtures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import IN_CI, require_tool
+from tests.integration.chart.render import CHART
+from tests.integration.system.minicluster import MiniCluster
+from tests.kubeapi.fixtures import kubeconfig
+from tests.kubeapi.server import KubeAPI
+from tests.support_origin import TestOrigin
+
+NS = "nezha"
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        msg = "the whole-system test needs root: Services listen on ports 80 and 443 and pods get mount namespaces"
+        if IN_CI:
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+
+
+class System:
+    """The installed chart: the double, the stand-ins, the origin, and the commands users type."""
+
+    def __init__(self, *, api: KubeAPI, mini: MiniCluster, origin: TestOrigin, origin_url: str, root: Path,
+                 kubeconfig: Path) -> None:
+        self.api, self.mini, self.origin, self.origin_url = api, mini, origin, origin_url
+        self.root, self.kubeconfig = root, kubeconfig
+        self.helm = [require_tool("helm"), "--kubeconfig", str(kubeconfig)]
+        self.kubectl = [require_tool("kubectl"), "--kubeconfig", str(kubeconfig)]
+
+    async def run(self, *argv: str, env: dict | None = None, timeout: float = 120) -> str:
+        """A command line, awaited: the double answering it runs on this event loop."""
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                    env={**os.environ, **(env or {})})
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"{' '.join(argv[:4])}... did not finish in {timeout} s")
+        assert proc.returncode == 0, f"{' '.join(argv[:4])}... exited {proc.returncode}: {out.decode()}{err.decode()}"
+        return out.decode()
+
+    def obj(self, group: str, plural: str, name: str, ns: str | None = NS) -> dict | None:
+        return self.api.objects_of(group, plural).get((ns, name))
+
+    def service_ip(self, name: str) -> str:
+        return self.obj("", "services", name)["spec"]["clusterIP"]
+
+    def redis_password(self) -> str:
+        return base64.b64decode(self.obj("", "secrets", "nezha-redis")["data"]["password"]).decode()
+
+    def redis_url(self) -> str:
+        return f"redis://:{self.redis_password()}@{self.service_ip('nezha-redis')}:6379/0"
+
+
+@pytest.fixture
+async def system(tmp_path, request):
+    need_root()
+    for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
+        require_tool(tool)
+    hosts = Path("/etc/hosts")
+    if not hosts.exists():  # a bare root has none; the pods' bind mounts need a file to cover
+        hosts.touch()
+        request.addfinalizer(lambda: hosts.unlink(missing_ok=True))
+    assert "www.cs.toronto.edu" not in hosts.read_text()  # else hostAliases would prove nothing
+
+    origin = TestOrigin()
+    from aiohttp import web
+    runner = web.AppRunner(origin.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    origin_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    api = KubeAPI(bookmark_interval=0.2)
+    api.service_network = "127.1"
+    await api.start()
+    config = kubeconfig(tmp_path / "kubeconfig", api.url)
+    mini = MiniCluster(api=api, namespace=NS, root=tmp_path / "cluster", kubeconfig=config,
+                       entrypoints={"nezha": [str(Path(sys.executable).with_name("nezha"))],
+                                    "redis": ["redis-server"], "redis-server": [require_tool("redis-server")]})
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "image": {"repository": "nezha", "tag": "test"},
+        "origins": [{"host": "www.cs.toronto.edu", "upstream": origin_url}],
+        "cache": {"replicas": 3, "terminationGracePeriodSeconds": 30},
+    }))
+    sys_ = System(api=api, mini=mini, origin=origin, origin_url=origin_url, root=tmp_path, kubeconfig=config)
+    try:
+        await sys_.run(*sys_.kubectl, "create", "namespace", NS)
+        await sys_.run(*sys_.kubectl, "create", "namespace", "ml")
+        # The double serves no OpenAPI documents; test_chart.py checks the schemas.
+        await sys_.run(*sys_.helm, "install", "nezha", str(CHART), "-n", NS, "-f", str(values),
+                 "--disable-openapi-validation")
+        await mini.start()
+        yield sys_
+    finally:
+        await mini.stop()
+        await api.stop()
+        await runner.cleanup()

