@@ -22,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -121,14 +122,88 @@ async def test_the_chart_runs_as_a_system_a_job_downloads_through_it_and_scaling
                      "--no-auth-warning", "-a", system.redis_password()]
 
         async def cluster_hits() -> int:
+            """hits + peer_hits: the node the client reached counts the request (docs/redis-schema.md)."""
             out = (await system.run(*redis_cli, "HGETALL", "nezha:stats:cluster")).split()
-            return int(dict(zip(out[::2], out[1::2])).get("hits", 0))
+            fields = dict(zip(out[::2], out[1::2]))
+            return int(fields.get("hits", 0)) + int(fields.get("peer_hits", 0))
 
         await system.mini.wait("the hit in nezha:stats:cluster", cluster_hits, timeout=10)
         stats = json.loads(await system.run(nezha, "stats", "--json", env={"NEZHA_REDIS_URL": system.redis_url()}))
-        assert stats["cluster"]["hits"] >= 1, stats
+        assert stats["cluster"]["hits"] + stats["cluster"]["peer_hits"] == 1, stats
+        assert stats["cluster"]["misses"] == 1, stats
+
+        # More objects, fetched the way a pod with the hostAliases fetches them: through the cache Service.
+        paths = [f"/datasets/shard-{i:02d}.bin" for i in range(16)]
+        for p in paths:
+            system.origin.put(p, hashlib.sha256(p.encode()).digest() * 4096)
+        async with aiohttp.ClientSession() as http:
+            for p in paths:
+                assert await fetch(http, system.service_ip("nezha-cache"), p) == system.origin.files[p]
+
+            # 3. kubectl scale up: the ring moves to a new epoch and every node serves with it.
+            epoch3, _ = await ring_of(system)
+            await system.run(*system.kubectl, "-n", NS, "scale", "statefulset", "nezha-cache", "--replicas=5")
+            five = {f"nezha-cache-{i}" for i in range(5)}
+            await system.mini.wait("a ring of five", lambda: _members(ring_of(system), five), timeout=60)
+            epoch5, nodes = await ring_of(system)
+            assert epoch5 > epoch3
+            await system.mini.wait("every node on the new ring", lambda: _all_on(http, system, five, epoch5),
+                                   timeout=30)
+            for name in sorted(five):  # entering through any node, every object is there
+                ip = system.mini.run_of(name).ip
+                for p in paths[:4]:
+                    assert await fetch(http, f"{ip}:8080", p) == system.origin.files[p]
+            fetched = {p: system.origin.requests[p] for p in [CIFAR, *paths]}
+
+            # 4. kubectl scale down to 2: pods leave as Kubernetes removes them, handing off first.
+            await system.run(*system.kubectl, "-n", NS, "scale", "statefulset", "nezha-cache", "--replicas=2")
+            two = {"nezha-cache-0", "nezha-cache-1"}
+            await system.mini.wait("a ring of two", lambda: _members(ring_of(system), two), timeout=60)
+            await system.mini.wait("the three pods gone", lambda: not any(
+                ns == NS and n in ("nezha-cache-2", "nezha-cache-3", "nezha-cache-4")
+                for (ns, n) in system.api.objects_of("", "pods")), timeout=60)
+            for p in [CIFAR, *paths]:
+                assert await fetch(http, system.service_ip("nezha-cache"), p) == system.origin.files[p]
+            assert {p: system.origin.requests[p] for p in fetched} == fetched, "an object was fetched again"
+
+            # 5. The leading controller dies without a word; the standby takes the Lease, the next scale works.
+            lease = system.obj("coordination.k8s.io", "leases", "nezha-controller")
+            leader = lease["spec"]["holderIdentity"]
+            run = system.mini.run_of(leader)
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            await system.run(*system.kubectl, "-n", NS, "delete", "pod", leader, "--grace-period=0", "--force")
+            await system.mini.wait("another controller holding the Lease", lambda: system.obj(
+                "coordination.k8s.io", "leases", "nezha-controller")["spec"]["holderIdentity"] not in (None, leader),
+                timeout=60)
+            await system.run(*system.kubectl, "-n", NS, "scale", "statefulset", "nezha-cache", "--replicas=3")
+            three = {f"nezha-cache-{i}" for i in range(3)}
+            await system.mini.wait("a ring of three under the new leader",
+                                   lambda: _members(ring_of(system), three), timeout=60)
+            for p in [CIFAR, *paths]:
+                assert await fetch(http, system.service_ip("nezha-cache"), p) == system.origin.files[p]
     finally:
         await kube.close()
+
+
+async def fetch(http: aiohttp.ClientSession, address: str, path: str) -> bytes:
+    """GET as a pod whose hostAliases point the dataset host at `address` sends it."""
+    async with http.get(f"http://{address}{path}", headers={"Host": "www.cs.toronto.edu"}) as r:
+        assert r.status == 200, f"{address}{path}: {r.status} {await r.text()}"
+        return await r.read()
+
+
+async def _all_on(http: aiohttp.ClientSession, system, names: set[str], epoch: int) -> bool:
+    for name in names:
+        run = system.mini.runs.get((NS, name))
+        if run is None:
+            return False
+        try:
+            async with http.get(f"http://{run.ip}:8080/readyz") as r:
+                if (await r.json())["ring_epoch"] != epoch:
+                    return False
+        except (aiohttp.ClientError, OSError, ValueError):
+            return False
+    return True
 
 
 async def _members(ring, expected: set[str]) -> bool:
