@@ -134,6 +134,9 @@ must be URL-safe (the chart's own is alphanumeric).
 {{- if gt (int $a.minReplicas) (int $a.maxReplicas) }}
 {{- fail (printf "cache.autoscale.minReplicas (%d) must not exceed cache.autoscale.maxReplicas (%d)" (int $a.minReplicas) (int $a.maxReplicas)) }}
 {{- end }}
+{{- if ge (int .Values.webhook.certs.renewDays) (int .Values.webhook.certs.days) }}
+{{- fail (printf "webhook.certs.renewDays (%d) must be less than webhook.certs.days (%d): every certificate would be renewed at once" (int .Values.webhook.certs.renewDays) (int .Values.webhook.certs.days)) }}
+{{- end }}
 {{- if and .Values.redis.external.passwordSecret.name (not .Values.redis.external.url) }}
 {{- fail "redis.external.passwordSecret.name is set but redis.external.url is empty: name the Redis to use" }}
 {{- end }}

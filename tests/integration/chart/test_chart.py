@@ -420,6 +420,8 @@ def test_every_nezha_command_line_in_the_chart_parses(values):
     (["webhook.timeoutSeconds=10"], "/webhook/timeoutSeconds"),
     (["redis.external.url=http://redis:6379"], "/redis/external/url"),
     (["cache.autoscale.minReplicas=5", "cache.autoscale.maxReplicas=3"], "cache.autoscale.minReplicas"),
+    (["webhook.certs.renewDays=400"], "webhook.certs.renewDays"),
+    (["cache.service.port=8080"], "port"),
 ])
 def test_a_bad_value_is_refused_with_its_field_named(sets, field):
     with pytest.raises(RenderError) as e:
