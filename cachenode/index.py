@@ -40,12 +40,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aredis
 import structlog
 from redis.exceptions import RedisError, WatchError
 
+from nezha import redis_url
 from cachenode.ring import Ring
 from nezha.config import parse_hostport
 from nezha.errors import ConfigError, NezhaError
@@ -170,20 +170,27 @@ def _fence_of(raw: Mapping) -> Fence | None:
 
 def redact_url(url: str) -> str:
     """`url` with any password replaced by `***`, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return redis_url.redact(url)
 
 
 def check_redis_url(url: str) -> str:
-    scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"redis_url must be redis://, rediss:// or unix://, got {redact_url(url)!r}")
-    return url
+    try:
+        return redis_url.check(url)
+    except redis_url.BadRedisURL as e:
+        raise ConfigError(str(e)) from e
+
+
+def open_client(url: str, **options: Any) -> Any:
+    """A redis.asyncio client for any URL form of cachenode/redis_url.py; Sentinel's master is followed."""
+    if not url.startswith("redis+sentinel://"):
+        return aredis.from_url(url, **options)
+    from redis.asyncio.sentinel import Sentinel
+
+    target = redis_url.parse_sentinel(url)
+    timeouts = {k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={**timeouts, "password": target.sentinel_password})
+    return sentinel.master_for(target.service, db=target.db, username=target.username, password=target.password,
+                               **options)
 
 
 def _s(value: Any) -> str:
@@ -238,9 +245,8 @@ class Index:
             self._where = redact_url(redis_url)
             # Short timeouts: a dead Redis must cost the background tasks a
             # second, not a minute. Retries are ours (backoff), not redis-py's.
-            self._client = aredis.from_url(redis_url, decode_responses=True, socket_connect_timeout=1.0,
-                                           socket_timeout=2.0, health_check_interval=10,
-                                           retry=None)
+            self._client = open_client(redis_url, decode_responses=True, socket_connect_timeout=1.0,
+                                       socket_timeout=2.0, health_check_interval=10, retry=None)
         else:
             self._client = None
             self._where = "disabled"

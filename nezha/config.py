@@ -19,6 +19,7 @@ from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSourc
                                SettingsError, YamlConfigSettingsSource)
 from yarl import URL
 
+from nezha import redis_url
 from nezha.errors import ConfigError
 
 _yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("nezha_yaml_file", default=None)
@@ -54,9 +55,12 @@ def parse_hostport(value: str, *, field: str) -> tuple[str, int]:
 
 
 def check_redis_url(value: str | None) -> str | None:
-    """A Redis URL as every command takes it (`--redis-url`): redis://, rediss:// or unix://, no spaces."""
-    if value is not None and not re.match(r"^(redis|rediss|unix)://[^\s]*$", value):
-        raise ValueError("redis_url must be redis://, rediss:// or unix:// (--redis-url)")
+    """A Redis URL as every command takes it (`--redis-url`): the forms of nezha/redis_url.py."""
+    if value is not None:
+        try:
+            redis_url.check(value)
+        except redis_url.BadRedisURL as e:
+            raise ValueError(f"{e} (--redis-url)") from e
     return value
 
 

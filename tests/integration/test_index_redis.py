@@ -222,3 +222,42 @@ async def test_rediss_url_with_password_speaks_tls_to_redis(tls_redis, indexes):
     plain = indexes(f"redis://:tls-pw@127.0.0.1:{port}/0", "nezha-cache-1")
     await plain.start(first_read_timeout=0.5)
     assert plain.status()["redis"] == "degraded"
+
+
+async def test_a_sentinel_url_finds_the_master_and_the_ring_lands_there(tmp_path, indexes):
+    """redis+sentinel://: the chart's `redis.external.url` for an existing Sentinel-managed Redis."""
+    master = RedisServer(require_tool("redis-server"), tmp_path, password="m4ster-pw")
+    master.start()
+    sentinel_port = free_port()
+    conf = tmp_path / "sentinel.conf"  # Sentinel rewrites its config file: it must be its own, writable
+    conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+                    f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+                    f"sentinel auth-pass mymaster m4ster-pw\n")
+    sentinel = subprocess.Popen([require_tool("redis-server"), str(conf), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ask = aredis.Redis(host="127.0.0.1", port=sentinel_port, decode_responses=True)
+
+        async def knows_master() -> bool:
+            try:
+                return await ask.execute_command("SENTINEL", "get-master-addr-by-name", "mymaster") is not None
+            except (OSError, aredis.ConnectionError):
+                return False
+
+        await wait_for(knows_master, 10)
+        await ask.aclose()
+        url = f"redis+sentinel://:m4ster-pw@127.0.0.1:{sentinel_port}/mymaster/0"
+        index = indexes(url, "nezha-cache-0")
+        assert await index.set_membership({"nezha-cache-0": "127.0.0.1:8080"}) == 1
+        direct = aredis.from_url(master.url, decode_responses=True)
+        try:
+            # Written on the master Sentinel named, as the schema says (docs/redis-schema.md).
+            assert await direct.hgetall("nezha:ring:nodes") == {"nezha-cache-0": "127.0.0.1:8080"}
+        finally:
+            await direct.aclose()
+        assert (await index.get_membership()).nodes == {"nezha-cache-0": "127.0.0.1:8080"}
+        assert "m4ster-pw" not in json.dumps(index.status())
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+        master.stop(kill=True)

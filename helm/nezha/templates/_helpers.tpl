@@ -98,7 +98,7 @@ must be URL-safe (the chart's own is alphanumeric).
       name: {{ .Values.redis.external.passwordSecret.name }}
       key: {{ .Values.redis.external.passwordSecret.key }}
 - name: NEZHA_REDIS_URL
-  value: {{ regexReplaceAll "^(rediss?)://" .Values.redis.external.url "${1}://:$$(REDIS_PASSWORD)@" | quote }}
+  value: {{ regexReplaceAll "^(rediss?|redis\\+sentinel)://" .Values.redis.external.url "${1}://:$$(REDIS_PASSWORD)@" | quote }}
 {{- else }}
 - name: NEZHA_REDIS_URL
   value: {{ .Values.redis.external.url | quote }}

@@ -443,3 +443,15 @@ def test_notes_say_how_to_label_a_job_scale_and_read_stats():
     assert 'nezha.io/cache: "true"' in notes
     assert "kubectl -n nezha scale statefulset nezha-cache --replicas=5" in notes
     assert "redis-cli" in notes and "HGETALL nezha:stats:cluster" in notes and "nezha stats" in notes
+
+
+def test_a_sentinel_url_gets_the_password_spliced_in_and_parses_as_every_command_takes_it():
+    objects = render(sets=["redis.external.url=redis+sentinel://s1:26379\\,s2:26379/mymaster/2",
+                           "redis.external.passwordSecret.name=redis-credentials"])
+    (c,) = find(objects, "Deployment", "nezha-controller")["spec"]["template"]["spec"]["containers"]
+    url = {e["name"]: e for e in c["env"]}["NEZHA_REDIS_URL"]["value"]
+    assert url == "redis+sentinel://:$(REDIS_PASSWORD)@s1:26379,s2:26379/mymaster/2"
+    from nezha.redis_url import parse_sentinel
+
+    target = parse_sentinel(url.replace("$(REDIS_PASSWORD)", "pw"))
+    assert target.sentinels == (("s1", 26379), ("s2", 26379)) and target.service == "mymaster"
