@@ -12,7 +12,6 @@ import asyncio
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import kubernetes_validate
 import pytest

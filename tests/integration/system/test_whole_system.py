@@ -12,12 +12,10 @@ local origin, a user's day: label a Job, download cold then warm,
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 import re
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ from kubernetes_asyncio import client
 from cachenode.index import Index
 from tests.conftest import require_tool
 from tests.integration.system.conftest import NS
-from tests.integration.webhook.test_end_to_end import kubelet_hosts_file
+from tests.pod_command import run_pod_command
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,7 +58,6 @@ async def ring_of(system) -> tuple[int | None, dict[str, str]]:
 async def run_job_pod(system, kube, name: str, url: str) -> tuple[bytes, str]:
     """Create the Job, take the pod the double made through admission, run its own command with its hostAliases."""
     await client.BatchV1Api(kube).create_namespaced_job("ml", training_job(name, url))
-    core = client.CoreV1Api(kube)
     pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
         (p for (ns, _), p in system.api.objects_of("", "pods").items()
          if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
@@ -68,27 +65,8 @@ async def run_job_pod(system, kube, name: str, url: str) -> tuple[bytes, str]:
     assert pod["spec"].get("hostAliases") == [{"ip": cache_ip, "hostnames": ["www.cs.toronto.edu"]}], \
         f"{pod['spec'].get('hostAliases')}; admission: {system.api.admission_calls[-1:]}"
     workdir = system.root / "jobs" / name
-    workdir.mkdir(parents=True)
-    hosts = workdir / "hosts"
-    hosts.write_text(kubelet_hosts_file(pod))
-    command = pod["spec"]["containers"][0]["command"]
-    script = (f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && "
-              f"{shlex.quote(require_tool('wget'))} -q -S {' '.join(shlex.quote(a) for a in command[1:])}")
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    log = workdir / "wget.log"
-    with open(log, "wb") as out:
-        proc = await asyncio.create_subprocess_exec(require_tool("unshare"), "-m", "sh", "-c", script, env=env,
-                                                    stdout=out, stderr=asyncio.subprocess.STDOUT,
-                                                    start_new_session=True)
-    try:
-        await asyncio.wait_for(proc.wait(), 60)
-    except asyncio.TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        raise AssertionError(f"wget did not finish: {log.read_text()}\n{system.mini.logs()}")
-    assert proc.returncode == 0, f"{log.read_text()}\n{system.mini.logs()}"
-    del core
-    return (workdir / Path(url).name).read_bytes(), log.read_text()
+    log = await run_pod_command(pod, workdir, options=("-q", "-S"), context=system.mini.logs())
+    return (workdir / Path(url).name).read_bytes(), log
 
 
 async def test_the_chart_runs_as_a_system_a_job_downloads_through_it_and_scaling_loses_nothing(system):

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from tests.conftest import free_port, require_tool
 from tests.kubeapi.fixtures import kubeconfig
 from tests.integration.webhook.registration import namespace, register
 from tests.integration.webhook.reviews import job
+from tests.pod_command import run_pod_command
 from tests.support_origin import TestOrigin
 
 URL_PATH = "/~kriz/cifar-100-python.tar.gz"
@@ -34,18 +33,6 @@ RULES = """\
   hostAliases:
     - hostnames: [download.tensorflow.org, www.cs.toronto.edu, images.cocodataset.org]
 """
-
-
-def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
-    """/etc/hosts as kubelet writes it for a pod (managedHostsFileContent + hostsEntriesFromHostAliases)."""
-    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
-             "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet", "fe00::0\tip6-mcastprefix",
-             "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters", f"{pod_ip}\t{pod['metadata']['name']}", ""]
-    aliases = pod["spec"].get("hostAliases") or []
-    if aliases:
-        lines.append("# Entries added by HostAliases.")
-        lines += [f"{a['ip']}\t{h}" for a in aliases for h in a.get("hostnames") or []]
-    return "\n".join(lines) + "\n"
 
 
 async def spawn(*args: str, log: Path) -> asyncio.subprocess.Process:
@@ -81,7 +68,7 @@ async def listening(host: str, port: int, proc: asyncio.subprocess.Process, log:
 
 async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_request(
         tmp_path, aiohttp_server, kube, kube_api, tls, request):
-    wget, unshare = require_tool("wget"), require_tool("unshare")
+    require_tool("wget"), require_tool("unshare")
     payload = os.urandom(300_000)
     origin = TestOrigin()
     origin.put(URL_PATH, payload)
@@ -148,26 +135,9 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
             assert raw["spec"]["hostAliases"] == [{"ip": "127.0.0.2", "hostnames": [
                 "download.tensorflow.org", "www.cs.toronto.edu", "images.cocodataset.org"]}]
             workdir = tmp_path / raw["metadata"]["name"]
-            workdir.mkdir()
-            hosts = workdir / "hosts"
-            hosts.write_text(kubelet_hosts_file(raw))
-            command = raw["spec"]["containers"][0]["command"]  # the pod's own command, unchanged
-            assert command[0] == "wget"
-            script = f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && " \
-                     f"{shlex.quote(wget)} -q {' '.join(shlex.quote(a) for a in command[1:])}"
-            env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-            # Output to a file, not a pipe, and in its own session: a hung wget is killed with its shell.
-            wget_log = workdir / "wget.log"
-            with open(wget_log, "wb") as out:
-                run = await asyncio.create_subprocess_exec(unshare, "-m", "sh", "-c", script, env=env, stdout=out,
-                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-            try:
-                await asyncio.wait_for(run.wait(), 30)
-            except asyncio.TimeoutError:
-                os.killpg(run.pid, signal.SIGKILL)
-                await run.wait()
-                raise AssertionError(f"wget did not finish in 30 s; cache log: {cache_log.read_text()[-3000:]}")
-            assert run.returncode == 0, f"{wget_log.read_text()}\ncache log: {cache_log.read_text()[-3000:]}"
+            assert raw["spec"]["containers"][0]["command"][0] == "wget"
+            await run_pod_command(raw, workdir, options=("-q",), timeout=30,
+                                  context=f"cache log: {cache_log.read_text()[-3000:]}")
             assert (workdir / "cifar-100-python.tar.gz").read_bytes() == payload
         assert origin.requests[URL_PATH] == 1
         assert "www.cs.toronto.edu" not in machine_hosts.read_text()  # only the pods' namespaces saw it
