@@ -187,3 +187,29 @@ async def _all_on(http: aiohttp.ClientSession, system, names: set[str], epoch: i
 async def _members(ring, expected: set[str]) -> bool:
     _, nodes = await ring
     return set(nodes) == expected
+
+
+async def test_a_killed_cache_node_is_restarted_rejoins_and_nothing_is_lost(system):
+    """SIGKILL of a node process (a crash, an OOM kill): the kubelet restarts it, the other owner serves meanwhile."""
+    paths = [f"/datasets/part-{i:02d}.bin" for i in range(12)]
+    for p in paths:
+        system.origin.put(p, hashlib.sha256(p.encode()).digest() * 2048)
+    three = {f"nezha-cache-{i}" for i in range(3)}
+    await system.mini.wait("a ring of the three cache pods", lambda: _members(ring_of(system), three), timeout=60)
+    async with aiohttp.ClientSession() as http:
+        for p in paths:
+            assert await fetch(http, system.service_ip("nezha-cache"), p) == system.origin.files[p]
+        fetched = {p: system.origin.requests[p] for p in paths}
+        victim = system.mini.run_of("nezha-cache-1")
+        restarts = victim.restarts
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        await system.mini.wait("the ring without the killed node",
+                               lambda: _members(ring_of(system), three - {"nezha-cache-1"}), timeout=30)
+        for p in paths:  # served by the other owner of each key, the origin not asked again
+            assert await fetch(http, system.service_ip("nezha-cache"), p) == system.origin.files[p]
+        await system.mini.wait("the node restarted and back in the ring",
+                               lambda: _members(ring_of(system), three), timeout=60)
+        assert victim.restarts == restarts + 1
+        for p in paths:  # its disk survived the crash: entering through it, every object is there
+            assert await fetch(http, f"{victim.ip}:8080", p) == system.origin.files[p]
+        assert {p: system.origin.requests[p] for p in paths} == fetched
