@@ -14,6 +14,7 @@ from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
 from nezha.config import CacheSettings
+from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
 
 log = structlog.get_logger("nezha.cachenode")
@@ -116,7 +117,11 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     """Run one node until SIGINT/SIGTERM (or `stop` is set)."""
     listener = Listener(build_node(settings))
     host, port = settings.listen_addr
-    await listener.start(host, port)
+    try:
+        await listener.start(host, port)
+    except OSError as e:
+        await listener.close()
+        raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
     log.info("node_listening", listen=settings.listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
              fast_hits=settings.fast_hits)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 from nezha.config import CacheSettings, load
+from nezha.errors import ConfigError
 from nezha.lifecycle import stop_on_signals
 from nezha.logs import configure
 
@@ -14,17 +16,22 @@ from nezha.logs import configure
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="run one cache node")
     p.add_argument("--listen", help="HOST:PORT to serve on (default 127.0.0.1:8080)")
-    p.add_argument("--data-dir", type=Path, help="folder for cached objects")
+    p.add_argument("--data-dir", type=Path, help="folder for cached objects (default ./nezha-data)")
     p.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL",
                    help="a dataset host and where to fetch it; repeat for more")
-    p.add_argument("--capacity", help="bytes of disk to use, e.g. 50GiB; LRU eviction beyond")
-    p.add_argument("--redis-url", help="index to join (redis:// or rediss://)")
+    p.add_argument("--capacity", help="disk to use, e.g. 50GiB or 500M; least recently used objects are evicted "
+                   "beyond it (default: unbounded)")
+    p.add_argument("--redis-url", help="the shared index to join: redis://, rediss://, unix:// or "
+                   "redis+sentinel:// (needs NEZHA_CLUSTER_TOKEN; default: none, a lone node)")
     p.add_argument("--node-id", help="this node's identity in the ring")
-    p.add_argument("--advertise", help="HOST:PORT peers use to reach this node")
+    p.add_argument("--advertise", help="HOST:PORT where peers reach this node, shown in /readyz and sent with "
+                   "copies; the ring itself is written by the controller, `nezha up` or `nezha ring set` "
+                   "(default: --listen)")
     p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
                    "else 1")
     p.add_argument("--config", type=Path, help="YAML file of settings")
-    p.add_argument("--log-level")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
+                   help="default info")
     p.set_defaults(func=run_cache)
 
     u = sub.add_parser(
@@ -37,18 +44,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
     u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL", required=True,
                    help="a dataset host and where to fetch it; repeat for more")
-    u.add_argument("--base-port", type=int, default=8080, help="node i listens on 127.0.0.1:BASE+i")
-    u.add_argument("--data-dir", type=Path, default=Path("./nezha-data"), help="node i uses DIR/node-i")
+    u.add_argument("--base-port", type=int, default=8080, help="node i listens on 127.0.0.1:BASE+i (default 8080)")
+    u.add_argument("--data-dir", type=Path, default=Path("./nezha-data"),
+                   help="node i uses DIR/node-i (default ./nezha-data)")
     u.add_argument("--replicas", type=int, default=None,
                    help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
     u.add_argument("--redis-url", help="index to use; default: an embedded one")
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
-    d.add_argument("--size", type=int, default=None, help="bytes of the demo file (default 169001437)")
-    d.add_argument("--rate", type=float, default=None, help="origin throttle in bytes/s (default 3.5 MB/s)")
-    d.add_argument("--nodes", type=int, default=1, help="cache nodes; with 2 or more the warm download "
-                   "enters through another node and is a peer hit")
+    d.add_argument("--size", default=None, help="size of the synthetic demo file: bytes or with a suffix, "
+                   "e.g. 10MB, 1GiB (default 169001437, the size of cifar-100-python.tar.gz)")
+    d.add_argument("--rate", default=None, help="origin throttle in bytes per second, suffixes allowed, "
+                   "e.g. 3.5MB (default 3.5 MB/s, what the original experiment measured)")
+    d.add_argument("--nodes", type=int, default=1, help="cache nodes (default 1); with 2 or more the warm "
+                   "download enters through another node and is a peer hit")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
@@ -64,15 +74,29 @@ def run_cache(args: argparse.Namespace) -> int:
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "log_level"]))
+    if settings.redis_url and not settings.cluster_token:
+        raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
+                          "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
+                          "drive its internal endpoints")
+    prepare_data_dir(settings.data_dir)
     configure(level=settings.log_level, cache_loggers=True)
     asyncio.run(serve(settings))
     return 0
 
 
+def prepare_data_dir(path: Path) -> None:
+    """The data folder, made now (after every other setting was checked) or refused naming --data-dir."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--data-dir {str(path)!r}: cannot be created: {e.strerror}") from e
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--data-dir {str(path)!r}: not writable by this user")
+
+
 def run_up(args: argparse.Namespace) -> int:
     from cachenode.local_cluster import LocalCluster
     from nezha.config import Origin
-    from nezha.errors import ConfigError
 
     try:
         origins = [Origin.parse(o) for o in args.origins]
@@ -80,6 +104,9 @@ def run_up(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
     if args.nodes < 1 or (args.replicas is not None and args.replicas < 1):
         raise ConfigError(f"--nodes ({args.nodes}) and --replicas ({args.replicas}) must be at least 1")
+    if args.replicas is not None and args.replicas > args.nodes:
+        raise ConfigError(f"--replicas {args.replicas}: cannot exceed --nodes ({args.nodes}); each key is kept on "
+                          "that many different nodes")
 
     async def main() -> None:
         cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,

@@ -155,9 +155,9 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes
             "bytes": size,
             "nodes": nodes,
             "owner": owner,
-            "origin_rate_mbps": round(rate / 1e6, 3),
-            "cold_mbps": round(cold.mbps, 2),
-            "warm_mbps": round(warm.mbps, 2),
+            "origin_rate_mb_per_s": round(rate / 1e6, 3),
+            "cold_mb_per_s": round(cold.mbps, 2),
+            "warm_mb_per_s": round(warm.mbps, 2),
             "speedup": round(warm.mbps / cold.mbps, 1),
             "cold_cache": cold.cache,
             "warm_cache": warm.cache,
@@ -193,23 +193,30 @@ def _free_run(n: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    size = args.size if args.size is not None else CIFAR100_BYTES
-    rate = args.rate if args.rate is not None else RATE_2018
-    if size <= 0 or rate <= 0:
-        print("nezha demo: --size and --rate must be positive", file=sys.stderr)
-        return 2
+    from nezha.config import parse_size
+    from nezha.errors import ConfigError
+
+    values = {}
+    for flag, given, default in (("--size", args.size, CIFAR100_BYTES), ("--rate", args.rate, RATE_2018)):
+        try:
+            values[flag] = default if given is None else parse_size(given)
+        except ValueError as e:
+            raise ConfigError(f"{flag} {given!r}: {e}") from e
+        if values[flag] <= 0:
+            raise ConfigError(f"{flag} {given!r}: must be positive")
+    size, rate = values["--size"], values["--rate"]
     if args.nodes < 1:
-        print("nezha demo: --nodes must be at least 1", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--nodes {args.nodes}: must be at least 1")
     configure(level="warning", stream=sys.stderr)
     result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep, nodes=args.nodes))
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"cold (origin -> cache -> you): {result['cold_mbps']:8.2f} MB/s  [{result['cold_cache']}]")
-        print(f"warm (cache disk -> you):     {result['warm_mbps']:8.2f} MB/s  [{result['warm_cache']}]")
+        print(f"cold (origin -> cache -> you): {result['cold_mb_per_s']:8.2f} MB/s  [{result['cold_cache']}]")
+        print(f"warm (cache disk -> you):     {result['warm_mb_per_s']:8.2f} MB/s  [{result['warm_cache']}]")
         print(f"speed-up: {result['speedup']}x   origin GETs: {result['origin_gets']}   "
-              f"sha256 {'matches' if result['sha256_match'] else 'DOES NOT MATCH'} ({result['sha256'][:16]}...)")
+              f"sha256 {'matches' if result['sha256_match'] else 'DOES NOT MATCH'} ({result['sha256'][:16]}... "
+              f"of the synthetic file the local origin served, both copies)")
         print("stats from the index (redis):")
         print(f"  {'node':<10} {'hits':>6} {'misses':>7} {'peer_hits':>10} {'from origin':>14} {'served':>14}")
         for name, st in sorted(result["stats"]["nodes"].items()):

@@ -1,4 +1,4 @@
-"""The `nezha` command: flags -> settings -> logging -> run.
+"""The `nezha` command: one entry point, a subcommand per component.
 
 Each subcommand lives with its component (`cachenode.cli`, `webhook.cli`,
 ...), which exposes `register(subparsers)`; a subcommand's parser stores its
@@ -12,7 +12,8 @@ import argparse
 import importlib
 import sys
 
-from nezha.errors import ConfigError
+from nezha import config
+from nezha.errors import ConfigError, RunError
 
 # module -> the subcommands it registers
 COMMAND_MODULES = (
@@ -23,8 +24,23 @@ COMMAND_MODULES = (
 )
 
 
+DESCRIPTION = """\
+Nezha caches the datasets ML training jobs download. Run one cache node
+(`nezha cache`), a local cluster (`nezha up`), or the demo (`nezha demo`);
+on Kubernetes the chart in helm/nezha runs the nodes, the controller and the
+webhook. Every flag is also a NEZHA_* variable and a key of --config FILE."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nezha", description=__doc__.splitlines()[0])
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("nezha")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        ours = "unknown"
+    parser = argparse.ArgumentParser(prog="nezha", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"nezha {ours}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -39,13 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> the long flag that sets it, over every subcommand (`origins` -> `--origin`)."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names.update(_flag_names(sub))
+        elif action.option_strings and action.dest not in ("help", "version"):
+            names.setdefault(action.dest, max(action.option_strings, key=len))
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = f"nezha {args.command}"
+    config.FLAG_NAMES.update(_flag_names(parser))
+    config.COMMAND = command
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"nezha {args.command}: {e}", file=sys.stderr)
+        # One line per problem, each naming the command: exit 2, nothing started.
+        for line in str(e).splitlines() or [""]:
+            print(f"{command}: {line}", file=sys.stderr)
         return 2
+    except RunError as e:
+        print(f"{command}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -9,20 +9,32 @@ Each component gets its own class and receives it as `settings=`.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
-from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict,
-                               SettingsError, YamlConfigSettingsSource)
+import yaml
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 from yarl import URL
 
 from nezha import redis_url
 from nezha.errors import ConfigError
 
-_yaml_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("nezha_yaml_file", default=None)
+# The --config file's settings while `load` builds a settings object (the lowest-priority source).
+_file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("nezha_file_settings",
+                                                                                      default=None)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Reserved for the test suite (NEZHA_TEST_KUBECONFIG ...): never a setting, never refused.
+_TEST_VARIABLES = "NEZHA_TEST_"
+# dest -> the flag that sets it (`origins` -> `--origin`), filled by nezha.cli from its parsers, so
+# an error can name the flag the user typed.
+FLAG_NAMES: dict[str, str] = {}
+# The command being run (`nezha cache`), for messages; set by nezha.cli.
+COMMAND = "nezha"
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -107,10 +119,28 @@ class Origin(BaseModel):
         return cls(host=host, upstream=upstream)
 
 
+class _FileSource(PydanticBaseSettingsSource):
+    """The --config file, already read and checked by `load`."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_file_settings.get() or {})
+
+
 class _Base(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="ignore", validate_default=True)
+    # forbid: a misspelt key is an error, never a setting silently left at its default.
+    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="forbid", validate_default=True)
 
     log_level: str = "info"
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return v.lower()
 
     @classmethod
     def settings_customise_sources(
@@ -121,11 +151,7 @@ class _Base(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = _yaml_file.get()
-        if path is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        return tuple(sources)
+        return (init_settings, env_settings, _FileSource(settings_cls))
 
 
 def _origins(value: Any) -> Any:
@@ -202,6 +228,13 @@ class CacheSettings(_Base):
             parse_hostport(v, field=info.field_name)
         return v
 
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, v: Path) -> Path:
+        if v.exists() and not v.is_dir():
+            raise ValueError("exists and is not a folder")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "CacheSettings":
         hosts = [o.host for o in self.origins]
@@ -216,6 +249,9 @@ class CacheSettings(_Base):
             raise ValueError(f"peer_timeout ({self.peer_timeout:g}) must be positive")
         if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
             raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
+        if not self.origins:
+            raise ValueError("no origin configured: pass --origin HOST=UPSTREAM_URL (or NEZHA_ORIGINS, or origins "
+                             "in --config); without one the node would refuse every request")
         return self
 
     @property
@@ -301,29 +337,105 @@ class WebhookSettings(_Base):
         return self.proxy_url or f"http://{self.cache_service}.{self.namespace}.svc:80"
 
 
-def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: Path | None = None) -> Any:
+def _setting_names(cls: type[_Base]) -> dict[str, str]:
+    """Every name a setting of `cls` answers to in a file or the environment -> its field."""
+    names: dict[str, str] = {}
+    for field, info in cls.model_fields.items():
+        names[field] = field
+        names[f"NEZHA_{field.upper()}"] = field
+        alias = info.validation_alias
+        for choice in getattr(alias, "choices", ()) or ():
+            if isinstance(choice, str):
+                names[choice] = field
+    return names
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _read_file(path: Path, cls: type[_Base]) -> tuple[dict[str, Any], list[str]]:
+    """The --config file's mapping, and a line for each unknown key in it."""
+    where = f"--config {path}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot be read: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping of setting names to values, got {type(data).__name__}")
+    fields = list(cls.model_fields)
+    problems = [f"{where}: unknown key {k!r}{_did_you_mean(str(k), fields)}" for k in data if k not in fields]
+    return data, problems
+
+
+def _env_problems(cls: type[_Base], command: str) -> list[str]:
+    known = _setting_names(cls)
+    env_names = [n for n in known if n.startswith("NEZHA_")]
+    return [f"{name}: not a setting of {command}{_did_you_mean(name, env_names)}"
+            for name in sorted(os.environ)
+            if name.startswith("NEZHA_") and not name.startswith(_TEST_VARIABLES) and name not in known]
+
+
+def _source(field: str, given: dict[str, Any], file: dict[str, Any], path: Path | None) -> str:
+    """Where a field's value came from, as the user would write it."""
+    if field in given:
+        return FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
+    env = f"NEZHA_{field.upper()}"
+    if env in os.environ:
+        return env
+    if field in file:
+        return f"{field} in {path}"
+    return field
+
+
+def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: Path | None = None,
+         command: str | None = None) -> Any:
     """Build settings of `cls` from flags, environment and an optional YAML file.
 
-    Flags that were not given (None) do not mask the environment. Errors come
-    back as one ConfigError naming every bad field.
+    Flags that were not given (None) do not mask the environment. Every
+    problem comes back in one ConfigError, one line each, naming the flag,
+    variable or file key and the value: a bad value, an unknown key in the
+    file, a `NEZHA_*` variable that is no setting of this command (with a
+    "did you mean" when one is close).
     """
     from pydantic import ValidationError
 
+    command = command or COMMAND
     given = {k: v for k, v in (flags or {}).items() if v is not None}
-    if config_file is not None and not Path(config_file).is_file():
-        raise ConfigError(f"config file {config_file} does not exist")
-    token = _yaml_file.set(Path(config_file) if config_file else None)
+    path = Path(config_file) if config_file else None
+    file, problems = _read_file(path, cls) if path is not None else ({}, [])
+    problems += _env_problems(cls, command)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    token = _file_settings.set(file)
     try:
         return cls(**given)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or cls.__name__}: {err['msg']}" for err in e.errors()
-        )
-        raise ConfigError(f"invalid {cls.__name__}: {problems}") from e
+        lines = []
+        for err in e.errors():
+            loc = [str(p) for p in err["loc"]]
+            message = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
+            if not loc:
+                lines.append(message)
+                continue
+            where = _source(loc[0], given, file, path) + "".join(f"[{p}]" if p.isdigit() else f".{p}"
+                                                                 for p in loc[1:])
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) or value is None else \
+                f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"
+            lines.append(f"{where}{shown}: {message}")
+        raise ConfigError("\n".join(lines)) from e
     except SettingsError as e:
-        raise ConfigError(f"invalid {cls.__name__}: {e}: {e.__cause__}") from e
+        raise ConfigError(f"{e}: {e.__cause__}") from e
     finally:
-        _yaml_file.reset(token)
+        _file_settings.reset(token)
 
 
 class ClusterSettings(_Base):

@@ -1,7 +1,8 @@
 """The exception tree shared by every Nezha component.
 
     NezhaError
-    ├── ConfigError        settings that cannot work together; named fields
+    ├── ConfigError        settings that cannot work together; named fields (exit 2)
+    ├── RunError           a run-time failure a user can act on, such as a port in use (exit 1)
     ├── OriginError        the origin could not be reached or answered badly
     │   └── OriginTimeout  the origin did not answer in time
     ├── FillAborted        a fill stopped before the object was complete
@@ -18,7 +19,11 @@ class NezhaError(Exception):
 
 
 class ConfigError(NezhaError):
-    pass
+    """Bad settings: the command exits 2 before it binds or writes anything."""
+
+
+class RunError(NezhaError):
+    """A failure at run time the user can act on (a port in use): one line, exit 1, no traceback."""
 
 
 class OriginError(NezhaError):

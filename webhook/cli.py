@@ -74,8 +74,11 @@ def run_webhook(args: argparse.Namespace) -> int:
 
 
 def run_certs(args: argparse.Namespace) -> int:
+    from nezha.kube import api_client as kube_api_client
     from webhook.certs import ensure_certs
-    from webhook.discovery import api_client
+
+    async def api_client(*, kubeconfig):
+        return await kube_api_client(kubeconfig=kubeconfig, hint="pass --kubeconfig (or set KUBECONFIG)")
 
     settings = load(WebhookSettings, config_file=args.config, flags=_flags(
         args, ["namespace", "webhook_service", "tls_secret", "webhook_configuration", "cert_days", "renew_days",

@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from nezha.config import WebhookSettings
-from nezha.errors import ConfigError, ReviewError
+from nezha.errors import ConfigError, ReviewError, RunError
 from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
 from webhook.review import review
 
@@ -325,7 +325,11 @@ async def start(webhook: Webhook) -> web.AppRunner:
     await runner.setup()
     host, port = webhook.settings.listen_addr
     site = web.TCPSite(runner, host, port, ssl_context=webhook.cert.context, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise RunError(f"cannot listen on {webhook.settings.listen} (--listen): {e.strerror or e}") from e
     log.info("webhook_listening", listen=webhook.settings.listen, rules=[r.name for r in webhook.rules],
              cache_ip=webhook.cache_ip)
     return runner

@@ -10,7 +10,7 @@ def nezha(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_demo_downloads_cold_then_warm_and_checks_sha256():
-    run = nezha("demo", "--size", "3000000", "--rate", "6000000", "--json")
+    run = nezha("demo", "--size", "3MB", "--rate", "6MB", "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["sha256_match"] is True
@@ -19,9 +19,9 @@ def test_demo_downloads_cold_then_warm_and_checks_sha256():
     # The throttle holds the cold copy to 6 MB/s. Only the upper bound is
     # checked: load on the machine can slow a transfer, never speed it past
     # the origin's pacing, so a lower bound would be a flaky timing test.
-    assert result["origin_rate_mbps"] == 6.0
-    assert result["cold_mbps"] < 6.6
-    assert result["warm_mbps"] > result["cold_mbps"] and result["speedup"] > 1
+    assert result["origin_rate_mb_per_s"] == 6.0
+    assert result["cold_mb_per_s"] < 6.6
+    assert result["warm_mb_per_s"] > result["cold_mb_per_s"] and result["speedup"] > 1
 
 
 def test_cache_refuses_a_malformed_origin_naming_it():

@@ -226,7 +226,8 @@ async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin,
         proc = subprocess.Popen(
             [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir",
              str(tmp_path / str(port)), "--origin", f"{HOST}={origin.url}", "--log-level", "warning", *flags],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "NEZHA_CLUSTER_TOKEN": "test-cluster-token"})
         try:
             async with aiohttp.ClientSession() as s:
                 for _ in range(200):

@@ -8,6 +8,7 @@ processes talking over real sockets, with their rings read from redis-server.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ def _node(node_id: str, port: int, redis_url: str, data_dir, origin_url: str) ->
         [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
          "--origin", f"{HOST}={origin_url}", "--redis-url", redis_url, "--node-id", node_id,
          "--advertise", f"127.0.0.1:{port}", "--replicas", "1", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NEZHA_CLUSTER_TOKEN": "test-token"})
     return proc
 
 

@@ -363,19 +363,18 @@ def test_each_command_line_parses(image, command):
 REFUSALS = {
     (): "nezha: error: the following arguments are required: COMMAND",
     ("cache", "--listen", "nope"):
-        "nezha cache: invalid CacheSettings: listen: Value error, listen must be HOST:PORT, got 'nope'",
+        "nezha cache: --listen 'nope': listen must be HOST:PORT, got 'nope'",
     ("cache", "--capacity", "bogus"):
-        "nezha cache: invalid CacheSettings: capacity: Value error, not a size: 'bogus' "
+        "nezha cache: --capacity 'bogus': not a size: 'bogus' "
         "(use bytes or a suffix such as 500M, 10GiB)",
     ("controller",):
-        "nezha controller: invalid ControllerSettings: ControllerSettings: Value error, "
-        "--namespace is required (or NEZHA_NAMESPACE, or namespace in --config)",
+        "nezha controller: --namespace is required (or NEZHA_NAMESPACE, or namespace in --config)",
     ("webhook",): "nezha webhook: rules: a rules file is required (--rules)",
     ("webhook", "certs"):
         "nezha webhook: cannot reach the Kubernetes API through the in-cluster service account: ",
     ("up",): "nezha up: error: the following arguments are required: --origin",
     ("up", "--origin", "bad"): "nezha up: --origin wants HOST=UPSTREAM_URL, got 'bad'",
-    ("demo", "--nodes", "0"): "nezha demo: --nodes must be at least 1",
+    ("demo", "--nodes", "0"): "nezha demo: --nodes 0: must be at least 1",
     ("stats",): "nezha stats: no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL",
     ("ring", "show"): "nezha ring: no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL",
 }
