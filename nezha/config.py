@@ -376,11 +376,23 @@ def _read_file(path: Path, cls: type[_Base]) -> tuple[dict[str, Any], list[str]]
 
 
 def _env_problems(cls: type[_Base], command: str) -> list[str]:
-    known = _setting_names(cls)
-    env_names = [n for n in known if n.startswith("NEZHA_")]
-    return [f"{name}: not a setting of {command}{_did_you_mean(name, env_names)}"
+    """A NEZHA_* variable that no Nezha command reads is a typo. One that another command reads
+    is left alone: a pod's environment serves every command run in it (`kubectl exec nezha-cache-0
+    -- nezha stats` sees the node's NEZHA_CLUSTER_TOKEN)."""
+    ours = [n for n in _setting_names(cls) if n.startswith("NEZHA_")]
+    anyone = {n for sub in _settings_classes() for n in _setting_names(sub) if n.startswith("NEZHA_")}
+    return [f"{name}: not a setting of {command} or any other nezha command{_did_you_mean(name, ours)}"
             for name in sorted(os.environ)
-            if name.startswith("NEZHA_") and not name.startswith(_TEST_VARIABLES) and name not in known]
+            if name.startswith("NEZHA_") and not name.startswith(_TEST_VARIABLES) and name not in anyone]
+
+
+def _settings_classes() -> list[type[_Base]]:
+    found, todo = [], list(_Base.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return found
 
 
 def _source(field: str, given: dict[str, Any], file: dict[str, Any], path: Path | None) -> str:

@@ -242,6 +242,26 @@ class Webhook:
         return web.json_response({"ok": True, "rules": [r.name for r in self.rules], "rules_error": rules_error,
                                   "cache_ip": self.cache_ip})
 
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready only when an admitted pod would get its aliases: rules loaded, and the cache IP
+        known if a rule needs it. An unready webhook is out of its Service, so the API server's call
+        fails and the pod is admitted unpatched (failurePolicy Ignore) either way, but a rollout waits
+        for ready pods instead of replacing working ones with blind ones."""
+        why = None
+        if self.rules_file is not None and self.rules_file.error and not self.rules:
+            why = f"no usable rules: {self.rules_file.error}"
+        elif not self.rules:
+            why = "no rules loaded"
+        else:
+            needing = [r.name for r in self.rules if r.needs_cache_ip]
+            if needing and self.cache_ip is None:
+                why = (f"rules {needing} need the cache Service's IP and it is not known yet "
+                       f"(Service {self.settings.cache_service} in {self.settings.namespace})")
+        body = {"ready": why is None, "rules": [r.name for r in self.rules], "cache_ip": self.cache_ip}
+        if why:
+            body["why"] = why
+        return web.json_response(body, status=200 if why is None else 503)
+
     def start_discovery_if_needed(self) -> None:
         """Start following the cache Service when a rule needs its IP and nothing else provides it."""
         if self.settings.cache_ip is not None:
@@ -289,6 +309,7 @@ def build_app(webhook: Webhook) -> web.Application:
     app = web.Application(client_max_size=webhook.settings.max_body_bytes, middlewares=[no_tracebacks])
     app.router.add_post("/mutate", webhook.mutate)
     app.router.add_get("/healthz", webhook.healthz)
+    app.router.add_get("/readyz", webhook.readyz)
     app[WEBHOOK] = webhook
 
     async def lifecycle(app: web.Application):

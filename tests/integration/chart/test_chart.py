@@ -208,7 +208,7 @@ def test_long_running_components_have_probes_on_healthz_and_readyz():
     objects = render()
     for kind, name, ready, live in [("StatefulSet", "nezha-cache", "/readyz", "/healthz"),
                                     ("Deployment", "nezha-controller", "/readyz", "/healthz"),
-                                    ("Deployment", "nezha-webhook", "/healthz", "/healthz")]:
+                                    ("Deployment", "nezha-webhook", "/readyz", "/healthz")]:
         (c,) = find(objects, kind, name)["spec"]["template"]["spec"]["containers"]
         assert c["readinessProbe"]["httpGet"]["path"] == ready, name
         assert c["livenessProbe"]["httpGet"]["path"] == live, name

@@ -100,7 +100,7 @@ def test_a_misspelt_key_in_the_config_file_is_refused_with_a_suggestion(tmp_path
 
 def test_a_misspelt_variable_is_refused_with_a_suggestion(tmp_path):
     one_line(nezha("cache", "--origin", ORIGIN, "--data-dir", str(tmp_path / "d"), env={"NEZHA_CAPACTY": "1GiB"}), 2,
-             "NEZHA_CAPACTY: not a setting of nezha cache", "did you mean NEZHA_CAPACITY?")
+             "NEZHA_CAPACTY: not a setting of nezha cache or any other nezha command", "did you mean NEZHA_CAPACITY?")
     assert not (tmp_path / "d").exists()
 
 
@@ -154,3 +154,9 @@ def test_webhook_certs_without_a_cluster_suggests_only_what_applies():
     run = nezha("webhook", "certs", env=env)
     assert run.returncode == 2
     assert "--kubeconfig" in run.stderr and "--cache-ip" not in run.stderr
+
+
+def test_a_variable_another_command_reads_is_left_alone():
+    """A pod's environment serves every command run in it: `kubectl exec nezha-cache-0 -- nezha stats`."""
+    run = nezha("stats", env={"NEZHA_CLUSTER_TOKEN": "t", "NEZHA_SHUTDOWN_GRACE": "25"})
+    one_line(run, 2, "no index to talk to")

@@ -107,6 +107,7 @@ async def system(tmp_path, request):
                  "--disable-openapi-validation")
         await mini.start()
         yield sys_
+        assert not mini.problems, f"the stand-ins hit problems: {mini.problems}"
     finally:
         await mini.stop()
         await api.stop()

@@ -157,7 +157,8 @@ class MiniCluster:
                                                  "controller": True}]},
                "spec": {**template["spec"], **spec_extra, "nodeName": NODE}}
         with contextlib.suppress(ApiException):  # AlreadyExists: a pass that raced the last one
-            await self.core.create_namespaced_pod(owner["metadata"]["namespace"], pod)
+            (await self.core.create_namespaced_pod(owner["metadata"]["namespace"], pod,
+                                                   _preload_content=False)).release()
 
     async def _statefulsets(self) -> None:
         for sts in self.objects("apps", "statefulsets", self.namespace):
@@ -175,8 +176,8 @@ class MiniCluster:
             for pod_name, pod in pods.items():
                 ordinal = int(pod_name.rsplit("-", 1)[1])
                 if ordinal >= replicas and not pod["metadata"].get("deletionTimestamp"):
-                    with contextlib.suppress(ApiException):
-                        await self.core.delete_namespaced_pod(pod_name, ns)
+                    with contextlib.suppress(ApiException):  # NotFound: gone meanwhile
+                        (await self.core.delete_namespaced_pod(pod_name, ns, _preload_content=False)).release()
 
     async def _deployments(self) -> None:
         for dep in self.objects("apps", "deployments", self.namespace):
@@ -205,7 +206,8 @@ class MiniCluster:
                 elif not run.terminating:
                     run.terminating = True
                     grace = pod["metadata"].get("deletionGracePeriodSeconds", 30)
-                    run.tasks.append(asyncio.get_running_loop().create_task(self._terminate(run, pod, grace)))
+                    run.tasks.append(asyncio.get_running_loop().create_task(
+                        self._guard(self._terminate(run, pod, grace), run)))
                 continue
             if run is None and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 await self._admit(pod)
@@ -218,9 +220,9 @@ class MiniCluster:
         status = pod.get("status") or {}
         if not status.get("podIP"):
             ip = next(self.ips)
-            await self.core.patch_namespaced_pod_status(name, ns, {"status": {
+            (await self.core.patch_namespaced_pod_status(name, ns, {"status": {
                 "phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "False"}]}})
+                "conditions": [{"type": "Ready", "status": "False"}]}}, _preload_content=False)).release()
             return  # next pass sees the IP
         spec = pod["spec"]
         (container,) = spec["containers"]
@@ -403,9 +405,9 @@ class MiniCluster:
             await run.proc.wait()
 
     async def _remove(self, pod: dict) -> None:
-        with contextlib.suppress(ApiException):
-            await self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"],
-                                                  grace_period_seconds=0)
+        with contextlib.suppress(ApiException):  # NotFound: gone meanwhile
+            (await self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"],
+                                                   grace_period_seconds=0, _preload_content=False)).release()
 
     # -- kube-proxy and DNS ----------------------------------------------------------
 
@@ -509,6 +511,19 @@ class MiniCluster:
                 f.truncate()
 
     # -- what tests ask ----------------------------------------------------------------
+
+    async def exec(self, name: str, argv: list[str], timeout: float = 30) -> str:
+        """`kubectl exec POD -- ARGV`: in the pod's environment and its view of cluster DNS."""
+        run = self.run_of(name)
+        program = self.entrypoints.get(argv[0], [shutil.which(argv[0]) or argv[0]])
+        script = 'mount --bind "$NEZHA_TEST_HOSTS" /etc/hosts && unset NEZHA_TEST_HOSTS && exec "$@"'
+        proc = await asyncio.create_subprocess_exec(
+            self.unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *program, *argv[1:],
+            env={**run.env, "NEZHA_TEST_HOSTS": str(self.hosts)}, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        assert proc.returncode == 0, f"exec {name} {argv}: exit {proc.returncode}: {err.decode()}"
+        return out.decode()
 
     def run_of(self, name: str) -> PodRun:
         return self.runs[(self.namespace, name)]
