@@ -11,9 +11,12 @@ them. An apply then
   manager owns it too;
 - shares a field it sets to the value it already has.
 
-Simplification, stated: lists are atomic (the real API merges lists of
-containers, ports, env and volumes by key). Nezha's chart and tests never
-have two managers on one list.
+Lists of objects that all carry `name` (containers, env, ports, volumes,
+a MutatingWebhookConfiguration's webhooks) are maps keyed by name, as
+their patchMergeKey makes them in the real API: two managers can own
+different fields of one item (Helm the webhook's rules, the certificates
+Job its caBundle). Other lists are atomic, as `x-kubernetes-list-type:
+atomic` ones are.
 """
 
 from __future__ import annotations
@@ -29,12 +32,25 @@ _IGNORED = {("apiVersion",), ("kind",), ("status",)}
 _META_OWNED = ("labels", "annotations")
 
 
+def _keyed(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(i, dict) and "name" in i for i in value)
+
+
+def _item(name: Any) -> str:
+    return f"[name={name}]"
+
+
 def leaves(obj: Any, prefix: Path = ()) -> dict[Path, Any]:
-    """Every leaf field by path; lists and empty objects are leaves."""
+    """Every leaf field by path; empty objects and lists not keyed by name are leaves."""
     if isinstance(obj, dict) and obj:
         out: dict[Path, Any] = {}
         for k, v in obj.items():
             out.update(leaves(v, prefix + (k,)))
+        return out
+    if _keyed(obj):
+        out = {}
+        for item in obj:
+            out.update(leaves(item, prefix + (_item(item["name"]),)))
         return out
     return {prefix: obj}
 
@@ -54,32 +70,61 @@ def fields_of(obj: dict) -> dict[Path, Any]:
 _MISSING = object()
 
 
+def _child(container: Any, k: str, *, create: bool, next_is_item: bool = False) -> Any:
+    """The value under `k` of a dict, or the item named in `k` of a keyed list (made when `create`)."""
+    if k.startswith("[name="):
+        if not isinstance(container, list):
+            return _MISSING
+        name = k[len("[name="):-1]
+        for item in container:
+            if isinstance(item, dict) and str(item.get("name")) == name:
+                return item
+        if not create:
+            return _MISSING
+        container.append({"name": name})
+        return container[-1]
+    if not isinstance(container, dict):
+        return _MISSING
+    if k not in container or not isinstance(container[k], (dict, list)):
+        if not create:
+            return container.get(k, _MISSING)
+        container[k] = [] if next_is_item else {}
+    return container[k]
+
+
 def get(obj: Any, path: Path) -> Any:
     for k in path:
-        if not isinstance(obj, dict) or k not in obj:
+        obj = _child(obj, k, create=False)
+        if obj is _MISSING:
             return _MISSING
-        obj = obj[k]
     return obj
 
 
 def put(obj: dict, path: Path, value: Any) -> None:
-    for k in path[:-1]:
-        if not isinstance(obj.get(k), dict):
-            obj[k] = {}
-        obj = obj[k]
-    obj[path[-1]] = copy.deepcopy(value)
+    for i, k in enumerate(path[:-1]):
+        obj = _child(obj, k, create=True, next_is_item=path[i + 1].startswith("[name="))
+    last = path[-1]
+    if last.startswith("[name="):  # a whole item (it had no other field): make sure it is there
+        _child(obj, last, create=True)
+        return
+    obj[last] = copy.deepcopy(value)
 
 
 def drop(obj: dict, path: Path) -> None:
     parents = []
     for k in path[:-1]:
-        if not isinstance(obj.get(k), dict):
+        child = _child(obj, k, create=False)
+        if child is _MISSING or not isinstance(child, (dict, list)):
             return
-        parents.append((obj, k))
-        obj = obj[k]
-    obj.pop(path[-1], None)
-    for parent, k in reversed(parents):  # an emptied object goes too
-        if parent[k] == {}:
+        parents.append((obj, k, child))
+        obj = child
+    if isinstance(obj, dict):
+        obj.pop(path[-1], None)
+    for parent, k, child in reversed(parents):  # an emptied object, or an item left with only its name, goes
+        if k.startswith("[name="):
+            if set(child) <= {"name"}:
+                parent.remove(child)
+        elif child in ({}, []):
             del parent[k]
 
 

@@ -57,3 +57,23 @@ def test_a_field_dropped_from_the_configuration_is_removed_unless_someone_else_o
     owned = record_write({}, "helm", None, sts())
     gone, _ = apply(sts(), without_replicas, owned, "helm", force=False)
     assert "replicas" not in gone["spec"]
+
+
+def mwc(ca: str | None = None, timeout: int = 5) -> dict:
+    config = {"service": {"name": "nezha-webhook", "namespace": "nezha"}}
+    if ca is not None:
+        config["caBundle"] = ca
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "nezha-webhook"},
+            "webhooks": [{"name": "pods.webhook.nezha.io", "timeoutSeconds": timeout, "clientConfig": config}]}
+
+
+def test_items_of_a_list_keyed_by_name_are_owned_field_by_field():
+    """Helm owns a webhook's settings, the certificates Job its caBundle: an apply without it keeps it."""
+    owners = record_write({}, "helm", None, mwc())
+    owners = record_write(owners, "certs", mwc(), mwc(ca="Q0E="))
+    assert owners["certs"] == {("webhooks", "[name=pods.webhook.nezha.io]", "clientConfig", "caBundle")}
+    new, after = apply(mwc(ca="Q0E="), mwc(timeout=3), owners, "helm", force=False)
+    hook = new["webhooks"][0]
+    assert hook["clientConfig"]["caBundle"] == "Q0E=" and hook["timeoutSeconds"] == 3
+    assert len(new["webhooks"]) == 1

@@ -3,7 +3,9 @@
 Both ways Helm writes: server-side apply (Helm 4's default) and the
 three-way merge patches of Helm 3 (`--server-side=false`). The double
 keeps field ownership as kube-apiserver does (tests/kubeapi/apply.py), so
-a chart that still claimed `.spec.replicas` would conflict, or reset it.
+a chart that rendered its own `cache.replicas` over a live scale would
+conflict (server-side apply) or reset it (three-way merge): the chart
+renders the live value instead, and shares the field with whoever scaled.
 """
 
 from __future__ import annotations
@@ -72,3 +74,20 @@ async def test_helm_upgrade_keeps_a_kubectl_scale_and_the_generated_secrets(clus
     # Each revision runs the certificates Job again.
     jobs = await client.BatchV1Api(api).list_namespaced_job("nezha")
     assert [j.metadata.name for j in jobs.items] == ["nezha-webhook-certs-2"]
+
+
+@pytest.mark.parametrize("server_side", ["true", "false"], ids=["helm4-server-side-apply", "three-way-merge"])
+async def test_helm_upgrade_keeps_the_ca_bundle_the_certificates_job_patched_in(cluster, server_side):
+    helm, _, api = cluster
+    registrations = client.AdmissionregistrationV1Api(api)
+    await run(*helm, "install", "nezha", str(CHART), "-n", "nezha", NO_OPENAPI, f"--server-side={server_side}")
+    bundle = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...\n").decode()
+    # As `nezha webhook certs` writes it: a patch of the caBundle alone, under its own field manager.
+    await registrations.patch_mutating_webhook_configuration(
+        "nezha-webhook", [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}],
+        field_manager="nezha-webhook-certs")
+    await run(*helm, "upgrade", "nezha", str(CHART), "-n", "nezha", NO_OPENAPI, f"--server-side={server_side}",
+              "--set", "webhook.timeoutSeconds=4")
+    (hook,) = (await registrations.read_mutating_webhook_configuration("nezha-webhook")).webhooks
+    assert hook.timeout_seconds == 4, "the upgrade did not reach the registration"
+    assert hook.client_config.ca_bundle == bundle, "helm upgrade reset the caBundle"
