@@ -20,6 +20,12 @@ under `reinvocationPolicy: IfNeeded`. No I/O here; `server.py` does that.
 The object is untrusted input: every field read is type-checked, and one of
 the wrong type raises PatchError naming its JSON Pointer, so the review allows
 the object unchanged with that warning instead of failing with a TypeError.
+
+The work is linear in the object and bounded: the server computes the patch on
+its event loop, so a review that took seconds would stall every other review
+and `/healthz` with it. Env mode therefore never rescans the operations it has
+made (a set records the containers already given variables), and it declines
+pods with more than MAX_CONTAINERS containers (TooManyContainers).
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
 DEFAULT_NO_PROXY = ("localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local,kubernetes.default,"
                     "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16")
 
+# Env mode declines a pod with more containers and init containers than this,
+# failing open (allowed, unpatched, with a warning naming the count). Real pods
+# have a handful; the bound is far above them and still keeps both the patch and
+# the pod it makes small: each container gains four variables, about 0.4 KiB
+# with the default NO_PROXY, and the patched pod must fit etcd's request limit
+# (1.5 MiB by default), or the API server refuses it and the job is blocked by
+# the webhook after all. 1,000 containers add about 0.4 MiB and take a few ms.
+MAX_CONTAINERS = 1000
+
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 # Where the pod spec and pod metadata sit in each kind we patch.
@@ -68,6 +83,10 @@ class RuleError(ConfigError):
 
 class PatchError(NezhaError):
     """The object cannot be patched (its shape is not a pod spec we understand)."""
+
+
+class TooManyContainers(PatchError):
+    """Env mode declines a pod with more than MAX_CONTAINERS containers; the review allows it unpatched."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,8 @@ class Patch:
     ops: list[dict[str, Any]] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # What _warn has said, so that a warning per container stays linear.
+    _warned: set[str] = field(default_factory=set, repr=False, compare=False)
 
 
 def escape(token: str) -> str:
@@ -238,7 +259,9 @@ def _short(text: str, limit: int = 63) -> str:
 
 
 def _warn(out: "Patch", message: str) -> None:
-    if message not in out.warnings:
+    """Add a warning once, however many containers or rules raise it."""
+    if message not in out._warned:
+        out._warned.add(message)
         out.warnings.append(message)
 
 
@@ -251,7 +274,8 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
     workload's own), honours the opt-out annotation on either, and adds only
     what is missing. A rule is named in `rules` and in the annotation only
     when it added something. Raises PatchError when the object is not shaped
-    like one, naming the field.
+    like one, naming the field, and TooManyContainers when an env rule
+    applies to more than MAX_CONTAINERS containers.
     """
     if kind not in POD_PATHS:
         raise PatchError(f"kind {kind!r} is not one the webhook patches ({', '.join(POD_PATHS)})")
@@ -281,6 +305,9 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
                             "treated as \"true\"")
 
     aliases = _existing_aliases(spec, spec_path)
+    if proxy_url is not None and any(r.mode == "env" for r in matched):
+        _check_container_count(spec, spec_path)
+    env_done: set[str] = set()  # the env paths already given variables, shared by every env rule
     applied: list[str] = []
     for rule in matched:
         before = len(out.ops)
@@ -297,7 +324,7 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
             if proxy_url is None:
                 out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
             else:
-                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy)
+                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy, env_done)
         # Only a rule that changed something is recorded: one whose hostnames
         # the pod already maps (a reinvocation, or the pod's own entries)
         # injected nothing.
@@ -381,7 +408,18 @@ def _merge_aliases(out: Patch, spec_path: str, aliases: list | None,
     return state if state or aliases is not None else None
 
 
-def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str) -> None:
+def _check_container_count(spec: dict, spec_path: str) -> None:
+    """Raise TooManyContainers past MAX_CONTAINERS; checked before any op is built, so the bound bounds the work.
+
+    Groups that are not lists are not counted here: _add_env names them, in the order it always has.
+    """
+    count = sum(len(g) for g in (spec.get("initContainers"), spec.get("containers")) if isinstance(g, list))
+    if count > MAX_CONTAINERS:
+        raise TooManyContainers(f"{spec_path} has {count} containers and init containers, more than the "
+                                f"{MAX_CONTAINERS} that mode env patches")
+
+
+def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str, done: set[str]) -> None:
     """Give each container the proxy pairs it does not set itself.
 
     A container that sets HTTP_PROXY or http_proxy has a proxy of its own:
@@ -389,6 +427,10 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
     is used. One that sets only NO_PROXY or no_proxy keeps its value and gets
     the proxy pair, with a warning. One with envFrom may set any of them
     where the webhook cannot see, so it is left alone, with a warning.
+
+    `done` holds the env paths an earlier env rule of this patch gave
+    variables; this call adds its own. Looking a container up there, rather
+    than scanning the ops so far, is what keeps env mode linear.
     """
     for group in ("initContainers", "containers"):
         containers = spec.get(group)
@@ -414,7 +456,7 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
             if env_from is not None and not isinstance(env_from, list):
                 raise PatchError(f"{where}/envFrom is {_what(env_from)}, not a list")
             base = f"{where}/env"
-            if any(op["path"] in (base, f"{base}/-") for op in out.ops):
+            if base in done:
                 continue  # an earlier env rule already decided for this container
             name = c.get("name")
             label = f"container {_short(name)}" if isinstance(name, str) else where
@@ -435,6 +477,7 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
                 out.ops.append({"op": "add", "path": base, "value": add})
             else:
                 out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in add)
+            done.add(base)
 
 
 def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str]) -> None:

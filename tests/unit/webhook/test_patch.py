@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import urllib.request
 
@@ -12,7 +13,9 @@ import kubernetes_validate
 import pytest
 from hypothesis import strategies as st
 
-from webhook.patch import DEFAULT_NO_PROXY, INJECTED, PatchError, RuleError, escape, parse_rules, patch_for
+import webhook.patch
+from webhook.patch import (DEFAULT_NO_PROXY, INJECTED, MAX_CONTAINERS, Patch, PatchError, RuleError,
+                           TooManyContainers, escape, parse_rules, patch_for)
 
 HOSTS = ["download.tensorflow.org", "www.cs.toronto.edu"]
 KEY = "app.kubernetes.io/deploy-manager"
@@ -261,6 +264,110 @@ def test_two_env_rules_give_a_container_its_variables_once():
     assert [e["name"] for e in patched["spec"]["containers"][0]["env"]] == [
         "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"]
     validate(patched)
+
+
+SECOND_ENV_RULE = parse_rules(f"""
+- {{name: proxy2, app: {KEY}, label: ksonnet, mode: env, hostAliases: [{{hostnames: [yann.lecun.com]}}]}}
+""")
+
+
+def many(*, init, containers, env=None):
+    """A pod with `init` init containers and `containers` containers, each with `env` when given."""
+    original = pod(containers=containers)
+    original["spec"]["initContainers"] = [{"name": f"i{i}", "image": "busybox"} for i in range(init)]
+    for c in original["spec"]["initContainers"] + original["spec"]["containers"]:
+        if env is not None:
+            c["env"] = copy.deepcopy(env)
+    return original
+
+
+def env_ops(group, i, *, own_env):
+    """What env mode adds to one container: a new env list, or four appends to the container's own."""
+    variables = [{"name": "HTTP_PROXY", "value": PROXY}, {"name": "http_proxy", "value": PROXY},
+                 {"name": "NO_PROXY", "value": DEFAULT_NO_PROXY}, {"name": "no_proxy", "value": DEFAULT_NO_PROXY}]
+    base = f"/spec/{group}/{i}/env"
+    if own_env:
+        return [{"op": "add", "path": f"{base}/-", "value": v} for v in variables]
+    return [{"op": "add", "path": base, "value": variables}]
+
+
+@pytest.mark.parametrize("own_env", [False, True], ids=["no-env", "own-env"])
+@pytest.mark.parametrize("init,containers", [(0, 1), (1, 10), (10, 100), (MAX_CONTAINERS - 600, 600)],
+                         ids=["1", "11", "110", "at-the-bound"])
+def test_env_mode_gives_n_containers_exactly_their_operations_a_fixed_number_each(init, containers, own_env):
+    """Counted, not timed: one op per container (four with an env list of its own), once for both rules."""
+    original = many(init=init, containers=containers, env=[{"name": "A", "value": "1"}] if own_env else None)
+    result = patch_for(obj=original, kind="Pod", namespace="ml", rules=ENV_RULES + SECOND_ENV_RULE,
+                       cache_ip="10.0.0.9", proxy_url=PROXY)
+    assert result.ops == [
+        {"op": "add", "path": "/spec/hostAliases", "value": [{"ip": "10.0.0.9", "hostnames": ["www.cs.toronto.edu"]}]},
+        *[op for i in range(init) for op in env_ops("initContainers", i, own_env=own_env)],
+        *[op for i in range(containers) for op in env_ops("containers", i, own_env=own_env)],
+        {"op": "add", "path": "/spec/hostAliases/0/hostnames/-", "value": "yann.lecun.com"},  # the second rule's
+        {"op": "add", "path": "/metadata/annotations", "value": {INJECTED: "proxy,proxy2"}},
+    ]
+    assert len(result.ops) == (4 if own_env else 1) * (init + containers) + 3
+    assert result.warnings == []
+
+
+class ReadCountingOps(list):
+    """An ops list that counts the operations read back out of it."""
+
+    reads = 0
+
+    def __iter__(self):
+        for op in super().__iter__():
+            self.reads += 1
+            yield op
+
+    def __contains__(self, op):
+        self.reads += len(self)
+        return super().__contains__(op)
+
+
+@dataclasses.dataclass
+class ReadCountingPatch(Patch):
+    ops: list = dataclasses.field(default_factory=ReadCountingOps)
+
+
+def test_env_mode_reads_back_no_more_operations_than_it_makes(monkeypatch):
+    """The quadratic case (issue 14): each container used to rescan every op made so far."""
+    monkeypatch.setattr(webhook.patch, "Patch", ReadCountingPatch)
+    result = patch_for(obj=many(init=200, containers=800, env=[]), kind="Pod", namespace="ml",
+                       rules=ENV_RULES + SECOND_ENV_RULE, cache_ip="10.0.0.9", proxy_url=PROXY)
+    assert len(result.ops) == 4 * 1000 + 3
+    assert result.ops.reads <= len(result.ops)
+
+
+def test_two_env_rules_warn_about_a_container_once():
+    original = pod(containers=2)
+    original["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "proxy-settings"}}]
+    result, _ = apply(original, rules=ENV_RULES + SECOND_ENV_RULE, proxy_url=PROXY)
+    assert result.warnings == ["container 'c0' has envFrom, which may set proxy variables the webhook cannot "
+                               "see; its proxy variables are left alone"]
+
+
+@pytest.mark.parametrize("make,kind,where", [(pod, "Pod", "/spec"), (job, "Job", "/spec/template/spec")])
+def test_env_mode_declines_a_pod_over_the_container_bound_naming_the_count(make, kind, where):
+    """A PatchError, so the review allows the pod unpatched with this warning: the webhook fails open."""
+    original = make(containers=MAX_CONTAINERS - 4)
+    spec = original["spec"] if kind == "Pod" else original["spec"]["template"]["spec"]
+    spec["initContainers"] = [{"name": f"i{i}", "image": "busybox"} for i in range(5)]
+    with pytest.raises(TooManyContainers) as e:
+        patch_for(obj=original, kind=kind, namespace="ml", rules=RULES + ENV_RULES, cache_ip="10.0.0.9",
+                  proxy_url=PROXY)
+    assert isinstance(e.value, PatchError)
+    assert str(e.value) == (f"{where} has {MAX_CONTAINERS + 1} containers and init containers, more than the "
+                            f"{MAX_CONTAINERS} that mode env patches")
+
+
+@pytest.mark.parametrize("rules,proxy_url", [(RULES, PROXY), (ENV_RULES, None)],
+                         ids=["hosts-mode", "env-mode-without-proxy-url"])
+def test_the_container_bound_applies_only_where_containers_are_patched(rules, proxy_url):
+    """Hosts mode, and env mode with no proxy URL, never look at the containers, so any number is fine."""
+    result, patched = apply(pod(containers=MAX_CONTAINERS + 1), rules=rules, proxy_url=proxy_url)
+    assert patched["spec"]["hostAliases"][0]["hostnames"][-1] == "www.cs.toronto.edu"
+    assert not any("/containers/" in op["path"] for op in result.ops)
 
 
 @pytest.mark.parametrize("host,direct", [
