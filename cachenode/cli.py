@@ -49,7 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="node i uses DIR/node-i (default ./nezha-data)")
     u.add_argument("--replicas", type=int, default=None,
                    help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
-    u.add_argument("--redis-url", help="index to use; default: an embedded one")
+    u.add_argument("--redis-url", help="index to use; default: an embedded one in DIR/index")
+    u.add_argument("--force", action="store_true", help="replace a ring the index already holds (one this "
+                   "command did not write); without it nezha up refuses")
+    u.add_argument("--keep-ring", action="store_true", help="leave the ring in the index on exit (default: "
+                   "remove it, since its nodes are gone)")
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
@@ -95,8 +99,12 @@ def prepare_data_dir(path: Path) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from cachenode.local_cluster import LocalCluster
+    import sys
+
+    from cachenode.index import redact_url
+    from cachenode.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.config import Origin
+    from nezha.errors import RunError
 
     try:
         origins = [Origin.parse(o) for o in args.origins]
@@ -112,15 +120,30 @@ def run_up(args: argparse.Namespace) -> int:
         cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,
                                base_port=args.base_port, replicas=args.replicas, redis_url=args.redis_url)
         stop = stop_on_signals()
+        watcher = None
+
+        def died(node, epoch) -> None:
+            ring = f"taken out of the ring (epoch {epoch})" if epoch is not None else "still in the ring (index down)"
+            print(f"nezha up: {node.id} (pid {node.proc.pid}) exited with code {node.proc.returncode}, {ring}: "
+                  f"{last_words(cluster.log_of(node))}", file=sys.stderr, flush=True)
+
         try:
-            await cluster.start()
-            print(f"index {cluster.redis_url}", flush=True)
+            try:
+                await cluster.start(force=args.force)
+            except RingTaken as e:
+                raise ConfigError(f"--redis-url {redact_url(args.redis_url)}: {e}") from e
+            except NodeFailed as e:
+                raise RunError(str(e)) from e
+            print(f"index {redact_url(cluster.redis_url)}", flush=True)
             print(f"replicas-per-key {cluster.replicas}", flush=True)
             for node in cluster.nodes.values():
                 print(f"{node.id} {node.address} pid={node.proc.pid}", flush=True)
+            watcher = asyncio.get_running_loop().create_task(cluster.watch(died))
             await stop.wait()
         finally:
-            await cluster.stop()
+            if watcher is not None:
+                watcher.cancel()
+            await cluster.stop(keep_ring=args.keep_ring)
 
     asyncio.run(main())
     return 0

@@ -532,6 +532,31 @@ class Index:
         log.info("ring_written", epoch=epoch, nodes=sorted(nodes))
         return epoch
 
+    async def clear_membership(self, *, if_nodes: Mapping[str, str]) -> bool:
+        """Remove the ring, if it is still `if_nodes` (nobody replaced it meanwhile); True if removed.
+
+        For `nezha up` on exit: the ring named its nodes, which are gone. The
+        epoch moves on, so a node that still listens sees the change.
+        """
+        if not self.enabled:
+            return False
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                await pipe.watch(KEY_NODES)
+                if await pipe.hgetall(KEY_NODES) != dict(if_nodes):
+                    await pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.delete(KEY_NODES, KEY_WEIGHTS, KEY_REPLICAS, KEY_LEAVING)
+                pipe.incr(KEY_EPOCH)
+                await pipe.execute()
+        except WatchError:
+            return False
+        except _REDIS_ERRORS as e:
+            raise IndexUnavailable(f"remove the ring from {self._where}: {type(e).__name__}: {e}") from e
+        log.info("ring_removed", nodes=sorted(if_nodes))
+        return True
+
     # -- reads for operators and peers ---------------------------------------
 
     async def locations(self, key: str) -> set[str]:

@@ -49,6 +49,23 @@ class DrainFailed(NezhaError):
             f"after {attempts} attempt(s); {node_id} keeps serving and stays in the ring: {shown}")
 
 
+class NodeFailed(NezhaError):
+    """A node process that did not come up, or died; the message is its own last words."""
+
+
+class RingTaken(NezhaError):
+    """The index already holds a ring this cluster did not write."""
+
+
+def last_words(log: Path) -> str:
+    """The last line a node wrote (its one-line error, when it failed), shortened."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return (lines[-1][:300] if lines else "(nothing logged)")
+
+
 @dataclass
 class NodeProcess:
     id: str
@@ -89,19 +106,37 @@ class LocalCluster:
         self.leave_settle = leave_settle
         self.nodes: dict[str, NodeProcess] = {}
         self.token = secrets.token_hex(16)  # guards the nodes' internal endpoints
+        self.written: dict[str, str] | None = None  # the ring this cluster last wrote
         self._stop_index = None
         self.index: Index | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, force: bool = False) -> None:
+        """Start the nodes, wait for each (its own process answering), publish their ring.
+
+        An index given by URL may hold someone else's ring: replaced only
+        with `force` (RingTaken otherwise). A node that does not come up is
+        NodeFailed with its own last line; the others are stopped then.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.redis_url is None:
+        own_index = self.redis_url is None
+        if own_index:
             self.redis_url, self._stop_index = await embedded_index(self.data_dir / "index")
         self.index = Index(redis_url=self.redis_url, node_id=None)
         await self.index.start()
+        if not own_index and not force:
+            held = await self.index.get_membership()
+            if held is not None and held.nodes:
+                raise RingTaken(f"the index already holds a ring (epoch {held.epoch}: {', '.join(sorted(held.nodes))}); "
+                                "pass --force to replace it")
         for i in range(self.count):
             self.spawn(f"node-{i}", self.base_port + i)
-        await asyncio.gather(*(self.wait_ready(n) for n in self.nodes.values()))
+        try:
+            await asyncio.gather(*(self.wait_ready(n) for n in self.nodes.values()))
+        except NodeFailed:
+            await self.stop(keep_ring=True)
+            raise
         await self.publish()
+        self.written = dict(self.members())
 
     def spawn(self, node_id: str, port: int) -> NodeProcess:
         address = f"127.0.0.1:{port}"
@@ -119,19 +154,45 @@ class LocalCluster:
         self.nodes[node_id] = node
         return node
 
+    def log_of(self, node: NodeProcess) -> Path:
+        return self.data_dir / f"{node.id}.log"
+
     async def wait_ready(self, node: NodeProcess, timeout: float = 20.0) -> None:
+        """Until the node's own process answers on its address (its pid in /readyz): whatever
+        else may hold the port does not count."""
         deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as s:
+        seen = None
+        # Short per-probe timeouts: a port held by something that accepts and never answers must not hang us.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as s:
             while time.monotonic() < deadline:
                 if node.proc.poll() is not None:
-                    raise RuntimeError(f"{node.id} exited with {node.proc.returncode}; "
-                                       f"see {self.data_dir / (node.id + '.log')}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(node.url + "/healthz") as r:
-                        if r.status == 200:
+                    raise NodeFailed(f"{node.id} exited with code {node.proc.returncode}: "
+                                     f"{last_words(self.log_of(node))}")
+                with contextlib.suppress(aiohttp.ClientError, ValueError, asyncio.TimeoutError):
+                    async with s.get(node.url + "/readyz") as r:
+                        seen = (await r.json()).get("pid")
+                        if seen == node.proc.pid:
                             return
                 await asyncio.sleep(0.05)
-        raise RuntimeError(f"{node.id} at {node.address} not healthy within {timeout:g}s")
+        other = f"; {node.address} is answered by pid {seen}, not the node" if seen else ""
+        raise NodeFailed(f"{node.id} (pid {node.proc.pid}) not answering on {node.address} within {timeout:g}s"
+                         f"{other}: {last_words(self.log_of(node))}")
+
+    async def watch(self, on_death, *, interval: float = 0.5) -> None:
+        """Until cancelled: a node that exits is reported (`on_death(node, epoch)`) and taken out of the ring."""
+        reported: set[str] = set()
+        while True:
+            await asyncio.sleep(interval)
+            dead = [n for n in self.nodes.values() if n.proc.poll() is not None and n.id not in reported]
+            if not dead:
+                continue
+            reported.update(n.id for n in dead)
+            epoch = None
+            with contextlib.suppress(NezhaError):
+                epoch = await self.publish(self.members())
+                self.written = dict(self.members())
+            for node in dead:
+                on_death(node, epoch)
 
     def members(self) -> dict[str, str]:
         return {n.id: n.address for n in self.nodes.values() if n.proc.poll() is None}
@@ -233,7 +294,12 @@ class LocalCluster:
                 node.proc.kill()
                 node.proc.wait(5)
 
-    async def stop(self) -> None:
+    async def stop(self, *, keep_ring: bool = True) -> None:
+        """Stop every node; unless `keep_ring`, remove the ring this cluster wrote (if nobody replaced it)."""
+        if not keep_ring and self.index is not None and self.written is not None:
+            with contextlib.suppress(NezhaError):
+                await self.index.clear_membership(if_nodes=self.written)
+            self.written = None
         for node in self.nodes.values():
             if node.proc.poll() is None:
                 node.proc.terminate()
@@ -244,5 +310,7 @@ class LocalCluster:
                 node.proc.kill()
         if self.index is not None:
             await self.index.close()
+            self.index = None
         if self._stop_index is not None:
-            await self._stop_index()
+            stop_index, self._stop_index = self._stop_index, None
+            await stop_index()

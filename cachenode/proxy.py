@@ -15,6 +15,7 @@ None of them holds a whole object in memory.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import AsyncIterator, Callable
 from urllib.parse import urljoin, urlsplit
@@ -368,7 +369,7 @@ class CacheNode:
 
     def status(self) -> dict:
         snap = self.cluster.snapshot
-        detail = {"ready": self._ready, "node": self.node_id, "replicas": self.cluster.replicas,
+        detail = {"ready": self._ready, "node": self.node_id, "pid": os.getpid(), "replicas": self.cluster.replicas,
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.addresses)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 import sys
 from pathlib import Path
 
@@ -145,9 +146,16 @@ def run_stats(args: argparse.Namespace) -> int:
 
     async def work(index) -> int:
         stats = await index.read_stats()
+        now = time.time()
         for group in (stats["nodes"], stats["hosts"]):
             for values in group.values():
                 values["hit_ratio"] = hit_ratio(values)
+        for values in stats["nodes"].values():
+            # A node rewrites updated_at at every flush (about each second) while it runs and
+            # reaches Redis: an old one means it stopped or is cut off.
+            at = values.get("updated_at")
+            values["age_seconds"] = None if at is None else round(max(0.0, now - float(at)), 1)
+            values["stale"] = at is None or now - float(at) > STALE_AFTER
         stats["cluster"]["hit_ratio"] = hit_ratio(stats["cluster"])
         if args.json:
             print(json.dumps(stats, sort_keys=True))
@@ -158,6 +166,9 @@ def run_stats(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
+# A node that has not reported for this long is marked STALE: it flushes about every second.
+STALE_AFTER = 10.0
+
 _COLUMNS = [("HITS", "hits", str), ("PEER", "peer_hits", str), ("MISSES", "misses", str),
             ("HIT%", "hit_ratio", None), ("SERVED", "bytes_served", "bytes"),
             ("FROM ORIGIN", "bytes_from_origin", "bytes"), ("OBJECTS", "objects", str),
@@ -165,10 +176,10 @@ _COLUMNS = [("HITS", "hits", str), ("PEER", "peer_hits", str), ("MISSES", "misse
 
 
 def _stats_table(stats: dict) -> str:
-    rows = [["SCOPE", "NAME"] + [c[0] for c in _COLUMNS]]
+    rows = [["SCOPE", "NAME", "REPORTED"] + [c[0] for c in _COLUMNS]]
 
     def row(scope: str, name: str, values: dict) -> None:
-        cells = [scope, name]
+        cells = [scope, name, _reported(values) if scope == "node" else "-"]
         for _, field, kind in _COLUMNS:
             value = values.get(field)
             if field == "hit_ratio":
@@ -185,6 +196,15 @@ def _stats_table(stats: dict) -> str:
     for host in sorted(stats["hosts"]):
         row("host", host, stats["hosts"][host])
     return _table(rows)
+
+
+def _reported(values: dict) -> str:
+    """How long ago the node last reported, and STALE past STALE_AFTER."""
+    age = values.get("age_seconds")
+    if age is None:
+        return "never STALE"
+    shown = f"{age:.0f}s ago" if age < 120 else f"{age / 60:.0f}m ago" if age < 7200 else f"{age / 3600:.0f}h ago"
+    return f"{shown} STALE" if values.get("stale") else shown
 
 
 def human_bytes(n: int) -> str:

@@ -101,11 +101,31 @@ def test_stats_shows_every_node_and_host_with_hit_ratio_and_bytes(redis_server, 
     code, out, _ = run(capsys, "stats", "--redis-url", redis_server.url)
     lines = out.splitlines()
     assert code == 0
-    assert lines[0].split()[:5] == ["SCOPE", "NAME", "HITS", "PEER", "MISSES"]
-    assert lines[1].split() == ["cluster", "-", "2", "1", "1", "75.0%", "644.7", "MiB", "161.2", "MiB", "1",
+    assert lines[0].split()[:6] == ["SCOPE", "NAME", "REPORTED", "HITS", "PEER", "MISSES"]
+    assert lines[1].split() == ["cluster", "-", "-", "2", "1", "1", "75.0%", "644.7", "MiB", "161.2", "MiB", "1",
                                 "161.2", "MiB", "0", "1"]
     assert [line.split()[:2] for line in lines[2:]] == [
         ["node", "nezha-cache-0"], ["node", "nezha-cache-1"], ["host", "images.cocodataset.org"], ["host", HOST]]
+    assert lines[2].split()[2:4] == ["0s", "ago"]  # just flushed
+
+
+def test_stats_marks_a_node_that_stopped_reporting(redis_server, capsys):
+    import redis
+    import time
+
+    asyncio.run(_record_traffic(redis_server.url))
+    capsys.readouterr()
+    # nezha-cache-1 last reported ten minutes ago: stopped, or cut off from Redis.
+    redis.Redis.from_url(redis_server.url).hset("nezha:stats:node:nezha-cache-1", "updated_at",
+                                                f"{time.time() - 600:.3f}")
+    code, out, _ = run(capsys, "stats", "--redis-url", redis_server.url)
+    assert code == 0
+    rows = {line.split()[1]: line for line in out.splitlines()[2:4]}
+    assert "10m ago STALE" in rows["nezha-cache-1"] and "STALE" not in rows["nezha-cache-0"]
+    code, out, _ = run(capsys, "stats", "--json", "--redis-url", redis_server.url)
+    nodes = json.loads(out)["nodes"]
+    assert nodes["nezha-cache-1"]["stale"] is True and nodes["nezha-cache-1"]["age_seconds"] >= 600
+    assert nodes["nezha-cache-0"]["stale"] is False
 
 
 def test_stats_reads_the_url_from_the_environment(redis_server, capsys, monkeypatch):

@@ -64,3 +64,94 @@ def test_up_help_says_it_never_removes_a_node_and_so_never_drains():
     text = " ".join(out.split())
     assert "never adds or removes a node" in text and "drains first" in text
     assert "default min(2, NODES)" in text
+
+
+def _up(tmp_path, base: int, origin_url: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(base), "--data-dir",
+         str(tmp_path / "up"), "--origin", f"www.cs.toronto.edu={origin_url}", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def _started(proc: subprocess.Popen, nodes: int = 2) -> list[list[str]]:
+    loop = asyncio.get_running_loop()
+    lines: list[str] = []
+    while len([x for x in lines if x.startswith("node-")]) < nodes:
+        line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 30)
+        assert line, f"nezha up exited early with {proc.poll()}: {proc.stderr.read()}"
+        lines.append(line.strip())
+    return [x.split() for x in lines if x.startswith("node-")]
+
+
+def test_up_on_taken_ports_fails_with_the_nodes_own_error_line(tmp_path):
+    import socket
+
+    base = _free_run(2)
+    with socket.socket() as s:  # node-0's port is taken; something else answers there
+        s.bind(("127.0.0.1", base))
+        s.listen()
+        run = subprocess.run([sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(base),
+                              "--data-dir", str(tmp_path), "--origin", "www.cs.toronto.edu=http://127.0.0.1:9"],
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "node-0 " not in run.stdout  # never reported as running
+    (line,) = [x for x in run.stderr.splitlines() if x.strip()]
+    assert line.startswith("nezha up: node-0 exited with code 1: nezha cache: cannot listen on "
+                           f"127.0.0.1:{base}"), line
+
+
+async def test_up_says_when_a_node_dies_and_takes_it_out_of_its_ring(aiohttp_server, redis_server, tmp_path):
+    from cachenode.index import Index
+
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    proc = _up(tmp_path, _free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url)
+    index = Index(redis_url=redis_server.url, node_id=None)
+    try:
+        nodes = await _started(proc)
+        pid = int(nodes[1][2].removeprefix("pid="))
+        os.kill(pid, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        said = await asyncio.wait_for(loop.run_in_executor(None, proc.stderr.readline), 10)
+        assert said.startswith(f"nezha up: node-1 (pid {pid}) exited with code -9, taken out of the ring"), said
+        assert (await index.get_membership()).nodes == {"node-0": nodes[0][1]}
+        proc.send_signal(signal.SIGTERM)
+        assert await loop.run_in_executor(None, proc.wait, 30) == 0
+        # Its ring goes with it: the nodes it named are gone.
+        held = await index.get_membership()
+        assert held is None or not held.nodes
+    finally:
+        await index.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_up_refuses_to_replace_a_ring_it_did_not_write_unless_forced_and_can_keep_its_own(
+        aiohttp_server, redis_server, tmp_path):
+    from cachenode.index import Index
+
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    index = Index(redis_url=redis_server.url, node_id=None)
+    try:
+        await index.set_membership({"nezha-cache-0": "10.0.0.5:8080"})
+        run = subprocess.run([sys.executable, "-m", "nezha", "up", "--nodes", "1", "--base-port", str(_free_run(1)),
+                              "--data-dir", str(tmp_path / "a"), "--redis-url", redis_server.url,
+                              "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, (run.stdout, run.stderr)
+        assert "already holds a ring (epoch 1: nezha-cache-0); pass --force to replace it" in run.stderr
+        assert (await index.get_membership()).nodes == {"nezha-cache-0": "10.0.0.5:8080"}  # untouched
+
+        proc = _up(tmp_path, _free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url,
+                   "--force", "--keep-ring")
+        try:
+            nodes = await _started(proc)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert (await index.get_membership()).nodes == {n[0]: n[1] for n in nodes}  # kept, as asked
+    finally:
+        await index.close()
