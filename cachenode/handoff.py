@@ -33,8 +33,6 @@ answer only to loopback clients (a local `nezha up`).
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import re
 import time
@@ -49,7 +47,7 @@ from cachenode.cluster import ClusterView, Peer
 from nezha.config import parse_hostport
 from cachenode.fill import Fill, Kind, Source
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
-from cachenode.peers import PEER_HEADER
+from cachenode.trust import PEER_HEADER, TOKEN_HEADER, peer_auth, refuse_internal
 from cachenode.store import Meta
 from cachenode.vary import selecting_headers
 
@@ -75,7 +73,6 @@ class Progress:
     errors: list[str] = field(default_factory=list)
 
 
-TOKEN_HEADER = "X-Nezha-Token"
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
 REPLICATE_SILENCE = 10.0  # a caller gives up on a replicate call silent this long
@@ -93,23 +90,6 @@ class _Copy:
 
 def _line(message: dict) -> bytes:
     return json.dumps(message).encode() + b"\n"
-
-
-def refuse_internal(*, remote: str | None, token: str | None, presented: str | None) -> str | None:
-    """Why an internal request must be refused, or None to allow it. Pure."""
-    if token:
-        if presented is None:
-            return f"internal endpoint needs the cluster token in {TOKEN_HEADER}"
-        if not hmac.compare_digest(presented.encode(), token.encode()):
-            return f"wrong cluster token in {TOKEN_HEADER}"
-        return None
-    try:
-        loopback = remote is not None and ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        return f"internal endpoints answer {remote} only when cluster_token is set on this node"
-    return None
 
 
 class Handoff:
@@ -406,4 +386,4 @@ def _target_of(key: str) -> Target:
 def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:
     return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
                   headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id,
-                           "Cache-Control": "only-if-cached"})
+                           "Cache-Control": "only-if-cached", **peer_auth(node.settings.cluster_token)})

@@ -25,7 +25,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.handoff import TOKEN_HEADER, refuse_internal
+from cachenode.trust import TOKEN_HEADER, refuse_internal
 
 if TYPE_CHECKING:
     from cachenode.proxy import CacheNode

@@ -55,11 +55,11 @@ from cachenode.cluster import Peer
 from cachenode.freshness import http_date
 from cachenode.keys import Target
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
+from cachenode.trust import PEER_HEADER, TOKEN_HEADER, peer_auth
 from nezha.errors import OriginError, OriginTimeout
 
 log = structlog.get_logger("nezha.peers")
 
-PEER_HEADER = "X-Nezha-Peer"
 # On an owner's 502/504: the origin failed, not the owner (the value says how).
 ORIGIN_ERROR_HEADER = "X-Nezha-Origin-Error"
 _CACHE_HEADER = "X-Nezha-Cache"
@@ -114,7 +114,8 @@ class _Body:
 class PeerRelay:
     def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
                  header_timeout: float, chunk_size: int, down_for: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, use_splice: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
+                 cluster_token: str | None = None) -> None:
         """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
 
         `header_timeout` bounds the wait for the headers of an owner that
@@ -122,6 +123,7 @@ class PeerRelay:
         `read_timeout` bounds silence mid-body from such an owner.
         """
         self.node_id = node_id
+        self.cluster_token = cluster_token
         self.client = client
         self.peer_timeout = peer_timeout
         self.header_timeout = header_timeout
@@ -147,7 +149,9 @@ class PeerRelay:
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
         headers = end_to_end(request.headers)
         headers["Host"] = target.host
+        headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         headers[PEER_HEADER] = self.node_id
+        headers.update(peer_auth(self.cluster_token))
         return headers
 
     # -- talking to one peer ---------------------------------------------------------

@@ -41,7 +41,8 @@ from cachenode.vary import vary_names
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, forwarded_request_headers
-from cachenode.peers import PEER_HEADER, PeerRelay
+from cachenode.peers import PeerRelay
+from cachenode.trust import is_peer_request
 from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Responder, origin_failure,
                              send_continue)
 from cachenode.store import Meta, NotStored, Store
@@ -91,7 +92,8 @@ class CacheNode:
         self.relay = PeerRelay(
             node_id=self.node_id, client=origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
-            read_timeout=settings.origin_read_timeout + settings.peer_timeout, chunk_size=settings.chunk_size)
+            read_timeout=settings.origin_read_timeout + settings.peer_timeout, chunk_size=settings.chunk_size,
+            cluster_token=settings.cluster_token)
         self._table = settings.origin_table
         self._clock = clock
         self._tasks: set[asyncio.Task] = set()
@@ -253,8 +255,8 @@ class CacheNode:
         # Only the first live owner fills from the origin. A replica that
         # misses asks the owners ahead of it, like a non-owner asks them all;
         # if none answers it is the first live owner and fills. A relayed
-        # request (PEER_HEADER) is never relayed again: at most one hop.
-        owners = [] if PEER_HEADER in request.headers or fresh else self.cluster.owners(key)
+        # request (X-Nezha-Peer, from a peer) is never relayed again: at most one hop.
+        owners = [] if self.from_peer(request) or fresh else self.cluster.owners(key)
         ahead = _ahead_of(self.node_id, owners)
         if ahead:
             relayed = await self.relay.relay(request, ahead, target=target, origin_url=url)
@@ -712,6 +714,11 @@ class CacheNode:
 
         self.spawn(revalidate())
 
+    def from_peer(self, request: web.Request) -> bool:
+        """A request another node of this cluster relayed (cachenode/trust.py): X-Nezha-Peer with the
+        cluster token. One from a client that merely says so asks the owners and is counted."""
+        return is_peer_request(request, self.settings.cluster_token)
+
     def _count(self, host: str, *, request: web.Request | None = None, metrics: bool = True,
                **deltas: int) -> None:
         """Count for Prometheus (what this node did) and for the Redis index.
@@ -728,7 +735,7 @@ class CacheNode:
                 if deltas.get(name):
                     counter.inc(deltas[name])
         if self.index is not None:
-            if request is not None and PEER_HEADER in request.headers:
+            if request is not None and self.from_peer(request):
                 deltas = {k: v for k, v in deltas.items() if k not in _REQUEST_FIELDS}
             if deltas:
                 self.index.count(host, **deltas)

@@ -25,7 +25,8 @@ from cachenode.access import access, break_connection
 from cachenode.fill import Fill
 from cachenode.headers import Pairs, first
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.peers import ORIGIN_ERROR_HEADER, PEER_HEADER, origin_error_value
+from cachenode.peers import ORIGIN_ERROR_HEADER, origin_error_value
+from cachenode.trust import is_peer_request
 from cachenode.ranges import Outcome as RangeOutcome
 from cachenode.ranges import Decision, evaluate, preconditions
 from cachenode.store import Meta, Store
@@ -147,7 +148,7 @@ class Responder:
     def via_for(self, request: web.Request) -> str | None:
         """This node's Via entry for a response to `request`; none to a peer:
         a cluster is one cache, and the node that answers the client adds its own."""
-        return None if PEER_HEADER in request.headers else self.via
+        return None if is_peer_request(request, self.settings.cluster_token) else self.via
 
     def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
         """A client hung up: log it once, count what it was sent."""
@@ -200,7 +201,7 @@ class Responder:
                 resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
             resp.content_length = decision.length
             self._count(meta.host, request=request, hits=1)
-            if PEER_HEADER in request.headers:
+            if is_peer_request(request, self.settings.cluster_token):
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
             sent = 0
             try:

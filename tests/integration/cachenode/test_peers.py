@@ -189,6 +189,22 @@ async def test_with_a_cluster_token_internal_endpoints_refuse_callers_without_it
     assert origin.requests["/t/x"] == 1
 
 
+async def test_a_client_claiming_to_be_a_peer_is_still_a_client(origin, cluster, session):
+    """X-Nezha-Peer without the cluster token: the request asks the key's owner as any client's does,
+    instead of each node fetching from the origin itself, and it is counted (issue 14)."""
+    origin.put("/t/p.bin", b"p" * 40_000)
+    nodes, _ = await cluster(3, replicas=1, cluster_token="s3cret")
+    owners, others = owner_and_other(nodes, "/t/p.bin")
+    for other in others:
+        status, headers, got = await nodes[other].get(session, "/t/p.bin", headers={"X-Nezha-Peer": "nezha-cache-9"})
+        assert status == 200 and got == b"p" * 40_000
+        assert headers["X-Nezha-Served-By"] == owners[0] and headers["X-Nezha-Cache"].startswith("peer-")
+        assert key_of("/t/p.bin") not in nodes[other].node.store
+    assert origin.requests["/t/p.bin"] == 1
+    # Served to the client with this node's Via, as any client's answer is.
+    assert "Via" in headers
+
+
 def path_owned_by(node, owner: str, prefix: str = "/d/p") -> str:
     """A path whose first owner, in `node`'s ring, is `owner`."""
     return next(p for p in (f"{prefix}{i}.bin" for i in range(1000))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cachenode.handoff import refuse_internal
+from cachenode.trust import refuse_internal
 
 
 @pytest.mark.parametrize("remote,token,presented,allowed,why", [
