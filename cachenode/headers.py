@@ -96,6 +96,34 @@ def joined(pairs: Iterable[tuple[str, str]], name: str) -> str | None:
     return ", ".join(values) if values else None
 
 
+def _last_coding(value: str) -> str:
+    codings = [c.strip(" \t").lower() for c in value.split(",") if c.strip(" \t")]
+    return codings[-1] if codings else ""
+
+
+def delimited_by_close(status: int, headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
+                       method: str = "GET") -> bool:
+    """Whether a response's body ends only where its connection closes (RFC 9112 §6.3).
+
+    Such a body cannot be proven whole: an origin that dies after 5,000 bytes
+    looks exactly like one that sent 5,000, so it may be streamed but never
+    stored. A body is framed when its Transfer-Encoding ends in `chunked`
+    (a missing last chunk is an error) or when it has a Content-Length (a
+    short body is an error); a response to HEAD, a 1xx, 204 or 304 has none.
+    Doubtful framing counts as close-delimited: several Transfer-Encoding
+    lines are chunked only if the first line alone also ends in `chunked`,
+    since some parsers read only the first.
+    """
+    if method.upper() == "HEAD" or 100 <= status < 200 or status in (204, 304):
+        return False
+    pairs = list(_items(headers))
+    te = joined(pairs, "Transfer-Encoding")
+    if te is not None:
+        first_line = first(pairs, "Transfer-Encoding") or ""
+        return not (_last_coding(te) == "chunked" and _last_coding(first_line) == "chunked")
+    return first(pairs, "Content-Length") is None
+
+
 # Fields of a 304 that do not replace the stored ones (RFC 9111 §3.2): they
 # describe the 304 message itself, or the cache recomputes them.
 # Content-Encoding stays: it says how the stored bytes are encoded.

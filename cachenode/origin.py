@@ -19,13 +19,20 @@ from typing import Mapping
 import aiohttp
 from multidict import CIMultiDict
 
-from cachenode.headers import OWN_PREFIX, end_to_end_pairs
+from cachenode.headers import OWN_PREFIX, delimited_by_close, end_to_end_pairs
 from nezha.errors import OriginError, OriginTimeout
 
 
 def end_to_end(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
     """A message's end-to-end fields (cachenode/headers.py), repeats and order kept, ready to send."""
     return CIMultiDict(end_to_end_pairs(headers, drop=drop))
+
+
+def ends_at_close(response: aiohttp.ClientResponse) -> bool:
+    """Whether this response's body is delimited only by its connection closing
+    (cachenode/headers.py `delimited_by_close`): it can be streamed, never
+    proven whole, so never stored."""
+    return delimited_by_close(response.status, response.headers, method=response.method)
 
 
 def via_of(node_id: str) -> str:

@@ -40,7 +40,7 @@ from cachenode.vary import variant as variant_of
 from cachenode.vary import vary_names
 from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
-from cachenode.origin import OriginClient, forwarded_request_headers
+from cachenode.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.peers import PeerRelay
 from cachenode.trust import is_peer_request
 from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Responder, origin_failure,
@@ -599,7 +599,8 @@ class CacheNode:
             if not policy.storable:
                 reason = policy.reason
             elif names is None:
-                reason = f"Vary: {response.headers.get('Vary', '')[:100]!r} names no field a request could match"
+                listed = ", ".join(response.headers.getall("Vary", []))
+                reason = f"Vary: {listed[:100]!r} names no field a request could match"
             elif length is not None and not self.store.fits(length):
                 reason = f"{length} bytes exceed capacity"
             elif policy.ttl <= 0 and not ("ETag" in response.headers or "Last-Modified" in response.headers):
@@ -644,7 +645,7 @@ class CacheNode:
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
         fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
-                    vary=vary, variant=variant)
+                    vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
         meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant)

@@ -138,6 +138,9 @@ class TempObject:
     written: int = 0
     reserved: int = 0
     committing: asyncio.Future | None = None  # the commit's disk step, once asked for
+    # Why the file could not be created (no space, no inode): every write then
+    # fails with it, and the fill streams from memory instead (cachenode/fill.py).
+    unwritable: str | None = None
 
 
 @dataclass
@@ -396,6 +399,13 @@ class Store:
 
     # -- writes --------------------------------------------------------------
     async def new_temp(self) -> TempObject:
+        """A fill's temp file in tmp/.
+
+        A file system that refuses even to create it (full, out of inodes,
+        over quota) does not fail the request: the temp object is then one
+        whose every write fails, its reader an empty file, so the fill
+        streams the body through unstored as for any failed write.
+        """
         path = self.tmp / f"{secrets.token_hex(12)}.part"
         def create() -> tuple[int, int]:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -409,10 +419,20 @@ class Store:
         try:
             fd, read_fd = await asyncio.get_running_loop().run_in_executor(None, create)
         except OSError as e:
-            raise StoreError(f"create {path}: {e}") from e
+            try:
+                empty = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                raise StoreError(f"create {path}: {e}") from e
+            return TempObject(path=path, fd=-1, read_fd=empty, unwritable=f"create {path}: {e}")
         return TempObject(path=path, fd=fd, read_fd=read_fd)
 
     async def write(self, temp: TempObject, data: bytes) -> None:
+        """Append `data` to the temp file; StoreError naming the file and the
+        OS error (ENOSPC, EDQUOT, EIO...) when it cannot, with `temp.written`
+        counting what did reach the file."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+
         def _write() -> None:
             view = memoryview(data)
             while view:

@@ -1,4 +1,4 @@
-"""Who is a peer (pure): the one rule for the internal endpoints and for relayed requests.
+"""Who is a peer: the one rule for the internal endpoints and for relayed requests.
 
 A node of a cluster shares a cluster token with its peers; a request proves
 it comes from one by carrying that token in `X-Nezha-Token`. A lone node
@@ -18,6 +18,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping
+
+from aiohttp import web
 
 PEER_HEADER = "X-Nezha-Peer"
 TOKEN_HEADER = "X-Nezha-Token"
@@ -52,10 +54,13 @@ def peer_auth(token: str | None) -> dict[str, str]:
     return {TOKEN_HEADER: token} if token else {}
 
 
-def is_peer_request(request, token: str | None) -> bool:
+_FROM_PEER = web.RequestKey("nezha_from_peer", bool)
+
+
+def is_peer_request(request: web.Request, token: str | None) -> bool:
     """`from_peer` for an aiohttp request, decided once and kept on it."""
-    decided = request.get("nezha_from_peer")
+    decided = request.get(_FROM_PEER)
     if decided is None:
         decided = from_peer(request.headers, remote=request.remote, token=token)
-        request["nezha_from_peer"] = decided
+        request[_FROM_PEER] = decided
     return decided
