@@ -189,10 +189,8 @@ async def test_a_body_the_origin_ends_by_closing_is_streamed_and_the_next_reques
     assert len(reasons) == 2 and all("connection closed" in r for r in reasons)
 
 
-async def test_clients_joined_to_a_close_delimited_fill_all_get_its_whole_stream(raw_origin, make_node, session):
-    """Coalescing still holds: one origin request, every joiner gets every byte, nothing is kept."""
-    raw = await raw_origin(BODY, hold_after=64 * 1024)
-    node = await make_node(origins=served_by(raw))
+async def joined_clients(session: aiohttp.ClientSession, node, n: int) -> list[asyncio.Task]:
+    """`n` clients of PATH, each holding the start of its body: all joined to one fill."""
     started: list[bool] = []
 
     async def client() -> tuple[int, bytes]:
@@ -201,8 +199,16 @@ async def test_clients_joined_to_a_close_delimited_fill_all_get_its_whole_stream
             started.append(True)
             return r.status, head + await r.read()
 
-    clients = [asyncio.create_task(client()) for _ in range(3)]
-    await until(lambda: len(started) == 3)
+    clients = [asyncio.create_task(client()) for _ in range(n)]
+    await until(lambda: len(started) == n)
+    return clients
+
+
+async def test_clients_joined_to_a_close_delimited_fill_all_get_its_whole_stream(raw_origin, make_node, session):
+    """Coalescing still holds: one origin request, every joiner gets every byte, nothing is kept."""
+    raw = await raw_origin(BODY, hold_after=64 * 1024)
+    node = await make_node(origins=served_by(raw))
+    clients = await joined_clients(session, node, 3)
     assert raw.requests == 1
     raw.release.set()
     for status, body in await asyncio.gather(*clients):
@@ -331,16 +337,7 @@ async def test_clients_joined_to_a_fill_the_disk_refuses_all_get_the_whole_body(
     raw = await raw_origin(BODY, framing="length", hold_after=32 * 1024)
     node = await make_node(data_dir=small_disk.data_dir(size=256 * 1024), origins=served_by(raw))
     small_disk.fill(leave=64 * 1024)
-    started: list[bool] = []
-
-    async def client() -> tuple[int, bytes]:
-        async with session.get(node.url + PATH, headers={"Host": HOST}) as r:
-            head = await r.content.readexactly(1000)
-            started.append(True)
-            return r.status, head + await r.read()
-
-    clients = [asyncio.create_task(client()) for _ in range(3)]
-    await until(lambda: len(started) == 3)
+    clients = await joined_clients(session, node, 3)
     raw.release.set()
     for status, body in await asyncio.gather(*clients):
         assert status == 200 and body == BODY
