@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import IO, TYPE_CHECKING, Callable
 
+from cachenode.exact_head import encode_head
 from cachenode.serve import CACHE_HEADER, _sendfile_now
 from cachenode.store import Meta
 
@@ -102,13 +103,13 @@ def _http_date() -> bytes:
 def response_head(meta: Meta, *, via: str) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
     them (cachenode/serve.py), without the Age and Date lines of each reuse."""
-    lines = ["HTTP/1.1 200 OK"]
-    lines += [f"{k}: {v}" for k, v in meta.headers if k.lower() != "via"]
+    fields = [(k, v) for k, v in meta.headers if k.lower() != "via"]
     if meta.header("Accept-Ranges") is None:
-        lines.append("Accept-Ranges: bytes")
-    lines += [f"Via: {', '.join([v for k, v in meta.headers if k.lower() == 'via'] + [via])}",
-              f"{CACHE_HEADER}: hit", f"Content-Length: {meta.size}", ""]
-    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
+        fields.append(("Accept-Ranges", "bytes"))
+    fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
+               (CACHE_HEADER, "hit"), ("Content-Length", str(meta.size))]
+    # Without the closing blank line: Age and Date follow on each reuse.
+    return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 
 
 class FastPath(asyncio.Protocol):

@@ -52,6 +52,7 @@ from aiohttp import web
 from cachenode import splice
 from cachenode.access import access, break_connection
 from cachenode.cluster import Peer
+from cachenode.exact_head import ExactResponse
 from cachenode.freshness import http_date
 from cachenode.keys import Target
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -307,7 +308,7 @@ class PeerRelay:
         return body.out
 
     async def _start(self, request: web.Request, r: aiohttp.ClientResponse, peer: Peer) -> _Body:
-        out = web.StreamResponse(status=r.status, reason=r.reason)
+        out = ExactResponse(status=r.status, reason=r.reason)
         for name, value in end_to_end(r.headers, drop=_OWNER_ONLY).items():
             out.headers.add(name, value)
         add_via(out.headers, via_of(self.node_id))

@@ -22,6 +22,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.access import access, break_connection
+from cachenode.exact_head import ExactResponse
 from cachenode.fill import Fill
 from cachenode.headers import Pairs, first
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -175,7 +176,7 @@ class Responder:
                 # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
                 # a stored 404 or 301 is sent whole, with its own status.
                 decision = Decision(RangeOutcome.FULL, 0, meta.size)
-            resp = web.StreamResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
+            resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                       else decision.outcome.value)
             _object_headers(resp, meta.headers, label, via=self.via_for(request), age=meta.age_at(self._clock()))
             if stale_reason is not None:
@@ -277,7 +278,7 @@ class Responder:
             size = fill.length
             start, length = 0, size
             status = fill.status
-            resp = web.StreamResponse()
+            resp = ExactResponse()
             _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
             etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
             plain = fill.status != 200  # preconditions and Range apply to a 200 only
@@ -396,7 +397,7 @@ class Responder:
         try:
             if on_response is not None:
                 await on_response(response)
-            resp = web.StreamResponse(status=response.status, reason=response.reason)
+            resp = ExactResponse(status=response.status, reason=response.reason)
             for name, value in end_to_end(response.headers).items():
                 resp.headers.add(name, value)
             if (via := self.via_for(request)) is not None:

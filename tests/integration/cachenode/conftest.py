@@ -184,3 +184,117 @@ def owner_and_other(nodes, path, replicas=1):
     owners = [p.id for p in anyone.node.cluster.owners(key_of(path), replicas)]
     others = [nid for nid in nodes if nid not in owners]
     return owners, others
+
+
+class RawOrigin:
+    """An origin written on bare sockets, since aiohttp's server always frames
+    its bodies. It answers every request with `body` and then closes; with
+    `framing="close"` the close is the only end of the body (no
+    Content-Length, no chunked), with "length" it sends a Content-Length.
+    With `hold_after`, it stops after that many bytes until `release` is set.
+    `extra_head` lines are sent as given, byte for byte."""
+
+    def __init__(self, body: bytes, *, framing: str = "close", version: str = "1.1",
+                 hold_after: int | None = None, extra_head: tuple[bytes, ...] = (),
+                 content_type: bytes = b"application/octet-stream") -> None:
+        self.body = body
+        self.framing = framing
+        self.version = version
+        self.hold_after = hold_after
+        self.extra_head = extra_head
+        self.content_type = content_type
+        self.release = asyncio.Event()
+        self.requests = 0
+        self.url = ""
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> "RawOrigin":
+        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            self.requests += 1
+            head = [f"HTTP/{self.version} 200 OK", "Cache-Control: max-age=3600", 'ETag: "raw"', "Connection: close"]
+            if self.framing == "length":
+                head.append(f"Content-Length: {len(self.body)}")
+            writer.write(b"".join(line.encode() + b"\r\n" for line in head)
+                         + b"".join(line + b"\r\n" for line in (b"Content-Type: " + self.content_type,
+                                                                    *self.extra_head)) + b"\r\n")
+            split = len(self.body) if self.hold_after is None else self.hold_after
+            writer.write(self.body[:split])
+            await writer.drain()
+            if self.hold_after is not None:
+                await self.release.wait()
+            writer.write(self.body[split:])
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def raw_origin():
+    origins: list[RawOrigin] = []
+
+    async def start(body: bytes, **kwargs) -> RawOrigin:
+        o = await RawOrigin(body, **kwargs).start()
+        origins.append(o)
+        return o
+
+    yield start
+    for o in origins:
+        o.release.set()
+        await o.close()
+
+
+async def read_response(reader: asyncio.StreamReader, *, method: str = "GET") -> tuple[bytes, bytes]:
+    """One response off a raw connection: its head as sent (bytes, blank line
+    included) and its Content-Length body. Raises IncompleteReadError if the
+    connection ends first."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    status = int(head.split(b" ", 2)[1])
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        length = 0
+    return head, await reader.readexactly(length)
+
+
+async def exchange(port: int, data: bytes, *, responses: int = 1, half_close: bool = False,
+                   timeout: float = 5.0, methods: tuple[str, ...] = ()) -> list[tuple[bytes, bytes]]:
+    """Send `data` as written on a new connection to 127.0.0.1:`port` (then
+    `shutdown(SHUT_WR)` if `half_close`) and read `responses` answers."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        if half_close:
+            writer.write_eof()
+        got = []
+        for i in range(responses):
+            method = methods[i] if i < len(methods) else "GET"
+            got.append(await asyncio.wait_for(read_response(reader, method=method), timeout))
+        return got
+    finally:
+        writer.close()
+
+
+def header_line(head: bytes, name: bytes) -> bytes | None:
+    """The raw value of field `name` in a response head, None if absent."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.lower() == name.lower():
+            return value.strip()
+    return None

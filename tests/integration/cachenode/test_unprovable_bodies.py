@@ -29,7 +29,7 @@ from cachenode.headers import delimited_by_close
 from cachenode.store import Meta, Store
 from nezha.config import Origin
 from nezha.errors import FillAborted
-from tests.integration.cachenode.conftest import HOST, until
+from tests.integration.cachenode.conftest import HOST, RawOrigin, until
 
 PATH = "/data/shard-00.bin"
 KEY = f"http://{HOST}{PATH}"
@@ -101,71 +101,6 @@ async def test_a_clients_no_cache_on_a_second_line_makes_the_node_ask_the_origin
 def test_which_responses_end_only_where_their_connection_closes(status, pairs, method, expect):
     """RFC 9112 §6.3, read conservatively: only chunked framing or a Content-Length proves a body whole."""
     assert delimited_by_close(status, CIMultiDict(pairs), method=method) is expect
-
-
-class RawOrigin:
-    """An origin written on bare sockets, since aiohttp's server always frames
-    its bodies. It answers every request with `body` and then closes; with
-    `framing="close"` the close is the only end of the body (no
-    Content-Length, no chunked), with "length" it sends a Content-Length.
-    With `hold_after`, it stops after that many bytes until `release` is set."""
-
-    def __init__(self, body: bytes, *, framing: str = "close", version: str = "1.1",
-                 hold_after: int | None = None) -> None:
-        self.body = body
-        self.framing = framing
-        self.version = version
-        self.hold_after = hold_after
-        self.release = asyncio.Event()
-        self.requests = 0
-        self.url = ""
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> "RawOrigin":
-        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            self.requests += 1
-            head = [f"HTTP/{self.version} 200 OK", "Content-Type: application/octet-stream",
-                    "Cache-Control: max-age=3600", 'ETag: "raw"', "Connection: close"]
-            if self.framing == "length":
-                head.append(f"Content-Length: {len(self.body)}")
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-            split = len(self.body) if self.hold_after is None else self.hold_after
-            writer.write(self.body[:split])
-            await writer.drain()
-            if self.hold_after is not None:
-                await self.release.wait()
-            writer.write(self.body[split:])
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-
-@pytest.fixture
-async def raw_origin():
-    origins: list[RawOrigin] = []
-
-    async def start(body: bytes, **kwargs) -> RawOrigin:
-        o = await RawOrigin(body, **kwargs).start()
-        origins.append(o)
-        return o
-
-    yield start
-    for o in origins:
-        o.release.set()
-        await o.close()
 
 
 def served_by(raw: RawOrigin) -> list[Origin]:
