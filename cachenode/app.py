@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 
 import structlog
 from aiohttp import web
 
+from cachenode.client_conn import ClientConnection
+from cachenode.connections import Gate, default_max_connections, raise_open_files_limit
 from cachenode.fastpath import FastPath
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
@@ -56,22 +59,28 @@ def build_app(node: CacheNode) -> web.Application:
 
 
 class Listener:
-    """A node's listening socket: the fast path in front of aiohttp (or aiohttp alone).
+    """A node's listening socket: every connection enters through the fast
+    path (cachenode/fastpath.py), which admits it through the connection
+    `Gate` and answers plain hits, and is handed to aiohttp for the rest.
 
     Connections still on the fast path are closed after `idle_timeout` without
     a byte from the client, as aiohttp closes its idle keep-alive ones after
-    the same time, so idle or half-sent requests cannot pile up.
+    the same time, so idle connections cannot pile up; a request head gets
+    `request_head_timeout` to arrive (cachenode/connections.py).
     """
 
-    def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0) -> None:  # aiohttp's default
+    def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0,  # aiohttp's default
+                 open_files: int | None = None) -> None:
         self.node = node
         self.idle_timeout = idle_timeout
         self.runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False,
                                     keepalive_timeout=idle_timeout)
+        limit = node.settings.max_connections
+        if limit is None:
+            limit = default_max_connections(open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self.gate = Gate(limit)
         self._server: asyncio.AbstractServer | None = None
-        self._site: web.TCPSite | None = None
         self._sweeper: asyncio.Task | None = None
-        self._connections: set[FastPath] = set()
         self.host = ""
         self.port = 0
         self._closed = False
@@ -79,24 +88,31 @@ class Listener:
     async def start(self, host: str, port: int) -> None:
         self.host = host
         await self.runner.setup()
-        if self.node.settings.fast_hits:
-            aiohttp_protocol = self.runner.server
-            assert aiohttp_protocol is not None
-            self._server = await asyncio.get_running_loop().create_server(
-                lambda: FastPath(node=self.node, aiohttp_protocol=aiohttp_protocol, connections=self._connections),
-                host, port, reuse_address=True)
-            self.port = self._server.sockets[0].getsockname()[1]
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        else:
-            self._site = web.TCPSite(self.runner, host, port, reuse_address=True)
-            await self._site.start()
-            self.port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        server = self.runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        head_timeout = self.node.settings.request_head_timeout
+
+        def handler() -> ClientConnection:
+            # The handler aiohttp's Server would make (same settings), plus the gate and head timer.
+            return ClientConnection(server, loop=loop, gate=self.gate, head_timeout=head_timeout,
+                                    **server._kwargs)
+
+        self._server = await loop.create_server(
+            lambda: FastPath(node=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
+                             serve_hits=self.node.settings.fast_hits),
+            host, port, reuse_address=True, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
+
+    def _fast_connections(self) -> list[FastPath]:
+        return [c for c in self.gate.open if isinstance(c, FastPath)]
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(min(10.0, self.idle_timeout / 2))
             cutoff = time.monotonic() - self.idle_timeout
-            for conn in [c for c in self._connections if c.idle and c.last_active < cutoff]:
+            for conn in [c for c in self._fast_connections() if c.idle and c.last_active < cutoff]:
                 conn.close()
 
     async def close(self) -> None:
@@ -108,14 +124,15 @@ class Listener:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-            for conn in list(self._connections):
+            for conn in self._fast_connections():
                 conn.close()
         await self.runner.cleanup()
 
 
 async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -> None:
     """Run one node until SIGINT/SIGTERM (or `stop` is set)."""
-    listener = Listener(build_node(settings))
+    open_files = raise_open_files_limit()
+    listener = Listener(build_node(settings), open_files=open_files)
     host, port = settings.listen_addr
     try:
         await listener.start(host, port)
@@ -124,7 +141,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
     log.info("node_listening", listen=settings.listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
-             fast_hits=settings.fast_hits)
+             fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
+             request_head_timeout=settings.request_head_timeout)
     stop = stop_on_signals(stop)
     try:
         await stop.wait()

@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: --listen)")
     p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
                    "else 1")
+    p.add_argument("--max-connections", type=int, help="open client connections at most; beyond it the "
+                   "stalest idle one is closed, else the newcomer gets 503 with Retry-After (default: from "
+                   "the open-files limit, which the node raises to its hard limit)")
+    p.add_argument("--request-head-timeout", type=float, help="seconds a client has to send a complete "
+                   "request head, then 408 (default 30)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -77,7 +82,7 @@ def run_cache(args: argparse.Namespace) -> int:
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
-               "replicas", "log_level"]))
+               "replicas", "max_connections", "request_head_timeout", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

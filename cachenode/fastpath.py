@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import IO, TYPE_CHECKING, Callable
 
+import structlog
+
+from cachenode.connections import BUSY_RESPONSE, Gate, head_timeout_response
 from cachenode.exact_head import encode_head
 from cachenode.serve import CACHE_HEADER, _sendfile_now
 from cachenode.store import Meta
@@ -36,10 +39,15 @@ from cachenode.store import Meta
 if TYPE_CHECKING:
     from cachenode.proxy import CacheNode
 
+log = structlog.get_logger("nezha.connections")
+
 MAX_HEAD = 8192
-# Pipelined requests are not read while a body is still going out:
-# `loop.sendfile` pauses reading until it is done, so at most one read's worth
-# of bytes waits in the buffer (tests/integration/cachenode/test_fastpath.py).
+# Pipelined requests are not read while a body is still going out
+# (`loop.sendfile` pauses reading until it is done), nor while answers the
+# client has not read fill the transport past its high-water mark
+# (pause_writing), so a client that pipelines without reading holds at most a
+# read's worth of requests and a high-water mark of answers here
+# (tests/integration/cachenode/test_fastpath.py, test_connections.py).
 # Headers a plain hit may carry; any other sends the request to aiohttp.
 ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection"})
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -55,8 +63,15 @@ class PlainRequest:
 
 def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     """The request at the start of `buf` if it is plain; None if more bytes are
-    needed; False if it is not plain (aiohttp must parse it). Pure."""
+    needed; False if it is not plain (aiohttp must parse it). Pure.
+
+    A line ended by a bare LF is never plain: waiting for a CRLF CRLF that
+    never comes held such clients for an hour, while aiohttp answers them 400
+    at once (RFC 9112 §2.2 lets a server refuse bare LF)."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    head = buf[:end] if end >= 0 else buf[:MAX_HEAD]
+    if head.count(b"\n") != head.count(b"\r\n"):
+        return False
     if end < 0:
         return None if len(buf) < MAX_HEAD else False
     try:
@@ -113,35 +128,54 @@ def response_head(meta: Meta, *, via: str) -> bytes:
 
 
 class FastPath(asyncio.Protocol):
-    """One client connection: plain hits here, the rest handed to aiohttp."""
+    """One client connection: plain hits here, the rest handed to aiohttp.
+
+    Every client connection starts here, also with plain hits off
+    (`serve_hits=False`, handed to aiohttp at once): this is where the node's
+    connection `Gate` admits it, and where its first request head is timed.
+    """
 
     def __init__(self, *, node: "CacheNode", aiohttp_protocol: Callable[[], asyncio.Protocol],
-                 connections: set) -> None:
+                 gate: Gate, head_timeout: float, serve_hits: bool = True) -> None:
         self.node = node
         self._aiohttp_protocol = aiohttp_protocol
-        self._connections = connections
+        self._gate = gate
+        self._head_timeout = head_timeout
+        self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
         self._fd = -1
         self._buf = bytearray()
         self._serving: asyncio.Task | None = None
         self._eof = False
-        self.last_active = time.monotonic()
+        self._write_paused = False
+        self._refused = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self.last_active = self.waiting_since = time.monotonic()
 
     # -- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._connections.add(self)
+        if not self._gate.admit(self):
+            self._refuse()
+            return
+        if not self._serve_hits:
+            self._hand_off()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
             self._fd = sock.fileno()
+        self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connections.discard(self)
+        self._gate.leave(self)
+        self._disarm()
         self.transport = None
         if self._serving is not None:
             self._serving.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # a refused client's request is read and dropped until it goes
         self.last_active = time.monotonic()
         self._buf += data
         if self._serving is None:
@@ -150,9 +184,32 @@ class FastPath(asyncio.Protocol):
     def eof_received(self) -> bool:
         # Requests already received are still answered; the connection closes after them.
         self._eof = True
+        if self._refused:
+            return False
         if self._serving is None:
             self._next()
         return True
+
+    def pause_writing(self) -> None:
+        # Answers pile up unread: stop reading requests until the client reads.
+        self._write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.transport is not None and self._serving is None:
+            self.transport.resume_reading()
+            self._next()
+
+    # -- what the gate asks ----------------------------------------------------
+    @property
+    def waiting(self) -> bool:
+        """Only waiting for a request: nothing is being answered or owed."""
+        return self._serving is None and not self._write_paused and self.transport is not None and not self._eof
+
+    def reclaim(self) -> None:
+        self.close()
 
     # -- control -----------------------------------------------------------------
     def close(self) -> None:
@@ -163,9 +220,19 @@ class FastPath(asyncio.Protocol):
     def idle(self) -> bool:
         return self._serving is None and self.transport is not None
 
+    def _refuse(self) -> None:
+        """503 with Retry-After, then close: over the cap, but never left unanswered."""
+        self._refused = True
+        self.transport.write(BUSY_RESPONSE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        # Closed when the client has read it and hung up, or after a grace
+        # period; closing at once could reset the answer away unread.
+        asyncio.get_running_loop().call_later(2.0, self.close)
+
     def _next(self) -> None:
         """Answer complete plain hits at the head of the buffer, in order."""
-        while self._serving is None and self.transport is not None:
+        while self._serving is None and self.transport is not None and not self._write_paused:
             if not self._buf:
                 break
             req = parse_plain(self._buf)
@@ -177,13 +244,39 @@ class FastPath(asyncio.Protocol):
                 return
             if not self._serve(req, *hit):
                 return
-        if self._eof and self._serving is None and self.transport is not None:
+            self.waiting_since = time.monotonic()
+            self._disarm()
+        if self.transport is None or self._serving is not None:
+            return
+        if self._eof and not self._write_paused:
             self.transport.close()
+        elif self._buf:
+            self._arm()  # a head has begun; it has head_timeout to complete
+
+    # -- the head timer ----------------------------------------------------------
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = asyncio.get_running_loop().call_later(self._head_timeout, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport is None or self._serving is not None or self._write_paused:
+            return  # answering: the next head is timed once that is done
+        if self._buf:
+            self.transport.write(head_timeout_response(self._head_timeout))
+        log.info("request_head_timeout", seconds=self._head_timeout, partial=len(self._buf), fast=True)
+        self.transport.close()
 
     def _hand_off(self) -> None:
         """aiohttp takes the connection and every byte not yet answered, for good."""
         transport, self.transport = self.transport, None
-        self._connections.discard(self)
+        self._gate.leave(self)
+        self._disarm()
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
@@ -259,4 +352,6 @@ class FastPath(asyncio.Protocol):
             self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
             return
         self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
+        if not self._write_paused and self.transport is not None:
+            self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()

@@ -210,6 +210,15 @@ class CacheSettings(_Base):
     cluster_token: str | None = Field(default=None, repr=False)
     stats_flush_interval: float = 1.0
     ring_refresh_interval: float = 5.0
+    # A client gets this long from its first byte (or from connecting) to
+    # send a complete request head, then 408; trickled heads cannot hold a
+    # descriptor for the hour an idle keep-alive connection may stay.
+    request_head_timeout: float = 30.0
+    # Open client connections at most; unset: derived from the descriptor
+    # limit (cachenode/connections.py). At the cap the stalest connection
+    # that is only waiting for a request is closed, else the new one is
+    # answered 503 with Retry-After: accepting never stops.
+    max_connections: int | None = None
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -247,6 +256,10 @@ class CacheSettings(_Base):
             raise ValueError(f"replicas ({self.replicas}) must be at least 1")
         if self.peer_timeout <= 0:
             raise ValueError(f"peer_timeout ({self.peer_timeout:g}) must be positive")
+        if self.request_head_timeout <= 0:
+            raise ValueError(f"request_head_timeout ({self.request_head_timeout:g}) must be positive")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections ({self.max_connections}) must be at least 1")
         if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
             raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
         if not self.origins:

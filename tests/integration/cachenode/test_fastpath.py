@@ -148,7 +148,7 @@ async def test_pipelined_bytes_behind_an_unread_body_are_bounded(origin, make_no
     head = f"HEAD {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
     writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() + head * 20000)  # 20000 x 61 bytes
     await asyncio.sleep(0.5)
-    (conn,) = node.server._connections
+    (conn,) = node.server._fast_connections()
     assert not conn.transport.is_reading()
     assert len(conn._buf) < 256 << 10  # one read or so, not 20000 requests
     status, _, got = await _read_response(reader)

@@ -42,6 +42,12 @@ def test_an_incomplete_head_asks_for_more_bytes():
     b"GET /x HTTP/1.1\r\n\r\n",
     b"GET /\xff HTTP/1.1\r\nHost: h\r\n\r\n",
     b"GET /x HTTP/1.1\r\nHost: h\r\n" + b"A" * 9000,
+    # Bare LF anywhere in the head, complete or not: aiohttp answers 400 at
+    # once, where waiting for CRLF CRLF would hold the client.
+    b"GET /x HTTP/1.1\nHost: h\n\n",
+    b"GET /x HTTP/1.1\r\nHost: h\r\n\n",
+    b"GET /x HTTP/1.1\r\nHost: h\n\r\n",
+    b"GET /x HTTP/1.1\nHo",
 ])
 def test_anything_else_is_left_to_aiohttp(raw):
     assert parse_plain(raw) is False

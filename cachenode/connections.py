@@ -1,0 +1,118 @@
+"""How many client connections a node holds, and which one gives way.
+
+A node that runs out of descriptors stops accepting (asyncio backs off and
+logs `socket.accept() out of system resource` once per attempt), so a few
+hundred clients that trickle their request heads a byte at a time used to
+lock every real client out. Three rules keep it answering:
+
+- the soft open-files limit is raised to the hard one at start, since the
+  default soft limit (often 1024, or 256) is an accident of the login shell;
+- client connections are capped well below that limit, leaving descriptors
+  for what every request needs besides its socket (object files, origin and
+  peer connections, Redis);
+- at the cap a new connection is still accepted: the connection that has
+  waited longest for a complete request (an idle keep-alive one, or one
+  still trickling its head) is closed to make room, and only when every
+  connection is busy answering is the newcomer told 503 with Retry-After.
+
+The choice is pure (`choose_reclaim`); `Gate` applies it to live connections.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Iterable, Protocol
+
+import structlog
+
+log = structlog.get_logger("nezha.connections")
+
+# Descriptors kept for everything but client sockets, and how many each
+# client connection may need at once (its socket and an open object file).
+RESERVED_DESCRIPTORS = 64
+PER_CONNECTION = 2
+# Used when the hard limit is unlimited, which setrlimit cannot take as a soft value on Linux.
+UNLIMITED_CAP = 1 << 20
+
+RETRY_AFTER_S = 1
+_BUSY_BODY = b"this cache node is at its connection limit; retry shortly\n"
+BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Type: text/plain\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s") % (RETRY_AFTER_S, len(_BUSY_BODY), _BUSY_BODY)
+
+
+def head_timeout_response(seconds: float) -> bytes:
+    """The 408 a client gets when its request head did not arrive in time (RFC 9110 §15.5.9)."""
+    body = f"no complete request head within {seconds:g} s\n".encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s") % (len(body), body)
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = UNLIMITED_CAP if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("open_files_limit_kept", soft=soft, hard=hard, error=str(e))
+    return UNLIMITED_CAP if soft == resource.RLIM_INFINITY else soft
+
+
+def default_max_connections(open_files: int) -> int:
+    """Client connections that fit in `open_files` descriptors with room for the rest."""
+    return max(8, (open_files - RESERVED_DESCRIPTORS) // PER_CONNECTION)
+
+
+class Reclaimable(Protocol):
+    """What the gate needs of a connection."""
+
+    @property
+    def waiting(self) -> bool:
+        """True while the connection only waits for (the rest of) a request head."""
+
+    @property
+    def waiting_since(self) -> float:
+        """Monotonic time that wait began: the end of its last answer, or its first byte."""
+
+    def reclaim(self) -> None:
+        """Close it to make room for another client."""
+
+
+def choose_reclaim(connections: Iterable[Reclaimable]) -> Reclaimable | None:
+    """The connection that has waited longest for a request, None if all are busy answering."""
+    return min((c for c in connections if c.waiting), key=lambda c: c.waiting_since, default=None)
+
+
+class Gate:
+    """The node's client connections, at most `limit` of them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: set[Reclaimable] = set()
+        self.reclaimed = 0
+        self.refused = 0
+
+    def admit(self, conn: Reclaimable) -> bool:
+        """Count a new connection in; False if it must be answered 503 instead."""
+        if len(self.open) >= self.limit:
+            victim = choose_reclaim(self.open)
+            if victim is None:
+                self.refused += 1
+                log.warning("connection_refused", open=len(self.open), limit=self.limit,
+                            reason="every connection is answering a request")
+                return False
+            self.open.discard(victim)
+            self.reclaimed += 1
+            log.info("connection_reclaimed", open=len(self.open), limit=self.limit)
+            victim.reclaim()
+        self.open.add(conn)
+        return True
+
+    def enter(self, conn: Reclaimable) -> None:
+        """A connection admitted already, now served by another protocol object."""
+        self.open.add(conn)
+
+    def leave(self, conn: Reclaimable) -> None:
+        self.open.discard(conn)

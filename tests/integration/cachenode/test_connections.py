@@ -1,0 +1,345 @@
+"""Issue 14, on the wire: what a client connection may cost a node, and what it is always owed.
+
+Each case runs on real sockets against a node on 127.0.0.1, and during each
+flood a legitimate client on another connection must be served within a
+second:
+
+- bare-LF request heads are answered 400 at once (they used to be held an hour);
+- a request head must arrive within `request_head_timeout`, then 408;
+- client connections are capped below the descriptor limit: at the cap the
+  stalest waiting connection gives way, and only when all are busy is a
+  newcomer answered 503 with Retry-After;
+- a client that half-closes after its requests still gets every answer;
+- a client that pipelines without reading is held to a bounded backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.cachenode.conftest import HOST, exchange, header_line, read_response, until
+
+PATH = "/d/object.bin"
+BODY = bytes(range(256)) * 400  # 100 KiB
+BIG = b"B" * (16 << 20)  # more than loopback socket buffers take at once
+
+
+def get(path: str = PATH, *extra: str, method: str = "GET") -> bytes:
+    return "\r\n".join([f"{method} {path} HTTP/1.1", f"Host: {HOST}", *extra, "", ""]).encode()
+
+
+async def warm(origin, make_node, session, **settings):
+    origin.put(PATH, BODY)
+    node = await make_node(**settings)
+    assert (await node.get(session, PATH))[2] == BODY
+    await node.node.settled()
+    return node
+
+
+async def served_within_a_second(port: int, path: str = PATH, body: bytes = BODY) -> None:
+    """A legitimate client on its own connection gets the whole object in under a second."""
+    started = time.monotonic()
+    [(head, got)] = await exchange(port, get(path), timeout=1.0)
+    assert head.startswith(b"HTTP/1.1 200 ") and got == body
+    assert time.monotonic() - started < 1.0
+
+
+async def closed_by_node(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    """Everything the node still sends before it closes the connection."""
+    return await asyncio.wait_for(reader.read(), timeout)
+
+
+# -- bare LF ------------------------------------------------------------------------
+
+BARE_LF = [
+    f"GET {PATH} HTTP/1.1\nHost: {HOST}\n\n".encode(),
+    f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\n".encode(),
+    f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\n\r\n".encode(),
+]
+
+
+@pytest.mark.parametrize("fast_hits", [True, False])
+@pytest.mark.parametrize("raw", BARE_LF, ids=["all-lf", "crlf-then-lf", "lf-then-crlf"])
+async def test_a_head_with_bare_line_feeds_is_answered_400_at_once(origin, make_node, session, fast_hits, raw):
+    node = await warm(origin, make_node, session, fast_hits=fast_hits)
+    started = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(raw)
+    answer = await closed_by_node(reader, 1.0)
+    writer.close()
+    assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:200]
+    assert time.monotonic() - started < 1.0
+
+
+async def test_a_flood_of_bare_lf_heads_leaves_other_clients_served(origin, make_node, session):
+    node = await warm(origin, make_node, session)
+    conns = [await asyncio.open_connection("127.0.0.1", node.server.port) for _ in range(100)]
+    for _, writer in conns:
+        writer.write(BARE_LF[1])
+    await served_within_a_second(node.server.port)
+    for reader, writer in conns:
+        assert re.match(rb"HTTP/1\.[01] 400 ", await closed_by_node(reader, 2.0))
+        writer.close()
+
+
+# -- the request-head timeout ---------------------------------------------------------
+
+@pytest.mark.parametrize("fast_hits", [True, False])
+async def test_a_trickled_head_is_answered_408_after_the_head_timeout(origin, make_node, session, fast_hits):
+    node = await warm(origin, make_node, session, fast_hits=fast_hits, request_head_timeout=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    started = time.monotonic()
+    for byte in get()[:20]:  # a byte at a time, never the end of the head
+        writer.write(bytes([byte]))
+        await asyncio.sleep(0.01)
+    await served_within_a_second(node.server.port)
+    answer = await closed_by_node(reader, 3.0)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+    assert 0.5 <= time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize("fast_hits", [True, False])
+async def test_a_connection_that_never_sends_a_head_is_closed_after_the_head_timeout(
+        origin, make_node, session, fast_hits):
+    node = await warm(origin, make_node, session, fast_hits=fast_hits, request_head_timeout=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    assert await closed_by_node(reader, 3.0) == b""
+    writer.close()
+
+
+async def test_a_second_head_trickled_on_a_connection_aiohttp_serves_is_answered_408(origin, make_node, session):
+    node = await warm(origin, make_node, session, request_head_timeout=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(get(PATH, "Range: bytes=0-9"))  # a range: served by the handler, not the fast path
+    head, body = await read_response(reader)
+    assert head.startswith(b"HTTP/1.1 206 ") and body == BODY[:10]
+    writer.write(get()[:15])
+    answer = await closed_by_node(reader, 3.0)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+@pytest.mark.parametrize("request_extra", [(), ("Range: bytes=0-9",)], ids=["fast-hit", "handler"])
+async def test_an_idle_keep_alive_connection_outlives_the_head_timeout(origin, make_node, session, request_extra):
+    node = await warm(origin, make_node, session, request_head_timeout=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    for _ in range(2):
+        writer.write(get(PATH, *request_extra))
+        head, _ = await asyncio.wait_for(read_response(reader), 2.0)
+        assert re.match(rb"HTTP/1\.1 20[06] ", head)
+        await asyncio.sleep(1.0)  # idle between requests is keep-alive's business, not the head timer's
+    writer.close()
+
+
+# -- the connection cap ----------------------------------------------------------------
+
+async def test_at_the_cap_the_connection_waiting_longest_gives_way_to_a_new_client(origin, make_node, session):
+    node = await warm(origin, make_node, session, max_connections=8)
+    conns = []
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(b"GET /d/")  # a head that never completes
+        conns.append((reader, writer))
+        await asyncio.sleep(0.005)
+    await until(lambda: node.server.gate.reclaimed >= 12)
+    await served_within_a_second(node.server.port)
+    assert len(node.server.gate.open) <= 8
+    # The oldest gave way, the newest are still open.
+    assert await closed_by_node(conns[0][0], 1.0) == b""
+    assert not conns[-1][0].at_eof()
+    for _, writer in conns:
+        writer.close()
+
+
+async def test_when_every_connection_is_answering_a_newcomer_gets_503_with_retry_after(origin, make_node, session):
+    origin.put("/d/big.bin", BIG)
+    node = await make_node(max_connections=3)
+    assert (await node.get(session, "/d/big.bin"))[2] == BIG
+    await node.node.settled()
+    busy = []
+    for _ in range(3):  # each asks for 16 MiB and does not read it yet
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(get("/d/big.bin"))
+        busy.append((reader, writer))
+    await until(lambda: len(node.server.gate.open) == 3 and not any(c.waiting for c in node.server.gate.open))
+    [(head, body)] = await exchange(node.server.port, get(), timeout=1.0)
+    assert head.startswith(b"HTTP/1.1 503 ") and header_line(head, b"Retry-After") == b"1"
+    assert header_line(head, b"Connection") == b"close" and b"connection limit" in body
+    assert node.server.gate.refused == 1
+    for reader, writer in busy:  # the busy ones were not harmed
+        head, body = await asyncio.wait_for(read_response(reader), 10)
+        assert body == BIG
+        writer.close()
+    await until(lambda: len(node.server.gate.open) < 3)
+    await served_within_a_second(node.server.port, "/d/big.bin", BIG)
+
+
+# -- half-closed clients ----------------------------------------------------------------
+
+HALF_CLOSE_CASES = {
+    "hit-connection-close": ([get(PATH, "Connection: close")], [BODY]),
+    "range-hit": ([get(PATH, "Range: bytes=100-199")], [BODY[100:200]]),
+    "pipelined-pair": ([get(), get(PATH, "Range: bytes=0-9")], [BODY, BODY[:10]]),
+    "pipelined-hit-pair": ([get(), get()], [BODY, BODY]),
+    "head-then-get": ([get(method="HEAD"), get(PATH, "Connection: close")], [b"", BODY]),
+}
+
+
+@pytest.mark.parametrize("fast_hits", [True, False])
+@pytest.mark.parametrize("case", list(HALF_CLOSE_CASES))
+async def test_a_client_that_half_closes_after_its_requests_gets_every_answer(
+        origin, make_node, session, fast_hits, case):
+    node = await warm(origin, make_node, session, fast_hits=fast_hits)
+    requests, bodies = HALF_CLOSE_CASES[case]
+    methods = tuple("HEAD" if r.startswith(b"HEAD") else "GET" for r in requests)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(b"".join(requests))
+    writer.write_eof()
+    for method, expected in zip(methods, bodies):
+        head, body = await asyncio.wait_for(read_response(reader, method=method), 2.0)
+        assert re.match(rb"HTTP/1\.1 20[06] ", head) and body == expected
+    assert await closed_by_node(reader, 2.0) == b""  # and then the node closes
+    writer.close()
+
+
+async def test_a_half_closed_cold_request_is_answered_from_the_origin(origin, make_node, session):
+    origin.put("/d/cold.bin", BODY)
+    node = await make_node()
+    [(head, body)] = await exchange(node.server.port, get("/d/cold.bin"), half_close=True, timeout=3.0)
+    assert header_line(head, b"X-Nezha-Cache") == b"miss" and body == BODY
+
+
+async def test_a_body_cut_short_by_a_half_close_ends_the_connection_without_reaching_the_origin(
+        origin, make_node, session):
+    node = await warm(origin, make_node, session)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    writer.write(f"PUT /d/upload.bin HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 100\r\n\r\n".encode() + b"x" * 10)
+    writer.write_eof()
+    answer = await closed_by_node(reader, 2.0)
+    writer.close()
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert "/d/upload.bin" not in origin.uploads
+
+
+# -- pipelining backlog -------------------------------------------------------------------
+
+async def test_a_client_that_pipelines_heads_without_reading_holds_a_bounded_backlog(origin, make_node, session):
+    node = await warm(origin, make_node, session)
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    flood = get(method="HEAD") * 50_000  # 2.6 MB of requests, about 20 MB of answers
+    writer.write(flood)
+    await asyncio.sleep(1.0)
+    (conn,) = node.server._fast_connections()
+    assert not conn.transport.is_reading()
+    assert conn.transport.get_write_buffer_size() <= 1 << 20  # a high-water mark, not 20 MB of answers
+    assert len(conn._buf) <= 1 << 20
+    await served_within_a_second(node.server.port)
+    for _ in range(50_000):
+        head, _ = await asyncio.wait_for(read_response(reader, method="HEAD"), 5.0)
+        assert head.startswith(b"HTTP/1.1 200 ")
+    writer.close()
+
+
+# -- a node process: descriptor limits, memory and log lines under floods ------------------
+
+class NodeProcess:
+    """`nezha cache` as a process on 127.0.0.1 with its own open-files limit; stdout in a file."""
+
+    def __init__(self, tmp_path: Path, origin_url: str, *, nofile: tuple[int, int], args: tuple[str, ...] = ()):
+        self.port = free_port()
+        self.out = tmp_path / "node.out"
+        self.err = tmp_path / "node.err"
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
+                 "--data-dir", str(tmp_path / "data"), "--origin", f"{HOST}={origin_url}", *args],
+                stdout=out, stderr=err, preexec_fn=limit)
+
+    async def ready(self, session: aiohttp.ClientSession) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.err.read_text()
+            try:
+                async with session.get(f"http://127.0.0.1:{self.port}/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError("node did not come up")
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def node_process(tmp_path):
+    started: list[NodeProcess] = []
+
+    def start(origin_url: str, **kwargs) -> NodeProcess:
+        node = NodeProcess(tmp_path, origin_url, **kwargs)
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+async def test_300_trickling_clients_under_a_256_descriptor_limit_leave_room_for_a_real_client(
+        origin, node_process, session):
+    origin.put(PATH, BODY)
+    node = node_process(origin.url, nofile=(256, 256))
+    await node.ready(session)
+    [listening] = [e for e in node.events() if e["event"] == "node_listening"]
+    assert listening["open_files"] == 256 and listening["max_connections"] < 256
+    conns = []
+    for _ in range(300):
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.port)
+        writer.write(b"G")
+        conns.append(writer)
+    await asyncio.sleep(0.5)
+    await served_within_a_second(node.port)  # a cold miss: the node still has descriptors for the origin
+    await served_within_a_second(node.port)  # and the hit
+    for writer in conns:
+        writer.close()
+    assert "out of system resource" not in node.err.read_text() + node.out.read_text()
+
+
+async def test_the_node_raises_its_soft_open_files_limit_to_the_hard_one(origin, node_process, session):
+    node = node_process(origin.url, nofile=(256, 4096))
+    await node.ready(session)
+    [listening] = [e for e in node.events() if e["event"] == "node_listening"]
+    assert listening["open_files"] == 4096
+    assert listening["max_connections"] == (4096 - 64) // 2
