@@ -1,0 +1,88 @@
+"""Which byte ranges of a large object each parallel stream fetches next. Pure.
+
+A parallel fill cuts the object into slices and hands them out front first,
+so the contiguous prefix that clients stream from grows at the aggregate rate
+rather than at one stream's. When no slice is left unclaimed, an idle stream
+takes the back half of the in-progress slice with the most bytes still to
+come (work stealing): one slow connection cannot hold up the end of the
+object. A slice is only ever cut, never handed to two streams, so each byte
+is fetched once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Slice:
+    start: int
+    end: int  # exclusive; lowered when another stream steals the back of it
+    pos: int  # the next byte to arrive
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.end - self.pos)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.end
+
+
+class Plan:
+    def __init__(self, total: int, slice_size: int, *, min_steal: int = 1 << 20) -> None:
+        if total <= 0 or slice_size <= 0:
+            raise ValueError(f"total ({total}) and slice_size ({slice_size}) must be positive")
+        self.total = total
+        self.min_steal = min_steal
+        self.slices = [Slice(s, min(s + slice_size, total), s) for s in range(0, total, slice_size)]
+        self._claimed: set[int] = set()  # ids of slices handed to a stream
+        self._front = 0  # index of the first slice not done: the prefix ends in it
+
+    def claim_first(self) -> Slice:
+        """Slice 0, for the stream that is already reading the object from its start."""
+        first = self.slices[0]
+        self._claimed.add(id(first))
+        return first
+
+    def next(self) -> Slice | None:
+        """The work for a stream that is free: the first unclaimed slice, else a
+        stolen back half of the slowest, else None (the stream may stop)."""
+        for s in self.slices[self._front:]:
+            if id(s) not in self._claimed:
+                self._claimed.add(id(s))
+                return s
+        return self._steal()
+
+    def _steal(self) -> Slice | None:
+        busy = [s for s in self.slices[self._front:] if not s.done]
+        if not busy:
+            return None
+        victim = max(busy, key=lambda s: s.remaining)
+        if victim.remaining < 2 * self.min_steal:
+            return None
+        mid = victim.pos + victim.remaining // 2
+        taken = Slice(mid, victim.end, mid)
+        victim.end = mid
+        self.slices.insert(self.slices.index(victim) + 1, taken)
+        self._claimed.add(id(taken))
+        return taken
+
+    def advance(self, s: Slice, n: int) -> None:
+        """`n` more bytes of `s` are on disk."""
+        if n < 0 or s.pos + n > s.end:
+            raise ValueError(f"advance by {n} past the end of slice {s.start}-{s.end} at {s.pos}")
+        s.pos += n
+        while self._front < len(self.slices) and self.slices[self._front].done:
+            self._front += 1
+
+    @property
+    def prefix(self) -> int:
+        """Bytes from the start that are all on disk."""
+        if self._front >= len(self.slices):
+            return self.total
+        return self.slices[self._front].pos
+
+    @property
+    def complete(self) -> bool:
+        return self.prefix >= self.total

@@ -1,0 +1,83 @@
+"""The parallel fill's schedule (cachenode/slices.py): front first, every byte once, stealing the slow tail."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachenode.slices import Plan
+
+MiB = 1 << 20
+
+
+def test_slices_are_handed_out_front_first_after_the_first_streams_own():
+    plan = Plan(10 * MiB, 2 * MiB)
+    first = plan.claim_first()
+    assert (first.start, first.end) == (0, 2 * MiB)
+    assert [plan.next().start for _ in range(4)] == [2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB]
+
+
+def test_the_prefix_grows_only_over_contiguous_bytes():
+    plan = Plan(6 * MiB, 2 * MiB)
+    a, b, c = plan.claim_first(), plan.next(), plan.next()
+    plan.advance(c, 2 * MiB)
+    plan.advance(b, MiB)
+    assert plan.prefix == 0
+    plan.advance(a, 2 * MiB)
+    assert plan.prefix == 3 * MiB
+    plan.advance(b, MiB)
+    assert plan.prefix == 6 * MiB and plan.complete
+
+
+def test_a_free_stream_steals_the_back_half_of_the_slice_with_most_left():
+    plan = Plan(8 * MiB, 4 * MiB)
+    slow, other = plan.claim_first(), plan.next()
+    plan.advance(other, 4 * MiB)
+    plan.advance(slow, MiB)
+    stolen = plan.next()
+    assert (stolen.start, stolen.end) == (MiB + 3 * MiB // 2, 4 * MiB)
+    assert slow.end == stolen.start  # the victim now stops where the thief starts
+
+
+def test_nothing_is_stolen_when_too_little_is_left_to_be_worth_a_request():
+    plan = Plan(4 * MiB, 4 * MiB, min_steal=MiB)
+    s = plan.claim_first()
+    plan.advance(s, 3 * MiB)
+    assert plan.next() is None
+
+
+def test_advancing_past_a_slice_end_is_a_bug_not_a_silent_overlap():
+    plan = Plan(2 * MiB, MiB)
+    s = plan.claim_first()
+    with pytest.raises(ValueError):
+        plan.advance(s, MiB + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(1, 64 * MiB), slice_size=st.integers(MiB // 4, 16 * MiB), streams=st.integers(1, 9),
+       seed=st.integers(0, 2 ** 32))
+def test_every_byte_is_covered_exactly_once_whatever_the_order_of_progress(total, slice_size, streams, seed):
+    rng = random.Random(seed)
+    plan = Plan(total, slice_size, min_steal=MiB // 4)
+    active = [plan.claim_first()]
+    while len(active) < streams and (s := plan.next()) is not None:
+        active.append(s)
+    written = []
+    while active:
+        s = rng.choice(active)
+        if s.done:
+            active.remove(s)
+            nxt = plan.next()
+            if nxt is not None:
+                active.append(nxt)
+            continue
+        n = min(s.remaining, rng.randint(1, MiB))
+        written.append((s.pos, s.pos + n))
+        plan.advance(s, n)
+    assert plan.complete and plan.prefix == total
+    written.sort()
+    assert written[0][0] == 0 and written[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(written, written[1:]))  # no gap, no overlap
