@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: --listen)")
     p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
                    "else 1")
+    p.add_argument("--fill-streams", type=int, help="parallel range requests for a cold fill of a large object "
+                   "(at least parallel_fill_threshold, default 64MiB) from an origin that offers ranges and a "
+                   "strong validator; 1 fetches every object as one stream (default 8; per origin in --config)")
     p.add_argument("--max-connections", type=int, help="open client connections at most; beyond it the "
                    "stalest idle one is closed, else the newcomer gets 503 with Retry-After (default: from "
                    "the open-files limit, which the node raises to its hard limit)")
@@ -82,7 +85,7 @@ def run_cache(args: argparse.Namespace) -> int:
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
-               "replicas", "max_connections", "request_head_timeout", "log_level"]))
+               "replicas", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

@@ -59,6 +59,12 @@ MEMORY_WINDOW = 8 * 1024 * 1024
 READER_PATIENCE = 30.0
 
 
+class RangesAbandoned(NezhaError):
+    """A parallel range fetch stopped (an origin that ignores or mangles
+    Range, a changed validator, a failed stream): the fill carries on from
+    its prefix with one plain stream."""
+
+
 class Superseded(NotStored):
     """A write to the URL succeeded while its fill ran: what the fill got may
     predate the write, so it is streamed to its clients but never stored."""
@@ -115,6 +121,10 @@ class Fill:
         # Called once when the fill stops writing to the store (the flight lands then).
         self.on_unstored: Callable[[], None] | None = None
         self._received = 0
+        # Set by a parallel fetch: how far the bytes on disk reach from an
+        # offset beyond the prefix, and how to ask for a range first.
+        self.coverage: Callable[[int], int] | None = None
+        self.wanted: Callable[[int, int], None] | None = None
         self._progress = asyncio.Event()
         # Once the store failed: the bytes on disk, frozen, and the later ones in memory.
         self._spilled_at: int | None = None
@@ -187,6 +197,16 @@ class Fill:
         raise FillAborted(f"fill of {self.key} from {self.url} no longer holds byte {offset}")
 
     @property
+    def spilled(self) -> bool:
+        """The store failed: bytes from `on_disk` on come from `from_memory`."""
+        return self._spilled_at is not None
+
+    def _available(self, offset: int) -> int:
+        if offset < self._received or self.coverage is None:
+            return self._received
+        return self.coverage(offset)
+
+    @property
     def finished(self) -> bool:
         return self.meta is not None or self.error is not None
 
@@ -194,10 +214,13 @@ class Fill:
         self._progress.set()
         self._progress = asyncio.Event()
 
-    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None) -> int:
+    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None, until: int | None = None) -> int:
         """Block until more than `offset` bytes have arrived, or the body is complete.
 
-        Returns the bytes available (== `offset` only when complete); raises
+        Returns where the bytes available from `offset` end (== `offset` only
+        when complete): the prefix, or during a parallel fetch the run of
+        bytes on disk from `offset`, whose slices up to `until` are then
+        fetched first. Raises
         FillAborted if the fill failed before the body was complete, so a
         client mid-stream sees a broken connection, not a short body.
 
@@ -208,11 +231,16 @@ class Fill:
         """
         if reader is not None:
             self._advance(reader, offset)
+        asked = False
         while True:
-            if self.written > offset or self.complete:
+            available = self._available(offset)
+            if available > offset or self.complete:
                 if reader is not None and self._spilled_at is not None:
                     return min(self.written, offset + max(1, self._window // 4))
-                return self.written
+                return max(available, self.written) if self.complete else available
+            if self.wanted is not None and not asked:
+                self.wanted(offset, until if until is not None and until > offset else offset + 1)
+                asked = True
             if self.error is not None:
                 raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
             await self._progress.wait()
@@ -329,17 +357,55 @@ class Fill:
         StoreUnwritable when the store could not write it, and Superseded
         when `superseded()` says a write made it obsolete.
         """
+        async def receive() -> None:
+            await self._stream(chunks, store=store, on_bytes=on_bytes)
+
+        return await self._run(receive, store=store, meta=meta, superseded=superseded)
+
+    async def run_ranged(self, fetch: Callable[["Fill"], Awaitable[None]],
+                         fallback: Callable[[int], AsyncIterator[bytes]], *, store: Store, meta: Meta,
+                         on_bytes: Callable[[int], None] | None = None,
+                         superseded: Callable[[], bool] = lambda: False) -> Meta:
+        """Like `run`, for a body that `fetch` writes in parallel ranges into
+        their places in the temp file, reporting the contiguous prefix with
+        `advance`. If `fetch` gives up (RangesAbandoned), the rest comes from
+        `fallback(prefix)`, one plain stream of the bytes from `prefix` on,
+        received as `run` receives a body (so a full disk still streams)."""
+        async def receive() -> None:
+            try:
+                await fetch(self)
+            except RangesAbandoned as e:
+                # From here only the prefix counts: the plain stream rewrites what lies beyond it.
+                self.coverage = self.wanted = None
+                log.warning("parallel_fill_abandoned", key=self.key, url=self.url, at=self._received, reason=str(e))
+                await self._stream(fallback(self._received), store=store, on_bytes=on_bytes)
+
+        return await self._run(receive, store=store, meta=meta, superseded=superseded)
+
+    def advance(self, prefix: int) -> None:
+        """Bytes [0, prefix) are on disk, and maybe more beyond (`coverage`):
+        written in place by a parallel fetch. Readers anywhere may go on."""
+        if prefix > self._received:
+            self._received = self.temp.written = prefix
+        self._notify()
+
+    async def _stream(self, chunks: AsyncIterator[bytes], *, store: Store,
+                      on_bytes: Callable[[int], None] | None) -> None:
+        async for chunk in chunks:
+            if not chunk:
+                continue
+            await self._take(store, chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+            self._notify()
+            if self._spilled_at is not None:
+                await self._wait_for_room()
+
+    async def _run(self, receive: Callable[[], Awaitable[None]], *, store: Store, meta: Meta,
+                   superseded: Callable[[], bool]) -> Meta:
         self.url = meta.url
         try:
-            async for chunk in chunks:
-                if not chunk:
-                    continue
-                await self._take(store, chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-                self._notify()
-                if self._spilled_at is not None:
-                    await self._wait_for_room()
+            await receive()
             if self.length is not None and self.written != self.length:
                 raise FillAborted(
                     f"origin {self.url} sent {self.written} of {self.length} bytes for {self.key}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -28,6 +28,7 @@ from multidict import CIMultiDict
 from cachenode.access import access
 from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
+from cachenode.ranged import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.headers import Pairs
@@ -616,7 +617,7 @@ class CacheNode:
                 return outcome, response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
-                                          source=source, vary=names)
+                                          source=source, vary=names, origin=origin)
             response = None  # the fill owns it now
             outcome = Outcome(Kind.STREAMING, fill=fill)
             flight.resolve(outcome)
@@ -630,7 +631,7 @@ class CacheNode:
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                           host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
-                          target: Target, source: Source, vary: tuple[str, ...]) -> Fill:
+                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin) -> Fill:
         length = response.content_length
         try:
             temp = await self.store.new_temp()
@@ -664,14 +665,28 @@ class CacheNode:
                 from_origin.inc(n)
                 self._count(host, bytes_from_origin=n, metrics=False)
 
+        ranged = None
+        if source.peer is None and not fill.delimited_by_close:
+            streams = origin.fill_streams or self.settings.fill_streams
+            validator = parallel_validator(
+                response.status, response.headers, length, streams=streams,
+                threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+            if validator is not None:
+                ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams)
+
         async def work() -> Meta:
             started = time.monotonic()
             # A copy from a peer that freezes mid-body fails within seconds, not
             # after the read timeout (the origin is not probed: it has no /healthz).
             watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
             try:
-                stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes,
-                                        superseded=lambda: flight.superseded)
+                if ranged is not None:
+                    fetch, fallback = ranged
+                    stored = await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
+                                                   superseded=lambda: flight.superseded)
+                else:
+                    stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes,
+                                            superseded=lambda: flight.superseded)
             except NotStored:
                 raise  # streamed whole to its clients, only not stored: not a failed fill
             except NezhaError:
@@ -695,6 +710,25 @@ class CacheNode:
 
         self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
         return fill
+
+    def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
+                      on_bytes: Callable[[int], None], *, streams: int):
+        """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/ranged.py)."""
+        async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+            return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+
+        async def write_at(offset: int, data: memoryview) -> None:
+            await self.store.write_at(fill.temp, offset, data)
+
+        fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
+                            length=fill.length or 0, streams=streams, write_at=write_at,
+                            chunk_size=self.settings.chunk_size, on_bytes=on_bytes)
+
+        def fallback(offset: int) -> AsyncIterator[bytes]:
+            return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
+                              chunk_size=self.settings.chunk_size, what=source.what)
+
+        return fetch, fallback
 
     def _revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
                          source: Source) -> None:

@@ -316,18 +316,19 @@ class Responder:
             try:
                 await resp.prepare(request)
                 while end is None or offset < end:
-                    available = await fill.wait_beyond(offset, reader=f)
+                    available = await fill.wait_beyond(offset, reader=f, until=end)
                     if end is not None:
                         available = min(available, end)
                     if available <= offset:
                         break  # unknown length and the body is complete
-                    if offset >= fill.on_disk:
+                    if fill.spilled and offset >= fill.on_disk:
                         # The store could not write: the fill hands these bytes over from memory.
                         data = fill.from_memory(f, offset, available)
                         await resp.write(data)
                         offset += len(data)
                         continue
-                    available = min(available, fill.on_disk)
+                    if fill.spilled:
+                        available = min(available, fill.on_disk)
                     await self.send_file(request, resp, f, offset, available - offset)
                     offset = available
             except ClientGone as e:

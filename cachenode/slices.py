@@ -38,6 +38,7 @@ class Plan:
         self.slices = [Slice(s, min(s + slice_size, total), s) for s in range(0, total, slice_size)]
         self._claimed: set[int] = set()  # ids of slices handed to a stream
         self._front = 0  # index of the first slice not done: the prefix ends in it
+        self._wanted: list[tuple[int, int]] = []  # byte ranges clients wait for, beyond the prefix
 
     def claim_first(self) -> Slice:
         """Slice 0, for the stream that is already reading the object from its start."""
@@ -45,14 +46,46 @@ class Plan:
         self._claimed.add(id(first))
         return first
 
+    def want(self, first: int, end: int) -> None:
+        """A client waits for bytes [first, end): the slices holding them go first."""
+        self._wanted.append((first, end))
+
+    def next_wanted(self) -> Slice | None:
+        """An unclaimed slice holding bytes a client waits for, or None."""
+        for first, end in self._wanted:
+            for s in self.slices[self._front:]:
+                if s.start < end and first < s.end and id(s) not in self._claimed:
+                    self._claimed.add(id(s))
+                    return s
+        return None
+
     def next(self) -> Slice | None:
-        """The work for a stream that is free: the first unclaimed slice, else a
-        stolen back half of the slowest, else None (the stream may stop)."""
+        """The work for a stream that is free: an unclaimed slice a client waits
+        for, else the first unclaimed slice, else a stolen back half of the
+        slowest, else None (the stream may stop)."""
+        wanted = self.next_wanted()
+        if wanted is not None:
+            return wanted
         for s in self.slices[self._front:]:
             if id(s) not in self._claimed:
                 self._claimed.add(id(s))
                 return s
         return self._steal()
+
+    def covered_until(self, offset: int) -> int:
+        """Where the bytes on disk from `offset` on stop being contiguous (`offset` if it is not on disk)."""
+        if offset < self.prefix:
+            return self.prefix
+        reach = offset
+        for s in self.slices[self._front:]:
+            if s.end <= reach:
+                continue
+            if s.start > reach or s.pos <= reach:
+                break
+            reach = s.pos
+            if not s.done:
+                break
+        return reach
 
     def _steal(self) -> Slice | None:
         busy = [s for s in self.slices[self._front:] if not s.done]

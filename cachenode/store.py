@@ -444,6 +444,24 @@ class Store:
         except OSError as e:
             raise StoreError(f"write {temp.path}: {e}") from e
 
+    async def write_at(self, temp: TempObject, offset: int, data: bytes | memoryview) -> None:
+        """Write `data` at `offset` of the temp file (a parallel fill's range);
+        `temp.written` is the fill's to set, as the contiguous prefix grows."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+
+        def _write() -> None:
+            view = memoryview(data)
+            at = offset
+            while view:
+                n = os.pwrite(temp.fd, view, at)
+                at += n
+                view = view[n:]
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _write)
+        except OSError as e:
+            raise StoreError(f"write {temp.path} at {offset}: {e}") from e
+
     async def discard(self, temp: TempObject) -> None:
         """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""
         self.release(temp.reserved)

@@ -93,6 +93,22 @@ class Origin(BaseModel):
     # (cachenode/freshness.py HEURISTIC_TTL), those without are revalidated.
     default_ttl: float | None = None
     volatile_params: tuple[str, ...] = ()
+    # Parallel range fills of this origin's large objects (cachenode/ranged.py);
+    # unset: the node's fill_streams and parallel_fill_threshold.
+    fill_streams: int | None = None
+    parallel_fill_threshold: int | None = None
+
+    @field_validator("parallel_fill_threshold", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        return None if v is None else parse_size(v)
+
+    @field_validator("fill_streams")
+    @classmethod
+    def _streams(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 64:
+            raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
+        return v
 
     @field_validator("host")
     @classmethod
@@ -210,6 +226,12 @@ class CacheSettings(_Base):
     cluster_token: str | None = Field(default=None, repr=False)
     stats_flush_interval: float = 1.0
     ring_refresh_interval: float = 5.0
+    # A cold fill of an object at least `parallel_fill_threshold` bytes, from
+    # an origin that offers byte ranges and a strong validator, fetches
+    # `fill_streams` ranges at once (cachenode/ranged.py); 1 turns it off.
+    # Per origin in its `origins` entry.
+    fill_streams: int = 8
+    parallel_fill_threshold: int = 64 * 1024 * 1024
     # A client gets this long from its first byte (or from connecting) to
     # send a complete request head, then 408; trickled heads cannot hold a
     # descriptor for the hour an idle keep-alive connection may stay.
@@ -229,6 +251,18 @@ class CacheSettings(_Base):
     @classmethod
     def _capacity(cls, v: Any) -> Any:
         return None if v in (None, "", "0", 0) else parse_size(v)
+
+    @field_validator("parallel_fill_threshold", mode="before")
+    @classmethod
+    def _fill_threshold(cls, v: Any) -> Any:
+        return parse_size(v)
+
+    @field_validator("fill_streams")
+    @classmethod
+    def _fill_streams(cls, v: int) -> int:
+        if not 1 <= v <= 64:
+            raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
+        return v
 
     @field_validator("listen", "advertise")
     @classmethod

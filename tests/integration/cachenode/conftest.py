@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import resource
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import pytest
 from cachenode.app import Listener, build_node
 from cachenode.keys import cache_key, parse_target
 from nezha.config import CacheSettings, Origin
+from tests.conftest import free_port
 
 HOST = "www.cs.toronto.edu"
 
@@ -298,3 +304,66 @@ def header_line(head: bytes, name: bytes) -> bytes | None:
         if sep and key.lower() == name.lower():
             return value.strip()
     return None
+
+
+class NodeProcess:
+    """`nezha cache` as a process on 127.0.0.1 with its own open-files limit; stdout in a file."""
+
+    def __init__(self, tmp_path: Path, origin_url: str, *, nofile: tuple[int, int] = (4096, 4096),
+                 args: tuple[str, ...] = (), port: int | None = None):
+        self.port = port or free_port()
+        self.out = tmp_path / f"node-{self.port}-{time.monotonic_ns()}.out"
+        self.err = self.out.with_suffix(".err")
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
+                 "--data-dir", str(tmp_path / "data"), "--origin", f"{HOST}={origin_url}", *args],
+                stdout=out, stderr=err, preexec_fn=limit)
+
+    async def ready(self, session: aiohttp.ClientSession) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.err.read_text()
+            try:
+                async with session.get(f"http://127.0.0.1:{self.port}/healthz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError("node did not come up")
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def node_process(tmp_path):
+    started: list[NodeProcess] = []
+
+    def start(origin_url: str, **kwargs) -> NodeProcess:
+        node = NodeProcess(tmp_path, origin_url, **kwargs)
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()

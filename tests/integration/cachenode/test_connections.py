@@ -16,19 +16,11 @@ second:
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
-import resource
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import aiohttp
 import pytest
 
-from tests.conftest import free_port
 from tests.integration.cachenode.conftest import HOST, exchange, header_line, read_response, until
 
 PATH = "/d/object.bin"
@@ -254,68 +246,6 @@ async def test_a_client_that_pipelines_heads_without_reading_holds_a_bounded_bac
 
 
 # -- a node process: descriptor limits, memory and log lines under floods ------------------
-
-class NodeProcess:
-    """`nezha cache` as a process on 127.0.0.1 with its own open-files limit; stdout in a file."""
-
-    def __init__(self, tmp_path: Path, origin_url: str, *, nofile: tuple[int, int], args: tuple[str, ...] = ()):
-        self.port = free_port()
-        self.out = tmp_path / "node.out"
-        self.err = tmp_path / "node.err"
-
-        def limit() -> None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
-
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
-                 "--data-dir", str(tmp_path / "data"), "--origin", f"{HOST}={origin_url}", *args],
-                stdout=out, stderr=err, preexec_fn=limit)
-
-    async def ready(self, session: aiohttp.ClientSession) -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.err.read_text()
-            try:
-                async with session.get(f"http://127.0.0.1:{self.port}/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError("node did not come up")
-
-    def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def node_process(tmp_path):
-    started: list[NodeProcess] = []
-
-    def start(origin_url: str, **kwargs) -> NodeProcess:
-        node = NodeProcess(tmp_path, origin_url, **kwargs)
-        started.append(node)
-        return node
-
-    yield start
-    for node in started:
-        node.stop()
-
 
 async def test_300_trickling_clients_under_a_256_descriptor_limit_leave_room_for_a_real_client(
         origin, node_process, session):

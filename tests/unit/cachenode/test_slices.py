@@ -81,3 +81,25 @@ def test_every_byte_is_covered_exactly_once_whatever_the_order_of_progress(total
     written.sort()
     assert written[0][0] == 0 and written[-1][1] == total
     assert all(a[1] == b[0] for a, b in zip(written, written[1:]))  # no gap, no overlap
+
+
+def test_slices_a_client_waits_for_go_before_the_front():
+    plan = Plan(20 * MiB, 2 * MiB)
+    plan.claim_first()
+    plan.want(13 * MiB, 15 * MiB)
+    assert [plan.next().start for _ in range(3)] == [12 * MiB, 14 * MiB, 2 * MiB]
+
+
+def test_coverage_beyond_the_prefix_is_the_contiguous_run_from_an_offset():
+    plan = Plan(8 * MiB, 2 * MiB)
+    a = plan.claim_first()
+    b, c, d = plan.next(), plan.next(), plan.next()
+    plan.advance(c, 2 * MiB)
+    plan.advance(d, MiB)
+    assert plan.covered_until(4 * MiB + 10) == 7 * MiB  # through c, into d
+    assert plan.covered_until(7 * MiB) == 7 * MiB  # not on disk yet
+    assert plan.covered_until(2 * MiB) == 2 * MiB and plan.prefix == 0
+    plan.advance(a, 2 * MiB)
+    assert plan.covered_until(MiB) == 2 * MiB
+    plan.advance(b, 2 * MiB)
+    assert plan.covered_until(0) == 7 * MiB
