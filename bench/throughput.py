@@ -15,8 +15,13 @@ One run on this machine measures:
 - the cold ratio: cold through the cache / direct, both from the origin
   throttled per connection (--rate, 20 MB/s by default) - what a training
   job sees the first time, where the node must add nothing;
+- cold_parallel: a cold fill from an origin throttled per connection that
+  answers Range (as S3 and GCS do; 256 MiB, 128 with --quick) ÷ one direct
+  stream from it: the parallel range fill (docs/cache-node.md);
+- cold_fast: the cold fill from the unthrottled origin ÷ direct, and the
+  node's CPU seconds per GiB it filled;
 - the node's peak RSS (its process tree, psutil, every 50 ms) during the
-  cold fill and the warm large transfers.
+  cold fills and the warm large transfers.
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
 (counted from its process tree, 1 today), sendfile on, access log off.
@@ -25,6 +30,8 @@ Cache and nginx runs alternate so that drift on a shared machine hits both.
 The last line is machine-readable:
 
     ratios: large=<cache/nginx MB/s> small=<cache/nginx req/s> cold=<cold/direct> rss_mb=<peak>
+            cold_fast=<cold/direct, fast origin> cold_parallel=<cold/one stream, ranged origin>
+            fill_cpu_s_per_gib=<node CPU seconds per GiB of a fast cold fill>
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -64,6 +71,7 @@ from nezha.localorigin import LocalOrigin  # noqa: E402
 
 HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream
 SLOW_HOST = "slow.nezha.test"  # the same folder, throttled per connection
+RANGED_HOST = "ranged.nezha.test"  # throttled per connection too, and answering Range (as S3, GCS do)
 NGINX = "/usr/sbin/nginx"
 WRK = "/usr/bin/wrk"
 CURL = "/usr/bin/curl"
@@ -89,6 +97,7 @@ class Plan:
     cold_bytes: int | None  # None: the large object itself
     cold_runs: int
     rate: float
+    parallel_bytes: int
 
 
 def plan(args: argparse.Namespace) -> Plan:
@@ -104,6 +113,7 @@ def plan(args: argparse.Namespace) -> Plan:
         cold_bytes=64 * MiB if quick else None,
         cold_runs=2 if quick else 1,
         rate=args.rate,
+        parallel_bytes=128 * MiB if quick else 256 * MiB,
     )
 
 
@@ -264,7 +274,8 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self.tree_rss())
-        self.cpu_percent = 100 * (self.tree_cpu() - self._cpu0) / max(1e-9, time.monotonic() - self._t0)
+        self.cpu_seconds = self.tree_cpu() - self._cpu0
+        self.cpu_percent = 100 * self.cpu_seconds / max(1e-9, time.monotonic() - self._t0)
 
 
 # -- data --------------------------------------------------------------------------
@@ -294,6 +305,10 @@ class Dataset:
     cold_direct: str
     cold_bytes: int
     profile_cold: list[str]  # fresh names of the large object, for a profiled cold fill
+    parallel_direct: str  # one object under two names: fetched directly, and cold through the cache
+    parallel_cold: str
+    parallel_bytes: int
+    parallel_sha256: str
 
 
 def make_dataset(root: Path, p: Plan) -> Dataset:
@@ -316,9 +331,12 @@ def make_dataset(root: Path, p: Plan) -> Dataset:
         os.link(base, root / "cold" / f"c{i}.bin")
         cold.append(f"/cold/c{i}.bin")
     os.link(root / "large.bin", root / "cold" / "profile.bin")
+    parallel_sha = write_random(root / "par" / "direct.bin", p.parallel_bytes)
+    os.link(root / "par" / "direct.bin", root / "par" / "cold.bin")
     return Dataset(root=root, large="/large.bin", large_bytes=p.large_bytes, large_sha256=large_sha,
                    small=small, cold=cold, cold_direct="/" + base.name, cold_bytes=cold_bytes,
-                   profile_cold=["/cold/profile.bin"])
+                   profile_cold=["/cold/profile.bin"], parallel_direct="/par/direct.bin",
+                   parallel_cold="/par/cold.bin", parallel_bytes=p.parallel_bytes, parallel_sha256=parallel_sha)
 
 
 # -- clients -------------------------------------------------------------------------
@@ -628,11 +646,13 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
 
     fast = LocalOrigin(data.root)
     slow = LocalOrigin(data.root, rate=p.rate)
+    ranged = LocalOrigin(data.root, rate=p.rate, ranges=True)
     fast_url = await fast.start()
     slow_url = await slow.start()
+    ranged_url = await ranged.start()
     try:
         node = Node(children, work)
-        await node.start(origins={HOST: fast_url, SLOW_HOST: slow_url})
+        await node.start(origins={HOST: fast_url, SLOW_HOST: slow_url, RANGED_HOST: ranged_url})
         workers = node.workers()
         nginx = Nginx(children, work)
         await nginx.start(upstream=fast_url, workers=workers)
@@ -657,7 +677,9 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             await node.settled()
         expect_header(cold, "X-Nezha-Cache", "miss", what="first large GET through the cache")
         rss["cold_fill_fast"] = s.peak
-        res.add("large cold through cache (origin not throttled)", f"{cold.mbps:.0f} MB/s", s.cpu_percent, "1 run")
+        fill_cpu = s.cpu_seconds / (size / (1 << 30))
+        res.add("large cold through cache (origin not throttled)", f"{cold.mbps:.0f} MB/s", s.cpu_percent,
+                f"1 run; node {fill_cpu:.2f} CPU s per GiB filled")
 
         prime = await curl(children, nginx.url + data.large, host=HOST, expect_bytes=size)
         expect_header(prime, "X-Nginx-Cache", "MISS", what="first large GET through nginx")
@@ -744,17 +766,38 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         res.add("throttled direct from origin", f"{median_mbps(cold_direct):.2f} MB/s", None, spread_fine(cold_direct))
         res.add("throttled cold through cache", f"{median_mbps(cold_cache):.2f} MB/s", None, spread_fine(cold_cache))
 
+        # -- cold, throttled origin that answers ranges: parallel fills ---------------------
+        say(f"cold parallel: origin throttled to {p.rate / 1e6:g} MB/s per connection, answering Range, "
+            f"{data.parallel_bytes / MiB:.0f} MiB:")
+        par_direct = await curl(children, ranged_url + data.parallel_direct, host=RANGED_HOST,
+                                expect_bytes=data.parallel_bytes)
+        with Sampler(node_pid) as s:
+            par_cold = await curl(children, node.url + data.parallel_cold, host=RANGED_HOST,
+                                  expect_bytes=data.parallel_bytes)
+            await node.settled()
+        expect_header(par_cold, "X-Nezha-Cache", "miss", what="cold GET from the ranged origin")
+        rss["cold_fill_parallel"] = s.peak
+        digest = await curl_sha256(children, node.url + data.parallel_cold, host=RANGED_HOST)
+        if digest != data.parallel_sha256:
+            raise BenchError(f"parallel fill: sha256 {digest[:16]}... != origin {data.parallel_sha256[:16]}...")
+        res.add("ranged origin, direct (one stream)", f"{par_direct.mbps:.2f} MB/s", None, "1 run")
+        res.add("ranged origin, cold through cache (parallel)", f"{par_cold.mbps:.2f} MB/s", s.cpu_percent,
+                f"1 run; {ranged.gets} GETs at the origin")
+
         if args.profile:
             await profile_node(args.profile, children, node=node, data=data, script=script, p=p)
     finally:
         await children.stop_all()  # clients first, so no origin handler sees a reset
         await fast.stop()
         await slow.stop()
+        await ranged.stop()
 
     large_ratio = median_mbps(warm_cache) / median_mbps(warm_nginx)
     small_ratio = cache_rps / nginx_rps
     cold_ratio = median_mbps(cold_cache) / median_mbps(cold_direct)
-    peak = max(rss["cold_fill_fast"], rss["warm_large"], rss["cold_fill_throttled"])
+    cold_fast = cold.mbps / median_mbps(direct)
+    cold_parallel = par_cold.mbps / par_direct.mbps
+    peak = max(rss["cold_fill_fast"], rss["warm_large"], rss["cold_fill_throttled"], rss["cold_fill_parallel"])
     elapsed = time.monotonic() - started
 
     def verdict(ok: bool) -> str:
@@ -773,13 +816,17 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         "  cache node peak RSS (process tree, sampled every 50 ms):",
         f"    idle {rss['idle'] / MiB:.1f} MiB; cold fill (fast origin) {rss['cold_fill_fast'] / MiB:.1f} MiB; "
         f"warm large {rss['warm_large'] / MiB:.1f} MiB; cold fill (throttled) "
-        f"{rss['cold_fill_throttled'] / MiB:.1f} MiB; small {rss['small'] / MiB:.1f} MiB",
+        f"{rss['cold_fill_throttled'] / MiB:.1f} MiB; cold fill (parallel) {rss['cold_fill_parallel'] / MiB:.1f} MiB; "
+        f"small {rss['small'] / MiB:.1f} MiB",
         "",
         f"  large  warm cache / warm nginx       {large_ratio:6.3f}  target >= 0.9   {verdict(large_ratio >= 0.9)}",
         f"  small  warm cache / warm nginx       {small_ratio:6.3f}  target >= 0.5   {verdict(small_ratio >= 0.5)}",
         f"  cold   cold cache / direct, throttled {cold_ratio:6.3f}  target >= 0.95  {verdict(cold_ratio >= 0.95)}",
+        f"  cold_fast cold cache / direct, fast  {cold_fast:6.3f}  target >= 0.7   {verdict(cold_fast >= 0.7)}",
+        f"  cold_parallel cold / one stream      {cold_parallel:6.3f}  target >= 4.0   {verdict(cold_parallel >= 4.0)}",
         f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
-        f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f}",
+        f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
+        f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f}",
     ]
     return "\n".join(lines)
 

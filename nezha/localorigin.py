@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 from aiohttp import web
 
 
 class LocalOrigin:
-    def __init__(self, root: Path, *, rate: float | None = None, chunk: int = 64 * 1024) -> None:
+    """`ranges`: the throttled origin also answers `Range: bytes=a-b` (under
+    If-Range), limited per connection like S3 or GCS, so parallel fills can
+    be measured against it; the demo keeps the plain one-stream host it
+    imitates. Unthrottled, aiohttp's FileResponse always answers ranges."""
+
+    def __init__(self, root: Path, *, rate: float | None = None, chunk: int = 64 * 1024,
+                 ranges: bool = False) -> None:
         self.root = Path(root).resolve()
         self.rate = rate
         self.chunk = chunk
+        self.ranges = ranges
         self.gets = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -45,12 +53,21 @@ class LocalOrigin:
             self.gets += 1
         if not self.rate:
             return web.FileResponse(path)
-        size = path.stat().st_size
-        resp = web.StreamResponse()
-        resp.content_length = size
-        resp.content_type = "application/octet-stream"
         st = path.stat()
-        resp.headers["ETag"] = f'"{st.st_mtime_ns:x}-{size:x}"'
+        size = st.st_size
+        etag = f'"{st.st_mtime_ns:x}-{size:x}"'
+        resp = web.StreamResponse()
+        first, last = 0, size - 1
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", request.headers.get("Range", "")) if self.ranges else None
+        if wanted and request.headers.get("If-Range", etag) == etag and int(wanted.group(1)) < size:
+            first, last = int(wanted.group(1)), min(int(wanted.group(2) or last), last)
+            resp.set_status(206)
+            resp.headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        if self.ranges:
+            resp.headers["Accept-Ranges"] = "bytes"
+        resp.content_length = last + 1 - first
+        resp.content_type = "application/octet-stream"
+        resp.headers["ETag"] = etag
         resp.last_modified = st.st_mtime
         await resp.prepare(request)
         if request.method == "HEAD":
@@ -60,8 +77,9 @@ class LocalOrigin:
         start = loop.time()
         sent = 0
         with open(path, "rb") as f:
-            while sent < size:
-                data = await loop.run_in_executor(None, os.pread, f.fileno(), step, sent)
+            while sent < last + 1 - first:
+                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(step, last + 1 - first - sent),
+                                                  first + sent)
                 await resp.write(data)
                 sent += len(data)
                 ahead = sent / self.rate - (loop.time() - start)
