@@ -219,8 +219,8 @@ class Fill:
 
         Returns where the bytes available from `offset` end (== `offset` only
         when complete): the prefix, or during a parallel fetch the run of
-        bytes on disk from `offset`, whose slices up to `until` are then
-        fetched first. Raises
+        bytes on disk from `offset`, whose slice is then fetched first.
+        `until` is where the reader stops (unused yet). Raises
         FillAborted if the fill failed before the body was complete, so a
         client mid-stream sees a broken connection, not a short body.
 
@@ -238,8 +238,10 @@ class Fill:
                 if reader is not None and self._spilled_at is not None:
                     return min(self.written, offset + max(1, self._window // 4))
                 return max(available, self.written) if self.complete else available
-            if self.wanted is not None and not asked:
-                self.wanted(offset, until if until is not None and until > offset else offset + 1)
+            if self.wanted is not None and not asked and offset > self._received:
+                # Beyond the prefix (a Range in the middle): the slice holding
+                # `offset` goes first. At the prefix, front-first order serves.
+                self.wanted(offset, offset + 1)
                 asked = True
             if self.error is not None:
                 raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error

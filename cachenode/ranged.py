@@ -117,6 +117,7 @@ class RangedFetch:
         self.requests = 1  # the first answer's
         self._tasks: set[asyncio.Task] = set()
         self._fill: Fill | None = None
+        self._extra: asyncio.Task | None = None
 
     async def __call__(self, fill: Fill) -> None:
         self._fill = fill
@@ -148,8 +149,10 @@ class RangedFetch:
         of their own if no stream is free, so it is answered without waiting
         for the front of the object."""
         self.plan.want(first, end)
-        if any(not t.done() for t in self._tasks):
-            self._tasks.add(asyncio.create_task(self._stream(self._fill, wanted_only=True)))
+        if any(not t.done() for t in self._tasks) and (self._extra is None or self._extra.done()):
+            # One stream beyond `streams`, at most, and only while clients wait in the middle.
+            self._extra = asyncio.create_task(self._stream(self._fill, wanted_only=True))
+            self._tasks.add(self._extra)
 
     async def _first_stream(self, fill: Fill) -> None:
         """The answer that showed the object's size reads its first slice, then

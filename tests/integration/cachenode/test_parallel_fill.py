@@ -51,6 +51,8 @@ class ParallelOrigin:
         self.sent = 0
         self.plain = 0
         self.ranges: list[str] = []
+        self.active = 0  # answers being sent now, and the most at once
+        self.peak = 0
         self.url = ""
 
     def app(self) -> web.Application:
@@ -80,6 +82,8 @@ class ParallelOrigin:
         rate = self.rate if status == 206 or self.first_rate is None else self.first_rate
         step = max(16 * 1024, int(rate / 50)) if rate else 256 * 1024
         began = time.monotonic()
+        self.active += 1
+        self.peak = max(self.peak, self.active)
         try:
             for i in range(start, end + 1, step):
                 chunk = body[i:min(i + step, end + 1)]
@@ -92,6 +96,8 @@ class ParallelOrigin:
             await resp.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the node closed a range it no longer needs
+        finally:
+            self.active -= 1
         return resp
 
 
@@ -138,6 +144,7 @@ async def test_a_cold_fill_from_a_per_connection_throttled_origin_beats_one_stre
     assert direct / cold >= 3.0, f"direct {direct:.2f}s, cold through the cache {cold:.2f}s"
     await node.node.settled()
     assert len(origin.ranges) >= 8
+    assert origin.peak <= 8, f"{origin.peak} answers at once for --fill-streams 8"
     status, got, _, headers = await download(node.url + "/big.bin", host=HOST)
     assert headers["X-Nezha-Cache"] == "hit" and got == digest
 
