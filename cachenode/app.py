@@ -19,6 +19,7 @@ from cachenode.store import Store
 from nezha.config import CacheSettings
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
+from nezha.logs import flush_repeats
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -151,3 +152,4 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     finally:
         log.info("node_stopping", listen=settings.listen)
         await listener.close()
+        flush_repeats()

@@ -273,3 +273,26 @@ async def test_the_node_raises_its_soft_open_files_limit_to_the_hard_one(origin,
     [listening] = [e for e in node.events() if e["event"] == "node_listening"]
     assert listening["open_files"] == 4096
     assert listening["max_connections"] == (4096 - 64) // 2
+
+
+async def test_a_pipelined_flood_of_heads_costs_bounded_memory_and_few_log_lines(origin, node_process, session):
+    origin.put(PATH, BODY)
+    node = node_process(origin.url, nofile=(4096, 4096))
+    await node.ready(session)
+    await served_within_a_second(node.port)
+    await served_within_a_second(node.port)
+    before = node.rss_kib()
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.port)
+    requests = 200_000
+    flood = get(method="HEAD") * requests  # 10 MB of requests, about 80 MB of answers
+    writer.write(flood)
+    await asyncio.sleep(2.0)  # the node answers until the unread answers pause it
+    await served_within_a_second(node.port)
+    peak = node.rss_kib()
+    for _ in range(requests):
+        head, _ = await asyncio.wait_for(read_response(reader, method="HEAD"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200 ")
+    writer.close()
+    assert peak - before < 32 * 1024, f"RSS grew {peak - before} KiB"
+    lines = node.out.read_text().count("\n")
+    assert lines < 1000, f"{lines} log lines for one client's flood"
