@@ -321,7 +321,8 @@ class Fill:
         while self._positions and self._received - self._needed_from() > self._window:
             room = self._room
             try:
-                await asyncio.wait_for(room.wait(), self._patience)
+                async with asyncio.timeout(self._patience):  # not wait_for: it can swallow a cancel
+                    await room.wait()
             except asyncio.TimeoutError:
                 slowest = min(self._positions.values())
                 if all(p == slowest for p in self._positions.values()):

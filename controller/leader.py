@@ -90,7 +90,8 @@ class LeaderElector:
         """Forever: try to take or renew the Lease every retry period."""
         while True:
             try:
-                await asyncio.wait_for(self.try_once(), timeout=self.retry_period * 2)
+                async with asyncio.timeout(self.retry_period * 2):  # not wait_for: it can swallow a cancel
+                    await self.try_once()
             except (ApiException, asyncio.TimeoutError, OSError, ValueError) as e:
                 log.warning("lease_attempt_failed", lease=self.name, error=f"{type(e).__name__}: {str(e)[:200]}")
             except Exception as e:  # noqa: BLE001 - an aiohttp error, Redis down: try again next period

@@ -178,8 +178,12 @@ class Controller:
         while True:
             self.loop_at = self._clock()
             try:
-                await asyncio.wait_for(self._wake.wait(), RESYNC)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+                # cancellation that lands as the event is set, and this loop
+                # then outlived SIGTERM (seen as a hung controller in CI runs).
+                async with asyncio.timeout(RESYNC):
+                    await self._wake.wait()
+            except TimeoutError:
                 self.written = None  # look at Redis again
             await asyncio.sleep(self.settings.batch_window)
             self._wake.clear()

@@ -37,7 +37,7 @@ class CollapseRepeats:
         self._render = render
         self.window = window
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler that logs may interrupt a holder
         self._key: tuple | None = None
         self._printed_at = 0.0
         self._dropped = 0

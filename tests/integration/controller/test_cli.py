@@ -171,3 +171,21 @@ async def test_health_fails_when_the_reconcile_loop_stops_going_round(cluster, r
         controller.loop_at -= 61.0  # as if the loop had not come back for a minute
         r = await http.get("/healthz")
         assert r.status == 503 and "has not run for" in (await r.json())["why"]
+
+
+async def test_a_stop_that_lands_as_the_loop_is_woken_still_stops_it(cluster, run_controller):
+    """On Python 3.11, asyncio.wait_for returns the result of an inner wait that
+    completed in the same step as its cancellation, and drops the cancellation:
+    the reconcile loop then outlived SIGTERM (a flaky hang in CI)."""
+    await cluster.create(1)
+    await cluster.add_pod(0)
+    controller = await run_controller(elected=True)
+    await asyncio.sleep(0.5)
+    for _ in range(20):
+        await asyncio.sleep(0.05)
+        controller._wake.set()  # a change arrives ...
+        controller.test_task.cancel()  # ... in the same step as the stop
+        done, _ = await asyncio.wait({controller.test_task}, timeout=3)
+        if done:
+            break
+    assert controller.test_task.done(), "the controller ignored its cancellation"
