@@ -12,11 +12,12 @@ from aiohttp import web
 from cachenode.client_conn import ClientConnection
 from cachenode.connections import Gate, default_max_connections, raise_open_files_limit
 from cachenode.fastpath import FastPath
+from cachenode.tls_relay import TlsRelay, passthrough_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
-from nezha.config import CacheSettings
+from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
 from nezha.logs import flush_repeats
@@ -140,7 +141,23 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     except OSError as e:
         await listener.close()
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
-    log.info("node_listening", listen=settings.listen, data_dir=str(settings.data_dir),
+    relay = None
+    if settings.tls_listen is not None:
+        table = settings.origin_table
+
+        def target_for(name: str) -> tuple[str, int] | None:
+            origin = table.get(name)
+            return None if origin is None else passthrough_target(origin.host, origin.upstream)
+
+        relay = TlsRelay(target_for, hello_timeout=settings.request_head_timeout,
+                         connect_timeout=settings.origin_connect_timeout)
+        tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
+        try:
+            await relay.start(tls_host, tls_port)
+        except OSError as e:
+            await listener.close()
+            raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
+    log.info("node_listening", listen=settings.listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout)
@@ -151,5 +168,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
         await listener.node.leave()
     finally:
         log.info("node_stopping", listen=settings.listen)
+        if relay is not None:
+            await relay.close()
         await listener.close()
         flush_repeats()

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: --listen)")
     p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
                    "else 1")
+    p.add_argument("--tls-listen", help="HOST:PORT for TLS clients of aliased hosts (port 443 in a cluster): a "
+                   "connection whose server name (SNI) is a configured origin is passed untouched to the real "
+                   "host, any other is refused (default: none)")
     p.add_argument("--fill-streams", type=int, help="parallel range requests for a cold fill of a large object "
                    "(at least parallel_fill_threshold, default 64MiB) from an origin that offers ranges and a "
                    "strong validator; 1 fetches every object as one stream (default 8; per origin in --config)")
@@ -85,7 +88,7 @@ def run_cache(args: argparse.Namespace) -> int:
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
-               "replicas", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
+               "replicas", "tls_listen", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

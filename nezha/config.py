@@ -232,6 +232,10 @@ class CacheSettings(_Base):
     # Per origin in its `origins` entry.
     fill_streams: int = 8
     parallel_fill_threshold: int = 64 * 1024 * 1024
+    # HOST:PORT answering TLS (port 443 behind the chart's Service): for now a
+    # connection naming an origin (SNI) is relayed untouched to the real host
+    # (cachenode/tls_relay.py); unset: no TLS port.
+    tls_listen: str | None = None
     # A client gets this long from its first byte (or from connecting) to
     # send a complete request head, then 408; trickled heads cannot hold a
     # descriptor for the hour an idle keep-alive connection may stay.
@@ -264,7 +268,7 @@ class CacheSettings(_Base):
             raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
         return v
 
-    @field_validator("listen", "advertise")
+    @field_validator("listen", "advertise", "tls_listen")
     @classmethod
     def _hostport(cls, v: str | None, info: Any) -> str | None:
         if v is not None:

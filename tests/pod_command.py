@@ -31,8 +31,9 @@ def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
 
 
 async def run_pod_command(pod: dict, workdir: Path, *, options: tuple[str, ...] = (), timeout: float = 60,
-                          context: str = "") -> str:
-    """Run the pod's first container's command (wget here) in `workdir`; its output, or AssertionError."""
+                          context: str = "", env: dict[str, str] | None = None) -> str:
+    """Run the pod's first container's command (wget here) in `workdir`; its output, or AssertionError.
+    `env` is set on top of this machine's environment, as a container's own variables would be."""
     command = pod["spec"]["containers"][0]["command"]  # the pod's own command, unchanged
     program = require_tool(command[0])
     workdir.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ async def run_pod_command(pod: dict, workdir: Path, *, options: tuple[str, ...] 
     hosts.write_text(kubelet_hosts_file(pod))
     script = (f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && "
               f"{shlex.quote(program)} {' '.join(shlex.quote(a) for a in (*options, *command[1:]))}")
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env = {**{k: v for k, v in os.environ.items() if "proxy" not in k.lower()}, **(env or {})}
     log = workdir / "command.log"
     with open(log, "wb") as out:  # a file, not a pipe: nothing blocks on a full pipe
         proc = await asyncio.create_subprocess_exec(require_tool("unshare"), "-m", "sh", "-c", script, env=env,
