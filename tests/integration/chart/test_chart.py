@@ -249,6 +249,18 @@ def test_the_cache_statefulset_is_parallel_with_its_peer_service_and_a_claim_tem
     assert cache["clusterIP"] == "10.96.200.200" and cache["ports"][0]["port"] == 80
 
 
+def test_the_cache_service_answers_https_on_443_from_each_nodes_tls_port():
+    """An aliased host's https:// URL lands on the Service's 443; the node relays
+    it to the real host (docs/cache-node.md, "Port 443")."""
+    objects = render()
+    ports = {p["name"]: p for p in find(objects, "Service", "nezha-cache")["spec"]["ports"]}
+    assert (ports["http"]["port"], ports["http"]["targetPort"]) == (80, "http")
+    assert (ports["https"]["port"], ports["https"]["targetPort"]) == (443, "tls")
+    (c,) = find(objects, "StatefulSet", "nezha-cache")["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080, "tls": 8443}
+    assert "--tls-listen=$(POD_IP):8443" in c["args"]
+
+
 def test_node_identity_and_address_come_from_the_downward_api():
     sts = find(render(), "StatefulSet", "nezha-cache")
     (c,) = sts["spec"]["template"]["spec"]["containers"]
