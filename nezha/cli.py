@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nezha.cluster_cli",
     "webhook.cli",
     "controller.cli",
+    "nezha.ca_cli",
 )
 
 
