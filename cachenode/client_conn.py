@@ -28,7 +28,7 @@ import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from cachenode.connections import Gate, head_timeout_response
+from cachenode.connections import Gate, HeadTimer, head_timeout_response
 
 log = structlog.get_logger("nezha.connections")
 
@@ -38,7 +38,7 @@ class ClientConnection(RequestHandler):
         super().__init__(manager, **kwargs)
         self._gate = gate
         self._head_timeout = head_timeout
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
         self._eof_seen = False
         self._partial = False  # bytes received since the last complete request head
         self._since = time.monotonic()
@@ -110,16 +110,12 @@ class ClientConnection(RequestHandler):
 
     # -- the head timer ----------------------------------------------------------
     def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self._loop.call_later(self._head_timeout, self._head_timed_out)
+        self._head_timer.arm()
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_timer.disarm()
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self.transport is None:
             return
         if not self._parked():

@@ -20,8 +20,9 @@ The choice is pure (`choose_reclaim`); `Gate` applies it to live connections.
 
 from __future__ import annotations
 
+import asyncio
 import resource
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import structlog
 
@@ -116,3 +117,27 @@ class Gate:
 
     def leave(self, conn: Reclaimable) -> None:
         self.open.discard(conn)
+
+
+class HeadTimer:
+    """One connection's deadline for a complete request head: armed when a
+    head begins (or the connection opens), disarmed when one completes;
+    `expired` runs if it fires first."""
+
+    def __init__(self, seconds: float, expired: Callable[[], None]) -> None:
+        self.seconds = seconds
+        self._expired = expired
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.seconds, self._fire)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._expired()

@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 import structlog
 
-from cachenode.connections import BUSY_RESPONSE, Gate, head_timeout_response
+from cachenode.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.exact_head import encode_head
 from cachenode.serve import CACHE_HEADER, _sendfile_now
 from cachenode.store import Meta
@@ -149,7 +149,7 @@ class FastPath(asyncio.Protocol):
         self._eof = False
         self._write_paused = False
         self._refused = False
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
         self.last_active = self.waiting_since = time.monotonic()
 
     # -- asyncio.Protocol ----------------------------------------------------
@@ -255,16 +255,12 @@ class FastPath(asyncio.Protocol):
 
     # -- the head timer ----------------------------------------------------------
     def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = asyncio.get_running_loop().call_later(self._head_timeout, self._head_timed_out)
+        self._head_timer.arm()
 
     def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_timer.disarm()
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self.transport is None or self._serving is not None or self._write_paused:
             return  # answering: the next head is timed once that is done
         if self._buf:
