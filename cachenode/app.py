@@ -80,7 +80,7 @@ class Listener:
         limit = node.settings.max_connections
         if limit is None:
             limit = default_max_connections(open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        self.gate = Gate(limit)
+        self.gate = Gate(limit, metrics=node.metrics)
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self.host = ""
@@ -149,8 +149,10 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
             origin = table.get(name)
             return None if origin is None else passthrough_target(origin.host, origin.upstream)
 
+        tls_outcomes = listener.node.metrics.tls_connections
         relay = TlsRelay(target_for, hello_timeout=settings.request_head_timeout,
-                         connect_timeout=settings.origin_connect_timeout)
+                         connect_timeout=settings.origin_connect_timeout,
+                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc())
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
             await relay.start(tls_host, tls_port)

@@ -89,11 +89,12 @@ def choose_reclaim(connections: Iterable[Reclaimable]) -> Reclaimable | None:
 class Gate:
     """The node's client connections, at most `limit` of them."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, metrics=None) -> None:
         self.limit = limit
         self.open: set[Reclaimable] = set()
         self.reclaimed = 0
         self.refused = 0
+        self._metrics = metrics  # cachenode.metrics.Metrics, when a node's
 
     def admit(self, conn: Reclaimable) -> bool:
         """Count a new connection in; False if it must be answered 503 instead."""
@@ -101,11 +102,15 @@ class Gate:
             victim = choose_reclaim(self.open)
             if victim is None:
                 self.refused += 1
+                if self._metrics is not None:
+                    self._metrics.connections_refused.inc()
                 log.warning("connection_refused", open=len(self.open), limit=self.limit,
                             reason="every connection is answering a request")
                 return False
             self.open.discard(victim)
             self.reclaimed += 1
+            if self._metrics is not None:
+                self._metrics.connections_reclaimed.inc()
             log.info("connection_reclaimed", open=len(self.open), limit=self.limit)
             victim.reclaim()
         self.open.add(conn)

@@ -25,6 +25,14 @@ class Metrics:
         self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)
         self.stored_bytes = Gauge("nezha_stored_bytes", "Bytes of complete objects on disk", registry=r)
         self.stored_objects = Gauge("nezha_stored_objects", "Complete objects on disk", registry=r)
+        self.tls_connections = Counter("nezha_tls_connections", "Connections to the TLS port, by outcome: "
+                                       "relayed to the real host, refused (a name that is not an origin, no "
+                                       "name, not TLS), failed (the real host could not be reached)",
+                                       ["outcome"], registry=r)
+        self.connections_reclaimed = Counter("nezha_connections_reclaimed", "Idle or trickling client "
+                                             "connections closed at the connection cap", registry=r)
+        self.connections_refused = Counter("nezha_connections_refused", "Clients answered 503 at the connection "
+                                           "cap, every connection being busy", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,6 +29,19 @@ log = structlog.get_logger("nezha.tls")
 _CHUNK = 256 * 1024
 
 
+class _Counts(dict):
+    """Outcomes counted here and passed on (the node's Prometheus counter)."""
+
+    def __init__(self, on_outcome: Callable[[str], None] | None) -> None:
+        super().__init__(relayed=0, refused=0, failed=0)
+        self._on_outcome = on_outcome
+
+    def __setitem__(self, outcome: str, value: int) -> None:
+        super().__setitem__(outcome, value)
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+
 def passthrough_target(host: str, upstream: str) -> tuple[str, int]:
     """Where a TLS connection for origin `host` goes: the upstream's own host
     and port when it is https://, else the host's own port 443 (an http://
@@ -46,11 +59,11 @@ class TlsRelay:
     """
 
     def __init__(self, target_for: Callable[[str], tuple[str, int] | None], *, hello_timeout: float = 30.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None) -> None:
         self.target_for = target_for
         self.hello_timeout = hello_timeout
         self.connect_timeout = connect_timeout
-        self.counts = {"relayed": 0, "refused": 0, "failed": 0}
+        self.counts = _Counts(on_outcome)
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
         self.port = 0

@@ -171,6 +171,7 @@ async def test_when_every_connection_is_answering_a_newcomer_gets_503_with_retry
     assert head.startswith(b"HTTP/1.1 503 ") and header_line(head, b"Retry-After") == b"1"
     assert header_line(head, b"Connection") == b"close" and b"connection limit" in body
     assert node.server.gate.refused == 1
+    assert b"nezha_connections_refused_total 1.0" in node.node.metrics.render()
     for reader, writer in busy:  # the busy ones were not harmed
         head, body = await asyncio.wait_for(read_response(reader), 10)
         assert body == BIG

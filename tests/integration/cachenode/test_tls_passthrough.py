@@ -235,3 +235,7 @@ async def test_nezha_cache_with_tls_listen_relays_its_origins_and_refuses_the_re
     assert body == BODY and ("DNS", NAME) in cert["subjectAltName"]
     with pytest.raises(ssl.SSLError, match="UNRECOGNIZED_NAME"):
         await https_get(tls_port, client_context(ca), server_hostname="www.cs.toronto.edu.evil")
+    async with session.get(f"http://127.0.0.1:{node.port}/metrics") as r:
+        text = await r.text()
+    assert 'nezha_tls_connections_total{outcome="relayed"} 1.0' in text
+    assert 'nezha_tls_connections_total{outcome="refused"} 1.0' in text
