@@ -339,7 +339,7 @@ def venv_python(image: Image, code: str) -> str:
     return proc.stdout
 
 
-COMMANDS = ["cache", "up", "demo", "ring", "stats", "webhook", "controller"]
+COMMANDS = ["cache", "up", "demo", "ring", "stats", "webhook", "controller", "ca"]
 
 
 @pytest.mark.timeout(600)
@@ -352,7 +352,7 @@ def test_cmd_is_the_help_and_lists_every_component(image):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("command", [*COMMANDS, "webhook certs", "ring show", "ring set"])
+@pytest.mark.parametrize("command", [*COMMANDS, "webhook certs", "ring show", "ring set", "ca init"])
 def test_each_command_line_parses(image, command):
     proc = run(image, *command.split(), "--help")
     assert proc.returncode == 0, proc.stderr
