@@ -18,6 +18,17 @@ from pathlib import Path
 from tests.conftest import require_tool
 
 
+def cover_for_hosts(request) -> Path:
+    """The machine's /etc/hosts, which the pods' bind mounts cover. A bare root
+    (debootstrap minbase, a fresh CI machine) has none: an empty one is made,
+    which maps nothing, and removed after the test."""
+    hosts = Path("/etc/hosts")
+    if not hosts.exists():
+        hosts.touch()
+        request.addfinalizer(lambda: hosts.unlink(missing_ok=True))
+    return hosts
+
+
 def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
     """/etc/hosts as kubelet writes it for a pod (managedHostsFileContent + hostsEntriesFromHostAliases)."""
     lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",

@@ -23,7 +23,7 @@ from aiohttp import web
 from cachenode.tls_relay import TlsRelay, passthrough_target
 from tests.conftest import IN_CI, free_port
 from tests.integration.cachenode.conftest import until
-from tests.pod_command import run_pod_command
+from tests.pod_command import cover_for_hosts, run_pod_command
 
 NAME = "secure.example"
 ALIAS_IP = "127.0.0.21"
@@ -188,8 +188,9 @@ def test_where_a_connection_goes_follows_the_origin_table():
 
 
 @pytest.fixture
-async def alias_relay(relay):
+async def alias_relay(relay, request):
     """The relay on port 443 of the address the webhook's hostAlias gives the name."""
+    cover_for_hosts(request)
     try:
         return await relay(ALIAS_IP, 443)
     except PermissionError as e:

@@ -17,6 +17,7 @@ from tests.integration.chart.render import CHART
 from tests.integration.system.minicluster import MiniCluster
 from tests.kubeapi.fixtures import kubeconfig
 from tests.kubeapi.server import KubeAPI
+from tests.pod_command import cover_for_hosts
 from tests.support_origin import TestOrigin
 
 NS = "nezha"
@@ -71,10 +72,7 @@ async def system(tmp_path, request):
     need_root()
     for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
         require_tool(tool)
-    hosts = Path("/etc/hosts")
-    if not hosts.exists():  # a bare root has none; the pods' bind mounts need a file to cover
-        hosts.touch()
-        request.addfinalizer(lambda: hosts.unlink(missing_ok=True))
+    hosts = cover_for_hosts(request)
     assert "www.cs.toronto.edu" not in hosts.read_text()  # else hostAliases would prove nothing
 
     origin = TestOrigin()

@@ -22,7 +22,7 @@ from tests.conftest import free_port, require_tool
 from tests.kubeapi.fixtures import kubeconfig
 from tests.integration.webhook.registration import namespace, register
 from tests.integration.webhook.reviews import job
-from tests.pod_command import run_pod_command
+from tests.pod_command import cover_for_hosts, run_pod_command
 from tests.support_origin import TestOrigin
 
 URL_PATH = "/~kriz/cifar-100-python.tar.gz"
@@ -76,12 +76,7 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
     with socket.socket() as s:  # nothing else may listen on 127.0.0.2:80 (TIME_WAIT of an earlier run is fine)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.2", 80))
-    machine_hosts = Path("/etc/hosts")
-    if not machine_hosts.exists():
-        # A bare root (debootstrap minbase) has none; the pods' bind mount needs
-        # a file to cover. Empty maps nothing, and it goes again afterwards.
-        machine_hosts.touch()
-        request.addfinalizer(lambda: machine_hosts.unlink(missing_ok=True))
+    machine_hosts = cover_for_hosts(request)
     assert "www.cs.toronto.edu" not in machine_hosts.read_text()  # else hostAliases would prove nothing
 
     rules = tmp_path / "rules.yaml"
