@@ -284,8 +284,8 @@ async def test_a_pipelined_flood_of_heads_costs_bounded_memory_and_few_log_lines
     await served_within_a_second(node.port)
     before = node.rss_kib()
     reader, writer = await asyncio.open_connection("127.0.0.1", node.port)
-    requests = 200_000
-    flood = get(method="HEAD") * requests  # 10 MB of requests, about 80 MB of answers
+    requests = 33 * 1024 * 1024 // len(get(method="HEAD"))  # the 33 MiB of requests
+    flood = get(method="HEAD") * requests  # and about 250 MB of answers
     writer.write(flood)
     await asyncio.sleep(2.0)  # the node answers until the unread answers pause it
     await served_within_a_second(node.port)
