@@ -214,13 +214,12 @@ class Fill:
         self._progress.set()
         self._progress = asyncio.Event()
 
-    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None, until: int | None = None) -> int:
+    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None) -> int:
         """Block until more than `offset` bytes have arrived, or the body is complete.
 
         Returns where the bytes available from `offset` end (== `offset` only
         when complete): the prefix, or during a parallel fetch the run of
-        bytes on disk from `offset`, whose slice is then fetched first.
-        `until` is where the reader stops (unused yet). Raises
+        bytes on disk from `offset`, whose slice is then fetched first. Raises
         FillAborted if the fill failed before the body was complete, so a
         client mid-stream sees a broken connection, not a short body.
 

@@ -316,7 +316,7 @@ class Responder:
             try:
                 await resp.prepare(request)
                 while end is None or offset < end:
-                    available = await fill.wait_beyond(offset, reader=f, until=end)
+                    available = await fill.wait_beyond(offset, reader=f)
                     if end is not None:
                         available = min(available, end)
                     if available <= offset:
