@@ -71,8 +71,9 @@ REFUSED_METHODS = {
 }
 # A fill reads its origin (or peer) in pieces of up to this size: one per
 # object however many clients wait, so larger than a client stream's
-# chunk_size; 1 MiB took about 15% less node CPU per GiB filled than 256 KiB
-# (docs/benchmarks.md, "Cold fills in parallel ranges").
+# chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
+# at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
+# direction (docs/benchmarks.md, "Cold fills in parallel ranges").
 FILL_READ = 1024 * 1024
 # A fill asks for the whole object whatever one client asked: its own
 # validators replace the client's, and Range is applied to the stored bytes.
