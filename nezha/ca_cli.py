@@ -1,4 +1,11 @@
-"""`nezha ca init --local DIR`: the CA whose leaves cache nodes present for HTTPS dataset hosts.
+"""`nezha ca init`: the CA whose leaves cache nodes present for HTTPS dataset hosts.
+
+In a cluster (`--namespace`): the key in Secret `nezha-ca-key`, which only
+cache pods will mount, and the certificate in ConfigMap `nezha-ca`, with
+the bundle pods are given: the system's public roots plus the Nezha CA
+(the variables most clients read *replace* their roots, so the bundle must
+carry the public ones too). Locally (`--local DIR`): DIR/ca.crt and
+DIR/ca.key.
 
 Made once and kept: every pod that trusts it would break if it changed
 under them, so a run that finds a valid CA writes nothing, and one that
@@ -8,15 +15,21 @@ finds half a CA or a broken one says so and changes nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import datetime as dt
 import os
+import ssl
 from pathlib import Path
 
 from nezha.errors import RunError
 from nezha.pki import Pair, make_ca, renewal_reason
 
 CA_NAME = "nezha-ca"
+SECRET = "nezha-ca-key"  # the key: cache pods only
+CONFIGMAP = "nezha-ca"  # the certificate and the pods' bundle: anyone may read it
 RENEW_DAYS = 30
+LABELS = {"app.kubernetes.io/name": "nezha", "app.kubernetes.io/component": "ca"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                               description="Create the CA cache nodes sign dataset hosts' certificates with: "
                                           "DIR/ca.crt (give it to clients) and DIR/ca.key (only cache nodes may "
                                           "read it, mode 0600). A valid CA already there is kept.")
-    init.add_argument("--local", type=Path, required=True, metavar="DIR",
-                      help="folder for ca.crt and ca.key (created if missing)")
+    where = init.add_mutually_exclusive_group(required=True)
+    where.add_argument("--namespace", metavar="NS", help="keep it in the cluster: the key in Secret "
+                       f"{SECRET}, the certificate and the pods' bundle in ConfigMap {CONFIGMAP}")
+    where.add_argument("--local", type=Path, metavar="DIR",
+                       help="keep it in DIR: ca.crt and ca.key (created if missing)")
+    init.add_argument("--kubeconfig", type=Path, help="with --namespace: the cluster to use (default: the pod's "
+                      "service account)")
     init.set_defaults(func=run_init)
 
 
@@ -63,7 +81,98 @@ def init_local(folder: Path, *, now: dt.datetime | None = None) -> tuple[Pair, b
     return pair, True
 
 
+def system_roots() -> bytes:
+    """The public roots of this machine (or image), for the pods' bundle."""
+    path = ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt"
+    try:
+        roots = Path(path).read_bytes()
+    except OSError as e:
+        raise RunError(f"no system CA bundle at {path} ({e.strerror or e}): the pods' bundle must carry the "
+                       f"public roots too; install ca-certificates") from e
+    if b"-----BEGIN CERTIFICATE-----" not in roots:
+        raise RunError(f"{path} holds no certificate: the pods' bundle must carry the public roots too")
+    return roots if roots.endswith(b"\n") else roots + b"\n"
+
+
+async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None) -> str:
+    """Create the CA once in `namespace`; one line saying what was done."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    core = client.CoreV1Api(api)
+
+    async def read(kind: str, name: str):
+        try:
+            return await getattr(core, f"read_namespaced_{kind}")(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise RunError(f"cannot read {kind} {namespace}/{name}: {e.status} {e.reason}") from e
+
+    secret, configmap = await read("secret", SECRET), await read("config_map", CONFIGMAP)
+    done = []
+    if secret is None:
+        if configmap is not None and (configmap.data or {}).get("ca.crt"):
+            raise RunError(f"ConfigMap {namespace}/{CONFIGMAP} holds a CA whose key Secret {SECRET} is gone: "
+                           f"refusing to replace a CA pods may trust; restore the Secret, or delete the "
+                           f"ConfigMap to start over")
+        pair = make_ca(now=now, name=CA_NAME)
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": SECRET, "namespace": namespace, "labels": LABELS},
+                "data": {"ca.crt": base64.b64encode(pair.cert_pem).decode(),
+                         "ca.key": base64.b64encode(pair.key_pem).decode()}}
+        try:
+            await core.create_namespaced_secret(namespace, body)
+            done.append(f"created the CA in Secret {SECRET}")
+        except ApiException as e:
+            if e.status != 409:
+                raise RunError(f"cannot create Secret {namespace}/{SECRET}: {e.status} {e.reason}") from e
+            secret = await read("secret", SECRET)  # another run made it first: use theirs
+            if secret is None:
+                raise RunError(f"Secret {namespace}/{SECRET} was created and deleted under this run; run it again")
+    if secret is not None:
+        data = secret.data or {}
+        try:
+            pair = Pair.load(base64.b64decode(data.get("ca.crt", "")), base64.b64decode(data.get("ca.key", "")))
+        except ValueError as e:
+            raise RunError(f"Secret {namespace}/{SECRET} does not hold a CA (ca.crt, ca.key): {e}") from e
+        if (why := renewal_reason(pair, now=now, renew_days=RENEW_DAYS)) is not None:
+            raise RunError(f"the CA in Secret {namespace}/{SECRET} cannot be kept ({why}); rotating it is "
+                           f"deliberate: see docs/https.md")
+    cert = pair.cert_pem.decode()
+    if configmap is None or (configmap.data or {}).get("ca.crt") != cert:
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
+                "data": {"ca.crt": cert, "ca-bundle.crt": (system_roots() + pair.cert_pem).decode()}}
+        try:
+            if configmap is None:
+                await core.create_namespaced_config_map(namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = configmap.metadata.resource_version
+                await core.replace_namespaced_config_map(CONFIGMAP, namespace, body)
+        except ApiException as e:
+            raise RunError(f"cannot write ConfigMap {namespace}/{CONFIGMAP}: {e.status} {e.reason}") from e
+        done.append(f"wrote the certificate and the pods' bundle to ConfigMap {CONFIGMAP}")
+    expires = f"{pair.cert.not_valid_after_utc:%Y-%m-%d}"
+    if not done:
+        return f"kept the CA in {namespace} (expires {expires}); nothing to do"
+    return f"{'; '.join(done)} in {namespace} (expires {expires})"
+
+
 def run_init(args: argparse.Namespace) -> int:
+    if args.namespace is not None:
+        from nezha.kube import api_client
+
+        async def main() -> str:
+            api = await api_client(kubeconfig=args.kubeconfig, hint="pass --kubeconfig (or use --local DIR)")
+            try:
+                return await init_in_cluster(api, args.namespace)
+            finally:
+                await api.close()
+
+        print(asyncio.run(main()))
+        return 0
     pair, created = init_local(args.local)
     print(f"{'created' if created else 'kept'} {args.local / 'ca.crt'} (expires "
           f"{pair.cert.not_valid_after_utc:%Y-%m-%d}); key {args.local / 'ca.key'}, readable by its owner only")
