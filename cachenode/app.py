@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.client_conn import ClientConnection
-from cachenode.connections import Gate, default_max_connections, raise_open_files_limit
+from cachenode.connections import Gate, default_max_connections, listen_backlog, raise_open_files_limit
 from cachenode.fastpath import FastPath
 from cachenode.tls_relay import TlsRelay, passthrough_target
 from cachenode.metrics import Metrics
@@ -77,9 +77,11 @@ class Listener:
         self.idle_timeout = idle_timeout
         self.runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False,
                                     keepalive_timeout=idle_timeout)
+        open_files = open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.backlog = listen_backlog(open_files)
         limit = node.settings.max_connections
         if limit is None:
-            limit = default_max_connections(open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            limit = default_max_connections(open_files)
         self.gate = Gate(limit, metrics=node.metrics)
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
@@ -103,7 +105,7 @@ class Listener:
         self._server = await loop.create_server(
             lambda: FastPath(node=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
                              serve_hits=self.node.settings.fast_hits),
-            host, port, reuse_address=True, backlog=1024)
+            host, port, reuse_address=True, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
 
@@ -152,7 +154,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
         tls_outcomes = listener.node.metrics.tls_connections
         relay = TlsRelay(target_for, hello_timeout=settings.request_head_timeout,
                          connect_timeout=settings.origin_connect_timeout,
-                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc())
+                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                         backlog=listener.backlog)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
             await relay.start(tls_host, tls_port)

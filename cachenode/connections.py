@@ -35,6 +35,10 @@ PER_CONNECTION = 2
 # Used when the hard limit is unlimited, which setrlimit cannot take as a soft value on Linux.
 UNLIMITED_CAP = 1 << 20
 
+# Bounds of a listener's backlog (and so of one accept burst).
+MIN_BACKLOG = 16
+MAX_BACKLOG = 1024
+
 RETRY_AFTER_S = 1
 _BUSY_BODY = b"this cache node is at its connection limit; retry shortly\n"
 BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: %d\r\nContent-Type: text/plain\r\n"
@@ -61,9 +65,26 @@ def raise_open_files_limit() -> int:
     return UNLIMITED_CAP if soft == resource.RLIM_INFINITY else soft
 
 
-def default_max_connections(open_files: int) -> int:
-    """Client connections that fit in `open_files` descriptors with room for the rest."""
-    return max(8, (open_files - RESERVED_DESCRIPTORS) // PER_CONNECTION)
+def listen_backlog(open_files: int) -> int:
+    """The listen backlog for a node's sockets, sized to its descriptors.
+
+    asyncio accepts up to `backlog` pending connections in one go, before any
+    of them reaches the gate, so a listener's backlog is a burst of
+    descriptors the gate cannot see: with a 1024 backlog, 300 clients
+    connecting at once exhausted a 256-descriptor node (a CI failure) however
+    low the cap. An eighth of the descriptors keeps that burst bounded.
+    """
+    return max(MIN_BACKLOG, min(MAX_BACKLOG, open_files // 8))
+
+
+def default_max_connections(open_files: int, *, listeners: int = 2) -> int:
+    """Client connections that fit in `open_files` descriptors with room for the rest.
+
+    The rest is a fixed reserve plus one accept burst per listener (the plain
+    port and the TLS port), see `listen_backlog`.
+    """
+    spare = open_files - RESERVED_DESCRIPTORS - listeners * listen_backlog(open_files)
+    return max(8, spare // PER_CONNECTION)
 
 
 class Reclaimable(Protocol):

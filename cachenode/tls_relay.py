@@ -59,7 +59,8 @@ class TlsRelay:
     """
 
     def __init__(self, target_for: Callable[[str], tuple[str, int] | None], *, hello_timeout: float = 30.0,
-                 connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None) -> None:
+                 connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
+                 backlog: int = 1024) -> None:
         self.target_for = target_for
         self.hello_timeout = hello_timeout
         self.connect_timeout = connect_timeout
@@ -67,9 +68,10 @@ class TlsRelay:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task] = set()
         self.port = 0
+        self.backlog = backlog
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._accepted, host, port, reuse_address=True, backlog=1024)
+        self._server = await asyncio.start_server(self._accepted, host, port, reuse_address=True, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:

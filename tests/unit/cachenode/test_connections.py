@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachenode.connections import (BUSY_RESPONSE, Gate, choose_reclaim, default_max_connections,
-                                   head_timeout_response)
+from cachenode.connections import (BUSY_RESPONSE, PER_CONNECTION, RESERVED_DESCRIPTORS, Gate, choose_reclaim,
+                                   default_max_connections, head_timeout_response, listen_backlog)
 
 
 @dataclass(eq=False)
@@ -51,10 +51,20 @@ def test_a_connection_handed_to_another_protocol_is_counted_once():
     assert gate.open == {second}
 
 
-def test_the_cap_leaves_descriptors_for_files_origins_and_peers():
-    assert default_max_connections(256) == 96
-    assert default_max_connections(1_048_576) == (1_048_576 - 64) // 2
+def test_the_cap_leaves_descriptors_for_files_origins_peers_and_an_accept_burst_per_listener():
+    for open_files in (256, 1024, 4096, 65_536, 1_048_576):
+        at_cap = default_max_connections(open_files) * PER_CONNECTION
+        bursts = 2 * listen_backlog(open_files)  # the plain and TLS ports each accept a backlog at once
+        assert at_cap + bursts + RESERVED_DESCRIPTORS <= open_files
+        assert at_cap > open_files // 3  # and still most of them go to clients
+    assert default_max_connections(256) == 64
     assert default_max_connections(16) == 8  # never zero, even on an absurd limit
+
+
+def test_the_listen_backlog_grows_with_the_descriptors_within_bounds():
+    assert listen_backlog(256) == 32
+    assert listen_backlog(64) == 16
+    assert listen_backlog(1_048_576) == 1024
 
 
 def test_the_answers_are_complete_http_messages_that_close():
