@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import socket
+import ssl
 import time
+
+from pathlib import Path
 
 import structlog
 from aiohttp import web
+from yarl import URL
 
 from cachenode.client_conn import ClientConnection
 from cachenode.connections import Gate, default_max_connections, listen_backlog, raise_open_files_limit
 from cachenode.fastpath import FastPath
-from cachenode.tls_relay import TlsRelay, passthrough_target
+from cachenode.leaves import Leaves, load_ca
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
+from cachenode.tls_port import Relay, Terminate, TlsPort, passthrough_target
 from nezha.config import CacheSettings, parse_hostport
+from nezha.pki import Pair
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
 from nezha.logs import flush_repeats
@@ -35,7 +42,7 @@ def build_node(settings: CacheSettings) -> CacheNode:
 
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
-                           read_timeout=settings.origin_read_timeout)
+                           read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None
     if settings.redis_url is not None:
         from cachenode.index import Index
@@ -44,6 +51,19 @@ def build_node(settings: CacheSettings) -> CacheNode:
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
     node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index)
     return node
+
+
+def origin_roots(settings: CacheSettings) -> dict[tuple[str, int], Path]:
+    """Each origin's own CA bundle, by the https:// (host, port) its upstreams name."""
+    roots: dict[tuple[str, int], Path] = {}
+    for o in settings.origins:
+        if o.ca_bundle is None:
+            continue
+        for upstream in {o.upstream, o.upstream_for("https")}:
+            u = URL(upstream)
+            if u.scheme == "https" and u.host:
+                roots[(u.host, u.port or 443)] = o.ca_bundle
+    return roots
 
 
 def build_app(node: CacheNode) -> web.Application:
@@ -85,6 +105,7 @@ class Listener:
         self.gate = Gate(limit, metrics=node.metrics)
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
+        self._handler = None
         self.host = ""
         self.port = 0
         self._closed = False
@@ -102,12 +123,21 @@ class Listener:
             return ClientConnection(server, loop=loop, gate=self.gate, head_timeout=head_timeout,
                                     **server._kwargs)
 
+        self._handler = handler
         self._server = await loop.create_server(
             lambda: FastPath(node=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
                              serve_hits=self.node.settings.fast_hits),
             host, port, reuse_address=True, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
+
+    async def adopt(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        """Make the TLS handshake on a socket the TLS port accepted, then serve
+        it like a plain client connection (its requests are `https://`). The
+        fast path is skipped: sendfile cannot send through TLS. Raises when
+        the handshake fails; the socket is closed then."""
+        await asyncio.get_running_loop().connect_accepted_socket(
+            self._handler, sock, ssl=context, ssl_handshake_timeout=self.node.settings.request_head_timeout)
 
     def _fast_connections(self) -> list[FastPath]:
         return [c for c in self.gate.open if isinstance(c, FastPath)]
@@ -133,8 +163,27 @@ class Listener:
         await self.runner.cleanup()
 
 
-async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -> None:
-    """Run one node until SIGINT/SIGTERM (or `stop` is set)."""
+def read_ca(settings: CacheSettings) -> Pair | None:
+    """The CA the node was given; ConfigError naming the flag when it cannot be used."""
+    if settings.ca_cert is None or settings.ca_key is None:
+        return None
+    return load_ca(settings.ca_cert, settings.ca_key)
+
+
+def _leaves(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
+    """The node's leaf certificates, when it was given a CA and has a TLS port to present them on."""
+    if ca is None:
+        return None
+    if settings.tls_listen is None:
+        log.warning("ca_unused", reason="--ca-cert and --ca-key are given but not --tls-listen: no TLS port")
+        return None
+    table = settings.origin_table
+    return Leaves(ca, allowed=lambda name: name in table, folder=settings.data_dir / "leaves")
+
+
+async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None) -> None:
+    """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already."""
+    leaves = _leaves(settings, ca or read_ca(settings))
     open_files = raise_open_files_limit()
     listener = Listener(build_node(settings), open_files=open_files)
     host, port = settings.listen_addr
@@ -147,15 +196,19 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
     if settings.tls_listen is not None:
         table = settings.origin_table
 
-        def target_for(name: str) -> tuple[str, int] | None:
+        def route_for(name: str) -> Terminate | Relay | None:
             origin = table.get(name)
-            return None if origin is None else passthrough_target(origin.host, origin.upstream)
+            if origin is None:
+                return None
+            if leaves is not None and origin.tls == "terminate":
+                return Terminate(leaves.context_for(name))
+            return Relay(*passthrough_target(origin.host, origin.upstream_for("https")))
 
         tls_outcomes = listener.node.metrics.tls_connections
-        relay = TlsRelay(target_for, hello_timeout=settings.request_head_timeout,
-                         connect_timeout=settings.origin_connect_timeout,
-                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
-                         backlog=listener.backlog)
+        relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
+                        connect_timeout=settings.origin_connect_timeout,
+                        on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                        adopt=listener.adopt, backlog=listener.backlog)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
             await relay.start(tls_host, tls_port)
@@ -164,6 +217,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None) -
             raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
     log.info("node_listening", listen=settings.listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
+             tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout)
     stop = stop_on_signals(stop)

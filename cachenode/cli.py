@@ -30,8 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, help="owners per key (replicas-per-key); default 2 with --redis-url, "
                    "else 1")
     p.add_argument("--tls-listen", help="HOST:PORT for TLS clients of aliased hosts (port 443 in a cluster): a "
-                   "connection whose server name (SNI) is a configured origin is passed untouched to the real "
-                   "host, any other is refused (default: none)")
+                   "connection whose server name (SNI) is a configured origin is served here with a certificate "
+                   "for that name signed by --ca-cert, or without a CA passed untouched to the real host; any "
+                   "other name is refused (default: none)")
+    p.add_argument("--ca-cert", type=Path, help="the Nezha CA's certificate (nezha ca init), which labelled pods "
+                   "trust; with --ca-key the TLS port serves configured origins itself (default: none)")
+    p.add_argument("--ca-key", type=Path, help="the Nezha CA's private key: keep it readable by the node only "
+                   "(default: none)")
     p.add_argument("--fill-streams", type=int, help="parallel range requests for a cold fill of a large object "
                    "(at least parallel_fill_threshold, default 64MiB) from an origin that offers ranges and a "
                    "strong validator; 1 fetches every object as one stream (default 8; per origin in --config)")
@@ -84,18 +89,19 @@ def _flags(args: argparse.Namespace, names: list[str]) -> dict:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from cachenode.app import serve
+    from cachenode.app import read_ca, serve
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
-               "replicas", "tls_listen", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
+               "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
                           "drive its internal endpoints")
+    ca = read_ca(settings)  # like every setting, checked before anything is made or bound
     prepare_data_dir(settings.data_dir)
     configure(level=settings.log_level, cache_loggers=True)
-    asyncio.run(serve(settings))
+    asyncio.run(serve(settings, ca=ca))
     return 0
 
 

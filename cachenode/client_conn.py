@@ -85,7 +85,9 @@ class ClientConnection(RequestHandler):
         # After the handler of a request already popped has taken its first
         # step (FIFO callbacks): only then is that request visible here.
         self._loop.call_soon(self._after_eof)
-        return True  # keep the transport: answers may still be owed
+        # Keep the transport: answers may still be owed. TLS has no half-close
+        # (asyncio closes an SSL transport at the peer's EOF whatever we say).
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def _after_eof(self) -> None:
         if self.transport is None:

@@ -6,7 +6,7 @@ and the next miss fills it the usual way.
 
 Internal endpoints (reachable only with a Host that names no origin):
 
-    POST /_nezha/replicate  {"host", "path", "source", "address"?, "headers"?}
+    POST /_nezha/replicate  {"scheme"?, "host", "path", "source", "address"?, "headers"?}
                             copy one object from `source`; `headers`, the request
                             fields that select one variant of a response that varies
                             answers at once and streams JSON lines: {"copying": bytes}
@@ -47,7 +47,7 @@ from cachenode.cluster import ClusterView, Peer
 from nezha.config import parse_hostport
 from cachenode.fill import Fill, Kind, Source
 from cachenode.keys import BadTarget, Target, cache_key, parse_target
-from cachenode.trust import PEER_HEADER, TOKEN_HEADER, peer_auth, refuse_internal
+from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth, refuse_internal
 from cachenode.store import Meta
 from cachenode.vary import selecting_headers
 
@@ -127,6 +127,9 @@ class Handoff:
     async def _replicate_endpoint(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         host, path, source = body.get("host"), body.get("path"), body.get("source")
+        scheme = body.get("scheme", "http")  # absent from a node that predates https keys
+        if scheme not in ("http", "https"):
+            raise web.HTTPBadRequest(text=f"replicate scheme {scheme!r} is neither http nor https\n")
         if not all(isinstance(v, str) for v in (host, path, source)):
             raise web.HTTPBadRequest(text="replicate wants string fields host, path and source\n")
         peer = self.node.cluster.peer(source)
@@ -142,7 +145,7 @@ class Handoff:
         if peer is None:
             raise web.HTTPBadRequest(text=f"source {source!r} is not a member of the ring and gave no address\n")
         try:
-            target = parse_target(path, host)
+            target = parse_target(path, host, scheme=scheme)
         except BadTarget as e:
             raise web.HTTPBadRequest(text=f"bad target: {e}\n")
         if target.host not in self.node.settings.origin_table:
@@ -208,7 +211,7 @@ class Handoff:
             flight, leader = node.flights.lead_or_join(key)
             if leader:
                 source = _peer_source(node, peer, target, selecting)
-                outcome, response = await node.lead(flight, key=key, url=origin.upstream + target.path_qs,
+                outcome, response = await node.lead(flight, key=key, url=origin.upstream_for(target.scheme) + target.path_qs,
                                                     origin=origin, stale=None, target=target, source=source)
                 if response is not None:
                     response.release()
@@ -268,7 +271,8 @@ class Handoff:
         keeps reporting progress; `on_bytes` gets the bytes as they arrive.
         """
         settings = self.node.settings
-        body: dict[str, Any] = {"host": target.host, "path": target.path_qs, "source": self.node.node_id,
+        body: dict[str, Any] = {"scheme": target.scheme, "host": target.host, "path": target.path_qs,
+                                "source": self.node.node_id,
                                 "address": settings.advertise or settings.listen}
         if headers:
             body["headers"] = headers
@@ -385,5 +389,5 @@ def _target_of(key: str) -> Target:
 
 def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:
     return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
-                  headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id,
+                  headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id, SCHEME_HEADER: target.scheme,
                            "Cache-Control": "only-if-cached", **peer_auth(node.settings.cluster_token)})

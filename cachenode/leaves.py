@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import structlog
+from cryptography import x509
 
 from nezha.errors import ConfigError
 from nezha.pki import Pair, make_serving, renewal_reason
@@ -44,9 +45,19 @@ def load_ca(cert_path: Path, key_path: Path) -> Pair:
         except OSError as e:
             raise ConfigError(f"{flag} {path}: cannot read it: {e.strerror or e}") from e
     try:
-        return Pair.load(texts["--ca-cert"], texts["--ca-key"])
+        pair = Pair.load(texts["--ca-cert"], texts["--ca-key"])
     except ValueError as e:
         raise ConfigError(f"--ca-cert {cert_path} / --ca-key {key_path}: not a PEM certificate and EC key: {e}") from e
+    if pair.cert.public_key().public_numbers() != pair.key.public_key().public_numbers():
+        raise ConfigError(f"--ca-key {key_path} is not the key of --ca-cert {cert_path}")
+    try:
+        is_ca = pair.cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ConfigError(f"--ca-cert {cert_path} is not a CA certificate (no basicConstraints CA:TRUE); "
+                          f"make one with `nezha ca init`")
+    return pair
 
 
 class Leaves:

@@ -26,8 +26,9 @@ class Metrics:
         self.stored_bytes = Gauge("nezha_stored_bytes", "Bytes of complete objects on disk", registry=r)
         self.stored_objects = Gauge("nezha_stored_objects", "Complete objects on disk", registry=r)
         self.tls_connections = Counter("nezha_tls_connections", "Connections to the TLS port, by outcome: "
-                                       "relayed to the real host, refused (a name that is not an origin, no "
-                                       "name, not TLS), failed (the real host could not be reached)",
+                                       "terminated (served here with a minted certificate), relayed to the real "
+                                       "host, refused (a name that is not an origin, no name, not TLS), failed "
+                                       "(the handshake failed, or the real host could not be reached)",
                                        ["outcome"], registry=r)
         self.connections_reclaimed = Counter("nezha_connections_reclaimed", "Idle or trickling client "
                                              "connections closed at the connection cap", registry=r)

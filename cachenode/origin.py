@@ -13,11 +13,14 @@ one; that wait is bounded too (`pool_timeout`), so a saturated node answers
 from __future__ import annotations
 
 import asyncio
+import ssl
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Mapping
 
 import aiohttp
 from multidict import CIMultiDict
+from yarl import URL
 
 from cachenode.headers import OWN_PREFIX, delimited_by_close, end_to_end_pairs
 from nezha.errors import OriginError, OriginTimeout
@@ -63,6 +66,14 @@ def forwarded_request_headers(headers: Mapping[str, str], *, via: str, drop: fro
     return out
 
 
+def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:
+    """What was wrong with an origin's certificate, in OpenSSL's words ("certificate has expired")."""
+    err = e.certificate_error
+    if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
+        return err.verify_message
+    return str(err)
+
+
 async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
     ctx.trace_request_ctx.queued = True
 
@@ -73,10 +84,14 @@ async def _dequeued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params
 
 class OriginClient:
     def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256,
-                 pool_timeout: float | None = None) -> None:
+                 pool_timeout: float | None = None, roots: Mapping[tuple[str, int], Path] | None = None) -> None:
         """`pool_timeout` bounds getting a connection: the wait for a free one in
         the pool plus the connect that may follow. It defaults to as long as a
         silent origin is given (`read_timeout`) and is never below `connect_timeout`.
+
+        `roots` names, per https:// (host, port), the PEM bundle its certificate
+        must verify against instead of the system store. Verification is never
+        turned off: a certificate that does not verify is an OriginError naming why.
         """
         if pool_timeout is None:
             pool_timeout = max(read_timeout, connect_timeout)
@@ -97,6 +112,9 @@ class OriginClient:
                                               sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._limit = limit
+        contexts: dict[Path, ssl.SSLContext] = {}
+        self._roots = {where: contexts.setdefault(Path(bundle), ssl.create_default_context(cafile=str(bundle)))
+                       for where, bundle in (roots or {}).items()}
 
     async def start(self) -> None:
         tracing = aiohttp.TraceConfig()
@@ -132,10 +150,14 @@ class OriginClient:
                 total=None, connect=max(self._pool_timeout, timeout.sock_connect or 0),
                 sock_connect=timeout.sock_connect, sock_read=timeout.sock_read, ceil_threshold=timeout.ceil_threshold)
         waiting = SimpleNamespace(queued=False)
+        verify: ssl.SSLContext | bool = True
+        if self._roots and url.startswith("https://"):
+            u = URL(url)
+            verify = self._roots.get((u.host or "", u.port or 443), True)
         try:
             return await self._session.request(
                 method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
-                trace_request_ctx=waiting)
+                trace_request_ctx=waiting, ssl=verify)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             if waiting.queued:
                 raise OriginTimeout(
@@ -143,6 +165,10 @@ class OriginClient:
                     f"of this node's origin pool are busy") from e
             raise OriginTimeout(f"{what}: no answer within the timeout "
                                 f"(connect {self._connect_timeout:g}s, read {self._read_timeout:g}s)") from e
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise OriginError(f"{what}: its TLS certificate does not verify: {certificate_problem(e)}") from e
+        except aiohttp.ClientConnectorSSLError as e:
+            raise OriginError(f"{what}: TLS handshake failed: {e.os_error}") from e
         except aiohttp.ClientConnectorError as e:
             raise OriginError(f"{what}: cannot connect: {e.os_error or e}") from e
         except aiohttp.ClientError as e:

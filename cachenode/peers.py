@@ -56,7 +56,7 @@ from cachenode.exact_head import ExactResponse
 from cachenode.freshness import http_date
 from cachenode.keys import Target
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.trust import PEER_HEADER, TOKEN_HEADER, peer_auth
+from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth
 from nezha.errors import OriginError, OriginTimeout
 
 log = structlog.get_logger("nezha.peers")
@@ -152,6 +152,7 @@ class PeerRelay:
         headers["Host"] = target.host
         headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         headers[PEER_HEADER] = self.node_id
+        headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))
         return headers
 

@@ -43,7 +43,7 @@ from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.peers import PeerRelay
-from cachenode.trust import is_peer_request
+from cachenode.trust import SCHEME_HEADER, is_peer_request
 from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Responder, origin_failure,
                              send_continue)
 from cachenode.store import Meta, NotStored, Store
@@ -235,7 +235,7 @@ class CacheNode:
                     return await self.invalidation.handle(request)
                 return await self.handoff.handle(request)
         try:
-            target, origin, key = self._resolve(request.raw_path, host_header)
+            target, origin, key = self._resolve(request.raw_path, host_header, scheme=self._scheme(request))
         except BadHost as e:
             raise web.HTTPForbidden(text=f"{e}: not a configured origin; this cache is not an open proxy\n")
         except BadTarget as e:
@@ -244,7 +244,7 @@ class CacheNode:
         if origin is None or key is None:
             raise web.HTTPForbidden(
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
-        url = origin.upstream + target.path_qs
+        url = origin.upstream_for(target.scheme) + target.path_qs
         access(request).key = key
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, url=url, key=key, target=target)
@@ -308,11 +308,20 @@ class CacheNode:
         if request.version == aiohttp.HttpVersion11:
             await send_continue(request)
 
-    def _resolve(self, raw_target: str, host_header: str | None) -> tuple[Target, Origin | None, str | None]:
+    def _scheme(self, request: web.Request) -> str:
+        """How the client reached the cluster: https on the TLS port (or relayed from it by a peer)."""
+        if request.secure:
+            return "https"
+        if request.headers.get(SCHEME_HEADER) == "https" and self.from_peer(request):
+            return "https"
+        return "http"
+
+    def _resolve(self, raw_target: str, host_header: str | None,
+                 scheme: str = "http") -> tuple[Target, Origin | None, str | None]:
         """What a request names: its target, the origin configured for its host
         (None: refused) and its cache key. Raises BadTarget. One place, so the
         handler and the fast path can never disagree about a request."""
-        target = parse_target(raw_target, host_header)
+        target = parse_target(raw_target, host_header, scheme=scheme)
         origin = self._table.get(target.host)  # an absolute URI's host wins over Host:
         if origin is None:
             return target, None, None
@@ -426,7 +435,7 @@ class CacheNode:
             if absolute.scheme != base.scheme or (absolute.hostname or "").rstrip(".") != base.host:
                 return None
             path_qs = (absolute.path or "/") + (f"?{absolute.query}" if absolute.query else "")
-            _, _, key = self._resolve(path_qs, base.host)
+            _, _, key = self._resolve(path_qs, base.host, scheme=base.scheme)
         except (ValueError, BadTarget):
             return None
         return key

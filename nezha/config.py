@@ -13,8 +13,9 @@ import difflib
 import json
 import os
 import re
+import ssl
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
 import yaml
@@ -97,6 +98,17 @@ class Origin(BaseModel):
     # unset: the node's fill_streams and parallel_fill_threshold.
     fill_streams: int | None = None
     parallel_fill_threshold: int | None = None
+    # TLS clients of this host (port 443, cachenode/tls_port.py). With a CA
+    # on the node the handshake is made there and their requests are cached
+    # under https:// keys; `passthrough` relays their connections untouched
+    # to the real host instead (as every origin is relayed on a node without
+    # a CA). `tls_upstream` is where their requests are fetched: default the
+    # upstream when it is https://, else https://HOST; `ca_bundle` the PEM
+    # roots that origin's certificate must verify against (default: the
+    # system store).
+    tls: Literal["terminate", "passthrough"] = "terminate"
+    tls_upstream: str | None = None
+    ca_bundle: Path | None = None
 
     @field_validator("parallel_fill_threshold", mode="before")
     @classmethod
@@ -118,13 +130,33 @@ class Origin(BaseModel):
             raise ValueError(f"origin host {v!r} is not a hostname")
         return v
 
-    @field_validator("upstream")
+    @field_validator("upstream", "tls_upstream")
     @classmethod
-    def _upstream(cls, v: str) -> str:
+    def _upstream(cls, v: str | None, info: Any) -> str | None:
+        if v is None:
+            return v
         u = URL(v)
         if u.scheme not in ("http", "https") or not u.host:
-            raise ValueError(f"origin upstream {v!r} must be an http:// or https:// URL")
+            raise ValueError(f"origin {info.field_name} {v!r} must be an http:// or https:// URL")
         return str(u).rstrip("/")
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                ssl.create_default_context(cafile=str(v))
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"ca_bundle {str(v)!r} is not a readable PEM bundle: {e}") from e
+        return v
+
+    def upstream_for(self, scheme: str) -> str:
+        """Where a request that came in as `scheme` (http or https) is fetched."""
+        if scheme != "https":
+            return self.upstream
+        if self.tls_upstream is not None:
+            return self.tls_upstream
+        return self.upstream if self.upstream.startswith("https://") else f"https://{self.host}"
 
     @classmethod
     def parse(cls, spec: str) -> "Origin":
@@ -236,6 +268,13 @@ class CacheSettings(_Base):
     # connection naming an origin (SNI) is relayed untouched to the real host
     # (cachenode/tls_relay.py); unset: no TLS port.
     tls_listen: str | None = None
+    # The Nezha CA (`nezha ca init`): with both, the TLS port terminates
+    # configured origins' connections with a leaf it mints per name
+    # (cachenode/leaves.py) and caches their https:// objects; without, it
+    # relays them untouched. The key file is the cluster's most sensitive
+    # secret: only cache pods mount it.
+    ca_cert: Path | None = None
+    ca_key: Path | None = None
     # A client gets this long from its first byte (or from connecting) to
     # send a complete request head, then 408; trickled heads cannot hold a
     # descriptor for the hour an idle keep-alive connection may stay.
@@ -300,6 +339,8 @@ class CacheSettings(_Base):
             raise ValueError(f"max_connections ({self.max_connections}) must be at least 1")
         if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
             raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
+        if (self.ca_cert is None) != (self.ca_key is None):
+            raise ValueError("ca_cert and ca_key go together: pass both --ca-cert and --ca-key, or neither")
         if not self.origins:
             raise ValueError("no origin configured: pass --origin HOST=UPSTREAM_URL (or NEZHA_ORIGINS, or origins "
                              "in --config); without one the node would refuse every request")

@@ -309,7 +309,7 @@ def header_line(head: bytes, name: bytes) -> bytes | None:
 class NodeProcess:
     """`nezha cache` as a process on 127.0.0.1 with its own open-files limit; stdout in a file."""
 
-    def __init__(self, tmp_path: Path, origin_url: str, *, nofile: tuple[int, int] = (4096, 4096),
+    def __init__(self, tmp_path: Path, origin_url: str | None, *, nofile: tuple[int, int] = (4096, 4096),
                  args: tuple[str, ...] = (), port: int | None = None):
         self.port = port or free_port()
         self.out = tmp_path / f"node-{self.port}-{time.monotonic_ns()}.out"
@@ -321,7 +321,8 @@ class NodeProcess:
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
-                 "--data-dir", str(tmp_path / "data"), "--origin", f"{HOST}={origin_url}", *args],
+                 "--data-dir", str(tmp_path / "data"),
+                 *(["--origin", f"{HOST}={origin_url}"] if origin_url else []), *args],
                 stdout=out, stderr=err, preexec_fn=limit)
 
     async def ready(self, session: aiohttp.ClientSession) -> None:

@@ -20,7 +20,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from cachenode.tls_relay import TlsRelay, passthrough_target
+from cachenode.tls_port import Relay, TlsPort, passthrough_target
 from tests.conftest import IN_CI, free_port
 from tests.integration.cachenode.conftest import until
 from tests.pod_command import cover_for_hosts, run_pod_command
@@ -74,9 +74,10 @@ async def relay(tls_origin):
     relays = []
 
     async def start(host: str = "127.0.0.1", port: int = 0, *, hello_timeout: float = 30.0,
-                    targets: dict | None = None) -> TlsRelay:
+                    targets: dict | None = None) -> TlsPort:
         table = targets if targets is not None else {NAME: ("127.0.0.1", tls_origin.port)}
-        r = TlsRelay(table.get, hello_timeout=hello_timeout, connect_timeout=1.0)
+        r = TlsPort(lambda name: Relay(*table[name]) if name in table else None,
+                    hello_timeout=hello_timeout, connect_timeout=1.0)
         await r.start(host, port)
         relays.append(r)
         return r
@@ -113,7 +114,7 @@ async def test_a_client_of_an_allowed_name_gets_the_real_hosts_certificate_and_b
     head, body, cert = await https_get(r.port, client_context(ca))
     assert head.startswith(b"HTTP/1.1 200") and body == BODY
     assert ("DNS", NAME) in cert["subjectAltName"]  # the origin's own: the node did not terminate TLS
-    await until(lambda: r.counts == {"relayed": 1, "refused": 0, "failed": 0})
+    await until(lambda: r.counts == {"terminated": 0, "relayed": 1, "refused": 0, "failed": 0})
 
 
 async def test_bytes_flow_both_ways_and_a_half_close_still_gets_the_answer(relay, tls_origin, ca):

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from cachenode.leaves import Leaves, NotAllowed, load_ca
 from nezha.errors import ConfigError
-from nezha.pki import make_ca
+from nezha.pki import make_ca, make_serving
 
 NOW = dt.datetime.now(dt.timezone.utc)  # real time: the handshakes check validity against the clock
 ORIGINS = {"storage.googleapis.com", "huggingface.co"}
@@ -117,3 +117,17 @@ def test_an_unreadable_or_broken_ca_is_one_error_naming_the_file(ca, tmp_path):
         load_ca(cert, key)
     key.write_bytes(ca.key_pem)
     assert load_ca(cert, key).cert.serial_number == ca.cert.serial_number
+
+
+def test_a_key_of_another_ca_or_a_certificate_that_is_no_ca_is_refused(ca, tmp_path):
+    cert, key = tmp_path / "ca.crt", tmp_path / "ca.key"
+    other = make_ca(now=NOW, name="nezha-ca")
+    cert.write_bytes(ca.cert_pem)
+    key.write_bytes(other.key_pem)
+    with pytest.raises(ConfigError, match=r"--ca-key .* is not the key of --ca-cert"):
+        load_ca(cert, key)
+    leaf = make_serving(ca, names=["huggingface.co"], now=NOW, days=7)
+    cert.write_bytes(leaf.cert_pem)
+    key.write_bytes(leaf.key_pem)
+    with pytest.raises(ConfigError, match="is not a CA certificate"):
+        load_ca(cert, key)
