@@ -22,12 +22,13 @@ import os
 import ssl
 from pathlib import Path
 
+from nezha import trust_bundle
 from nezha.errors import RunError
 from nezha.pki import Pair, make_ca, renewal_reason
 
 CA_NAME = "nezha-ca"
 SECRET = "nezha-ca-key"  # the key: cache pods only
-CONFIGMAP = "nezha-ca"  # the certificate and the pods' bundle: anyone may read it
+CONFIGMAP = trust_bundle.CONFIGMAP  # the certificate and the pods' bundle: anyone may read it
 RENEW_DAYS = 30
 LABELS = {"app.kubernetes.io/name": "nezha", "app.kubernetes.io/component": "ca"}
 
@@ -141,10 +142,13 @@ async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None
             raise RunError(f"the CA in Secret {namespace}/{SECRET} cannot be kept ({why}); rotating it is "
                            f"deliberate: see docs/https.md")
     cert = pair.cert_pem.decode()
-    if configmap is None or (configmap.data or {}).get("ca.crt") != cert:
+    held = (configmap.data or {}) if configmap is not None else {}
+    # Rewritten when the CA differs or a file is missing (one written by an older
+    # version); not for roots that differ by machine, which would churn every run.
+    if held.get(trust_bundle.CA_FILE) != cert or not set(trust_bundle.files(b"", b"")) <= set(held):
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
-                "data": {"ca.crt": cert, "ca-bundle.crt": (system_roots() + pair.cert_pem).decode()}}
+                "data": trust_bundle.files(pair.cert_pem, system_roots())}
         try:
             if configmap is None:
                 await core.create_namespaced_config_map(namespace, body)

@@ -29,6 +29,23 @@ def cover_for_hosts(request) -> Path:
     return hosts
 
 
+def mount_point(request, path: Path) -> Path:
+    """A folder at `path` for a pod's volume to be bound over, made (and removed after the test) if missing."""
+    if not path.exists():
+        made = []
+        for folder in reversed([path, *path.parents]):
+            if not folder.exists():
+                folder.mkdir()
+                made.append(folder)
+        request.addfinalizer(lambda: [f.rmdir() for f in reversed(made)])
+    return path
+
+
+def container_env(pod: dict, index: int = 0) -> dict[str, str]:
+    """The plain variables a pod's container sets (value, not valueFrom)."""
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][index].get("env") or [] if "value" in e}
+
+
 def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
     """/etc/hosts as kubelet writes it for a pod (managedHostsFileContent + hostsEntriesFromHostAliases)."""
     lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
@@ -42,15 +59,19 @@ def kubelet_hosts_file(pod: dict, pod_ip: str = "10.244.0.7") -> str:
 
 
 async def run_pod_command(pod: dict, workdir: Path, *, options: tuple[str, ...] = (), timeout: float = 60,
-                          context: str = "", env: dict[str, str] | None = None) -> str:
+                          context: str = "", env: dict[str, str] | None = None,
+                          mounts: dict[str, Path] | None = None) -> str:
     """Run the pod's first container's command (wget here) in `workdir`; its output, or AssertionError.
-    `env` is set on top of this machine's environment, as a container's own variables would be."""
+    `env` is set on top of this machine's environment, as a container's own variables would be;
+    `mounts` binds folders (source) over paths (target, which must exist) as a pod's volumes would be."""
     command = pod["spec"]["containers"][0]["command"]  # the pod's own command, unchanged
     program = require_tool(command[0])
     workdir.mkdir(parents=True, exist_ok=True)
     hosts = workdir / "hosts"
     hosts.write_text(kubelet_hosts_file(pod))
-    script = (f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && cd {shlex.quote(str(workdir))} && "
+    binds = "".join(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)} && "
+                    for target, source in (mounts or {}).items())
+    script = (f"mount --bind {shlex.quote(str(hosts))} /etc/hosts && {binds}cd {shlex.quote(str(workdir))} && "
               f"{shlex.quote(program)} {' '.join(shlex.quote(a) for a in (*options, *command[1:]))}")
     env = {**{k: v for k, v in os.environ.items() if "proxy" not in k.lower()}, **(env or {})}
     log = workdir / "command.log"

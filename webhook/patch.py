@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from nezha import trust_bundle
 from nezha.errors import ConfigError, NezhaError
 
 INJECTED = "nezha.io/injected"
@@ -104,6 +105,9 @@ class Rule:
     namespaces: tuple[str, ...] | None = None
     mode: str = "hosts"
     no_proxy: str | None = None  # mode env: NO_PROXY for this rule; None: the setting's
+    # Matched pods trust the cache's certificates for HTTPS (docs/https.md): the
+    # Nezha CA bundle mounted in every container and each client's variable set.
+    tls: bool = False
 
     @property
     def needs_cache_ip(self) -> bool:
@@ -166,7 +170,7 @@ def _rule(i: int, raw: Any) -> Rule:
     if not isinstance(name, str) or not name:
         raise RuleError(f"rule #{i}: name must be a non-empty string, got {name!r}")
     where = f"rule {name!r}"
-    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode", "noProxy"})
+    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode", "noProxy", "tls"})
     if unknown:
         raise RuleError(f"{where}: unknown field {unknown[0]!r}")
     key, value = raw.get("app"), raw.get("label")
@@ -191,8 +195,11 @@ def _rule(i: int, raw: Any) -> Rule:
     no_proxy = _no_proxy(where, raw.get("noProxy"))
     if no_proxy is not None and mode != "env":
         raise RuleError(f"{where}: noProxy applies only to mode: env, and mode is {mode}")
+    tls = raw.get("tls", False)
+    if not isinstance(tls, bool):
+        raise RuleError(f"{where}: tls must be true or false, got {tls!r}")
     return Rule(name=name, label_key=key, label_value=value, host_aliases=parsed,
-                namespaces=namespaces, mode=mode, no_proxy=no_proxy)
+                namespaces=namespaces, mode=mode, no_proxy=no_proxy, tls=tls)
 
 
 def _no_proxy(where: str, raw: Any) -> str | None:
@@ -267,7 +274,7 @@ def _warn(out: "Patch", message: str) -> None:
 
 def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: tuple[Rule, ...] | list[Rule],
               cache_ip: str | None, proxy_url: str | None = None,
-              no_proxy: str = DEFAULT_NO_PROXY) -> Patch:
+              no_proxy: str = DEFAULT_NO_PROXY, ca_configmap: str = trust_bundle.CONFIGMAP) -> Patch:
     """JSON-patch operations that make `obj` (a `kind`) use the cache.
 
     Matches rules on the pod's labels (a workload's template labels, or the
@@ -308,6 +315,8 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
     if proxy_url is not None and any(r.mode == "env" for r in matched):
         _check_container_count(spec, spec_path)
     env_done: set[str] = set()  # the env paths already given variables, shared by every env rule
+    env_made: set[str] = set()  # the env lists this patch creates: later additions append to them
+    trusting = False  # the CA bundle is given once, whichever tls rules ask for it
     applied: list[str] = []
     for rule in matched:
         before = len(out.ops)
@@ -324,7 +333,10 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
             if proxy_url is None:
                 out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
             else:
-                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy, env_done)
+                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy, env_done, env_made)
+        if rule.tls and not trusting:
+            trusting = True
+            _add_trust(out, spec_path, spec, ca_configmap, env_made)
         # Only a rule that changed something is recorded: one whose hostnames
         # the pod already maps (a reinvocation, or the pod's own entries)
         # injected nothing.
@@ -419,7 +431,8 @@ def _check_container_count(spec: dict, spec_path: str) -> None:
                                 f"{MAX_CONTAINERS} that mode env patches")
 
 
-def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str, done: set[str]) -> None:
+def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: str, done: set[str],
+             made: set[str]) -> None:
     """Give each container the proxy pairs it does not set itself.
 
     A container that sets HTTP_PROXY or http_proxy has a proxy of its own:
@@ -473,11 +486,88 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
                       "Services included, go to the cache proxy, which refuses hosts it does not cache")
             else:
                 add += [{"name": v, "value": no_proxy} for v in NO_PROXY_VARS]
-            if env is None:
-                out.ops.append({"op": "add", "path": base, "value": add})
-            else:
-                out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in add)
+            _append(out, base, env is not None or base in made, add)
+            made.add(base)
             done.add(base)
+
+
+def _append(out: Patch, base: str, exists: bool, items: list[dict[str, Any]]) -> None:
+    """Ops adding `items` to the list at `base`: one op making it, or one per item appended."""
+    if not items:
+        return
+    if exists:
+        out.ops.extend({"op": "add", "path": f"{base}/-", "value": e} for e in items)
+    else:
+        out.ops.append({"op": "add", "path": base, "value": items})
+
+
+def _containers(spec: dict, spec_path: str):
+    """(path, container) of every init container and container, each checked to be a mapping."""
+    for group in ("initContainers", "containers"):
+        containers = spec.get(group)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            raise PatchError(f"{spec_path}/{group} is {_what(containers)}, not a list")
+        for i, c in enumerate(containers):
+            where = f"{spec_path}/{group}/{i}"
+            if not isinstance(c, dict):
+                raise PatchError(f"{where} is {_what(c)}, not a container")
+            yield where, c
+
+
+def _list_at(container: dict, where: str, field_name: str, what: str) -> list:
+    value = container.get(field_name)
+    if value is not None and not isinstance(value, list):
+        raise PatchError(f"{where}/{field_name} is {_what(value)}, not a list")
+    for j, item in enumerate(value or []):
+        if not isinstance(item, dict):
+            raise PatchError(f"{where}/{field_name}/{j} is {_what(item)}, not {what}")
+    return value if value is not None else []
+
+
+def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set[str]) -> None:
+    """Make every container trust the Nezha CA (nezha/trust_bundle.py): the
+    `nezha-ca` ConfigMap as a volume, mounted read-only at CA_DIR, and each
+    client's variable naming its file.
+
+    A variable the container sets itself is the user's and is kept, with a
+    warning naming it (that client may then refuse the cache's certificates).
+    A container with envFrom still gets the variables, since without them
+    its HTTPS downloads of aliased hosts would fail; a value of the same name
+    in its envFrom source is overridden, and the warning says so. Everything
+    already present (a reinvocation) is left as it is, so a second pass adds nothing.
+    """
+    volumes = spec.get("volumes")
+    if volumes is not None and not isinstance(volumes, list):
+        raise PatchError(f"{spec_path}/volumes is {_what(volumes)}, not a list")
+    names = {v.get("name") for v in volumes or [] if isinstance(v, dict)}
+    if trust_bundle.VOLUME not in names:
+        volume = {"name": trust_bundle.VOLUME, "configMap": {"name": configmap}}
+        _append(out, f"{spec_path}/volumes", volumes is not None, [volume])
+    ours = dict(trust_bundle.VARIABLES)
+    for where, c in _containers(spec, spec_path):
+        name = c.get("name")
+        label = f"container {_short(name)}" if isinstance(name, str) else where
+        mounts = _list_at(c, where, "volumeMounts", "a volume mount")
+        if not any(m.get("name") == trust_bundle.VOLUME or m.get("mountPath") == trust_bundle.CA_DIR
+                   for m in mounts):
+            mount = {"name": trust_bundle.VOLUME, "mountPath": trust_bundle.CA_DIR, "readOnly": True}
+            _append(out, f"{where}/volumeMounts", c.get("volumeMounts") is not None, [mount])
+        env = _list_at(c, where, "env", "a variable")
+        own = {e.get("name"): e.get("value") for e in env}
+        for var in sorted(set(own) & set(ours)):
+            if own[var] != ours[var]:
+                _warn(out, f"{label} sets {var} itself, which is kept: a client reading it may refuse the "
+                      f"cache's certificates for HTTPS downloads of aliased hosts")
+        base = f"{where}/env"
+        add = [{"name": var, "value": file} for var, file in trust_bundle.VARIABLES if var not in own]
+        if add and c.get("envFrom"):
+            _warn(out, f"{label} has envFrom; the CA variables ({', '.join(v for v, _ in trust_bundle.VARIABLES)}) "
+                  "are set in env, which takes precedence over the same names there")
+        _append(out, base, c.get("env") is not None or base in made, add)
+        if add:
+            made.add(base)
 
 
 def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str]) -> None:

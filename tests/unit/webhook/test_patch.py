@@ -582,3 +582,94 @@ def test_any_value_anywhere_gives_a_patch_that_applies_once_or_a_patch_error(cha
     patched = jsonpatch.apply_patch(obj, result.ops)
     again = patch_for(obj=patched, kind="Pod", namespace="ml", rules=rules, cache_ip="10.0.0.9", proxy_url=PROXY)
     assert again.ops == []
+
+
+# -- tls: true (issue 13): matched pods trust the cache's certificates -------------
+
+TLS_RULES = parse_rules(f"""
+- name: secure
+  app: {KEY}
+  label: ksonnet
+  tls: true
+  hostAliases:
+    - hostnames: [storage.googleapis.com]
+""")
+BUNDLE = "/etc/nezha/ca/ca-bundle.crt"
+
+
+def test_a_tls_rule_mounts_the_ca_bundle_in_every_container_and_sets_each_clients_variable():
+    original = pod(containers=2)
+    original["spec"]["initContainers"] = [{"name": "fetch", "image": "busybox"}]
+    result, patched = apply(original, rules=TLS_RULES)
+    spec = patched["spec"]
+    assert spec["volumes"] == [{"name": "nezha-ca", "configMap": {"name": "nezha-ca"}}]
+    for c in spec["initContainers"] + spec["containers"]:
+        assert c["volumeMounts"] == [{"name": "nezha-ca", "mountPath": "/etc/nezha/ca", "readOnly": True}]
+        env = env_of(c)
+        assert {env[v] for v in ("SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "AWS_CA_BUNDLE",
+                                 "GIT_SSL_CAINFO")} == {BUNDLE}
+        assert env["NODE_EXTRA_CA_CERTS"] == "/etc/nezha/ca/ca.crt"  # Node adds it to its roots: the CA alone
+        assert env["WGETRC"] == "/etc/nezha/ca/wgetrc" and env["BOTO_CONFIG"] == "/etc/nezha/ca/boto.cfg"
+    assert result.warnings == [] and result.rules == ["secure"]
+    validate(patched)
+    assert apply(patched, rules=TLS_RULES)[0].ops == []  # reinvocation adds nothing
+
+
+def test_a_variable_the_container_sets_is_kept_with_a_warning_naming_it_and_nothing_is_duplicated():
+    original = pod(env=[{"name": "REQUESTS_CA_BUNDLE", "value": "/my/roots.pem"}])
+    result, patched = apply(original, rules=TLS_RULES)
+    names = [e["name"] for e in patched["spec"]["containers"][0]["env"]]
+    assert len(names) == len(set(names))  # a duplicate env name is an error under server-side apply
+    assert env_of(patched["spec"]["containers"][0])["REQUESTS_CA_BUNDLE"] == "/my/roots.pem"
+    assert any("sets REQUESTS_CA_BUNDLE itself, which is kept" in w for w in result.warnings)
+    validate(patched)
+
+
+def test_a_pod_with_its_own_volumes_and_mounts_keeps_them_and_gains_the_bundle():
+    original = pod()
+    original["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    original["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    _, patched = apply(original, rules=TLS_RULES)
+    assert [v["name"] for v in patched["spec"]["volumes"]] == ["data", "nezha-ca"]
+    assert [m["mountPath"] for m in patched["spec"]["containers"][0]["volumeMounts"]] == ["/data", "/etc/nezha/ca"]
+    validate(patched)
+
+
+def test_tls_and_env_rules_on_one_pod_share_each_env_list_without_duplicates():
+    both = parse_rules(f"""
+- name: proxy
+  app: {KEY}
+  label: ksonnet
+  mode: env
+  hostAliases: [{{hostnames: [www.cs.toronto.edu]}}]
+- name: secure
+  app: {KEY}
+  label: ksonnet
+  tls: true
+  hostAliases: [{{hostnames: [storage.googleapis.com]}}]
+""")
+    for rules in (both, tuple(reversed(both))):
+        result, patched = apply(pod(), rules=rules, proxy_url=PROXY)
+        names = [e["name"] for e in patched["spec"]["containers"][0]["env"]]
+        assert len(names) == len(set(names)) and {"HTTP_PROXY", "SSL_CERT_FILE"} <= set(names)
+        assert apply(patched, rules=rules, proxy_url=PROXY)[0].ops == []
+        validate(patched)
+
+
+def test_envfrom_containers_still_get_the_ca_variables_with_a_warning():
+    original = pod()
+    original["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    result, patched = apply(original, rules=TLS_RULES)
+    assert env_of(patched["spec"]["containers"][0])["SSL_CERT_FILE"] == BUNDLE
+    assert any("has envFrom" in w and "takes precedence over the same names" in w for w in result.warnings)
+
+
+def test_tls_must_be_a_boolean():
+    with pytest.raises(RuleError, match="rule 'x': tls must be true or false, got 'yes'"):
+        parse_rules(f"""
+- name: x
+  app: {KEY}
+  label: v
+  tls: "yes"
+  hostAliases: [{{hostnames: [a.example]}}]
+""")

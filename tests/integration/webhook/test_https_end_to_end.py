@@ -1,0 +1,189 @@
+"""Issue 13 the whole way: unmodified HTTPS clients in labelled pods download through the cache.
+
+API double (in process) with the CA made by `nezha ca init` (its key in
+Secret nezha-ca-key, its bundle in ConfigMap nezha-ca) -> `nezha webhook`
+with a `tls: true` rule -> each Job's pod stored with hostAliases to
+127.0.0.2, the nezha-ca volume mounted and the clients' variables set ->
+`nezha cache` on 127.0.0.2:80 and :443 with that CA -> the pod's own
+command (Debian's curl and wget, Python requests), run in a mount namespace
+whose /etc/hosts is built from the stored hostAliases and whose
+/etc/nezha/ca holds the ConfigMap's files, with the container's variables.
+The origin is a local HTTPS server whose certificate only the node
+trusts; the clients trust only what the webhook gave them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import ssl
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import trustme
+import yaml
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from nezha.ca_cli import init_in_cluster
+from tests.conftest import free_port, require_tool
+from tests.integration.webhook.registration import namespace, register
+from tests.integration.webhook.test_end_to_end import listening, spawn, stop
+from tests.kubeapi.fixtures import kubeconfig
+from tests.pod_command import container_env, cover_for_hosts, mount_point, run_pod_command
+
+HOST = "storage.googleapis.com"
+PATH = "/datasets/shard-00.tar"
+URL = f"https://{HOST}{PATH}"
+RULES = f"""\
+- name: secure-datasets
+  app: app.kubernetes.io/deploy-manager
+  label: ksonnet
+  tls: true
+  hostAliases:
+    - hostnames: [{HOST}]
+"""
+CLIENTS = {
+    "curl": ["curl", "-sS", "--fail", "-o", "shard-00.tar", URL],
+    "wget": ["wget", "-q", URL],
+    "requests": [sys.executable, "-c", "import requests; r = requests.get(%r, timeout=30); r.raise_for_status(); "
+                                       "open('shard-00.tar', 'wb').write(r.content)" % URL],
+}
+
+
+class HttpsOrigin:
+    def __init__(self, ca: trustme.CA, payload: bytes) -> None:
+        self.ca, self.payload = ca, payload
+        self.gets = 0
+
+    async def start(self, aiohttp_server) -> int:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ca.issue_cert("127.0.0.1").configure_cert(ctx)
+        app = web.Application()
+        app.router.add_get(PATH, self.get)
+        return (await aiohttp_server(app, host="127.0.0.1", ssl=ctx)).port
+
+    async def get(self, request: web.Request) -> web.Response:
+        self.gets += 1
+        return web.Response(body=self.payload, headers={"ETag": '"shard-00"', "Cache-Control": "max-age=600"})
+
+
+def labelled_job(name: str, command: list[str]) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"template": {
+                "metadata": {"labels": {"app.kubernetes.io/deploy-manager": "ksonnet"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "fetch", "image": "debian:12",
+                                                                   "command": command}]}}}}
+
+
+async def test_unmodified_https_clients_in_labelled_pods_download_through_the_cache(
+        tmp_path, aiohttp_server, kube, kube_api, tls, request):
+    for tool in ("curl", "wget", "unshare"):
+        require_tool(tool)
+    payload = os.urandom(2 * 1024 * 1024 + 5)
+    public_ca = trustme.CA()  # the origin's issuer: stands in for the public roots, known to the node only
+    origin = HttpsOrigin(public_ca, payload)
+    origin_port = await origin.start(aiohttp_server)
+    for port in (80, 443):
+        with socket.socket() as s:  # nothing else may listen there (TIME_WAIT of an earlier run is fine)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.2", port))
+    machine_hosts = cover_for_hosts(request)
+    assert HOST not in machine_hosts.read_text()
+    ca_dir = mount_point(request, Path("/etc/nezha/ca"))
+
+    core = client.CoreV1Api(kube)
+    await namespace(kube, "nezha")
+    await namespace(kube, "ml")
+    # The CA, as the chart's Job makes it.
+    await init_in_cluster(kube, "nezha")
+    secret = await core.read_namespaced_secret("nezha-ca-key", "nezha")
+    node_ca = tmp_path / "node-ca"
+    node_ca.mkdir()
+    for name in ("ca.crt", "ca.key"):
+        (node_ca / name).write_bytes(base64.b64decode(secret.data[name]))
+    # The pods' copy of ConfigMap nezha-ca lives in their own namespace (a volume can only name one there).
+    published = await core.read_namespaced_config_map("nezha-ca", "nezha")
+    await core.create_namespaced_config_map("ml", {"metadata": {"name": "nezha-ca"}, "data": published.data})
+
+    public_bundle = tmp_path / "public-roots.pem"
+    public_ca.cert_pem.write_to_path(str(public_bundle))
+    config = tmp_path / "node.yaml"
+    config.write_text(yaml.safe_dump({"origins": [{"host": HOST, "upstream": f"https://127.0.0.1:{origin_port}",
+                                                   "ca_bundle": str(public_bundle)}]}))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    hook_port = free_port()
+    processes = []
+    try:
+        cache_log, hook_log = tmp_path / "cache.log", tmp_path / "webhook.log"
+        cache = await spawn(sys.executable, "-m", "nezha", "cache", "--listen", "127.0.0.2:80",
+                            "--tls-listen", "127.0.0.2:443", "--ca-cert", str(node_ca / "ca.crt"),
+                            "--ca-key", str(node_ca / "ca.key"), "--data-dir", str(tmp_path / "cache"),
+                            "--config", str(config), log=cache_log)
+        processes.append(cache)
+        hook = await spawn(sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{hook_port}",
+                           "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules),
+                           "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", kube_api.url)),
+                           "--namespace", "nezha", "--cache-service", "nezha-cache", log=hook_log)
+        processes.append(hook)
+        await core.create_namespaced_service("nezha", {"metadata": {"name": "nezha-cache"}, "spec": {
+            "clusterIP": "127.0.0.2", "ports": [{"port": 80}, {"name": "https", "port": 443}],
+            "selector": {"app": "nezha-cache"}}})
+        await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
+        await listening("127.0.0.2", 443, cache, cache_log)
+        await listening("127.0.0.1", hook_port, hook, hook_log)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
+            for _ in range(200):  # the webhook learns the IP from its Service watch
+                async with c.get(f"https://127.0.0.1:{hook_port}/healthz") as r:
+                    if (await r.json())["cache_ip"] == "127.0.0.2":
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"webhook never learned the cache IP: {hook_log.read_text()[-2000:]}")
+
+        batch = client.BatchV1Api(kube)
+        for name, command in CLIENTS.items():
+            await batch.create_namespaced_job("ml", labelled_job(f"train-{name}", command))
+        pods = []
+        for _ in range(200):
+            pods = (await core.list_namespaced_pod("ml")).items
+            if len(pods) == len(CLIENTS):
+                break
+            await asyncio.sleep(0.02)
+        assert len(pods) == len(CLIENTS), kube_api.job_errors
+
+        files = tmp_path / "nezha-ca-volume"  # what kubelet would put in the pod's nezha-ca volume
+        files.mkdir()
+        for key, value in (await core.read_namespaced_config_map("nezha-ca", "ml")).data.items():
+            (files / key).write_text(value)
+        for p in sorted(pods, key=lambda p: p.metadata.name):
+            raw = kube.sanitize_for_serialization(p)
+            spec = raw["spec"]
+            assert spec["hostAliases"] == [{"ip": "127.0.0.2", "hostnames": [HOST]}]
+            assert {"name": "nezha-ca", "configMap": {"name": "nezha-ca"}} in spec["volumes"]
+            assert spec["containers"][0]["volumeMounts"] == [
+                {"name": "nezha-ca", "mountPath": "/etc/nezha/ca", "readOnly": True}]
+            workdir = tmp_path / raw["metadata"]["name"]
+            await run_pod_command(raw, workdir, timeout=60, env=container_env(raw),
+                                  mounts={str(ca_dir): files},
+                                  context=f"cache log: {cache_log.read_text()[-3000:]}")
+            assert (workdir / "shard-00.tar").read_bytes() == payload, raw["metadata"]["name"]
+        assert origin.gets == 1  # three clients, three programs, one fetch: the first filled, the rest hit
+        served = cache_log.read_text()  # (identical hit lines collapse into one: nezha/logs.py)
+        assert '"cache": "hit"' in served and "Traceback" not in served and "WARNING" not in served, served[-3000:]
+        assert HOST not in machine_hosts.read_text()
+    finally:
+        for p in processes:
+            await stop(p)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_from_the_machine(monkeypatch):
+    for name in list(os.environ):
+        if "proxy" in name.lower():
+            monkeypatch.delenv(name)
