@@ -10,7 +10,7 @@ from nezha.config import ControllerSettings, load
 from nezha.logs import configure
 
 FLAGS = ["health_listen", "namespace", "statefulset", "redis_url", "identity", "kubeconfig", "lease_name", "peer_address",
-         "peer_port", "cluster_token_file", "log_level"]
+         "peer_port", "cluster_token_file", "publish_ca", "log_level"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peer-port", type=int, help="node port when the container has no port named http "
                    "(default 8080)")
     p.add_argument("--cluster-token-file", type=Path, help="file holding the nodes' cluster token")
+    p.add_argument("--publish-ca", action="store_true", default=None,
+                   help="keep a copy of ConfigMap nezha-ca (the CA bundle from `nezha ca init`) in every "
+                   "namespace, for pods of tls: true rules to mount (default: off)")
     p.add_argument("--health-listen", help="HOST:PORT answering /healthz and /readyz for probes (default: none)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level")

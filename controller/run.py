@@ -32,6 +32,7 @@ from controller.drains import Drains
 from controller.membership import leaving, members, pod_selector
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
+from controller.trust import TrustPublisher
 from controller.watch import Informer
 from nezha.config import ControllerSettings, parse_hostport
 from nezha.errors import ConfigError
@@ -84,6 +85,8 @@ class Controller:
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring)
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
+        self.trust = TrustPublisher(api=api, namespace=self.namespace, leading=lambda: self.leading) \
+            if settings.publish_ca else None
         self.last_event_at: float | None = None
         self.loop_at: float | None = None  # when the reconcile loop last went round (controller/health.py)
 
@@ -109,6 +112,8 @@ class Controller:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self.jobs.run())]
         tasks.append(loop.create_task(self._autoscale_forever()))
+        if self.trust is not None:
+            tasks.append(loop.create_task(self.trust.run()))
         if self.elector is not None:
             tasks += [loop.create_task(self.elector.run()), loop.create_task(self._follow_leadership())]
         try:
@@ -161,6 +166,8 @@ class Controller:
             self.written = None
             self.problems = {}
             self._wake.set()
+            if self.trust is not None:
+                self.trust.wake()
 
     def _follow_pods(self, selector: str) -> None:
         """Watch the pods `selector` picks; a new selector (the StatefulSet changed it) starts over."""

@@ -580,6 +580,9 @@ class ControllerSettings(_Base):
     batch_window: float = 0.05
     # HOST:PORT of /healthz and /readyz (kubelet probes); none: no listener.
     health_listen: str | None = None
+    # Keep a copy of ConfigMap nezha-ca (the CA bundle labelled pods mount for
+    # HTTPS, `nezha ca init`) in every namespace (controller/trust.py).
+    publish_ca: bool = False
 
     @field_validator("health_listen")
     @classmethod

@@ -1,7 +1,8 @@
 """Issue 13 the whole way: unmodified HTTPS clients in labelled pods download through the cache.
 
 API double (in process) with the CA made by `nezha ca init` (its key in
-Secret nezha-ca-key, its bundle in ConfigMap nezha-ca) -> `nezha webhook`
+Secret nezha-ca-key, its bundle in ConfigMap nezha-ca, copied into the
+job's namespace by the controller's publisher) -> `nezha webhook`
 with a `tls: true` rule -> each Job's pod stored with hostAliases to
 127.0.0.2, the nezha-ca volume mounted and the clients' variables set ->
 `nezha cache` on 127.0.0.2:80 and :443 with that CA -> the pod's own
@@ -29,6 +30,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from controller.trust import TrustPublisher
 from nezha.ca_cli import init_in_cluster
 from tests.conftest import free_port, require_tool
 from tests.integration.webhook.registration import namespace, register
@@ -106,9 +108,10 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
     node_ca.mkdir()
     for name in ("ca.crt", "ca.key"):
         (node_ca / name).write_bytes(base64.b64decode(secret.data[name]))
-    # The pods' copy of ConfigMap nezha-ca lives in their own namespace (a volume can only name one there).
-    published = await core.read_namespaced_config_map("nezha-ca", "nezha")
-    await core.create_namespaced_config_map("ml", {"metadata": {"name": "nezha-ca"}, "data": published.data})
+    # The pods' copy of ConfigMap nezha-ca lives in their own namespace (a volume can only name one
+    # there): the controller's publisher (`--publish-ca`) keeps it.
+    publisher = TrustPublisher(api=kube, namespace="nezha", leading=lambda: True)
+    publishing = asyncio.get_running_loop().create_task(publisher.run())
 
     public_bundle = tmp_path / "public-roots.pem"
     public_ca.cert_pem.write_to_path(str(public_bundle))
@@ -159,6 +162,10 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
 
         files = tmp_path / "nezha-ca-volume"  # what kubelet would put in the pod's nezha-ca volume
         files.mkdir()
+        for _ in range(200):
+            if publisher.written:
+                break
+            await asyncio.sleep(0.02)
         for key, value in (await core.read_namespaced_config_map("nezha-ca", "ml")).data.items():
             (files / key).write_text(value)
         for p in sorted(pods, key=lambda p: p.metadata.name):
@@ -178,6 +185,8 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
         assert '"cache": "hit"' in served and "Traceback" not in served and "WARNING" not in served, served[-3000:]
         assert HOST not in machine_hosts.read_text()
     finally:
+        publishing.cancel()
+        await asyncio.gather(publishing, return_exceptions=True)
         for p in processes:
             await stop(p)
 
