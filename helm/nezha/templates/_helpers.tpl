@@ -21,6 +21,7 @@
 {{- define "nezha.controller" -}}{{ include "nezha.fullname" . }}-controller{{- end }}
 {{- define "nezha.webhook" -}}{{ include "nezha.fullname" . }}-webhook{{- end }}
 {{- define "nezha.certs" -}}{{ include "nezha.fullname" . }}-webhook-certs{{- end }}
+{{- define "nezha.ca" -}}{{ include "nezha.fullname" . }}-ca{{- end }}
 {{- define "nezha.redis" -}}{{ include "nezha.fullname" . }}-redis{{- end }}
 
 {{- define "nezha.clusterTokenSecret" -}}

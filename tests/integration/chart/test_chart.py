@@ -108,19 +108,23 @@ def test_the_chart_registration_matches_the_webhook_manifest_the_tests_register(
 
 # -- RBAC: exactly docs/rbac.md ----------------------------------------------------
 
-def _documented_rbac() -> dict[tuple[str, str], dict[tuple[str, str], set[str]]]:
-    """(kind, name) -> {(group, resource): verbs} from the tables under `### Role `x`` headings."""
+HTTPS_ONLY = "(with `https.terminate`)"  # a Role, or a row, that the chart grants only with that value
+
+
+def _documented_rbac(*, https: bool) -> dict[tuple[str, str], dict[tuple[str, str], set[str]]]:
+    """(kind, name) -> {(group, resource): verbs} from the tables under `### Role `x`` headings;
+    what is marked HTTPS_ONLY only when `https` (the value set turns https.terminate on)."""
     doc = (CHART.parents[1] / "docs" / "rbac.md").read_text()
     out: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {}
     current = None
     for line in doc.splitlines():
         m = re.match(r"^### (Role|ClusterRole) `([^`]+)`", line)
         if m:
-            current = out.setdefault((m.group(1), m.group(2)), {})
+            current = out.setdefault((m.group(1), m.group(2)), {}) if https or HTTPS_ONLY not in line else None
             continue
         if line.startswith("#"):
             current = None
-        if current is None or not line.startswith("| `"):
+        if current is None or not line.startswith("| `") or (HTTPS_ONLY in line and not https):
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
         group = re.match(r"`([^`]*)`", cells[0]).group(1).strip('"')
@@ -145,7 +149,8 @@ def _granted(objects: list[dict]) -> dict[tuple[str, str], dict[tuple[str, str],
 
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_the_rbac_in_the_chart_is_exactly_docs_rbac_md(values):
-    documented = _documented_rbac()
+    https = any(((yaml.safe_load(f.read_text()) or {}).get("https") or {}).get("terminate") for f in values)
+    documented = _documented_rbac(https=https)
     assert documented, "docs/rbac.md has no '### Role `name`' tables"
     assert _granted(render(values=values)) == documented
 
@@ -416,9 +421,11 @@ def test_every_nezha_command_line_in_the_chart_parses(values):
                 args = parser.parse_args(c["args"])
             except SystemExit:
                 pytest.fail(f"{owner['metadata']['name']}: nezha {shlex.join(c['args'])} does not parse")
-            seen.add(" ".join(c["args"][:2]) if c["args"][:2] == ["webhook", "certs"] else c["args"][0])
+            seen.add(" ".join(c["args"][:2]) if c["args"][:2] in (["webhook", "certs"], ["ca", "init"])
+                     else c["args"][0])
             assert args.func is not None
-    assert seen == {"cache", "controller", "webhook", "webhook certs"}
+    https = any(((yaml.safe_load(f.read_text()) or {}).get("https") or {}).get("terminate") for f in values)
+    assert seen == {"cache", "controller", "webhook", "webhook certs"} | ({"ca init"} if https else set())
 
 
 # -- values.schema.json refuses bad values, naming the field ----------------------------
@@ -466,3 +473,37 @@ def test_a_sentinel_url_gets_the_password_spliced_in_and_parses_as_every_command
 
     target = parse_sentinel(url.replace("$(REDIS_PASSWORD)", "pw"))
     assert target.sentinels == (("s1", 26379), ("s2", 26379)) and target.service == "mymaster"
+
+
+# -- HTTPS (issue 13): the CA's key reaches cache pods only --------------------------------
+
+HTTPS_VALUES = CHART / "ci" / "https-values.yaml"
+
+
+def test_with_https_only_cache_pods_mount_the_ca_key_and_every_part_is_wired():
+    objects = render(values=(HTTPS_VALUES,))
+    mounting = {}
+    for owner, spec in pod_specs(objects):
+        for v in spec.get("volumes") or []:
+            if (v.get("secret") or {}).get("secretName") == "nezha-ca-key":
+                mounting[owner["metadata"]["name"]] = v
+    assert list(mounting) == ["nezha-cache"] and mounting["nezha-cache"]["secret"]["defaultMode"] == 0o400
+    cache = find(objects, "StatefulSet", "nezha-cache")["spec"]["template"]["spec"]["containers"][0]
+    assert {"--ca-cert=/var/run/nezha/ca/ca.crt", "--ca-key=/var/run/nezha/ca/ca.key"} <= set(cache["args"])
+    controller = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "nezha-controller")
+    assert "--publish-ca" in controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    job = next(o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].startswith("nezha-ca-"))
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["ca", "init"]
+    rules = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap"
+                                and o["metadata"]["name"] == "nezha-webhook-rules")["data"]["config"])
+    assert rules[0]["tls"] is True
+    table = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap"
+                                and o["metadata"]["name"] == "nezha-cache")["data"]["cache.yaml"])
+    assert {o["host"]: o.get("tls") for o in table["origins"]}["pinned.example.org"] == "passthrough"
+
+
+def test_without_https_nothing_of_the_ca_is_rendered():
+    objects = render()
+    text = yaml.safe_dump_all(objects)
+    assert "nezha-ca-key" not in text and "--publish-ca" not in text and "--ca-cert" not in text
+    assert not any(o["kind"] == "Job" and o["metadata"]["name"].startswith("nezha-ca-") for o in objects)
