@@ -268,3 +268,61 @@ async def test_unmodified_curl_trusting_the_nezha_ca_downloads_through_the_node(
         assert f"x-nezha-cache: {expected}".encode() in headers.lower()
         assert out.read_bytes() == BODY
     assert https_origin.gets == ["/data.bin"]
+
+
+async def test_a_leaf_renewed_while_a_download_runs_on_it_leaves_that_download_whole(tmp_path):
+    """The port with real leaves and a clock: a connection keeps the leaf it began with, new ones get the new."""
+    from aiohttp import web as aioweb
+
+    from cachenode.leaves import Leaves
+    from cachenode.tls_port import Terminate, TlsPort
+    from nezha.pki import make_ca
+
+    real_now = dt.datetime.now(dt.timezone.utc)
+    ca = make_ca(now=real_now - dt.timedelta(days=30), name="nezha-ca")
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    clock = [real_now - dt.timedelta(days=6)]  # the first leaf: minted six days ago, one day left
+    leaves = Leaves(ca, allowed=lambda name: name == NAME, folder=tmp_path / "leaves", clock=lambda: clock[0])
+    chunks = [os.urandom(64 * 1024) for _ in range(32)]
+    halfway = asyncio.Event()
+
+    async def slow(request: aioweb.Request) -> aioweb.StreamResponse:
+        resp = aioweb.StreamResponse()
+        resp.content_length = sum(map(len, chunks))
+        await resp.prepare(request)
+        for i, chunk in enumerate(chunks):
+            await resp.write(chunk)
+            if i == len(chunks) // 2:
+                await halfway.wait()  # the renewal happens while this download is half done
+        return resp
+
+    app = aioweb.Application()
+    app.router.add_get("/slow", slow)
+    runner = aioweb.AppRunner(app)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+
+    async def adopt(sock, context):
+        await loop.connect_accepted_socket(runner.server, sock, ssl=context)
+
+    port = TlsPort(lambda name: Terminate(leaves.context_for(name)) if name == NAME else None, adopt=adopt)
+    await port.start("127.0.0.1", 0)
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port.port, ssl=ctx, server_hostname=NAME)
+        first = x509.load_der_x509_certificate(writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
+        writer.write(f"GET /slow HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        got = await reader.readexactly(len(chunks[0]) * 4)
+
+        clock[0] = real_now  # one day left, under the two-day margin: the next handshake renews
+        halfway.set()
+        _, _, second = await https_get(port.port, ctx, "/slow")
+        assert second.serial_number != first.serial_number and leaves.minted == 2
+        got += await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert got == b"".join(chunks)  # the running download, on the old leaf, ended whole
+    finally:
+        await port.close()
+        await runner.cleanup()
