@@ -312,7 +312,7 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
                             "treated as \"true\"")
 
     aliases = _existing_aliases(spec, spec_path)
-    if proxy_url is not None and any(r.mode == "env" for r in matched):
+    if (proxy_url is not None and any(r.mode == "env" for r in matched)) or any(r.tls for r in matched):
         _check_container_count(spec, spec_path)
     env_done: set[str] = set()  # the env paths already given variables, shared by every env rule
     env_made: set[str] = set()  # the env lists this patch creates: later additions append to them
@@ -445,50 +445,41 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
     variables; this call adds its own. Looking a container up there, rather
     than scanning the ops so far, is what keeps env mode linear.
     """
-    for group in ("initContainers", "containers"):
-        containers = spec.get(group)
-        if containers is None:
+    for where, c in _containers(spec, spec_path):
+        env = c.get("env")
+        if env is not None and not isinstance(env, list):
+            raise PatchError(f"{where}/env is {_what(env)}, not a list")
+        own: set[str] = set()
+        for j, e in enumerate(env or []):
+            if not isinstance(e, dict):
+                raise PatchError(f"{where}/env/{j} is {_what(e)}, not a variable")
+            if not isinstance(e.get("name"), str):
+                raise PatchError(f"{where}/env/{j}/name is {_what(e.get('name'))}, not a variable name")
+            own.add(e["name"])
+        env_from = c.get("envFrom")
+        if env_from is not None and not isinstance(env_from, list):
+            raise PatchError(f"{where}/envFrom is {_what(env_from)}, not a list")
+        base = f"{where}/env"
+        if base in done:
+            continue  # an earlier env rule already decided for this container
+        name = c.get("name")
+        label = f"container {_short(name)}" if isinstance(name, str) else where
+        if env_from:
+            _warn(out, f"{label} has envFrom, which may set proxy variables the webhook cannot see; "
+                  "its proxy variables are left alone")
             continue
-        if not isinstance(containers, list):
-            raise PatchError(f"{spec_path}/{group} is {_what(containers)}, not a list")
-        for i, c in enumerate(containers):
-            where = f"{spec_path}/{group}/{i}"
-            if not isinstance(c, dict):
-                raise PatchError(f"{where} is {_what(c)}, not a container")
-            env = c.get("env")
-            if env is not None and not isinstance(env, list):
-                raise PatchError(f"{where}/env is {_what(env)}, not a list")
-            own: set[str] = set()
-            for j, e in enumerate(env or []):
-                if not isinstance(e, dict):
-                    raise PatchError(f"{where}/env/{j} is {_what(e)}, not a variable")
-                if not isinstance(e.get("name"), str):
-                    raise PatchError(f"{where}/env/{j}/name is {_what(e.get('name'))}, not a variable name")
-                own.add(e["name"])
-            env_from = c.get("envFrom")
-            if env_from is not None and not isinstance(env_from, list):
-                raise PatchError(f"{where}/envFrom is {_what(env_from)}, not a list")
-            base = f"{where}/env"
-            if base in done:
-                continue  # an earlier env rule already decided for this container
-            name = c.get("name")
-            label = f"container {_short(name)}" if isinstance(name, str) else where
-            if env_from:
-                _warn(out, f"{label} has envFrom, which may set proxy variables the webhook cannot see; "
-                      "its proxy variables are left alone")
-                continue
-            if mine := sorted(own & set(PROXY_VARS)):
-                _warn(out, f"{label} sets {mine[0]} itself; its proxy variables are left alone")
-                continue
-            add = [{"name": v, "value": proxy_url} for v in PROXY_VARS]
-            if mine := sorted(own & set(NO_PROXY_VARS)):
-                _warn(out, f"{label} sets {mine[0]} itself, which is kept: hosts it does not list, cluster "
-                      "Services included, go to the cache proxy, which refuses hosts it does not cache")
-            else:
-                add += [{"name": v, "value": no_proxy} for v in NO_PROXY_VARS]
-            _append(out, base, env is not None or base in made, add)
-            made.add(base)
-            done.add(base)
+        if mine := sorted(own & set(PROXY_VARS)):
+            _warn(out, f"{label} sets {mine[0]} itself; its proxy variables are left alone")
+            continue
+        add = [{"name": v, "value": proxy_url} for v in PROXY_VARS]
+        if mine := sorted(own & set(NO_PROXY_VARS)):
+            _warn(out, f"{label} sets {mine[0]} itself, which is kept: hosts it does not list, cluster "
+                  "Services included, go to the cache proxy, which refuses hosts it does not cache")
+        else:
+            add += [{"name": v, "value": no_proxy} for v in NO_PROXY_VARS]
+        _append(out, base, env is not None or base in made, add)
+        made.add(base)
+        done.add(base)
 
 
 def _append(out: Patch, base: str, exists: bool, items: list[dict[str, Any]]) -> None:

@@ -66,6 +66,17 @@ async def listening(host: str, port: int, proc: asyncio.subprocess.Process, log:
             await asyncio.sleep(0.05)
 
 
+async def knows_cache_ip(hook_port: int, tls, ip: str, log: Path) -> None:
+    """Wait until the webhook has learned the cache Service's IP from its watch."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
+        for _ in range(200):
+            async with c.get(f"https://127.0.0.1:{hook_port}/healthz") as r:
+                if (await r.json())["cache_ip"] == ip:
+                    return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"webhook never learned the cache IP: {log.read_text()[-2000:]}")
+
+
 async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_request(
         tmp_path, aiohttp_server, kube, kube_api, tls, request):
     require_tool("wget"), require_tool("unshare")
@@ -103,14 +114,7 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
         await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
         await listening("127.0.0.2", 80, cache, cache_log)
         await listening("127.0.0.1", hook_port, hook, hook_log)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
-            for _ in range(200):  # the webhook learns the IP from its Service watch
-                async with c.get(f"https://127.0.0.1:{hook_port}/healthz") as r:
-                    if (await r.json())["cache_ip"] == "127.0.0.2":
-                        break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(f"webhook never learned the cache IP: {hook_log.read_text()[-2000:]}")
+        await knows_cache_ip(hook_port, tls, "127.0.0.2", hook_log)
 
         batch = client.BatchV1Api(kube)
         for name in ("train-a", "train-b"):

@@ -23,7 +23,6 @@ import ssl
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 import trustme
 import yaml
@@ -34,7 +33,7 @@ from controller.trust import TrustPublisher
 from nezha.ca_cli import init_in_cluster
 from tests.conftest import free_port, require_tool
 from tests.integration.webhook.registration import namespace, register
-from tests.integration.webhook.test_end_to_end import listening, spawn, stop
+from tests.integration.webhook.test_end_to_end import knows_cache_ip, listening, spawn, stop
 from tests.kubeapi.fixtures import kubeconfig
 from tests.pod_command import container_env, cover_for_hosts, mount_point, run_pod_command
 
@@ -140,14 +139,7 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
         await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
         await listening("127.0.0.2", 443, cache, cache_log)
         await listening("127.0.0.1", hook_port, hook, hook_log)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
-            for _ in range(200):  # the webhook learns the IP from its Service watch
-                async with c.get(f"https://127.0.0.1:{hook_port}/healthz") as r:
-                    if (await r.json())["cache_ip"] == "127.0.0.2":
-                        break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(f"webhook never learned the cache IP: {hook_log.read_text()[-2000:]}")
+        await knows_cache_ip(hook_port, tls, "127.0.0.2", hook_log)
 
         batch = client.BatchV1Api(kube)
         for name, command in CLIENTS.items():
