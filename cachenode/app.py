@@ -59,10 +59,13 @@ def origin_roots(settings: CacheSettings) -> dict[tuple[str, int], Path]:
     for o in settings.origins:
         if o.ca_bundle is None:
             continue
-        for upstream in {o.upstream, o.upstream_for("https")}:
-            u = URL(upstream)
+        asked = f"nezha-any.{o.host[2:]}" if o.wildcard else o.host  # a name the origin answers for
+        for scheme in ("http", "https"):
+            u = URL(o.upstream_for(scheme, asked))
             if u.scheme == "https" and u.host:
-                roots[(u.host, u.port or 443)] = o.ca_bundle
+                # A *.domain origin fetching each name from itself: its bundle covers the whole domain.
+                host = o.host if u.host == asked and o.wildcard else u.host
+                roots[(host, u.port or 443)] = o.ca_bundle
     return roots
 
 
@@ -178,7 +181,7 @@ def _leaves(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
         log.warning("ca_unused", reason="--ca-cert and --ca-key are given but not --tls-listen: no TLS port")
         return None
     table = settings.origin_table
-    return Leaves(ca, allowed=lambda name: name in table, folder=settings.data_dir / "leaves")
+    return Leaves(ca, certificate_name=table.certificate_name, folder=settings.data_dir / "leaves")
 
 
 async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None) -> None:
@@ -202,7 +205,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
                 return None
             if leaves is not None and origin.tls == "terminate":
                 return Terminate(leaves.context_for(name))
-            return Relay(*passthrough_target(origin.host, origin.upstream_for("https")))
+            return Relay(*passthrough_target(name, origin.upstream_for("https", name)))
 
         tls_outcomes = listener.node.metrics.tls_connections
         relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,

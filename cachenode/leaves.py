@@ -61,10 +61,13 @@ def load_ca(cert_path: Path, key_path: Path) -> Pair:
 
 
 class Leaves:
-    def __init__(self, ca: Pair, *, allowed: Callable[[str], bool], folder: Path, days: int = LEAF_DAYS,
-                 renew_days: int = RENEW_DAYS, clock: Callable[[], dt.datetime] | None = None) -> None:
+    def __init__(self, ca: Pair, *, certificate_name: Callable[[str], str | None], folder: Path,
+                 days: int = LEAF_DAYS, renew_days: int = RENEW_DAYS,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
+        """`certificate_name(sni)`: the name a leaf for `sni` is made for (the name itself, or the
+        `*.domain` origin it falls under), None for a name outside the origin table."""
         self.ca = ca
-        self.allowed = allowed
+        self.certificate_name = certificate_name
         self.folder = Path(folder)
         self.days = days
         self.renew_days = renew_days
@@ -74,9 +77,10 @@ class Leaves:
 
     def context_for(self, name: str) -> ssl.SSLContext:
         """A server context presenting a valid leaf for `name`; NotAllowed for a name outside the table."""
-        name = name.lower().rstrip(".")
-        if not self.allowed(name):
-            raise NotAllowed(f"{name!r} is not a configured origin: no certificate is made for it")
+        asked = name.lower().rstrip(".")
+        name = self.certificate_name(asked)
+        if name is None:
+            raise NotAllowed(f"{asked!r} is not a configured origin: no certificate is made for it")
         held = self._contexts.get(name)
         if held is not None and self._reason(held[0], name) is None:
             return held[1]
@@ -94,8 +98,8 @@ class Leaves:
         return renewal_reason(pair, ca=self.ca, names=[name], now=self._clock(), renew_days=self.renew_days)
 
     def _path(self, name: str) -> Path:
-        # A name from the origin table is a host name: no "/" or "..", checked there.
-        return self.folder / f"{name}.pem"
+        # A name from the origin table is a host name or *.domain: no "/" or "..", checked there.
+        return self.folder / f"{name.replace('*', '_wildcard')}.pem"
 
     def _from_disk(self, name: str) -> Pair | None:
         try:

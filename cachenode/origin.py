@@ -153,7 +153,8 @@ class OriginClient:
         verify: ssl.SSLContext | bool = True
         if self._roots and url.startswith("https://"):
             u = URL(url)
-            verify = self._roots.get((u.host or "", u.port or 443), True)
+            host, port = u.host or "", u.port or 443
+            verify = self._roots.get((host, port)) or self._roots.get((f"*.{host.split('.', 1)[-1]}", port), True)
         try:
             return await self._session.request(
                 method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,

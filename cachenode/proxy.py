@@ -244,7 +244,7 @@ class CacheNode:
         if origin is None or key is None:
             raise web.HTTPForbidden(
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
-        url = origin.upstream_for(target.scheme) + target.path_qs
+        url = origin.upstream_for(target.scheme, target.host) + target.path_qs
         access(request).key = key
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, url=url, key=key, target=target)

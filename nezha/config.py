@@ -77,6 +77,9 @@ def check_redis_url(value: str | None) -> str | None:
     return value
 
 
+HOST_PLACEHOLDER = "{host}"
+
+
 class Origin(BaseModel):
     """One dataset host the cache may contact, and where it really lives.
 
@@ -126,19 +129,31 @@ class Origin(BaseModel):
     @classmethod
     def _host(cls, v: str) -> str:
         v = v.strip().lower().rstrip(".")
-        if not _HOST_RE.match(v):
-            raise ValueError(f"origin host {v!r} is not a hostname")
+        name = v[2:] if v.startswith("*.") else v
+        if not _HOST_RE.match(name) or (v.startswith("*.") and "." not in name):
+            raise ValueError(f"origin host {v!r} is not a hostname or a *.domain pattern (of at least two labels)")
         return v
+
+    @property
+    def wildcard(self) -> bool:
+        """`*.domain`: every name one label under `domain` (as a TLS wildcard covers), e.g. S3's bucket hosts."""
+        return self.host.startswith("*.")
 
     @field_validator("upstream", "tls_upstream")
     @classmethod
     def _upstream(cls, v: str | None, info: Any) -> str | None:
         if v is None:
             return v
-        u = URL(v)
+        u = URL(v.replace(HOST_PLACEHOLDER, "placeholder.invalid"))
         if u.scheme not in ("http", "https") or not u.host:
             raise ValueError(f"origin {info.field_name} {v!r} must be an http:// or https:// URL")
-        return str(u).rstrip("/")
+        return v.rstrip("/") if HOST_PLACEHOLDER in v else str(u).rstrip("/")
+
+    @model_validator(mode="after")
+    def _placeholder(self) -> "Origin":
+        if not self.wildcard and any(HOST_PLACEHOLDER in (u or "") for u in (self.upstream, self.tls_upstream)):
+            raise ValueError(f"origin {self.host!r}: {HOST_PLACEHOLDER} in an upstream is for *.domain origins only")
+        return self
 
     @field_validator("ca_bundle")
     @classmethod
@@ -150,13 +165,18 @@ class Origin(BaseModel):
                 raise ValueError(f"ca_bundle {str(v)!r} is not a readable PEM bundle: {e}") from e
         return v
 
-    def upstream_for(self, scheme: str) -> str:
-        """Where a request that came in as `scheme` (http or https) is fetched."""
+    def upstream_for(self, scheme: str, host: str) -> str:
+        """Where a request for `host` that came in as `scheme` (http or https) is fetched;
+        `{host}` in a *.domain origin's upstream is the name asked for."""
         if scheme != "https":
-            return self.upstream
-        if self.tls_upstream is not None:
-            return self.tls_upstream
-        return self.upstream if self.upstream.startswith("https://") else f"https://{self.host}"
+            chosen = self.upstream
+        elif self.tls_upstream is not None:
+            chosen = self.tls_upstream
+        elif self.upstream.startswith("https://"):
+            chosen = self.upstream
+        else:
+            chosen = f"https://{HOST_PLACEHOLDER}"
+        return chosen.replace(HOST_PLACEHOLDER, host)
 
     @classmethod
     def parse(cls, spec: str) -> "Origin":
@@ -217,6 +237,39 @@ def _origins(value: Any) -> Any:
     if isinstance(value, dict):
         value = [{"host": h, "upstream": u} for h, u in value.items()]
     return [Origin.parse(v) if isinstance(v, str) else v for v in (value or [])]
+
+
+class OriginTable:
+    """The origins by the name a client asks for: an exact host first, else the
+    `*.domain` pattern one label above it (`b1.s3.amazonaws.com` is under
+    `*.s3.amazonaws.com`; `a.b1.s3.amazonaws.com` is not, as a TLS wildcard
+    certificate would not cover it either)."""
+
+    def __init__(self, origins: list[Origin]) -> None:
+        self._exact = {o.host: o for o in origins if not o.wildcard}
+        self._under = {o.host[2:]: o for o in origins if o.wildcard}
+
+    def get(self, host: str) -> Origin | None:
+        found = self._exact.get(host)
+        if found is None and self._under and "." in host:
+            found = self._under.get(host.split(".", 1)[1])
+        return found
+
+    def __contains__(self, host: object) -> bool:
+        return isinstance(host, str) and self.get(host) is not None
+
+    def __getitem__(self, host: str) -> Origin:
+        found = self.get(host)
+        if found is None:
+            raise KeyError(host)
+        return found
+
+    def certificate_name(self, host: str) -> str | None:
+        """The name a leaf for `host` is made for: the host itself, or its origin's `*.domain`."""
+        found = self.get(host)
+        if found is None:
+            return None
+        return found.host if found.wildcard else host
 
 
 class CacheSettings(_Base):
@@ -352,8 +405,8 @@ class CacheSettings(_Base):
         return self.node_id or self.advertise or self.listen
 
     @property
-    def origin_table(self) -> dict[str, Origin]:
-        return {o.host: o for o in self.origins}
+    def origin_table(self) -> "OriginTable":
+        return OriginTable(self.origins)
 
     @property
     def listen_addr(self) -> tuple[str, int]:

@@ -82,8 +82,9 @@ def nezha_ca(tmp_path) -> Path:
     return folder
 
 
-def node_config(tmp_path: Path, upstream: str, *, bundle: Path | None, extra: dict | None = None) -> Path:
-    origin = {"host": NAME, "upstream": upstream, **({"ca_bundle": str(bundle)} if bundle else {}), **(extra or {})}
+def node_config(tmp_path: Path, upstream: str, *, bundle: Path | None, extra: dict | None = None,
+                host: str = NAME) -> Path:
+    origin = {"host": host, "upstream": upstream, **({"ca_bundle": str(bundle)} if bundle else {}), **(extra or {})}
     path = tmp_path / f"node-{len(list(tmp_path.glob('node-*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump({"origins": [origin]}))
     return path
@@ -94,9 +95,10 @@ def tls_node(tmp_path, node_process, nezha_ca, public_ca, https_origin, session)
     bundle = tmp_path / "public-ca.pem"
     public_ca.cert_pem.write_to_path(str(bundle))
 
-    async def start(*, upstream: str | None = None, with_bundle: bool = True, extra: dict | None = None):
+    async def start(*, upstream: str | None = None, with_bundle: bool = True, extra: dict | None = None,
+                    host: str = NAME):
         config = node_config(tmp_path, upstream or https_origin.url, bundle=bundle if with_bundle else None,
-                             extra=extra)
+                             extra=extra, host=host)
         tls_port = free_port()
         node = node_process(None, args=("--config", str(config), "--tls-listen", f"127.0.0.1:{tls_port}",
                                         "--ca-cert", str(nezha_ca / "ca.crt"), "--ca-key", str(nezha_ca / "ca.key")))
@@ -282,7 +284,8 @@ async def test_a_leaf_renewed_while_a_download_runs_on_it_leaves_that_download_w
     ca = make_ca(now=real_now - dt.timedelta(days=30), name="nezha-ca")
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
     clock = [real_now - dt.timedelta(days=6)]  # the first leaf: minted six days ago, one day left
-    leaves = Leaves(ca, allowed=lambda name: name == NAME, folder=tmp_path / "leaves", clock=lambda: clock[0])
+    leaves = Leaves(ca, certificate_name=lambda name: name if name == NAME else None, folder=tmp_path / "leaves",
+                    clock=lambda: clock[0])
     chunks = [os.urandom(64 * 1024) for _ in range(32)]
     halfway = asyncio.Event()
 
@@ -326,3 +329,19 @@ async def test_a_leaf_renewed_while_a_download_runs_on_it_leaves_that_download_w
     finally:
         await port.close()
         await runner.cleanup()
+
+
+async def test_names_under_a_wildcard_origin_share_one_wildcard_leaf_and_keep_their_own_keys(
+        tls_node, https_origin, nezha_ca):
+    node = await tls_node(host="*.buckets.example")
+    ctx = trusting_nezha(nezha_ca)
+    for bucket in ("b1.buckets.example", "b2.buckets.example"):
+        head, body, leaf = await https_get(node.tls_port, ctx, server_hostname=bucket, host=bucket)
+        assert head.startswith(b"HTTP/1.1 200") and body == BODY
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert names.get_values_for_type(x509.DNSName) == ["*.buckets.example"]
+    assert https_origin.gets == ["/data.bin", "/data.bin"]  # two hosts, two objects
+    with pytest.raises(ssl.SSLError, match="UNRECOGNIZED_NAME"):  # two labels under: not covered, not served
+        await https_get(node.tls_port, ctx, server_hostname="a.b1.buckets.example", host="a.b1.buckets.example")
+    minted = [e for e in node.events() if e.get("event") == "leaf_minted"]
+    assert [e["name"] for e in minted] == ["*.buckets.example"]

@@ -10,11 +10,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from cachenode.leaves import Leaves, NotAllowed, load_ca
+from nezha.config import Origin, OriginTable
 from nezha.errors import ConfigError
 from nezha.pki import make_ca, make_serving
 
 NOW = dt.datetime.now(dt.timezone.utc)  # real time: the handshakes check validity against the clock
 ORIGINS = {"storage.googleapis.com", "huggingface.co"}
+TABLE = OriginTable([Origin(host=h, upstream=f"https://{h}") for h in ORIGINS]
+                    + [Origin(host="*.s3.amazonaws.com", upstream="https://{host}")])
 
 
 class Clock:
@@ -31,7 +34,7 @@ def ca():
 
 
 def leaves_for(ca, tmp_path, clock=None):
-    return Leaves(ca, allowed=ORIGINS.__contains__, folder=tmp_path / "leaves", clock=clock or Clock())
+    return Leaves(ca, certificate_name=TABLE.certificate_name, folder=tmp_path / "leaves", clock=clock or Clock())
 
 
 def handshake(server: ssl.SSLContext, ca, name: str) -> dict:
@@ -131,3 +134,21 @@ def test_a_key_of_another_ca_or_a_certificate_that_is_no_ca_is_refused(ca, tmp_p
     key.write_bytes(leaf.key_pem)
     with pytest.raises(ConfigError, match="is not a CA certificate"):
         load_ca(cert, key)
+
+
+def test_a_name_under_a_wildcard_origin_gets_the_wildcard_leaf_and_one_deeper_gets_none(ca, tmp_path):
+    leaves = leaves_for(ca, tmp_path)
+    seen = handshake(leaves.context_for("datasets.s3.amazonaws.com"), ca, "datasets.s3.amazonaws.com")
+    assert seen["subjectAltName"] == (("DNS", "*.s3.amazonaws.com"),)
+    handshake(leaves.context_for("other-bucket.s3.amazonaws.com"), ca, "other-bucket.s3.amazonaws.com")
+    assert leaves.minted == 1  # one leaf for the pattern, as the entry is one
+    with pytest.raises(NotAllowed):
+        leaves.context_for("a.b.s3.amazonaws.com")  # a wildcard covers one label, and so does the table
+    with pytest.raises(NotAllowed):
+        leaves.context_for("s3.amazonaws.com")
+    assert (tmp_path / "leaves" / "_wildcard.s3.amazonaws.com.pem").exists()
+
+
+def test_an_exact_origin_never_gets_a_wildcard_leaf(ca, tmp_path):
+    seen = handshake(leaves_for(ca, tmp_path).context_for("huggingface.co"), ca, "huggingface.co")
+    assert seen["subjectAltName"] == (("DNS", "huggingface.co"),)

@@ -54,3 +54,34 @@ def test_missing_config_file_is_named(tmp_path):
                                          ("1.5k", 1500), (4096, 4096)])
 def test_sizes_take_decimal_and_binary_suffixes(text, expect):
     assert parse_size(text) == expect
+
+
+# -- the origin table: exact names and *.domain patterns (issue 13) ----------------
+
+def test_a_wildcard_origin_covers_one_label_under_its_domain_and_an_exact_one_wins():
+    from nezha.config import Origin, OriginTable
+
+    exact = Origin(host="special.s3.amazonaws.com", upstream="https://mirror.example")
+    pattern = Origin(host="*.s3.amazonaws.com", upstream="https://{host}")
+    table = OriginTable([pattern, exact])
+    assert table.get("datasets.s3.amazonaws.com") is pattern
+    assert table.get("special.s3.amazonaws.com") is exact
+    assert table.get("a.b.s3.amazonaws.com") is None and table.get("s3.amazonaws.com") is None
+    assert "datasets.s3.amazonaws.com" in table and "evil.example" not in table
+    assert table.certificate_name("datasets.s3.amazonaws.com") == "*.s3.amazonaws.com"
+    assert table.certificate_name("special.s3.amazonaws.com") == "special.s3.amazonaws.com"
+    assert table.certificate_name("evil.example") is None
+
+
+def test_host_in_an_upstream_is_the_name_asked_for_and_only_for_patterns():
+    from nezha.config import Origin
+
+    pattern = Origin(host="*.blob.core.windows.net", upstream="http://{host}")
+    assert pattern.upstream_for("http", "acct.blob.core.windows.net") == "http://acct.blob.core.windows.net"
+    assert pattern.upstream_for("https", "acct.blob.core.windows.net") == "https://acct.blob.core.windows.net"
+    with pytest.raises(ValueError, match=r"\{host\} in an upstream is for \*\.domain origins only"):
+        Origin(host="huggingface.co", upstream="https://{host}")
+    with pytest.raises(ValueError, match="not a hostname or a"):
+        Origin(host="*.com", upstream="https://x.com")
+    plain = Origin(host="www.cs.toronto.edu", upstream="http://www.cs.toronto.edu")
+    assert plain.upstream_for("https", "www.cs.toronto.edu") == "https://www.cs.toronto.edu"  # TLS clients: https
