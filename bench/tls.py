@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""HTTPS through one cache node, measured against its own plain HTTP and against nginx.
+
+One run on this machine measures, with a node given the Nezha CA (`nezha ca
+init --local`) and a TLS port:
+
+- warm throughput of one large object (1 GiB; 256 MiB with --quick), MB/s,
+  median of several curl runs to /dev/null: through the node's plain port
+  (sendfile), through its TLS port (terminated with the leaf it minted for
+  the name, curl trusting only the Nezha CA), and from nginx serving the
+  same file over HTTPS with a static certificate for the same name from the
+  same CA (Debian's nginx, one worker like the node's one process, sendfile
+  on, access log off). Runs alternate so drift hits all three;
+- full TLS handshakes per second with SNI and no session reuse (the leaf is
+  a memory hit after the first), by a load of `--clients` Python client
+  processes, for 5 s (2 s with --quick), against the node and against nginx.
+  The clients share the machine's two cores with the server, so the number
+  is this machine's, not the server's ceiling; the same clients drive both.
+
+The last line is machine-readable:
+
+    ratios: tls_warm=<node https / node http> tls_vs_nginx=<node https / nginx https> handshakes_per_s=<node>
+
+Everything listens on 127.0.0.1 (the name is given to curl with --resolve).
+Needs curl and nginx (installed with apt-get when run as root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+import yaml  # noqa: E402
+
+from bench.throughput import (CURL, NGINX, BenchError, Children, ensure_tool, free_port,  # noqa: E402
+                              nginx_version, source_version, write_random)
+from nezha.localorigin import LocalOrigin  # noqa: E402
+from nezha.pki import Pair, make_serving  # noqa: E402
+
+NAME = "bench.nezha.test"
+MiB = 1 << 20
+
+NGINX_TLS_CONF = """\
+# Written by bench/tls.py: the same file over HTTPS, a static certificate for the same name.
+%(user)s
+worker_processes 1;
+daemon off;
+master_process on;
+pid %(prefix)s/nginx.pid;
+error_log %(prefix)s/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    sendfile on;
+    keepalive_requests 1000000;
+    client_body_temp_path %(prefix)s/client_body;
+    proxy_temp_path %(prefix)s/proxy_temp;
+    fastcgi_temp_path %(prefix)s/fastcgi;
+    uwsgi_temp_path %(prefix)s/uwsgi;
+    scgi_temp_path %(prefix)s/scgi;
+    server {
+        listen 127.0.0.1:%(port)d ssl;
+        server_name %(name)s;
+        ssl_certificate %(cert)s;
+        ssl_certificate_key %(key)s;
+        root %(root)s;
+    }
+}
+"""
+
+HANDSHAKER = r"""
+import socket, ssl, sys, time
+host, port, name, cafile, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+ctx = ssl.create_default_context(cafile=cafile)
+done = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    with socket.create_connection((host, port)) as raw:
+        with ctx.wrap_socket(raw, server_hostname=name):  # a full handshake: no session offered
+            done += 1
+print(done)
+"""
+
+
+class Run:
+    def __init__(self, children: Children, work: Path, *, size: int, repeats: int, seconds: float,
+                 clients: int) -> None:
+        self.children, self.work = children, work
+        self.size, self.repeats, self.seconds, self.clients = size, repeats, seconds, clients
+
+    async def curl_mbps(self, url: str, *, tls: bool, port: int) -> float:
+        argv = [CURL, "-s", "-S", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}"]
+        if tls:
+            argv += ["--cacert", str(self.work / "ca" / "ca.crt"), "--resolve", f"{NAME}:{port}:127.0.0.1"]
+        else:
+            argv += ["-H", f"Host: {NAME}"]
+        out = await self.children.run(*argv, url, timeout=900)
+        code, size, secs = out.split()
+        if code != "200" or int(size) != self.size:
+            raise BenchError(f"GET {url} answered {code} with {size} bytes, expected 200 with {self.size}")
+        return int(size) / float(secs) / 1e6
+
+    async def handshakes(self, port: int) -> float:
+        script = self.work / "handshaker.py"
+        script.write_text(HANDSHAKER)
+        procs = [await self.children.spawn(sys.executable, str(script), "127.0.0.1", str(port), NAME,
+                                           str(self.work / "ca" / "ca.crt"), str(self.seconds),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for _ in range(self.clients)]
+        total = 0
+        for proc in procs:
+            out, err = await asyncio.wait_for(proc.communicate(), self.seconds + 60)
+            if proc.returncode != 0:
+                raise BenchError(f"handshake client failed: {err.decode(errors='replace')[-500:]}")
+            total += int(out)
+            await self.children.stop(proc)
+        return total / self.seconds
+
+
+async def start_node(children: Children, work: Path, origin_url: str) -> tuple[int, int, asyncio.subprocess.Process]:
+    port, tls_port = free_port(), free_port()
+    config = work / "node.yaml"
+    config.write_text(yaml.safe_dump({"origins": [{"host": NAME, "upstream": origin_url, "tls_upstream": origin_url}]}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    log = open(work / "node.log", "wb")
+    proc = await children.spawn(
+        sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--tls-listen",
+        f"127.0.0.1:{tls_port}", "--ca-cert", str(work / "ca" / "ca.crt"), "--ca-key", str(work / "ca" / "ca.key"),
+        "--data-dir", str(work / "node"), "--config", str(config), "--log-level", "warning",
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                raise BenchError(f"cache node exited {proc.returncode}: {(work / 'node.log').read_text()[-1000:]}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(f"http://127.0.0.1:{port}/readyz") as r:
+                    if r.status == 200:
+                        return port, tls_port, proc
+            await asyncio.sleep(0.1)
+    raise BenchError("cache node not ready within 30 s")
+
+
+async def settled(port: int, timeout: float = 120) -> None:
+    """Until the node's fills have committed, so the next reads are hits."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            async with s.get(f"http://127.0.0.1:{port}/readyz") as r:
+                if (await r.json()).get("fills_in_flight") == 0:
+                    return
+            await asyncio.sleep(0.05)
+    raise BenchError(f"cache node still filling after {timeout:g} s")
+
+
+async def start_nginx(children: Children, work: Path, root: Path, ca: Pair) -> int:
+    prefix = work / "nginx"
+    prefix.mkdir()
+    leaf = make_serving(ca, names=[NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
+    (prefix / "cert.pem").write_bytes(leaf.cert_pem)
+    (prefix / "key.pem").write_bytes(leaf.key_pem)
+    port = free_port()
+    conf = prefix / "nginx.conf"
+    conf.write_text(NGINX_TLS_CONF % {"user": "user root root;" if os.geteuid() == 0 else "", "prefix": prefix,
+                                      "port": port, "name": NAME, "cert": prefix / "cert.pem",
+                                      "key": prefix / "key.pem", "root": root})
+    proc = await children.spawn(NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise BenchError(f"nginx exited {proc.returncode}: {(prefix / 'error.log').read_text()[-1000:]}")
+        with contextlib.suppress(OSError):
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return port
+        await asyncio.sleep(0.1)
+    raise BenchError("nginx not listening within 15 s")
+
+
+async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
+    size = (256 if args.quick else 1024) * MiB
+    run_ = Run(children, work, size=size, repeats=3 if args.quick else 5, seconds=2.0 if args.quick else 5.0,
+               clients=args.clients)
+    ensure_tool(CURL, "curl")
+    ensure_tool(NGINX, "nginx")
+    print(f"# {source_version()}, {nginx_version()}, {ssl.OPENSSL_VERSION}", flush=True)
+    await children.run(sys.executable, "-m", "nezha", "ca", "init", "--local", str(work / "ca"), timeout=60)
+    ca = Pair.load((work / "ca" / "ca.crt").read_bytes(), (work / "ca" / "ca.key").read_bytes())
+    root = work / "origin"
+    write_random(root / "large.bin", size)
+    origin = LocalOrigin(root)
+    origin_url = await origin.start()
+    try:
+        port, tls_port, _ = await start_node(children, work, origin_url)
+        nginx_port = await start_nginx(children, work, root, ca)
+        http_url = f"http://127.0.0.1:{port}/large.bin"
+        https_url = f"https://{NAME}:{tls_port}/large.bin"
+        nginx_url = f"https://{NAME}:{nginx_port}/large.bin"
+        # Warm both of the node's keys (http:// and https:// are distinct objects).
+        await run_.curl_mbps(http_url, tls=False, port=port)
+        await run_.curl_mbps(https_url, tls=True, port=tls_port)
+        await run_.curl_mbps(nginx_url, tls=True, port=nginx_port)
+        await settled(port)
+        warmed = origin.gets  # (a cold fill of a large object is many range requests)
+        http, https, ngx = [], [], []
+        for _ in range(run_.repeats):
+            http.append(await run_.curl_mbps(http_url, tls=False, port=port))
+            https.append(await run_.curl_mbps(https_url, tls=True, port=tls_port))
+            ngx.append(await run_.curl_mbps(nginx_url, tls=True, port=nginx_port))
+        if origin.gets != warmed:
+            raise BenchError(f"warm runs reached the origin ({origin.gets - warmed} requests)")
+        node_hs = await run_.handshakes(tls_port)
+        nginx_hs = await run_.handshakes(nginx_port)
+    finally:
+        await origin.stop()
+    m_http, m_https, m_ngx = (statistics.median(x) for x in (http, https, ngx))
+    print(f"warm {size // MiB} MiB, MB/s (median of {run_.repeats}): node http {m_http:.0f} "
+          f"({min(http):.0f}-{max(http):.0f}), node https {m_https:.0f} ({min(https):.0f}-{max(https):.0f}), "
+          f"nginx https {m_ngx:.0f} ({min(ngx):.0f}-{max(ngx):.0f})")
+    print(f"full handshakes/s with SNI, {args.clients} client processes for {run_.seconds:g} s: "
+          f"node {node_hs:.0f}, nginx {nginx_hs:.0f}")
+    return (f"ratios: tls_warm={m_https / m_http:.3f} tls_vs_nginx={m_https / m_ngx:.3f} "
+            f"handshakes_per_s={node_hs:.0f}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    children = Children()
+    with tempfile.TemporaryDirectory(prefix="nezha-bench-tls-") as tmp:
+        try:
+            line = await run(args, Path(tmp), children)
+        except BenchError as e:
+            print(f"bench/tls.py: {e}", file=sys.stderr)
+            return 1
+        finally:
+            await children.stop_all()
+    print(line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="256 MiB, 3 runs, 2 s of handshakes")
+    parser.add_argument("--clients", type=int, default=2, help="handshake client processes (default 2)")
+    return asyncio.run(main_async(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
