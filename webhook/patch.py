@@ -64,6 +64,11 @@ DEFAULT_NO_PROXY = ("localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.lo
 # the webhook after all. 1,000 containers add about 0.4 MiB and take a few ms.
 MAX_CONTAINERS = 1000
 
+# S3's service names (not a bucket's virtual-hosted name), and the variables
+# that choose an AWS SDK's S3 endpoint (the service-specific one first).
+_S3_ENDPOINT = re.compile(r"^s3([.-][a-z0-9-]+)*\.amazonaws\.com(\.cn)?$")
+S3_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 # Where the pod spec and pod metadata sit in each kind we patch.
@@ -336,7 +341,7 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
                 _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy, env_done, env_made)
         if rule.tls and not trusting:
             trusting = True
-            _add_trust(out, spec_path, spec, ca_configmap, env_made)
+            _add_trust(out, spec_path, spec, ca_configmap, env_made, s3_endpoint=_s3_endpoint(matched))
         # Only a rule that changed something is recorded: one whose hostnames
         # the pod already maps (a reinvocation, or the pod's own entries)
         # injected nothing.
@@ -517,7 +522,14 @@ def _list_at(container: dict, where: str, field_name: str, what: str) -> list:
     return value if value is not None else []
 
 
-def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set[str]) -> None:
+def _s3_endpoint(rules: list[Rule]) -> str | None:
+    """The S3 service name (s3.amazonaws.com, s3.REGION.amazonaws.com) a tls rule aliases, if any."""
+    return next((h for r in rules if r.tls for a in r.host_aliases for h in a.hostnames if _S3_ENDPOINT.match(h)),
+                None)
+
+
+def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set[str], *,
+               s3_endpoint: str | None = None) -> None:
     """Make every container trust the Nezha CA (nezha/trust_bundle.py): the
     `nezha-ca` ConfigMap as a volume, mounted read-only at CA_DIR, and each
     client's variable naming its file.
@@ -528,6 +540,15 @@ def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set
     its HTTPS downloads of aliased hosts would fail; a value of the same name
     in its envFrom source is overridden, and the warning says so. Everything
     already present (a reinvocation) is left as it is, so a second pass adds nothing.
+
+    With `s3_endpoint` (a tls rule aliases S3's service name), AWS SDKs are
+    pointed at it too: AWS_ENDPOINT_URL_S3=https://<it>. A custom endpoint
+    makes boto3 address buckets path-style (`s3.amazonaws.com/BUCKET/KEY`),
+    so every bucket reaches the cache through the one aliased name, where
+    virtual-hosted names (`BUCKET.s3.amazonaws.com`) would each need an
+    alias. Not for a container that sets AWS_ENDPOINT_URL or
+    AWS_ENDPOINT_URL_S3 itself, nor one with envFrom, which may: an endpoint
+    changes where requests go, not only whom they trust.
     """
     volumes = spec.get("volumes")
     if volumes is not None and not isinstance(volumes, list):
@@ -553,6 +574,8 @@ def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set
                       f"cache's certificates for HTTPS downloads of aliased hosts")
         base = f"{where}/env"
         add = [{"name": var, "value": file} for var, file in trust_bundle.VARIABLES if var not in own]
+        if s3_endpoint is not None and not c.get("envFrom") and not own.keys() & set(S3_ENDPOINT_VARS):
+            add.append({"name": S3_ENDPOINT_VARS[0], "value": f"https://{s3_endpoint}"})
         if add and c.get("envFrom"):
             _warn(out, f"{label} has envFrom; the CA variables ({', '.join(v for v, _ in trust_bundle.VARIABLES)}) "
                   "are set in env, which takes precedence over the same names there")

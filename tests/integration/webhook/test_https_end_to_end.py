@@ -38,6 +38,7 @@ from tests.kubeapi.fixtures import kubeconfig
 from tests.pod_command import container_env, cover_for_hosts, mount_point, run_pod_command
 
 HOST = "storage.googleapis.com"
+S3 = "s3.amazonaws.com"  # boto3 reaches bucket `datasets` path-style through it: the same path
 PATH = "/datasets/shard-00.tar"
 URL = f"https://{HOST}{PATH}"
 RULES = f"""\
@@ -46,13 +47,18 @@ RULES = f"""\
   label: ksonnet
   tls: true
   hostAliases:
-    - hostnames: [{HOST}]
+    - hostnames: [{HOST}, {S3}]
 """
 CLIENTS = {
     "curl": ["curl", "-sS", "--fail", "-o", "shard-00.tar", URL],
     "wget": ["wget", "-q", URL],
     "requests": [sys.executable, "-c", "import requests; r = requests.get(%r, timeout=30); r.raise_for_status(); "
                                        "open('shard-00.tar', 'wb').write(r.content)" % URL],
+    # A public dataset read the usual way: unsigned (a signed request is private, and passes the cache).
+    "boto3": [sys.executable, "-c", "import boto3, botocore; from botocore.config import Config; "
+                                    "s3 = boto3.client('s3', config=Config(signature_version=botocore.UNSIGNED)); "
+                                    "open('shard-00.tar', 'wb').write(s3.get_object(Bucket='datasets', "
+                                    "Key='shard-00.tar')['Body'].read())"],
 }
 
 
@@ -74,11 +80,12 @@ class HttpsOrigin:
 
 
 def labelled_job(name: str, command: list[str]) -> dict:
+    container = {"name": "fetch", "image": "debian:12", "command": command,
+                 "env": [{"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}]}  # the job's own, as S3 users set
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "ml"},
             "spec": {"template": {
                 "metadata": {"labels": {"app.kubernetes.io/deploy-manager": "ksonnet"}},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "fetch", "image": "debian:12",
-                                                                   "command": command}]}}}}
+                "spec": {"restartPolicy": "Never", "containers": [container]}}}}
 
 
 async def test_unmodified_https_clients_in_labelled_pods_download_through_the_cache(
@@ -115,8 +122,9 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
     public_bundle = tmp_path / "public-roots.pem"
     public_ca.cert_pem.write_to_path(str(public_bundle))
     config = tmp_path / "node.yaml"
-    config.write_text(yaml.safe_dump({"origins": [{"host": HOST, "upstream": f"https://127.0.0.1:{origin_port}",
-                                                   "ca_bundle": str(public_bundle)}]}))
+    config.write_text(yaml.safe_dump({"origins": [
+        {"host": host, "upstream": f"https://127.0.0.1:{origin_port}", "ca_bundle": str(public_bundle)}
+        for host in (HOST, S3)]}))
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     hook_port = free_port()
@@ -163,7 +171,8 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
         for p in sorted(pods, key=lambda p: p.metadata.name):
             raw = kube.sanitize_for_serialization(p)
             spec = raw["spec"]
-            assert spec["hostAliases"] == [{"ip": "127.0.0.2", "hostnames": [HOST]}]
+            assert spec["hostAliases"] == [{"ip": "127.0.0.2", "hostnames": [HOST, S3]}]
+            assert container_env(raw)["AWS_ENDPOINT_URL_S3"] == f"https://{S3}"
             assert {"name": "nezha-ca", "configMap": {"name": "nezha-ca"}} in spec["volumes"]
             assert spec["containers"][0]["volumeMounts"] == [
                 {"name": "nezha-ca", "mountPath": "/etc/nezha/ca", "readOnly": True}]
@@ -172,7 +181,7 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
                                   mounts={str(ca_dir): files},
                                   context=f"cache log: {cache_log.read_text()[-3000:]}")
             assert (workdir / "shard-00.tar").read_bytes() == payload, raw["metadata"]["name"]
-        assert origin.gets == 1  # three clients, three programs, one fetch: the first filled, the rest hit
+        assert origin.gets == 2  # four programs, two names (two keys), one fetch each: the rest were hits
         served = cache_log.read_text()  # (identical hit lines collapse into one: nezha/logs.py)
         assert '"cache": "hit"' in served and "Traceback" not in served and "WARNING" not in served, served[-3000:]
         assert HOST not in machine_hosts.read_text()

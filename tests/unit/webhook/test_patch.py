@@ -673,3 +673,50 @@ def test_tls_must_be_a_boolean():
   tls: "yes"
   hostAliases: [{{hostnames: [a.example]}}]
 """)
+
+
+S3_RULES = parse_rules(f"""
+- name: s3
+  app: {KEY}
+  label: ksonnet
+  tls: true
+  hostAliases:
+    - hostnames: [s3.amazonaws.com, datasets.s3.amazonaws.com]
+""")
+
+
+def test_a_tls_rule_aliasing_s3s_service_name_points_aws_sdks_at_it():
+    result, patched = apply(pod(containers=2), rules=S3_RULES)
+    for c in patched["spec"]["containers"]:
+        assert env_of(c)["AWS_ENDPOINT_URL_S3"] == "https://s3.amazonaws.com"
+    assert apply(patched, rules=S3_RULES)[0].ops == []
+    validate(patched)
+
+
+@pytest.mark.parametrize("own", ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"])
+def test_an_endpoint_the_container_chose_is_kept(own):
+    _, patched = apply(pod(env=[{"name": own, "value": "https://minio.internal"}]), rules=S3_RULES)
+    env = env_of(patched["spec"]["containers"][0])
+    assert env[own] == "https://minio.internal" and (own == "AWS_ENDPOINT_URL_S3" or "AWS_ENDPOINT_URL_S3" not in env)
+    assert env["AWS_CA_BUNDLE"] == BUNDLE  # still trusts the cache
+
+
+def test_no_endpoint_for_buckets_named_alone_for_envfrom_or_without_tls():
+    buckets_only = parse_rules(f"""
+- name: buckets
+  app: {KEY}
+  label: ksonnet
+  tls: true
+  hostAliases: [{{hostnames: [datasets.s3.amazonaws.com]}}]
+""")
+    assert "AWS_ENDPOINT_URL_S3" not in env_of(apply(pod(), rules=buckets_only)[1]["spec"]["containers"][0])
+    original = pod()
+    original["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "aws"}}]
+    assert "AWS_ENDPOINT_URL_S3" not in env_of(apply(original, rules=S3_RULES)[1]["spec"]["containers"][0])
+    plain = parse_rules(f"""
+- name: plain
+  app: {KEY}
+  label: ksonnet
+  hostAliases: [{{hostnames: [s3.amazonaws.com]}}]
+""")
+    assert apply(pod(), rules=plain)[1]["spec"]["containers"][0].get("env") is None  # never to plain HTTP
