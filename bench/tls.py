@@ -54,6 +54,7 @@ from nezha.localorigin import LocalOrigin  # noqa: E402
 from nezha.pki import Pair, make_serving  # noqa: E402
 
 NAME = "bench.nezha.test"
+RELAY_NAME = "relay.nezha.test"  # an origin marked tls: passthrough, whose real host is the nginx below
 MiB = 1 << 20
 
 NGINX_TLS_CONF = """\
@@ -104,10 +105,10 @@ class Run:
         self.children, self.work = children, work
         self.size, self.repeats, self.seconds, self.clients = size, repeats, seconds, clients
 
-    async def curl_mbps(self, url: str, *, tls: bool, port: int) -> float:
+    async def curl_mbps(self, url: str, *, tls: bool, port: int, name: str = NAME) -> float:
         argv = [CURL, "-s", "-S", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}"]
         if tls:
-            argv += ["--cacert", str(self.work / "ca" / "ca.crt"), "--resolve", f"{NAME}:{port}:127.0.0.1"]
+            argv += ["--cacert", str(self.work / "ca" / "ca.crt"), "--resolve", f"{name}:{port}:127.0.0.1"]
         else:
             argv += ["-H", f"Host: {NAME}"]
         out = await self.children.run(*argv, url, timeout=900)
@@ -133,10 +134,14 @@ class Run:
         return total / self.seconds
 
 
-async def start_node(children: Children, work: Path, origin_url: str) -> tuple[int, int, asyncio.subprocess.Process]:
+async def start_node(children: Children, work: Path, origin_url: str,
+                     nginx_port: int) -> tuple[int, int, asyncio.subprocess.Process]:
     port, tls_port = free_port(), free_port()
     config = work / "node.yaml"
-    config.write_text(yaml.safe_dump({"origins": [{"host": NAME, "upstream": origin_url, "tls_upstream": origin_url}]}))
+    config.write_text(yaml.safe_dump({"origins": [
+        {"host": NAME, "upstream": origin_url, "tls_upstream": origin_url},
+        {"host": RELAY_NAME, "upstream": origin_url, "tls": "passthrough",
+         "tls_upstream": f"https://127.0.0.1:{nginx_port}"}]}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     log = open(work / "node.log", "wb")
     proc = await children.spawn(
@@ -172,7 +177,7 @@ async def settled(port: int, timeout: float = 120) -> None:
 async def start_nginx(children: Children, work: Path, root: Path, ca: Pair) -> int:
     prefix = work / "nginx"
     prefix.mkdir()
-    leaf = make_serving(ca, names=[NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
+    leaf = make_serving(ca, names=[NAME, RELAY_NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
     (prefix / "cert.pem").write_bytes(leaf.cert_pem)
     (prefix / "key.pem").write_bytes(leaf.key_pem)
     port = free_port()
@@ -207,8 +212,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     origin = LocalOrigin(root)
     origin_url = await origin.start()
     try:
-        port, tls_port, _ = await start_node(children, work, origin_url)
         nginx_port = await start_nginx(children, work, root, ca)
+        port, tls_port, _ = await start_node(children, work, origin_url, nginx_port)
         http_url = f"http://127.0.0.1:{port}/large.bin"
         https_url = f"https://{NAME}:{tls_port}/large.bin"
         nginx_url = f"https://{NAME}:{nginx_port}/large.bin"
@@ -218,11 +223,15 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         await run_.curl_mbps(nginx_url, tls=True, port=nginx_port)
         await settled(port)
         warmed = origin.gets  # (a cold fill of a large object is many range requests)
-        http, https, ngx = [], [], []
+        relay_url = f"https://{RELAY_NAME}:{tls_port}/large.bin"
+        direct_url = f"https://{RELAY_NAME}:{nginx_port}/large.bin"
+        http, https, ngx, relayed, direct = [], [], [], [], []
         for _ in range(run_.repeats):
             http.append(await run_.curl_mbps(http_url, tls=False, port=port))
             https.append(await run_.curl_mbps(https_url, tls=True, port=tls_port))
             ngx.append(await run_.curl_mbps(nginx_url, tls=True, port=nginx_port))
+            relayed.append(await run_.curl_mbps(relay_url, tls=True, port=tls_port, name=RELAY_NAME))
+            direct.append(await run_.curl_mbps(direct_url, tls=True, port=nginx_port, name=RELAY_NAME))
         if origin.gets != warmed:
             raise BenchError(f"warm runs reached the origin ({origin.gets - warmed} requests)")
         node_hs = await run_.handshakes(tls_port)
@@ -233,6 +242,9 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     print(f"warm {size // MiB} MiB, MB/s (median of {run_.repeats}): node http {m_http:.0f} "
           f"({min(http):.0f}-{max(http):.0f}), node https {m_https:.0f} ({min(https):.0f}-{max(https):.0f}), "
           f"nginx https {m_ngx:.0f} ({min(ngx):.0f}-{max(ngx):.0f})")
+    m_relay, m_direct = statistics.median(relayed), statistics.median(direct)
+    print(f"passed through (tls: passthrough, splice) to nginx https, MB/s: {m_relay:.0f} "
+          f"({min(relayed):.0f}-{max(relayed):.0f}) against {m_direct:.0f} direct: relay={m_relay / m_direct:.3f}")
     print(f"full handshakes/s with SNI, {args.clients} client processes for {run_.seconds:g} s: "
           f"node {node_hs:.0f}, nginx {nginx_hs:.0f}")
     return (f"ratios: tls_warm={m_https / m_http:.3f} tls_vs_nginx={m_https / m_ngx:.3f} "

@@ -1,4 +1,6 @@
-"""Zero-copy relay of a peer's response body into the client's socket.
+"""Zero-copy moves between sockets: a peer's response body into the client's
+socket (`splice_body`), and both ways between two sockets (`splice_both`, the
+TLS port's pass-through relay).
 
 A relay that reads the owner's body into Python and writes it out again
 copies every byte twice in user space; on a small machine that halves the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import socket
 from typing import Callable
 
 import aiohttp
@@ -44,7 +47,7 @@ def usable(response: aiohttp.ClientResponse, request: web.Request) -> bool:
     return True
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool, timeout: float) -> None:
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool, timeout: float | None) -> None:
     fut = loop.create_future()
     add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
     add(fd, lambda: fut.done() or fut.set_result(None))
@@ -128,3 +131,60 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
         for fd in (src, dst, pipe_r, pipe_w):
             os.close(fd)
         response.close()  # the parser never saw these bytes: the connection cannot be reused
+
+
+async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
+    """Move bytes a -> b and b -> a inside the kernel until both directions ended;
+    returns (bytes a -> b, bytes b -> a).
+
+    For connections this process owns outright (no transport reads them): the
+    TLS port's relay, whose bytes are never looked at. An end of one side is
+    passed on as a half-close (shutdown for writing), so a client that shuts
+    down after its request still gets the whole answer; a reset or error on
+    either side ends both.
+    """
+    loop = asyncio.get_running_loop()
+
+    def end_both() -> None:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    async def one_way(src: socket.socket, dst: socket.socket) -> int:
+        moved = 0
+        pipe_r, pipe_w = os.pipe()
+        try:
+            try:
+                fcntl.fcntl(pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+            except OSError:
+                pass
+            while True:
+                try:
+                    n = os.splice(src.fileno(), pipe_w, _PIPE_SIZE, flags=_FLAGS)
+                except BlockingIOError:
+                    await _ready(loop, src.fileno(), write=False, timeout=None)
+                    continue
+                if n == 0:
+                    break
+                left = n
+                while left:
+                    try:
+                        left -= os.splice(pipe_r, dst.fileno(), left, flags=_FLAGS)
+                    except BlockingIOError:
+                        await _ready(loop, dst.fileno(), write=True, timeout=None)
+                moved += n
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        except OSError:
+            end_both()
+        finally:
+            os.close(pipe_r)
+            os.close(pipe_w)
+        return moved
+
+    up, down = await asyncio.gather(one_way(a, b), one_way(b, a))
+    return up, down

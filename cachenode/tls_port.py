@@ -16,7 +16,9 @@ single byte is consumed or answered:
 
 The name is read with MSG_PEEK, so the bytes stay in the socket for
 whichever of the three follows: the TLS layer reads the ClientHello itself
-when the node terminates, the relay forwards it when it does not.
+when the node terminates, the relay forwards it when it does not. Relayed
+bytes move inside the kernel with splice(2) where the platform has it
+(cachenode/splice.py), else through user space.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import Awaitable, Callable, Union
 import structlog
 from yarl import URL
 
+from cachenode.splice import AVAILABLE as SPLICE_AVAILABLE
+from cachenode.splice import splice_both
 from cachenode.tls_hello import (HANDSHAKE_FAILURE, MAX_HELLO, UNRECOGNIZED_NAME, NotClientHello, alert,
                                  read_client_hello)
 
@@ -99,13 +103,14 @@ class TlsPort:
     def __init__(self, route_for: Callable[[str], Route | None], *, hello_timeout: float = 30.0,
                  connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
                  adopt: Callable[[socket.socket, ssl.SSLContext], Awaitable[None]] | None = None,
-                 backlog: int = 1024) -> None:
+                 backlog: int = 1024, splice: bool = SPLICE_AVAILABLE) -> None:
         self.route_for = route_for
         self.hello_timeout = hello_timeout
         self.connect_timeout = connect_timeout
         self.adopt = adopt
         self.counts = _Counts(on_outcome)
         self.backlog = backlog
+        self.splice = splice  # relayed bytes move inside the kernel; off: through user space
         self._sock: socket.socket | None = None
         self._acceptor: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -214,23 +219,46 @@ class TlsPort:
     async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int]) -> None:
         try:
             async with asyncio.timeout(self.connect_timeout):
-                up_reader, up_writer = await asyncio.open_connection(*target)
+                upstream = await _connect(*target)
         except (OSError, TimeoutError) as e:
             log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
                         error=f"{type(e).__name__}: {e}"[:300])
             self.counts["failed"] += 1
             return
-        # The ClientHello is still queued in `conn` (peeked, not read): the pipe forwards it.
-        reader, writer = await asyncio.open_connection(sock=conn)
+        # The ClientHello is still queued in `conn` (peeked, not read): it goes first.
         started = time.monotonic()
         try:
-            sent = await _pipe_both(reader, writer, up_reader, up_writer)
+            if self.splice:
+                sent = await splice_both(conn, upstream)
+            else:
+                reader, writer = await asyncio.open_connection(sock=conn)
+                up_reader, up_writer = await asyncio.open_connection(sock=upstream)
+                try:
+                    sent = await _pipe_both(reader, writer, up_reader, up_writer)
+                finally:
+                    up_writer.close()
+                    writer.close()
         finally:
-            up_writer.close()
-            writer.close()
+            upstream.close()
         self.counts["relayed"] += 1
         log.info("tls_relayed", client=client, name=name, target=f"{target[0]}:{target[1]}",
                  bytes_up=sent[0], bytes_down=sent[1], seconds=round(time.monotonic() - started, 3))
+
+
+async def _connect(host: str, port: int) -> socket.socket:
+    """A connected non-blocking socket to (host, port), trying each address the name has."""
+    loop = asyncio.get_running_loop()
+    error: OSError | None = None
+    for family, type_, proto, _, address in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, type_, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"{host} has no address")
 
 
 async def _readable(conn: socket.socket) -> None:

@@ -69,15 +69,15 @@ async def tls_origin(ca, aiohttp_server):
     return await TlsOrigin(ca).start(aiohttp_server)
 
 
-@pytest.fixture
-async def relay(tls_origin):
+@pytest.fixture(params=[True, False], ids=["splice", "user-space"])
+async def relay(tls_origin, request):
     relays = []
 
     async def start(host: str = "127.0.0.1", port: int = 0, *, hello_timeout: float = 30.0,
                     targets: dict | None = None) -> TlsPort:
         table = targets if targets is not None else {NAME: ("127.0.0.1", tls_origin.port)}
         r = TlsPort(lambda name: Relay(*table[name]) if name in table else None,
-                    hello_timeout=hello_timeout, connect_timeout=1.0)
+                    hello_timeout=hello_timeout, connect_timeout=1.0, splice=request.param)
         await r.start(host, port)
         relays.append(r)
         return r
