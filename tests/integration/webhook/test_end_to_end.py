@@ -66,6 +66,15 @@ async def listening(host: str, port: int, proc: asyncio.subprocess.Process, log:
             await asyncio.sleep(0.05)
 
 
+async def spawn_webhook(port: int, *, tls, rules: Path, api_url: str, folder: Path,
+                        log: Path) -> asyncio.subprocess.Process:
+    """`nezha webhook` as the chart runs it, pointed at the API double, learning the cache IP from it."""
+    return await spawn(sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{port}",
+                       "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules),
+                       "--kubeconfig", str(kubeconfig(folder / "kubeconfig", api_url)),
+                       "--namespace", "nezha", "--cache-service", "nezha-cache", log=log)
+
+
 async def knows_cache_ip(hook_port: int, tls, ip: str, log: Path) -> None:
     """Wait until the webhook has learned the cache Service's IP from its watch."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
@@ -100,10 +109,8 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
                             "--data-dir", str(tmp_path / "cache"),
                             "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{origin_server.port}", log=cache_log)
         processes.append(cache)
-        hook = await spawn(sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{hook_port}",
-                           "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules),
-                           "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", kube_api.url)),
-                           "--namespace", "nezha", "--cache-service", "nezha-cache", log=hook_log)
+        hook = await spawn_webhook(hook_port, tls=tls, rules=rules, api_url=kube_api.url, folder=tmp_path,
+                                   log=hook_log)
         processes.append(hook)
 
         core = client.CoreV1Api(kube)

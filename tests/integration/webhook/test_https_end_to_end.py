@@ -33,8 +33,7 @@ from controller.trust import TrustPublisher
 from nezha.ca_cli import init_in_cluster
 from tests.conftest import free_port, require_tool
 from tests.integration.webhook.registration import namespace, register
-from tests.integration.webhook.test_end_to_end import knows_cache_ip, listening, spawn, stop
-from tests.kubeapi.fixtures import kubeconfig
+from tests.integration.webhook.test_end_to_end import knows_cache_ip, listening, spawn, spawn_webhook, stop
 from tests.pod_command import container_env, cover_for_hosts, mount_point, run_pod_command
 
 HOST = "storage.googleapis.com"
@@ -136,10 +135,8 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
                             "--ca-key", str(node_ca / "ca.key"), "--data-dir", str(tmp_path / "cache"),
                             "--config", str(config), log=cache_log)
         processes.append(cache)
-        hook = await spawn(sys.executable, "-m", "nezha", "webhook", "--listen", f"127.0.0.1:{hook_port}",
-                           "--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--rules", str(rules),
-                           "--kubeconfig", str(kubeconfig(tmp_path / "kubeconfig", kube_api.url)),
-                           "--namespace", "nezha", "--cache-service", "nezha-cache", log=hook_log)
+        hook = await spawn_webhook(hook_port, tls=tls, rules=rules, api_url=kube_api.url, folder=tmp_path,
+                                   log=hook_log)
         processes.append(hook)
         await core.create_namespaced_service("nezha", {"metadata": {"name": "nezha-cache"}, "spec": {
             "clusterIP": "127.0.0.2", "ports": [{"port": 80}, {"name": "https", "port": 443}],
