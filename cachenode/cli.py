@@ -99,9 +99,17 @@ def run_cache(args: argparse.Namespace) -> int:
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
                           "drive its internal endpoints")
     ca = read_ca(settings)  # like every setting, checked before anything is made or bound
+    run = asyncio.run
+    if settings.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise ConfigError("event_loop is uvloop (NEZHA_EVENT_LOOP, or event_loop in --config), but the uvloop "
+                              "package is not installed: pip install uvloop") from None
+        run = uvloop.run
     prepare_data_dir(settings.data_dir)
     configure(level=settings.log_level, cache_loggers=True)
-    asyncio.run(serve(settings, ca=ca))
+    run(serve(settings, ca=ca))
     return 0
 
 

@@ -33,7 +33,7 @@ import structlog
 
 from cachenode.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.exact_head import encode_head
-from cachenode.serve import CACHE_HEADER, _sendfile_now
+from cachenode.serve import CACHE_HEADER, SendCut, _sendfile_now, sendfile_rest
 from cachenode.store import Meta
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ log = structlog.get_logger("nezha.connections")
 
 MAX_HEAD = 8192
 # Pipelined requests are not read while a body is still going out
-# (`loop.sendfile` pauses reading until it is done), nor while answers the
+# (`serve.sendfile_rest` pauses reading until it is done), nor while answers the
 # client has not read fill the transport past its high-water mark
 # (pause_writing), so a client that pipelines without reading holds at most a
 # read's worth of requests and a high-water mark of answers here
@@ -330,10 +330,11 @@ class FastPath(asyncio.Protocol):
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
-            sent += await asyncio.get_running_loop().sendfile(transport, f, sent, size - sent)
-        except (ConnectionError, OSError, RuntimeError):
-            # RuntimeError: the transport closed under sendfile. `sent` is then
-            # what left before the last sendfile call: asyncio does not say more.
+            sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
+        except SendCut as e:
+            sent += e.sent
+            transport.abort()
+        except OSError:
             transport.abort()
         except asyncio.CancelledError:
             transport.abort()

@@ -128,6 +128,71 @@ def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int
         return 0
 
 
+class SendCut(ConnectionError):
+    """The client's socket failed during a sendfile; `sent` bytes had left."""
+
+    def __init__(self, message: str, sent: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+    """Bytes [offset, offset+count) of file `fd` to the transport's socket by
+    sendfile(2), for any event loop; the bytes sent (fewer only if the file
+    is shorter). Raises SendCut with the bytes that left when the client's
+    socket fails.
+
+    asyncio's `loop.sendfile` pauses reading and swaps the transport's
+    writer around every call, and uvloop has none at all (so a node under
+    uvloop cut warm hits short, docs/benchmarks.md). Here: wait until the
+    transport has written what it holds (the response head), then sendfile
+    on a duplicate of its socket, waiting for writability on the duplicate
+    (a loop refuses readers and writers on a descriptor its transport owns).
+    The transport writes nothing meanwhile: its owner is awaiting this. It
+    reads nothing either (as under `loop.sendfile`): pipelined requests wait
+    in the socket, not in memory, until the body is out.
+    """
+    loop = asyncio.get_running_loop()
+    reading = transport.is_reading()
+    if reading:
+        transport.pause_reading()
+    while transport.get_write_buffer_size():
+        if transport.is_closing():
+            raise SendCut("client went away", 0)
+        await asyncio.sleep(0.001)
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.is_closing():
+        raise SendCut("client went away", 0)
+    out = os.dup(sock.fileno())
+    sent = 0
+    try:
+        while sent < count:
+            try:
+                n = os.sendfile(out, fd, offset + sent, count - sent)
+            except (BlockingIOError, InterruptedError):
+                await _writable(loop, out)
+                continue
+            except OSError as e:
+                raise SendCut(f"client socket: {e}", sent) from e
+            if n == 0:
+                break  # the file ends here
+            sent += n
+        return sent
+    finally:
+        os.close(out)
+        if reading and not transport.is_closing():
+            transport.resume_reading()
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    ready = loop.create_future()
+    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_writer(fd)
+
+
 async def _continued(request: web.Request) -> AsyncIterator[bytes]:
     """The client's body, asked for only once the origin said 100 Continue.
 
@@ -249,15 +314,10 @@ class Responder:
                 done = _sendfile_now(transport, f.fileno(), offset, count)
                 if done == count:
                     return
-                # asyncio leaves the file position after what it sent, even when
-                # sending fails: that is how many bytes left if the client hangs up.
-                os.lseek(f.fileno(), offset + done, os.SEEK_SET)
                 try:
-                    sent = await asyncio.get_running_loop().sendfile(transport, f, offset + done, count - done)
-                except NotImplementedError:
-                    pass
-                except ConnectionError:
-                    done = os.lseek(f.fileno(), 0, os.SEEK_CUR) - offset
+                    sent = await sendfile_rest(transport, f.fileno(), offset + done, count - done)
+                except SendCut as e:
+                    done += e.sent
                     raise
                 else:
                     if sent != count - done:

@@ -332,6 +332,9 @@ class CacheSettings(_Base):
     # send a complete request head, then 408; trickled heads cannot hold a
     # descriptor for the hour an idle keep-alive connection may stay.
     request_head_timeout: float = 30.0
+    # The event loop the node runs on: asyncio's, or uvloop (a separate
+    # package) where it measures faster (docs/benchmarks.md).
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
     # Open client connections at most; unset: derived from the descriptor
     # limit (cachenode/connections.py). At the cap the stalest connection
     # that is only waiting for a request is closed, else the new one is
