@@ -153,19 +153,25 @@ async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, coun
     in the socket, not in memory, until the body is out.
     """
     loop = asyncio.get_running_loop()
-    reading = transport.is_reading()
-    if reading:
-        transport.pause_reading()
-    while transport.get_write_buffer_size():
-        if transport.is_closing():
-            raise SendCut("client went away", 0)
-        await asyncio.sleep(0.001)
     sock = transport.get_extra_info("socket")
     if sock is None or transport.is_closing():
         raise SendCut("client went away", 0)
+    reading = transport.is_reading()
+    if reading:
+        transport.pause_reading()
     out = os.dup(sock.fileno())
     sent = 0
     try:
+        # What the transport holds (the head) goes first. Its writer runs on the same
+        # readiness as ours: wait for the socket, not on a timer, so a client that reads
+        # nothing costs nothing while it waits.
+        while transport.get_write_buffer_size():
+            if transport.is_closing():
+                raise SendCut("client went away", 0)
+            await _writable(loop, out)
+            await asyncio.sleep(0)
+        if transport.is_closing():
+            raise SendCut("client went away", 0)
         while sent < count:
             try:
                 n = os.sendfile(out, fd, offset + sent, count - sent)
