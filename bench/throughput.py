@@ -20,6 +20,9 @@ One run on this machine measures:
   stream from it: the parallel range fill (docs/cache-node.md);
 - cold_fast: the cold fill from the unthrottled origin ÷ direct, and the
   node's CPU seconds per GiB it filled;
+- peer_copy: a second node copies the large object from the first one's
+  disk (POST /_nezha/replicate, as a replica does after a fill), MB/s ÷
+  warm large through the cache (sendfile);
 - the node's peak RSS (its process tree, psutil, every 50 ms) during the
   cold fills and the warm large transfers.
 
@@ -32,6 +35,7 @@ The last line is machine-readable:
     ratios: large=<cache/nginx MB/s> small=<cache/nginx req/s> cold=<cold/direct> rss_mb=<peak>
             cold_fast=<cold/direct, fast origin> cold_parallel=<cold/one stream, ranged origin>
             fill_cpu_s_per_gib=<node CPU seconds per GiB of a fast cold fill>
+            peer_copy=<a replica's copy between two nodes MB/s / warm large through the cache>
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -47,6 +51,7 @@ import contextlib
 import ctypes
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -454,20 +459,21 @@ async def wrk(children: Children, url: str, script: Path, *, p: Plan) -> WrkResu
 class Node:
     """`nezha cache` as its own process, as an operator runs it."""
 
-    def __init__(self, children: Children, work: Path) -> None:
+    def __init__(self, children: Children, work: Path, name: str = "node") -> None:
         self.children = children
         self.work = work
+        self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, *, origins: dict[str, str]) -> None:
         argv = [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
-                "--data-dir", str(self.work / "node"), "--log-level", "warning"]
+                "--data-dir", str(self.work / self.name), "--log-level", "warning"]
         for host, upstream in origins.items():
             argv += ["--origin", f"{host}={upstream}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        self.log = open(self.work / "node.log", "wb")
+        self.log = open(self.work / f"{self.name}.log", "wb")
         self.proc = await self.children.spawn(*argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as s:
@@ -483,7 +489,7 @@ class Node:
 
     def tail_log(self) -> str:
         with contextlib.suppress(OSError):
-            return (self.work / "node.log").read_text(errors="replace")[-1000:]
+            return (self.work / f"{self.name}.log").read_text(errors="replace")[-1000:]
         return ""
 
     def workers(self) -> int:
@@ -714,6 +720,15 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                 raise BenchError(f"large object through {name}: sha256 {digest[:16]}... "
                                  f"!= origin {data.large_sha256[:16]}...")
 
+        # -- peer copy: a replica's copy of the large object from the node's disk --------
+        peer = Node(children, work, name="peer")
+        await peer.start(origins={HOST: fast_url, SLOW_HOST: slow_url, RANGED_HOST: ranged_url})
+        copy_mbps = await replicate(peer, source=node, path=data.large, size=size)
+        res.add("large copied node to node (replicate)", f"{copy_mbps:.0f} MB/s", None,
+                "1 run; POST /_nezha/replicate to a second node, from the first one's disk")
+        assert peer.proc is not None
+        await children.stop(peer.proc)
+
         # -- small objects --------------------------------------------------------
         script = work / "paths.lua"
         script.write_text(WRK_LUA % {"paths": ", ".join(f'"{s}"' for s in data.small), "host": HOST})
@@ -797,6 +812,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     cold_ratio = median_mbps(cold_cache) / median_mbps(cold_direct)
     cold_fast = cold.mbps / median_mbps(direct)
     cold_parallel = par_cold.mbps / par_direct.mbps
+    peer_copy = copy_mbps / median_mbps(warm_cache)
     peak = max(rss["cold_fill_fast"], rss["warm_large"], rss["cold_fill_throttled"], rss["cold_fill_parallel"])
     elapsed = time.monotonic() - started
 
@@ -824,11 +840,32 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"  cold   cold cache / direct, throttled {cold_ratio:6.3f}  target >= 0.95  {verdict(cold_ratio >= 0.95)}",
         f"  cold_fast cold cache / direct, fast  {cold_fast:6.3f}  target >= 0.7   {verdict(cold_fast >= 0.7)}",
         f"  cold_parallel cold / one stream      {cold_parallel:6.3f}  target >= 4.0   {verdict(cold_parallel >= 4.0)}",
+        f"  peer_copy copy / warm sendfile       {peer_copy:6.3f}  target >= 0.5   {verdict(peer_copy >= 0.5)}",
         f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
         f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
-        f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f}",
+        f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f} "
+        f"peer_copy={peer_copy:.3f}",
     ]
     return "\n".join(lines)
+
+
+async def replicate(peer: Node, *, source: Node, path: str, size: int) -> float:
+    """Have `peer` copy `path` from `source` (a lone node trusts loopback callers), MB/s of the copy."""
+    body = {"host": HOST, "path": path, "source": f"127.0.0.1:{source.port}",
+            "address": f"127.0.0.1:{source.port}"}
+    started = time.monotonic()
+    result = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s:
+        async with s.post(peer.url + "/_nezha/replicate", json=body) as r:
+            if r.status != 200:
+                raise BenchError(f"replicate answered {r.status}: {(await r.text())[:300]}")
+            async for line in r.content:
+                if line.strip():
+                    result = json.loads(line)
+    seconds = time.monotonic() - started
+    if not result or result.get("result") != "copied" or result.get("bytes") != size:
+        raise BenchError(f"replicate of {path} ended with {result}, expected copied with {size} bytes")
+    return size / seconds / 1e6
 
 
 async def profile_node(out: Path, children: Children, *, node: Node, data: Dataset, script: Path,
