@@ -211,7 +211,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
                         connect_timeout=settings.origin_connect_timeout,
                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
-                        adopt=listener.adopt, backlog=listener.backlog)
+                        adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
             await relay.start(tls_host, tls_port)

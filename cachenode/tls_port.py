@@ -34,6 +34,7 @@ from typing import Awaitable, Callable, Union
 import structlog
 from yarl import URL
 
+from cachenode.connections import Gate
 from cachenode.splice import AVAILABLE as SPLICE_AVAILABLE
 from cachenode.splice import splice_both
 from cachenode.tls_hello import (HANDSHAKE_FAILURE, MAX_HELLO, UNRECOGNIZED_NAME, NotClientHello, alert,
@@ -90,6 +91,24 @@ def passthrough_target(host: str, upstream: str) -> tuple[str, int]:
     return host, 443
 
 
+class _Held:
+    """A TLS-port connection as the node's connection `Gate` sees it: waiting
+    (and so the first to give way at the cap) until its ClientHello is routed;
+    a terminated one is then counted by its HTTP connection, a relayed one
+    stays counted here until it ends."""
+
+    def __init__(self) -> None:
+        self.waiting = True
+        self.waiting_since = time.monotonic()
+        self.task: asyncio.Task | None = None
+        self.reclaimed = False
+
+    def reclaim(self) -> None:
+        self.reclaimed = True
+        if self.task is not None:
+            self.task.cancel()
+
+
 class TlsPort:
     """Accepts TLS connections and routes each by its server name.
 
@@ -103,7 +122,7 @@ class TlsPort:
     def __init__(self, route_for: Callable[[str], Route | None], *, hello_timeout: float = 30.0,
                  connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
                  adopt: Callable[[socket.socket, ssl.SSLContext], Awaitable[None]] | None = None,
-                 backlog: int = 1024, splice: bool = SPLICE_AVAILABLE) -> None:
+                 backlog: int = 1024, splice: bool = SPLICE_AVAILABLE, gate: Gate | None = None) -> None:
         self.route_for = route_for
         self.hello_timeout = hello_timeout
         self.connect_timeout = connect_timeout
@@ -111,6 +130,8 @@ class TlsPort:
         self.counts = _Counts(on_outcome)
         self.backlog = backlog
         self.splice = splice  # relayed bytes move inside the kernel; off: through user space
+        # The node's connection cap (cachenode/connections.py), shared with the plain port.
+        self.gate = gate
         self._sock: socket.socket | None = None
         self._acceptor: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -151,22 +172,33 @@ class TlsPort:
                 continue
             short = False
             conn.setblocking(False)
-            task = loop.create_task(self._accepted(conn, addr))
+            held = _Held()
+            if self.gate is not None and not self.gate.admit(held):
+                conn.close()  # every connection is busy: no TLS alert could say more than a close
+                self.counts["refused"] += 1
+                continue
+            task = loop.create_task(self._accepted(conn, addr, held))
+            held.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _accepted(self, conn: socket.socket, addr: tuple) -> None:
+    async def _accepted(self, conn: socket.socket, addr: tuple, held: "_Held") -> None:
         client = f"{addr[0]}:{addr[1]}" if addr else "?"
         handed_on = False
         try:
-            handed_on = await self._serve(conn, client)
+            handed_on = await self._serve(conn, client, held)
         except (ConnectionError, OSError):
             pass  # the client went away
+        except asyncio.CancelledError:
+            if not held.reclaimed:
+                raise
         finally:
+            if self.gate is not None:
+                self.gate.leave(held)
             if not handed_on:
                 conn.close()
 
-    async def _serve(self, conn: socket.socket, client: str) -> bool:
+    async def _serve(self, conn: socket.socket, client: str, held: "_Held") -> bool:
         """Route one connection; True once its socket belongs to someone else."""
         try:
             async with asyncio.timeout(self.hello_timeout):
@@ -188,6 +220,7 @@ class TlsPort:
                                  send=alert(HANDSHAKE_FAILURE), conn=conn, outcome="failed")
         if route is None:
             return self._refused(client, name, "not a configured origin", send=alert(UNRECOGNIZED_NAME), conn=conn)
+        held.waiting = False  # routed: from here it is busy, never the one to give way
         if isinstance(route, Terminate):
             assert self.adopt is not None, "route_for answered Terminate without an adopt()"
             try:

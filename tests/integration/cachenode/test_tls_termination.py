@@ -19,6 +19,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,12 +97,13 @@ def tls_node(tmp_path, node_process, nezha_ca, public_ca, https_origin, session)
     public_ca.cert_pem.write_to_path(str(bundle))
 
     async def start(*, upstream: str | None = None, with_bundle: bool = True, extra: dict | None = None,
-                    host: str = NAME):
+                    host: str = NAME, args: tuple[str, ...] = ()):
         config = node_config(tmp_path, upstream or https_origin.url, bundle=bundle if with_bundle else None,
                              extra=extra, host=host)
         tls_port = free_port()
         node = node_process(None, args=("--config", str(config), "--tls-listen", f"127.0.0.1:{tls_port}",
-                                        "--ca-cert", str(nezha_ca / "ca.crt"), "--ca-key", str(nezha_ca / "ca.key")))
+                                        "--ca-cert", str(nezha_ca / "ca.crt"), "--ca-key", str(nezha_ca / "ca.key"),
+                                        *args))
         node.tls_port = tls_port
         await node.ready(session)
         return node
@@ -345,3 +347,25 @@ async def test_names_under_a_wildcard_origin_share_one_wildcard_leaf_and_keep_th
         await https_get(node.tls_port, ctx, server_hostname="a.b1.buckets.example", host="a.b1.buckets.example")
     minted = [e for e in node.events() if e.get("event") == "leaf_minted"]
     assert [e["name"] for e in minted] == ["*.buckets.example"]
+
+
+async def test_silent_tls_connections_share_the_connection_cap_and_give_way_to_real_clients(
+        tls_node, https_origin, nezha_ca, session):
+    node = await tls_node(args=("--max-connections", "8"))
+    silent = [await asyncio.open_connection("127.0.0.1", node.tls_port) for _ in range(20)]  # never say hello
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    head, body, _ = await https_get(node.tls_port, trusting_nezha(nezha_ca))  # the stalest silent one gives way
+    assert head.startswith(b"HTTP/1.1 200") and body == BODY
+    async with session.get(f"http://127.0.0.1:{node.port}/healthz") as r:  # and the plain port still answers
+        assert r.status == 200
+    assert time.monotonic() - started < 5
+    closed = 0
+    for reader, writer in silent:
+        try:
+            closed += await asyncio.wait_for(reader.read(), 0.5) == b""
+        except asyncio.TimeoutError:
+            pass
+        writer.close()
+    assert closed >= 12  # at most 8 held at once: the rest were closed to make room
+    assert any(e.get("event") == "connection_reclaimed" for e in node.events())
