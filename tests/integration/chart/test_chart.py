@@ -507,3 +507,34 @@ def test_without_https_nothing_of_the_ca_is_rendered():
     text = yaml.safe_dump_all(objects)
     assert "nezha-ca-key" not in text and "--publish-ca" not in text and "--ca-cert" not in text
     assert not any(o["kind"] == "Job" and o["metadata"]["name"].startswith("nezha-ca-") for o in objects)
+
+
+def test_with_https_and_rules_of_their_own_a_host_no_tls_rule_aliases_is_passed_through(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "https": {"terminate": True},
+        "origins": [{"host": "storage.googleapis.com", "upstream": "https://storage.googleapis.com"},
+                    {"host": "www.cs.toronto.edu", "upstream": "http://www.cs.toronto.edu"},
+                    {"host": "*.s3.amazonaws.com", "upstream": "https://{host}"},
+                    {"host": "huggingface.co", "upstream": "https://huggingface.co"}],
+        "webhook": {"rules": [
+            {"name": "secure", "app": "team", "label": "vision", "tls": True,
+             "hostAliases": [{"hostnames": ["storage.googleapis.com", "datasets.s3.amazonaws.com"]}]},
+            {"name": "plain", "app": "team", "label": "nlp",
+             "hostAliases": [{"hostnames": ["www.cs.toronto.edu", "huggingface.co"]}]}]}}))
+    objects = render(values=(values,))
+    table = yaml.safe_load(find(objects, "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
+    assert {o["host"]: o.get("tls") for o in table["origins"]} == {
+        "storage.googleapis.com": None, "*.s3.amazonaws.com": None,  # a tls rule aliases them (a bucket under it)
+        "www.cs.toronto.edu": "passthrough", "huggingface.co": "passthrough"}  # only a plain rule does
+
+
+def test_the_default_rule_leaves_wildcard_origins_out_since_etc_hosts_has_no_patterns(tmp_path):
+    from webhook.patch import parse_rules
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"origins": [
+        {"host": "storage.googleapis.com", "upstream": "https://storage.googleapis.com"},
+        {"host": "*.s3.amazonaws.com", "upstream": "https://{host}"}]}))
+    rules = parse_rules(find(render(values=(values,)), "ConfigMap", "nezha-webhook-rules")["data"]["config"])
+    assert [a.hostnames for a in rules[0].host_aliases] == [("storage.googleapis.com",)]
