@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        f"{SECRET}, the certificate and the pods' bundle in ConfigMap {CONFIGMAP}")
     where.add_argument("--local", type=Path, metavar="DIR",
                        help="keep it in DIR: ca.crt and ca.key (created if missing)")
-    init.add_argument("--kubeconfig", type=Path, help="with --namespace: the cluster to use (default: the pod's "
-                      "service account)")
+    init.add_argument("--kubeconfig", type=Path, help="with --namespace: the cluster to use (default: "
+                      "NEZHA_KUBECONFIG or KUBECONFIG, else the pod's service account)")
     init.set_defaults(func=run_init)
 
 
@@ -169,7 +169,10 @@ def run_init(args: argparse.Namespace) -> int:
         from nezha.kube import api_client
 
         async def main() -> str:
-            api = await api_client(kubeconfig=args.kubeconfig, hint="pass --kubeconfig (or use --local DIR)")
+            # As every command reads it (nezha/config.py): the flag, else NEZHA_KUBECONFIG or KUBECONFIG.
+            kubeconfig = args.kubeconfig or os.environ.get("NEZHA_KUBECONFIG") or os.environ.get("KUBECONFIG")
+            api = await api_client(kubeconfig=Path(kubeconfig) if kubeconfig else None,
+                                   hint="pass --kubeconfig (or use --local DIR)")
             try:
                 return await init_in_cluster(api, args.namespace)
             finally:

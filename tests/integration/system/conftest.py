@@ -69,6 +69,18 @@ class System:
 
 @pytest.fixture
 async def system(tmp_path, request):
+    async for installed in installed_system(tmp_path, request):
+        yield installed
+
+
+@pytest.fixture
+async def https_system(tmp_path, request):
+    """The chart with https.terminate: TLS clients' requests fetched from the same plain local origin."""
+    async for installed in installed_system(tmp_path, request, https=True):
+        yield installed
+
+
+async def installed_system(tmp_path, request, *, https: bool = False):
     need_root()
     for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
         require_tool(tool)
@@ -91,10 +103,12 @@ async def system(tmp_path, request):
                        entrypoints={"nezha": [str(Path(sys.executable).with_name("nezha"))],
                                     "redis": ["redis-server"], "redis-server": [require_tool("redis-server")]})
     values = tmp_path / "values.yaml"
+    entry = {"host": "www.cs.toronto.edu", "upstream": origin_url}
     values.write_text(yaml.safe_dump({
         "image": {"repository": "nezha", "tag": "test"},
-        "origins": [{"host": "www.cs.toronto.edu", "upstream": origin_url}],
+        "origins": [{**entry, "tlsUpstream": origin_url} if https else entry],
         "cache": {"replicas": 3, "terminationGracePeriodSeconds": 30},
+        **({"https": {"terminate": True}} if https else {}),
     }))
     sys_ = System(api=api, mini=mini, origin=origin, origin_url=origin_url, root=tmp_path, kubeconfig=config)
     try:

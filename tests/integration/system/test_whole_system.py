@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 from cachenode.index import Index
 from cachenode.keys import cache_key, parse_target
 from tests.integration.system.conftest import NS
-from tests.pod_command import run_pod_command
+from tests.pod_command import container_env, mount_point, run_pod_command
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -228,3 +228,43 @@ async def test_a_killed_cache_node_is_restarted_rejoins_and_nothing_is_lost(syst
         for p in paths:  # its disk survived the crash: entering through it, every object is there
             assert await fetch(http, f"{victim.ip}:{victim.ports['http']}", p) == system.origin.files[p]
         assert {p: system.origin.requests[p] for p in paths} == fetched
+
+
+async def test_with_https_terminate_a_labelled_jobs_https_download_is_served_and_cached(https_system, request):
+    """The chart's HTTPS wiring, all of it from its own specs: the CA Job makes the CA in the double, cache
+    pods mount its key and terminate TLS, the controller copies the bundle into the Job's namespace, and the
+    webhook gives the pod the volume and variables Debian's wget (WGETRC) needs. Cold, then warm."""
+    system = https_system
+    payload = os.urandom(2_000_000)
+    system.origin.put(CIFAR, payload)
+    url = f"https://www.cs.toronto.edu{CIFAR}"
+    kube = system.api.client()
+    try:
+        await system.mini.wait("a ring of the three cache pods",
+                               lambda: _members(ring_of(system), {f"nezha-cache-{i}" for i in range(3)}), timeout=60)
+        await system.mini.wait("the certificates Job to patch the caBundle", lambda: (system.obj(
+            "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "nezha-webhook", None)
+            ["webhooks"][0]["clientConfig"].get("caBundle")), timeout=60)
+        await system.mini.wait("a ready webhook pod", lambda: any(
+            r.ready for (ns, n), r in system.mini.runs.items() if n.startswith("nezha-webhook-")
+            and not n.startswith("nezha-webhook-certs")), timeout=60)
+        bundle = await system.mini.wait("the controller's copy of nezha-ca in the Job's namespace",
+                                        lambda: system.obj("", "configmaps", "nezha-ca", ns="ml"), timeout=60)
+        files = system.root / "nezha-ca-volume"  # what kubelet puts in a pod's nezha-ca volume
+        files.mkdir()
+        for key, value in bundle["data"].items():
+            (files / key).write_text(value)
+        ca_dir = mount_point(request, Path("/etc/nezha/ca"))
+        for name, origin_requests in (("secure-cold", 1), ("secure-warm", 1)):
+            await client.BatchV1Api(kube).create_namespaced_job("ml", training_job(name, url, rule_label(system)))
+            pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
+                (p for (ns, _), p in system.api.objects_of("", "pods").items()
+                 if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
+            env = container_env(pod)
+            assert env["WGETRC"] == "/etc/nezha/ca/wgetrc" and env["SSL_CERT_FILE"] == "/etc/nezha/ca/ca-bundle.crt"
+            workdir = system.root / "jobs" / name
+            await run_pod_command(pod, workdir, env=env, mounts={str(ca_dir): files}, context=system.mini.logs())
+            assert (workdir / Path(url).name).read_bytes() == payload
+            assert system.origin.requests[CIFAR] == origin_requests
+    finally:
+        await kube.close()
