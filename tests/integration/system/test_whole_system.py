@@ -60,6 +60,18 @@ async def ring_of(system) -> tuple[int | None, dict[str, str]]:
     return membership.epoch, dict(membership.nodes)
 
 
+async def chart_is_up(system) -> None:
+    """Everything the chart describes is up: three nodes in the ring, the webhook trusted and ready."""
+    await system.mini.wait("a ring of the three cache pods",
+                           lambda: _members(ring_of(system), {f"nezha-cache-{i}" for i in range(3)}), timeout=60)
+    await system.mini.wait("the certificates Job to patch the caBundle", lambda: (system.obj(
+        "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "nezha-webhook", None)
+        ["webhooks"][0]["clientConfig"].get("caBundle")), timeout=60)
+    await system.mini.wait("a ready webhook pod", lambda: any(
+        r.ready for (ns, n), r in system.mini.runs.items() if n.startswith("nezha-webhook-")
+        and not n.startswith("nezha-webhook-certs")), timeout=60)
+
+
 async def run_job_pod(system, kube, name: str, url: str) -> tuple[bytes, str]:
     """Create the Job, take the pod the double made through admission, run its own command with its hostAliases."""
     await client.BatchV1Api(kube).create_namespaced_job("ml", training_job(name, url, rule_label(system)))
@@ -81,14 +93,7 @@ async def test_the_chart_runs_as_a_system_a_job_downloads_through_it_and_scaling
     kube = system.api.client()
     try:
         # Everything the chart describes comes up: three nodes in the ring, the webhook trusted.
-        await system.mini.wait("a ring of the three cache pods",
-                               lambda: _members(ring_of(system), {f"nezha-cache-{i}" for i in range(3)}), timeout=60)
-        await system.mini.wait("the certificates Job to patch the caBundle", lambda: (system.obj(
-            "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "nezha-webhook", None)
-            ["webhooks"][0]["clientConfig"].get("caBundle")), timeout=60)
-        await system.mini.wait("a ready webhook pod", lambda: any(
-            r.ready for (ns, n), r in system.mini.runs.items() if n.startswith("nezha-webhook-")
-            and not n.startswith("nezha-webhook-certs")), timeout=60)
+        await chart_is_up(system)
 
         # 1-2. A labelled Job's pod gets hostAliases; its own wget goes through the cache, cold then warm.
         cold, _ = await run_job_pod(system, kube, "train-cold", url)
@@ -240,14 +245,7 @@ async def test_with_https_terminate_a_labelled_jobs_https_download_is_served_and
     url = f"https://www.cs.toronto.edu{CIFAR}"
     kube = system.api.client()
     try:
-        await system.mini.wait("a ring of the three cache pods",
-                               lambda: _members(ring_of(system), {f"nezha-cache-{i}" for i in range(3)}), timeout=60)
-        await system.mini.wait("the certificates Job to patch the caBundle", lambda: (system.obj(
-            "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "nezha-webhook", None)
-            ["webhooks"][0]["clientConfig"].get("caBundle")), timeout=60)
-        await system.mini.wait("a ready webhook pod", lambda: any(
-            r.ready for (ns, n), r in system.mini.runs.items() if n.startswith("nezha-webhook-")
-            and not n.startswith("nezha-webhook-certs")), timeout=60)
+        await chart_is_up(system)
         bundle = await system.mini.wait("the controller's copy of nezha-ca in the Job's namespace",
                                         lambda: system.obj("", "configmaps", "nezha-ca", ns="ml"), timeout=60)
         files = system.root / "nezha-ca-volume"  # what kubelet puts in a pod's nezha-ca volume
