@@ -23,6 +23,7 @@ from aiohttp import web
 
 from cachenode.access import access, break_connection
 from cachenode.exact_head import ExactResponse
+from cachenode.fdwait import ready
 from cachenode.fill import Fill
 from cachenode.headers import Pairs, first
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -152,7 +153,6 @@ async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, coun
     reads nothing either (as under `loop.sendfile`): pipelined requests wait
     in the socket, not in memory, until the body is out.
     """
-    loop = asyncio.get_running_loop()
     sock = transport.get_extra_info("socket")
     if sock is None or transport.is_closing():
         raise SendCut("client went away", 0)
@@ -168,7 +168,7 @@ async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, coun
         while transport.get_write_buffer_size():
             if transport.is_closing():
                 raise SendCut("client went away", 0)
-            await _writable(loop, out)
+            await ready(out, write=True)
             await asyncio.sleep(0)
         if transport.is_closing():
             raise SendCut("client went away", 0)
@@ -176,7 +176,7 @@ async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, coun
             try:
                 n = os.sendfile(out, fd, offset + sent, count - sent)
             except (BlockingIOError, InterruptedError):
-                await _writable(loop, out)
+                await ready(out, write=True)
                 continue
             except OSError as e:
                 raise SendCut(f"client socket: {e}", sent) from e
@@ -188,15 +188,6 @@ async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, coun
         os.close(out)
         if reading and not transport.is_closing():
             transport.resume_reading()
-
-
-async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
-    ready = loop.create_future()
-    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
-    try:
-        await ready
-    finally:
-        loop.remove_writer(fd)
 
 
 async def _continued(request: web.Request) -> AsyncIterator[bytes]:

@@ -26,6 +26,8 @@ from typing import Callable
 import aiohttp
 from aiohttp import web
 
+from cachenode.fdwait import ready
+
 _PIPE_SIZE = 1 << 20
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 AVAILABLE = hasattr(os, "splice")
@@ -45,16 +47,6 @@ def usable(response: aiohttp.ClientResponse, request: web.Request) -> bool:
         if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("socket") is None:
             return False
     return True
-
-
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool, timeout: float | None) -> None:
-    fut = loop.create_future()
-    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
-    add(fd, lambda: fut.done() or fut.set_result(None))
-    try:
-        await asyncio.wait_for(fut, timeout)
-    finally:
-        remove(fd)
 
 
 def _take(transport: asyncio.Transport) -> None:
@@ -79,7 +71,6 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     owner fails mid-body, so the caller can resume elsewhere; ClientGone when
     the client does.
     """
-    loop = asyncio.get_running_loop()
     conn = response.connection
     assert conn is not None and conn.transport is not None and request.transport is not None
     upstream = conn.transport
@@ -111,7 +102,7 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
             try:
                 n = os.splice(src, pipe_w, min(remaining, _PIPE_SIZE), flags=_FLAGS)
             except BlockingIOError:
-                await _ready(loop, src, write=False, timeout=read_timeout)
+                await ready(src, timeout=read_timeout)
                 continue
             except OSError as e:
                 raise aiohttp.ClientPayloadError(f"peer socket: {e}") from e
@@ -122,7 +113,7 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
                 try:
                     left -= os.splice(pipe_r, dst, left, flags=_FLAGS)
                 except BlockingIOError:
-                    await _ready(loop, dst, write=True, timeout=read_timeout)
+                    await ready(dst, write=True, timeout=read_timeout)
                 except OSError as e:
                     raise ClientGone(f"client socket: {e}") from e
             remaining -= n
@@ -143,7 +134,6 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
     down after its request still gets the whole answer; a reset or error on
     either side ends both.
     """
-    loop = asyncio.get_running_loop()
 
     def end_both() -> None:
         for s in (a, b):
@@ -164,7 +154,7 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
                 try:
                     n = os.splice(src.fileno(), pipe_w, _PIPE_SIZE, flags=_FLAGS)
                 except BlockingIOError:
-                    await _ready(loop, src.fileno(), write=False, timeout=None)
+                    await ready(src.fileno())
                     continue
                 if n == 0:
                     break
@@ -173,7 +163,7 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
                     try:
                         left -= os.splice(pipe_r, dst.fileno(), left, flags=_FLAGS)
                     except BlockingIOError:
-                        await _ready(loop, dst.fileno(), write=True, timeout=None)
+                        await ready(dst.fileno(), write=True)
                 moved += n
             try:
                 dst.shutdown(socket.SHUT_WR)

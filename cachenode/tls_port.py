@@ -35,6 +35,7 @@ import structlog
 from yarl import URL
 
 from cachenode.connections import Gate
+from cachenode.fdwait import ready
 from cachenode.splice import AVAILABLE as SPLICE_AVAILABLE
 from cachenode.splice import splice_both
 from cachenode.tls_hello import (HANDSHAKE_FAILURE, MAX_HELLO, UNRECOGNIZED_NAME, NotClientHello, alert,
@@ -294,16 +295,6 @@ async def _connect(host: str, port: int) -> socket.socket:
     raise error or OSError(f"{host} has no address")
 
 
-async def _readable(conn: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
-    try:
-        await ready
-    finally:
-        loop.remove_reader(conn.fileno())
-
-
 async def _peek_hello(conn: socket.socket):
     """The ClientHello waiting in `conn`, left there; None if the client closed first.
 
@@ -312,7 +303,7 @@ async def _peek_hello(conn: socket.socket):
     seen = 0
     pauses = 0
     while True:
-        await _readable(conn)
+        await ready(conn.fileno())
         data = conn.recv(MAX_HELLO + 5, socket.MSG_PEEK)
         if not data:
             return None
