@@ -7,7 +7,6 @@ import resource
 import socket
 import ssl
 import time
-
 from pathlib import Path
 
 import structlog
@@ -24,8 +23,8 @@ from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
 from cachenode.tls_port import Relay, Terminate, TlsPort, passthrough_target
 from nezha.config import CacheSettings, parse_hostport
-from nezha.pki import Pair
 from nezha.errors import RunError
+from nezha.pki import Pair
 from nezha.lifecycle import stop_on_signals
 from nezha.logs import flush_repeats
 

@@ -211,8 +211,9 @@ class Handoff:
             flight, leader = node.flights.lead_or_join(key)
             if leader:
                 source = _peer_source(node, peer, target, selecting)
-                outcome, response = await node.lead(flight, key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs,
-                                                    origin=origin, stale=None, target=target, source=source)
+                url = origin.upstream_for(target.scheme, target.host) + target.path_qs
+                outcome, response = await node.lead(flight, key=key, url=url, origin=origin, stale=None,
+                                                    target=target, source=source)
                 if response is not None:
                     response.release()
                 break
