@@ -451,16 +451,7 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
     than scanning the ops so far, is what keeps env mode linear.
     """
     for where, c in _containers(spec, spec_path):
-        env = c.get("env")
-        if env is not None and not isinstance(env, list):
-            raise PatchError(f"{where}/env is {_what(env)}, not a list")
-        own: set[str] = set()
-        for j, e in enumerate(env or []):
-            if not isinstance(e, dict):
-                raise PatchError(f"{where}/env/{j} is {_what(e)}, not a variable")
-            if not isinstance(e.get("name"), str):
-                raise PatchError(f"{where}/env/{j}/name is {_what(e.get('name'))}, not a variable name")
-            own.add(e["name"])
+        own = set(_env_of(c, where))
         env_from = c.get("envFrom")
         if env_from is not None and not isinstance(env_from, list):
             raise PatchError(f"{where}/envFrom is {_what(env_from)}, not a list")
@@ -482,7 +473,7 @@ def _add_env(out: Patch, spec_path: str, spec: dict, proxy_url: str, no_proxy: s
                   "Services included, go to the cache proxy, which refuses hosts it does not cache")
         else:
             add += [{"name": v, "value": no_proxy} for v in NO_PROXY_VARS]
-        _append(out, base, env is not None or base in made, add)
+        _append(out, base, c.get("env") is not None or base in made, add)
         made.add(base)
         done.add(base)
 
@@ -528,6 +519,15 @@ def _s3_endpoint(rules: list[Rule]) -> str | None:
                 None)
 
 
+def _env_of(container: dict, where: str) -> dict[str, Any]:
+    """The container's own variables, name -> value (None when from valueFrom), each checked to be named."""
+    env = _list_at(container, where, "env", "a variable")
+    for j, e in enumerate(env):
+        if not isinstance(e.get("name"), str):
+            raise PatchError(f"{where}/env/{j}/name is {_what(e.get('name'))}, not a variable name")
+    return {e["name"]: e.get("value") for e in env}
+
+
 def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set[str], *,
                s3_endpoint: str | None = None) -> None:
     """Make every container trust the Nezha CA (nezha/trust_bundle.py): the
@@ -566,8 +566,7 @@ def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set
                    for m in mounts):
             mount = {"name": trust_bundle.VOLUME, "mountPath": trust_bundle.CA_DIR, "readOnly": True}
             _append(out, f"{where}/volumeMounts", c.get("volumeMounts") is not None, [mount])
-        env = _list_at(c, where, "env", "a variable")
-        own = {e.get("name"): e.get("value") for e in env}
+        own = _env_of(c, where)
         for var in sorted(set(own) & set(ours)):
             if own[var] != ours[var]:
                 _warn(out, f"{label} sets {var} itself, which is kept: a client reading it may refuse the "
