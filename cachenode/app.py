@@ -22,7 +22,7 @@ from cachenode.origin import OriginClient
 from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
 from cachenode.store import Store
 from cachenode.tls_port import Relay, Terminate, TlsPort, passthrough_target
-from nezha.config import CacheSettings, parse_hostport
+from nezha.config import HOST_PLACEHOLDER, CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.pki import Pair
 from nezha.lifecycle import stop_on_signals
@@ -58,12 +58,12 @@ def origin_roots(settings: CacheSettings) -> dict[tuple[str, int], Path]:
     for o in settings.origins:
         if o.ca_bundle is None:
             continue
-        asked = f"nezha-any.{o.host[2:]}" if o.wildcard else o.host  # a name the origin answers for
         for scheme in ("http", "https"):
-            u = URL(o.upstream_for(scheme, asked))
+            upstream = o.upstream_for(scheme, HOST_PLACEHOLDER)  # a pattern's {host} stays in place
+            u = URL(upstream.replace(HOST_PLACEHOLDER, "placeholder.invalid"))
             if u.scheme == "https" and u.host:
                 # A *.domain origin fetching each name from itself: its bundle covers the whole domain.
-                host = o.host if u.host == asked and o.wildcard else u.host
+                host = o.host if HOST_PLACEHOLDER in upstream else u.host
                 roots[(host, u.port or 443)] = o.ca_bundle
     return roots
 
