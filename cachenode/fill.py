@@ -65,6 +65,12 @@ class RangesAbandoned(NezhaError):
     its prefix with one plain stream."""
 
 
+class PartialDropped(NotStored):
+    """An on-demand fill (the origin's fill_on_range off) kept only the ranges
+    clients asked for, and nobody asked for more for a while: its slices are
+    dropped, never stored."""
+
+
 class Superseded(NotStored):
     """A write to the URL succeeded while its fill ran: what the fill got may
     predate the write, so it is streamed to its clients but never stored."""
@@ -125,6 +131,11 @@ class Fill:
         # offset beyond the prefix, and how to ask for a range first.
         self.coverage: Callable[[int], int] | None = None
         self.wanted: Callable[[int, int], None] | None = None
+        # Set by an on-demand parallel fetch: only bytes a reader asks for are
+        # fetched, so every reader asks, at the prefix too; parked while
+        # every asked-for byte is on disk.
+        self.on_demand = False
+        self.parked = False
         self._progress = asyncio.Event()
         # Once the store failed: the bytes on disk, frozen, and the later ones in memory.
         self._spilled_at: int | None = None
@@ -214,7 +225,7 @@ class Fill:
         self._progress.set()
         self._progress = asyncio.Event()
 
-    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None) -> int:
+    async def wait_beyond(self, offset: int, *, reader: IO[bytes] | None = None, end: int | None = None) -> int:
         """Block until more than `offset` bytes have arrived, or the body is complete.
 
         Returns where the bytes available from `offset` end (== `offset` only
@@ -226,7 +237,8 @@ class Fill:
         `reader` (from `open_reader`, having sent every byte before `offset`)
         reports progress: once the store failed, the fill waits for its
         readers, and returns at most a quarter window at a time so that even
-        a reader still sending from the file says how far it is.
+        a reader still sending from the file says how far it is. `end` is
+        where the reader's request ends: an on-demand fill fetches up to there.
         """
         if reader is not None:
             self._advance(reader, offset)
@@ -237,10 +249,11 @@ class Fill:
                 if reader is not None and self._spilled_at is not None:
                     return min(self.written, offset + max(1, self._window // 4))
                 return max(available, self.written) if self.complete else available
-            if self.wanted is not None and not asked and offset > self._received:
+            if self.wanted is not None and not asked and (offset > self._received or self.on_demand):
                 # Beyond the prefix (a Range in the middle): the slice holding
-                # `offset` goes first. At the prefix, front-first order serves.
-                self.wanted(offset, offset + 1)
+                # `offset` goes first. At the prefix, front-first order serves,
+                # unless the fill fetches only what readers ask for.
+                self.wanted(offset, (end or self.length or offset + 1) if self.on_demand else offset + 1)
                 asked = True
             if self.error is not None:
                 raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
@@ -447,6 +460,7 @@ class Source:
     what: str
     headers: Mapping[str, str]  # the request's fields (for the origin: the leading client's, forwarded)
     peer: Peer | None = None
+    ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
 
 
 class Kind(enum.Enum):

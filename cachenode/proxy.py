@@ -104,6 +104,7 @@ class CacheNode:
         self._table = settings.origin_table
         self._clock = clock
         self._tasks: set[asyncio.Task] = set()
+        self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task: settled() skips parked ones
         self._ready = False
         self.handoff = Handoff(node=self)
         self.invalidation = Invalidation(node=self)
@@ -142,9 +143,11 @@ class CacheNode:
         return task
 
     async def settled(self) -> None:
-        """Wait for fills and other background work in progress to finish."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """Wait for fills and other background work in progress to finish, or
+        to park: an on-demand fill waiting for clients to ask for more of it
+        (cachenode/ranged.py) is at rest."""
+        while busy := [t for t in self._tasks if not (t in self._fills and self._fills[t].parked)]:
+            await asyncio.wait(busy, timeout=0.05)
         await self.store.idle()  # and the disk steps they left behind (unlinks)
 
     async def leave(self) -> str:
@@ -462,7 +465,7 @@ class CacheNode:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone)."""
         headers = forwarded_request_headers(request.headers, via=self.respond.via, drop=_NOT_FOR_FILLS)
-        return Source(url=url, what=f"origin {url}", headers=headers)
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in request.headers)
 
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
                    target: Target, directives: RequestDirectives) -> web.StreamResponse:
@@ -687,7 +690,9 @@ class CacheNode:
                 response.status, response.headers, length, streams=streams,
                 threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
             if validator is not None:
-                ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams)
+                on_range = origin.fill_on_range if origin.fill_on_range is not None else self.settings.fill_on_range
+                ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
+                                            on_demand=source.ranged and not on_range)
 
         async def work() -> Meta:
             started = time.monotonic()
@@ -723,11 +728,13 @@ class CacheNode:
                 self.handoff.replicate_soon(stored, target)
             return stored
 
-        self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
+        task = self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
+        self._fills[task] = fill
+        task.add_done_callback(lambda t: self._fills.pop(t, None))
         return fill
 
     def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
-                      on_bytes: Callable[[int], None], *, streams: int):
+                      on_bytes: Callable[[int], None], *, streams: int, on_demand: bool):
         """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/ranged.py)."""
         async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
             return await self.origins.request("GET", source.url, headers=headers, what=source.what)
@@ -737,7 +744,8 @@ class CacheNode:
 
         fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
-                            chunk_size=FILL_READ, on_bytes=on_bytes)
+                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand)
+        fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,

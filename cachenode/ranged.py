@@ -17,6 +17,14 @@ stream, whose validator must still match (cachenode/fill.py
 `Fill.run_ranged`): nothing of two versions is ever committed. Dragonfly
 stored corrupt files when an origin ignored Range; here such an answer is
 never written.
+
+With the origin's `fill_on_range` off, a fill led by a client's Range is
+on demand: it fetches the slices clients ask for and nothing else, then
+parks, its slices kept in the temp file for later requests to reuse (they
+join the fill as any request joins a fill in progress). A request for the
+whole object wants every slice, so it completes the fill; a fill parked
+with nobody asking for `PARK_IDLE` seconds is dropped (`PartialDropped`),
+since a temp file holds space the store reserved for the whole object.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping
 import aiohttp
 import structlog
 
-from cachenode.fill import Fill, RangesAbandoned
+from cachenode.fill import Fill, PartialDropped, RangesAbandoned
 from cachenode.slices import Plan, Slice
 from nezha.errors import FillAborted, NezhaError
 
@@ -37,6 +45,7 @@ log = structlog.get_logger("nezha.fill")
 
 SLICE = 8 * 1024 * 1024  # one range request's share; small next to the objects this is for
 MIN_STEAL = 1024 * 1024  # a tail shorter than twice this is not worth another request
+PARK_IDLE = 600.0  # seconds an on-demand fill keeps its slices with nobody asking for more
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
 
 
@@ -103,7 +112,7 @@ class RangedFetch:
                  headers: Mapping[str, str], validator: Validator, length: int, streams: int,
                  write_at: Callable[[int, memoryview], Awaitable[None]], chunk_size: int,
                  on_bytes: Callable[[int], None] | None = None, slice_size: int = SLICE,
-                 min_steal: int = MIN_STEAL) -> None:
+                 min_steal: int = MIN_STEAL, on_demand: bool = False, park_idle: float | None = None) -> None:
         self.first = first
         self.get = get
         self.headers = headers
@@ -113,27 +122,49 @@ class RangedFetch:
         self.write_at = write_at
         self.chunk_size = chunk_size
         self.on_bytes = on_bytes
-        self.plan = Plan(length, slice_size, min_steal=min_steal)
+        self.on_demand = on_demand
+        self.park_idle = PARK_IDLE if park_idle is None else park_idle
+        self.plan = Plan(length, slice_size, min_steal=min_steal, on_demand=on_demand)
         self.requests = 1  # the first answer's
         self._tasks: set[asyncio.Task] = set()
         self._fill: Fill | None = None
         self._extra: asyncio.Task | None = None
+        self._wake = asyncio.Event()  # an on-demand fill's clients want more
+        self._started = False
 
-    async def __call__(self, fill: Fill) -> None:
+    def attach(self, fill: Fill) -> None:
+        """Let `fill`'s readers find bytes beyond the prefix and ask for them,
+        from before the fetch starts: the leading client's Range may come first."""
         self._fill = fill
         fill.coverage = self.plan.covered_until
         fill.wanted = self._want
-        self._tasks = {asyncio.create_task(self._first_stream(fill))}
-        self._tasks |= {asyncio.create_task(self._stream(fill)) for _ in range(self.streams - 1)}
+        fill.on_demand = self.on_demand
+
+    async def __call__(self, fill: Fill) -> None:
+        self.attach(fill)
+        self._started = True
+        if not self.on_demand:
+            self._tasks = {asyncio.create_task(self._first_stream(fill))}
+            self._tasks |= {asyncio.create_task(self._stream(fill)) for _ in range(self.streams - 1)}
+        else:
+            if self.plan.wants(0):
+                self._tasks = {asyncio.create_task(self._first_stream(fill))}
+            else:
+                self.first.close()  # its bytes are the front of the object, which nobody asked for
+            self._spawn_wanted()
         try:
-            while pending := {t for t in self._tasks if not t.done()}:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                failed = next((t for t in done if t.exception() is not None), None)
-                if failed is not None:
-                    error = failed.exception()
-                    if isinstance(error, RangesAbandoned):
-                        raise error
-                    raise RangesAbandoned(f"{type(error).__name__}: {error}") from error
+            while True:
+                while pending := {t for t in self._tasks if not t.done()}:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                    failed = next((t for t in done if t.exception() is not None), None)
+                    if failed is not None:
+                        error = failed.exception()
+                        if isinstance(error, RangesAbandoned):
+                            raise error
+                        raise RangesAbandoned(f"{type(error).__name__}: {error}") from error
+                if not self.on_demand or self.plan.complete:
+                    break
+                await self._park(fill)
         finally:
             for t in self._tasks:
                 t.cancel()
@@ -144,11 +175,47 @@ class RangedFetch:
         log.info("parallel_fill", key=fill.key, bytes=self.length, streams=self.streams, requests=self.requests,
                  slices=len(self.plan.slices))
 
+    async def _park(self, fill: Fill) -> None:
+        """Every slice asked for is on disk: wait for a client to ask for more
+        (`_want` starts its streams and wakes this)."""
+        self._wake.clear()
+        if self._spawn_wanted():
+            return
+        fill.parked = True
+        log.info("partial_fill_parked", key=fill.key, bytes=self.length, on_disk=self.plan.on_disk(),
+                 requests=self.requests)
+        try:
+            async with asyncio.timeout(self.park_idle):
+                await self._wake.wait()
+        except TimeoutError:
+            raise PartialDropped(
+                f"kept {self.plan.on_disk()} of {self.length} bytes of {fill.key}, fetched for ranges "
+                f"clients asked for (fill_on_range off), and nobody asked for more in {self.park_idle:g}s"
+            ) from None
+        finally:
+            fill.parked = False
+
+    def _spawn_wanted(self) -> bool:
+        """On demand: streams for the slices clients wait for, up to `streams`
+        at once. Whether any stream is running."""
+        running = {t for t in self._tasks if not t.done()}
+        while len(running) < self.streams and self.plan.has_unclaimed_wanted():
+            task = asyncio.create_task(self._stream(self._fill))
+            running.add(task)
+            self._tasks.add(task)
+        return bool(running)
+
     def _want(self, first: int, end: int) -> None:
-        """A client's Range beyond the prefix: its slices go first, on a stream
-        of their own if no stream is free, so it is answered without waiting
-        for the front of the object."""
+        """A client waits for bytes [first, end) beyond the prefix: their slices
+        go first, on a stream of their own if no stream is free, so it is
+        answered without waiting for the front of the object. On demand they
+        are the only slices fetched."""
         self.plan.want(first, end)
+        if self.on_demand:
+            if self._started:
+                self._spawn_wanted()
+            self._wake.set()
+            return
         if any(not t.done() for t in self._tasks) and (self._extra is None or self._extra.done()):
             # One stream beyond `streams`, at most, and only while clients wait in the middle.
             self._extra = asyncio.create_task(self._stream(self._fill, wanted_only=True))

@@ -381,7 +381,7 @@ class Responder:
             try:
                 await resp.prepare(request)
                 while end is None or offset < end:
-                    available = await fill.wait_beyond(offset, reader=f)
+                    available = await fill.wait_beyond(offset, reader=f, end=end)
                     if end is not None:
                         available = min(available, end)
                     if available <= offset:

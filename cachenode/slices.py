@@ -7,6 +7,10 @@ takes the back half of the in-progress slice with the most bytes still to
 come (work stealing): one slow connection cannot hold up the end of the
 object. A slice is only ever cut, never handed to two streams, so each byte
 is fetched once.
+
+On demand (an origin's `fill_on_range` off, and a client asking for a
+range): only slices some client waits for are handed out, and the rest of
+the object is never fetched unless a client asks for it.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ class Slice:
 
 
 class Plan:
-    def __init__(self, total: int, slice_size: int, *, min_steal: int = 1 << 20) -> None:
+    def __init__(self, total: int, slice_size: int, *, min_steal: int = 1 << 20, on_demand: bool = False) -> None:
         if total <= 0 or slice_size <= 0:
             raise ValueError(f"total ({total}) and slice_size ({slice_size}) must be positive")
         self.total = total
         self.min_steal = min_steal
+        self.on_demand = on_demand
         self.slices = [Slice(s, min(s + slice_size, total), s) for s in range(0, total, slice_size)]
         self._claimed: set[int] = set()  # ids of slices handed to a stream
         self._front = 0  # index of the first slice not done: the prefix ends in it
@@ -50,8 +55,22 @@ class Plan:
         """A client waits for bytes [first, end): the slices holding them go first."""
         self._wanted.append((first, end))
 
+    def wants(self, offset: int) -> bool:
+        """Some client waits for byte `offset`."""
+        return any(first <= offset < end for first, end in self._wanted)
+
+    def has_unclaimed_wanted(self) -> bool:
+        """Some client waits for bytes of a slice no stream has taken yet."""
+        return any(s.start < end and first < s.end and id(s) not in self._claimed
+                   for first, end in self._wanted for s in self.slices[self._front:])
+
+    def on_disk(self) -> int:
+        """Bytes of the object on disk, wherever they are."""
+        return sum(s.pos - s.start for s in self.slices)
+
     def next_wanted(self) -> Slice | None:
         """An unclaimed slice holding bytes a client waits for, or None."""
+        self._wanted = [(first, end) for first, end in self._wanted if self.covered_until(first) < end]
         for first, end in self._wanted:
             for s in self.slices[self._front:]:
                 if s.start < end and first < s.end and id(s) not in self._claimed:
@@ -61,15 +80,16 @@ class Plan:
 
     def next(self) -> Slice | None:
         """The work for a stream that is free: an unclaimed slice a client waits
-        for, else the first unclaimed slice, else a stolen back half of the
-        slowest, else None (the stream may stop)."""
+        for, else the first unclaimed slice (unless on demand), else a stolen
+        back half of the slowest, else None (the stream may stop)."""
         wanted = self.next_wanted()
         if wanted is not None:
             return wanted
-        for s in self.slices[self._front:]:
-            if id(s) not in self._claimed:
-                self._claimed.add(id(s))
-                return s
+        if not self.on_demand:
+            for s in self.slices[self._front:]:
+                if id(s) not in self._claimed:
+                    self._claimed.add(id(s))
+                    return s
         return self._steal()
 
     def covered_until(self, offset: int) -> int:
@@ -88,7 +108,7 @@ class Plan:
         return reach
 
     def _steal(self) -> Slice | None:
-        busy = [s for s in self.slices[self._front:] if not s.done]
+        busy = [s for s in self.slices[self._front:] if not s.done and id(s) in self._claimed]
         if not busy:
             return None
         victim = max(busy, key=lambda s: s.remaining)

@@ -98,9 +98,10 @@ class Origin(BaseModel):
     default_ttl: float | None = None
     volatile_params: tuple[str, ...] = ()
     # Parallel range fills of this origin's large objects (cachenode/ranged.py);
-    # unset: the node's fill_streams and parallel_fill_threshold.
+    # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None
     parallel_fill_threshold: int | None = None
+    fill_on_range: bool | None = None
     # TLS clients of this host (port 443, cachenode/tls_port.py). With a CA
     # on the node the handshake is made there and their requests are cached
     # under https:// keys; `passthrough` relays their connections untouched
@@ -317,6 +318,11 @@ class CacheSettings(_Base):
     # Per origin in its `origins` entry.
     fill_streams: int = 8
     parallel_fill_threshold: int = 64 * 1024 * 1024
+    # A client's Range into a cold large object fetches the slices around it
+    # first; on, the rest of the object keeps filling behind it; off, only
+    # the slices clients ask for are fetched, kept for later requests
+    # (cachenode/ranged.py). Per origin in its `origins` entry.
+    fill_on_range: bool = True
     # HOST:PORT answering TLS (port 443 behind the chart's Service): for now a
     # connection naming an origin (SNI) is relayed untouched to the real host
     # (cachenode/tls_relay.py); unset: no TLS port.

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from cachenode.ranged import SLICE
 from nezha.config import Origin
-from tests.integration.cachenode.conftest import HOST
+from tests.integration.cachenode.conftest import HOST, until
 
 MiB = 1 << 20
 
@@ -270,3 +270,85 @@ async def test_a_node_killed_mid_parallel_fill_serves_nothing_partial_after_a_re
         status, got, size, headers = await download(f"http://127.0.0.1:{node.port}/big.bin", host=HOST)
     assert headers["X-Nezha-Cache"] == "miss", "a partial fill was served as stored"
     assert status == 200 and got == hashlib.sha256(body).hexdigest() and size == len(body)
+
+
+def range_span(header: str) -> tuple[int, int]:
+    first, last = re.fullmatch(r"bytes=(\d+)-(\d+)", header).groups()
+    return int(first), int(last)
+
+
+async def ranged_get(url: str, first: int, last: int) -> tuple[int, bytes, dict]:
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        async with s.get(url, headers={"Host": HOST, "Range": f"bytes={first}-{last}"}) as r:
+            return r.status, await r.read(), r.headers.copy()
+
+
+async def test_with_fill_on_range_off_a_range_fetches_only_its_slices_and_later_requests_reuse_them(
+        parallel_origin, make_node):
+    body = pattern(256 * MiB)
+    origin = await parallel_origin(body, rate=64 * MiB)
+    node = await make_node(origins=[Origin(host=HOST, upstream=origin.url, fill_on_range=False)])
+    url = node.url + "/big.bin"
+    first, last = 100 * MiB + 12345, 100 * MiB + 12345 + SLICE  # across two slices
+    status, got, headers = await ranged_get(url, first, last)
+    assert status == 206 and got == body[first:last + 1]
+    assert headers["Content-Range"] == f"bytes {first}-{last}/{len(body)}"
+    await asyncio.wait_for(node.node.settled(), 10)  # parked, not running: settled says so
+    slice_of = lambda offset: offset // SLICE * SLICE  # noqa: E731
+    # The two slices around the range, maybe split between streams; nothing else.
+    around = slice_of(first), slice_of(last) + SLICE
+    assert all(around[0] <= a and b < around[1] for a, b in map(range_span, origin.ranges)), origin.ranges
+    assert origin.sent < 3 * SLICE + 8 * MiB, "fetched beyond the slices asked for (and the first answer's head start)"
+    fill = node.node.flights.get(f"http://{HOST}/big.bin")
+    assert fill is not None, "the slices were dropped instead of kept for later requests"
+
+    asked = len(origin.ranges)
+    again = first + 1000, first + 2 * MiB
+    status, got, headers = await ranged_get(url, *again)
+    assert status == 206 and got == body[again[0]:again[1] + 1]
+    assert len(origin.ranges) == asked, "bytes already on disk were fetched again"
+
+    # A request for the whole object wants every slice: the fill completes and is stored.
+    status, digest, size, headers = await download(url, host=HOST)
+    assert status == 200 and size == len(body) and digest == hashlib.sha256(body).hexdigest()
+    await asyncio.wait_for(node.node.settled(), 10)
+    async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as r:
+        [taken] = [float(line.split()[1]) for line in (await r.text()).splitlines()
+                   if line.startswith("nezha_bytes_from_origin_total ")]
+    assert taken == len(body), "a byte was taken from the origin twice, or not at all"
+    status, got, headers = await ranged_get(url, 5, 10)
+    assert headers["X-Nezha-Cache"] == "hit" and got == body[5:11]
+
+
+async def test_with_fill_on_range_off_slices_nobody_asks_more_of_are_dropped_and_fetched_anew(
+        parallel_origin, make_node, monkeypatch):
+    from cachenode import ranged
+    monkeypatch.setattr(ranged, "PARK_IDLE", 0.5)
+    body = pattern(96 * MiB)
+    origin = await parallel_origin(body, rate=64 * MiB)
+    node = await make_node(origins=[Origin(host=HOST, upstream=origin.url, fill_on_range=False)])
+    url = node.url + "/big.bin"
+    key = f"http://{HOST}/big.bin"
+    status, got, _ = await ranged_get(url, 50 * MiB, 50 * MiB + 99)
+    assert status == 206 and got == body[50 * MiB:50 * MiB + 100]
+    await until(lambda: node.node.flights.get(key) is None, timeout=10)
+    await until(lambda: not list(node.node.store.tmp.glob("*.part")), timeout=5)
+    temps = list(node.node.store.tmp.glob("*.part"))
+    assert temps == [], f"a dropped partial fill left its temp file: {temps}"
+    assert key not in node.node.store
+    asked = len(origin.ranges)
+    status, got, headers = await ranged_get(url, 50 * MiB, 50 * MiB + 99)
+    assert status == 206 and got == body[50 * MiB:50 * MiB + 100] and headers["X-Nezha-Cache"] == "miss"
+    fresh = [range_span(r) for r in origin.ranges[asked:]]
+    around = 50 * MiB // SLICE * SLICE
+    assert fresh and all(around <= a and b < around + SLICE for a, b in fresh), fresh
+
+
+async def test_with_fill_on_range_on_the_rest_of_the_object_fills_behind_a_range(parallel_origin, make_node):
+    body = pattern(96 * MiB)
+    origin = await parallel_origin(body, rate=64 * MiB)
+    node = await node_for(make_node, origin)
+    status, got, _ = await ranged_get(node.url + "/big.bin", 50 * MiB, 50 * MiB + 99)
+    assert status == 206 and got == body[50 * MiB:50 * MiB + 100]
+    await asyncio.wait_for(node.node.settled(), 30)
+    assert f"http://{HOST}/big.bin" in node.node.store

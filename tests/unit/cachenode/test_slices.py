@@ -103,3 +103,27 @@ def test_coverage_beyond_the_prefix_is_the_contiguous_run_from_an_offset():
     assert plan.covered_until(MiB) == 2 * MiB
     plan.advance(b, 2 * MiB)
     assert plan.covered_until(0) == 7 * MiB
+
+
+def test_on_demand_only_slices_a_client_waits_for_are_handed_out():
+    plan = Plan(100, 10, min_steal=1, on_demand=True)
+    assert plan.next() is None, "nobody asked: nothing is fetched"
+    plan.want(42, 58)
+    got = [plan.next(), plan.next()]
+    assert [(s.start, s.end) for s in got] == [(40, 50), (50, 60)]
+    assert not plan.has_unclaimed_wanted()
+    # A free stream may still split a wanted slice in progress, never take an unwanted one.
+    stolen = plan.next()
+    assert stolen is not None and 40 <= stolen.start and stolen.end <= 60
+
+
+def test_on_demand_a_want_already_on_disk_asks_for_nothing_more():
+    plan = Plan(100, 10, min_steal=100, on_demand=True)
+    plan.want(20, 25)
+    s = plan.next()
+    plan.advance(s, 10)
+    assert plan.on_disk() == 10 and plan.covered_until(20) == 30
+    plan.want(21, 29)
+    assert not plan.has_unclaimed_wanted() and plan.next() is None
+    plan.want(0, 100)  # a whole-object request wants every slice
+    assert [s.start for s in iter(plan.next, None)] == [0, 10, 30, 40, 50, 60, 70, 80, 90]
