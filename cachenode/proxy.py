@@ -742,9 +742,14 @@ class CacheNode:
         async def write_at(offset: int, data: memoryview) -> None:
             await self.store.write_at(fill.temp, offset, data)
 
+        async def splice_at(pipe: int, offset: int, count: int) -> None:
+            await self.store.splice_at(fill.temp, pipe, offset, count)
+
         fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
-                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand)
+                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
+                            splice_at=splice_at if self.settings.splice_fills else None,
+                            read_timeout=self.settings.origin_read_timeout)
         fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:

@@ -1,6 +1,7 @@
-"""Zero-copy moves between sockets: a peer's response body into the client's
-socket (`splice_body`), and both ways between two sockets (`splice_both`, the
-TLS port's pass-through relay).
+"""Zero-copy moves of bodies: a peer's response body into the client's
+socket (`splice_body`), both ways between two sockets (`splice_both`, the
+TLS port's pass-through relay), and a response body into a fill's file
+(`SocketBody`, for every fill from an origin or a peer over plain TCP).
 
 A relay that reads the owner's body into Python and writes it out again
 copies every byte twice in user space; on a small machine that halves the
@@ -47,6 +48,17 @@ def usable(response: aiohttp.ClientResponse, request: web.Request) -> bool:
         if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("socket") is None:
             return False
     return True
+
+
+def takeable(response: aiohttp.ClientResponse) -> bool:
+    """Whether `response`'s body can be taken off its socket by splice: plain
+    TCP, framed by Content-Length alone (never chunked, never TLS)."""
+    if not AVAILABLE or response.content_length is None or "Transfer-Encoding" in response.headers:
+        return False
+    conn = response.connection
+    if conn is None or conn.transport is None:
+        return False
+    return conn.transport.get_extra_info("sslcontext") is None and conn.transport.get_extra_info("socket") is not None
 
 
 def _take(transport: asyncio.Transport) -> None:
@@ -178,3 +190,67 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
 
     up, down = await asyncio.gather(one_way(a, b), one_way(b, a))
     return up, down
+
+
+class SocketBody:
+    """The rest of a response's body, moved off its socket into a pipe by the
+    kernel (`fill`), from where the store splices it into a file
+    (Store.splice_at): no byte of it passes through Python.
+
+    A fill through aiohttp's reader copies every byte into a bytes object
+    and out again to the file, and costs the event loop a wake-up per
+    socket read; on a small machine that loop is what holds a cold fill
+    back. Bytes aiohttp had already read are handed over first
+    (`buffered`). The response is closed at the end, never reused: its
+    parser did not see the body.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        conn = response.connection
+        assert conn is not None and conn.transport is not None and response.content_length is not None
+        self.response = response
+        self.buffered = response.content.read_nowait(-1)  # before pausing: see splice_body
+        _take(conn.transport)
+        self.remaining = response.content_length - len(self.buffered)  # still on the socket
+        self.src = os.dup(conn.transport.get_extra_info("socket").fileno())
+        self.pipe_r, self.pipe_w = os.pipe()
+        self.in_pipe = 0
+        try:
+            fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+        except OSError:
+            pass
+
+    async def fill(self, most: int, *, read_timeout: float, enough: int = _PIPE_SIZE // 2) -> int:
+        """Move up to `most` more body bytes from the socket into the pipe,
+        waiting for at least one, and taking more while they are there (up to
+        `enough`). Returns the bytes now in the pipe. ClientPayloadError (or
+        TimeoutError) when the peer breaks, closes early or falls silent."""
+        most = min(most, self.remaining, _PIPE_SIZE - self.in_pipe)
+        moved = 0
+        while moved < most:
+            try:
+                n = os.splice(self.src, self.pipe_w, most - moved, flags=_FLAGS)
+            except BlockingIOError:
+                if moved:
+                    break  # take what is there: the file is written while more arrives
+                await ready(self.src, timeout=read_timeout)
+                continue
+            except OSError as e:
+                raise aiohttp.ClientPayloadError(f"socket: {e}") from e
+            if n == 0:
+                raise aiohttp.ClientPayloadError(f"the peer closed with {self.remaining - moved} bytes to go")
+            moved += n
+            if moved >= enough:
+                break
+        self.remaining -= moved
+        self.in_pipe += moved
+        return self.in_pipe
+
+    def drained(self, n: int) -> None:
+        """`n` bytes left the pipe (into the file)."""
+        self.in_pipe -= n
+
+    def close(self) -> None:
+        for fd in (self.src, self.pipe_r, self.pipe_w):
+            os.close(fd)
+        self.response.close()

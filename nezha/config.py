@@ -323,6 +323,10 @@ class CacheSettings(_Base):
     # the slices clients ask for are fetched, kept for later requests
     # (cachenode/ranged.py). Per origin in its `origins` entry.
     fill_on_range: bool = True
+    # Range bodies over plain TCP move socket -> pipe -> file by splice(2),
+    # never entering Python (cachenode/splice.py); off, through aiohttp's
+    # reader and pwrite. A switch for measuring one against the other.
+    splice_fills: bool = True
     # HOST:PORT answering TLS (port 443 behind the chart's Service): for now a
     # connection naming an origin (SNI) is relayed untouched to the real host
     # (cachenode/tls_relay.py); unset: no TLS port.

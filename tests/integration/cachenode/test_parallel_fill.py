@@ -205,13 +205,14 @@ async def test_fifty_concurrent_cold_clients_cause_each_byte_to_be_fetched_once(
     assert origin.sent / len(body) < 1.08, origin.sent / len(body)
 
 
+@pytest.mark.parametrize("splice_fills", [True, False], ids=["spliced", "through-python"])
 async def test_a_client_reading_from_the_start_gets_exact_bytes_while_later_ranges_finish_first(
-        parallel_origin, make_node):
+        parallel_origin, make_node, splice_fills):
     body = pattern(96 * MiB)
     # The first answer crawls, the ranges fly: the prefix waits on slice 0
     # while later slices complete, until free streams steal its back halves.
     origin = await parallel_origin(body, first_rate=4 * MiB)
-    node = await node_for(make_node, origin)
+    node = await node_for(make_node, origin, splice_fills=splice_fills)
     status, got, size, _ = await asyncio.wait_for(download(node.url + "/big.bin", host=HOST), 30)
     assert status == 200 and got == hashlib.sha256(body).hexdigest() and size == len(body)
 

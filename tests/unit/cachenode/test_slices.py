@@ -127,3 +127,26 @@ def test_on_demand_a_want_already_on_disk_asks_for_nothing_more():
     assert not plan.has_unclaimed_wanted() and plan.next() is None
     plan.want(0, 100)  # a whole-object request wants every slice
     assert [s.start for s in iter(plan.next, None)] == [0, 10, 30, 40, 50, 60, 70, 80, 90]
+
+
+def test_a_tail_that_will_end_soon_at_its_own_pace_is_not_stolen():
+    now = [0.0]
+    plan = Plan(16 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    fast, slow = plan.claim_first(), plan.next()
+    now[0] = 0.5
+    plan.advance(fast, 7 * MiB)  # 1 MiB to go at 14 MiB/s
+    plan.advance(slow, MiB)  # 7 MiB to go at 2 MiB/s: 3.5 s
+    stolen = plan.next()
+    assert stolen is not None and stolen.start > 8 * MiB, "the slow range's back half is taken"
+    for s in (slow, fast, stolen):
+        plan.advance(s, s.remaining)
+    assert plan.complete and not plan.may_steal_later()
+
+
+def test_a_fast_range_keeps_its_tail_even_with_megabytes_left():
+    now = [0.0]
+    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    s = plan.claim_first()
+    now[0] = 0.1
+    plan.advance(s, 4 * MiB)  # 4 MiB to go at 40 MiB/s: 0.1 s
+    assert plan.next() is None and plan.may_steal_later()
