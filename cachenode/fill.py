@@ -42,6 +42,7 @@ from typing import IO, AsyncIterator, Awaitable, Callable, Mapping
 
 import structlog
 
+from cachenode import splice
 from cachenode.cluster import Peer
 from cachenode.headers import Pairs
 from cachenode.store import Meta, NotStored, Store, TempObject
@@ -376,6 +377,43 @@ class Fill:
             await self._stream(chunks, store=store, on_bytes=on_bytes)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
+
+    async def run_spliced(self, body: "splice.SocketBody", *, store: Store, meta: Meta, read_timeout: float,
+                          on_bytes: Callable[[int], None] | None = None,
+                          superseded: Callable[[], bool] = lambda: False) -> Meta:
+        """`run`, with the kernel moving the body socket -> pipe -> file
+        (cachenode/splice.py), as parallel ranges are: the one mechanism for
+        every fill over plain TCP, from an origin or a peer. Once the store
+        fails, the rest goes through memory as in `run`."""
+        async def receive() -> None:
+            try:
+                if body.buffered:
+                    await self._take(store, body.buffered)
+                    self._arrived(len(body.buffered), on_bytes)
+                while self._spilled_at is None and (body.remaining or body.in_pipe):
+                    have = await body.fill(MEMORY_WINDOW, read_timeout=read_timeout)
+                    try:
+                        await store.splice_at(self.temp, body.pipe_r, self.temp.written, have)
+                        n, failed = have, None
+                    except StoreError as e:
+                        n, failed = getattr(e, "written", 0), e  # the rest of `have` is still in the pipe
+                    self.temp.written += n
+                    self._received += n
+                    body.drained(n)
+                    self._arrived(n, on_bytes)
+                    if failed is not None:
+                        await self._spill(store, failed)
+                if self._spilled_at is not None:
+                    await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
+            finally:
+                body.close()
+
+        return await self._run(receive, store=store, meta=meta, superseded=superseded)
+
+    def _arrived(self, n: int, on_bytes: Callable[[int], None] | None) -> None:
+        if on_bytes:
+            on_bytes(n)
+        self._notify()
 
     async def run_ranged(self, fetch: Callable[["Fill"], Awaitable[None]],
                          fallback: Callable[[int], AsyncIterator[bytes]], *, store: Store, meta: Meta,

@@ -29,6 +29,7 @@ from cachenode.access import access
 from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
 from cachenode.ranged import RangedFetch, Validator, parallel_validator, plain_rest
+from cachenode import splice
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.headers import Pairs
@@ -704,6 +705,10 @@ class CacheNode:
                     fetch, fallback = ranged
                     stored = await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
                                                    superseded=lambda: flight.superseded)
+                elif self.settings.splice_fills and splice.takeable(response):
+                    stored = await fill.run_spliced(splice.SocketBody(response), store=self.store, meta=meta,
+                                                    read_timeout=self.settings.origin_read_timeout,
+                                                    on_bytes=on_bytes, superseded=lambda: flight.superseded)
                 else:
                     stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes,
                                             superseded=lambda: flight.superseded)

@@ -470,7 +470,9 @@ class Store:
         if temp.unwritable is not None:
             raise StoreError(temp.unwritable)
 
-        def _splice() -> None:
+        done = [0]
+
+        def _splice_counted() -> None:
             at, left = offset, count
             while left:
                 n = os.splice(pipe, temp.fd, left, offset_dst=at)
@@ -478,10 +480,13 @@ class Store:
                     raise OSError(f"pipe empty with {left} of {count} bytes to go")
                 at += n
                 left -= n
+                done[0] += n
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _splice)
+            await asyncio.get_running_loop().run_in_executor(None, _splice_counted)
         except OSError as e:
-            raise StoreError(f"write {temp.path} at {offset}: {e}") from e
+            error = StoreError(f"write {temp.path} at {offset}: {e}")
+            error.written = done[0]  # type: ignore[attr-defined]  # what reached the file; the rest is in the pipe
+            raise error from e
 
     async def discard(self, temp: TempObject) -> None:
         """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""

@@ -172,9 +172,10 @@ class SmallDisk:
     """A data directory whose file system takes only so many more bytes.
 
     "tmpfs": a real file system (a tmpfs mount, so root only) filled with a
-    filler file. "injected": os.pwrite, which only the store's fills use in
-    this process, fails with ENOSPC once a byte budget is spent, as the
-    kernel does, after a short write.
+    filler file. "injected": the store's writes into files (os.pwrite, and
+    os.splice into a file at an offset: a fill's body moved by the kernel)
+    fail with ENOSPC once a byte budget is spent, as the kernel does, after
+    a short write.
     """
 
     def __init__(self, kind: str, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,7 +217,19 @@ class SmallDisk:
             budget[0] -= n
             return n
 
+        real_splice = os.splice
+
+        def splice(src: int, dst: int, count: int, offset_src=None, offset_dst=None, flags: int = 0) -> int:
+            if offset_dst is None:  # socket -> pipe: not the disk
+                return real_splice(src, dst, count, offset_src, offset_dst, flags)
+            if budget[0] <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            n = real_splice(src, dst, min(count, budget[0]), offset_src, offset_dst, flags)
+            budget[0] -= n
+            return n
+
         self.monkeypatch.setattr(os, "pwrite", pwrite)
+        self.monkeypatch.setattr(os, "splice", splice)
 
     def unmount(self) -> None:
         if self.mounted:
