@@ -138,6 +138,7 @@ class Fill:
         self.on_demand = False
         self.parked = False
         self._progress = asyncio.Event()
+        self._writes: set[asyncio.Task] = set()  # spliced writes in their threads (start_write)
         # Once the store failed: the bytes on disk, frozen, and the later ones in memory.
         self._spilled_at: int | None = None
         self._store_error: StoreError | None = None
@@ -352,7 +353,7 @@ class Fill:
         if self._spilled_at is None:
             before = self.temp.written
             try:
-                await store.write(self.temp, chunk)
+                await asyncio.shield(self.start_write(store.write(self.temp, chunk)))
             except StoreError as e:
                 await self._spill(store, e)
                 kept = self._spilled_at - before  # a write may have taken part of the chunk
@@ -386,14 +387,16 @@ class Fill:
         every fill over plain TCP, from an origin or a peer. Once the store
         fails, the rest goes through memory as in `run`."""
         async def receive() -> None:
+            write: asyncio.Task | None = None
             try:
                 if body.buffered:
                     await self._take(store, body.buffered)
                     self._arrived(len(body.buffered), on_bytes)
                 while self._spilled_at is None and (body.remaining or body.in_pipe):
                     have = await body.fill(MEMORY_WINDOW, read_timeout=read_timeout)
+                    write = self.start_write(store.splice_at(self.temp, body.pipe_r, self.temp.written, have))
                     try:
-                        await store.splice_at(self.temp, body.pipe_r, self.temp.written, have)
+                        await asyncio.shield(write)
                         n, failed = have, None
                     except StoreError as e:
                         n, failed = getattr(e, "written", 0), e  # the rest of `have` is still in the pipe
@@ -406,9 +409,24 @@ class Fill:
                 if self._spilled_at is not None:
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
             finally:
-                body.close()
+                body.close(after=write)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
+
+    def start_write(self, write: Awaitable[None]) -> asyncio.Task:
+        """A write whose thread holds a descriptor (the temp file's, a pipe's),
+        run to its end even when its caller is cancelled (callers await it
+        through asyncio.shield): the fill waits for it before it closes the
+        temp file, and a pipe is closed only after it."""
+        task = asyncio.ensure_future(write)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+    async def _writes_done(self) -> None:
+        """Let writes still running in threads end before the temp file's descriptor is closed."""
+        if self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
 
     def _arrived(self, n: int, on_bytes: Callable[[int], None] | None) -> None:
         if on_bytes:
@@ -477,11 +495,13 @@ class Fill:
             return self.meta
         except asyncio.CancelledError:
             self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")
+            await self._writes_done()
             await store.discard(self.temp)
             raise
         except Exception as e:
             self.error = e if isinstance(e, NezhaError) else FillAborted(
                 f"reading the body of origin {self.url} for {self.key}: {type(e).__name__}: {e}")
+            await self._writes_done()
             await store.discard(self.temp)
             if self.error is e:
                 raise

@@ -286,7 +286,7 @@ class RangedFetch:
     async def _put(self, s: Slice, fill: Fill, data: bytes) -> None:
         n = min(len(data), s.remaining)
         if n:
-            await self.write_at(s.pos, memoryview(data)[:n])
+            await asyncio.shield(fill.start_write(self.write_at(s.pos, memoryview(data)[:n])))
             self._landed(s, fill, n)
 
     def _landed(self, s: Slice, fill: Fill, n: int) -> None:
@@ -301,17 +301,19 @@ class RangedFetch:
         most MIN_STEAL bytes are in the pipe at once, so a steal (which
         leaves at least that much to this stream) never cuts into them."""
         body = splice.SocketBody(response)
+        write: asyncio.Task | None = None
         try:
             if body.buffered:
                 await self._put(s, fill, body.buffered)
             while not s.done and body.remaining:
                 have = await body.fill(min(s.remaining, MIN_STEAL), read_timeout=self.read_timeout)
                 assert self.splice_at is not None
-                await self.splice_at(body.pipe_r, s.pos, have)
+                write = fill.start_write(self.splice_at(body.pipe_r, s.pos, have))
+                await asyncio.shield(write)
                 body.drained(have)
                 self._landed(s, fill, have)
         finally:
-            body.close()
+            body.close(after=write)
 
 
 async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]], headers: Mapping[str, str],

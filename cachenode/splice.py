@@ -275,7 +275,16 @@ class SocketBody:
         """`n` bytes left the pipe (into the file)."""
         self.in_pipe -= n
 
-    def close(self) -> None:
+    def close(self, *, after: "asyncio.Future | None" = None) -> None:
+        """Close the response now, the descriptors once `after` (a write still
+        reading the pipe in a thread, whose caller was cancelled) has ended:
+        a descriptor closed under a thread may be reused by another file."""
+        self.response.close()
+        if after is not None and not after.done():
+            after.add_done_callback(lambda _: self._close_fds())
+        else:
+            self._close_fds()
+
+    def _close_fds(self) -> None:
         for fd in (self.src, self.pipe_r, self.pipe_w):
             os.close(fd)
-        self.response.close()

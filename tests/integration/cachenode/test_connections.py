@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import socket
 import time
 
 import pytest
@@ -233,7 +234,14 @@ async def test_a_body_cut_short_by_a_half_close_ends_the_connection_without_reac
 
 async def test_a_client_that_pipelines_heads_without_reading_holds_a_bounded_backlog(origin, make_node, session):
     node = await warm(origin, make_node, session)
-    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    # A small receive buffer, set before connecting: left to autotuning, the
+    # client's kernel may take all 20 MB of answers (tcp_rmem allows 32 MiB
+    # here), and the node would rightly never need to stop reading.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", node.server.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     flood = get(method="HEAD") * 50_000  # 2.6 MB of requests, about 20 MB of answers
     writer.write(flood)
     await asyncio.sleep(1.0)
