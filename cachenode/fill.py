@@ -387,28 +387,50 @@ class Fill:
         every fill over plain TCP, from an origin or a peer. Once the store
         fails, the rest goes through memory as in `run`."""
         async def receive() -> None:
+            # The socket is read into the pipe while the previous bytes go from
+            # the pipe to the file in a thread: one stream keeps both the loop
+            # and a core busy, as aiohttp's reader and a pwrite thread did.
             write: asyncio.Task | None = None
+            reading: asyncio.Future | None = None
+            handed = 0  # bytes of the pipe the write in progress takes
             try:
                 if body.buffered:
                     await self._take(store, body.buffered)
                     self._arrived(len(body.buffered), on_bytes)
-                while self._spilled_at is None and (body.remaining or body.in_pipe):
-                    have = await body.fill(MEMORY_WINDOW, read_timeout=read_timeout)
-                    write = self.start_write(store.splice_at(self.temp, body.pipe_r, self.temp.written, have))
-                    try:
-                        await asyncio.shield(write)
-                        n, failed = have, None
-                    except StoreError as e:
-                        n, failed = getattr(e, "written", 0), e  # the rest of `have` is still in the pipe
-                    self.temp.written += n
-                    self._received += n
-                    body.drained(n)
-                    self._arrived(n, on_bytes)
-                    if failed is not None:
-                        await self._spill(store, failed)
+                while self._spilled_at is None:
+                    if write is None and body.in_pipe:
+                        handed = min(body.in_pipe, body.capacity // 2)
+                        write = self.start_write(store.splice_at(self.temp, body.pipe_r, self.temp.written, handed))
+                    if reading is None and body.remaining and body.in_pipe < body.capacity:
+                        reading = asyncio.ensure_future(body.fill(body.capacity, read_timeout=read_timeout))
+                    if write is None and reading is None:
+                        break
+                    await asyncio.wait([t for t in (write, reading) if t is not None],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if reading is not None and reading.done():
+                        done, reading = reading, None
+                        done.result()  # a broken or silent socket ends the fill here
+                    if write is not None and write.done():
+                        try:
+                            write.result()
+                            n, failed = handed, None
+                        except StoreError as e:
+                            n, failed = getattr(e, "written", 0), e  # the rest is still in the pipe
+                        write = None
+                        self.temp.written += n
+                        self._received += n
+                        body.drained(n)
+                        self._arrived(n, on_bytes)
+                        if failed is not None:
+                            await self._spill(store, failed)
                 if self._spilled_at is not None:
+                    if reading is not None:
+                        await reading  # its bytes are in the pipe, which rest() reads first
+                        reading = None
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
             finally:
+                if reading is not None:
+                    reading.cancel()
                 body.close(after=write)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)

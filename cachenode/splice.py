@@ -29,7 +29,7 @@ from aiohttp import web
 
 from cachenode.fdwait import ready
 
-_PIPE_SIZE = 1 << 20
+PIPE_SIZE = 1 << 20
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 AVAILABLE = hasattr(os, "splice")
 
@@ -112,12 +112,12 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     pipe_r, pipe_w = os.pipe()
     try:
         try:
-            fcntl.fcntl(pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+            fcntl.fcntl(pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
         except OSError:
             pass  # the default 64 KiB pipe works, only with more calls
         while remaining > 0:
             try:
-                n = os.splice(src, pipe_w, min(remaining, _PIPE_SIZE), flags=_FLAGS)
+                n = os.splice(src, pipe_w, min(remaining, PIPE_SIZE), flags=_FLAGS)
             except BlockingIOError:
                 await ready(src, timeout=read_timeout)
                 continue
@@ -164,12 +164,12 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
         pipe_r, pipe_w = os.pipe()
         try:
             try:
-                fcntl.fcntl(pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+                fcntl.fcntl(pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
             except OSError:
                 pass
             while True:
                 try:
-                    n = os.splice(src.fileno(), pipe_w, _PIPE_SIZE, flags=_FLAGS)
+                    n = os.splice(src.fileno(), pipe_w, PIPE_SIZE, flags=_FLAGS)
                 except BlockingIOError:
                     await ready(src.fileno())
                     continue
@@ -221,16 +221,20 @@ class SocketBody:
         self.pipe_r, self.pipe_w = os.pipe()
         self.in_pipe = 0
         try:
-            fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+            fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
         except OSError:
             pass
+        try:  # what the pipe holds: `fill` never asks for more, so a full pipe is never waited on as a socket
+            self.capacity = fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        except OSError:
+            self.capacity = 64 * 1024  # Linux's default
 
-    async def fill(self, most: int, *, read_timeout: float, enough: int = _PIPE_SIZE // 2) -> int:
+    async def fill(self, most: int, *, read_timeout: float, enough: int = PIPE_SIZE // 2) -> int:
         """Move up to `most` more body bytes from the socket into the pipe,
         waiting for at least one, and taking more while they are there (up to
         `enough`). Returns the bytes now in the pipe. ClientPayloadError (or
         TimeoutError) when the peer breaks, closes early or falls silent."""
-        most = min(most, self.remaining, _PIPE_SIZE - self.in_pipe)
+        most = min(most, self.remaining, self.capacity - self.in_pipe)
         moved = 0
         while moved < most:
             try:
@@ -251,7 +255,7 @@ class SocketBody:
         self.in_pipe += moved
         return self.in_pipe
 
-    async def rest(self, *, read_timeout: float, size: int = _PIPE_SIZE):
+    async def rest(self, *, read_timeout: float, size: int = PIPE_SIZE):
         """The bytes not yet moved into a file, through Python: what the pipe
         holds, then the socket's (for a fill whose store stopped taking them)."""
         while self.in_pipe:
