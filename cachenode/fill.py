@@ -387,63 +387,44 @@ class Fill:
         every fill over plain TCP, from an origin or a peer. Once the store
         fails, the rest goes through memory as in `run`."""
         async def receive() -> None:
-            # The socket is read into the pipe while the previous bytes go from
-            # the pipe to the file in a thread: one stream keeps both the loop
-            # and a core busy, as aiohttp's reader and a pwrite thread did.
-            write: asyncio.Task | None = None
-            reading: asyncio.Future | None = None
-            handed = 0  # bytes of the pipe the write in progress takes
+            def moved(n: int) -> None:
+                self.temp.written += n
+                self._received += n
+                self._arrived(n, on_bytes)
+
             try:
                 if body.buffered:
                     await self._take(store, body.buffered)
                     self._arrived(len(body.buffered), on_bytes)
-                while self._spilled_at is None:
-                    if write is None and body.in_pipe:
-                        handed = min(body.in_pipe, body.capacity // 2)
-                        write = self.start_write(store.splice_at(self.temp, body.pipe_r, self.temp.written, handed))
-                    if reading is None and body.remaining and body.in_pipe < body.capacity:
-                        reading = asyncio.ensure_future(body.fill(body.capacity, read_timeout=read_timeout))
-                    if write is None and reading is None:
-                        break
-                    await asyncio.wait([t for t in (write, reading) if t is not None],
-                                       return_when=asyncio.FIRST_COMPLETED)
-                    if reading is not None and reading.done():
-                        done, reading = reading, None
-                        done.result()  # a broken or silent socket ends the fill here
-                    if write is not None and write.done():
+                if self._spilled_at is None and body.remaining:
+                    if self.temp.unwritable is not None:
+                        await self._spill(store, StoreError(self.temp.unwritable))
+                    else:
+                        total = self.temp.written + body.remaining
                         try:
-                            write.result()
-                            n, failed = handed, None
-                        except StoreError as e:
-                            n, failed = getattr(e, "written", 0), e  # the rest is still in the pipe
-                        write = None
-                        self.temp.written += n
-                        self._received += n
-                        body.drained(n)
-                        self._arrived(n, on_bytes)
-                        if failed is not None:
-                            await self._spill(store, failed)
+                            await body.pump_into(self.temp.fd, self.temp.written, end=lambda: total, moved=moved,
+                                                 read_timeout=read_timeout, started=self.track)
+                        except splice.FileWriteFailed as e:
+                            await self._spill(store, StoreError(f"write {self.temp.path} at {e.at}: {e.strerror}"))
                 if self._spilled_at is not None:
-                    if reading is not None:
-                        await reading  # its bytes are in the pipe, which rest() reads first
-                        reading = None
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
             finally:
-                if reading is not None:
-                    reading.cancel()
-                body.close(after=write)
+                body.close()
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
 
-    def start_write(self, write: Awaitable[None]) -> asyncio.Task:
+    def start_write(self, write: Awaitable[None]) -> asyncio.Future:
         """A write whose thread holds a descriptor (the temp file's, a pipe's),
         run to its end even when its caller is cancelled (callers await it
         through asyncio.shield): the fill waits for it before it closes the
         temp file, and a pipe is closed only after it."""
-        task = asyncio.ensure_future(write)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        return task
+        return self.track(asyncio.ensure_future(write))
+
+    def track(self, job: asyncio.Future) -> asyncio.Future:
+        """Wait for `job` (a thread writing the temp file) before closing the temp file."""
+        self._writes.add(job)
+        job.add_done_callback(self._writes.discard)
+        return job
 
     async def _writes_done(self) -> None:
         """Let writes still running in threads end before the temp file's descriptor is closed."""

@@ -49,7 +49,7 @@ from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Re
                              send_continue)
 from cachenode.store import Meta, NotStored, Store
 from nezha.config import CacheSettings, Origin
-from nezha.errors import FillAborted, NezhaError, OriginError
+from nezha.errors import FillAborted, NezhaError, OriginError, StoreError
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -747,13 +747,20 @@ class CacheNode:
         async def write_at(offset: int, data: memoryview) -> None:
             await self.store.write_at(fill.temp, offset, data)
 
-        async def splice_at(pipe: int, offset: int, count: int) -> None:
-            await self.store.splice_at(fill.temp, pipe, offset, count)
+        async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
+                       moved: Callable[[int], None]) -> int:
+            if fill.temp.unwritable is not None:
+                raise StoreError(fill.temp.unwritable)
+            try:
+                return await body.pump_into(fill.temp.fd, offset, end=end, moved=moved, started=fill.track,
+                                            read_timeout=self.settings.origin_read_timeout)
+            except splice.FileWriteFailed as e:
+                raise StoreError(f"write {fill.temp.path} at {e.at}: {e.strerror}") from e
 
         fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
                             chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
-                            splice_at=splice_at if self.settings.splice_fills else None,
+                            pump=pump if self.settings.splice_fills else None,
                             read_timeout=self.settings.origin_read_timeout)
         fetch.attach(fill)
 

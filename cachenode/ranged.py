@@ -118,7 +118,8 @@ class RangedFetch:
                  write_at: Callable[[int, memoryview], Awaitable[None]], chunk_size: int,
                  on_bytes: Callable[[int], None] | None = None, slice_size: int = SLICE,
                  min_steal: int = MIN_STEAL, on_demand: bool = False, park_idle: float | None = None,
-                 splice_at: Callable[[int, int, int], Awaitable[None]] | None = None,
+                 pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
+                                Awaitable[int]] | None = None,
                  read_timeout: float = 30.0) -> None:
         self.first = first
         self.get = get
@@ -129,7 +130,7 @@ class RangedFetch:
         self.write_at = write_at
         self.chunk_size = chunk_size
         self.on_bytes = on_bytes
-        self.splice_at = splice_at  # (pipe, offset, count): bodies over plain TCP go socket -> pipe -> file
+        self.pump = pump  # (body, offset, end, moved): bodies over plain TCP go socket -> pipe -> file
         self.read_timeout = read_timeout
         self.on_demand = on_demand
         self.park_idle = PARK_IDLE if park_idle is None else park_idle
@@ -271,7 +272,7 @@ class RangedFetch:
         (it may shrink meanwhile, when another stream steals its back half)."""
         started = s.pos
         try:
-            if spliced and self.splice_at is not None and splice.takeable(response):
+            if spliced and self.pump is not None and splice.takeable(response):
                 await self._splice(response, s, fill)
             else:
                 async for chunk in response.content.iter_chunked(self.chunk_size):
@@ -296,24 +297,25 @@ class RangedFetch:
         fill.advance(self.plan.prefix)
 
     async def _splice(self, response: aiohttp.ClientResponse, s: Slice, fill: Fill) -> None:
-        """`_copy` with the kernel moving the bytes (cachenode/splice.py):
-        socket -> pipe on the loop, pipe -> file in the store's thread. At
-        most MIN_STEAL bytes are in the pipe at once, so a steal (which
-        leaves at least that much to this stream) never cuts into them."""
+        """`_copy` with the kernel moving the bytes (cachenode/splice.py), on
+        a thread of the stream's own. A steal lowers `s.end`, which the
+        thread reads before each step; a step (at most a pipe's worth) that
+        began before the steal may write past the new end bytes equal to the
+        thief's, both answers having the first answer's validator."""
         body = splice.SocketBody(response)
-        write: asyncio.Task | None = None
         try:
             if body.buffered:
                 await self._put(s, fill, body.buffered)
-            while not s.done and body.remaining:
-                have = await body.fill(min(s.remaining, MIN_STEAL), read_timeout=self.read_timeout)
-                assert self.splice_at is not None
-                write = fill.start_write(self.splice_at(body.pipe_r, s.pos, have))
-                await asyncio.shield(write)
-                body.drained(have)
-                self._landed(s, fill, have)
+            if not s.done and body.remaining:
+                def moved(n: int) -> None:
+                    n = min(n, s.remaining)
+                    if n:
+                        self._landed(s, fill, n)
+
+                assert self.pump is not None
+                await self.pump(body, s.pos, lambda: s.end, moved)
         finally:
-            body.close(after=write)
+            body.close()
 
 
 async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]], headers: Mapping[str, str],

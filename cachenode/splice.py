@@ -19,9 +19,13 @@ readers and writers on descriptors its transports own.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import socket
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import aiohttp
@@ -197,10 +201,26 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
     return up, down
 
 
+# Threads that move fill bodies (SocketBody.pump): one per stream for the
+# length of its transfer, so never the loop's default executor, whose few
+# workers the store's short steps (open, commit, unlink) must find free.
+_PUMPS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="nezha-fill")
+_TICK = 0.5  # seconds a pump waits on a quiet socket before looking at its stop flag again
+
+
+class FileWriteFailed(OSError):
+    """The file side of a pump failed (ENOSPC, EIO...), after `written` bytes of this pump reached it."""
+
+    def __init__(self, error: OSError, written: int, at: int) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.written = written
+        self.at = at
+
+
 class SocketBody:
-    """The rest of a response's body, moved off its socket into a pipe by the
-    kernel (`fill`), from where the store splices it into a file
-    (Store.splice_at): no byte of it passes through Python.
+    """The rest of a response's body, moved off its socket into a file by the
+    kernel (`pump_into`: socket -> pipe -> file): no byte of it passes
+    through Python.
 
     A fill through aiohttp's reader copies every byte into a bytes object
     and out again to the file, and costs the event loop a wake-up per
@@ -220,6 +240,8 @@ class SocketBody:
         self.src = os.dup(conn.transport.get_extra_info("socket").fileno())
         self.pipe_r, self.pipe_w = os.pipe()
         self.in_pipe = 0
+        self.stop = threading.Event()  # a pump's caller was cancelled
+        self.pumping: asyncio.Future | None = None
         try:
             fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
         except OSError:
@@ -229,31 +251,75 @@ class SocketBody:
         except OSError:
             self.capacity = 64 * 1024  # Linux's default
 
-    async def fill(self, most: int, *, read_timeout: float, enough: int = PIPE_SIZE // 2) -> int:
-        """Move up to `most` more body bytes from the socket into the pipe,
-        waiting for at least one, and taking more while they are there (up to
-        `enough`). Returns the bytes now in the pipe. ClientPayloadError (or
-        TimeoutError) when the peer breaks, closes early or falls silent."""
-        most = min(most, self.remaining, self.capacity - self.in_pipe)
-        moved = 0
-        while moved < most:
-            try:
-                n = os.splice(self.src, self.pipe_w, most - moved, flags=_FLAGS)
-            except BlockingIOError:
-                if moved:
-                    break  # take what is there: the file is written while more arrives
-                await ready(self.src, timeout=read_timeout)
-                continue
-            except OSError as e:
-                raise aiohttp.ClientPayloadError(f"socket: {e}") from e
-            if n == 0:
-                raise aiohttp.ClientPayloadError(f"the peer closed with {self.remaining - moved} bytes to go")
-            moved += n
-            if moved >= enough:
-                break
-        self.remaining -= moved
-        self.in_pipe += moved
-        return self.in_pipe
+    async def pump_into(self, fd: int, offset: int, *, end: Callable[[], int], moved: Callable[[int], None],
+                        read_timeout: float, started: Callable[[asyncio.Future], None] | None = None) -> int:
+        """Move the body from the socket into `fd` at `offset` on a thread of
+        its own, by blocking splice socket -> pipe -> file, until `end()` (an
+        offset: a slice's end, which a steal may lower) or the body's end.
+        `moved(n)` is called on the loop as bytes reach the file. Returns the
+        bytes moved; raises ClientPayloadError or TimeoutError for the
+        socket, FileWriteFailed for the file (the bytes left in the pipe are
+        still readable by `rest`).
+
+        One blocking thread per stream measured 2-3 GB/s at 0.34-0.5 CPU s
+        per GiB here, against 1-6 CPU s for splices driven by the loop: a
+        non-blocking splice takes whatever the socket holds (often 64 KiB)
+        and every wait costs two epoll_ctl calls and a wake-up.
+        """
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(_PUMPS, self._pump, fd, offset, end,
+                                   lambda n: loop.call_soon_threadsafe(moved, n), read_timeout)
+        self.pumping = job
+        if started is not None:
+            started(job)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            self.stop.set()  # the thread ends within a tick; close() waits for it
+            raise
+        except (ConnectionError, OSError) as e:
+            if isinstance(e, (FileWriteFailed, TimeoutError)):
+                raise
+            raise aiohttp.ClientPayloadError(f"socket: {e}") from e
+
+    def _pump(self, fd: int, offset: int, end: Callable[[], int], moved: Callable[[int], None],
+              read_timeout: float) -> int:
+        pos = offset
+        probe = socket.socket(fileno=os.dup(self.src))
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(_TICK), int(_TICK % 1 * 1e6)))
+            os.set_blocking(self.src, True)
+            quiet = 0.0
+            while not self.stop.is_set():
+                want = min(end() - pos, self.remaining, self.capacity)
+                if want <= 0:
+                    break
+                try:
+                    n = os.splice(self.src, self.pipe_w, want)
+                except (BlockingIOError, TimeoutError, InterruptedError):
+                    quiet += _TICK
+                    if quiet >= read_timeout:
+                        raise TimeoutError(f"socket silent for {read_timeout:g}s with {self.remaining} bytes to go")
+                    continue
+                if n == 0:
+                    raise ConnectionError(f"the peer closed with {self.remaining} bytes to go")
+                quiet = 0.0
+                self.remaining -= n
+                self.in_pipe += n
+                while self.in_pipe:
+                    try:
+                        w = os.splice(self.pipe_r, fd, self.in_pipe, offset_dst=pos)
+                    except OSError as e:
+                        raise FileWriteFailed(e, pos - offset, pos) from e
+                    if w == 0:
+                        raise FileWriteFailed(OSError(errno.EIO, "the file took no bytes"), pos - offset, pos)
+                    pos += w
+                    self.in_pipe -= w
+                    moved(w)
+            return pos - offset
+        finally:
+            os.set_blocking(self.src, False)
+            probe.close()
 
     async def rest(self, *, read_timeout: float, size: int = PIPE_SIZE):
         """The bytes not yet moved into a file, through Python: what the pipe
@@ -275,15 +341,14 @@ class SocketBody:
             self.remaining -= len(data)
             yield data
 
-    def drained(self, n: int) -> None:
-        """`n` bytes left the pipe (into the file)."""
-        self.in_pipe -= n
-
     def close(self, *, after: "asyncio.Future | None" = None) -> None:
         """Close the response now, the descriptors once `after` (a write still
         reading the pipe in a thread, whose caller was cancelled) has ended:
         a descriptor closed under a thread may be reused by another file."""
         self.response.close()
+        self.stop.set()
+        if after is None or after.done():
+            after = self.pumping
         if after is not None and not after.done():
             after.add_done_callback(lambda _: self._close_fds())
         else:

@@ -462,32 +462,6 @@ class Store:
         except OSError as e:
             raise StoreError(f"write {temp.path} at {offset}: {e}") from e
 
-    async def splice_at(self, temp: TempObject, pipe: int, offset: int, count: int) -> None:
-        """Move `count` bytes waiting in `pipe` into the temp file at `offset`
-        (cachenode/splice.py SocketBody): the write side of a fill whose bytes
-        never enter Python. Off the loop, as every write: a write may wait
-        for the disk's writeback."""
-        if temp.unwritable is not None:
-            raise StoreError(temp.unwritable)
-
-        done = [0]
-
-        def _splice_counted() -> None:
-            at, left = offset, count
-            while left:
-                n = os.splice(pipe, temp.fd, left, offset_dst=at)
-                if n == 0:
-                    raise OSError(f"pipe empty with {left} of {count} bytes to go")
-                at += n
-                left -= n
-                done[0] += n
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, _splice_counted)
-        except OSError as e:
-            error = StoreError(f"write {temp.path} at {offset}: {e}")
-            error.written = done[0]  # type: ignore[attr-defined]  # what reached the file; the rest is in the pipe
-            raise error from e
-
     async def discard(self, temp: TempObject) -> None:
         """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""
         self.release(temp.reserved)
