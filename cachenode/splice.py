@@ -64,6 +64,8 @@ def takeable(response: aiohttp.ClientResponse) -> bool:
         return False
     if not isinstance(asyncio.get_running_loop(), asyncio.selector_events.BaseSelectorEventLoop):
         return False
+    if _taken >= MAX_PUMPS:
+        return False
     conn = response.connection
     if conn is None or conn.transport is None:
         return False
@@ -204,7 +206,13 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
 # Threads that move fill bodies (SocketBody.pump): one per stream for the
 # length of its transfer, so never the loop's default executor, whose few
 # workers the store's short steps (open, commit, unlink) must find free.
-_PUMPS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="nezha-fill")
+# At most MAX_PUMPS bodies are taken at once (a slot is held from
+# SocketBody() to close()); beyond that, `takeable` says no and the fill
+# keeps aiohttp's reader: a pump never waits in the pool's queue while its
+# socket goes unread, whatever number of slow fills a node runs.
+MAX_PUMPS = 256
+_PUMPS = ThreadPoolExecutor(max_workers=MAX_PUMPS, thread_name_prefix="nezha-fill")
+_taken = 0
 _TICK = 0.5  # seconds a pump waits on a quiet socket before looking at its stop flag again
 
 
@@ -233,6 +241,9 @@ class SocketBody:
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         conn = response.connection
         assert conn is not None and conn.transport is not None and response.content_length is not None
+        global _taken
+        _taken += 1  # released by close()
+        self._held = True
         self.response = response
         self.buffered = response.content.read_nowait(-1)  # before pausing: see splice_body
         _take(conn.transport)
@@ -345,6 +356,10 @@ class SocketBody:
         """Close the response now, the descriptors once `after` (a write still
         reading the pipe in a thread, whose caller was cancelled) has ended:
         a descriptor closed under a thread may be reused by another file."""
+        global _taken
+        if self._held:
+            self._held = False
+            _taken -= 1
         self.response.close()
         self.stop.set()
         if after is None or after.done():

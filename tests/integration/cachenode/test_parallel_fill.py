@@ -353,3 +353,25 @@ async def test_with_fill_on_range_on_the_rest_of_the_object_fills_behind_a_range
     assert status == 206 and got == body[50 * MiB:50 * MiB + 100]
     await asyncio.wait_for(node.node.settled(), 30)
     assert f"http://{HOST}/big.bin" in node.node.store
+
+
+async def test_streams_beyond_the_pump_threads_keep_aiohttps_reader_and_the_bytes_stay_exact(
+        parallel_origin, make_node, monkeypatch):
+    from cachenode import splice
+    monkeypatch.setattr(splice, "MAX_PUMPS", 2)  # 8 streams: two spliced on threads, the rest through Python
+    taken = []
+    real = splice.SocketBody.__init__
+
+    def counting(self, response):
+        real(self, response)
+        taken.append(splice._taken)
+
+    monkeypatch.setattr(splice.SocketBody, "__init__", counting)
+    body = pattern(96 * MiB)
+    origin = await parallel_origin(body, rate=32 * MiB)
+    node = await node_for(make_node, origin)
+    status, got, size, _ = await download(node.url + "/big.bin", host=HOST)
+    assert status == 200 and got == hashlib.sha256(body).hexdigest() and size == len(body)
+    assert taken and max(taken) <= 2, taken
+    await asyncio.wait_for(node.node.settled(), 10)
+    assert splice._taken == 0, "a pump slot was never given back"
