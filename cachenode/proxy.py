@@ -693,7 +693,7 @@ class CacheNode:
             if validator is not None:
                 on_range = origin.fill_on_range if origin.fill_on_range is not None else self.settings.fill_on_range
                 ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
-                                            on_demand=source.ranged and not on_range)
+                                            on_demand=source.ranged and not on_range, landed=flight.landed)
 
         async def work() -> Meta:
             started = time.monotonic()
@@ -739,7 +739,8 @@ class CacheNode:
         return fill
 
     def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
-                      on_bytes: Callable[[int], None], *, streams: int, on_demand: bool):
+                      on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
+                      landed: asyncio.Event):
         """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/ranged.py)."""
         async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
             return await self.origins.request("GET", source.url, headers=headers, what=source.what)
@@ -761,7 +762,7 @@ class CacheNode:
                             length=fill.length or 0, streams=streams, write_at=write_at,
                             chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
-                            read_timeout=self.settings.origin_read_timeout)
+                            read_timeout=self.settings.origin_read_timeout, landed=landed)
         fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:

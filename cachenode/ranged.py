@@ -120,7 +120,7 @@ class RangedFetch:
                  min_steal: int = MIN_STEAL, on_demand: bool = False, park_idle: float | None = None,
                  pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
                                 Awaitable[int]] | None = None,
-                 read_timeout: float = 30.0) -> None:
+                 read_timeout: float = 30.0, landed: asyncio.Event | None = None) -> None:
         self.first = first
         self.get = get
         self.headers = headers
@@ -132,6 +132,7 @@ class RangedFetch:
         self.on_bytes = on_bytes
         self.pump = pump  # (body, offset, end, moved): bodies over plain TCP go socket -> pipe -> file
         self.read_timeout = read_timeout
+        self.flight_landed = landed  # once set, no request can reach a parked fill to ask for more
         self.on_demand = on_demand
         self.park_idle = PARK_IDLE if park_idle is None else park_idle
         self.plan = Plan(length, slice_size, min_steal=min_steal, on_demand=on_demand, steal_after=STEAL_AFTER)
@@ -194,9 +195,16 @@ class RangedFetch:
         fill.parked = True
         log.info("partial_fill_parked", key=fill.key, bytes=self.length, on_disk=self.plan.on_disk(),
                  requests=self.requests)
+        waits = [asyncio.ensure_future(self._wake.wait())]
+        if self.flight_landed is not None:
+            waits.append(asyncio.ensure_future(self.flight_landed.wait()))
         try:
             async with asyncio.timeout(self.park_idle):
-                await self._wake.wait()
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not self._wake.is_set():
+                raise PartialDropped(f"kept {self.plan.on_disk()} of {self.length} bytes of {fill.key}, fetched for "
+                                     f"ranges clients asked for; its flight ended (a write to the URL superseded it), "
+                                     f"so no request can ask for more")
         except TimeoutError:
             raise PartialDropped(
                 f"kept {self.plan.on_disk()} of {self.length} bytes of {fill.key}, fetched for ranges "
@@ -204,6 +212,8 @@ class RangedFetch:
             ) from None
         finally:
             fill.parked = False
+            for w in waits:
+                w.cancel()
 
     def _spawn_wanted(self) -> bool:
         """On demand: streams for the slices clients wait for, up to `streams`

@@ -58,7 +58,12 @@ class ParallelOrigin:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/{tail:.*}", self.handle)
+        app.router.add_put("/{tail:.*}", self.put)
         return app
+
+    async def put(self, request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=204)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
@@ -375,3 +380,19 @@ async def test_streams_beyond_the_pump_threads_keep_aiohttps_reader_and_the_byte
     assert taken and max(taken) <= 2, taken
     await asyncio.wait_for(node.node.settled(), 10)
     assert splice._taken == 0, "a pump slot was never given back"
+
+
+async def test_a_parked_partial_fill_is_dropped_at_once_when_a_write_supersedes_it(parallel_origin, make_node):
+    body = pattern(96 * MiB)
+    origin = await parallel_origin(body, rate=64 * MiB)
+    node = await make_node(origins=[Origin(host=HOST, upstream=origin.url, fill_on_range=False)])
+    key = f"http://{HOST}/big.bin"
+    status, got, _ = await ranged_get(node.url + "/big.bin", 50 * MiB, 50 * MiB + 99)
+    assert status == 206 and got == body[50 * MiB:50 * MiB + 100]
+    await asyncio.wait_for(node.node.settled(), 10)
+    assert node.node.flights.get(key) is not None
+    async with aiohttp.ClientSession() as s:
+        async with s.put(node.url + "/big.bin", data=b"new", headers={"Host": HOST}) as r:
+            assert r.status == 204
+    await until(lambda: not list(node.node.store.tmp.glob("*.part")), timeout=5)
+    assert node.node.flights.get(key) is None
