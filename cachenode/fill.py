@@ -426,10 +426,13 @@ class Fill:
         job.add_done_callback(self._writes.discard)
         return job
 
-    async def _writes_done(self) -> None:
-        """Let writes still running in threads end before the temp file's descriptor is closed."""
+    async def writes_done(self) -> None:
+        """Let writes still running in threads end before the temp file's
+        descriptor is closed. asyncio.wait, not gather: a second cancel of
+        the caller must not cancel them, or their descriptors would be
+        closed under their threads."""
         if self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+            await asyncio.wait(list(self._writes))
 
     def _arrived(self, n: int, on_bytes: Callable[[int], None] | None) -> None:
         if on_bytes:
@@ -498,13 +501,13 @@ class Fill:
             return self.meta
         except asyncio.CancelledError:
             self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")
-            await self._writes_done()
+            await self.writes_done()
             await store.discard(self.temp)
             raise
         except Exception as e:
             self.error = e if isinstance(e, NezhaError) else FillAborted(
                 f"reading the body of origin {self.url} for {self.key}: {type(e).__name__}: {e}")
-            await self._writes_done()
+            await self.writes_done()
             await store.discard(self.temp)
             if self.error is e:
                 raise

@@ -705,8 +705,8 @@ class CacheNode:
                     fetch, fallback = ranged
                     stored = await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
                                                    superseded=lambda: flight.superseded)
-                elif self.settings.splice_fills and splice.takeable(response):
-                    stored = await fill.run_spliced(splice.SocketBody(response), store=self.store, meta=meta,
+                elif self.settings.splice_fills and (taken := splice.take(response)) is not None:
+                    stored = await fill.run_spliced(taken, store=self.store, meta=meta,
                                                     read_timeout=self.settings.origin_read_timeout,
                                                     on_bytes=on_bytes, superseded=lambda: flight.superseded)
                 else:

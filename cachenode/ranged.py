@@ -141,6 +141,7 @@ class RangedFetch:
         self._fill: Fill | None = None
         self._extra: asyncio.Task | None = None
         self._wake = asyncio.Event()  # an on-demand fill's clients want more
+        self._over = False  # the fetch has ended: nothing more lands
         self._started = False
 
     def attach(self, fill: Fill) -> None:
@@ -177,9 +178,11 @@ class RangedFetch:
                     break
                 await self._park(fill)
         finally:
+            self._over = True  # a pump thread's late report must not move the prefix under a fallback
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await fill.writes_done()  # and its bytes are all down before a fallback writes the same places
             self.first.close()
         if not self.plan.complete:
             raise RangesAbandoned(f"streams stopped at byte {self.plan.prefix} of {self.length}")
@@ -282,8 +285,9 @@ class RangedFetch:
         (it may shrink meanwhile, when another stream steals its back half)."""
         started = s.pos
         try:
-            if spliced and self.pump is not None and splice.takeable(response):
-                await self._splice(response, s, fill)
+            body = splice.take(response) if spliced and self.pump is not None else None
+            if body is not None:
+                await self._splice(body, s, fill)
             else:
                 async for chunk in response.content.iter_chunked(self.chunk_size):
                     await self._put(s, fill, chunk)
@@ -306,20 +310,19 @@ class RangedFetch:
             self.on_bytes(n)
         fill.advance(self.plan.prefix)
 
-    async def _splice(self, response: aiohttp.ClientResponse, s: Slice, fill: Fill) -> None:
+    async def _splice(self, body: "splice.SocketBody", s: Slice, fill: Fill) -> None:
         """`_copy` with the kernel moving the bytes (cachenode/splice.py), on
         a thread of the stream's own. A steal lowers `s.end`, which the
         thread reads before each step; a step (at most a pipe's worth) that
         began before the steal may write past the new end bytes equal to the
         thief's, both answers having the first answer's validator."""
-        body = splice.SocketBody(response)
         try:
             if body.buffered:
                 await self._put(s, fill, body.buffered)
             if not s.done and body.remaining:
                 def moved(n: int) -> None:
                     n = min(n, s.remaining)
-                    if n:
+                    if n and not self._over:
                         self._landed(s, fill, n)
 
                 assert self.pump is not None

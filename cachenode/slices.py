@@ -73,6 +73,8 @@ class Plan:
 
     def want(self, first: int, end: int) -> None:
         """A client waits for bytes [first, end): the slices holding them go first."""
+        if any(a <= first and end <= b for a, b in self._wanted):
+            return  # asked already (a reader asks again at each wait)
         self._wanted.append((first, end))
 
     def wants(self, offset: int) -> bool:

@@ -29,9 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from cachenode.fdwait import ready
+
+log = structlog.get_logger("nezha.fill")
 
 PIPE_SIZE = 1 << 20
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
@@ -207,11 +210,24 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
 # length of its transfer, so never the loop's default executor, whose few
 # workers the store's short steps (open, commit, unlink) must find free.
 # At most MAX_PUMPS bodies are taken at once (a slot is held from
-# SocketBody() to close()); beyond that, `takeable` says no and the fill
+# SocketBody() until its descriptors are closed, after its thread ended); beyond that, `takeable` says no and the fill
 # keeps aiohttp's reader: a pump never waits in the pool's queue while its
 # socket goes unread, whatever number of slow fills a node runs.
 MAX_PUMPS = 256
 _PUMPS = ThreadPoolExecutor(max_workers=MAX_PUMPS, thread_name_prefix="nezha-fill")
+
+
+def take(response: aiohttp.ClientResponse) -> "SocketBody | None":
+    """The response's body for a pump, or None when it must be read through
+    aiohttp: not takeable (see `takeable`), or no descriptor left for the
+    duplicate and the pipe (logged)."""
+    if not takeable(response):
+        return None
+    try:
+        return SocketBody(response)
+    except OSError as e:
+        log.warning("splice_unavailable", reason=f"{type(e).__name__}: {e}", fallback="aiohttp reader")
+        return None
 _taken = 0
 _TICK = 0.5  # seconds a pump waits on a quiet socket before looking at its stop flag again
 
@@ -239,17 +255,23 @@ class SocketBody:
     """
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
+        """Raises OSError (no descriptor left) before touching the response:
+        the caller reads it through aiohttp instead."""
         conn = response.connection
         assert conn is not None and conn.transport is not None and response.content_length is not None
+        self.src = os.dup(conn.transport.get_extra_info("socket").fileno())
+        try:
+            self.pipe_r, self.pipe_w = os.pipe()
+        except OSError:
+            os.close(self.src)
+            raise
         global _taken
-        _taken += 1  # released by close()
+        _taken += 1  # given back by close(), or when a pump still running then ends
         self._held = True
         self.response = response
         self.buffered = response.content.read_nowait(-1)  # before pausing: see splice_body
         _take(conn.transport)
         self.remaining = response.content_length - len(self.buffered)  # still on the socket
-        self.src = os.dup(conn.transport.get_extra_info("socket").fileno())
-        self.pipe_r, self.pipe_w = os.pipe()
         self.in_pipe = 0
         self.stop = threading.Event()  # a pump's caller was cancelled
         self.pumping: asyncio.Future | None = None
@@ -356,10 +378,6 @@ class SocketBody:
         """Close the response now, the descriptors once `after` (a write still
         reading the pipe in a thread, whose caller was cancelled) has ended:
         a descriptor closed under a thread may be reused by another file."""
-        global _taken
-        if self._held:
-            self._held = False
-            _taken -= 1
         self.response.close()
         self.stop.set()
         if after is None or after.done():
@@ -369,6 +387,14 @@ class SocketBody:
         else:
             self._close_fds()
 
+    def _release(self) -> None:
+        global _taken
+        if self._held:
+            self._held = False
+            _taken -= 1
+
     def _close_fds(self) -> None:
+        """The last step, once no thread uses the body: its slot is free again."""
         for fd in (self.src, self.pipe_r, self.pipe_w):
             os.close(fd)
+        self._release()

@@ -40,7 +40,8 @@ class ParallelOrigin:
     """
 
     def __init__(self, body: bytes, *, rate: float | None = None, ignore_range: bool = False,
-                 change_after: int | None = None, wrong_range: bool = False, first_rate: float | None = None) -> None:
+                 change_after: int | None = None, wrong_range: bool = False, first_rate: float | None = None,
+                 wrong_after: int | None = None) -> None:
         self.body = body
         self.etag = '"v1"'
         self.rate = rate
@@ -48,6 +49,7 @@ class ParallelOrigin:
         self.ignore_range = ignore_range
         self.change_after = change_after
         self.wrong_range = wrong_range
+        self.wrong_after = wrong_after  # range requests answered right before the rest come wrong
         self.sent = 0
         self.plain = 0
         self.ranges: list[str] = []
@@ -77,7 +79,8 @@ class ParallelOrigin:
         start, end, status = 0, len(body) - 1, 200
         if wanted and not self.ignore_range and request.headers.get("If-Range", self.etag) == self.etag:
             start, end, status = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1), 206
-            shown = start + 4096 if self.wrong_range else start
+            wrong = self.wrong_range or (self.wrong_after is not None and len(self.ranges) > self.wrong_after)
+            shown = start + 4096 if wrong else start
             headers["Content-Range"] = f"bytes {shown}-{end}/{len(body)}"
         else:
             self.plain += 1
@@ -264,8 +267,7 @@ async def test_a_node_killed_mid_parallel_fill_serves_nothing_partial_after_a_re
     async with aiohttp.ClientSession() as session:
         await node.ready(session)
         download_task = asyncio.create_task(download(f"http://127.0.0.1:{node.port}/big.bin", host=HOST))
-        while len(origin.ranges) < 8:
-            await asyncio.sleep(0.05)
+        await until(lambda: len(origin.ranges) >= 8, timeout=30)
         await asyncio.sleep(0.5)  # ranges are landing all over the temp file
         node.proc.kill()
         node.proc.wait()
@@ -396,3 +398,38 @@ async def test_a_parked_partial_fill_is_dropped_at_once_when_a_write_supersedes_
             assert r.status == 204
     await until(lambda: not list(node.node.store.tmp.glob("*.part")), timeout=5)
     assert node.node.flights.get(key) is None
+
+
+@pytest.mark.parametrize("wrong_after", [8, 10, 12])
+async def test_an_abandon_while_spliced_ranges_hold_the_prefix_still_streams_exact_bytes(
+        parallel_origin, make_node, wrong_after):
+    # Ranges are pumped on threads when one comes back wrong: the fill falls
+    # back to one stream from its prefix, and no late report of a pump may
+    # move that prefix under it.
+    body = pattern(128 * MiB)
+    origin = await parallel_origin(body, rate=48 * MiB, wrong_after=wrong_after)
+    node = await node_for(make_node, origin)
+    status, got, size, _ = await asyncio.wait_for(download(node.url + "/big.bin", host=HOST), 60)
+    assert status == 200 and size == len(body) and got == hashlib.sha256(body).hexdigest()
+    await asyncio.wait_for(node.node.settled(), 30)
+    assert origin.plain == 2  # the first answer and the fallback
+    status, got, size, headers = await download(node.url + "/big.bin", host=HOST)
+    assert headers["X-Nezha-Cache"] == "hit" and got == hashlib.sha256(body).hexdigest()
+
+
+async def test_a_fill_with_no_descriptor_left_for_a_pipe_reads_through_aiohttp(
+        parallel_origin, make_node, monkeypatch):
+    from cachenode import splice
+
+    def no_pipe():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(splice.os, "pipe", no_pipe)
+    body = pattern(96 * MiB)
+    origin = await parallel_origin(body, rate=64 * MiB)
+    node = await node_for(make_node, origin)
+    status, got, size, _ = await asyncio.wait_for(download(node.url + "/big.bin", host=HOST), 30)
+    assert status == 200 and got == hashlib.sha256(body).hexdigest()
+    await asyncio.wait_for(node.node.settled(), 10)
+    assert splice._taken == 0
+    assert f"http://{HOST}/big.bin" in node.node.store

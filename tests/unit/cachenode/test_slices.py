@@ -147,6 +147,25 @@ def test_a_fast_range_keeps_its_tail_even_with_megabytes_left():
     now = [0.0]
     plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
     s = plan.claim_first()
-    now[0] = 0.1
-    plan.advance(s, 4 * MiB)  # 4 MiB to go at 40 MiB/s: 0.1 s
+    now[0] = 0.5
+    plan.advance(s, 6 * MiB)  # 2 MiB to go at 12 MiB/s: 0.17 s, though long enough to split
     assert plan.next() is None and plan.may_steal_later()
+
+
+def test_the_same_tail_at_a_slow_pace_is_stolen():
+    now = [0.0]
+    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    s = plan.claim_first()
+    now[0] = 0.5
+    plan.advance(s, 6 * MiB)
+    now[0] = 2.0  # the same 2 MiB to go, at 3 MiB/s now: 0.67 s
+    stolen = plan.next()
+    assert stolen is not None and (stolen.start, stolen.end) == (7 * MiB, 8 * MiB) and s.end == 7 * MiB
+
+
+def test_a_client_asking_again_for_what_it_asked_adds_no_want():
+    plan = Plan(100, 10, on_demand=True)
+    for _ in range(1000):
+        plan.want(5, 100)
+    plan.want(20, 30)
+    assert len(plan._wanted) == 1
