@@ -717,6 +717,17 @@ class CacheNode:
             except NezhaError:
                 self._count(host, failed_fills=1)
                 raise
+            except Exception as e:
+                # A bug outside the fill's own run (which turns every error into
+                # a NezhaError): its clients must learn it, not wait forever.
+                self._count(host, failed_fills=1)
+                error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
+                log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
+                if fill.error is None:
+                    fill.error = error
+                    await self.store.discard(fill.temp)
+                    fill.advance(0)  # wakes its readers, who find the error
+                raise error from e
             finally:
                 if watch is not None:
                     watch.cancel()

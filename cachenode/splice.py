@@ -60,9 +60,9 @@ def usable(response: aiohttp.ClientResponse, request: web.Request) -> bool:
 def takeable(response: aiohttp.ClientResponse) -> bool:
     """Whether `response`'s body can be taken off its socket by splice: plain
     TCP, framed by Content-Length alone (never chunked, never TLS), on
-    asyncio's own loop: under uvloop a spliced fill stalled until the test's
-    timeout (tests/integration/cachenode/test_event_loop.py, not yet
-    explained), so there fills keep aiohttp's reader."""
+    asyncio's own loop: `_take` must disable the transport's
+    resume_reading, an attribute uvloop's transports make read-only, so
+    there fills keep aiohttp's reader."""
     if not AVAILABLE or response.content_length is None or "Transfer-Encoding" in response.headers:
         return False
     if not isinstance(asyncio.get_running_loop(), asyncio.selector_events.BaseSelectorEventLoop):

@@ -433,3 +433,23 @@ async def test_a_fill_with_no_descriptor_left_for_a_pipe_reads_through_aiohttp(
     await asyncio.wait_for(node.node.settled(), 10)
     assert splice._taken == 0
     assert f"http://{HOST}/big.bin" in node.node.store
+
+
+async def test_a_fill_that_crashes_outside_its_run_fails_its_clients_instead_of_leaving_them_waiting(
+        parallel_origin, make_node, monkeypatch):
+    from cachenode import splice
+
+    def crash(response):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(splice, "take", crash)
+    body = pattern(4 * MiB)
+    origin = await parallel_origin(body, rate=16 * MiB)
+    node = await node_for(make_node, origin)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await asyncio.wait_for(download(node.url + "/big.bin", host=HOST), 10)
+    await asyncio.wait_for(node.node.settled(), 10)
+    assert not list(node.node.store.tmp.glob("*.part")), "the crashed fill left its temp file"
+    monkeypatch.undo()
+    status, got, size, _ = await download(node.url + "/big.bin", host=HOST)
+    assert status == 200 and got == hashlib.sha256(body).hexdigest()
