@@ -138,7 +138,7 @@ class Fill:
         self.on_demand = False
         self.parked = False
         self._progress = asyncio.Event()
-        self._writes: set[asyncio.Task] = set()  # spliced writes in their threads (start_write)
+        self._writes: set[asyncio.Task] = set()  # writes still running in threads (track)
         # Once the store failed: the bytes on disk, frozen, and the later ones in memory.
         self._spilled_at: int | None = None
         self._store_error: StoreError | None = None
@@ -353,7 +353,7 @@ class Fill:
         if self._spilled_at is None:
             before = self.temp.written
             try:
-                await asyncio.shield(self.start_write(store.write(self.temp, chunk)))
+                await self.write(store.write(self.temp, chunk))
             except StoreError as e:
                 await self._spill(store, e)
                 kept = self._spilled_at - before  # a write may have taken part of the chunk
@@ -397,15 +397,12 @@ class Fill:
                     await self._take(store, body.buffered)
                     self._arrived(len(body.buffered), on_bytes)
                 if self._spilled_at is None and body.remaining:
-                    if self.temp.unwritable is not None:
-                        await self._spill(store, StoreError(self.temp.unwritable))
-                    else:
-                        total = self.temp.written + body.remaining
-                        try:
-                            await body.pump_into(self.temp.fd, self.temp.written, end=lambda: total, moved=moved,
-                                                 read_timeout=read_timeout, started=self.track)
-                        except splice.FileWriteFailed as e:
-                            await self._spill(store, StoreError(f"write {self.temp.path} at {e.at}: {e.strerror}"))
+                    total = self.temp.written + body.remaining
+                    try:
+                        await store.pump_into(self.temp, body, self.temp.written, end=lambda: total, moved=moved,
+                                              read_timeout=read_timeout, started=self.track)
+                    except StoreError as e:
+                        await self._spill(store, e)
                 if self._spilled_at is not None:
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
             finally:
@@ -413,12 +410,11 @@ class Fill:
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
 
-    def start_write(self, write: Awaitable[None]) -> asyncio.Future:
-        """A write whose thread holds a descriptor (the temp file's, a pipe's),
-        run to its end even when its caller is cancelled (callers await it
-        through asyncio.shield): the fill waits for it before it closes the
-        temp file, and a pipe is closed only after it."""
-        return self.track(asyncio.ensure_future(write))
+    async def write(self, write: Awaitable[None]) -> None:
+        """Await a write whose thread holds the temp file's descriptor; if the
+        caller is cancelled it still runs to its end, and the fill waits for
+        it before it closes the temp file."""
+        await asyncio.shield(self.track(asyncio.ensure_future(write)))
 
     def track(self, job: asyncio.Future) -> asyncio.Future:
         """Wait for `job` (a thread writing the temp file) before closing the temp file."""

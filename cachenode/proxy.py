@@ -25,11 +25,11 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
+from cachenode import splice
 from cachenode.access import access
 from cachenode.cluster import ClusterView, Peer
 from cachenode.fastpath import response_head
 from cachenode.ranged import RangedFetch, Validator, parallel_validator, plain_rest
-from cachenode import splice
 from cachenode.fill import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
 from cachenode.handoff import Handoff
 from cachenode.headers import Pairs
@@ -49,7 +49,7 @@ from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Re
                              send_continue)
 from cachenode.store import Meta, NotStored, Store
 from nezha.config import CacheSettings, Origin
-from nezha.errors import FillAborted, NezhaError, OriginError, StoreError
+from nezha.errors import FillAborted, NezhaError, OriginError
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -761,13 +761,8 @@ class CacheNode:
 
         async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
                        moved: Callable[[int], None]) -> int:
-            if fill.temp.unwritable is not None:
-                raise StoreError(fill.temp.unwritable)
-            try:
-                return await body.pump_into(fill.temp.fd, offset, end=end, moved=moved, started=fill.track,
-                                            read_timeout=self.settings.origin_read_timeout)
-            except splice.FileWriteFailed as e:
-                raise StoreError(f"write {fill.temp.path} at {e.at}: {e.strerror}") from e
+            return await self.store.pump_into(fill.temp, body, offset, end=end, moved=moved, started=fill.track,
+                                              read_timeout=self.settings.origin_read_timeout)
 
         fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,

@@ -301,7 +301,7 @@ class RangedFetch:
     async def _put(self, s: Slice, fill: Fill, data: bytes) -> None:
         n = min(len(data), s.remaining)
         if n:
-            await asyncio.shield(fill.start_write(self.write_at(s.pos, memoryview(data)[:n])))
+            await fill.write(self.write_at(s.pos, memoryview(data)[:n]))
             self._landed(s, fill, n)
 
     def _landed(self, s: Slice, fill: Fill, n: int) -> None:

@@ -206,15 +206,18 @@ async def splice_both(a: socket.socket, b: socket.socket) -> tuple[int, int]:
     return up, down
 
 
-# Threads that move fill bodies (SocketBody.pump): one per stream for the
-# length of its transfer, so never the loop's default executor, whose few
-# workers the store's short steps (open, commit, unlink) must find free.
+# Threads that move fill bodies (SocketBody.pump_into): one per stream for
+# the length of its transfer, so never the loop's default executor, whose
+# few workers the store's short steps (open, commit, unlink) must find free.
 # At most MAX_PUMPS bodies are taken at once (a slot is held from
-# SocketBody() until its descriptors are closed, after its thread ended); beyond that, `takeable` says no and the fill
-# keeps aiohttp's reader: a pump never waits in the pool's queue while its
-# socket goes unread, whatever number of slow fills a node runs.
+# SocketBody() until its descriptors are closed, after its thread ended);
+# beyond that, `takeable` says no and the fill keeps aiohttp's reader: a
+# pump never waits in the pool's queue while its socket goes unread,
+# whatever number of slow fills a node runs.
 MAX_PUMPS = 256
 _PUMPS = ThreadPoolExecutor(max_workers=MAX_PUMPS, thread_name_prefix="nezha-fill")
+_taken = 0
+_TICK = 0.5  # seconds a pump waits on a quiet socket before looking at its stop flag again
 
 
 def take(response: aiohttp.ClientResponse) -> "SocketBody | None":
@@ -228,16 +231,14 @@ def take(response: aiohttp.ClientResponse) -> "SocketBody | None":
     except OSError as e:
         log.warning("splice_unavailable", reason=f"{type(e).__name__}: {e}", fallback="aiohttp reader")
         return None
-_taken = 0
-_TICK = 0.5  # seconds a pump waits on a quiet socket before looking at its stop flag again
 
 
 class FileWriteFailed(OSError):
-    """The file side of a pump failed (ENOSPC, EIO...), after `written` bytes of this pump reached it."""
+    """The file side of a pump failed (ENOSPC, EIO...) at offset `at`; every
+    byte before it was reported as moved."""
 
-    def __init__(self, error: OSError, written: int, at: int) -> None:
+    def __init__(self, error: OSError, at: int) -> None:
         super().__init__(error.errno, error.strerror)
-        self.written = written
         self.at = at
 
 
@@ -279,7 +280,7 @@ class SocketBody:
             fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
         except OSError:
             pass
-        try:  # what the pipe holds: `fill` never asks for more, so a full pipe is never waited on as a socket
+        try:  # what the pipe holds: a pump never asks for more, so its blocking splice never waits on a full pipe
             self.capacity = fcntl.fcntl(self.pipe_w, getattr(fcntl, "F_GETPIPE_SZ", 1032))
         except OSError:
             self.capacity = 64 * 1024  # Linux's default
@@ -343,9 +344,9 @@ class SocketBody:
                     try:
                         w = os.splice(self.pipe_r, fd, self.in_pipe, offset_dst=pos)
                     except OSError as e:
-                        raise FileWriteFailed(e, pos - offset, pos) from e
+                        raise FileWriteFailed(e, pos) from e
                     if w == 0:
-                        raise FileWriteFailed(OSError(errno.EIO, "the file took no bytes"), pos - offset, pos)
+                        raise FileWriteFailed(OSError(errno.EIO, "the file took no bytes"), pos)
                     pos += w
                     self.in_pipe -= w
                     moved(w)
@@ -374,16 +375,14 @@ class SocketBody:
             self.remaining -= len(data)
             yield data
 
-    def close(self, *, after: "asyncio.Future | None" = None) -> None:
-        """Close the response now, the descriptors once `after` (a write still
-        reading the pipe in a thread, whose caller was cancelled) has ended:
-        a descriptor closed under a thread may be reused by another file."""
+    def close(self) -> None:
+        """Close the response now, the descriptors once a pump still running
+        (its caller was cancelled) has ended: a descriptor closed under a
+        thread may be reused by another file."""
         self.response.close()
         self.stop.set()
-        if after is None or after.done():
-            after = self.pumping
-        if after is not None and not after.done():
-            after.add_done_callback(lambda _: self._close_fds())
+        if self.pumping is not None and not self.pumping.done():
+            self.pumping.add_done_callback(lambda _: self._close_fds())
         else:
             self._close_fds()
 

@@ -47,6 +47,7 @@ import structlog
 
 from cachenode.headers import Pairs, first
 from cachenode.keys import object_id
+from cachenode.splice import FileWriteFailed, SocketBody
 from cachenode.vary import variant as variant_of
 from nezha.errors import NezhaError, StoreError
 
@@ -461,6 +462,21 @@ class Store:
             await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
             raise StoreError(f"write {temp.path} at {offset}: {e}") from e
+
+    async def pump_into(self, temp: TempObject, body: SocketBody, offset: int, *, end: Callable[[], int],
+                        moved: Callable[[int], None], read_timeout: float,
+                        started: Callable[[asyncio.Future], None] | None = None) -> int:
+        """Move `body` from its socket into the temp file at `offset` by splice
+        on a thread (cachenode/splice.py): `write_at` for a body that never
+        enters Python. StoreError, as from `write_at`, when the file side
+        fails; the socket's errors pass as they are."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+        try:
+            return await body.pump_into(temp.fd, offset, end=end, moved=moved, read_timeout=read_timeout,
+                                        started=started)
+        except FileWriteFailed as e:
+            raise StoreError(f"write {temp.path} at {e.at}: {e}") from e
 
     async def discard(self, temp: TempObject) -> None:
         """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""
