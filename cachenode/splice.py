@@ -286,11 +286,14 @@ class SocketBody:
             self.capacity = 64 * 1024  # Linux's default
 
     async def pump_into(self, fd: int, offset: int, *, end: Callable[[], int], moved: Callable[[int], None],
-                        read_timeout: float, started: Callable[[asyncio.Future], None] | None = None) -> int:
+                        read_timeout: float, started: Callable[[asyncio.Future], None] | None = None,
+                        landed: Callable[[int], None] | None = None) -> int:
         """Move the body from the socket into `fd` at `offset` on a thread of
         its own, by blocking splice socket -> pipe -> file, until `end()` (an
         offset: a slice's end, which a steal may lower) or the body's end.
-        `moved(n)` is called on the loop as bytes reach the file. Returns the
+        `moved(n)` is called on the loop as bytes reach the file, `landed(n)`
+        on the pump's own thread before it (for work that must not wait for
+        the loop, or run on it: cachenode/writeback.py). Returns the
         bytes moved; raises ClientPayloadError or TimeoutError for the
         socket, FileWriteFailed for the file (the bytes left in the pipe are
         still readable by `rest`).
@@ -301,8 +304,12 @@ class SocketBody:
         and every wait costs two epoll_ctl calls and a wake-up.
         """
         loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(_PUMPS, self._pump, fd, offset, end,
-                                   lambda n: loop.call_soon_threadsafe(moved, n), read_timeout)
+
+        def on_thread(n: int) -> None:
+            if landed is not None:
+                landed(n)
+            loop.call_soon_threadsafe(moved, n)
+        job = loop.run_in_executor(_PUMPS, self._pump, fd, offset, end, on_thread, read_timeout)
         self.pumping = job
         if started is not None:
             started(job)

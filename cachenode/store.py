@@ -49,6 +49,7 @@ from cachenode.headers import Pairs, first
 from cachenode.keys import object_id
 from cachenode.splice import FileWriteFailed, SocketBody
 from cachenode.vary import variant as variant_of
+from cachenode.writeback import WriteBehind
 from nezha.errors import NezhaError, StoreError
 
 log = structlog.get_logger("nezha.store")
@@ -142,6 +143,17 @@ class TempObject:
     # Why the file could not be created (no space, no inode): every write then
     # fails with it, and the fill streams from memory instead (cachenode/fill.py).
     unwritable: str | None = None
+    # Starts the disk writing the file behind its writers, so the commit's
+    # fsync has little left to do (cachenode/writeback.py).
+    behind: WriteBehind | None = None
+
+    def __post_init__(self) -> None:
+        if self.behind is None and self.fd >= 0:
+            self.behind = WriteBehind(self.fd)
+
+    def wrote(self, n: int) -> None:
+        if self.behind is not None:
+            self.behind.wrote(n)
 
 
 @dataclass
@@ -440,6 +452,7 @@ class Store:
                 n = os.pwrite(temp.fd, view, temp.written)
                 temp.written += n
                 view = view[n:]
+            temp.wrote(len(data))
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
@@ -458,6 +471,7 @@ class Store:
                 n = os.pwrite(temp.fd, view, at)
                 at += n
                 view = view[n:]
+            temp.wrote(len(data))
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
@@ -474,7 +488,7 @@ class Store:
             raise StoreError(temp.unwritable)
         try:
             return await body.pump_into(temp.fd, offset, end=end, moved=moved, read_timeout=read_timeout,
-                                        started=started)
+                                        started=started, landed=temp.wrote)
         except FileWriteFailed as e:
             raise StoreError(f"write {temp.path} at {e.at}: {e}") from e
 

@@ -1,0 +1,114 @@
+"""A fill's pages are sent to disk behind its writers, so the commit's fsync
+finds little left: every write path of the store counts toward it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from cachenode import splice, writeback
+from cachenode.store import Store
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def small_step(monkeypatch):
+    monkeypatch.setattr(writeback, "STEP", MiB)
+    return MiB
+
+
+@pytest.fixture
+def kicks(monkeypatch):
+    """Every request the store makes of the kernel, by descriptor."""
+    seen: list[int] = []
+    real = writeback.start
+
+    def recording(fd: int) -> bool:
+        seen.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(writeback, "start", recording)
+    return seen
+
+
+def test_the_kernel_takes_a_writeback_request_for_an_open_file_and_refuses_a_closed_one(tmp_path):
+    assert writeback.available()
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"x" * MiB)
+    assert writeback.start(fd) is True
+    os.close(fd)
+    assert writeback.start(fd) is False  # EBADF: advice that failed, not an exception
+
+
+def test_writers_on_many_threads_start_writeback_once_per_step_of_their_total(monkeypatch):
+    started: list[int] = []
+    monkeypatch.setattr(writeback, "start", started.append)
+    behind = writeback.WriteBehind(7, step=1000)
+    threads = [threading.Thread(target=lambda: [behind.wrote(10) for _ in range(1000)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert behind.kicks == 80 and started == [7] * 80
+    assert behind.pending == 0
+
+
+async def test_sequential_and_positional_writes_start_writeback_as_they_go(tmp_path, small_step, kicks):
+    store = Store(tmp_path / "s")
+    await store.open()
+    temp = await store.new_temp()
+    os.close(temp.read_fd)
+    for _ in range(3):
+        await store.write(temp, b"a" * (MiB // 2))
+    assert kicks == [temp.fd]  # 1.5 MiB: one step
+    for at in (4, 5):
+        await store.write_at(temp, at * MiB, b"b" * MiB)
+    assert kicks == [temp.fd] * 3  # 3.5 MiB
+    await store.discard(temp)
+
+
+async def test_a_body_spliced_into_the_file_starts_writeback_as_it_lands(tmp_path, small_step, kicks):
+    body = os.urandom(8 * MiB)
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(body=body)
+
+    app = web.Application()
+    app.router.add_get("/o", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    store = Store(tmp_path / "s")
+    await store.open()
+    temp = await store.new_temp()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/o") as response:
+                taken = splice.take(response)
+                if taken is None:
+                    pytest.fail("this loop and platform should let a fill splice its body")
+                head = taken.buffered  # what aiohttp read with the headers, written as a fill does
+                await store.write_at(temp, 0, head)
+                moved: list[int] = []
+                try:
+                    n = await store.pump_into(temp, taken, len(head), end=lambda: len(body), moved=moved.append,
+                                              read_timeout=10)
+                finally:
+                    taken.close()
+        assert len(head) < MiB and n == len(body) - len(head) == sum(moved)
+        assert len(kicks) == len(body) // MiB and set(kicks) == {temp.fd}
+        with open(temp.path, "rb") as f:
+            assert f.read() == body
+    finally:
+        os.close(temp.read_fd)
+        await store.discard(temp)
+        await runner.cleanup()
+
