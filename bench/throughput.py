@@ -21,7 +21,10 @@ One run on this machine measures:
 - cold_fast: the cold fill from the unthrottled origin ÷ direct, and the
   node's CPU seconds per GiB it filled; cold_fast_nginx, the same cold
   fill through nginx proxy_cache ÷ direct, is its reference: what a C
-  cache writing the same disk reaches on this machine. Every run that
+  cache writing the same disk reaches on this machine; cold_fast_bare,
+  the same cold fill through bench/bare_relay.py (splice to a file on a
+  thread, sendfile from it; no HTTP framework, no store) ÷ direct, is
+  the ceiling for any cache that writes what it serves. Every run that
   writes a large object starts after os.sync() and after writing and
   deleting twice its size (settle_disk), so none pays for the previous
   one's writeback or for this VM's first touch of a page;
@@ -42,6 +45,7 @@ The last line is machine-readable:
             fill_cpu_s_per_gib=<node CPU seconds per GiB of a fast cold fill>
             peer_copy=<a replica's copy between two nodes MB/s / warm large through the cache>
             cold_fast_nginx=<nginx proxy_cache cold / direct, fast origin>
+            cold_fast_bare=<bench/bare_relay.py cold / direct, fast origin>
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -573,6 +577,30 @@ def nginx_version() -> str:
     return done.stderr.strip().removeprefix("nginx version: ")
 
 
+class BareRelay:
+    """bench/bare_relay.py: the least a cold fill costs here (its docstring says why)."""
+
+    def __init__(self, children: Children, work: Path) -> None:
+        self.children = children
+        self.dir = work / "bare"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self, *, upstream: str) -> None:
+        self.dir.mkdir()
+        self.proc = await self.children.spawn(
+            sys.executable, str(REPO / "bench" / "bare_relay.py"), "--listen", f"127.0.0.1:{self.port}",
+            "--upstream", upstream.removeprefix("http://"), "--dir", str(self.dir),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), 15)
+        except asyncio.TimeoutError:
+            line = b""
+        if line.strip() != b"listening":
+            raise BenchError(f"bench/bare_relay.py did not start (said {line!r}, exit {self.proc.returncode})")
+
+
 class Nginx:
     def __init__(self, children: Children, work: Path) -> None:
         self.children = children
@@ -701,6 +729,15 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         res.add("large cold through nginx proxy_cache", f"{prime.mbps:.0f} MB/s", s.cpu_percent,
                 f"1 run; nginx {s.cpu_seconds / (size / (1 << 30)):.2f} CPU s per GiB filled")
 
+        bare = BareRelay(children, work)
+        await bare.start(upstream=fast_url)
+        await settle_disk(work, size)
+        with Sampler(bare.proc.pid) as s:
+            floor = await curl(children, bare.url + data.large, host=HOST, expect_bytes=size)
+        res.add("large cold through a bare relay (bench/bare_relay.py)", f"{floor.mbps:.0f} MB/s", s.cpu_percent,
+                f"1 run; {s.cpu_seconds / (size / (1 << 30)):.2f} CPU s per GiB: splice to a file, sendfile from it")
+        await children.stop(bare.proc)
+
         warm_cache: list[Transfer] = []
         warm_nginx: list[Transfer] = []
         cpu_cache: list[float] = []
@@ -824,6 +861,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     cold_ratio = median_mbps(cold_cache) / median_mbps(cold_direct)
     cold_fast = cold.mbps / median_mbps(direct)
     cold_fast_nginx = prime.mbps / median_mbps(direct)
+    cold_fast_bare = floor.mbps / median_mbps(direct)
     cold_parallel = par_cold.mbps / par_direct.mbps
     peer_copy = copy_mbps / median_mbps(warm_cache)
     peak = max(rss["cold_fill_fast"], rss["warm_large"], rss["cold_fill_throttled"], rss["cold_fill_parallel"])
@@ -853,12 +891,13 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"  cold   cold cache / direct, throttled {cold_ratio:6.3f}  target >= 0.95  {verdict(cold_ratio >= 0.95)}",
         f"  cold_fast cold cache / direct, fast  {cold_fast:6.3f}  target >= 0.7   {verdict(cold_fast >= 0.7)}",
         f"  cold_fast_nginx nginx cold / direct  {cold_fast_nginx:6.3f}  (reference: the same cold fill through nginx)",
+        f"  cold_fast_bare bare relay / direct   {cold_fast_bare:6.3f}  (reference: write once, send from the file)",
         f"  cold_parallel cold / one stream      {cold_parallel:6.3f}  target >= 4.0   {verdict(cold_parallel >= 4.0)}",
         f"  peer_copy copy / warm sendfile       {peer_copy:6.3f}  target >= 0.5   {verdict(peer_copy >= 0.5)}",
         f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
         f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
         f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f} "
-        f"peer_copy={peer_copy:.3f} cold_fast_nginx={cold_fast_nginx:.3f}",
+        f"peer_copy={peer_copy:.3f} cold_fast_nginx={cold_fast_nginx:.3f} cold_fast_bare={cold_fast_bare:.3f}",
     ]
     return "\n".join(lines)
 
