@@ -13,16 +13,27 @@ writes behind the fill and the fsync finds only the last few megabytes.
 It is advice: it guarantees nothing (the fsync does), so a platform without
 it, or a call that fails, changes only how long the commit takes. The pages
 stay in the page cache, clean, for the readers of a growing file.
+
+The request can block while the disk's queue is full, so it is never made
+by a writer: one thread makes them all, on a duplicate of the file's
+descriptor (the fill may close its own meanwhile), and a file with a
+request still waiting asks for no other. On a disk slower than the
+network, fills then go on at the network's pace, as before, instead of
+waiting for the disk at each step.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
-# Bytes written between two kicks: 64 kicks per GiB, each a walk of the
-# file's dirty pages that costs microseconds.
+# Bytes written between two requests: 64 per GiB, each a walk of the
+# file's dirty pages.
 STEP = 16 << 20
+
+_KICKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nezha-writeback")
 
 _WRITE = 2  # SYNC_FILE_RANGE_WRITE, <linux/fs.h>
 
@@ -53,29 +64,52 @@ def start(fd: int) -> bool:
     return _sync_file_range(fd, 0, 0, _WRITE) == 0  # length 0: to the end of the file
 
 
+def drain() -> None:
+    """Block until every request asked for so far has been made (for tests)."""
+    _KICKER.submit(lambda: None).result()
+
+
 class WriteBehind:
-    """Counts what the writers of one file wrote, from any thread, and starts
-    writeback of the whole file each time the total passes a multiple of
-    `step` (once per write however many it passes: one request covers all).
+    """Counts what the writers of one file wrote, from any thread, and asks
+    for writeback of the whole file each time the total passes a multiple
+    of `step` (once per write however many it passes: one request covers
+    all), unless the last request is still waiting to be made.
 
     The whole file rather than the range just written: a parallel fill's
     ranges land all over it, and pages already clean or under writeback are
-    skipped. Called only from within a write to `fd`, so `fd` is open: the
-    store closes it only after every write has returned.
+    skipped. `wrote` is called only from within a write to `fd`, so `fd` is
+    open while it is duplicated for the request.
     """
 
     def __init__(self, fd: int, *, step: int | None = None) -> None:
         self.fd = fd
         self.step = step or STEP
         self.pending = 0
-        self.kicks = 0
+        self.kicks = 0  # requests handed to the writeback thread
+        self._waiting = False
         self._lock = threading.Lock()
 
     def wrote(self, n: int) -> None:
         with self._lock:
             self.pending += n
-            if self.pending < self.step:
+            if self.pending < self.step or self._waiting:
                 return
             self.pending %= self.step
+            self._waiting = True
+        try:
+            fd = os.dup(self.fd)
+        except OSError:  # no descriptor left: the fsync will do it all
+            with self._lock:
+                self._waiting = False
+            return
+        with self._lock:
             self.kicks += 1
-        start(self.fd)
+        _KICKER.submit(self._kick, fd)
+
+    def _kick(self, fd: int) -> None:
+        try:
+            start(fd)
+        finally:
+            os.close(fd)
+            with self._lock:
+                self._waiting = False
