@@ -25,11 +25,13 @@ import argparse
 import fcntl
 import os
 import socket
+import struct
 import sys
 import threading
 from pathlib import Path
 
 PIPE = 1 << 20
+SILENCE = 30  # seconds an origin may send nothing mid-body before the transfer is given up
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -100,6 +102,8 @@ def pump(origin: socket.socket, fd: int, start: int, length: int, growing: Growi
                     raise Refused(f"origin closed at {pos} of {length} bytes")
                 while n:
                     m = os.splice(r, fd, n, offset_dst=pos)
+                    if m == 0:
+                        raise Refused(f"the file took no bytes at {pos}")
                     n -= m
                     pos += m
                 growing.moved(pos)
@@ -120,7 +124,7 @@ def relay(client: socket.socket, upstream: tuple[str, int], folder: Path) -> Non
     if method != b"GET":
         raise Refused(f"{method.decode()} is not relayed")
     host = field(head, b"host") or b"localhost"
-    with socket.create_connection(upstream) as origin:
+    with socket.create_connection(upstream, timeout=SILENCE) as origin:
         origin.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
         answer, body = read_head(origin)
         length = field(answer, b"content-length")
@@ -128,6 +132,11 @@ def relay(client: socket.socket, upstream: tuple[str, int], folder: Path) -> Non
         if not status.startswith("HTTP/1.1 200") or length is None:
             raise Refused(f"origin answered {status!r}; only a 200 with a Content-Length is relayed")
         size = int(length)
+        # Blocking from here, for splice, with the kernel's own receive
+        # timeout (splice then fails with EAGAIN) instead of Python's.
+        origin.settimeout(None)
+        origin.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", SILENCE, 0))
+        body = body[:size]
         path = folder / f"relay-{os.getpid()}.part"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -144,6 +153,7 @@ def relay(client: socket.socket, upstream: tuple[str, int], folder: Path) -> Non
                         while sent < ready:
                             sent += os.sendfile(client.fileno(), fd, sent, ready - sent)
                 except (Refused, OSError) as e:
+                    origin.shutdown(socket.SHUT_RDWR)  # the pump stops at once, not at the body's end
                     raise Answered(f"cut off at {sent} of {size} bytes: {e}") from e
             finally:
                 thread.join()
@@ -167,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 relay(client, address(args.upstream), args.dir)
             except Answered as e:
                 print(f"relay failed: {e}", file=sys.stderr, flush=True)
-            except (Refused, OSError) as e:
-                print(f"relay failed: {e}", file=sys.stderr, flush=True)
+            except Exception as e:  # a malformed head or length: this request fails, not the relay
+                print(f"relay failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 reason = str(e).encode()
                 try:
                     client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"

@@ -725,6 +725,7 @@ class CacheNode:
                 log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
                 if fill.error is None:
                     fill.error = error
+                    await fill.writes_done()  # no thread may still write the file it closes
                     await self.store.discard(fill.temp)
                     fill.advance(0)  # wakes its readers, who find the error
                 raise error from e

@@ -292,8 +292,8 @@ class SocketBody:
         its own, by blocking splice socket -> pipe -> file, until `end()` (an
         offset: a slice's end, which a steal may lower) or the body's end.
         `moved(n)` is called on the loop as bytes reach the file, `landed(n)`
-        on the pump's own thread before it (for work that must not wait for
-        the loop, or run on it: cachenode/writeback.py). Returns the
+        on the pump's own thread (for work that must not wait for the loop,
+        or run on it: cachenode/writeback.py). Returns the
         bytes moved; raises ClientPayloadError or TimeoutError for the
         socket, FileWriteFailed for the file (the bytes left in the pipe are
         still readable by `rest`).
@@ -306,9 +306,9 @@ class SocketBody:
         loop = asyncio.get_running_loop()
 
         def on_thread(n: int) -> None:
+            loop.call_soon_threadsafe(moved, n)  # first: the bytes are in the file whatever follows
             if landed is not None:
                 landed(n)
-            loop.call_soon_threadsafe(moved, n)
         job = loop.run_in_executor(_PUMPS, self._pump, fd, offset, end, on_thread, read_timeout)
         self.pumping = job
         if started is not None:

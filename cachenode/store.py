@@ -152,7 +152,7 @@ class TempObject:
             self.behind = WriteBehind(self.fd)
 
     def wrote(self, n: int) -> None:
-        if self.behind is not None:
+        if self.behind is not None and self.fd >= 0:
             self.behind.wrote(n)
 
 

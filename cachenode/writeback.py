@@ -90,21 +90,27 @@ class WriteBehind:
         self._lock = threading.Lock()
 
     def wrote(self, n: int) -> None:
+        """Never raises: it runs inside a fill's writes, which must not fail for advice."""
         with self._lock:
             self.pending += n
             if self.pending < self.step or self._waiting:
                 return
             self.pending %= self.step
             self._waiting = True
+        fd = -1
         try:
             fd = os.dup(self.fd)
-        except OSError:  # no descriptor left: the fsync will do it all
+            _KICKER.submit(self._kick, fd)
+        except (OSError, RuntimeError):
+            # No descriptor left, or the thread is gone (the interpreter is
+            # exiting): the fsync will do it all.
+            if fd >= 0:
+                os.close(fd)
             with self._lock:
                 self._waiting = False
             return
         with self._lock:
             self.kicks += 1
-        _KICKER.submit(self._kick, fd)
 
     def _kick(self, fd: int) -> None:
         try:
