@@ -292,6 +292,10 @@ class Sampler:
         self.cpu_seconds = self.tree_cpu() - self._cpu0
         self.cpu_percent = 100 * self.cpu_seconds / max(1e-9, time.monotonic() - self._t0)
 
+    def per_gib(self, size: int) -> float:
+        """CPU seconds per GiB of a transfer of `size` bytes."""
+        return self.cpu_seconds / (size / (1 << 30))
+
 
 # -- data --------------------------------------------------------------------------
 
@@ -718,7 +722,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             await node.settled()
         expect_header(cold, "X-Nezha-Cache", "miss", what="first large GET through the cache")
         rss["cold_fill_fast"] = s.peak
-        fill_cpu = s.cpu_seconds / (size / (1 << 30))
+        fill_cpu = s.per_gib(size)
         res.add("large cold through cache (origin not throttled)", f"{cold.mbps:.0f} MB/s", s.cpu_percent,
                 f"1 run; node {fill_cpu:.2f} CPU s per GiB filled")
 
@@ -727,7 +731,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             prime = await curl(children, nginx.url + data.large, host=HOST, expect_bytes=size)
         expect_header(prime, "X-Nginx-Cache", "MISS", what="first large GET through nginx")
         res.add("large cold through nginx proxy_cache", f"{prime.mbps:.0f} MB/s", s.cpu_percent,
-                f"1 run; nginx {s.cpu_seconds / (size / (1 << 30)):.2f} CPU s per GiB filled")
+                f"1 run; nginx {s.per_gib(size):.2f} CPU s per GiB filled")
 
         bare = BareRelay(children, work)
         await bare.start(upstream=fast_url)
@@ -735,7 +739,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         with Sampler(bare.proc.pid) as s:
             floor = await curl(children, bare.url + data.large, host=HOST, expect_bytes=size)
         res.add("large cold through a bare relay (bench/bare_relay.py)", f"{floor.mbps:.0f} MB/s", s.cpu_percent,
-                f"1 run; {s.cpu_seconds / (size / (1 << 30)):.2f} CPU s per GiB: splice to a file, sendfile from it")
+                f"1 run; {s.per_gib(size):.2f} CPU s per GiB: splice to a file, sendfile from it")
         await children.stop(bare.proc)
 
         warm_cache: list[Transfer] = []
