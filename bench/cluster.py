@@ -35,7 +35,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cachenode.demo import _free_run  # noqa: E402
-from cachenode.keys import cache_key, parse_target  # noqa: E402
+from nezha.keys import cache_key, parse_target  # noqa: E402
 from cachenode.local_cluster import LocalCluster  # noqa: E402
 from nezha.config import Origin  # noqa: E402
 from nezha.localorigin import LocalOrigin  # noqa: E402

@@ -1,18 +1,18 @@
 """This node's view of the cluster: who owns a key, and where peers listen.
 
-The view is an immutable snapshot swapped whole on a membership change, so
-request handlers read it without locks and one request never sees half of
-an update. A node with no membership (standalone, or Redis not reached yet)
+The view is an immutable `Membership` swapped whole on a change, so request
+handlers read it without locks and one request never sees half of an
+update. A node with no membership (standalone, or Redis not reached yet)
 owns every key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
-from cachenode.ring import Ring
+from nezha.ring import Membership
 
 log = structlog.get_logger("nezha.cluster")
 
@@ -27,21 +27,11 @@ class Peer:
         return f"http://{self.address}"
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    epoch: int | None
-    ring: Ring | None
-    addresses: dict[str, str] = field(default_factory=dict)
-    replicas: int | None = None  # owners per key published with the ring, if any
-    leaving: frozenset[str] = frozenset()  # nodes a scale-down took out: they hand off before exiting
-
-
 class ClusterView:
-    def __init__(self, *, node_id: str, replicas: int, vnodes: int = 160) -> None:
+    def __init__(self, *, node_id: str, replicas: int) -> None:
         self.node_id = node_id
         self.configured_replicas = replicas  # this node's own setting (--replicas)
-        self.vnodes = vnodes
-        self.snapshot = Snapshot(epoch=None, ring=None)
+        self.snapshot = Membership.none()
 
     @property
     def replicas(self) -> int:
@@ -49,35 +39,28 @@ class ClusterView:
         so that every node of a cluster agrees on who owns a key."""
         return self.snapshot.replicas or self.configured_replicas
 
-    def update(self, membership) -> None:
-        """Adopt a `Membership` (epoch, nodes id->address, weights) from the index."""
-        weights = {n: (membership.weights or {}).get(n, 1) for n in membership.nodes}
-        snap = self.snapshot
-        published = getattr(membership, "replicas", None)
-        leaving = frozenset(getattr(membership, "leaving", ()) or ())
-        if (membership.epoch == snap.epoch and dict(membership.nodes) == snap.addresses
-                and weights == (dict(snap.ring.nodes) if snap.ring else {}) and published == snap.replicas
-                and leaving == snap.leaving):
-            return
+    def update(self, membership: Membership) -> None:
+        """Adopt a membership from the index (or a hand-off request)."""
+        adopted = membership.complete()
         # Any difference is adopted, a lower epoch too: Redis may have lost its
         # data and restarted the count. The index filters stale notifications.
-        ring = Ring(weights, vnodes=self.vnodes) if weights else None
-        self.snapshot = Snapshot(epoch=membership.epoch, ring=ring, addresses=dict(membership.nodes),
-                                 replicas=published, leaving=leaving)
-        log.info("ring_updated", epoch=membership.epoch, nodes=sorted(membership.nodes), me=self.node_id,
-                 member=self.node_id in membership.nodes)
+        if adopted == self.snapshot:
+            return
+        self.snapshot = adopted
+        log.info("ring_updated", epoch=adopted.epoch, nodes=sorted(adopted.nodes), me=self.node_id,
+                 member=self.node_id in adopted.nodes)
 
     @property
     def clustered(self) -> bool:
-        return self.snapshot.ring is not None
+        return bool(self.snapshot.nodes)
 
-    def owners(self, key: str, n: int | None = None, *, snapshot: Snapshot | None = None) -> list[Peer]:
+    def owners(self, key: str, n: int | None = None, *, snapshot: Membership | None = None) -> list[Peer]:
         snap = snapshot or self.snapshot
-        if snap.ring is None:
+        if not snap.nodes:
             return []
-        ids = snap.ring.owners(key, n or self.replicas)
-        return [Peer(i, snap.addresses[i]) for i in ids if i in snap.addresses]
+        ids = snap.ring().owners(key, n or self.replicas)
+        return [Peer(i, snap.nodes[i]) for i in ids]
 
     def peer(self, node_id: str) -> Peer | None:
-        addr = self.snapshot.addresses.get(node_id)
+        addr = self.snapshot.nodes.get(node_id)
         return Peer(node_id, addr) if addr else None

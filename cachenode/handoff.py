@@ -46,7 +46,8 @@ from aiohttp import web
 from cachenode.cluster import ClusterView, Peer
 from nezha.config import parse_hostport
 from cachenode.fill import Fill, Kind, Source
-from cachenode.keys import BadTarget, Target, cache_key, parse_target
+from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
+from nezha.ring import Membership
 from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth, refuse_internal
 from cachenode.store import Meta
 from cachenode.vary import selecting_headers
@@ -186,9 +187,8 @@ class Handoff:
         weights = body.get("weights") or {}
         if self._running is not None and not self._running.done():
             raise web.HTTPConflict(text="a hand-off is already running; GET /_nezha/handoff for progress\n")
-        view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas,
-                           vnodes=self.node.cluster.vnodes)
-        view.update(_Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
+        view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas)
+        view.update(Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
         self._running = self.node.spawn(self.run(view))
         return web.json_response(asdict(self.progress), status=202)
 
@@ -202,7 +202,7 @@ class Handoff:
         """
         node = self.node
         origin = node.settings.origin_table[target.host]
-        key = cache_key(target, volatile_params=origin.volatile_params)
+        key = key_for(target, origin)
         selecting = headers or {}
         for _ in range(5):
             meta = node.store.lookup(key, selecting)
@@ -327,7 +327,7 @@ class Handoff:
         metas = node.store.metas()  # every variant is an object of its own
         self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
                                      started=time.time())
-        log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.addresses))
+        log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.nodes))
         gate = asyncio.Semaphore(self.parallel)
 
         def moved(n: int) -> None:
@@ -351,7 +351,7 @@ class Handoff:
                         # owner at the next miss, so it is no failed copy.
                         p.skipped += 1
                         return
-                    target = _target_of(key)
+                    target = target_of(key)
                     results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
                                for peer in view.owners(key) if peer.id != node.node_id]
                     for r in results:
@@ -373,19 +373,6 @@ class Handoff:
                  failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
         return p
 
-
-@dataclass(frozen=True)
-class _Membership:
-    epoch: int | None
-    nodes: dict[str, str]
-    weights: dict[str, int]
-
-
-def _target_of(key: str) -> Target:
-    scheme, _, rest = key.partition("://")
-    host, _, path_qs = rest.partition("/")
-    path, _, query = ("/" + path_qs).partition("?")
-    return Target(scheme=scheme, host=host, path=path, query=query)
 
 
 def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:

@@ -46,7 +46,7 @@ import structlog
 from redis.exceptions import RedisError, WatchError
 
 from nezha import redis_url
-from cachenode.ring import Ring
+from nezha.ring import Membership
 from nezha.config import parse_hostport
 from nezha.errors import ConfigError, NezhaError
 
@@ -121,21 +121,6 @@ class IndexUnavailable(NezhaError):
 
 
 _REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
-
-
-@dataclass(frozen=True)
-class Membership:
-    """Ring membership as written to the index: `nodes` is id -> "host:port",
-    `weights` id -> weight (every node present; 1 unless set)."""
-
-    epoch: int
-    nodes: dict[str, str]
-    weights: dict[str, int] = field(default_factory=dict)
-    replicas: int | None = None  # owners per key the controller published; None: each node's own setting
-    leaving: frozenset[str] = frozenset()  # nodes out of the ring for good (a scale-down), not for a restart
-
-    def ring(self, *, vnodes: int = 160, hash_fn: Callable[[str], int] | None = None) -> Ring:
-        return Ring({n: self.weights.get(n, 1) for n in self.nodes}, vnodes=vnodes, hash_fn=hash_fn)
 
 
 def check_membership(nodes: Mapping[str, str], weights: Mapping[str, int] | None = None

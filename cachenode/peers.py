@@ -54,7 +54,7 @@ from cachenode.access import access, break_connection
 from cachenode.cluster import Peer
 from cachenode.exact_head import ExactResponse
 from cachenode.freshness import http_date
-from cachenode.keys import Target
+from nezha.keys import Target
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth
 from nezha.errors import OriginError, OriginTimeout

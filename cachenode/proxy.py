@@ -40,7 +40,7 @@ from cachenode.freshness import (STORED_STATUSES, Policy, RequestDirectives, Use
 from cachenode.headers import MAX_STORED_HEADER_BYTES, header_bytes, stored_pairs, updated_by_304
 from cachenode.vary import variant as variant_of
 from cachenode.vary import vary_names
-from cachenode.keys import BadHost, BadTarget, Target, cache_key, parse_target
+from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.peers import PeerRelay
@@ -200,7 +200,7 @@ class CacheNode:
         return outcome
 
     def _in_ring(self) -> bool:
-        return self.node_id in self.cluster.snapshot.addresses
+        return self.node_id in self.cluster.snapshot.nodes
 
     def _named_leaving(self) -> bool:
         return self.node_id in self.cluster.snapshot.leaving and not self._in_ring()
@@ -329,7 +329,7 @@ class CacheNode:
         origin = self._table.get(target.host)  # an absolute URI's host wins over Host:
         if origin is None:
             return target, None, None
-        return target, origin, cache_key(target, volatile_params=origin.volatile_params)
+        return target, origin, key_for(target, origin)
 
     # -- the fast path's two questions (cachenode/fastpath.py) -------------------
     def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
@@ -394,7 +394,7 @@ class CacheNode:
         detail = {"ready": self._ready, "node": self.node_id, "pid": os.getpid(), "replicas": self.cluster.replicas,
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
-                  "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.addresses)}
+                  "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.nodes)}
         if self.index is not None:
             detail["index"] = self.index.status()
         return detail

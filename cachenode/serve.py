@@ -34,6 +34,7 @@ from cachenode.ranges import Decision, evaluate, preconditions
 from cachenode.store import Meta, Store
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
+from nezha.keys import host_of
 
 log = structlog.get_logger("nezha.serve")
 
@@ -97,10 +98,6 @@ async def _answer_precondition(request: web.Request, resp: web.StreamResponse, o
     resp.content_length = 0 if outcome is RangeOutcome.PRECONDITION_FAILED else None
     await resp.prepare(request)
     await resp.write_eof()
-
-
-def _host_of(key: str) -> str:
-    return key.split("://", 1)[-1].split("/", 1)[0]
 
 
 # Bytes read per step when a stored object goes out through TLS (encrypted in
@@ -337,7 +334,7 @@ class Responder:
             f = fill.open_reader()  # first, before any await: see run_fill_in_background
         except FillAborted as e:
             return await self._fill_ended(request, fill, label=label, error=e)
-        host = _host_of(fill.key)
+        host = host_of(fill.key)
         try:
             access(request).cache = label
             size = fill.length
@@ -489,7 +486,7 @@ class Responder:
                 log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
                 break_connection(request)
             # Stats go by the origin's configured host, not the upstream URL's.
-            host = access(request).host or _host_of(url)
+            host = access(request).host or host_of(url)
             if gone:
                 self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
                                   bytes_from_origin=received)

@@ -46,7 +46,7 @@ from typing import Callable
 import structlog
 
 from cachenode.headers import Pairs, first
-from cachenode.keys import object_id
+from nezha.keys import object_id
 from cachenode.splice import FileWriteFailed, SocketBody
 from cachenode.vary import variant as variant_of
 from cachenode.writeback import WriteBehind

@@ -31,9 +31,10 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from cachenode.keys import BadTarget, cache_key, parse_target
-from cachenode.ring import Ring
+from nezha.keys import BadTarget, key_for, parse_target
+from nezha.ring import Ring
 from controller.annotations import PREFETCH, parse_prefetch
+from nezha.config import OriginTable
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -70,13 +71,15 @@ class JobProgress:
 
 class Prefetcher:
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
-                 ring: Callable[[], tuple[Ring | None, dict[str, str]]], timeout: float = 3600.0,
-                 poll: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
-        """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes."""
+                 ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
+                 timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+        """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
+        `origins` the nodes' origin table, whose rules make a URL's key."""
         self.batch = client.BatchV1Api(api)
         self.events = events
         self._session = session
         self._ring = ring
+        self._origins = origins
         self.timeout = timeout
         self.poll = poll
         self._clock = clock
@@ -144,7 +147,7 @@ class Prefetcher:
         ring, addresses = self._ring()
         if ring is None or not addresses:
             return Result(url, reason="the cache has no ring yet")
-        owner = ring.owners(cache_key(target), 1)[0]
+        owner = ring.owners(key_for(target, self._origins.get(target.host)), 1)[0]
         node = f"http://{addresses[owner]}"
         session = self._session()
         # The absolute-URI form names the object; the node applies its own allow-list.

@@ -82,7 +82,8 @@ class Controller:
                                     host=settings.holder, allowed=lambda: self.leading)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
-        self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring)
+        self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
+                                     origins=settings.origin_table)
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
         self.trust = TrustPublisher(api=api, namespace=self.namespace, leading=lambda: self.leading) \

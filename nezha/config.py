@@ -649,6 +649,15 @@ class ControllerSettings(_Base):
     # Keep a copy of ConfigMap nezha-ca (the CA bundle labelled pods mount for
     # HTTPS, `nezha ca init`) in every namespace (controller/trust.py).
     publish_ca: bool = False
+    # The cache nodes' origin table (the chart mounts the nodes' own file): the
+    # controller keys a prefetched URL with its origin's rules (volatile_params),
+    # so it asks the node that stores it under that key.
+    origins: Annotated[list[Origin], NoDecode] = Field(default_factory=list)
+
+    @field_validator("origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v: Any) -> Any:
+        return _origins(v)
 
     @field_validator("health_listen")
     @classmethod
@@ -696,6 +705,10 @@ class ControllerSettings(_Base):
         if self.cluster_token_file is not None and not self.cluster_token_file.is_file():
             raise ValueError(f"cluster_token_file {self.cluster_token_file} does not exist (--cluster-token-file)")
         return self
+
+    @property
+    def origin_table(self) -> OriginTable:
+        return OriginTable(self.origins)
 
     @property
     def holder(self) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE_MODULES = ["cachenode.ring", "cachenode.freshness", "cachenode.vary", "controller.annotations", "controller.membership", "controller.status", "controller.autoscale"]
+PURE_MODULES = ["nezha.ring", "cachenode.freshness", "cachenode.vary", "controller.annotations", "controller.membership", "controller.status", "controller.autoscale"]
 FORBIDDEN = {"aiohttp", "redis", "fakeredis", "kubernetes_asyncio", "structlog", "socket", "asyncio"}
 
 

@@ -14,7 +14,7 @@ from multidict import CIMultiDict  # noqa: F401  (type of returned headers)
 import pytest
 
 from cachenode.app import Listener, build_node
-from cachenode.keys import cache_key, parse_target
+from nezha.keys import cache_key, parse_target
 from nezha.config import CacheSettings, Origin
 from tests.conftest import free_port
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from cachenode.cluster import Peer
-from cachenode.keys import parse_target
+from nezha.keys import parse_target
 from tests.integration.cachenode.conftest import Members, RangedOrigin, key_of, logged, owner_and_other, until
 
 HOST = "www.cs.toronto.edu"

@@ -24,7 +24,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from cachenode.index import Index
-from cachenode.keys import cache_key, parse_target
+from nezha.keys import cache_key, parse_target
 from tests.integration.system.conftest import NS
 from tests.pod_command import container_env, mount_point, run_pod_command
 

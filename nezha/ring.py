@@ -24,23 +24,33 @@ Contract:
   the same nodes, weights and vnodes.
 
 Ring is immutable; a membership change builds a new one, so readers never lock.
+
+`Membership` is the one shape of ring membership everywhere: what the
+controller and `nezha ring set` write, what the index reads back, what a node
+adopts as its view and what a hand-off request names. `VNODES` is the one
+vnode count: every part must place keys on the same points.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from uhashring import HashRing
 
 HashFn = Callable[[str], int]
 
+# Points per unit of weight. Every node, the controller and the CLI must use
+# the same count, or they would disagree about who owns a key.
+VNODES = 160
+
 
 class Ring:
     __slots__ = ("_hash", "_nodes", "_owner_at", "_points", "_vnodes")
 
-    def __init__(self, nodes: Mapping[str, int], *, vnodes: int = 160, hash_fn: HashFn | None = None) -> None:
+    def __init__(self, nodes: Mapping[str, int], *, vnodes: int = VNODES, hash_fn: HashFn | None = None) -> None:
         """`nodes` maps node id -> weight (a positive int; weight w gets w × vnodes points).
 
         `hash_fn(str) -> int` places both keys and points; the default is the
@@ -121,3 +131,42 @@ class Ring:
         """The first owner of `key`, or None on an empty ring."""
         owners = self.owners(key, 1)
         return owners[0] if owners else None
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Ring membership: `nodes` is id -> "host:port", `weights` id -> weight
+    (a node left out weighs 1). `epoch` counts membership writes (None: never
+    written, as a lone node's view). Immutable; `ring()` is built once."""
+
+    epoch: int | None
+    nodes: Mapping[str, str]
+    weights: Mapping[str, int] = field(default_factory=dict)
+    replicas: int | None = None  # owners per key the controller published; None: each node's own setting
+    leaving: frozenset[str] = frozenset()  # nodes out of the ring for good (a scale-down), not for a restart
+    _ring: Ring | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def none(cls) -> Membership:
+        """No membership at all: a node alone, or before the index answered."""
+        return cls(epoch=None, nodes={})
+
+    def weight(self, node: str) -> int:
+        return self.weights.get(node, 1)
+
+    def complete(self) -> Membership:
+        """The same membership with every node's weight written out, so two
+        memberships that place keys alike compare equal."""
+        weights = {n: self.weight(n) for n in self.nodes}
+        if dict(self.weights) == weights and isinstance(self.nodes, dict):
+            return self
+        return Membership(epoch=self.epoch, nodes=dict(self.nodes), weights=weights, replicas=self.replicas,
+                          leaving=frozenset(self.leaving))
+
+    def ring(self, *, hash_fn: HashFn | None = None) -> Ring:
+        """The ring these nodes make (`VNODES` points per unit of weight); built once per membership."""
+        if hash_fn is not None:
+            return Ring({n: self.weight(n) for n in self.nodes}, hash_fn=hash_fn)
+        if self._ring is None:
+            object.__setattr__(self, "_ring", Ring({n: self.weight(n) for n in self.nodes}))
+        return self._ring

@@ -1,6 +1,6 @@
 import pytest
 
-from cachenode.keys import BadTarget, Target, cache_key, object_id, parse_target
+from nezha.keys import BadTarget, Target, cache_key, object_id, parse_target
 
 
 @pytest.mark.parametrize("raw,host,expect", [

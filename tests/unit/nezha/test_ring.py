@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachenode.ring import Ring
+from nezha.ring import Ring
 
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = [f"http://www.cs.toronto.edu/~kriz/part-{i}.tar.gz" for i in range(100_000)]
@@ -157,7 +157,7 @@ def test_two_processes_compute_the_same_owners():
     keys = KEYS[:3000]
     script = (
         "import json, sys\n"
-        "from cachenode.ring import Ring\n"
+        "from nezha.ring import Ring\n"
         "nodes, keys = json.load(sys.stdin)\n"
         "ring = Ring(nodes)\n"
         "print(json.dumps([ring.owners(k, 3) for k in keys]))\n"

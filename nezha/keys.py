@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote
 
 from nezha.errors import NezhaError
@@ -99,6 +100,34 @@ def cache_key(target: Target, *, volatile_params: tuple[str, ...] = ()) -> str:
         query = "&".join(p for p in query.split("&") if p.split("=", 1)[0] not in drop)
     qs = f"?{query}" if query else ""
     return f"{target.scheme}://{target.host}{target.path}{qs}"
+
+
+class KeyRules(Protocol):
+    """What an origin's entry says about its keys (nezha.config.Origin)."""
+
+    volatile_params: tuple[str, ...]
+
+
+def key_for(target: Target, origin: KeyRules | None) -> str:
+    """The key `target` is stored under, by its origin's rules (None: an origin
+    not configured here, whose keys keep their whole query). The node, the
+    controller's prefetch and the CLI all key through this one function, so
+    none of them can ask a node for a key it never stores."""
+    return cache_key(target, volatile_params=origin.volatile_params if origin is not None else ())
+
+
+def target_of(key: str) -> Target:
+    """The target a key was made from, for work that starts from a stored key
+    (a hand-off, a replica copy): scheme, host, path and the stable query."""
+    scheme, _, rest = key.partition("://")
+    host, _, path_qs = rest.partition("/")
+    path, _, query = ("/" + path_qs).partition("?")
+    return Target(scheme=scheme, host=host, path=path, query=query)
+
+
+def host_of(key: str) -> str:
+    """The origin host a key names."""
+    return key.split("://", 1)[-1].split("/", 1)[0]
 
 
 def object_id(key: str) -> str:
