@@ -33,8 +33,9 @@ import structlog
 
 from cachenode.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.exact_head import encode_head
-from cachenode.serve import CACHE_HEADER, SendCut, _sendfile_now, sendfile_rest
+from cachenode.serve import SendCut, _sendfile_now, sendfile_rest
 from cachenode.store import Meta
+from nezha.wire import CACHE_HEADER, CacheOutcome
 
 if TYPE_CHECKING:
     from cachenode.proxy import CacheNode
@@ -122,7 +123,7 @@ def response_head(meta: Meta, *, via: str) -> bytes:
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
-               (CACHE_HEADER, "hit"), ("Content-Length", str(meta.size))]
+               (CACHE_HEADER, CacheOutcome.HIT), ("Content-Length", str(meta.size))]
     # Without the closing blank line: Age and Date follow on each reuse.
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 

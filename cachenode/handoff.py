@@ -48,7 +48,8 @@ from nezha.config import parse_hostport
 from cachenode.fill import Fill, Kind, Source
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership
-from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth, refuse_internal
+from cachenode.trust import peer_auth, refuse_internal
+from nezha.wire import HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER
 from cachenode.store import Meta
 from cachenode.vary import selecting_headers
 
@@ -107,11 +108,11 @@ class Handoff:
                               presented=request.headers.get(TOKEN_HEADER))
         if why is not None:
             raise web.HTTPForbidden(text=f"{why}\n")
-        if path == "/_nezha/replicate" and request.method == "POST":
+        if path == REPLICATE_PATH and request.method == "POST":
             return await self._replicate_endpoint(request)
-        if path == "/_nezha/handoff" and request.method == "POST":
+        if path == HANDOFF_PATH and request.method == "POST":
             return await self._handoff_endpoint(request)
-        if path == "/_nezha/handoff" and request.method == "GET":
+        if path == HANDOFF_PATH and request.method == "GET":
             return web.json_response(asdict(self.progress))
         raise web.HTTPNotFound(text=f"no internal endpoint {request.method} {path}\n")
 
@@ -186,7 +187,7 @@ class Handoff:
             raise web.HTTPBadRequest(text="handoff wants nodes: a non-empty {id: host:port} object\n")
         weights = body.get("weights") or {}
         if self._running is not None and not self._running.done():
-            raise web.HTTPConflict(text="a hand-off is already running; GET /_nezha/handoff for progress\n")
+            raise web.HTTPConflict(text=f"a hand-off is already running; GET {HANDOFF_PATH} for progress\n")
         view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas)
         view.update(Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
         self._running = self.node.spawn(self.run(view))
@@ -281,7 +282,7 @@ class Handoff:
                                         sock_read=REPLICATE_SILENCE)
         try:
             r = await self.node.origins.request(
-                "POST", peer.url + "/_nezha/replicate", headers=self.internal_headers(),
+                "POST", peer.url + REPLICATE_PATH, headers=self.internal_headers(),
                 what=f"peer {peer.id} replicate", json=body, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
             log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))

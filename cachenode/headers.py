@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
+
 Pairs = tuple[tuple[str, str], ...]
 
 # RFC 9110 §7.6.1, plus Proxy-* (Proxy-Authorization, Proxy-Authenticate and
@@ -26,9 +28,6 @@ FRAMING = frozenset({"content-length", "host"})
 # response at one moment and are the cache's own on every reuse; Set-Cookie
 # belongs to one client (a response carrying it is never shared at all).
 NOT_STORED = frozenset({"age", "date", "set-cookie", "set-cookie2"})
-# The cache's own fields: never taken from a sender (a peer's copy carries them).
-OWN_PREFIX = "x-nezha-"
-
 # Stored header bytes per object: beyond this a response is passed, not stored
 # (its metadata is read on every start-up and hit).
 MAX_STORED_HEADER_BYTES = 64 * 1024

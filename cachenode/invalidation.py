@@ -25,7 +25,8 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.trust import TOKEN_HEADER, refuse_internal
+from cachenode.trust import refuse_internal
+from nezha.wire import INVALIDATE_PATH, TOKEN_HEADER
 
 if TYPE_CHECKING:
     from cachenode.proxy import CacheNode
@@ -36,7 +37,7 @@ MAX_KEYS = 16  # a write names its URL, Location and Content-Location: three
 
 
 class Invalidation:
-    PATH = "/_nezha/invalidate"
+    PATH = INVALIDATE_PATH
 
     def __init__(self, *, node: "CacheNode") -> None:
         self.node = node

@@ -22,7 +22,8 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from cachenode.headers import OWN_PREFIX, delimited_by_close, end_to_end_pairs
+from cachenode.headers import delimited_by_close, end_to_end_pairs
+from nezha.wire import OWN_PREFIX
 from nezha.errors import OriginError, OriginTimeout
 
 

@@ -56,18 +56,17 @@ from cachenode.exact_head import ExactResponse
 from cachenode.freshness import http_date
 from nezha.keys import Target
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.trust import PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER, peer_auth
+from cachenode.trust import peer_auth
 from nezha.errors import OriginError, OriginTimeout
+from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
+                        TOKEN_HEADER, EXPIRES_HEADER, relayed)
 
 log = structlog.get_logger("nezha.peers")
 
 # On an owner's 502/504: the origin failed, not the owner (the value says how).
-ORIGIN_ERROR_HEADER = "X-Nezha-Origin-Error"
-_CACHE_HEADER = "X-Nezha-Cache"
-_PASSED_ON = frozenset({"pass", "bypass"})  # X-Nezha-Cache of a response copied from the origin
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Fields an owner sends only to the node that relays: never to its client.
-_OWNER_ONLY = frozenset({"x-nezha-expires"})
+_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower()})
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 
@@ -77,7 +76,7 @@ class PeerSilent(OriginTimeout):
 
 def from_origin(response: aiohttp.ClientResponse) -> bool:
     """Whether an owner's 5xx is the origin's failure passed on, not the owner's own."""
-    return ORIGIN_ERROR_HEADER in response.headers or response.headers.get(_CACHE_HEADER) in _PASSED_ON
+    return ORIGIN_ERROR_HEADER in response.headers or response.headers.get(CACHE_HEADER) in PASSED_ON
 
 
 def origin_error_value(error: object) -> str:
@@ -313,9 +312,9 @@ class PeerRelay:
         for name, value in end_to_end(r.headers, drop=_OWNER_ONLY).items():
             out.headers.add(name, value)
         add_via(out.headers, via_of(self.node_id))
-        label = f"peer-{r.headers.get(_CACHE_HEADER, 'unknown')}"
-        out.headers[_CACHE_HEADER] = label
-        out.headers["X-Nezha-Served-By"] = peer.id
+        label = relayed(r.headers.get(CACHE_HEADER, "unknown"))
+        out.headers[CACHE_HEADER] = label
+        out.headers[SERVED_BY_HEADER] = peer.id
         access(request).cache = label
         access(request).peer = peer.id
         if r.content_length is not None:

@@ -44,17 +44,17 @@ from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
 from cachenode.metrics import Metrics
 from cachenode.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.peers import PeerRelay
-from cachenode.trust import SCHEME_HEADER, is_peer_request
-from cachenode.serve import (CACHE_HEADER, CONTINUE_DEFERRED, EXPIRES_HEADER, Responder, origin_failure,
+from cachenode.trust import is_peer_request
+from cachenode.serve import (CONTINUE_DEFERRED, Responder, origin_failure,
                              send_continue)
 from cachenode.store import Meta, NotStored, Store
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
+from nezha.wire import (ADMIN_PATHS, CACHE_HEADER, EXPIRES_HEADER, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome,
+                        DrainOutcome, relayed)
 
 log = structlog.get_logger("nezha.cachenode")
 
-ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-INTERNAL_PREFIX = "/_nezha/"
 
 
 class LeaderGone(FillAborted):
@@ -109,7 +109,7 @@ class CacheNode:
         self._ready = False
         self.handoff = Handoff(node=self)
         self.invalidation = Invalidation(node=self)
-        self._hit_requests = self.metrics.requests.labels(cache="hit")
+        self._hit_requests = self.metrics.requests.labels(cache=CacheOutcome.HIT)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
@@ -166,7 +166,7 @@ class CacheNode:
         """
         s = self.settings
         if self.index is None:
-            return "standalone"
+            return DrainOutcome.STANDALONE
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.shutdown_grace
         settle = loop.time() + min(s.leave_settle, s.shutdown_grace)
@@ -175,21 +175,21 @@ class CacheNode:
         if not self._named_leaving() or not self.cluster.clustered:
             log.info("node_leaving", reason="not leaving for good: a restart keeps its disk", handoff=False,
                      in_ring=self._in_ring())
-            return "restart"
+            return DrainOutcome.RESTART
         if len(self.store) == 0:
             log.info("node_leaving", reason="out of the ring, nothing stored", handoff=False)
-            return "empty"
+            return DrainOutcome.EMPTY
         log.info("node_leaving", reason="out of the ring: handing objects off", handoff=True,
                  objects=len(self.store), seconds=round(deadline - loop.time(), 1))
         started = time.time()
         try:
             progress = await asyncio.wait_for(self.handoff.run(self.cluster), timeout=max(0.1, deadline - loop.time()))
-            outcome = "incomplete" if progress.failed else "handed off"
+            outcome = DrainOutcome.INCOMPLETE if progress.failed else DrainOutcome.HANDED_OFF
         except asyncio.TimeoutError:
             progress = self.handoff.progress
             log.error("handoff_unfinished", done=progress.done, total=progress.total, failed=progress.failed,
                       reason=f"shutdown_grace ({s.shutdown_grace:g}s) ran out")
-            outcome = "timed out"
+            outcome = DrainOutcome.TIMED_OUT
         if progress.failed:
             log.error("handoff_incomplete", failed=progress.failed, total=progress.total, errors=progress.errors[:5])
         # For the controller's Events: it cannot ask a node that has exited.
@@ -254,7 +254,7 @@ class CacheNode:
             return await self._forward(request, url=url, key=key, target=target)
         bypass = request_bypasses_cache(request.headers)
         if bypass is not None:
-            return await self.respond.passthrough(request, url, label="bypass")
+            return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
         meta = self.store.lookup(key, request.headers)
         directives = request_directives(request.headers)
         use = self._use(meta, directives)
@@ -282,8 +282,8 @@ class CacheNode:
             log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
         if request.method == "HEAD":
             if fresh:
-                return await self.respond.hit(request, meta, label="hit")
-            return await self.respond.passthrough(request, url, label="pass")
+                return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
+            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
         return await self._get(request, key=key, url=url, origin=origin, target=target, directives=directives)
 
     def _use(self, meta: Meta | None, directives: RequestDirectives) -> Use | None:
@@ -371,14 +371,14 @@ class CacheNode:
         self._hit_requests.inc()
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache="hit",
+        log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache=CacheOutcome.HIT,
                  bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
         """A replica that relayed an owner's hit copies the object, so it holds
         its replica from now on. After a miss there is nothing to do: the
         owner's fill pushes the copy here when it completes."""
-        if record.broken or record.cache not in ("peer-hit", "peer-revalidated"):
+        if record.broken or record.cache not in (relayed(CacheOutcome.HIT), relayed(CacheOutcome.REVALIDATED)):
             return
         peer = next((p for p in ahead if p.id == record.peer), None)
         if peer is not None:
@@ -427,7 +427,7 @@ class CacheNode:
                     keys.append(other)
             await self.invalidate(keys, why=f"{request.method} {target.path[:200]} answered {response.status}")
 
-        return await self.respond.passthrough(request, url, label="pass", on_response=on_response)
+        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, on_response=on_response)
 
     def _same_host_key(self, reference: str | None, base: Target) -> str | None:
         """The cache key a Location or Content-Location names, when it is on the
@@ -480,7 +480,7 @@ class CacheNode:
                 if use is Use.STALE_WHILE_REVALIDATE:
                     self._revalidate_soon(key=key, url=url, origin=origin, stale=meta, target=target,
                                           source=self.origin_source(url, request))
-                served = await self.respond.hit(request, meta, label="hit" if use is Use.FRESH else "stale")
+                served = await self.respond.hit(request, meta, label=CacheOutcome.HIT if use is Use.FRESH else CacheOutcome.STALE)
                 if served is not None:
                     return served
                 if self.store.lookup(key) is meta:
@@ -488,7 +488,7 @@ class CacheNode:
                 continue  # evicted or replaced between lookup and open, or lost
             if directives.no_store:
                 # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
-                return await self.respond.passthrough(request, url, label="pass")
+                return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
             flight, leader = self.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:
@@ -506,14 +506,14 @@ class CacheNode:
                     # The leader's response varies on a field this request sets
                     # otherwise (RFC 9111 §4.1): it is not this request's answer.
                     if outcome.kind is Kind.STREAMING:
-                        return await self.respond.passthrough(request, url, label="pass")
+                        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
                     continue
             if outcome.kind is Kind.STREAMING:
                 assert outcome.fill is not None
-                return await self.respond.fill(request, outcome.fill, label="miss" if leader else "miss-joined")
+                return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS if leader else CacheOutcome.MISS_JOINED)
             if outcome.kind is Kind.REVALIDATED:
                 assert outcome.meta is not None
-                served = await self.respond.hit(request, outcome.meta, label="revalidated")
+                served = await self.respond.hit(request, outcome.meta, label=CacheOutcome.REVALIDATED)
                 if served is not None:
                     return served
                 continue
@@ -524,14 +524,14 @@ class CacheNode:
                     # client's alone, so it asks again, as it asked.
                     response.release()
                     response = None
-                return await self.respond.passthrough(request, url, label="pass", response=response)
+                return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response)
             error = outcome.error
             if isinstance(error, LeaderGone):
                 continue
             if meta is not None and may_serve_stale_on_error(now=self._clock(), expires_at=meta.expires_at,
                                                              stale_if_error=meta.stale_if_error):
                 log.warning("serving_stale", key=key, error=str(error))
-                served = await self.respond.hit(request, meta, label="stale", stale_reason=str(error))
+                served = await self.respond.hit(request, meta, label=CacheOutcome.STALE, stale_reason=str(error))
                 if served is not None:
                     return served
             raise origin_failure(error)
@@ -568,7 +568,7 @@ class CacheNode:
             if source.peer is not None:
                 # A stored 404 or 301 is a copy too, when the peer says it came from its disk.
                 if response.status != 200 and (response.status not in STORED_STATUSES
-                                               or response.headers.get(CACHE_HEADER) != "hit"):
+                                               or response.headers.get(CACHE_HEADER) != CacheOutcome.HIT):
                     # A peer copy is all or nothing: a replica never falls back to the origin.
                     error = OriginError(f"{source.what} answered {response.status} for {key}")
                     response.release()
@@ -839,8 +839,8 @@ def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:
 
 _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
-_RELAY_OUTCOME = {"peer-hit": "peer_hits", "peer-revalidated": "peer_hits", "peer-stale": "peer_hits",
-                  "peer-miss": "misses", "peer-miss-joined": "misses"}
+_RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
+                  relayed(CacheOutcome.STALE): "peer_hits", relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}
 
 
 ALLOWED_METHODS = sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"})
@@ -877,7 +877,7 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
     except web.HTTPException as e:
         status = e.status
         if record.cache is None:
-            record.cache = "refused" if status in (400, 403, 405) else "error"
+            record.cache = CacheOutcome.REFUSED if status in (400, 403, 405) else CacheOutcome.ERROR
         raise
     finally:
         fields = {"method": request.method, "host": record.host, "path": request.path[:300], "status": status,

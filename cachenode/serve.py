@@ -27,7 +27,7 @@ from cachenode.fdwait import ready
 from cachenode.fill import Fill
 from cachenode.headers import Pairs, first
 from cachenode.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.peers import ORIGIN_ERROR_HEADER, origin_error_value
+from cachenode.peers import origin_error_value
 from cachenode.trust import is_peer_request
 from cachenode.ranges import Outcome as RangeOutcome
 from cachenode.ranges import Decision, evaluate, preconditions
@@ -35,10 +35,10 @@ from cachenode.store import Meta, Store
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of
+from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.serve")
 
-CACHE_HEADER = "X-Nezha-Cache"
 # Set on a request whose `Expect: 100-continue` the node did not answer: the
 # origin's own 100 (or its refusal) reaches the client instead.
 CONTINUE_DEFERRED = web.RequestKey("nezha_continue_deferred", bool)
@@ -49,7 +49,6 @@ async def send_continue(request: web.Request) -> None:
     """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
     await request.writer.write(_CONTINUE)
     request.writer.output_size = 0  # the response proper has not started
-EXPIRES_HEADER = "X-Nezha-Expires"  # peer responses: the owner's expiry, so copies age alike
 
 
 class BrokenStream(Exception):
@@ -427,7 +426,7 @@ class Responder:
             if served is not None:
                 return served
         if fill.complete and fill.url is not None:
-            return await self.passthrough(request, fill.url, label="pass")
+            return await self.passthrough(request, fill.url, label=CacheOutcome.PASS)
         raise origin_failure(error)
 
     async def passthrough(self, request: web.Request, url: str, *, label: str,

@@ -21,12 +21,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-PEER_HEADER = "X-Nezha-Peer"
-TOKEN_HEADER = "X-Nezha-Token"
-# The scheme a relayed request came in with: peers talk plain HTTP inside the
-# cluster, so a client's https:// request would otherwise become an http:// key
-# on its owner. Believed only from a peer.
-SCHEME_HEADER = "X-Nezha-Scheme"
+from nezha.wire import PEER_HEADER, TOKEN_HEADER
 
 
 def refuse_internal(*, remote: str | None, token: str | None, presented: str | None) -> str | None:

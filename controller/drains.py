@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import structlog
 
 from cachenode.index import IndexUnavailable
+from nezha.wire import DrainOutcome
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -88,7 +89,7 @@ class Drains:
             await self.events.emit(sts, "Warning", "DrainFailed",
                                    f"{node} went without recording a hand-off (killed before it could, or it had no "
                                    "index): what it held will be fetched from the origin again")
-        elif p.get("outcome") == "handed off":
+        elif p.get("outcome") == DrainOutcome.HANDED_OFF:
             await self.events.emit(sts, "Normal", "DrainFinished",
                                    f"{node} handed off {p.get('total', 0)} objects: {p.get('copied', 0)} copied, "
                                    f"{p.get('present', 0)} already there, {p.get('skipped', 0)} stale and left to "

@@ -35,6 +35,7 @@ from nezha.keys import BadTarget, key_for, parse_target
 from nezha.ring import Ring
 from controller.annotations import PREFETCH, parse_prefetch
 from nezha.config import OriginTable
+from nezha.wire import CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -157,10 +158,10 @@ class Prefetcher:
         try:
             async with session.get(node + path, headers={**headers, "Range": "bytes=0-0"}) as r:
                 await r.read()
-                if r.headers.get("X-Nezha-Cache") in ("pass", "bypass"):
+                if r.headers.get(CACHE_HEADER) in PASSED_ON:
                     return Result(url, reason=f"{owner} passed it through: the origin's answer may not be stored")
                 if r.status >= 400:
-                    reason = r.headers.get("X-Nezha-Origin-Error") or (await r.text())[:200].strip() or r.reason
+                    reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
                     return Result(url, reason=f"{owner} answered {r.status}: {reason}")
             while self._clock() < deadline:
                 async with session.head(node + path, headers={**headers, "Cache-Control": "only-if-cached"}) as r:

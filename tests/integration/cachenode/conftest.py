@@ -6,7 +6,6 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +14,7 @@ import pytest
 
 from cachenode.app import Listener, build_node
 from nezha.keys import cache_key, parse_target
+from nezha.ring import Membership
 from nezha.config import CacheSettings, Origin
 from tests.conftest import free_port
 
@@ -159,13 +159,6 @@ class RangedOrigin:
 
 
 # -- clusters of in-process nodes (relay, replicas, invalidation) ----------------
-@dataclass(frozen=True)
-class Members:
-    epoch: int
-    nodes: dict[str, str]
-    weights: dict[str, int] = field(default_factory=dict)
-
-
 def key_of(path: str) -> str:
     return cache_key(parse_target(path, HOST))
 
@@ -177,7 +170,7 @@ def cluster(make_node, tmp_path):
         for i in range(n):
             node = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", replicas=replicas, **settings)
             nodes[f"n{i}"] = node
-        members = Members(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+        members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
         for nd in nodes.values():
             nd.node.cluster.update(members)
         return nodes, members

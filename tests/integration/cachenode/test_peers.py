@@ -16,7 +16,8 @@ from aiohttp import web
 
 from cachenode.cluster import Peer
 from nezha.keys import parse_target
-from tests.integration.cachenode.conftest import Members, RangedOrigin, key_of, logged, owner_and_other, until
+from nezha.ring import Membership
+from tests.integration.cachenode.conftest import RangedOrigin, key_of, logged, owner_and_other, until
 
 HOST = "www.cs.toronto.edu"
 
@@ -81,14 +82,14 @@ async def test_owner_dying_mid_body_is_resumed_from_the_next_owner(origin, clust
     entry, real = nodes["n0"], nodes["n1"]
     liar = TestOrigin()  # a fake owner: right headers, then it dies after 100 kB
     liar_server = await aiohttp_server(liar.app(), host="127.0.0.1")
-    ring = Members(3, {"liar": f"127.0.0.1:{liar_server.port}", "n1": members.nodes["n1"]})
+    ring = Membership(3, {"liar": f"127.0.0.1:{liar_server.port}", "n1": members.nodes["n1"]})
     entry.node.cluster.update(ring)  # the entry node is not in this ring: it must relay
     path = next(p for p in (f"/d/m{i}.bin" for i in range(100))
                 if entry.node.cluster.owners(key_of(p))[0].id == "liar")
     body = bytes(range(256)) * 2000
     origin.put(path, body)
     liar.put(path, body, etag=origin.etags[path], die_after=100_000)
-    real.node.cluster.update(Members(2, {"n1": members.nodes["n1"]}))  # alone, n1 fills from the origin
+    real.node.cluster.update(Membership(2, {"n1": members.nodes["n1"]}))  # alone, n1 fills from the origin
     assert (await real.get(session, path))[2] == body
     await real.node.settled()
     real.node.cluster.update(ring)
@@ -104,8 +105,8 @@ async def test_disagreeing_rings_answer_every_request_within_one_forward(origin,
     nodes, members = await cluster(2)
     a, b = nodes["n0"], nodes["n1"]
     # Each node believes the other owns everything.
-    a.node.cluster.update(Members(2, {"n1": members.nodes["n1"]}))
-    b.node.cluster.update(Members(2, {"n0": members.nodes["n0"]}))
+    a.node.cluster.update(Membership(2, {"n1": members.nodes["n1"]}))
+    b.node.cluster.update(Membership(2, {"n0": members.nodes["n0"]}))
     for i in range(20):
         status, headers, got = await a.get(session, f"/d/{i}")
         assert status == 200 and got == str(i).encode() * 100
@@ -136,7 +137,7 @@ async def test_drain_before_removal_leaves_zero_origin_fetches(origin, cluster, 
     assert progress["total"] == len(nodes[leaving].node.store)
     await nodes[leaving].server.close()
     for nid in remaining:
-        nodes[nid].node.cluster.update(Members(2, remaining))
+        nodes[nid].node.cluster.update(Membership(2, remaining))
     for p in paths:
         status, headers, got = await nodes["n0"].get(session, p)
         assert got == p.encode() * 500
@@ -244,12 +245,12 @@ async def test_a_replica_that_relays_an_owners_hit_keeps_a_copy(origin, cluster,
     nodes, members = await cluster(2, replicas=2)
     owners, _ = owner_and_other(nodes, "/d/keep.bin", replicas=2)
     first, replica = nodes[owners[0]], nodes[owners[1]]
-    replica.node.cluster.update(Members(2, {owners[1]: members.nodes[owners[1]]}))
-    first.node.cluster.update(Members(2, {owners[0]: members.nodes[owners[0]]}))
+    replica.node.cluster.update(Membership(2, {owners[1]: members.nodes[owners[1]]}))
+    first.node.cluster.update(Membership(2, {owners[0]: members.nodes[owners[0]]}))
     await first.get(session, "/d/keep.bin")  # alone in its ring: no replica pushed
     await first.node.settled()
     for nd in nodes.values():
-        nd.node.cluster.update(Members(3, members.nodes))
+        nd.node.cluster.update(Membership(3, members.nodes))
     status, headers, got = await replica.get(session, "/d/keep.bin")
     assert status == 200 and headers["X-Nezha-Cache"] == "peer-hit" and got == b"k" * 50_000
     await replica.node.settled()
@@ -263,7 +264,7 @@ async def test_an_owner_that_takes_connections_and_never_answers_is_given_up_wit
     """peer_timeout (1 s) of silence, then a liveness probe that fails within another second."""
     nodes, members = await cluster(2, replicas=2)
     entry, real = nodes["n0"], nodes["n1"]
-    ring = Members(2, {"frozen": await silent_server(), "n1": members.nodes["n1"]})
+    ring = Membership(2, {"frozen": await silent_server(), "n1": members.nodes["n1"]})
     entry.node.cluster.update(ring)
     real.node.cluster.update(ring)
     path = path_owned_by(entry, "frozen")
@@ -301,11 +302,11 @@ async def test_an_owner_frozen_mid_body_is_resumed_from_the_next_owner_within_se
     etag = '"frozen-1"'
     frozen_server = await aiohttp_server(freezing_owner(body, {"ETag": etag}, sent=100_000, thaw=thaw),
                                          host="127.0.0.1")
-    ring = Members(3, {"frozen": f"127.0.0.1:{frozen_server.port}", "n1": members.nodes["n1"]})
+    ring = Membership(3, {"frozen": f"127.0.0.1:{frozen_server.port}", "n1": members.nodes["n1"]})
     entry.node.cluster.update(ring)
     path = path_owned_by(entry, "frozen")
     origin.put(path, body, etag=etag)
-    real.node.cluster.update(Members(2, {"n1": members.nodes["n1"]}))  # alone, n1 fills from the origin
+    real.node.cluster.update(Membership(2, {"n1": members.nodes["n1"]}))  # alone, n1 fills from the origin
     assert (await real.get(session, path))[2] == body
     await real.node.settled()
     real.node.cluster.update(ring)
@@ -375,7 +376,7 @@ async def test_sole_owner_killed_mid_body_is_resumed_from_the_origin_under_if_ra
     dead_server = await aiohttp_server(dying_owner(body, headers, die_after=100_000), host="127.0.0.1")
     nodes, members = await cluster(1, origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{upstream_server.port}")])
     entry = nodes["n0"]
-    entry.node.cluster.update(Members(2, {**members.nodes, "dead": f"127.0.0.1:{dead_server.port}"}))
+    entry.node.cluster.update(Membership(2, {**members.nodes, "dead": f"127.0.0.1:{dead_server.port}"}))
     path = path_owned_by(entry, "dead")
     if if_range is None:
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -420,7 +421,7 @@ async def test_a_copy_from_a_source_that_stops_answering_fails_within_seconds(
         source = f"127.0.0.1:{(await aiohttp_server(app, host='127.0.0.1')).port}"
     nodes, members = await cluster(1)
     copier = nodes["n0"]
-    copier.node.cluster.update(Members(2, {**members.nodes, "n1": source}))
+    copier.node.cluster.update(Membership(2, {**members.nodes, "n1": source}))
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
@@ -445,7 +446,7 @@ async def test_a_copy_that_outlasts_the_read_timeout_is_reported_copied(cluster,
     slow_server = await aiohttp_server(slow.app(), host="127.0.0.1")
     nodes, members = await cluster(2, origin_read_timeout=1.0)
     copier, asker = nodes["n0"], nodes["n1"]
-    copier.node.cluster.update(Members(2, {"n0": members.nodes["n0"], "n1": f"127.0.0.1:{slow_server.port}"}))
+    copier.node.cluster.update(Membership(2, {"n0": members.nodes["n0"], "n1": f"127.0.0.1:{slow_server.port}"}))
     result = await asker.node.handoff.ask_to_copy(Peer("n0", members.nodes["n0"]), parse_target("/d/long.bin", HOST))
     assert result == "copied"
     assert copier.node.store.lookup(key_of("/d/long.bin")).size == len(body)
@@ -457,7 +458,7 @@ async def test_a_drain_reports_bytes_and_skips_stale_objects_instead_of_failing(
     origin.put("/h/stale.bin", b"s" * 1000, headers={"Cache-Control": "max-age=1"})
     nodes, members = await cluster(2)
     leaving, staying = nodes["n1"], nodes["n0"]
-    leaving.node.cluster.update(Members(2, {"n1": members.nodes["n1"]}))  # it alone fills both
+    leaving.node.cluster.update(Membership(2, {"n1": members.nodes["n1"]}))  # it alone fills both
     for p in ("/h/fresh.bin", "/h/stale.bin"):
         await leaving.get(session, p)
     await leaving.node.settled()

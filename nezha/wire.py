@@ -1,0 +1,85 @@
+"""The node-to-node and node-to-operator protocol: one copy of every name on the wire. Pure.
+
+Cache nodes talk to each other over plain HTTP inside the cluster; the
+controller, `nezha up` and the CLI talk to nodes too. Every header, path and
+outcome they exchange is named here, so a node that writes one and a part
+that reads it cannot drift apart (a renamed header would otherwise break a
+relay silently, not loudly).
+
+Outcomes are `StrEnum`s: a member is its wire value (`CacheOutcome.HIT == "hit"`),
+so it goes into a header or a log line as it is, and a value read back from
+the wire compares equal to the member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+# -- headers ------------------------------------------------------------------
+# What happened to a request (`CacheOutcome` below), on every response a node makes
+# from the cache or the origin.
+CACHE_HEADER = "X-Nezha-Cache"
+# The node that served a relayed response.
+SERVED_BY_HEADER = "X-Nezha-Served-By"
+# Why the origin failed (refused, reset, timed out), on a 502/504 it caused.
+ORIGIN_ERROR_HEADER = "X-Nezha-Origin-Error"
+# On a response to a peer: the owner's expiry, so copies age alike.
+EXPIRES_HEADER = "X-Nezha-Expires"
+# A request relayed by another node: never relayed again, so nothing loops.
+PEER_HEADER = "X-Nezha-Peer"
+# The cluster token that proves a request comes from a peer.
+TOKEN_HEADER = "X-Nezha-Token"
+# The scheme a relayed request came in with: peers talk plain HTTP inside the
+# cluster, so a client's https:// request would otherwise become an http:// key
+# on its owner. Believed only from a peer.
+SCHEME_HEADER = "X-Nezha-Scheme"
+# Every field of the cache's own, lowercased: never stored with an object,
+# never passed to an origin.
+OWN_PREFIX = "x-nezha-"
+
+# -- paths --------------------------------------------------------------------
+# Internal endpoints, for peers and the tools of the cluster only (cluster token).
+INTERNAL_PREFIX = "/_nezha/"
+REPLICATE_PATH = "/_nezha/replicate"  # POST: copy one object from a peer
+HANDOFF_PATH = "/_nezha/handoff"  # POST: hand every object to its owners; GET: progress
+INVALIDATE_PATH = "/_nezha/invalidate"  # POST: forget keys a write superseded
+# Probes and metrics, on any Host that is not an origin.
+ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class CacheOutcome(StrEnum):
+    """`X-Nezha-Cache`: what a node did with a request (README, "value | meaning")."""
+
+    HIT = "hit"
+    MISS = "miss"
+    MISS_JOINED = "miss-joined"
+    REVALIDATED = "revalidated"
+    STALE = "stale"
+    PASS = "pass"
+    BYPASS = "bypass"
+    # Only in the request log: answers the node made itself.
+    REFUSED = "refused"
+    ERROR = "error"
+
+
+# A relayed answer's value is the owner's, behind this prefix (`peer-hit`).
+PEER_PREFIX = "peer-"
+# Answers copied from the origin for one client: a relay passes them on untouched.
+PASSED_ON = frozenset({CacheOutcome.PASS, CacheOutcome.BYPASS})
+
+
+def relayed(value: str) -> str:
+    """The value a relaying node reports for its owner's `value`."""
+    return PEER_PREFIX + value
+
+
+class DrainOutcome(StrEnum):
+    """How a node's hand-off on leaving the ring ended (`nezha:drain:<node>` outcome)."""
+
+    HANDED_OFF = "handed off"
+    INCOMPLETE = "incomplete"
+    TIMED_OUT = "timed out"
+    # Nothing was handed off, and nothing needed to be.
+    STANDALONE = "standalone"
+    RESTART = "restart"
+    EMPTY = "empty"
