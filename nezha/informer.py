@@ -33,7 +33,7 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-log = structlog.get_logger("nezha.controller.watch")
+log = structlog.get_logger("nezha.informer")
 
 
 class Informer:
