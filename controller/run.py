@@ -1,6 +1,6 @@
 """The controller's loop: watch the cache StatefulSet and its pods, keep the ring equal to the ready ones.
 
-Two informers (controller/watch.py) hold the StatefulSet and the pods its
+Two informers (nezha/informer.py) hold the StatefulSet and the pods its
 own `spec.selector` picks. Every change they apply wakes one reconcile
 task; changes that arrive within `batch_window` of each other share one
 pass. A pass is level-based: it computes the membership from everything
@@ -33,9 +33,9 @@ from controller.membership import leaving, members, pod_selector
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.trust import TrustPublisher
-from controller.watch import Informer
 from nezha.config import ControllerSettings, parse_hostport
 from nezha.errors import ConfigError
+from nezha.informer import Informer
 
 log = structlog.get_logger("nezha.controller")
 

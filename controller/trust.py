@@ -26,8 +26,8 @@ import structlog
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.watch import Informer
 from nezha import trust_bundle
+from nezha.informer import Informer
 
 log = structlog.get_logger("nezha.controller.trust")
 

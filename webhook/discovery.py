@@ -1,28 +1,26 @@
 """The cache Service's ClusterIP, kept current with a list and a watch.
 
 Rules may leave `ip` out; pods then get the ClusterIP of the cache Service,
-learned here rather than typed by hand. The loop is list, then watch from the
-list's resourceVersion, resuming from the last version seen when a stream ends,
-and relisting when the API answers 410 Gone (the version is too old) or the
-connection fails. A deleted Service clears the IP: until it returns, rules
-without `ip` are skipped with a warning and pods download directly, which is
-failing open.
+learned here rather than typed by hand. The list and watch are the shared
+informer's (nezha/informer.py) on the one Service, by field selector: it
+resumes from the last version seen when a stream ends, and relists when the
+API answers 410 Gone (the version is too old) or the connection fails. The
+IP is derived from what the informer holds after each change. A deleted
+Service clears the IP: until it returns, rules without `ip` are skipped with
+a warning and pods download directly, which is failing open.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import aiohttp
 import structlog
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.watch import Watch
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError
+from nezha.informer import Events, Informer
 from nezha.kube import api_client as kube_api_client
 
 log = structlog.get_logger("nezha.webhook.discovery")
@@ -34,9 +32,9 @@ async def api_client(*, kubeconfig: Path | None = None) -> client.ApiClient:
                                  hint="pass --kubeconfig, or --cache-ip to name the cache address")
 
 
-def cluster_ip(service: Any) -> str | None:
-    """The Service's ClusterIP, or None for a headless Service or one without an IP yet."""
-    ip = getattr(getattr(service, "spec", None), "cluster_ip", None)
+def cluster_ip(service: dict | None) -> str | None:
+    """The Service's ClusterIP, or None for a headless Service, one without an IP yet, or none at all."""
+    ip = ((service or {}).get("spec") or {}).get("clusterIP")
     return ip if ip and ip != "None" else None
 
 
@@ -53,66 +51,32 @@ class ServiceWatcher:
     def __init__(self, *, api: client.ApiClient, namespace: str, name: str, on_ip: Callable[[str | None], Any],
                  watch_timeout: int = 300, watch_grace: float = 15.0, list_timeout: float = 30.0,
                  retry_delay: float = 1.0) -> None:
-        self.core = client.CoreV1Api(api)
         self.namespace, self.name = namespace, name
         self.on_ip = on_ip
-        self.watch_timeout = watch_timeout
-        self.watch_grace = watch_grace
-        self.list_timeout = list_timeout
-        self.retry_delay = retry_delay
         self.ip: str | None = None
-        self.relists = 0
+        # Events keep the names the webhook has always logged (docs and tests name them).
+        self.informer = Informer(kind="service", list_fn=client.CoreV1Api(api).list_namespaced_service,
+                                 namespace=namespace, field_selector=f"metadata.name={name}",
+                                 on_change=self._changed, watch_timeout=watch_timeout, watch_grace=watch_grace,
+                                 list_timeout=list_timeout, backoff=(retry_delay, retry_delay),
+                                 relist_after_failure=True, logger=log.bind(service=f"{namespace}/{name}"),
+                                 events=Events(expired="service_watch_expired", failed="service_watch_failed"))
 
-    def _set(self, ip: str | None) -> None:
+    @property
+    def relists(self) -> int:
+        """The informer's lists: the watcher makes none of its own."""
+        return self.informer.relists
+
+    def _changed(self) -> None:
+        ip = cluster_ip(self.informer.objects.get(self.name))
         if ip != self.ip:
             log.info("cache_ip_changed", service=f"{self.namespace}/{self.name}", old=self.ip, new=ip)
             self.ip = ip
             self.on_ip(ip)
 
     async def run(self) -> None:
-        """Forever: list, then watch; relist on 410 or a failed connection."""
-        while True:
-            try:
-                version = await self._list()
-                await self._watch(version)
-            except ApiException as e:
-                if e.status == 410:
-                    log.info("service_watch_expired", service=f"{self.namespace}/{self.name}")
-                    continue
-                log.warning("service_watch_failed", service=f"{self.namespace}/{self.name}", status=e.status,
-                            error=str(e.reason))
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                log.warning("service_watch_failed", service=f"{self.namespace}/{self.name}",
-                            error=f"{type(e).__name__}: {e}")
-            except Exception:  # a dead watcher would leave the IP stale forever
-                log.exception("service_watch_failed", service=f"{self.namespace}/{self.name}")
-            await asyncio.sleep(self.retry_delay)
-
-    async def _list(self) -> str:
-        self.relists += 1
-        listed = await self.core.list_namespaced_service(self.namespace, field_selector=f"metadata.name={self.name}",
-                                                         _request_timeout=self.list_timeout)
-        self._set(cluster_ip(listed.items[0]) if listed.items else None)
-        return listed.metadata.resource_version
-
-    async def _watch(self, version: str) -> None:
-        """Stream changes from `version`; returns only by raising (410, a connection error, or the deadline)."""
-        while True:
-            watch = Watch()
-            try:
-                async for event in watch.stream(self.core.list_namespaced_service, self.namespace,
-                                                field_selector=f"metadata.name={self.name}",
-                                                resource_version=version, allow_watch_bookmarks=True,
-                                                timeout_seconds=self.watch_timeout,
-                                                _request_timeout=self.watch_timeout + self.watch_grace):
-                    kind = event["type"]
-                    if kind in ("ADDED", "MODIFIED"):
-                        self._set(cluster_ip(event["object"]))
-                    elif kind == "DELETED":
-                        self._set(None)
-                version = watch.resource_version or version
-            finally:
-                await watch.close()
+        """Forever, until cancelled: the informer's loop, which outlives every API and connection failure."""
+        await self.informer.run()
 
 
 def service_follower(*, settings: WebhookSettings, on_ip: Callable[[str | None], Any],

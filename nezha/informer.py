@@ -18,7 +18,13 @@ the relist signal.
 
 The loop is deliberately small (it is hard to test an infinite loop): each
 pass is `list` then `watch until it ends`, and any failure only decides how
-long to wait before the next pass.
+long to wait before the next pass, and whether that pass lists first.
+
+It is the one list+watch of the project: the controller holds its
+StatefulSet, pods, Jobs, namespaces and ConfigMaps with it, and the
+webhook's discovery (webhook/discovery.py) the cache Service. The base
+package imports neither of them; what differs between users (their log
+event names and context, whether a failure relists) is passed in.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
@@ -33,14 +40,32 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-log = structlog.get_logger("nezha.controller.watch")
+log = structlog.get_logger("nezha.informer")
+
+
+@dataclass(frozen=True)
+class Events:
+    """The event names an informer logs under; a user whose names are documented or asserted keeps its own."""
+
+    expired: str = "watch_expired"
+    failed: str = "watch_failed"
 
 
 class Informer:
+    """Holds what `list_fn` returns for `kind`, kept current; see the module docstring.
+
+    `relist_after_failure` lists again after every failed pass instead of
+    resuming the watch from the last version where that is safe (a cut
+    connection, a half-open one, a 429 or 5xx). Resuming is cheaper for a
+    big kind; for one object a list costs no more than a watch request, and
+    the webhook documents a relist after a dead connection.
+    """
+
     def __init__(self, *, kind: str, list_fn: Callable[..., Awaitable[Any]], namespace: str | None,
                  on_change: Callable[[], None], label_selector: str | None = None,
                  field_selector: str | None = None, watch_timeout: int = 300, watch_grace: float = 15.0,
-                 list_timeout: float = 30.0, backoff: tuple[float, float] = (0.2, 10.0)) -> None:
+                 list_timeout: float = 30.0, backoff: tuple[float, float] = (0.2, 10.0),
+                 relist_after_failure: bool = False, logger: Any = log, events: Events = Events()) -> None:
         self.kind = kind
         self.list_fn = list_fn
         self.namespace = namespace
@@ -51,6 +76,9 @@ class Informer:
         self.watch_grace = watch_grace
         self.list_timeout = list_timeout
         self.backoff = backoff
+        self.relist_after_failure = relist_after_failure
+        self._log = logger
+        self._events = events
         # name -> object; "namespace/name" when watching every namespace (namespace None,
         # with a list_fn such as list_job_for_all_namespaces)
         self.objects: dict[str, dict] = {}
@@ -86,17 +114,19 @@ class Informer:
                 continue
             except ApiException as e:
                 if e.status == 410:
-                    log.info("watch_expired", kind=self.kind, version=self.version)
+                    self._log.info(self._events.expired, kind=self.kind, version=self.version)
                     self.version = None
                     continue
-                log.warning("watch_failed", kind=self.kind, status=e.status, error=str(e.reason)[:300])
+                self._log.warning(self._events.failed, kind=self.kind, status=e.status, error=str(e.reason)[:300])
                 if e.status not in (429,) and not 500 <= (e.status or 0) < 600:
                     self.version = None  # 403, 404...: start over from a list once it is fixed
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-                log.warning("watch_failed", kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
+                self._log.warning(self._events.failed, kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
             except Exception as e:  # noqa: BLE001 - a cut or malformed line: never end the watch for good
-                log.warning("watch_failed", kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
+                self._log.warning(self._events.failed, kind=self.kind, error=f"{type(e).__name__}: {e}"[:300])
                 self.version = None  # what it held may have missed an event: list again
+            if self.relist_after_failure:
+                self.version = None
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.backoff[1])
 
