@@ -44,7 +44,7 @@ def build_node(settings: CacheSettings) -> CacheNode:
                            read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None
     if settings.redis_url is not None:
-        from cachenode.index import Index
+        from nezha.index.handle import Index
 
         index = Index(redis_url=settings.redis_url, node_id=settings.identity,
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)

@@ -126,7 +126,7 @@ def prepare_data_dir(path: Path) -> None:
 def run_up(args: argparse.Namespace) -> int:
     import sys
 
-    from cachenode.index import redact_url
+    from nezha.index.connection import redact_url
     from cachenode.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.config import Origin
     from nezha.errors import RunError

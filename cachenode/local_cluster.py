@@ -30,7 +30,9 @@ from pathlib import Path
 
 import aiohttp
 
-from cachenode.index import Index, embedded_index
+from nezha.index.handle import Index
+
+from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError
 

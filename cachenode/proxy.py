@@ -93,7 +93,7 @@ class CacheNode:
         self.flights = Flights()
         self.node_id = settings.identity
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
-        self.index = index  # cachenode.index.Index or None: stats and locations, never awaited on the hot path
+        self.index = index  # nezha.index.Index or None: stats and locations, never awaited on the hot path
         # A cold owner sends its headers once the origin sent its own: within
         # the origin's connect and read timeouts; a frozen one is found sooner,
         # by probing it (the rules are in cachenode/peers.py).

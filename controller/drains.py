@@ -2,7 +2,7 @@
 
 The node does the work: out of the ring when SIGTERM comes, it hands its
 objects off before it exits (cachenode/proxy.py `leave`) and records how
-that ended in Redis (`nezha:drain:<node-id>`, cachenode/index.py), since
+that ended in Redis (`nezha:drain:<node-id>`, nezha/index/stats_writer.py), since
 nobody can ask it once it has exited. The controller tells the operator:
 a Normal Event `DrainStarted` when the pod leaves the ring because replicas
 dropped, and once the pod is gone, `DrainFinished` with what was copied, or
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import structlog
 
-from cachenode.index import IndexUnavailable
+from nezha.index.connection import IndexUnavailable
 from nezha.wire import DrainOutcome
 
 if TYPE_CHECKING:

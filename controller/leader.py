@@ -22,7 +22,7 @@ SIGSTOP, a slow disk) past its lease may wake and write after a successor
 did. The one shared write that matters here, the ring, is fenced: a new
 leader first claims `nezha:ring:leader` in Redis with its generation
 (`leaseTransitions`), and every ring write checks, in the same Redis
-transaction, that the fence is still its own (cachenode/index.py). A
+transaction, that the fence is still its own (nezha/index/membership.py). A
 deposed leader's write is refused, however late it comes. A Lease made anew
 (deleted by hand) restarts its count; the new holder then raises the
 Lease's `leaseTransitions` above the fence and claims again.
@@ -39,7 +39,7 @@ import structlog
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from cachenode.index import Fence
+from nezha.index.membership import Fence
 
 log = structlog.get_logger("nezha.controller.leader")
 

@@ -23,7 +23,13 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from cachenode.index import Deposed, Index, IndexUnavailable, hit_ratio
+from nezha.index.handle import Index
+
+from nezha.index.connection import IndexUnavailable
+
+from nezha.index.membership import Deposed
+
+from nezha.index.schema import hit_ratio
 from controller import status as status_annotation
 from controller.annotations import DEFAULT, Problem, Spec, read_spec
 from controller.events import EventRecorder

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import structlog
 from kubernetes_asyncio import client
 
-from cachenode.index import IndexUnavailable
+from nezha.index.connection import IndexUnavailable
 from controller.annotations import Spec
 from controller.autoscale import LoadHistory, Policy, Sample, decide
 

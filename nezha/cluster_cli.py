@@ -1,6 +1,6 @@
 """`nezha ring set|show` and `nezha stats`: an operator's view of the shared index.
 
-Everything printed comes from Redis (through `cachenode.index`), never from a
+Everything printed comes from Redis (through `nezha.index`), never from a
 node, so these commands work while nodes are down and show what the nodes
 themselves will read. Result on stdout, problems on stderr; exit 1 when the
 index cannot be reached, 2 for bad arguments.
@@ -61,7 +61,8 @@ def _settings(args: argparse.Namespace) -> ClusterSettings:
 
 
 def _run(args: argparse.Namespace, work) -> int:
-    from cachenode.index import Index, IndexUnavailable
+    from nezha.index.handle import Index
+    from nezha.index.connection import IndexUnavailable
 
     settings = _settings(args)
 
@@ -99,7 +100,7 @@ def run_ring_set(args: argparse.Namespace) -> int:
         if not w.isdigit():
             raise ConfigError(f"--weight {node}={w}: weight must be a positive integer")
         weights[node] = int(w)
-    from cachenode.index import check_membership
+    from nezha.index.membership import check_membership
 
     nodes, weights = check_membership(nodes, weights)  # refuse bad input before touching Redis
 
@@ -142,7 +143,7 @@ def _print_membership(membership, *, as_json: bool) -> None:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from cachenode.index import hit_ratio
+    from nezha.index.schema import hit_ratio
 
     async def work(index) -> int:
         stats = await index.read_stats()

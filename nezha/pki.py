@@ -1,4 +1,4 @@
-"""Certificates Nezha makes: CAs, and serving certificates they sign. Pure.
+"""Certificates Nezha makes: CAs, and serving certificates they sign. No I/O: callers keep the files.
 
 Shared by the webhook (its own CA and serving certificate, webhook/certs.py)
 and by `nezha ca` (the CA whose leaves cache nodes present for dataset

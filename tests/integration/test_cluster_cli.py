@@ -8,7 +8,7 @@ import json
 import pytest
 import structlog
 
-from cachenode.index import Index
+from nezha.index.handle import Index
 from nezha.cli import main
 from tests.conftest import free_port
 

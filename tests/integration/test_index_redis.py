@@ -16,7 +16,11 @@ import pytest
 import redis.asyncio as aredis
 from structlog.testing import capture_logs
 
-from cachenode.index import Index, Membership, embedded_index
+from nezha.index.handle import Index
+
+from nezha.index.embedded import embedded_index
+
+from nezha.ring import Membership
 from tests.conftest import RedisServer, free_port, require_tool
 
 HOST = "www.cs.toronto.edu"
@@ -134,7 +138,7 @@ async def test_password_in_the_url_opens_a_protected_redis(tmp_path, indexes):
 
 READ_MEMBERSHIP = """
 import asyncio, json, sys
-from cachenode.index import Index
+from nezha.index.handle import Index
 async def main():
     index = Index(redis_url=sys.argv[1], node_id=None)
     m = await index.get_membership()

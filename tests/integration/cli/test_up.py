@@ -101,7 +101,7 @@ def test_up_on_taken_ports_fails_with_the_nodes_own_error_line(tmp_path):
 
 
 async def test_up_says_when_a_node_dies_and_takes_it_out_of_its_ring(aiohttp_server, redis_server, tmp_path):
-    from cachenode.index import Index
+    from nezha.index.handle import Index
 
     server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
     proc = _up(tmp_path, _free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url)
@@ -128,7 +128,7 @@ async def test_up_says_when_a_node_dies_and_takes_it_out_of_its_ring(aiohttp_ser
 
 async def test_up_refuses_to_replace_a_ring_it_did_not_write_unless_forced_and_can_keep_its_own(
         aiohttp_server, redis_server, tmp_path):
-    from cachenode.index import Index
+    from nezha.index.handle import Index
 
     server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
     index = Index(redis_url=redis_server.url, node_id=None)

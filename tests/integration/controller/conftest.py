@@ -9,7 +9,9 @@ import time
 import pytest
 from kubernetes_asyncio import client
 
-from cachenode.index import Index, IndexUnavailable
+from nezha.index.handle import Index
+
+from nezha.index.connection import IndexUnavailable
 from controller.run import Controller
 from nezha.config import ControllerSettings
 from tests.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)

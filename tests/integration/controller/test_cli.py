@@ -79,7 +79,7 @@ async def test_the_process_writes_the_ring_and_stops_on_sigterm(cluster, index, 
 
 
 async def test_redis_not_answering_yet_is_retried_not_an_exit(cluster, kube_api, ns, redis_server, tmp_path):
-    from cachenode.index import Index
+    from nezha.index.handle import Index
 
     await cluster.create(1)
     await cluster.add_pod(0)

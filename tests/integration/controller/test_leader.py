@@ -7,7 +7,7 @@ import time
 
 from kubernetes_asyncio import client
 
-from cachenode.index import Deposed, Fence
+from nezha.index.membership import Deposed, Fence
 from tests.integration.controller.conftest import dns, ring_becomes
 
 FAST = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.2}

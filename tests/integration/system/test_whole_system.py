@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from cachenode.index import Index
+from nezha.index.handle import Index
 from nezha.keys import cache_key, parse_target
 from tests.integration.system.conftest import NS
 from tests.pod_command import container_env, mount_point, run_pod_command

@@ -11,7 +11,13 @@ import fakeredis
 import pytest
 from structlog.testing import capture_logs
 
-from cachenode.index import Index, Membership, check_membership, redact_url
+from nezha.index.handle import Index
+
+from nezha.index.connection import redact_url
+
+from nezha.index.membership import check_membership
+
+from nezha.ring import Membership
 from nezha.errors import ConfigError
 
 HOST = "www.cs.toronto.edu"

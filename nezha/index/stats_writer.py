@@ -1,0 +1,242 @@
+"""A node's statistics and object locations, written to Redis behind the data path.
+
+The data path never waits on Redis. `count()` and the `object_*()` calls are
+sync and only touch memory; a background loop sends what they buffered about
+every `flush_interval` in one MULTI/EXEC, so a batch lands whole or not at
+all. If Redis is down the batch goes back into the buffer and is retried with
+backoff.
+
+Counters and object updates are kept apart in the buffer:
+- counters (`count()`) are summed per origin host and never dropped: their
+  size is bounded by the number of origins, not by traffic;
+- object updates (`object_stored/removed/accessed`) are bounded by
+  `max_buffered`. Accesses are coalesced per key (the latest wins). Beyond
+  the bound the oldest access is dropped first (it only ages an LRU hint),
+  then the oldest store/removal. Drops are counted in `dropped` and logged
+  once per outage as `index_updates_dropped`.
+A batch that Redis refused is put back in front of newer updates. If the
+connection dies after Redis ran EXEC but before its reply arrived, that
+batch's counters are sent twice; that is the one case of double counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from redis.exceptions import WatchError
+
+from nezha.index.connection import REDIS_ERRORS, Connection
+from nezha.index.schema import (DRAIN_TTL, FIELDS, KEY_CLUSTER_STATS, KEY_OBJECTS, key_drain, key_host_stats,
+                                key_locations, key_node_stats, key_object)
+
+log = structlog.get_logger("nezha.index")
+
+
+class StatsWriter:
+    """One node's buffered writes: counters per origin host, object locations, last accesses."""
+
+    def __init__(self, conn: Connection, *, node_id: str | None, flush_interval: float, max_buffered: int,
+                 backoff_max: float, clock: Callable[[], float]) -> None:
+        self.conn = conn
+        self.node_id = node_id
+        self._flush_interval = flush_interval
+        self._max_buffered = max_buffered
+        self._backoff_max = backoff_max
+        self._clock = clock
+        self._counters: dict[str, dict[str, int]] = {}
+        self._ops: deque[tuple] = deque()
+        self._accesses: dict[str, float] = {}
+        self.dropped = 0
+        self._dropped_logged = False
+        self._flush_lock = asyncio.Lock()
+        conn.backlog = lambda: self.buffered
+        conn.dropped = lambda: self.dropped
+        conn.on_healthy.append(self._healthy)
+
+    def _healthy(self) -> None:
+        self._dropped_logged = False  # the next outage's drops are logged again
+
+    # -- the data path: sync, memory only ------------------------------------
+
+    def count(self, host: str, **deltas: int) -> None:
+        """Add signed `deltas` (names from FIELDS) to this node's, `host`'s and the cluster's stats.
+
+        This is the only way counters change, `objects` and `bytes_stored`
+        included (`objects=-1, bytes_stored=-size` on eviction): the
+        `object_*` calls below maintain locations only.
+        """
+        for name, value in deltas.items():
+            if name not in FIELDS:
+                raise ValueError(f"unknown stats field {name!r}; known fields: {', '.join(FIELDS)}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"stats field {name!r} takes an int delta, got {value!r}")
+        if not self.conn.enabled:
+            return
+        pending = self._counters.setdefault(host.lower(), {})
+        for name, value in deltas.items():
+            if value:
+                pending[name] = pending.get(name, 0) + value
+
+    def object_stored(self, key: str, *, url: str, host: str, size: int) -> None:
+        """This node now holds `key` (fetched from `url` of `host`, `size` bytes)."""
+        if self.conn.enabled and self.node_id:
+            self._ops.append(("stored", key, url, host.lower(), int(size), self._clock()))
+            self._trim()
+
+    def object_removed(self, key: str, *, host: str, size: int) -> None:
+        """This node no longer holds `key`. `host` and `size` mirror object_stored;
+        counters are not touched (see count())."""
+        if self.conn.enabled and self.node_id:
+            self._ops.append(("removed", key))
+            self._trim()
+
+    def object_accessed(self, key: str) -> None:
+        """`key` was just read; updates its last access if some node holds it."""
+        if self.conn.enabled and self.node_id:
+            self._accesses.pop(key, None)
+            self._accesses[key] = self._clock()
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._ops) + len(self._accesses) > self._max_buffered:
+            if self._accesses:
+                del self._accesses[next(iter(self._accesses))]
+            else:
+                self._ops.popleft()
+            self.dropped += 1
+            if not self._dropped_logged:
+                self._dropped_logged = True
+                log.warning("index_updates_dropped", max_buffered=self._max_buffered,
+                            reason=self.conn.reason)
+
+    @property
+    def buffered(self) -> int:
+        """Pending object updates plus origin hosts with pending counters."""
+        return len(self._ops) + len(self._accesses) + sum(1 for c in self._counters.values() if c)
+
+    # -- flushing ---------------------------------------------------------------
+
+    async def flush(self) -> bool:
+        """Send everything buffered in one MULTI/EXEC; True if Redis took it.
+
+        On failure the batch goes back into the buffer and the index is
+        marked degraded; this never raises for a Redis problem.
+        """
+        if not self.conn.enabled:
+            return True
+        async with self._flush_lock:
+            counters, ops, accesses = self._counters, list(self._ops), self._accesses
+            self._counters, self._ops, self._accesses = {}, deque(), {}
+            try:
+                removed = await self._send(counters, ops, accesses)
+            except REDIS_ERRORS as e:
+                self._restore(counters, ops, accesses)
+                self.conn.trouble("flush", e)
+                return False
+            except asyncio.CancelledError:
+                self._restore(counters, ops, accesses)  # close() sends them in its last flush
+                raise
+            self.conn.ok("flush")
+            self.conn.ok("refresh")  # Redis answers again; the next re-read would only confirm it
+            await self._forget_unheld(removed)
+            return True
+
+    async def _send(self, counters: dict[str, dict[str, int]], ops: list[tuple],
+                    accesses: dict[str, float]) -> list[str]:
+        node = self.node_id
+        pipe = self.conn.client.pipeline(transaction=True)
+        removed: list[str] = []
+        for op in ops:
+            if op[0] == "stored":
+                _, key, url, host, size, at = op
+                pipe.sadd(key_locations(key), node)
+                pipe.hset(key_object(key), mapping={"url": url, "host": host, "size": size, "stored_at": f"{at:.3f}"})
+                pipe.zadd(KEY_OBJECTS, {key: at}, gt=True)
+            else:
+                pipe.srem(key_locations(op[1]), node)
+                removed.append(op[1])
+        for key, at in accesses.items():
+            # XX: an access never resurrects an object that no node holds any more.
+            pipe.zadd(KEY_OBJECTS, {key: at}, xx=True, gt=True)
+        totals: dict[str, int] = {}
+        for host, fields in counters.items():
+            for name, value in fields.items():
+                pipe.hincrby(key_host_stats(host), name, value)
+                totals[name] = totals.get(name, 0) + value
+        for name, value in totals.items():
+            if node:
+                pipe.hincrby(key_node_stats(node), name, value)
+            pipe.hincrby(KEY_CLUSTER_STATS, name, value)
+        if node:
+            # Written on every flush, so an operator sees when a node last reported.
+            pipe.hset(key_node_stats(node), "updated_at", f"{self._clock():.3f}")
+        if len(pipe):
+            await pipe.execute()
+        return removed
+
+    async def _forget_unheld(self, removed: list[str]) -> None:
+        """Delete the metadata of objects that no node holds any more.
+
+        WATCH makes it safe against a node storing the key at the same moment:
+        its SADD aborts our EXEC and the metadata stays.
+        """
+        for key in dict.fromkeys(removed):
+            try:
+                async with self.conn.client.pipeline(transaction=True) as pipe:
+                    await pipe.watch(key_locations(key))
+                    if await pipe.exists(key_locations(key)):
+                        continue
+                    pipe.multi()
+                    pipe.delete(key_object(key))
+                    pipe.zrem(KEY_OBJECTS, key)
+                    await pipe.execute()
+            except WatchError:
+                continue
+            except REDIS_ERRORS as e:
+                # Harmless leftover: locations() reads the (empty) set, not this hash.
+                log.info("object_metadata_left", key=key, error=str(e))
+                return
+
+    def _restore(self, counters: dict[str, dict[str, int]], ops: list[tuple], accesses: dict[str, float]) -> None:
+        for host, fields in counters.items():
+            pending = self._counters.setdefault(host, {})
+            for name, value in fields.items():
+                pending[name] = pending.get(name, 0) + value
+        self._ops.extendleft(reversed(ops))
+        merged = dict(accesses)
+        for key, at in self._accesses.items():
+            merged.pop(key, None)
+            merged[key] = at
+        self._accesses = merged
+        self._trim()
+
+    async def flush_loop(self) -> None:
+        delay = self._flush_interval
+        while not self.conn.closing:
+            await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+            if await self.flush():
+                delay = self._flush_interval
+            else:
+                delay = min(min(delay, self._backoff_max) * 2, self._backoff_max)
+
+    # -- a node's last word --------------------------------------------------
+
+    async def record_drain(self, result: Mapping[str, Any]) -> None:
+        """This node's hand-off result, for the controller's Events (`nezha:drain:<id>`); best effort."""
+        if not self.conn.enabled or self.node_id is None:
+            return
+        fields = {k: (v if isinstance(v, (int, float, str)) else json.dumps(v)) for k, v in result.items()}
+        pipe = self.conn.client.pipeline(transaction=True)
+        pipe.delete(key_drain(self.node_id))
+        pipe.hset(key_drain(self.node_id), mapping=fields)
+        pipe.expire(key_drain(self.node_id), DRAIN_TTL)
+        try:
+            await asyncio.wait_for(pipe.execute(), timeout=2.0)
+        except REDIS_ERRORS as e:
+            log.warning("drain_not_recorded", error=f"{type(e).__name__}: {e}")
