@@ -327,9 +327,9 @@ class CacheSettings(_Base):
     # never entering Python (cachenode/splice.py); off, through aiohttp's
     # reader and pwrite. A switch for measuring one against the other.
     splice_fills: bool = True
-    # HOST:PORT answering TLS (port 443 behind the chart's Service): for now a
-    # connection naming an origin (SNI) is relayed untouched to the real host
-    # (cachenode/tls_relay.py); unset: no TLS port.
+    # HOST:PORT answering TLS (port 443 behind the chart's Service): a
+    # connection naming an origin (SNI) is terminated with the CA below, or
+    # relayed untouched to the real host without one; unset: no TLS port.
     tls_listen: str | None = None
     # The Nezha CA (`nezha ca init`): with both, the TLS port terminates
     # configured origins' connections with a leaf it mints per name
