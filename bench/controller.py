@@ -2,7 +2,7 @@
 
     python bench/controller.py [--quick] [--changes 100] [--events 10000]
 
-Runs the Kubernetes API double (tests/kubeapi, in this process), a real
+Runs the Kubernetes API double (testkit/kubeapi, in this process), a real
 redis-server, and `nezha controller` as its own process (so its RSS is its
 own), pointed at the double with a kubeconfig. Needs `pip install -e
 '.[test]'` and `redis-server` on PATH (Debian package redis-server).
@@ -43,10 +43,10 @@ import redis.asyncio as aredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import RedisServer  # noqa: E402
-from tests.kubeapi.fixtures import kubeconfig  # noqa: E402
-from tests.kubeapi.resources import BY_PATH  # noqa: E402
-from tests.kubeapi.server import KubeAPI  # noqa: E402
+from testkit.kubeapi.kubeconfig import kubeconfig  # noqa: E402
+from testkit.kubeapi.resources import BY_PATH  # noqa: E402
+from testkit.kubeapi.server import KubeAPI  # noqa: E402
+from testkit.redis_server import RedisServer  # noqa: E402
 
 NS = "nezha"
 STS = "nezha-cache"

@@ -264,7 +264,7 @@ async def test_last_membership_is_kept_while_redis_is_away(make_index, server):
 
 
 async def test_start_never_raises_when_redis_is_unreachable():
-    from tests.conftest import free_port
+    from testkit.ports import free_port
 
     index = Index(redis_url=f"redis://127.0.0.1:{free_port()}/0", node_id="n", flush_interval=0.05)
     await index.start()
