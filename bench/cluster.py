@@ -34,11 +34,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cachenode.demo import _free_run  # noqa: E402
 from cachenode.keys import cache_key, parse_target  # noqa: E402
 from cachenode.local_cluster import LocalCluster  # noqa: E402
 from nezha.config import Origin  # noqa: E402
 from nezha.localorigin import LocalOrigin  # noqa: E402
+from testkit.ports import free_run  # noqa: E402
 
 HOST = "datasets.bench"
 
@@ -104,7 +104,7 @@ async def main(quick: bool) -> None:
     try:
         origin_url = await origin.start()
         cluster = LocalCluster(nodes=3, origins=[Origin(host=HOST, upstream=origin_url)], data_dir=work / "cache",
-                               base_port=_free_run(3), replicas=2)
+                               base_port=free_run(3), replicas=2)
         await cluster.start()
         urls = {n.id: n.url for n in cluster.nodes.values()}
         ring = cluster.index.membership.ring()

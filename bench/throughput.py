@@ -83,6 +83,7 @@ if str(REPO) not in sys.path:
 import aiohttp  # noqa: E402
 
 from nezha.localorigin import LocalOrigin  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
 
 HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream
 SLOW_HOST = "slow.nezha.test"  # the same folder, throttled per connection
@@ -223,12 +224,6 @@ def source_version() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "not a git checkout"
     return f"commit {head}" + (" + uncommitted changes in cachenode/ or nezha/" if dirty else "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- memory ----------------------------------------------------------------------

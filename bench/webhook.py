@@ -34,7 +34,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -49,6 +48,10 @@ import psutil
 import trustme
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after bench/: testkit, never the webhook package
+
+from testkit.ports import free_port  # noqa: E402
+
 RULES = """\
 - name: dataset
   app: app.kubernetes.io/deploy-manager
@@ -104,12 +107,6 @@ def review(kind: str, obj: dict) -> tuple[str, bytes]:
         "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:ml:trainer"},
         "object": obj, "oldObject": None, "dryRun": False}}
     return uid, json.dumps(body).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_ready(url: str, ctx: ssl.SSLContext, proc: subprocess.Popen, timeout: float = 20) -> None:
