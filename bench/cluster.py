@@ -35,9 +35,9 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cachenode.keys import cache_key, parse_target  # noqa: E402
-from cachenode.local_cluster import LocalCluster  # noqa: E402
 from nezha.config import Origin  # noqa: E402
-from nezha.localorigin import LocalOrigin  # noqa: E402
+from nezha.dev.local_cluster import LocalCluster  # noqa: E402
+from nezha.dev.origin import LocalOrigin  # noqa: E402
 from testkit.ports import free_run  # noqa: E402
 
 HOST = "datasets.bench"

@@ -82,7 +82,7 @@ if str(REPO) not in sys.path:
 
 import aiohttp  # noqa: E402
 
-from nezha.localorigin import LocalOrigin  # noqa: E402
+from nezha.dev.origin import LocalOrigin  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 
 HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream

@@ -50,7 +50,7 @@ import yaml  # noqa: E402
 
 from bench.throughput import (CURL, NGINX, BenchError, Children, ensure_tool, nginx_version,  # noqa: E402
                               source_version, write_random)
-from nezha.localorigin import LocalOrigin  # noqa: E402
+from nezha.dev.origin import LocalOrigin  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 from nezha.pki import Pair, make_serving  # noqa: E402
 

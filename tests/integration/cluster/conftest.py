@@ -6,8 +6,8 @@ import time
 import aiohttp
 import pytest
 
-from cachenode.local_cluster import LocalCluster
 from nezha.config import Origin
+from nezha.dev.local_cluster import LocalCluster
 from testkit.ports import free_run
 
 HOST = "www.cs.toronto.edu"

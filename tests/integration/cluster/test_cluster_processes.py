@@ -162,7 +162,7 @@ async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cl
 
 async def test_a_drain_with_failed_copies_leaves_the_node_serving_and_in_the_ring(origin, start_cluster,
                                                                                  redis_server):
-    from cachenode.local_cluster import DrainFailed
+    from nezha.dev.local_cluster import DrainFailed
 
     cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "keep", 30, nodes=3)
     async with aiohttp.ClientSession() as s:
