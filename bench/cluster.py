@@ -34,17 +34,18 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cachenode.demo import _free_run  # noqa: E402
+from bench.harness import CURL, BenchError, ensure_tool, settled  # noqa: E402
 from nezha.keys import cache_key, parse_target  # noqa: E402
-from cachenode.local_cluster import LocalCluster  # noqa: E402
 from nezha.config import Origin  # noqa: E402
-from nezha.localorigin import LocalOrigin  # noqa: E402
+from nezha.dev.local_cluster import LocalCluster  # noqa: E402
+from nezha.dev.origin import LocalOrigin  # noqa: E402
+from testkit.ports import free_run  # noqa: E402
 
 HOST = "datasets.bench"
 
 
 def _curl(url: str, path: str) -> float:
-    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-H", f"Host: {HOST}", "-w", "%{speed_download} %{http_code}",
+    out = subprocess.run([CURL, "-s", "-o", "/dev/null", "-H", f"Host: {HOST}", "-w", "%{speed_download} %{http_code}",
                           url + path], capture_output=True, text=True, check=True).stdout.split()
     if out[1] != "200":
         raise RuntimeError(f"{url}{path} answered {out[1]}")
@@ -59,15 +60,6 @@ async def curl_mbps(url: str, path: str) -> float:
 async def readyz(session: aiohttp.ClientSession, url: str) -> dict:
     async with session.get(url + "/readyz") as r:
         return await r.json()
-
-
-async def settle(urls: list[str]) -> None:
-    async with aiohttp.ClientSession() as s:
-        while True:
-            states = [await readyz(s, u) for u in urls]
-            if all(st["fills_in_flight"] == 0 for st in states):
-                return
-            await asyncio.sleep(0.05)
 
 
 async def propagation_ms(cluster: LocalCluster, rounds: int) -> list[float]:
@@ -104,7 +96,7 @@ async def main(quick: bool) -> None:
     try:
         origin_url = await origin.start()
         cluster = LocalCluster(nodes=3, origins=[Origin(host=HOST, upstream=origin_url)], data_dir=work / "cache",
-                               base_port=_free_run(3), replicas=2)
+                               base_port=free_run(3), replicas=2)
         await cluster.start()
         urls = {n.id: n.url for n in cluster.nodes.values()}
         ring = cluster.index.membership.ring()
@@ -116,7 +108,7 @@ async def main(quick: bool) -> None:
         own = owners("/large.bin")
         outsider = next(n for n in urls if n not in own)
         await curl_mbps(urls[own[0]], "/large.bin")
-        await settle(list(urls.values()))
+        await settled(*urls.values())
         runs = 3 if quick else 5
         direct = statistics.median([await curl_mbps(urls[own[0]], "/large.bin") for _ in range(runs)])
         relayed = statistics.median([await curl_mbps(urls[outsider], "/large.bin") for _ in range(runs)])
@@ -129,7 +121,7 @@ async def main(quick: bool) -> None:
             for p in paths:
                 async with s.get(entry[0] + p, headers={"Host": HOST}) as r:
                     await r.read()
-        await settle(list(urls.values()))
+        await settled(*urls.values())
         await asyncio.sleep(0.5)
         before = origin.gets
         failed_reads = 0
@@ -169,6 +161,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller object and fewer rounds (under 2 minutes)")
     a = parser.parse_args()
+    try:
+        ensure_tool(CURL, "curl")
+    except BenchError as e:
+        sys.exit(f"bench/cluster.py: {e}")
     from nezha.logs import configure
 
     configure(level="warning", stream=sys.stderr)

@@ -2,7 +2,7 @@
 
     python bench/controller.py [--quick] [--changes 100] [--events 10000]
 
-Runs the Kubernetes API double (tests/kubeapi, in this process), a real
+Runs the Kubernetes API double (testkit/kubeapi, in this process), a real
 redis-server, and `nezha controller` as its own process (so its RSS is its
 own), pointed at the double with a kubeconfig. Needs `pip install -e
 '.[test]'` and `redis-server` on PATH (Debian package redis-server).
@@ -38,15 +38,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import redis.asyncio as aredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import RedisServer  # noqa: E402
-from tests.kubeapi.fixtures import kubeconfig  # noqa: E402
-from tests.kubeapi.resources import BY_PATH  # noqa: E402
-from tests.kubeapi.server import KubeAPI  # noqa: E402
+from bench.harness import Sampler  # noqa: E402
+from testkit.kubeapi.kubeconfig import kubeconfig  # noqa: E402
+from testkit.kubeapi.resources import BY_PATH  # noqa: E402
+from testkit.kubeapi.server import KubeAPI  # noqa: E402
+from testkit.redis_server import RedisServer  # noqa: E402
 
 NS = "nezha"
 STS = "nezha-cache"
@@ -141,19 +141,7 @@ async def run(args: argparse.Namespace) -> str:
          "--redis-url", redis.url, "--identity", "bench", "--peer-address", "pod-ip", "--log-level", "warning",
          "--kubeconfig", str(kubeconfig(work / "kubeconfig", api.url))],
         stdout=subprocess.DEVNULL, stderr=open(work / "controller.log", "wb"))
-    ps = psutil.Process(proc.pid)
-    peak = 0
-
-    async def sample() -> None:
-        nonlocal peak
-        while True:
-            try:
-                peak = max(peak, ps.memory_info().rss)
-            except psutil.Error:
-                return
-            await asyncio.sleep(0.05)
-
-    sampler = asyncio.get_running_loop().create_task(sample())
+    memory = Sampler(proc.pid, tree=False).start()  # peak RSS every 50 ms, on a thread, until the finally below
     try:
         await epochs.wait_for(1, timeout=20)
         print(f"controller up; ring epoch 1 with {PODS} pods", flush=True)
@@ -195,7 +183,7 @@ async def run(args: argparse.Namespace) -> str:
         print(f"{args.events} no-op pod events then one readiness change: ring written after "
               f"{(got - started) * 1000:.0f} ms: {rate:,.0f} events/s", flush=True)
     finally:
-        sampler.cancel()
+        memory.stop()
         proc.terminate()
         try:
             proc.wait(10)
@@ -206,7 +194,7 @@ async def run(args: argparse.Namespace) -> str:
         await api.stop()
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
-    rss = peak / 2**20
+    rss = memory.peak / 2**20
     print(f"controller peak RSS {rss:.1f} MiB")
     print(f"  reaction_p99_ms {p99:8.1f}  target < 200   {'met' if p99 < 200 else 'NOT met'}")
     print(f"  events_per_s    {rate:8.0f}  target >= 2000 {'met' if rate >= 2000 else 'NOT met'}")

@@ -29,33 +29,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
-import os
-import socket
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.throughput import (CURL, NGINX, BenchError, Children, ensure_tool, free_port,  # noqa: E402
-                              nginx_version, source_version, write_random)
-from nezha.localorigin import LocalOrigin  # noqa: E402
+from bench.harness import (CURL, NGINX, BenchError, Children, MiB, Nginx, Node, ensure_tool,  # noqa: E402
+                           nginx_version, settled, source_version, write_random)
+from nezha.dev.origin import LocalOrigin  # noqa: E402
 from nezha.pki import Pair, make_serving  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
 
 NAME = "bench.nezha.test"
 RELAY_NAME = "relay.nezha.test"  # an origin marked tls: passthrough, whose real host is the nginx below
-MiB = 1 << 20
 
 NGINX_TLS_CONF = """\
 # Written by bench/tls.py: the same file over HTTPS, a static certificate for the same name.
@@ -134,68 +129,28 @@ class Run:
         return total / self.seconds
 
 
-async def start_node(children: Children, work: Path, origin_url: str,
-                     nginx_port: int) -> tuple[int, int, asyncio.subprocess.Process]:
-    port, tls_port = free_port(), free_port()
+async def start_node(children: Children, work: Path, origin_url: str, nginx_port: int) -> tuple[Node, int]:
+    """The node with a TLS port and the Nezha CA; RELAY_NAME is passed through to nginx untouched."""
+    tls_port = free_port()
     config = work / "node.yaml"
     config.write_text(yaml.safe_dump({"origins": [
         {"host": NAME, "upstream": origin_url, "tls_upstream": origin_url},
         {"host": RELAY_NAME, "upstream": origin_url, "tls": "passthrough",
          "tls_upstream": f"https://127.0.0.1:{nginx_port}"}]}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    log = open(work / "node.log", "wb")
-    proc = await children.spawn(
-        sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--tls-listen",
-        f"127.0.0.1:{tls_port}", "--ca-cert", str(work / "ca" / "ca.crt"), "--ca-key", str(work / "ca" / "ca.key"),
-        "--data-dir", str(work / "node"), "--config", str(config), "--log-level", "warning",
-        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    deadline = time.monotonic() + 30
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                raise BenchError(f"cache node exited {proc.returncode}: {(work / 'node.log').read_text()[-1000:]}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with s.get(f"http://127.0.0.1:{port}/readyz") as r:
-                    if r.status == 200:
-                        return port, tls_port, proc
-            await asyncio.sleep(0.1)
-    raise BenchError("cache node not ready within 30 s")
-
-
-async def settled(port: int, timeout: float = 120) -> None:
-    """Until the node's fills have committed, so the next reads are hits."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            async with s.get(f"http://127.0.0.1:{port}/readyz") as r:
-                if (await r.json()).get("fills_in_flight") == 0:
-                    return
-            await asyncio.sleep(0.05)
-    raise BenchError(f"cache node still filling after {timeout:g} s")
+    node = Node(children, work)
+    await node.start(args=["--tls-listen", f"127.0.0.1:{tls_port}", "--ca-cert", str(work / "ca" / "ca.crt"),
+                           "--ca-key", str(work / "ca" / "ca.key"), "--config", str(config)])
+    return node, tls_port
 
 
 async def start_nginx(children: Children, work: Path, root: Path, ca: Pair) -> int:
-    prefix = work / "nginx"
-    prefix.mkdir()
+    nginx = Nginx(children, work)
     leaf = make_serving(ca, names=[NAME, RELAY_NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
-    (prefix / "cert.pem").write_bytes(leaf.cert_pem)
-    (prefix / "key.pem").write_bytes(leaf.key_pem)
-    port = free_port()
-    conf = prefix / "nginx.conf"
-    conf.write_text(NGINX_TLS_CONF % {"user": "user root root;" if os.geteuid() == 0 else "", "prefix": prefix,
-                                      "port": port, "name": NAME, "cert": prefix / "cert.pem",
-                                      "key": prefix / "key.pem", "root": root})
-    proc = await children.spawn(NGINX, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log"),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if proc.returncode is not None:
-            raise BenchError(f"nginx exited {proc.returncode}: {(prefix / 'error.log').read_text()[-1000:]}")
-        with contextlib.suppress(OSError):
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return port
-        await asyncio.sleep(0.1)
-    raise BenchError("nginx not listening within 15 s")
+    (nginx.prefix / "cert.pem").write_bytes(leaf.cert_pem)
+    (nginx.prefix / "key.pem").write_bytes(leaf.key_pem)
+    await nginx.start(NGINX_TLS_CONF, name=NAME, cert=nginx.prefix / "cert.pem", key=nginx.prefix / "key.pem",
+                      root=root)
+    return nginx.port
 
 
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
@@ -213,7 +168,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     origin_url = await origin.start()
     try:
         nginx_port = await start_nginx(children, work, root, ca)
-        port, tls_port, _ = await start_node(children, work, origin_url, nginx_port)
+        node, tls_port = await start_node(children, work, origin_url, nginx_port)
+        port = node.port
         http_url = f"http://127.0.0.1:{port}/large.bin"
         https_url = f"https://{NAME}:{tls_port}/large.bin"
         nginx_url = f"https://{NAME}:{nginx_port}/large.bin"
@@ -221,7 +177,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         await run_.curl_mbps(http_url, tls=False, port=port)
         await run_.curl_mbps(https_url, tls=True, port=tls_port)
         await run_.curl_mbps(nginx_url, tls=True, port=nginx_port)
-        await settled(port)
+        await settled(node.url)
         warmed = origin.gets  # (a cold fill of a large object is many range requests)
         relay_url = f"https://{RELAY_NAME}:{tls_port}/large.bin"
         direct_url = f"https://{RELAY_NAME}:{nginx_port}/large.bin"

@@ -34,7 +34,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -45,10 +44,15 @@ import uuid
 from pathlib import Path
 
 import aiohttp
-import psutil
 import trustme
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # after bench/: testkit, never the webhook package
+
+from bench.harness import Sampler  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+from testkit.waits import NotAnswering, until_http  # noqa: E402
+
 RULES = """\
 - name: dataset
   app: app.kubernetes.io/deploy-manager
@@ -104,27 +108,6 @@ def review(kind: str, obj: dict) -> tuple[str, bytes]:
         "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:ml:trainer"},
         "object": obj, "oldObject": None, "dryRun": False}}
     return uid, json.dumps(body).encode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_ready(url: str, ctx: ssl.SSLContext, proc: subprocess.Popen, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
-        while True:
-            try:
-                async with s.get(f"{url}/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"webhook did not become ready (exit code {proc.poll()})")
-            await asyncio.sleep(0.1)
 
 
 async def run_load(url: str, ctx: ssl.SSLContext, *, rate: float, seconds: float, clients: int,
@@ -223,13 +206,17 @@ async def main() -> int:
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
-            await wait_ready(url, ctx, proc)
-            server = psutil.Process(proc.pid)
-            cpu0, t0 = sum(server.cpu_times()[:2]), time.monotonic()
+            try:
+                await until_http(f"{url}/healthz", timeout=20, proc=proc, log=d / "webhook.log",
+                                 what="nezha webhook", ssl=ctx, interval=0.1)
+            except NotAnswering as e:
+                raise SystemExit(f"webhook did not become ready: {e}") from None
+            server = Sampler(proc.pid, tree=False)  # read before and after the load, not sampled during it
+            cpu0, t0 = server.tree_cpu(), time.monotonic()
             latencies, errors, sent = await run_load(url, ctx, rate=args.rate, seconds=seconds,
                                                      clients=args.clients, warmup=1.0)
-            cpu = (sum(server.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
-            rss = server.memory_info().rss / 2**20
+            cpu = (server.tree_cpu() - cpu0) / (time.monotonic() - t0)
+            rss = server.tree_rss() / 2**20
         finally:
             signal.signal(signal.SIGTERM, previous)
             if proc.poll() is None:

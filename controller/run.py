@@ -24,11 +24,8 @@ import structlog
 from kubernetes_asyncio import client
 
 from nezha.index.handle import Index
-
 from nezha.index.connection import IndexUnavailable
-
 from nezha.index.membership import Deposed
-
 from nezha.index.schema import hit_ratio
 from controller import status as status_annotation
 from controller.annotations import DEFAULT, Problem, Spec, read_spec

@@ -18,6 +18,7 @@ from nezha.errors import ConfigError, RunError
 # module -> the subcommands it registers
 COMMAND_MODULES = (
     "cachenode.cli",
+    "nezha.dev.cli",
     "nezha.cluster_cli",
     "webhook.cli",
     "controller.cli",

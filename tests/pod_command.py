@@ -15,7 +15,7 @@ import shlex
 import signal
 from pathlib import Path
 
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 
 
 def cover_for_hosts(request) -> Path:

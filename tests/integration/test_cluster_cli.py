@@ -10,7 +10,7 @@ import structlog
 
 from nezha.index.handle import Index
 from nezha.cli import main
-from tests.conftest import free_port
+from testkit.ports import free_port
 
 HOST = "www.cs.toronto.edu"
 CIFAR = 169_001_437

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,12 @@ import pytest
 import redis.asyncio as aredis
 from structlog.testing import capture_logs
 
-from nezha.index.handle import Index
-
 from nezha.index.embedded import embedded_index
-
+from nezha.index.handle import Index
 from nezha.ring import Membership
-from tests.conftest import RedisServer, free_port, require_tool
+from testkit.redis_server import RedisSentinel, RedisServer, TLSFiles
+from testkit.tools import require_tool
+from testkit.waits import answers
 
 HOST = "www.cs.toronto.edu"
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,15 +147,6 @@ asyncio.run(main())
 """
 
 
-def _listening(url: str) -> bool:
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("installed", [True, False], ids=["redis-server", "no-redis-server"])
 async def test_embedded_index_is_shared_by_node_processes_with_or_without_redis_server(
         installed, tmp_path, monkeypatch, indexes):
@@ -183,7 +173,7 @@ async def test_embedded_index_is_shared_by_node_processes_with_or_without_redis_
             "epoch": epoch, "nodes": {"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"}}
     finally:
         await stop()
-    assert not _listening(url)
+    assert not answers("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0]))
 
 
 @pytest.fixture
@@ -198,21 +188,13 @@ def tls_redis(tmp_path):
     ca.cert_pem.write_to_path(paths["ca"])
     cert.cert_chain_pems[0].write_to_path(paths["cert"])
     cert.private_key_pem.write_to_path(paths["key"])
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path), "--tls-cert-file", str(paths["cert"]), "--tls-key-file", str(paths["key"]),
-         "--tls-ca-cert-file", str(paths["ca"]), "--tls-auth-clients", "no", "--requirepass", "tls-pw"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not _listening(f"redis://127.0.0.1:{port}/0"):
-        assert proc.poll() is None and time.monotonic() < deadline, "TLS redis-server did not start"
-        time.sleep(0.02)
+    server = RedisServer(exe, tmp_path, password="tls-pw",
+                         tls=TLSFiles(cert=paths["cert"], key=paths["key"], ca=paths["ca"]))
+    server.start()
     try:
-        yield port, paths["ca"]
+        yield server.port, paths["ca"]
     finally:
-        proc.kill()
-        proc.wait()
+        server.stop(kill=True)
 
 
 async def test_rediss_url_with_password_speaks_tls_to_redis(tls_redis, indexes):
@@ -232,13 +214,9 @@ async def test_a_sentinel_url_finds_the_master_and_the_ring_lands_there(tmp_path
     """redis+sentinel://: the chart's `redis.external.url` for an existing Sentinel-managed Redis."""
     master = RedisServer(require_tool("redis-server"), tmp_path, password="m4ster-pw")
     master.start()
-    sentinel_port = free_port()
-    conf = tmp_path / "sentinel.conf"  # Sentinel rewrites its config file: it must be its own, writable
-    conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {tmp_path}\n"
-                    f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
-                    f"sentinel auth-pass mymaster m4ster-pw\n")
-    sentinel = subprocess.Popen([require_tool("redis-server"), str(conf), "--sentinel"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sentinel = RedisSentinel(require_tool("redis-server"), tmp_path, master=master, name="mymaster")
+    sentinel_port = sentinel.port
+    sentinel.start()
     try:
         ask = aredis.Redis(host="127.0.0.1", port=sentinel_port, decode_responses=True)
 
@@ -262,6 +240,5 @@ async def test_a_sentinel_url_finds_the_master_and_the_ring_lands_there(tmp_path
         assert (await index.get_membership()).nodes == {"nezha-cache-0": "127.0.0.1:8080"}
         assert "m4ster-pw" not in json.dumps(index.status())
     finally:
-        sentinel.kill()
-        sentinel.wait()
+        sentinel.stop(kill=True)
         master.stop(kill=True)

@@ -1,1 +1,1 @@
-from tests.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401
+from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kubeapi.apply import Conflict, apply, record_write
+from testkit.kubeapi.apply import Conflict, apply, record_write
 
 
 def sts(replicas=3, image="nezha:1", labels=None):

@@ -16,7 +16,8 @@ from cachenode.app import Listener, build_node
 from nezha.keys import cache_key, parse_target
 from nezha.ring import Membership
 from nezha.config import CacheSettings, Origin
-from tests.conftest import free_port
+from testkit.ports import free_port
+from testkit.waits import until_http
 
 HOST = "www.cs.toronto.edu"
 
@@ -319,17 +320,8 @@ class NodeProcess:
                 stdout=out, stderr=err, preexec_fn=limit)
 
     async def ready(self, session: aiohttp.ClientSession) -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.err.read_text()
-            try:
-                async with session.get(f"http://127.0.0.1:{self.port}/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError("node did not come up")
+        await until_http(f"http://127.0.0.1:{self.port}/healthz", timeout=15, proc=self.proc, log=self.err,
+                         what="nezha cache", session=session)
 
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]

@@ -21,7 +21,8 @@ import trustme
 from aiohttp import web
 
 from cachenode.tls_port import Relay, TlsPort, passthrough_target
-from tests.conftest import IN_CI, free_port
+from testkit.ports import free_port
+from testkit.tools import unavailable
 from tests.integration.cachenode.conftest import until
 from tests.pod_command import cover_for_hosts, run_pod_command
 
@@ -195,9 +196,7 @@ async def alias_relay(relay, request):
     try:
         return await relay(ALIAS_IP, 443)
     except PermissionError as e:
-        if IN_CI:
-            pytest.fail(f"cannot listen on {ALIAS_IP}:443: {e}", pytrace=False)
-        pytest.skip(f"cannot listen on {ALIAS_IP}:443 (not root): {e}")
+        unavailable(f"cannot listen on {ALIAS_IP}:443 (not root): {e}")
 
 
 def pod(command: list[str]) -> dict:

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 
 CHART = Path(__file__).resolve().parents[3] / "helm" / "nezha"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 from tests.integration.chart.render import (CHART, CI_VALUES, RenderError, find, helm, pod_specs, render,
                                             render_text)
 
@@ -53,8 +53,8 @@ def test_every_manifest_is_valid_against_the_kubernetes_1_35_schemas_strictly(va
 @pytest.mark.parametrize("values", VALUE_SETS)
 async def test_kubectl_apply_dry_run_client_accepts_the_rendered_output(values, tmp_path):
     """The real kubectl maps every kind through discovery (served by the API double) and accepts each object."""
-    from tests.kubeapi.fixtures import kubeconfig
-    from tests.kubeapi.server import KubeAPI
+    from testkit.kubeapi.kubeconfig import kubeconfig
+    from testkit.kubeapi.server import KubeAPI
 
     kubectl = require_tool("kubectl")
     manifest = tmp_path / "nezha.yaml"

@@ -2,7 +2,7 @@
 
 Both ways Helm writes: server-side apply (Helm 4's default) and the
 three-way merge patches of Helm 3 (`--server-side=false`). The double
-keeps field ownership as kube-apiserver does (tests/kubeapi/apply.py), so
+keeps field ownership as kube-apiserver does (testkit/kubeapi/apply.py), so
 a chart that rendered its own `cache.replicas` over a live scale would
 conflict (server-side apply) or reset it (three-way merge): the chart
 renders the live value instead, and shares the field with whoever scaled.
@@ -17,9 +17,9 @@ import subprocess
 import pytest
 from kubernetes_asyncio import client
 
-from tests.conftest import require_tool
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.tools import require_tool
 from tests.integration.chart.render import CHART
-from tests.kubeapi.fixtures import kubeconfig
 
 pytestmark = pytest.mark.timeout(180)
 

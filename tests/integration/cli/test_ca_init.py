@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cryptography import x509
 
+from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
 from tests.integration.cli.test_bad_input import nezha, one_line
-from tests.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
 
 
 def test_the_ca_is_created_once_with_a_private_key_and_kept_on_later_runs(tmp_path):
@@ -93,7 +93,7 @@ async def _nezha_async(*args: str) -> tuple[int, str, str]:
 
 
 async def test_the_cluster_form_runs_against_a_kubeconfig(kube, kube_api, ns, tmp_path):
-    from tests.kubeapi.fixtures import kubeconfig
+    from testkit.kubeapi.kubeconfig import kubeconfig
 
     config = str(kubeconfig(tmp_path / "kubeconfig", kube_api.url))
     code, out, err = await _nezha_async("ca", "init", "--namespace", ns, "--kubeconfig", config)

@@ -8,21 +8,15 @@ import sys
 
 import aiohttp
 
-from tests.conftest import free_port
+from testkit.ports import free_run
 from tests.support_origin import TestOrigin
-
-
-def _free_run(n: int) -> int:
-    from cachenode.demo import _free_run as run
-
-    return run(n)
 
 
 async def test_up_starts_nodes_prints_them_and_stops_on_sigterm(aiohttp_server, tmp_path):
     origin = TestOrigin()
     origin.put("/f.bin", b"f" * 50_000)
     server = await aiohttp_server(origin.app(), host="127.0.0.1")
-    base = _free_run(2)
+    base = free_run(2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(base),
          "--data-dir", str(tmp_path), "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
@@ -86,7 +80,7 @@ async def _started(proc: subprocess.Popen, nodes: int = 2) -> list[list[str]]:
 def test_up_on_taken_ports_fails_with_the_nodes_own_error_line(tmp_path):
     import socket
 
-    base = _free_run(2)
+    base = free_run(2)
     with socket.socket() as s:  # node-0's port is taken; something else answers there
         s.bind(("127.0.0.1", base))
         s.listen()
@@ -104,7 +98,7 @@ async def test_up_says_when_a_node_dies_and_takes_it_out_of_its_ring(aiohttp_ser
     from nezha.index.handle import Index
 
     server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
-    proc = _up(tmp_path, _free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url)
+    proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url)
     index = Index(redis_url=redis_server.url, node_id=None)
     try:
         nodes = await _started(proc)
@@ -134,7 +128,7 @@ async def test_up_refuses_to_replace_a_ring_it_did_not_write_unless_forced_and_c
     index = Index(redis_url=redis_server.url, node_id=None)
     try:
         await index.set_membership({"nezha-cache-0": "10.0.0.5:8080"})
-        run = subprocess.run([sys.executable, "-m", "nezha", "up", "--nodes", "1", "--base-port", str(_free_run(1)),
+        run = subprocess.run([sys.executable, "-m", "nezha", "up", "--nodes", "1", "--base-port", str(free_run(1)),
                               "--data-dir", str(tmp_path / "a"), "--redis-url", redis_server.url,
                               "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
                              capture_output=True, text=True, timeout=60)
@@ -142,7 +136,7 @@ async def test_up_refuses_to_replace_a_ring_it_did_not_write_unless_forced_and_c
         assert "already holds a ring (epoch 1: nezha-cache-0); pass --force to replace it" in run.stderr
         assert (await index.get_membership()).nodes == {"nezha-cache-0": "10.0.0.5:8080"}  # untouched
 
-        proc = _up(tmp_path, _free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url,
+        proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}", "--redis-url", redis_server.url,
                    "--force", "--keep-ring")
         try:
             nodes = await _started(proc)

@@ -6,9 +6,9 @@ import time
 import aiohttp
 import pytest
 
-from cachenode.local_cluster import LocalCluster
 from nezha.config import Origin
-from tests.conftest import free_port
+from nezha.dev.local_cluster import LocalCluster
+from testkit.ports import free_run
 
 HOST = "www.cs.toronto.edu"
 
@@ -20,9 +20,7 @@ async def start_cluster(origin, tmp_path):
 
     async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None,
                     upstream: str | None = None, leave_settle: float = 0.0) -> LocalCluster:
-        base = free_port()
-        while any(_busy(base + i) for i in range(nodes)):
-            base = free_port()
+        base = free_run(nodes)
         cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=upstream or origin.url)],
                                data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
                                replicas=replicas, redis_url=redis_url, log_level="info",
@@ -35,17 +33,6 @@ async def start_cluster(origin, tmp_path):
     yield start
     for c in started:
         await c.stop()
-
-
-def _busy(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 async def node_status(session: aiohttp.ClientSession, url: str) -> dict:

@@ -145,7 +145,7 @@ async def test_stats_in_redis_show_hits_misses_and_peer_hits(origin, start_clust
 
 
 async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cluster, redis_server):
-    from tests.conftest import free_port
+    from testkit.ports import free_port
 
     cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "grow", 40, nodes=2)
     async with aiohttp.ClientSession() as s:
@@ -162,7 +162,7 @@ async def test_added_node_receives_its_keys_before_it_owns_them(origin, start_cl
 
 async def test_a_drain_with_failed_copies_leaves_the_node_serving_and_in_the_ring(origin, start_cluster,
                                                                                  redis_server):
-    from cachenode.local_cluster import DrainFailed
+    from nezha.dev.local_cluster import DrainFailed
 
     cluster, paths, url = await cached_cluster(origin, start_cluster, redis_server, "keep", 30, nodes=3)
     async with aiohttp.ClientSession() as s:
@@ -219,7 +219,8 @@ async def test_sole_owner_killed_mid_body_costs_the_download_nothing(start_clust
 
 async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin, redis_server, tmp_path):
     """Alone a node owns every key once; in a cluster each key has a replica by default."""
-    from tests.conftest import free_port
+    from testkit.ports import free_port
+    from testkit.waits import until_http
 
     async def replicas(*flags: str) -> int:
         port = free_port()
@@ -229,13 +230,9 @@ async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "NEZHA_CLUSTER_TOKEN": "test-cluster-token"})
         try:
-            async with aiohttp.ClientSession() as s:
-                for _ in range(200):
-                    try:
-                        return (await node_status(s, f"http://127.0.0.1:{port}"))["replicas"]
-                    except aiohttp.ClientError:
-                        await asyncio.sleep(0.05)
-            raise AssertionError(f"node on {port} did not answer /readyz")
+            _, body = await until_http(f"http://127.0.0.1:{port}/readyz", timeout=10, proc=proc,
+                                       what="nezha cache", status=None)
+            return json.loads(body)["replicas"]
         finally:
             proc.terminate()
             proc.wait(10)

@@ -15,7 +15,7 @@ import time
 
 import aiohttp
 
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.cluster.conftest import HOST, fetch
 
 

@@ -10,11 +10,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from nezha.index.handle import Index
-
 from nezha.index.connection import IndexUnavailable
 from controller.run import Controller
 from nezha.config import ControllerSettings
-from tests.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
+from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
 
 STS = "nezha-cache"
 LABELS = {"app.kubernetes.io/name": "nezha-cache"}

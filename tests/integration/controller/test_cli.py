@@ -11,9 +11,9 @@ import sys
 import aiohttp
 import pytest
 
-from tests.conftest import free_port
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.ports import free_port
 from tests.integration.controller.conftest import STS, dns, ring_becomes
-from tests.kubeapi.fixtures import kubeconfig
 
 
 def nezha(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import free_port
+from testkit.ports import free_port
+from testkit.waits import until_http
 from tests.integration.controller.conftest import STS, events_about, pod, ring_becomes
 
 HOST = "www.cs.toronto.edu"
@@ -33,21 +34,6 @@ def start_node(i: int, *, port: int, redis_url: str, origin_url: str, data: Path
          "--node-id", f"{STS}-{i}", "--data-dir", str(data / f"node-{i}"), "--redis-url", redis_url,
          "--replicas", "1", "--origin", f"{HOST}={origin_url}", "--log-level", "info"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
-
-
-async def healthy(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"{url} exited with {proc.returncode}"
-            try:
-                async with s.get(url + "/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} not healthy within {timeout} s")
 
 
 async def kubelet_stops(cluster, ns: str, i: int, proc: subprocess.Popen) -> float:
@@ -83,7 +69,8 @@ async def cache_pods(cluster, run_controller, index, ns, origin, redis_server, t
                  for i in range(n)]
         started.extend(procs)
         urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(n)]
-        await asyncio.gather(*(healthy(u, p) for u, p in zip(urls, procs)))
+        await asyncio.gather(*(until_http(u + "/healthz", timeout=20, proc=p, what="nezha cache")
+                               for u, p in zip(urls, procs)))
         await cluster.create(n)
         for i in range(n):
             cache_pod = pod(i)

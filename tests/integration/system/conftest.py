@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import IN_CI, require_tool
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.kubeapi.server import KubeAPI
+from testkit.tools import require_tool, unavailable
 from tests.integration.chart.render import CHART
 from tests.integration.system.minicluster import MiniCluster
-from tests.kubeapi.fixtures import kubeconfig
-from tests.kubeapi.server import KubeAPI
 from tests.pod_command import cover_for_hosts
 from tests.support_origin import TestOrigin
 
@@ -25,10 +25,8 @@ NS = "nezha"
 
 def need_root() -> None:
     if os.geteuid() != 0:
-        msg = "the whole-system test needs root: Services listen on ports 80 and 443 and pods get mount namespaces"
-        if IN_CI:
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+        unavailable("the whole-system test needs root: Services listen on ports 80 and 443 and pods get mount "
+                    "namespaces")
 
 
 class System:

@@ -10,7 +10,7 @@ import pytest
 import trustme
 
 from nezha.config import WebhookSettings
-from tests.conftest import free_port
+from testkit.ports import free_port
 from webhook.server import build_webhook, start
 
 RULES = """\
@@ -76,4 +76,4 @@ async def client(tls: TLSFiles):
         yield session
 
 
-from tests.kubeapi.fixtures import kube, kube_api, kube_target  # noqa: E402,F401  (fixtures)
+from testkit.kubeapi.fixtures import kube, kube_api, kube_target  # noqa: E402,F401  (fixtures)

@@ -14,7 +14,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.webhook.registration import configuration, namespace, register
 from tests.integration.webhook.reviews import job, pod
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from nezha.config import WebhookSettings
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.webhook.reviews import patched, pod, review
 from webhook.patch import MAX_CONTAINERS
 from webhook.server import build_webhook, start

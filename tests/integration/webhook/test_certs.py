@@ -15,11 +15,11 @@ from kubernetes_asyncio import client
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError
-from tests.conftest import free_port
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.ports import free_port
 from tests.integration.webhook.conftest import RULES
 from tests.integration.webhook.registration import configuration, namespace
 from tests.integration.webhook.reviews import pod
-from tests.kubeapi.fixtures import kubeconfig
 from webhook.certs import Pair, ensure_certs
 from webhook.server import build_webhook, start
 

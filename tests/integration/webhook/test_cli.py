@@ -12,10 +12,11 @@ import time
 import aiohttp
 from kubernetes_asyncio import client
 
-from tests.conftest import free_port
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.ports import free_port
+from testkit.waits import until_http
 from tests.integration.webhook.registration import namespace
 from tests.integration.webhook.reviews import patched, pod, review
-from tests.kubeapi.fixtures import kubeconfig
 
 
 async def test_nezha_webhook_serves_reviews_from_files(tls, rules_file):
@@ -25,16 +26,9 @@ async def test_nezha_webhook_serves_reviews_from_files(tls, rules_file):
                              "--cache-ip", "10.96.0.10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls.client_context())) as c:
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    async with c.get(f"https://127.0.0.1:{port}/healthz") as r:
-                        assert r.status == 200
-                        break
-                except aiohttp.ClientConnectorError:
-                    assert proc.poll() is None, proc.stderr.read().decode()
-                    assert time.monotonic() < deadline, "webhook did not listen within 15 s"
-                    await asyncio.sleep(0.1)
+            status, _ = await until_http(f"https://127.0.0.1:{port}/healthz", timeout=15, proc=proc,
+                                         what="nezha webhook", status=None, session=c, interval=0.1)
+            assert status == 200
             obj = pod()
             async with c.post(f"https://127.0.0.1:{port}/mutate", json=review(obj)) as r:
                 assert patched(obj, await r.json())["spec"]["hostAliases"][0]["ip"] == "10.106.122.174"
@@ -95,15 +89,9 @@ class Running:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
 
     async def healthz(self, session):
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                async with session.get(f"{self.url}/healthz") as r:
-                    return await r.json()
-            except aiohttp.ClientConnectorError:
-                assert self.proc.poll() is None, self.log.read_text()
-                assert time.monotonic() < deadline, "webhook did not listen within 15 s"
-                await asyncio.sleep(0.1)
+        _, body = await until_http(f"{self.url}/healthz", timeout=15, proc=self.proc, log=self.log,
+                                   what="nezha webhook", status=None, session=session, interval=0.1)
+        return json.loads(body)
 
     async def until(self, check, what, timeout=15.0):
         deadline = time.monotonic() + timeout

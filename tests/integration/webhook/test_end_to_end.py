@@ -18,8 +18,10 @@ from pathlib import Path
 import aiohttp
 from kubernetes_asyncio import client
 
-from tests.conftest import free_port, require_tool
-from tests.kubeapi.fixtures import kubeconfig
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.ports import free_port
+from testkit.tools import require_tool
+from testkit.waits import until_port
 from tests.integration.webhook.registration import namespace, register
 from tests.integration.webhook.reviews import job
 from tests.pod_command import cover_for_hosts, run_pod_command
@@ -51,19 +53,6 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
-
-
-async def listening(host: str, port: int, proc: asyncio.subprocess.Process, log: Path, timeout=20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            _, w = await asyncio.open_connection(host, port)
-            w.close()
-            return
-        except OSError:
-            assert proc.returncode is None, f"process exited: {log.read_text()[-2000:]}"
-            assert asyncio.get_running_loop().time() < deadline, f"{host}:{port} not listening: {log.read_text()}"
-            await asyncio.sleep(0.05)
 
 
 async def spawn_webhook(port: int, *, tls, rules: Path, api_url: str, folder: Path,
@@ -119,8 +108,8 @@ async def test_two_labelled_job_pods_download_through_the_cache_with_one_origin_
         await core.create_namespaced_service("nezha", {"metadata": {"name": "nezha-cache"}, "spec": {
             "clusterIP": "127.0.0.2", "ports": [{"port": 80}], "selector": {"app": "nezha-cache"}}})
         await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
-        await listening("127.0.0.2", 80, cache, cache_log)
-        await listening("127.0.0.1", hook_port, hook, hook_log)
+        await until_port("127.0.0.2", 80, timeout=20, proc=cache, log=cache_log, what="nezha cache")
+        await until_port("127.0.0.1", hook_port, timeout=20, proc=hook, log=hook_log, what="nezha webhook")
         await knows_cache_ip(hook_port, tls, "127.0.0.2", hook_log)
 
         batch = client.BatchV1Api(kube)

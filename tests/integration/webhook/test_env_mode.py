@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nezha.config import WebhookSettings
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.webhook.reviews import patched, pod, review
 from webhook.patch import DEFAULT_NO_PROXY
 from webhook.server import build_webhook, start

@@ -12,7 +12,7 @@ from cryptography import x509
 from structlog.testing import capture_logs
 
 from nezha.config import WebhookSettings
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.webhook.conftest import RULES
 from tests.integration.webhook.reviews import patched, pod, review
 from webhook.server import build_webhook, start

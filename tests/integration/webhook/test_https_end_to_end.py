@@ -31,9 +31,11 @@ from kubernetes_asyncio import client
 
 from controller.trust import TrustPublisher
 from nezha.ca_cli import init_in_cluster
-from tests.conftest import free_port, require_tool
+from testkit.ports import free_port
+from testkit.tools import require_tool
+from testkit.waits import until_port
 from tests.integration.webhook.registration import namespace, register
-from tests.integration.webhook.test_end_to_end import knows_cache_ip, listening, spawn, spawn_webhook, stop
+from tests.integration.webhook.test_end_to_end import knows_cache_ip, spawn, spawn_webhook, stop
 from tests.pod_command import container_env, cover_for_hosts, mount_point, run_pod_command
 
 HOST = "storage.googleapis.com"
@@ -142,8 +144,8 @@ async def test_unmodified_https_clients_in_labelled_pods_download_through_the_ca
             "clusterIP": "127.0.0.2", "ports": [{"port": 80}, {"name": "https", "port": 443}],
             "selector": {"app": "nezha-cache"}}})
         await register(kube, ca_pem=tls.ca.cert_pem.bytes(), url=f"https://127.0.0.1:{hook_port}/mutate")
-        await listening("127.0.0.2", 443, cache, cache_log)
-        await listening("127.0.0.1", hook_port, hook, hook_log)
+        await until_port("127.0.0.2", 443, timeout=20, proc=cache, log=cache_log, what="nezha cache")
+        await until_port("127.0.0.1", hook_port, timeout=20, proc=hook, log=hook_log, what="nezha webhook")
         await knows_cache_ip(hook_port, tls, "127.0.0.2", hook_log)
 
         batch = client.BatchV1Api(kube)

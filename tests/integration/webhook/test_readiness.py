@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import free_port
+from testkit.ports import free_port
 from nezha.config import WebhookSettings
 from webhook.server import build_webhook, start
 

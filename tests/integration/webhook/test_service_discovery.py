@@ -9,7 +9,7 @@ from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
 from nezha.config import WebhookSettings
-from tests.conftest import free_port
+from testkit.ports import free_port
 from tests.integration.webhook.registration import namespace, register
 from tests.integration.webhook.reviews import pod
 from webhook.discovery import ServiceWatcher

@@ -12,11 +12,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from nezha.index.handle import Index
-
 from nezha.index.connection import redact_url
-
 from nezha.index.membership import check_membership
-
 from nezha.ring import Membership
 from nezha.errors import ConfigError
 
@@ -270,7 +267,7 @@ async def test_last_membership_is_kept_while_redis_is_away(make_index, server):
 
 
 async def test_start_never_raises_when_redis_is_unreachable():
-    from tests.conftest import free_port
+    from testkit.ports import free_port
 
     index = Index(redis_url=f"redis://127.0.0.1:{free_port()}/0", node_id="n", flush_interval=0.05)
     await index.start()

@@ -8,9 +8,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.kubeapi.admission import rule_matches
-from tests.kubeapi.resources import BY_PATH, matches, selector_terms
-from tests.kubeapi.server import validate_webhook_configuration
+from testkit.kubeapi.admission import rule_matches
+from testkit.kubeapi.resources import BY_PATH, matches, selector_terms
+from testkit.kubeapi.server import validate_webhook_configuration
 
 MANIFEST = Path(__file__).resolve().parents[3] / "webhook" / "manifests" / "mutatingwebhookconfiguration.yaml"
 CONFIGURATION = yaml.safe_load(MANIFEST.read_text())

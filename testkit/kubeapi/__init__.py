@@ -5,8 +5,10 @@
     client = api.client()      # kubernetes_asyncio ApiClient pointed at it
 
 See `server.py` for what it implements and where it is simpler than kube-apiserver.
+It lives in testkit, not tests/, because bench/controller.py drives the
+controller against it too; its own tests are in tests/kubeapi/.
 """
 
-from tests.kubeapi.server import KubeAPI
+from testkit.kubeapi.server import KubeAPI
 
 __all__ = ["KubeAPI"]

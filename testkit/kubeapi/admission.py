@@ -24,10 +24,10 @@ import aiohttp
 import jsonpatch
 from yarl import URL
 
-from tests.kubeapi.resources import BadSelector, Resource, matches, selector_terms
+from testkit.kubeapi.resources import BadSelector, Resource, matches, selector_terms
 
 if TYPE_CHECKING:
-    from tests.kubeapi.server import KubeAPI
+    from testkit.kubeapi.server import KubeAPI
 
 
 class Refused(Exception):

@@ -45,10 +45,10 @@ import jsonpatch
 import yaml
 from aiohttp import web
 
-from tests.kubeapi.admission import Call, Refused, admit
-from tests.kubeapi import protobuf
-from tests.kubeapi.apply import Conflict, Owners, apply, conflict_message, record_write
-from tests.kubeapi.resources import (BY_PATH, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
+from testkit.kubeapi.admission import Call, Refused, admit
+from testkit.kubeapi import protobuf
+from testkit.kubeapi.apply import Conflict, Owners, apply, conflict_message, record_write
+from testkit.kubeapi.resources import (BY_PATH, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
                                      merge_patch, parse_label_selector)
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
@@ -697,7 +697,7 @@ class KubeAPI:
 
     async def _apply(self, request: web.Request, res: Resource, namespace: str | None, name: str,
                      sub: str | None) -> web.Response:
-        """Server-side apply (tests/kubeapi/apply.py): create when missing, else merge with field ownership."""
+        """Server-side apply (testkit/kubeapi/apply.py): create when missing, else merge with field ownership."""
         manager = request.query.get("fieldManager")
         if not manager:
             raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "

@@ -31,7 +31,6 @@ from pathlib import Path
 import aiohttp
 
 from nezha.index.handle import Index
-
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError

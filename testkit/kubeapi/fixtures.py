@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kubeapi.server import KubeAPI
+from testkit.kubeapi.server import KubeAPI
 
 REAL_CLUSTER = os.environ.get("NEZHA_TEST_KUBECONFIG")
 
@@ -68,14 +68,3 @@ async def ns(kube):
         yield name
     finally:
         await core.delete_namespace(name)
-
-
-def kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: double, cluster: {{server: "{server}"}}}}]
-users: [{{name: tester, user: {{token: not-checked}}}}]
-contexts: [{{name: double, context: {{cluster: double, user: tester}}}}]
-current-context: double
-""")
-    return path

@@ -26,9 +26,9 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from cachenode.local_cluster import LocalCluster
 from nezha.config import Origin
-from nezha.localorigin import LocalOrigin
+from nezha.dev.local_cluster import LocalCluster
+from nezha.dev.origin import LocalOrigin
 from nezha.logs import configure
 
 HOST = "www.cs.toronto.edu"
