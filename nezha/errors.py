@@ -1,14 +1,55 @@
-"""The exception tree shared by every Nezha component.
+"""The exception tree of every Nezha component, drawn in one place.
 
-    NezhaError
-    ├── ConfigError        settings that cannot work together; named fields (exit 2)
-    ├── RunError           a run-time failure a user can act on, such as a port in use (exit 1)
-    ├── OriginError        the origin could not be reached or answered badly
-    │   └── OriginTimeout  the origin did not answer in time
-    ├── FillAborted        a fill stopped before the object was complete
-    ├── StoreError         the disk store failed at a named step
-    ├── AnnotationError    an invalid nezha.io/* annotation (controller)
-    └── ReviewError        a malformed AdmissionReview (webhook)
+Errors raised on purpose derive from NezhaError; a few signals that code
+catches next to the standard library's own (a socket that failed, a bad
+value) derive from those instead. Each line: the class, where it is
+defined, what it means. tests/unit/nezha/test_errors_tree.py checks that
+the drawing is the tree the code defines.
+
+    Exception  builtins
+    ├── NezhaError  nezha.errors: base of every error Nezha raises on purpose
+    │   ├── ConfigError  nezha.errors: settings that cannot work together; named fields (exit 2)
+    │   │   └── RuleError  webhook.patch: a webhook rule that cannot work
+    │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
+    │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
+    │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
+    │   │       └── PeerSilent  cachenode.peers: a peer took the connection, then stopped answering
+    │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
+    │   │   └── LeaderGone  cachenode.proxy: the request leading a flight ended before the origin answered
+    │   ├── StoreError  nezha.errors: the disk store failed at a named step
+    │   ├── NotStored  cachenode.store: a fill's bytes reached its clients whole but were not stored
+    │   │   ├── TooLarge  cachenode.store: larger than the store's capacity
+    │   │   ├── PartialDropped  cachenode.fill: an on-demand fill nobody asked more of
+    │   │   ├── Superseded  cachenode.fill: a write to the URL succeeded while it filled
+    │   │   ├── Unprovable  cachenode.fill: a body that ended at a close, with nothing proving it whole
+    │   │   └── StoreUnwritable  cachenode.fill: the disk refused the body (ENOSPC, EIO, ...)
+    │   ├── RangesAbandoned  cachenode.fill: a parallel range fetch gave up; the fill goes on as one stream
+    │   ├── BadTarget  nezha.keys: a request line or Host that names no object (400)
+    │   │   └── BadHost  nezha.keys: a host no origin can have, an IP literal (403)
+    │   ├── IndexUnavailable  nezha.index.connection: Redis did not answer a call that needed it
+    │   ├── Deposed  nezha.index.membership: a ring write by a controller that no longer leads
+    │   ├── AnnotationError  nezha.errors: an invalid nezha.io/* annotation (controller)
+    │   │   └── AnnotationError  controller.annotations: the same, naming the annotation and its value
+    │   ├── ReviewError  nezha.errors: a malformed AdmissionReview (webhook)
+    │   ├── PatchError  webhook.patch: an object whose shape is no pod spec the webhook understands
+    │   │   └── TooManyContainers  webhook.patch: env mode declines a pod with too many containers
+    │   ├── DrainFailed  nezha.dev.local_cluster: a node's objects did not all reach their new owners
+    │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
+    │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write
+    ├── BrokenStream  cachenode.serve: a body could not be completed; the connection was closed
+    ├── ClientGone  cachenode.serve: the client closed its connection mid-body
+    └── NotAllowed  cachenode.leaves: a certificate asked for a name that is no origin
+
+    ConnectionError  builtins
+    ├── ClientGone  cachenode.splice: the client's socket stopped taking bytes
+    └── SendCut  cachenode.serve: the client's socket failed during a sendfile
+
+    OSError  builtins
+    └── FileWriteFailed  cachenode.splice: the file side of a pump failed, at a known offset
+
+    ValueError  builtins
+    ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
+    └── NotClientHello  cachenode.tls_hello: bytes on port 443 that are no TLS ClientHello
 
 Messages say what failed, for which key or object, and the value seen.
 """
