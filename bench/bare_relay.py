@@ -6,7 +6,7 @@ bench/throughput.py measures the cache's cold fill against a direct download
 writes the object into a file and sends it on from there, so the machine
 moves every byte twice. This relay does exactly that and nothing else: for
 each GET, one thread moves the origin's body socket -> pipe -> file by
-blocking splice(2), as the cache node's fills do (cachenode/splice.py), and
+blocking splice(2), as the cache node's fills do (cachenode/kernel/splice.py), and
 the main thread sends the growing file to the client by sendfile(2), as the
 node's readers do. No HTTP framework, no event loop, no store, no commit;
 one request at a time. What it reaches is the ceiling for any cache that

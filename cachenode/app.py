@@ -13,15 +13,15 @@ import structlog
 from aiohttp import web
 from yarl import URL
 
-from cachenode.client_conn import ClientConnection
-from cachenode.connections import Gate, default_max_connections, listen_backlog, raise_open_files_limit
-from cachenode.fastpath import FastPath
-from cachenode.leaves import Leaves, load_ca
+from cachenode.front.client_conn import ClientConnection
+from cachenode.front.connections import Gate, default_max_connections, listen_backlog, raise_open_files_limit
+from cachenode.front.fastpath import FastPath
+from cachenode.tls.certificates import Leaves, load_ca
 from cachenode.metrics import Metrics
-from cachenode.origin import OriginClient
-from cachenode.proxy import NODE, CacheNode, access_log, refuse_methods
-from cachenode.store import Store
-from cachenode.tls_port import Relay, Terminate, TlsPort, passthrough_target
+from cachenode.fill.origin import OriginClient
+from cachenode.node import NODE, CacheNode, access_log, refuse_methods
+from cachenode.store.disk import Store
+from cachenode.tls.port import Relay, Terminate, TlsPort, passthrough_target
 from nezha.config import HOST_PLACEHOLDER, CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.pki import Pair
@@ -84,13 +84,13 @@ def build_app(node: CacheNode) -> web.Application:
 
 class Listener:
     """A node's listening socket: every connection enters through the fast
-    path (cachenode/fastpath.py), which admits it through the connection
+    path (cachenode/front/fastpath.py), which admits it through the connection
     `Gate` and answers plain hits, and is handed to aiohttp for the rest.
 
     Connections still on the fast path are closed after `idle_timeout` without
     a byte from the client, as aiohttp closes its idle keep-alive ones after
     the same time, so idle connections cannot pile up; a request head gets
-    `request_head_timeout` to arrive (cachenode/connections.py).
+    `request_head_timeout` to arrive (cachenode/front/connections.py).
     """
 
     def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0,  # aiohttp's default

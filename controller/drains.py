@@ -1,7 +1,7 @@
 """Events for the hand-offs of nodes a scale-down removes.
 
 The node does the work: out of the ring when SIGTERM comes, it hands its
-objects off before it exits (cachenode/proxy.py `leave`) and records how
+objects off before it exits (cachenode/node.py `leave`) and records how
 that ended in Redis (`nezha:drain:<node-id>`, nezha/index/stats_writer.py), since
 nobody can ask it once it has exited. The controller tells the operator:
 a Normal Event `DrainStarted` when the pod leaves the ring because replicas

@@ -94,15 +94,15 @@ class Origin(BaseModel):
     # The operator's lifetime for this origin's responses that carry none of
     # their own (RFC 9111 §4.2.2 heuristic freshness), whether or not they
     # have Last-Modified. Unset: those with Last-Modified get an hour
-    # (cachenode/freshness.py HEURISTIC_TTL), those without are revalidated.
+    # (cachenode/http/freshness.py HEURISTIC_TTL), those without are revalidated.
     default_ttl: float | None = None
     volatile_params: tuple[str, ...] = ()
-    # Parallel range fills of this origin's large objects (cachenode/ranged.py);
+    # Parallel range fills of this origin's large objects (cachenode/fill/parallel.py);
     # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None
     parallel_fill_threshold: int | None = None
     fill_on_range: bool | None = None
-    # TLS clients of this host (port 443, cachenode/tls_port.py). With a CA
+    # TLS clients of this host (port 443, cachenode/tls/port.py). With a CA
     # on the node the handshake is made there and their requests are cached
     # under https:// keys; `passthrough` relays their connections untouched
     # to the real host instead (as every origin is relayed on a node without
@@ -286,7 +286,7 @@ class CacheSettings(_Base):
     # Send stored objects with sendfile(2); off falls back to read+write
     # (for filesystems or transports without sendfile, and to test both paths).
     sendfile: bool = True
-    # Answer plain GET/HEAD hits below aiohttp (cachenode/fastpath.py).
+    # Answer plain GET/HEAD hits below aiohttp (cachenode/front/fastpath.py).
     fast_hits: bool = True
     # Cluster membership; all optional so a node runs alone.
     redis_url: str | None = None
@@ -298,7 +298,7 @@ class CacheSettings(_Base):
     replicas: int | None = None
     # Connect timeout to peers; a peer silent this long (no headers, or a
     # body that stopped) is probed at /healthz, within this time too, and
-    # given up if the probe fails. The rules are in cachenode/peers.py.
+    # given up if the probe fails. The rules are in cachenode/front/relay.py.
     peer_timeout: float = 1.0
     # On SIGTERM, a node the ring no longer has (a scale-down) hands its
     # objects to their owners before it exits, for at most this long: set it
@@ -314,17 +314,17 @@ class CacheSettings(_Base):
     ring_refresh_interval: float = 5.0
     # A cold fill of an object at least `parallel_fill_threshold` bytes, from
     # an origin that offers byte ranges and a strong validator, fetches
-    # `fill_streams` ranges at once (cachenode/ranged.py); 1 turns it off.
+    # `fill_streams` ranges at once (cachenode/fill/parallel.py); 1 turns it off.
     # Per origin in its `origins` entry.
     fill_streams: int = 8
     parallel_fill_threshold: int = 64 * 1024 * 1024
     # A client's Range into a cold large object fetches the slices around it
     # first; on, the rest of the object keeps filling behind it; off, only
     # the slices clients ask for are fetched, kept for later requests
-    # (cachenode/ranged.py). Per origin in its `origins` entry.
+    # (cachenode/fill/parallel.py). Per origin in its `origins` entry.
     fill_on_range: bool = True
     # Range bodies over plain TCP move socket -> pipe -> file by splice(2),
-    # never entering Python (cachenode/splice.py); off, through aiohttp's
+    # never entering Python (cachenode/kernel/splice.py); off, through aiohttp's
     # reader and pwrite. A switch for measuring one against the other.
     splice_fills: bool = True
     # HOST:PORT answering TLS (port 443 behind the chart's Service): a
@@ -333,7 +333,7 @@ class CacheSettings(_Base):
     tls_listen: str | None = None
     # The Nezha CA (`nezha ca init`): with both, the TLS port terminates
     # configured origins' connections with a leaf it mints per name
-    # (cachenode/leaves.py) and caches their https:// objects; without, it
+    # (cachenode/tls/certificates.py) and caches their https:// objects; without, it
     # relays them untouched. The key file is the cluster's most sensitive
     # secret: only cache pods mount it.
     ca_cert: Path | None = None
@@ -346,7 +346,7 @@ class CacheSettings(_Base):
     # package) where it measures faster (docs/benchmarks.md).
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
     # Open client connections at most; unset: derived from the descriptor
-    # limit (cachenode/connections.py). At the cap the stalest connection
+    # limit (cachenode/front/connections.py). At the cap the stalest connection
     # that is only waiting for a request is closed, else the new one is
     # answered 503 with Retry-After: accepting never stops.
     max_connections: int | None = None

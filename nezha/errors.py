@@ -13,17 +13,17 @@ the drawing is the tree the code defines.
     │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
     │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
-    │   │       └── PeerSilent  cachenode.peers: a peer took the connection, then stopped answering
+    │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
-    │   │   └── LeaderGone  cachenode.proxy: the request leading a flight ended before the origin answered
+    │   │   └── LeaderGone  cachenode.node: the request leading a flight ended before the origin answered
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
-    │   ├── NotStored  cachenode.store: a fill's bytes reached its clients whole but were not stored
-    │   │   ├── TooLarge  cachenode.store: larger than the store's capacity
-    │   │   ├── PartialDropped  cachenode.fill: an on-demand fill nobody asked more of
-    │   │   ├── Superseded  cachenode.fill: a write to the URL succeeded while it filled
-    │   │   ├── Unprovable  cachenode.fill: a body that ended at a close, with nothing proving it whole
-    │   │   └── StoreUnwritable  cachenode.fill: the disk refused the body (ENOSPC, EIO, ...)
-    │   ├── RangesAbandoned  cachenode.fill: a parallel range fetch gave up; the fill goes on as one stream
+    │   ├── NotStored  cachenode.store.disk: a fill's bytes reached its clients whole but were not stored
+    │   │   ├── TooLarge  cachenode.store.disk: larger than the store's capacity
+    │   │   ├── PartialDropped  cachenode.fill.flights: an on-demand fill nobody asked more of
+    │   │   ├── Superseded  cachenode.fill.flights: a write to the URL succeeded while it filled
+    │   │   ├── Unprovable  cachenode.fill.flights: a body that ended at a close, with nothing proving it whole
+    │   │   └── StoreUnwritable  cachenode.fill.flights: the disk refused the body (ENOSPC, EIO, ...)
+    │   ├── RangesAbandoned  cachenode.fill.flights: a parallel range fetch gave up; the fill goes on as one stream
     │   ├── BadTarget  nezha.keys: a request line or Host that names no object (400)
     │   │   └── BadHost  nezha.keys: a host no origin can have, an IP literal (403)
     │   ├── IndexUnavailable  nezha.index.connection: Redis did not answer a call that needed it
@@ -36,20 +36,20 @@ the drawing is the tree the code defines.
     │   ├── DrainFailed  nezha.dev.local_cluster: a node's objects did not all reach their new owners
     │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
     │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write
-    ├── BrokenStream  cachenode.serve: a body could not be completed; the connection was closed
-    ├── ClientGone  cachenode.serve: the client closed its connection mid-body
-    └── NotAllowed  cachenode.leaves: a certificate asked for a name that is no origin
+    ├── BrokenStream  cachenode.front.respond: a body could not be completed; the connection was closed
+    ├── ClientGone  cachenode.front.respond: the client closed its connection mid-body
+    └── NotAllowed  cachenode.tls.certificates: a certificate asked for a name that is no origin
 
     ConnectionError  builtins
-    ├── ClientGone  cachenode.splice: the client's socket stopped taking bytes
-    └── SendCut  cachenode.serve: the client's socket failed during a sendfile
+    ├── ClientGone  cachenode.kernel.splice: the client's socket stopped taking bytes
+    └── SendCut  cachenode.front.respond: the client's socket failed during a sendfile
 
     OSError  builtins
-    └── FileWriteFailed  cachenode.splice: the file side of a pump failed, at a known offset
+    └── FileWriteFailed  cachenode.kernel.splice: the file side of a pump failed, at a known offset
 
     ValueError  builtins
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
-    └── NotClientHello  cachenode.tls_hello: bytes on port 443 that are no TLS ClientHello
+    └── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
 
 Messages say what failed, for which key or object, and the value seen.
 """

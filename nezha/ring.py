@@ -134,6 +134,18 @@ class Ring:
 
 
 @dataclass(frozen=True)
+class Peer:
+    """A ring member and where its peers reach it."""
+
+    id: str
+    address: str  # host:port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+@dataclass(frozen=True)
 class Membership:
     """Ring membership: `nodes` is id -> "host:port", `weights` id -> weight
     (a node left out weighs 1). `epoch` counts membership writes (None: never

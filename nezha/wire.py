@@ -68,6 +68,11 @@ PEER_PREFIX = "peer-"
 PASSED_ON = frozenset({CacheOutcome.PASS, CacheOutcome.BYPASS})
 
 
+def origin_error_value(error: object) -> str:
+    """`error` as one short header-safe line for ORIGIN_ERROR_HEADER."""
+    return " ".join(str(error).split())[:200] or "origin failed"
+
+
 def relayed(value: str) -> str:
     """The value a relaying node reports for its owner's `value`."""
     return PEER_PREFIX + value

@@ -86,7 +86,7 @@ class LocalCluster:
         """`replicas` None means the cluster default: min(2, nodes).
 
         `leave_settle` is how long a node given SIGTERM while in the ring waits
-        for a ring without it (cachenode/proxy.py `leave`). 0 here: a local
+        for a ring without it (cachenode/node.py `leave`). 0 here: a local
         cluster changes its ring before it stops a node (`remove`), and never
         otherwise, so waiting would only slow every stop down.
         """

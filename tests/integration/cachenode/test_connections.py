@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from cachenode.connections import default_max_connections
+from cachenode.front.connections import default_max_connections
 from tests.integration.cachenode.conftest import HOST, exchange, header_line, read_response, until
 
 PATH = "/d/object.bin"

@@ -116,8 +116,8 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     import os
     import time
 
-    from cachenode.fill import Fill
-    from cachenode.store import Meta, Store
+    from cachenode.fill.flights import Fill
+    from cachenode.store.disk import Meta, Store
     from nezha.errors import StoreError
 
     key = "http://www.cs.toronto.edu" + PATH
@@ -162,7 +162,7 @@ async def test_exhausted_origin_pool_is_504_naming_the_origin_instead_of_waiting
     import functools
 
     import cachenode.app
-    from cachenode.origin import OriginClient
+    from cachenode.fill.origin import OriginClient
 
     monkeypatch.setattr(cachenode.app, "OriginClient", functools.partial(OriginClient, limit=1, pool_timeout=0.3))
     origin.put("/slow", b"s" * 300_000, rate=150_000)  # holds the only connection for 2 s
@@ -179,7 +179,7 @@ async def test_exhausted_origin_pool_is_504_naming_the_origin_instead_of_waiting
 
 
 def test_origin_client_refuses_pool_timeouts_that_cannot_work_naming_them():
-    from cachenode.origin import OriginClient
+    from cachenode.fill.origin import OriginClient
 
     with pytest.raises(ValueError, match=r"pool_timeout \(0\) must be positive"):
         OriginClient(connect_timeout=1, read_timeout=1, pool_timeout=0)

@@ -70,7 +70,7 @@ async def test_sequential_requests_for_a_no_cache_object_each_revalidate(origin,
 async def test_a_request_after_the_body_arrived_but_before_it_was_stored_is_no_joiner(origin, make_node, session,
                                                                                        monkeypatch):
     """The window between the last byte and the commit: the request waits for the commit, then is judged."""
-    from cachenode.store import Store
+    from cachenode.store.disk import Store
 
     origin.put(PATH, b"y" * 100_000, headers={"Cache-Control": "no-cache"})
     node = await make_node()

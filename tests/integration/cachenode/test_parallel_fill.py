@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from cachenode.ranged import SLICE
+from cachenode.fill.parallel import SLICE
 from nezha.config import Origin
 from tests.integration.cachenode.conftest import HOST, until
 
@@ -330,8 +330,8 @@ async def test_with_fill_on_range_off_a_range_fetches_only_its_slices_and_later_
 
 async def test_with_fill_on_range_off_slices_nobody_asks_more_of_are_dropped_and_fetched_anew(
         parallel_origin, make_node, monkeypatch):
-    from cachenode import ranged
-    monkeypatch.setattr(ranged, "PARK_IDLE", 0.5)
+    from cachenode.fill import parallel
+    monkeypatch.setattr(parallel, "PARK_IDLE", 0.5)
     body = pattern(96 * MiB)
     origin = await parallel_origin(body, rate=64 * MiB)
     node = await make_node(origins=[Origin(host=HOST, upstream=origin.url, fill_on_range=False)])
@@ -364,7 +364,7 @@ async def test_with_fill_on_range_on_the_rest_of_the_object_fills_behind_a_range
 
 async def test_streams_beyond_the_pump_threads_keep_aiohttps_reader_and_the_bytes_stay_exact(
         parallel_origin, make_node, monkeypatch):
-    from cachenode import splice
+    from cachenode.kernel import splice
     monkeypatch.setattr(splice, "MAX_PUMPS", 2)  # 8 streams: two spliced on threads, the rest through Python
     taken = []
     real = splice.SocketBody.__init__
@@ -419,7 +419,7 @@ async def test_an_abandon_while_spliced_ranges_hold_the_prefix_still_streams_exa
 
 async def test_a_fill_with_no_descriptor_left_for_a_pipe_reads_through_aiohttp(
         parallel_origin, make_node, monkeypatch):
-    from cachenode import splice
+    from cachenode.kernel import splice
 
     def no_pipe():
         raise OSError(24, "Too many open files")
@@ -437,7 +437,7 @@ async def test_a_fill_with_no_descriptor_left_for_a_pipe_reads_through_aiohttp(
 
 async def test_a_fill_that_crashes_outside_its_run_fails_its_clients_instead_of_leaving_them_waiting(
         parallel_origin, make_node, monkeypatch):
-    from cachenode import splice
+    from cachenode.kernel import splice
 
     def crash(response):
         raise RuntimeError("injected")

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from cachenode.cluster import Peer
+from nezha.ring import Peer
 from nezha.keys import parse_target
 from nezha.ring import Membership
 from tests.integration.cachenode.conftest import RangedOrigin, key_of, logged, owner_and_other, until

@@ -3,7 +3,7 @@
 import asyncio
 import socket
 
-from cachenode.splice import _take
+from cachenode.kernel.splice import _take
 
 
 async def test_a_taken_transport_stays_paused_when_a_stale_reader_resumes_it():

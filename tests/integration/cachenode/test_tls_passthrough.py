@@ -20,7 +20,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from cachenode.tls_port import Relay, TlsPort, passthrough_target
+from cachenode.tls.port import Relay, TlsPort, passthrough_target
 from testkit.ports import free_port
 from testkit.tools import unavailable
 from tests.integration.cachenode.conftest import until

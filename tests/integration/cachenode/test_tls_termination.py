@@ -277,8 +277,8 @@ async def test_a_leaf_renewed_while_a_download_runs_on_it_leaves_that_download_w
     """The port with real leaves and a clock: a connection keeps the leaf it began with, new ones get the new."""
     from aiohttp import web as aioweb
 
-    from cachenode.leaves import Leaves
-    from cachenode.tls_port import Terminate, TlsPort
+    from cachenode.tls.certificates import Leaves
+    from cachenode.tls.port import Terminate, TlsPort
     from nezha.pki import make_ca
 
     real_now = dt.datetime.now(dt.timezone.utc)

@@ -183,7 +183,7 @@ async def test_set_cookie_is_never_stored_and_its_response_never_shared(origin, 
 async def test_an_origin_whose_fields_exceed_the_stored_bound_is_passed_and_says_why(origin, make_node, session):
     from structlog.testing import capture_logs
 
-    from cachenode.headers import MAX_STORED_HEADER_BYTES
+    from cachenode.http.headers import MAX_STORED_HEADER_BYTES
 
     many = [(f"x-amz-meta-k{i}", "v" * 4000) for i in range(MAX_STORED_HEADER_BYTES // 4000 + 2)]
     origin.put(PATH, b"d" * 10, headers={"Cache-Control": "max-age=3600"}, fields=many)

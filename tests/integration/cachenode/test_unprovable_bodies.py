@@ -24,9 +24,9 @@ import pytest
 from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
-from cachenode.fill import Fill, Flights, StoreUnwritable, run_fill_in_background
-from cachenode.headers import delimited_by_close
-from cachenode.store import Meta, Store
+from cachenode.fill.flights import Fill, Flights, StoreUnwritable, run_fill_in_background
+from cachenode.http.headers import delimited_by_close
+from cachenode.store.disk import Meta, Store
 from nezha.config import Origin
 from nezha.errors import FillAborted
 from tests.integration.cachenode.conftest import HOST, RawOrigin, until

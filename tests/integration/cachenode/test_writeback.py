@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from cachenode import splice, writeback
-from cachenode.store import Store
+from cachenode.kernel import splice
+from cachenode.store import writeback
+from cachenode.store.disk import Store
 
 MiB = 1 << 20
 

@@ -1,0 +1,383 @@
+"""Copying objects between nodes: replicas after a fill, and hand-off on a ring change.
+
+Copies always come from a peer's disk (`Cache-Control: only-if-cached`),
+never from the origin: a replica that cannot be copied is simply missing,
+and the next miss fills it the usual way.
+
+Internal endpoints (reachable only with a Host that names no origin):
+
+    POST /_nezha/replicate  {"scheme"?, "host", "path", "source", "address"?, "headers"?}
+                            copy one object from `source`; `headers`, the request
+                            fields that select one variant of a response that varies
+                            answers at once and streams JSON lines: {"copying": bytes}
+                            every second while the copy runs, then {"result", "bytes"}
+    POST /_nezha/handoff    {"nodes": {id: addr}, "weights": {...}?}
+                            copy every object held here to its owners under that ring
+    GET  /_nezha/handoff    progress of the last hand-off
+
+A copy takes as long as the object takes to cross the network, which for a
+dataset can be minutes. The replicate call therefore proves it is alive with
+a line a second instead of answering at the end: the caller gives up after
+`REPLICATE_SILENCE` without a line, never because a copy is merely long.
+
+A drain is a hand-off to the ring without this node: the controller (and
+`LocalCluster.remove` for local clusters) runs it before removing a node,
+and publishes the new ring only when no copy failed.
+
+These endpoints make the node send requests to addresses named in the
+request, so they are not for anyone who can reach the port: they need the
+shared `cluster_token` in `X-Nezha-Token`, and with no token configured they
+answer only to loopback clients (a local `nezha up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.cluster.view import ClusterView
+from nezha.ring import Peer
+from nezha.config import parse_hostport
+from cachenode.fill.flights import Fill, Kind, Source
+from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
+from nezha.ring import Membership
+from cachenode.cluster.peer_auth import peer_auth, refuse_internal
+from nezha.wire import HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER
+from cachenode.store.disk import Meta
+from cachenode.http.vary import selecting_headers
+
+if TYPE_CHECKING:
+    from cachenode.node import CacheNode
+
+log = structlog.get_logger("nezha.handoff")
+
+
+@dataclass
+class Progress:
+    state: str = "idle"  # idle | running | done
+    epoch: int | None = None
+    total: int = 0
+    done: int = 0
+    bytes: int = 0  # bytes copied to other nodes so far, counted as they arrive
+    copied: int = 0
+    present: int = 0
+    skipped: int = 0  # stale objects, left for their new owners to revalidate
+    failed: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
+REPLICATE_SILENCE = 10.0  # a caller gives up on a replicate call silent this long
+
+
+class _Copy:
+    """How far one copy has got: the fill that writes it, once there is one."""
+
+    fill: Fill | None = None
+
+    @property
+    def bytes(self) -> int:
+        return self.fill.written if self.fill is not None else 0
+
+
+def _line(message: dict) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+class Handoff:
+    def __init__(self, *, node: "CacheNode", parallel: int = 4) -> None:
+        self.node = node
+        self.parallel = parallel
+        self.progress = Progress()
+        self._running: asyncio.Task | None = None
+
+    # -- HTTP ------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.raw_path.split("?", 1)[0]
+        why = refuse_internal(remote=request.remote, token=self.node.settings.cluster_token,
+                              presented=request.headers.get(TOKEN_HEADER))
+        if why is not None:
+            raise web.HTTPForbidden(text=f"{why}\n")
+        if path == REPLICATE_PATH and request.method == "POST":
+            return await self._replicate_endpoint(request)
+        if path == HANDOFF_PATH and request.method == "POST":
+            return await self._handoff_endpoint(request)
+        if path == HANDOFF_PATH and request.method == "GET":
+            return web.json_response(asdict(self.progress))
+        raise web.HTTPNotFound(text=f"no internal endpoint {request.method} {path}\n")
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError) as e:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {e}\n")
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="body must be a JSON object\n")
+        return body
+
+    async def _replicate_endpoint(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        host, path, source = body.get("host"), body.get("path"), body.get("source")
+        scheme = body.get("scheme", "http")  # absent from a node that predates https keys
+        if scheme not in ("http", "https"):
+            raise web.HTTPBadRequest(text=f"replicate scheme {scheme!r} is neither http nor https\n")
+        if not all(isinstance(v, str) for v in (host, path, source)):
+            raise web.HTTPBadRequest(text="replicate wants string fields host, path and source\n")
+        peer = self.node.cluster.peer(source)
+        address = body.get("address")
+        if peer is None and isinstance(address, str):
+            # A node the ring no longer has, handing off before it exits (a
+            # scale-down): it says where it is. The cluster token vouches for it.
+            try:
+                parse_hostport(address, field="address")
+            except ValueError as e:
+                raise web.HTTPBadRequest(text=f"{e}\n")
+            peer = Peer(source, address)
+        if peer is None:
+            raise web.HTTPBadRequest(text=f"source {source!r} is not a member of the ring and gave no address\n")
+        try:
+            target = parse_target(path, host, scheme=scheme)
+        except BadTarget as e:
+            raise web.HTTPBadRequest(text=f"bad target: {e}\n")
+        if target.host not in self.node.settings.origin_table:
+            raise web.HTTPForbidden(text=f"host {target.host!r} is not a configured origin\n")
+        selecting = body.get("headers") or {}
+        if not isinstance(selecting, dict) or len(selecting) > 32 or not all(
+                isinstance(k, str) and isinstance(v, str) and _FIELD_NAME.fullmatch(k) and "\n" not in v
+                and "\r" not in v for k, v in selecting.items()):
+            raise web.HTTPBadRequest(text="replicate headers must be an object of at most 32 request fields\n")
+        copy = _Copy()
+        # The copy runs on its own: a caller that hangs up does not stop it.
+        task = self.node.spawn(self.copy_from(peer, target, copy=copy, headers=selecting))
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=HEARTBEAT)
+                if not task.done():
+                    await resp.write(_line({"copying": copy.bytes}))
+            if task.cancelled():
+                result = f"failed: {self.node.node_id} is stopping"
+            elif task.exception() is not None:
+                result = f"failed: {type(task.exception()).__name__}: {task.exception()}"
+            else:
+                result = task.result()
+            await resp.write(_line({"result": result, "bytes": copy.bytes}))
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.info("replicate_caller_gone", source=source, path=target.path, bytes=copy.bytes)
+        return resp
+
+    async def _handoff_endpoint(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        nodes = body.get("nodes")
+        if not isinstance(nodes, dict) or not nodes or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in nodes.items()):
+            raise web.HTTPBadRequest(text="handoff wants nodes: a non-empty {id: host:port} object\n")
+        weights = body.get("weights") or {}
+        if self._running is not None and not self._running.done():
+            raise web.HTTPConflict(text=f"a hand-off is already running; GET {HANDOFF_PATH} for progress\n")
+        view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas)
+        view.update(Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
+        self._running = self.node.spawn(self.run(view))
+        return web.json_response(asdict(self.progress), status=202)
+
+    # -- work --------------------------------------------------------------------
+    async def copy_from(self, peer: Peer, target: Target, *, copy: _Copy | None = None,
+                        headers: dict[str, str] | None = None) -> str:
+        """Make this node hold `target`'s object, copied from `peer`'s disk;
+        for a response that varies, the variant `headers` select.
+
+        Returns "copied", "present" or "failed: <why>"; `copy` follows its bytes.
+        """
+        node = self.node
+        origin = node.settings.origin_table[target.host]
+        key = key_for(target, origin)
+        selecting = headers or {}
+        for _ in range(5):
+            meta = node.store.lookup(key, selecting)
+            if meta is not None and meta.fresh(time.time()):
+                return "present"
+            flight, leader = node.flights.lead_or_join(key)
+            if leader:
+                source = _peer_source(node, peer, target, selecting)
+                url = origin.upstream_for(target.scheme, target.host) + target.path_qs
+                outcome, response = await node.lead(flight, key=key, url=url, origin=origin, stale=None,
+                                                    target=target, source=source)
+                if response is not None:
+                    response.release()
+                break
+            outcome = await asyncio.shield(flight.outcome)
+            if outcome.answers(selecting):
+                break
+            await flight.landed.wait()  # a fetch of another variant of the key: copy this one after it
+        else:
+            return f"failed: {key} kept being fetched for other variants"
+        if outcome.kind is Kind.STREAMING and outcome.fill is not None:
+            if copy is not None:
+                copy.fill = outcome.fill
+            try:
+                await outcome.fill.wait_finished()
+            except Exception as e:
+                return f"failed: {e}"
+            return "copied"
+        if outcome.kind is Kind.REVALIDATED:
+            return "present"
+        return f"failed: {outcome.error or outcome.kind.value}"
+
+    def copy_soon(self, peer: Peer, target: Target) -> None:
+        """Copy `target`'s object from `peer` in the background (a replica that
+        found it missing); a failure only leaves the replica missing."""
+        async def copy() -> None:
+            result = await self.copy_from(peer, target)
+            log.info("replica_kept", source=peer.id, path=target.path, result=result)
+
+        self.node.spawn(copy())
+
+    def replicate_soon(self, meta: Meta, target: Target) -> None:
+        """After a fill from the origin: have the key's other owners copy it from here."""
+        others = [p for p in self.node.cluster.owners(meta.key) if p.id != self.node.node_id]
+        if not others:
+            return
+        selecting = selecting_headers(meta.vary, meta.variant)
+        if selecting is None:
+            log.info("replica_not_asked", key=meta.key, reason="its variant cannot be spelled as request fields")
+            return
+        self.node.spawn(self._push(others, target, selecting))
+
+    def internal_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.node.settings.cluster_token:
+            headers[TOKEN_HEADER] = self.node.settings.cluster_token
+        return headers
+
+    async def _push(self, peers: list[Peer], target: Target, selecting: dict[str, str]) -> list[str]:
+        return list(await asyncio.gather(*(self.ask_to_copy(p, target, headers=selecting) for p in peers)))
+
+    async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None,
+                          headers: dict[str, str] | None = None) -> str:
+        """Have `peer` copy `target`'s object from this node; its result, or "failed: <why>".
+
+        Waits for the whole copy however long it takes, as long as `peer`
+        keeps reporting progress; `on_bytes` gets the bytes as they arrive.
+        """
+        settings = self.node.settings
+        body: dict[str, Any] = {"scheme": target.scheme, "host": target.host, "path": target.path_qs,
+                                "source": self.node.node_id,
+                                "address": settings.advertise or settings.listen}
+        if headers:
+            body["headers"] = headers
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.node.settings.peer_timeout,
+                                        sock_read=REPLICATE_SILENCE)
+        try:
+            r = await self.node.origins.request(
+                "POST", peer.url + REPLICATE_PATH, headers=self.internal_headers(),
+                what=f"peer {peer.id} replicate", json=body, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
+            log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))
+            return f"failed: {e}"
+        seen = 0
+
+        def advance(n: object) -> None:
+            nonlocal seen
+            if isinstance(n, int) and n > seen:
+                if on_bytes is not None:
+                    on_bytes(n - seen)
+                seen = n
+
+        try:
+            if r.status != 200:
+                text = (await r.text())[:200]
+                log.warning("replicate_failed", peer=peer.id, path=target.path, status=r.status, body=text)
+                return f"failed: {r.status} {text}"
+            result: str | None = None
+            async for line in r.content:  # one JSON object a line
+                if not line.strip():
+                    continue
+                message = json.loads(line)
+                if not isinstance(message, dict):
+                    raise ValueError(f"not a JSON object: {line[:100]!r}")
+                advance(message.get("copying", message.get("bytes")))
+                if "result" in message:
+                    result = str(message["result"])
+            if result is None:
+                result = f"failed: {peer.id} ended the replicate answer without a result"
+            log.info("replicated", peer=peer.id, path=target.path, result=result, bytes=seen)
+            return result
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            log.warning("replicate_failed", peer=peer.id, path=target.path, bytes=seen,
+                        error=f"{type(e).__name__}: {e}")
+            return f"failed: {type(e).__name__} after {seen} bytes: {e}"
+        finally:
+            r.release()
+
+    async def run(self, view: ClusterView) -> Progress:
+        """Copy every object held here to each of its owners under `view`'s ring."""
+        node = self.node
+        metas = node.store.metas()  # every variant is an object of its own
+        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
+                                     started=time.time())
+        log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.nodes))
+        gate = asyncio.Semaphore(self.parallel)
+
+        def moved(n: int) -> None:
+            p.bytes += n
+
+        async def one(listed: Meta) -> None:
+            key = listed.key
+            async with gate:
+                try:
+                    selecting = selecting_headers(listed.vary, listed.variant)
+                    meta = node.store.lookup(key, selecting or {})
+                    if meta is None or meta.slot != listed.slot:
+                        return  # evicted since the listing
+                    if selecting is None:
+                        p.failed += 1
+                        p.errors.append(f"{key}: its variant cannot be spelled as request fields")
+                        return
+                    if not meta.fresh(time.time()):
+                        # Copies are made only of fresh objects (only-if-cached);
+                        # a stale one is refetched or revalidated by its new
+                        # owner at the next miss, so it is no failed copy.
+                        p.skipped += 1
+                        return
+                    target = target_of(key)
+                    results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
+                               for peer in view.owners(key) if peer.id != node.node_id]
+                    for r in results:
+                        if r == "copied":
+                            p.copied += 1
+                        elif r == "present":
+                            p.present += 1
+                        else:
+                            p.failed += 1
+                            if len(p.errors) < 20:
+                                p.errors.append(f"{key}: {r}")
+                finally:
+                    p.done += 1
+
+        await asyncio.gather(*(one(m) for m in metas))
+        p.state = "done"
+        p.finished = time.time()
+        log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
+                 failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
+        return p
+
+
+
+def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:
+    return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
+                  headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id, SCHEME_HEADER: target.scheme,
+                           "Cache-Control": "only-if-cached", **peer_auth(node.settings.cluster_token)})

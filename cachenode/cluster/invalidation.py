@@ -1,0 +1,88 @@
+"""Forgetting objects a write replaced, on every owner of their keys.
+
+A successful unsafe request (PUT, POST, DELETE, PATCH, any unknown method)
+invalidates the stored response for its URL (RFC 9111 §4.4). In a cluster
+the key's owners hold it, and any of them may answer the next GET, so the
+node that forwarded the write tells each of them before its client hears
+the origin's answer:
+
+    POST /_nezha/invalidate  {"keys": ["http://host/path", ...], "reason": "..."}
+                             -> {"removed": n}
+
+Like the other internal endpoints it needs the cluster token (or a loopback
+client when none is set). An owner that cannot be reached is logged and
+skipped: a dead owner serves nothing, and a write must not fail because a
+cache node did. The one gap this leaves (an owner that is unreachable now
+but comes back with its old copy) is bounded by that copy's freshness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.cluster.peer_auth import refuse_internal
+from nezha.wire import INVALIDATE_PATH, TOKEN_HEADER
+
+if TYPE_CHECKING:
+    from cachenode.node import CacheNode
+
+log = structlog.get_logger("nezha.invalidation")
+
+MAX_KEYS = 16  # a write names its URL, Location and Content-Location: three
+
+
+class Invalidation:
+    PATH = INVALIDATE_PATH
+
+    def __init__(self, *, node: "CacheNode") -> None:
+        self.node = node
+
+    async def handle(self, request: web.Request) -> web.Response:
+        why = refuse_internal(remote=request.remote, token=self.node.settings.cluster_token,
+                              presented=request.headers.get(TOKEN_HEADER))
+        if why is not None:
+            raise web.HTTPForbidden(text=f"{why}\n")
+        if request.method != "POST":
+            raise web.HTTPMethodNotAllowed(request.method, ["POST"], text=f"{self.PATH} takes POST\n")
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError) as e:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {e}\n")
+        keys = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(keys, list) or not keys or len(keys) > MAX_KEYS or not all(
+                isinstance(k, str) for k in keys):
+            raise web.HTTPBadRequest(text=f"invalidate wants keys: a list of 1 to {MAX_KEYS} cache keys\n")
+        reason = str(body.get("reason", ""))[:300]
+        removed = await self.node.forget(keys, why=f"{reason} (told by {request.remote})")
+        return web.json_response({"removed": removed})
+
+    async def tell_owners(self, keys: list[str], *, why: str) -> None:
+        """Have every other owner of each key forget it; wait for all of them."""
+        by_peer: dict = {}
+        for key in keys:
+            for peer in self.node.cluster.owners(key):
+                if peer.id != self.node.node_id:
+                    by_peer.setdefault(peer, []).append(key)
+        if by_peer:
+            await asyncio.gather(*(self._tell(peer, peer_keys, why) for peer, peer_keys in by_peer.items()))
+
+    async def _tell(self, peer, keys: list[str], why: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.node.settings.peer_timeout * 2)
+        try:
+            r = await self.node.origins.request(
+                "POST", peer.url + self.PATH, headers=self.node.handoff.internal_headers(),
+                what=f"peer {peer.id} invalidate", json={"keys": keys, "reason": why}, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - an unreachable owner only keeps a copy it cannot serve
+            log.warning("invalidate_failed", peer=peer.id, keys=keys, error=str(e))
+            return
+        try:
+            if r.status != 200:
+                log.warning("invalidate_failed", peer=peer.id, keys=keys, status=r.status,
+                            body=(await r.text())[:200])
+        finally:
+            r.release()

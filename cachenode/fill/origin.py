@@ -1,0 +1,179 @@
+"""The node's HTTP client for origins (and, later, peers).
+
+Maps transport failures to named errors the handlers answer with: refused
+or reset connections are `OriginError` (502), silence is `OriginTimeout`
+(504). Only URLs built from the configured origin table reach this module.
+
+Connections come from one pool of `limit`. With every one of them busy
+(that many downloads streaming at once), a new request queues for a free
+one; that wait is bounded too (`pool_timeout`), so a saturated node answers
+504 naming the origin instead of leaving the client hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Mapping
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from cachenode.http.headers import delimited_by_close, end_to_end_pairs
+from nezha.wire import OWN_PREFIX
+from nezha.errors import OriginError, OriginTimeout
+
+
+def end_to_end(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
+    """A message's end-to-end fields (cachenode/http/headers.py), repeats and order kept, ready to send."""
+    return CIMultiDict(end_to_end_pairs(headers, drop=drop))
+
+
+def ends_at_close(response: aiohttp.ClientResponse) -> bool:
+    """Whether this response's body is delimited only by its connection closing
+    (cachenode/http/headers.py `delimited_by_close`): it can be streamed, never
+    proven whole, so never stored."""
+    return delimited_by_close(response.status, response.headers, method=response.method)
+
+
+def via_of(node_id: str) -> str:
+    """This node's Via entry: the protocol it received, and its name as pseudonym."""
+    return f"1.1 {node_id}"
+
+
+def add_via(headers: CIMultiDict[str], via: str) -> None:
+    """Append this node to a message's Via (RFC 9110 §7.6.3): one list, in hop order."""
+    before = headers.getall("Via", [])
+    headers.popall("Via", None)
+    headers["Via"] = ", ".join([*before, via])
+
+
+def forwarded_request_headers(headers: Mapping[str, str], *, via: str, drop: frozenset[str] = frozenset(),
+                              expect: bool = False) -> CIMultiDict[str]:
+    """A client's request as the origin should see it: its end-to-end fields in
+    order, without the cache's own X-Nezha-* fields, the lowercased names in
+    `drop` and, unless `expect` (the origin's 100 is relayed to the client),
+    Expect; this node added to Via."""
+    out = end_to_end(headers, drop=drop if expect else drop | {"expect"})
+    for name in [n for n in out if n.lower().startswith(OWN_PREFIX)]:
+        out.popall(name, None)
+    hops = out.get("Max-Forwards", "").strip()
+    if hops.isdigit() and int(hops) > 0:
+        out["Max-Forwards"] = str(int(hops) - 1)  # RFC 9110 §7.6.2: each hop takes one
+    add_via(out, via)
+    return out
+
+
+def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:
+    """What was wrong with an origin's certificate, in OpenSSL's words ("certificate has expired")."""
+    err = e.certificate_error
+    if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
+        return err.verify_message
+    return str(err)
+
+
+async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    ctx.trace_request_ctx.queued = True
+
+
+async def _dequeued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    ctx.trace_request_ctx.queued = False
+
+
+class OriginClient:
+    def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256,
+                 pool_timeout: float | None = None, roots: Mapping[tuple[str, int], Path] | None = None) -> None:
+        """`pool_timeout` bounds getting a connection: the wait for a free one in
+        the pool plus the connect that may follow. It defaults to as long as a
+        silent origin is given (`read_timeout`) and is never below `connect_timeout`.
+
+        `roots` names, per https:// (host, port), the PEM bundle its certificate
+        must verify against instead of the system store. Verification is never
+        turned off: a certificate that does not verify is an OriginError naming why.
+        """
+        if pool_timeout is None:
+            pool_timeout = max(read_timeout, connect_timeout)
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout),
+                            ("pool_timeout", pool_timeout)):
+            if value <= 0:
+                raise ValueError(f"{name} ({value!r}) must be positive")
+        if pool_timeout < connect_timeout:
+            raise ValueError(f"pool_timeout ({pool_timeout!r}) must be at least connect_timeout ({connect_timeout!r}): "
+                             "it includes the connect")
+        if limit < 1:
+            raise ValueError(f"limit ({limit!r}) must be at least 1")
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._pool_timeout = pool_timeout
+        # aiohttp's `connect` is the pool wait plus the connect; `sock_connect` the connect alone.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=pool_timeout,
+                                              sock_connect=connect_timeout, sock_read=read_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._limit = limit
+        contexts: dict[Path, ssl.SSLContext] = {}
+        self._roots = {where: contexts.setdefault(Path(bundle), ssl.create_default_context(cafile=str(bundle)))
+                       for where, bundle in (roots or {}).items()}
+
+    async def start(self) -> None:
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_queued_start.append(_queued)
+        tracing.on_connection_queued_end.append(_dequeued)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=60),
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
+            trace_configs=[tracing],
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
+                      timeout: aiohttp.ClientTimeout | None = None, json: object = None,
+                      data: object = None) -> aiohttp.ClientResponse:
+        """Send a request and return once the response headers are in.
+
+        `what` names the thing being fetched in error messages ("origin
+        http://host/path"). The caller must release the response.
+        """
+        assert self._session is not None, "OriginClient.start() was not awaited"
+        if timeout is None:
+            timeout = self._timeout
+        elif timeout.connect is None and timeout.total is None:
+            # A caller's own timeouts (peers) still get the bound on the pool queue.
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=max(self._pool_timeout, timeout.sock_connect or 0),
+                sock_connect=timeout.sock_connect, sock_read=timeout.sock_read, ceil_threshold=timeout.ceil_threshold)
+        waiting = SimpleNamespace(queued=False)
+        verify: ssl.SSLContext | bool = True
+        if self._roots and url.startswith("https://"):
+            u = URL(url)
+            host, port = u.host or "", u.port or 443
+            verify = self._roots.get((host, port)) or self._roots.get((f"*.{host.split('.', 1)[-1]}", port), True)
+        try:
+            return await self._session.request(
+                method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
+                trace_request_ctx=waiting, ssl=verify)
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
+            if waiting.queued:
+                raise OriginTimeout(
+                    f"{what}: no free connection within {timeout.connect:g}s: all {self._limit} connections "
+                    f"of this node's origin pool are busy") from e
+            raise OriginTimeout(f"{what}: no answer within the timeout "
+                                f"(connect {self._connect_timeout:g}s, read {self._read_timeout:g}s)") from e
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise OriginError(f"{what}: its TLS certificate does not verify: {certificate_problem(e)}") from e
+        except aiohttp.ClientConnectorSSLError as e:
+            raise OriginError(f"{what}: TLS handshake failed: {e.os_error}") from e
+        except aiohttp.ClientConnectorError as e:
+            raise OriginError(f"{what}: cannot connect: {e.os_error or e}") from e
+        except aiohttp.ClientError as e:
+            raise OriginError(f"{what}: {type(e).__name__}: {e}") from e
+        except OSError as e:
+            raise OriginError(f"{what}: {e}") from e

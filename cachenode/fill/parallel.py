@@ -1,0 +1,359 @@
+"""Cold fills of large objects as parallel range requests.
+
+Object stores give one connection roughly 50–150 MB/s, and a throttled
+origin one stream's worth; a first download through the cache should not
+wait on one slow stream. When the origin's first answer shows an object of
+known size at or above the threshold, `Accept-Ranges: bytes` and a strong
+validator, the fill keeps reading that answer for the first slice and asks
+for the rest in `Range` + `If-Range` requests, `streams` at a time, each
+written into its place in the temp file (cachenode/fill/slices.py says which
+slice next). Clients keep streaming in order: the fill reports the
+contiguous prefix as it grows.
+
+Anything unexpected from a range (a 200 instead of 206, another validator,
+a wrong `Content-Range` or length, a short body, a failed connection) stops
+every stream (`RangesAbandoned`), and the fill takes the rest from one plain
+stream, whose validator must still match (cachenode/fill/flights.py
+`Fill.run_ranged`): nothing of two versions is ever committed. Dragonfly
+stored corrupt files when an origin ignored Range; here such an answer is
+never written.
+
+With the origin's `fill_on_range` off, a fill led by a client's Range is
+on demand: it fetches the slices clients ask for and nothing else, then
+parks, its slices kept in the temp file for later requests to reuse (they
+join the fill as any request joins a fill in progress). A request for the
+whole object wants every slice, so it completes the fill; a fill parked
+with nobody asking for `PARK_IDLE` seconds is dropped (`PartialDropped`),
+since a temp file holds space the store reserved for the whole object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Mapping
+
+import aiohttp
+import structlog
+
+from cachenode.kernel import splice
+from cachenode.fill.flights import Fill, PartialDropped, RangesAbandoned
+from cachenode.fill.slices import Plan, Slice
+from nezha.errors import FillAborted, NezhaError
+
+log = structlog.get_logger("nezha.fill")
+
+SLICE = 8 * 1024 * 1024  # one range request's share; small next to the objects this is for
+MIN_STEAL = 1024 * 1024  # a tail shorter than twice this is not worth another request
+# A tail is stolen only from a range that would take longer than this to
+# finish at its own pace (cachenode/fill/slices.py): on a fast origin a cut costs
+# more in bytes already in flight than it saves.
+STEAL_AFTER = 0.25
+PARK_IDLE = 600.0  # seconds an on-demand fill keeps its slices with nobody asking for more
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Validator:
+    """What ties every range to the same representation: sent as If-Range and compared on each answer."""
+
+    etag: str | None
+    last_modified: str | None
+
+    @property
+    def if_range(self) -> str:
+        return self.etag if self.etag is not None else self.last_modified  # type: ignore[return-value]
+
+    def mismatch(self, headers: Mapping[str, str]) -> str | None:
+        """Why a response with `headers` is not of this representation, or None."""
+        if self.etag is not None and headers.get("ETag") != self.etag:
+            return f"ETag {headers.get('ETag')!r}, not {self.etag!r}"
+        if self.last_modified is not None and headers.get("Last-Modified") != self.last_modified:
+            return f"Last-Modified {headers.get('Last-Modified')!r}, not {self.last_modified!r}"
+        return None
+
+
+def parallel_validator(status: int, headers: Mapping[str, str], length: int | None, *, streams: int,
+                       threshold: int) -> Validator | None:
+    """The validator to fetch this response's object in parallel ranges with,
+    or None when it must be one stream. Pure."""
+    if streams < 2 or status != 200 or length is None or length < threshold:
+        return None
+    if "bytes" not in [v.strip().lower() for v in headers.get("Accept-Ranges", "").split(",")]:
+        return None
+    if "Content-Range" in headers:
+        return None
+    etag = headers.get("ETag")
+    if etag is not None and etag.startswith("W/"):
+        etag = None  # a weak validator may not be used with If-Range (RFC 9110 §13.1.5)
+    last_modified = headers.get("Last-Modified")
+    if etag is None and last_modified is None:
+        return None
+    return Validator(etag=etag, last_modified=last_modified if etag is None else headers.get("Last-Modified"))
+
+
+def partial_mismatch(status: int, headers: Mapping[str, str], *, first: int, last: int, total: int,
+                     validator: Validator) -> str | None:
+    """Why an answer to `Range: bytes=first-last` cannot be written as those bytes, or None. Pure."""
+    if status != 206:
+        return f"answered {status} to a Range request"
+    match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    if match is None:
+        return f"Content-Range {headers.get('Content-Range')!r} is not a byte range"
+    got = tuple(int(g) for g in match.groups())
+    if got != (first, last, total):
+        return f"Content-Range bytes {got[0]}-{got[1]}/{got[2]}, asked for {first}-{last}/{total}"
+    length = headers.get("Content-Length")
+    if length is not None and length.strip() != str(last - first + 1):
+        return f"Content-Length {length} for a range of {last - first + 1} bytes"
+    return validator.mismatch(headers)
+
+
+class RangedFetch:
+    """The parallel part of one fill: `await fetch(fill)`, for `Fill.run_ranged`."""
+
+    def __init__(self, *, first: aiohttp.ClientResponse, get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]],
+                 headers: Mapping[str, str], validator: Validator, length: int, streams: int,
+                 write_at: Callable[[int, memoryview], Awaitable[None]], chunk_size: int,
+                 on_bytes: Callable[[int], None] | None = None, slice_size: int = SLICE,
+                 min_steal: int = MIN_STEAL, on_demand: bool = False, park_idle: float | None = None,
+                 pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
+                                Awaitable[int]] | None = None,
+                 read_timeout: float = 30.0, landed: asyncio.Event | None = None) -> None:
+        self.first = first
+        self.get = get
+        self.headers = headers
+        self.validator = validator
+        self.length = length
+        self.streams = streams
+        self.write_at = write_at
+        self.chunk_size = chunk_size
+        self.on_bytes = on_bytes
+        self.pump = pump  # (body, offset, end, moved): bodies over plain TCP go socket -> pipe -> file
+        self.read_timeout = read_timeout
+        self.flight_landed = landed  # once set, no request can reach a parked fill to ask for more
+        self.on_demand = on_demand
+        self.park_idle = PARK_IDLE if park_idle is None else park_idle
+        self.plan = Plan(length, slice_size, min_steal=min_steal, on_demand=on_demand, steal_after=STEAL_AFTER)
+        self.requests = 1  # the first answer's
+        self._tasks: set[asyncio.Task] = set()
+        self._fill: Fill | None = None
+        self._extra: asyncio.Task | None = None
+        self._wake = asyncio.Event()  # an on-demand fill's clients want more
+        self._over = False  # the fetch has ended: nothing more lands
+        self._started = False
+
+    def attach(self, fill: Fill) -> None:
+        """Let `fill`'s readers find bytes beyond the prefix and ask for them,
+        from before the fetch starts: the leading client's Range may come first."""
+        self._fill = fill
+        fill.coverage = self.plan.covered_until
+        fill.wanted = self._want
+        fill.on_demand = self.on_demand
+
+    async def __call__(self, fill: Fill) -> None:
+        self.attach(fill)
+        self._started = True
+        if not self.on_demand:
+            self._tasks = {asyncio.create_task(self._first_stream(fill))}
+            self._tasks |= {asyncio.create_task(self._stream(fill)) for _ in range(self.streams - 1)}
+        else:
+            if self.plan.wants(0):
+                self._tasks = {asyncio.create_task(self._first_stream(fill))}
+            else:
+                self.first.close()  # its bytes are the front of the object, which nobody asked for
+            self._spawn_wanted()
+        try:
+            while True:
+                while pending := {t for t in self._tasks if not t.done()}:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                    failed = next((t for t in done if t.exception() is not None), None)
+                    if failed is not None:
+                        error = failed.exception()
+                        if isinstance(error, RangesAbandoned):
+                            raise error
+                        raise RangesAbandoned(f"{type(error).__name__}: {error}") from error
+                if not self.on_demand or self.plan.complete:
+                    break
+                await self._park(fill)
+        finally:
+            self._over = True  # a pump thread's late report must not move the prefix under a fallback
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await fill.writes_done()  # and its bytes are all down before a fallback writes the same places
+            self.first.close()
+        if not self.plan.complete:
+            raise RangesAbandoned(f"streams stopped at byte {self.plan.prefix} of {self.length}")
+        log.info("parallel_fill", key=fill.key, bytes=self.length, streams=self.streams, requests=self.requests,
+                 slices=len(self.plan.slices))
+
+    async def _park(self, fill: Fill) -> None:
+        """Every slice asked for is on disk: wait for a client to ask for more
+        (`_want` starts its streams and wakes this)."""
+        self._wake.clear()
+        if self._spawn_wanted():
+            return
+        fill.parked = True
+        log.info("partial_fill_parked", key=fill.key, bytes=self.length, on_disk=self.plan.on_disk(),
+                 requests=self.requests)
+        waits = [asyncio.ensure_future(self._wake.wait())]
+        if self.flight_landed is not None:
+            waits.append(asyncio.ensure_future(self.flight_landed.wait()))
+        try:
+            async with asyncio.timeout(self.park_idle):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not self._wake.is_set():
+                raise PartialDropped(f"kept {self.plan.on_disk()} of {self.length} bytes of {fill.key}, fetched for "
+                                     f"ranges clients asked for; its flight ended (a write to the URL superseded it), "
+                                     f"so no request can ask for more")
+        except TimeoutError:
+            raise PartialDropped(
+                f"kept {self.plan.on_disk()} of {self.length} bytes of {fill.key}, fetched for ranges "
+                f"clients asked for (fill_on_range off), and nobody asked for more in {self.park_idle:g}s"
+            ) from None
+        finally:
+            fill.parked = False
+            for w in waits:
+                w.cancel()
+
+    def _spawn_wanted(self) -> bool:
+        """On demand: streams for the slices clients wait for, up to `streams`
+        at once. Whether any stream is running."""
+        running = {t for t in self._tasks if not t.done()}
+        while len(running) < self.streams and self.plan.has_unclaimed_wanted():
+            task = asyncio.create_task(self._stream(self._fill))
+            running.add(task)
+            self._tasks.add(task)
+        return bool(running)
+
+    def _want(self, first: int, end: int) -> None:
+        """A client waits for bytes [first, end) beyond the prefix: their slices
+        go first, on a stream of their own if no stream is free, so it is
+        answered without waiting for the front of the object. On demand they
+        are the only slices fetched."""
+        self.plan.want(first, end)
+        if self.on_demand:
+            if self._started:
+                self._spawn_wanted()
+            self._wake.set()
+            return
+        if any(not t.done() for t in self._tasks) and (self._extra is None or self._extra.done()):
+            # One stream beyond `streams`, at most, and only while clients wait in the middle.
+            self._extra = asyncio.create_task(self._stream(self._fill, wanted_only=True))
+            self._tasks.add(self._extra)
+
+    async def _first_stream(self, fill: Fill) -> None:
+        """The answer that showed the object's size reads its first slice, then
+        goes on as another stream: its connection cannot be asked again."""
+        # Not spliced: this answer is for the whole object, and what the origin
+        # has in flight beyond the first slice is lost when it is closed. A
+        # socket drained at splice speed lets TCP grow its window to tens of
+        # MiB (measured: 15% of a 128 MiB object sent for nothing); aiohttp's
+        # reader, which pauses at its buffer limit, keeps it small.
+        await self._copy(self.first, self.plan.claim_first(), fill, spliced=False)
+        self.first.close()
+        await self._stream(fill)
+
+    async def _stream(self, fill: Fill, *, wanted_only: bool = False) -> None:
+        while True:
+            s = self.plan.next_wanted() if wanted_only else self.plan.next()
+            if s is None:
+                if wanted_only or not self.plan.may_steal_later():
+                    return
+                await asyncio.sleep(STEAL_AFTER / 4)  # a range in progress may yet prove slow
+                continue
+            first, last = s.pos, s.end - 1
+            headers = {**self.headers, "Range": f"bytes={first}-{last}", "If-Range": self.validator.if_range}
+            self.requests += 1
+            try:
+                response = await self.get(headers)
+            except NezhaError as e:
+                raise RangesAbandoned(f"range {first}-{last}: {e}") from e
+            try:
+                why = partial_mismatch(response.status, response.headers, first=first, last=last,
+                                       total=self.length, validator=self.validator)
+                if why is not None:
+                    raise RangesAbandoned(f"range {first}-{last}: {why}")
+                await self._copy(response, s, fill)
+            finally:
+                response.close()  # also a range whose back half was stolen: the rest is unread
+
+    async def _copy(self, response: aiohttp.ClientResponse, s: Slice, fill: Fill, *, spliced: bool = True) -> None:
+        """The bytes of `s` from `response` into their place, until `s` ends
+        (it may shrink meanwhile, when another stream steals its back half)."""
+        started = s.pos
+        try:
+            body = splice.take(response) if spliced and self.pump is not None else None
+            if body is not None:
+                await self._splice(body, s, fill)
+            else:
+                async for chunk in response.content.iter_chunked(self.chunk_size):
+                    await self._put(s, fill, chunk)
+                    if s.done:
+                        return
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise RangesAbandoned(f"range from {started}: {type(e).__name__}: {e}") from e
+        if not s.done:
+            raise RangesAbandoned(f"range from {started} ended at {s.pos}, before {s.end}")
+
+    async def _put(self, s: Slice, fill: Fill, data: bytes) -> None:
+        n = min(len(data), s.remaining)
+        if n:
+            await fill.write(self.write_at(s.pos, memoryview(data)[:n]))
+            self._landed(s, fill, n)
+
+    def _landed(self, s: Slice, fill: Fill, n: int) -> None:
+        self.plan.advance(s, n)
+        if self.on_bytes is not None:
+            self.on_bytes(n)
+        fill.advance(self.plan.prefix)
+
+    async def _splice(self, body: "splice.SocketBody", s: Slice, fill: Fill) -> None:
+        """`_copy` with the kernel moving the bytes (cachenode/kernel/splice.py), on
+        a thread of the stream's own. A steal lowers `s.end`, which the
+        thread reads before each step; a step (at most a pipe's worth) that
+        began before the steal may write past the new end bytes equal to the
+        thief's, both answers having the first answer's validator."""
+        try:
+            if body.buffered:
+                await self._put(s, fill, body.buffered)
+            if not s.done and body.remaining:
+                def moved(n: int) -> None:
+                    n = min(n, s.remaining)
+                    if n and not self._over:
+                        self._landed(s, fill, n)
+
+                assert self.pump is not None
+                await self.pump(body, s.pos, lambda: s.end, moved)
+        finally:
+            body.close()
+
+
+async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]], headers: Mapping[str, str],
+                     *, offset: int, length: int, validator: Validator, chunk_size: int,
+                     what: str) -> AsyncIterator[bytes]:
+    """The object's bytes from `offset` on, from one plain GET of the whole object
+    that must still be the representation the fill began with."""
+    response = await get(headers)
+    try:
+        why = None
+        if response.status != 200:
+            why = f"answered {response.status}"
+        elif response.content_length != length:
+            why = f"Content-Length {response.content_length}, not {length}"
+        else:
+            why = validator.mismatch(response.headers)
+        if why is not None:
+            raise FillAborted(f"{what} changed during a parallel fill ({why}): nothing of it is stored")
+        skip = offset
+        async for chunk in response.content.iter_chunked(chunk_size):
+            if skip:
+                if len(chunk) <= skip:
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+            yield chunk
+    finally:
+        response.release()

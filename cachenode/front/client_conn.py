@@ -1,0 +1,138 @@
+"""aiohttp's per-connection handler, taught three things a cache must do.
+
+- A client that half-closes (`shutdown(SHUT_WR)` after its last request, as
+  HTTP/1.0-style tools and some proxies do) still gets every answer: aiohttp
+  lets the transport close on EOF, which dropped the responses not yet
+  written. Here EOF only means "no more requests": those already received
+  are answered, then the connection closes. A request body the EOF cut short
+  cannot be answered, and the connection is closed as before.
+- A request head must arrive within `head_timeout` (408, then close), so
+  trickled heads cannot hold descriptors for the hour an idle keep-alive
+  connection may stay open.
+- A malformed request is one structured log line, not a traceback on
+  stderr per bad client.
+
+It also registers with the node's connection `Gate`, which may reclaim it
+while it only waits for a request. What aiohttp does not expose is read from
+its handler's state (`_waiter`, `_messages`, `_current_request`); the tests
+in tests/integration/cachenode/test_connections.py fail if a new aiohttp
+changes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+from cachenode.front.connections import Gate, HeadTimer, head_timeout_response
+
+log = structlog.get_logger("nezha.connections")
+
+
+class ClientConnection(RequestHandler):
+    def __init__(self, manager, *, gate: Gate, head_timeout: float, **kwargs) -> None:
+        super().__init__(manager, **kwargs)
+        self._gate = gate
+        self._head_timeout = head_timeout
+        self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
+        self._eof_seen = False
+        self._partial = False  # bytes received since the last complete request head
+        self._since = time.monotonic()
+
+    # -- what the gate asks ----------------------------------------------------
+    @property
+    def waiting(self) -> bool:
+        return self._parked() and not self._eof_seen
+
+    @property
+    def waiting_since(self) -> float:
+        return self._since
+
+    def reclaim(self) -> None:
+        self.force_close()
+
+    def _parked(self) -> bool:
+        """start() is waiting for a request and none is queued."""
+        return self._waiter is not None and not self._waiter.done() and not self._messages
+
+    # -- connection events -----------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._gate.enter(self)
+        self._arm()  # from connecting: a connection that never sends a head is timed too
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._gate.leave(self)
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        if len(self._messages) > queued:
+            self._partial = False
+            self._disarm()
+        elif data:
+            self._partial = True
+            self._arm()
+
+    def eof_received(self) -> bool:
+        self._eof_seen = True
+        # After the handler of a request already popped has taken its first
+        # step (FIFO callbacks): only then is that request visible here.
+        self._loop.call_soon(self._after_eof)
+        # Keep the transport: answers may still be owed. TLS has no half-close
+        # (asyncio closes an SSL transport at the peer's EOF whatever we say).
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
+
+    def _after_eof(self) -> None:
+        if self.transport is None:
+            return
+        payloads = [p for _, p in self._messages]
+        if self._current_request is not None:
+            payloads.append(self._current_request.content)
+        if any(not p.is_eof() for p in payloads):
+            log.info("request_body_cut", reason="client closed its side before the body ended")
+            self.force_close()
+        elif self._parked():
+            self.force_close()  # nothing owed: every request received has been answered
+
+    async def finish_response(self, request, resp, start_time):
+        result = await super().finish_response(request, resp, start_time)
+        self._partial = False  # bytes that came with the request were its body
+        self._disarm()  # from here the wait is keep-alive's, until a next head begins
+        self._since = time.monotonic()
+        if self._eof_seen and not self._messages:
+            self.close()  # the client sends nothing more: close once this answer is out
+        return result
+
+    # -- the head timer ----------------------------------------------------------
+    def _arm(self) -> None:
+        self._head_timer.arm()
+
+    def _disarm(self) -> None:
+        self._head_timer.disarm()
+
+    def _head_timed_out(self) -> None:
+        if self.transport is None:
+            return
+        if not self._parked():
+            if self._partial:
+                self._arm()  # a request is being answered; the next head is timed once it is done
+            return
+        if self._partial:
+            self.transport.write(head_timeout_response(self._head_timeout))
+        log.info("request_head_timeout", seconds=self._head_timeout, partial=self._partial)
+        self.force_close()
+
+    # -- errors ------------------------------------------------------------------
+    def log_exception(self, *args, **kw) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            log.info("bad_request", status=exc.code, reason=(exc.message or "").strip().split("\n")[0][:200])
+            return
+        super().log_exception(*args, **kw)

@@ -1,0 +1,355 @@
+"""Plain GET/HEAD hits served below aiohttp; everything else handed to aiohttp.
+
+Most dataset traffic is the same request again and again: `GET /path`,
+`Host:` a dataset host, no range, no validators, no credentials, and the
+object fresh on this node's disk. For a 100 KiB object aiohttp's
+per-request machinery (request object, middleware, response object,
+`loop.sendfile` futures) costs several times the sendfile itself, so such a
+request is answered here, inside `data_received`: the head (cached per
+stored object) with one `write(2)`, the body with one `sendfile(2)`, and a
+task only when the socket does not take the whole body at once.
+
+Only what `parse_plain` accepts comes here, and it accepts little: HTTP/1.1,
+GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a
+header not on the list, a miss, a range, a peer or internal request, an
+error, TLS) hands the connection, with every byte received so far, to
+aiohttp's own protocol, which serves it and the rest of that connection. A
+handed-off connection never comes back, so the fast path cannot change the
+meaning of any request it does not fully understand, and a request with a
+body (Content-Length, Transfer-Encoding) can never be split differently by
+the two parsers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import IO, TYPE_CHECKING, Callable
+
+import structlog
+
+from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
+from cachenode.front.exact_head import encode_head
+from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
+from cachenode.store.disk import Meta
+from nezha.wire import CACHE_HEADER, CacheOutcome
+
+if TYPE_CHECKING:
+    from cachenode.node import CacheNode
+
+log = structlog.get_logger("nezha.connections")
+
+MAX_HEAD = 8192
+# Pipelined requests are not read while a body is still going out
+# (`serve.sendfile_rest` pauses reading until it is done), nor while answers the
+# client has not read fill the transport past its high-water mark
+# (pause_writing), so a client that pipelines without reading holds at most a
+# read's worth of requests and a high-water mark of answers here
+# (tests/integration/cachenode/test_fastpath.py, test_connections.py).
+# Headers a plain hit may carry; any other sends the request to aiohttp.
+ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection"})
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(frozen=True)
+class PlainRequest:
+    method: str
+    target: str
+    host: str
+    size: int  # bytes of the request head, blank line included
+
+
+def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
+    """The request at the start of `buf` if it is plain; None if more bytes are
+    needed; False if it is not plain (aiohttp must parse it). Pure.
+
+    A line ended by a bare LF is never plain: waiting for a CRLF CRLF that
+    never comes held such clients for an hour, while aiohttp answers them 400
+    at once (RFC 9112 §2.2 lets a server refuse bare LF)."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    head = buf[:end] if end >= 0 else buf[:MAX_HEAD]
+    if head.count(b"\n") != head.count(b"\r\n"):
+        return False
+    if end < 0:
+        return None if len(buf) < MAX_HEAD else False
+    try:
+        head = buf[:end].decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    lines = head.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
+        return False
+    host = None
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or not _TOKEN.issuperset(name):
+            return False  # also folded lines, which start with a space
+        lname = name.lower()
+        if lname not in ALLOWED:
+            return False
+        value = value.strip(" \t")
+        if not value.isprintable():
+            return False
+        if lname == "host":
+            if host is not None:
+                return False
+            host = value
+        elif lname == "connection" and value.lower() != "keep-alive":
+            return False
+    if not host:
+        return False
+    return PlainRequest(parts[0], parts[1], host, end + 4)
+
+
+_date_cache: list = [0, b""]
+
+
+def _http_date() -> bytes:
+    """The Date header line, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[:] = [now, f"Date: {formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")]
+    return _date_cache[1]
+
+
+def response_head(meta: Meta, *, via: str) -> bytes:
+    """Status line and headers of a 200 for `meta`, as the handler would send
+    them (cachenode/front/respond.py), without the Age and Date lines of each reuse."""
+    fields = [(k, v) for k, v in meta.headers if k.lower() != "via"]
+    if meta.header("Accept-Ranges") is None:
+        fields.append(("Accept-Ranges", "bytes"))
+    fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
+               (CACHE_HEADER, CacheOutcome.HIT), ("Content-Length", str(meta.size))]
+    # Without the closing blank line: Age and Date follow on each reuse.
+    return encode_head("HTTP/1.1 200 OK", fields)[:-2]
+
+
+class FastPath(asyncio.Protocol):
+    """One client connection: plain hits here, the rest handed to aiohttp.
+
+    Every client connection starts here, also with plain hits off
+    (`serve_hits=False`, handed to aiohttp at once): this is where the node's
+    connection `Gate` admits it, and where its first request head is timed.
+    """
+
+    def __init__(self, *, node: "CacheNode", aiohttp_protocol: Callable[[], asyncio.Protocol],
+                 gate: Gate, head_timeout: float, serve_hits: bool = True) -> None:
+        self.node = node
+        self._aiohttp_protocol = aiohttp_protocol
+        self._gate = gate
+        self._head_timeout = head_timeout
+        self._serve_hits = serve_hits
+        self.transport: asyncio.Transport | None = None
+        self._fd = -1
+        self._buf = bytearray()
+        self._serving: asyncio.Task | None = None
+        self._eof = False
+        self._write_paused = False
+        self._refused = False
+        self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
+        self.last_active = self.waiting_since = time.monotonic()
+
+    # -- asyncio.Protocol ----------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if not self._gate.admit(self):
+            self._refuse()
+            return
+        if not self._serve_hits:
+            self._hand_off()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._fd = sock.fileno()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gate.leave(self)
+        self._disarm()
+        self.transport = None
+        if self._serving is not None:
+            self._serving.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # a refused client's request is read and dropped until it goes
+        self.last_active = time.monotonic()
+        self._buf += data
+        if self._serving is None:
+            self._next()
+
+    def eof_received(self) -> bool:
+        # Requests already received are still answered; the connection closes after them.
+        self._eof = True
+        if self._refused:
+            return False
+        if self._serving is None:
+            self._next()
+        return True
+
+    def pause_writing(self) -> None:
+        # Answers pile up unread: stop reading requests until the client reads.
+        self._write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.transport is not None and self._serving is None:
+            self.transport.resume_reading()
+            self._next()
+
+    # -- what the gate asks ----------------------------------------------------
+    @property
+    def waiting(self) -> bool:
+        """Only waiting for a request: nothing is being answered or owed."""
+        return self._serving is None and not self._write_paused and self.transport is not None and not self._eof
+
+    def reclaim(self) -> None:
+        self.close()
+
+    # -- control -----------------------------------------------------------------
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return self._serving is None and self.transport is not None
+
+    def _refuse(self) -> None:
+        """503 with Retry-After, then close: over the cap, but never left unanswered."""
+        self._refused = True
+        self.transport.write(BUSY_RESPONSE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        # Closed when the client has read it and hung up, or after a grace
+        # period; closing at once could reset the answer away unread.
+        asyncio.get_running_loop().call_later(2.0, self.close)
+
+    def _next(self) -> None:
+        """Answer complete plain hits at the head of the buffer, in order."""
+        while self._serving is None and self.transport is not None and not self._write_paused:
+            if not self._buf:
+                break
+            req = parse_plain(self._buf)
+            if req is None:
+                break
+            hit = self.node.plain_hit(req.target, req.host) if req is not False else None
+            if hit is None:
+                self._hand_off()
+                return
+            if not self._serve(req, *hit):
+                return
+            self.waiting_since = time.monotonic()
+            self._disarm()
+        if self.transport is None or self._serving is not None:
+            return
+        if self._eof and not self._write_paused:
+            self.transport.close()
+        elif self._buf:
+            self._arm()  # a head has begun; it has head_timeout to complete
+
+    # -- the head timer ----------------------------------------------------------
+    def _arm(self) -> None:
+        self._head_timer.arm()
+
+    def _disarm(self) -> None:
+        self._head_timer.disarm()
+
+    def _head_timed_out(self) -> None:
+        if self.transport is None or self._serving is not None or self._write_paused:
+            return  # answering: the next head is timed once that is done
+        if self._buf:
+            self.transport.write(head_timeout_response(self._head_timeout))
+        log.info("request_head_timeout", seconds=self._head_timeout, partial=len(self._buf), fast=True)
+        self.transport.close()
+
+    def _hand_off(self) -> None:
+        """aiohttp takes the connection and every byte not yet answered, for good."""
+        transport, self.transport = self.transport, None
+        self._gate.leave(self)
+        self._disarm()
+        protocol = self._aiohttp_protocol()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self._buf:
+            protocol.data_received(bytes(self._buf))
+        self._buf = bytearray()
+        if self._eof and not protocol.eof_received():
+            transport.close()
+
+    # -- one hit ---------------------------------------------------------------
+    def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str) -> bool:
+        """Send one hit. True if it is complete and the next request may follow."""
+        started = time.monotonic()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._hand_off()  # evicted or replaced since the lookup: aiohttp serves it as a miss
+            return False
+        del self._buf[:req.size]
+        transport = self.transport
+        head += b"Age: %d\r\n" % meta.age_at(time.time()) + _http_date()
+        size = meta.size if req.method == "GET" else 0
+        sent = 0
+        try:
+            if self._fd >= 0 and not transport.get_write_buffer_size():
+                try:
+                    n = os.write(self._fd, head)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                if n < len(head):
+                    transport.write(head[n:])
+                elif size:
+                    sent = _sendfile_now(transport, fd, 0, size)
+            else:
+                transport.write(head)
+        except OSError:
+            os.close(fd)
+            transport.abort()  # the client went away; connection_lost follows
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+                                    ms=(time.monotonic() - started) * 1000, gone=True)
+            return False
+        if sent >= size:
+            os.close(fd)
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+                                    ms=(time.monotonic() - started) * 1000)
+            return True
+        f = open(fd, "rb")
+        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, f, sent, size, started))
+        # Closed however the task ends, even cancelled before its first step.
+        self._serving.add_done_callback(lambda _: f.close())
+        return False
+
+    async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
+                      started: float) -> None:
+        """The rest of a body the socket did not take at once."""
+        transport = self.transport
+        try:
+            sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
+        except SendCut as e:
+            sent += e.sent
+            transport.abort()
+        except OSError:
+            transport.abort()
+        except asyncio.CancelledError:
+            transport.abort()
+            if self.transport is not None:
+                raise
+            # Cancelled by connection_lost: the client went away mid-body.
+        finally:
+            self._serving = None
+        ms = (time.monotonic() - started) * 1000
+        if sent < size:
+            transport.abort()  # a short body must never look complete
+            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
+            return
+        self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
+        if not self._write_paused and self.transport is not None:
+            self.transport.resume_reading()  # if answers backed up during the send, it was left paused
+        self._next()

@@ -1,0 +1,498 @@
+"""Writing responses: stored objects by sendfile, growing fills, pass-through copies.
+
+Every writer streams: a stored object goes out in one `loop.sendfile`, a fill
+is sent from its temp file as bytes land, a pass-through is copied chunk by
+chunk. None holds a whole object in memory. When a body cannot be finished
+the connection is aborted, so the client sees an error, never a short object.
+
+A client that hangs up mid-body is an ordinary outcome, not an error: one
+`client_gone` line with the bytes that left, those bytes counted, and the
+fill and every other client carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import IO, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.front.access import access, break_connection
+from cachenode.front.exact_head import ExactResponse
+from cachenode.kernel.fdwait import ready
+from cachenode.fill.flights import Fill
+from cachenode.http.headers import Pairs, first
+from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
+from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.http.conditionals import Outcome as RangeOutcome
+from cachenode.http.conditionals import Decision, evaluate, preconditions
+from cachenode.store.disk import Meta, Store
+from nezha.config import CacheSettings
+from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
+from nezha.keys import host_of
+from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
+
+log = structlog.get_logger("nezha.serve")
+
+# Set on a request whose `Expect: 100-continue` the node did not answer: the
+# origin's own 100 (or its refusal) reaches the client instead.
+CONTINUE_DEFERRED = web.RequestKey("nezha_continue_deferred", bool)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def send_continue(request: web.Request) -> None:
+    """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
+    await request.writer.write(_CONTINUE)
+    request.writer.output_size = 0  # the response proper has not started
+
+
+class BrokenStream(Exception):
+    """A body could not be completed; the connection was closed on purpose."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection mid-body, after `sent` bytes of this write left."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__(f"client went away after {sent} bytes")
+        self.sent = sent
+
+
+def origin_failure(error: NezhaError | None) -> web.HTTPException:
+    """502 for an origin that failed, 504 for one that did not answer in time.
+
+    Marked with ORIGIN_ERROR_HEADER, so that a relaying peer passes the answer
+    on instead of blaming this node and asking the same origin elsewhere.
+    """
+    cls = web.HTTPGatewayTimeout if isinstance(error, OriginTimeout) else web.HTTPBadGateway
+    return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
+
+
+def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
+                    age: int | None = None) -> None:
+    """A stored (or storing) response's fields, as the origin sent them, plus
+    the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
+    X-Nezha-Cache. Date is the cache's, set when the response goes out."""
+    for name, value in headers:
+        resp.headers.add(name, value)
+    if "Accept-Ranges" not in resp.headers:
+        resp.headers["Accept-Ranges"] = "bytes"
+    if age is not None:
+        resp.headers["Age"] = str(age)
+    if via is not None:
+        add_via(resp.headers, via)
+    resp.headers[CACHE_HEADER] = label
+
+
+async def _answer_precondition(request: web.Request, resp: web.StreamResponse, outcome: RangeOutcome) -> None:
+    """304 or 412 with the object's validators and no body (RFC 9110 §15.4.5, §15.5.13)."""
+    for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
+        resp.headers.popall(h, None)
+    resp.set_status(outcome.value)
+    resp.content_length = 0 if outcome is RangeOutcome.PRECONDITION_FAILED else None
+    await resp.prepare(request)
+    await resp.write_eof()
+
+
+# Bytes read per step when a stored object goes out through TLS (encrypted in
+# user space): large, since each step costs an executor hop and a drain.
+TLS_CHUNK = 1 << 20
+
+
+def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+    """Bytes pushed by one os.sendfile straight to the socket, 0 if that is not safe.
+
+    `loop.sendfile` pauses reading, swaps writers and awaits futures around
+    every call; for a 100 KiB object that overhead costs more than the copy.
+    When nothing is queued in the transport (the headers already left), one
+    non-blocking sendfile usually sends the whole body and `loop.sendfile`
+    only finishes what the socket did not take. Never on TLS transports,
+    whose socket carries ciphertext.
+    """
+    if transport.get_write_buffer_size() or transport.get_extra_info("sslcontext") is not None:
+        return 0
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return os.sendfile(sock.fileno(), fd, offset, count)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
+class SendCut(ConnectionError):
+    """The client's socket failed during a sendfile; `sent` bytes had left."""
+
+    def __init__(self, message: str, sent: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+    """Bytes [offset, offset+count) of file `fd` to the transport's socket by
+    sendfile(2), for any event loop; the bytes sent (fewer only if the file
+    is shorter). Raises SendCut with the bytes that left when the client's
+    socket fails.
+
+    asyncio's `loop.sendfile` pauses reading and swaps the transport's
+    writer around every call, and uvloop has none at all (so a node under
+    uvloop cut warm hits short, docs/benchmarks.md). Here: wait until the
+    transport has written what it holds (the response head), then sendfile
+    on a duplicate of its socket, waiting for writability on the duplicate
+    (a loop refuses readers and writers on a descriptor its transport owns).
+    The transport writes nothing meanwhile: its owner is awaiting this. It
+    reads nothing either (as under `loop.sendfile`): pipelined requests wait
+    in the socket, not in memory, until the body is out.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.is_closing():
+        raise SendCut("client went away", 0)
+    reading = transport.is_reading()
+    if reading:
+        transport.pause_reading()
+    out = os.dup(sock.fileno())
+    sent = 0
+    try:
+        # What the transport holds (the head) goes first. Its writer runs on the same
+        # readiness as ours: wait for the socket, not on a timer, so a client that reads
+        # nothing costs nothing while it waits.
+        while transport.get_write_buffer_size():
+            if transport.is_closing():
+                raise SendCut("client went away", 0)
+            await ready(out, write=True)
+            await asyncio.sleep(0)
+        if transport.is_closing():
+            raise SendCut("client went away", 0)
+        while sent < count:
+            try:
+                n = os.sendfile(out, fd, offset + sent, count - sent)
+            except (BlockingIOError, InterruptedError):
+                await ready(out, write=True)
+                continue
+            except OSError as e:
+                raise SendCut(f"client socket: {e}", sent) from e
+            if n == 0:
+                break  # the file ends here
+            sent += n
+        return sent
+    finally:
+        os.close(out)
+        if reading and not transport.is_closing():
+            transport.resume_reading()
+
+
+async def _continued(request: web.Request) -> AsyncIterator[bytes]:
+    """The client's body, asked for only once the origin said 100 Continue.
+
+    aiohttp's client pulls the first chunk only after the origin's 100
+    (it waits on it for a request with Expect), and that pull is when the
+    client hears 100 too; a final answer instead (403, 307) reaches the
+    client before it sent any of a body it need not send.
+    """
+    await send_continue(request)
+    async for chunk in request.content.iter_any():
+        yield chunk
+
+
+class Responder:
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
+                 count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store
+        self.origins = origins
+        self._count = count
+        self._clock = clock
+        self.via = via_of(settings.identity)
+
+    def via_for(self, request: web.Request) -> str | None:
+        """This node's Via entry for a response to `request`; none to a peer:
+        a cluster is one cache, and the node that answers the client adds its own."""
+        return None if is_peer_request(request, self.settings.cluster_token) else self.via
+
+    def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
+        """A client hung up: log it once, count what it was sent."""
+        access(request).bytes = sent
+        log.info("client_gone", key=key, bytes=sent)
+        self._count(host, request=request, bytes_served=sent, **deltas)
+
+    async def hit(self, request: web.Request, meta: Meta, *, label: str,
+                         stale_reason: str | None = None) -> web.StreamResponse | None:
+        """Send a stored object; None if it vanished (evicted or replaced) first."""
+        try:
+            # Opened on the loop: for a local data directory this is a cached
+            # metadata lookup (microseconds), and an executor hop per hit cost
+            # more than the open itself (docs/benchmarks.md, profile).
+            f = open(self.store.data_path(meta), "rb")
+        except FileNotFoundError:
+            return None
+        try:
+            access(request).cache = label
+            if meta.status == 200:
+                decision = evaluate(request.headers, size=meta.size, etag=meta.etag,
+                                    last_modified=meta.last_modified)
+            else:
+                # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
+                # a stored 404 or 301 is sent whole, with its own status.
+                decision = Decision(RangeOutcome.FULL, 0, meta.size)
+            resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
+                                      else decision.outcome.value)
+            _object_headers(resp, meta.headers, label, via=self.via_for(request), age=meta.age_at(self._clock()))
+            if stale_reason is not None:
+                resp.headers["Warning"] = '111 - "Revalidation Failed"'
+            if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
+                self._count(meta.host, request=request, hits=1)
+                try:
+                    await _answer_precondition(request, resp, decision.outcome)
+                except ConnectionError:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+                return resp
+            if decision.outcome is RangeOutcome.UNSATISFIABLE:
+                resp.headers["Content-Range"] = f"bytes */{meta.size}"
+                resp.content_length = 0
+                try:
+                    await resp.prepare(request)
+                    await resp.write_eof()
+                except ConnectionError:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+                return resp
+            if decision.outcome is RangeOutcome.PARTIAL:
+                end = decision.start + decision.length - 1
+                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
+            resp.content_length = decision.length
+            self._count(meta.host, request=request, hits=1)
+            if is_peer_request(request, self.settings.cluster_token):
+                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+            sent = 0
+            try:
+                await resp.prepare(request)
+                if request.method != "HEAD" and decision.length:
+                    await self.send_file(request, resp, f, decision.start, decision.length)
+                    sent = decision.length
+                    self._count(meta.host, request=request, bytes_served=sent)
+                    access(request).bytes = sent
+                await resp.write_eof()
+            except ClientGone as e:
+                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent)
+            except ConnectionError:
+                if not sent:
+                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+            except BrokenStream as e:  # the data file is shorter than its meta says
+                access(request).cache = f"{label}-aborted"
+                log.warning("stream_aborted", key=meta.key, error=str(e))
+                break_connection(request)
+            return resp
+        finally:
+            f.close()
+
+    async def send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
+                         offset: int, count: int) -> None:
+        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible.
+
+        Raises ClientGone, with the bytes that did leave, when the client hung up.
+        """
+        done = 0
+        try:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("client went away")
+            # Not on TLS: asyncio's sendfile "fallback" there copies 16 KiB per executor hop (about
+            # 200 MB/s measured, bench/tls.py); the loop below moves TLS_CHUNK at a time.
+            tls = transport.get_extra_info("sslcontext") is not None
+            if self.settings.sendfile and not tls and resp.chunked is False and not resp.compression:
+                done = _sendfile_now(transport, f.fileno(), offset, count)
+                if done == count:
+                    return
+                try:
+                    sent = await sendfile_rest(transport, f.fileno(), offset + done, count - done)
+                except SendCut as e:
+                    done += e.sent
+                    raise
+                else:
+                    if sent != count - done:
+                        raise BrokenStream(f"sent {done + sent} of {count} bytes")
+                    return
+            loop = asyncio.get_running_loop()
+            chunk = max(self.settings.chunk_size, TLS_CHUNK) if tls else self.settings.chunk_size
+            while done < count:
+                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
+                if not data:
+                    raise BrokenStream(f"file ended {count - done} bytes early")
+                await resp.write(data)
+                done += len(data)
+        except ConnectionError as e:
+            raise ClientGone(max(0, min(done, count))) from e
+
+    async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
+        """Stream an object while the origin is still sending it."""
+        try:
+            f = fill.open_reader()  # first, before any await: see run_fill_in_background
+        except FillAborted as e:
+            return await self._fill_ended(request, fill, label=label, error=e)
+        host = host_of(fill.key)
+        try:
+            access(request).cache = label
+            size = fill.length
+            start, length = 0, size
+            status = fill.status
+            resp = ExactResponse()
+            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
+            etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
+            plain = fill.status != 200  # preconditions and Range apply to a 200 only
+            verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
+            if verdict is not None:
+                self._count(host, request=request, misses=1)
+                try:
+                    await _answer_precondition(request, resp, verdict)
+                except ConnectionError:
+                    self._client_gone(request, host=host, key=fill.key, sent=0)
+                return resp
+            if size is not None and plain:
+                resp.content_length = size
+            elif size is not None:
+                decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
+                if decision.outcome is RangeOutcome.PARTIAL:
+                    status, start, length = 206, decision.start, decision.length
+                    resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+                elif decision.outcome is RangeOutcome.UNSATISFIABLE:
+                    resp.set_status(416)
+                    resp.headers["Content-Range"] = f"bytes */{size}"
+                    resp.content_length = 0
+                    try:
+                        await resp.prepare(request)
+                        await resp.write_eof()
+                    except ConnectionError:
+                        self._client_gone(request, host=host, key=fill.key, sent=0)
+                    return resp
+                resp.content_length = length
+            else:
+                resp.enable_chunked_encoding()
+            resp.set_status(status)
+            offset = start
+            end = None if length is None else start + length
+            try:
+                await resp.prepare(request)
+                while end is None or offset < end:
+                    available = await fill.wait_beyond(offset, reader=f, end=end)
+                    if end is not None:
+                        available = min(available, end)
+                    if available <= offset:
+                        break  # unknown length and the body is complete
+                    if fill.spilled and offset >= fill.on_disk:
+                        # The store could not write: the fill hands these bytes over from memory.
+                        data = fill.from_memory(f, offset, available)
+                        await resp.write(data)
+                        offset += len(data)
+                        continue
+                    if fill.spilled:
+                        available = min(available, fill.on_disk)
+                    await self.send_file(request, resp, f, offset, available - offset)
+                    offset = available
+            except ClientGone as e:
+                self._client_gone(request, host=host, key=fill.key, sent=offset + e.sent - start, misses=1)
+                return resp
+            except ConnectionError:
+                self._client_gone(request, host=host, key=fill.key, sent=offset - start, misses=1)
+                return resp
+            except (FillAborted, BrokenStream) as e:
+                access(request).cache = f"{label}-aborted"
+                log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
+                break_connection(request)
+                return resp
+            access(request).bytes = offset - start
+            self._count(host, request=request, misses=1, bytes_served=offset - start)
+            try:
+                await resp.write_eof()
+            except ConnectionError:
+                pass  # every byte left; only the end of the framing did not
+            return resp
+        finally:
+            f.close()
+
+    async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
+                          error: FillAborted) -> web.StreamResponse:
+        """A joiner that woke after the fill ended and closed its reader.
+
+        Stored: serve the object. Complete but not stored (too large for the
+        store): ask the origin for this client, as for any unstorable
+        response. Failed: the fill's error, naming the origin (502/504).
+        """
+        if fill.meta is not None:
+            served = await self.hit(request, fill.meta, label=label)
+            if served is not None:
+                return served
+        if fill.complete and fill.url is not None:
+            return await self.passthrough(request, fill.url, label=CacheOutcome.PASS)
+        raise origin_failure(error)
+
+    async def passthrough(self, request: web.Request, url: str, *, label: str,
+                          response: aiohttp.ClientResponse | None = None,
+                          on_response: Callable[[aiohttp.ClientResponse], Awaitable[None]] | None = None,
+                          ) -> web.StreamResponse:
+        """Copy the origin's answer to this one client; store nothing.
+
+        The request goes as the client sent it: every end-to-end field and
+        the body, streamed (an upload is never held whole). `on_response` runs
+        once the origin's status and headers are in, before the client sees
+        them (a write's invalidation must be done by then).
+        """
+        access(request).cache = label
+        if response is None:
+            deferred = request.get(CONTINUE_DEFERRED, False)
+            headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
+            data = None
+            if request.body_exists:
+                # Streamed with the client's framing: a known length goes on as
+                # Content-Length (object stores refuse chunked uploads), else chunked.
+                data = _continued(request) if deferred else request.content
+                if request.content_length is not None:
+                    headers["Content-Length"] = str(request.content_length)
+            try:
+                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+                                                      data=data)
+            except OriginError as e:
+                raise origin_failure(e)
+        try:
+            if on_response is not None:
+                await on_response(response)
+            resp = ExactResponse(status=response.status, reason=response.reason)
+            for name, value in end_to_end(response.headers).items():
+                resp.headers.add(name, value)
+            if (via := self.via_for(request)) is not None:
+                add_via(resp.headers, via)
+            resp.headers[CACHE_HEADER] = label
+            if response.content_length is not None:
+                resp.content_length = response.content_length
+            elif request.method != "HEAD" and response.status not in (204, 304):
+                resp.enable_chunked_encoding()
+            sent = received = 0
+            gone = False
+            try:
+                await resp.prepare(request)
+                if request.method != "HEAD":
+                    async for chunk in response.content.iter_chunked(self.settings.chunk_size):
+                        received += len(chunk)
+                        await resp.write(chunk)
+                        sent += len(chunk)
+                await resp.write_eof()
+            except ConnectionError:  # the client hung up (aiohttp's ClientConnectionResetError is one too)
+                gone = True
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                log.warning("pass_aborted", url=url, sent=sent, error=f"{type(e).__name__}: {e}")
+                break_connection(request)
+            # Stats go by the origin's configured host, not the upstream URL's.
+            host = access(request).host or host_of(url)
+            if gone:
+                self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
+                                  bytes_from_origin=received)
+            else:
+                access(request).bytes = sent
+                self._count(host, request=request, bytes_served=sent, bytes_from_origin=received)
+            return resp
+        finally:
+            response.release()
+
+

@@ -1,0 +1,616 @@
+"""The node's disk: complete objects only, named by key hash, LRU-evicted.
+
+Layout under the data directory:
+
+    objects/<2 hex>/<id>.meta            JSON: key, URL, headers, size, expiry, data file
+    objects/<2 hex>/<id>.<nonce>.data    the bytes
+    tmp/                                 fills in progress; emptied at start-up
+
+A response that varies (`Vary`, RFC 9111 §4.1) is stored once per variant:
+its slot in the index, and the name of its files, is its key plus the
+canonical values of the request fields it varies on (cachenode/http/vary.py).
+`lookup(key, request_headers)` finds the variant a request selects; the
+names a key varies on are those of its most recently stored response.
+
+An object becomes servable only by the rename of its `.meta`, which happens
+after its data file is complete, verified against the origin's length,
+fsynced and renamed into place. A crash at any step leaves either the old
+object or no object, never a partial one; start-up deletes orphans.
+
+Every file name comes from the SHA-256 of the key, and every path is checked
+to lie under the data directory, so no request can read or write elsewhere.
+Blocking calls run in the default executor; the in-memory index is touched
+only from the event loop, so it needs no lock.
+
+Disk steps on one object's files (commit, refresh, unlink after eviction or
+replacement) run one after another, in the order they were asked for: an
+eviction's unlink of `<id>.meta` that is still queued when the same key is
+committed again must not land after the new meta. Unlinks are not awaited
+by whoever caused them (eviction happens inside `reserve`, which is sync),
+so the store tracks them; `idle()` waits until they are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from cachenode.http.headers import Pairs, first
+from nezha.keys import object_id
+from cachenode.kernel.splice import FileWriteFailed, SocketBody
+from cachenode.http.vary import variant as variant_of
+from cachenode.store.writeback import WriteBehind
+from nezha.errors import NezhaError, StoreError
+
+log = structlog.get_logger("nezha.store")
+
+
+# Between a key and a variant in a slot: keys never hold control characters.
+VARIANT_SEPARATOR = "\n"
+
+
+class NotStored(NezhaError):
+    """A fill's bytes reached its clients whole but were not stored: no failure."""
+
+
+class TooLarge(NotStored):
+    """An object's bytes exceed the store's capacity: it was streamed, never stored."""
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A stored response: where its bytes are, and what the origin said with them.
+
+    `headers` are the origin's end-to-end fields as (name, value) pairs in the
+    order it sent them (cachenode/http/headers.py says which are kept); a dict
+    from a meta written before that is read as its pairs.
+    """
+
+    key: str
+    url: str
+    host: str
+    size: int
+    headers: Pairs
+    stored_at: float
+    expires_at: float
+    stale_if_error: float = math.inf  # seconds past expiry it may answer when the origin fails
+    data: str = ""  # data file name, relative to the object's folder
+    age: float = 0.0  # the response's Age when it was stored (RFC 9111 §4.2.3)
+    stale_while_revalidate: float = 0.0  # seconds past expiry it may answer while revalidating (RFC 5861)
+    status: int = 200  # a stored 404 or 301 is answered with its own status (RFC 9111 §4.2.2)
+    vary: tuple[str, ...] = ()  # the request fields its Vary names, lowercased and sorted
+    variant: str = ""  # their values in the request that fetched it (cachenode/http/vary.py)
+
+    def __post_init__(self) -> None:
+        h = self.headers
+        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((str(n), str(v)) for n, v in h)
+        object.__setattr__(self, "headers", pairs)
+        object.__setattr__(self, "vary", tuple(self.vary))
+        if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
+            object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
+
+    def header(self, name: str) -> str | None:
+        return first(self.headers, name)
+
+    @property
+    def slot(self) -> str:
+        """Its place in the store: the key, plus the variant for a response that varies."""
+        return f"{self.key}{VARIANT_SEPARATOR}{self.variant}" if self.vary else self.key
+
+    @property
+    def etag(self) -> str | None:
+        return self.header("ETag")
+
+    @property
+    def last_modified(self) -> str | None:
+        return self.header("Last-Modified")
+
+    def age_at(self, now: float) -> int:
+        """The Age a reuse of this response carries now (RFC 9111 §4.2.3, §5.1)."""
+        return int(self.age + max(0.0, now - self.stored_at))
+
+    def fresh(self, now: float) -> bool:
+        return now < self.expires_at
+
+
+@dataclass
+class TempObject:
+    """A fill's file in tmp/. The writer owns `fd`; readers duplicate `read_fd`.
+
+    `read_fd` is opened with the file, so a reader never depends on the
+    file's name, which changes when the fill commits and vanishes when it
+    fails. Its owner (the fill) closes it when no new reader can arrive.
+    A descriptor is set to -1 the moment it is closed, so nothing closes the
+    same number twice (by then it may belong to another file).
+    """
+
+    path: Path
+    fd: int
+    read_fd: int
+    written: int = 0
+    reserved: int = 0
+    committing: asyncio.Future | None = None  # the commit's disk step, once asked for
+    # Why the file could not be created (no space, no inode): every write then
+    # fails with it, and the fill streams from memory instead (cachenode/fill/flights.py).
+    unwritable: str | None = None
+    # Starts the disk writing the file behind its writers, so the commit's
+    # fsync has little left to do (cachenode/store/writeback.py).
+    behind: WriteBehind | None = None
+
+    def __post_init__(self) -> None:
+        if self.behind is None and self.fd >= 0:
+            self.behind = WriteBehind(self.fd)
+
+    def wrote(self, n: int) -> None:
+        if self.behind is not None and self.fd >= 0:
+            self.behind.wrote(n)
+
+
+@dataclass
+class _Usage:
+    stored: int = 0
+    reserved: int = 0
+
+
+class Store:
+    def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
+                 on_evict: Callable[[Meta], None] | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.objects = self.root / "objects"
+        self.tmp = self.root / "tmp"
+        self.capacity = capacity
+        self._clock = clock
+        self._on_evict = on_evict
+        self._index: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
+        self._slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
+        self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
+        self._usage = _Usage()
+        self._pending: set[asyncio.Future] = set()  # disk steps not yet done
+        self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
+
+    # -- paths -------------------------------------------------------------
+    def _dir_of(self, oid: str) -> Path:
+        return self.objects / oid[:2]
+
+    def _inside(self, path: Path) -> Path:
+        resolved = path.resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            raise StoreError(f"refusing path {path}: outside data directory {self.root}")
+        return resolved
+
+    def data_path(self, meta: Meta) -> str:
+        """Where a stored object's bytes are. Lexical, with no resolve() on the hit path:
+        the folder is hex from SHA-256 and `meta.data` was checked to be a bare
+        `*.data` name when the meta was read or written."""
+        oid = object_id(meta.slot)
+        return os.path.join(self.objects, oid[:2], meta.data)
+
+    # -- start-up ----------------------------------------------------------
+    async def open(self) -> None:
+        """Rebuild the index from disk; delete temporary and orphaned files."""
+        metas, removed = await asyncio.get_running_loop().run_in_executor(None, self._scan)
+        for meta in sorted(metas, key=lambda m: m.stored_at):
+            self._add(meta)
+        log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self._usage.stored, removed=removed)
+        if self.capacity is not None:
+            self._evict_to(self.capacity)
+
+    def _scan(self) -> tuple[list[Meta], int]:
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        removed = 0
+        for leftover in self.tmp.iterdir():
+            if leftover.is_file():
+                leftover.unlink(missing_ok=True)
+                removed += 1
+        metas: list[Meta] = []
+        for sub in self.objects.iterdir():
+            if not sub.is_dir():
+                continue
+            wanted: set[str] = set()
+            for mpath in sub.glob("*.meta"):
+                meta = self._read_meta(mpath)
+                if meta is None or object_id(meta.slot) != mpath.stem:
+                    mpath.unlink(missing_ok=True)
+                    removed += 1
+                    continue
+                dpath = sub / meta.data
+                try:
+                    ok = dpath.stat().st_size == meta.size
+                except OSError:
+                    ok = False
+                if not ok:
+                    mpath.unlink(missing_ok=True)
+                    removed += 1
+                    continue
+                wanted.add(meta.data)
+                metas.append(meta)
+            for f in sub.iterdir():
+                if f.suffix != ".meta" and f.name not in wanted:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+        return metas, removed
+
+    @staticmethod
+    def _read_meta(path: Path) -> Meta | None:
+        try:
+            raw = json.loads(path.read_text())
+            meta = Meta(**raw)
+            if "/" in meta.data or not meta.data.endswith(".data"):
+                return None
+            return meta
+        except (OSError, ValueError, TypeError):
+            return None
+
+    # -- reads -------------------------------------------------------------
+    def lookup(self, key: str, request_headers=None) -> Meta | None:
+        """The stored response for `key` that a request with `request_headers`
+        selects (RFC 9111 §4.1). Without headers, only a response that does
+        not vary: who does not say what it asks for gets no variant."""
+        names = self._vary.get(key)
+        if names is None:
+            slot = key
+        elif request_headers is None:
+            return None
+        else:
+            slot = f"{key}{VARIANT_SEPARATOR}{variant_of(names, request_headers)}"
+        meta = self._index.get(slot)
+        if meta is not None:
+            self._index.move_to_end(slot)
+        return meta
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._slots
+
+    def keys(self) -> list[str]:
+        return list(self._slots)
+
+    def metas(self) -> list[Meta]:
+        """Every stored response, variants included, least recently used first."""
+        return list(self._index.values())
+
+    def _add(self, meta: Meta) -> None:
+        self._index[meta.slot] = meta
+        self._usage.stored += meta.size
+        self._slots.setdefault(meta.key, set()).add(meta.slot)
+        if meta.vary:
+            self._vary[meta.key] = meta.vary
+        else:
+            self._vary.pop(meta.key, None)
+
+    def _drop(self, slot: str) -> Meta | None:
+        meta = self._index.pop(slot, None)
+        if meta is None:
+            return None
+        self._usage.stored -= meta.size
+        slots = self._slots.get(meta.key)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._slots[meta.key]
+                self._vary.pop(meta.key, None)
+        return meta
+
+    @property
+    def used_bytes(self) -> int:
+        return self._usage.stored
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # -- capacity ------------------------------------------------------------
+    def fits(self, size: int) -> bool:
+        return self.capacity is None or size <= self.capacity
+
+    def reserve(self, size: int) -> None:
+        """Make room for a fill of known size before its bytes arrive."""
+        self._usage.reserved += size
+        if self.capacity is not None:
+            self._evict_to(self.capacity)
+
+    def release(self, size: int) -> None:
+        self._usage.reserved = max(0, self._usage.reserved - size)
+
+    def _evict_to(self, limit: int, *, keep: str | None = None) -> None:
+        """Evict least recently used objects until stored + reserved bytes fit `limit`.
+
+        `keep` (the object just committed) goes last, and survives alone only
+        while its own bytes fit: the reservations of fills still running may
+        leave the total above the limit until they commit and evict in turn.
+        """
+        while self._usage.stored + self._usage.reserved > limit and self._index:
+            key = next(iter(self._index))
+            if key == keep and len(self._index) > 1:
+                self._index.move_to_end(key)
+                continue
+            if key == keep and self._usage.stored <= limit:
+                break
+            meta = self._drop(key)
+            assert meta is not None
+            self._unlink_later(meta, final=True)
+            log.info("object_evicted", key=key, bytes=meta.size)
+            if self._on_evict:
+                self._on_evict(meta)
+
+    def _unlink_later(self, meta: Meta, *, final: bool) -> None:
+        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon.
+
+        The meta goes only if it still names this data file: a commit of the
+        same key queued before this step may already have replaced it.
+        """
+        oid = object_id(meta.slot)
+        d = self._dir_of(oid)
+        data_path, meta_path = d / meta.data, d / f"{oid}.meta"
+
+        def unlink() -> None:
+            paths = [data_path]
+            if final:
+                current = self._read_meta(meta_path)
+                if current is None or current.data == meta.data:
+                    paths.append(meta_path)
+            for p in paths:
+                try:
+                    self._inside(p).unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("unlink_failed", path=str(p), error=str(e))
+
+        # Open readers keep their file descriptors; unlinking under them is safe.
+        self._step(oid, unlink)
+
+    def _step(self, oid: str, fn: Callable[[], object]) -> asyncio.Future:
+        """Run blocking `fn` in the executor after every earlier step on object `oid`.
+
+        The returned future is tracked until done (see `idle`). Awaiting it
+        through `asyncio.shield` keeps a cancelled caller from starting the
+        next step while this one still runs in its thread.
+        """
+        loop = asyncio.get_running_loop()
+        before = self._last_step.get(oid)
+        if before is None:
+            step = loop.run_in_executor(None, fn)
+        else:
+            step = loop.create_future()
+
+            def start(_: asyncio.Future) -> None:
+                inner = loop.run_in_executor(None, fn)
+
+                def done(f: asyncio.Future) -> None:
+                    if f.cancelled():
+                        step.cancel()
+                    elif f.exception() is not None:
+                        step.set_exception(f.exception())
+                    else:
+                        step.set_result(f.result())
+                inner.add_done_callback(done)
+            before.add_done_callback(start)
+        self._last_step[oid] = step
+        self._pending.add(step)
+
+        def finished(f: asyncio.Future) -> None:
+            self._pending.discard(f)
+            if self._last_step.get(oid) is f:
+                del self._last_step[oid]
+            if not f.cancelled():
+                f.exception()  # retrieved here, so a cancelled awaiter leaves no "never retrieved" warning
+        step.add_done_callback(finished)
+        return step
+
+    async def idle(self) -> None:
+        """Wait until every disk step asked for so far (unlinks included) is done."""
+        while self._pending:
+            await asyncio.wait(list(self._pending))
+
+    # -- writes --------------------------------------------------------------
+    async def new_temp(self) -> TempObject:
+        """A fill's temp file in tmp/.
+
+        A file system that refuses even to create it (full, out of inodes,
+        over quota) does not fail the request: the temp object is then one
+        whose every write fails, its reader an empty file, so the fill
+        streams the body through unstored as for any failed write.
+        """
+        path = self.tmp / f"{secrets.token_hex(12)}.part"
+        def create() -> tuple[int, int]:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                return fd, os.open(path, os.O_RDONLY)
+            except OSError:
+                os.close(fd)
+                path.unlink(missing_ok=True)
+                raise
+
+        try:
+            fd, read_fd = await asyncio.get_running_loop().run_in_executor(None, create)
+        except OSError as e:
+            try:
+                empty = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                raise StoreError(f"create {path}: {e}") from e
+            return TempObject(path=path, fd=-1, read_fd=empty, unwritable=f"create {path}: {e}")
+        return TempObject(path=path, fd=fd, read_fd=read_fd)
+
+    async def write(self, temp: TempObject, data: bytes) -> None:
+        """Append `data` to the temp file; StoreError naming the file and the
+        OS error (ENOSPC, EDQUOT, EIO...) when it cannot, with `temp.written`
+        counting what did reach the file."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+
+        def _write() -> None:
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(temp.fd, view, temp.written)
+                temp.written += n
+                view = view[n:]
+            temp.wrote(len(data))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _write)
+        except OSError as e:
+            raise StoreError(f"write {temp.path}: {e}") from e
+
+    async def write_at(self, temp: TempObject, offset: int, data: bytes | memoryview) -> None:
+        """Write `data` at `offset` of the temp file (a parallel fill's range);
+        `temp.written` is the fill's to set, as the contiguous prefix grows."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+
+        def _write() -> None:
+            view = memoryview(data)
+            at = offset
+            while view:
+                n = os.pwrite(temp.fd, view, at)
+                at += n
+                view = view[n:]
+            temp.wrote(len(data))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _write)
+        except OSError as e:
+            raise StoreError(f"write {temp.path} at {offset}: {e}") from e
+
+    async def pump_into(self, temp: TempObject, body: SocketBody, offset: int, *, end: Callable[[], int],
+                        moved: Callable[[int], None], read_timeout: float,
+                        started: Callable[[asyncio.Future], None] | None = None) -> int:
+        """Move `body` from its socket into the temp file at `offset` by splice
+        on a thread (cachenode/kernel/splice.py): `write_at` for a body that never
+        enters Python. StoreError, as from `write_at`, when the file side
+        fails; the socket's errors pass as they are."""
+        if temp.unwritable is not None:
+            raise StoreError(temp.unwritable)
+        try:
+            return await body.pump_into(temp.fd, offset, end=end, moved=moved, read_timeout=read_timeout,
+                                        started=started, landed=temp.wrote)
+        except FileWriteFailed as e:
+            raise StoreError(f"write {temp.path} at {e.at}: {e}") from e
+
+    async def discard(self, temp: TempObject) -> None:
+        """Drop a fill's temp file. Safe after a failed commit, which closed `fd` already."""
+        self.release(temp.reserved)
+        temp.reserved = 0
+        if temp.committing is not None:
+            # A commit whose caller was cancelled still runs in its thread; let it finish first.
+            await asyncio.wait([temp.committing])
+
+        def _discard() -> None:
+            if temp.fd >= 0:
+                fd, temp.fd = temp.fd, -1
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            temp.path.unlink(missing_ok=True)
+        await asyncio.get_running_loop().run_in_executor(None, _discard)
+
+    async def commit(self, temp: TempObject, meta: Meta) -> Meta:
+        """Make a finished temp file the servable object for `meta.key`.
+
+        Raises TooLarge, before touching the disk, for bytes beyond the
+        capacity: such an object would evict everything else and still not fit.
+        """
+        if not self.fits(temp.written):
+            raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the capacity of {self.capacity} bytes")
+        oid = object_id(meta.slot)
+        folder = self._dir_of(oid)
+        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
+        data_path = self._inside(folder / meta.data)
+        meta_path = self._inside(folder / f"{oid}.meta")
+
+        def _commit() -> None:
+            step = "fsync"
+            renamed = False
+            try:
+                os.fsync(temp.fd)
+                fd, temp.fd = temp.fd, -1
+                os.close(fd)
+                step = "mkdir"
+                folder.mkdir(parents=True, exist_ok=True)
+                step = "rename data"
+                os.rename(temp.path, data_path)
+                renamed = True
+                step = "write meta"
+                self._write_meta(meta_path, meta)
+            except OSError as e:
+                temp.path.unlink(missing_ok=True)
+                if renamed:  # no meta names it: it would only be found, and deleted, at start-up
+                    data_path.unlink(missing_ok=True)
+                raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+
+        temp.committing = self._step(oid, _commit)
+        await asyncio.shield(temp.committing)
+        self.release(temp.reserved)
+        temp.reserved = 0
+        old = self._drop(meta.slot)
+        if old is not None:
+            self._unlink_later(old, final=False)
+        # Responses stored under other Vary names (or none) no longer say how
+        # this key varies: the newest response does (RFC 9111 §4.1).
+        for slot in list(self._slots.get(meta.key, ())):
+            other = self._index[slot]
+            if other.vary != meta.vary:
+                self._drop(slot)
+                self._unlink_later(other, final=True)
+        self._add(meta)
+        if self.capacity is not None:
+            self._evict_to(self.capacity, keep=meta.slot)
+        return meta
+
+    def _write_meta(self, meta_path: Path, meta: Meta) -> None:
+        tmp = self.tmp / f"{secrets.token_hex(12)}.meta"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(asdict(meta), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, meta_path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    async def refresh(self, meta: Meta, *, headers: Pairs, stored_at: float, expires_at: float,
+                      age: float = 0.0, stale_if_error: float, stale_while_revalidate: float) -> Meta:
+        """A 304 from the origin: same bytes; the headers it updated (`headers`,
+        merged by the caller), the expiry and stale allowances they now give,
+        and an age counted from now."""
+        current = self._index.get(meta.slot)
+        if current is None or current.data != meta.data:
+            return current or meta
+        new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age,
+                      stale_if_error=stale_if_error, stale_while_revalidate=stale_while_revalidate)
+        oid = object_id(meta.slot)
+        path = self._inside(self._dir_of(oid) / f"{oid}.meta")
+        try:
+            await asyncio.shield(self._step(oid, lambda: self._write_meta(path, new)))
+        except OSError as e:
+            raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
+        # Evicted or replaced while the meta was written: the queued unlink or
+        # commit has the last word on disk, and the index must not revive it.
+        if self._index.get(meta.slot) is current:
+            self._index[meta.slot] = new
+        return new
+
+    async def remove(self, key: str) -> list[Meta]:
+        """Forget every stored response of `key`, variants included; what went."""
+        gone = []
+        for slot in list(self._slots.get(key, ())):
+            meta = self._drop(slot)
+            if meta is not None:
+                self._unlink_later(meta, final=True)
+                gone.append(meta)
+        return gone
+
+    async def remove_one(self, meta: Meta) -> bool:
+        """Forget the one stored response `meta` (its variant only), if still stored."""
+        if self._index.get(meta.slot) is not meta:
+            return False
+        self._drop(meta.slot)
+        self._unlink_later(meta, final=True)
+        return True

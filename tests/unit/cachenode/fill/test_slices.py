@@ -1,0 +1,171 @@
+"""The parallel fill's schedule (cachenode/fill/slices.py): front first, every byte once, stealing the slow tail."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachenode.fill.slices import Plan
+
+MiB = 1 << 20
+
+
+def test_slices_are_handed_out_front_first_after_the_first_streams_own():
+    plan = Plan(10 * MiB, 2 * MiB)
+    first = plan.claim_first()
+    assert (first.start, first.end) == (0, 2 * MiB)
+    assert [plan.next().start for _ in range(4)] == [2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB]
+
+
+def test_the_prefix_grows_only_over_contiguous_bytes():
+    plan = Plan(6 * MiB, 2 * MiB)
+    a, b, c = plan.claim_first(), plan.next(), plan.next()
+    plan.advance(c, 2 * MiB)
+    plan.advance(b, MiB)
+    assert plan.prefix == 0
+    plan.advance(a, 2 * MiB)
+    assert plan.prefix == 3 * MiB
+    plan.advance(b, MiB)
+    assert plan.prefix == 6 * MiB and plan.complete
+
+
+def test_a_free_stream_steals_the_back_half_of_the_slice_with_most_left():
+    plan = Plan(8 * MiB, 4 * MiB)
+    slow, other = plan.claim_first(), plan.next()
+    plan.advance(other, 4 * MiB)
+    plan.advance(slow, MiB)
+    stolen = plan.next()
+    assert (stolen.start, stolen.end) == (MiB + 3 * MiB // 2, 4 * MiB)
+    assert slow.end == stolen.start  # the victim now stops where the thief starts
+
+
+def test_nothing_is_stolen_when_too_little_is_left_to_be_worth_a_request():
+    plan = Plan(4 * MiB, 4 * MiB, min_steal=MiB)
+    s = plan.claim_first()
+    plan.advance(s, 3 * MiB)
+    assert plan.next() is None
+
+
+def test_advancing_past_a_slice_end_is_a_bug_not_a_silent_overlap():
+    plan = Plan(2 * MiB, MiB)
+    s = plan.claim_first()
+    with pytest.raises(ValueError):
+        plan.advance(s, MiB + 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(1, 64 * MiB), slice_size=st.integers(MiB // 4, 16 * MiB), streams=st.integers(1, 9),
+       seed=st.integers(0, 2 ** 32))
+def test_every_byte_is_covered_exactly_once_whatever_the_order_of_progress(total, slice_size, streams, seed):
+    rng = random.Random(seed)
+    plan = Plan(total, slice_size, min_steal=MiB // 4)
+    active = [plan.claim_first()]
+    while len(active) < streams and (s := plan.next()) is not None:
+        active.append(s)
+    written = []
+    while active:
+        s = rng.choice(active)
+        if s.done:
+            active.remove(s)
+            nxt = plan.next()
+            if nxt is not None:
+                active.append(nxt)
+            continue
+        n = min(s.remaining, rng.randint(1, MiB))
+        written.append((s.pos, s.pos + n))
+        plan.advance(s, n)
+    assert plan.complete and plan.prefix == total
+    written.sort()
+    assert written[0][0] == 0 and written[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(written, written[1:]))  # no gap, no overlap
+
+
+def test_slices_a_client_waits_for_go_before_the_front():
+    plan = Plan(20 * MiB, 2 * MiB)
+    plan.claim_first()
+    plan.want(13 * MiB, 15 * MiB)
+    assert [plan.next().start for _ in range(3)] == [12 * MiB, 14 * MiB, 2 * MiB]
+
+
+def test_coverage_beyond_the_prefix_is_the_contiguous_run_from_an_offset():
+    plan = Plan(8 * MiB, 2 * MiB)
+    a = plan.claim_first()
+    b, c, d = plan.next(), plan.next(), plan.next()
+    plan.advance(c, 2 * MiB)
+    plan.advance(d, MiB)
+    assert plan.covered_until(4 * MiB + 10) == 7 * MiB  # through c, into d
+    assert plan.covered_until(7 * MiB) == 7 * MiB  # not on disk yet
+    assert plan.covered_until(2 * MiB) == 2 * MiB and plan.prefix == 0
+    plan.advance(a, 2 * MiB)
+    assert plan.covered_until(MiB) == 2 * MiB
+    plan.advance(b, 2 * MiB)
+    assert plan.covered_until(0) == 7 * MiB
+
+
+def test_on_demand_only_slices_a_client_waits_for_are_handed_out():
+    plan = Plan(100, 10, min_steal=1, on_demand=True)
+    assert plan.next() is None, "nobody asked: nothing is fetched"
+    plan.want(42, 58)
+    got = [plan.next(), plan.next()]
+    assert [(s.start, s.end) for s in got] == [(40, 50), (50, 60)]
+    assert not plan.has_unclaimed_wanted()
+    # A free stream may still split a wanted slice in progress, never take an unwanted one.
+    stolen = plan.next()
+    assert stolen is not None and 40 <= stolen.start and stolen.end <= 60
+
+
+def test_on_demand_a_want_already_on_disk_asks_for_nothing_more():
+    plan = Plan(100, 10, min_steal=100, on_demand=True)
+    plan.want(20, 25)
+    s = plan.next()
+    plan.advance(s, 10)
+    assert plan.on_disk() == 10 and plan.covered_until(20) == 30
+    plan.want(21, 29)
+    assert not plan.has_unclaimed_wanted() and plan.next() is None
+    plan.want(0, 100)  # a whole-object request wants every slice
+    assert [s.start for s in iter(plan.next, None)] == [0, 10, 30, 40, 50, 60, 70, 80, 90]
+
+
+def test_a_tail_that_will_end_soon_at_its_own_pace_is_not_stolen():
+    now = [0.0]
+    plan = Plan(16 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    fast, slow = plan.claim_first(), plan.next()
+    now[0] = 0.5
+    plan.advance(fast, 7 * MiB)  # 1 MiB to go at 14 MiB/s
+    plan.advance(slow, MiB)  # 7 MiB to go at 2 MiB/s: 3.5 s
+    stolen = plan.next()
+    assert stolen is not None and stolen.start > 8 * MiB, "the slow range's back half is taken"
+    for s in (slow, fast, stolen):
+        plan.advance(s, s.remaining)
+    assert plan.complete and not plan.may_steal_later()
+
+
+def test_a_fast_range_keeps_its_tail_even_with_megabytes_left():
+    now = [0.0]
+    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    s = plan.claim_first()
+    now[0] = 0.5
+    plan.advance(s, 6 * MiB)  # 2 MiB to go at 12 MiB/s: 0.17 s, though long enough to split
+    assert plan.next() is None and plan.may_steal_later()
+
+
+def test_the_same_tail_at_a_slow_pace_is_stolen():
+    now = [0.0]
+    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
+    s = plan.claim_first()
+    now[0] = 0.5
+    plan.advance(s, 6 * MiB)
+    now[0] = 2.0  # the same 2 MiB to go, at 3 MiB/s now: 0.67 s
+    stolen = plan.next()
+    assert stolen is not None and (stolen.start, stolen.end) == (7 * MiB, 8 * MiB) and s.end == 7 * MiB
+
+
+def test_a_client_asking_again_for_what_it_asked_adds_no_want():
+    plan = Plan(100, 10, on_demand=True)
+    for _ in range(1000):
+        plan.want(5, 100)
+    plan.want(20, 30)
+    assert len(plan._wanted) == 1

@@ -1,0 +1,53 @@
+"""Which requests the fast path may answer itself. Everything else goes to aiohttp."""
+
+import pytest
+
+from cachenode.front.fastpath import PlainRequest, parse_plain
+
+GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
+
+
+@pytest.mark.parametrize("raw", [
+    GET + b"\r\n",
+    GET + b"User-Agent: Wget/1.21\r\nAccept: */*\r\nAccept-Encoding: identity\r\nConnection: Keep-Alive\r\n\r\n",
+    b"HEAD /x HTTP/1.1\r\nhost: h.example\r\n\r\n",
+])
+def test_plain_requests_are_accepted_with_their_exact_head(raw):
+    req = parse_plain(raw + b"GET /next")
+    assert isinstance(req, PlainRequest) and req.size == len(raw)
+    assert req.method in ("GET", "HEAD") and req.target.startswith("/")
+
+
+def test_an_incomplete_head_asks_for_more_bytes():
+    assert parse_plain(GET) is None
+
+
+@pytest.mark.parametrize("raw", [
+    GET + b"Range: bytes=0-1\r\n\r\n",
+    GET + b"If-None-Match: \"x\"\r\n\r\n",
+    GET + b"Authorization: Bearer t\r\n\r\n",
+    GET + b"Cookie: a=b\r\n\r\n",
+    GET + b"X-Nezha-Peer: n1\r\n\r\n",
+    GET + b"Cache-Control: only-if-cached\r\n\r\n",
+    GET + b"Connection: close\r\n\r\n",
+    GET + b"Content-Length: 5\r\n\r\n",
+    GET + b"Transfer-Encoding: chunked\r\n\r\n",
+    GET + b"Host: second.example\r\n\r\n",
+    GET + b" folded: line\r\n\r\n",
+    GET + b"Bad Name: x\r\n\r\n",
+    GET + b"Accept: a\x01b\r\n\r\n",
+    b"GET /x HTTP/1.0\r\nHost: h\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: h\r\n\r\n",
+    b"GET  /x HTTP/1.1\r\nHost: h\r\n\r\n",
+    b"GET /x HTTP/1.1\r\n\r\n",
+    b"GET /\xff HTTP/1.1\r\nHost: h\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: h\r\n" + b"A" * 9000,
+    # Bare LF anywhere in the head, complete or not: aiohttp answers 400 at
+    # once, where waiting for CRLF CRLF would hold the client.
+    b"GET /x HTTP/1.1\nHost: h\n\n",
+    b"GET /x HTTP/1.1\r\nHost: h\r\n\n",
+    b"GET /x HTTP/1.1\r\nHost: h\n\r\n",
+    b"GET /x HTTP/1.1\nHo",
+])
+def test_anything_else_is_left_to_aiohttp(raw):
+    assert parse_plain(raw) is False
