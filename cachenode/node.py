@@ -32,13 +32,14 @@ from nezha.ring import Peer
 from cachenode.front.fastpath import response_head
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
+from cachenode.fill.lead import Answer, Step, decide
 from cachenode.cluster.handoff import Handoff
 from cachenode.http.headers import Pairs
 from cachenode.cluster.invalidation import Invalidation
-from cachenode.http.freshness import (STORED_STATUSES, Policy, RequestDirectives, Use, current_age, judge,
+from cachenode.http.freshness import (Policy, RequestDirectives, Use, current_age, judge,
                                  may_serve_stale_on_error, request_bypasses_cache, request_directives,
                                  response_policy)
-from cachenode.http.headers import MAX_STORED_HEADER_BYTES, header_bytes, stored_pairs, updated_by_304
+from cachenode.http.headers import header_bytes, stored_pairs, updated_by_304
 from cachenode.http.vary import variant as variant_of
 from cachenode.http.vary import vary_names
 from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
@@ -566,22 +567,31 @@ class CacheNode:
             now = self._clock()
             policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl)
             expires_at = now + policy.ttl
+            kept = stored_pairs(response.headers)
+            names = vary_names(response.headers)
+            length = response.content_length
+            answer = Answer(status=response.status, policy=policy, vary=names,
+                            vary_listed=", ".join(response.headers.getall("Vary", [])),
+                            has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
+                            fits=length is None or self.store.fits(length), length=length,
+                            header_bytes=header_bytes(kept), from_peer=source.peer is not None,
+                            peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT)
+            decision = decide(answer, stale_held=stale is not None, stale_usable_on_error=stale is not None and (
+                may_serve_stale_on_error(now=now, expires_at=stale.expires_at, stale_if_error=stale.stale_if_error)))
+            if decision.step is Step.PEER_REFUSED:
+                # A peer copy is all or nothing: a replica never falls back to the origin.
+                error = OriginError(f"{source.what} answered {response.status} for {key}")
+                response.release()
+                self.flights.land(flight)
+                outcome = Outcome(Kind.FAILED, error=error)
+                flight.resolve(outcome)
+                return outcome, None
             if source.peer is not None:
-                # A stored 404 or 301 is a copy too, when the peer says it came from its disk.
-                if response.status != 200 and (response.status not in STORED_STATUSES
-                                               or response.headers.get(CACHE_HEADER) != CacheOutcome.HIT):
-                    # A peer copy is all or nothing: a replica never falls back to the origin.
-                    error = OriginError(f"{source.what} answered {response.status} for {key}")
-                    response.release()
-                    self.flights.land(flight)
-                    outcome = Outcome(Kind.FAILED, error=error)
-                    flight.resolve(outcome)
-                    return outcome, None
                 try:
                     expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
                 except ValueError:
                     pass
-            if response.status == 304 and stale is not None:
+            if decision.step is Step.REVALIDATED:
                 response.release()
                 # The 304's fields update the stored ones (RFC 9111 §3.2); its
                 # Age (not stored) shortens the lifetime it grants, and the
@@ -606,31 +616,14 @@ class CacheNode:
                 outcome = Outcome(Kind.REVALIDATED, meta=meta)
                 flight.resolve(outcome)
                 return outcome, None
-            if response.status >= 500 and stale is not None and may_serve_stale_on_error(
-                    now=now, expires_at=stale.expires_at, stale_if_error=stale.stale_if_error):
+            if decision.step is Step.STALE_ON_ERROR:
                 response.release()
                 self.flights.land(flight)
                 outcome = Outcome(Kind.FAILED, error=OriginError(f"{source.what} returned {response.status}"))
                 flight.resolve(outcome)
                 return outcome, None
-            length = response.content_length
-            kept = stored_pairs(response.headers)
-            names = vary_names(response.headers)
-            reason = None
-            if not policy.storable:
-                reason = policy.reason
-            elif names is None:
-                listed = ", ".join(response.headers.getall("Vary", []))
-                reason = f"Vary: {listed[:100]!r} names no field a request could match"
-            elif length is not None and not self.store.fits(length):
-                reason = f"{length} bytes exceed capacity"
-            elif policy.ttl <= 0 and not ("ETag" in response.headers or "Last-Modified" in response.headers):
-                reason = "it is stale at once and has no validator: it could never be reused"
-            elif header_bytes(kept) > MAX_STORED_HEADER_BYTES:
-                reason = (f"its header fields take {header_bytes(kept)} bytes, more than the "
-                          f"{MAX_STORED_HEADER_BYTES} this cache stores with an object")
-            if reason is not None:
-                log.info("response_not_stored", key=key, reason=reason)
+            if decision.step is Step.PASS:
+                log.info("response_not_stored", key=key, reason=decision.reason)
                 self.flights.land(flight)
                 outcome = Outcome(Kind.PASSED)
                 flight.resolve(outcome)

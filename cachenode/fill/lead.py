@@ -1,0 +1,76 @@
+"""What a flight's leader does with the answer it got. Pure: no I/O.
+
+The leader of a flight (`node.py`, `lead`) asks the origin (or, for a copy,
+a peer's disk) once for everybody waiting on a key. What it then does
+depends only on facts about that answer and about what is stored; this
+module names those facts and returns the step, so every branch is a row in
+a unit test and `lead` keeps only the I/O of the step chosen.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from cachenode.http.freshness import STORED_STATUSES, Policy
+from cachenode.http.headers import MAX_STORED_HEADER_BYTES
+
+
+class Step(enum.Enum):
+    PEER_REFUSED = "peer-refused"  # a peer had no stored copy: a replica never falls back to the origin
+    REVALIDATED = "revalidated"  # 304 for the stored object: it is fresh again
+    STALE_ON_ERROR = "stale-on-error"  # 5xx, and the stored object may be served stale (RFC 5861)
+    PASS = "pass"  # the answer goes to its client(s) and is not stored (`reason` says why)
+    FILL = "fill"  # store it while streaming it to every client of the flight
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the origin or peer answered, and what this node knows about storing it."""
+
+    status: int
+    policy: Policy  # freshness.response_policy of the answer
+    vary: tuple[str, ...] | None  # the fields it varies on; None: a Vary no request could match
+    vary_listed: str = ""  # its Vary as sent, for the reason
+    has_validator: bool = False  # ETag or Last-Modified
+    fits: bool = True  # its Content-Length fits the store's capacity (True when unknown)
+    length: int | None = None
+    header_bytes: int = 0  # of the fields that would be stored with it
+    from_peer: bool = False  # a copy asked of a peer's disk
+    peer_says_hit: bool = False  # that peer answered from its disk (X-Nezha-Cache: hit)
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    reason: str | None = None
+
+
+def decide(answer: Answer, *, stale_held: bool, stale_usable_on_error: bool) -> Decision:
+    """The step for `answer`; `stale_held`: a stored object was being revalidated,
+    `stale_usable_on_error`: it may still be served when the origin fails."""
+    a = answer
+    # A stored 404 or 301 is a copy too, when the peer says it came from its disk.
+    if a.from_peer and a.status != 200 and (a.status not in STORED_STATUSES or not a.peer_says_hit):
+        return Decision(Step.PEER_REFUSED)
+    if a.status == 304 and stale_held:
+        return Decision(Step.REVALIDATED)
+    if a.status >= 500 and stale_held and stale_usable_on_error:
+        return Decision(Step.STALE_ON_ERROR)
+    reason = _not_stored_because(a)
+    return Decision(Step.PASS, reason) if reason is not None else Decision(Step.FILL)
+
+
+def _not_stored_because(a: Answer) -> str | None:
+    if not a.policy.storable:
+        return a.policy.reason
+    if a.vary is None:
+        return f"Vary: {a.vary_listed[:100]!r} names no field a request could match"
+    if a.length is not None and not a.fits:
+        return f"{a.length} bytes exceed capacity"
+    if a.policy.ttl <= 0 and not a.has_validator:
+        return "it is stale at once and has no validator: it could never be reused"
+    if a.header_bytes > MAX_STORED_HEADER_BYTES:
+        return (f"its header fields take {a.header_bytes} bytes, more than the "
+                f"{MAX_STORED_HEADER_BYTES} this cache stores with an object")
+    return None
