@@ -28,6 +28,7 @@ class LocalOrigin:
         self.chunk = chunk
         self.ranges = ranges
         self.gets = 0
+        self.sent = 0  # body bytes written to clients (throttled mode): what a fill cost the origin
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -83,6 +84,7 @@ class LocalOrigin:
                                                       min(step, last + 1 - first - sent), first + sent)
                     await resp.write(data)
                     sent += len(data)
+                    self.sent += len(data)
                     ahead = sent / self.rate - (loop.time() - start)
                     if ahead > 0:
                         await asyncio.sleep(ahead)
