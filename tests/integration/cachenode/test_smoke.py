@@ -21,7 +21,7 @@ async def test_second_download_is_a_hit_with_same_bytes(origin, make_node, sessi
 async def test_client_hanging_up_mid_hit_is_logged_once_as_client_gone(origin, make_node, session, caplog, sendfile):
     """A hit cut short by its client is an info line with the bytes sent, not a 500 with a traceback.
 
-    Served by aiohttp (serve.py), not the fast path, which has its own writer."""
+    Served by aiohttp (front/respond.py), not the fast path, which has its own writer."""
     from structlog.testing import capture_logs
 
     from tests.integration.cachenode.conftest import hang_up_after, logged, until

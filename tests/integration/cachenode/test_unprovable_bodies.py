@@ -333,7 +333,7 @@ def meta_for(url: str = "http://127.0.0.1:9" + PATH) -> Meta:
 
 
 async def drain(fill: Fill, reader, *, pause: int = 0) -> bytes:
-    """What serve.py does with a fill: send from the reader's file up to
+    """What front/respond.py does with a fill: send from the reader's file up to
     `on_disk`, and from memory after it, reporting progress as it goes.
     `pause` yields to the loop that many times per step: a slow client."""
     got, offset = bytearray(), 0
