@@ -30,6 +30,7 @@ from cachenode.front.access import access
 from cachenode.cluster.view import ClusterView
 from nezha.ring import Peer
 from cachenode.front.fastpath import response_head
+from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
 from cachenode.fill.lead import Answer, Step, decide
@@ -63,15 +64,6 @@ class LeaderGone(FillAborted):
     """The request leading a flight ended before the origin answered."""
 
 
-# Methods whose purpose is to read (RFC 9110 §9.2.1); any other, known or not,
-# may change the resource, and a success invalidates it (RFC 9111 §4.4).
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-# Refused: CONNECT would make the cache a tunnel to anywhere, TRACE would
-# echo to the origin's side what clients sent the cache (credentials included).
-REFUSED_METHODS = {
-    "CONNECT": "this cache is not a tunnel; clients reach HTTPS hosts without CONNECT",
-    "TRACE": "the cache does not echo requests",
-}
 # A fill reads its origin (or peer) in pieces of up to this size: one per
 # object however many clients wait, so larger than a client stream's
 # chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
@@ -835,55 +827,3 @@ _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
 _RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
                   relayed(CacheOutcome.STALE): "peer_hits", relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}
-
-
-ALLOWED_METHODS = sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"})
-
-
-@web.middleware
-async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
-    """CONNECT and TRACE are refused before routing: a CONNECT's target
-    (`host:443`) is no path, and would otherwise be a puzzling 404. The node
-    answers an OPTIONS itself when it is the last hop it may travel
-    (`Max-Forwards: 0`, RFC 9110 §7.6.2) or asks about the server as a whole
-    (`OPTIONS *`, §9.3.7)."""
-    if request.method in REFUSED_METHODS:
-        raise web.HTTPMethodNotAllowed(
-            request.method, ALLOWED_METHODS,
-            text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")
-    if request.method == "OPTIONS" and (request.raw_path == "*"
-                                        or request.headers.get("Max-Forwards", "").strip() == "0"):
-        access(request).cache = "options"
-        return web.Response(status=200, headers={"Allow": ", ".join(ALLOWED_METHODS)})
-    return await handler(request)
-
-
-@web.middleware
-async def access_log(request: web.Request, handler) -> web.StreamResponse:
-    """One `request_completed` line per request, with the cache outcome."""
-    started = time.monotonic()
-    record = access(request)
-    status = 500
-    try:
-        resp = await handler(request)
-        status = resp.status
-        return resp
-    except web.HTTPException as e:
-        status = e.status
-        if record.cache is None:
-            record.cache = CacheOutcome.REFUSED if status in (400, 403, 405) else CacheOutcome.ERROR
-        raise
-    finally:
-        fields = {"method": request.method, "host": record.host, "path": request.path[:300], "status": status,
-                  "cache": record.cache, "bytes": record.bytes, "ms": round((time.monotonic() - started) * 1000, 2)}
-        if record.broken:
-            fields["broken"] = True
-        if record.peer:
-            fields["peer"] = record.peer
-        node = request.app.get(NODE)
-        if node is not None:
-            node.metrics.requests.labels(cache=record.cache or "none").inc()
-        log.info("request_completed", **fields)
-
-
-NODE = web.AppKey("nezha_node", CacheNode)
