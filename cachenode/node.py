@@ -101,8 +101,11 @@ class CacheNode:
         self._tasks: set[asyncio.Task] = set()
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task: settled() skips parked ones
         self._ready = False
-        self.handoff = Handoff(node=self)
-        self.invalidation = Invalidation(node=self)
+        self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
+                               flights=self.flights, client=origins, lead=self.lead, spawn=self.spawn)
+        self.invalidation = Invalidation(node_id=self.node_id, settings=settings, cluster=self.cluster,
+                                         client=origins, internal_headers=self.handoff.internal_headers,
+                                         forget=self.forget)
         self._hit_requests = self.metrics.requests.labels(cache=CacheOutcome.HIT)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}

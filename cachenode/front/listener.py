@@ -85,7 +85,7 @@ class Listener:
 
         self._handler = handler
         self._server = await loop.create_server(
-            lambda: FastPath(node=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
+            lambda: FastPath(hits=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
                              serve_hits=self.node.settings.fast_hits),
             host, port, reuse_address=True, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]
