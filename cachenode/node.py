@@ -30,9 +30,10 @@ from cachenode.front.access import access
 from cachenode.cluster.view import ClusterView
 from nezha.ring import Peer
 from cachenode.front.fastpath import response_head
+from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
-from cachenode.fill.lead import Answer, Step, decide
+from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.cluster.handoff import Handoff
 from cachenode.http.headers import Pairs
 from cachenode.cluster.invalidation import Invalidation
@@ -63,15 +64,6 @@ class LeaderGone(FillAborted):
     """The request leading a flight ended before the origin answered."""
 
 
-# Methods whose purpose is to read (RFC 9110 §9.2.1); any other, known or not,
-# may change the resource, and a success invalidates it (RFC 9111 §4.4).
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-# Refused: CONNECT would make the cache a tunnel to anywhere, TRACE would
-# echo to the origin's side what clients sent the cache (credentials included).
-REFUSED_METHODS = {
-    "CONNECT": "this cache is not a tunnel; clients reach HTTPS hosts without CONNECT",
-    "TRACE": "the cache does not echo requests",
-}
 # A fill reads its origin (or peer) in pieces of up to this size: one per
 # object however many clients wait, so larger than a client stream's
 # chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
@@ -109,8 +101,11 @@ class CacheNode:
         self._tasks: set[asyncio.Task] = set()
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task: settled() skips parked ones
         self._ready = False
-        self.handoff = Handoff(node=self)
-        self.invalidation = Invalidation(node=self)
+        self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
+                               flights=self.flights, client=origins, lead=self.lead, spawn=self.spawn)
+        self.invalidation = Invalidation(node_id=self.node_id, settings=settings, cluster=self.cluster,
+                                         client=origins, internal_headers=self.handoff.internal_headers,
+                                         forget=self.forget)
         self._hit_requests = self.metrics.requests.labels(cache=CacheOutcome.HIT)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}
@@ -541,106 +536,108 @@ class CacheNode:
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
-        """Ask the source once for everybody waiting on `key`."""
-        headers = CIMultiDict(source.headers)
-        if stale is not None:
-            if stale.etag:
-                headers["If-None-Match"] = stale.etag
-            if stale.last_modified:
-                headers["If-Modified-Since"] = stale.last_modified
+        """Ask the source once for everybody waiting on `key`; the step taken
+        with its answer is `fill/lead.py`'s decision, this is only its I/O."""
         response: aiohttp.ClientResponse | None = None
         try:
             try:
-                if source.peer is not None:
-                    # A copy is served from the source's disk or refused at once;
-                    # a source that stops answering is given up by probing it.
-                    response = await self.relay.ask(source.peer, "GET", source.url, headers=headers,
-                                                    header_timeout=self.settings.origin_read_timeout)
-                else:
-                    response = await self.origins.request("GET", source.url, headers=headers, what=source.what)
+                response = await self._ask(source, stale)
             except OriginError as e:
                 self.flights.land(flight)
                 self._count(target.host, failed_fills=1)
-                outcome = Outcome(Kind.FAILED, error=e)
-                flight.resolve(outcome)
-                return outcome, None
+                return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
             now = self._clock()
             policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl)
             expires_at = now + policy.ttl
             kept = stored_pairs(response.headers)
             names = vary_names(response.headers)
-            length = response.content_length
-            answer = Answer(status=response.status, policy=policy, vary=names,
-                            vary_listed=", ".join(response.headers.getall("Vary", [])),
-                            has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
-                            fits=length is None or self.store.fits(length), length=length,
-                            header_bytes=header_bytes(kept), from_peer=source.peer is not None,
-                            peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT)
-            decision = decide(answer, stale_held=stale is not None, stale_usable_on_error=stale is not None and (
-                may_serve_stale_on_error(now=now, expires_at=stale.expires_at, stale_if_error=stale.stale_if_error)))
+            decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
+                                      fits=self.store.fits),
+                              stale_held=stale is not None, stale_usable_on_error=stale is not None and (
+                                  may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
+                                                           stale_if_error=stale.stale_if_error)))
             if decision.step is Step.PEER_REFUSED:
                 # A peer copy is all or nothing: a replica never falls back to the origin.
                 error = OriginError(f"{source.what} answered {response.status} for {key}")
                 response.release()
-                self.flights.land(flight)
-                outcome = Outcome(Kind.FAILED, error=error)
-                flight.resolve(outcome)
-                return outcome, None
+                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
             if source.peer is not None:
                 try:
                     expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
                 except ValueError:
                     pass
             if decision.step is Step.REVALIDATED:
+                assert stale is not None
                 response.release()
-                # The 304's fields update the stored ones (RFC 9111 §3.2); its
-                # Age (not stored) shortens the lifetime it grants, and the
-                # object's age restarts from it.
-                merged = updated_by_304(stale.headers, response.headers)
-                judged = CIMultiDict(merged)
-                for name in ("Age", "Date"):  # not stored, but they date the 304
-                    if name in response.headers:
-                        judged[name] = response.headers[name]
-                renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl)
-                meta = await self.store.refresh(
-                    stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
-                    age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
-                    stale_while_revalidate=renewed.stale_while_revalidate)
-                if not renewed.storable:
-                    # The 304 made it one client's (private, no-store, Set-Cookie):
-                    # this request may have it, nobody after (RFC 9111 §3.2, §3).
-                    log.info("object_not_kept", key=key, reason=renewed.reason)
-                    if await self.store.remove_one(meta):
-                        self._object_gone(meta)
-                self.flights.land(flight)
-                outcome = Outcome(Kind.REVALIDATED, meta=meta)
-                flight.resolve(outcome)
-                return outcome, None
+                meta = await self._revalidated(stale, response, key=key, now=now, origin=origin)
+                return self._landed(flight, Outcome(Kind.REVALIDATED, meta=meta)), None
             if decision.step is Step.STALE_ON_ERROR:
                 response.release()
-                self.flights.land(flight)
-                outcome = Outcome(Kind.FAILED, error=OriginError(f"{source.what} returned {response.status}"))
-                flight.resolve(outcome)
-                return outcome, None
+                error = OriginError(f"{source.what} returned {response.status}")
+                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
             if decision.step is Step.PASS:
                 log.info("response_not_stored", key=key, reason=decision.reason)
-                self.flights.land(flight)
-                outcome = Outcome(Kind.PASSED)
-                flight.resolve(outcome)
-                return outcome, response
+                return self._landed(flight, Outcome(Kind.PASSED)), response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin)
             response = None  # the fill owns it now
-            outcome = Outcome(Kind.STREAMING, fill=fill)
-            flight.resolve(outcome)
-            return outcome, None
+            return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
             if response is not None:
                 response.release()
             if not flight.outcome.done():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
+
+    async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
+        """The source's answer to the fill's request, made conditional on what is stored."""
+        headers = CIMultiDict(source.headers)
+        if stale is not None:
+            if stale.etag:
+                headers["If-None-Match"] = stale.etag
+            if stale.last_modified:
+                headers["If-Modified-Since"] = stale.last_modified
+        if source.peer is not None:
+            # A copy is served from the source's disk or refused at once;
+            # a source that stops answering is given up by probing it.
+            return await self.relay.ask(source.peer, "GET", source.url, headers=headers,
+                                        header_timeout=self.settings.origin_read_timeout)
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+
+    @staticmethod
+    def _resolve_flight(flight: Flight, outcome: Outcome) -> Outcome:
+        flight.resolve(outcome)
+        return outcome
+
+    def _landed(self, flight: Flight, outcome: Outcome) -> Outcome:
+        """End `flight` with `outcome`: nothing of it is left to store."""
+        self.flights.land(flight)
+        return self._resolve_flight(flight, outcome)
+
+    async def _revalidated(self, stale: Meta, response: aiohttp.ClientResponse, *, key: str, now: float,
+                           origin: Origin) -> Meta:
+        """The stored object `stale`, renewed by the 304 `response`."""
+        # The 304's fields update the stored ones (RFC 9111 §3.2); its
+        # Age (not stored) shortens the lifetime it grants, and the
+        # object's age restarts from it.
+        merged = updated_by_304(stale.headers, response.headers)
+        judged = CIMultiDict(merged)
+        for name in ("Age", "Date"):  # not stored, but they date the 304
+            if name in response.headers:
+                judged[name] = response.headers[name]
+        renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl)
+        meta = await self.store.refresh(
+            stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
+            age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
+            stale_while_revalidate=renewed.stale_while_revalidate)
+        if not renewed.storable:
+            # The 304 made it one client's (private, no-store, Set-Cookie):
+            # this request may have it, nobody after (RFC 9111 §3.2, §3).
+            log.info("object_not_kept", key=key, reason=renewed.reason)
+            if await self.store.remove_one(meta):
+                self._object_gone(meta)
+        return meta
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                           host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
@@ -666,6 +663,89 @@ class CacheNode:
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
+        def on_bytes(n: int) -> None:
+            if source.peer is None:
+                from_origin.inc(n)
+                self._count(host, bytes_from_origin=n, metrics=False)
+
+        streams = origin.fill_streams or self.settings.fill_streams
+        validator = parallel_validator(
+            response.status, response.headers, length, streams=streams,
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=fill.delimited_by_close,
+                              rangeable=validator is not None, client_ranged=source.ranged),
+                         splice_fills=self.settings.splice_fills,
+                         fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
+                         else self.settings.fill_on_range)
+        ranged = None
+        if plan.how is How.PARALLEL:
+            assert validator is not None
+            ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
+                                        on_demand=plan.on_demand, landed=flight.landed)
+        work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
+                               source=source, target=target)
+        task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
+        self._fills[task] = fill
+        task.add_done_callback(lambda t: self._fills.pop(t, None))
+        return fill
+
+    async def _fill_work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                         plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
+                         target: Target) -> Meta:
+        """Read the body as `plan` says into the fill, then store and count it."""
+        key, url, host = meta.key, meta.url, meta.host
+        started = time.monotonic()
+        # A copy from a peer that freezes mid-body fails within seconds, not
+        # after the read timeout (the origin is not probed: it has no /healthz).
+        watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
+        try:
+            stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
+                                           on_bytes=on_bytes)
+        except NotStored:
+            raise  # streamed whole to its clients, only not stored: not a failed fill
+        except NezhaError:
+            self._count(host, failed_fills=1)
+            raise
+        except Exception as e:
+            # A bug outside the fill's own run (which turns every error into
+            # a NezhaError): its clients must learn it, not wait forever.
+            self._count(host, failed_fills=1)
+            error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
+            log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
+            if fill.error is None:
+                fill.error = error
+                await fill.writes_done()  # no thread may still write the file it closes
+                await self.store.discard(fill.temp)
+                fill.advance(0)  # wakes its readers, who find the error
+            raise error from e
+        finally:
+            if watch is not None:
+                watch.cancel()
+            self.metrics.fills_in_flight.dec()
+        if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
+            raise Superseded(f"a write to {url} succeeded while {key} was being stored")
+        self._update_store_gauges()
+        self._count(host, objects=1, bytes_stored=stored.size)
+        if self.index is not None:
+            self.index.object_stored(key, url=url, host=host, size=stored.size)
+        log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
+                 seconds=round(time.monotonic() - started, 3))
+        if source.peer is None:
+            self.handoff.replicate_soon(stored, target)
+        return stored
+
+    async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                         plan: Plan, ranged, on_bytes: Callable[[int], None]) -> Meta:
+        superseded = lambda: flight.superseded  # noqa: E731
+        if plan.how is How.PARALLEL:
+            fetch, fallback = ranged
+            return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
+                                         superseded=superseded)
+        if plan.how is How.SPLICED and (taken := splice.take(response)) is not None:
+            return await fill.run_spliced(taken, store=self.store, meta=meta,
+                                          read_timeout=self.settings.origin_read_timeout,
+                                          on_bytes=on_bytes, superseded=superseded)
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in response.content.iter_chunked(FILL_READ):
@@ -673,76 +753,7 @@ class CacheNode:
             finally:
                 response.release()
 
-        def on_bytes(n: int) -> None:
-            if source.peer is None:
-                from_origin.inc(n)
-                self._count(host, bytes_from_origin=n, metrics=False)
-
-        ranged = None
-        if source.peer is None and not fill.delimited_by_close:
-            streams = origin.fill_streams or self.settings.fill_streams
-            validator = parallel_validator(
-                response.status, response.headers, length, streams=streams,
-                threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
-            if validator is not None:
-                on_range = origin.fill_on_range if origin.fill_on_range is not None else self.settings.fill_on_range
-                ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
-                                            on_demand=source.ranged and not on_range, landed=flight.landed)
-
-        async def work() -> Meta:
-            started = time.monotonic()
-            # A copy from a peer that freezes mid-body fails within seconds, not
-            # after the read timeout (the origin is not probed: it has no /healthz).
-            watch = self.relay.guard(source.peer, response, lambda: fill.written) if source.peer else None
-            try:
-                if ranged is not None:
-                    fetch, fallback = ranged
-                    stored = await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
-                                                   superseded=lambda: flight.superseded)
-                elif self.settings.splice_fills and (taken := splice.take(response)) is not None:
-                    stored = await fill.run_spliced(taken, store=self.store, meta=meta,
-                                                    read_timeout=self.settings.origin_read_timeout,
-                                                    on_bytes=on_bytes, superseded=lambda: flight.superseded)
-                else:
-                    stored = await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes,
-                                            superseded=lambda: flight.superseded)
-            except NotStored:
-                raise  # streamed whole to its clients, only not stored: not a failed fill
-            except NezhaError:
-                self._count(host, failed_fills=1)
-                raise
-            except Exception as e:
-                # A bug outside the fill's own run (which turns every error into
-                # a NezhaError): its clients must learn it, not wait forever.
-                self._count(host, failed_fills=1)
-                error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
-                log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
-                if fill.error is None:
-                    fill.error = error
-                    await fill.writes_done()  # no thread may still write the file it closes
-                    await self.store.discard(fill.temp)
-                    fill.advance(0)  # wakes its readers, who find the error
-                raise error from e
-            finally:
-                if watch is not None:
-                    watch.cancel()
-                self.metrics.fills_in_flight.dec()
-            if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
-                raise Superseded(f"a write to {url} succeeded while {key} was being stored")
-            self._update_store_gauges()
-            self._count(host, objects=1, bytes_stored=stored.size)
-            if self.index is not None:
-                self.index.object_stored(key, url=url, host=host, size=stored.size)
-            log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
-                     seconds=round(time.monotonic() - started, 3))
-            if source.peer is None:
-                self.handoff.replicate_soon(stored, target)
-            return stored
-
-        task = self.spawn(run_fill_in_background(self.flights, flight, fill, work()))
-        self._fills[task] = fill
-        task.add_done_callback(lambda t: self._fills.pop(t, None))
-        return fill
+        return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
 
     def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
@@ -818,6 +829,18 @@ class CacheNode:
                 self.index.count(host, **deltas)
 
 
+def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
+            source: Source, fits: Callable[[int], bool]) -> Answer:
+    """The facts about `response` that `fill/lead.py` decides on."""
+    length = response.content_length
+    return Answer(status=response.status, policy=policy, vary=vary,
+                  vary_listed=", ".join(response.headers.getall("Vary", [])),
+                  has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
+                  fits=length is None or fits(length), length=length,
+                  header_bytes=header_bytes(kept), from_peer=source.peer is not None,
+                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT)
+
+
 _PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
 
 
@@ -835,55 +858,3 @@ _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
 _RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
                   relayed(CacheOutcome.STALE): "peer_hits", relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}
-
-
-ALLOWED_METHODS = sorted(SAFE_METHODS - {"TRACE"} | {"POST", "PUT", "DELETE", "PATCH"})
-
-
-@web.middleware
-async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
-    """CONNECT and TRACE are refused before routing: a CONNECT's target
-    (`host:443`) is no path, and would otherwise be a puzzling 404. The node
-    answers an OPTIONS itself when it is the last hop it may travel
-    (`Max-Forwards: 0`, RFC 9110 §7.6.2) or asks about the server as a whole
-    (`OPTIONS *`, §9.3.7)."""
-    if request.method in REFUSED_METHODS:
-        raise web.HTTPMethodNotAllowed(
-            request.method, ALLOWED_METHODS,
-            text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")
-    if request.method == "OPTIONS" and (request.raw_path == "*"
-                                        or request.headers.get("Max-Forwards", "").strip() == "0"):
-        access(request).cache = "options"
-        return web.Response(status=200, headers={"Allow": ", ".join(ALLOWED_METHODS)})
-    return await handler(request)
-
-
-@web.middleware
-async def access_log(request: web.Request, handler) -> web.StreamResponse:
-    """One `request_completed` line per request, with the cache outcome."""
-    started = time.monotonic()
-    record = access(request)
-    status = 500
-    try:
-        resp = await handler(request)
-        status = resp.status
-        return resp
-    except web.HTTPException as e:
-        status = e.status
-        if record.cache is None:
-            record.cache = CacheOutcome.REFUSED if status in (400, 403, 405) else CacheOutcome.ERROR
-        raise
-    finally:
-        fields = {"method": request.method, "host": record.host, "path": request.path[:300], "status": status,
-                  "cache": record.cache, "bytes": record.bytes, "ms": round((time.monotonic() - started) * 1000, 2)}
-        if record.broken:
-            fields["broken"] = True
-        if record.peer:
-            fields["peer"] = record.peer
-        node = request.app.get(NODE)
-        if node is not None:
-            node.metrics.requests.labels(cache=record.cache or "none").inc()
-        log.info("request_completed", **fields)
-
-
-NODE = web.AppKey("nezha_node", CacheNode)

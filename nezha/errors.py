@@ -37,11 +37,10 @@ the drawing is the tree the code defines.
     │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
     │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write
     ├── BrokenStream  cachenode.front.respond: a body could not be completed; the connection was closed
-    ├── ClientGone  cachenode.front.respond: the client closed its connection mid-body
     └── NotAllowed  cachenode.tls.certificates: a certificate asked for a name that is no origin
 
     ConnectionError  builtins
-    ├── ClientGone  cachenode.kernel.splice: the client's socket stopped taking bytes
+    ├── ClientGone  cachenode.kernel.splice: the client closed its connection mid-body (relay, sendfile)
     └── SendCut  cachenode.front.respond: the client's socket failed during a sendfile
 
     OSError  builtins

@@ -37,7 +37,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Coroutine, Protocol
 
 import aiohttp
 import structlog
@@ -45,17 +45,16 @@ from aiohttp import web
 
 from cachenode.cluster.view import ClusterView
 from nezha.ring import Peer
-from nezha.config import parse_hostport
-from cachenode.fill.flights import Fill, Kind, Source
+from nezha.config import CacheSettings, Origin, parse_hostport
+from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source
+from cachenode.fill.origin import OriginClient
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership
 from cachenode.cluster.peer_auth import peer_auth, refuse_internal
 from nezha.wire import HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER
-from cachenode.store.disk import Meta
+from cachenode.store.disk import Meta, Store
 from cachenode.http.vary import selecting_headers
 
-if TYPE_CHECKING:
-    from cachenode.node import CacheNode
 
 log = structlog.get_logger("nezha.handoff")
 
@@ -95,9 +94,29 @@ def _line(message: dict) -> bytes:
     return json.dumps(message).encode() + b"\n"
 
 
+class Lead(Protocol):
+    """How a copy is fetched: as the leader of the key's flight (`CacheNode.lead`)."""
+
+    async def __call__(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
+                       target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]: ...
+
+
 class Handoff:
-    def __init__(self, *, node: "CacheNode", parallel: int = 4) -> None:
-        self.node = node
+    """Copies between nodes. Given the parts it uses, not the node: the view
+    of the ring, the store it reads, the flights a copy joins, the client it
+    asks peers with, how to lead a fetch and how to run background work."""
+
+    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, store: Store,
+                 flights: Flights, client: OriginClient, lead: Lead,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task], parallel: int = 4) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self.cluster = cluster
+        self.store = store
+        self.flights = flights
+        self.client = client
+        self.lead = lead
+        self.spawn = spawn
         self.parallel = parallel
         self.progress = Progress()
         self._running: asyncio.Task | None = None
@@ -105,7 +124,7 @@ class Handoff:
     # -- HTTP ------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.raw_path.split("?", 1)[0]
-        why = refuse_internal(remote=request.remote, token=self.node.settings.cluster_token,
+        why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
                               presented=request.headers.get(TOKEN_HEADER))
         if why is not None:
             raise web.HTTPForbidden(text=f"{why}\n")
@@ -135,7 +154,7 @@ class Handoff:
             raise web.HTTPBadRequest(text=f"replicate scheme {scheme!r} is neither http nor https\n")
         if not all(isinstance(v, str) for v in (host, path, source)):
             raise web.HTTPBadRequest(text="replicate wants string fields host, path and source\n")
-        peer = self.node.cluster.peer(source)
+        peer = self.cluster.peer(source)
         address = body.get("address")
         if peer is None and isinstance(address, str):
             # A node the ring no longer has, handing off before it exits (a
@@ -151,7 +170,7 @@ class Handoff:
             target = parse_target(path, host, scheme=scheme)
         except BadTarget as e:
             raise web.HTTPBadRequest(text=f"bad target: {e}\n")
-        if target.host not in self.node.settings.origin_table:
+        if target.host not in self.settings.origin_table:
             raise web.HTTPForbidden(text=f"host {target.host!r} is not a configured origin\n")
         selecting = body.get("headers") or {}
         if not isinstance(selecting, dict) or len(selecting) > 32 or not all(
@@ -160,7 +179,7 @@ class Handoff:
             raise web.HTTPBadRequest(text="replicate headers must be an object of at most 32 request fields\n")
         copy = _Copy()
         # The copy runs on its own: a caller that hangs up does not stop it.
-        task = self.node.spawn(self.copy_from(peer, target, copy=copy, headers=selecting))
+        task = self.spawn(self.copy_from(peer, target, copy=copy, headers=selecting))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         try:
@@ -169,7 +188,7 @@ class Handoff:
                 if not task.done():
                     await resp.write(_line({"copying": copy.bytes}))
             if task.cancelled():
-                result = f"failed: {self.node.node_id} is stopping"
+                result = f"failed: {self.node_id} is stopping"
             elif task.exception() is not None:
                 result = f"failed: {type(task.exception()).__name__}: {task.exception()}"
             else:
@@ -189,9 +208,9 @@ class Handoff:
         weights = body.get("weights") or {}
         if self._running is not None and not self._running.done():
             raise web.HTTPConflict(text=f"a hand-off is already running; GET {HANDOFF_PATH} for progress\n")
-        view = ClusterView(node_id=self.node.node_id, replicas=self.node.cluster.replicas)
+        view = ClusterView(node_id=self.node_id, replicas=self.cluster.replicas)
         view.update(Membership(epoch=body.get("epoch"), nodes=nodes, weights=weights))
-        self._running = self.node.spawn(self.run(view))
+        self._running = self.spawn(self.run(view))
         return web.json_response(asdict(self.progress), status=202)
 
     # -- work --------------------------------------------------------------------
@@ -202,19 +221,18 @@ class Handoff:
 
         Returns "copied", "present" or "failed: <why>"; `copy` follows its bytes.
         """
-        node = self.node
-        origin = node.settings.origin_table[target.host]
+        origin = self.settings.origin_table[target.host]
         key = key_for(target, origin)
         selecting = headers or {}
         for _ in range(5):
-            meta = node.store.lookup(key, selecting)
+            meta = self.store.lookup(key, selecting)
             if meta is not None and meta.fresh(time.time()):
                 return "present"
-            flight, leader = node.flights.lead_or_join(key)
+            flight, leader = self.flights.lead_or_join(key)
             if leader:
-                source = _peer_source(node, peer, target, selecting)
+                source = _peer_source(self.node_id, self.settings.cluster_token, peer, target, selecting)
                 url = origin.upstream_for(target.scheme, target.host) + target.path_qs
-                outcome, response = await node.lead(flight, key=key, url=url, origin=origin, stale=None,
+                outcome, response = await self.lead(flight, key=key, url=url, origin=origin, stale=None,
                                                     target=target, source=source)
                 if response is not None:
                     response.release()
@@ -244,23 +262,23 @@ class Handoff:
             result = await self.copy_from(peer, target)
             log.info("replica_kept", source=peer.id, path=target.path, result=result)
 
-        self.node.spawn(copy())
+        self.spawn(copy())
 
     def replicate_soon(self, meta: Meta, target: Target) -> None:
         """After a fill from the origin: have the key's other owners copy it from here."""
-        others = [p for p in self.node.cluster.owners(meta.key) if p.id != self.node.node_id]
+        others = [p for p in self.cluster.owners(meta.key) if p.id != self.node_id]
         if not others:
             return
         selecting = selecting_headers(meta.vary, meta.variant)
         if selecting is None:
             log.info("replica_not_asked", key=meta.key, reason="its variant cannot be spelled as request fields")
             return
-        self.node.spawn(self._push(others, target, selecting))
+        self.spawn(self._push(others, target, selecting))
 
     def internal_headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        if self.node.settings.cluster_token:
-            headers[TOKEN_HEADER] = self.node.settings.cluster_token
+        if self.settings.cluster_token:
+            headers[TOKEN_HEADER] = self.settings.cluster_token
         return headers
 
     async def _push(self, peers: list[Peer], target: Target, selecting: dict[str, str]) -> list[str]:
@@ -273,16 +291,16 @@ class Handoff:
         Waits for the whole copy however long it takes, as long as `peer`
         keeps reporting progress; `on_bytes` gets the bytes as they arrive.
         """
-        settings = self.node.settings
+        settings = self.settings
         body: dict[str, Any] = {"scheme": target.scheme, "host": target.host, "path": target.path_qs,
-                                "source": self.node.node_id,
+                                "source": self.node_id,
                                 "address": settings.advertise or settings.listen}
         if headers:
             body["headers"] = headers
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.node.settings.peer_timeout,
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.peer_timeout,
                                         sock_read=REPLICATE_SILENCE)
         try:
-            r = await self.node.origins.request(
+            r = await self.client.request(
                 "POST", peer.url + REPLICATE_PATH, headers=self.internal_headers(),
                 what=f"peer {peer.id} replicate", json=body, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
@@ -325,8 +343,7 @@ class Handoff:
 
     async def run(self, view: ClusterView) -> Progress:
         """Copy every object held here to each of its owners under `view`'s ring."""
-        node = self.node
-        metas = node.store.metas()  # every variant is an object of its own
+        metas = self.store.metas()  # every variant is an object of its own
         self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
                                      started=time.time())
         log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.nodes))
@@ -340,7 +357,7 @@ class Handoff:
             async with gate:
                 try:
                     selecting = selecting_headers(listed.vary, listed.variant)
-                    meta = node.store.lookup(key, selecting or {})
+                    meta = self.store.lookup(key, selecting or {})
                     if meta is None or meta.slot != listed.slot:
                         return  # evicted since the listing
                     if selecting is None:
@@ -355,7 +372,7 @@ class Handoff:
                         return
                     target = target_of(key)
                     results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
-                               for peer in view.owners(key) if peer.id != node.node_id]
+                               for peer in view.owners(key) if peer.id != self.node_id]
                     for r in results:
                         if r == "copied":
                             p.copied += 1
@@ -377,7 +394,8 @@ class Handoff:
 
 
 
-def _peer_source(node: "CacheNode", peer: Peer, target: Target, selecting: dict[str, str]) -> Source:
+def _peer_source(node_id: str, cluster_token: str | None, peer: Peer, target: Target,
+                 selecting: dict[str, str]) -> Source:
     return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
-                  headers={**selecting, "Host": target.host, PEER_HEADER: node.node_id, SCHEME_HEADER: target.scheme,
-                           "Cache-Control": "only-if-cached", **peer_auth(node.settings.cluster_token)})
+                  headers={**selecting, "Host": target.host, PEER_HEADER: node_id, SCHEME_HEADER: target.scheme,
+                           "Cache-Control": "only-if-cached", **peer_auth(cluster_token)})

@@ -19,17 +19,17 @@ but comes back with its old copy) is bounded by that copy's freshness.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Awaitable, Callable
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.cluster.view import ClusterView
+from cachenode.fill.origin import OriginClient
+from nezha.config import CacheSettings
 from nezha.wire import INVALIDATE_PATH, TOKEN_HEADER
-
-if TYPE_CHECKING:
-    from cachenode.node import CacheNode
 
 log = structlog.get_logger("nezha.invalidation")
 
@@ -37,13 +37,23 @@ MAX_KEYS = 16  # a write names its URL, Location and Content-Location: three
 
 
 class Invalidation:
+    """Given what it uses, not the node: who owns a key, the client it tells
+    peers with, their request headers, and how this node forgets keys."""
+
     PATH = INVALIDATE_PATH
 
-    def __init__(self, *, node: "CacheNode") -> None:
-        self.node = node
+    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, client: OriginClient,
+                 internal_headers: Callable[[], dict[str, str]],
+                 forget: Callable[..., Awaitable[int]]) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self.cluster = cluster
+        self.client = client
+        self.internal_headers = internal_headers
+        self.forget = forget
 
     async def handle(self, request: web.Request) -> web.Response:
-        why = refuse_internal(remote=request.remote, token=self.node.settings.cluster_token,
+        why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
                               presented=request.headers.get(TOKEN_HEADER))
         if why is not None:
             raise web.HTTPForbidden(text=f"{why}\n")
@@ -58,24 +68,24 @@ class Invalidation:
                 isinstance(k, str) for k in keys):
             raise web.HTTPBadRequest(text=f"invalidate wants keys: a list of 1 to {MAX_KEYS} cache keys\n")
         reason = str(body.get("reason", ""))[:300]
-        removed = await self.node.forget(keys, why=f"{reason} (told by {request.remote})")
+        removed = await self.forget(keys, why=f"{reason} (told by {request.remote})")
         return web.json_response({"removed": removed})
 
     async def tell_owners(self, keys: list[str], *, why: str) -> None:
         """Have every other owner of each key forget it; wait for all of them."""
         by_peer: dict = {}
         for key in keys:
-            for peer in self.node.cluster.owners(key):
-                if peer.id != self.node.node_id:
+            for peer in self.cluster.owners(key):
+                if peer.id != self.node_id:
                     by_peer.setdefault(peer, []).append(key)
         if by_peer:
             await asyncio.gather(*(self._tell(peer, peer_keys, why) for peer, peer_keys in by_peer.items()))
 
     async def _tell(self, peer, keys: list[str], why: str) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.node.settings.peer_timeout * 2)
+        timeout = aiohttp.ClientTimeout(total=self.settings.peer_timeout * 2)
         try:
-            r = await self.node.origins.request(
-                "POST", peer.url + self.PATH, headers=self.node.handoff.internal_headers(),
+            r = await self.client.request(
+                "POST", peer.url + self.PATH, headers=self.internal_headers(),
                 what=f"peer {peer.id} invalidate", json={"keys": keys, "reason": why}, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - an unreachable owner only keeps a copy it cannot serve
             log.warning("invalidate_failed", peer=peer.id, keys=keys, error=str(e))

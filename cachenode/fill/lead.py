@@ -1,4 +1,4 @@
-"""What a flight's leader does with the answer it got. Pure: no I/O.
+"""What a flight's leader does with the answer it got, and how a fill reads it. Pure: no I/O.
 
 The leader of a flight (`node.py`, `lead`) asks the origin (or, for a copy,
 a peer's disk) once for everybody waiting on a key. What it then does
@@ -74,3 +74,36 @@ def _not_stored_because(a: Answer) -> str | None:
         return (f"its header fields take {a.header_bytes} bytes, more than the "
                 f"{MAX_STORED_HEADER_BYTES} this cache stores with an object")
     return None
+
+
+class How(enum.Enum):
+    """How a fill reads the body it stores."""
+
+    PARALLEL = "parallel"  # several range requests at once (fill/parallel.py), falling back to one stream
+    SPLICED = "spliced"  # socket -> pipe -> temp file, no byte through Python; a stream if the socket cannot be taken
+    STREAM = "stream"  # aiohttp's reader, a piece at a time
+
+
+@dataclass(frozen=True)
+class Body:
+    """What a fill knows about the body it is about to read."""
+
+    from_peer: bool  # a copy from a peer's disk (never fetched in ranges: one stream is all or nothing)
+    delimited_by_close: bool  # no length and no chunking: only the close ends it (no ranges of it)
+    rangeable: bool  # fill/parallel.py found a validator and a length worth parallel ranges
+    client_ranged: bool  # the leading client asked for a Range of it
+
+
+@dataclass(frozen=True)
+class Plan:
+    how: How
+    on_demand: bool = False  # PARALLEL: only the slices clients ask for are fetched (fill_on_range off)
+
+
+def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
+    """How to read `body`: in parallel ranges when it may be, else spliced
+    when `splice_fills` is on, else streamed. A client's Range makes a
+    parallel fill fetch on demand unless `fill_on_range` says fill it all."""
+    if not body.from_peer and not body.delimited_by_close and body.rangeable:
+        return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
+    return Plan(How.SPLICED if splice_fills else How.STREAM)

@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import IO, TYPE_CHECKING, Callable
+from typing import IO, Callable, Protocol
 
 import structlog
 
@@ -36,9 +36,6 @@ from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
 from cachenode.store.disk import Meta
 from nezha.wire import CACHE_HEADER, CacheOutcome
-
-if TYPE_CHECKING:
-    from cachenode.node import CacheNode
 
 log = structlog.get_logger("nezha.connections")
 
@@ -128,6 +125,17 @@ def response_head(meta: Meta, *, via: str) -> bytes:
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 
 
+class PlainHits(Protocol):
+    """What the fast path asks of the node: its two questions, nothing else."""
+
+    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+        """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
+
+    def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
+                      gone: bool = False) -> None:
+        """Count and log a hit the fast path served."""
+
+
 class FastPath(asyncio.Protocol):
     """One client connection: plain hits here, the rest handed to aiohttp.
 
@@ -136,9 +144,9 @@ class FastPath(asyncio.Protocol):
     connection `Gate` admits it, and where its first request head is timed.
     """
 
-    def __init__(self, *, node: "CacheNode", aiohttp_protocol: Callable[[], asyncio.Protocol],
+    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol],
                  gate: Gate, head_timeout: float, serve_hits: bool = True) -> None:
-        self.node = node
+        self.hits = hits
         self._aiohttp_protocol = aiohttp_protocol
         self._gate = gate
         self._head_timeout = head_timeout
@@ -239,7 +247,7 @@ class FastPath(asyncio.Protocol):
             req = parse_plain(self._buf)
             if req is None:
                 break
-            hit = self.node.plain_hit(req.target, req.host) if req is not False else None
+            hit = self.hits.plain_hit(req.target, req.host) if req is not False else None
             if hit is None:
                 self._hand_off()
                 return
@@ -312,12 +320,12 @@ class FastPath(asyncio.Protocol):
         except OSError:
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
-            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
                                     ms=(time.monotonic() - started) * 1000, gone=True)
             return False
         if sent >= size:
             os.close(fd)
-            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
                                     ms=(time.monotonic() - started) * 1000)
             return True
         f = open(fd, "rb")
@@ -347,9 +355,9 @@ class FastPath(asyncio.Protocol):
         ms = (time.monotonic() - started) * 1000
         if sent < size:
             transport.abort()  # a short body must never look complete
-            self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
+            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
             return
-        self.node.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
+        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()

@@ -24,6 +24,7 @@ from aiohttp import web
 from cachenode.front.access import access, break_connection
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
+from cachenode.kernel.splice import ClientGone
 from cachenode.fill.flights import Fill
 from cachenode.http.headers import Pairs, first
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -52,14 +53,6 @@ async def send_continue(request: web.Request) -> None:
 
 class BrokenStream(Exception):
     """A body could not be completed; the connection was closed on purpose."""
-
-
-class ClientGone(Exception):
-    """The client closed its connection mid-body, after `sent` bytes of this write left."""
-
-    def __init__(self, sent: int) -> None:
-        super().__init__(f"client went away after {sent} bytes")
-        self.sent = sent
 
 
 def origin_failure(error: NezhaError | None) -> web.HTTPException:
@@ -324,7 +317,8 @@ class Responder:
                 await resp.write(data)
                 done += len(data)
         except ConnectionError as e:
-            raise ClientGone(max(0, min(done, count))) from e
+            sent = max(0, min(done, count))
+            raise ClientGone(f"client went away after {sent} bytes", sent=sent) from e
 
     async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
         """Stream an object while the origin is still sending it."""

@@ -42,7 +42,14 @@ AVAILABLE = hasattr(os, "splice")
 
 
 class ClientGone(ConnectionError):
-    """The client's socket stopped taking bytes; not the owner's fault."""
+    """The client closed its connection (its socket stopped taking bytes) mid-body,
+    after `sent` bytes of the current write left; not the fault of the source
+    being read. One class for every writer to a client socket: a relay's
+    splice here, a stored object's sendfile (`front/respond.py`)."""
+
+    def __init__(self, message: str, *, sent: int = 0) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 def usable(response: aiohttp.ClientResponse, request: web.Request) -> bool:

@@ -12,7 +12,8 @@ import aiohttp
 from multidict import CIMultiDict  # noqa: F401  (type of returned headers)
 import pytest
 
-from cachenode.app import Listener, build_node
+from cachenode.app import build_node
+from cachenode.front.listener import Listener
 from nezha.keys import cache_key, parse_target
 from nezha.ring import Membership
 from nezha.config import CacheSettings, Origin

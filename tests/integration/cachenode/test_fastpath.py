@@ -8,7 +8,7 @@ import aiohttp
 
 from structlog.testing import capture_logs
 
-from cachenode.app import Listener
+from cachenode.front.listener import Listener
 from tests.integration.cachenode.conftest import logged, until
 
 PATH = "/~kriz/cifar-100-python.tar.gz"

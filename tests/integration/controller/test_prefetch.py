@@ -9,7 +9,8 @@ import time
 import aiohttp
 from kubernetes_asyncio import client
 
-from cachenode.app import Listener, build_node
+from cachenode.app import build_node
+from cachenode.front.listener import Listener
 from nezha.config import CacheSettings, Origin
 from tests.integration.controller.conftest import STS, pod, ring_becomes
 

@@ -1,0 +1,123 @@
+"""A node's listening socket and the aiohttp application behind it.
+
+Every client connection enters through the fast path, which answers plain
+hits itself and hands the rest, with the connection, to aiohttp: the
+middlewares, then the node's request handler. Connections the TLS port
+accepted and terminated are adopted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import socket
+import ssl
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from cachenode.front.client_conn import ClientConnection
+from cachenode.front.connections import Gate, default_max_connections, listen_backlog
+from cachenode.front.fastpath import FastPath
+from cachenode.front.middleware import METRICS, access_log, refuse_methods
+
+if TYPE_CHECKING:
+    from cachenode.node import CacheNode
+
+
+def build_app(node: CacheNode) -> web.Application:
+    app = web.Application(middlewares=[access_log, refuse_methods])
+    app.router.add_route("*", "/{tail:.*}", node.handle, expect_handler=node.expect)
+
+    async def lifecycle(app: web.Application):
+        await node.start()
+        yield
+        await node.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app[METRICS] = node.metrics
+    return app
+
+
+class Listener:
+    """A node's listening socket: every connection enters through the fast
+    path (cachenode/front/fastpath.py), which admits it through the connection
+    `Gate` and answers plain hits, and is handed to aiohttp for the rest.
+
+    Connections still on the fast path are closed after `idle_timeout` without
+    a byte from the client, as aiohttp closes its idle keep-alive ones after
+    the same time, so idle connections cannot pile up; a request head gets
+    `request_head_timeout` to arrive (cachenode/front/connections.py).
+    """
+
+    def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0,  # aiohttp's default
+                 open_files: int | None = None) -> None:
+        self.node = node
+        self.idle_timeout = idle_timeout
+        self.runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False,
+                                    keepalive_timeout=idle_timeout)
+        open_files = open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.backlog = listen_backlog(open_files)
+        limit = node.settings.max_connections
+        if limit is None:
+            limit = default_max_connections(open_files)
+        self.gate = Gate(limit, metrics=node.metrics)
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+        self._handler = None
+        self.host = ""
+        self.port = 0
+        self._closed = False
+
+    async def start(self, host: str, port: int) -> None:
+        self.host = host
+        await self.runner.setup()
+        server = self.runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        head_timeout = self.node.settings.request_head_timeout
+
+        def handler() -> ClientConnection:
+            # The handler aiohttp's Server would make (same settings), plus the gate and head timer.
+            return ClientConnection(server, loop=loop, gate=self.gate, head_timeout=head_timeout,
+                                    **server._kwargs)
+
+        self._handler = handler
+        self._server = await loop.create_server(
+            lambda: FastPath(hits=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
+                             serve_hits=self.node.settings.fast_hits),
+            host, port, reuse_address=True, backlog=self.backlog)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def adopt(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        """Make the TLS handshake on a socket the TLS port accepted, then serve
+        it like a plain client connection (its requests are `https://`). The
+        fast path is skipped: sendfile cannot send through TLS. Raises when
+        the handshake fails; the socket is closed then."""
+        await asyncio.get_running_loop().connect_accepted_socket(
+            self._handler, sock, ssl=context, ssl_handshake_timeout=self.node.settings.request_head_timeout)
+
+    def _fast_connections(self) -> list[FastPath]:
+        return [c for c in self.gate.open if isinstance(c, FastPath)]
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(10.0, self.idle_timeout / 2))
+            cutoff = time.monotonic() - self.idle_timeout
+            for conn in [c for c in self._fast_connections() if c.idle and c.last_active < cutoff]:
+                conn.close()
+
+    async def close(self) -> None:
+        """Stop listening, close client connections, stop the node. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+            for conn in self._fast_connections():
+                conn.close()
+        await self.runner.cleanup()

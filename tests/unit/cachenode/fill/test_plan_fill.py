@@ -1,0 +1,35 @@
+"""How a fill reads the body it stores (cachenode/fill/lead.py, plan_fill)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachenode.fill.lead import Body, How, Plan, plan_fill
+
+
+def body(**changes) -> Body:
+    """An origin's answer with a length and a validator, large enough for parallel ranges."""
+    return Body(**{"from_peer": False, "delimited_by_close": False, "rangeable": True, "client_ranged": False,
+                   **changes})
+
+
+@pytest.mark.parametrize("given, splice_fills, fill_on_range, expected", [
+    # A large object with a validator is fetched in parallel ranges, spliced or not.
+    (body(), True, True, Plan(How.PARALLEL)),
+    (body(), False, True, Plan(How.PARALLEL)),
+    # A client's Range makes it fetch on demand, unless fill_on_range says fill it all.
+    (body(client_ranged=True), True, False, Plan(How.PARALLEL, on_demand=True)),
+    (body(client_ranged=True), True, True, Plan(How.PARALLEL)),
+    (body(client_ranged=False), True, False, Plan(How.PARALLEL)),
+    # No ranges of a body only the close ends, of a copy from a peer, or of one fill/parallel.py turned down.
+    (body(delimited_by_close=True), True, True, Plan(How.SPLICED)),
+    (body(from_peer=True), True, True, Plan(How.SPLICED)),
+    (body(from_peer=True, client_ranged=True), False, False, Plan(How.STREAM)),
+    (body(rangeable=False), True, True, Plan(How.SPLICED)),
+    # One stream: spliced when splice_fills is on, else through aiohttp's reader.
+    (body(rangeable=False), False, True, Plan(How.STREAM)),
+    (body(delimited_by_close=True, client_ranged=True), False, False, Plan(How.STREAM)),
+])
+def test_a_fill_reads_its_body_the_way_its_facts_and_settings_call_for(given, splice_fills, fill_on_range,
+                                                                        expected):
+    assert plan_fill(given, splice_fills=splice_fills, fill_on_range=fill_on_range) == expected
