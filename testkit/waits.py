@@ -133,3 +133,19 @@ async def until_http(url: str, *, timeout: float = 20.0, proc: Process | None = 
     finally:
         if owned:
             await session.close()
+
+
+async def wait_for(predicate, timeout: float = 2.0) -> float:
+    """Seconds until `predicate()` (sync or async) is true; fails after `timeout`.
+
+    Polled every 10 ms: no fixed sleep that a loaded machine could outlast."""
+    start = time.monotonic()
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true within {timeout} s")
+        await asyncio.sleep(0.01)

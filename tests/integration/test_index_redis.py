@@ -20,24 +20,10 @@ from nezha.index.handle import Index
 from nezha.ring import Membership
 from testkit.redis_server import RedisSentinel, RedisServer, TLSFiles
 from testkit.tools import require_tool
-from testkit.waits import answers
+from testkit.waits import answers, wait_for
 
 HOST = "www.cs.toronto.edu"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def wait_for(predicate, timeout: float) -> float:
-    """Seconds until `predicate()` (sync or async) is true; fails after `timeout`."""
-    start = time.monotonic()
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

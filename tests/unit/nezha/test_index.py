@@ -5,7 +5,6 @@ tests spell them out rather than import them."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import fakeredis
 import pytest
@@ -16,6 +15,7 @@ from nezha.index.connection import redact_url
 from nezha.index.membership import check_membership
 from nezha.ring import Membership
 from nezha.errors import ConfigError
+from testkit.waits import wait_for
 
 HOST = "www.cs.toronto.edu"
 URL = "http://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
@@ -55,20 +55,6 @@ async def make_index(server):
     yield make
     for index in made:
         await index.close(flush_timeout=0.5)
-
-
-async def wait_for(predicate, timeout: float = 2.0) -> float:
-    """Seconds until `predicate()` (sync or async) is true; fails after `timeout`."""
-    start = time.monotonic()
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 async def test_counts_reach_node_host_and_cluster_hashes_after_a_flush(make_index, redis):
