@@ -1,4 +1,5 @@
-"""Wiring of one cache node: settings -> store, origin client, handlers -> aiohttp app."""
+"""Wiring of one cache node: settings -> store, origin client, index, CacheNode -> listener
+(`front/listener.py`) and the TLS port; `serve()` and its shutdown."""
 
 from __future__ import annotations
 

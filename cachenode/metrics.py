@@ -1,5 +1,5 @@
 """Prometheus metrics of one node, on a registry of its own so that several
-nodes in one process (tests, `nezha up` in-process) never share counters."""
+nodes in one process (tests) never share counters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The cache node's HTTP handlers: the only module that speaks HTTP to clients.
+"""CacheNode: its lifecycle (start, stop, leave), the handler that routes each request,
+and the I/O of leading a flight; `front/` writes the responses.
 
 Request path, in order: CONNECT and TRACE (405, a middleware); admin
 endpoints; target parsing (400); origin allow-list (403, the origin never

@@ -1,4 +1,4 @@
-"""The node's HTTP client for origins (and, later, peers).
+"""The node's HTTP client for origins and peers.
 
 Maps transport failures to named errors the handlers answer with: refused
 or reset connections are `OriginError` (502), silence is `OriginTimeout`

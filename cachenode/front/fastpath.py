@@ -41,7 +41,7 @@ log = structlog.get_logger("nezha.connections")
 
 MAX_HEAD = 8192
 # Pipelined requests are not read while a body is still going out
-# (`serve.sendfile_rest` pauses reading until it is done), nor while answers the
+# (`respond.sendfile_rest` pauses reading until it is done), nor while answers the
 # client has not read fill the transport past its high-water mark
 # (pause_writing), so a client that pipelines without reading holds at most a
 # read's worth of requests and a high-water mark of answers here

@@ -1,6 +1,7 @@
 """Writing responses: stored objects by sendfile, growing fills, pass-through copies.
 
-Every writer streams: a stored object goes out in one `loop.sendfile`, a fill
+Every writer streams: a stored object goes out by os.sendfile (`_sendfile_now`,
+then `sendfile_rest`), a fill
 is sent from its temp file as bytes land, a pass-through is copied chunk by
 chunk. None holds a whole object in memory. When a body cannot be finished
 the connection is aborted, so the client sees an error, never a short object.

@@ -1,9 +1,10 @@
 """The server name a TLS client asks for, read from its ClientHello. Pure.
 
 A job whose host name the webhook aliased to the cache connects to the
-cache's port 443 when its URL is `https://`. Until the cache terminates TLS
-for that name, it must hand the connection, untouched, to the real host;
-which host is named only in the ClientHello's server_name extension (SNI,
+cache's port 443 when its URL is `https://`. For a name it does not
+terminate, the cache hands the connection on untouched to the real host,
+and for one it does it must pick the certificate; both need the name, which
+is named only in the ClientHello's server_name extension (SNI,
 RFC 6066 §3), sent in the clear before any key exchange. This reads just
 enough of the TLS record layer (RFC 8446 §5.1) and the ClientHello
 (§4.1.2; the same layout since TLS 1.0) to find it, and says how many bytes
