@@ -120,10 +120,6 @@ class Connection:
     def reason(self) -> str | None:
         return next(iter(self._problems.values()), None)
 
-    @property
-    def healthy(self) -> bool:
-        return not self._problems
-
     def trouble(self, where: str, error: BaseException) -> None:
         first = not self._problems or set(self._problems) == {"connect"}
         self._problems.pop("connect", None)

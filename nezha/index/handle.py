@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nezha.errors import ConfigError
-from nezha.index.connection import REDIS_ERRORS, Connection
+from nezha.index.connection import Connection
 from nezha.index.membership import MembershipWatch, MembershipWriter
 from nezha.index.stats_reader import StatsReader
 from nezha.index.stats_writer import StatsWriter
@@ -99,5 +99,4 @@ class Index:
         if self.enabled:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stats.flush(), timeout=flush_timeout)
-            with contextlib.suppress(*REDIS_ERRORS):
-                await self.conn.aclose()
+            await self.conn.aclose()  # a Redis error there is suppressed by the connection
