@@ -85,7 +85,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
     """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already."""
     leaves = _leaves(settings, ca or read_ca(settings))
     open_files = raise_open_files_limit()
-    listener = Listener(build_node(settings), open_files=open_files)
+    node = build_node(settings)
+    listener = Listener(node, open_files=open_files)
     host, port = settings.listen_addr
     try:
         await listener.start(host, port)
@@ -104,7 +105,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
                 return Terminate(leaves.context_for(name))
             return Relay(*passthrough_target(name, origin.upstream_for("https", name)))
 
-        tls_outcomes = listener.node.metrics.tls_connections
+        tls_outcomes = node.metrics.tls_connections
         relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
                         connect_timeout=settings.origin_connect_timeout,
                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
@@ -124,7 +125,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
     try:
         await stop.wait()
         # Still serving while it hands off: the new owners copy from here.
-        await listener.node.leave()
+        await node.leave()
     finally:
         log.info("node_stopping", listen=settings.listen)
         if relay is not None:

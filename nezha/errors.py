@@ -15,7 +15,7 @@ the drawing is the tree the code defines.
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
     │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
-    │   │   └── LeaderGone  cachenode.node: the request leading a flight ended before the origin answered
+    │   │   └── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.disk: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.disk: larger than the store's capacity

@@ -1,6 +1,6 @@
 """What a flight's leader does with the answer it got, and how a fill reads it. Pure: no I/O.
 
-The leader of a flight (`node.py`, `lead`) asks the origin (or, for a copy,
+The leader of a flight (`fill/engine.py`, `lead`) asks the origin (or, for a copy,
 a peer's disk) once for everybody waiting on a key. What it then does
 depends only on facts about that answer and about what is stored; this
 module names those facts and returns the step, so every branch is a row in

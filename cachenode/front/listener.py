@@ -13,22 +13,36 @@ import resource
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
 from cachenode.front.client_conn import ClientConnection
 from cachenode.front.connections import Gate, default_max_connections, listen_backlog
 from cachenode.front.fastpath import FastPath
+from cachenode.front.handler import Handler
 from cachenode.front.middleware import METRICS, access_log, refuse_methods
+from cachenode.metrics import Metrics
+from nezha.config import CacheSettings
 
-if TYPE_CHECKING:
-    from cachenode.node import CacheNode
+
+class Served(Protocol):
+    """What the listener needs of the node it serves (cachenode/node.py):
+    its handler, its settings and metrics, and to start and stop it with
+    the application."""
+
+    settings: CacheSettings
+    metrics: Metrics
+    handler: Handler
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
-def build_app(node: CacheNode) -> web.Application:
+def build_app(node: Served) -> web.Application:
     app = web.Application(middlewares=[access_log, refuse_methods])
-    app.router.add_route("*", "/{tail:.*}", node.handle, expect_handler=node.expect)
+    app.router.add_route("*", "/{tail:.*}", node.handler.handle, expect_handler=node.handler.expect)
 
     async def lifecycle(app: web.Application):
         await node.start()
@@ -51,7 +65,7 @@ class Listener:
     `request_head_timeout` to arrive (cachenode/front/connections.py).
     """
 
-    def __init__(self, node: CacheNode, *, idle_timeout: float = 3630.0,  # aiohttp's default
+    def __init__(self, node: Served, *, idle_timeout: float = 3630.0,  # aiohttp's default
                  open_files: int | None = None) -> None:
         self.node = node
         self.idle_timeout = idle_timeout
@@ -85,7 +99,7 @@ class Listener:
 
         self._handler = handler
         self._server = await loop.create_server(
-            lambda: FastPath(hits=self.node, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
+            lambda: FastPath(hits=self.node.handler, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
                              serve_hits=self.node.settings.fast_hits),
             host, port, reuse_address=True, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]

@@ -1,0 +1,71 @@
+"""Counting what a node does, in its two books: Prometheus (this node's own
+work) and the Redis index (per host, cluster-wide, docs/redis-schema.md).
+
+One object so that every room counts the same way: the handler, the
+responders, the fill engine and the store's evictions all hold this, not
+the node. Index writes are batched there and never awaited here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from cachenode.metrics import Metrics
+
+if TYPE_CHECKING:
+    from cachenode.store.disk import Meta, Store
+    from nezha.index.handle import Index
+
+# Counted once per client request, by the node the client reached: a node
+# answering a peer's internal request leaves these out of the index.
+_REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
+
+
+class Counts:
+    def __init__(self, *, metrics: Metrics, store: Store, index: Index | None,
+                 from_peer: Callable[[Any], bool]) -> None:
+        self.metrics = metrics
+        self.store = store
+        self.index = index
+        self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/cluster/peer_auth.py)?
+        m = metrics
+        self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
+                          ("bytes_from_origin", m.bytes_from_origin), ("failed_fills", m.fill_failures),
+                          ("evictions", m.evictions))
+
+    def count(self, host: str, *, request: Any = None, metrics: bool = True, **deltas: int) -> None:
+        """Count for Prometheus (what this node did, unless `metrics` is False:
+        already counted there) and for the index (`request`: the client
+        request the deltas belong to, when there is one)."""
+        if metrics:
+            for name, counter in self._counters:
+                if deltas.get(name):
+                    counter.inc(deltas[name])
+        if self.index is not None:
+            if request is not None and self._from_peer(request):
+                deltas = {k: v for k, v in deltas.items() if k not in _REQUEST_FIELDS}
+            if deltas:
+                self.index.count(host, **deltas)
+
+    def accessed(self, key: str) -> None:
+        """A stored object answered a request (the index's last-access time)."""
+        if self.index is not None:
+            self.index.object_accessed(key)
+
+    def stored(self, meta: Meta) -> None:
+        """A fill committed `meta` to the store."""
+        self.update_store_gauges()
+        self.count(meta.host, objects=1, bytes_stored=meta.size)
+        if self.index is not None:
+            self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.size)
+
+    def gone(self, meta: Meta, **extra: int) -> None:
+        """An object left the store (evicted, invalidated, replaced, lost)."""
+        self.count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
+        if self.index is not None:
+            self.index.object_removed(meta.key, host=meta.host, size=meta.size)
+        self.update_store_gauges()
+
+    def update_store_gauges(self) -> None:
+        self.metrics.stored_bytes.set(self.store.used_bytes)
+        self.metrics.stored_objects.set(len(self.store))

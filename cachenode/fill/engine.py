@@ -1,0 +1,388 @@
+"""The fill engine: leads a flight (one request to the source for everyone
+waiting on a key) and runs the fill its answer starts, in the background.
+
+What to do with an answer is `fill/lead.py`'s pure decision; this module
+is only the I/O around it: asking the origin or a peer, renewing a stored
+object on a 304, starting the fill as one stream, a spliced one, or
+parallel ranges (`fill/parallel.py`), and storing and counting the result.
+Callers above it (the request handler, hand-off, invalidation) hold this
+object, never the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
+
+import aiohttp
+import structlog
+from multidict import CIMultiDict
+
+from cachenode.counts import Counts
+from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
+from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
+from cachenode.fill.origin import OriginClient, ends_at_close, forwarded_request_headers
+from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
+from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
+from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
+from cachenode.http.vary import variant as variant_of
+from cachenode.http.vary import vary_names
+from cachenode.kernel import splice
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Meta, NotStored, Store
+from nezha.config import CacheSettings, Origin
+from nezha.errors import FillAborted, NezhaError, OriginError
+from nezha.keys import Target
+from nezha.ring import Peer
+from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
+
+log = structlog.get_logger("nezha.cachenode")
+
+
+class LeaderGone(FillAborted):
+    """The request leading a flight ended before the origin answered."""
+
+
+# A fill reads its origin (or peer) in pieces of up to this size: one per
+# object however many clients wait, so larger than a client stream's
+# chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
+# at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
+# direction (docs/benchmarks.md, "Cold fills in parallel ranges").
+FILL_READ = 1024 * 1024
+# A fill asks for the whole object whatever one client asked: its own
+# validators replace the client's, and Range is applied to the stored bytes.
+NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if-modified-since",
+                           "if-unmodified-since"})
+
+
+class Peers(Protocol):
+    """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
+
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                  header_timeout: float | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response to a request for a copy from its disk."""
+
+    def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
+        """Cut `response` when `peer` freezes mid-body."""
+
+
+class FillEngine:
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, peers: Peers,
+                 counts: Counts, metrics: Metrics, via: str,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 replicate: Callable[[Meta, Target], None], clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store
+        self.origins = origins
+        self.peers = peers
+        self.counts = counts
+        self.metrics = metrics
+        self.via = via
+        self.spawn = spawn
+        self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
+        self.flights = Flights()
+        self._clock = clock
+        self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+
+    def at_rest(self, task: asyncio.Task) -> bool:
+        """`task` is a fill parked waiting for clients to ask for more of it
+        (an on-demand fill, cachenode/fill/parallel.py): not work in progress."""
+        fill = self._fills.get(task)
+        return fill is not None and fill.parked
+
+    async def forget(self, keys: list[str], *, why: str) -> int:
+        """Remove what this node stores for `keys`, and let no fill in
+        progress store them; how many objects went."""
+        removed = 0
+        for key in keys:
+            self.flights.supersede(key)
+            for meta in await self.store.remove(key):  # every variant
+                self.counts.gone(meta)
+                log.info("object_invalidated", key=key, reason=why)
+                removed += 1
+        return removed
+
+    def revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
+                        source: Source) -> None:
+        """Revalidate a stale object in the background while it is served
+        (stale-while-revalidate, RFC 5861 §3); nothing if a fetch of the key
+        is already under way."""
+        if self.flights.get(key) is not None:
+            return
+
+        async def revalidate() -> None:
+            flight, leader = self.flights.lead_or_join(key)
+            if not leader:
+                return
+            _, response = await self.lead(flight, key=key, url=url, origin=origin, stale=stale,
+                                          target=target, source=source)
+            if response is not None:
+                response.release()
+
+        self.spawn(revalidate())
+
+    def origin_source(self, url: str, client_headers: Mapping[str, str]) -> Source:
+        """The origin, asked with the leading client's own fields (all but its
+        validators and Range: the fill fetches the whole object for everyone)."""
+        headers = forwarded_request_headers(client_headers, via=self.via, drop=NOT_FOR_FILLS)
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers)
+
+    async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
+                   target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
+        """Ask the source once for everybody waiting on `key`; the step taken
+        with its answer is `fill/lead.py`'s decision, this is only its I/O."""
+        response: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                response = await self._ask(source, stale)
+            except OriginError as e:
+                self.flights.land(flight)
+                self.counts.count(target.host, failed_fills=1)
+                return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
+            now = self._clock()
+            policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl)
+            expires_at = now + policy.ttl
+            kept = stored_pairs(response.headers)
+            names = vary_names(response.headers)
+            decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
+                                      fits=self.store.fits),
+                              stale_held=stale is not None, stale_usable_on_error=stale is not None and (
+                                  may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
+                                                           stale_if_error=stale.stale_if_error)))
+            if decision.step is Step.PEER_REFUSED:
+                # A peer copy is all or nothing: a replica never falls back to the origin.
+                error = OriginError(f"{source.what} answered {response.status} for {key}")
+                response.release()
+                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
+            if source.peer is not None:
+                try:
+                    expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
+                except ValueError:
+                    pass
+            if decision.step is Step.REVALIDATED:
+                assert stale is not None
+                response.release()
+                meta = await self._revalidated(stale, response, key=key, now=now, origin=origin)
+                return self._landed(flight, Outcome(Kind.REVALIDATED, meta=meta)), None
+            if decision.step is Step.STALE_ON_ERROR:
+                response.release()
+                error = OriginError(f"{source.what} returned {response.status}")
+                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
+            if decision.step is Step.PASS:
+                log.info("response_not_stored", key=key, reason=decision.reason)
+                return self._landed(flight, Outcome(Kind.PASSED)), response
+            fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
+                                          expires_at=expires_at, policy=policy, now=now, target=target,
+                                          source=source, vary=names, origin=origin)
+            response = None  # the fill owns it now
+            return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
+        except BaseException as e:
+            if response is not None:
+                response.release()
+            if not flight.outcome.done():
+                self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
+            raise
+
+    async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
+        """The source's answer to the fill's request, made conditional on what is stored."""
+        headers = CIMultiDict(source.headers)
+        if stale is not None:
+            if stale.etag:
+                headers["If-None-Match"] = stale.etag
+            if stale.last_modified:
+                headers["If-Modified-Since"] = stale.last_modified
+        if source.peer is not None:
+            # A copy is served from the source's disk or refused at once;
+            # a source that stops answering is given up by probing it.
+            return await self.peers.ask(source.peer, "GET", source.url, headers=headers,
+                                        header_timeout=self.settings.origin_read_timeout)
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+
+    @staticmethod
+    def _resolve_flight(flight: Flight, outcome: Outcome) -> Outcome:
+        flight.resolve(outcome)
+        return outcome
+
+    def _landed(self, flight: Flight, outcome: Outcome) -> Outcome:
+        """End `flight` with `outcome`: nothing of it is left to store."""
+        self.flights.land(flight)
+        return self._resolve_flight(flight, outcome)
+
+    async def _revalidated(self, stale: Meta, response: aiohttp.ClientResponse, *, key: str, now: float,
+                           origin: Origin) -> Meta:
+        """The stored object `stale`, renewed by the 304 `response`."""
+        # The 304's fields update the stored ones (RFC 9111 §3.2); its
+        # Age (not stored) shortens the lifetime it grants, and the
+        # object's age restarts from it.
+        merged = updated_by_304(stale.headers, response.headers)
+        judged = CIMultiDict(merged)
+        for name in ("Age", "Date"):  # not stored, but they date the 304
+            if name in response.headers:
+                judged[name] = response.headers[name]
+        renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl)
+        meta = await self.store.refresh(
+            stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
+            age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
+            stale_while_revalidate=renewed.stale_while_revalidate)
+        if not renewed.storable:
+            # The 304 made it one client's (private, no-store, Set-Cookie):
+            # this request may have it, nobody after (RFC 9111 §3.2, §3).
+            log.info("object_not_kept", key=key, reason=renewed.reason)
+            if await self.store.remove_one(meta):
+                self.counts.gone(meta)
+        return meta
+
+    async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
+                          host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
+                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin) -> Fill:
+        length = response.content_length
+        try:
+            temp = await self.store.new_temp()
+        except NezhaError:
+            response.release()
+            raise
+        temp.reserved = length or 0
+        self.store.reserve(temp.reserved)
+        # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
+        age = current_age(response.headers, now) if source.peer is None else 0.0
+        # Stored per variant: under the values the fill's own request had
+        # for the fields the response varies on (RFC 9111 §4.1).
+        variant = variant_of(vary, source.headers) if vary else ""
+        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
+                    vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
+        meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
+                    expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
+                    stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant)
+        self.metrics.fills_in_flight.inc()
+        from_origin = self.metrics.bytes_from_origin
+
+        def on_bytes(n: int) -> None:
+            if source.peer is None:
+                from_origin.inc(n)
+                self.counts.count(host, bytes_from_origin=n, metrics=False)
+
+        streams = origin.fill_streams or self.settings.fill_streams
+        validator = parallel_validator(
+            response.status, response.headers, length, streams=streams,
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=fill.delimited_by_close,
+                              rangeable=validator is not None, client_ranged=source.ranged),
+                         splice_fills=self.settings.splice_fills,
+                         fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
+                         else self.settings.fill_on_range)
+        ranged = None
+        if plan.how is How.PARALLEL:
+            assert validator is not None
+            ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
+                                        on_demand=plan.on_demand, landed=flight.landed)
+        work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
+                               source=source, target=target)
+        task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
+        self._fills[task] = fill
+        task.add_done_callback(lambda t: self._fills.pop(t, None))
+        return fill
+
+    async def _fill_work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                         plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
+                         target: Target) -> Meta:
+        """Read the body as `plan` says into the fill, then store and count it."""
+        key, url, host = meta.key, meta.url, meta.host
+        started = time.monotonic()
+        # A copy from a peer that freezes mid-body fails within seconds, not
+        # after the read timeout (the origin is not probed: it has no /healthz).
+        watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
+        try:
+            stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
+                                           on_bytes=on_bytes)
+        except NotStored:
+            raise  # streamed whole to its clients, only not stored: not a failed fill
+        except NezhaError:
+            self.counts.count(host, failed_fills=1)
+            raise
+        except Exception as e:
+            # A bug outside the fill's own run (which turns every error into
+            # a NezhaError): its clients must learn it, not wait forever.
+            self.counts.count(host, failed_fills=1)
+            error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
+            log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
+            if fill.error is None:
+                fill.error = error
+                await fill.writes_done()  # no thread may still write the file it closes
+                await self.store.discard(fill.temp)
+                fill.advance(0)  # wakes its readers, who find the error
+            raise error from e
+        finally:
+            if watch is not None:
+                watch.cancel()
+            self.metrics.fills_in_flight.dec()
+        if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
+            raise Superseded(f"a write to {url} succeeded while {key} was being stored")
+        self.counts.stored(stored)
+        log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
+                 seconds=round(time.monotonic() - started, 3))
+        if source.peer is None:
+            self.replicate(stored, target)
+        return stored
+
+    async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                         plan: Plan, ranged, on_bytes: Callable[[int], None]) -> Meta:
+        superseded = lambda: flight.superseded  # noqa: E731
+        if plan.how is How.PARALLEL:
+            fetch, fallback = ranged
+            return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
+                                         superseded=superseded)
+        if plan.how is How.SPLICED and (taken := splice.take(response)) is not None:
+            return await fill.run_spliced(taken, store=self.store, meta=meta,
+                                          read_timeout=self.settings.origin_read_timeout,
+                                          on_bytes=on_bytes, superseded=superseded)
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.content.iter_chunked(FILL_READ):
+                    yield chunk
+            finally:
+                response.release()
+
+        return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
+
+    def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
+                      on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
+                      landed: asyncio.Event):
+        """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/fill/parallel.py)."""
+        async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+            return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+
+        async def write_at(offset: int, data: memoryview) -> None:
+            await self.store.write_at(fill.temp, offset, data)
+
+        async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
+                       moved: Callable[[int], None]) -> int:
+            return await self.store.pump_into(fill.temp, body, offset, end=end, moved=moved, started=fill.track,
+                                              read_timeout=self.settings.origin_read_timeout)
+
+        fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
+                            length=fill.length or 0, streams=streams, write_at=write_at,
+                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
+                            pump=pump if self.settings.splice_fills else None,
+                            read_timeout=self.settings.origin_read_timeout, landed=landed)
+        fetch.attach(fill)
+
+        def fallback(offset: int) -> AsyncIterator[bytes]:
+            return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
+                              chunk_size=FILL_READ, what=source.what)
+
+        return fetch, fallback
+
+
+
+def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
+            source: Source, fits: Callable[[int], bool]) -> Answer:
+    """The facts about `response` that `fill/lead.py` decides on."""
+    length = response.content_length
+    return Answer(status=response.status, policy=policy, vary=vary,
+                  vary_listed=", ".join(response.headers.getall("Vary", [])),
+                  has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
+                  fits=length is None or fits(length), length=length,
+                  header_bytes=header_bytes(kept), from_peer=source.peer is not None,
+                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT)

@@ -1,0 +1,388 @@
+"""The request handler: what each request that passes the middlewares is
+answered with, and by which room.
+
+Request path, in order: CONNECT and TRACE (405, a middleware); admin
+endpoints; internal endpoints (hand-off, invalidation); target parsing
+(400); origin allow-list (403, the origin never contacted); methods other
+than GET and HEAD (forwarded, body streamed; a success invalidates);
+credentials (pass through, never stored); then a hit, a relay to the key's
+owners, joining a flight, or leading one (the fill engine). What crosses
+and what is stored: docs/http-semantics.md.
+
+A response is either a single sendfile of a stored object, a stream from a
+fill's growing temp file, or a pass-through copy of the origin's response
+(`front/respond.py`). None of them holds a whole object in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.cluster.handoff import Handoff
+from cachenode.cluster.invalidation import Invalidation
+from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.cluster.view import ClusterView
+from cachenode.counts import Counts
+from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
+from cachenode.fill.flights import Kind
+from cachenode.front.access import access
+from cachenode.front.fastpath import response_head
+from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
+from cachenode.front.relay import PeerRelay
+from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
+from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
+                                      request_bypasses_cache, request_directives)
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Meta, Store
+from nezha.config import CacheSettings, Origin
+from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
+from nezha.ring import Peer
+from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
+
+log = structlog.get_logger("nezha.cachenode")
+
+
+class Handler:
+    def __init__(self, *, settings: CacheSettings, store: Store, cluster: ClusterView, relay: PeerRelay,
+                 respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
+                 counts: Counts, metrics: Metrics, status: Callable[[], dict],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.node_id = settings.identity
+        self.store = store
+        self.cluster = cluster
+        self.relay = relay
+        self.respond = respond
+        self.engine = engine
+        self.handoff = handoff
+        self.invalidation = invalidation
+        self.counts = counts
+        self.metrics = metrics
+        self.status = status  # the node's /readyz answer; "ready" says whether it serves
+        self._table = settings.origin_table
+        self._clock = clock
+        self._hit_requests = metrics.requests.labels(cache=CacheOutcome.HIT)
+        # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
+        self._plain_keys: dict[tuple[str, str], str] = {}
+        self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
+
+    # -- entry point -----------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        host_header = request.headers.get("Host")
+        if not self._names_origin(host_header):
+            if request.raw_path in ADMIN_PATHS:
+                return await self._admin(request)
+            if request.raw_path.startswith(INTERNAL_PREFIX):
+                access(request).cache = "internal"
+                if request.raw_path.split("?", 1)[0] == Invalidation.PATH:
+                    return await self.invalidation.handle(request)
+                return await self.handoff.handle(request)
+        try:
+            target, origin, key = self._resolve(request.raw_path, host_header, scheme=self._scheme(request))
+        except BadHost as e:
+            raise web.HTTPForbidden(text=f"{e}: not a configured origin; this cache is not an open proxy\n")
+        except BadTarget as e:
+            raise web.HTTPBadRequest(text=f"bad request: {e}\n")
+        access(request).host = target.host
+        if origin is None or key is None:
+            raise web.HTTPForbidden(
+                text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
+        url = origin.upstream_for(target.scheme, target.host) + target.path_qs
+        access(request).key = key
+        if request.method not in ("GET", "HEAD"):
+            return await self._forward(request, url=url, key=key, target=target)
+        bypass = request_bypasses_cache(request.headers)
+        if bypass is not None:
+            return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
+        meta = self.store.lookup(key, request.headers)
+        directives = request_directives(request.headers)
+        use = self._use(meta, directives)
+        fresh = use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE  # served from here without waiting
+        if directives.only_if_cached and not fresh:
+            raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+        if fresh:
+            self.counts.accessed(key)
+        # Only the first live owner fills from the origin. A replica that
+        # misses asks the owners ahead of it, like a non-owner asks them all;
+        # if none answers it is the first live owner and fills. A relayed
+        # request (X-Nezha-Peer, from a peer) is never relayed again: at most one hop.
+        owners = [] if self.from_peer(request) or fresh else self.cluster.owners(key)
+        ahead = _ahead_of(self.node_id, owners)
+        if ahead:
+            relayed = await self.relay.relay(request, ahead, target=target, origin_url=url)
+            if relayed is not None:
+                record = access(request)
+                outcome = _RELAY_OUTCOME.get(record.cache or "")
+                self.counts.count(target.host, metrics=False, bytes_served=record.bytes,
+                            **({outcome: 1} if outcome else {}))
+                if len(ahead) < len(owners) and request.method == "GET":
+                    self._keep_copy(record, ahead, target)
+                return relayed
+            log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
+        if request.method == "HEAD":
+            if fresh:
+                return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
+            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+        return await self._get(request, key=key, url=url, origin=origin, target=target, directives=directives)
+
+    def _use(self, meta: Meta | None, directives: RequestDirectives) -> Use | None:
+        """How a stored response may answer this request (RFC 9111 §4, RFC 5861); None: nothing stored."""
+        if meta is None:
+            return None
+        return judge(now=self._clock(), stored_at=meta.stored_at, expires_at=meta.expires_at, initial_age=meta.age,
+                     stale_if_error=meta.stale_if_error, stale_while_revalidate=meta.stale_while_revalidate,
+                     request=directives)
+
+    async def expect(self, request: web.Request) -> None:
+        """`Expect: 100-continue` (RFC 9110 §10.1.1): a request forwarded to an
+        origin with its body gets the origin's own 100, or its early refusal
+        (a 403, a redirect) before the body is sent; every other request is
+        answered 100 at once, as aiohttp would."""
+        if request.version == aiohttp.HttpVersion11 and request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown expectation {request.headers.get('Expect')!r}\n")
+        if request.method not in ("GET", "HEAD") and request.method not in REFUSED_METHODS:
+            try:
+                _, origin, _ = self._resolve(request.raw_path, request.headers.get("Host"))
+            except BadTarget:
+                origin = None
+            if origin is not None:
+                request[CONTINUE_DEFERRED] = True
+                return
+        if request.version == aiohttp.HttpVersion11:
+            await send_continue(request)
+
+    def _scheme(self, request: web.Request) -> str:
+        """How the client reached the cluster: https on the TLS port (or relayed from it by a peer)."""
+        if request.secure:
+            return "https"
+        if request.headers.get(SCHEME_HEADER) == "https" and self.from_peer(request):
+            return "https"
+        return "http"
+
+    def _resolve(self, raw_target: str, host_header: str | None,
+                 scheme: str = "http") -> tuple[Target, Origin | None, str | None]:
+        """What a request names: its target, the origin configured for its host
+        (None: refused) and its cache key. Raises BadTarget. One place, so the
+        handler and the fast path can never disagree about a request."""
+        target = parse_target(raw_target, host_header, scheme=scheme)
+        origin = self._table.get(target.host)  # an absolute URI's host wins over Host:
+        if origin is None:
+            return target, None, None
+        return target, origin, key_for(target, origin)
+
+    # -- the fast path's two questions (cachenode/front/fastpath.py) -------------------
+    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+        """The fresh stored object a plain GET/HEAD asks for, with its response
+        head and data path, if this node serves it itself as `handle()` would (a
+        fresh local copy is served whoever owns the key). None sends the request
+        through the full handler."""
+        key = self._plain_keys.get((raw_target, host_header))
+        if key is None:
+            if not self._names_origin(host_header):
+                return None
+            try:
+                _, _, key = self._resolve(raw_target, host_header)
+            except BadTarget:
+                return None
+            if key is None:
+                return None
+            if len(self._plain_keys) >= _PLAIN_CACHE:
+                self._plain_keys.clear()
+            self._plain_keys[(raw_target, host_header)] = key
+        meta = self.store.lookup(key)
+        if meta is None or meta.status != 200 or not meta.fresh(self._clock()):
+            return None
+        prepared = self._plain_heads.get(key)
+        if prepared is None or prepared[0] is not meta:
+            if len(self._plain_heads) >= _PLAIN_CACHE:
+                self._plain_heads.clear()
+            prepared = self._plain_heads[key] = (meta, response_head(meta, via=self.respond.via),
+                                                        self.store.data_path(meta))
+        return prepared
+
+    def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
+                      gone: bool = False) -> None:
+        """Count and log a fast-path hit exactly as the handler would, also when
+        the client hung up mid-body (`gone`)."""
+        self.counts.count(meta.host, hits=1, bytes_served=sent)
+        self.counts.accessed(meta.key)
+        self._hit_requests.inc()
+        if gone:
+            log.info("client_gone", key=meta.key, bytes=sent)
+        log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache=CacheOutcome.HIT,
+                 bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
+
+    def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
+        """A replica that relayed an owner's hit copies the object, so it holds
+        its replica from now on. After a miss there is nothing to do: the
+        owner's fill pushes the copy here when it completes."""
+        if record.broken or record.cache not in (relayed(CacheOutcome.HIT), relayed(CacheOutcome.REVALIDATED)):
+            return
+        peer = next((p for p in ahead if p.id == record.peer), None)
+        if peer is not None:
+            self.handoff.copy_soon(peer, target)
+
+    def _names_origin(self, host_header: str | None) -> bool:
+        if not host_header:
+            return False
+        return host_header.rsplit(":", 1)[0].lower().rstrip(".") in self._table
+
+    async def _admin(self, request: web.Request) -> web.Response:
+        access(request).cache = "admin"
+        if request.raw_path == "/healthz":
+            return web.Response(text="ok\n")
+        if request.raw_path == "/readyz":
+            # Redis down is reported but does not make the node unready: it keeps serving.
+            detail = self.status()
+            return web.json_response(detail, status=200 if detail["ready"] else 503)
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+
+    # -- other methods -------------------------------------------------------------
+    async def _forward(self, request: web.Request, *, url: str, key: str, target: Target) -> web.StreamResponse:
+        """Any method but GET and HEAD goes to the origin as sent, body streamed.
+
+        A success of an unsafe one invalidates what the cache holds for the
+        URL, and for Location and Content-Location on the same host (RFC
+        9111 §4.4), here and on the key's owners, before the client hears
+        of it: a GET that follows a finished PUT never gets the old bytes.
+        """
+        async def on_response(response: aiohttp.ClientResponse) -> None:
+            if request.method in SAFE_METHODS or not 200 <= response.status < 400:
+                return
+            keys = [key]
+            for name in ("Location", "Content-Location"):
+                other = self._same_host_key(response.headers.get(name), target)
+                if other is not None and other not in keys:
+                    keys.append(other)
+            await self.invalidate(keys, why=f"{request.method} {target.path[:200]} answered {response.status}")
+
+        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, on_response=on_response)
+
+    def _same_host_key(self, reference: str | None, base: Target) -> str | None:
+        """The cache key a Location or Content-Location names, when it is on the
+        request's own host (§4.4 forbids invalidating another host's objects)."""
+        if not reference:
+            return None
+        try:
+            absolute = urlsplit(urljoin(f"{base.scheme}://{base.host}{base.path_qs}", reference.strip()))
+            if absolute.scheme != base.scheme or (absolute.hostname or "").rstrip(".") != base.host:
+                return None
+            path_qs = (absolute.path or "/") + (f"?{absolute.query}" if absolute.query else "")
+            _, _, key = self._resolve(path_qs, base.host, scheme=base.scheme)
+        except (ValueError, BadTarget):
+            return None
+        return key
+
+    async def invalidate(self, keys: list[str], *, why: str) -> None:
+        """Forget `keys` here and on every other owner of each (their copies
+        would answer a GET with what the write replaced)."""
+        await self.engine.forget(keys, why=why)
+        await self.invalidation.tell_owners(keys, why=why)
+
+    async def _forget_lost(self, meta: Meta) -> None:
+        """A stored object whose data file is gone although the index still has
+        it (not evicted, not replaced: removed behind the node's back, or a
+        disk fault). Forget it, so the request refetches instead of failing."""
+        log.warning("object_file_missing", key=meta.key, data=meta.data)
+        if await self.store.remove_one(meta):
+            self.counts.gone(meta)
+
+    async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
+                   target: Target, directives: RequestDirectives) -> web.StreamResponse:
+        # A joiner whose leader vanished retries; bounded so a pathological
+        # origin cannot keep a request looping.
+        for _ in range(5):
+            meta = self.store.lookup(key, request.headers)
+            use = self._use(meta, directives)
+            if use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE:
+                assert meta is not None
+                if use is Use.STALE_WHILE_REVALIDATE:
+                    self.engine.revalidate_soon(key=key, url=url, origin=origin, stale=meta, target=target,
+                                          source=self.engine.origin_source(url, request.headers))
+                served = await self.respond.hit(request, meta, label=CacheOutcome.HIT if use is Use.FRESH else CacheOutcome.STALE)
+                if served is not None:
+                    return served
+                if self.store.lookup(key) is meta:
+                    await self._forget_lost(meta)
+                continue  # evicted or replaced between lookup and open, or lost
+            if directives.no_store:
+                # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
+                return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+            flight, leader = self.engine.flights.lead_or_join(key)
+            response: aiohttp.ClientResponse | None = None
+            if leader:
+                outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=meta,
+                                                    target=target, source=self.engine.origin_source(url, request.headers))
+            else:
+                outcome = await asyncio.shield(flight.outcome)
+                if outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete:
+                    # The fill's whole response was in before this request came:
+                    # it is no joiner, but a later request, judged by the stored
+                    # object's freshness (a no-cache object is revalidated).
+                    await flight.landed.wait()  # stored (or failed) by then
+                    continue
+                if not outcome.answers(request.headers):
+                    # The leader's response varies on a field this request sets
+                    # otherwise (RFC 9111 §4.1): it is not this request's answer.
+                    if outcome.kind is Kind.STREAMING:
+                        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+                    continue
+            if outcome.kind is Kind.STREAMING:
+                assert outcome.fill is not None
+                return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS if leader else CacheOutcome.MISS_JOINED)
+            if outcome.kind is Kind.REVALIDATED:
+                assert outcome.meta is not None
+                served = await self.respond.hit(request, outcome.meta, label=CacheOutcome.REVALIDATED)
+                if served is not None:
+                    return served
+                continue
+            if outcome.kind is Kind.PASSED:
+                if response is not None and any(name in request.headers for name in NOT_FOR_FILLS):
+                    # The fill's request left out this client's Range and
+                    # validators; a response that is not stored is this
+                    # client's alone, so it asks again, as it asked.
+                    response.release()
+                    response = None
+                return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response)
+            error = outcome.error
+            if isinstance(error, LeaderGone):
+                continue
+            if meta is not None and may_serve_stale_on_error(now=self._clock(), expires_at=meta.expires_at,
+                                                             stale_if_error=meta.stale_if_error):
+                log.warning("serving_stale", key=key, error=str(error))
+                served = await self.respond.hit(request, meta, label=CacheOutcome.STALE, stale_reason=str(error))
+                if served is not None:
+                    return served
+            raise origin_failure(error)
+        raise web.HTTPServiceUnavailable(text=f"gave up on {key}: the origin exchange kept restarting\n")
+
+    def from_peer(self, request: web.Request) -> bool:
+        """A request another node of this cluster relayed (cachenode/cluster/peer_auth.py): X-Nezha-Peer with the
+        cluster token. One from a client that merely says so asks the owners and is counted."""
+        return is_peer_request(request, self.settings.cluster_token)
+
+
+
+_PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
+
+
+def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:
+    """The owners to ask before serving a key here: all of them for a
+    non-owner, those before this node in ring order for a replica, none for
+    the first owner."""
+    for i, p in enumerate(owners):
+        if p.id == node_id:
+            return owners[:i]
+    return owners
+
+
+# The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
+_RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
+                  relayed(CacheOutcome.STALE): "peer_hits", relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}
