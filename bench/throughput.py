@@ -86,7 +86,7 @@ import aiohttp  # noqa: E402
 from bench.harness import (CURL, NGINX, WRK, BenchError, Children, KiB, MiB, Nginx, Node, Sampler,  # noqa: E402
                            ensure_tool, nginx_version, source_version, write_random)
 from nezha.dev.origin import LocalOrigin  # noqa: E402
-from nezha.wire import CACHE_HEADER, REPLICATE_PATH, CacheOutcome  # noqa: E402
+from nezha.wire import CACHE_HEADER, REPLICATE_PATH, CacheOutcome, ReplicateResult  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 
 HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream
@@ -662,8 +662,8 @@ async def replicate(peer: Node, *, source: Node, path: str, size: int) -> float:
                 if line.strip():
                     result = json.loads(line)
     seconds = time.monotonic() - started
-    if not result or result.get("result") != "copied" or result.get("bytes") != size:
-        raise BenchError(f"replicate of {path} ended with {result}, expected copied with {size} bytes")
+    if not result or result.get("result") != ReplicateResult.COPIED or result.get("bytes") != size:
+        raise BenchError(f"replicate of {path} ended with {result}, expected {ReplicateResult.COPIED} with {size} bytes")
     return size / seconds / 1e6
 
 
