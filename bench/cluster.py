@@ -35,7 +35,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import CURL, BenchError, ensure_tool, settled  # noqa: E402
-from nezha.keys import cache_key, parse_target  # noqa: E402
+from nezha.keys import key_for, parse_target  # noqa: E402
 from nezha.config import Origin  # noqa: E402
 from nezha.dev.local_cluster import LocalCluster  # noqa: E402
 from nezha.dev.origin import LocalOrigin  # noqa: E402
@@ -95,14 +95,14 @@ async def main(quick: bool) -> None:
     cluster = None
     try:
         origin_url = await origin.start()
-        cluster = LocalCluster(nodes=3, origins=[Origin(host=HOST, upstream=origin_url)], data_dir=work / "cache",
-                               base_port=free_run(3), replicas=2)
+        served = Origin(host=HOST, upstream=origin_url)
+        cluster = LocalCluster(nodes=3, origins=[served], data_dir=work / "cache", base_port=free_run(3), replicas=2)
         await cluster.start()
         urls = {n.id: n.url for n in cluster.nodes.values()}
         ring = cluster.index.membership.ring()
 
         def owners(path: str) -> list[str]:
-            return ring.owners(cache_key(parse_target(path, HOST)), 2)
+            return ring.owners(key_for(parse_target(path, HOST), served), 2)
 
         # relay
         own = owners("/large.bin")

@@ -43,6 +43,7 @@ import redis.asyncio as aredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import Sampler  # noqa: E402
+from nezha.index.schema import CHANNEL_RING, KEY_EPOCH  # noqa: E402
 from testkit.kubeapi.kubeconfig import kubeconfig  # noqa: E402
 from testkit.kubeapi.resources import BY_PATH  # noqa: E402
 from testkit.kubeapi.server import KubeAPI  # noqa: E402
@@ -73,7 +74,7 @@ def ready(flag: bool, i: int) -> dict:
 
 
 class Epochs:
-    """Every epoch announced on nezha:ring:changed, with when it arrived."""
+    """Every epoch announced on CHANNEL_RING (`nezha:ring:changed`), with when it arrived."""
 
     def __init__(self, url: str) -> None:
         self.client = aredis.from_url(url, decode_responses=True)
@@ -83,7 +84,7 @@ class Epochs:
 
     async def start(self) -> None:
         pubsub = self.client.pubsub()
-        await pubsub.subscribe("nezha:ring:changed")
+        await pubsub.subscribe(CHANNEL_RING)
 
         async def listen() -> None:
             async for message in pubsub.listen():
@@ -107,7 +108,7 @@ class Epochs:
         return self.seen[epoch]
 
     async def current(self) -> int:
-        return int(await self.client.get("nezha:ring:epoch") or 0)
+        return int(await self.client.get(KEY_EPOCH) or 0)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -86,6 +86,7 @@ import aiohttp  # noqa: E402
 from bench.harness import (CURL, NGINX, WRK, BenchError, Children, KiB, MiB, Nginx, Node, Sampler,  # noqa: E402
                            ensure_tool, nginx_version, source_version, write_random)
 from nezha.dev.origin import LocalOrigin  # noqa: E402
+from nezha.wire import CACHE_HEADER, REPLICATE_PATH, CacheOutcome, ReplicateResult  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 
 HOST = "bench.nezha.test"  # the origin as clients name it; fast upstream
@@ -432,7 +433,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         with Sampler(node_pid) as s:
             cold = await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
             await node.settled()
-        expect_header(cold, "X-Nezha-Cache", "miss", what="first large GET through the cache")
+        expect_header(cold, CACHE_HEADER, CacheOutcome.MISS, what="first large GET through the cache")
         rss["cold_fill_fast"] = s.peak
         fill_cpu = s.per_gib(size)
         res.add("large cold through cache (origin not throttled)", f"{cold.mbps:.0f} MB/s", s.cpu_percent,
@@ -462,7 +463,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         for _ in range(p.runs):  # alternate, so drift on a shared machine hits both alike
             with Sampler(node_pid) as s:
                 t = await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
-            expect_header(t, "X-Nezha-Cache", "hit", what="warm large GET through the cache")
+            expect_header(t, CACHE_HEADER, CacheOutcome.HIT, what="warm large GET through the cache")
             warm_cache.append(t)
             cpu_cache.append(s.cpu_percent)
             rss["warm_large"] = max(rss["warm_large"], s.peak)
@@ -490,7 +491,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         await settle_disk(work, size)
         copy_mbps = await replicate(peer, source=node, path=data.large, size=size)
         res.add("large copied node to node (replicate)", f"{copy_mbps:.0f} MB/s", None,
-                "1 run; POST /_nezha/replicate to a second node, from the first one's disk")
+                f"1 run; POST {REPLICATE_PATH} to a second node, from the first one's disk")
         assert peer.proc is not None
         await children.stop(peer.proc)
 
@@ -539,7 +540,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                 cold_direct.append(await curl(children, slow_url + data.cold_direct, host=SLOW_HOST,
                                               expect_bytes=data.cold_bytes))
                 t = await curl(children, node.url + path, host=SLOW_HOST, expect_bytes=data.cold_bytes)
-                expect_header(t, "X-Nezha-Cache", "miss", what=f"cold GET of {path}")
+                expect_header(t, CACHE_HEADER, CacheOutcome.MISS, what=f"cold GET of {path}")
                 cold_cache.append(t)
             await node.settled()
         rss["cold_fill_throttled"] = s.peak
@@ -559,7 +560,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         # What the parallel fill cost the origin, against the object: ranges
         # cut when their back halves are stolen close with data in flight.
         parallel_origin_bytes = (ranged.sent - sent_before) / data.parallel_bytes
-        expect_header(par_cold, "X-Nezha-Cache", "miss", what="cold GET from the ranged origin")
+        expect_header(par_cold, CACHE_HEADER, CacheOutcome.MISS, what="cold GET from the ranged origin")
         rss["cold_fill_parallel"] = s.peak
         digest = await curl_sha256(children, node.url + data.parallel_cold, host=RANGED_HOST)
         if digest != data.parallel_sha256:
@@ -654,15 +655,15 @@ async def replicate(peer: Node, *, source: Node, path: str, size: int) -> float:
     started = time.monotonic()
     result = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as s:
-        async with s.post(peer.url + "/_nezha/replicate", json=body) as r:
+        async with s.post(peer.url + REPLICATE_PATH, json=body) as r:
             if r.status != 200:
                 raise BenchError(f"replicate answered {r.status}: {(await r.text())[:300]}")
             async for line in r.content:
                 if line.strip():
                     result = json.loads(line)
     seconds = time.monotonic() - started
-    if not result or result.get("result") != "copied" or result.get("bytes") != size:
-        raise BenchError(f"replicate of {path} ended with {result}, expected copied with {size} bytes")
+    if not result or result.get("result") != ReplicateResult.COPIED or result.get("bytes") != size:
+        raise BenchError(f"replicate of {path} ended with {result}, expected {ReplicateResult.COPIED} with {size} bytes")
     return size / seconds / 1e6
 
 
@@ -699,7 +700,7 @@ async def profile_node(out: Path, children: Children, *, node: Node, data: Datas
 
     async def cold_fill() -> None:
         t = await curl(children, node.url + next(fresh), host=HOST, expect_bytes=data.large_bytes)
-        expect_header(t, "X-Nezha-Cache", "miss", what="profiled cold fill")
+        expect_header(t, CACHE_HEADER, CacheOutcome.MISS, what="profiled cold fill")
         await node.settled()
 
     say("profiling the cache node with py-spy (not part of the figures) ...")
@@ -734,7 +735,7 @@ async def prime_small(cache_url: str, nginx_url: str, paths: list[str]) -> None:
 async def check_small_hits(cache_url: str, nginx_url: str, paths: list[str]) -> None:
     async with aiohttp.ClientSession() as s:
         for path in paths:
-            for base, header, want in ((cache_url, "X-Nezha-Cache", "hit"), (nginx_url, "X-Nginx-Cache", "HIT")):
+            for base, header, want in ((cache_url, CACHE_HEADER, CacheOutcome.HIT), (nginx_url, "X-Nginx-Cache", "HIT")):
                 async with s.get(base + path, headers={"Host": HOST}) as r:
                     await r.read()
                     if r.headers.get(header) != want:

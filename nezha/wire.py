@@ -88,3 +88,22 @@ class DrainOutcome(StrEnum):
     STANDALONE = "standalone"
     RESTART = "restart"
     EMPTY = "empty"
+
+
+class ReplicateResult(StrEnum):
+    """How one replica copy ended: the `result` of the last line a node's
+    REPLICATE_PATH answer streams (one JSON object a line), which the asking
+    node (a fill's replication, a hand-off) counts by."""
+
+    COPIED = "copied"
+    # The node already held the object fresh, or revalidated its copy.
+    PRESENT = "present"
+
+
+# A copy that did not happen: this prefix, then why (`failed: 503 ...`).
+FAILED_PREFIX = "failed: "
+
+
+def replicate_failed(why: object) -> str:
+    """The result of a copy that failed for `why`."""
+    return FAILED_PREFIX + str(why)
