@@ -51,7 +51,8 @@ from cachenode.fill.origin import OriginClient
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership
 from cachenode.cluster.peer_auth import peer_auth, refuse_internal
-from nezha.wire import HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER
+from nezha.wire import (HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER, ReplicateResult,
+                        replicate_failed)
 from cachenode.store.disk import Meta, Store
 from cachenode.http.vary import selecting_headers
 
@@ -188,9 +189,9 @@ class Handoff:
                 if not task.done():
                     await resp.write(_line({"copying": copy.bytes}))
             if task.cancelled():
-                result = f"failed: {self.node_id} is stopping"
+                result = replicate_failed(f"{self.node_id} is stopping")
             elif task.exception() is not None:
-                result = f"failed: {type(task.exception()).__name__}: {task.exception()}"
+                result = replicate_failed(f"{type(task.exception()).__name__}: {task.exception()}")
             else:
                 result = task.result()
             await resp.write(_line({"result": result, "bytes": copy.bytes}))
@@ -219,7 +220,7 @@ class Handoff:
         """Make this node hold `target`'s object, copied from `peer`'s disk;
         for a response that varies, the variant `headers` select.
 
-        Returns "copied", "present" or "failed: <why>"; `copy` follows its bytes.
+        Returns a ReplicateResult, or replicate_failed(why); `copy` follows its bytes.
         """
         origin = self.settings.origin_table[target.host]
         key = key_for(target, origin)
@@ -227,7 +228,7 @@ class Handoff:
         for _ in range(5):
             meta = self.store.lookup(key, selecting)
             if meta is not None and meta.fresh(time.time()):
-                return "present"
+                return ReplicateResult.PRESENT
             flight, leader = self.flights.lead_or_join(key)
             if leader:
                 source = _peer_source(self.node_id, self.settings.cluster_token, peer, target, selecting)
@@ -242,18 +243,18 @@ class Handoff:
                 break
             await flight.landed.wait()  # a fetch of another variant of the key: copy this one after it
         else:
-            return f"failed: {key} kept being fetched for other variants"
+            return replicate_failed(f"{key} kept being fetched for other variants")
         if outcome.kind is Kind.STREAMING and outcome.fill is not None:
             if copy is not None:
                 copy.fill = outcome.fill
             try:
                 await outcome.fill.wait_finished()
             except Exception as e:
-                return f"failed: {e}"
-            return "copied"
+                return replicate_failed(e)
+            return ReplicateResult.COPIED
         if outcome.kind is Kind.REVALIDATED:
-            return "present"
-        return f"failed: {outcome.error or outcome.kind.value}"
+            return ReplicateResult.PRESENT
+        return replicate_failed(outcome.error or outcome.kind.value)
 
     def copy_soon(self, peer: Peer, target: Target) -> None:
         """Copy `target`'s object from `peer` in the background (a replica that
@@ -286,7 +287,7 @@ class Handoff:
 
     async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None,
                           headers: dict[str, str] | None = None) -> str:
-        """Have `peer` copy `target`'s object from this node; its result, or "failed: <why>".
+        """Have `peer` copy `target`'s object from this node; its ReplicateResult, or replicate_failed(why).
 
         Waits for the whole copy however long it takes, as long as `peer`
         keeps reporting progress; `on_bytes` gets the bytes as they arrive.
@@ -305,7 +306,7 @@ class Handoff:
                 what=f"peer {peer.id} replicate", json=body, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
             log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))
-            return f"failed: {e}"
+            return replicate_failed(e)
         seen = 0
 
         def advance(n: object) -> None:
@@ -319,7 +320,7 @@ class Handoff:
             if r.status != 200:
                 text = (await r.text())[:200]
                 log.warning("replicate_failed", peer=peer.id, path=target.path, status=r.status, body=text)
-                return f"failed: {r.status} {text}"
+                return replicate_failed(f"{r.status} {text}")
             result: str | None = None
             async for line in r.content:  # one JSON object a line
                 if not line.strip():
@@ -331,13 +332,13 @@ class Handoff:
                 if "result" in message:
                     result = str(message["result"])
             if result is None:
-                result = f"failed: {peer.id} ended the replicate answer without a result"
+                result = replicate_failed(f"{peer.id} ended the replicate answer without a result")
             log.info("replicated", peer=peer.id, path=target.path, result=result, bytes=seen)
             return result
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             log.warning("replicate_failed", peer=peer.id, path=target.path, bytes=seen,
                         error=f"{type(e).__name__}: {e}")
-            return f"failed: {type(e).__name__} after {seen} bytes: {e}"
+            return replicate_failed(f"{type(e).__name__} after {seen} bytes: {e}")
         finally:
             r.release()
 
@@ -374,9 +375,9 @@ class Handoff:
                     results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
                                for peer in view.owners(key) if peer.id != self.node_id]
                     for r in results:
-                        if r == "copied":
+                        if r == ReplicateResult.COPIED:
                             p.copied += 1
-                        elif r == "present":
+                        elif r == ReplicateResult.PRESENT:
                             p.present += 1
                         else:
                             p.failed += 1
