@@ -19,11 +19,11 @@ the drawing is the tree the code defines.
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.disk: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.disk: larger than the store's capacity
-    │   │   ├── PartialDropped  cachenode.fill.flights: an on-demand fill nobody asked more of
-    │   │   ├── Superseded  cachenode.fill.flights: a write to the URL succeeded while it filled
-    │   │   ├── Unprovable  cachenode.fill.flights: a body that ended at a close, with nothing proving it whole
-    │   │   └── StoreUnwritable  cachenode.fill.flights: the disk refused the body (ENOSPC, EIO, ...)
-    │   ├── RangesAbandoned  cachenode.fill.flights: a parallel range fetch gave up; the fill goes on as one stream
+    │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
+    │   │   ├── Superseded  cachenode.fill.buffer: a write to the URL succeeded while it filled
+    │   │   ├── Unprovable  cachenode.fill.buffer: a body that ended at a close, with nothing proving it whole
+    │   │   └── StoreUnwritable  cachenode.fill.buffer: the disk refused the body (ENOSPC, EIO, ...)
+    │   ├── RangesAbandoned  cachenode.fill.buffer: a parallel range fetch gave up; the fill goes on as one stream
     │   ├── BadTarget  nezha.keys: a request line or Host that names no object (400)
     │   │   └── BadHost  nezha.keys: a host no origin can have, an IP literal (403)
     │   ├── IndexUnavailable  nezha.index.connection: Redis did not answer a call that needed it

@@ -46,7 +46,8 @@ from aiohttp import web
 from cachenode.cluster.view import ClusterView
 from nezha.ring import Peer
 from nezha.config import CacheSettings, Origin, parse_hostport
-from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source
+from cachenode.fill.buffer import Fill
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.origin import OriginClient
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership

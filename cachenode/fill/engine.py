@@ -20,7 +20,8 @@ import structlog
 from multidict import CIMultiDict
 
 from cachenode.counts import Counts
-from cachenode.fill.flights import Fill, Flight, Flights, Kind, Outcome, Source, Superseded, run_fill_in_background
+from cachenode.fill.buffer import Fill, Superseded
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest

@@ -13,7 +13,7 @@ contiguous prefix as it grows.
 Anything unexpected from a range (a 200 instead of 206, another validator,
 a wrong `Content-Range` or length, a short body, a failed connection) stops
 every stream (`RangesAbandoned`), and the fill takes the rest from one plain
-stream, whose validator must still match (cachenode/fill/flights.py
+stream, whose validator must still match (cachenode/fill/buffer.py
 `Fill.run_ranged`): nothing of two versions is ever committed. Dragonfly
 stored corrupt files when an origin ignored Range; here such an answer is
 never written.
@@ -38,7 +38,7 @@ import aiohttp
 import structlog
 
 from cachenode.kernel import splice
-from cachenode.fill.flights import Fill, PartialDropped, RangesAbandoned
+from cachenode.fill.buffer import Fill, PartialDropped, RangesAbandoned
 from cachenode.fill.slices import Plan, Slice
 from nezha.errors import FillAborted, NezhaError
 

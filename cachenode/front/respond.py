@@ -26,7 +26,7 @@ from cachenode.front.access import access, break_connection
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
-from cachenode.fill.flights import Fill
+from cachenode.fill.buffer import Fill
 from cachenode.http.headers import Pairs, first
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request

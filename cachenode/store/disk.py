@@ -141,7 +141,7 @@ class TempObject:
     reserved: int = 0
     committing: asyncio.Future | None = None  # the commit's disk step, once asked for
     # Why the file could not be created (no space, no inode): every write then
-    # fails with it, and the fill streams from memory instead (cachenode/fill/flights.py).
+    # fails with it, and the fill streams from memory instead (cachenode/fill/buffer.py).
     unwritable: str | None = None
     # Starts the disk writing the file behind its writers, so the commit's
     # fsync has little left to do (cachenode/store/writeback.py).

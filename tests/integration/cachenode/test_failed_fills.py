@@ -116,7 +116,7 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     import os
     import time
 
-    from cachenode.fill.flights import Fill
+    from cachenode.fill.buffer import Fill
     from cachenode.store.disk import Meta, Store
     from nezha.errors import StoreError
 

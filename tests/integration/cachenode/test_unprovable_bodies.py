@@ -24,7 +24,8 @@ import pytest
 from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
-from cachenode.fill.flights import Fill, Flights, StoreUnwritable, run_fill_in_background
+from cachenode.fill.buffer import Fill, StoreUnwritable
+from cachenode.fill.flights import Flights, run_fill_in_background
 from cachenode.http.headers import delimited_by_close
 from cachenode.store.disk import Meta, Store
 from nezha.config import Origin
