@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from cachenode.metrics import Metrics
 
 if TYPE_CHECKING:
-    from cachenode.store.disk import Meta, Store
+    from cachenode.store.disk import Store
+    from cachenode.store.objects import Meta
     from nezha.index.handle import Index
 
 # Counted once per client request, by the node the client reached: a node

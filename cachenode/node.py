@@ -28,7 +28,8 @@ from cachenode.front.handler import Handler
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
 from cachenode.metrics import Metrics
-from cachenode.store.disk import Meta, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
 from nezha.wire import DrainOutcome
 

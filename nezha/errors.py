@@ -17,8 +17,8 @@ the drawing is the tree the code defines.
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   └── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
-    │   ├── NotStored  cachenode.store.disk: a fill's bytes reached its clients whole but were not stored
-    │   │   ├── TooLarge  cachenode.store.disk: larger than the store's capacity
+    │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
+    │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
     │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
     │   │   ├── Superseded  cachenode.fill.buffer: a write to the URL succeeded while it filled
     │   │   ├── Unprovable  cachenode.fill.buffer: a body that ended at a close, with nothing proving it whole

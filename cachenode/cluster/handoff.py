@@ -54,7 +54,8 @@ from nezha.ring import Membership
 from cachenode.cluster.peer_auth import peer_auth, refuse_internal
 from nezha.wire import (HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER, ReplicateResult,
                         replicate_failed)
-from cachenode.store.disk import Meta, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 from cachenode.http.vary import selecting_headers
 
 

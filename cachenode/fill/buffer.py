@@ -42,7 +42,8 @@ import structlog
 
 from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
-from cachenode.store.disk import Meta, NotStored, Store, TempObject
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta, NotStored, TempObject
 from nezha.errors import FillAborted, NezhaError, StoreError
 
 log = structlog.get_logger("nezha.fill")

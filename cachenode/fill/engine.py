@@ -31,7 +31,8 @@ from cachenode.http.vary import variant as variant_of
 from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
-from cachenode.store.disk import Meta, NotStored, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta, NotStored
 from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target

@@ -19,7 +19,7 @@ import structlog
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
 from cachenode.http.vary import variant
-from cachenode.store.disk import Meta, NotStored
+from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
 from nezha.ring import Peer
 

@@ -34,7 +34,7 @@ import structlog
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
-from cachenode.store.disk import Meta
+from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.connections")

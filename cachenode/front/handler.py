@@ -40,7 +40,8 @@ from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
                                       request_bypasses_cache, request_directives)
 from cachenode.metrics import Metrics
-from cachenode.store.disk import Meta, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
 from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
 from nezha.ring import Peer

@@ -32,7 +32,8 @@ from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_r
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
-from cachenode.store.disk import Meta, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import secrets
 import time
@@ -45,115 +44,14 @@ from typing import Callable
 
 import structlog
 
-from cachenode.http.headers import Pairs, first
+from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.http.vary import variant as variant_of
-from cachenode.store.writeback import WriteBehind
-from nezha.errors import NezhaError, StoreError
+from cachenode.store.objects import VARIANT_SEPARATOR, Meta, TempObject, TooLarge
+from nezha.errors import StoreError
 
 log = structlog.get_logger("nezha.store")
-
-
-# Between a key and a variant in a slot: keys never hold control characters.
-VARIANT_SEPARATOR = "\n"
-
-
-class NotStored(NezhaError):
-    """A fill's bytes reached its clients whole but were not stored: no failure."""
-
-
-class TooLarge(NotStored):
-    """An object's bytes exceed the store's capacity: it was streamed, never stored."""
-
-
-@dataclass(frozen=True)
-class Meta:
-    """A stored response: where its bytes are, and what the origin said with them.
-
-    `headers` are the origin's end-to-end fields as (name, value) pairs in the
-    order it sent them (cachenode/http/headers.py says which are kept); a dict
-    from a meta written before that is read as its pairs.
-    """
-
-    key: str
-    url: str
-    host: str
-    size: int
-    headers: Pairs
-    stored_at: float
-    expires_at: float
-    stale_if_error: float = math.inf  # seconds past expiry it may answer when the origin fails
-    data: str = ""  # data file name, relative to the object's folder
-    age: float = 0.0  # the response's Age when it was stored (RFC 9111 §4.2.3)
-    stale_while_revalidate: float = 0.0  # seconds past expiry it may answer while revalidating (RFC 5861)
-    status: int = 200  # a stored 404 or 301 is answered with its own status (RFC 9111 §4.2.2)
-    vary: tuple[str, ...] = ()  # the request fields its Vary names, lowercased and sorted
-    variant: str = ""  # their values in the request that fetched it (cachenode/http/vary.py)
-
-    def __post_init__(self) -> None:
-        h = self.headers
-        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((str(n), str(v)) for n, v in h)
-        object.__setattr__(self, "headers", pairs)
-        object.__setattr__(self, "vary", tuple(self.vary))
-        if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
-            object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
-
-    def header(self, name: str) -> str | None:
-        return first(self.headers, name)
-
-    @property
-    def slot(self) -> str:
-        """Its place in the store: the key, plus the variant for a response that varies."""
-        return f"{self.key}{VARIANT_SEPARATOR}{self.variant}" if self.vary else self.key
-
-    @property
-    def etag(self) -> str | None:
-        return self.header("ETag")
-
-    @property
-    def last_modified(self) -> str | None:
-        return self.header("Last-Modified")
-
-    def age_at(self, now: float) -> int:
-        """The Age a reuse of this response carries now (RFC 9111 §4.2.3, §5.1)."""
-        return int(self.age + max(0.0, now - self.stored_at))
-
-    def fresh(self, now: float) -> bool:
-        return now < self.expires_at
-
-
-@dataclass
-class TempObject:
-    """A fill's file in tmp/. The writer owns `fd`; readers duplicate `read_fd`.
-
-    `read_fd` is opened with the file, so a reader never depends on the
-    file's name, which changes when the fill commits and vanishes when it
-    fails. Its owner (the fill) closes it when no new reader can arrive.
-    A descriptor is set to -1 the moment it is closed, so nothing closes the
-    same number twice (by then it may belong to another file).
-    """
-
-    path: Path
-    fd: int
-    read_fd: int
-    written: int = 0
-    reserved: int = 0
-    committing: asyncio.Future | None = None  # the commit's disk step, once asked for
-    # Why the file could not be created (no space, no inode): every write then
-    # fails with it, and the fill streams from memory instead (cachenode/fill/buffer.py).
-    unwritable: str | None = None
-    # Starts the disk writing the file behind its writers, so the commit's
-    # fsync has little left to do (cachenode/store/writeback.py).
-    behind: WriteBehind | None = None
-
-    def __post_init__(self) -> None:
-        if self.behind is None and self.fd >= 0:
-            self.behind = WriteBehind(self.fd)
-
-    def wrote(self, n: int) -> None:
-        if self.behind is not None and self.fd >= 0:
-            self.behind.wrote(n)
 
 
 @dataclass

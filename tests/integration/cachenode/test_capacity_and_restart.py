@@ -75,7 +75,8 @@ async def test_a_late_eviction_unlink_never_deletes_the_meta_of_a_recommit(tmp_p
     import time
     from pathlib import Path
 
-    from cachenode.store.disk import Meta, Store
+    from cachenode.store.disk import Store
+    from cachenode.store.objects import Meta
 
     key = "http://www.cs.toronto.edu/k"
     store = Store(tmp_path / "s", capacity=1000)

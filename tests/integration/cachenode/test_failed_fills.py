@@ -117,7 +117,8 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     import time
 
     from cachenode.fill.buffer import Fill
-    from cachenode.store.disk import Meta, Store
+    from cachenode.store.disk import Store
+    from cachenode.store.objects import Meta
     from nezha.errors import StoreError
 
     key = "http://www.cs.toronto.edu" + PATH

@@ -27,7 +27,8 @@ from structlog.testing import capture_logs
 from cachenode.fill.buffer import Fill, StoreUnwritable
 from cachenode.fill.flights import Flights, run_fill_in_background
 from cachenode.http.headers import delimited_by_close
-from cachenode.store.disk import Meta, Store
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 from nezha.config import Origin
 from nezha.errors import FillAborted
 from tests.integration.cachenode.conftest import HOST, RawOrigin, until
