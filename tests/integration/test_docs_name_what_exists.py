@@ -337,3 +337,20 @@ async def test_a_node_caps_connections_as_documented_for_the_limit_it_runs_with(
     (listening,) = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "node_listening"]
     assert listening["open_files"] == limit
     assert listening["max_connections"] == documented_cap(limit)
+
+
+# -- a synopsis is the command's ----------------------------------------------------------------------------
+
+def test_the_controller_synopsis_shows_every_flag_and_brackets_exactly_the_optional_ones():
+    """Required is what `nezha controller --help` marks "(required)"; every other flag is in brackets."""
+    from nezha.cli import build_parser
+
+    doc = ROOT / "docs" / "controller.md"
+    (synopsis,) = [c.text for c in code_in(doc) if c.text.startswith("nezha controller ")]
+    optional = set(re.findall(r"\[(--[a-z][a-z0-9-]*)", synopsis))
+    required = set(FLAG.findall(re.sub(r"\[[^\]]*\]", "", synopsis)))
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = [a for a in sub.choices["controller"]._actions if a.option_strings != ["-h", "--help"]]
+    flag = {a: next(s for s in a.option_strings if s.startswith("--")) for a in actions}
+    assert required == {flag[a] for a in actions if "(required)" in (a.help or "")}
+    assert optional == {flag[a] for a in actions if "(required)" not in (a.help or "")}
