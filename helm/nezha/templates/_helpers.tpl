@@ -1,4 +1,4 @@
-{{/* Names. The release "nezha" gives nezha-cache, nezha-cache-peers, ... as DESIGN.md names them. */}}
+{{/* Names. The release "nezha" gives nezha-cache, nezha-cache-peers, ... as the design brief (../shared/DESIGN.md, beside the repository) names them. */}}
 {{- define "nezha.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
