@@ -354,3 +354,31 @@ def test_the_controller_synopsis_shows_every_flag_and_brackets_exactly_the_optio
     flag = {a: next(s for s in a.option_strings if s.startswith("--")) for a in actions}
     assert required == {flag[a] for a in actions if "(required)" in (a.help or "")}
     assert optional == {flag[a] for a in actions if "(required)" not in (a.help or "")}
+
+
+# -- chart values shown whole render --------------------------------------------------------------------------
+
+def values_blocks() -> list[tuple[Path, str]]:
+    """Fenced YAML blocks whose top-level keys are all the chart's: values a reader may pass with -f."""
+    out = []
+    for doc in DOCS:
+        for token in MarkdownIt("commonmark").parse(doc.read_text()):
+            if token.type == "fence" and token.info.strip() == "yaml":
+                data = yaml.safe_load(token.content)
+                if isinstance(data, dict) and data and set(data) <= set(VALUES):
+                    out.append((doc, token.content))
+    return out
+
+
+def test_every_block_of_chart_values_in_the_docs_renders(tmp_path):
+    from tests.integration.chart.render import RenderError, render
+
+    blocks = values_blocks()
+    assert any(doc.name == "https.md" for doc, _ in blocks), "the Hugging Face values in docs/https.md"
+    for i, (doc, text) in enumerate(blocks):
+        values = tmp_path / f"{i}.yaml"
+        values.write_text(text)
+        try:
+            render(values=[values])
+        except RenderError as e:
+            pytest.fail(f"{doc.relative_to(ROOT)}: a values block does not render: {e}")
