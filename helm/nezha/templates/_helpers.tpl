@@ -154,8 +154,12 @@ must be URL-safe (the chart's own is alphanumeric).
 {{- if kindIs "string" $budget }}
 {{- fail (printf "cache.pdb.maxUnavailable (%q) must be a number of nodes below cache.replicasPerKey (%d): a share of the nodes grows with the cluster until one drain can evict every owner of an object" $budget (int $c.replicasPerKey)) }}
 {{- end }}
-{{- /* With one owner per key no budget can keep a copy; 0 would only block every drain. */}}
-{{- if and (ge (int $budget) (int $c.replicasPerKey)) (or (gt (int $c.replicasPerKey) 1) (gt (int $budget) 1)) }}
+{{- /* With one owner per key no budget can keep a copy; 0 would only block every drain, so 1 is allowed. */}}
+{{- if eq (int $c.replicasPerKey) 1 }}
+{{- if gt (int $budget) 1 }}
+{{- fail (printf "cache.pdb.maxUnavailable (%d) must be at most 1 with cache.replicasPerKey (1): a node drain could evict several nodes' objects at once" (int $budget)) }}
+{{- end }}
+{{- else if ge (int $budget) (int $c.replicasPerKey) }}
 {{- fail (printf "cache.pdb.maxUnavailable (%d) must be below cache.replicasPerKey (%d): a node drain could evict every owner of an object at once" (int $budget) (int $c.replicasPerKey)) }}
 {{- end }}
 {{- $hosts := list }}

@@ -71,4 +71,5 @@ def test_with_one_owner_per_key_a_budget_of_one_renders_so_drains_still_proceed(
     """No budget can keep a second copy that does not exist; 0 would only block every drain."""
     objects = render(sets=["cache.replicasPerKey=1"])
     assert find(objects, "PodDisruptionBudget", "nezha-cache")["spec"]["maxUnavailable"] == 1
-    assert "cache.pdb.maxUnavailable (2)" in refusal(["cache.replicasPerKey=1", "cache.pdb.maxUnavailable=2"])
+    message = refusal(["cache.replicasPerKey=1", "cache.pdb.maxUnavailable=2"])
+    assert "cache.pdb.maxUnavailable (2) must be at most 1" in message and "cache.replicasPerKey (1)" in message
