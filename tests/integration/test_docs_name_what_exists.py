@@ -96,16 +96,17 @@ def commands(line: str) -> Iterator[list[str]]:
     """The words of each simple command on a shell line (split at |, &&, ||, ; and $( )."""
     for part in re.split(r"\|\||&&|[|;]|\$\(|`", line):
         words = part.split()
-        if words and words[0] == "$":
+        # A prompt, and variables set for the one command (`NEZHA_LOG_LEVEL=debug nezha ...`).
+        while words and (words[0] == "$" or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0])):
             words = words[1:]
         if words:
-            yield words
+            yield [words[0].rsplit("/", 1)[-1] if words[0].endswith("/nezha") else words[0], *words[1:]]
 
 
 def flag_errors(code: Code, tree: dict[tuple[str, ...], set[str]], every_flag: set[str]) -> Iterator[str]:
     where = f"{code.doc.relative_to(ROOT)}: `{code.text}`"
     for words in commands(code.text):
-        if words[:3] == ["python", "-m", "nezha"]:
+        if words[0] in ("python", "python3") and words[1:3] == ["-m", "nezha"]:
             words = ["nezha", *words[3:]]
         if words[0] == "nezha":
             path: tuple[str, ...] = ()
@@ -120,13 +121,9 @@ def flag_errors(code: Code, tree: dict[tuple[str, ...], set[str]], every_flag: s
             for flag in FLAG.findall(" ".join(words[2:])):
                 if flag not in bench_flags(words[1]):
                     yield f"{where}: {words[1]} has no {flag}"
-        elif words[0].startswith("--") and code.span:
-            # A flag named on its own (`--publish-ca`), maybe with its value or the rest of a usage line.
-            for flag in FLAG.findall(" ".join(words)):
-                if flag not in every_flag and flag not in FOREIGN_FLAGS:
-                    yield f"{where}: no command takes {flag}"
-        elif words[0] not in FOREIGN_COMMANDS and code.span:
-            # Prose in a span such as `min(2, --nodes)`: any flag in it must be someone's.
+        elif code.span and words[0] not in FOREIGN_COMMANDS:
+            # A flag named on its own (`--publish-ca`, `--tls-listen HOST:PORT`) or in prose
+            # (`min(2, --nodes)`): whose it is the text says, so it must be some command's.
             for flag in FLAG.findall(" ".join(words)):
                 if flag not in every_flag and flag not in FOREIGN_FLAGS:
                     yield f"{where}: no command takes {flag}"
@@ -195,6 +192,9 @@ def test_a_flag_a_command_does_not_take_is_caught_and_one_it_takes_is_not():
     assert bad == ["docs/webhook.md: `nezha webhook certs [--days 365] [--cache-ip IP]`: "
                    "`nezha webhook certs` has no --cache-ip"]
     assert not list(flag_errors(Code(doc, "helm upgrade --reuse-values --set a=b", False, ""), tree, every))
+    assert list(flag_errors(Code(doc, "$ NEZHA_LOG_LEVEL=debug .venv/bin/nezha up --nodez 2", False, ""), tree,
+                            every)) == ["docs/webhook.md: `$ NEZHA_LOG_LEVEL=debug .venv/bin/nezha up --nodez 2`: "
+                                        "`nezha up` has no --nodez"]
     assert list(flag_errors(Code(doc, "--publish-ca", True, ""), tree, every)) == []
     assert list(flag_errors(Code(doc, "--publish-cert", True, ""), tree, every)) == [
         "docs/webhook.md: `--publish-cert`: no command takes --publish-cert"]
