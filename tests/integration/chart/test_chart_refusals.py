@@ -73,3 +73,7 @@ def test_with_one_owner_per_key_a_budget_of_one_renders_so_drains_still_proceed(
     assert find(objects, "PodDisruptionBudget", "nezha-cache")["spec"]["maxUnavailable"] == 1
     message = refusal(["cache.replicasPerKey=1", "cache.pdb.maxUnavailable=2"])
     assert "cache.pdb.maxUnavailable (2) must be at most 1" in message and "cache.replicasPerKey (1)" in message
+
+
+def test_a_negative_budget_is_refused_by_the_schema_naming_it():
+    assert "/cache/pdb/maxUnavailable" in refusal(["cache.pdb.maxUnavailable=-1"])
