@@ -382,3 +382,31 @@ def test_every_block_of_chart_values_in_the_docs_renders(tmp_path):
             render(values=[values])
         except RenderError as e:
             pytest.fail(f"{doc.relative_to(ROOT)}: a values block does not render: {e}")
+
+
+# -- cross-references land ---------------------------------------------------------------------------------
+
+REFERENCE = re.compile(r'`((?:docs/)?[\w-]+\.md|helm/nezha/README\.md|README\.md)`,? \(?"([^"]+)"')
+
+
+def sections(path: Path) -> list[str]:
+    """Headings, and the bold lead-ins (`**S3.**`) that open a paragraph as a heading would."""
+    text = path.read_text()
+    return ([m.group(1) for m in re.finditer(r"^#+ (.+)$", text, re.M)] +
+            [m.group(1) for m in re.finditer(r"^\*\*([^*]+?)\.?\*\*", text, re.M)])
+
+
+def test_every_section_the_docs_point_to_exists():
+    """`docs/operations.md`, "Uninstall" names a file and the start of a heading in it."""
+    errors, seen = [], 0
+    for doc in [*DOCS, ROOT / "helm" / "nezha" / "README.md"]:
+        for m in REFERENCE.finditer(" ".join(doc.read_text().split())):
+            name, title = m.groups()
+            target = ROOT / name if "/" in name or name == "README.md" else ROOT / "docs" / name
+            seen += 1
+            if not target.is_file():
+                errors.append(f"{doc.relative_to(ROOT)}: {name} does not exist")
+            elif not any(s.startswith(title) for s in sections(target)):
+                errors.append(f"{doc.relative_to(ROOT)}: {name} has no section {title!r}")
+    assert seen >= 8, "the references were not found: the pattern no longer matches how the docs write them"
+    assert not errors, "\n".join(errors)
