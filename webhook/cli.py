@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(only while some rule leaves ip out)")
     p.add_argument("--cache-service", help="cache Service name (default nezha-cache)")
     p.add_argument("--namespace", help="Nezha's namespace (default nezha)")
-    p.add_argument("--kubeconfig", type=Path, help="kubeconfig; default: in-cluster service account")
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: NEZHA_KUBECONFIG or KUBECONFIG, else the "
+                   "pod's service account)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level")
     p.set_defaults(func=run_webhook)
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--webhook-configuration", help="MutatingWebhookConfiguration to patch (default nezha-webhook)")
     c.add_argument("--days", dest="cert_days", type=int, help="validity of a new serving certificate (default 365)")
     c.add_argument("--renew-days", type=int, help="renew when fewer days remain (default 30)")
-    c.add_argument("--kubeconfig", type=Path, help="kubeconfig; default: in-cluster service account")
+    c.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: NEZHA_KUBECONFIG or KUBECONFIG, else the "
+                   "pod's service account)")
     c.add_argument("--config", type=Path, help="YAML file of settings")
     c.add_argument("--log-level")
     c.set_defaults(func=run_certs)

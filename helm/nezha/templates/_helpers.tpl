@@ -1,4 +1,4 @@
-{{/* Names. The release "nezha" gives nezha-cache, nezha-cache-peers, ... as DESIGN.md names them. */}}
+{{/* Names. The release "nezha" gives nezha-cache, nezha-cache-peers, ... as the design brief (../shared/DESIGN.md, beside the repository) names them. */}}
 {{- define "nezha.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -141,6 +141,27 @@ must be URL-safe (the chart's own is alphanumeric).
 {{- if and .Values.redis.external.passwordSecret.name (not .Values.redis.external.url) }}
 {{- fail "redis.external.passwordSecret.name is set but redis.external.url is empty: name the Redis to use" }}
 {{- end }}
+{{- $c := .Values.cache }}
+{{- if eq (int $c.port) (int $c.tlsPort) }}
+{{- fail (printf "cache.tlsPort (%d) must differ from cache.port (%d): a node listens on both" (int $c.tlsPort) (int $c.port)) }}
+{{- end }}
+{{- $capacity := include "nezha.bytes" (dict "value" $c.capacity "units" (include "nezha.sizeUnits" . | fromYaml) "fold" true) | float64 }}
+{{- $disk := include "nezha.bytes" (dict "value" $c.storage.size "units" (include "nezha.quantityUnits" . | fromYaml) "fold" false) | float64 }}
+{{- if gt $capacity $disk }}
+{{- fail (printf "cache.capacity (%s = %.0f bytes) must not exceed cache.storage.size (%s = %.0f bytes): a node would fill its disk before it evicts" (toString $c.capacity) $capacity (toString $c.storage.size) $disk) }}
+{{- end }}
+{{- $budget := $c.pdb.maxUnavailable }}
+{{- if kindIs "string" $budget }}
+{{- fail (printf "cache.pdb.maxUnavailable (%q) must be a number of nodes below cache.replicasPerKey (%d): a share of the nodes grows with the cluster until one drain can evict every owner of an object" $budget (int $c.replicasPerKey)) }}
+{{- end }}
+{{- /* With one owner per key no budget can keep a copy; 0 would only block every drain, so 1 is allowed. */}}
+{{- if eq (int $c.replicasPerKey) 1 }}
+{{- if gt (int $budget) 1 }}
+{{- fail (printf "cache.pdb.maxUnavailable (%d) must be at most 1 with cache.replicasPerKey (1): a node drain could evict several nodes' objects at once" (int $budget)) }}
+{{- end }}
+{{- else if ge (int $budget) (int $c.replicasPerKey) }}
+{{- fail (printf "cache.pdb.maxUnavailable (%d) must be below cache.replicasPerKey (%d): a node drain could evict every owner of an object at once" (int $budget) (int $c.replicasPerKey)) }}
+{{- end }}
 {{- $hosts := list }}
 {{- range .Values.origins }}
 {{- if has (lower .host) $hosts }}
@@ -148,4 +169,50 @@ must be URL-safe (the chart's own is alphanumeric).
 {{- end }}
 {{- $hosts = append $hosts (lower .host) }}
 {{- end }}
+{{- end }}
+
+
+{{/*
+Bytes in a size, as a float: (dict "value" "45GiB" "units" (map of suffix to
+bytes) "fold" true). fold: suffixes are case-insensitive and a trailing B is
+dropped, as `nezha cache --capacity` reads them (nezha/config.py parse_size);
+otherwise they are Kubernetes quantity suffixes, case and all. The schema has
+checked the form already.
+*/}}
+{{- define "nezha.bytes" -}}
+{{- $v := trim (toString .value) }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $v }}
+{{- $unit := trim (trimPrefix $number $v) }}
+{{- if .fold }}{{ $unit = lower $unit | trimSuffix "b" }}{{ end }}
+{{- mulf (float64 $number) (index .units $unit) }}
+{{- end }}
+
+{{/* `--capacity` suffixes (after folding): K, M, G, T decimal; Ki, Mi, Gi, Ti binary. */}}
+{{- define "nezha.sizeUnits" -}}
+"": 1
+k: 1000
+m: 1000000
+g: 1000000000
+t: 1000000000000
+ki: 1024
+mi: 1048576
+gi: 1073741824
+ti: 1099511627776
+{{- end }}
+
+{{/* Kubernetes quantity suffixes values.schema.json allows for cache.storage.size. */}}
+{{- define "nezha.quantityUnits" -}}
+"": 1
+k: 1000
+M: 1000000
+G: 1000000000
+T: 1000000000000
+P: 1000000000000000
+E: 1000000000000000000
+Ki: 1024
+Mi: 1048576
+Gi: 1073741824
+Ti: 1099511627776
+Pi: 1125899906842624
+Ei: 1152921504606846976
 {{- end }}

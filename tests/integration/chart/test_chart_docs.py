@@ -1,6 +1,8 @@
-"""The chart's documentation keeps up with the chart: every value in the README's table, and an operations guide.
+"""The chart's documentation keeps up with the chart: every value in the README's table, the budgets it
+names, and an operations guide.
 
-No helm needed: values.yaml and the Markdown files are read as they are.
+values.yaml and the Markdown files are read as they are; the budgets are
+compared with what the real `helm` renders.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
+
+from tests.integration.chart.render import find, render
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "helm" / "nezha"
@@ -72,3 +76,13 @@ def test_the_operations_guide_covers_install_upgrade_and_uninstall_without_losin
     text = OPERATIONS.read_text()
     for phrase in ("helm install", "helm upgrade", "helm uninstall", "kubectl delete pvc"):
         assert phrase in text, f"{OPERATIONS.relative_to(ROOT)} does not mention {phrase!r}"
+
+
+def test_the_disruption_budgets_the_readme_names_are_the_ones_the_chart_renders():
+    row = next(line for line in README.read_text().splitlines() if line.startswith("| disruption budgets |"))
+    named = re.findall(r"`([a-z-]+)` \(`(maxUnavailable|minAvailable): (\d+)`\)", row)
+    assert {name for name, _, _ in named} == {"nezha-cache", "nezha-webhook"}, row
+    objects = render()
+    for name, field, number in named:
+        assert find(objects, "PodDisruptionBudget", name)["spec"] == {
+            field: int(number), "selector": find(objects, "PodDisruptionBudget", name)["spec"]["selector"]}, name
