@@ -17,7 +17,7 @@ import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 import yaml
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 from yarl import URL
@@ -88,6 +88,10 @@ class Origin(BaseModel):
     local server in tests). Keyed by `host`, so an HTTPS listener with
     per-host certificates can be added without changing the table.
     """
+
+    # An origin's settings decide what is cached for whom: a misspelt key is
+    # refused (load() names it, with a "did you mean"), never ignored.
+    model_config = ConfigDict(extra="forbid")
 
     host: str
     upstream: str
@@ -595,8 +599,14 @@ def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: 
             if not loc:
                 lines.append(message)
                 continue
-            where = _source(loc[0], given, file, path) + "".join(f"[{p}]" if p.isdigit() else f".{p}"
-                                                                 for p in loc[1:])
+            inner = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
+            source = _source(loc[0], given, file, path)
+            # "origins[0].ttl in nezha.yaml", not "origins in nezha.yaml[0].ttl"
+            where = (loc[0] + inner + source[len(loc[0]):]) if source.startswith(loc[0] + " in ") \
+                else source + inner
+            if err["type"] == "extra_forbidden" and loc[0] == "origins":
+                lines.append(f"{where}: unknown key in an origin{_did_you_mean(loc[-1], list(Origin.model_fields))}")
+                continue
             value = err.get("input")
             shown = "" if isinstance(value, dict) or value is None else \
                 f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"

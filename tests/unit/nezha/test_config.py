@@ -85,3 +85,21 @@ def test_host_in_an_upstream_is_the_name_asked_for_and_only_for_patterns():
         Origin(host="*.com", upstream="https://x.com")
     plain = Origin(host="www.cs.toronto.edu", upstream="http://www.cs.toronto.edu")
     assert plain.upstream_for("https", "www.cs.toronto.edu") == "https://www.cs.toronto.edu"  # TLS clients: https
+
+
+def test_a_misspelt_key_inside_an_origin_entry_is_refused_with_a_suggestion(tmp_path):
+    """An origin's settings decide what is cached for whom: a typo in one is an
+    error, as a typo at the top level is, never a silently ignored line."""
+    cfg = tmp_path / "nezha.yaml"
+    cfg.write_text("origins:\n  - host: s3.example\n    upstream: http://127.0.0.1:9000\n"
+                   "    volatile_parms: [X-Amz-Date]\n")
+    with pytest.raises(ConfigError) as e:
+        load(CacheSettings, config_file=cfg)
+    [line] = str(e.value).splitlines()
+    assert "origins[0].volatile_parms" in line and "unknown key" in line and "did you mean volatile_params?" in line
+
+
+def test_an_origin_given_as_a_mapping_in_the_environment_refuses_unknown_keys_too(monkeypatch):
+    monkeypatch.setenv("NEZHA_ORIGINS", '[{"host": "s3.example", "upstream": "http://127.0.0.1:9000", "ttl": 5}]')
+    with pytest.raises(ConfigError, match=r"NEZHA_ORIGINS\[0\]\.ttl: unknown key"):
+        load(CacheSettings)
