@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote
 
+from nezha.credentials import query_credentials
 from nezha.errors import NezhaError
 
 
@@ -114,6 +115,20 @@ def key_for(target: Target, origin: KeyRules | None) -> str:
     controller's prefetch and the CLI all key through this one function, so
     none of them can ask a node for a key it never stores."""
     return cache_key(target, volatile_params=origin.volatile_params if origin is not None else ())
+
+
+def credentials_kept(target: Target, origin: KeyRules | None) -> list[str]:
+    """The credential parameters of `target`'s URL (a presigned URL's
+    signature, nezha/credentials.py) that its key would hold: those its
+    origin does not declare volatile. A response to such a request is never
+    stored: the key, the metadata and the index would carry a bearer
+    credential."""
+    if not target.query:
+        return []
+    secret = query_credentials(target.query)
+    volatile = set(origin.volatile_params) if origin is not None else set()
+    names = [p.split("=", 1)[0] for p in target.query.split("&") if p]
+    return [n for n in dict.fromkeys(names) if n.lower() in secret and n not in volatile]
 
 
 def target_of(key: str) -> Target:

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import structlog
 
+from nezha.credentials import redact_text
+
 # Fields that differ between otherwise identical events: a request's
 # duration, a fill's seconds, the time itself. Events equal but for these
 # are one event repeated.
@@ -92,6 +94,20 @@ class CollapseRepeats:
 _collapse: CollapseRepeats | None = None
 
 
+def redact_credentials(logger: Any, method: str, event_dict: dict) -> dict:
+    """Every string in an event with the credential parameters of the URLs
+    in it redacted (nezha/credentials.py): a presigned URL in a request
+    line, a cache key or an error message is a bearer credential, and log
+    lines are read by more people than the bucket's owner."""
+    for name, value in event_dict.items():
+        if isinstance(value, str):
+            if "?" in value:
+                event_dict[name] = redact_text(value)
+        elif isinstance(value, (list, tuple)):
+            event_dict[name] = [redact_text(v) if isinstance(v, str) else v for v in value]
+    return event_dict
+
+
 def flush_repeats() -> None:
     """Write the pending `log_repeated` line, if any."""
     if _collapse is not None:
@@ -115,6 +131,7 @@ def configure(*, level: str = "info", json: bool = True, stream=None, cache_logg
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_credentials,
             _collapse,
             renderer,
         ],

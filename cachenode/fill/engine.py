@@ -34,6 +34,7 @@ from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored
 from nezha.config import CacheSettings, Origin
+from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target
 from nezha.ring import Peer
@@ -253,7 +254,7 @@ class FillEngine:
         variant = variant_of(vary, source.headers) if vary else ""
         fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
                     vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
-        meta = Meta(key=key, url=url, host=host, size=0, headers=headers, stored_at=now, status=response.status,
+        meta = Meta(key=key, url=redact_url(url), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant)
         self.metrics.fills_in_flight.inc()

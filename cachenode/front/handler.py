@@ -43,7 +43,7 @@ from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
-from nezha.keys import BadHost, BadTarget, Target, key_for, parse_target
+from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
 from nezha.ring import Peer
 from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
 
@@ -100,6 +100,8 @@ class Handler:
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, url=url, key=key, target=target)
         bypass = request_bypasses_cache(request.headers)
+        if bypass is None and (kept := credentials_kept(target, origin)):
+            bypass = f"request URL carries credentials ({', '.join(kept)})"
         if bypass is not None:
             return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
         meta = self.store.lookup(key, request.headers)

@@ -1,0 +1,22 @@
+"""No log line carries a URL's credentials (nezha/logs.py, nezha/credentials.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import structlog
+
+from nezha import logs
+
+
+def test_a_logged_presigned_url_carries_no_credential_in_any_field():
+    out = io.StringIO()
+    logs.configure(stream=out)
+    structlog.get_logger("test").info(
+        "request_completed", path="/b/k?X-Amz-Credential=AKIA9&X-Amz-Signature=ff00&part=2",
+        errors=["origin http://s/b/k?sig=abc&sv=1 refused", 3], status=200)
+    [line] = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert line["path"] == "/b/k?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&part=2"
+    assert line["errors"] == ["origin http://s/b/k?sig=REDACTED&sv=REDACTED refused", 3]
+    assert line["status"] == 200
