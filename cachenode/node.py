@@ -73,7 +73,7 @@ class CacheNode:
         self.invalidation = Invalidation(node_id=self.node_id, settings=settings, cluster=self.cluster,
                                          client=origins, internal_headers=self.handoff.internal_headers,
                                          forget=self.engine.forget)
-        self.handler = Handler(settings=settings, store=store, cluster=self.cluster, relay=self.relay,
+        self.handler = Handler(settings=settings, store=store, origins=origins, cluster=self.cluster, relay=self.relay,
                                respond=self.respond, engine=self.engine, handoff=self.handoff,
                                invalidation=self.invalidation, counts=self.counts, metrics=self.metrics,
                                status=self.status, clock=clock)

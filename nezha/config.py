@@ -101,6 +101,12 @@ class Origin(BaseModel):
     # (cachenode/http/freshness.py HEURISTIC_TTL), those without are revalidated.
     default_ttl: float | None = None
     volatile_params: tuple[str, ...] = ()
+    # Who may read a stored object (docs/private-objects.md). `pass`: a
+    # request with credentials (Authorization, a signed URL) is passed
+    # through and nothing of it is stored. `authorize`: it is keyed without
+    # them, stored once, and every read from disk is first authorised by the
+    # origin with the caller's own request.
+    credentials: Literal["pass", "authorize"] = "pass"
     # Parallel range fills of this origin's large objects (cachenode/fill/parallel.py);
     # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None

@@ -107,14 +107,28 @@ class KeyRules(Protocol):
     """What an origin's entry says about its keys (nezha.config.Origin)."""
 
     volatile_params: tuple[str, ...]
+    credentials: str  # "pass" or "authorize"
 
 
 def key_for(target: Target, origin: KeyRules | None) -> str:
     """The key `target` is stored under, by its origin's rules (None: an origin
     not configured here, whose keys keep their whole query). The node, the
     controller's prefetch and the CLI all key through this one function, so
-    none of them can ask a node for a key it never stores."""
-    return cache_key(target, volatile_params=origin.volatile_params if origin is not None else ())
+    none of them can ask a node for a key it never stores.
+
+    An `authorize` origin's keys also leave out the URL's credential
+    parameters (nezha/credentials.py), whatever their case: URLs signed again
+    for the same object, by anyone, name one stored copy, and each read of it
+    is authorised apart."""
+    if origin is None:
+        return cache_key(target)
+    volatile = origin.volatile_params
+    if origin.credentials == "authorize" and target.query:
+        secret = query_credentials(target.query)
+        if secret:
+            names = {p.split("=", 1)[0] for p in target.query.split("&") if p}
+            volatile = (*volatile, *sorted(n for n in names if n.lower() in secret))
+    return cache_key(target, volatile_params=volatile)
 
 
 def credentials_kept(target: Target, origin: KeyRules | None) -> list[str]:
@@ -123,8 +137,8 @@ def credentials_kept(target: Target, origin: KeyRules | None) -> list[str]:
     origin does not declare volatile. A response to such a request is never
     stored: the key, the metadata and the index would carry a bearer
     credential."""
-    if not target.query:
-        return []
+    if not target.query or (origin is not None and origin.credentials == "authorize"):
+        return []  # an authorize origin's keys leave every credential out (key_for)
     secret = query_credentials(target.query)
     volatile = set(origin.volatile_params) if origin is not None else set()
     names = [p.split("=", 1)[0] for p in target.query.split("&") if p]

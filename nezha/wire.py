@@ -57,6 +57,11 @@ class CacheOutcome(StrEnum):
     STALE = "stale"
     PASS = "pass"
     BYPASS = "bypass"
+    # An origin with `credentials: authorize` (docs/private-objects.md):
+    # it said this caller may read the stored version, which was served...
+    AUTHORIZED = "authorized"
+    # ...or it refused this caller, whose answer from the origin was passed on.
+    DENIED = "denied"
     # Only in the request log: answers the node made itself.
     REFUSED = "refused"
     ERROR = "error"
@@ -65,7 +70,7 @@ class CacheOutcome(StrEnum):
 # A relayed answer's value is the owner's, behind this prefix (`peer-hit`).
 PEER_PREFIX = "peer-"
 # Answers copied from the origin for one client: a relay passes them on untouched.
-PASSED_ON = frozenset({CacheOutcome.PASS, CacheOutcome.BYPASS})
+PASSED_ON = frozenset({CacheOutcome.PASS, CacheOutcome.BYPASS, CacheOutcome.DENIED})
 
 
 def origin_error_value(error: object) -> str:

@@ -144,12 +144,14 @@ class FillEngine:
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
             now = self._clock()
-            policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl)
+            authorize = origin.credentials == "authorize"
+            policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
+                                     private_ok=authorize)
             expires_at = now + policy.ttl
             kept = stored_pairs(response.headers)
             names = vary_names(response.headers)
             decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
-                                      fits=self.store.fits),
+                                      fits=self.store.fits, authorize=authorize),
                               stale_held=stale is not None, stale_usable_on_error=stale is not None and (
                                   may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
                                                            stale_if_error=stale.stale_if_error)))
@@ -223,7 +225,8 @@ class FillEngine:
         for name in ("Age", "Date"):  # not stored, but they date the 304
             if name in response.headers:
                 judged[name] = response.headers[name]
-        renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl)
+        renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl,
+                                  private_ok=origin.credentials == "authorize")
         meta = await self.store.refresh(
             stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
             age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
@@ -380,7 +383,7 @@ class FillEngine:
 
 
 def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
-            source: Source, fits: Callable[[int], bool]) -> Answer:
+            source: Source, fits: Callable[[int], bool], authorize: bool = False) -> Answer:
     """The facts about `response` that `fill/lead.py` decides on."""
     length = response.content_length
     return Answer(status=response.status, policy=policy, vary=vary,
@@ -388,4 +391,5 @@ def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str
                   has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
                   fits=length is None or fits(length), length=length,
                   header_bytes=header_bytes(kept), from_peer=source.peer is not None,
-                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT)
+                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT,
+                  authorized_reads=authorize, has_etag="ETag" in response.headers)

@@ -38,6 +38,11 @@ class Answer:
     header_bytes: int = 0  # of the fields that would be stored with it
     from_peer: bool = False  # a copy asked of a peer's disk
     peer_says_hit: bool = False  # that peer answered from its disk (X-Nezha-Cache: hit)
+    # Its origin has `credentials: authorize`: each read of a stored copy is
+    # authorised with the stored ETag (http/authorize.py), which it must have,
+    # and a variant must not be chosen by a credential.
+    authorized_reads: bool = False
+    has_etag: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ def _not_stored_because(a: Answer) -> str | None:
         return f"{a.length} bytes exceed capacity"
     if a.policy.ttl <= 0 and not a.has_validator:
         return "it is stale at once and has no validator: it could never be reused"
+    if a.authorized_reads and not a.has_etag:
+        return "it has no ETag: no read of a stored copy could be authorised by the origin"
+    if a.authorized_reads and a.vary and {"authorization", "cookie"} & {v.lower() for v in a.vary}:
+        return f"it varies on a credential ({a.vary_listed[:100]}): its variant would hold it"
     if a.header_bytes > MAX_STORED_HEADER_BYTES:
         return (f"its header fields take {a.header_bytes} bytes, more than the "
                 f"{MAX_STORED_HEADER_BYTES} this cache stores with an object")

@@ -24,6 +24,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Invalidation
@@ -32,17 +33,20 @@ from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Kind
+from cachenode.fill.origin import OriginClient, forwarded_request_headers
 from cachenode.front.access import access
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
+from cachenode.http.authorize import Verdict, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
                                       request_bypasses_cache, request_directives)
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
+from nezha.errors import OriginError
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
 from nezha.ring import Peer
 from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
@@ -51,13 +55,15 @@ log = structlog.get_logger("nezha.cachenode")
 
 
 class Handler:
-    def __init__(self, *, settings: CacheSettings, store: Store, cluster: ClusterView, relay: PeerRelay,
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, cluster: ClusterView,
+                 relay: PeerRelay,
                  respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
                  counts: Counts, metrics: Metrics, status: Callable[[], dict],
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.node_id = settings.identity
         self.store = store
+        self.origins = origins  # asked directly only to authorise a read (the responders fetch the rest)
         self.cluster = cluster
         self.relay = relay
         self.respond = respond
@@ -99,19 +105,23 @@ class Handler:
         access(request).key = key
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, url=url, key=key, target=target)
-        bypass = request_bypasses_cache(request.headers)
-        if bypass is None and (kept := credentials_kept(target, origin)):
-            bypass = f"request URL carries credentials ({', '.join(kept)})"
+        authorize = origin.credentials == "authorize"
+        bypass = _bypass_reason(request, target, origin, authorize=authorize)
         if bypass is not None:
             return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
         meta = self.store.lookup(key, request.headers)
         directives = request_directives(request.headers)
-        use = self._use(meta, directives)
-        fresh = use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE  # served from here without waiting
+        if authorize:
+            # Every read is the origin's to allow, however fresh the copy:
+            # one here is asked about here, one elsewhere at its owner.
+            fresh = meta is not None
+        else:
+            use = self._use(meta, directives)
+            fresh = use is Use.FRESH or use is Use.STALE_WHILE_REVALIDATE  # served from here without waiting
+            if fresh:
+                self.counts.accessed(key)
         if directives.only_if_cached and not fresh:
             raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
-        if fresh:
-            self.counts.accessed(key)
         # Only the first live owner fills from the origin. A replica that
         # misses asks the owners ahead of it, like a non-owner asks them all;
         # if none answers it is the first live owner and fills. A relayed
@@ -130,9 +140,12 @@ class Handler:
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
         if request.method == "HEAD":
-            if fresh:
+            if fresh and not authorize:
                 return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
             return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+        if authorize:
+            return await self._get_authorized(request, key=key, url=url, origin=origin, target=target, meta=meta,
+                                              directives=directives)
         return await self._get(request, key=key, url=url, origin=origin, target=target, directives=directives)
 
     def _use(self, meta: Meta | None, directives: RequestDirectives) -> Use | None:
@@ -191,11 +204,11 @@ class Handler:
             if not self._names_origin(host_header):
                 return None
             try:
-                _, _, key = self._resolve(raw_target, host_header)
+                _, origin, key = self._resolve(raw_target, host_header)
             except BadTarget:
                 return None
-            if key is None:
-                return None
+            if key is None or origin is None or origin.credentials == "authorize":
+                return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
             if len(self._plain_keys) >= _PLAIN_CACHE:
                 self._plain_keys.clear()
             self._plain_keys[(raw_target, host_header)] = key
@@ -297,6 +310,86 @@ class Handler:
         if await self.store.remove_one(meta):
             self.counts.gone(meta)
 
+    async def _get_authorized(self, request: web.Request, *, key: str, url: str, origin: Origin, target: Target,
+                              meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
+        """A GET of an `authorize` origin's object (docs/private-objects.md):
+        a stored copy is served only once the origin, asked with this
+        caller's own request, says this caller may read this version; a miss
+        asks the origin with the caller's request and stores what it answers."""
+        for attempt in range(3):
+            if attempt:
+                meta = self.store.lookup(key, request.headers)
+            if meta is not None:
+                served = await self._serve_authorized(request, url=url, meta=meta, directives=directives)
+                if served is not None:
+                    return served
+                # Changed at the origin, or gone from the disk: fetched again, replacing it.
+            if directives.only_if_cached:
+                raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+            flight, leader = self.engine.flights.lead_or_join(key)
+            if leader:
+                return await self._lead_authorized(request, flight, key=key, url=url, origin=origin, target=target)
+            outcome = await asyncio.shield(flight.outcome)
+            if not (outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete):
+                break
+            # Its whole body was in before this request came: once stored, it
+            # is a stored copy like any other, read once authorised.
+            await flight.landed.wait()
+        # A fill in progress would hand this caller bytes before the origin
+        # said it may have them: it asks the origin for itself.
+        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+
+    async def _serve_authorized(self, request: web.Request, *, url: str, meta: Meta,
+                                directives: RequestDirectives) -> web.StreamResponse | None:
+        """`meta` for this caller if the origin allows it, the origin's refusal
+        if not; None: the origin has another version, or the copy vanished."""
+        if self.from_peer(request) and directives.only_if_cached:
+            # A node copying the object (a replica, a hand-off): the bytes
+            # move between nodes, and every caller they are later served to
+            # is authorised where they land.
+            return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
+        allowed, response = await self._authorize(request, url, meta)
+        if allowed is Verdict.REFUSED:
+            return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
+        if allowed is Verdict.CHANGED:
+            return None
+        self.counts.accessed(meta.key)
+        return await self.respond.hit(request, meta, label=CacheOutcome.AUTHORIZED)
+
+    async def _lead_authorized(self, request: web.Request, flight, *, key: str, url: str, origin: Origin,
+                               target: Target) -> web.StreamResponse:
+        """A miss: the caller's own request goes to the origin, and a storable
+        answer is streamed to it while it is stored."""
+        outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=None,
+                                                   target=target, source=self.engine.origin_source(url, request.headers))
+        if outcome.kind is Kind.STREAMING:
+            assert outcome.fill is not None
+            return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
+        if outcome.kind is Kind.PASSED:
+            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response)
+        # Never stale-if-error here: an origin that cannot be asked cannot allow a read.
+        raise origin_failure(outcome.error)
+
+    async def _authorize(self, request: web.Request, url: str,
+                         meta: Meta) -> tuple[Verdict, aiohttp.ClientResponse | None]:
+        """Ask the origin whether this caller may read `meta`'s version: the
+        caller's request as sent, plus If-None-Match and Range: bytes=0-0
+        (http/authorize.py). The origin's answer is kept only when it refused."""
+        forwarded = forwarded_request_headers(request.headers, via=self.respond.via)
+        fields = probe_fields(list(forwarded.items()), etag=meta.etag)
+        if fields is None:
+            return Verdict.CHANGED, None  # stored before its origin said authorize: fetched again
+        try:
+            response = await self.origins.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}")
+        except OriginError as e:
+            raise origin_failure(e)
+        allowed = verdict(response.status)
+        if allowed is not Verdict.REFUSED:
+            response.release()
+            return allowed, None
+        log.info("read_refused", key=meta.key, status=response.status)
+        return allowed, response
+
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,
                    target: Target, directives: RequestDirectives) -> web.StreamResponse:
         # A joiner whose leader vanished retries; bounded so a pathological
@@ -376,6 +469,22 @@ class Handler:
 _PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
 
 
+def _bypass_reason(request: web.Request, target: Target, origin: Origin, *, authorize: bool) -> str | None:
+    """Why this GET or HEAD goes to the origin untouched, nothing of it
+    stored or served from disk; None: the cache may answer it."""
+    if authorize:
+        # Credentials are welcome (each read is authorised); a cookie stays
+        # the client's own, and a request that sets a field the probe sets
+        # cannot be made into one.
+        if "Cookie" in request.headers:
+            return "request carries Cookie"
+        return not_probeable(request.headers)
+    reason = request_bypasses_cache(request.headers)
+    if reason is None and (kept := credentials_kept(target, origin)):
+        reason = f"request URL carries credentials ({', '.join(kept)})"
+    return reason
+
+
 def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:
     """The owners to ask before serving a key here: all of them for a
     non-owner, those before this node in ring order for a replica, none for
@@ -387,5 +496,5 @@ def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:
 
 
 # The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
-_RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
+_RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.AUTHORIZED): "peer_hits", relayed(CacheOutcome.REVALIDATED): "peer_hits",
                   relayed(CacheOutcome.STALE): "peer_hits", relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}

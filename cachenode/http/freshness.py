@@ -239,7 +239,8 @@ def _date(headers: Mapping[str, str], now: float) -> float:
     return now if date is None else date
 
 
-def response_policy(status: int, headers: Mapping[str, str], *, now: float, policy_ttl: float | None) -> Policy:
+def response_policy(status: int, headers: Mapping[str, str], *, now: float, policy_ttl: float | None,
+                    private_ok: bool = False) -> Policy:
     """Storable? For how long? How stale may it be served? From the origin's status and headers.
 
     `policy_ttl` is the operator's per-origin lifetime for responses that
@@ -247,13 +248,17 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     counted from storing, so the response's Age is not taken off it. With
     no such policy a response with a valid Last-Modified gets HEURISTIC_TTL,
     and one without gets nothing.
+
+    `private_ok`: the origin authorises every read of what is stored
+    (`credentials: authorize`), so a `private` response may be stored: no
+    one but a caller the origin accepts is ever served it.
     """
     if status not in STORED_STATUSES:
         return Policy(False, f"status {status}")
     cc = parse_cache_control(field_value(headers, "Cache-Control"))
     if "no-store" in cc:
         return Policy(False, "Cache-Control: no-store")
-    if "private" in cc:
+    if "private" in cc and not private_ok:
         # Qualified or not: storing the rest while dropping the named fields
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, "Cache-Control: private")

@@ -71,3 +71,17 @@ def test_the_key_keeps_credentials_unless_the_origin_declares_them_volatile():
                   volatile_params=("X-Amz-Signature", "X-Amz-Credential"))
     assert credentials_kept(target, both) == []
     assert credentials_kept(Target("http", "s3.example", "/b/k", "versionId=3"), None) == []
+
+
+def test_an_authorize_origin_keys_re_signed_urls_of_one_object_alike_and_keeps_other_parameters():
+    from nezha.keys import key_for
+
+    authorize = Origin(host="s3.example", upstream="http://127.0.0.1:1", credentials="authorize")
+    one = Target("https", "s3.example", "/b/k", "versionId=3&X-Amz-Credential=AKIA1&X-Amz-Signature=ff")
+    two = Target("https", "s3.example", "/b/k", "x-amz-credential=AKIA2&versionId=3&x-amz-signature=ee")
+    azure = Target("https", "s3.example", "/b/k", "sv=1&sig=zz&versionId=3")
+    assert key_for(one, authorize) == key_for(two, authorize) == key_for(azure, authorize) \
+        == "https://s3.example/b/k?versionId=3"
+    assert credentials_kept(one, authorize) == []
+    plain = Origin(host="s3.example", upstream="http://127.0.0.1:1")
+    assert key_for(one, plain) != key_for(two, plain)  # pass: such a request is never stored at all

@@ -1,0 +1,152 @@
+"""`credentials: authorize`: a private object is stored once and every read
+of it is the origin's to allow, asked with the caller's own credentials
+(issue 22; docs/private-objects.md).
+
+The origin here is a bearer-token API like GCS's or the Hugging Face Hub's:
+401 without a valid token, 403 for a valid one without access, and the
+conditional and Range semantics of RFC 9110. It counts the body bytes it
+sends, so a warm read is seen to cost the origin (almost) nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.integration.cachenode.conftest import HOST
+
+PATH = "/private/shard-0.tar"
+GOOD = "tok-reader-7f3a9c"  # may read
+OTHER = "tok-stranger-1b2c"  # a valid token without access
+BODY = bytes(range(256)) * 400  # 100 KiB
+
+
+class BearerOrigin:
+    def __init__(self) -> None:
+        self.body = BODY
+        self.sent = 0  # body bytes, every answer
+        self.statuses: Counter[int] = Counter()
+        self.authorizations: list[str | None] = []
+
+    @property
+    def etag(self) -> str:
+        return '"' + hashlib.sha256(self.body).hexdigest()[:16] + '"'
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
+        response = self._answer(request)
+        self.statuses[response.status] += 1
+        self.sent += len(response.body or b"")
+        return response
+
+    def _answer(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        if auth == f"Bearer {OTHER}":
+            return web.Response(status=403, text="this token may not read this object\n")
+        if auth != f"Bearer {GOOD}":
+            return web.Response(status=401, text="a valid token is required\n",
+                                headers={"WWW-Authenticate": 'Bearer realm="datasets"'})
+        fields = {"ETag": self.etag, "Cache-Control": "private, max-age=3600"}
+        if request.headers.get("If-None-Match") == self.etag:
+            return web.Response(status=304, headers=fields)
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if wanted:
+            start, end = int(wanted.group(1)), min(int(wanted.group(2)), len(self.body) - 1)
+            return web.Response(status=206, body=self.body[start:end + 1], headers={
+                **fields, "Content-Range": f"bytes {start}-{end}/{len(self.body)}"})
+        return web.Response(body=self.body, headers={**fields, "Content-Type": "application/x-tar"})
+
+
+@pytest.fixture
+async def bearer(aiohttp_server):
+    o = BearerOrigin()
+    app = web.Application()
+    app.router.add_get(PATH, o.get)
+    o.server = await aiohttp_server(app, host="127.0.0.1")
+    return o, str(o.server.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+async def node(bearer, node_process, session, tmp_path):
+    _, upstream = bearer
+    config = tmp_path / "nezha.yaml"
+    config.write_text(f"origins:\n  - host: {HOST}\n    upstream: {upstream}\n    credentials: authorize\n")
+    n = node_process(None, args=("--config", str(config)))
+    await n.ready(session)
+    return n
+
+
+async def read(session: aiohttp.ClientSession, node, token: str | None) -> tuple[int, str, bytes]:
+    headers = {"Host": HOST, **({"Authorization": f"Bearer {token}"} if token else {})}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        return r.status, r.headers.get("X-Nezha-Cache", ""), await r.read()
+
+
+async def test_a_reader_fills_once_and_then_reads_for_a_304_each_time(bearer, node, session):
+    origin, _ = bearer
+    assert await read(session, node, GOOD) == (200, "miss", BODY)
+    assert origin.sent == len(BODY)
+    for _ in range(3):
+        assert await read(session, node, GOOD) == (200, "authorized", BODY)
+    assert origin.sent == len(BODY)  # three 304s: no body byte more
+    assert origin.statuses[304] == 3
+    # Each read went to the origin with the reader's own token.
+    assert origin.authorizations == [f"Bearer {GOOD}"] * 4
+
+
+@pytest.mark.parametrize("token,status", [(OTHER, 403), ("tok-forged-0000", 401), (None, 401)])
+async def test_a_caller_the_origin_refuses_gets_its_refusal_and_no_byte_of_the_stored_copy(
+        bearer, node, session, token, status):
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY  # stored
+    got_status, cache, got = await read(session, node, token)
+    assert (got_status, cache) == (status, "denied")
+    assert BODY[:64] not in got and len(got) < 100
+    assert await read(session, node, GOOD) == (200, "authorized", BODY)  # the copy is still there
+
+
+async def test_an_object_replaced_at_the_origin_is_read_anew_and_replaces_the_copy(bearer, node, session):
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    origin.body = b"version two " * 5000
+    assert await read(session, node, GOOD) == (200, "miss", origin.body)
+    assert await read(session, node, GOOD) == (200, "authorized", origin.body)
+
+
+async def test_a_ranged_or_conditional_read_is_passed_through_whole(bearer, node, session):
+    """Its Range or validators may be signed: the probe could not set its own."""
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    headers = {"Host": HOST, "Authorization": f"Bearer {GOOD}", "Range": "bytes=10-19"}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        assert r.status == 206 and await r.read() == BODY[10:20]
+        assert r.headers["X-Nezha-Cache"] == "bypass"
+    headers = {"Host": HOST, "Range": "bytes=10-19"}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        assert r.status == 401
+
+
+async def test_a_dead_origin_means_no_read_from_disk_however_fresh(bearer, node, session):
+    """No stale-if-error for an authorize origin: nobody is left to allow the read."""
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    await origin.server.close()
+    status, _, got = await read(session, node, GOOD)
+    assert status in (502, 504) and BODY[:64] not in got
+
+
+async def test_nothing_of_a_token_is_written_to_disk_or_log(bearer, node, session, tmp_path):
+    origin, _ = bearer
+    for token in (GOOD, GOOD, OTHER, "tok-forged-0000"):
+        await read(session, node, token)
+    written = node.out.read_text() + node.err.read_text() + "".join(
+        p.read_text(errors="replace") for p in (tmp_path / "data").rglob("*") if p.is_file()
+        and not p.name.endswith(".data"))
+    assert "request_completed" in written
+    for token in (GOOD, OTHER, "tok-forged-0000"):
+        assert token not in written
