@@ -40,6 +40,7 @@ from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import Verdict, not_probeable, probe_fields, verdict
+from cachenode.http.headers import first
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
                                       request_bypasses_cache, request_directives)
 from cachenode.metrics import Metrics
@@ -330,13 +331,24 @@ class Handler:
             if leader:
                 return await self._lead_authorized(request, flight, key=key, url=url, origin=origin, target=target)
             outcome = await asyncio.shield(flight.outcome)
-            if not (outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete):
+            fill = outcome.fill
+            if outcome.kind is not Kind.STREAMING or fill is None:
                 break
-            # Its whole body was in before this request came: once stored, it
-            # is a stored copy like any other, read once authorised.
-            await flight.landed.wait()
-        # A fill in progress would hand this caller bytes before the origin
-        # said it may have them: it asks the origin for itself.
+            if fill.complete:
+                # Its whole body was in before this request came: once stored,
+                # it is a stored copy like any other, read once authorised.
+                await flight.landed.wait()
+                continue
+            # Joining: not a byte of the fill before the origin says this
+            # caller may read the version it is filling.
+            allowed, response = await self._authorize(request, url, key=key, etag=first(fill.headers, "ETag"))
+            if allowed is Verdict.REFUSED:
+                return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
+            if allowed is Verdict.ALLOWED:
+                return await self.respond.fill(request, fill, label=CacheOutcome.MISS_JOINED)
+            break
+        # The origin has another version than the one filling, or no fill
+        # this caller could be allowed into: it asks the origin for itself.
         return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
 
     async def _serve_authorized(self, request: web.Request, *, url: str, meta: Meta,
@@ -348,7 +360,7 @@ class Handler:
             # move between nodes, and every caller they are later served to
             # is authorised where they land.
             return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
-        allowed, response = await self._authorize(request, url, meta)
+        allowed, response = await self._authorize(request, url, key=meta.key, etag=meta.etag)
         if allowed is Verdict.REFUSED:
             return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
         if allowed is Verdict.CHANGED:
@@ -370,13 +382,14 @@ class Handler:
         # Never stale-if-error here: an origin that cannot be asked cannot allow a read.
         raise origin_failure(outcome.error)
 
-    async def _authorize(self, request: web.Request, url: str,
-                         meta: Meta) -> tuple[Verdict, aiohttp.ClientResponse | None]:
-        """Ask the origin whether this caller may read `meta`'s version: the
-        caller's request as sent, plus If-None-Match and Range: bytes=0-0
-        (http/authorize.py). The origin's answer is kept only when it refused."""
+    async def _authorize(self, request: web.Request, url: str, *, key: str,
+                         etag: str | None) -> tuple[Verdict, aiohttp.ClientResponse | None]:
+        """Ask the origin whether this caller may read the version `etag`
+        names: the caller's request as sent, plus If-None-Match and Range:
+        bytes=0-0 (http/authorize.py). The origin's answer is kept only when
+        it refused."""
         forwarded = forwarded_request_headers(request.headers, via=self.respond.via)
-        fields = probe_fields(list(forwarded.items()), etag=meta.etag)
+        fields = probe_fields(list(forwarded.items()), etag=etag)
         if fields is None:
             return Verdict.CHANGED, None  # stored before its origin said authorize: fetched again
         try:
@@ -387,7 +400,7 @@ class Handler:
         if allowed is not Verdict.REFUSED:
             response.release()
             return allowed, None
-        log.info("read_refused", key=meta.key, status=response.status)
+        log.info("read_refused", key=key, status=response.status)
         return allowed, response
 
     async def _get(self, request: web.Request, *, key: str, url: str, origin: Origin,

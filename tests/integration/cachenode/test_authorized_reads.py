@@ -10,6 +10,7 @@ sends, so a warm read is seen to cost the origin (almost) nothing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections import Counter
@@ -18,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.integration.cachenode.conftest import HOST
+from tests.integration.cachenode.conftest import HOST, until
 
 PATH = "/private/shard-0.tar"
 GOOD = "tok-reader-7f3a9c"  # may read
@@ -29,9 +30,12 @@ BODY = bytes(range(256)) * 400  # 100 KiB
 class BearerOrigin:
     def __init__(self) -> None:
         self.body = BODY
-        self.sent = 0  # body bytes, every answer
+        self.sent = 0  # bytes of the object sent (bodies of 200 and 206 answers)
         self.statuses: Counter[int] = Counter()
         self.authorizations: list[str | None] = []
+        self.paced = False  # a whole body: its first 10 KiB, then the rest once `resume` is set
+        self.streaming = asyncio.Event()  # a paced body has begun
+        self.resume = asyncio.Event()
 
     @property
     def etag(self) -> str:
@@ -41,8 +45,19 @@ class BearerOrigin:
         self.authorizations.append(request.headers.get("Authorization"))
         response = self._answer(request)
         self.statuses[response.status] += 1
-        self.sent += len(response.body or b"")
-        return response
+        body = response.body or b""
+        if not self.paced or response.status != 200:
+            self.sent += len(body) if response.status in (200, 206) else 0
+            return response
+        paced = web.StreamResponse(headers=response.headers)
+        paced.content_length = len(body)
+        await paced.prepare(request)
+        await paced.write(body[:10240])
+        self.streaming.set()
+        await asyncio.wait_for(self.resume.wait(), 30)
+        await paced.write(body[10240:])
+        self.sent += len(body)
+        return paced
 
     def _answer(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
@@ -150,3 +165,22 @@ async def test_nothing_of_a_token_is_written_to_disk_or_log(bearer, node, sessio
     assert "request_completed" in written
     for token in (GOOD, OTHER, "tok-forged-0000"):
         assert token not in written
+
+
+async def test_a_caller_joins_a_fill_in_progress_only_once_the_origin_allows_it(bearer, node, session):
+    """The reader who missed leads the fill; another reader gets the same
+    stream, after the origin said it may read that version; a stranger gets
+    the origin's refusal and not a byte of the fill."""
+    origin, _ = bearer
+    origin.paced = True
+    leader = asyncio.create_task(read(session, node, GOOD))
+    await asyncio.wait_for(origin.streaming.wait(), 10)
+    others = asyncio.gather(read(session, node, GOOD), read(session, node, OTHER))
+    # The fill stands still after its first piece until both have been checked.
+    await until(lambda: origin.statuses[304] == 1 and origin.statuses[403] == 1, timeout=10)
+    origin.resume.set()
+    joined, stranger = await others
+    assert await leader == (200, "miss", BODY)
+    assert joined == (200, "miss-joined", BODY)
+    assert stranger[:2] == (403, "denied") and BODY[:64] not in stranger[2]
+    assert origin.sent == len(BODY)  # one body; the joiner's and the stranger's checks carried none
