@@ -1,0 +1,139 @@
+"""Reads of an `authorize` origin's objects (docs/private-objects.md): a
+stored copy, or a fill in progress, reaches a caller only once the origin,
+asked with that caller's own request, allows it the version held here.
+
+What the probe is and what its answer means is `http/authorize.py`'s (pure);
+this is the I/O: asking, then serving from disk, joining the fill, leading
+one with the caller's request, or passing the origin's refusal on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+from cachenode.counts import Counts
+from cachenode.fill.engine import FillEngine
+from cachenode.fill.flights import Flight, Kind
+from cachenode.fill.origin import OriginClient, forwarded_request_headers
+from cachenode.front.respond import Responder, origin_failure
+from cachenode.http.authorize import Verdict, probe_fields, verdict
+from cachenode.http.freshness import RequestDirectives
+from cachenode.http.headers import first
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.config import Origin
+from nezha.errors import OriginError
+from nezha.keys import Target
+from nezha.wire import CacheOutcome
+
+log = structlog.get_logger("nezha.cachenode")
+
+
+class AuthorizedReads:
+    def __init__(self, *, store: Store, origins: OriginClient, engine: FillEngine, respond: Responder,
+                 counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str) -> None:
+        self.store = store
+        self.origins = origins
+        self.engine = engine
+        self.respond = respond
+        self.counts = counts
+        self.from_peer = from_peer
+        self.node_id = node_id
+
+    async def get(self, request: web.Request, *, key: str, url: str, origin: Origin, target: Target,
+                              meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
+        """A GET of an `authorize` origin's object (docs/private-objects.md):
+        a stored copy is served only once the origin, asked with this
+        caller's own request, says this caller may read this version; a miss
+        asks the origin with the caller's request and stores what it answers."""
+        for attempt in range(3):
+            if attempt:
+                meta = self.store.lookup(key, request.headers)
+            if meta is not None:
+                served = await self._serve(request, url=url, meta=meta, directives=directives)
+                if served is not None:
+                    return served
+                # Changed at the origin, or gone from the disk: fetched again, replacing it.
+            if directives.only_if_cached:
+                raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+            flight, leader = self.engine.flights.lead_or_join(key)
+            if leader:
+                return await self._lead(request, flight, key=key, url=url, origin=origin, target=target)
+            outcome = await asyncio.shield(flight.outcome)
+            fill = outcome.fill
+            if outcome.kind is not Kind.STREAMING or fill is None:
+                break
+            if fill.complete:
+                # Its whole body was in before this request came: once stored,
+                # it is a stored copy like any other, read once authorised.
+                await flight.landed.wait()
+                continue
+            # Joining: not a byte of the fill before the origin says this
+            # caller may read the version it is filling.
+            allowed, response = await self._authorize(request, url, key=key, etag=first(fill.headers, "ETag"))
+            if allowed is Verdict.REFUSED:
+                return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
+            if allowed is Verdict.ALLOWED:
+                return await self.respond.fill(request, fill, label=CacheOutcome.MISS_JOINED)
+            break
+        # The origin has another version than the one filling, or no fill
+        # this caller could be allowed into: it asks the origin for itself.
+        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+
+    async def _serve(self, request: web.Request, *, url: str, meta: Meta,
+                                directives: RequestDirectives) -> web.StreamResponse | None:
+        """`meta` for this caller if the origin allows it, the origin's refusal
+        if not; None: the origin has another version, or the copy vanished."""
+        if self.from_peer(request) and directives.only_if_cached:
+            # A node copying the object (a replica, a hand-off): the bytes
+            # move between nodes, and every caller they are later served to
+            # is authorised where they land.
+            return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
+        allowed, response = await self._authorize(request, url, key=meta.key, etag=meta.etag)
+        if allowed is Verdict.REFUSED:
+            return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
+        if allowed is Verdict.CHANGED:
+            return None
+        self.counts.accessed(meta.key)
+        return await self.respond.hit(request, meta, label=CacheOutcome.AUTHORIZED)
+
+    async def _lead(self, request: web.Request, flight: Flight, *, key: str, url: str, origin: Origin,
+                               target: Target) -> web.StreamResponse:
+        """A miss: the caller's own request goes to the origin, and a storable
+        answer is streamed to it while it is stored."""
+        outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=None,
+                                                   target=target, source=self.engine.origin_source(url, request.headers))
+        if outcome.kind is Kind.STREAMING:
+            assert outcome.fill is not None
+            return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
+        if outcome.kind is Kind.PASSED:
+            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response)
+        # Never stale-if-error here: an origin that cannot be asked cannot allow a read.
+        raise origin_failure(outcome.error)
+
+    async def _authorize(self, request: web.Request, url: str, *, key: str,
+                         etag: str | None) -> tuple[Verdict, aiohttp.ClientResponse | None]:
+        """Ask the origin whether this caller may read the version `etag`
+        names: the caller's request as sent, plus If-None-Match and Range:
+        bytes=0-0 (http/authorize.py). The origin's answer is kept only when
+        it refused."""
+        forwarded = forwarded_request_headers(request.headers, via=self.respond.via)
+        fields = probe_fields(list(forwarded.items()), etag=etag)
+        if fields is None:
+            return Verdict.CHANGED, None  # stored before its origin said authorize: fetched again
+        try:
+            response = await self.origins.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}")
+        except OriginError as e:
+            raise origin_failure(e)
+        allowed = verdict(response.status)
+        if allowed is not Verdict.REFUSED:
+            response.release()
+            return allowed, None
+        log.info("read_refused", key=key, status=response.status)
+        return allowed, response
