@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     u = sub.add_parser(
         "up", help="run a local cache cluster of node processes",
         description="Start NODES cache node processes on this machine, publish their ring in the index and "
-                    "serve until SIGINT/SIGTERM, which stops every node. The set of nodes is fixed while it "
+                    "serve until SIGINT, SIGTERM or SIGHUP, which stops every node and the index it started; its nodes and index also end when it is killed outright. The set of nodes is fixed while it "
                     "runs: nezha up never adds or removes a node, so it never needs to drain one (a program "
                     "that removes nodes uses LocalCluster.remove, which drains first). Cached objects stay "
                     "in DIR/node-i for the next run.")
@@ -70,7 +70,7 @@ def run_up(args: argparse.Namespace) -> int:
     async def main() -> None:
         cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,
                                base_port=args.base_port, replicas=args.replicas, redis_url=args.redis_url)
-        stop = stop_on_signals()
+        stop = stop_on_signals(hangup=True)
         watcher = None
 
         def died(node, epoch) -> None:

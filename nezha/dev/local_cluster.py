@@ -34,6 +34,7 @@ from nezha.index.handle import Index
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError
+from nezha.localproc import die_with_parent
 
 
 class DrainFailed(NezhaError):
@@ -150,7 +151,11 @@ class LocalCluster:
         log = open(self.data_dir / f"{node_id}.log", "ab")
         # The token travels in the environment, not argv, where `ps` would show it.
         env = {**os.environ, "NEZHA_CLUSTER_TOKEN": self.token, "NEZHA_LEAVE_SETTLE": str(self.leave_settle)}
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        # A session of its own: the terminal's Ctrl-C or hang-up reaches only the command that
+        # started the node, which stops the cluster in order. die_with_parent: the node gets
+        # SIGTERM when that command dies, however it dies (SIGKILL too), so none serves on alone.
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=die_with_parent())
         node = NodeProcess(node_id, address, folder, proc)
         self.nodes[node_id] = node
         return node

@@ -1,6 +1,7 @@
 """`nezha up`: a local cluster from one command, stopped cleanly by SIGTERM."""
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -149,3 +150,76 @@ async def test_up_refuses_to_replace_a_ring_it_did_not_write_unless_forced_and_c
         assert (await index.get_membership()).nodes == {n[0]: n[1] for n in nodes}  # kept, as asked
     finally:
         await index.close()
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped yet counts: it serves nothing)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill `nezha up` and, should the test have failed, whatever it left running."""
+    import psutil
+
+    for pid in _children.pop(proc.pid, ()):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+_children: dict[int, list[int]] = {}
+
+
+async def _started_with_children(proc: subprocess.Popen, nodes: int = 2) -> tuple[list[list[str]], list[int]]:
+    """The node lines `nezha up` printed, and every process it started (nodes and redis-server)."""
+    import psutil
+
+    started = await _started(proc, nodes)
+    children = [c.pid for c in psutil.Process(proc.pid).children()]
+    node_pids = {int(n[2].removeprefix("pid=")) for n in started}
+    _children[proc.pid] = children
+    assert node_pids <= set(children) and len(children) == nodes + 1, (started, children)  # + the redis-server
+    return started, children
+
+
+async def test_up_stops_its_nodes_and_its_index_on_sighup(aiohttp_server, tmp_path):
+    """A closed terminal (SIGHUP) stops what nezha up started, as SIGINT and SIGTERM do."""
+    from testkit.waits import answers, wait_for
+
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
+    try:
+        nodes, children = await _started_with_children(proc)
+        proc.send_signal(signal.SIGHUP)
+        assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0, proc.stderr.read()
+        await wait_for(lambda: all(_gone(pid) for pid in children), timeout=30)
+        for _, address, _ in nodes:
+            host, port = address.rsplit(":", 1)
+            assert not answers(host, int(port))
+    finally:
+        _reap(proc)
+
+
+async def test_up_killed_outright_leaves_no_node_or_index_serving(aiohttp_server, tmp_path):
+    """SIGKILL gives nezha up no chance to clean up: its nodes and redis-server end with it anyway."""
+    from testkit.waits import answers, wait_for
+
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
+    try:
+        nodes, children = await _started_with_children(proc)
+        proc.kill()
+        proc.wait()
+        await wait_for(lambda: all(_gone(pid) for pid in children), timeout=30)
+        for _, address, _ in nodes:
+            host, port = address.rsplit(":", 1)
+            assert not answers(host, int(port))
+    finally:
+        _reap(proc)
