@@ -46,3 +46,40 @@ def test_demo_with_three_nodes_shows_a_peer_hit_in_the_index_stats():
     assert sum(st["misses"] for st in nodes.values()) == 1
     assert sum(st["peer_hits"] for st in nodes.values()) == 1
     assert nodes[result["owner"]]["bytes_from_origin"] == 2_000_000
+
+
+def test_demo_run_twice_with_keep_is_a_hit_the_second_time_with_matching_checksums(tmp_path):
+    """The kept cache holds the first run's copy; the second run's origin serves the same file, so it is a hit."""
+    keep = tmp_path / "keep"
+    first = nezha("demo", "--size", "1MB", "--rate", "20MB", "--json", "--keep", str(keep))
+    assert first.returncode == 0, first.stderr
+    result = json.loads(first.stdout.strip().splitlines()[-1])
+    assert result["sha256_match"] is True and result["cold_cache"] == "miss"
+    second = nezha("demo", "--size", "1MB", "--rate", "20MB", "--json", "--keep", str(keep))
+    assert second.returncode == 0, (second.stdout, second.stderr)
+    again = json.loads(second.stdout.strip().splitlines()[-1])
+    assert again["sha256_match"] is True and again["sha256"] == result["sha256"]
+    assert again["cold_cache"] == "hit" and again["warm_cache"] == "hit"
+    assert again["origin_gets"] == 0
+
+
+def test_demo_keep_naming_a_file_is_one_line_and_exit_2(tmp_path):
+    from tests.integration.cli.test_bad_input import one_line
+
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    one_line(nezha("demo", "--size", "1MB", "--keep", str(file)), 2, f"--keep '{file}'", "not a folder")
+    assert file.read_text() == "mine"
+
+
+def test_demo_keep_holding_another_size_is_refused_naming_the_size_it_holds(tmp_path):
+    """The kept copy of another size would be served fresh in place of the new file."""
+    import pytest
+
+    from nezha.dev.demo import KEPT, SEED, check_keep
+    from nezha.errors import ConfigError
+
+    (tmp_path / KEPT).write_text(json.dumps({"bytes": 1_000_000, "seed": SEED}))
+    check_keep(tmp_path, 1_000_000)
+    with pytest.raises(ConfigError, match="holds the demo's file of 1000000 bytes.*pass --size 1000000"):
+        check_keep(tmp_path, 2_000_000)
