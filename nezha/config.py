@@ -62,8 +62,10 @@ def parse_size(value: Any) -> int:
 
 def parse_hostport(value: str, *, field: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isdigit():
         raise ValueError(f"{field} must be HOST:PORT, got {value!r}")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"{field} port {int(port)} is out of range: a TCP port is 0-65535 (0: any free one)")
     return host.strip("[]"), int(port)
 
 
@@ -598,8 +600,12 @@ def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: 
             where = _source(loc[0], given, file, path) + "".join(f"[{p}]" if p.isdigit() else f".{p}"
                                                                  for p in loc[1:])
             value = err.get("input")
-            shown = "" if isinstance(value, dict) or value is None else \
-                f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"
+            if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+                # A repeated flag (--origin a --origin b) as the user typed it, not a Python list.
+                shown = "".join(f" {str(v)!r}" for v in value)
+            else:
+                shown = "" if isinstance(value, (dict, list, tuple)) or value is None else \
+                    f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"
             lines.append(f"{where}{shown}: {message}")
         raise ConfigError("\n".join(lines)) from e
     except SettingsError as e:

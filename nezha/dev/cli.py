@@ -19,8 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "up", help="run a local cache cluster of node processes",
         description="Start NODES cache node processes on this machine, publish their ring in the index and "
                     "serve until SIGINT, SIGTERM or SIGHUP, which stops every node and the index it started; its nodes and index also end when it is killed outright. The set of nodes is fixed while it "
-                    "runs: nezha up never adds or removes a node, so it never needs to drain one (a program "
-                    "that removes nodes uses LocalCluster.remove, which drains first). Cached objects stay "
+                    "runs: nezha up never adds or removes a node, so it never needs to drain one. Cached objects stay "
                     "in DIR/node-i for the next run.")
     u.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
     u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL", required=True,

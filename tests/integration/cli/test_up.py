@@ -57,7 +57,7 @@ def test_up_help_says_it_never_removes_a_node_and_so_never_drains():
     out = subprocess.run([sys.executable, "-m", "nezha", "up", "--help"], capture_output=True, text=True,
                          check=True, timeout=30).stdout
     text = " ".join(out.split())
-    assert "never adds or removes a node" in text and "drains first" in text
+    assert "never adds or removes a node" in text and "LocalCluster" not in text
     assert "default min(2, NODES)" in text
 
 
