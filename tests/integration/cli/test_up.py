@@ -223,3 +223,24 @@ async def test_up_killed_outright_leaves_no_node_or_index_serving(aiohttp_server
             assert not answers(host, int(port))
     finally:
         _reap(proc)
+
+
+async def test_ctrl_c_at_the_terminal_stops_up_without_an_index_warning(aiohttp_server, tmp_path):
+    """Ctrl-C signals the terminal's whole foreground group: nezha up stops its nodes before its
+    index, so nothing reports the index lost (`index_degraded`) on the way out."""
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    base = free_run(2)
+    # Its own process group stands for the terminal's foreground group, which Ctrl-C signals.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(base), "--data-dir",
+         str(tmp_path / "up"), "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        await _started_with_children(proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = await asyncio.get_running_loop().run_in_executor(None, lambda: proc.communicate(timeout=60))
+        assert proc.returncode == 0, err
+        logs = out + err + "".join(p.read_text() for p in (tmp_path / "up").glob("node-*.log"))
+        assert "index_degraded" not in logs, logs
+    finally:
+        _reap(proc)
