@@ -189,3 +189,19 @@ def test_ca_init_local_naming_a_file_says_it_is_not_a_folder(tmp_path):
     file.write_text("mine")
     one_line(nezha("ca", "init", "--local", str(file)), 2, f"--local '{file}'", "exists and is not a folder")
     assert file.read_text() == "mine"
+
+
+def test_nezha_up_refuses_a_per_node_setting_it_sets_itself(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--data-dir", str(tmp_path / "u"), env={"NEZHA_LISTEN": "127.0.0.1:1"}),
+             2, "NEZHA_LISTEN", "nezha up sets it for each node", "--base-port")
+    assert not (tmp_path / "u").exists()
+
+
+def test_nezha_up_refuses_a_base_port_whose_nodes_would_pass_the_last_port(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--nodes", "3", "--base-port", "65534", "--data-dir", str(tmp_path / "u")),
+             2, "--base-port 65534", "node-2", "65536", "0-65535")
+
+
+def test_nezha_up_names_a_misspelt_variable_as_the_node_does(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--data-dir", str(tmp_path / "u"), env={"NEZHA_CAPACTY": "1G"}), 2,
+             "NEZHA_CAPACTY: not a setting of nezha up", "did you mean NEZHA_CAPACITY?")

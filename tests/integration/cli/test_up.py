@@ -244,3 +244,87 @@ async def test_ctrl_c_at_the_terminal_stops_up_without_an_index_warning(aiohttp_
         assert "index_degraded" not in logs, logs
     finally:
         _reap(proc)
+
+
+from testkit.waits import wait_for  # noqa: E402
+
+
+def _clean_env(**extra: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_") or k.startswith("NEZHA_TEST_")}
+    return {**clean, **extra}
+
+
+async def test_up_takes_node_settings_from_config_environment_and_flags_fills_node_logs_and_names_its_stats_command(
+        aiohttp_server, tmp_path):
+    """One settings model: origins and the base port from --config, the capacity from NEZHA_CAPACITY, the log
+    level from the flag; every node gets them, logs to DIR/node-i.log, and `nezha stats` reads their numbers."""
+    import json
+
+    origin = TestOrigin()
+    origin.put("/big.bin", b"b" * 50_000)
+    origin.put("/small.bin", b"s" * 1_000)
+    server = await aiohttp_server(origin.app(), host="127.0.0.1")
+    base = free_run(1)
+    config = tmp_path / "up.yaml"
+    config.write_text(f"nodes: 1\nbase_port: {base}\norigins:\n  - host: www.cs.toronto.edu\n"
+                      f"    upstream: http://127.0.0.1:{server.port}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "nezha", "up", "--config", str(config), "--data-dir",
+                             str(tmp_path / "up"), "--log-level", "info"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_clean_env(NEZHA_CAPACITY="10KB"))
+    loop = asyncio.get_running_loop()
+    try:
+        lines: list[str] = []
+        while not any(x.startswith("stats: ") for x in lines):
+            line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 30)
+            assert line, f"nezha up exited early with {proc.poll()}: {proc.stderr.read()}"
+            lines.append(line.strip())
+        assert f"node-0 127.0.0.1:{base} pid={proc.pid}" not in lines  # the node's own pid, not up's
+        assert any(x.startswith(f"node-0 127.0.0.1:{base} pid=") for x in lines), lines
+        (command,) = [x.removeprefix("stats: ") for x in lines if x.startswith("stats: ")]
+        assert command.startswith("nezha stats --redis-url redis://127.0.0.1:"), command
+
+        async def cache_of(s: aiohttp.ClientSession, path: str) -> str:
+            async with s.get(f"http://127.0.0.1:{base}{path}", headers={"Host": "www.cs.toronto.edu"}) as r:
+                await r.read()
+                return r.headers["X-Nezha-Cache"]
+
+        async with aiohttp.ClientSession() as s:
+            assert await cache_of(s, "/small.bin") == "miss"
+
+            async def hit() -> bool:
+                return await cache_of(s, "/small.bin") == "hit"
+
+            await wait_for(hit, timeout=10)  # once its fill is committed
+            # Larger than NEZHA_CAPACITY: passed on, never kept (without the capacity: miss, then hit).
+            assert [await cache_of(s, "/big.bin") for _ in range(2)] == ["pass", "pass"]
+        log = (tmp_path / "up" / "node-0.log").read_text()
+        assert '"event": "request_completed"' in log, log
+
+        def stats() -> dict:
+            run = subprocess.run([sys.executable, "-m", *command.split(), "--json"],
+                                 capture_output=True, text=True, timeout=30, env=_clean_env())
+            assert run.returncode == 0, run.stderr
+            return json.loads(run.stdout)
+
+        await wait_for(lambda: stats()["nodes"].get("node-0", {}).get("hits") == 1, timeout=15)
+        proc.send_signal(signal.SIGTERM)
+        assert await loop.run_in_executor(None, proc.wait, 30) == 0
+    finally:
+        _reap(proc)
+
+
+async def test_up_gives_each_node_a_tls_port_from_tls_base_port(aiohttp_server, tmp_path):
+    from testkit.waits import answers
+
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    tls = free_run(2)
+    proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}", "--tls-base-port", str(tls))
+    try:
+        nodes = await _started(proc)
+        assert [n[3] for n in nodes] == [f"tls=127.0.0.1:{tls}", f"tls=127.0.0.1:{tls + 1}"]
+        assert answers("127.0.0.1", tls) and answers("127.0.0.1", tls + 1)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0
+    finally:
+        _reap(proc)
