@@ -60,6 +60,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
 
+    o = sub.add_parser(
+        "origin", help="serve a folder as a slow dataset host, for nezha up",
+        description="Serve the files of DIR over HTTP, throttled per connection like a rate-limited internet "
+                    "host (the demo's origin), until SIGINT, SIGTERM or SIGHUP. Point nezha up at it: "
+                    "nezha up --origin www.cs.toronto.edu=http://127.0.0.1:8000. It prints its URL first.")
+    o.add_argument("root", type=Path, metavar="DIR", help="folder whose files it serves (made if missing)")
+    o.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000; port 0: any "
+                   "free one)")
+    o.add_argument("--rate", default=None, help="bytes per second per connection, suffixes allowed, e.g. 3.5MB; "
+                   "0: unthrottled (default 3.5 MB/s, as the demo)")
+    o.add_argument("--ranges", action="store_true", help="answer Range requests when throttled too, as S3 does "
+                   "(default: one stream per download, like the demo's host)")
+    o.add_argument("--demo-file", metavar="SIZE", default=None, help="first write the demo's synthetic file of "
+                   "SIZE bytes (e.g. 50MB) as DIR/~kriz/cifar-100-python.tar.gz, the same bytes as nezha demo "
+                   "--size SIZE serves")
+    o.set_defaults(func=run_origin)
+
 
 UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
             "ca_cert", "ca_key", "force", "keep_ring", "log_level"]
@@ -123,3 +140,50 @@ def run_demo(args: argparse.Namespace) -> int:
     from nezha.dev.demo import main as demo_main
 
     return demo_main(args)
+
+
+def run_origin(args: argparse.Namespace) -> int:
+    from nezha.config import parse_hostport, parse_size
+    from nezha.dev.demo import PATH, RATE_2018, make_dataset
+    from nezha.dev.origin import LocalOrigin
+    from nezha.errors import RunError
+
+    root: Path = args.root
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"DIR {str(root)!r}: exists and is not a folder")
+    try:
+        host, port = parse_hostport(args.listen, field="--listen")
+    except ValueError as e:
+        raise ConfigError(f"--listen {args.listen!r}: {e}") from e
+    values = {}
+    for flag, given in (("--rate", args.rate), ("--demo-file", args.demo_file)):
+        try:
+            values[flag] = None if given is None else parse_size(given)
+        except ValueError as e:
+            raise ConfigError(f"{flag} {given!r}: {e}") from e
+    rate = RATE_2018 if values["--rate"] is None else values["--rate"]
+    if values["--demo-file"] is not None and values["--demo-file"] <= 0:
+        raise ConfigError(f"--demo-file {args.demo_file!r}: must be positive")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if values["--demo-file"] is not None:
+            make_dataset(root / PATH.lstrip("/"), values["--demo-file"])
+    except OSError as e:
+        raise RunError(f"cannot write to {root}: {e.strerror or e}") from e
+
+    async def main() -> None:
+        origin = LocalOrigin(root, rate=rate or None, ranges=args.ranges)
+        stop = stop_on_signals(hangup=True)
+        try:
+            url = await origin.start(host, port)
+        except OSError as e:
+            raise RunError(f"cannot listen on {args.listen} (--listen): {e.strerror or e}") from e
+        throttle = f"{rate / 1e6:.2f} MB/s per connection" if rate else "unthrottled"
+        print(f"origin {url} serving {root.resolve()} {throttle}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await origin.stop()
+
+    asyncio.run(main())
+    return 0
