@@ -23,7 +23,7 @@ import ssl
 from pathlib import Path
 
 from nezha import trust_bundle
-from nezha.errors import RunError
+from nezha.errors import ConfigError, RunError
 from nezha.pki import Pair, make_ca, renewal_reason
 
 CA_NAME = "nezha-ca"
@@ -180,6 +180,9 @@ def run_init(args: argparse.Namespace) -> int:
 
         print(asyncio.run(main()))
         return 0
+    if args.local.exists() and not args.local.is_dir():
+        raise ConfigError(f"--local {str(args.local)!r}: exists and is not a folder; the CA goes into a folder "
+                          f"as ca.crt and ca.key")
     pair, created = init_local(args.local)
     print(f"{'created' if created else 'kept'} {args.local / 'ca.crt'} (expires "
           f"{pair.cert.not_valid_after_utc:%Y-%m-%d}); key {args.local / 'ca.key'}, readable by its owner only")

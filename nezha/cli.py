@@ -69,8 +69,41 @@ def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return names
 
 
+def _unknown_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """A one-line error for the first `--flag` that no parser on the command's path takes,
+    with the closest flag of that command; None when every flag is known.
+
+    argparse would report it from the top-level parser, with the top-level
+    usage and no suggestion, and only after other errors (a required flag
+    missing: the one the user misspelt)."""
+    import difflib
+
+    command = [parser.prog]
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is not None and token in sub.choices:
+                parser = sub.choices[token]
+                command.append(token)
+            continue
+        flag = token.split("=", 1)[0]
+        known = list(parser._option_string_actions)
+        if flag in known or len([k for k in known if k.startswith(flag)]) == 1:  # argparse takes a unique prefix
+            continue
+        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"{' '.join(command)}: unknown flag {flag}{hint}; see {' '.join(command)} --help"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if (unknown := _unknown_flag(parser, argv)) is not None:
+        print(unknown, file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     command = f"nezha {args.command}"
     config.FLAG_NAMES.update(_flag_names(parser))

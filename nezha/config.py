@@ -62,8 +62,10 @@ def parse_size(value: Any) -> int:
 
 def parse_hostport(value: str, *, field: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isdigit():
         raise ValueError(f"{field} must be HOST:PORT, got {value!r}")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"{field} port {int(port)} is out of range: a TCP port is 0-65535 (0: any free one)")
     return host.strip("[]"), int(port)
 
 
@@ -436,6 +438,69 @@ class CacheSettings(_Base):
         return parse_hostport(self.listen, field="listen")
 
 
+# Settings of a node that `nezha up` sets for each node itself: never taken from its flags,
+# environment or --config (the value names the setting it derives them from).
+UP_SETS_PER_NODE = {"listen": "--base-port", "advertise": "--base-port", "node_id": "--nodes",
+                    "tls_listen": "--tls-base-port"}
+
+
+class UpSettings(CacheSettings):
+    """A local cluster (`nezha up`): the node settings it gives every node, and its own.
+
+    The node's fields are inherited, not copied: a setting a node takes,
+    `nezha up` takes the same way (flag, NEZHA_* variable or --config key)
+    and passes on, except the address and name of each node (UP_SETS_PER_NODE).
+    `data_dir` holds node i's folder DIR/node-i and the embedded index.
+    """
+
+    nodes: int = 3
+    # Node i listens on 127.0.0.1:base_port+i and, with tls_base_port, answers TLS on tls_base_port+i.
+    base_port: int = 8080
+    tls_base_port: int | None = None
+    # Replace a ring the index already holds; leave this one's ring in the index on exit.
+    force: bool = False
+    keep_ring: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas_default(cls, data: Any) -> Any:
+        """Owners per key unless given: min(2, nodes), so one node can stop without losing an object."""
+        if isinstance(data, dict) and data.get("replicas") in (None, ""):
+            try:
+                nodes = int(data.get("nodes", 3))
+            except (TypeError, ValueError):
+                return data  # the nodes field reports it
+            data = {**data, "replicas": max(1, min(DEFAULT_CLUSTER_REPLICAS, nodes))}
+        return data
+
+    @model_validator(mode="after")
+    def _check_up(self) -> "UpSettings":
+        for name, instead in UP_SETS_PER_NODE.items():
+            if name in self.model_fields_set:
+                raise ValueError(f"{name} (NEZHA_{name.upper()}, or {name} in --config): nezha up sets it for "
+                                 f"each node itself; use {instead}")
+        if self.nodes < 1:
+            raise ValueError(f"--nodes ({self.nodes}) must be at least 1")
+        if self.replicas is not None and self.replicas > self.nodes:
+            raise ValueError(f"--replicas {self.replicas}: cannot exceed --nodes ({self.nodes}); each key is kept on "
+                             "that many different nodes")
+        for flag, base in (("--base-port", self.base_port), ("--tls-base-port", self.tls_base_port)):
+            if base is None:
+                continue
+            last = base + self.nodes - 1
+            if base < 1 or last > 65535:
+                raise ValueError(f"{flag} {base}: node-{self.nodes - 1} would listen on port {last}, out of range "
+                                 f"(a TCP port is 0-65535; nezha up needs {self.nodes} from 1 up)")
+        return self
+
+    def node_settings(self) -> dict[str, Any]:
+        """What every node gets from these settings, as --config keys: the node's own fields
+        that differ from their defaults, without those nezha up sets per node or passes otherwise."""
+        passed_otherwise = {"data_dir", "redis_url", "replicas", "cluster_token", "origins", "log_level"}
+        keep = set(CacheSettings.model_fields) - set(UP_SETS_PER_NODE) - passed_otherwise
+        return self.model_dump(mode="json", include=keep, exclude_defaults=True)
+
+
 class WebhookSettings(_Base):
     """The admission webhook (`nezha webhook`)."""
 
@@ -614,8 +679,12 @@ def load(cls: type[_Base], *, flags: dict[str, Any] | None = None, config_file: 
                 lines.append(f"{where}: unknown key in an origin{_did_you_mean(loc[-1], list(Origin.model_fields))}")
                 continue
             value = err.get("input")
-            shown = "" if isinstance(value, dict) or value is None else \
-                f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"
+            if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
+                # A repeated flag (--origin a --origin b) as the user typed it, not a Python list.
+                shown = "".join(f" {str(v)!r}" for v in value)
+            else:
+                shown = "" if isinstance(value, (dict, list, tuple)) or value is None else \
+                    f" {str(value)!r}" if isinstance(value, Path) else f" {value!r}"
             lines.append(f"{where}{shown}: {message}")
         raise ConfigError("\n".join(lines)) from e
     except SettingsError as e:

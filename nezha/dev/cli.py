@@ -18,23 +18,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     u = sub.add_parser(
         "up", help="run a local cache cluster of node processes",
         description="Start NODES cache node processes on this machine, publish their ring in the index and "
-                    "serve until SIGINT/SIGTERM, which stops every node. The set of nodes is fixed while it "
-                    "runs: nezha up never adds or removes a node, so it never needs to drain one (a program "
-                    "that removes nodes uses LocalCluster.remove, which drains first). Cached objects stay "
-                    "in DIR/node-i for the next run.")
-    u.add_argument("--nodes", type=int, default=3, help="node processes (default 3)")
-    u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL", required=True,
+                    "serve until SIGINT, SIGTERM or SIGHUP, which stops every node and the index it started; "
+                    "its nodes and index also end when it is killed outright. The set of nodes is fixed while "
+                    "it runs: nezha up never adds or removes a node, so it never needs to drain one. Cached "
+                    "objects stay in DIR/node-i for the next run, node i logs to DIR/node-i.log. Every node "
+                    "setting of nezha cache is also one of nezha up (a NEZHA_* variable or a --config key) "
+                    "and goes to every node, except each node's address and name, which nezha up sets.")
+    u.add_argument("--nodes", type=int, help="node processes (default 3)")
+    u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL",
                    help="a dataset host and where to fetch it; repeat for more")
-    u.add_argument("--base-port", type=int, default=8080, help="node i listens on 127.0.0.1:BASE+i (default 8080)")
-    u.add_argument("--data-dir", type=Path, default=Path("./nezha-data"),
-                   help="node i uses DIR/node-i (default ./nezha-data)")
-    u.add_argument("--replicas", type=int, default=None,
+    u.add_argument("--base-port", type=int, help="node i listens on 127.0.0.1:BASE+i (default 8080)")
+    u.add_argument("--data-dir", type=Path, help="node i uses DIR/node-i (default ./nezha-data)")
+    u.add_argument("--replicas", type=int,
                    help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
     u.add_argument("--redis-url", help="index to use; default: an embedded one in DIR/index")
-    u.add_argument("--force", action="store_true", help="replace a ring the index already holds (one this "
-                   "command did not write); without it nezha up refuses")
-    u.add_argument("--keep-ring", action="store_true", help="leave the ring in the index on exit (default: "
-                   "remove it, since its nodes are gone)")
+    u.add_argument("--capacity", help="disk each node may use, e.g. 10GiB or 500M; least recently used objects "
+                   "are evicted beyond it (default: unbounded)")
+    u.add_argument("--tls-base-port", type=int, help="node i also answers TLS on 127.0.0.1:BASE+i, as "
+                   "nezha cache --tls-listen does (default: no TLS port)")
+    u.add_argument("--ca-cert", type=Path, help="the Nezha CA's certificate (nezha ca init --local DIR): with "
+                   "--ca-key the TLS ports serve and cache configured origins themselves (default: none)")
+    u.add_argument("--ca-key", type=Path, help="the Nezha CA's private key (default: none)")
+    u.add_argument("--force", action="store_true", default=None, help="replace a ring the index already holds "
+                   "(one this command did not write); without it nezha up refuses")
+    u.add_argument("--keep-ring", action="store_true", default=None, help="leave the ring in the index on exit "
+                   "(default: remove it, since its nodes are gone)")
+    u.add_argument("--config", type=Path, help="YAML file of settings: nezha up's and any of nezha cache's")
+    u.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
+                   help="the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
+                   "(else warning)")
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
@@ -48,29 +60,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
 
+    o = sub.add_parser(
+        "origin", help="serve a folder as a slow dataset host, for nezha up",
+        description="Serve the files of DIR over HTTP, throttled per connection like a rate-limited internet "
+                    "host (the demo's origin), until SIGINT, SIGTERM or SIGHUP. Point nezha up at it: "
+                    "nezha up --origin www.cs.toronto.edu=http://127.0.0.1:8000. It prints its URL first.")
+    o.add_argument("root", type=Path, metavar="DIR", help="folder whose files it serves (made if missing)")
+    o.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000; port 0: any "
+                   "free one)")
+    o.add_argument("--rate", default=None, help="bytes per second per connection, suffixes allowed, e.g. 3.5MB; "
+                   "0: unthrottled (default 3.5 MB/s, as the demo)")
+    o.add_argument("--ranges", action="store_true", help="answer Range requests when throttled too, as S3 does "
+                   "(default: one stream per download, like the demo's host)")
+    o.add_argument("--demo-file", metavar="SIZE", default=None, help="first write the demo's synthetic file of "
+                   "SIZE bytes (e.g. 50MB) as DIR/~kriz/cifar-100-python.tar.gz, the same bytes as nezha demo "
+                   "--size SIZE serves")
+    o.set_defaults(func=run_origin)
+
+
+UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
+            "ca_cert", "ca_key", "force", "keep_ring", "log_level"]
+
 
 def run_up(args: argparse.Namespace) -> int:
     import sys
 
-    from nezha.index.connection import redact_url
-    from nezha.config import Origin
+    from nezha.config import UpSettings, load
     from nezha.dev.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.errors import RunError
+    from nezha.index.connection import redact_url
+    from nezha.logs import configure
 
-    try:
-        origins = [Origin.parse(o) for o in args.origins]
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    if args.nodes < 1 or (args.replicas is not None and args.replicas < 1):
-        raise ConfigError(f"--nodes ({args.nodes}) and --replicas ({args.replicas}) must be at least 1")
-    if args.replicas is not None and args.replicas > args.nodes:
-        raise ConfigError(f"--replicas {args.replicas}: cannot exceed --nodes ({args.nodes}); each key is kept on "
-                          "that many different nodes")
+    settings = load(UpSettings, config_file=args.config, flags={n: getattr(args, n, None) for n in UP_FLAGS})
+    # Its own lines on stderr: stdout is what it reports (nodes, index, the stats command).
+    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning",
+              json=True, stream=sys.stderr)
 
     async def main() -> None:
-        cluster = LocalCluster(nodes=args.nodes, origins=origins, data_dir=args.data_dir,
-                               base_port=args.base_port, replicas=args.replicas, redis_url=args.redis_url)
-        stop = stop_on_signals()
+        cluster = LocalCluster(nodes=settings.nodes, origins=settings.origins, data_dir=settings.data_dir,
+                               base_port=settings.base_port, replicas=settings.replicas,
+                               redis_url=settings.redis_url, log_level=settings.log_level,
+                               node_settings=settings.node_settings(), tls_base_port=settings.tls_base_port,
+                               token=settings.cluster_token)
+        stop = stop_on_signals(hangup=True)
         watcher = None
 
         def died(node, epoch) -> None:
@@ -80,21 +112,25 @@ def run_up(args: argparse.Namespace) -> int:
 
         try:
             try:
-                await cluster.start(force=args.force)
+                await cluster.start(force=settings.force)
             except RingTaken as e:
-                raise ConfigError(f"--redis-url {redact_url(args.redis_url)}: {e}") from e
+                raise ConfigError(f"--redis-url {redact_url(settings.redis_url)}: {e}") from e
             except NodeFailed as e:
                 raise RunError(str(e)) from e
-            print(f"index {redact_url(cluster.redis_url)}", flush=True)
+            index = redact_url(cluster.redis_url)
+            print(f"index {index}", flush=True)
             print(f"replicas-per-key {cluster.replicas}", flush=True)
             for node in cluster.nodes.values():
-                print(f"{node.id} {node.address} pid={node.proc.pid}", flush=True)
+                tls = f" tls={node.tls_address}" if node.tls_address else ""
+                print(f"{node.id} {node.address} pid={node.proc.pid}{tls}", flush=True)
+            print(f"logs: {settings.data_dir / 'node-<i>.log'}", flush=True)
+            print(f"stats: nezha stats --redis-url {index}", flush=True)
             watcher = asyncio.get_running_loop().create_task(cluster.watch(died))
             await stop.wait()
         finally:
             if watcher is not None:
                 watcher.cancel()
-            await cluster.stop(keep_ring=args.keep_ring)
+            await cluster.stop(keep_ring=settings.keep_ring)
 
     asyncio.run(main())
     return 0
@@ -104,3 +140,50 @@ def run_demo(args: argparse.Namespace) -> int:
     from nezha.dev.demo import main as demo_main
 
     return demo_main(args)
+
+
+def run_origin(args: argparse.Namespace) -> int:
+    from nezha.config import parse_hostport, parse_size
+    from nezha.dev.demo import PATH, RATE_2018, make_dataset
+    from nezha.dev.origin import LocalOrigin
+    from nezha.errors import RunError
+
+    root: Path = args.root
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"DIR {str(root)!r}: exists and is not a folder")
+    try:
+        host, port = parse_hostport(args.listen, field="--listen")
+    except ValueError as e:
+        raise ConfigError(f"--listen {args.listen!r}: {e}") from e
+    values = {}
+    for flag, given in (("--rate", args.rate), ("--demo-file", args.demo_file)):
+        try:
+            values[flag] = None if given is None else parse_size(given)
+        except ValueError as e:
+            raise ConfigError(f"{flag} {given!r}: {e}") from e
+    rate = RATE_2018 if values["--rate"] is None else values["--rate"]
+    if values["--demo-file"] is not None and values["--demo-file"] <= 0:
+        raise ConfigError(f"--demo-file {args.demo_file!r}: must be positive")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if values["--demo-file"] is not None:
+            make_dataset(root / PATH.lstrip("/"), values["--demo-file"])
+    except OSError as e:
+        raise RunError(f"cannot write to {root}: {e.strerror or e}") from e
+
+    async def main() -> None:
+        origin = LocalOrigin(root, rate=rate or None, ranges=args.ranges)
+        stop = stop_on_signals(hangup=True)
+        try:
+            url = await origin.start(host, port)
+        except OSError as e:
+            raise RunError(f"cannot listen on {args.listen} (--listen): {e.strerror or e}") from e
+        throttle = f"{rate / 1e6:.2f} MB/s per connection" if rate else "unthrottled"
+        print(f"origin {url} serving {root.resolve()} {throttle}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await origin.stop()
+
+    asyncio.run(main())
+    return 0

@@ -15,8 +15,8 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +29,7 @@ from tqdm import tqdm
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
 from nezha.dev.origin import LocalOrigin
+from nezha.localproc import free_run
 from nezha.logs import configure
 
 HOST = "www.cs.toronto.edu"
@@ -49,43 +50,51 @@ class Download:
         return self.nbytes / self.seconds / 1e6
 
 
-def make_dataset(path: Path, size: int) -> str:
-    """Write `size` random bytes (incompressible, like a .tar.gz) and return their SHA-256."""
+# The synthetic file is a function of its size and this seed, and carries a
+# fixed modification time: a cache kept from an earlier run (--keep) holds the
+# same bytes under the same validators, so its copy is a correct hit. A new
+# random file at the same URL each run was not: the kept copy, fresh by the
+# Last-Modified heuristic, was served for a file that had changed.
+SEED = 2018
+MTIME = 1_523_145_600  # 2018-04-08, when the experiment was run
+KEPT = "demo.json"  # in a --keep folder: the dataset its cache holds
+
+
+def make_dataset(path: Path, size: int, *, seed: int = SEED) -> str:
+    """Write `size` pseudo-random bytes (incompressible, like a .tar.gz), the same for the
+    same size and seed, and return their SHA-256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     block = 4 * 1024 * 1024
+    rng = random.Random(seed)
     with open(path, "wb") as f:
         left = size
         while left:
-            data = os.urandom(min(block, left))
+            data = rng.randbytes(min(block, left))
             f.write(data)
             digest.update(data)
             left -= len(data)
+    os.utime(path, (MTIME, MTIME))
     return digest.hexdigest()
 
 
-def free_port() -> int:
-    import socket
+def check_keep(keep: Path, size: int) -> None:
+    """A --keep folder must be a folder, and hold the demo of this size if any: its copy
+    would be served, fresh, in place of a file of another size."""
+    from nezha.errors import ConfigError
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"cache node exited with status {proc.returncode}")
-            try:
-                async with s.get(url + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"cache node at {url} was not ready within {timeout:g}s")
+    if keep.exists() and not keep.is_dir():
+        raise ConfigError(f"--keep {str(keep)!r}: exists and is not a folder")
+    try:
+        held = json.loads((keep / KEPT).read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--keep {str(keep)!r}: cannot read {KEPT} in it: {e}") from e
+    if held.get("bytes") != size or held.get("seed") != SEED:
+        raise ConfigError(f"--keep {str(keep)!r}: holds the demo's file of {held.get('bytes')} bytes, whose "
+                          f"cached copy would be served for this one of {size}: pass --size {held.get('bytes')} "
+                          f"or another folder")
 
 
 async def wait_settled(url: str, timeout: float = 60.0) -> None:
@@ -130,9 +139,12 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes
             print(f"making a {size:,}-byte {PATH.rsplit('/', 1)[1]} for the local origin ...", file=sys.stderr)
         expected = await asyncio.get_running_loop().run_in_executor(
             None, make_dataset, work / "origin" / PATH.lstrip("/"), size)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            (keep / KEPT).write_text(json.dumps({"bytes": size, "seed": SEED, "sha256": expected}) + "\n")
         origin_url = await origin.start()
         cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=origin_url)], data_dir=data_dir,
-                               base_port=_free_run(nodes))
+                               base_port=free_run(nodes))
         await cluster.start()
         urls = [n.url for n in cluster.nodes.values()]
         if show:
@@ -173,25 +185,6 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _free_run(n: int) -> int:
-    """A base port with n free ports after it."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        ok = True
-        for port in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError(f"no run of {n} free ports on 127.0.0.1")
-
-
 def main(args: argparse.Namespace) -> int:
     from nezha.config import parse_size
     from nezha.errors import ConfigError
@@ -207,11 +200,15 @@ def main(args: argparse.Namespace) -> int:
     size, rate = values["--size"], values["--rate"]
     if args.nodes < 1:
         raise ConfigError(f"--nodes {args.nodes}: must be at least 1")
+    if args.keep is not None:
+        check_keep(args.keep, size)
     configure(level="warning", stream=sys.stderr)
     result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep, nodes=args.nodes))
     if args.json:
         print(json.dumps(result))
     else:
+        if result["origin_gets"] == 0:
+            print(f"the kept cache in {args.keep} already held the file: both downloads came from it")
         print(f"cold (origin -> cache -> you): {result['cold_mb_per_s']:8.2f} MB/s  [{result['cold_cache']}]")
         print(f"warm (cache disk -> you):     {result['warm_mb_per_s']:8.2f} MB/s  [{result['warm_cache']}]")
         print(f"speed-up: {result['speedup']}x   origin GETs: {result['origin_gets']}   "

@@ -27,13 +27,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import yaml
 
 from nezha.index.handle import Index
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError
+from nezha.localproc import die_with_parent
 
 
 class DrainFailed(NezhaError):
@@ -73,6 +76,7 @@ class NodeProcess:
     address: str
     data_dir: Path
     proc: subprocess.Popen
+    tls_address: str | None = None
 
     @property
     def url(self) -> str:
@@ -82,13 +86,23 @@ class NodeProcess:
 class LocalCluster:
     def __init__(self, *, nodes: int, origins: list[Origin], data_dir: Path, base_port: int = 8080,
                  replicas: int | None = 1, redis_url: str | None = None, log_level: str = "warning",
-                 extra_args: tuple[str, ...] = (), leave_settle: float = 0.0) -> None:
+                 extra_args: tuple[str, ...] = (), leave_settle: float = 0.0,
+                 node_settings: dict[str, Any] | None = None, tls_base_port: int | None = None,
+                 token: str | None = None) -> None:
         """`replicas` None means the cluster default: min(2, nodes).
 
         `leave_settle` is how long a node given SIGTERM while in the ring waits
         for a ring without it (cachenode/node.py `leave`). 0 here: a local
         cluster changes its ring before it stops a node (`remove`), and never
         otherwise, so waiting would only slow every stop down.
+
+        `node_settings`: more settings for every node, as --config keys
+        (`UpSettings.node_settings()`); with `origins`, the log level and
+        `leave_settle` they go into DIR/node-settings.yaml, which every node
+        reads. Nodes get no NEZHA_* variable of this process: what they take
+        from the environment was read here, once, into those settings.
+        `tls_base_port`: node i also answers TLS on 127.0.0.1:tls_base_port+i.
+        `token`: the cluster token (default: a new random one per cluster).
         """
         if nodes < 1:
             raise ValueError(f"nodes ({nodes}) must be at least 1")
@@ -105,8 +119,10 @@ class LocalCluster:
         self.log_level = log_level
         self.extra_args = extra_args
         self.leave_settle = leave_settle
+        self.node_settings = dict(node_settings or {})
+        self.tls_base_port = tls_base_port
         self.nodes: dict[str, NodeProcess] = {}
-        self.token = secrets.token_hex(16)  # guards the nodes' internal endpoints
+        self.token = token or secrets.token_hex(16)  # guards the nodes' internal endpoints
         self.written: dict[str, str] | None = None  # the ring this cluster last wrote
         self._stop_index = None
         self.index: Index | None = None
@@ -129,8 +145,10 @@ class LocalCluster:
             if held is not None and held.nodes:
                 raise RingTaken(f"the index already holds a ring (epoch {held.epoch}: {', '.join(sorted(held.nodes))}); "
                                 "pass --force to replace it")
+        self.write_node_settings()
         for i in range(self.count):
-            self.spawn(f"node-{i}", self.base_port + i)
+            tls = None if self.tls_base_port is None else self.tls_base_port + i
+            self.spawn(f"node-{i}", self.base_port + i, tls_port=tls)
         try:
             await asyncio.gather(*(self.wait_ready(n) for n in self.nodes.values()))
         except NodeFailed:
@@ -139,19 +157,40 @@ class LocalCluster:
         await self.publish()
         self.written = dict(self.members())
 
-    def spawn(self, node_id: str, port: int) -> NodeProcess:
+    @property
+    def settings_file(self) -> Path:
+        return self.data_dir / "node-settings.yaml"
+
+    def write_node_settings(self) -> None:
+        """The settings every node shares, as the --config file each one reads."""
+        shared = {**self.node_settings, "log_level": self.log_level, "leave_settle": self.leave_settle,
+                  "origins": [o.model_dump(mode="json", exclude_defaults=True) for o in self.origins]}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.settings_file.write_text("# Written by nezha up for its nodes, each run: edits are lost.\n"
+                                      + yaml.safe_dump(shared, sort_keys=True))
+
+    def spawn(self, node_id: str, port: int, *, tls_port: int | None = None) -> NodeProcess:
         address = f"127.0.0.1:{port}"
         folder = self.data_dir / node_id
-        args = [sys.executable, "-m", "nezha", "cache", "--listen", address, "--data-dir", str(folder),
-                "--redis-url", self.redis_url, "--node-id", node_id, "--advertise", address,
-                "--replicas", str(self.replicas), "--log-level", self.log_level, *self.extra_args]
-        for o in self.origins:
-            args += ["--origin", f"{o.host}={o.upstream}"]
+        if not self.settings_file.exists():
+            self.write_node_settings()
+        args = [sys.executable, "-m", "nezha", "cache", "--config", str(self.settings_file), "--listen", address,
+                "--data-dir", str(folder), "--redis-url", self.redis_url, "--node-id", node_id,
+                "--advertise", address, "--replicas", str(self.replicas), *self.extra_args]
+        if tls_port is not None:
+            args += ["--tls-listen", f"127.0.0.1:{tls_port}"]
         log = open(self.data_dir / f"{node_id}.log", "ab")
         # The token travels in the environment, not argv, where `ps` would show it.
-        env = {**os.environ, "NEZHA_CLUSTER_TOKEN": self.token, "NEZHA_LEAVE_SETTLE": str(self.leave_settle)}
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        node = NodeProcess(node_id, address, folder, proc)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_") or k.startswith("NEZHA_TEST_")}
+        env["NEZHA_CLUSTER_TOKEN"] = self.token
+        # A session of its own: the terminal's Ctrl-C or hang-up reaches only the command that
+        # started the node, which stops the cluster in order. die_with_parent: the node gets
+        # SIGTERM when that command dies, however it dies (SIGKILL too), so none serves on alone.
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=die_with_parent())
+        log.close()
+        node = NodeProcess(node_id, address, folder, proc,
+                           tls_address=None if tls_port is None else f"127.0.0.1:{tls_port}")
         self.nodes[node_id] = node
         return node
 

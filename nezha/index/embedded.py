@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -21,38 +19,23 @@ import structlog
 
 from nezha.errors import ConfigError
 from nezha.index.connection import IndexUnavailable
+from nezha.localproc import die_with_parent, free_port, wait_listening
 
 log = structlog.get_logger("nezha.index")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return True
-        except OSError:
-            await asyncio.sleep(0.02)
-    return False
-
-
 async def _start_redis_server(exe: str, workdir: Path) -> tuple[str, Callable[[], Awaitable[None]]]:
     for _ in range(3):  # the free port can be taken between choosing and binding it
-        port = _free_port()
+        port = free_port()
+        # A session of its own: a Ctrl-C or a hang-up at the terminal reaches the command that
+        # started it, which stops it after its nodes; and it dies with that command however
+        # the command ends (die_with_parent), so it never serves on alone.
         proc = subprocess.Popen(
             [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if await _wait_listening(port, proc, timeout=10):
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent())
+        if await wait_listening(port, proc, timeout=10):
             break
         proc.kill()
         proc.wait()

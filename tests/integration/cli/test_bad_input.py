@@ -160,3 +160,48 @@ def test_a_variable_another_command_reads_is_left_alone():
     """A pod's environment serves every command run in it: `kubectl exec nezha-cache-0 -- nezha stats`."""
     run = nezha("stats", env={"NEZHA_CLUSTER_TOKEN": "t", "NEZHA_SHUTDOWN_GRACE": "25"})
     one_line(run, 2, "no index to talk to")
+
+
+@pytest.mark.parametrize("argv, typo, meant", [
+    (["cache", "--origin", ORIGIN, "--capasity", "1G"], "--capasity", "--capacity"),
+    (["up", "--orign", ORIGIN], "--orign", "--origin"),  # even when the flag it meant is required
+    (["ca", "init", "--locl", "d"], "--locl", "--local"),
+    (["cache", "--origin", ORIGIN, "--data-dri=d"], "--data-dri", "--data-dir"),
+])
+def test_a_misspelt_flag_is_named_with_a_suggestion_for_its_command(argv, typo, meant, tmp_path):
+    line = one_line(nezha(*argv), 2, f"unknown flag {typo}", f"did you mean {meant}?")
+    assert line.startswith(f"nezha {argv[0]}")
+
+
+def test_an_origin_without_an_equals_sign_is_named_as_typed_not_as_a_python_list():
+    line = one_line(nezha("cache", "--origin", "no-equals-sign"), 2, "--origin 'no-equals-sign'", "HOST=UPSTREAM_URL")
+    assert "[" not in line
+
+
+def test_a_listen_port_out_of_range_names_the_range(tmp_path):
+    line = one_line(nezha("cache", "--origin", ORIGIN, "--listen", "127.0.0.1:99999", "--data-dir", str(tmp_path / "d")),
+                    2, "--listen '127.0.0.1:99999'", "port 99999", "0-65535")
+    assert "must be HOST:PORT" not in line
+
+
+def test_ca_init_local_naming_a_file_says_it_is_not_a_folder(tmp_path):
+    file = tmp_path / "ca.pem"
+    file.write_text("mine")
+    one_line(nezha("ca", "init", "--local", str(file)), 2, f"--local '{file}'", "exists and is not a folder")
+    assert file.read_text() == "mine"
+
+
+def test_nezha_up_refuses_a_per_node_setting_it_sets_itself(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--data-dir", str(tmp_path / "u"), env={"NEZHA_LISTEN": "127.0.0.1:1"}),
+             2, "NEZHA_LISTEN", "nezha up sets it for each node", "--base-port")
+    assert not (tmp_path / "u").exists()
+
+
+def test_nezha_up_refuses_a_base_port_whose_nodes_would_pass_the_last_port(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--nodes", "3", "--base-port", "65534", "--data-dir", str(tmp_path / "u")),
+             2, "--base-port 65534", "node-2", "65536", "0-65535")
+
+
+def test_nezha_up_names_a_misspelt_variable_as_the_node_does(tmp_path):
+    one_line(nezha("up", "--origin", ORIGIN, "--data-dir", str(tmp_path / "u"), env={"NEZHA_CAPACTY": "1G"}), 2,
+             "NEZHA_CAPACTY: not a setting of nezha up", "did you mean NEZHA_CAPACITY?")
