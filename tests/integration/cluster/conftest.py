@@ -19,9 +19,10 @@ async def start_cluster(origin, tmp_path):
     started: list[LocalCluster] = []
 
     async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None,
-                    upstream: str | None = None, leave_settle: float = 0.0) -> LocalCluster:
+                    upstream: str | None = None, leave_settle: float = 0.0, **origin_fields) -> LocalCluster:
         base = free_run(nodes)
-        cluster = LocalCluster(nodes=nodes, origins=[Origin(host=HOST, upstream=upstream or origin.url)],
+        served = Origin(host=HOST, upstream=upstream or origin.url, **origin_fields)
+        cluster = LocalCluster(nodes=nodes, origins=[served],
                                data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
                                replicas=replicas, redis_url=redis_url, log_level="info",
                                leave_settle=leave_settle)
