@@ -27,7 +27,7 @@ from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
 from cachenode.fill.buffer import Fill
-from cachenode.http.headers import Pairs, first
+from cachenode.http.headers import Pairs, drop_whole_body_fields, first
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
@@ -257,6 +257,7 @@ class Responder:
             if decision.outcome is RangeOutcome.PARTIAL:
                 end = decision.start + decision.length - 1
                 resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
+                drop_whole_body_fields(resp.headers)
             resp.content_length = decision.length
             self._count(meta.host, request=request, hits=1)
             if is_peer_request(request, self.settings.cluster_token):
@@ -353,6 +354,7 @@ class Responder:
                 if decision.outcome is RangeOutcome.PARTIAL:
                     status, start, length = 206, decision.start, decision.length
                     resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+                    drop_whole_body_fields(resp.headers)
                 elif decision.outcome is RangeOutcome.UNSATISFIABLE:
                     resp.set_status(416)
                     resp.headers["Content-Range"] = f"bytes */{size}"

@@ -13,7 +13,7 @@ fields (`Link`, `x-amz-meta-*` pairs, `Vary`) and their order.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, MutableMapping
 
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
@@ -137,3 +137,20 @@ def updated_by_304(stored: Pairs, update: Iterable[tuple[str, str]]) -> Pairs:
     replaced = {n.lower() for n, _ in fresh}
     kept = [(n, v) for n, v in stored if n.lower() not in replaced]
     return tuple(kept + fresh)
+
+
+# Fields that describe a whole body: true of a 200, false of any range of
+# it. S3's checksums (boto3 checks them against what it receives),
+# Content-MD5 (RFC 1864) and Content-Digest (RFC 9530), which digest the
+# message's content; Repr-Digest and Digest digest the representation,
+# which a range does not change, and stay.
+_WHOLE_BODY_PREFIXES = ("x-amz-checksum-",)
+_WHOLE_BODY_FIELDS = frozenset({"content-md5", "content-digest"})
+
+
+def drop_whole_body_fields(headers: MutableMapping[str, str]) -> None:
+    """Remove from a 206's fields those that describe the whole object, as S3
+    leaves them off its own ranged answers."""
+    doomed = {n.lower() for n in headers if n.lower() in _WHOLE_BODY_FIELDS or n.lower().startswith(_WHOLE_BODY_PREFIXES)}
+    for name in doomed:
+        del headers[name]  # a multidict drops every value of the name, in any case
