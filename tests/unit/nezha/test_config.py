@@ -85,3 +85,41 @@ def test_host_in_an_upstream_is_the_name_asked_for_and_only_for_patterns():
         Origin(host="*.com", upstream="https://x.com")
     plain = Origin(host="www.cs.toronto.edu", upstream="http://www.cs.toronto.edu")
     assert plain.upstream_for("https", "www.cs.toronto.edu") == "https://www.cs.toronto.edu"  # TLS clients: https
+
+
+# -- nezha up: the node's settings, one model (issue 21) ------------------------------
+
+UP_ORIGIN = ["www.cs.toronto.edu=http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize("nodes,replicas", [(1, 1), (2, 2), (5, 2)])
+def test_up_owners_per_key_default_to_two_at_most_and_never_more_than_its_nodes(nodes, replicas):
+    from nezha.config import UpSettings
+
+    assert load(UpSettings, flags={"origins": UP_ORIGIN, "nodes": nodes}).replicas == replicas
+
+
+def test_up_passes_on_the_node_settings_it_read_but_not_those_it_sets_per_node(tmp_path, monkeypatch):
+    from nezha.config import UpSettings
+
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text("fill_streams: 4\nrequest_head_timeout: 9\n")
+    monkeypatch.setenv("NEZHA_CAPACITY", "1GiB")
+    s = load(UpSettings, config_file=cfg, flags={"origins": UP_ORIGIN, "ca_cert": None})
+    assert s.node_settings() == {"capacity": 2**30, "fill_streams": 4, "request_head_timeout": 9.0}
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NEZHA_NODE_ID": "n"}, "node_id (NEZHA_NODE_ID, or node_id in --config): nezha up sets it for each node"),
+    ({"NEZHA_TLS_LISTEN": "127.0.0.1:1"}, "use --tls-base-port"),
+    ({"NEZHA_NODES": "0"}, "--nodes (0) must be at least 1"),
+    ({"NEZHA_TLS_BASE_PORT": "65535", "NEZHA_NODES": "2"}, "--tls-base-port 65535: node-1 would listen on port 65536"),
+])
+def test_up_refuses_what_cannot_work_naming_it(monkeypatch, env, message):
+    from nezha.config import UpSettings
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as e:
+        load(UpSettings, flags={"origins": UP_ORIGIN})
+    assert message in str(e.value)
