@@ -31,6 +31,7 @@ from nezha.dev.local_cluster import LocalCluster
 from nezha.dev.origin import LocalOrigin
 from nezha.localproc import free_run
 from nezha.logs import configure
+from nezha.wire import CACHE_HEADER
 
 HOST = "www.cs.toronto.edu"
 PATH = "/~kriz/cifar-100-python.tar.gz"
@@ -124,7 +125,7 @@ async def download(cache_url: str, *, label: str, show: bool) -> Download:
                     digest.update(chunk)
                     n += len(chunk)
                     bar.update(len(chunk))
-            cache = r.headers.get("X-Nezha-Cache", "?")
+            cache = r.headers.get(CACHE_HEADER, "?")
     return Download(time.perf_counter() - started, n, digest.hexdigest(), cache)
 
 

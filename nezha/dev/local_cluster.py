@@ -37,6 +37,7 @@ from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError
 from nezha.localproc import die_with_parent
+from nezha.wire import HANDOFF_PATH, TOKEN_HEADER
 
 
 class DrainFailed(NezhaError):
@@ -269,8 +270,8 @@ class LocalCluster:
         """
         node = self.nodes[node_id]
         async with aiohttp.ClientSession() as s:
-            auth = {"X-Nezha-Token": self.token}
-            async with s.post(node.url + "/_nezha/handoff", json={"nodes": members}, headers=auth) as r:
+            auth = {TOKEN_HEADER: self.token}
+            async with s.post(node.url + HANDOFF_PATH, json={"nodes": members}, headers=auth) as r:
                 if r.status != 202:
                     raise RuntimeError(f"{node_id} refused hand-off: {r.status} {await r.text()}")
             progress: dict = {}
@@ -278,7 +279,7 @@ class LocalCluster:
             while time.monotonic() - last < stall_timeout:
                 if node.proc.poll() is not None:
                     raise RuntimeError(f"{node_id} exited with {node.proc.returncode} during its hand-off")
-                async with s.get(node.url + "/_nezha/handoff", headers=auth) as r:
+                async with s.get(node.url + HANDOFF_PATH, headers=auth) as r:
                     progress = await r.json()
                 if progress["state"] == "done":
                     return progress

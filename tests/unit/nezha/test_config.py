@@ -103,3 +103,41 @@ def test_an_origin_given_as_a_mapping_in_the_environment_refuses_unknown_keys_to
     monkeypatch.setenv("NEZHA_ORIGINS", '[{"host": "s3.example", "upstream": "http://127.0.0.1:9000", "ttl": 5}]')
     with pytest.raises(ConfigError, match=r"NEZHA_ORIGINS\[0\]\.ttl: unknown key"):
         load(CacheSettings)
+
+
+# -- nezha up: the node's settings, one model (issue 21) ------------------------------
+
+UP_ORIGIN = ["www.cs.toronto.edu=http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize("nodes,replicas", [(1, 1), (2, 2), (5, 2)])
+def test_up_owners_per_key_default_to_two_at_most_and_never_more_than_its_nodes(nodes, replicas):
+    from nezha.config import UpSettings
+
+    assert load(UpSettings, flags={"origins": UP_ORIGIN, "nodes": nodes}).replicas == replicas
+
+
+def test_up_passes_on_the_node_settings_it_read_but_not_those_it_sets_per_node(tmp_path, monkeypatch):
+    from nezha.config import UpSettings
+
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text("fill_streams: 4\nrequest_head_timeout: 9\n")
+    monkeypatch.setenv("NEZHA_CAPACITY", "1GiB")
+    s = load(UpSettings, config_file=cfg, flags={"origins": UP_ORIGIN, "ca_cert": None})
+    assert s.node_settings() == {"capacity": 2**30, "fill_streams": 4, "request_head_timeout": 9.0}
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NEZHA_NODE_ID": "n"}, "node_id (NEZHA_NODE_ID, or node_id in --config): nezha up sets it for each node"),
+    ({"NEZHA_TLS_LISTEN": "127.0.0.1:1"}, "use --tls-base-port"),
+    ({"NEZHA_NODES": "0"}, "--nodes (0) must be at least 1"),
+    ({"NEZHA_TLS_BASE_PORT": "65535", "NEZHA_NODES": "2"}, "--tls-base-port 65535: node-1 would listen on port 65536"),
+])
+def test_up_refuses_what_cannot_work_naming_it(monkeypatch, env, message):
+    from nezha.config import UpSettings
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as e:
+        load(UpSettings, flags={"origins": UP_ORIGIN})
+    assert message in str(e.value)
