@@ -21,6 +21,7 @@ access key and the actions it may take (`Read:bucket`, `Write:bucket`, ...).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -37,8 +38,6 @@ GRPC_OFFSET = 10000
 
 def free_pair(taken: set[int], host: str = "127.0.0.1", *, tries: int = 200) -> tuple[int, int]:
     """A free port P with P + GRPC_OFFSET free too, neither in `taken` (then added to it)."""
-    import socket
-
     for _ in range(tries):
         with socket.socket() as s:
             s.bind((host, 0))
@@ -98,8 +97,12 @@ class S3Server:
         config = self.workdir / "s3.json"
         config.write_text(json.dumps({"identities": [i.as_config() for i in self.identities]}, indent=1))
         p = self._ports
+        own = self.workdir / "config"  # no toml file: none of ~/.seaweedfs or /etc/seaweedfs either
+        own.mkdir(exist_ok=True)
         return [
-            self.exe, "mini", f"-dir={data}",
+            # Its logs in our folder, not /tmp.
+            self.exe, f"-logdir={self.workdir}", f"-config_dir={own}",
+            "mini", f"-dir={data}",
             # Loopback only: weed's default bind is 0.0.0.0 and its default
             # -ip (which it also advertises to itself) is not a loopback address.
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
