@@ -339,7 +339,7 @@ def venv_python(image: Image, code: str) -> str:
     return proc.stdout
 
 
-COMMANDS = ["cache", "up", "demo", "ring", "stats", "webhook", "controller", "ca"]
+COMMANDS = ["cache", "up", "demo", "origin", "ring", "stats", "webhook", "controller", "ca"]
 
 
 @pytest.mark.timeout(600)
@@ -372,8 +372,9 @@ REFUSALS = {
     ("webhook",): "nezha webhook: rules: a rules file is required (--rules)",
     ("webhook", "certs"):
         "nezha webhook: cannot reach the Kubernetes API through the in-cluster service account: ",
-    ("up",): "nezha up: error: the following arguments are required: --origin",
-    ("up", "--origin", "bad"): "nezha up: --origin wants HOST=UPSTREAM_URL, got 'bad'",
+    ("up",): "nezha up: no origin configured: pass --origin HOST=UPSTREAM_URL (or NEZHA_ORIGINS, or origins in "
+             "--config); without one the node would refuse every request",
+    ("up", "--origin", "bad"): "nezha up: --origin 'bad': --origin wants HOST=UPSTREAM_URL, got 'bad'",
     ("demo", "--nodes", "0"): "nezha demo: --nodes 0: must be at least 1",
     ("stats",): "nezha stats: no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL",
     ("ring", "show"): "nezha ring: no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL",
