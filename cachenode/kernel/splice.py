@@ -113,6 +113,19 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     # transport is paused only after, with no await in between: from then on
     # every byte on the socket is ours to splice.
     buffered = response.content.read_nowait(-1)
+    if response.content.is_eof():
+        # Draining let aiohttp's parser resume and reach the end of the body
+        # (see SocketBody): all of it is in the buffer, and the connection is
+        # back in aiohttp's pool, not this body's to pause.
+        while more := response.content.read_nowait(-1):
+            buffered += more
+        try:
+            if buffered:
+                await out.write(buffered)
+        except ConnectionError as e:
+            raise ClientGone(f"client socket: {e}") from e
+        on_bytes(len(buffered))
+        return
     _take(upstream)
     if buffered:
         try:
@@ -277,9 +290,18 @@ class SocketBody:
         _taken += 1  # given back by close(), or when a pump still running then ends
         self._held = True
         self.response = response
+        transport = conn.transport
         self.buffered = response.content.read_nowait(-1)  # before pausing: see splice_body
-        _take(conn.transport)
-        self.remaining = response.content_length - len(self.buffered)  # still on the socket
+        if response.content.is_eof():
+            # Draining let aiohttp's parser resume, and it reached the end of
+            # the body: the rest is in its buffer now, and the connection is
+            # back in aiohttp's pool, no longer this body's to take.
+            while more := response.content.read_nowait(-1):
+                self.buffered += more
+            self.remaining = 0
+        else:
+            _take(transport)
+            self.remaining = response.content_length - len(self.buffered)  # still on the socket
         self.in_pipe = 0
         self.stop = threading.Event()  # a pump's caller was cancelled
         self.pumping: asyncio.Future | None = None

@@ -289,19 +289,6 @@ def test_presigned_urls_signed_anew_share_one_stored_copy_and_the_origin_sends_t
     assert len(body) <= sent < len(body) + 9 * 1024, sent  # the body once, then nine 304 heads
 
 
-# A node bug this test finds about every other run (a race, not the authorize
-# logic): the read after the replacement is a fill whose whole 2 MiB body is
-# already in aiohttp's buffer when the fill hands the socket to splice.
-# SocketBody.__init__ (cachenode/kernel/splice.py) drains that buffer with
-# read_nowait(-1), which reaches the end of the body, so aiohttp releases the
-# connection to its pool (response.connection and conn.transport become
-# None), then calls _take(conn.transport): AttributeError 'NoneType' object
-# has no attribute 'pause_reading', logged as fill_crashed, and the caller
-# gets 200 with Content-Length and no byte of body (boto3:
-# ResponseStreamingError, IncompleteRead(0 bytes read, ...)). Only that
-# failure is expected; any other fails the test. Remove the mark with the fix.
-@pytest.mark.xfail(raises=botocore.exceptions.ResponseStreamingError, strict=False,
-                   reason="splice.SocketBody takes a connection aiohttp already released (fill_crashed)")
 def test_an_object_replaced_at_the_origin_is_read_anew_by_the_next_authorised_read(world):
     key = "replaced/shard-2.bin"
     first, second = os.urandom(2 * MiB), os.urandom(2 * MiB + 17)
