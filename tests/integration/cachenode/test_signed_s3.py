@@ -15,8 +15,8 @@ as `localhost:<relay port>`), so the `Host` the client signs is the one the
 origin sees. The relay counts what the origin sends: a warm read must cost
 it an authorisation (a 304 head), not the object.
 
-One weed, one relay and one node serve the whole module; each test uses its
-own objects. The last test reads everything the node wrote, after all the
+One weed, one relay and one node serve the whole module (the test of the
+default mode starts a second node); each test uses its own objects. The last test reads everything the node wrote, after all the
 others, for the credentials they used.
 """
 
