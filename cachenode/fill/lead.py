@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from cachenode.http.freshness import STORED_STATUSES, Policy
+from cachenode.http.freshness import CREDENTIAL_FIELDS, STORED_STATUSES, Policy
 from cachenode.http.headers import MAX_STORED_HEADER_BYTES
 
 
@@ -66,6 +66,9 @@ def decide(answer: Answer, *, stale_held: bool, stale_usable_on_error: bool) -> 
     return Decision(Step.PASS, reason) if reason is not None else Decision(Step.FILL)
 
 
+_CREDENTIALS = frozenset(name.lower() for name in CREDENTIAL_FIELDS)
+
+
 def _not_stored_because(a: Answer) -> str | None:
     if not a.policy.storable:
         return a.policy.reason
@@ -77,7 +80,7 @@ def _not_stored_because(a: Answer) -> str | None:
         return "it is stale at once and has no validator: it could never be reused"
     if a.authorized_reads and not a.has_etag:
         return "it has no ETag: no read of a stored copy could be authorised by the origin"
-    if a.authorized_reads and a.vary and {"authorization", "cookie"} & {v.lower() for v in a.vary}:
+    if a.authorized_reads and a.vary and _CREDENTIALS & {v.lower() for v in a.vary}:
         return f"it varies on a credential ({a.vary_listed[:100]}): its variant would hold it"
     if a.header_bytes > MAX_STORED_HEADER_BYTES:
         return (f"its header fields take {a.header_bytes} bytes, more than the "

@@ -37,7 +37,8 @@ log = structlog.get_logger("nezha.cachenode")
 
 class AuthorizedReads:
     def __init__(self, *, store: Store, origins: OriginClient, engine: FillEngine, respond: Responder,
-                 counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str) -> None:
+                 counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str,
+                 peers_have_a_token: bool) -> None:
         self.store = store
         self.origins = origins
         self.engine = engine
@@ -45,6 +46,7 @@ class AuthorizedReads:
         self.counts = counts
         self.from_peer = from_peer
         self.node_id = node_id
+        self.peers_have_a_token = peers_have_a_token
 
     async def get(self, request: web.Request, *, key: str, url: str, origin: Origin, target: Target,
                               meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
@@ -52,6 +54,9 @@ class AuthorizedReads:
         a stored copy is served only once the origin, asked with this
         caller's own request, says this caller may read this version; a miss
         asks the origin with the caller's request and stores what it answers."""
+        if directives.no_store:
+            # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
+            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
         for attempt in range(3):
             if attempt:
                 meta = self.store.lookup(key, request.headers)
@@ -67,8 +72,8 @@ class AuthorizedReads:
                 return await self._lead(request, flight, key=key, url=url, origin=origin, target=target)
             outcome = await asyncio.shield(flight.outcome)
             fill = outcome.fill
-            if outcome.kind is not Kind.STREAMING or fill is None:
-                break
+            if outcome.kind is not Kind.STREAMING or fill is None or not outcome.answers(request.headers):
+                break  # nothing to join, or a variant this request does not select
             if fill.complete:
                 # Its whole body was in before this request came: once stored,
                 # it is a stored copy like any other, read once authorised.
@@ -90,10 +95,11 @@ class AuthorizedReads:
                                 directives: RequestDirectives) -> web.StreamResponse | None:
         """`meta` for this caller if the origin allows it, the origin's refusal
         if not; None: the origin has another version, or the copy vanished."""
-        if self.from_peer(request) and directives.only_if_cached:
-            # A node copying the object (a replica, a hand-off): the bytes
-            # move between nodes, and every caller they are later served to
-            # is authorised where they land.
+        if self.peers_have_a_token and self.from_peer(request) and directives.only_if_cached:
+            # A node copying the object (a replica, a hand-off), proven by the
+            # cluster token: the bytes move between nodes, and every caller
+            # they are later served to is authorised where they land. Without
+            # a token any loopback client passes for a peer: no exception then.
             return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
         allowed, response = await self._authorize(request, url, key=meta.key, etag=meta.etag)
         if allowed is Verdict.REFUSED:

@@ -46,6 +46,7 @@ from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
+from nezha.credentials import redact_url
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
 from nezha.ring import Peer
 from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
@@ -78,7 +79,8 @@ class Handler:
         self._plain_keys: dict[tuple[str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
-                                          counts=counts, from_peer=self.from_peer, node_id=self.node_id)
+                                          counts=counts, from_peer=self.from_peer, node_id=self.node_id,
+                                          peers_have_a_token=settings.cluster_token is not None)
 
     # -- entry point -----------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -232,7 +234,7 @@ class Handler:
         self._hit_requests.inc()
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=path[:300], status=200, cache=CacheOutcome.HIT,
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=CacheOutcome.HIT,
                  bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:

@@ -27,7 +27,7 @@ _PROBE_FIELDS = frozenset({"range", "if-none-match", "if-match", "if-modified-si
 
 class Verdict(enum.Enum):
     ALLOWED = "allowed"  # 304: this caller may read the stored version
-    CHANGED = "changed"  # 200 or 206: the caller may read, but the object is no longer the stored one
+    CHANGED = "changed"  # 200, 206 or 416: the caller may read, but the object is no longer the stored one
     REFUSED = "refused"  # anything else (401, 403, 404, 5xx...): the caller gets the origin's answer
 
 
@@ -54,6 +54,8 @@ def verdict(status: int) -> Verdict:
     """What the origin's answer to a probe says about the stored copy for this caller."""
     if status == 304:
         return Verdict.ALLOWED
-    if status in (200, 206):
+    if status in (200, 206, 416):
+        # 416: the version at the origin is shorter than the probe's one
+        # byte (emptied): another version, not a refusal of this caller.
         return Verdict.CHANGED
     return Verdict.REFUSED

@@ -125,3 +125,22 @@ async def test_a_caller_joins_a_fill_in_progress_only_once_the_origin_allows_it(
     assert joined == (200, "miss-joined", BODY)
     assert stranger[:2] == (403, "denied") and BODY[:64] not in stranger[2]
     assert origin.sent == len(BODY)  # one body; the joiner's and the stranger's checks carried none
+
+
+async def test_a_loopback_client_posing_as_a_peer_without_the_cluster_token_is_still_checked(
+        bearer, node, session, tmp_path):
+    """Without a cluster token any loopback client passes for a peer: a peer's
+    `only-if-cached` copy request must not be a way around the origin."""
+    assert (await read(session, node, GOOD))[2] == BODY
+    await until(lambda: list((tmp_path / "data").rglob("*.meta")), timeout=10)  # stored
+    headers = {"Host": HOST, "X-Nezha-Peer": "node-9", "Cache-Control": "only-if-cached"}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        got = await r.read()
+        assert r.status == 401 and r.headers["X-Nezha-Cache"] == "denied" and BODY[:64] not in got
+
+
+async def test_a_request_saying_no_store_is_passed_and_nothing_of_it_stored(bearer, node, session, tmp_path):
+    headers = {"Host": HOST, "Authorization": f"Bearer {GOOD}", "Cache-Control": "no-store"}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        assert r.status == 200 and r.headers["X-Nezha-Cache"] == "pass" and await r.read() == BODY
+    assert not list((tmp_path / "data").rglob("*.meta"))
