@@ -86,11 +86,12 @@ async def main() -> None:
     children = Children()
     (work / "weed").mkdir()
     s3 = S3Server(weed, work / "weed", identities=[READER, ANONYMOUS], buckets=[BUCKET])
+    s3.external_url = s3.host_url  # signed for localhost, reached by address: no name to resolve
     try:
         print(f"nezha signed-reads bench ({'quick' if args.quick else 'full'}), source {source_version()}, "
               f"work dir {work}", flush=True)
         s3.start()
-        client = boto3.client("s3", endpoint_url=s3.host_url, region_name="us-east-1",
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3.port}", region_name="us-east-1",
                               aws_access_key_id=READER.access_key, aws_secret_access_key=READER.secret_key,
                               config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
                                             proxies={}))
@@ -102,11 +103,14 @@ async def main() -> None:
         config = work / "nezha.yaml"
         config.write_text(
             "origins:\n"
-            f"  - host: {SIGNED_HOST}\n    upstream: {s3.host_url}\n    credentials: authorize\n"
+            f"  - host: {SIGNED_HOST}\n    upstream: http://127.0.0.1:{s3.port}\n    credentials: authorize\n"
             f"  - host: {PUBLIC_HOST}\n    upstream: http://127.0.0.1:{s3.port}\n")
         node = Node(children, work)
         await node.start(args=["--config", str(config)])
-        signed = {key: client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
+        signer = boto3.client("s3", endpoint_url=s3.host_url, region_name="us-east-1",
+                              aws_access_key_id=READER.access_key, aws_secret_access_key=READER.secret_key,
+                              config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
+        signed = {key: signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
                                                      ExpiresIn=3600)
                   for key in ("large.bin", "small.bin")}
         public = {key: f"{node.url}/{BUCKET}/{key}" for key in ("large.bin", "small.bin")}
@@ -114,7 +118,8 @@ async def main() -> None:
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
             async def signed_read(key: str, *, through_node: bool = True):
-                status, cache, n = await read_whole(session, signed[key], proxy=node.url if through_node else None)
+                url = signed[key] if through_node else signed[key].replace("//localhost:", "//127.0.0.1:", 1)
+                status, cache, n = await read_whole(session, url, proxy=node.url if through_node else None)
                 want = ("authorized",) if through_node else ("",)
                 if status != 200 or n != sizes[key] or cache not in want:
                     raise BenchError(f"signed read of {key}: {status} {cache!r} {n} bytes")

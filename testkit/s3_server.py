@@ -72,12 +72,18 @@ class S3Server:
     can list the first bucket, so identities and buckets are in place.
     """
 
-    def __init__(self, exe: str, workdir: Path, *, identities: list[S3Identity], buckets: list[str]) -> None:
+    def __init__(self, exe: str, workdir: Path, *, identities: list[S3Identity], buckets: list[str],
+                 external_url: str | None = None) -> None:
         if not identities or not buckets:
             raise ValueError("an S3Server needs at least one identity and one bucket")
         self.exe = exe
         self.workdir = workdir
         self.identities = identities
+        # The URL clients sign for when they reach this server through others
+        # (weed's -s3.externalUrl, tried first when it checks a signature):
+        # a node whose upstream is 127.0.0.1 then needs no name resolved,
+        # which a bare machine without /etc/hosts cannot do for `localhost`.
+        self.external_url = external_url
         self.buckets = buckets
         taken: set[int] = set()
         self.port, self.grpc_port = free_pair(taken)
@@ -122,6 +128,7 @@ class S3Server:
             f"-filer.localSocket={self.workdir / 'filer.sock'}", f"-s3.localSocket={self.workdir / 's3.sock'}",
             f"-s3.config={config}", f"-bucket={','.join(self.buckets)}",
             "-volume.preStopSeconds=0",
+            *([f"-s3.externalUrl={self.external_url}"] if self.external_url else []),
         ]
 
     def start(self, timeout: float = 60.0) -> None:

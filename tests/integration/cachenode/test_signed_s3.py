@@ -10,9 +10,11 @@ signed for the endpoint's own `Host`, which the node forwards as sent.
 
     boto3 --proxy--> node (credentials: authorize) --> counting relay --> weed
 
-The origin's name is `localhost` (the node and the clients both reach it
-as `localhost:<relay port>`), so the `Host` the client signs is the one the
-origin sees. The relay counts what the origin sends: a warm read must cost
+The origin's name is `localhost`: clients sign for `localhost:<relay port>`
+and reach it through the node as a proxy, resolving nothing. The node
+fetches from 127.0.0.1:<relay port> (a bare CI machine has no /etc/hosts to
+resolve `localhost`), and weed checks signatures against its external URL,
+`localhost:<relay port>`, first: what the client signed. The relay counts what the origin sends: a warm read must cost
 it an authorisation (a 304 head), not the object.
 
 One weed, one relay and one node serve the whole module (the test of the
@@ -130,11 +132,12 @@ def world(tmp_path_factory):
                   buckets=[BUCKET, "elsewhere"])
     relay = node = None
     try:
-        s3.start()
         relay = CountingRelay("127.0.0.1", s3.port)
+        s3.external_url = f"http://localhost:{relay.port}"  # what clients sign: see World.endpoint
+        s3.start()
         root = tmp_path_factory.mktemp("node")
         config = root / "nezha.yaml"
-        config.write_text(f"origins:\n  - host: localhost\n    upstream: http://localhost:{relay.port}\n"
+        config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{relay.port}\n"
                           f"    credentials: authorize\n")
         node = NodeProcess(root, None, args=("--config", str(config)))
 
@@ -143,7 +146,7 @@ def world(tmp_path_factory):
                 await node.ready(session)
 
         asyncio.run(ready())
-        admin = boto3.client("s3", endpoint_url=f"http://localhost:{s3.port}", region_name="us-east-1",
+        admin = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3.port}", region_name="us-east-1",
                              aws_access_key_id=READER.access_key, aws_secret_access_key=READER.secret_key,
                              config=Config(s3={"addressing_style": "path"}, proxies={}))
         yield World(s3=s3, relay=relay, node=node, data_dir=root / "data", admin=admin)
@@ -258,8 +261,11 @@ def test_an_expired_presigned_url_gets_the_origins_403_and_no_byte_of_the_warm_o
     url = world.presign(READER, key, version=version, expires=1)
     # Until the origin itself (asked directly, not through the node) says it expired.
     deadline = time.monotonic() + 30
+    # By address: a bare machine has no /etc/hosts to resolve `localhost`, and
+    # weed checks the signature against its external URL (localhost) first.
+    by_address = url.replace("http://localhost:", "http://127.0.0.1:", 1)
     with via_node() as direct:
-        while direct.get(url, timeout=30).status_code != 403:
+        while direct.get(by_address, timeout=30).status_code != 403:
             assert time.monotonic() < deadline, "the presigned URL did not expire within 30 s"
             time.sleep(0.2)
 
@@ -361,7 +367,7 @@ def test_with_credentials_pass_a_signed_read_goes_through_byte_for_byte_and_noth
     body = os.urandom(MiB)
     world.put(key, body)
     config = tmp_path / "pass.yaml"
-    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://localhost:{world.relay.port}\n")
+    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{world.relay.port}\n")
     node = NodeProcess(tmp_path, None, args=("--config", str(config)))
     try:
         async def ready() -> None:
