@@ -35,6 +35,7 @@ from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
+from nezha.credentials import redact_text
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of
 from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
@@ -64,7 +65,10 @@ def origin_failure(error: NezhaError | None) -> web.HTTPException:
     on instead of blaming this node and asking the same origin elsewhere.
     """
     cls = web.HTTPGatewayTimeout if isinstance(error, OriginTimeout) else web.HTTPBadGateway
-    return cls(text=f"{error}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(error)})
+    # A fill's error names the leader's URL, which every joiner is told:
+    # its signature is the leader's, not theirs (nezha/credentials.py).
+    said = redact_text(str(error))
+    return cls(text=f"{said}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(said)})
 
 
 def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
