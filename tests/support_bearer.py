@@ -66,3 +66,12 @@ class BearerOrigin:
             return web.Response(status=206, body=self.body[start:end + 1], headers={
                 **fields, "Content-Range": f"bytes {start}-{end}/{len(self.body)}"})
         return web.Response(body=self.body, headers={**fields, "Content-Type": "application/x-tar"})
+
+
+async def serve_bearer(aiohttp_server) -> BearerOrigin:
+    """A BearerOrigin on 127.0.0.1, its test server in `.server`."""
+    o = BearerOrigin()
+    app = web.Application()
+    app.router.add_get(PATH, o.get)
+    o.server = await aiohttp_server(app, host="127.0.0.1")
+    return o

@@ -13,17 +13,13 @@ import asyncio
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from tests.integration.cachenode.conftest import HOST, until
-from tests.support_bearer import BODY, GOOD, OTHER, PATH, BearerOrigin
+from tests.support_bearer import BODY, GOOD, OTHER, PATH, serve_bearer
 
 @pytest.fixture
 async def bearer(aiohttp_server):
-    o = BearerOrigin()
-    app = web.Application()
-    app.router.add_get(PATH, o.get)
-    o.server = await aiohttp_server(app, host="127.0.0.1")
+    o = await serve_bearer(aiohttp_server)
     return o, str(o.server.make_url("")).rstrip("/")
 
 

@@ -191,7 +191,6 @@ async def _started_with_children(proc: subprocess.Popen, nodes: int = 2) -> tupl
 
 async def test_up_stops_its_nodes_and_its_index_on_sighup(aiohttp_server, tmp_path):
     """A closed terminal (SIGHUP) stops what nezha up started, as SIGINT and SIGTERM do."""
-    from testkit.waits import answers, wait_for
 
     server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
     proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
@@ -199,17 +198,23 @@ async def test_up_stops_its_nodes_and_its_index_on_sighup(aiohttp_server, tmp_pa
         nodes, children = await _started_with_children(proc)
         proc.send_signal(signal.SIGHUP)
         assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0, proc.stderr.read()
-        await wait_for(lambda: all(_gone(pid) for pid in children), timeout=30)
-        for _, address, _ in nodes:
-            host, port = address.rsplit(":", 1)
-            assert not answers(host, int(port))
+        await _nothing_left(nodes, children)
     finally:
         _reap(proc)
 
 
+async def _nothing_left(nodes, children) -> None:
+    """Until every process `up` started has exited, and no node address answers."""
+    from testkit.waits import answers, wait_for
+
+    await wait_for(lambda: all(_gone(pid) for pid in children), timeout=30)
+    for _, address, _ in nodes:
+        host, port = address.rsplit(":", 1)
+        assert not answers(host, int(port))
+
+
 async def test_up_killed_outright_leaves_no_node_or_index_serving(aiohttp_server, tmp_path):
     """SIGKILL gives nezha up no chance to clean up: its nodes and redis-server end with it anyway."""
-    from testkit.waits import answers, wait_for
 
     server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
     proc = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
@@ -217,10 +222,7 @@ async def test_up_killed_outright_leaves_no_node_or_index_serving(aiohttp_server
         nodes, children = await _started_with_children(proc)
         proc.kill()
         proc.wait()
-        await wait_for(lambda: all(_gone(pid) for pid in children), timeout=30)
-        for _, address, _ in nodes:
-            host, port = address.rsplit(":", 1)
-            assert not answers(host, int(port))
+        await _nothing_left(nodes, children)
     finally:
         _reap(proc)
 

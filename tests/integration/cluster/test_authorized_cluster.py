@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from nezha.keys import key_for, parse_target
 from tests.integration.cluster.conftest import HOST, settle
-from tests.support_bearer import BODY, GOOD, OTHER, PATH, BearerOrigin
+from tests.support_bearer import BODY, GOOD, OTHER, PATH, serve_bearer
 
 
 @pytest.fixture
 async def bearer(aiohttp_server):
-    o = BearerOrigin()
-    app = web.Application()
-    app.router.add_get(PATH, o.get)
-    o.server = await aiohttp_server(app, host="127.0.0.1")
-    return o
+    return await serve_bearer(aiohttp_server)
 
 
 async def read(session: aiohttp.ClientSession, url: str, token: str | None) -> tuple[int, str, str, bytes]:
