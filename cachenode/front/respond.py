@@ -97,6 +97,15 @@ async def _answer_precondition(request: web.Request, resp: web.StreamResponse, o
     await resp.write_eof()
 
 
+async def _answer_unsatisfiable(request: web.Request, resp: web.StreamResponse, size: int) -> None:
+    """416 for a Range no byte of a `size`-byte object satisfies (RFC 9110 §15.5.17)."""
+    resp.set_status(416)
+    resp.headers["Content-Range"] = f"bytes */{size}"
+    resp.content_length = 0
+    await resp.prepare(request)
+    await resp.write_eof()
+
+
 # Bytes read per step when a stored object goes out through TLS (encrypted in
 # user space): large, since each step costs an executor hop and a drain.
 TLS_CHUNK = 1 << 20
@@ -250,11 +259,8 @@ class Responder:
                     self._client_gone(request, host=meta.host, key=meta.key, sent=0)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                resp.headers["Content-Range"] = f"bytes */{meta.size}"
-                resp.content_length = 0
                 try:
-                    await resp.prepare(request)
-                    await resp.write_eof()
+                    await _answer_unsatisfiable(request, resp, meta.size)
                 except ConnectionError:
                     self._client_gone(request, host=meta.host, key=meta.key, sent=0)
                 return resp
@@ -360,12 +366,8 @@ class Responder:
                     resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
                     drop_whole_body_fields(resp.headers)
                 elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                    resp.set_status(416)
-                    resp.headers["Content-Range"] = f"bytes */{size}"
-                    resp.content_length = 0
                     try:
-                        await resp.prepare(request)
-                        await resp.write_eof()
+                        await _answer_unsatisfiable(request, resp, size)
                     except ConnectionError:
                         self._client_gone(request, host=host, key=fill.key, sent=0)
                     return resp
