@@ -82,6 +82,22 @@ def takeable(response: aiohttp.ClientResponse) -> bool:
     return conn.transport.get_extra_info("sslcontext") is None and conn.transport.get_extra_info("socket") is not None
 
 
+def _drain(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """The bytes aiohttp already holds of `response`'s body, and whether they
+    are all of it.
+
+    Draining the buffer can let aiohttp's parser resume and reach the end
+    of the body: the rest is then in the buffer too (taken here), and the
+    connection is back in aiohttp's pool, no longer the body's to take.
+    """
+    buffered = response.content.read_nowait(-1)
+    if not response.content.is_eof():
+        return buffered, False
+    while more := response.content.read_nowait(-1):
+        buffered += more
+    return buffered, True
+
+
 def _take(transport: asyncio.Transport) -> None:
     """Stop `transport` reading for the rest of its life (it is closed after the splice).
 
@@ -112,13 +128,8 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     # way. Taking them can make aiohttp resume reading the socket, so the
     # transport is paused only after, with no await in between: from then on
     # every byte on the socket is ours to splice.
-    buffered = response.content.read_nowait(-1)
-    if response.content.is_eof():
-        # Draining let aiohttp's parser resume and reach the end of the body
-        # (see SocketBody): all of it is in the buffer, and the connection is
-        # back in aiohttp's pool, not this body's to pause.
-        while more := response.content.read_nowait(-1):
-            buffered += more
+    buffered, whole = _drain(response)
+    if whole:
         try:
             if buffered:
                 await out.write(buffered)
@@ -291,13 +302,8 @@ class SocketBody:
         self._held = True
         self.response = response
         transport = conn.transport
-        self.buffered = response.content.read_nowait(-1)  # before pausing: see splice_body
-        if response.content.is_eof():
-            # Draining let aiohttp's parser resume, and it reached the end of
-            # the body: the rest is in its buffer now, and the connection is
-            # back in aiohttp's pool, no longer this body's to take.
-            while more := response.content.read_nowait(-1):
-                self.buffered += more
+        self.buffered, whole = _drain(response)  # before pausing: see splice_body
+        if whole:
             self.remaining = 0
         else:
             _take(transport)
