@@ -64,6 +64,14 @@ def query_credentials(query: str) -> frozenset[str]:
     return credential_params(_name(p) for p in query.split("&") if p) if query else frozenset()
 
 
+def credential_names(query: str) -> list[str]:
+    """The credential parameters of a raw query, named as written, in order, each once."""
+    secret = query_credentials(query)
+    if not secret:
+        return []
+    return [n for n in dict.fromkeys(_name(p) for p in query.split("&") if p) if n.lower() in secret]
+
+
 def redact_query(query: str) -> str:
     """`query` with the value of every credential parameter replaced by
     REDACTED; everything else, order included, as it was."""

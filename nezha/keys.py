@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote
 
-from nezha.credentials import query_credentials
+from nezha.credentials import credential_names
 from nezha.errors import NezhaError
 
 
@@ -124,10 +124,7 @@ def key_for(target: Target, origin: KeyRules | None) -> str:
         return cache_key(target)
     volatile = origin.volatile_params
     if origin.credentials == "authorize" and target.query:
-        secret = query_credentials(target.query)
-        if secret:
-            names = {p.split("=", 1)[0] for p in target.query.split("&") if p}
-            volatile = (*volatile, *sorted(n for n in names if n.lower() in secret))
+        volatile = (*volatile, *credential_names(target.query))
     return cache_key(target, volatile_params=volatile)
 
 
@@ -139,10 +136,8 @@ def credentials_kept(target: Target, origin: KeyRules | None) -> list[str]:
     credential."""
     if not target.query or (origin is not None and origin.credentials == "authorize"):
         return []  # an authorize origin's keys leave every credential out (key_for)
-    secret = query_credentials(target.query)
     volatile = set(origin.volatile_params) if origin is not None else set()
-    names = [p.split("=", 1)[0] for p in target.query.split("&") if p]
-    return [n for n in dict.fromkeys(names) if n.lower() in secret and n not in volatile]
+    return [n for n in credential_names(target.query) if n not in volatile]
 
 
 def target_of(key: str) -> Target:
