@@ -309,6 +309,7 @@ class NodeProcess:
         self.port = port or free_port()
         self.out = tmp_path / f"node-{self.port}-{time.monotonic_ns()}.out"
         self.err = self.out.with_suffix(".err")
+        self.data_dir = tmp_path / "data"
 
         def limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
@@ -316,13 +317,20 @@ class NodeProcess:
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
-                 "--data-dir", str(tmp_path / "data"),
+                 "--data-dir", str(self.data_dir),
                  *(["--origin", f"{HOST}={origin_url}"] if origin_url else []), *args],
                 stdout=out, stderr=err, preexec_fn=limit)
 
     async def ready(self, session: aiohttp.ClientSession) -> None:
         await until_http(f"http://127.0.0.1:{self.port}/healthz", timeout=15, proc=self.proc, log=self.err,
                          what="nezha cache", session=session)
+
+    def written(self) -> dict[Path, str]:
+        """Everything the node wrote but object bodies: its stdout and stderr,
+        and every other file in its data directory (metadata, temp names),
+        as text: where a credential must never be found."""
+        files = [p for p in self.data_dir.rglob("*") if p.is_file() and not p.name.endswith(".data")]
+        return {p: p.read_bytes().decode("utf-8", "replace") for p in [self.out, self.err, *files]}
 
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
