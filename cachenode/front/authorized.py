@@ -49,7 +49,7 @@ class AuthorizedReads:
         self.peers_have_a_token = peers_have_a_token
 
     async def get(self, request: web.Request, *, key: str, url: str, origin: Origin, target: Target,
-                              meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
+                  meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
         """A GET of an `authorize` origin's object (docs/private-objects.md):
         a stored copy is served only once the origin, asked with this
         caller's own request, says this caller may read this version; a miss
@@ -92,7 +92,7 @@ class AuthorizedReads:
         return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
 
     async def _serve(self, request: web.Request, *, url: str, meta: Meta,
-                                directives: RequestDirectives) -> web.StreamResponse | None:
+                     directives: RequestDirectives) -> web.StreamResponse | None:
         """`meta` for this caller if the origin allows it, the origin's refusal
         if not; None: the origin has another version, or the copy vanished."""
         if self.peers_have_a_token and self.from_peer(request) and directives.only_if_cached:
@@ -110,7 +110,7 @@ class AuthorizedReads:
         return await self.respond.hit(request, meta, label=CacheOutcome.AUTHORIZED)
 
     async def _lead(self, request: web.Request, flight: Flight, *, key: str, url: str, origin: Origin,
-                               target: Target) -> web.StreamResponse:
+                    target: Target) -> web.StreamResponse:
         """A miss: the caller's own request goes to the origin, and a storable
         answer is streamed to it while it is stored."""
         outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=None,

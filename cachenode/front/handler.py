@@ -56,8 +56,7 @@ log = structlog.get_logger("nezha.cachenode")
 
 class Handler:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, cluster: ClusterView,
-                 relay: PeerRelay,
-                 respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
+                 relay: PeerRelay, respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
                  counts: Counts, metrics: Metrics, status: Callable[[], dict],
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
