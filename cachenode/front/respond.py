@@ -227,6 +227,13 @@ class Responder:
         log.info("client_gone", key=key, bytes=sent)
         self._count(host, request=request, bytes_served=sent, **deltas)
 
+    async def _bodyless(self, request: web.Request, answer: Awaitable[None], *, host: str, key: str) -> None:
+        """Send an answer without a body (304, 412, 416); a client gone before it is logged once."""
+        try:
+            await answer
+        except ConnectionError:
+            self._client_gone(request, host=host, key=key, sent=0)
+
     async def hit(self, request: web.Request, meta: Meta, *, label: str,
                          stale_reason: str | None = None) -> web.StreamResponse | None:
         """Send a stored object; None if it vanished (evicted or replaced) first."""
@@ -253,16 +260,12 @@ class Responder:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
                 self._count(meta.host, request=request, hits=1)
-                try:
-                    await _answer_precondition(request, resp, decision.outcome)
-                except ConnectionError:
-                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+                await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),
+                                     host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                try:
-                    await _answer_unsatisfiable(request, resp, meta.size)
-                except ConnectionError:
-                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+                await self._bodyless(request, _answer_unsatisfiable(request, resp, meta.size),
+                                     host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.PARTIAL:
                 end = decision.start + decision.length - 1
@@ -352,10 +355,7 @@ class Responder:
             verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
             if verdict is not None:
                 self._count(host, request=request, misses=1)
-                try:
-                    await _answer_precondition(request, resp, verdict)
-                except ConnectionError:
-                    self._client_gone(request, host=host, key=fill.key, sent=0)
+                await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
                 return resp
             if size is not None and plain:
                 resp.content_length = size
@@ -366,10 +366,7 @@ class Responder:
                     resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
                     drop_whole_body_fields(resp.headers)
                 elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                    try:
-                        await _answer_unsatisfiable(request, resp, size)
-                    except ConnectionError:
-                        self._client_gone(request, host=host, key=fill.key, sent=0)
+                    await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
                     return resp
                 resp.content_length = length
             else:
