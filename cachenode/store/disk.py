@@ -345,11 +345,10 @@ class Store:
             raise StoreError(temp.unwritable)
 
         def _write() -> None:
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(temp.fd, view, temp.written)
-                temp.written += n
-                view = view[n:]
+            def grew(n: int) -> None:
+                temp.written += n  # readers may follow each step
+
+            _pwrite_all(temp.fd, data, temp.written, grew)
             temp.wrote(len(data))
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
@@ -363,12 +362,7 @@ class Store:
             raise StoreError(temp.unwritable)
 
         def _write() -> None:
-            view = memoryview(data)
-            at = offset
-            while view:
-                n = os.pwrite(temp.fd, view, at)
-                at += n
-                view = view[n:]
+            _pwrite_all(temp.fd, data, offset)
             temp.wrote(len(data))
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
@@ -512,3 +506,15 @@ class Store:
         self._drop(meta.slot)
         self._unlink_later(meta, final=True)
         return True
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:
+    """All of `data` into `fd` from offset `at`, however many writes it takes
+    (pwrite may write less than asked); `wrote(n)` after each."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, at)
+        at += n
+        view = view[n:]
+        if wrote is not None:
+            wrote(n)
