@@ -20,6 +20,7 @@ import structlog
 from multidict import CIMultiDict
 
 from cachenode.counts import Counts
+from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
@@ -38,7 +39,7 @@ from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -85,6 +86,8 @@ class FillEngine:
         self.spawn = spawn
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
         self.flights = Flights()
+        # Objects assembled from the parts signed ranged reads bring (authorize origins).
+        self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
 
@@ -100,6 +103,7 @@ class FillEngine:
         removed = 0
         for key in keys:
             self.flights.supersede(key)
+            await self.parts.forget(key, why="invalidated")
             for meta in await self.store.remove(key):  # every variant
                 self.counts.gone(meta)
                 log.info("object_invalidated", key=key, reason=why)
@@ -125,10 +129,12 @@ class FillEngine:
 
         self.spawn(revalidate())
 
-    def origin_source(self, url: str, client_headers: Mapping[str, str]) -> Source:
+    def origin_source(self, url: str, client_headers: Mapping[str, str], *,
+                      drop: frozenset[str] = NOT_FOR_FILLS) -> Source:
         """The origin, asked with the leading client's own fields (all but its
-        validators and Range: the fill fetches the whole object for everyone)."""
-        headers = forwarded_request_headers(client_headers, via=self.via, drop=NOT_FOR_FILLS)
+        validators and Range: the fill fetches the whole object for everyone;
+        an `authorize` origin's caller keeps every field it may have signed)."""
+        headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
         return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
@@ -144,7 +150,9 @@ class FillEngine:
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
             now = self._clock()
-            authorize = origin.credentials == "authorize"
+            # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
+            authorize = origin.credentials == "authorize" or (
+                source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
             policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
                                      private_ok=authorize)
             expires_at = now + policy.ttl
@@ -179,7 +187,7 @@ class FillEngine:
                 return self._landed(flight, Outcome(Kind.PASSED)), response
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
-                                          source=source, vary=names, origin=origin)
+                                          source=source, vary=names, origin=origin, authorize=authorize)
             response = None  # the fill owns it now
             return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
@@ -241,7 +249,8 @@ class FillEngine:
 
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                           host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
-                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin) -> Fill:
+                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
+                          authorize: bool) -> Fill:
         length = response.content_length
         try:
             temp = await self.store.new_temp()
@@ -259,7 +268,8 @@ class FillEngine:
                     vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
         meta = Meta(key=key, url=redact_url(url), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
-                    stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant)
+                    stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
+                    authorize=authorize)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
 
@@ -325,6 +335,7 @@ class FillEngine:
         if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
         self.counts.stored(stored)
+        await self.parts.forget(key, why="stored whole by a fill")
         log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
                  seconds=round(time.monotonic() - started, 3))
         if source.peer is None:

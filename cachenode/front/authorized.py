@@ -5,6 +5,12 @@ asked with that caller's own request, allows it the version held here.
 What the probe is and what its answer means is `http/authorize.py`'s (pure);
 this is the I/O: asking, then serving from disk, joining the fill, leading
 one with the caller's request, or passing the origin's refusal on.
+
+A caller's signed Range cannot be dropped, nor a whole object fetched
+without the caller's credentials: a ranged read never leads or joins a
+fill. Its miss goes to the origin as sent, and the part it brings is kept
+towards the whole object (fill/assembly.py); once whole, the object's
+ranges are served from disk like any stored object's.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flight, Kind
 from cachenode.fill.origin import OriginClient, forwarded_request_headers
 from cachenode.front.respond import Responder, origin_failure
-from cachenode.http.authorize import Verdict, probe_fields, verdict
+from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
 from cachenode.http.headers import first
 from cachenode.store.disk import Store
@@ -57,16 +63,24 @@ class AuthorizedReads:
         if directives.no_store:
             # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
             return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+        if not_probeable(request.headers) is not None:
+            # A pass origin's object stored while it said authorize, asked
+            # with a field the probe would change: the origin answers it.
+            return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
+        ranged = "Range" in request.headers
         for attempt in range(3):
             if attempt:
                 meta = self.store.lookup(key, request.headers)
             if meta is not None:
-                served = await self._serve(request, url=url, meta=meta, directives=directives)
+                served = await self._serve(request, url=url, meta=meta, directives=directives, target=target,
+                                           origin=origin)
                 if served is not None:
                     return served
                 # Changed at the origin, or gone from the disk: fetched again, replacing it.
             if directives.only_if_cached:
                 raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
+            if ranged:
+                return await self._part(request, url=url, key=key, target=target, origin=origin)
             flight, leader = self.engine.flights.lead_or_join(key)
             if leader:
                 return await self._lead(request, flight, key=key, url=url, origin=origin, target=target)
@@ -91,8 +105,8 @@ class AuthorizedReads:
         # this caller could be allowed into: it asks the origin for itself.
         return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
 
-    async def _serve(self, request: web.Request, *, url: str, meta: Meta,
-                     directives: RequestDirectives) -> web.StreamResponse | None:
+    async def _serve(self, request: web.Request, *, url: str, meta: Meta, directives: RequestDirectives,
+                     target: Target, origin: Origin) -> web.StreamResponse | None:
         """`meta` for this caller if the origin allows it, the origin's refusal
         if not; None: the origin has another version, or the copy vanished."""
         if self.peers_have_a_token and self.from_peer(request) and directives.only_if_cached:
@@ -105,6 +119,12 @@ class AuthorizedReads:
         if allowed is Verdict.REFUSED:
             return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
         if allowed is Verdict.CHANGED:
+            if await self.store.remove_one(meta):  # the origin holds another version now
+                self.counts.gone(meta)
+            if response is not None:
+                # The caller's own range, of the new version: its answer, and its first part.
+                return await self._part(request, url=url, key=meta.key, target=target, origin=origin,
+                                        response=response)
             return None
         self.counts.accessed(meta.key)
         return await self.respond.hit(request, meta, label=CacheOutcome.AUTHORIZED)
@@ -113,8 +133,10 @@ class AuthorizedReads:
                     target: Target) -> web.StreamResponse:
         """A miss: the caller's own request goes to the origin, and a storable
         answer is streamed to it while it is stored."""
+        # Asked as the caller asked, If-Match included: every field may be signed.
         outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=None,
-                                                   target=target, source=self.engine.origin_source(url, request.headers))
+                                                   target=target,
+                                                   source=self.engine.origin_source(url, request.headers, drop=frozenset()))
         if outcome.kind is Kind.STREAMING:
             assert outcome.fill is not None
             return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
@@ -123,12 +145,25 @@ class AuthorizedReads:
         # Never stale-if-error here: an origin that cannot be asked cannot allow a read.
         raise origin_failure(outcome.error)
 
+    async def _part(self, request: web.Request, *, url: str, key: str, target: Target, origin: Origin,
+                    response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:
+        """A signed ranged read the disk cannot answer: the origin's answer
+        to the caller's own request goes to the caller, and a 206 of it is
+        kept as a part of the object (fill/assembly.py), `miss` then."""
+        async def keep(answer: aiohttp.ClientResponse):
+            return await self.engine.parts.keep(answer.status, answer.headers, request.headers, key=key, url=url,
+                                                target=target, origin=origin)
+
+        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response,
+                                              keep=keep)
+
     async def _authorize(self, request: web.Request, url: str, *, key: str,
                          etag: str | None) -> tuple[Verdict, aiohttp.ClientResponse | None]:
         """Ask the origin whether this caller may read the version `etag`
         names: the caller's request as sent, plus If-None-Match and Range:
-        bytes=0-0 (http/authorize.py). The origin's answer is kept only when
-        it refused."""
+        bytes=0-0 unless it sent a Range (http/authorize.py). The origin's
+        answer is kept when it refused, and when it answered the caller's
+        own Range with another version's bytes."""
         forwarded = forwarded_request_headers(request.headers, via=self.respond.via)
         fields = probe_fields(list(forwarded.items()), etag=etag)
         if fields is None:
@@ -138,8 +173,10 @@ class AuthorizedReads:
         except OriginError as e:
             raise origin_failure(e)
         allowed = verdict(response.status)
-        if allowed is not Verdict.REFUSED:
+        if allowed is Verdict.ALLOWED or (allowed is Verdict.CHANGED and not asks_own_range(forwarded.items())):
             response.release()
             return allowed, None
+        if allowed is Verdict.CHANGED:
+            return allowed, response
         log.info("read_refused", key=key, status=response.status)
         return allowed, response

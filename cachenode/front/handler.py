@@ -112,6 +112,10 @@ class Handler:
             return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
         meta = self.store.lookup(key, request.headers)
         directives = request_directives(request.headers)
+        # Stored while its origin said authorize: each read is still the
+        # origin's to allow, whatever the table says now (a switch back to
+        # pass, or this node running the old table mid-rollout).
+        authorize = authorize or (meta is not None and meta.authorize)
         if authorize:
             # Every read is the origin's to allow, however fresh the copy:
             # one here is asked about here, one elsewhere at its owner.
@@ -214,7 +218,7 @@ class Handler:
                 self._plain_keys.clear()
             self._plain_keys[(raw_target, host_header)] = key
         meta = self.store.lookup(key)
-        if meta is None or meta.status != 200 or not meta.fresh(self._clock()):
+        if meta is None or meta.status != 200 or meta.authorize or not meta.fresh(self._clock()):
             return None
         prepared = self._plain_heads.get(key)
         if prepared is None or prepared[0] is not meta:

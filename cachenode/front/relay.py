@@ -59,14 +59,14 @@ from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_r
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
 from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
-                        TOKEN_HEADER, EXPIRES_HEADER, relayed)
+                        TOKEN_HEADER, EXPIRES_HEADER, AUTHORIZE_HEADER, relayed)
 
 log = structlog.get_logger("nezha.peers")
 
 # On an owner's 502/504: the origin failed, not the owner (the value says how).
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Fields an owner sends only to the node that relays: never to its client.
-_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower()})
+_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower(), AUTHORIZE_HEADER.lower()})
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 

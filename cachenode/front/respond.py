@@ -26,6 +26,7 @@ from cachenode.front.access import access, break_connection
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
+from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
 from cachenode.http.headers import Pairs, drop_whole_body_fields, first
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -38,7 +39,7 @@ from nezha.config import CacheSettings
 from nezha.credentials import redact_text
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of
-from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
+from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
 
 log = structlog.get_logger("nezha.serve")
 
@@ -275,6 +276,8 @@ class Responder:
             self._count(meta.host, request=request, hits=1)
             if is_peer_request(request, self.settings.cluster_token):
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+                if meta.authorize:
+                    resp.headers[AUTHORIZE_HEADER] = "1"
             sent = 0
             try:
                 await resp.prepare(request)
@@ -432,8 +435,11 @@ class Responder:
     async def passthrough(self, request: web.Request, url: str, *, label: str,
                           response: aiohttp.ClientResponse | None = None,
                           on_response: Callable[[aiohttp.ClientResponse], Awaitable[None]] | None = None,
+                          keep: Callable[[aiohttp.ClientResponse], Awaitable[PartWriter | None]] | None = None,
                           ) -> web.StreamResponse:
-        """Copy the origin's answer to this one client; store nothing.
+        """Copy the origin's answer to this one client; store nothing, unless
+        `keep` makes the answer a part of an object (fill/assembly.py): then
+        each piece sent is written into its place too, and it is a `miss`.
 
         The request goes as the client sent it: every end-to-end field and
         the body, streamed (an upload is never held whole). `on_response` runs
@@ -456,9 +462,13 @@ class Responder:
                                                       data=data)
             except OriginError as e:
                 raise origin_failure(e)
+        part: PartWriter | None = None
         try:
             if on_response is not None:
                 await on_response(response)
+            if keep is not None and request.method == "GET" and (part := await keep(response)) is not None:
+                label = CacheOutcome.MISS
+                access(request).cache = label
             resp = ExactResponse(status=response.status, reason=response.reason)
             for name, value in end_to_end(response.headers).items():
                 resp.headers.add(name, value)
@@ -478,6 +488,8 @@ class Responder:
                         received += len(chunk)
                         await resp.write(chunk)
                         sent += len(chunk)
+                        if part is not None:
+                            await part.write(chunk)
                 await resp.write_eof()
             except ConnectionError:  # the client hung up (aiohttp's ClientConnectionResetError is one too)
                 gone = True
@@ -495,5 +507,7 @@ class Responder:
             return resp
         finally:
             response.release()
+            if part is not None:
+                await part.close()
 
 

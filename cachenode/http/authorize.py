@@ -9,6 +9,12 @@ caller sent them: `If-None-Match` with the stored ETag, so that an
 authorised caller of the same version costs a 304, and `Range: bytes=0-0`,
 so that any other answer carries at most one byte of body.
 (docs/private-objects.md)
+
+A caller's own `Range` stays as signed (boto3's download_file signs each
+part's): the probe then asks for that range, and an answer other than 304
+is the caller's own answer. A caller's `If-Match` stays too: the origin
+evaluates it before If-None-Match (RFC 9110 §13.2.2), so a 304 still means
+"this version, and your precondition holds", and a 412 is the caller's.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from typing import Iterable, Mapping
 
 from cachenode.http.headers import Pairs
 
-# Fields the probe sets itself: a caller that sent one of them signed it
-# (or may have), so its request cannot be changed into a probe and is
-# passed through whole instead.
-_PROBE_FIELDS = frozenset({"range", "if-none-match", "if-match", "if-modified-since", "if-unmodified-since",
-                           "if-range"})
+# Fields whose meaning the probe's If-None-Match would change: a caller
+# that sent one of them signed it (or may have), so its request cannot be
+# made into a probe and is passed through whole instead. (If-Modified-Since
+# is ignored beside If-None-Match, If-Range is evaluated after it, and
+# If-Unmodified-Since after If-Match: the node would answer them wrongly.)
+_PROBE_FIELDS = frozenset({"if-none-match", "if-modified-since", "if-unmodified-since", "if-range"})
 
 
 class Verdict(enum.Enum):
@@ -42,12 +49,20 @@ def not_probeable(headers: Mapping[str, str] | Iterable[str]) -> str | None:
 
 def probe_fields(forwarded: Pairs, *, etag: str | None) -> list[tuple[str, str]] | None:
     """The probe: the caller's `forwarded` fields in their order, then
-    `If-None-Match: etag` and `Range: bytes=0-0`. None without an ETag: a
-    Last-Modified date may be shared by two versions, so it never vouches
-    that the caller's version is the stored one."""
+    `If-None-Match: etag`, and `Range: bytes=0-0` unless the caller sent a
+    Range of its own. None without an ETag: a Last-Modified date may be
+    shared by two versions, so it never vouches that the caller's version
+    is the stored one."""
     if not etag:
         return None
+    if asks_own_range(forwarded):
+        return [*forwarded, ("If-None-Match", etag)]
     return [*forwarded, ("If-None-Match", etag), ("Range", "bytes=0-0")]
+
+
+def asks_own_range(fields: Pairs) -> bool:
+    """The caller sent a Range: a probe's answer other than 304 is then the caller's own answer."""
+    return any(name.lower() == "range" for name, _ in fields)
 
 
 def verdict(status: int) -> Verdict:

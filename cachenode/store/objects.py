@@ -53,6 +53,11 @@ class Meta:
     status: int = 200  # a stored 404 or 301 is answered with its own status (RFC 9111 §4.2.2)
     vary: tuple[str, ...] = ()  # the request fields its Vary names, lowercased and sorted
     variant: str = ""  # their values in the request that fetched it (cachenode/http/vary.py)
+    # Stored for an `authorize` origin: served only once the origin allows
+    # each read (front/authorized.py), whatever the origin's mode is by then.
+    # A switch back to `pass`, or a `pass` node mid-rollout, must not hand a
+    # private object to anyone who asks (docs/private-objects.md).
+    authorize: bool = False
 
     def __post_init__(self) -> None:
         h = self.headers

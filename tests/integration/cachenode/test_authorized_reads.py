@@ -70,17 +70,67 @@ async def test_an_object_replaced_at_the_origin_is_read_anew_and_replaces_the_co
     assert await read(session, node, GOOD) == (200, "authorized", origin.body)
 
 
-async def test_a_ranged_or_conditional_read_is_passed_through_whole(bearer, node, session):
-    """Its Range or validators may be signed: the probe could not set its own."""
+async def ranged(session: aiohttp.ClientSession, node, token: str | None, first: int,
+                 last: int) -> tuple[int, str, bytes]:
+    headers = {"Host": HOST, "Range": f"bytes={first}-{last}", **({"Authorization": f"Bearer {token}"} if token else {})}
+    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
+        return r.status, r.headers.get("X-Nezha-Cache", ""), await r.read()
+
+
+async def stored(node, event: str, size: int) -> None:
+    """Until the node logged `event` for the object with `size` bytes (a commit is not instant)."""
+    await until(lambda: any(e.get("event") == event and e.get("bytes") == size for e in node.events()), timeout=30)
+
+
+async def test_a_ranged_read_of_a_stored_copy_is_authorised_with_its_own_range_and_served_from_disk(
+        bearer, node, session):
+    """The caller's Range may be signed: the probe keeps it and adds only If-None-Match."""
     origin, _ = bearer
     assert (await read(session, node, GOOD))[2] == BODY
-    headers = {"Host": HOST, "Authorization": f"Bearer {GOOD}", "Range": "bytes=10-19"}
+    await stored(node, "fill_completed", len(BODY))
+    assert await ranged(session, node, GOOD, 10, 19) == (206, "authorized", BODY[10:20])
+    assert origin.sent == len(BODY) and origin.statuses[304] == 1
+    status, cache, got = await ranged(session, node, None, 10, 19)
+    assert (status, cache) == (401, "denied") and BODY[10:20] not in got
+
+
+async def test_a_conditional_read_the_probe_would_change_is_passed_through_whole(bearer, node, session):
+    """If-None-Match is the probe's own field: a caller that set it signed it."""
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    await stored(node, "fill_completed", len(BODY))
+    headers = {"Host": HOST, "Authorization": f"Bearer {GOOD}", "If-None-Match": '"other"'}
     async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
-        assert r.status == 206 and await r.read() == BODY[10:20]
-        assert r.headers["X-Nezha-Cache"] == "bypass"
-    headers = {"Host": HOST, "Range": "bytes=10-19"}
-    async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
-        assert r.status == 401
+        assert (r.status, r.headers["X-Nezha-Cache"], await r.read()) == (200, "bypass", BODY)
+
+
+async def test_ranged_reads_from_cold_are_kept_as_parts_until_whole_then_served_from_disk(bearer, node, session):
+    """A multi-part download: each signed part brings only itself; once all
+    are in, the object is stored and every read of it is a 304 away."""
+    origin, _ = bearer
+    size = len(BODY)
+    cuts = [(0, 40_000), (40_000, 80_000), (80_000, size)]
+    got = await asyncio.gather(*(ranged(session, node, GOOD, a, b - 1) for a, b in cuts))
+    assert got == [(206, "miss", BODY[a:b]) for a, b in cuts]
+    await stored(node, "assembly_completed", size)
+    assert origin.sent == size
+    assert await ranged(session, node, GOOD, 40_000, 40_009) == (206, "authorized", BODY[40_000:40_010])
+    assert await read(session, node, GOOD) == (200, "authorized", BODY)
+    assert origin.sent == size  # two 304s since
+    status, cache, _ = await ranged(session, node, OTHER, 0, 9)
+    assert (status, cache) == (403, "denied")
+
+
+async def test_a_part_of_an_object_replaced_at_the_origin_is_the_new_versions_and_drops_the_old_copy(
+        bearer, node, session):
+    origin, _ = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    await stored(node, "fill_completed", len(BODY))
+    origin.body = new = b"version two " * 5000
+    # The probe carried the caller's own range: the origin's 206 of the new version is its answer.
+    assert await ranged(session, node, GOOD, 0, 11) == (206, "miss", new[:12])
+    assert origin.statuses[304] == 0
+    assert await read(session, node, GOOD) == (200, "miss", new)  # the old copy is gone, not served
 
 
 async def test_a_dead_origin_means_no_read_from_disk_however_fresh(bearer, node, session):
@@ -138,3 +188,20 @@ async def test_a_request_saying_no_store_is_passed_and_nothing_of_it_stored(bear
     async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
         assert r.status == 200 and r.headers["X-Nezha-Cache"] == "pass" and await r.read() == BODY
     assert not list(node.data_dir.rglob("*.meta"))
+
+
+async def test_a_copy_stored_under_authorize_stays_authorised_after_the_origin_is_switched_to_pass(
+        bearer, node, node_process, session):
+    """The mode is recorded with the object: a switch back to `pass` (or a
+    node still on the old table mid-rollout) never hands it to anyone who asks."""
+    origin, upstream = bearer
+    assert (await read(session, node, GOOD))[2] == BODY
+    await stored(node, "fill_completed", len(BODY))
+    node.stop()
+    plain = node_process(upstream)  # the same data directory, the origin now `credentials: pass`
+    await plain.ready(session)
+    for _ in range(2):  # the second would be the fast path's, were it not authorised
+        status, cache, got = await read(session, plain, None)
+        assert (status, cache) == (401, "denied") and BODY[:64] not in got
+    # A reader with a token is `pass` mode's: passed through, as before the switch.
+    assert await read(session, plain, GOOD) == (200, "bypass", BODY)

@@ -314,45 +314,60 @@ def test_an_object_replaced_at_the_origin_is_read_anew_by_the_next_authorised_re
     assert (status, cache, got == second) == (200, "authorized", True)
 
 
-def _until_stored(world: World, key: str, size: int, timeout: float = 30.0) -> None:
-    """Until the node logged a completed fill of `key` with `size` bytes."""
+def _until_stored(world: World, key: str, size: int, timeout: float = 30.0, *, event: str = "fill_completed") -> None:
+    """Until the node logged `event` (a completed fill, or assembly) of `key` with `size` bytes."""
     deadline = time.monotonic() + timeout
-    while not any(e.get("event") == "fill_completed" and e.get("key", "").endswith(f"/{BUCKET}/{key}")
+    while not any(e.get("event") == event and e.get("key", "").endswith(f"/{BUCKET}/{key}")
                   and e.get("bytes") == size for e in world.node.events()):
-        assert time.monotonic() < deadline, f"no stored copy of {key} ({size} bytes) within {timeout} s"
+        assert time.monotonic() < deadline, (f"no stored copy of {key} ({size} bytes) within {timeout} s: "
+                                             f"{[e for e in world.node.events() if key in e.get('key', '')][-8:]}")
         time.sleep(0.05)
 
 
-def test_download_file_in_8_mib_signed_ranged_parts_is_byte_exact_with_checksum_mode_on(world):
+def test_download_file_in_8_mib_signed_ranged_parts_is_kept_part_by_part_and_the_second_is_nearly_free(world):
     """boto3's download_file: a signed HEAD, then signed ranged GETs of 8 MiB
     (its default part size) with If-Match and x-amz-checksum-mode: ENABLED.
 
-    Today's honest behaviour, asserted as such: the node cannot drop a signed
-    Range, and does not yet store signed 206 parts as slices (issue 22,
-    "Ranged parts"), so the HEAD and every part are passed through whole
-    (`pass`, `bypass`) and each download costs the origin the object. What
-    must hold already: both downloads byte-exact, no checksum error."""
+    The node can drop neither the signed Range nor ask for the whole object
+    without the caller's credentials: the first download's parts go to the
+    origin as signed and are kept as parts (`miss`) until the object is
+    whole; the second download's parts are each authorised at the origin
+    (a 304 head) and served from disk (`authorized`). Both byte-exact: no
+    checksum error, and no whole-object checksum on a part."""
     key = "multipart/shard-4.bin"
     body = os.urandom(20 * MiB)  # three parts: 8, 8 and 4 MiB
     world.put(key, body)
     reader = world.client(READER.access_key, READER.secret_key)
-    seen: list[tuple[str, int, str | None, str | None]] = []
+    seen: list[tuple[str, int, str | None, str | None, bool]] = []
 
     def answered(http_response, model, **_) -> None:
         seen.append((model.name, http_response.status_code, http_response.headers.get("x-nezha-cache"),
-                     http_response.headers.get("content-range")))
+                     http_response.headers.get("content-range"),
+                     any(n.lower().startswith("x-amz-checksum-") and n.lower() != "x-amz-checksum-type"
+                         for n in http_response.headers)))
 
     reader.meta.events.register("after-call.s3", answered)
+    parts = [(0, 8 * MiB - 1), (8 * MiB, 16 * MiB - 1), (16 * MiB, len(body) - 1)]
+    sent_by_origin = []
     for attempt in range(2):
         target = world.data_dir.parent / f"download-{attempt}.bin"
-        reader.download_file(BUCKET, key, str(target), Config=TransferConfig(multipart_chunksize=8 * MiB))
+        before = world.relay.down
+        reader.download_file(BUCKET, key, str(target), ExtraArgs={"ChecksumMode": "ENABLED"},
+                             Config=TransferConfig(multipart_chunksize=8 * MiB, multipart_threshold=8 * MiB))
+        sent_by_origin.append(world.relay.down - before)
         assert target.read_bytes() == body
         target.unlink()
-    heads = [s for s in seen if s[0] == "HeadObject"]
-    parts = sorted((s for s in seen if s[0] == "GetObject"), key=lambda s: s[3] or "")
-    assert heads == [("HeadObject", 200, "pass", None)] * 2
-    assert parts == sorted(("GetObject", 206, "bypass", f"bytes {start}-{end}/{len(body)}")
-                           for start, end in [(0, 8 * MiB - 1), (8 * MiB, 16 * MiB - 1), (16 * MiB, len(body) - 1)] * 2)
+        if attempt == 0:
+            _until_stored(world, key, len(body), event="assembly_completed")
+    first, second = seen[:4], seen[4:]
+    for run, label in ((first, "miss"), (second, "authorized")):
+        assert run[0][:4] == ("HeadObject", 200, "pass", None)
+        assert sorted(s[:4] for s in run[1:]) == sorted(
+            ("GetObject", 206, label, f"bytes {a}-{b}/{len(body)}") for a, b in parts), run
+        assert not any(s[4] for s in run[1:]), "a part answered with a whole-object checksum"
+    assert sent_by_origin[0] >= len(body)
+    # The second: a HEAD and three 304 heads, a few hundred bytes each.
+    assert sent_by_origin[1] < 8 * 1024, sent_by_origin
 
 
 def test_with_credentials_pass_a_signed_read_goes_through_byte_for_byte_and_nothing_is_kept(world, tmp_path):

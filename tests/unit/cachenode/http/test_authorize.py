@@ -3,7 +3,7 @@
 import pytest
 
 from cachenode.fill.lead import Answer, Step, decide
-from cachenode.http.authorize import Verdict, not_probeable, probe_fields, verdict
+from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import response_policy
 
 
@@ -13,19 +13,31 @@ def test_the_probe_is_the_callers_request_as_sent_plus_a_validator_and_a_one_byt
     assert probe_fields(sent, etag='"abc"') == [*sent, ("If-None-Match", '"abc"'), ("Range", "bytes=0-0")]
 
 
+def test_a_callers_signed_range_and_if_match_stay_and_the_probe_adds_no_range_of_its_own():
+    """boto3's download_file signs each part's Range and If-Match: both go
+    as sent, and the origin evaluates If-Match before the probe's
+    If-None-Match (RFC 9110 §13.2.2), so a 304 still means both hold."""
+    sent = [("Authorization", "AWS4-HMAC-SHA256 Credential=AKIA/x, Signature=ff"), ("Range", "bytes=8388608-16777215"),
+            ("If-Match", '"abc"'), ("x-amz-checksum-mode", "ENABLED")]
+    assert probe_fields(sent, etag='"abc"') == [*sent, ("If-None-Match", '"abc"')]
+    assert asks_own_range(sent) and not asks_own_range(sent[2:])
+    assert not_probeable(name for name, _ in sent) is None
+
+
 def test_no_etag_no_probe():
     """Two versions may share a Last-Modified second: only an ETag vouches for the stored one."""
     assert probe_fields([("Authorization", "Bearer t")], etag=None) is None
 
 
 @pytest.mark.parametrize("names,why", [
-    (["Authorization", "Range"], "request sets Range"),
     (["if-none-match"], "request sets if-none-match"),
-    (["If-Match"], "request sets If-Match"),
+    (["Range", "If-Range"], "request sets If-Range"),
     (["If-Modified-Since"], "request sets If-Modified-Since"),
+    (["If-Match", "If-Unmodified-Since"], "request sets If-Unmodified-Since"),
     (["Authorization", "x-amz-checksum-mode", "User-Agent"], None),
+    (["Authorization", "Range", "If-Match"], None),
 ])
-def test_a_request_that_sets_a_field_the_probe_sets_cannot_become_a_probe(names, why):
+def test_a_request_whose_fields_the_probes_if_none_match_would_change_cannot_become_a_probe(names, why):
     assert not_probeable(names) == why
 
 
