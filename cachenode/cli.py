@@ -74,7 +74,8 @@ def run_cache(args: argparse.Namespace) -> int:
                               "package is not installed: pip install uvloop") from None
         run = uvloop.run
     prepare_data_dir(settings.data_dir)
-    configure(level=settings.log_level, cache_loggers=True)
+    configure(level=settings.log_level, cache_loggers=True,
+              credential_params=[name for o in settings.origins for name in o.credential_params])
     run(serve(settings, ca=ca))
     return 0
 

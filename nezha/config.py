@@ -109,6 +109,10 @@ class Origin(BaseModel):
     # them, stored once, and every read from disk is first authorised by the
     # origin with the caller's own request.
     credentials: Literal["pass", "authorize"] = "pass"
+    # This origin's own credential query parameters (an API's `token=` or
+    # `key=`), beside the signed-URL families every origin knows
+    # (nezha/credentials.py): kept out of keys, metadata, the index and logs.
+    credential_params: tuple[str, ...] = ()
     # Parallel range fills of this origin's large objects (cachenode/fill/parallel.py);
     # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None
@@ -125,6 +129,14 @@ class Origin(BaseModel):
     tls: Literal["terminate", "passthrough"] = "terminate"
     tls_upstream: str | None = None
     ca_bundle: Path | None = None
+
+    @field_validator("credential_params")
+    @classmethod
+    def _credential_params(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not name or any(c in name for c in "=&?# "):
+                raise ValueError(f"credential_params entry {name!r} is not a query parameter name")
+        return v
 
     @field_validator("parallel_fill_threshold", mode="before")
     @classmethod

@@ -108,6 +108,7 @@ class KeyRules(Protocol):
 
     volatile_params: tuple[str, ...]
     credentials: str  # "pass" or "authorize"
+    credential_params: tuple[str, ...]  # the origin's own credential query parameters (nezha/credentials.py)
 
 
 def key_for(target: Target, origin: KeyRules | None) -> str:
@@ -124,7 +125,7 @@ def key_for(target: Target, origin: KeyRules | None) -> str:
         return cache_key(target)
     volatile = origin.volatile_params
     if origin.credentials == "authorize" and target.query:
-        volatile = (*volatile, *credential_names(target.query))
+        volatile = (*volatile, *credential_names(target.query, origin.credential_params))
     return cache_key(target, volatile_params=volatile)
 
 
@@ -137,7 +138,8 @@ def credentials_kept(target: Target, origin: KeyRules | None) -> list[str]:
     if not target.query or (origin is not None and origin.credentials == "authorize"):
         return []  # an authorize origin's keys leave every credential out (key_for)
     volatile = set(origin.volatile_params) if origin is not None else set()
-    return [n for n in credential_names(target.query) if n not in volatile]
+    extra = origin.credential_params if origin is not None else ()
+    return [n for n in credential_names(target.query, extra) if n not in volatile]
 
 
 def target_of(key: str) -> Target:

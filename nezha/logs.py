@@ -10,7 +10,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import structlog
 
@@ -94,17 +94,22 @@ class CollapseRepeats:
 _collapse: CollapseRepeats | None = None
 
 
+# The origins' own credential parameters (`credential_params`), set by configure().
+_credential_params: frozenset[str] = frozenset()
+
+
 def redact_credentials(logger: Any, method: str, event_dict: dict) -> dict:
     """Every string in an event with the credential parameters of the URLs
     in it redacted (nezha/credentials.py): a presigned URL in a request
     line, a cache key or an error message is a bearer credential, and log
     lines are read by more people than the bucket's owner."""
+    extra = _credential_params
     for name, value in event_dict.items():
         if isinstance(value, str):
             if "?" in value:
-                event_dict[name] = redact_text(value)
+                event_dict[name] = redact_text(value, extra)
         elif isinstance(value, (list, tuple)):
-            event_dict[name] = [redact_text(v) if isinstance(v, str) else v for v in value]
+            event_dict[name] = [redact_text(v, extra) if isinstance(v, str) else v for v in value]
     return event_dict
 
 
@@ -115,11 +120,15 @@ def flush_repeats() -> None:
 
 
 def configure(*, level: str = "info", json: bool = True, stream=None, cache_loggers: bool = False,
-              repeat_window: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+              repeat_window: float = 1.0, clock: Callable[[], float] = time.monotonic,
+              credential_params: Iterable[str] = ()) -> None:
     """`cache_loggers` binds each module's logger once, on first use: worth it
     in a server's hot path (rebinding showed in profiles), wrong for commands
-    run in-process by tests, whose output streams come and go."""
-    global _collapse
+    run in-process by tests, whose output streams come and go.
+    `credential_params`: query parameters redacted in every event beside the
+    signed-URL families (the origins' own `credential_params`)."""
+    global _collapse, _credential_params
+    _credential_params = frozenset(n.lower() for n in credential_params)
     lvl = logging.getLevelName(level.upper())
     if not isinstance(lvl, int):
         lvl = logging.INFO

@@ -165,7 +165,7 @@ class Assemblies:
         kept = tuple((n, v) for n, v in stored_pairs(headers)
                      if n.lower() not in _PART_FIELDS and not n.lower().startswith("x-amz-checksum-"))
         policy = response_policy(200, headers, now=now, policy_ttl=origin.default_ttl, private_ok=True)
-        meta = Meta(key=key, url=redact_url(url), host=target.host, size=part.total, headers=kept, stored_at=now,
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=part.total, headers=kept, stored_at=now,
                     expires_at=now + policy.ttl, stale_if_error=0.0, age=current_age(headers, now),
                     stale_while_revalidate=policy.stale_while_revalidate, vary=part.vary, variant=part.variant,
                     authorize=True)

@@ -266,7 +266,7 @@ class FillEngine:
         variant = variant_of(vary, source.headers) if vary else ""
         fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
                     vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
-        meta = Meta(key=key, url=redact_url(url), host=host, size=0, headers=headers, stored_at=now, status=response.status,
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
                     authorize=authorize)

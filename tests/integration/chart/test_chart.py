@@ -291,6 +291,8 @@ def test_origins_and_capacity_reach_the_nodes_settings_file():
     assert [o.host for o in settings.origins] == ["www.cs.toronto.edu", "datasets.example.org"]
     assert settings.origins[0].default_ttl == 86400
     assert settings.origins[1].volatile_params == ("X-Amz-Signature", "X-Amz-Date")
+    assert (settings.origins[1].credentials, settings.origins[1].credential_params) == ("authorize", ("token",))
+    assert (settings.origins[0].credentials, settings.origins[0].credential_params) == ("pass", ())
     # A config change rolls the nodes.
     sts = find(objects, "StatefulSet", "nezha-cache")
     assert sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \

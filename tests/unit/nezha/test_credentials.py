@@ -3,7 +3,7 @@
 import pytest
 
 from nezha.config import Origin
-from nezha.credentials import REDACTED, query_credentials, redact_query, redact_text, redact_url
+from nezha.credentials import REDACTED, credential_names, query_credentials, redact_query, redact_text, redact_url
 from nezha.keys import Target, credentials_kept
 
 
@@ -85,3 +85,27 @@ def test_an_authorize_origin_keys_re_signed_urls_of_one_object_alike_and_keeps_o
     assert credentials_kept(one, authorize) == []
     plain = Origin(host="s3.example", upstream="http://127.0.0.1:1")
     assert key_for(one, plain) != key_for(two, plain)  # pass: such a request is never stored at all
+
+
+def test_an_oauth2_access_token_in_the_query_is_a_credential_for_every_origin():
+    """RFC 6750 §2.3: `access_token` in the URI query is a bearer token (GCS's JSON API accepts it)."""
+    assert credential_names("alt=media&access_token=ya29.secret") == ["access_token"]
+    assert redact_url("/b/o?alt=media&access_token=ya29.secret") == f"/b/o?alt=media&access_token={REDACTED}"
+
+
+def test_an_origins_own_credential_params_are_credentials_whenever_present_in_any_case():
+    from nezha.keys import key_for
+
+    own = Origin(host="api.example", upstream="http://127.0.0.1:1", credential_params=("token",))
+    target = Target("http", "api.example", "/d/shard-0", "rev=2&Token=t0p-secret")
+    assert credentials_kept(target, own) == ["Token"]  # pass: never stored under a key holding it
+    assert credentials_kept(target, None) == []  # unknown elsewhere: no family marks it
+    authorize = own.model_copy(update={"credentials": "authorize"})
+    assert key_for(target, authorize) == "http://api.example/d/shard-0?rev=2"
+    assert redact_url("/d?rev=2&Token=t0p-secret", extra=own.credential_params) == f"/d?rev=2&Token={REDACTED}"
+
+
+@pytest.mark.parametrize("name", ["", "a=b", "x&y", "sp ace"])
+def test_a_credential_param_that_is_no_parameter_name_is_refused(name):
+    with pytest.raises(ValueError, match="credential_params"):
+        Origin(host="api.example", upstream="http://127.0.0.1:1", credential_params=(name,))

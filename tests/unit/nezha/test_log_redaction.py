@@ -20,3 +20,14 @@ def test_a_logged_presigned_url_carries_no_credential_in_any_field():
     assert line["path"] == "/b/k?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&part=2"
     assert line["errors"] == ["origin http://s/b/k?sig=REDACTED&sv=REDACTED refused", 3]
     assert line["status"] == 200
+
+
+def test_an_origins_own_credential_params_given_at_start_up_are_redacted_too():
+    out = io.StringIO()
+    logs.configure(stream=out, credential_params=["Token"])
+    try:
+        structlog.get_logger("test").info("request_completed", path="/d/shard?rev=2&token=t0p-secret")
+    finally:
+        logs.configure(stream=io.StringIO())
+    [line] = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert line["path"] == "/d/shard?rev=2&token=REDACTED"
