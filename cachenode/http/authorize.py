@@ -38,12 +38,23 @@ class Verdict(enum.Enum):
     REFUSED = "refused"  # anything else (401, 403, 404, 5xx...): the caller gets the origin's answer
 
 
+# Authorization schemes whose signature covers If-None-Match and Range
+# whether or not the caller sent them: Azure Storage's Shared Key puts both
+# in the string it signs, so any probe of such a request fails to verify.
+_SIGNS_PROBE_FIELDS = ("sharedkey ",)
+
+
 def not_probeable(headers: Mapping[str, str] | Iterable[str]) -> str | None:
     """Why a caller's request cannot be turned into a probe (it sets a field
-    the probe must set), or None."""
+    the probe must set, or signs the probe's fields even unset), or None.
+    `headers`: the request's fields, or only their names."""
     for name in headers:
         if name.lower() in _PROBE_FIELDS:
             return f"request sets {name}"
+    if isinstance(headers, Mapping):
+        scheme = (headers.get("Authorization") or "").lstrip().lower()
+        if scheme.startswith(_SIGNS_PROBE_FIELDS):
+            return "its Authorization scheme signs If-None-Match and Range (Azure Shared Key)"
     return None
 
 

@@ -41,6 +41,14 @@ def test_a_request_whose_fields_the_probes_if_none_match_would_change_cannot_bec
     assert not_probeable(names) == why
 
 
+def test_an_azure_shared_key_request_cannot_become_a_probe_but_shared_key_lite_and_sigv4_can():
+    """Shared Key's string to sign holds If-None-Match and Range, sent or
+    not; SigV4 checks only the fields it lists, Shared Key Lite neither."""
+    assert "Shared Key" in not_probeable({"Authorization": "SharedKey acct:c2ln", "x-ms-version": "2021-08-06"})
+    assert not_probeable({"Authorization": "SharedKeyLite acct:c2ln"}) is None
+    assert not_probeable({"Authorization": "AWS4-HMAC-SHA256 Credential=AKIA/x, Signature=ff"}) is None
+
+
 @pytest.mark.parametrize("status,expect", [
     (304, Verdict.ALLOWED), (200, Verdict.CHANGED), (206, Verdict.CHANGED), (416, Verdict.CHANGED),
     (401, Verdict.REFUSED), (403, Verdict.REFUSED), (404, Verdict.REFUSED), (412, Verdict.REFUSED),
