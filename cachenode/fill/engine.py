@@ -283,7 +283,8 @@ class FillEngine:
             response.status, response.headers, length, streams=streams,
             threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
         plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=fill.delimited_by_close,
-                              rangeable=validator is not None, client_ranged=source.ranged),
+                              rangeable=validator is not None, client_ranged=source.ranged,
+                              callers_own=authorize and source.peer is None),
                          splice_fills=self.settings.splice_fills,
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)

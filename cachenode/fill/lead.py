@@ -104,6 +104,10 @@ class Body:
     delimited_by_close: bool  # no length and no chunking: only the close ends it (no ranges of it)
     rangeable: bool  # fill/parallel.py found a validator and a length worth parallel ranges
     client_ranged: bool  # the leading client asked for a Range of it
+    # Asked with the leading caller's own credentials (an `authorize`
+    # origin): the origin gets that request as sent, never range requests
+    # the caller did not sign, made in its name, maybe after it expired.
+    callers_own: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,6 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     """How to read `body`: in parallel ranges when it may be, else spliced
     when `splice_fills` is on, else streamed. A client's Range makes a
     parallel fill fetch on demand unless `fill_on_range` says fill it all."""
-    if not body.from_peer and not body.delimited_by_close and body.rangeable:
+    if not body.from_peer and not body.delimited_by_close and body.rangeable and not body.callers_own:
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
     return Plan(How.SPLICED if splice_fills else How.STREAM)

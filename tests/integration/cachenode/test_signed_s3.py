@@ -25,6 +25,7 @@ others, for the credentials they used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -378,16 +379,8 @@ def test_with_credentials_pass_a_signed_read_goes_through_byte_for_byte_and_noth
     key = "pass-mode/shard-5.bin"
     body = os.urandom(MiB)
     world.put(key, body)
-    config = tmp_path / "pass.yaml"
-    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{world.relay.port}\n")
-    node = NodeProcess(tmp_path, None, args=("--config", str(config)))
-    try:
-        async def ready() -> None:
-            async with aiohttp.ClientSession() as session:
-                await node.ready(session)
-
-        asyncio.run(ready())
-        passing = World(s3=world.s3, relay=world.relay, node=node, data_dir=tmp_path / "data", admin=world.admin)
+    with _another_node(world, tmp_path) as passing:
+        node = passing.node
         reader = passing.client(READER.access_key, READER.secret_key)
         for _ in range(2):
             assert read(reader, key) == (body, "bypass")
@@ -399,6 +392,38 @@ def test_with_credentials_pass_a_signed_read_goes_through_byte_for_byte_and_noth
         written = node.out.read_text() + node.err.read_text()
         assert "request_completed" in written
         assert [s for s in USED if s and s in written] == []
+
+
+def test_a_large_cold_object_is_filled_with_the_callers_request_alone_never_in_ranges_made_in_its_name(
+        world, tmp_path):
+    """A node that would fetch a 24 MiB object in four parallel ranges does
+    not for an `authorize` origin: the fill is the caller's request as it
+    signed it, and range requests in its name are requests it never made."""
+    key = "parallel/shard-6.bin"
+    body = os.urandom(24 * MiB)
+    world.put(key, body)
+    with _another_node(world, tmp_path, "    credentials: authorize\n    fill_streams: 4\n"
+                                       "    parallel_fill_threshold: 1MiB\n") as other:
+        reader = other.client(READER.access_key, READER.secret_key)
+        assert read(reader, key) == (body, "miss")
+        _until_stored(other, key, len(body))
+        assert not [e for e in other.node.events() if e.get("event") == "parallel_fill"]
+
+
+@contextlib.contextmanager
+def _another_node(world: World, tmp_path: Path, entry: str = ""):
+    """A second node in front of the same weed, its origin entry `localhost`
+    plus the `entry` lines given (none: credentials: pass)."""
+    config = tmp_path / "other.yaml"
+    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{world.relay.port}\n{entry}")
+    node = NodeProcess(tmp_path, None, args=("--config", str(config)))
+    try:
+        async def ready() -> None:
+            async with aiohttp.ClientSession() as session:
+                await node.ready(session)
+
+        asyncio.run(ready())
+        yield World(s3=world.s3, relay=world.relay, node=node, data_dir=tmp_path / "data", admin=world.admin)
     finally:
         node.stop()
 

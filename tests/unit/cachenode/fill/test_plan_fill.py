@@ -33,3 +33,11 @@ def body(**changes) -> Body:
 def test_a_fill_reads_its_body_the_way_its_facts_and_settings_call_for(given, splice_fills, fill_on_range,
                                                                         expected):
     assert plan_fill(given, splice_fills=splice_fills, fill_on_range=fill_on_range) == expected
+
+
+@pytest.mark.parametrize("splice_fills", [True, False])
+def test_a_fill_asked_with_the_callers_own_credentials_is_never_cut_into_range_requests(splice_fills):
+    """An `authorize` origin's fill is the caller's request as signed: range
+    requests in its name are requests it never made (and may outlive it)."""
+    plan = plan_fill(body(callers_own=True), splice_fills=splice_fills, fill_on_range=True)
+    assert plan == Plan(How.SPLICED if splice_fills else How.STREAM)
