@@ -96,6 +96,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
     relay = None
     if settings.tls_listen is not None:
         table = settings.origin_table
+        parent_tls = None if settings.parent is None else (URL(settings.parent).host, settings.parent_tls_port)
 
         def route_for(name: str) -> Terminate | Relay | None:
             origin = table.get(name)
@@ -103,12 +104,19 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
                 return None
             if leaves is not None and origin.tls == "terminate":
                 return Terminate(leaves.context_for(name))
-            return Relay(*passthrough_target(name, origin.upstream_for("https", name)))
+            direct = passthrough_target(name, origin.upstream_for("https", name))
+            if parent_tls is not None:
+                # A sidecar: its parent's TLS port routes by the same name, and
+                # terminates or passes through as the cluster is set up.
+                return Relay(*parent_tls, fallback=direct)
+            return Relay(*direct)
 
         tls_outcomes = node.metrics.tls_connections
+        fallbacks = node.metrics.parent_fallbacks
         relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
                         connect_timeout=settings.origin_connect_timeout,
                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                        on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
                         adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
@@ -120,7 +128,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
-             request_head_timeout=settings.request_head_timeout)
+             request_head_timeout=settings.request_head_timeout, parent=settings.parent)
     stop = stop_on_signals(stop)
     try:
         await stop.wait()

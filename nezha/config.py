@@ -374,6 +374,14 @@ class CacheSettings(_Base):
     # that is only waiting for a request is closed, else the new one is
     # answered 503 with Retry-After: accepting never stops.
     max_connections: int | None = None
+    # The tier this node asks before the origin (a sidecar's cluster Service,
+    # http://HOST[:PORT]): misses, revalidations and every other request for
+    # a configured origin go there, marked as a child's; a parent that cannot
+    # be reached or answers 5xx is skipped for the origin itself
+    # (cachenode/fill/upstream.py). `parent_tls_port` is where the TLS port
+    # passes connections it does not terminate: the parent's port 443.
+    parent: str | None = None
+    parent_tls_port: int = 443
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -402,6 +410,25 @@ class CacheSettings(_Base):
     def _hostport(cls, v: str | None, info: Any) -> str | None:
         if v is not None:
             parse_hostport(v, field=info.field_name)
+        return v
+
+    @field_validator("parent")
+    @classmethod
+    def _parent(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        u = URL(v)
+        if u.scheme != "http" or not u.host or u.user or u.password or u.query_string or u.fragment \
+                or u.path not in ("", "/"):
+            raise ValueError(f"{v!r} must be http://HOST[:PORT] (the cluster Service; plain HTTP, no path, "
+                             f"no credentials)")
+        return str(u.origin())
+
+    @field_validator("parent_tls_port")
+    @classmethod
+    def _parent_tls_port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError(f"{v} is not a TCP port")
         return v
 
     @field_validator("data_dir")

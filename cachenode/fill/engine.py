@@ -24,7 +24,8 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
-from cachenode.fill.origin import OriginClient, ends_at_close, forwarded_request_headers
+from cachenode.fill.origin import ends_at_close, forwarded_request_headers
+from cachenode.fill.upstream import Upstream
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
@@ -72,7 +73,7 @@ class Peers(Protocol):
 
 
 class FillEngine:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, peers: Peers,
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  replicate: Callable[[Meta, Target], None], clock: Callable[[], float] = time.time) -> None:
@@ -130,12 +131,13 @@ class FillEngine:
         self.spawn(revalidate())
 
     def origin_source(self, url: str, client_headers: Mapping[str, str], *,
-                      drop: frozenset[str] = NOT_FOR_FILLS) -> Source:
+                      drop: frozenset[str] = NOT_FOR_FILLS, route: Target | None = None) -> Source:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone;
-        an `authorize` origin's caller keeps every field it may have signed)."""
+        an `authorize` origin's caller keeps every field it may have signed);
+        through the parent tier when `route` names the target to ask it for."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
-        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers)
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -210,7 +212,7 @@ class FillEngine:
             # a source that stops answering is given up by probing it.
             return await self.peers.ask(source.peer, "GET", source.url, headers=headers,
                                         header_timeout=self.settings.origin_read_timeout)
-        return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what, route=source.route)
 
     @staticmethod
     def _resolve_flight(flight: Flight, outcome: Outcome) -> Outcome:
@@ -272,9 +274,15 @@ class FillEngine:
                     authorize=authorize)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
+        # The parent tier's answer (not the origin's after a fallback): one
+        # stream, like a peer's copy; the parent cuts the origin's into ranges.
+        from_parent = self.origins.answered_by_parent(response)
+        from_parent_bytes = self.metrics.bytes_from_parent
 
         def on_bytes(n: int) -> None:
-            if source.peer is None:
+            if from_parent:
+                from_parent_bytes.inc(n)
+            elif source.peer is None:
                 from_origin.inc(n)
                 self.counts.count(host, bytes_from_origin=n, metrics=False)
 
@@ -282,7 +290,8 @@ class FillEngine:
         validator = parallel_validator(
             response.status, response.headers, length, streams=streams,
             threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
-        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=fill.delimited_by_close,
+        plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
+                              delimited_by_close=fill.delimited_by_close,
                               rangeable=validator is not None, client_ranged=source.ranged,
                               callers_own=authorize and source.peer is None),
                          splice_fills=self.settings.splice_fills,
@@ -294,7 +303,8 @@ class FillEngine:
             ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed)
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
-                               source=source, target=target)
+                               source=source, target=target,
+                               parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
         self._fills[task] = fill
         task.add_done_callback(lambda t: self._fills.pop(t, None))
@@ -302,8 +312,9 @@ class FillEngine:
 
     async def _fill_work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
-                         target: Target) -> Meta:
-        """Read the body as `plan` says into the fill, then store and count it."""
+                         target: Target, parent: str | None = None) -> Meta:
+        """Read the body as `plan` says into the fill, then store and count it;
+        `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
         key, url, host = meta.key, meta.url, meta.host
         started = time.monotonic()
         # A copy from a peer that freezes mid-body fails within seconds, not
@@ -337,8 +348,9 @@ class FillEngine:
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
         self.counts.stored(stored)
         await self.parts.forget(key, why="stored whole by a fill")
-        log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
-                 seconds=round(time.monotonic() - started, 3))
+        named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
+        log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
+                 **({"parent_cache": parent} if parent is not None else {}))
         if source.peer is None:
             self.replicate(stored, target)
         return stored

@@ -61,9 +61,13 @@ class Terminate:
 
 @dataclass(frozen=True)
 class Relay:
-    """Pass the connection untouched to this (host, port)."""
+    """Pass the connection untouched to this (host, port); to `fallback`
+    instead when that cannot be reached (a sidecar's parent tier that is
+    down: its origin then). The ClientHello is only peeked until a
+    connection is made, so the fallback sees the connection from its start."""
     host: str
     port: int
+    fallback: tuple[str, int] | None = None
 
 
 Route = Union[Terminate, Relay]
@@ -122,6 +126,7 @@ class TlsPort:
 
     def __init__(self, route_for: Callable[[str], Route | None], *, hello_timeout: float = 30.0,
                  connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
+                 on_fallback: Callable[[str], None] | None = None,
                  adopt: Callable[[socket.socket, ssl.SSLContext], Awaitable[None]] | None = None,
                  backlog: int = 1024, splice: bool = SPLICE_AVAILABLE, gate: Gate | None = None) -> None:
         self.route_for = route_for
@@ -129,6 +134,7 @@ class TlsPort:
         self.connect_timeout = connect_timeout
         self.adopt = adopt
         self.counts = _Counts(on_outcome)
+        self.on_fallback = on_fallback  # a relay went to its fallback, and why (timeout, unreachable)
         self.backlog = backlog
         self.splice = splice  # relayed bytes move inside the kernel; off: through user space
         # The node's connection cap (cachenode/front/connections.py), shared with the plain port.
@@ -232,7 +238,7 @@ class TlsPort:
                 return True  # the transport that took the socket closed it
             self.counts["terminated"] += 1
             return True
-        await self._relay(conn, client, name, (route.host, route.port))
+        await self._relay(conn, client, name, (route.host, route.port), fallback=route.fallback)
         return False
 
     def _refused(self, client: str, name: str | None, reason: str, *, send: bytes = b"",
@@ -250,14 +256,23 @@ class TlsPort:
         self.counts[outcome] += 1
         return False
 
-    async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int]) -> None:
+    async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int], *,
+                     fallback: tuple[str, int] | None = None) -> None:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 upstream = await _connect(*target)
         except (OSError, TimeoutError) as e:
-            log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
+            if fallback is None:
+                log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
+                            error=f"{type(e).__name__}: {e}"[:300])
+                self.counts["failed"] += 1
+                return
+            reason = "timeout" if isinstance(e, TimeoutError) else "unreachable"
+            log.warning("parent_fallback", reason=reason, parent=f"{target[0]}:{target[1]}", host=name, tls=True,
                         error=f"{type(e).__name__}: {e}"[:300])
-            self.counts["failed"] += 1
+            if self.on_fallback is not None:
+                self.on_fallback(reason)
+            await self._relay(conn, client, name, fallback)
             return
         # The ClientHello is still queued in `conn` (peeked, not read): it goes first.
         started = time.monotonic()

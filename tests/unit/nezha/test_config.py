@@ -38,11 +38,25 @@ def test_origins_from_environment_as_a_comma_list_or_json(monkeypatch, value):
     ({"listen": "nohostport"}, "listen must be HOST:PORT"),
     ({"capacity": "lots"}, "not a size"),
     ({"replicas": 0}, "replicas (0) must be at least 1"),
+    ({"origins": ["x.example=http://a"], "parent": "https://nezha-cache"}, "must be http://HOST[:PORT]"),
+    ({"origins": ["x.example=http://a"], "parent": "http://nezha-cache/some/path"}, "no path"),
+    ({"origins": ["x.example=http://a"], "parent": "http://u:p@nezha-cache"}, "no credentials"),
+    ({"origins": ["x.example=http://a"], "parent_tls_port": 0}, "is not a TCP port"),
 ])
 def test_bad_settings_are_one_config_error_naming_the_field(flags, message):
     with pytest.raises(ConfigError) as e:
         load(CacheSettings, flags=flags)
     assert message in str(e.value)
+
+
+def test_the_parent_comes_from_the_flag_the_environment_or_the_file(tmp_path, monkeypatch):
+    cfg = tmp_path / "nezha.yaml"
+    cfg.write_text("parent: http://from-file:8080\norigins: [x.example=http://a]\n")
+    assert load(CacheSettings, config_file=cfg).parent == "http://from-file:8080"
+    monkeypatch.setenv("NEZHA_PARENT", "http://nezha-cache.datasets.svc:80/")
+    assert load(CacheSettings, config_file=cfg).parent == "http://nezha-cache.datasets.svc"
+    assert load(CacheSettings, config_file=cfg, flags={"parent": "http://10.0.0.7:8080"}).parent == "http://10.0.0.7:8080"
+    assert load(CacheSettings, config_file=cfg).parent_tls_port == 443
 
 
 def test_missing_config_file_is_named(tmp_path):
