@@ -16,6 +16,11 @@ rules it follows, each a row in tests/unit/cachenode/fill/test_parent.py.
 - A parent that is down was tried within the last RECHECK_AFTER seconds
   is not tried again until then: a black-holed Service would otherwise add
   its connect timeout to every miss.
+- A request that already passed through this node (its own Via entry in
+  Via) and is not a child's is a loop: in a training pod the origin's name
+  resolves to the sidecar itself (hostAliases), so a sidecar's request
+  "to the origin" can arrive back at it. It is refused (508), never
+  joined to the very fill that is waiting for it.
 - A 5xx from the parent sends the request to the origin, unless the parent
   says it passed that 5xx on from the origin (X-Nezha-Cache `pass`,
   `bypass` or `denied`): asking the origin again would double the load on
@@ -48,6 +53,17 @@ class Fallback(enum.StrEnum):
 def asks_parent(*, has_parent: bool, scheme: str, from_child: bool) -> bool:
     """Whether a request for a configured origin goes to the parent."""
     return has_parent and scheme == "http" and not from_child
+
+
+def looped(via_fields: list[str], own_via: str, *, from_child: bool) -> bool:
+    """Whether a request with these Via fields already went through the
+    node whose entry is `own_via` ("1.1 node-id"). A child's request is not
+    judged: a child and its parent may share a default identity."""
+    if from_child:
+        return False
+    entries = (entry.strip() for field in via_fields for entry in field.split(","))
+    # An entry may carry a comment after the pseudonym: "1.1 node (Nezha)".
+    return any(" ".join(e.split()[:2]) == own_via for e in entries)
 
 
 def answer_fallback(status: int, cache_value: str | None) -> Fallback | None:

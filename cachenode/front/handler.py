@@ -32,6 +32,7 @@ from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Kind
+from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import PARENT_ROUTE, access, parent_route
 from cachenode.front.authorized import AuthorizedReads
@@ -49,7 +50,7 @@ from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
 from nezha.ring import Peer
-from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
+from nezha.wire import ADMIN_PATHS, FROM_CHILD_HEADER, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -105,6 +106,13 @@ class Handler:
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         url = origin.upstream_for(target.scheme, target.host) + target.path_qs
         access(request).key = key
+        if looped(request.headers.getall("Via", []), self.respond.via,
+                  from_child=FROM_CHILD_HEADER in request.headers):
+            access(request).cache = CacheOutcome.REFUSED
+            log.error("request_looped", host=target.host, via=request.headers.getall("Via", [])[:3])
+            return web.Response(status=508, reason="Loop Detected", text=(
+                f"this request for {target.host} already passed through {self.node_id}: the origin's name "
+                f"resolves back to this node (an aliased host without a reachable upstream?)\n"))
         # Every origin request this one makes goes the same way: a child's
         # to its parent tier, a parent's (for a child) to the origin.
         if (route := self.upstream.route_for(target, request.headers)) is not None:

@@ -225,3 +225,22 @@ async def test_a_node_with_a_parent_runs_without_an_index(make_node, origin, ses
         text = await r.text()
     assert 'nezha_requests_total{cache="hit"} 1.0' in text
     assert f"nezha_bytes_from_parent_total {float(len(BODY))}" in text
+
+
+async def test_a_sidecar_whose_origin_name_resolves_to_itself_answers_508_instead_of_waiting_on_itself(
+        node_process, session):
+    """In a training pod the origin's name is aliased to the sidecar: with the
+    parent down, its request "to the origin" comes back to it. That loop is
+    named at once (508), not joined to the fill that waits for it."""
+    port = free_port()
+    # `localhost` stands for the aliased name: it resolves to the node itself.
+    node = node_process(None, port=port, args=("--origin", f"localhost=http://localhost:{port}",
+                                               "--parent", f"http://127.0.0.1:{free_port()}", "--node-id", "sidecar"))
+    await node.ready(session)
+    async with session.get(f"http://127.0.0.1:{port}/data.bin", headers={"Host": "localhost"}) as r:
+        body = await r.text()
+        assert r.status == 508
+    assert "resolves back to this node" in body
+    events = node.events()
+    assert [e["reason"] for e in events if e["event"] == "parent_fallback"] == ["unreachable"]
+    assert [e["event"] for e in events if e["event"] == "request_looped"] == ["request_looped"]

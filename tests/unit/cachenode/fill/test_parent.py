@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cachenode.fill.parent import RECHECK_AFTER, Fallback, ParentHealth, answer_fallback, asks_parent, may_retry_on_origin
+from cachenode.fill.parent import (RECHECK_AFTER, Fallback, ParentHealth, answer_fallback, asks_parent, looped,
+                                   may_retry_on_origin)
 
 
 @pytest.mark.parametrize("has_parent, scheme, from_child, expected", [
@@ -61,3 +62,17 @@ def test_a_parent_that_failed_is_skipped_until_recheck_after_then_tried_again():
     health.failed(200.0)
     health.answered()
     assert not health.skip(200.0)
+
+
+@pytest.mark.parametrize("via, from_child, expected", [
+    ([], False, False),
+    (["1.1 client-proxy"], False, False),
+    (["1.1 sidecar"], False, True),
+    (["1.0 corp, 1.1 sidecar (Nezha)"], False, True),
+    (["1.1 corp", "1.1  sidecar"], False, True),
+    (["1.1 sidecar-2"], False, False),
+    # A child's request is not judged: child and parent may share a default identity.
+    (["1.1 sidecar"], True, False),
+])
+def test_a_request_that_already_passed_through_this_node_is_a_loop(via, from_child, expected):
+    assert looped(via, "1.1 sidecar", from_child=from_child) is expected
