@@ -382,6 +382,14 @@ class CacheSettings(_Base):
     # passes connections it does not terminate: the parent's port 443.
     parent: str | None = None
     parent_tls_port: int = 443
+    # How origin names are resolved: `system` (getaddrinfo: /etc/hosts, then
+    # DNS) or `dns` (the nameservers, search list and ndots of
+    # /etc/resolv.conf, never /etc/hosts; cachenode/fill/dns_resolver.py).
+    # Unset: `dns` on a node with a parent, whose pod's /etc/hosts maps the
+    # origins' names to the sidecar itself; else `system`. `origin_nameservers`
+    # (HOST[:PORT], port 53 by default) replace resolv.conf's nameservers.
+    origin_resolver: Literal["system", "dns"] | None = None
+    origin_nameservers: list[str] = Field(default_factory=list)
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -423,6 +431,18 @@ class CacheSettings(_Base):
             raise ValueError(f"{v!r} must be http://HOST[:PORT] (the cluster Service; plain HTTP, no path, "
                              f"no credentials)")
         return str(u.origin())
+
+    @field_validator("origin_nameservers")
+    @classmethod
+    def _nameservers(cls, v: list[str]) -> list[str]:
+        for server in v:
+            parse_hostport(server if ":" in server else f"{server}:53", field="origin_nameservers")
+        return v
+
+    @property
+    def origin_dns(self) -> bool:
+        """Origin names are asked of nameservers, never /etc/hosts (origin_resolver)."""
+        return self.origin_resolver == "dns" or (self.origin_resolver is None and self.parent is not None)
 
     @field_validator("parent_tls_port")
     @classmethod

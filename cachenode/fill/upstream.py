@@ -63,7 +63,9 @@ class Upstream:
 
     def answered_by_parent(self, response: aiohttp.ClientResponse) -> bool:
         """Whether `response` came from the parent (and not from the origin after a fallback)."""
-        return self.parent is not None and response.url.origin() == self.parent
+        u = response.url  # compared by parts: yarl tells "http://h" from "http://h:80"
+        return self.parent is not None and (u.scheme, u.host, u.port) == (
+            self.parent.scheme, self.parent.host, self.parent.port)
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
                       route: Target | None = None, data: object = None) -> aiohttp.ClientResponse:

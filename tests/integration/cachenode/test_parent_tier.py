@@ -220,6 +220,7 @@ async def test_a_node_with_a_parent_runs_without_an_index(make_node, origin, ses
     child = await make_node(data_dir=tmp_path / "child", parent=parent.url)
     assert child.node.index is None
     await child.get(session, "/data.bin")
+    await child.node.settled()
     await child.get(session, "/data.bin")
     async with session.get(child.url + "/metrics") as r:
         text = await r.text()
@@ -228,13 +229,17 @@ async def test_a_node_with_a_parent_runs_without_an_index(make_node, origin, ses
 
 
 async def test_a_sidecar_whose_origin_name_resolves_to_itself_answers_508_instead_of_waiting_on_itself(
-        node_process, session):
+        node_process, session, tmp_path):
     """In a training pod the origin's name is aliased to the sidecar: with the
     parent down, its request "to the origin" comes back to it. That loop is
     named at once (508), not joined to the fill that waits for it."""
     port = free_port()
-    # `localhost` stands for the aliased name: it resolves to the node itself.
-    node = node_process(None, port=port, args=("--origin", f"localhost=http://localhost:{port}",
+    # `localhost` stands for the aliased name: it resolves to the node itself
+    # through /etc/hosts, which the system resolver reads (the default with a
+    # parent asks nameservers instead: test_parent_dns.py).
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("origin_resolver: system\n")
+    node = node_process(None, port=port, args=("--origin", f"localhost=http://localhost:{port}", "--config", str(config),
                                                "--parent", f"http://127.0.0.1:{free_port()}", "--node-id", "sidecar"))
     await node.ready(session)
     async with session.get(f"http://127.0.0.1:{port}/data.bin", headers={"Host": "localhost"}) as r:

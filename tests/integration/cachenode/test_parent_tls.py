@@ -14,7 +14,7 @@ import ssl
 
 from testkit.ports import free_port
 from testkit.tools import unavailable
-from tests.integration.cachenode.conftest import header_line
+from tests.integration.cachenode.conftest import header_line, until
 from tests.integration.cachenode.test_tls_termination import (BODY, NAME, https_get, https_origin, nezha_ca,
                                                               node_config, public_ca, tls_node)
 
@@ -54,6 +54,8 @@ async def test_unmodified_curl_through_the_sidecar_reaches_the_terminating_paren
         assert f"x-nezha-cache: {expected}".encode() in headers.lower()  # the parent's: it terminated
         assert out.read_bytes() == BODY
     assert https_origin.gets == ["/data.bin"]
+    # Each connection's line is written once it ends, which may be just after curl exits.
+    await until(lambda: len([e for e in child.events() if e["event"] == "tls_relayed"]) >= 2)
     relayed = [e for e in child.events() if e["event"] == "tls_relayed"]
     assert [e["target"] for e in relayed] == [f"127.0.0.1:{parent.tls_port}"] * 2
     assert not (child.data_dir / "leaves").exists()  # the sidecar never holds a key for a name
@@ -73,6 +75,7 @@ async def test_with_the_parents_tls_port_down_the_sidecar_passes_tls_to_the_orig
     assert head.startswith(b"HTTP/1.1 200") and hashlib.sha256(body).digest() == hashlib.sha256(BODY).digest()
     assert header_line(head, b"X-Nezha-Cache") is None  # the origin itself answered
     assert https_origin.gets == ["/data.bin"]
+    await until(lambda: any(e["event"] == "tls_relayed" for e in child.events()))
     fallbacks = [e for e in child.events() if e["event"] == "parent_fallback"]
     assert [(e["reason"], e["tls"]) for e in fallbacks] == [("unreachable", True)]
     async with session.get(f"http://127.0.0.1:{child.port}/metrics") as r:
