@@ -26,7 +26,7 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_f
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
-from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
+from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, partial_mismatch, plain_rest
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
 from cachenode.http.vary import variant as variant_of
@@ -278,9 +278,10 @@ class FillEngine:
         # stream, like a peer's copy; the parent cuts the origin's into ranges.
         from_parent = self.origins.answered_by_parent(response)
         from_parent_bytes = self.metrics.bytes_from_parent
+        reading = {"parent": from_parent}  # until the parent breaks off and the origin sends the rest
 
         def on_bytes(n: int) -> None:
-            if from_parent:
+            if reading["parent"]:
                 from_parent_bytes.inc(n)
             elif source.peer is None:
                 from_origin.inc(n)
@@ -302,8 +303,9 @@ class FillEngine:
             assert validator is not None
             ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed)
+        rest = self._rest_from_origin(response, source, reading) if from_parent else None
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
-                               source=source, target=target,
+                               source=source, target=target, rest=rest,
                                parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
         self._fills[task] = fill
@@ -312,7 +314,8 @@ class FillEngine:
 
     async def _fill_work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
-                         target: Target, parent: str | None = None) -> Meta:
+                         target: Target, parent: str | None = None,
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
         """Read the body as `plan` says into the fill, then store and count it;
         `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
         key, url, host = meta.key, meta.url, meta.host
@@ -322,7 +325,7 @@ class FillEngine:
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
         try:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
-                                           on_bytes=on_bytes)
+                                           on_bytes=on_bytes, rest=rest)
         except NotStored:
             raise  # streamed whole to its clients, only not stored: not a failed fill
         except NezhaError:
@@ -356,7 +359,10 @@ class FillEngine:
         return stored
 
     async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
-                         plan: Plan, ranged, on_bytes: Callable[[int], None]) -> Meta:
+                         plan: Plan, ranged, on_bytes: Callable[[int], None],
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+        """`rest(offset, error)`: where the body goes on when the response
+        breaks off after `offset` bytes (a parent's: the origin); None: it fails."""
         superseded = lambda: flight.superseded  # noqa: E731
         if plan.how is How.PARALLEL:
             fetch, fallback = ranged
@@ -368,13 +374,69 @@ class FillEngine:
                                           on_bytes=on_bytes, superseded=superseded)
 
         async def body() -> AsyncIterator[bytes]:
+            got = 0
             try:
                 async for chunk in response.content.iter_chunked(FILL_READ):
+                    got += len(chunk)
                     yield chunk
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                if rest is None:
+                    raise
+                broke: BaseException = e
             finally:
                 response.release()
+            async for chunk in rest(got, broke):
+                yield chunk
 
         return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
+
+    def _rest_from_origin(self, response: aiohttp.ClientResponse, source: Source,
+                          reading: dict[str, bool]) -> Callable[[int, BaseException], AsyncIterator[bytes]] | None:
+        """How a fill from the parent goes on when the parent breaks off
+        mid-body (a cluster pod restarted): the rest of the same
+        representation from the origin, by Range + If-Range on its
+        validator, checked as a parallel fill checks its ranges. None when
+        the answer has no length or validator to resume by."""
+        length = response.content_length
+        etag = response.headers.get("ETag")
+        strong = etag if etag is not None and not etag.startswith("W/") else None
+        last_modified = response.headers.get("Last-Modified")
+        if response.status != 200 or length is None or (strong is None and last_modified is None):
+            return None
+        # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
+        validator = Validator(etag=strong, last_modified=None if strong is not None else last_modified)
+
+        async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
+            if offset >= length:
+                return  # every byte came: whatever broke came after the body
+            self.origins.broke_off(source.route, offset, error)
+            reading["parent"] = False
+            headers = CIMultiDict(source.headers)
+            headers["Range"] = f"bytes={offset}-{length - 1}"
+            headers["If-Range"] = validator.if_range
+            answer = await self.origins.client.request("GET", source.url, headers=headers, what=source.what)
+            try:
+                skip = 0
+                why = partial_mismatch(answer.status, answer.headers, first=offset, last=length - 1, total=length,
+                                       validator=validator)
+                if why is not None and answer.status == 200 and answer.content_length == length \
+                        and validator.mismatch(answer.headers) is None:
+                    why, skip = None, offset  # an origin that ignores Range: the whole object, the head skipped
+                if why is not None:
+                    raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
+                                      f"the origin's rest cannot be joined on ({why}): nothing is stored")
+                async for chunk in answer.content.iter_chunked(FILL_READ):
+                    if skip:
+                        if len(chunk) <= skip:
+                            skip -= len(chunk)
+                            continue
+                        chunk, skip = chunk[skip:], 0
+                    yield chunk
+            finally:
+                answer.release()
+
+        return rest
 
     def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,

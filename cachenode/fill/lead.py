@@ -110,7 +110,9 @@ class Body:
     callers_own: bool = False
     # The parent tier's answer (`--parent`): one stream too, since the parent
     # fetches the origin's in ranges itself, and its ranges would be asked of
-    # a tier whose answer to each may come from elsewhere (a fallback).
+    # a tier whose answer to each may come from elsewhere (a fallback). Read
+    # through aiohttp's reader, never spliced: if the parent breaks off
+    # mid-body, the rest is asked of the origin and joined on in Python.
     from_parent: bool = False
 
 
@@ -127,4 +129,4 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills else How.STREAM)
+    return Plan(How.SPLICED if splice_fills and not body.from_parent else How.STREAM)

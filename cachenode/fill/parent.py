@@ -48,6 +48,7 @@ class Fallback(enum.StrEnum):
     TIMEOUT = "timeout"  # no connection or no answer within the timeouts
     ERROR_STATUS = "5xx"  # the parent answered 5xx of its own
     DOWN = "down"  # it failed within RECHECK_AFTER: not tried
+    BROKEN = "broken"  # its answer broke off mid-body: the rest came from the origin
 
 
 def asks_parent(*, has_parent: bool, scheme: str, from_child: bool) -> bool:

@@ -102,6 +102,11 @@ class Upstream:
         self._fell_back(reason, route, f"it answered {response.status}")
         return await self.client.request(method, url, headers=headers, what=what, data=data)
 
+    def broke_off(self, route: Target | None, offset: int, error: BaseException) -> None:
+        """The parent's answer ended after `offset` body bytes; the fill asks the origin for the rest."""
+        if route is not None:
+            self._fell_back(Fallback.BROKEN, route, f"after {offset} bytes: {type(error).__name__}: {error}")
+
     def _fell_back(self, reason: Fallback, route: Target, why: str) -> None:
         self._metrics.parent_fallbacks.labels(reason=reason.value).inc()
         log.warning("parent_fallback", reason=reason.value, parent=str(self.parent), host=route.host,

@@ -6,8 +6,10 @@ a parent node, the parent with the counting origin (tests/support_origin.py).
 
 from __future__ import annotations
 
+import asyncio
 import os
 
+import aiohttp
 from aiohttp import web
 from structlog.testing import capture_logs
 
@@ -249,3 +251,62 @@ async def test_a_sidecar_whose_origin_name_resolves_to_itself_answers_508_instea
     events = node.events()
     assert [e["reason"] for e in events if e["event"] == "parent_fallback"] == ["unreachable"]
     assert [e["event"] for e in events if e["event"] == "request_looped"] == ["request_looped"]
+
+
+async def broken_parent(aiohttp_server, origin, path: str, *, after: int, etag: str | None = None):
+    """A parent that answers `path` as the origin would, then dies after `after` body bytes (a pod restarted)."""
+    body = origin.files[path]
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"ETag": etag or origin.etags[path], "X-Nezha-Cache": "hit",
+                                           "Cache-Control": "max-age=3600"})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[:after])
+        await asyncio.sleep(0.05)
+        request.transport.close()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    return await aiohttp_server(app, host="127.0.0.1")
+
+
+async def test_a_parent_that_breaks_off_mid_body_is_finished_by_the_origin(make_node, origin, session, tmp_path,
+                                                                          aiohttp_server):
+    origin.put("/data.bin", BODY)
+    parent = await broken_parent(aiohttp_server, origin, "/data.bin", after=100_000)
+    child = await make_node(data_dir=tmp_path / "child", parent=f"http://127.0.0.1:{parent.port}")
+
+    with capture_logs() as logs:
+        status, headers, body = await child.get(session, "/data.bin")
+        await child.node.settled()
+    assert (status, body) == (200, BODY)
+    assert origin.requests["/data.bin"] == 1
+    assert origin.request_headers[0]["Range"] == f"bytes=100000-{len(BODY) - 1}"
+    assert origin.request_headers[0]["If-Range"] == origin.etags["/data.bin"]
+    assert sample(child, "nezha_parent_fallbacks_total", reason="broken") == 1
+    assert sample(child, "nezha_bytes_from_parent_total") == 100_000
+    assert sample(child, "nezha_bytes_from_origin_total") == len(BODY) - 100_000
+    [event] = [e for e in logs if e["event"] == "parent_fallback"]
+    assert event["reason"] == "broken" and "after 100000 bytes" in event["error"]
+    assert (await child.get(session, "/data.bin"))[1]["X-Nezha-Cache"] == "hit"  # stored whole
+
+
+async def test_a_parent_that_broke_off_with_another_version_than_the_origins_stores_nothing(
+        make_node, origin, session, tmp_path, aiohttp_server):
+    origin.put("/data.bin", BODY)
+    parent = await broken_parent(aiohttp_server, origin, "/data.bin", after=100_000, etag='"older"')
+    child = await make_node(data_dir=tmp_path / "child", parent=f"http://127.0.0.1:{parent.port}")
+
+    with capture_logs() as logs:
+        async with session.get(child.url + "/data.bin", headers={"Host": HOST}) as r:
+            assert r.status == 200
+            try:
+                got = await r.read()
+            except aiohttp.ClientPayloadError:
+                got = None
+        await child.node.settled()
+    assert got is None  # an error, never a body of two versions that looks complete
+    assert len(child.node.store) == 0
+    assert any("cannot be joined on" in str(e.get("error", "")) for e in logs)
