@@ -310,3 +310,19 @@ async def test_a_parent_that_broke_off_with_another_version_than_the_origins_sto
     assert got is None  # an error, never a body of two versions that looks complete
     assert len(child.node.store) == 0
     assert any("cannot be joined on" in str(e.get("error", "")) for e in logs)
+
+
+async def test_a_parent_serves_its_childrens_hits_on_its_fast_path(make_node, origin, session, tmp_path):
+    origin.put("/data.bin", BODY)
+    parent = await make_node(data_dir=tmp_path / "parent")
+    first = await make_node(data_dir=tmp_path / "first", parent=parent.url)
+    second = await make_node(data_dir=tmp_path / "second", parent=parent.url)
+    assert (await first.get(session, "/data.bin"))[2] == BODY
+    await parent.node.settled()
+
+    with capture_logs() as logs:
+        status, _, body = await second.get(session, "/data.bin")
+        await until(lambda: sum(e["event"] == "request_completed" for e in logs) >= 2)
+    assert (status, body) == (200, BODY)
+    [at_parent] = [e for e in logs if e["event"] == "request_completed" and e.get("fast")]
+    assert at_parent["cache"] == "hit"
