@@ -109,5 +109,8 @@ class Upstream:
 
     def _fell_back(self, reason: Fallback, route: Target, why: str) -> None:
         self._metrics.parent_fallbacks.labels(reason=reason.value).inc()
-        log.warning("parent_fallback", reason=reason.value, parent=str(self.parent), host=route.host,
-                    path=redact_url(route.path_qs)[:300], error=why[:300])
+        # While the parent is known down every miss says so: counted, logged
+        # at debug; the failure itself is a warning once per RECHECK_AFTER.
+        emit = log.debug if reason is Fallback.DOWN else log.warning
+        emit("parent_fallback", reason=reason.value, parent=str(self.parent), host=route.host,
+             path=redact_url(route.path_qs)[:300], error=why[:300])
