@@ -102,6 +102,10 @@ class Upstream:
         self._fell_back(reason, route, f"it answered {response.status}")
         return await self.client.request(method, url, headers=headers, what=what, data=data)
 
+    def received_from_parent(self, n: int) -> None:
+        """Body bytes of a pass-through answer the parent sent (nezha_bytes_from_parent)."""
+        self._metrics.bytes_from_parent.inc(n)
+
     def broke_off(self, route: Target | None, offset: int, error: BaseException) -> None:
         """The parent's answer ended after `offset` body bytes; the fill asks the origin for the rest."""
         if route is not None:

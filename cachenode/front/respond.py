@@ -500,6 +500,9 @@ class Responder:
                 break_connection(request)
             # Stats go by the origin's configured host, not the upstream URL's.
             host = access(request).host or host_of(url)
+            if self.origins.answered_by_parent(response):
+                self.origins.received_from_parent(received)  # the parent's bytes, not an origin's
+                received = 0
             if gone:
                 self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
                                   bytes_from_origin=received)

@@ -199,6 +199,9 @@ async def test_bypass_requests_go_to_the_parent_unchanged(make_node, origin, ses
     assert requests_to(parent) == 1
     assert origin.request_headers[0]["Authorization"] == "Bearer abc"
     assert len(parent.node.store) == 0 and len(child.node.store) == 0
+    assert sample(child, "nezha_bytes_from_parent_total") == len(b"mine")
+    assert sample(child, "nezha_bytes_from_origin_total") == 0
+    assert sample(parent, "nezha_bytes_from_origin_total") == len(b"mine")
 
 
 async def test_a_large_object_from_the_parent_is_one_stream(make_node, origin, session, tmp_path):
