@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Callable
 
 import structlog
+from aiohttp import web
 from yarl import URL
 
 from cachenode.front.connections import raise_open_files_limit
-from cachenode.front.listener import Listener
+from cachenode.front.listener import Listener, build_admin_app
 from cachenode.tls.certificates import Leaves, load_ca
 from cachenode.metrics import Metrics
 from cachenode.fill.dns_resolver import NameserverResolver
@@ -140,7 +141,20 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         except OSError as e:
             await listener.close()
             raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
-    log.info("node_listening", listen=settings.listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
+    admin = None
+    if settings.admin_listen is not None:
+        admin = web.AppRunner(build_admin_app(node), access_log=None, handle_signals=False)
+        await admin.setup()
+        admin_host, admin_port = parse_hostport(settings.admin_listen, field="admin_listen")
+        try:
+            await web.TCPSite(admin, admin_host, admin_port).start()
+        except OSError as e:
+            await admin.cleanup()
+            if relay is not None:
+                await relay.close()
+            await listener.close()
+            raise RunError(f"cannot listen on {settings.admin_listen} (--admin-listen): {e.strerror or e}") from e
+    log.info("node_listening", listen=settings.listen, admin_listen=settings.admin_listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
@@ -152,6 +166,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         await node.leave()
     finally:
         log.info("node_stopping", listen=settings.listen)
+        if admin is not None:
+            await admin.cleanup()
         if relay is not None:
             await relay.close()
         await listener.close()

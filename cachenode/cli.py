@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "when the parent cannot be reached or answers 5xx (default: none, the origin)")
     p.add_argument("--parent-tls-port", type=int, help="the parent's TLS port, where --tls-listen passes the "
                    "connections it does not terminate, by their server name (default 443)")
+    p.add_argument("--admin-listen", help="HOST:PORT answering /healthz, /readyz and /metrics only, for probes "
+                   "and scraping when --listen is on loopback, as a sidecar's is (default: none)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -65,7 +67,7 @@ def run_cache(args: argparse.Namespace) -> int:
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "parent",
-               "parent_tls_port", "log_level"]))
+               "parent_tls_port", "admin_listen", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

@@ -390,6 +390,10 @@ class CacheSettings(_Base):
     # (HOST[:PORT], port 53 by default) replace resolv.conf's nameservers.
     origin_resolver: Literal["system", "dns"] | None = None
     origin_nameservers: list[str] = Field(default_factory=list)
+    # HOST:PORT answering /healthz, /readyz and /metrics only: a sidecar's data
+    # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
+    # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
+    admin_listen: str | None = None
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -413,7 +417,7 @@ class CacheSettings(_Base):
             raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
         return v
 
-    @field_validator("listen", "advertise", "tls_listen")
+    @field_validator("listen", "advertise", "tls_listen", "admin_listen")
     @classmethod
     def _hostport(cls, v: str | None, info: Any) -> str | None:
         if v is not None:

@@ -268,6 +268,10 @@ class Handler:
             return False
         return host_header.rsplit(":", 1)[0].lower().rstrip(".") in self._table
 
+    async def admin(self, request: web.Request) -> web.Response:
+        """/healthz, /readyz or /metrics (`request.raw_path`), also for the admin port."""
+        return await self._admin(request)
+
     async def _admin(self, request: web.Request) -> web.Response:
         access(request).cache = "admin"
         if request.raw_path == "/healthz":

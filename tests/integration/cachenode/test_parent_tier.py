@@ -329,3 +329,23 @@ async def test_a_parent_serves_its_childrens_hits_on_its_fast_path(make_node, or
     assert (status, body) == (200, BODY)
     [at_parent] = [e for e in logs if e["event"] == "request_completed" and e.get("fast")]
     assert at_parent["cache"] == "hit"
+
+
+async def test_a_sidecar_on_loopback_answers_probes_and_scrapes_on_its_admin_port_and_nothing_else(
+        node_process, origin, session):
+    """The kubelet probes, and Prometheus scrapes, the pod's IP: the data port on 127.0.0.1 is out of their reach."""
+    origin.put("/data.bin", BODY)
+    admin = free_port()
+    node = node_process(origin.url, args=("--parent", f"http://127.0.0.1:{free_port()}",
+                                          "--admin-listen", f"127.0.0.1:{admin}"))
+    await node.ready(session)
+    async with session.get(f"http://127.0.0.1:{admin}/readyz") as r:
+        assert r.status == 200 and (await r.json())["ready"] is True
+    async with session.get(f"http://127.0.0.1:{node.port}/data.bin", headers={"Host": HOST}) as r:
+        assert await r.read() == BODY
+    async with session.get(f"http://127.0.0.1:{admin}/metrics") as r:
+        assert r.status == 200
+        assert 'nezha_parent_fallbacks_total{reason="unreachable"} 1.0' in await r.text()
+    async with session.get(f"http://127.0.0.1:{admin}/data.bin", headers={"Host": HOST}) as r:
+        assert r.status == 404  # never an object, whatever the Host
+    assert origin.requests["/data.bin"] == 1
