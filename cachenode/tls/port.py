@@ -109,6 +109,7 @@ class _Held:
         self.waiting_since = time.monotonic()
         self.task: asyncio.Task | None = None
         self.reclaimed = False
+        self.started = False  # its task began (and so closes the socket itself unless it hands it on)
 
     def reclaim(self) -> None:
         self.reclaimed = True
@@ -191,8 +192,13 @@ class TlsPort:
             held.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # A connection reclaimed before its task ran (one accept burst
+            # admits many) is cancelled without `_accepted`'s finally: the
+            # socket would stay open, holding the client, until the GC.
+            task.add_done_callback(lambda _, c=conn, h=held: None if h.started else c.close())
 
     async def _accepted(self, conn: socket.socket, addr: tuple, held: "_Held") -> None:
+        held.started = True
         client = f"{addr[0]}:{addr[1]}" if addr else "?"
         handed_on = False
         try:
