@@ -57,13 +57,13 @@ class Counts:
         """A fill committed `meta` to the store."""
         self.update_store_gauges()
         self.count(meta.host, objects=1, bytes_stored=meta.size)
-        if self.index is not None:
+        if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
             self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.size)
 
     def gone(self, meta: Meta, **extra: int) -> None:
         """An object left the store (evicted, invalidated, replaced, lost)."""
         self.count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
-        if self.index is not None:
+        if self.index is not None and not meta.hot:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self.update_store_gauges()
 

@@ -38,6 +38,9 @@ class Source:
     ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
     # The target to ask the node's parent tier for instead of `url` (cachenode/fill/upstream.py); None: `url`.
     route: Target | None = None
+    # A hot copy (from a peer, for a node that does not own the key): stored
+    # marked so (`Meta.hot`), within the store's hot share.
+    hot: bool = False
 
 
 class Kind(enum.Enum):
