@@ -142,3 +142,27 @@ async def test_hot_copies_stay_within_the_hot_share_least_recently_used_evicted(
     await nodes[reader].node.settled()
     assert key_of(big) not in store
     assert (await nodes[reader].get(session, big))[1]["X-Nezha-Cache"] == "peer-hit"
+
+
+async def test_an_authorize_origins_object_is_never_hot_copied_each_read_asks_the_origin(aiohttp_server, cluster,
+                                                                                         session):
+    """In this slice a private object stays on its owners: each read through a non-owner is relayed, and
+    the owner has the origin authorise it (docs/private-objects.md)."""
+    from nezha.config import Origin
+    from tests.support_bearer import BODY as PRIVATE, GOOD, PATH as PRIVATE_PATH, serve_bearer
+
+    bearer = await serve_bearer(aiohttp_server)
+    upstream = str(bearer.server.make_url("")).rstrip("/")
+    nodes, _ = await cluster(2, hot_reads=2,
+                             origins=[Origin(host=HOST, upstream=upstream, credentials="authorize")])
+    (owner,), (reader,) = owner_and_other(nodes, PRIVATE_PATH)
+    labels = []
+    for _ in range(6):
+        status, headers, body = await nodes[reader].get(session, PRIVATE_PATH,
+                                                        headers={"Authorization": f"Bearer {GOOD}"})
+        assert status == 200 and body == PRIVATE
+        labels.append(headers["X-Nezha-Cache"])
+        await nodes[reader].node.settled()
+    assert labels == ["peer-miss"] + ["peer-authorized"] * 5
+    assert len(nodes[reader].node.store) == 0
+    assert bearer.authorizations == [f"Bearer {GOOD}"] * 6
