@@ -27,7 +27,7 @@ from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, parallel_validator, partial_mismatch,
-                                     plain_rest)
+                                     plain_rest, skip_first)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
 from cachenode.http.vary import variant as variant_of
@@ -432,12 +432,7 @@ class FillEngine:
                 if why is not None:
                     raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
                                       f"the origin's rest cannot be joined on ({why}): nothing is stored")
-                async for chunk in answer.content.iter_chunked(FILL_READ):
-                    if skip:
-                        if len(chunk) <= skip:
-                            skip -= len(chunk)
-                            continue
-                        chunk, skip = chunk[skip:], 0
+                async for chunk in skip_first(answer.content.iter_chunked(FILL_READ), skip):
                     yield chunk
             finally:
                 answer.release()
