@@ -89,9 +89,10 @@ async def installed_system(tmp_path, request, *, https: bool = False):
     from aiohttp import web
     runner = web.AppRunner(origin.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    # Not 127.0.0.1: in a pod of several containers that is the pod's own loopback (minicluster.py).
+    site = web.TCPSite(runner, "127.0.0.5", 0)
     await site.start()
-    origin_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    origin_url = f"http://127.0.0.5:{site._server.sockets[0].getsockname()[1]}"
 
     api = KubeAPI(bookmark_interval=0.2)
     api.service_network = "127.1"
@@ -99,6 +100,7 @@ async def installed_system(tmp_path, request, *, https: bool = False):
     config = kubeconfig(tmp_path / "kubeconfig", api.url)
     mini = MiniCluster(api=api, namespace=NS, root=tmp_path / "cluster", kubeconfig=config,
                        entrypoints={"nezha": [str(Path(sys.executable).with_name("nezha"))],
+                                    "python": [sys.executable],  # the image's Python (exec probes)
                                     "redis": ["redis-server"], "redis-server": [require_tool("redis-server")]})
     values = tmp_path / "values.yaml"
     entry = {"host": "www.cs.toronto.edu", "upstream": origin_url}
