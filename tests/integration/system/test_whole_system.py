@@ -12,6 +12,7 @@ local origin, a user's day: label a Job, download cold then warm,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -264,5 +265,85 @@ async def test_with_https_terminate_a_labelled_jobs_https_download_is_served_and
             await run_pod_command(pod, workdir, env=env, mounts={str(ca_dir): files}, context=system.mini.logs())
             assert (workdir / Path(url).name).read_bytes() == payload
             assert system.origin.requests[CIFAR] == origin_requests
+    finally:
+        await kube.close()
+
+
+def sidecar_job(system, name: str, url: str) -> dict:
+    """A labelled Job that chooses the sidecar model, whose unmodified wget reads the same file twice (two epochs)."""
+    job = training_job(name, url, rule_label(system))
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = {"nezha.io/deployment": "sidecar"}
+    template["spec"]["containers"][0]["command"] = ["sh", "-c", f"wget -O epoch-1 {url} && wget -O epoch-2 {url}"]
+    return job
+
+
+def served(logs: list[Path], path: str) -> list[dict]:
+    """The request_completed events of these pods' logs for `path`, in order."""
+    out = []
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"request_completed"' in line and path in line:
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+    return out
+
+
+async def run_sidecar_job(system, kube, name: str, url: str) -> tuple[dict, Path]:
+    """Create the Job; the minicluster's kubelet runs its pod (the webhook's sidecar, then wget); wait for Complete."""
+    await client.BatchV1Api(kube).create_namespaced_job("ml", sidecar_job(system, name, url))
+    pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
+        (p for (ns, _), p in system.api.objects_of("", "pods").items()
+         if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
+    annotations = pod["metadata"].get("annotations") or {}
+    assert annotations.get("nezha.io/status") == "sidecar", f"{annotations}; admission: {system.api.admission_calls[-2:]}"
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["nezha-cache"]
+    assert pod["spec"]["hostAliases"] == [{"ip": "127.0.0.1", "hostnames": ["www.cs.toronto.edu"]}]
+    await system.mini.wait(f"Job {name} complete", lambda: any(
+        c.get("type") == "Complete" and c.get("status") == "True"
+        for c in ((system.obj("batch", "jobs", name, ns="ml") or {}).get("status") or {}).get("conditions") or []),
+        timeout=90)
+    pod = system.obj("", "pods", pod["metadata"]["name"], ns="ml")
+    assert pod["status"]["phase"] == "Succeeded"
+    return pod, system.mini.root / "pods" / pod["metadata"]["name"]
+
+
+async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_survives_the_cluster_at_zero(system):
+    """The issue's whole-system test: the chart's webhook gives a labelled Job that chooses `sidecar` a native
+    sidecar (the Nezha image, `nezha cache` on the pod's loopback, the cluster Service as parent); its first read
+    fills the sidecar from the cluster (the origin asked once), the second is served from the sidecar's disk (the
+    cluster not asked); a second Job's sidecar gets it from the cluster without the origin; with the cache
+    StatefulSet scaled to 0, a third still downloads it, from the origin; every Job completes."""
+    payload = os.urandom(2_000_000)
+    system.origin.put(CIFAR, payload)
+    url = f"http://www.cs.toronto.edu{CIFAR}"
+    system.mini.namespaces.add("ml")  # the kubelet runs the Jobs' pods too: their sidecars are processes
+    kube = system.api.client()
+    cluster_logs = lambda: sorted((system.mini.root / "logs").glob("nezha-cache-*.log"))  # noqa: E731
+    try:
+        await chart_is_up(system)
+
+        # 1. Two epochs in one pod: the cluster asked once (and the origin through it), then the sidecar's disk.
+        pod, where = await run_sidecar_job(system, kube, "epochs", url)
+        for epoch in ("epoch-1", "epoch-2"):
+            assert (where / "work" / epoch).read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1
+        assert len(served(cluster_logs(), CIFAR)) == 1, served(cluster_logs(), CIFAR)
+        sidecar_log = system.mini.root / "logs" / f"{pod['metadata']['name']}.nezha-cache.log"
+        assert [e.get("cache") for e in served([sidecar_log], CIFAR)] == ["miss", "hit"], sidecar_log.read_text()
+
+        # 2. Another Job's sidecar starts empty and fills from the cluster, which has it: the origin is not asked.
+        _, where = await run_sidecar_job(system, kube, "from-cluster", url)
+        assert (where / "work" / "epoch-1").read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1
+        assert len(served(cluster_logs(), CIFAR)) == 2
+
+        # 3. The cluster tier scaled to 0: a sidecar Job still downloads, from the origin itself.
+        await system.run(*system.kubectl, "-n", NS, "scale", "statefulset", "nezha-cache", "--replicas=0")
+        await system.mini.wait("no cache pods", lambda: not any(
+            ns == NS and n.startswith("nezha-cache-") for (ns, n) in system.api.objects_of("", "pods")), timeout=90)
+        _, where = await run_sidecar_job(system, kube, "cluster-down", url)
+        assert (where / "work" / "epoch-1").read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 2
     finally:
         await kube.close()
