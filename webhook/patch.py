@@ -397,6 +397,8 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
         wanted_annotations[INJECTED] = applied
     if out.status is not None:
         wanted_annotations[sc.STATUS_ANNOTATION] = out.status
+    if sidecar_hosts:
+        wanted_annotations[sc.HOSTS_ANNOTATION] = sc.HOSTS_FILE
     if wanted_annotations:
         _annotate(out, meta_path, pod_meta, wanted_annotations)
     return out
@@ -668,7 +670,8 @@ def _annotate(out: Patch, meta_path: str, meta: dict | None, wanted: dict[str, A
 
 def _add_sidecar(out: Patch, spec_path: str, spec: dict, config: sc.SidecarConfig, hosts: list[str],
                  size: str, made: set[str]) -> None:
-    """The native sidecar, its data volume and the pod sysctl that lets it bind 80 and 443, each only when
+    """The native sidecar, its volumes (data, and its own /etc/hosts) and the pod sysctl that lets it bind 80
+    and 443, each only when
     missing (a reinvocation, or a pod made from a template the webhook patched already, adds nothing).
 
     The sidecar goes first among the init containers, so the pod's own init containers download through it
@@ -686,9 +689,9 @@ def _add_sidecar(out: Patch, spec_path: str, spec: dict, config: sc.SidecarConfi
     volumes = spec.get("volumes")
     if volumes is not None and not isinstance(volumes, list):
         raise PatchError(f"{spec_path}/volumes is {_what(volumes)}, not a list")
-    if not any(isinstance(v, dict) and v.get("name") == sc.VOLUME for v in volumes or []):
-        base = f"{spec_path}/volumes"
-        _append(out, base, volumes is not None or base in made, [sc.volume(size)])
+    present = {v.get("name") for v in volumes or [] if isinstance(v, dict)}
+    base = f"{spec_path}/volumes"
+    _append(out, base, volumes is not None or base in made, [v for v in sc.volumes(size) if v["name"] not in present])
     security = spec.get("securityContext")
     sysctl = {"name": sc.SYSCTL, "value": "0"}
     if security is None:

@@ -40,6 +40,16 @@ STATUS_ANNOTATION = "nezha.io/status"
 
 CONTAINER = "nezha-cache"
 VOLUME = "nezha-cache-data"
+# The sidecar's own /etc/hosts. hostAliases are the pod's, so without one of
+# its own the sidecar would resolve the origins' names to itself too, and a
+# sidecar that cannot reach the cluster could not reach the origins either.
+# The kubelet leaves /etc/hosts alone in a container that mounts something
+# there (kubelet_pods.go makeMounts), so the sidecar mounts this file, which
+# a downwardAPI volume makes from a pod annotation: localhost only, the
+# rest by DNS.
+HOSTS_VOLUME = "nezha-cache-hosts"
+HOSTS_ANNOTATION = "nezha.io/sidecar-hosts"
+HOSTS_FILE = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 DATA_MOUNT = "/var/lib/nezha"
 TMP_MOUNT = "/tmp"
 LOOPBACK = "127.0.0.1"
@@ -210,15 +220,19 @@ def container(*, config: SidecarConfig, hosts: list[str], size: str) -> dict[str
                             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
         "volumeMounts": [{"name": VOLUME, "mountPath": DATA_MOUNT, "subPath": "data"},
-                         {"name": VOLUME, "mountPath": TMP_MOUNT, "subPath": "tmp"}],
+                         {"name": VOLUME, "mountPath": TMP_MOUNT, "subPath": "tmp"},
+                         {"name": HOSTS_VOLUME, "mountPath": "/etc/hosts", "subPath": "hosts", "readOnly": True}],
     }
     if config.resources:
         out["resources"] = {k: dict(v) for k, v in config.resources.items()}
     return out
 
 
-def volume(size: str) -> dict[str, Any]:
-    return {"name": VOLUME, "emptyDir": {"sizeLimit": size}}
+def volumes(size: str) -> list[dict[str, Any]]:
+    """The data volume and the one holding the sidecar's /etc/hosts."""
+    return [{"name": VOLUME, "emptyDir": {"sizeLimit": size}},
+            {"name": HOSTS_VOLUME, "downwardAPI": {"items": [
+                {"path": "hosts", "fieldRef": {"fieldPath": f"metadata.annotations['{HOSTS_ANNOTATION}']"}}]}}]
 
 
 def _short(text: str, limit: int = 63) -> str:

@@ -28,7 +28,9 @@ depends on, driven only by the objects in the API double:
   grace period is over, and the pod (and its Job) completes. Such a pod has
   a loopback of its own in a cluster: here 127.0.0.1 in its args, probes
   and hostAliases is its pod IP (so the tests' own servers stay off
-  127.0.0.1), and its /etc/hosts is cluster DNS plus its hostAliases.
+  127.0.0.1), and each container's /etc/hosts is the pod's hostAliases (or
+  the file it mounts at /etc/hosts itself, which the kubelet then leaves
+  alone) followed by cluster DNS and `public_hosts`, the world's DNS.
 - kube-proxy: each Service's ClusterIP (the double allocates them on
   127.1.0.0/16) listens on its ports and forwards each connection to a
   ready endpoint, round robin.
@@ -46,6 +48,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import shutil
 import signal
 import ssl
@@ -66,6 +69,24 @@ NODE = "node-1"
 
 def _labels_match(selector: dict[str, str] | None, labels: dict[str, str] | None) -> bool:
     return bool(selector) and all((labels or {}).get(k) == v for k, v in selector.items())
+
+
+def _after(own: str, dns: str) -> str:
+    """A container's /etc/hosts lines, then the "DNS" lines for names they do not map: a resolver asks DNS
+    only for names /etc/hosts lacks, where one hosts file with both would give both addresses (multi on)."""
+    mapped = {name for line in own.splitlines() for name in line.split()[1:]}
+    return own + "".join(line + "\n" for line in dns.splitlines() if not mapped & set(line.split()[1:]))
+
+
+def downward_value(pod: dict, path: str) -> str:
+    """A downwardAPI volume item's content: metadata.name, .namespace, .uid, or one label or annotation."""
+    meta = pod["metadata"]
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+    if path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return meta[path.split(".", 1)[1]]
+    raise ValueError(f"pod {meta['name']}: downwardAPI fieldRef {path} is not one the stand-in knows")
 
 
 def _ready(pod: dict) -> bool:
@@ -107,6 +128,7 @@ class ContainerRun:
     cwd: Path
     kind: str  # "sidecar" (a restartable init container), "init" or "main"
     startup: dict | None = None
+    hosts: Path | None = None  # its own /etc/hosts (a volume mounted there), else the pod's
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     stopping: bool = False
@@ -122,7 +144,10 @@ class MiniCluster:
         # What the kubelet did to the containers of multi-container pods, in order:
         # (pod, container, what), what = started | startup-passed | exited N | SIGTERM | SIGKILL.
         self.events: list[tuple[str, str, str]] = []
-        self.pod_hosts: dict[tuple[str, str], tuple[Path, str]] = {}  # per-pod /etc/hosts: file, alias lines
+        # The /etc/hosts of each container of a multi-container pod: its file, and the lines before cluster DNS.
+        self.pod_hosts: dict[tuple[str, str, str], tuple[Path, str]] = {}
+        # Names the world's DNS would answer (a dataset host): in every pod's view, after the cluster's.
+        self.public_hosts: dict[str, str] = {}
         self.root = root
         self.kubeconfig = kubeconfig
         self.entrypoints = entrypoints
@@ -320,8 +345,6 @@ class MiniCluster:
             else:
                 vol = volumes[vname]
                 where = self.root / "pods" / name / "volumes" / vname
-                if m.get("subPath"):  # emptyDir only: made on first use, as the kubelet does
-                    where = where / m["subPath"]
                 where.mkdir(parents=True, exist_ok=True)
                 if "secret" in vol:
                     obj = secrets.get(vol["secret"]["secretName"])
@@ -335,8 +358,15 @@ class MiniCluster:
                         raise Unresolvable(f"configmap {vol['configMap']['name']}")
                     for k, v in (obj.get("data") or {}).items():
                         (where / k).write_text(v)
+                elif "downwardAPI" in vol:
+                    for item in vol["downwardAPI"].get("items") or []:
+                        (where / item["path"]).write_text(downward_value(pod, item["fieldRef"]["fieldPath"]))
                 elif "emptyDir" not in vol:
                     raise ValueError(f"pod {name}: volume {vname} of an unsupported kind {sorted(vol)}")
+                if m.get("subPath"):  # a file or folder in the volume; in an emptyDir made on first use
+                    where = where / m["subPath"]
+                    if "emptyDir" in vol:
+                        where.mkdir(parents=True, exist_ok=True)
             mounts[m["mountPath"]] = where
         return mounts
 
@@ -451,7 +481,8 @@ class MiniCluster:
             if proc is not None and proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        self.pod_hosts.pop((run.ns, run.name), None)
+        for c in run.group:
+            self.pod_hosts.pop((run.ns, run.name, c.name), None)
 
     # -- native sidecars (pods of several containers) -----------------------------------
 
@@ -477,14 +508,18 @@ class MiniCluster:
                 kind = "sidecar" if kind_of == "init" and c.get("restartPolicy") == "Always" else kind_of
                 group.append(ContainerRun(name=c["name"], argv=argv, env=env, cwd=work, kind=kind,
                                           log=self.root / "logs" / f"{name}.{c['name']}.log",
-                                          startup=c.get("startupProbe")))
+                                          startup=c.get("startupProbe"), hosts=mounts.get("/etc/hosts")))
         except Unresolvable:
             return  # ContainerCreating: try again next pass
         aliases = "".join(f"{a['ip'].replace('127.0.0.1', ip)}\t{h}\n" for a in spec.get("hostAliases") or []
                           for h in a.get("hostnames") or [])
-        hosts = self.root / "pods" / name / "hosts"
-        hosts.write_text(self.hosts.read_text() + aliases)
-        self.pod_hosts[(ns, name)] = (hosts, aliases)
+        # /etc/hosts comes first (a pod's aliases win over DNS), then cluster DNS. A container that mounts an
+        # /etc/hosts of its own gets that file's lines instead of the pod's: the kubelet leaves it alone.
+        for c in group:
+            own = c.hosts.read_text() if c.hosts is not None else aliases
+            c.hosts = self.root / "pods" / name / f"hosts.{c.name}"
+            c.hosts.write_text(_after(own, self.hosts.read_text()))
+            self.pod_hosts[(ns, name, c.name)] = (c.hosts, own)
         run = PodRun(ns=ns, name=name, uid=pod["metadata"]["uid"], ip=ip, argv=[], env={},
                      log=self.root / "logs" / f"{name}.log", restart_policy=spec.get("restartPolicy", "Always"),
                      readiness=None, ports={}, group=group)
@@ -493,7 +528,7 @@ class MiniCluster:
 
     async def _launch_container(self, run: PodRun, c: ContainerRun) -> None:
         script = 'mount --bind "$NEZHA_TEST_HOSTS" /etc/hosts && unset NEZHA_TEST_HOSTS && exec "$@"'
-        hosts, _ = self.pod_hosts[(run.ns, run.name)]
+        hosts = c.hosts
         with open(c.log, "ab") as out:
             c.proc = await asyncio.create_subprocess_exec(
                 self.unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *c.argv,
@@ -723,13 +758,14 @@ class MiniCluster:
                         (_ready(pod) or svc["spec"].get("publishNotReadyAddresses")):
                     lines.append(f"{pip}\t{spec['hostname']}.{name}.{ns}.svc {spec['hostname']}.{name}.{ns}.svc"
                                  ".cluster.local")
+        lines += [f"{ip}\t{host}" for host, ip in sorted(self.public_hosts.items())]
         text = "\n".join(lines) + "\n"
-        for path, aliases in [(self.hosts, ""), *self.pod_hosts.values()]:
-            if text + aliases != path.read_text():
+        for path, own in [(self.hosts, ""), *list(self.pod_hosts.values())]:
+            if _after(own, text) != path.read_text():
                 # In place (same inode): the pods' bind mounts of this file see the new text.
                 with open(path, "r+") as f:
                     f.seek(0)
-                    f.write(text + aliases)
+                    f.write(_after(own, text))
                     f.truncate()
 
     # -- what tests ask ----------------------------------------------------------------

@@ -318,21 +318,25 @@ async def run_sidecar_job(system, kube, name: str, url: str) -> tuple[dict, Path
     assert annotations.get("nezha.io/status") == "sidecar", f"{annotations}; admission: {system.api.admission_calls[-2:]}"
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["nezha-cache"]
     assert pod["spec"]["hostAliases"] == [{"ip": "127.0.0.1", "hostnames": ["www.cs.toronto.edu"]}]
-    await system.mini.wait(f"Job {name} complete", lambda: any(
-        c.get("type") == "Complete" and c.get("status") == "True"
-        for c in ((system.obj("batch", "jobs", name, ns="ml") or {}).get("status") or {}).get("conditions") or []),
-        timeout=90)
+    ended = await system.mini.wait(f"Job {name} to end", lambda: next((
+        c["type"] for c in ((system.obj("batch", "jobs", name, ns="ml") or {}).get("status") or {}).get("conditions")
+        or [] if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None), timeout=90)
+    assert ended == "Complete", system.mini.logs()
     pod = system.obj("", "pods", pod["metadata"]["name"], ns="ml")
     assert pod["status"]["phase"] == "Succeeded"
     return pod, system.mini.root / "pods" / pod["metadata"]["name"]
 
 
-async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_survives_the_cluster_at_zero(system):
+async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_survives_the_cluster_at_zero(
+        named_origin_system):
     """The issue's whole-system test: the chart's webhook gives a labelled Job that chooses `sidecar` a native
     sidecar (the Nezha image, `nezha cache` on the pod's loopback, the cluster Service as parent); its first read
     fills the sidecar from the cluster (the origin asked once), the second is served from the sidecar's disk (the
     cluster not asked); a second Job's sidecar gets it from the cluster without the origin; with the cache
-    StatefulSet scaled to 0, a third still downloads it, from the origin; every Job completes."""
+    StatefulSet scaled to 0, a third still downloads it, from the origin; every Job completes. The origin's
+    upstream is its own name, as in the chart's defaults, which the pod's hostAliases map to the sidecar: the
+    sidecar reaches the real origin through an /etc/hosts of its own."""
+    system = named_origin_system
     payload = os.urandom(2_000_000)
     system.origin.put(CIFAR, payload)
     url = f"http://www.cs.toronto.edu{CIFAR}"

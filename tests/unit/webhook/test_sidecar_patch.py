@@ -76,7 +76,8 @@ def test_a_sidecar_rule_gives_the_pod_a_native_sidecar_that_serves_the_rules_hos
     assert side["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     assert patched["spec"]["hostAliases"] == [{"ip": "127.0.0.1", "hostnames": HOSTS}]
     assert result.status == "sidecar" and result.fallback is None
-    assert patched["metadata"]["annotations"] == {INJECTED: "datasets", sc.STATUS_ANNOTATION: "sidecar"}
+    assert patched["metadata"]["annotations"] == {INJECTED: "datasets", sc.STATUS_ANNOTATION: "sidecar",
+                                                  sc.HOSTS_ANNOTATION: sc.HOSTS_FILE}
     # The training container is left as it was.
     assert patched["spec"]["containers"] == pod()["spec"]["containers"]
 
@@ -110,6 +111,21 @@ def test_an_invalid_size_annotation_is_named_in_a_warning_and_the_default_is_use
     result, patched = apply(pod(annotations={sc.SIZE_ANNOTATION: value}))
     assert any(sc.SIZE_ANNOTATION in w and repr(value) in w for w in result.warnings), result.warnings
     assert {"name": sc.VOLUME, "emptyDir": {"sizeLimit": "20Gi"}} in patched["spec"]["volumes"]
+
+
+def test_the_sidecar_has_an_etc_hosts_of_its_own_so_it_resolves_the_origins_past_the_pods_aliases():
+    """The kubelet leaves /etc/hosts alone in a container that mounts one; the sidecar's comes from a pod
+    annotation through a downwardAPI volume and maps localhost only."""
+    _, patched = apply(pod())
+    (mount,) = [m for m in the_sidecar(patched)["volumeMounts"] if m["mountPath"] == "/etc/hosts"]
+    (volume,) = [v for v in patched["spec"]["volumes"] if v["name"] == mount["name"]]
+    (item,) = volume["downwardAPI"]["items"]
+    assert item["path"] == mount["subPath"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{sc.HOSTS_ANNOTATION}']"
+    hosts = patched["metadata"]["annotations"][sc.HOSTS_ANNOTATION]
+    assert {line.split()[0] for line in hosts.splitlines()} == {"127.0.0.1", "::1"}
+    assert not any(h in hosts for h in HOSTS)
+    assert "volumeMounts" not in patched["spec"]["containers"][0]  # the training container keeps the pod's
 
 
 def test_the_sidecar_starts_only_once_its_startup_probe_reads_readyz_on_its_loopback():
@@ -256,7 +272,7 @@ def test_tls_rules_give_the_ca_to_the_training_containers_and_not_to_the_sidecar
     validate(patched)
     assert any(m["mountPath"] == "/etc/nezha/ca" for m in patched["spec"]["containers"][0]["volumeMounts"])
     side = the_sidecar(patched)
-    assert all(m["name"] == sc.VOLUME for m in side["volumeMounts"]) and "env" not in side
+    assert {m["name"] for m in side["volumeMounts"]} == {sc.VOLUME, sc.HOSTS_VOLUME} and "env" not in side
     again, _ = apply(patched, rule_set=rules(tls=True))
     assert again.ops == []
 
