@@ -62,7 +62,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.integration.system.podspec import Unresolvable, container_argv, resolve_env
+from tests.integration.system.podspec import Unresolvable, container_argv, remap, resolve_env
 
 NODE = "node-1"
 
@@ -500,6 +500,8 @@ class MiniCluster:
                               [("main", c) for c in spec["containers"]]:
                 env = resolve_env(pod, c, secret=secrets.get, configmap=configmaps.get)
                 mounts = self._volumes(pod, c, secrets, configmaps)
+                # Paths on volumes in env, as in args: a runtime would mount the volume there (the CA bundle's).
+                env = {k: remap(v, mounts) for k, v in env.items()}
                 env = {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8"}
                 if "/tmp" in mounts:
                     env["TMPDIR"] = str(mounts["/tmp"])

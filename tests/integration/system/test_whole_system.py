@@ -274,12 +274,14 @@ async def _at_least(stats, **least: int) -> bool:
     return all(got[k] >= v for k, v in least.items())
 
 
-def sidecar_job(system, name: str, url: str) -> dict:
-    """A labelled Job that chooses the sidecar model, whose unmodified wget reads the same file twice (two epochs)."""
+def sidecar_job(system, name: str, url: str, *, program: str = "wget -O") -> dict:
+    """A labelled Job that chooses the sidecar model, whose unmodified wget (or curl) reads the same file twice
+    (two epochs)."""
     job = training_job(name, url, rule_label(system))
     template = job["spec"]["template"]
     template["metadata"]["annotations"] = {"nezha.io/deployment": "sidecar"}
-    template["spec"]["containers"][0]["command"] = ["sh", "-c", f"wget -O epoch-1 {url} && wget -O epoch-2 {url}"]
+    template["spec"]["containers"][0]["command"] = [
+        "sh", "-c", f"{program} epoch-1 {url} && {program} epoch-2 {url}"]
     return job
 
 
@@ -308,9 +310,9 @@ def served(logs: list[Path], path: str) -> list[dict]:
     return out
 
 
-async def run_sidecar_job(system, kube, name: str, url: str) -> tuple[dict, Path]:
+async def run_sidecar_job(system, kube, name: str, url: str, **kw) -> tuple[dict, Path]:
     """Create the Job; the minicluster's kubelet runs its pod (the webhook's sidecar, then wget); wait for Complete."""
-    await client.BatchV1Api(kube).create_namespaced_job("ml", sidecar_job(system, name, url))
+    await client.BatchV1Api(kube).create_namespaced_job("ml", sidecar_job(system, name, url, **kw))
     pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
         (p for (ns, _), p in system.api.objects_of("", "pods").items()
          if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
@@ -374,5 +376,34 @@ async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_surviv
         _, where = await run_sidecar_job(system, kube, "cluster-down", url)
         assert (where / "work" / "epoch-1").read_bytes() == payload
         assert system.origin.requests[CIFAR] == 2
+    finally:
+        await kube.close()
+
+
+async def test_https_through_a_sidecar_reaches_the_terminating_cluster_tier_and_curl_trusts_the_nezha_ca(
+        https_system):
+    """With https.terminate, a sidecar Job's unmodified curl (trusting the Nezha CA bundle the webhook mounts)
+    fetches https:// twice: the sidecar's :443 passes each connection, by its server name, to the cluster's :443,
+    which terminates it with a certificate of the Nezha CA and serves and caches the object. No CA key is in
+    the training pod."""
+    system = https_system
+    payload = os.urandom(1_500_000)
+    system.origin.put(CIFAR, payload)
+    url = f"https://www.cs.toronto.edu{CIFAR}"
+    system.mini.namespaces.add("ml")
+    kube = system.api.client()
+    try:
+        await chart_is_up(system)
+        await system.mini.wait("the controller's copy of nezha-ca in the Job's namespace",
+                               lambda: system.obj("", "configmaps", "nezha-ca", ns="ml"), timeout=60)
+        pod, where = await run_sidecar_job(system, kube, "secure-epochs", url, program="curl -sSf -o")
+        for epoch in ("epoch-1", "epoch-2"):
+            assert (where / "work" / epoch).read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1  # the cluster tier terminated, filled once and served the rest
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["CURL_CA_BUNDLE"] == "/etc/nezha/ca/ca-bundle.crt"
+        assert not any("secret" in v for v in pod["spec"]["volumes"]), pod["spec"]["volumes"]  # no CA key here
+        sidecar_log = (system.mini.root / "logs" / f"{pod['metadata']['name']}.nezha-cache.log").read_text()
+        assert CIFAR not in sidecar_log  # passed through: the sidecar saw a TLS connection, never the request
     finally:
         await kube.close()
