@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -243,7 +244,7 @@ class Webhook:
     def set_server_version(self, version: tuple[int, int] | None) -> None:
         """Adopt the API server's version (the sidecar config is immutable: a new one is made)."""
         if version != self.sidecar.server_version:
-            self.sidecar = SidecarConfig(**{**self.sidecar.__dict__, "server_version": version})
+            self.sidecar = dataclasses.replace(self.sidecar, server_version=version)
 
     @property
     def rules(self) -> tuple[Rule, ...]:

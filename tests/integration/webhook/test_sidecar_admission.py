@@ -95,3 +95,26 @@ async def test_on_a_cluster_older_than_1_29_the_pod_is_centralized_and_the_log_a
         assert fallbacks and "1.28" in fallbacks[0]["why"] and fallbacks[0]["namespace"] == "ml"
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"sidecar_size": "512Mi"}, "sidecar_size ('512Mi') must be a Kubernetes quantity of at least 1Gi"),
+    ({"sidecar_size": "lots"}, "sidecar_size ('lots')"),
+    ({"kubernetes_version": "latest"}, "kubernetes_version ('latest') must be MAJOR.MINOR"),
+    ({"sidecar_image_pull_policy": "Sometimes"}, "sidecar_image_pull_policy ('Sometimes')"),
+    ({"sidecar_resources": {"requests": {"cpu": ""}}}, "sidecar_resources.requests.cpu ('')"),
+    ({"sidecar_resources": {"claims": {}}}, "sidecar_resources has 'claims'"),
+])
+def test_bad_sidecar_settings_stop_the_webhook_at_start_naming_the_field(tls, rules_file, settings, named):
+    from nezha.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        build_webhook(WebhookSettings(tls_cert=tls.cert, tls_key=tls.key, rules=rules_file, cache_ip="10.96.0.10",
+                                      watch_service=False, **settings))
+    assert named in str(e.value)
+
+
+def test_a_kubernetes_version_setting_stands_in_for_discovery(tls, rules_file):
+    hook = build_webhook(WebhookSettings(tls_cert=tls.cert, tls_key=tls.key, rules=rules_file, cache_ip="10.96.0.10",
+                                         watch_service=False, sidecar_image="nezha:test", kubernetes_version="v1.31.2"))
+    assert hook.sidecar.server_version == (1, 31)
