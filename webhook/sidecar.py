@@ -149,6 +149,11 @@ def choose(*, rules: list, annotations: Mapping[str, str], spec: Mapping[str, An
     centralized and `fallback` says why, for the log and `nezha.io/status`.
     """
     choice = Choice(by_rule={r.name: r.deployment for r in rules})
+    if str(annotations.get(STATUS_ANNOTATION, "")).startswith(f"{CENTRALIZED}:"):
+        # Decided already, for the workload template this pod was made from (or an earlier pass): a pod
+        # admitted once the server's version is known must not get a sidecar its template's aliases bypass.
+        choice.by_rule = {name: CENTRALIZED for name in choice.by_rule}
+        return choice
     asked = annotations.get(DEPLOYMENT_ANNOTATION)
     if asked is not None:
         if asked not in DEPLOYMENTS:

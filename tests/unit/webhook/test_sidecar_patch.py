@@ -286,3 +286,17 @@ def test_a_rule_with_an_unknown_deployment_is_refused_naming_it():
                                                  ("x", "1", None)])
 def test_the_server_version_is_read_as_providers_spell_it(major, minor, version):
     assert sc.parse_version(major, minor) == version
+
+
+def test_a_pod_made_from_a_template_that_fell_back_stays_centralized_once_sidecars_are_possible():
+    """The Job was admitted before the server's version was known; its pod, admitted after, keeps the decision
+    (its aliases already point at the cluster: a sidecar would be bypassed)."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "ml"},
+           "spec": {"template": {"metadata": {"labels": {KEY: "true"}}, "spec": pod()["spec"]}}}
+    _, patched_job = apply(job, kind="Job", config=sc.SidecarConfig(**{**CONFIG.__dict__, "server_version": None}))
+    from_template = {"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {**patched_job["spec"]["template"]["metadata"], "name": "train-x", "namespace": "ml"},
+                     "spec": patched_job["spec"]["template"]["spec"]}
+    again, patched = apply(from_template)
+    assert again.ops == [] and again.warnings == []
+    assert patched["metadata"]["annotations"][sc.STATUS_ANNOTATION].startswith("centralized: ")
