@@ -310,6 +310,16 @@ def served(logs: list[Path], path: str) -> list[dict]:
     return out
 
 
+async def webhooks_know_the_server_version(system) -> None:
+    """Every webhook pod has read /version (until then it gives sidecar pods the centralized model)."""
+    def known() -> bool:
+        logs = [system.mini.root / "logs" / f"{n}.log" for (_, n), r in system.mini.runs.items()
+                if n.startswith("nezha-webhook-") and not n.startswith("nezha-webhook-certs") and not r.done]
+        return bool(logs) and all(log.exists() and '"server_version"' in log.read_text() for log in logs)
+
+    await system.mini.wait("the webhook pods to read the server's version", known, timeout=30)
+
+
 async def run_sidecar_job(system, kube, name: str, url: str, **kw) -> tuple[dict, Path]:
     """Create the Job; the minicluster's kubelet runs its pod (the webhook's sidecar, then wget); wait for Complete."""
     await client.BatchV1Api(kube).create_namespaced_job("ml", sidecar_job(system, name, url, **kw))
@@ -346,6 +356,7 @@ async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_surviv
     kube = system.api.client()
     try:
         await chart_is_up(system)
+        await webhooks_know_the_server_version(system)
 
         # 1. Two epochs in one pod: the cluster asked once (and the origin through it), then the sidecar's disk.
         pod, where = await run_sidecar_job(system, kube, "epochs", url)
@@ -394,6 +405,7 @@ async def test_https_through_a_sidecar_reaches_the_terminating_cluster_tier_and_
     kube = system.api.client()
     try:
         await chart_is_up(system)
+        await webhooks_know_the_server_version(system)
         await system.mini.wait("the controller's copy of nezha-ca in the Job's namespace",
                                lambda: system.obj("", "configmaps", "nezha-ca", ns="ml"), timeout=60)
         pod, where = await run_sidecar_job(system, kube, "secure-epochs", url, program="curl -sSf -o")
