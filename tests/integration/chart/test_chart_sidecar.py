@@ -88,3 +88,23 @@ def test_a_bad_sidecar_value_is_refused_with_its_field_named(sets, field):
     with pytest.raises(RenderError) as e:
         render(sets=sets)
     assert field in str(e.value)
+
+
+def test_the_sidecar_the_webhook_makes_from_the_charts_settings_runs_a_command_nezha_takes(tmp_path):
+    """Every flag of the sidecar's `nezha cache` line exists (--parent is issue-23a's), and it is the node
+    described: loopback listeners, the cluster Service as parent, the chart's upstreams, a capacity under the
+    volume."""
+    from nezha.cli import build_parser
+
+    objects = render(values=[SIDECAR_VALUES])
+    config = sidecar_config(webhook_settings(objects, tmp_path), (1, 35))
+    side = sc.container(config=config, hosts=["www.cs.toronto.edu", "images.cocodataset.org"], size=config.size)
+    try:
+        args = build_parser().parse_args(side["args"])
+    except SystemExit:
+        pytest.fail(f"nezha {' '.join(side['args'])} does not parse")
+    assert (args.listen, args.tls_listen, args.parent) == ("127.0.0.1:80", "127.0.0.1:443",
+                                                           "http://nezha-cache.nezha.svc:80")
+    assert args.origins == ["www.cs.toronto.edu=http://www.cs.toronto.edu",
+                            "images.cocodataset.org=http://mirror.example.org"]
+    assert int(args.capacity) == 36 * 1024 ** 3  # 40Gi less a tenth
