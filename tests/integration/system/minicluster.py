@@ -19,8 +19,9 @@ depends on, driven only by the objects in the API double:
   Pods whose service account mounts a token get KUBECONFIG pointing at the
   double instead (the double speaks plain HTTP, the in-cluster loader
   needs HTTPS and fixed paths).
-  A pod with init containers or several containers runs as the kubelet runs
-  native sidecars (KEP-753): init containers in order, a restartable one
+  A Job's pod (restartPolicy Never or OnFailure, run once) with init
+  containers or several containers runs as the kubelet runs native sidecars
+  (KEP-753): init containers in order, a restartable one
   (`restartPolicy: Always`) started and, once its startup probe passes
   (httpGet, tcpSocket or exec), the next one; then the main containers; a
   sidecar that exits is restarted; when every main container has exited,
@@ -489,6 +490,13 @@ class MiniCluster:
     async def _admit_group(self, pod: dict) -> None:
         ns, name, spec = pod["metadata"]["namespace"], pod["metadata"]["name"], pod["spec"]
         ip = pod["status"]["podIP"]
+        if spec.get("restartPolicy", "Always") == "Always":
+            # Run-to-completion pods (Jobs) only: main containers that restart, readiness probes on them and
+            # their endpoints are the single-container path's; say so rather than run such a pod wrongly.
+            problem = f"{name}: a pod of several containers with restartPolicy Always is not run by the stand-in"
+            if problem not in self.problems:
+                self.problems.append(problem)
+            return
         secrets = {o["metadata"]["name"]: o for o in self.objects("", "secrets", ns)}
         configmaps = {o["metadata"]["name"]: o for o in self.objects("", "configmaps", ns)}
         work = self.root / "pods" / name / "work"
@@ -505,6 +513,8 @@ class MiniCluster:
                 env = {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8"}
                 if "/tmp" in mounts:
                     env["TMPDIR"] = str(mounts["/tmp"])
+                if spec.get("automountServiceAccountToken") is not False:
+                    env["KUBECONFIG"] = str(self.kubeconfig)
                 argv = [a.replace("127.0.0.1", ip)
                         for a in container_argv(c, env, mounts, entrypoints=self.entrypoints)]
                 kind = "sidecar" if kind_of == "init" and c.get("restartPolicy") == "Always" else kind_of
