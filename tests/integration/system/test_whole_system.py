@@ -26,6 +26,7 @@ from kubernetes_asyncio import client
 
 from nezha.index.handle import Index
 from nezha.keys import cache_key, parse_target
+from testkit.tools import require_tool
 from tests.integration.system.conftest import NS
 from tests.pod_command import container_env, mount_point, run_pod_command
 
@@ -398,6 +399,7 @@ async def test_https_through_a_sidecar_reaches_the_terminating_cluster_tier_and_
     which terminates it with a certificate of the Nezha CA and serves and caches the object. No CA key is in
     the training pod."""
     system = https_system
+    require_tool("curl")  # the Job's program, run by the minicluster's kubelet from PATH
     payload = os.urandom(1_500_000)
     system.origin.put(CIFAR, payload)
     url = f"https://www.cs.toronto.edu{CIFAR}"
