@@ -562,8 +562,7 @@ class MiniCluster:
                 run.tasks.append(asyncio.get_running_loop().create_task(
                     self._guard(self._keep_running(run, c), run)))
                 if not await self._started(run, c):
-                    phase = "Failed"
-                    break
+                    return  # the pod is being deleted: _terminate stops its containers
                 self.events.append((run.name, c.name, "startup-passed"))
                 continue
             c.exit_code = await c.proc.wait()
@@ -602,7 +601,8 @@ class MiniCluster:
             await self._launch_container(run, c)
 
     async def _started(self, run: PodRun, c: ContainerRun) -> bool:
-        """The startup probe until it passes (True), or fails failureThreshold times in a row (False)."""
+        """The startup probe until it passes (True), or the pod is stopped (False). A container that fails it
+        failureThreshold times in a row is killed, and `_keep_running` starts it again, as the kubelet does."""
         probe = c.startup
         if probe is None:
             return True
@@ -613,7 +613,10 @@ class MiniCluster:
                 return True
             failures += 1
             if failures >= threshold:
-                return False
+                self.events.append((run.name, c.name, "startup-failed"))
+                if c.proc is not None and c.proc.returncode is None:
+                    c.proc.kill()
+                failures = 0
             await asyncio.sleep(period)
         return False
 

@@ -71,7 +71,12 @@ job_specs = {
     "crashing": job("crashing", sidecar="if ! test -f crashed; then touch crashed; exit 3; fi; touch ready; "
                                         "trap 'exit 0' TERM; while :; do sleep 0.1; done",
                     main="test -f ready && echo ran > main.out", grace=30),
+    # A sidecar whose first run never passes its startup probe: the kubelet kills it and starts it again.
+    "slow": job("slow", sidecar="if test -f once; then touch ready; else touch once; fi; "
+                                "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+                main="test -f ready && echo ran > main.out", grace=30),
 }
+job_specs["slow"]["spec"]["template"]["spec"]["initContainers"][0]["startupProbe"]["failureThreshold"] = 2
 
 
 async def test_main_containers_start_after_the_sidecars_startup_probe_and_a_stubborn_sidecar_is_killed(cluster):
@@ -94,3 +99,12 @@ async def test_a_crashed_sidecar_is_restarted_and_one_that_honours_sigterm_is_no
     assert pod["status"]["phase"] == "Succeeded"
     statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
     assert statuses["cache"]["restartCount"] == 1 and statuses["cache"]["state"]["terminated"]["exitCode"] == 0
+
+
+async def test_a_sidecar_that_fails_its_startup_probe_is_killed_and_started_again_before_the_main_containers(
+        cluster):
+    api, mini, kube = cluster
+    pod, work, events = await finished(api, mini, kube, "slow")
+    assert events == [("cache", "started"), ("cache", "startup-failed"), ("cache", "exited -9"), ("cache", "started"),
+                      ("cache", "startup-passed"), ("train", "started"), ("train", "exited 0"), ("cache", "SIGTERM")]
+    assert (work / "main.out").read_text() == "ran\n"
