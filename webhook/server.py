@@ -239,7 +239,6 @@ class Webhook:
         # command: until it is known, pods asking for a sidecar stay centralized).
         self.sidecar = sidecar_config(settings, kubernetes_version(settings.kubernetes_version))
         self.version_discovery: Callable[[], Awaitable[None]] | None = None
-        self._version_task: asyncio.Task | None = None
 
     def set_server_version(self, version: tuple[int, int] | None) -> None:
         """Adopt the API server's version (the sidecar config is immutable: a new one is made)."""
