@@ -31,7 +31,9 @@ depends on, driven only by the objects in the API double:
   and hostAliases is its pod IP (so the tests' own servers stay off
   127.0.0.1), and each container's /etc/hosts is the pod's hostAliases (or
   the file it mounts at /etc/hosts itself, which the kubelet then leaves
-  alone) followed by cluster DNS and `public_hosts`, the world's DNS.
+  alone) followed by cluster DNS and `public_hosts`, the world's DNS; its
+  /etc/resolv.conf names a kube-dns stand-in (ClusterDNS, 127.0.0.10:53)
+  answering the same names.
 - kube-proxy: each Service's ClusterIP (the double allocates them on
   127.1.0.0/16) listens on its ports and forwards each connection to a
   ready endpoint, round robin.
@@ -52,7 +54,9 @@ import random
 import re
 import shutil
 import signal
+import socket
 import ssl
+import struct
 import string
 import time
 from dataclasses import dataclass, field
@@ -70,6 +74,39 @@ NODE = "node-1"
 
 def _labels_match(selector: dict[str, str] | None, labels: dict[str, str] | None) -> bool:
     return bool(selector) and all((labels or {}).get(k) == v for k, v in selector.items())
+
+
+class ClusterDNS(asyncio.DatagramProtocol):
+    """kube-dns: A records for the names of the cluster DNS file (and `public_hosts`), NXDOMAIN for any other
+    name, no AAAA. Asked by the Job pods' containers through their /etc/resolv.conf, as a pod asks CoreDNS: a
+    sidecar resolves origin names this way, never from the pod's /etc/hosts, which names the sidecar itself."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, str] = {}
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        try:
+            ident, flags = struct.unpack_from("!HH", data)
+            at, labels = 12, []
+            while data[at]:
+                labels.append(data[at + 1:at + 1 + data[at]].decode("ascii", "replace"))
+                at += 1 + data[at]
+            (qtype,) = struct.unpack_from("!H", data, at + 1)
+        except (struct.error, IndexError):
+            return  # not a question: dropped, as a server drops garbage
+        question = data[12:at + 5]
+        ip = self.records.get(".".join(labels).lower().rstrip("."))
+        answer = b""
+        if ip is not None and qtype == 1:
+            answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
+        rcode = 0 if ip is not None else 3
+        head = struct.pack("!HHHHHH", ident, 0x8180 | (flags & 0x0100) | rcode, 1, 1 if answer else 0, 0, 0)
+        assert self.transport is not None
+        self.transport.sendto(head + question + answer, addr)
 
 
 def _after(own: str, dns: str) -> str:
@@ -149,6 +186,10 @@ class MiniCluster:
         self.pod_hosts: dict[tuple[str, str, str], tuple[Path, str]] = {}
         # Names the world's DNS would answer (a dataset host): in every pod's view, after the cluster's.
         self.public_hosts: dict[str, str] = {}
+        # kube-dns: what a Job pod's /etc/resolv.conf names (port 53, as resolv.conf cannot say another).
+        self.dns = ClusterDNS()
+        self.dns_ip = "127.0.0.10"
+        self._dns_transport: asyncio.DatagramTransport | None = None
         self.root = root
         self.kubeconfig = kubeconfig
         self.entrypoints = entrypoints
@@ -170,6 +211,8 @@ class MiniCluster:
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
+        self._dns_transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: self.dns, local_addr=(self.dns_ip, 53))
         self._task = asyncio.get_running_loop().create_task(self._forever())
 
     async def stop(self) -> None:
@@ -184,6 +227,8 @@ class MiniCluster:
                 if proc is not None and proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+        if self._dns_transport is not None:
+            self._dns_transport.close()
         for server in self.proxies.values():
             server.close()
         for task in list(self.forwards):
@@ -539,13 +584,17 @@ class MiniCluster:
         run.tasks.append(asyncio.get_running_loop().create_task(self._guard(self._lifecycle(run, pod), run)))
 
     async def _launch_container(self, run: PodRun, c: ContainerRun) -> None:
-        script = 'mount --bind "$NEZHA_TEST_HOSTS" /etc/hosts && unset NEZHA_TEST_HOSTS && exec "$@"'
-        hosts = c.hosts
+        script = ('mount --bind "$NEZHA_TEST_HOSTS" /etc/hosts && mount --bind "$NEZHA_TEST_RESOLV" /etc/resolv.conf'
+                  ' && unset NEZHA_TEST_HOSTS NEZHA_TEST_RESOLV && exec "$@"')
+        # /etc/resolv.conf as the kubelet writes it for a ClusterFirst pod: kube-dns, the namespace's search list.
+        resolv = self.root / "pods" / run.name / "resolv.conf"
+        resolv.write_text(f"search {run.ns}.svc.cluster.local svc.cluster.local cluster.local\n"
+                          f"nameserver {self.dns_ip}\noptions ndots:5\n")
         with open(c.log, "ab") as out:
             c.proc = await asyncio.create_subprocess_exec(
                 self.unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *c.argv,
-                env={**c.env, "NEZHA_TEST_HOSTS": str(hosts)}, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                cwd=str(c.cwd), start_new_session=True)
+                env={**c.env, "NEZHA_TEST_HOSTS": str(c.hosts), "NEZHA_TEST_RESOLV": str(resolv)}, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, cwd=str(c.cwd), start_new_session=True)
         self.events.append((run.name, c.name, "started"))
 
     async def _lifecycle(self, run: PodRun, pod: dict) -> None:
@@ -775,6 +824,12 @@ class MiniCluster:
                                  ".cluster.local")
         lines += [f"{ip}\t{host}" for host, ip in sorted(self.public_hosts.items())]
         text = "\n".join(lines) + "\n"
+        records: dict[str, str] = {}
+        for line in lines[1:]:  # not localhost: a nameserver does not answer it
+            ip, *names = line.split()
+            for name in names:
+                records.setdefault(name.lower(), ip)
+        self.dns.records = records
         for path, own in [(self.hosts, ""), *list(self.pod_hosts.values())]:
             if _after(own, text) != path.read_text():
                 # In place (same inode): the pods' bind mounts of this file see the new text.
