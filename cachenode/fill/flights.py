@@ -21,6 +21,7 @@ from cachenode.fill.buffer import Fill, StoreUnwritable
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
+from nezha.keys import Target
 from nezha.ring import Peer
 
 log = structlog.get_logger("nezha.fill")
@@ -35,6 +36,8 @@ class Source:
     headers: Mapping[str, str]  # the request's fields (for the origin: the leading client's, forwarded)
     peer: Peer | None = None
     ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
+    # The target to ask the node's parent tier for instead of `url` (cachenode/fill/upstream.py); None: `url`.
+    route: Target | None = None
 
 
 class Kind(enum.Enum):
