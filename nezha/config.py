@@ -588,6 +588,24 @@ class WebhookSettings(_Base):
     proxy_url: str | None = None
     # mode: env rules' NO_PROXY unless a rule sets `noProxy`; None: webhook.patch.DEFAULT_NO_PROXY
     no_proxy: str | None = None
+    # The sidecar deployment model (docs/deployment-models.md); checked by
+    # webhook/server.py sidecar_config, which knows its forms. No image: pods
+    # that ask for a sidecar stay centralized, with nezha.io/status saying why.
+    sidecar_image: str | None = None
+    sidecar_image_pull_policy: str = "IfNotPresent"
+    # The data volume's sizeLimit unless a pod's nezha.io/sidecar-size says otherwise.
+    sidecar_size: str = "10Gi"
+    sidecar_resources: dict[str, dict[str, str]] = Field(default_factory=lambda: {
+        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}})
+    # May a pod choose `sidecar` with nezha.io/deployment? (`centralized` always may.)
+    sidecar_by_annotation: bool = True
+    # The sidecar's --parent; default http://<cache_service>.<namespace>.svc:80
+    sidecar_parent: str | None = None
+    # host -> upstream for the sidecar's --origin (a sidecar that cannot reach
+    # the cluster fetches from these); a host missing here: http://<host>.
+    sidecar_origins: dict[str, str] = Field(default_factory=dict)
+    # "1.35": the API server's version, instead of reading it from discovery.
+    kubernetes_version: str | None = None
     # `nezha webhook certs`
     webhook_service: str = "nezha-webhook"
     webhook_configuration: str = "nezha-webhook"
@@ -631,6 +649,10 @@ class WebhookSettings(_Base):
     @property
     def cache_proxy_url(self) -> str:
         return self.proxy_url or f"http://{self.cache_service}.{self.namespace}.svc:80"
+
+    @property
+    def sidecar_parent_url(self) -> str:
+        return self.sidecar_parent or f"http://{self.cache_service}.{self.namespace}.svc:80"
 
 
 def _setting_names(cls: type[_Base]) -> dict[str, str]:

@@ -65,6 +65,12 @@ def run_webhook(args: argparse.Namespace) -> int:
             # Runs only while a rule leaves `ip` out (see Webhook.start_discovery_if_needed).
             webhook.discovery = service_follower(settings=settings, api=api,
                                                  on_ip=lambda ip: setattr(webhook, "cache_ip", ip))
+        if settings.sidecar_image and settings.kubernetes_version is None:
+            from webhook.discovery import version_follower
+
+            # Native sidecars need 1.29: until the version is read, sidecar pods stay centralized.
+            webhook.version_discovery = version_follower(settings=settings, api=api,
+                                                         on_version=webhook.set_server_version)
         try:
             await serve(settings, webhook=webhook)
         finally:

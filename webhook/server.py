@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ from nezha.config import WebhookSettings
 from nezha.errors import ConfigError, ReviewError, RunError
 from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
 from webhook.review import review
+from webhook.sidecar import MIN_SIZE, SidecarConfig, parse_version, quantity_bytes
 
 log = structlog.get_logger("nezha.webhook")
 
@@ -180,6 +182,38 @@ class ServingCert:
         return True
 
 
+def kubernetes_version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a `kubernetes_version` setting such as 1.35 or v1.29.3; ConfigError when not one."""
+    if text is None:
+        return None
+    parts = text.strip().lstrip("v").split(".")
+    version = parse_version(*(parts + [""])[:2])
+    if version is None:
+        raise ConfigError(f"kubernetes_version ({text!r}) must be MAJOR.MINOR, such as 1.35")
+    return version
+
+
+def sidecar_config(settings: WebhookSettings, server_version: tuple[int, int] | None) -> SidecarConfig:
+    """The settings' sidecar part, checked (ConfigError naming the field): what webhook/sidecar.py builds from."""
+    size = quantity_bytes(settings.sidecar_size)
+    if size is None or size < MIN_SIZE:
+        raise ConfigError(f"sidecar_size ({settings.sidecar_size!r}) must be a Kubernetes quantity of at least 1Gi, "
+                          "such as 10Gi")
+    for part, values in settings.sidecar_resources.items():
+        if part not in ("requests", "limits"):
+            raise ConfigError(f"sidecar_resources has {part!r}; only requests and limits")
+        for resource, amount in values.items():
+            if not isinstance(amount, str) or not amount:
+                raise ConfigError(f"sidecar_resources.{part}.{resource} ({amount!r}) must be a quantity string")
+    if settings.sidecar_image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+        raise ConfigError(f"sidecar_image_pull_policy ({settings.sidecar_image_pull_policy!r}) must be Always, "
+                          "IfNotPresent or Never")
+    return SidecarConfig(image=settings.sidecar_image, parent=settings.sidecar_parent_url,
+                         size=settings.sidecar_size, resources=settings.sidecar_resources,
+                         by_annotation=settings.sidecar_by_annotation, origins=dict(settings.sidecar_origins),
+                         pull_policy=settings.sidecar_image_pull_policy, server_version=server_version)
+
+
 class Webhook:
     """Request handlers over the current rules and cache IP."""
 
@@ -200,6 +234,16 @@ class Webhook:
         # started at start-up, or by the rules reload that first needs it.
         self.discovery: Callable[[], Awaitable[None]] | None = None
         self._discovery_task: asyncio.Task | None = None
+        # The sidecar model's settings and the API server's version (the
+        # setting, else read from discovery by `version_discovery`, set by the
+        # command: until it is known, pods asking for a sidecar stay centralized).
+        self.sidecar = sidecar_config(settings, kubernetes_version(settings.kubernetes_version))
+        self.version_discovery: Callable[[], Awaitable[None]] | None = None
+
+    def set_server_version(self, version: tuple[int, int] | None) -> None:
+        """Adopt the API server's version (the sidecar config is immutable: a new one is made)."""
+        if version != self.sidecar.server_version:
+            self.sidecar = dataclasses.replace(self.sidecar, server_version=version)
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -224,11 +268,15 @@ class Webhook:
             return self._bad(f"body nests arrays or objects more than {MAX_DEPTH} levels deep")
         try:
             decision = review(body, rules=self.rules, cache_ip=self.cache_ip,
-                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy)
+                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy, sidecar=self.sidecar)
         except ReviewError as e:
             return self._bad(str(e))
+        if decision.fallback is not None:
+            log.warning("sidecar_fallback", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,
+                        name=decision.name, why=decision.fallback)
         log.info("review_completed", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,
                  name=decision.name, rules=decision.rules, ops=len(decision.ops), warnings=decision.warnings,
+                 status=decision.status,
                  ms=round((time.perf_counter() - started) * 1000, 3))
         return web.json_response(decision.response)
 
@@ -315,6 +363,8 @@ def build_app(webhook: Webhook) -> web.Application:
     async def lifecycle(app: web.Application):
         tasks = [asyncio.create_task(webhook.poll_files())]
         webhook.start_discovery_if_needed()
+        if webhook.version_discovery is not None:
+            tasks.append(asyncio.create_task(webhook.version_discovery()))
         yield
         if webhook._discovery_task is not None:
             tasks.append(webhook._discovery_task)
