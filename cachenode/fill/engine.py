@@ -27,7 +27,7 @@ from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
-from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
+from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
 from cachenode.http.vary import variant as variant_of
 from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
@@ -154,9 +154,9 @@ class FillEngine:
             authorize = origin.credentials == "authorize" or (
                 source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
             policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
-                                     private_ok=authorize)
+                                     private_ok=authorize, targeted=origin.targeted_cache_control)
             expires_at = now + policy.ttl
-            kept = stored_pairs(response.headers)
+            kept = with_date(stored_pairs(response.headers), now)
             names = vary_names(response.headers)
             decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
                                       fits=self.store.fits, authorize=authorize),
@@ -228,13 +228,15 @@ class FillEngine:
         # The 304's fields update the stored ones (RFC 9111 §3.2); its
         # Age (not stored) shortens the lifetime it grants, and the
         # object's age restarts from it.
-        merged = updated_by_304(stale.headers, response.headers)
+        # A 304 without Date is dated now (RFC 9110 §6.6.1): the age restarts here.
+        merged = updated_by_304(stale.headers, with_date(tuple(response.headers.items()), now))
         judged = CIMultiDict(merged)
         for name in ("Age", "Date"):  # not stored, but they date the 304
             if name in response.headers:
                 judged[name] = response.headers[name]
         renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl,
-                                  private_ok=origin.credentials == "authorize")
+                                  private_ok=origin.credentials == "authorize",
+                                  targeted=origin.targeted_cache_control)
         meta = await self.store.refresh(
             stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
             age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,

@@ -28,7 +28,7 @@ from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
-from cachenode.http.headers import Pairs, drop_whole_body_fields, first
+from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
@@ -76,7 +76,8 @@ def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via
                     age: int | None = None) -> None:
     """A stored (or storing) response's fields, as the origin sent them, plus
     the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
-    X-Nezha-Cache. Date is the cache's, set when the response goes out."""
+    X-Nezha-Cache. Date is the stored one (RFC 9110 §6.6.1): when the origin
+    made the response, on every reuse."""
     for name, value in headers:
         resp.headers.add(name, value)
     if "Accept-Ranges" not in resp.headers:
@@ -256,7 +257,8 @@ class Responder:
                 decision = Decision(RangeOutcome.FULL, 0, meta.size)
             resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                       else decision.outcome.value)
-            _object_headers(resp, meta.headers, label, via=self.via_for(request), age=meta.age_at(self._clock()))
+            _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
+                            age=meta.age_at(self._clock()))
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
