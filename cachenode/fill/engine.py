@@ -12,6 +12,7 @@ object, never the node.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
 
@@ -24,7 +25,7 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
-from cachenode.fill.origin import OriginClient, ends_at_close, forwarded_request_headers
+from cachenode.fill.origin import Interim, OriginClient, ends_at_close, forwarded_request_headers
 from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
@@ -117,6 +118,8 @@ class FillEngine:
         is already under way."""
         if self.flights.get(key) is not None:
             return
+        # Its client is answered from disk already: no interim answer is its.
+        source = dataclasses.replace(source, interim=None)
 
         async def revalidate() -> None:
             flight, leader = self.flights.lead_or_join(key)
@@ -130,12 +133,14 @@ class FillEngine:
         self.spawn(revalidate())
 
     def origin_source(self, url: str, client_headers: Mapping[str, str], *,
-                      drop: frozenset[str] = NOT_FOR_FILLS) -> Source:
+                      drop: frozenset[str] = NOT_FOR_FILLS, interim: Interim | None = None) -> Source:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone;
-        an `authorize` origin's caller keeps every field it may have signed)."""
+        an `authorize` origin's caller keeps every field it may have signed).
+        `interim` forwards the origin's 1xx answers to that client."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
-        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers)
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers,
+                      interim=interim)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -210,7 +215,8 @@ class FillEngine:
             # a source that stops answering is given up by probing it.
             return await self.peers.ask(source.peer, "GET", source.url, headers=headers,
                                         header_timeout=self.settings.origin_read_timeout)
-        return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what,
+                                          interim=source.interim)
 
     @staticmethod
     def _resolve_flight(flight: Flight, outcome: Outcome) -> Outcome:

@@ -18,6 +18,7 @@ from typing import Awaitable, Mapping
 import structlog
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
+from cachenode.fill.origin import Interim
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
@@ -35,6 +36,9 @@ class Source:
     headers: Mapping[str, str]  # the request's fields (for the origin: the leading client's, forwarded)
     peer: Peer | None = None
     ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
+    # Hears the origin's interim (1xx) answers for the leading client
+    # (fill/origin.py InterimResponse); None for a fill no client leads.
+    interim: Interim | None = None
 
 
 class Kind(enum.Enum):
