@@ -27,7 +27,8 @@ from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flight, Kind
 from cachenode.fill.origin import OriginClient, forwarded_request_headers
-from cachenode.front.respond import InterimRelay, Responder, origin_failure
+from cachenode.front.interim import InterimRelay
+from cachenode.front.respond import Responder, origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
 from cachenode.http.headers import first

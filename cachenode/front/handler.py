@@ -38,7 +38,8 @@ from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
-from cachenode.front.respond import CONTINUE_DEFERRED, InterimRelay, Responder, origin_failure, send_continue
+from cachenode.front.interim import InterimRelay
+from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
                                       request_bypasses_cache, request_directives)

@@ -23,12 +23,13 @@ import structlog
 from aiohttp import web
 
 from cachenode.front.access import access, break_connection
-from cachenode.front.exact_head import ExactResponse, encode_head
+from cachenode.front.interim import InterimRelay
+from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
-from cachenode.http.headers import Pairs, drop_whole_body_fields, end_to_end_pairs, first, with_date
+from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
 from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
@@ -53,37 +54,6 @@ async def send_continue(request: web.Request) -> None:
     """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
     await request.writer.write(_CONTINUE)
     request.writer.output_size = 0  # the response proper has not started
-
-
-class InterimRelay:
-    """Forwards an origin's interim answers (102, 103 Early Hints) to the one
-    client whose request the origin is answering (RFC 9110 §15.2).
-
-    Only before that client's response has begun, never to an HTTP/1.0
-    client (§15.2 forbids it), and only while open: the caller closes it as
-    soon as the origin's final answer is in, so a later exchange (a
-    background revalidation, a parallel range) never writes into a response
-    already under way. Their end-to-end fields go as they came; nothing of
-    them is stored.
-    """
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._open = request.version >= aiohttp.HttpVersion11
-
-    def close(self) -> None:
-        self._open = False
-
-    async def __call__(self, status: int, reason: str, headers: list[tuple[str, str]]) -> None:
-        writer = self._request.writer
-        if not self._open or writer.output_size:
-            return
-        try:
-            await writer.write(encode_head(f"HTTP/1.1 {status} {reason}", end_to_end_pairs(headers)))
-        except ConnectionError:
-            self._open = False
-            return
-        writer.output_size = 0  # the response proper has not started
 
 
 class BrokenStream(Exception):

@@ -71,3 +71,16 @@ async def test_an_http_1_0_client_gets_no_interim_answer(hinting, make_node):
     node = await make_node(origins=[Origin(host=HOST, upstream=url)])
     data = await raw_get(node.server.port, "/passed", version="1.0")
     assert b" 103 " not in data and len(heads(data)) == 1 and heads(data)[0].endswith(b" 200 OK")
+
+
+async def test_early_hints_cross_the_relay_to_an_owner(hinting, cluster):
+    """A node that is not the key's owner relays; the owner's fill hears the
+    origin's 103 and the relaying node passes it on to its client."""
+    from tests.integration.cachenode.conftest import owner_and_other
+
+    url, asked = hinting
+    nodes, _ = await cluster(2, origins=[Origin(host=HOST, upstream=url)])
+    owners, others = owner_and_other(nodes, "/stored")
+    data = await raw_get(nodes[others[0]].server.port, "/stored")
+    assert heads(data)[0] == b"HTTP/1.1 103 Early Hints" and heads(data)[1].startswith(b"HTTP/1.1 200")
+    assert data.count(b"103 Early Hints") == 1 and asked == ["/stored"]
