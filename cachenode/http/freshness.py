@@ -131,6 +131,19 @@ _HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
 )]
 
 
+_DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTH_NAMES = tuple(m.capitalize() for m in _MONTHS)
+
+
+def imf_fixdate(timestamp: float) -> str:
+    """`timestamp` as an IMF-fixdate (RFC 9110 §5.6.7), the one form an HTTP
+    sender may generate. Spelt here rather than by email.utils.formatdate,
+    whose module imports socket, or strftime, whose names follow the locale."""
+    t = datetime.fromtimestamp(math.floor(timestamp), tz=timezone.utc)
+    return (f"{_DAY_NAMES[t.weekday()]}, {t.day:02d} {_MONTH_NAMES[t.month - 1]} {t.year:04d} "
+            f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
+
+
 def http_date(value: str | None) -> float | None:
     """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
 

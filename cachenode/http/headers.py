@@ -13,9 +13,9 @@ fields (`Link`, `x-amz-meta-*` pairs, `Vary`) and their order.
 
 from __future__ import annotations
 
-from email.utils import formatdate
 from typing import Iterable, Mapping, MutableMapping
 
+from cachenode.http.freshness import imf_fixdate
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
 Pairs = tuple[tuple[str, str], ...]
@@ -87,7 +87,7 @@ def with_date(pairs: Pairs, received_at: float) -> Pairs:
     of it says the same moment and Age counts from there."""
     if first(pairs, "Date") is not None:
         return pairs
-    return (*pairs, ("Date", formatdate(received_at, usegmt=True)))
+    return (*pairs, ("Date", imf_fixdate(received_at)))
 
 
 def header_bytes(pairs: Iterable[tuple[str, str]]) -> int:

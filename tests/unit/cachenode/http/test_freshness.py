@@ -478,3 +478,13 @@ def test_rfc9213_2_1_with_no_targeted_field_configured_cache_control_rules():
 def test_rfc9213_2_1_repeated_lines_of_a_targeted_field_are_one_dictionary():
     headers = multi(("CDN-Cache-Control", "public"), ("Cache-Control", "no-store"), ("cdn-cache-control", "max-age=90"))
     assert response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED).ttl == 90.0
+
+
+@pytest.mark.parametrize("stamp,text", [
+    (NOW, DATE), (NOW + 0.9, DATE), (784111777.0, "Sun, 06 Nov 1994 08:49:37 GMT"),
+    (0.0, "Thu, 01 Jan 1970 00:00:00 GMT"),
+])
+def test_rfc9110_5_6_7_a_date_the_cache_generates_is_an_imf_fixdate(stamp, text):
+    from cachenode.http.freshness import imf_fixdate
+
+    assert imf_fixdate(stamp) == text and http_date(text) == float(int(stamp))
