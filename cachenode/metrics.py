@@ -20,6 +20,10 @@ class Metrics:
         self.bytes_served = Counter("nezha_bytes_served", "Body bytes sent to clients: stored objects, fills "
                                     "in progress and pass-through (bypass, unstorable, origin errors)", registry=r)
         self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
+        self.origin_bytes_discarded = Counter("nezha_origin_bytes_discarded", "Body bytes origins delivered that "
+                                              "were thrown away: the first answer of a parallel fill, closed "
+                                              "unread, holds what the origin sent before its headers were read",
+                                              registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)

@@ -35,12 +35,14 @@ class RedisServer:
     for certificates.
     """
 
-    def __init__(self, exe: str, workdir: Path, password: str | None = None, *, tls: TLSFiles | None = None) -> None:
+    def __init__(self, exe: str, workdir: Path, password: str | None = None, *, tls: TLSFiles | None = None,
+                 replica_of: "RedisServer | None" = None) -> None:
         self.exe = exe
         self.workdir = workdir
         self.port = free_port()
         self.password = password
         self.tls = tls
+        self.replica_of = replica_of  # a replica of that server, with the same password (Sentinel may promote it)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -53,13 +55,18 @@ class RedisServer:
             listen = ["--port", str(self.port)]
         else:
             listen = ["--port", "0", "--tls-port", str(self.port)]
+        # A replica's first sync starts at once, not after Redis's default 5 s wait for others.
         args = [self.exe, *listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir)]
+                "--dir", str(self.workdir), "--repl-diskless-sync-delay", "0"]
         if self.tls is not None:
             args += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key),
                      "--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no"]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+            if self.replica_of.password:
+                args += ["--masterauth", self.replica_of.password]
         return args
 
     def start(self) -> None:
@@ -74,19 +81,28 @@ class RedisServer:
 
 
 class RedisSentinel(RedisServer):
-    """redis-server in Sentinel mode, monitoring `master` as `name` (quorum 1).
+    """redis-server in Sentinel mode, monitoring `master` as `name`.
 
-    Sentinel rewrites its config file, so each one writes its own, in `workdir`.
+    Sentinel rewrites its config file, so each one writes its own, in
+    `workdir` (give each Sentinel a folder of its own). `quorum` Sentinels
+    must agree that the master is down, after `down_after_ms` without an
+    answer, before one of them promotes a replica.
     """
 
-    def __init__(self, exe: str, workdir: Path, *, master: RedisServer, name: str = "mymaster") -> None:
+    def __init__(self, exe: str, workdir: Path, *, master: RedisServer, name: str = "mymaster", quorum: int = 1,
+                 down_after_ms: int = 30000, failover_timeout_ms: int = 180000) -> None:
         super().__init__(exe, workdir)
         self.master = master
         self.name = name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
 
     def args(self) -> list[str]:
         conf = self.workdir / "sentinel.conf"
         auth = f"sentinel auth-pass {self.name} {self.master.password}\n" if self.master.password else ""
         conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-                        f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 1\n{auth}")
+                        f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} {self.quorum}\n{auth}"
+                        f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}\n"
+                        f"sentinel failover-timeout {self.name} {self.failover_timeout_ms}\n")
         return [self.exe, str(conf), "--sentinel"]

@@ -26,7 +26,7 @@ from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import Interim, OriginClient, ends_at_close, forwarded_request_headers
-from cachenode.fill.parallel import RangedFetch, Validator, parallel_validator, plain_rest
+from cachenode.fill.parallel import RangedFetch, Validator, close_unread, parallel_validator, plain_rest
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
 from cachenode.http.vary import variant as variant_of
@@ -260,6 +260,21 @@ class FillEngine:
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
                           authorize: bool) -> Fill:
         length = response.content_length
+        streams = origin.fill_streams or self.settings.fill_streams
+        validator = parallel_validator(
+            response.status, response.headers, length, streams=streams,
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=ends_at_close(response),
+                              rangeable=validator is not None, client_ranged=source.ranged,
+                              callers_own=authorize and source.peer is None),
+                         splice_fills=self.settings.splice_fills,
+                         fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
+                         else self.settings.fill_on_range)
+        discarded = 0
+        if plan.how is How.PARALLEL:
+            # Before any await: aiohttp reads the answer ahead while it is open.
+            discarded = close_unread(response)
+            self.metrics.origin_bytes_discarded.inc(discarded)
         try:
             temp = await self.store.new_temp()
         except NezhaError:
@@ -286,21 +301,11 @@ class FillEngine:
                 from_origin.inc(n)
                 self.counts.count(host, bytes_from_origin=n, metrics=False)
 
-        streams = origin.fill_streams or self.settings.fill_streams
-        validator = parallel_validator(
-            response.status, response.headers, length, streams=streams,
-            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
-        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=fill.delimited_by_close,
-                              rangeable=validator is not None, client_ranged=source.ranged,
-                              callers_own=authorize and source.peer is None),
-                         splice_fills=self.settings.splice_fills,
-                         fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
-                         else self.settings.fill_on_range)
         ranged = None
         if plan.how is How.PARALLEL:
             assert validator is not None
-            ranged = self._ranged_fetch(response, fill, source, validator, on_bytes, streams=streams,
-                                        on_demand=plan.on_demand, landed=flight.landed)
+            ranged = self._ranged_fetch(fill, source, validator, on_bytes, streams=streams,
+                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
                                source=source, target=target)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
@@ -372,9 +377,9 @@ class FillEngine:
 
         return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
 
-    def _ranged_fetch(self, response: aiohttp.ClientResponse, fill: Fill, source: Source, validator: Validator,
+    def _ranged_fetch(self, fill: Fill, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
-                      landed: asyncio.Event):
+                      landed: asyncio.Event, discarded: int):
         """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/fill/parallel.py)."""
         async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
             return await self.origins.request("GET", source.url, headers=headers, what=source.what)
@@ -387,11 +392,11 @@ class FillEngine:
             return await self.store.pump_into(fill.temp, body, offset, end=end, moved=moved, started=fill.track,
                                               read_timeout=self.settings.origin_read_timeout)
 
-        fetch = RangedFetch(first=response, get=get, headers=source.headers, validator=validator,
+        fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
                             chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
-                            read_timeout=self.settings.origin_read_timeout, landed=landed)
+                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
         fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:

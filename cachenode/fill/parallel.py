@@ -4,10 +4,11 @@ Object stores give one connection roughly 50–150 MB/s, and a throttled
 origin one stream's worth; a first download through the cache should not
 wait on one slow stream. When the origin's first answer shows an object of
 known size at or above the threshold, `Accept-Ranges: bytes` and a strong
-validator, the fill keeps reading that answer for the first slice and asks
-for the rest in `Range` + `If-Range` requests, `streams` at a time, each
-written into its place in the temp file (cachenode/fill/slices.py says which
-slice next). Clients keep streaming in order: the fill reports the
+validator, the fill closes that answer unread and asks for the object in
+fixed slices, each a `Range` + `If-Range` request read to its end,
+`streams` at a time, each written into its place in the temp file
+(cachenode/fill/slices.py says which slice next). No answer is cut with
+the origin's bytes in flight on it, so the origin sends the object once. Clients keep streaming in order: the fill reports the
 contiguous prefix as it grows.
 
 Anything unexpected from a range (a 200 instead of 206, another validator,
@@ -29,8 +30,11 @@ since a temp file holds space the store reserved for the whole object.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import re
+import termios
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -45,11 +49,6 @@ from nezha.errors import FillAborted, NezhaError
 log = structlog.get_logger("nezha.fill")
 
 SLICE = 8 * 1024 * 1024  # one range request's share; small next to the objects this is for
-MIN_STEAL = 1024 * 1024  # a tail shorter than twice this is not worth another request
-# A tail is stolen only from a range that would take longer than this to
-# finish at its own pace (cachenode/fill/slices.py): on a fast origin a cut costs
-# more in bytes already in flight than it saves.
-STEAL_AFTER = 0.25
 PARK_IDLE = 600.0  # seconds an on-demand fill keeps its slices with nobody asking for more
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
 
@@ -113,15 +112,14 @@ def partial_mismatch(status: int, headers: Mapping[str, str], *, first: int, las
 class RangedFetch:
     """The parallel part of one fill: `await fetch(fill)`, for `Fill.run_ranged`."""
 
-    def __init__(self, *, first: aiohttp.ClientResponse, get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]],
+    def __init__(self, *, get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]],
                  headers: Mapping[str, str], validator: Validator, length: int, streams: int,
                  write_at: Callable[[int, memoryview], Awaitable[None]], chunk_size: int,
                  on_bytes: Callable[[int], None] | None = None, slice_size: int = SLICE,
-                 min_steal: int = MIN_STEAL, on_demand: bool = False, park_idle: float | None = None,
+                 on_demand: bool = False, park_idle: float | None = None,
                  pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
                                 Awaitable[int]] | None = None,
-                 read_timeout: float = 30.0, landed: asyncio.Event | None = None) -> None:
-        self.first = first
+                 read_timeout: float = 30.0, landed: asyncio.Event | None = None, discarded: int = 0) -> None:
         self.get = get
         self.headers = headers
         self.validator = validator
@@ -135,8 +133,9 @@ class RangedFetch:
         self.flight_landed = landed  # once set, no request can reach a parked fill to ask for more
         self.on_demand = on_demand
         self.park_idle = PARK_IDLE if park_idle is None else park_idle
-        self.plan = Plan(length, slice_size, min_steal=min_steal, on_demand=on_demand, steal_after=STEAL_AFTER)
-        self.requests = 1  # the first answer's
+        self.plan = Plan(length, slice_size, on_demand=on_demand)
+        self.requests = 1  # the first answer's (closed unread by `close_unread`)
+        self.discarded = discarded  # bytes of the first answer thrown away (`close_unread`)
         self._tasks: set[asyncio.Task] = set()
         self._fill: Fill | None = None
         self._extra: asyncio.Task | None = None
@@ -156,13 +155,8 @@ class RangedFetch:
         self.attach(fill)
         self._started = True
         if not self.on_demand:
-            self._tasks = {asyncio.create_task(self._first_stream(fill))}
-            self._tasks |= {asyncio.create_task(self._stream(fill)) for _ in range(self.streams - 1)}
+            self._tasks = {asyncio.create_task(self._stream(fill)) for _ in range(self.streams)}
         else:
-            if self.plan.wants(0):
-                self._tasks = {asyncio.create_task(self._first_stream(fill))}
-            else:
-                self.first.close()  # its bytes are the front of the object, which nobody asked for
             self._spawn_wanted()
         try:
             while True:
@@ -183,11 +177,10 @@ class RangedFetch:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await fill.writes_done()  # and its bytes are all down before a fallback writes the same places
-            self.first.close()
         if not self.plan.complete:
             raise RangesAbandoned(f"streams stopped at byte {self.plan.prefix} of {self.length}")
         log.info("parallel_fill", key=fill.key, bytes=self.length, streams=self.streams, requests=self.requests,
-                 slices=len(self.plan.slices))
+                 slices=len(self.plan.slices), discarded=self.discarded)
 
     async def _park(self, fill: Fill) -> None:
         """Every slice asked for is on disk: wait for a client to ask for more
@@ -244,26 +237,11 @@ class RangedFetch:
             self._extra = asyncio.create_task(self._stream(self._fill, wanted_only=True))
             self._tasks.add(self._extra)
 
-    async def _first_stream(self, fill: Fill) -> None:
-        """The answer that showed the object's size reads its first slice, then
-        goes on as another stream: its connection cannot be asked again."""
-        # Not spliced: this answer is for the whole object, and what the origin
-        # has in flight beyond the first slice is lost when it is closed. A
-        # socket drained at splice speed lets TCP grow its window to tens of
-        # MiB (measured: 15% of a 128 MiB object sent for nothing); aiohttp's
-        # reader, which pauses at its buffer limit, keeps it small.
-        await self._copy(self.first, self.plan.claim_first(), fill, spliced=False)
-        self.first.close()
-        await self._stream(fill)
-
     async def _stream(self, fill: Fill, *, wanted_only: bool = False) -> None:
         while True:
             s = self.plan.next_wanted() if wanted_only else self.plan.next()
             if s is None:
-                if wanted_only or not self.plan.may_steal_later():
-                    return
-                await asyncio.sleep(STEAL_AFTER / 4)  # a range in progress may yet prove slow
-                continue
+                return
             first, last = s.pos, s.end - 1
             headers = {**self.headers, "Range": f"bytes={first}-{last}", "If-Range": self.validator.if_range}
             self.requests += 1
@@ -278,14 +256,13 @@ class RangedFetch:
                     raise RangesAbandoned(f"range {first}-{last}: {why}")
                 await self._copy(response, s, fill)
             finally:
-                response.close()  # also a range whose back half was stolen: the rest is unread
+                response.close()
 
-    async def _copy(self, response: aiohttp.ClientResponse, s: Slice, fill: Fill, *, spliced: bool = True) -> None:
-        """The bytes of `s` from `response` into their place, until `s` ends
-        (it may shrink meanwhile, when another stream steals its back half)."""
+    async def _copy(self, response: aiohttp.ClientResponse, s: Slice, fill: Fill) -> None:
+        """The bytes of `s` from `response` into their place, until `s` ends."""
         started = s.pos
         try:
-            body = splice.take(response) if spliced and self.pump is not None else None
+            body = splice.take(response) if self.pump is not None else None
             if body is not None:
                 await self._splice(body, s, fill)
             else:
@@ -312,10 +289,7 @@ class RangedFetch:
 
     async def _splice(self, body: "splice.SocketBody", s: Slice, fill: Fill) -> None:
         """`_copy` with the kernel moving the bytes (cachenode/kernel/splice.py), on
-        a thread of the stream's own. A steal lowers `s.end`, which the
-        thread reads before each step; a step (at most a pipe's worth) that
-        began before the steal may write past the new end bytes equal to the
-        thief's, both answers having the first answer's validator."""
+        a thread of the stream's own."""
         try:
             if body.buffered:
                 await self._put(s, fill, body.buffered)
@@ -329,6 +303,31 @@ class RangedFetch:
                 await self.pump(body, s.pos, lambda: s.end, moved)
         finally:
             body.close()
+
+
+def close_unread(response: aiohttp.ClientResponse) -> int:
+    """Close the first answer of a parallel fill, none of whose body was
+    read, as soon as the fill is known to be parallel; return the bytes of
+    it that reached this host (what aiohttp took off the socket, and what
+    waits in the socket's receive queue): egress the origin was paid for
+    nothing.
+
+    Read for a slice and then closed, that answer cost every byte the
+    origin had in flight on its connection (3-4% of a 128 MiB object on
+    loopback); left open while the fill is set up, aiohttp reads up to
+    2 MiB of it ahead. Slice 0 is a range like the rest."""
+    unread = response.content.total_bytes
+    conn = response.connection
+    sock = conn.transport.get_extra_info("socket") if conn is not None and conn.transport is not None else None
+    if sock is not None:
+        queued = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, queued)
+            unread += queued[0]
+        except OSError:
+            pass
+    response.close()
+    return unread
 
 
 async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]], headers: Mapping[str, str],

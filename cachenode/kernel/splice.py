@@ -325,7 +325,7 @@ class SocketBody:
                         landed: Callable[[int], None] | None = None) -> int:
         """Move the body from the socket into `fd` at `offset` on a thread of
         its own, by blocking splice socket -> pipe -> file, until `end()` (an
-        offset: a slice's end, which a steal may lower) or the body's end.
+        offset: a slice's end) or the body's end.
         `moved(n)` is called on the loop as bytes reach the file, `landed(n)`
         on the pump's own thread (for work that must not wait for the loop,
         or run on it: cachenode/store/writeback.py). Returns the

@@ -110,9 +110,63 @@ must be URL-safe (the chart's own is alphanumeric).
     secretKeyRef:
       name: {{ include "nezha.redisSecret" . }}
       key: password
+{{- if .Values.redis.ha.enabled }}
+{{- $name := include "nezha.redis" . }}
+{{- $ns := .Release.Namespace }}
+{{- $sentinels := list }}
+{{- range $i := until (int .Values.redis.ha.replicas) }}
+{{- $sentinels = append $sentinels (printf "%s-%d.%s-headless.%s.svc:26379" $name $i $name $ns) }}
+{{- end }}
+- name: NEZHA_REDIS_URL
+  value: "redis+sentinel://:$(REDIS_PASSWORD)@{{ join "," $sentinels }}/{{ include "nezha.redisHA.master" . }}/0?sentinel_password=$(REDIS_PASSWORD)"
+{{- else }}
 - name: NEZHA_REDIS_URL
   value: "redis://:$(REDIS_PASSWORD)@{{ include "nezha.redis" . }}.{{ .Release.Namespace }}.svc:6379/0"
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The master's name in the Sentinels of the chart's HA index. */}}
+{{- define "nezha.redisHA.master" -}}nezha{{- end }}
+
+{{/* What both containers of an HA index pod know: who they are, the password, the Sentinels' master name. */}}
+{{- define "nezha.redisHA.env" -}}
+{{ include "nezha.podEnv" . }}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "nezha.redisSecret" . }}
+      key: password
+- name: SENTINEL_MASTER
+  value: {{ include "nezha.redisHA.master" . }}
+- name: STATEFULSET
+  value: {{ include "nezha.redis" . }}
+- name: HEADLESS
+  value: {{ include "nezha.redis" . }}-headless
+- name: REPLICAS
+  value: {{ .Values.redis.ha.replicas | quote }}
+{{- end }}
+
+{{/*
+Shell: sets $self (this pod's stable name) and $master (the name of the
+master): what another pod's Sentinel says it is, else pod 0 (a first start,
+or every Sentinel down). A pod restarted after a failover so comes back as
+a replica of the promoted one, never as a second master.
+*/}}
+{{- define "nezha.redisHA.findMaster" -}}
+svc="$HEADLESS.$POD_NAMESPACE.svc"
+self="$POD_NAME.$svc"
+master=""
+i=0
+while [ "$i" -lt "$REPLICAS" ]; do
+  peer="$STATEFULSET-$i.$svc"
+  i=$((i + 1))
+  [ "$peer" = "$self" ] && continue
+  master=$(redis-cli -h "$peer" -p 26379 --no-auth-warning -a "$REDIS_PASSWORD" \
+    SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null | head -n 1) || master=""
+  [ -n "$master" ] && break
+done
+if [ -z "$master" ]; then master="$STATEFULSET-0.$svc"; fi
 {{- end }}
 
 {{- define "nezha.redisSecret" -}}

@@ -35,17 +35,18 @@ class ParallelOrigin:
     `rate` limits each connection (bytes/s), not the total. `ignore_range`
     answers every Range with the whole object (200). After `change_after`
     range requests the object changes (new bytes, new ETag). `wrong_range`
-    answers ranges with a Content-Range off by one block. `first_rate`
-    throttles only the plain (non-range) answers.
+    answers ranges with a Content-Range off by one block. `front_rate`
+    throttles only the answers that start at byte 0 (the plain one and
+    slice 0's).
     """
 
     def __init__(self, body: bytes, *, rate: float | None = None, ignore_range: bool = False,
-                 change_after: int | None = None, wrong_range: bool = False, first_rate: float | None = None,
+                 change_after: int | None = None, wrong_range: bool = False, front_rate: float | None = None,
                  wrong_after: int | None = None) -> None:
         self.body = body
         self.etag = '"v1"'
         self.rate = rate
-        self.first_rate = first_rate
+        self.front_rate = front_rate
         self.ignore_range = ignore_range
         self.change_after = change_after
         self.wrong_range = wrong_range
@@ -87,7 +88,7 @@ class ParallelOrigin:
         resp = web.StreamResponse(status=status, headers=headers)
         resp.content_length = end + 1 - start
         await resp.prepare(request)
-        rate = self.rate if status == 206 or self.first_rate is None else self.first_rate
+        rate = self.front_rate if self.front_rate is not None and start == 0 else self.rate
         step = max(16 * 1024, int(rate / 50)) if rate else 256 * 1024
         began = time.monotonic()
         self.active += 1
@@ -135,24 +136,22 @@ async def node_for(make_node, origin: ParallelOrigin, **settings):
     return await make_node(origins=[Origin(host=HOST, upstream=origin.url)], **settings)
 
 
-async def test_a_cold_fill_from_a_per_connection_throttled_origin_beats_one_stream_by_about_the_stream_count(
+async def test_a_cold_fill_from_a_per_connection_throttled_origin_is_read_in_ranges_several_at_once(
         parallel_origin, make_node):
+    # How much faster that is than one stream is a benchmark's figure
+    # (bench/throughput.py, cold_parallel): as a bound here (>= 3x) it
+    # failed on a loaded machine, before and after issue 26's change.
     body = pattern(256 * MiB)
     origin = await parallel_origin(body, rate=64 * MiB)
-    started = time.monotonic()
     status, digest, size, _ = await download(origin.url + "/big.bin")
-    direct = time.monotonic() - started
     assert status == 200 and size == len(body)
     node = await node_for(make_node, origin, fill_streams=8)
-    origin.sent = 0
-    started = time.monotonic()
+    origin.peak = 0
     status, got, size, headers = await download(node.url + "/big.bin", host=HOST)
-    cold = time.monotonic() - started
     assert status == 200 and headers["X-Nezha-Cache"] == "miss" and got == digest and size == len(body)
-    assert direct / cold >= 3.0, f"direct {direct:.2f}s, cold through the cache {cold:.2f}s"
     await node.node.settled()
-    assert len(origin.ranges) >= 8
-    assert origin.peak <= 8, f"{origin.peak} answers at once for --fill-streams 8"
+    assert len(origin.ranges) == len(body) // SLICE  # every slice one range, slice 0 included
+    assert 2 <= origin.peak <= 8, f"{origin.peak} answers at once for --fill-streams 8"
     status, got, _, headers = await download(node.url + "/big.bin", host=HOST)
     assert headers["X-Nezha-Cache"] == "hit" and got == digest
 
@@ -203,25 +202,26 @@ async def test_fifty_concurrent_cold_clients_cause_each_byte_to_be_fetched_once(
     assert origin.plain == 1  # one first answer; everything else in ranges
     # Every byte the node took from the origin, exactly once.
     async with aiohttp.ClientSession() as s, s.get(node.url + "/metrics") as r:
-        [taken] = [float(line.split()[1]) for line in (await r.text()).splitlines()
-                   if line.startswith("nezha_bytes_from_origin_total ")]
-    assert taken == len(body)
-    # What the origin wrote into its sockets is a little more: the first
-    # answer, and a range whose back half was stolen, are closed after the
-    # bytes they are used for, with up to a socket buffer of their data in
-    # flight. How much is in flight depends on scheduling (up to 1.12 on an
-    # idle machine on 2026-11-25: 6 runs of 23 above 1.08), so it is a
-    # benchmark's figure (bench/throughput.py, parallel_origin_bytes), not
-    # a bound here, until fills stop cutting streams (issue 26).
+        metrics = {line.split()[0]: float(line.split()[1]) for line in (await r.text()).splitlines()
+                   if line.startswith("nezha_")}
+    assert metrics["nezha_bytes_from_origin_total"] == len(body)
+    # Each slice is one range, asked once and read to its end: nothing is
+    # cut with the origin's bytes in flight on it (issue 26).
+    assert sorted(origin.ranges) == sorted(f"bytes={i}-{min(i + SLICE, len(body)) - 1}"
+                                           for i in range(0, len(body), SLICE))
+    # The first answer, closed unread, costs what reached the node before
+    # its headers were read: the kernel's count of it (receive queue and
+    # aiohttp's read-ahead), a constant, never a share of the object.
+    assert metrics["nezha_origin_bytes_discarded_total"] <= 2 * MiB
 
 
 @pytest.mark.parametrize("splice_fills", [True, False], ids=["spliced", "through-python"])
 async def test_a_client_reading_from_the_start_gets_exact_bytes_while_later_ranges_finish_first(
         parallel_origin, make_node, splice_fills):
     body = pattern(96 * MiB)
-    # The first answer crawls, the ranges fly: the prefix waits on slice 0
-    # while later slices complete, until free streams steal its back halves.
-    origin = await parallel_origin(body, first_rate=4 * MiB)
+    # Slice 0 crawls, the other ranges fly: the prefix waits on slice 0
+    # while every later slice completes, then jumps to the end.
+    origin = await parallel_origin(body, front_rate=4 * MiB)
     node = await node_for(make_node, origin, splice_fills=splice_fills)
     status, got, size, _ = await asyncio.wait_for(download(node.url + "/big.bin", host=HOST), 30)
     assert status == 200 and got == hashlib.sha256(body).hexdigest() and size == len(body)

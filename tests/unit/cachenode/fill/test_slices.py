@@ -1,4 +1,4 @@
-"""The parallel fill's schedule (cachenode/fill/slices.py): front first, every byte once, stealing the slow tail."""
+"""The parallel fill's schedule (cachenode/fill/slices.py): front first, every byte once, no range ever cut."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from cachenode.fill.slices import Plan
 MiB = 1 << 20
 
 
-def test_slices_are_handed_out_front_first_after_the_first_streams_own():
+def test_slices_are_handed_out_front_first():
     plan = Plan(10 * MiB, 2 * MiB)
-    first = plan.claim_first()
+    first = plan.next()
     assert (first.start, first.end) == (0, 2 * MiB)
     assert [plan.next().start for _ in range(4)] == [2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB]
 
 
 def test_the_prefix_grows_only_over_contiguous_bytes():
     plan = Plan(6 * MiB, 2 * MiB)
-    a, b, c = plan.claim_first(), plan.next(), plan.next()
+    a, b, c = plan.next(), plan.next(), plan.next()
     plan.advance(c, 2 * MiB)
     plan.advance(b, MiB)
     assert plan.prefix == 0
@@ -32,26 +32,22 @@ def test_the_prefix_grows_only_over_contiguous_bytes():
     assert plan.prefix == 6 * MiB and plan.complete
 
 
-def test_a_free_stream_steals_the_back_half_of_the_slice_with_most_left():
+def test_a_slice_in_progress_is_never_cut_or_handed_out_again_however_slow():
+    """Cutting a slow range closed its answer with the origin's bytes in
+    flight on it: the origin sent more than the object (issue 26)."""
     plan = Plan(8 * MiB, 4 * MiB)
-    slow, other = plan.claim_first(), plan.next()
+    slow, other = plan.next(), plan.next()
     plan.advance(other, 4 * MiB)
     plan.advance(slow, MiB)
-    stolen = plan.next()
-    assert (stolen.start, stolen.end) == (MiB + 3 * MiB // 2, 4 * MiB)
-    assert slow.end == stolen.start  # the victim now stops where the thief starts
-
-
-def test_nothing_is_stolen_when_too_little_is_left_to_be_worth_a_request():
-    plan = Plan(4 * MiB, 4 * MiB, min_steal=MiB)
-    s = plan.claim_first()
-    plan.advance(s, 3 * MiB)
-    assert plan.next() is None
+    assert plan.next() is None and plan.next_wanted() is None
+    assert (slow.start, slow.end) == (0, 4 * MiB)
+    plan.want(2 * MiB, 3 * MiB)  # a client waiting inside it changes nothing either
+    assert plan.next() is None and slow.end == 4 * MiB
 
 
 def test_advancing_past_a_slice_end_is_a_bug_not_a_silent_overlap():
     plan = Plan(2 * MiB, MiB)
-    s = plan.claim_first()
+    s = plan.next()
     with pytest.raises(ValueError):
         plan.advance(s, MiB + 1)
 
@@ -61,8 +57,8 @@ def test_advancing_past_a_slice_end_is_a_bug_not_a_silent_overlap():
        seed=st.integers(0, 2 ** 32))
 def test_every_byte_is_covered_exactly_once_whatever_the_order_of_progress(total, slice_size, streams, seed):
     rng = random.Random(seed)
-    plan = Plan(total, slice_size, min_steal=MiB // 4)
-    active = [plan.claim_first()]
+    plan = Plan(total, slice_size)
+    active = [plan.next()]
     while len(active) < streams and (s := plan.next()) is not None:
         active.append(s)
     written = []
@@ -85,14 +81,14 @@ def test_every_byte_is_covered_exactly_once_whatever_the_order_of_progress(total
 
 def test_slices_a_client_waits_for_go_before_the_front():
     plan = Plan(20 * MiB, 2 * MiB)
-    plan.claim_first()
+    plan.next()
     plan.want(13 * MiB, 15 * MiB)
     assert [plan.next().start for _ in range(3)] == [12 * MiB, 14 * MiB, 2 * MiB]
 
 
 def test_coverage_beyond_the_prefix_is_the_contiguous_run_from_an_offset():
     plan = Plan(8 * MiB, 2 * MiB)
-    a = plan.claim_first()
+    a = plan.next()
     b, c, d = plan.next(), plan.next(), plan.next()
     plan.advance(c, 2 * MiB)
     plan.advance(d, MiB)
@@ -106,19 +102,17 @@ def test_coverage_beyond_the_prefix_is_the_contiguous_run_from_an_offset():
 
 
 def test_on_demand_only_slices_a_client_waits_for_are_handed_out():
-    plan = Plan(100, 10, min_steal=1, on_demand=True)
+    plan = Plan(100, 10, on_demand=True)
     assert plan.next() is None, "nobody asked: nothing is fetched"
     plan.want(42, 58)
     got = [plan.next(), plan.next()]
     assert [(s.start, s.end) for s in got] == [(40, 50), (50, 60)]
     assert not plan.has_unclaimed_wanted()
-    # A free stream may still split a wanted slice in progress, never take an unwanted one.
-    stolen = plan.next()
-    assert stolen is not None and 40 <= stolen.start and stolen.end <= 60
+    assert plan.next() is None, "never an unwanted slice"
 
 
 def test_on_demand_a_want_already_on_disk_asks_for_nothing_more():
-    plan = Plan(100, 10, min_steal=100, on_demand=True)
+    plan = Plan(100, 10, on_demand=True)
     plan.want(20, 25)
     s = plan.next()
     plan.advance(s, 10)
@@ -127,40 +121,6 @@ def test_on_demand_a_want_already_on_disk_asks_for_nothing_more():
     assert not plan.has_unclaimed_wanted() and plan.next() is None
     plan.want(0, 100)  # a whole-object request wants every slice
     assert [s.start for s in iter(plan.next, None)] == [0, 10, 30, 40, 50, 60, 70, 80, 90]
-
-
-def test_a_tail_that_will_end_soon_at_its_own_pace_is_not_stolen():
-    now = [0.0]
-    plan = Plan(16 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
-    fast, slow = plan.claim_first(), plan.next()
-    now[0] = 0.5
-    plan.advance(fast, 7 * MiB)  # 1 MiB to go at 14 MiB/s
-    plan.advance(slow, MiB)  # 7 MiB to go at 2 MiB/s: 3.5 s
-    stolen = plan.next()
-    assert stolen is not None and stolen.start > 8 * MiB, "the slow range's back half is taken"
-    for s in (slow, fast, stolen):
-        plan.advance(s, s.remaining)
-    assert plan.complete and not plan.may_steal_later()
-
-
-def test_a_fast_range_keeps_its_tail_even_with_megabytes_left():
-    now = [0.0]
-    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
-    s = plan.claim_first()
-    now[0] = 0.5
-    plan.advance(s, 6 * MiB)  # 2 MiB to go at 12 MiB/s: 0.17 s, though long enough to split
-    assert plan.next() is None and plan.may_steal_later()
-
-
-def test_the_same_tail_at_a_slow_pace_is_stolen():
-    now = [0.0]
-    plan = Plan(8 * MiB, 8 * MiB, min_steal=MiB, steal_after=0.25, clock=lambda: now[0])
-    s = plan.claim_first()
-    now[0] = 0.5
-    plan.advance(s, 6 * MiB)
-    now[0] = 2.0  # the same 2 MiB to go, at 3 MiB/s now: 0.67 s
-    stolen = plan.next()
-    assert stolen is not None and (stolen.start, stolen.end) == (7 * MiB, 8 * MiB) and s.end == 7 * MiB
 
 
 def test_a_client_asking_again_for_what_it_asked_adds_no_want():
