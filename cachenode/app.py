@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Callable
 
 import structlog
+from aiohttp import web
 from yarl import URL
 
 from cachenode.front.connections import raise_open_files_limit
-from cachenode.front.listener import Listener
+from cachenode.front.listener import Listener, build_admin_app
 from cachenode.tls.certificates import Leaves, load_ca
 from cachenode.metrics import Metrics
+from cachenode.fill.dns_resolver import NameserverResolver
 from cachenode.fill.origin import OriginClient
 from cachenode.node import CacheNode
 from cachenode.store.disk import Store
@@ -36,7 +39,8 @@ def build_node(settings: CacheSettings) -> CacheNode:
 
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
-                           read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
+                           read_timeout=settings.origin_read_timeout, roots=origin_roots(settings),
+                           resolver=origin_resolver(settings))
     index = None
     if settings.redis_url is not None:
         from nezha.index.handle import Index
@@ -45,6 +49,17 @@ def build_node(settings: CacheSettings) -> CacheNode:
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
     node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index)
     return node
+
+
+def origin_resolver(settings: CacheSettings) -> Callable[[], NameserverResolver] | None:
+    """How the node finds origins' addresses: None, the system's way; with
+    `origin_dns`, nameservers only (the parent's own name still the system's way)."""
+    if not settings.origin_dns:
+        return None
+    servers = [parse_hostport(s if ":" in s else f"{s}:53", field="origin_nameservers")
+               for s in settings.origin_nameservers] or None
+    system = frozenset({URL(settings.parent).host or ""}) if settings.parent else frozenset()
+    return lambda: NameserverResolver(nameservers=servers, system_names=system)
 
 
 def origin_roots(settings: CacheSettings) -> dict[tuple[str, int], Path]:
@@ -96,6 +111,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
     relay = None
     if settings.tls_listen is not None:
         table = settings.origin_table
+        parent_tls = None if settings.parent is None else (URL(settings.parent).host, settings.parent_tls_port)
 
         def route_for(name: str) -> Terminate | Relay | None:
             origin = table.get(name)
@@ -103,12 +119,21 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
                 return None
             if leaves is not None and origin.tls == "terminate":
                 return Terminate(leaves.context_for(name))
-            return Relay(*passthrough_target(name, origin.upstream_for("https", name)))
+            direct = passthrough_target(name, origin.upstream_for("https", name))
+            if parent_tls is not None:
+                # A sidecar: its parent's TLS port routes by the same name, and
+                # terminates or passes through as the cluster is set up.
+                return Relay(*parent_tls, fallback=direct)
+            return Relay(*direct)
 
         tls_outcomes = node.metrics.tls_connections
+        fallbacks = node.metrics.parent_fallbacks
+        make_resolver = origin_resolver(settings)
         relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
+                        resolver=make_resolver() if make_resolver is not None else None,
                         connect_timeout=settings.origin_connect_timeout,
                         on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                        on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
                         adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
@@ -116,11 +141,24 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         except OSError as e:
             await listener.close()
             raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
-    log.info("node_listening", listen=settings.listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
+    admin = None
+    if settings.admin_listen is not None:
+        admin = web.AppRunner(build_admin_app(node), access_log=None, handle_signals=False)
+        await admin.setup()
+        admin_host, admin_port = parse_hostport(settings.admin_listen, field="admin_listen")
+        try:
+            await web.TCPSite(admin, admin_host, admin_port).start()
+        except OSError as e:
+            await admin.cleanup()
+            if relay is not None:
+                await relay.close()
+            await listener.close()
+            raise RunError(f"cannot listen on {settings.admin_listen} (--admin-listen): {e.strerror or e}") from e
+    log.info("node_listening", listen=settings.listen, admin_listen=settings.admin_listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
              origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
-             request_head_timeout=settings.request_head_timeout)
+             request_head_timeout=settings.request_head_timeout, parent=settings.parent)
     stop = stop_on_signals(stop)
     try:
         await stop.wait()
@@ -128,6 +166,8 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         await node.leave()
     finally:
         log.info("node_stopping", listen=settings.listen)
+        if admin is not None:
+            await admin.cleanup()
         if relay is not None:
             await relay.close()
         await listener.close()

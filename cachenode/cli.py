@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the open-files limit, which the node raises to its hard limit)")
     p.add_argument("--request-head-timeout", type=float, help="seconds a client has to send a complete "
                    "request head, then 408 (default 30)")
+    p.add_argument("--parent", help="http://HOST[:PORT] of the tier above this node (a sidecar's cluster "
+                   "Service): misses and revalidations for configured origins go there, and to the origin only "
+                   "when the parent cannot be reached or answers 5xx (default: none, the origin)")
+    p.add_argument("--parent-tls-port", type=int, help="the parent's TLS port, where --tls-listen passes the "
+                   "connections it does not terminate, by their server name (default 443)")
+    p.add_argument("--admin-listen", help="HOST:PORT answering /healthz, /readyz and /metrics only, for probes "
+                   "and scraping when --listen is on loopback, as a sidecar's is (default: none)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -59,7 +66,8 @@ def run_cache(args: argparse.Namespace) -> int:
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
-               "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "log_level"]))
+               "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "parent",
+               "parent_tls_port", "admin_listen", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

@@ -24,6 +24,12 @@ class Metrics:
                                               "were thrown away: the first answer of a parallel fill, closed "
                                               "unread, holds what the origin sent before its headers were read",
                                               registry=r)
+        self.bytes_from_parent = Counter("nezha_bytes_from_parent", "Body bytes of fills received from this "
+                                         "node's parent tier (--parent), not counted as from origins", registry=r)
+        self.parent_fallbacks = Counter("nezha_parent_fallbacks", "Requests meant for the parent tier that went "
+                                        "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
+                                        "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
+                                        "origin sent the rest)", ["reason"], registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)

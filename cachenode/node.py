@@ -24,6 +24,7 @@ from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient
+from cachenode.fill.upstream import Upstream
 from cachenode.front.handler import Handler
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
@@ -60,11 +61,17 @@ class CacheNode:
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
             read_timeout=settings.origin_read_timeout + settings.peer_timeout, chunk_size=settings.chunk_size,
             cluster_token=token)
-        self.respond = Responder(settings=settings, store=store, origins=origins, count=self.counts.count,
+        # Requests for origins go to the parent tier first when there is one
+        # (a sidecar's cluster); peers are always asked directly.
+        self.upstream = Upstream(origins, metrics=self.metrics, parent=settings.parent,
+                                 connect_timeout=settings.origin_connect_timeout,
+                                 read_timeout=settings.origin_connect_timeout + settings.origin_read_timeout
+                                 + settings.peer_timeout)
+        self.respond = Responder(settings=settings, store=store, origins=self.upstream, count=self.counts.count,
                                  clock=clock)
         # The engine replicates what it filled; hand-off leads fills to copy:
         # the one loop between them is closed here, at wiring time.
-        self.engine = FillEngine(settings=settings, store=store, origins=origins, peers=self.relay,
+        self.engine = FillEngine(settings=settings, store=store, origins=self.upstream, peers=self.relay,
                                  counts=self.counts, metrics=self.metrics, via=self.respond.via, spawn=self.spawn,
                                  replicate=lambda meta, target: self.handoff.replicate_soon(meta, target),
                                  clock=clock)
@@ -73,7 +80,7 @@ class CacheNode:
         self.invalidation = Invalidation(node_id=self.node_id, settings=settings, cluster=self.cluster,
                                          client=origins, internal_headers=self.handoff.internal_headers,
                                          forget=self.engine.forget)
-        self.handler = Handler(settings=settings, store=store, origins=origins, cluster=self.cluster, relay=self.relay,
+        self.handler = Handler(settings=settings, store=store, origins=self.upstream, cluster=self.cluster, relay=self.relay,
                                respond=self.respond, engine=self.engine, handoff=self.handoff,
                                invalidation=self.invalidation, counts=self.counts, metrics=self.metrics,
                                status=self.status, clock=clock)

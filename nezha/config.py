@@ -396,6 +396,26 @@ class CacheSettings(_Base):
     # that is only waiting for a request is closed, else the new one is
     # answered 503 with Retry-After: accepting never stops.
     max_connections: int | None = None
+    # The tier this node asks before the origin (a sidecar's cluster Service,
+    # http://HOST[:PORT]): misses, revalidations and every other request for
+    # a configured origin go there, marked as a child's; a parent that cannot
+    # be reached or answers 5xx is skipped for the origin itself
+    # (cachenode/fill/upstream.py). `parent_tls_port` is where the TLS port
+    # passes connections it does not terminate: the parent's port 443.
+    parent: str | None = None
+    parent_tls_port: int = 443
+    # How origin names are resolved: `system` (getaddrinfo: /etc/hosts, then
+    # DNS) or `dns` (the nameservers, search list and ndots of
+    # /etc/resolv.conf, never /etc/hosts; cachenode/fill/dns_resolver.py).
+    # Unset: `dns` on a node with a parent, whose pod's /etc/hosts maps the
+    # origins' names to the sidecar itself; else `system`. `origin_nameservers`
+    # (HOST[:PORT], port 53 by default) replace resolv.conf's nameservers.
+    origin_resolver: Literal["system", "dns"] | None = None
+    origin_nameservers: list[str] = Field(default_factory=list)
+    # HOST:PORT answering /healthz, /readyz and /metrics only: a sidecar's data
+    # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
+    # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
+    admin_listen: str | None = None
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -419,11 +439,42 @@ class CacheSettings(_Base):
             raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
         return v
 
-    @field_validator("listen", "advertise", "tls_listen")
+    @field_validator("listen", "advertise", "tls_listen", "admin_listen")
     @classmethod
     def _hostport(cls, v: str | None, info: Any) -> str | None:
         if v is not None:
             parse_hostport(v, field=info.field_name)
+        return v
+
+    @field_validator("parent")
+    @classmethod
+    def _parent(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        u = URL(v)
+        if u.scheme != "http" or not u.host or u.user or u.password or u.query_string or u.fragment \
+                or u.path not in ("", "/"):
+            raise ValueError(f"{v!r} must be http://HOST[:PORT] (the cluster Service; plain HTTP, no path, "
+                             f"no credentials)")
+        return str(u.origin())
+
+    @field_validator("origin_nameservers")
+    @classmethod
+    def _nameservers(cls, v: list[str]) -> list[str]:
+        for server in v:
+            parse_hostport(server if ":" in server else f"{server}:53", field="origin_nameservers")
+        return v
+
+    @property
+    def origin_dns(self) -> bool:
+        """Origin names are asked of nameservers, never /etc/hosts (origin_resolver)."""
+        return self.origin_resolver == "dns" or (self.origin_resolver is None and self.parent is not None)
+
+    @field_validator("parent_tls_port")
+    @classmethod
+    def _parent_tls_port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError(f"{v} is not a TCP port")
         return v
 
     @field_validator("data_dir")

@@ -36,6 +36,13 @@ TOKEN_HEADER = "X-Nezha-Token"
 # cluster, so a client's https:// request would otherwise become an http:// key
 # on its owner. Believed only from a peer.
 SCHEME_HEADER = "X-Nezha-Scheme"
+# A request a child node (a sidecar, `nezha cache --parent`) sent to its
+# parent: the parent answers it from its disk or fills from the origin, and
+# never passes it to a parent of its own, so tiers never loop. Like every
+# X-Nezha-* field it is stripped before anything reaches an origin. Not
+# authenticated: a client that forges it can only make a node skip its
+# parent and ask the origin itself (docs/cache-node.md, "A parent tier").
+FROM_CHILD_HEADER = "X-Nezha-From-Child"
 # Every field of the cache's own, lowercased: never stored with an object,
 # never passed to an origin.
 OWN_PREFIX = "x-nezha-"

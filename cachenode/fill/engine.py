@@ -25,8 +25,10 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
-from cachenode.fill.origin import Interim, OriginClient, ends_at_close, forwarded_request_headers
-from cachenode.fill.parallel import RangedFetch, Validator, close_unread, parallel_validator, plain_rest
+from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
+from cachenode.fill.upstream import Upstream
+from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, parallel_validator, partial_mismatch,
+                                     plain_rest)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
 from cachenode.http.vary import variant as variant_of
@@ -73,7 +75,7 @@ class Peers(Protocol):
 
 
 class FillEngine:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, peers: Peers,
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  replicate: Callable[[Meta, Target], None], clock: Callable[[], float] = time.time) -> None:
@@ -133,13 +135,15 @@ class FillEngine:
         self.spawn(revalidate())
 
     def origin_source(self, url: str, client_headers: Mapping[str, str], *,
-                      drop: frozenset[str] = NOT_FOR_FILLS, interim: Interim | None = None) -> Source:
+                      drop: frozenset[str] = NOT_FOR_FILLS, route: Target | None = None,
+                      interim: Interim | None = None) -> Source:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone;
-        an `authorize` origin's caller keeps every field it may have signed).
+        an `authorize` origin's caller keeps every field it may have signed);
+        through the parent tier when `route` names the target to ask it for.
         `interim` forwards the origin's 1xx answers to that client."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
-        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers,
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route,
                       interim=interim)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
@@ -215,7 +219,7 @@ class FillEngine:
             # a source that stops answering is given up by probing it.
             return await self.peers.ask(source.peer, "GET", source.url, headers=headers,
                                         header_timeout=self.settings.origin_read_timeout)
-        return await self.origins.request("GET", source.url, headers=headers, what=source.what,
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what, route=source.route,
                                           interim=source.interim)
 
     @staticmethod
@@ -260,11 +264,15 @@ class FillEngine:
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
                           authorize: bool) -> Fill:
         length = response.content_length
+        # The parent tier's answer (not the origin's after a fallback): one
+        # stream, like a peer's copy; the parent cuts the origin's into ranges.
+        from_parent = self.origins.answered_by_parent(response)
         streams = origin.fill_streams or self.settings.fill_streams
         validator = parallel_validator(
             response.status, response.headers, length, streams=streams,
             threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
-        plan = plan_fill(Body(from_peer=source.peer is not None, delimited_by_close=ends_at_close(response),
+        plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
+                              delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
                               callers_own=authorize and source.peer is None),
                          splice_fills=self.settings.splice_fills,
@@ -295,9 +303,13 @@ class FillEngine:
                     authorize=authorize)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
+        from_parent_bytes = self.metrics.bytes_from_parent
+        reading = {"parent": from_parent}  # until the parent breaks off and the origin sends the rest
 
         def on_bytes(n: int) -> None:
-            if source.peer is None:
+            if reading["parent"]:
+                from_parent_bytes.inc(n)
+            elif source.peer is None:
                 from_origin.inc(n)
                 self.counts.count(host, bytes_from_origin=n, metrics=False)
 
@@ -306,8 +318,10 @@ class FillEngine:
             assert validator is not None
             ranged = self._ranged_fetch(fill, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+        rest = self._rest_from_origin(response, source, reading) if from_parent else None
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
-                               source=source, target=target)
+                               source=source, target=target, rest=rest,
+                               parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
         self._fills[task] = fill
         task.add_done_callback(lambda t: self._fills.pop(t, None))
@@ -315,8 +329,10 @@ class FillEngine:
 
     async def _fill_work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
-                         target: Target) -> Meta:
-        """Read the body as `plan` says into the fill, then store and count it."""
+                         target: Target, parent: str | None = None,
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+        """Read the body as `plan` says into the fill, then store and count it;
+        `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
         key, url, host = meta.key, meta.url, meta.host
         started = time.monotonic()
         # A copy from a peer that freezes mid-body fails within seconds, not
@@ -324,7 +340,7 @@ class FillEngine:
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
         try:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
-                                           on_bytes=on_bytes)
+                                           on_bytes=on_bytes, rest=rest)
         except NotStored:
             raise  # streamed whole to its clients, only not stored: not a failed fill
         except NezhaError:
@@ -350,14 +366,18 @@ class FillEngine:
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
         self.counts.stored(stored)
         await self.parts.forget(key, why="stored whole by a fill")
-        log.info("fill_completed", key=key, bytes=stored.size, source=source.peer.id if source.peer else "origin",
-                 seconds=round(time.monotonic() - started, 3))
+        named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
+        log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
+                 **({"parent_cache": parent} if parent is not None else {}))
         if source.peer is None:
             self.replicate(stored, target)
         return stored
 
     async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
-                         plan: Plan, ranged, on_bytes: Callable[[int], None]) -> Meta:
+                         plan: Plan, ranged, on_bytes: Callable[[int], None],
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+        """`rest(offset, error)`: where the body goes on when the response
+        breaks off after `offset` bytes (a parent's: the origin); None: it fails."""
         superseded = lambda: flight.superseded  # noqa: E731
         if plan.how is How.PARALLEL:
             fetch, fallback = ranged
@@ -369,13 +389,69 @@ class FillEngine:
                                           on_bytes=on_bytes, superseded=superseded)
 
         async def body() -> AsyncIterator[bytes]:
+            got = 0
             try:
                 async for chunk in response.content.iter_chunked(FILL_READ):
+                    got += len(chunk)
                     yield chunk
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                if rest is None:
+                    raise
+                broke: BaseException = e
             finally:
                 response.release()
+            async for chunk in rest(got, broke):
+                yield chunk
 
         return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
+
+    def _rest_from_origin(self, response: aiohttp.ClientResponse, source: Source,
+                          reading: dict[str, bool]) -> Callable[[int, BaseException], AsyncIterator[bytes]] | None:
+        """How a fill from the parent goes on when the parent breaks off
+        mid-body (a cluster pod restarted): the rest of the same
+        representation from the origin, by Range + If-Range on its
+        validator, checked as a parallel fill checks its ranges. None when
+        the answer has no length or validator to resume by."""
+        length = response.content_length
+        etag = response.headers.get("ETag")
+        strong = etag if etag is not None and not etag.startswith("W/") else None
+        last_modified = response.headers.get("Last-Modified")
+        if response.status != 200 or length is None or (strong is None and last_modified is None):
+            return None
+        # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
+        validator = Validator(etag=strong, last_modified=None if strong is not None else last_modified)
+
+        async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
+            if offset >= length:
+                return  # every byte came: whatever broke came after the body
+            self.origins.broke_off(source.route, offset, error)
+            reading["parent"] = False
+            headers = CIMultiDict(source.headers)
+            headers["Range"] = f"bytes={offset}-{length - 1}"
+            headers["If-Range"] = validator.if_range
+            answer = await self.origins.client.request("GET", source.url, headers=headers, what=source.what)
+            try:
+                skip = 0
+                why = partial_mismatch(answer.status, answer.headers, first=offset, last=length - 1, total=length,
+                                       validator=validator)
+                if why is not None and answer.status == 200 and answer.content_length == length \
+                        and validator.mismatch(answer.headers) is None:
+                    why, skip = None, offset  # an origin that ignores Range: the whole object, the head skipped
+                if why is not None:
+                    raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
+                                      f"the origin's rest cannot be joined on ({why}): nothing is stored")
+                async for chunk in answer.content.iter_chunked(FILL_READ):
+                    if skip:
+                        if len(chunk) <= skip:
+                            skip -= len(chunk)
+                            continue
+                        chunk, skip = chunk[skip:], 0
+                    yield chunk
+            finally:
+                answer.release()
+
+        return rest
 
     def _ranged_fetch(self, fill: Fill, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,

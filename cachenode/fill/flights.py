@@ -22,6 +22,7 @@ from cachenode.fill.origin import Interim
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
+from nezha.keys import Target
 from nezha.ring import Peer
 
 log = structlog.get_logger("nezha.fill")
@@ -36,6 +37,8 @@ class Source:
     headers: Mapping[str, str]  # the request's fields (for the origin: the leading client's, forwarded)
     peer: Peer | None = None
     ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
+    # The target to ask the node's parent tier for instead of `url` (cachenode/fill/upstream.py); None: `url`.
+    route: Target | None = None
     # Hears the origin's interim (1xx) answers for the leading client
     # (fill/origin.py InterimResponse); None for a fill no client leads.
     interim: Interim | None = None

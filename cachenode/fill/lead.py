@@ -108,6 +108,12 @@ class Body:
     # origin): the origin gets that request as sent, never range requests
     # the caller did not sign, made in its name, maybe after it expired.
     callers_own: bool = False
+    # The parent tier's answer (`--parent`): one stream too, since the parent
+    # fetches the origin's in ranges itself, and its ranges would be asked of
+    # a tier whose answer to each may come from elsewhere (a fallback). Read
+    # through aiohttp's reader, never spliced: if the parent breaks off
+    # mid-body, the rest is asked of the origin and joined on in Python.
+    from_parent: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     """How to read `body`: in parallel ranges when it may be, else spliced
     when `splice_fills` is on, else streamed. A client's Range makes a
     parallel fill fetch on demand unless `fill_on_range` says fill it all."""
-    if not body.from_peer and not body.delimited_by_close and body.rangeable and not body.callers_own:
+    if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
+            and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills else How.STREAM)
+    return Plan(How.SPLICED if splice_fills and not body.from_parent else How.STREAM)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from nezha.keys import Target
+
 
 @dataclass
 class Access:
@@ -22,6 +24,9 @@ class Access:
 
 
 ACCESS = web.RequestKey("nezha_access", Access)
+# The target this request's origin requests ask the node's parent tier for
+# (cachenode/fill/upstream.py), set once by the handler; unset: the origin itself.
+PARENT_ROUTE = web.RequestKey("nezha_parent_route", Target)
 
 
 def access(request: web.Request) -> Access:
@@ -29,6 +34,10 @@ def access(request: web.Request) -> Access:
     if record is None:
         record = request[ACCESS] = Access()
     return record
+
+
+def parent_route(request: web.Request) -> Target | None:
+    return request.get(PARENT_ROUTE)
 
 
 def break_connection(request: web.Request) -> None:

@@ -26,7 +26,9 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flight, Kind
-from cachenode.fill.origin import OriginClient, forwarded_request_headers
+from cachenode.fill.origin import forwarded_request_headers
+from cachenode.fill.upstream import Upstream
+from cachenode.front.access import parent_route
 from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import Responder, origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
@@ -43,7 +45,7 @@ log = structlog.get_logger("nezha.cachenode")
 
 
 class AuthorizedReads:
-    def __init__(self, *, store: Store, origins: OriginClient, engine: FillEngine, respond: Responder,
+    def __init__(self, *, store: Store, origins: Upstream, engine: FillEngine, respond: Responder,
                  counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str,
                  peers_have_a_token: bool) -> None:
         self.store = store
@@ -139,7 +141,8 @@ class AuthorizedReads:
         try:
             outcome, response = await self.engine.lead(
                 flight, key=key, url=url, origin=origin, stale=None, target=target,
-                source=self.engine.origin_source(url, request.headers, drop=frozenset(), interim=interim))
+                source=self.engine.origin_source(url, request.headers, drop=frozenset(), route=parent_route(request),
+                                                 interim=interim))
         finally:
             interim.close()
         if outcome.kind is Kind.STREAMING:
@@ -174,7 +177,8 @@ class AuthorizedReads:
         if fields is None:
             return Verdict.CHANGED, None  # stored before its origin said authorize: fetched again
         try:
-            response = await self.origins.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}")
+            response = await self.origins.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}",
+                                                  route=parent_route(request))
         except OriginError as e:
             raise origin_failure(e)
         allowed = verdict(response.status)

@@ -35,7 +35,7 @@ from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
 from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
-from nezha.wire import CACHE_HEADER, CacheOutcome
+from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.connections")
 
@@ -48,6 +48,12 @@ MAX_HEAD = 8192
 # (tests/integration/cachenode/test_fastpath.py, test_connections.py).
 # Headers a plain hit may carry; any other sends the request to aiohttp.
 ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection"})
+# A child node's request (a sidecar asking its parent tier, docs/cache-node.md
+# "A parent tier") carries its marker and Via: neither changes what a hit is,
+# so a parent serves its children's hits here too. Via alone is the handler's
+# (a request that came back through this node is a loop, answered 508).
+_FROM_CHILD = FROM_CHILD_HEADER.lower()
+CHILD_ALLOWED = frozenset({_FROM_CHILD, "via"})
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -81,12 +87,17 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
         return False
     host = None
+    child = set()
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep or not name or not _TOKEN.issuperset(name):
             return False  # also folded lines, which start with a space
         lname = name.lower()
-        if lname not in ALLOWED:
+        if lname in CHILD_ALLOWED:
+            if lname in child:
+                return False
+            child.add(lname)
+        elif lname not in ALLOWED:
             return False
         value = value.strip(" \t")
         if not value.isprintable():
@@ -97,7 +108,7 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
             host = value
         elif lname == "connection" and value.lower() != "keep-alive":
             return False
-    if not host:
+    if not host or (child and _FROM_CHILD not in child):
         return False
     return PlainRequest(parts[0], parts[1], host, end + 4)
 

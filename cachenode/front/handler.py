@@ -32,8 +32,9 @@ from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Kind
-from cachenode.fill.origin import OriginClient
-from cachenode.front.access import access
+from cachenode.fill.parent import looped
+from cachenode.fill.upstream import Upstream
+from cachenode.front.access import PARENT_ROUTE, access, parent_route
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
@@ -50,19 +51,20 @@ from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
 from nezha.ring import Peer
-from nezha.wire import ADMIN_PATHS, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
+from nezha.wire import ADMIN_PATHS, FROM_CHILD_HEADER, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
 
 log = structlog.get_logger("nezha.cachenode")
 
 
 class Handler:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient, cluster: ClusterView,
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, cluster: ClusterView,
                  relay: PeerRelay, respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
                  counts: Counts, metrics: Metrics, status: Callable[[], dict],
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.node_id = settings.identity
         self.store = store
+        self.upstream = origins
         self.cluster = cluster
         self.relay = relay
         self.respond = respond
@@ -105,6 +107,17 @@ class Handler:
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         url = origin.upstream_for(target.scheme, target.host) + target.path_qs
         access(request).key = key
+        if looped(request.headers.getall("Via", []), self.respond.via,
+                  from_child=FROM_CHILD_HEADER in request.headers):
+            access(request).cache = CacheOutcome.REFUSED
+            log.error("request_looped", host=target.host, via=request.headers.getall("Via", [])[:3])
+            return web.Response(status=508, reason="Loop Detected", text=(
+                f"this request for {target.host} already passed through {self.node_id}: the origin's name "
+                f"resolves back to this node (an aliased host without a reachable upstream?)\n"))
+        # Every origin request this one makes goes the same way: a child's
+        # to its parent tier, a parent's (for a child) to the origin.
+        if (route := self.upstream.route_for(target, request.headers)) is not None:
+            request[PARENT_ROUTE] = route
         if request.method not in ("GET", "HEAD"):
             return await self._forward(request, url=url, key=key, target=target)
         authorize = origin.credentials == "authorize"
@@ -256,6 +269,10 @@ class Handler:
             return False
         return host_header.rsplit(":", 1)[0].lower().rstrip(".") in self._table
 
+    async def admin(self, request: web.Request) -> web.Response:
+        """/healthz, /readyz or /metrics (`request.raw_path`), also for the admin port."""
+        return await self._admin(request)
+
     async def _admin(self, request: web.Request) -> web.Response:
         access(request).cache = "admin"
         if request.raw_path == "/healthz":
@@ -327,7 +344,8 @@ class Handler:
                 assert meta is not None
                 if use is Use.STALE_WHILE_REVALIDATE:
                     self.engine.revalidate_soon(key=key, url=url, origin=origin, stale=meta, target=target,
-                                          source=self.engine.origin_source(url, request.headers))
+                                          source=self.engine.origin_source(url, request.headers,
+                                                                           route=parent_route(request)))
                 served = await self.respond.hit(request, meta, label=CacheOutcome.HIT if use is Use.FRESH else CacheOutcome.STALE)
                 if served is not None:
                     return served
@@ -344,7 +362,8 @@ class Handler:
                 try:
                     outcome, response = await self.engine.lead(
                         flight, key=key, url=url, origin=origin, stale=meta, target=target,
-                        source=self.engine.origin_source(url, request.headers, interim=interim))
+                        source=self.engine.origin_source(url, request.headers, route=parent_route(request),
+                                                         interim=interim))
                 finally:
                     interim.close()
             else:

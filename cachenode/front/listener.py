@@ -24,6 +24,7 @@ from cachenode.front.handler import Handler
 from cachenode.front.middleware import METRICS, access_log, refuse_methods
 from cachenode.metrics import Metrics
 from nezha.config import CacheSettings
+from nezha.wire import ADMIN_PATHS
 
 
 class Served(Protocol):
@@ -50,6 +51,22 @@ def build_app(node: Served) -> web.Application:
         await node.stop()
 
     app.cleanup_ctx.append(lifecycle)
+    app[METRICS] = node.metrics
+    return app
+
+
+def build_admin_app(node: Served) -> web.Application:
+    """The probes and metrics alone (`admin_listen`), for a node whose data
+    port is on loopback: a sidecar listens on 127.0.0.1, where the kubelet's
+    probes (sent to the pod's IP) and Prometheus cannot reach it. Nothing
+    else answers here, so this port never serves or fetches an object."""
+    async def admin(request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD") or request.raw_path not in ADMIN_PATHS:
+            raise web.HTTPNotFound(text=f"only {', '.join(sorted(ADMIN_PATHS))} answer on this port\n")
+        return await node.handler.admin(request)
+
+    app = web.Application(middlewares=[access_log])
+    app.router.add_route("*", "/{tail:.*}", admin)
     app[METRICS] = node.metrics
     return app
 

@@ -22,7 +22,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.front.access import access, break_connection
+from cachenode.front.access import access, break_connection, parent_route
 from cachenode.front.interim import InterimRelay
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
@@ -30,7 +30,8 @@ from cachenode.kernel.splice import ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
 from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
-from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
+from cachenode.fill.upstream import Upstream
+from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
@@ -210,7 +211,7 @@ async def _continued(request: web.Request) -> AsyncIterator[bytes]:
 
 
 class Responder:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream,
                  count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
@@ -463,6 +464,7 @@ class Responder:
             interim = InterimRelay(request)
             try:
                 response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+                                                      route=parent_route(request),
                                                       data=data, interim=interim)
             except OriginError as e:
                 raise origin_failure(e)
@@ -504,6 +506,9 @@ class Responder:
                 break_connection(request)
             # Stats go by the origin's configured host, not the upstream URL's.
             host = access(request).host or host_of(url)
+            if self.origins.answered_by_parent(response):
+                self.origins.received_from_parent(received)  # the parent's bytes, not an origin's
+                received = 0
             if gone:
                 self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
                                   bytes_from_origin=received)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import socket
 import ssl
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Union
 
 import structlog
+from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from cachenode.front.connections import Gate
@@ -61,9 +63,13 @@ class Terminate:
 
 @dataclass(frozen=True)
 class Relay:
-    """Pass the connection untouched to this (host, port)."""
+    """Pass the connection untouched to this (host, port); to `fallback`
+    instead when that cannot be reached (a sidecar's parent tier that is
+    down: its origin then). The ClientHello is only peeked until a
+    connection is made, so the fallback sees the connection from its start."""
     host: str
     port: int
+    fallback: tuple[str, int] | None = None
 
 
 Route = Union[Terminate, Relay]
@@ -122,6 +128,7 @@ class TlsPort:
 
     def __init__(self, route_for: Callable[[str], Route | None], *, hello_timeout: float = 30.0,
                  connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
+                 on_fallback: Callable[[str], None] | None = None, resolver: AbstractResolver | None = None,
                  adopt: Callable[[socket.socket, ssl.SSLContext], Awaitable[None]] | None = None,
                  backlog: int = 1024, splice: bool = SPLICE_AVAILABLE, gate: Gate | None = None) -> None:
         self.route_for = route_for
@@ -129,6 +136,8 @@ class TlsPort:
         self.connect_timeout = connect_timeout
         self.adopt = adopt
         self.counts = _Counts(on_outcome)
+        self.on_fallback = on_fallback  # a relay went to its fallback, and why (timeout, unreachable)
+        self.resolver = resolver  # how relay targets' names are found; None: getaddrinfo
         self.backlog = backlog
         self.splice = splice  # relayed bytes move inside the kernel; off: through user space
         # The node's connection cap (cachenode/front/connections.py), shared with the plain port.
@@ -232,7 +241,7 @@ class TlsPort:
                 return True  # the transport that took the socket closed it
             self.counts["terminated"] += 1
             return True
-        await self._relay(conn, client, name, (route.host, route.port))
+        await self._relay(conn, client, name, (route.host, route.port), fallback=route.fallback)
         return False
 
     def _refused(self, client: str, name: str | None, reason: str, *, send: bytes = b"",
@@ -250,14 +259,23 @@ class TlsPort:
         self.counts[outcome] += 1
         return False
 
-    async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int]) -> None:
+    async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int], *,
+                     fallback: tuple[str, int] | None = None) -> None:
         try:
             async with asyncio.timeout(self.connect_timeout):
-                upstream = await _connect(*target)
+                upstream = await _connect(*target, resolver=self.resolver)
         except (OSError, TimeoutError) as e:
-            log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
+            if fallback is None:
+                log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
+                            error=f"{type(e).__name__}: {e}"[:300])
+                self.counts["failed"] += 1
+                return
+            reason = "timeout" if isinstance(e, TimeoutError) else "unreachable"
+            log.warning("parent_fallback", reason=reason, parent=f"{target[0]}:{target[1]}", host=name, tls=True,
                         error=f"{type(e).__name__}: {e}"[:300])
-            self.counts["failed"] += 1
+            if self.on_fallback is not None:
+                self.on_fallback(reason)
+            await self._relay(conn, client, name, fallback)
             return
         # The ClientHello is still queued in `conn` (peeked, not read): it goes first.
         started = time.monotonic()
@@ -279,11 +297,20 @@ class TlsPort:
                  bytes_up=sent[0], bytes_down=sent[1], seconds=round(time.monotonic() - started, 3))
 
 
-async def _connect(host: str, port: int) -> socket.socket:
+async def _connect(host: str, port: int, *, resolver: AbstractResolver | None = None) -> socket.socket:
     """A connected non-blocking socket to (host, port), trying each address the name has."""
     loop = asyncio.get_running_loop()
     error: OSError | None = None
-    for family, type_, proto, _, address in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    if resolver is None:
+        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    else:
+        try:
+            ipaddress.ip_address(host)
+            found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        except ValueError:
+            found = [(r["family"], socket.SOCK_STREAM, r["proto"], "", (r["host"], port))
+                     for r in await resolver.resolve(host, port, socket.AF_UNSPEC)]
+    for family, type_, proto, _, address in found:
         sock = socket.socket(family, type_, proto)
         sock.setblocking(False)
         try:

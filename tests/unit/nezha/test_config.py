@@ -38,11 +38,36 @@ def test_origins_from_environment_as_a_comma_list_or_json(monkeypatch, value):
     ({"listen": "nohostport"}, "listen must be HOST:PORT"),
     ({"capacity": "lots"}, "not a size"),
     ({"replicas": 0}, "replicas (0) must be at least 1"),
+    ({"origins": ["x.example=http://a"], "parent": "https://nezha-cache"}, "must be http://HOST[:PORT]"),
+    ({"origins": ["x.example=http://a"], "parent": "http://nezha-cache/some/path"}, "no path"),
+    ({"origins": ["x.example=http://a"], "parent": "http://u:p@nezha-cache"}, "no credentials"),
+    ({"origins": ["x.example=http://a"], "parent_tls_port": 0}, "is not a TCP port"),
+    ({"origins": ["x.example=http://a"], "origin_nameservers": ["10.96.0.10:dns"]}, "origin_nameservers must be"),
+    ({"origins": ["x.example=http://a"], "origin_resolver": "hosts"}, "'system' or 'dns'"),
 ])
 def test_bad_settings_are_one_config_error_naming_the_field(flags, message):
     with pytest.raises(ConfigError) as e:
         load(CacheSettings, flags=flags)
     assert message in str(e.value)
+
+
+def test_the_parent_comes_from_the_flag_the_environment_or_the_file(tmp_path, monkeypatch):
+    cfg = tmp_path / "nezha.yaml"
+    cfg.write_text("parent: http://from-file:8080\norigins: [x.example=http://a]\n")
+    assert load(CacheSettings, config_file=cfg).parent == "http://from-file:8080"
+    monkeypatch.setenv("NEZHA_PARENT", "http://nezha-cache.datasets.svc:80/")
+    assert load(CacheSettings, config_file=cfg).parent == "http://nezha-cache.datasets.svc"
+    assert load(CacheSettings, config_file=cfg, flags={"parent": "http://10.0.0.7:8080"}).parent == "http://10.0.0.7:8080"
+    assert load(CacheSettings, config_file=cfg).parent_tls_port == 443
+
+
+@pytest.mark.parametrize("parent, resolver, dns", [
+    (None, None, False), ("http://nezha-cache", None, True),  # a sidecar's /etc/hosts names itself
+    ("http://nezha-cache", "system", False), (None, "dns", True),
+])
+def test_origins_are_resolved_by_nameserver_by_default_only_on_a_node_with_a_parent(parent, resolver, dns):
+    flags = {"origins": ["x.example=http://a"], "parent": parent, "origin_resolver": resolver}
+    assert load(CacheSettings, flags=flags).origin_dns is dns
 
 
 def test_missing_config_file_is_named(tmp_path):

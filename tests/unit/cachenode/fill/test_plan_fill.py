@@ -25,6 +25,10 @@ def body(**changes) -> Body:
     (body(delimited_by_close=True), True, True, Plan(How.SPLICED)),
     (body(from_peer=True), True, True, Plan(How.SPLICED)),
     (body(from_peer=True, client_ranged=True), False, False, Plan(How.STREAM)),
+    # Nor of the parent tier's answer (--parent): the parent fetched the origin's in ranges already;
+    # and it is streamed, never spliced, so the origin's rest can be joined on if the parent breaks off.
+    (body(from_parent=True), True, True, Plan(How.STREAM)),
+    (body(from_parent=True, client_ranged=True), False, False, Plan(How.STREAM)),
     (body(rangeable=False), True, True, Plan(How.SPLICED)),
     # One stream: spliced when splice_fills is on, else through aiohttp's reader.
     (body(rangeable=False), False, True, Plan(How.STREAM)),

@@ -11,6 +11,9 @@ GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
     GET + b"\r\n",
     GET + b"User-Agent: Wget/1.21\r\nAccept: */*\r\nAccept-Encoding: identity\r\nConnection: Keep-Alive\r\n\r\n",
     b"HEAD /x HTTP/1.1\r\nhost: h.example\r\n\r\n",
+    # A child node asking its parent tier: the marker, and Via beside it.
+    GET + b"X-Nezha-From-Child: 1\r\nVia: 1.1 sidecar\r\nAccept: */*\r\n\r\n",
+    GET + b"X-Nezha-From-Child: 1\r\n\r\n",
 ])
 def test_plain_requests_are_accepted_with_their_exact_head(raw):
     req = parse_plain(raw + b"GET /next")
@@ -28,6 +31,9 @@ def test_an_incomplete_head_asks_for_more_bytes():
     GET + b"Authorization: Bearer t\r\n\r\n",
     GET + b"Cookie: a=b\r\n\r\n",
     GET + b"X-Nezha-Peer: n1\r\n\r\n",
+    # Via without a child's marker may be a loop, which the handler answers 508.
+    GET + b"Via: 1.1 sidecar\r\n\r\n",
+    GET + b"X-Nezha-From-Child: 1\r\nX-Nezha-From-Child: 1\r\n\r\n",
     GET + b"Cache-Control: only-if-cached\r\n\r\n",
     GET + b"Connection: close\r\n\r\n",
     GET + b"Content-Length: 5\r\n\r\n",
