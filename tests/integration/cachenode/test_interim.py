@@ -84,3 +84,15 @@ async def test_early_hints_cross_the_relay_to_an_owner(hinting, cluster):
     data = await raw_get(nodes[others[0]].server.port, "/stored")
     assert heads(data)[0] == b"HTTP/1.1 103 Early Hints" and heads(data)[1].startswith(b"HTTP/1.1 200")
     assert data.count(b"103 Early Hints") == 1 and asked == ["/stored"]
+
+
+async def test_early_hints_come_down_from_a_parent_tier(hinting, make_node, tmp_path):
+    """A child's miss is asked of its parent, whose fill hears the origin's 103;
+    the child passes the parent's copy on to its own client."""
+    url, asked = hinting
+    origins = [Origin(host=HOST, upstream=url)]
+    parent = await make_node(data_dir=tmp_path / "parent", node_id="parent", origins=origins)
+    child = await make_node(data_dir=tmp_path / "child", node_id="child", parent=parent.url, origins=origins)
+    data = await raw_get(child.server.port, "/stored")
+    assert heads(data)[0] == b"HTTP/1.1 103 Early Hints" and heads(data)[1].startswith(b"HTTP/1.1 200")
+    assert data.count(b"103 Early Hints") == 1 and asked == ["/stored"]
