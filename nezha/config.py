@@ -38,6 +38,8 @@ FLAG_NAMES: dict[str, str] = {}
 COMMAND = "nezha"
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+# RFC 9110 §5.1: a field name is a token.
+_FIELD_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -113,6 +115,11 @@ class Origin(BaseModel):
     # `key=`), beside the signed-URL families every origin knows
     # (nezha/credentials.py): kept out of keys, metadata, the index and logs.
     credential_params: tuple[str, ...] = ()
+    # The response fields that address this cache's caching alone (RFC 9213
+    # targeted cache control), first present wins over Cache-Control and
+    # Expires for what the node stores and for how long; forwarded untouched
+    # (cachenode/http/targeted.py). [] leaves Cache-Control in charge.
+    targeted_cache_control: tuple[str, ...] = ("Nezha-Cache-Control", "CDN-Cache-Control")
     # Parallel range fills of this origin's large objects (cachenode/fill/parallel.py);
     # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None
@@ -136,6 +143,21 @@ class Origin(BaseModel):
         for name in v:
             if not name or any(c in name for c in "=&?# "):
                 raise ValueError(f"credential_params entry {name!r} is not a query parameter name")
+        return v
+
+    @field_validator("targeted_cache_control")
+    @classmethod
+    def _targeted_cache_control(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _FIELD_NAME_RE.match(name):
+                raise ValueError(f"targeted_cache_control entry {name!r} is not a header field name")
+        lowered = [name.lower() for name in v]
+        for name in v:
+            if lowered.count(name.lower()) > 1:
+                raise ValueError(f"targeted_cache_control names {name!r} twice")
+            if name.lower() == "cache-control":
+                raise ValueError("targeted_cache_control lists Cache-Control, which rules anyway when no "
+                                 "targeted field is present: list only fields that address this cache")
         return v
 
     @field_validator("parallel_fill_threshold", mode="before")

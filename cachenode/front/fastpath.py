@@ -26,7 +26,6 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import IO, Callable, Protocol
 
 import structlog
@@ -34,6 +33,7 @@ import structlog
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
+from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, CacheOutcome
 
@@ -113,26 +113,16 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     return PlainRequest(parts[0], parts[1], host, end + 4)
 
 
-_date_cache: list = [0, b""]
-
-
-def _http_date() -> bytes:
-    """The Date header line, formatted once per second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[:] = [now, f"Date: {formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")]
-    return _date_cache[1]
-
-
 def response_head(meta: Meta, *, via: str) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
-    them (cachenode/front/respond.py), without the Age and Date lines of each reuse."""
-    fields = [(k, v) for k, v in meta.headers if k.lower() != "via"]
+    them (cachenode/front/respond.py), without the Age line of each reuse.
+    Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse."""
+    fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
                (CACHE_HEADER, CacheOutcome.HIT), ("Content-Length", str(meta.size))]
-    # Without the closing blank line: Age and Date follow on each reuse.
+    # Without the closing blank line: Age follows on each reuse.
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 
 
@@ -313,7 +303,7 @@ class FastPath(asyncio.Protocol):
             return False
         del self._buf[:req.size]
         transport = self.transport
-        head += b"Age: %d\r\n" % meta.age_at(time.time()) + _http_date()
+        head += b"Age: %d\r\n\r\n" % meta.age_at(time.time())
         size = meta.size if req.method == "GET" else 0
         sent = 0
         try:

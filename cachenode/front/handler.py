@@ -39,6 +39,7 @@ from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
+from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
@@ -357,9 +358,14 @@ class Handler:
             flight, leader = self.engine.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:
-                outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=meta,
-                                                    target=target, source=self.engine.origin_source(
-                                                        url, request.headers, route=parent_route(request)))
+                interim = InterimRelay(request)
+                try:
+                    outcome, response = await self.engine.lead(
+                        flight, key=key, url=url, origin=origin, stale=meta, target=target,
+                        source=self.engine.origin_source(url, request.headers, route=parent_route(request),
+                                                         interim=interim))
+                finally:
+                    interim.close()
             else:
                 outcome = await asyncio.shield(flight.outcome)
                 if outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete:
