@@ -28,7 +28,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 from nezha.config import Origin  # noqa: E402
 from nezha.dev.local_cluster import LocalCluster  # noqa: E402
 from nezha.dev.origin import LocalOrigin  # noqa: E402
-from testkit.ports import free_port, free_run  # noqa: E402
+from testkit.ports import free_run  # noqa: E402
+from testkit.prometheus import Prometheus  # noqa: E402
 
 HOST = "www.cs.toronto.edu"
 DASHBOARD = ROOT / "helm" / "nezha" / "dashboards" / "nezha.json"
@@ -50,14 +50,6 @@ ROWS = ("Cluster", "Cache nodes")
 NAMESPACE = "local"
 SCRAPE = 1.0  # seconds; Grafana's $__rate_interval would be 4 scrapes at least
 RATE_INTERVAL = "10s"
-
-
-def prometheus_config(targets: list[tuple[str, str]]) -> str:
-    lines = ["global:", f"  scrape_interval: {SCRAPE:g}s", "scrape_configs:", "  - job_name: nezha-cache",
-             "    static_configs:"]
-    for address, pod in targets:
-        lines += [f"      - targets: ['{address}']", f"        labels: {{namespace: {NAMESPACE}, pod: {pod}}}"]
-    return "\n".join(lines) + "\n"
 
 
 async def load(urls: list[str], *, seconds: float, files: int, started: float) -> int:
@@ -82,15 +74,10 @@ async def load(urls: list[str], *, seconds: float, files: int, started: float) -
     return done
 
 
-async def query_range(session: aiohttp.ClientSession, base: str, expr: str, start: float, end: float) -> list[dict]:
-    expr = (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", NAMESPACE)
+def dashboard_expr(expr: str) -> str:
+    """A panel's PromQL with Grafana's variables filled in: this namespace, every node."""
+    return (expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", NAMESPACE)
             .replace('pod=~"$node"', 'pod=~".*"'))
-    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "2"}
-    async with session.get(f"{base}/api/v1/query_range", params=params) as r:
-        body = await r.json()
-    if body.get("status") != "success":
-        raise RuntimeError(f"{expr}: {body}")
-    return body["data"]["result"]
 
 
 def legend(fmt: str, labels: dict) -> str:
@@ -159,25 +146,12 @@ async def main() -> None:
                                node_settings={"capacity": 24 << 20})
         await cluster.start()
         nodes = sorted(cluster.nodes.values(), key=lambda n: n.id)
-        port = free_port()
-        (work / "prometheus.yml").write_text(prometheus_config(
-            [(n.url.removeprefix("http://"), f"nezha-cache-{i}") for i, n in enumerate(nodes)]))
-        prom = subprocess.Popen([prometheus, f"--config.file={work / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-                                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
+        prom = Prometheus(prometheus, work, scrape_interval=SCRAPE, targets=[
+            (n.url.removeprefix("http://"), {"namespace": NAMESPACE, "pod": f"nezha-cache-{i}"})
+            for i, n in enumerate(nodes)])
+        await prom.start()
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                try:
-                    async with session.get(f"{base}/-/ready") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
-            else:
-                raise RuntimeError("prometheus did not become ready")
-            await asyncio.sleep(3 * SCRAPE)
+            await prom.scraped(session)
             start = time.time()
             requests = await load([n.url for n in nodes], seconds=args.seconds, files=files,
                                   started=time.monotonic())
@@ -191,15 +165,15 @@ async def main() -> None:
                     continue
                 if row not in ROWS:
                     continue
-                series = [(t.get("legendFormat", ""), await query_range(session, base, t["expr"], start, end))
+                series = [(t.get("legendFormat", ""),
+                           await prom.query_range(session, dashboard_expr(t["expr"]), start=start, end=end))
                           for t in p["targets"]]
                 panels.append((p["title"], p["fieldConfig"]["defaults"].get("unit", ""), series))
         draw(panels, args.out, start=start)
         print(f"{args.out}: {len(panels)} panels, {requests} requests in {args.seconds:g} s")
     finally:
         if prom is not None:
-            prom.terminate()
-            prom.wait(10)
+            prom.stop()
         if cluster is not None:
             await cluster.stop()
         await origin.stop()

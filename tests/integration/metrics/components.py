@@ -11,6 +11,7 @@ them; nothing listens beyond 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -46,8 +47,9 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-async def cache_node(workdir: Path, *, redis_url: str, origin_url: str) -> str:
-    """A node's /metrics after misses, hits (fast path and aiohttp's), ranges, a bypass and an eviction."""
+@contextlib.asynccontextmanager
+async def running_node(workdir: Path, *, redis_url: str, origin_url: str):
+    """A `nezha cache` process with the shared index and room for three objects; yields its base URL."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(workdir / "node"),
@@ -58,19 +60,31 @@ async def cache_node(workdir: Path, *, redis_url: str, origin_url: str) -> str:
     base = f"http://127.0.0.1:{port}"
     try:
         await until_http(f"{base}/readyz", timeout=20, proc=proc, what="nezha cache")
-        async with aiohttp.ClientSession() as s:
-            for i in range(4):  # the fourth evicts the first (capacity: three)
-                for headers in ({}, {}, {"Range": "bytes=0-9"}):
-                    async with s.get(f"{base}/data/{i}.bin", headers={"Host": HOST, **headers}) as r:
-                        assert r.status in (200, 206), r.status
-                        await r.read()
-            # Credentials: passed through from the origin, never stored or served from disk.
-            async with s.get(f"{base}/data/3.bin", headers={"Host": HOST, "Authorization": "Bearer t"}) as r:
-                assert r.headers["X-Nezha-Cache"] == "bypass"
-                await r.read()
-            return await _text(s, f"{base}/metrics")
+        yield base
     finally:
         _stop(proc)
+
+
+async def node_load(base: str) -> None:
+    """Misses, hits (fast path and aiohttp's), ranges, a bypass and an eviction."""
+    async with aiohttp.ClientSession() as s:
+        for i in range(4):  # the fourth evicts the first (capacity: three)
+            for headers in ({}, {}, {"Range": "bytes=0-9"}):
+                async with s.get(f"{base}/data/{i}.bin", headers={"Host": HOST, **headers}) as r:
+                    assert r.status in (200, 206), r.status
+                    await r.read()
+        # Credentials: passed through from the origin, never stored or served from disk.
+        async with s.get(f"{base}/data/3.bin", headers={"Host": HOST, "Authorization": "Bearer t"}) as r:
+            assert r.headers["X-Nezha-Cache"] == "bypass"
+            await r.read()
+
+
+async def cache_node(workdir: Path, *, redis_url: str, origin_url: str) -> str:
+    """A node's /metrics after node_load."""
+    async with running_node(workdir, redis_url=redis_url, origin_url=origin_url) as base:
+        await node_load(base)
+        async with aiohttp.ClientSession() as s:
+            return await _text(s, f"{base}/metrics")
 
 
 async def controller(workdir: Path, *, redis_url: str) -> str:
@@ -141,8 +155,9 @@ async def webhook(workdir: Path) -> str:
         _stop(proc)
 
 
-async def scrape_all(workdir: Path) -> dict[str, str]:
-    """component -> the text of its /metrics: cache, controller, webhook."""
+@contextlib.asynccontextmanager
+async def origin_and_redis(workdir: Path):
+    """The origin (four 64 KiB files, fresh for an hour) and a redis-server; yields (origin URL, Redis URL)."""
     origin = TestOrigin()
     for i in range(4):
         origin.put(f"/data/{i}.bin", bytes([i]) * OBJECT, headers={"Cache-Control": "max-age=3600"})
@@ -153,11 +168,17 @@ async def scrape_all(workdir: Path) -> dict[str, str]:
     redis = RedisServer(require_tool("redis-server"), workdir)
     redis.start()
     try:
-        (workdir / "c").mkdir()
-        (workdir / "w").mkdir()
-        return {"cache": await cache_node(workdir, redis_url=redis.url, origin_url=f"http://127.0.0.1:{port}"),
-                "controller": await controller(workdir / "c", redis_url=redis.url),
-                "webhook": await webhook(workdir / "w")}
+        yield f"http://127.0.0.1:{port}", redis.url
     finally:
         redis.stop(kill=True)
         await runner.cleanup()
+
+
+async def scrape_all(workdir: Path) -> dict[str, str]:
+    """component -> the text of its /metrics: cache, controller, webhook."""
+    async with origin_and_redis(workdir) as (origin_url, redis_url):
+        (workdir / "c").mkdir()
+        (workdir / "w").mkdir()
+        return {"cache": await cache_node(workdir, redis_url=redis_url, origin_url=origin_url),
+                "controller": await controller(workdir / "c", redis_url=redis_url),
+                "webhook": await webhook(workdir / "w")}
