@@ -37,7 +37,7 @@ FIRST_BYTE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 # A fill lasts from milliseconds (a small object) to many minutes (tens of GB).
 FILL_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 # How long an evicted object had been stored: under an hour means the working set does not fit.
-EVICTED_AGE_BUCKETS = (60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
+EVICTED_AGE_BUCKETS = (10, 30, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
 
 
 def source_of(cache: str | None) -> str | None:
