@@ -40,6 +40,10 @@ FILL_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 EVICTED_AGE_BUCKETS = (10, 30, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
 
 
+# cachenode/fill/parent.py Fallback's values (a layer above this one; a unit test keeps them equal).
+PARENT_FALLBACKS = ("unreachable", "timeout", "5xx", "down", "broken")
+
+
 def source_of(cache: str | None) -> str | None:
     """The source of the bytes of an answer labelled `cache`; None for the node's own answers."""
     if not cache:
@@ -82,6 +86,8 @@ class Metrics:
                                         "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
                                         "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
                                         "origin sent the rest)", ["reason"], registry=r)
+        for reason in PARENT_FALLBACKS:
+            self.parent_fallbacks.labels(reason=reason)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         self.fill_duration = Histogram(
