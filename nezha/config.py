@@ -590,6 +590,8 @@ class WebhookSettings(_Base):
     """The admission webhook (`nezha webhook`)."""
 
     listen: str = "127.0.0.1:8443"
+    # HOST:PORT serving /metrics over plain HTTP (webhook/metrics.py); none: no listener.
+    metrics_listen: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     rules: Path | None = None
@@ -641,6 +643,13 @@ class WebhookSettings(_Base):
         parse_hostport(v, field="listen")
         return v
 
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_hostport(v, field="metrics_listen (--metrics-listen)")
+        return v
+
     @field_validator("cache_ip")
     @classmethod
     def _cache_ip(cls, v: str | None) -> str | None:
@@ -667,6 +676,11 @@ class WebhookSettings(_Base):
     @property
     def listen_addr(self) -> tuple[str, int]:
         return parse_hostport(self.listen, field="listen")
+
+    @property
+    def metrics_addr(self) -> tuple[str, int]:
+        assert self.metrics_listen is not None
+        return parse_hostport(self.metrics_listen, field="metrics_listen")
 
     @property
     def cache_proxy_url(self) -> str:

@@ -1,4 +1,5 @@
-"""The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port.
+"""The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port;
+GET /metrics on a plain HTTP port of its own (`metrics_listen`), for Prometheus.
 
 Bad requests (not JSON, oversize, nested deeper than MAX_DEPTH, not an
 AdmissionReview v1) get a 400 whose one-line body says what is wrong; nothing
@@ -34,6 +35,7 @@ from aiohttp import web
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError, ReviewError, RunError
+from webhook.metrics import WebhookMetrics, outcome_of
 from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
 from webhook.review import review
 from webhook.sidecar import MIN_SIZE, SidecarConfig, parse_version, quantity_bytes
@@ -234,6 +236,7 @@ class Webhook:
         # started at start-up, or by the rules reload that first needs it.
         self.discovery: Callable[[], Awaitable[None]] | None = None
         self._discovery_task: asyncio.Task | None = None
+        self.metrics = WebhookMetrics()
         # The sidecar model's settings and the API server's version (the
         # setting, else read from discovery by `version_discovery`, set by the
         # command: until it is known, pods asking for a sidecar stay centralized).
@@ -251,6 +254,15 @@ class Webhook:
 
     async def mutate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
+        try:
+            return await self._mutate(request, started)
+        except Exception:
+            self.metrics.admissions.labels("error").inc()  # answered 500 by no_tracebacks
+            raise
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - started)
+
+    async def _mutate(self, request: web.Request, started: float) -> web.Response:
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return self._bad(f"body of {request.content_length} bytes exceeds max_body_bytes ({limit})")
@@ -278,11 +290,13 @@ class Webhook:
                  name=decision.name, rules=decision.rules, ops=len(decision.ops), warnings=decision.warnings,
                  status=decision.status,
                  ms=round((time.perf_counter() - started) * 1000, 3))
+        self.metrics.admissions.labels(outcome_of(decision)).inc()
         return web.json_response(decision.response)
 
     def _bad(self, message: str) -> web.Response:
         message = " ".join(message.split())[:500]
         log.warning("review_rejected", status=400, error=message)
+        self.metrics.admissions.labels("invalid").inc()
         return web.Response(status=400, text=message + "\n")
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -406,11 +420,40 @@ async def start(webhook: Webhook) -> web.AppRunner:
     return runner
 
 
+async def start_metrics(webhook: Webhook) -> web.AppRunner | None:
+    """/metrics over plain HTTP on settings.metrics_listen (Prometheus scrapes pods without the webhook's CA);
+    None when it is not set."""
+    if webhook.settings.metrics_listen is None:
+        return None
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=webhook.metrics.render(), headers={"Content-Type": webhook.metrics.content_type})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = webhook.settings.metrics_addr
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise RunError(f"cannot listen on {webhook.settings.metrics_listen} (--metrics-listen): "
+                       f"{e.strerror or e}") from e
+    log.info("metrics_listening", listen=webhook.settings.metrics_listen)
+    return runner
+
+
 async def serve(settings: WebhookSettings, *, webhook: Webhook | None = None,
                 stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set)."""
     webhook = webhook or build_webhook(settings)
     runner = await start(webhook)
+    try:
+        metrics = await start_metrics(webhook)
+    except RunError:
+        await runner.cleanup()
+        raise
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -422,4 +465,6 @@ async def serve(settings: WebhookSettings, *, webhook: Webhook | None = None,
         await stop.wait()
     finally:
         log.info("webhook_stopping", listen=settings.listen)
+        if metrics is not None:
+            await metrics.cleanup()
         await runner.cleanup()

@@ -133,8 +133,8 @@ class PlainHits(Protocol):
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False) -> None:
-        """Count and log a hit the fast path served."""
+                      gone: bool = False, first_byte: float | None = None) -> None:
+        """Count and log a hit the fast path served (`first_byte`: seconds from its request to its head)."""
 
 
 class FastPath(asyncio.Protocol):
@@ -318,6 +318,7 @@ class FastPath(asyncio.Protocol):
                     sent = _sendfile_now(transport, fd, 0, size)
             else:
                 transport.write(head)
+            first_byte = time.monotonic() - started
         except OSError:
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
@@ -327,16 +328,17 @@ class FastPath(asyncio.Protocol):
         if sent >= size:
             os.close(fd)
             self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
-                                    ms=(time.monotonic() - started) * 1000)
+                                    ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
             return True
         f = open(fd, "rb")
-        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, f, sent, size, started))
+        self._serving = asyncio.get_running_loop().create_task(
+            self._finish(req, meta, f, sent, size, started, first_byte))
         # Closed however the task ends, even cancelled before its first step.
         self._serving.add_done_callback(lambda _: f.close())
         return False
 
     async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
-                      started: float) -> None:
+                      started: float, first_byte: float) -> None:
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
@@ -356,9 +358,10 @@ class FastPath(asyncio.Protocol):
         ms = (time.monotonic() - started) * 1000
         if sent < size:
             transport.abort()  # a short body must never look complete
-            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
+            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True,
+                                    first_byte=first_byte)
             return
-        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
+        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte)
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()

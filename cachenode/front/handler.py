@@ -243,12 +243,13 @@ class Handler:
         return prepared
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False) -> None:
+                      gone: bool = False, first_byte: float | None = None) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
         the client hung up mid-body (`gone`)."""
         self.counts.count(meta.host, hits=1, bytes_served=sent)
         self.counts.accessed(meta.key)
         self._hit_requests.inc()
+        self.metrics.served(CacheOutcome.HIT, sent, first_byte=first_byte)
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
         log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=CacheOutcome.HIT,
