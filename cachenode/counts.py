@@ -8,6 +8,7 @@ the node. Index writes are batched there and never awaited here.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from cachenode.metrics import Metrics
@@ -62,6 +63,8 @@ class Counts:
 
     def gone(self, meta: Meta, **extra: int) -> None:
         """An object left the store (evicted, invalidated, replaced, lost)."""
+        if extra.get("evictions"):
+            self.metrics.evicted_age.observe(max(0.0, time.time() - meta.stored_at))
         self.count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
         if self.index is not None and not meta.hot:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
@@ -70,3 +73,4 @@ class Counts:
     def update_store_gauges(self) -> None:
         self.metrics.stored_bytes.set(self.store.used_bytes)
         self.metrics.stored_objects.set(len(self.store))
+        self.metrics.set_capacity(self.store.capacity)

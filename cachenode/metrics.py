@@ -1,10 +1,57 @@
 """Prometheus metrics of one node, on a registry of its own so that several
-nodes in one process (tests) never share counters."""
+nodes in one process (tests) never share counters.
+
+Names follow Prometheus conventions: counters end in `_total`, sizes are
+bytes and durations seconds (`_bytes`, `_seconds`). docs/metrics.md lists
+every one, and a test checks that list against what a running node exports.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import math
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, disable_created_metrics, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# No `<name>_created` series: in the text format Prometheus scrapes they are
+# gauges of their own, one beside every counter and histogram, that no
+# query here reads. Process-wide, as the client library offers it.
+disable_created_metrics()
+
+from nezha.wire import CacheOutcome
+
+# Where the body bytes a client got came from, by its X-Nezha-Cache value
+# (nezha/wire.py; a relay's is the owner's behind `peer-`). An aborted
+# answer (`hit-aborted`) counts under its own source.
+_SOURCE = {"hit": "disk", "hot-hit": "disk", "stale": "disk", "revalidated": "disk", "authorized": "disk",
+           "miss": "fill", "miss-joined": "fill",
+           "pass": "origin", "bypass": "origin", "denied": "origin"}
+SOURCES = ("disk", "fill", "peer", "origin")
+# Time to first byte is kept for these kinds of answer, by the same values.
+_FIRST_BYTE = {"hit": "hit", "hot-hit": "hit", "stale": "hit", "revalidated": "hit", "authorized": "hit",
+               "miss": "miss", "miss-joined": "miss", "pass": "pass", "bypass": "pass", "denied": "pass"}
+
+# A hit's head leaves in microseconds to milliseconds; a miss waits for the origin (seconds).
+FIRST_BYTE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# A fill lasts from milliseconds (a small object) to many minutes (tens of GB).
+FILL_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+# How long an evicted object had been stored: under an hour means the working set does not fit.
+EVICTED_AGE_BUCKETS = (10, 30, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
+
+
+# cachenode/fill/parent.py Fallback's values (a layer above this one; a unit test keeps them equal).
+PARENT_FALLBACKS = ("unreachable", "timeout", "5xx", "down", "broken")
+
+
+def source_of(cache: str | None) -> str | None:
+    """The source of the bytes of an answer labelled `cache`; None for the node's own answers."""
+    if not cache:
+        return None
+    cache = cache.removesuffix("-aborted")
+    if cache.startswith("peer-"):
+        return "peer"
+    return _SOURCE.get(cache)
 
 
 class Metrics:
@@ -14,11 +61,20 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("nezha_requests", "Requests answered, by cache outcome", ["cache"], registry=r)
+        for value in (*CacheOutcome, "none"):
+            # Exported at 0 from the start: an alert's increase() or rate() over a series that
+            # appears with its first count would miss that count.
+            self.requests.labels(cache=value)
         self.hits = Counter("nezha_cache_hits", "Requests served from this node's disk", registry=r)
         self.misses = Counter("nezha_cache_misses", "Requests served from a fill in progress (the origin was "
                               "needed)", registry=r)
         self.bytes_served = Counter("nezha_bytes_served", "Body bytes sent to clients: stored objects, fills "
                                     "in progress and pass-through (bypass, unstorable, origin errors)", registry=r)
+        self.bytes_by_source = Counter(
+            "nezha_bytes_served_by_source", "Body bytes sent to clients (not to peers: a sum over nodes counts "
+            "each byte once), by where they came from: disk (a stored object), fill (a fill in progress), "
+            "peer (relayed from the key's owner), origin (passed through, nothing stored)", ["source"], registry=r)
+        self._by_source = {s: self.bytes_by_source.labels(source=s) for s in SOURCES}
         self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
         self.origin_bytes_discarded = Counter("nezha_origin_bytes_discarded", "Body bytes origins delivered that "
                                               "were thrown away: the first answer of a parallel fill, closed "
@@ -30,20 +86,61 @@ class Metrics:
                                         "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
                                         "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
                                         "origin sent the rest)", ["reason"], registry=r)
+        for reason in PARENT_FALLBACKS:
+            self.parent_fallbacks.labels(reason=reason)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
+        self.fill_duration = Histogram(
+            "nezha_fill_duration_seconds", "How long a fill took, from the source's answer to its end, by source "
+            "(origin, peer) and outcome (stored; failed; not_stored: streamed whole, but not kept)",
+            ["source", "outcome"], buckets=FILL_BUCKETS, registry=r)
+        for source in ("origin", "peer"):
+            for outcome in ("stored", "failed", "not_stored"):
+                self.fill_duration.labels(source=source, outcome=outcome)
+        self.first_byte = Histogram(
+            "nezha_time_to_first_byte_seconds", "From a request read to its response head sent, by answer: hit "
+            "(from disk), miss (a fill), peer (relayed), pass (the origin's, passed through)", ["cache"],
+            buckets=FIRST_BYTE_BUCKETS, registry=r)
+        self._first_byte = {c: self.first_byte.labels(cache=c) for c in ("hit", "miss", "peer", "pass")}
         self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)
+        self.evicted_age = Histogram(
+            "nezha_evicted_age_seconds", "How long an evicted object had been stored (since its fill or last "
+            "revalidation)", buckets=EVICTED_AGE_BUCKETS, registry=r)
         self.stored_bytes = Gauge("nezha_stored_bytes", "Bytes of complete objects on disk", registry=r)
         self.stored_objects = Gauge("nezha_stored_objects", "Complete objects on disk", registry=r)
+        self.capacity_bytes = Gauge("nezha_capacity_bytes", "The store's capacity (cache.capacity); +Inf when "
+                                    "unbounded", registry=r)
         self.tls_connections = Counter("nezha_tls_connections", "Connections to the TLS port, by outcome: "
                                        "terminated (served here with a minted certificate), relayed to the real "
                                        "host, refused (a name that is not an origin, no name, not TLS), failed "
                                        "(the handshake failed, or the real host could not be reached)",
                                        ["outcome"], registry=r)
+        for outcome in ("terminated", "relayed", "refused", "failed"):
+            self.tls_connections.labels(outcome)
         self.connections_reclaimed = Counter("nezha_connections_reclaimed", "Idle or trickling client "
                                              "connections closed at the connection cap", registry=r)
         self.connections_refused = Counter("nezha_connections_refused", "Clients answered 503 at the connection "
                                            "cap, every connection being busy", registry=r)
+
+    def watch_index(self, healthy: Callable[[], bool]) -> None:
+        """`nezha_index_up`, read at each scrape: only a node with a shared index has one."""
+        Gauge("nezha_index_up", "1 while the shared index (Redis) answers every part of this node, 0 while one "
+              "fails", registry=self.registry).set_function(lambda: 1.0 if healthy() else 0.0)
+
+    def set_capacity(self, capacity: int | None) -> None:
+        self.capacity_bytes.set(math.inf if capacity is None else capacity)
+
+    def served(self, cache: str | None, nbytes: int, *, first_byte: float | None) -> None:
+        """One client request's answer (not a peer's): its bytes by source, its time to first byte."""
+        source = source_of(cache)
+        if source is None:
+            return
+        if nbytes:
+            self._by_source[source].inc(nbytes)
+        if first_byte is not None:
+            kind = "peer" if source == "peer" else _FIRST_BYTE.get((cache or "").removesuffix("-aborted"))
+            if kind is not None:
+                self._first_byte[kind].observe(first_byte)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

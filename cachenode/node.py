@@ -53,6 +53,8 @@ class CacheNode:
         token = settings.cluster_token
         self.counts = Counts(metrics=self.metrics, store=store, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
+        if index is not None and index.enabled:
+            self.metrics.watch_index(lambda: index.conn.state == "ok")
         # A cold owner sends its headers once the origin sent its own: within
         # the origin's connect and read timeouts; a frozen one is found sooner,
         # by probing it (the rules are in cachenode/front/relay.py).

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--publish-ca", action="store_true", default=None,
                    help="keep a copy of ConfigMap nezha-ca (the CA bundle from `nezha ca init`) in every "
                    "namespace, for pods of tls: true rules to mount (default: off)")
-    p.add_argument("--health-listen", help="HOST:PORT answering /healthz and /readyz for probes (default: none)")
+    p.add_argument("--health-listen", help="HOST:PORT answering /healthz and /readyz for probes, and /metrics "
+                   "(default: none)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level")
     p.set_defaults(func=run)

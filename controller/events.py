@@ -21,9 +21,12 @@ MAX_MESSAGE = 1024  # kube-apiserver truncates longer messages anyway
 
 class EventRecorder:
     def __init__(self, *, api: client.ApiClient, namespace: str, component: str, host: str,
-                 allowed: Callable[[], bool] = lambda: True) -> None:
-        """`allowed()`: whether this replica may write now (it leads); a standby records nothing."""
+                 allowed: Callable[[], bool] = lambda: True,
+                 counted: Callable[[str], None] = lambda reason: None) -> None:
+        """`allowed()`: whether this replica may write now (it leads); a standby records nothing.
+        `counted(reason)` hears of every Event recorded, also one the API refuses (controller/metrics.py)."""
         self.allowed = allowed
+        self.counted = counted
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.component = component
@@ -34,6 +37,7 @@ class EventRecorder:
         """One Event of `type_` (Normal or Warning) about `obj` (its API JSON)."""
         if not self.allowed():
             return
+        self.counted(reason)
         meta = obj.get("metadata") or {}
         # An Event lives in the namespace of the object it is about (kube-apiserver
         # refuses another): a Job's in its user's namespace.

@@ -1,4 +1,5 @@
-"""`/healthz` and `/readyz` of the controller, for the kubelet's probes.
+"""`/healthz` and `/readyz` of the controller, for the kubelet's probes, and
+`/metrics` for Prometheus (controller/metrics.py).
 
 Liveness is the reconcile loop going round: it wakes at least every RESYNC
 seconds, so a loop that has not come back for much longer than that is
@@ -40,9 +41,14 @@ def build_app(controller: "Controller", *, stuck_after: float) -> web.Applicatio
         return web.Response(text=json.dumps(body), content_type="application/json",
                             status=200 if synced else 503)
 
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=controller.metrics.render(),
+                            headers={"Content-Type": controller.metrics.content_type})
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

@@ -73,9 +73,11 @@ class JobProgress:
 class Prefetcher:
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
-                 timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 counted: Callable[[str], None] = lambda outcome: None) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
-        `origins` the nodes' origin table, whose rules make a URL's key."""
+        `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
+        each URL ended (fetched, failed, refused: controller/metrics.py)."""
         self.batch = client.BatchV1Api(api)
         self.events = events
         self._session = session
@@ -84,6 +86,7 @@ class Prefetcher:
         self.timeout = timeout
         self.poll = poll
         self._clock = clock
+        self._counted = counted
         self.fetches: dict[str, asyncio.Task] = {}  # url -> the one fetch of it
         self.jobs: dict[str, JobProgress] = {}  # "ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
@@ -111,6 +114,7 @@ class Prefetcher:
 
     async def _follow(self, key: str, job: dict, progress: JobProgress) -> None:
         for bad in progress.bad:
+            self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
         await self._write_status(job, progress)
         waits = {url: self._fetch_once(url) for url in progress.urls}
@@ -121,6 +125,7 @@ class Prefetcher:
                 if task in done and url not in progress.results:
                     result = task.result()
                     progress.results[url] = result
+                    self._counted("fetched" if result.ok else "failed")
                     if not result.ok:
                         await self.events.emit(job, "Warning", "PrefetchFailed",
                                                f"{PREFETCH}: {url}: {result.reason}")

@@ -33,6 +33,7 @@ from controller.events import EventRecorder
 from controller.leader import LeaderElector
 from controller.drains import Drains
 from controller.membership import leaving, members, pod_selector
+from controller.metrics import ControllerMetrics
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.trust import TrustPublisher
@@ -81,18 +82,21 @@ class Controller:
         self.failing: str | None = None  # why reconciling fails, while it does (one Warning per outage)
         self.spec: Spec = DEFAULT
         self.problems: dict[tuple[str, ...], Problem] = {}  # reported, by annotation keys
+        self.metrics = ControllerMetrics()
         self.events = EventRecorder(api=api, namespace=self.namespace, component="nezha-controller",
-                                    host=settings.holder, allowed=lambda: self.leading)
+                                    host=settings.holder, allowed=lambda: self.leading, counted=self.metrics.event)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
-                                     origins=settings.origin_table)
+                                     origins=settings.origin_table,
+                                     counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
         self.trust = TrustPublisher(api=api, namespace=self.namespace, leading=lambda: self.leading) \
             if settings.publish_ca else None
         self.last_event_at: float | None = None
         self.loop_at: float | None = None  # when the reconcile loop last went round (controller/health.py)
+        self.metrics.watch(self)
 
     def loop_idle(self) -> float | None:
         """Seconds since the reconcile loop last went round; None before it started."""
@@ -198,18 +202,22 @@ class Controller:
                 self.written = None  # look at Redis again
             await asyncio.sleep(self.settings.batch_window)
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 await self.reconcile()
+                self._reconciled("ok", started)
                 delay = 0.2
                 if self.failing is not None and self.statefulset is not None:
                     await self.events.emit(self.statefulset, "Normal", "RingWriteRecovered",
                                            f"the ring is written again after: {self.failing}")
                     self.failing = None
             except Deposed as e:
+                self._reconciled("deposed", started)
                 log.warning("ring_write_refused", error=str(e))
                 if self.elector is not None:
                     self.elector.lose(str(e))
             except Exception as e:  # noqa: BLE001 - Redis down, an object it cannot read: log, back off, go on
+                self._reconciled("failed", started)
                 if isinstance(e, IndexUnavailable):
                     log.warning("ring_write_failed", error=str(e), retry_in=round(delay, 2))
                 else:
@@ -221,6 +229,12 @@ class Controller:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 self._wake.set()
+
+    def _reconciled(self, outcome: str, started: float) -> None:
+        """Count and time a pass; only the leader's do work, so a standby's are left out."""
+        if self.leading:
+            self.metrics.reconciles.labels(outcome).inc()
+            self.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
     async def reconcile(self) -> None:
         """One level-based pass over everything observed; only the leader acts on it."""
@@ -322,6 +336,7 @@ class Controller:
         epoch = await self.index.set_membership(desired, replicas=replicas, fence=fence, leaving=leaving)
         self.written = (dict(desired), replicas, leaving)
         self.writes += 1
+        self.metrics.ring_writes.inc()
         waited = None if self.last_event_at is None else round((self._clock() - self.last_event_at) * 1000, 1)
         self.last_event_at = None
         log.info("ring_updated", epoch=epoch, members=sorted(desired), replicas_per_key=replicas,

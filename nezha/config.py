@@ -38,6 +38,8 @@ FLAG_NAMES: dict[str, str] = {}
 COMMAND = "nezha"
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+# RFC 9110 §5.1: a field name is a token.
+_FIELD_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -113,6 +115,11 @@ class Origin(BaseModel):
     # `key=`), beside the signed-URL families every origin knows
     # (nezha/credentials.py): kept out of keys, metadata, the index and logs.
     credential_params: tuple[str, ...] = ()
+    # The response fields that address this cache's caching alone (RFC 9213
+    # targeted cache control), first present wins over Cache-Control and
+    # Expires for what the node stores and for how long; forwarded untouched
+    # (cachenode/http/targeted.py). [] leaves Cache-Control in charge.
+    targeted_cache_control: tuple[str, ...] = ("Nezha-Cache-Control", "CDN-Cache-Control")
     # Parallel range fills of this origin's large objects (cachenode/fill/parallel.py);
     # unset: the node's fill_streams, parallel_fill_threshold and fill_on_range.
     fill_streams: int | None = None
@@ -136,6 +143,21 @@ class Origin(BaseModel):
         for name in v:
             if not name or any(c in name for c in "=&?# "):
                 raise ValueError(f"credential_params entry {name!r} is not a query parameter name")
+        return v
+
+    @field_validator("targeted_cache_control")
+    @classmethod
+    def _targeted_cache_control(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _FIELD_NAME_RE.match(name):
+                raise ValueError(f"targeted_cache_control entry {name!r} is not a header field name")
+        lowered = [name.lower() for name in v]
+        for name in v:
+            if lowered.count(name.lower()) > 1:
+                raise ValueError(f"targeted_cache_control names {name!r} twice")
+            if name.lower() == "cache-control":
+                raise ValueError("targeted_cache_control lists Cache-Control, which rules anyway when no "
+                                 "targeted field is present: list only fields that address this cache")
         return v
 
     @field_validator("parallel_fill_threshold", mode="before")
@@ -604,6 +626,8 @@ class WebhookSettings(_Base):
     """The admission webhook (`nezha webhook`)."""
 
     listen: str = "127.0.0.1:8443"
+    # HOST:PORT serving /metrics over plain HTTP (webhook/metrics.py); none: no listener.
+    metrics_listen: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     rules: Path | None = None
@@ -624,6 +648,24 @@ class WebhookSettings(_Base):
     proxy_url: str | None = None
     # mode: env rules' NO_PROXY unless a rule sets `noProxy`; None: webhook.patch.DEFAULT_NO_PROXY
     no_proxy: str | None = None
+    # The sidecar deployment model (docs/deployment-models.md); checked by
+    # webhook/server.py sidecar_config, which knows its forms. No image: pods
+    # that ask for a sidecar stay centralized, with nezha.io/status saying why.
+    sidecar_image: str | None = None
+    sidecar_image_pull_policy: str = "IfNotPresent"
+    # The data volume's sizeLimit unless a pod's nezha.io/sidecar-size says otherwise.
+    sidecar_size: str = "10Gi"
+    sidecar_resources: dict[str, dict[str, str]] = Field(default_factory=lambda: {
+        "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}})
+    # May a pod choose `sidecar` with nezha.io/deployment? (`centralized` always may.)
+    sidecar_by_annotation: bool = True
+    # The sidecar's --parent; default http://<cache_service>.<namespace>.svc:80
+    sidecar_parent: str | None = None
+    # host -> upstream for the sidecar's --origin (a sidecar that cannot reach
+    # the cluster fetches from these); a host missing here: http://<host>.
+    sidecar_origins: dict[str, str] = Field(default_factory=dict)
+    # "1.35": the API server's version, instead of reading it from discovery.
+    kubernetes_version: str | None = None
     # `nezha webhook certs`
     webhook_service: str = "nezha-webhook"
     webhook_configuration: str = "nezha-webhook"
@@ -635,6 +677,13 @@ class WebhookSettings(_Base):
     @classmethod
     def _hostport(cls, v: str) -> str:
         parse_hostport(v, field="listen")
+        return v
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_hostport(v, field="metrics_listen (--metrics-listen)")
         return v
 
     @field_validator("cache_ip")
@@ -665,8 +714,17 @@ class WebhookSettings(_Base):
         return parse_hostport(self.listen, field="listen")
 
     @property
+    def metrics_addr(self) -> tuple[str, int]:
+        assert self.metrics_listen is not None
+        return parse_hostport(self.metrics_listen, field="metrics_listen")
+
+    @property
     def cache_proxy_url(self) -> str:
         return self.proxy_url or f"http://{self.cache_service}.{self.namespace}.svc:80"
+
+    @property
+    def sidecar_parent_url(self) -> str:
+        return self.sidecar_parent or f"http://{self.cache_service}.{self.namespace}.svc:80"
 
 
 def _setting_names(cls: type[_Base]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from nezha.logs import configure
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("webhook", help="run the admission webhook (HTTPS)")
     p.add_argument("--listen", help="HOST:PORT to serve on (default 127.0.0.1:8443)")
+    p.add_argument("--metrics-listen", help="HOST:PORT serving /metrics over plain HTTP (default: none)")
     p.add_argument("--tls-cert", type=Path, help="serving certificate (PEM); re-read when it changes")
     p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     p.add_argument("--rules", type=Path, help="rules file (the ConfigMap's config value); re-read when it changes")
@@ -48,7 +49,7 @@ def run_webhook(args: argparse.Namespace) -> int:
     from webhook.server import build_webhook, serve
 
     settings = load(WebhookSettings, config_file=args.config, flags=_flags(
-        args, ["listen", "tls_cert", "tls_key", "rules", "cache_ip", "cache_service", "namespace", "kubeconfig",
+        args, ["listen", "metrics_listen", "tls_cert", "tls_key", "rules", "cache_ip", "cache_service", "namespace", "kubeconfig",
                "log_level"]))
     configure(level=settings.log_level)
     webhook = build_webhook(settings)
@@ -65,6 +66,12 @@ def run_webhook(args: argparse.Namespace) -> int:
             # Runs only while a rule leaves `ip` out (see Webhook.start_discovery_if_needed).
             webhook.discovery = service_follower(settings=settings, api=api,
                                                  on_ip=lambda ip: setattr(webhook, "cache_ip", ip))
+        if settings.sidecar_image and settings.kubernetes_version is None:
+            from webhook.discovery import version_follower
+
+            # Native sidecars need 1.29: until the version is read, sidecar pods stay centralized.
+            webhook.version_discovery = version_follower(settings=settings, api=api,
+                                                         on_version=webhook.set_server_version)
         try:
             await serve(settings, webhook=webhook)
         finally:

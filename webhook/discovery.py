@@ -1,4 +1,5 @@
-"""The cache Service's ClusterIP, kept current with a list and a watch.
+"""What the webhook learns from the cluster: the cache Service's ClusterIP, kept current with a list and a
+watch, and the API server's version (`/version`), which says whether native sidecars exist.
 
 Rules may leave `ip` out; pods then get the ClusterIP of the cache Service,
 learned here rather than typed by hand. The list and watch are the shared
@@ -15,13 +16,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import asyncio
+import json
+
 import structlog
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError
 from nezha.informer import Events, Informer
 from nezha.kube import api_client as kube_api_client
+from webhook.sidecar import parse_version
 
 log = structlog.get_logger("nezha.webhook.discovery")
 
@@ -101,6 +107,60 @@ def service_follower(*, settings: WebhookSettings, on_ip: Callable[[str | None],
         try:
             await ServiceWatcher(api=api or own, namespace=settings.namespace, name=settings.cache_service,
                                  on_ip=on_ip).run()
+        finally:
+            if own is not None:
+                await own.close()
+
+    return follow
+
+
+def version_follower(*, settings: WebhookSettings, on_version: Callable[[tuple[int, int] | None], Any],
+                     api: client.ApiClient | None = None, retry: float = 10.0,
+                     recheck: float = 600.0) -> Callable[[], Awaitable[None]]:
+    """A coroutine function that reads the API server's version (GET /version) until cancelled.
+
+    Until a read succeeds the version is unknown and pods asking for a
+    sidecar stay centralized (their nezha.io/status says so); a failed read
+    is retried every `retry` seconds, a good one repeated every `recheck`
+    seconds (a control plane upgraded under a running webhook).
+    """
+
+    async def follow() -> None:
+        own = None
+        if api is None:
+            try:
+                own = await api_client(kubeconfig=settings.kubeconfig)
+            except ConfigError as e:
+                log.error("server_version_unavailable", error=str(e))
+                return
+        seen: tuple[int, int] | None = None
+        try:
+            while True:
+                try:
+                    # Raw JSON: only major and minor matter, and the generated model
+                    # refuses answers that leave out fields such as buildDate.
+                    response = await client.VersionApi(api or own).get_code(_request_timeout=30,
+                                                                            _preload_content=False)
+                    try:
+                        info = json.loads(await response.read())
+                    finally:
+                        response.release()
+                    major, minor = (info.get("major"), info.get("minor")) if isinstance(info, dict) else (None, None)
+                    version = parse_version(major, minor)
+                    if version is None:
+                        raise ValueError(f"major {major!r}, minor {minor!r} are not numbers")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any failure is retried; the log names it
+                    why = f"{e.status} {e.reason}" if isinstance(e, ApiException) else f"{type(e).__name__}: {e}"
+                    log.warning("server_version_failed", error=why[:300])
+                    await asyncio.sleep(retry)
+                    continue
+                if version != seen:
+                    log.info("server_version", version=f"{version[0]}.{version[1]}", git=str(info.get("gitVersion")))
+                    seen = version
+                    on_version(version)
+                await asyncio.sleep(recheck)
         finally:
             if own is not None:
                 await own.close()

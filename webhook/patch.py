@@ -12,6 +12,7 @@ are::
       namespaces: [ml]                        # optional, new
       mode: env                               # optional, new
       noProxy: [localhost, .svc]              # optional, new (mode env only)
+      deployment: sidecar                     # optional, new: centralized (default) | sidecar
 
 The patch is computed against the object as it is, so running it again on
 the patched object yields no operations: that is what makes the webhook safe
@@ -39,6 +40,7 @@ import yaml
 
 from nezha import trust_bundle
 from nezha.errors import ConfigError, NezhaError
+from webhook import sidecar as sc
 
 INJECTED = "nezha.io/injected"
 OPT_OUT = "nezha.io/inject"
@@ -113,6 +115,9 @@ class Rule:
     # Matched pods trust the cache's certificates for HTTPS (docs/https.md): the
     # Nezha CA bundle mounted in every container and each client's variable set.
     tls: bool = False
+    # Where the cache the pod uses runs (webhook/sidecar.py): the cluster
+    # Service, or a sidecar in the pod whose parent is the cluster.
+    deployment: str = sc.CENTRALIZED
 
     @property
     def needs_cache_ip(self) -> bool:
@@ -132,6 +137,11 @@ class Patch:
     ops: list[dict[str, Any]] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Why a sidecar asked for (rule or annotation) was not given: the pod is
+    # centralized, and this is in its nezha.io/status annotation and the log.
+    fallback: str | None = None
+    # What went into nezha.io/status: "sidecar", "centralized: <why>", or None (nothing asked for a sidecar).
+    status: str | None = None
     # What _warn has said, so that a warning per container stays linear.
     _warned: set[str] = field(default_factory=set, repr=False, compare=False)
 
@@ -175,7 +185,8 @@ def _rule(i: int, raw: Any) -> Rule:
     if not isinstance(name, str) or not name:
         raise RuleError(f"rule #{i}: name must be a non-empty string, got {name!r}")
     where = f"rule {name!r}"
-    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode", "noProxy", "tls"})
+    unknown = sorted(set(raw) - {"name", "app", "label", "hostAliases", "namespaces", "mode", "noProxy", "tls",
+                                  "deployment"})
     if unknown:
         raise RuleError(f"{where}: unknown field {unknown[0]!r}")
     key, value = raw.get("app"), raw.get("label")
@@ -203,8 +214,11 @@ def _rule(i: int, raw: Any) -> Rule:
     tls = raw.get("tls", False)
     if not isinstance(tls, bool):
         raise RuleError(f"{where}: tls must be true or false, got {tls!r}")
+    deployment = raw.get("deployment", sc.CENTRALIZED)
+    if deployment not in sc.DEPLOYMENTS:
+        raise RuleError(f"{where}: deployment must be one of {', '.join(sc.DEPLOYMENTS)}, got {deployment!r}")
     return Rule(name=name, label_key=key, label_value=value, host_aliases=parsed,
-                namespaces=namespaces, mode=mode, no_proxy=no_proxy, tls=tls)
+                namespaces=namespaces, mode=mode, no_proxy=no_proxy, tls=tls, deployment=deployment)
 
 
 def _no_proxy(where: str, raw: Any) -> str | None:
@@ -279,7 +293,8 @@ def _warn(out: "Patch", message: str) -> None:
 
 def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: tuple[Rule, ...] | list[Rule],
               cache_ip: str | None, proxy_url: str | None = None,
-              no_proxy: str = DEFAULT_NO_PROXY, ca_configmap: str = trust_bundle.CONFIGMAP) -> Patch:
+              no_proxy: str = DEFAULT_NO_PROXY, ca_configmap: str = trust_bundle.CONFIGMAP,
+              sidecar: sc.SidecarConfig | None = None) -> Patch:
     """JSON-patch operations that make `obj` (a `kind`) use the cache.
 
     Matches rules on the pod's labels (a workload's template labels, or the
@@ -288,6 +303,11 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
     when it added something. Raises PatchError when the object is not shaped
     like one, naming the field, and TooManyContainers when an env rule
     applies to more than MAX_CONTAINERS containers.
+
+    Rules whose deployment (or the pod's `nezha.io/deployment`) is sidecar
+    alias their hosts to 127.0.0.1 and share one native sidecar, built by
+    webhook/sidecar.py from `sidecar` (the webhook's settings); without a
+    usable one the pod is centralized and `fallback` says why.
     """
     if kind not in POD_PATHS:
         raise PatchError(f"kind {kind!r} is not one the webhook patches ({', '.join(POD_PATHS)})")
@@ -316,17 +336,26 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
         out.warnings.append(f"annotation {OPT_OUT} is {_short(opt)}; expected \"true\" or \"false\"; "
                             "treated as \"true\"")
 
+    choice = sc.choose(rules=matched, annotations=annotations, spec=spec, config=sidecar)
+    out.warnings += choice.warnings
     aliases = _existing_aliases(spec, spec_path)
-    if (proxy_url is not None and any(r.mode == "env" for r in matched)) or any(r.tls for r in matched):
+    if (any(r.mode == "env" and (proxy_url is not None or choice.by_rule[r.name] == sc.SIDECAR) for r in matched)
+            or any(r.tls for r in matched)):
         _check_container_count(spec, spec_path)
+    sidecar_hosts: list[str] = []  # the hosts of rules served by the sidecar, in rule order
     env_done: set[str] = set()  # the env paths already given variables, shared by every env rule
-    env_made: set[str] = set()  # the env lists this patch creates: later additions append to them
+    env_made: set[str] = set()  # the lists (env, volumes) this patch creates: later additions append to them
     trusting = False  # the CA bundle is given once, whichever tls rules ask for it
     applied: list[str] = []
     for rule in matched:
         before = len(out.ops)
         wanted = []
+        in_pod = choice.by_rule[rule.name] == sc.SIDECAR
         for alias in rule.host_aliases:
+            if in_pod:  # the sidecar, whatever the rule's ip says: that is the cluster tier's address
+                wanted.append((sc.LOOPBACK, alias.hostnames))
+                sidecar_hosts += [h for h in alias.hostnames if h not in sidecar_hosts]
+                continue
             ip = alias.ip or cache_ip
             if ip is None:
                 out.warnings.append(f"rule {rule.name!r}: no ip and the cache Service IP is not known yet; "
@@ -335,10 +364,11 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
             wanted.append((ip, alias.hostnames))
         aliases = _merge_aliases(out, spec_path, aliases, wanted)
         if rule.mode == "env":
-            if proxy_url is None:
+            proxy = sc.PROXY_URL if in_pod else proxy_url
+            if proxy is None:
                 out.warnings.append(f"rule {rule.name!r}: mode env but no proxy URL is configured")
             else:
-                _add_env(out, spec_path, spec, proxy_url, rule.no_proxy or no_proxy, env_done, env_made)
+                _add_env(out, spec_path, spec, proxy, rule.no_proxy or no_proxy, env_done, env_made)
         if rule.tls and not trusting:
             trusting = True
             _add_trust(out, spec_path, spec, ca_configmap, env_made, s3_endpoint=_s3_endpoint(matched))
@@ -347,9 +377,30 @@ def patch_for(*, obj: dict[str, Any], kind: str, namespace: str | None, rules: t
         # injected nothing.
         if len(out.ops) > before:
             applied.append(rule.name)
+    if sidecar_hosts:
+        assert sidecar is not None  # choose() gives sidecar only with a config
+        # Last: the sidecar goes first among the init containers, which would
+        # shift the indices the env and trust ops above name.
+        size, warnings = sc.size_of(annotations, sidecar)
+        out.warnings += warnings
+        _add_sidecar(out, spec_path, spec, sidecar, sidecar_hosts, size, env_made)
+        out.status = sc.SIDECAR
+    elif choice.fallback is not None:
+        out.fallback = choice.fallback
+        out.status = f"{sc.CENTRALIZED}: {choice.fallback}"
+        out.warnings.append(f"deployment sidecar was asked for; the pod uses the cluster cache instead: "
+                            f"{choice.fallback}")
     if applied:
         out.rules = applied
-        _annotate(out, meta_path, pod_meta, applied)
+    wanted_annotations = {}
+    if applied:
+        wanted_annotations[INJECTED] = applied
+    if out.status is not None:
+        wanted_annotations[sc.STATUS_ANNOTATION] = out.status
+    if sidecar_hosts:
+        wanted_annotations[sc.HOSTS_ANNOTATION] = sc.HOSTS_FILE
+    if wanted_annotations:
+        _annotate(out, meta_path, pod_meta, wanted_annotations)
     return out
 
 
@@ -489,7 +540,11 @@ def _append(out: Patch, base: str, exists: bool, items: list[dict[str, Any]]) ->
 
 
 def _containers(spec: dict, spec_path: str):
-    """(path, container) of every init container and container, each checked to be a mapping."""
+    """(path, container) of every init container and container, each checked to be a mapping.
+
+    Not the Nezha sidecar (a pod made from a template patched already has
+    it): it is the cache itself and takes neither proxy variables nor the CA.
+    """
     for group in ("initContainers", "containers"):
         containers = spec.get(group)
         if containers is None:
@@ -500,6 +555,8 @@ def _containers(spec: dict, spec_path: str):
             where = f"{spec_path}/{group}/{i}"
             if not isinstance(c, dict):
                 raise PatchError(f"{where} is {_what(c)}, not a container")
+            if group == "initContainers" and c.get("name") == sc.CONTAINER and c.get("restartPolicy") == "Always":
+                continue
             yield where, c
 
 
@@ -557,6 +614,7 @@ def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set
     if trust_bundle.VOLUME not in names:
         volume = {"name": trust_bundle.VOLUME, "configMap": {"name": configmap}}
         _append(out, f"{spec_path}/volumes", volumes is not None, [volume])
+        made.add(f"{spec_path}/volumes")  # the sidecar's volume, added later, appends to it
     ours = dict(trust_bundle.VARIABLES)
     for where, c in _containers(spec, spec_path):
         name = c.get("name")
@@ -583,20 +641,66 @@ def _add_trust(out: Patch, spec_path: str, spec: dict, configmap: str, made: set
             made.add(base)
 
 
-def _annotate(out: Patch, meta_path: str, meta: dict | None, applied: list[str]) -> None:
-    """Record the rules that injected, keeping names already recorded (an earlier pass or workload template)."""
-    if meta is None:
-        out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": {INJECTED: ",".join(applied)}}})
-        return
-    annotations = meta.get("annotations")
-    if annotations is None:
-        out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": {INJECTED: ",".join(applied)}})
-        return
-    if not isinstance(annotations, dict):
+def _annotate(out: Patch, meta_path: str, meta: dict | None, wanted: dict[str, Any]) -> None:
+    """Set the pod's annotations: INJECTED gets the rules that injected (a list), kept with the names already
+    recorded (an earlier pass or workload template); any other key its string. All in one op when the pod has
+    no annotations yet, so two keys never race to create the mapping."""
+    annotations = meta.get("annotations") if meta is not None else None
+    if annotations is not None and not isinstance(annotations, dict):
         raise PatchError(f"{meta_path}/annotations is {_what(annotations)}, not a mapping")
-    current = annotations.get(INJECTED)
-    names = [n for n in current.split(",") if n] if isinstance(current, str) else []
-    value = ",".join(names + [n for n in applied if n not in names])
-    if value != current:
+    values: dict[str, str] = {}
+    for key, value in wanted.items():
+        if key == INJECTED:
+            current = (annotations or {}).get(INJECTED)
+            names = [n for n in current.split(",") if n] if isinstance(current, str) else []
+            value = ",".join(names + [n for n in value if n not in names])
+        if (annotations or {}).get(key) != value:
+            values[key] = value
+    if not values:
+        return
+    if meta is None:
+        out.ops.append({"op": "add", "path": meta_path, "value": {"annotations": values}})
+    elif annotations is None:
+        out.ops.append({"op": "add", "path": f"{meta_path}/annotations", "value": values})
+    else:
         # "add" on an existing member replaces it (RFC 6902 section 4.1).
-        out.ops.append({"op": "add", "path": f"{meta_path}/annotations/{escape(INJECTED)}", "value": value})
+        out.ops.extend({"op": "add", "path": f"{meta_path}/annotations/{escape(k)}", "value": v}
+                       for k, v in values.items())
+
+
+def _add_sidecar(out: Patch, spec_path: str, spec: dict, config: sc.SidecarConfig, hosts: list[str],
+                 size: str, made: set[str]) -> None:
+    """The native sidecar, its volumes (data, and its own /etc/hosts) and the pod sysctl that lets it bind 80
+    and 443, each only when
+    missing (a reinvocation, or a pod made from a template the webhook patched already, adds nothing).
+
+    The sidecar goes first among the init containers, so the pod's own init containers download through it
+    too: Kubernetes starts the next init container once a restartable one's startup probe passes.
+    """
+    inits = spec.get("initContainers")
+    if inits is not None and not isinstance(inits, list):
+        raise PatchError(f"{spec_path}/initContainers is {_what(inits)}, not a list")
+    if not any(isinstance(c, dict) and c.get("name") == sc.CONTAINER for c in inits or []):
+        container = sc.container(config=config, hosts=hosts, size=size)
+        if inits is None:
+            out.ops.append({"op": "add", "path": f"{spec_path}/initContainers", "value": [container]})
+        else:
+            out.ops.append({"op": "add", "path": f"{spec_path}/initContainers/0", "value": container})
+    volumes = spec.get("volumes")
+    if volumes is not None and not isinstance(volumes, list):
+        raise PatchError(f"{spec_path}/volumes is {_what(volumes)}, not a list")
+    present = {v.get("name") for v in volumes or [] if isinstance(v, dict)}
+    base = f"{spec_path}/volumes"
+    _append(out, base, volumes is not None or base in made, [v for v in sc.volumes(size) if v["name"] not in present])
+    security = spec.get("securityContext")
+    sysctl = {"name": sc.SYSCTL, "value": "0"}
+    if security is None:
+        out.ops.append({"op": "add", "path": f"{spec_path}/securityContext", "value": {"sysctls": [sysctl]}})
+        return
+    if not isinstance(security, dict):
+        raise PatchError(f"{spec_path}/securityContext is {_what(security)}, not a mapping")
+    sysctls = security.get("sysctls")
+    if sysctls is not None and not isinstance(sysctls, list):
+        raise PatchError(f"{spec_path}/securityContext/sysctls is {_what(sysctls)}, not a list")
+    if not any(isinstance(s, dict) and s.get("name") == sc.SYSCTL for s in sysctls or []):
+        _append(out, f"{spec_path}/securityContext/sysctls", sysctls is not None, [sysctl])

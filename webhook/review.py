@@ -17,6 +17,7 @@ from typing import Any
 
 from nezha.errors import ReviewError
 from webhook.patch import DEFAULT_NO_PROXY, PatchError, Rule, patch_for
+from webhook.sidecar import SidecarConfig
 
 API_VERSION = "admission.k8s.io/v1"
 
@@ -33,6 +34,8 @@ class Decision:
     ops: list[dict[str, Any]] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    fallback: str | None = None  # why a sidecar asked for was not given (the pod is centralized)
+    status: str | None = None  # the pod's nezha.io/status as patched
 
 
 def parse_review(body: Any) -> dict[str, Any]:
@@ -57,7 +60,8 @@ def parse_review(body: Any) -> dict[str, Any]:
 
 
 def review(body: Any, *, rules: tuple[Rule, ...] | list[Rule], cache_ip: str | None,
-           proxy_url: str | None = None, no_proxy: str = DEFAULT_NO_PROXY) -> Decision:
+           proxy_url: str | None = None, no_proxy: str = DEFAULT_NO_PROXY,
+           sidecar: SidecarConfig | None = None) -> Decision:
     """Answer one AdmissionReview. Raises ReviewError only for malformed input."""
     request = parse_review(body)
     uid = request["uid"]
@@ -79,12 +83,13 @@ def review(body: Any, *, rules: tuple[Rule, ...] | list[Rule], cache_ip: str | N
         return _wrap(decision)
     try:
         patch = patch_for(obj=obj, kind=str(kind), namespace=namespace, rules=rules, cache_ip=cache_ip,
-                          proxy_url=proxy_url, no_proxy=no_proxy)
+                          proxy_url=proxy_url, no_proxy=no_proxy, sidecar=sidecar)
     except PatchError as e:
         decision.warnings = [f"nezha: not patched: {e}"]
         decision.response["warnings"] = decision.warnings
         return _wrap(decision)
     decision.ops, decision.rules = patch.ops, patch.rules
+    decision.fallback, decision.status = patch.fallback, patch.status
     decision.warnings = [f"nezha: {w}" for w in patch.warnings]
     if patch.ops:
         decision.response["patchType"] = "JSONPatch"

@@ -1,4 +1,5 @@
-"""The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port.
+"""The webhook's HTTPS server: POST /mutate and GET /healthz on one TLS port;
+GET /metrics on a plain HTTP port of its own (`metrics_listen`), for Prometheus.
 
 Bad requests (not JSON, oversize, nested deeper than MAX_DEPTH, not an
 AdmissionReview v1) get a 400 whose one-line body says what is wrong; nothing
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -33,8 +35,10 @@ from aiohttp import web
 
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError, ReviewError, RunError
+from webhook.metrics import WebhookMetrics, outcome_of
 from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
 from webhook.review import review
+from webhook.sidecar import MIN_SIZE, SidecarConfig, parse_version, quantity_bytes
 
 log = structlog.get_logger("nezha.webhook")
 
@@ -180,6 +184,38 @@ class ServingCert:
         return True
 
 
+def kubernetes_version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a `kubernetes_version` setting such as 1.35 or v1.29.3; ConfigError when not one."""
+    if text is None:
+        return None
+    parts = text.strip().lstrip("v").split(".")
+    version = parse_version(*(parts + [""])[:2])
+    if version is None:
+        raise ConfigError(f"kubernetes_version ({text!r}) must be MAJOR.MINOR, such as 1.35")
+    return version
+
+
+def sidecar_config(settings: WebhookSettings, server_version: tuple[int, int] | None) -> SidecarConfig:
+    """The settings' sidecar part, checked (ConfigError naming the field): what webhook/sidecar.py builds from."""
+    size = quantity_bytes(settings.sidecar_size)
+    if size is None or size < MIN_SIZE:
+        raise ConfigError(f"sidecar_size ({settings.sidecar_size!r}) must be a Kubernetes quantity of at least 1Gi, "
+                          "such as 10Gi")
+    for part, values in settings.sidecar_resources.items():
+        if part not in ("requests", "limits"):
+            raise ConfigError(f"sidecar_resources has {part!r}; only requests and limits")
+        for resource, amount in values.items():
+            if not isinstance(amount, str) or not amount:
+                raise ConfigError(f"sidecar_resources.{part}.{resource} ({amount!r}) must be a quantity string")
+    if settings.sidecar_image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+        raise ConfigError(f"sidecar_image_pull_policy ({settings.sidecar_image_pull_policy!r}) must be Always, "
+                          "IfNotPresent or Never")
+    return SidecarConfig(image=settings.sidecar_image, parent=settings.sidecar_parent_url,
+                         size=settings.sidecar_size, resources=settings.sidecar_resources,
+                         by_annotation=settings.sidecar_by_annotation, origins=dict(settings.sidecar_origins),
+                         pull_policy=settings.sidecar_image_pull_policy, server_version=server_version)
+
+
 class Webhook:
     """Request handlers over the current rules and cache IP."""
 
@@ -200,6 +236,17 @@ class Webhook:
         # started at start-up, or by the rules reload that first needs it.
         self.discovery: Callable[[], Awaitable[None]] | None = None
         self._discovery_task: asyncio.Task | None = None
+        self.metrics = WebhookMetrics()
+        # The sidecar model's settings and the API server's version (the
+        # setting, else read from discovery by `version_discovery`, set by the
+        # command: until it is known, pods asking for a sidecar stay centralized).
+        self.sidecar = sidecar_config(settings, kubernetes_version(settings.kubernetes_version))
+        self.version_discovery: Callable[[], Awaitable[None]] | None = None
+
+    def set_server_version(self, version: tuple[int, int] | None) -> None:
+        """Adopt the API server's version (the sidecar config is immutable: a new one is made)."""
+        if version != self.sidecar.server_version:
+            self.sidecar = dataclasses.replace(self.sidecar, server_version=version)
 
     @property
     def rules(self) -> tuple[Rule, ...]:
@@ -207,6 +254,15 @@ class Webhook:
 
     async def mutate(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
+        try:
+            return await self._mutate(request, started)
+        except Exception:
+            self.metrics.admissions.labels("error").inc()  # answered 500 by no_tracebacks
+            raise
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - started)
+
+    async def _mutate(self, request: web.Request, started: float) -> web.Response:
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return self._bad(f"body of {request.content_length} bytes exceeds max_body_bytes ({limit})")
@@ -224,17 +280,23 @@ class Webhook:
             return self._bad(f"body nests arrays or objects more than {MAX_DEPTH} levels deep")
         try:
             decision = review(body, rules=self.rules, cache_ip=self.cache_ip,
-                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy)
+                              proxy_url=self.settings.cache_proxy_url, no_proxy=self.no_proxy, sidecar=self.sidecar)
         except ReviewError as e:
             return self._bad(str(e))
+        if decision.fallback is not None:
+            log.warning("sidecar_fallback", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,
+                        name=decision.name, why=decision.fallback)
         log.info("review_completed", uid=decision.uid, kind=decision.kind, namespace=decision.namespace,
                  name=decision.name, rules=decision.rules, ops=len(decision.ops), warnings=decision.warnings,
+                 status=decision.status,
                  ms=round((time.perf_counter() - started) * 1000, 3))
+        self.metrics.admissions.labels(outcome_of(decision)).inc()
         return web.json_response(decision.response)
 
     def _bad(self, message: str) -> web.Response:
         message = " ".join(message.split())[:500]
         log.warning("review_rejected", status=400, error=message)
+        self.metrics.admissions.labels("invalid").inc()
         return web.Response(status=400, text=message + "\n")
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -315,6 +377,8 @@ def build_app(webhook: Webhook) -> web.Application:
     async def lifecycle(app: web.Application):
         tasks = [asyncio.create_task(webhook.poll_files())]
         webhook.start_discovery_if_needed()
+        if webhook.version_discovery is not None:
+            tasks.append(asyncio.create_task(webhook.version_discovery()))
         yield
         if webhook._discovery_task is not None:
             tasks.append(webhook._discovery_task)
@@ -356,11 +420,40 @@ async def start(webhook: Webhook) -> web.AppRunner:
     return runner
 
 
+async def start_metrics(webhook: Webhook) -> web.AppRunner | None:
+    """/metrics over plain HTTP on settings.metrics_listen (Prometheus scrapes pods without the webhook's CA);
+    None when it is not set."""
+    if webhook.settings.metrics_listen is None:
+        return None
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=webhook.metrics.render(), headers={"Content-Type": webhook.metrics.content_type})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = webhook.settings.metrics_addr
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise RunError(f"cannot listen on {webhook.settings.metrics_listen} (--metrics-listen): "
+                       f"{e.strerror or e}") from e
+    log.info("metrics_listening", listen=webhook.settings.metrics_listen)
+    return runner
+
+
 async def serve(settings: WebhookSettings, *, webhook: Webhook | None = None,
                 stop: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set)."""
     webhook = webhook or build_webhook(settings)
     runner = await start(webhook)
+    try:
+        metrics = await start_metrics(webhook)
+    except RunError:
+        await runner.cleanup()
+        raise
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -372,4 +465,6 @@ async def serve(settings: WebhookSettings, *, webhook: Webhook | None = None,
         await stop.wait()
     finally:
         log.info("webhook_stopping", listen=settings.listen)
+        if metrics is not None:
+            await metrics.cleanup()
         await runner.cleanup()

@@ -26,7 +26,7 @@ import structlog
 
 from cachenode.counts import Counts
 from cachenode.http.freshness import current_age, response_policy
-from cachenode.http.headers import stored_pairs
+from cachenode.http.headers import stored_pairs, with_date
 from cachenode.http.partial import Extents, Part, part_of
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, TempObject
@@ -117,7 +117,7 @@ class Assemblies:
     async def keep(self, status: int, headers: Mapping[str, str], request_headers: Mapping[str, str], *,
                    key: str, url: str, target: Target, origin: Origin) -> PartWriter | None:
         """A writer for the part this answer to `request_headers` carries, or None when it is not kept."""
-        part = part_of(status, headers, request_headers)
+        part = part_of(status, headers, request_headers, targeted=origin.targeted_cache_control)
         if isinstance(part, str):
             log.info("part_not_kept", key=key, reason=part)
             return None
@@ -164,7 +164,9 @@ class Assemblies:
         self.store.reserve(temp.reserved)
         kept = tuple((n, v) for n, v in stored_pairs(headers)
                      if n.lower() not in _PART_FIELDS and not n.lower().startswith("x-amz-checksum-"))
-        policy = response_policy(200, headers, now=now, policy_ttl=origin.default_ttl, private_ok=True)
+        kept = with_date(kept, now)
+        policy = response_policy(200, headers, now=now, policy_ttl=origin.default_ttl, private_ok=True,
+                                 targeted=origin.targeted_cache_control)
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=part.total, headers=kept, stored_at=now,
                     expires_at=now + policy.ttl, stale_if_error=0.0, age=current_age(headers, now),
                     stale_while_revalidate=policy.stale_while_revalidate, vary=part.vary, variant=part.variant,

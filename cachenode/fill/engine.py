@@ -12,6 +12,7 @@ object, never the node.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
 
@@ -24,12 +25,12 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
-from cachenode.fill.origin import ends_at_close, forwarded_request_headers
+from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, parallel_validator, partial_mismatch,
-                                     plain_rest)
+                                     plain_rest, skip_first)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
-from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304
+from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
 from cachenode.http.vary import variant as variant_of
 from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
@@ -119,6 +120,8 @@ class FillEngine:
         is already under way."""
         if self.flights.get(key) is not None:
             return
+        # Its client is answered from disk already: no interim answer is its.
+        source = dataclasses.replace(source, interim=None)
 
         async def revalidate() -> None:
             flight, leader = self.flights.lead_or_join(key)
@@ -132,13 +135,16 @@ class FillEngine:
         self.spawn(revalidate())
 
     def origin_source(self, url: str, client_headers: Mapping[str, str], *,
-                      drop: frozenset[str] = NOT_FOR_FILLS, route: Target | None = None) -> Source:
+                      drop: frozenset[str] = NOT_FOR_FILLS, route: Target | None = None,
+                      interim: Interim | None = None) -> Source:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone;
         an `authorize` origin's caller keeps every field it may have signed);
-        through the parent tier when `route` names the target to ask it for."""
+        through the parent tier when `route` names the target to ask it for.
+        `interim` forwards the origin's 1xx answers to that client."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
-        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route)
+        return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route,
+                      interim=interim)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -157,9 +163,9 @@ class FillEngine:
             authorize = origin.credentials == "authorize" or (
                 source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
             policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
-                                     private_ok=authorize)
+                                     private_ok=authorize, targeted=origin.targeted_cache_control)
             expires_at = now + policy.ttl
-            kept = stored_pairs(response.headers)
+            kept = with_date(stored_pairs(response.headers), now)
             names = vary_names(response.headers)
             decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
                                       fits=self.store.fits, authorize=authorize),
@@ -213,7 +219,8 @@ class FillEngine:
             # a source that stops answering is given up by probing it.
             return await self.peers.ask(source.peer, "GET", source.url, headers=headers,
                                         header_timeout=self.settings.origin_read_timeout)
-        return await self.origins.request("GET", source.url, headers=headers, what=source.what, route=source.route)
+        return await self.origins.request("GET", source.url, headers=headers, what=source.what, route=source.route,
+                                          interim=source.interim)
 
     @staticmethod
     def _resolve_flight(flight: Flight, outcome: Outcome) -> Outcome:
@@ -231,13 +238,15 @@ class FillEngine:
         # The 304's fields update the stored ones (RFC 9111 §3.2); its
         # Age (not stored) shortens the lifetime it grants, and the
         # object's age restarts from it.
-        merged = updated_by_304(stale.headers, response.headers)
+        # A 304 without Date is dated now (RFC 9110 §6.6.1): the age restarts here.
+        merged = updated_by_304(stale.headers, with_date(tuple(response.headers.items()), now))
         judged = CIMultiDict(merged)
         for name in ("Age", "Date"):  # not stored, but they date the 304
             if name in response.headers:
                 judged[name] = response.headers[name]
         renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl,
-                                  private_ok=origin.credentials == "authorize")
+                                  private_ok=origin.credentials == "authorize",
+                                  targeted=origin.targeted_cache_control)
         meta = await self.store.refresh(
             stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
             age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,
@@ -326,6 +335,8 @@ class FillEngine:
         `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
         key, url, host = meta.key, meta.url, meta.host
         started = time.monotonic()
+        took = self.metrics.fill_duration.labels
+        kind = "peer" if source.peer is not None else "origin"
         # A copy from a peer that freezes mid-body fails within seconds, not
         # after the read timeout (the origin is not probed: it has no /healthz).
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
@@ -333,14 +344,17 @@ class FillEngine:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
                                            on_bytes=on_bytes, rest=rest)
         except NotStored:
+            took(source=kind, outcome="not_stored").observe(time.monotonic() - started)
             raise  # streamed whole to its clients, only not stored: not a failed fill
         except NezhaError:
             self.counts.count(host, failed_fills=1)
+            took(source=kind, outcome="failed").observe(time.monotonic() - started)
             raise
         except Exception as e:
             # A bug outside the fill's own run (which turns every error into
             # a NezhaError): its clients must learn it, not wait forever.
             self.counts.count(host, failed_fills=1)
+            took(source=kind, outcome="failed").observe(time.monotonic() - started)
             error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
             log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
             if fill.error is None:
@@ -354,7 +368,9 @@ class FillEngine:
                 watch.cancel()
             self.metrics.fills_in_flight.dec()
         if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
+            took(source=kind, outcome="not_stored").observe(time.monotonic() - started)
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
+        took(source=kind, outcome="stored").observe(time.monotonic() - started)
         self.counts.stored(stored)
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
@@ -432,12 +448,7 @@ class FillEngine:
                 if why is not None:
                     raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
                                       f"the origin's rest cannot be joined on ({why}): nothing is stored")
-                async for chunk in answer.content.iter_chunked(FILL_READ):
-                    if skip:
-                        if len(chunk) <= skip:
-                            skip -= len(chunk)
-                            continue
-                        chunk, skip = chunk[skip:], 0
+                async for chunk in skip_first(answer.content.iter_chunked(FILL_READ), skip):
                     yield chunk
             finally:
                 answer.release()

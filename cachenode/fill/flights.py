@@ -18,6 +18,7 @@ from typing import Awaitable, Mapping
 import structlog
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
+from cachenode.fill.origin import Interim
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
@@ -38,6 +39,9 @@ class Source:
     ranged: bool = False  # the leading client asked for a Range (which `headers` leave out)
     # The target to ask the node's parent tier for instead of `url` (cachenode/fill/upstream.py); None: `url`.
     route: Target | None = None
+    # Hears the origin's interim (1xx) answers for the leading client
+    # (fill/origin.py InterimResponse); None for a fill no client leads.
+    interim: Interim | None = None
     # A hot copy (from a peer, for a node that does not own the key): stored
     # marked so (`Meta.hot`), within the store's hot share.
     hot: bool = False

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from contextvars import ContextVar
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 import aiohttp
 from multidict import CIMultiDict
@@ -65,6 +66,46 @@ def forwarded_request_headers(headers: Mapping[str, str], *, via: str, drop: fro
         out["Max-Forwards"] = str(int(hops) - 1)  # RFC 9110 §7.6.2: each hop takes one
     add_via(out, via)
     return out
+
+
+# Hears an origin's interim answers: status, reason, fields (RFC 9110 §15.2).
+Interim = Callable[[int, str, list[tuple[str, str]]], Awaitable[None]]
+# The listener of the request `OriginClient.request` is making in this task;
+# set only around that one call, so no task it spawns inherits it.
+_interim: ContextVar[Interim | None] = ContextVar("nezha_interim", default=None)
+
+
+class InterimResponse(aiohttp.ClientResponse):
+    """aiohttp's response, which also tells the request's listener of each
+    interim answer before the final one.
+
+    aiohttp's client reads 1xx answers and drops them (a 100 only releases
+    a body waiting on Expect). A 102 or 103 (Early Hints) belongs to the
+    client the origin is answering, so it is heard here and forwarded;
+    100 stays aiohttp's (the node relays it its own way) and 101 is a final
+    answer. Nothing of an interim answer is stored.
+    """
+
+    async def start(self, connection):  # type: ignore[no-untyped-def]
+        listener = _interim.get()
+        protocol = connection.protocol
+        if listener is None or protocol is None:
+            return await super().start(connection)
+        read = protocol.read
+
+        async def read_heard():  # type: ignore[no-untyped-def]
+            message, payload = await read()
+            if 102 <= message.code <= 199:
+                await listener(message.code, message.reason, list(message.headers.items()))
+            return message, payload
+
+        # The protocol is the pooled connection's: shadow its read for this
+        # exchange only.
+        protocol.read = read_heard
+        try:
+            return await super().start(connection)
+        finally:
+            del protocol.read
 
 
 def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:
@@ -134,6 +175,7 @@ class OriginClient:
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
             trace_configs=[tracing],
+            response_class=InterimResponse,
         )
 
     async def close(self) -> None:
@@ -142,11 +184,13 @@ class OriginClient:
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
                       timeout: aiohttp.ClientTimeout | None = None, json: object = None,
-                      data: object = None) -> aiohttp.ClientResponse:
+                      data: object = None, interim: Interim | None = None) -> aiohttp.ClientResponse:
         """Send a request and return once the response headers are in.
 
         `what` names the thing being fetched in error messages ("origin
-        http://host/path"). The caller must release the response.
+        http://host/path"). `interim` hears each 1xx answer but 100 and 101
+        before the final one (InterimResponse). The caller must release the
+        response.
         """
         assert self._session is not None, "OriginClient.start() was not awaited"
         if timeout is None:
@@ -162,6 +206,7 @@ class OriginClient:
             u = URL(url)
             host, port = u.host or "", u.port or 443
             verify = self._roots.get((host, port)) or self._roots.get((f"*.{host.split('.', 1)[-1]}", port), True)
+        heard = _interim.set(interim)
         try:
             return await self._session.request(
                 method, url, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
@@ -183,3 +228,5 @@ class OriginClient:
             raise OriginError(f"{what}: {type(e).__name__}: {e}") from e
         except OSError as e:
             raise OriginError(f"{what}: {e}") from e
+        finally:
+            _interim.reset(heard)

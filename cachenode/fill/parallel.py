@@ -346,13 +346,19 @@ async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.Client
             why = validator.mismatch(response.headers)
         if why is not None:
             raise FillAborted(f"{what} changed during a parallel fill ({why}): nothing of it is stored")
-        skip = offset
-        async for chunk in response.content.iter_chunked(chunk_size):
-            if skip:
-                if len(chunk) <= skip:
-                    skip -= len(chunk)
-                    continue
-                chunk, skip = chunk[skip:], 0
+        async for chunk in skip_first(response.content.iter_chunked(chunk_size), offset):
             yield chunk
     finally:
         response.release()
+
+
+async def skip_first(chunks: AsyncIterator[bytes], skip: int) -> AsyncIterator[bytes]:
+    """`chunks` without their first `skip` bytes: the rest of an object from
+    an answer that starts at byte 0 (an origin that ignored Range)."""
+    async for chunk in chunks:
+        if skip:
+            if len(chunk) <= skip:
+                skip -= len(chunk)
+                continue
+            chunk, skip = chunk[skip:], 0
+        yield chunk

@@ -29,7 +29,7 @@ import structlog
 from multidict import CIMultiDict
 from yarl import URL
 
-from cachenode.fill.origin import OriginClient
+from cachenode.fill.origin import Interim, OriginClient
 from cachenode.fill.parent import Fallback, ParentHealth, answer_fallback, asks_parent, may_retry_on_origin
 from cachenode.metrics import Metrics
 from nezha.credentials import redact_url
@@ -68,23 +68,26 @@ class Upstream:
             self.parent.scheme, self.parent.host, self.parent.port)
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
-                      route: Target | None = None, data: object = None) -> aiohttp.ClientResponse:
+                      route: Target | None = None, data: object = None,
+                      interim: Interim | None = None) -> aiohttp.ClientResponse:
         """The answer to `method url` from the parent when `route` names the
         target to ask it for, else (or when the parent fails) from the origin
         `url`. Raises OriginError / OriginTimeout as OriginClient does, for
-        the origin: a failed parent is never the error a client sees."""
+        the origin: a failed parent is never the error a client sees.
+        `interim` hears the 1xx answers of whichever is asked."""
         if route is None or self.parent is None:
-            return await self.client.request(method, url, headers=headers, what=what, data=data)
+            return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
         if self._health.skip(self._clock()):
             self._fell_back(Fallback.DOWN, route, "it failed within the last seconds")
-            return await self.client.request(method, url, headers=headers, what=what, data=data)
+            return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
         asked = CIMultiDict(headers)
         asked["Host"] = route.host
         asked[FROM_CHILD_HEADER] = "1"
         parent_url = str(self.parent) + route.path_qs
         try:
             response = await self.client.request(method, parent_url, headers=asked, data=data,
-                                                 what=f"parent {self.parent} for {route.host}", timeout=self._timeout)
+                                                 what=f"parent {self.parent} for {route.host}", timeout=self._timeout,
+                                                 interim=interim)
         except OriginError as e:
             # Refused or unroutable: no connection was made, so no byte of a body was read.
             connected = not isinstance(e.__cause__, aiohttp.ClientConnectorError)
@@ -93,14 +96,14 @@ class Upstream:
             if not may_retry_on_origin(has_body=data is not None, connected=connected):
                 raise
             self._fell_back(reason, route, str(e))
-            return await self.client.request(method, url, headers=headers, what=what, data=data)
+            return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
         self._health.answered()
         reason = answer_fallback(response.status, response.headers.get(CACHE_HEADER))
         if reason is None or not may_retry_on_origin(has_body=data is not None, connected=True):
             return response
         response.release()
         self._fell_back(reason, route, f"it answered {response.status}")
-        return await self.client.request(method, url, headers=headers, what=what, data=data)
+        return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
 
     def received_from_parent(self, n: int) -> None:
         """Body bytes of a pass-through answer the parent sent (nezha_bytes_from_parent)."""

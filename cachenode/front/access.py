@@ -21,6 +21,8 @@ class Access:
     bytes: int = 0
     peer: str | None = None
     broken: bool = False
+    started: float | None = None  # time.monotonic() when the middlewares took the request
+    first_byte: float | None = None  # seconds from then to the response head (cachenode/metrics.py)
 
 
 ACCESS = web.RequestKey("nezha_access", Access)

@@ -29,6 +29,7 @@ from cachenode.fill.flights import Flight, Kind
 from cachenode.fill.origin import forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import parent_route
+from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import Responder, origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
@@ -136,10 +137,14 @@ class AuthorizedReads:
         """A miss: the caller's own request goes to the origin, and a storable
         answer is streamed to it while it is stored."""
         # Asked as the caller asked, If-Match included: every field may be signed.
-        outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=None,
-                                                   target=target,
-                                                   source=self.engine.origin_source(url, request.headers, drop=frozenset(),
-                                                                                    route=parent_route(request)))
+        interim = InterimRelay(request)
+        try:
+            outcome, response = await self.engine.lead(
+                flight, key=key, url=url, origin=origin, stale=None, target=target,
+                source=self.engine.origin_source(url, request.headers, drop=frozenset(), route=parent_route(request),
+                                                 interim=interim))
+        finally:
+            interim.close()
         if outcome.kind is Kind.STREAMING:
             assert outcome.fill is not None
             return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)

@@ -26,7 +26,6 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import IO, Callable, Protocol
 
 import structlog
@@ -34,6 +33,7 @@ import structlog
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
+from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
@@ -113,22 +113,12 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     return PlainRequest(parts[0], parts[1], host, end + 4)
 
 
-_date_cache: list = [0, b""]
-
-
-def _http_date() -> bytes:
-    """The Date header line, formatted once per second."""
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache[:] = [now, f"Date: {formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")]
-    return _date_cache[1]
-
-
 def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
-    them (cachenode/front/respond.py), without the Age and Date lines of each reuse.
+    them (cachenode/front/respond.py), without the Age line of each reuse.
+    Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
     A hot copy says so, and names the node whose disk serves it (`served_by`)."""
-    fields = [(k, v) for k, v in meta.headers if k.lower() != "via"]
+    fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
@@ -136,7 +126,7 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> byte
                ("Content-Length", str(meta.size))]
     if meta.hot and served_by is not None:
         fields.append((SERVED_BY_HEADER, served_by))
-    # Without the closing blank line: Age and Date follow on each reuse.
+    # Without the closing blank line: Age follows on each reuse.
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 
 
@@ -147,8 +137,8 @@ class PlainHits(Protocol):
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False) -> None:
-        """Count and log a hit the fast path served."""
+                      gone: bool = False, first_byte: float | None = None) -> None:
+        """Count and log a hit the fast path served (`first_byte`: seconds from its request to its head)."""
 
 
 class FastPath(asyncio.Protocol):
@@ -317,7 +307,7 @@ class FastPath(asyncio.Protocol):
             return False
         del self._buf[:req.size]
         transport = self.transport
-        head += b"Age: %d\r\n" % meta.age_at(time.time()) + _http_date()
+        head += b"Age: %d\r\n\r\n" % meta.age_at(time.time())
         size = meta.size if req.method == "GET" else 0
         sent = 0
         try:
@@ -332,6 +322,7 @@ class FastPath(asyncio.Protocol):
                     sent = _sendfile_now(transport, fd, 0, size)
             else:
                 transport.write(head)
+            first_byte = time.monotonic() - started
         except OSError:
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
@@ -341,16 +332,17 @@ class FastPath(asyncio.Protocol):
         if sent >= size:
             os.close(fd)
             self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
-                                    ms=(time.monotonic() - started) * 1000)
+                                    ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
             return True
         f = open(fd, "rb")
-        self._serving = asyncio.get_running_loop().create_task(self._finish(req, meta, f, sent, size, started))
+        self._serving = asyncio.get_running_loop().create_task(
+            self._finish(req, meta, f, sent, size, started, first_byte))
         # Closed however the task ends, even cancelled before its first step.
         self._serving.add_done_callback(lambda _: f.close())
         return False
 
     async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
-                      started: float) -> None:
+                      started: float, first_byte: float) -> None:
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
@@ -370,9 +362,10 @@ class FastPath(asyncio.Protocol):
         ms = (time.monotonic() - started) * 1000
         if sent < size:
             transport.abort()  # a short body must never look complete
-            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True)
+            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True,
+                                    first_byte=first_byte)
             return
-        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms)
+        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte)
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()

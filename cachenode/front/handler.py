@@ -40,6 +40,7 @@ from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
+from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
 from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
@@ -258,7 +259,7 @@ class Handler:
         return prepared
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False) -> None:
+                      gone: bool = False, first_byte: float | None = None) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
         the client hung up mid-body (`gone`)."""
         self.counts.count(meta.host, hits=1, bytes_served=sent)
@@ -267,6 +268,7 @@ class Handler:
             self.metrics.requests.labels(cache=CacheOutcome.HOT_HIT).inc()
         else:
             self._hit_requests.inc()
+        self.metrics.served(_hit_label(meta), sent, first_byte=first_byte)
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
         log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=_hit_label(meta),
@@ -409,9 +411,14 @@ class Handler:
             flight, leader = self.engine.flights.lead_or_join(key)
             response: aiohttp.ClientResponse | None = None
             if leader:
-                outcome, response = await self.engine.lead(flight, key=key, url=url, origin=origin, stale=meta,
-                                                    target=target, source=self.engine.origin_source(
-                                                        url, request.headers, route=parent_route(request)))
+                interim = InterimRelay(request)
+                try:
+                    outcome, response = await self.engine.lead(
+                        flight, key=key, url=url, origin=origin, stale=meta, target=target,
+                        source=self.engine.origin_source(url, request.headers, route=parent_route(request),
+                                                         interim=interim))
+                finally:
+                    interim.close()
             else:
                 outcome = await asyncio.shield(flight.outcome)
                 if outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete:

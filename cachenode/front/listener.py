@@ -21,7 +21,7 @@ from cachenode.front.client_conn import ClientConnection
 from cachenode.front.connections import Gate, default_max_connections, listen_backlog
 from cachenode.front.fastpath import FastPath
 from cachenode.front.handler import Handler
-from cachenode.front.middleware import METRICS, access_log, refuse_methods
+from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prepared, refuse_methods
 from cachenode.metrics import Metrics
 from nezha.config import CacheSettings
 from nezha.wire import ADMIN_PATHS
@@ -52,6 +52,8 @@ def build_app(node: Served) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app[METRICS] = node.metrics
+    app[FROM_PEER] = node.handler.from_peer
+    app.on_response_prepare.append(head_prepared)
     return app
 
 

@@ -1,5 +1,6 @@
 """The node's aiohttp middlewares: the methods refused before routing, and
-the one `request_completed` line per request, with its cache outcome."""
+the one `request_completed` line per request, with its cache outcome, which
+is also when the request is counted on /metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 
 import structlog
 from aiohttp import web
+
+from typing import Callable
 
 from cachenode.front.access import access
 from cachenode.metrics import Metrics
@@ -49,6 +52,7 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
     """One `request_completed` line per request, with the cache outcome."""
     started = time.monotonic()
     record = access(request)
+    record.started = started
     status = 500
     try:
         resp = await handler(request)
@@ -69,8 +73,20 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
         metrics = request.app.get(METRICS)
         if metrics is not None:
             metrics.requests.labels(cache=record.cache or "none").inc()
+            from_peer = request.app.get(FROM_PEER)
+            if from_peer is None or not from_peer(request):
+                metrics.served(record.cache, record.bytes, first_byte=record.first_byte)
         log.info("request_completed", **fields)
+
+
+async def head_prepared(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the response head is ready, which is the request's time to first byte."""
+    record = access(request)
+    if record.started is not None and record.first_byte is None:
+        record.first_byte = time.monotonic() - record.started
 
 
 # The metrics access_log counts every request in, set by the app that installs it.
 METRICS = web.AppKey("nezha_metrics", Metrics)
+# Whether a request is a peer's (cachenode/cluster/peer_auth.py): its bytes are the relaying node's to count.
+FROM_PEER = web.AppKey("nezha_from_peer", Callable[[web.Request], bool])

@@ -53,9 +53,10 @@ from cachenode.kernel import splice
 from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
+from cachenode.front.interim import InterimRelay
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
-from cachenode.fill.origin import OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
+from cachenode.fill.origin import Interim, OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
 from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
@@ -166,8 +167,9 @@ class PeerRelay:
             r.release()
 
     async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
-                  header_timeout: float | None = None) -> aiohttp.ClientResponse:
-        """`peer`'s response, once its headers are in.
+                  header_timeout: float | None = None, interim: Interim | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response, once its headers are in; `interim` hears its 1xx
+        answers (the origin's, passed on by the owner) before it.
 
         Raises OriginError if it cannot be reached, PeerSilent if it stays
         silent for `peer_timeout` and then fails a probe, OriginTimeout if it
@@ -176,7 +178,8 @@ class PeerRelay:
         loop = asyncio.get_running_loop()
         budget = self.header_timeout if header_timeout is None else header_timeout
         what = f"peer {peer.id} ({peer.address})"
-        task = loop.create_task(self.client.request(method, url, headers=headers, what=what, timeout=self.timeout))
+        task = loop.create_task(self.client.request(method, url, headers=headers, what=what, timeout=self.timeout,
+                                                    interim=interim))
         started = loop.time()
         response: aiohttp.ClientResponse | None = None
         try:
@@ -247,6 +250,14 @@ class PeerRelay:
         `origin_url` is where to fetch the rest of a body that broke with no
         owner left to resume from.
         """
+        interim = InterimRelay(request)
+        try:
+            return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim)
+        finally:
+            interim.close()
+
+    async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
+                     interim: InterimRelay) -> web.StreamResponse | None:
         body: _Body | None = None
         for peer in self.order(owners):
             if peer.id == self.node_id:
@@ -259,7 +270,8 @@ class PeerRelay:
                     headers.popall(name, None)
                 headers.update(body.resume_headers())
             try:
-                r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers)
+                r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
+                                   interim=interim if body is None else None)
             except OriginError as e:
                 self.mark_down(peer, str(e))
                 continue

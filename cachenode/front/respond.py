@@ -23,12 +23,13 @@ import structlog
 from aiohttp import web
 
 from cachenode.front.access import access, break_connection, parent_route
+from cachenode.front.interim import InterimRelay
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
-from cachenode.http.headers import Pairs, drop_whole_body_fields, first
+from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
@@ -78,7 +79,8 @@ def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via
                     age: int | None = None) -> None:
     """A stored (or storing) response's fields, as the origin sent them, plus
     the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
-    X-Nezha-Cache. Date is the cache's, set when the response goes out."""
+    X-Nezha-Cache. Date is the stored one (RFC 9110 §6.6.1): when the origin
+    made the response, on every reuse."""
     for name, value in headers:
         resp.headers.add(name, value)
     if "Accept-Ranges" not in resp.headers:
@@ -258,7 +260,8 @@ class Responder:
                 decision = Decision(RangeOutcome.FULL, 0, meta.size)
             resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                       else decision.outcome.value)
-            _object_headers(resp, meta.headers, label, via=self.via_for(request), age=meta.age_at(self._clock()))
+            _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
+                            age=meta.age_at(self._clock()))
             if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
                 resp.headers[SERVED_BY_HEADER] = self.settings.identity
             if stale_reason is not None:
@@ -461,12 +464,15 @@ class Responder:
                 data = _continued(request) if deferred else request.content
                 if request.content_length is not None:
                     headers["Content-Length"] = str(request.content_length)
+            interim = InterimRelay(request)
             try:
                 response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
                                                       route=parent_route(request),
-                                                      data=data)
+                                                      data=data, interim=interim)
             except OriginError as e:
                 raise origin_failure(e)
+            finally:
+                interim.close()
         part: PartWriter | None = None
         try:
             if on_response is not None:

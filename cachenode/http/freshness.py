@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping
 
+from cachenode.http.targeted import targeted_directives
+
 HEURISTIC_STATUSES: frozenset[int] = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
 # The lifetime given a response with Last-Modified but no explicit one, when
 # the operator set no per-origin policy (RFC 9111 §4.2.2 leaves the heuristic
@@ -116,12 +118,30 @@ def _delta_seconds(arg: str | None) -> float | None:
 _MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
 _TIME = r"(?P<H>\d\d):(?P<M>\d\d):(?P<S>\d\d)"
 # RFC 9110 §5.6.7: IMF-fixdate, and the obsolete rfc850-date and asctime-date
-# a recipient must still accept. Day names are not checked.
+# a recipient must still accept, by their grammar: one space between parts
+# (asctime pads a one-digit day with a second), the zone spelt GMT. A
+# near-miss ("UTC", two spaces, no comma) is no date: for Expires that means
+# already expired (RFC 9111 §5.3), the one safe reading of a date the cache
+# cannot be sure of. Case is not checked (the month still has to be one), nor
+# are day names.
 _HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
-    rf"(?:[a-z]{{3}},\s*)?(?P<d>\d\d?)\s+(?P<b>[a-z]{{3}})\s+(?P<Y>\d{{4}})\s+{_TIME}\s+(?:GMT|UTC)",
-    rf"[a-z]{{6,9}},\s*(?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d)\s+{_TIME}\s+GMT",
-    rf"[a-z]{{3}}\s+(?P<b>[a-z]{{3}})\s+(?P<d>\d\d?)\s+{_TIME}\s+(?P<Y>\d{{4}})",
+    rf"[a-z]{{3}}, (?P<d>\d\d) (?P<b>[a-z]{{3}}) (?P<Y>\d{{4}}) {_TIME} GMT",
+    rf"[a-z]{{6,9}}, (?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d) {_TIME} GMT",
+    rf"[a-z]{{3}} (?P<b>[a-z]{{3}}) (?P<d>\d\d| \d) {_TIME} (?P<Y>\d{{4}})",
 )]
+
+
+_DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTH_NAMES = tuple(m.capitalize() for m in _MONTHS)
+
+
+def imf_fixdate(timestamp: float) -> str:
+    """`timestamp` as an IMF-fixdate (RFC 9110 §5.6.7), the one form an HTTP
+    sender may generate. Spelt here rather than by email.utils.formatdate,
+    whose module imports socket, or strftime, whose names follow the locale."""
+    t = datetime.fromtimestamp(math.floor(timestamp), tz=timezone.utc)
+    return (f"{_DAY_NAMES[t.weekday()]}, {t.day:02d} {_MONTH_NAMES[t.month - 1]} {t.year:04d} "
+            f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
 
 
 def http_date(value: str | None) -> float | None:
@@ -213,17 +233,35 @@ class Policy:
     heuristic: bool = False  # ttl came from a heuristic, not from the origin
 
 
-def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], now: float) -> float | None:
+def response_directives(headers: Mapping[str, str],
+                        targeted: tuple[str, ...] = ()) -> tuple[str, dict[str, str | None]]:
+    """The field whose directives rule this cache's storing and freshness, and them.
+
+    The first of the `targeted` fields (RFC 9213) present with a valid,
+    non-empty value, else Cache-Control (cachenode/http/targeted.py).
+    """
+    found = targeted_directives(headers, targeted)
+    if found is not None:
+        return found
+    return "Cache-Control", parse_cache_control(field_value(headers, "Cache-Control"))
+
+
+def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], now: float, *,
+                       use_expires: bool = True) -> float | None:
     """The origin's own freshness lifetime (RFC 9111 §4.2.1), or None when it gave none.
 
     A malformed s-maxage or max-age ("-1", "soon", no value) is explicit and
     stale: §4.2.1 encourages that over guessing. An invalid Expires ("0",
     "-1", garbage) is a date in the past (§5.3): explicit, and already expired.
+    `use_expires` off: the directives came from a targeted field, under
+    which Expires is ignored (RFC 9213 §2.1).
     """
     for directive in ("s-maxage", "max-age"):
         if directive in cc:
             lifetime = _delta_seconds(cc[directive])
             return 0.0 if lifetime is None else lifetime
+    if not use_expires:
+        return None
     expires_value = field_value(headers, "Expires")
     if expires_value is None:
         return None
@@ -240,7 +278,7 @@ def _date(headers: Mapping[str, str], now: float) -> float:
 
 
 def response_policy(status: int, headers: Mapping[str, str], *, now: float, policy_ttl: float | None,
-                    private_ok: bool = False) -> Policy:
+                    private_ok: bool = False, targeted: tuple[str, ...] = ()) -> Policy:
     """Storable? For how long? How stale may it be served? From the origin's status and headers.
 
     `policy_ttl` is the operator's per-origin lifetime for responses that
@@ -252,16 +290,23 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     `private_ok`: the origin authorises every read of what is stored
     (`credentials: authorize`), so a `private` response may be stored: no
     one but a caller the origin accepts is ever served it.
+
+    `targeted`: the fields that address this cache (RFC 9213, the origin's
+    `targeted_cache_control`), in order of precedence. The first present
+    with a valid value replaces Cache-Control and Expires here.
     """
     if status not in STORED_STATUSES:
         return Policy(False, f"status {status}")
-    cc = parse_cache_control(field_value(headers, "Cache-Control"))
-    if "no-store" in cc:
-        return Policy(False, "Cache-Control: no-store")
+    field, cc = response_directives(headers, targeted)
+    # §5.2.2.3: must-understand lets a cache that understands the status
+    # (every status stored here) store it despite no-store, which it is
+    # paired with for the caches that do not.
+    if "no-store" in cc and "must-understand" not in cc:
+        return Policy(False, f"{field}: no-store")
     if "private" in cc and not private_ok:
         # Qualified or not: storing the rest while dropping the named fields
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
-        return Policy(False, "Cache-Control: private")
+        return Policy(False, f"{field}: private")
     if "*" in _split_list(field_value(headers, "Vary") or ""):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
@@ -285,7 +330,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     def policy(ttl: float, heuristic: bool = False) -> Policy:
         return Policy(True, "ok", ttl, stale_if_error, stale_while_revalidate, heuristic)
 
-    lifetime = _explicit_lifetime(cc, headers, now)
+    lifetime = _explicit_lifetime(cc, headers, now, use_expires=field == "Cache-Control")
     if lifetime is not None:
         return policy(lifetime - current_age(headers, now))
     if status not in HEURISTIC_STATUSES:

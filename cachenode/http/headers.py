@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, MutableMapping
 
+from cachenode.http.freshness import imf_fixdate
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
 Pairs = tuple[tuple[str, str], ...]
@@ -24,10 +25,14 @@ Pairs = tuple[tuple[str, str], ...]
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"})
 # Framing the cache writes itself for each message it sends.
 FRAMING = frozenset({"content-length", "host"})
-# Never stored with an object (RFC 9111 §3.1, §5.1): Age and Date describe one
-# response at one moment and are the cache's own on every reuse; Set-Cookie
-# belongs to one client (a response carrying it is never shared at all).
-NOT_STORED = frozenset({"age", "date", "set-cookie", "set-cookie2"})
+# Never stored with an object (RFC 9111 §3.1, §5.1): Age describes one
+# message at one moment and is the cache's own estimate on every reuse;
+# Set-Cookie belongs to one client (a response carrying it is never shared at
+# all). Date is stored: it says when the origin generated the response, and
+# a reuse keeps it (RFC 9110 §6.6.1, RFC 9111 §4), with Age saying how long
+# the response has been kept since. Every other end-to-end field is stored as
+# it came, the obsolete Set-Cookie2 included (RFC 9111 §3.1).
+NOT_STORED = frozenset({"age", "set-cookie"})
 # Stored header bytes per object: beyond this a response is passed, not stored
 # (its metadata is read on every start-up and hit).
 MAX_STORED_HEADER_BYTES = 64 * 1024
@@ -68,10 +73,21 @@ def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
 
 
 def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
-    """What is kept with a stored object: the end-to-end fields minus Age, Date,
+    """What is kept with a stored object: the end-to-end fields minus Age,
     Set-Cookie and the cache's own X-Nezha-* fields (a peer's copy carries them)."""
     return tuple((n, v) for n, v in end_to_end_pairs(headers, drop=NOT_STORED)
                  if not n.lower().startswith(OWN_PREFIX))
+
+
+def with_date(pairs: Pairs, received_at: float) -> Pairs:
+    """`pairs` with a Date: their own, else one for `received_at`.
+
+    RFC 9110 §6.6.1: a recipient with a clock that stores or forwards a
+    response without Date adds one for when it was received, so every reuse
+    of it says the same moment and Age counts from there."""
+    if first(pairs, "Date") is not None:
+        return pairs
+    return (*pairs, ("Date", imf_fixdate(received_at)))
 
 
 def header_bytes(pairs: Iterable[tuple[str, str]]) -> int:

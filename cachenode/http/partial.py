@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from cachenode.http.freshness import CREDENTIAL_FIELDS, field_value, parse_cache_control
+from cachenode.http.freshness import CREDENTIAL_FIELDS, field_value, response_directives
 from cachenode.http.vary import variant, vary_names
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
@@ -46,14 +46,16 @@ class Part:
                                                                    other.variant)
 
 
-def part_of(status: int, headers: Mapping[str, str], request_headers: Mapping[str, str]) -> Part | str:
+def part_of(status: int, headers: Mapping[str, str], request_headers: Mapping[str, str], *,
+            targeted: tuple[str, ...] = ()) -> Part | str:
     """The part a 206 answer to `request_headers` carries, or why it cannot
     be kept as one.
 
     Kept: one byte range of a known total, under a strong ETag, that no
     directive forbids storing, varying on no credential. `private` is no
     reason here: parts are kept only for `authorize` origins, whose every
-    read the origin allows."""
+    read the origin allows. `targeted`: the origin's targeted cache-control
+    fields (RFC 9213), whose no-store counts in place of Cache-Control's."""
     if status != 206:
         return f"status {status}"
     ranges = field_value(headers, "Content-Range")
@@ -67,8 +69,9 @@ def part_of(status: int, headers: Mapping[str, str], request_headers: Mapping[st
     if not etag or etag.lstrip().startswith("W/") or "," in etag:
         # §3.4: only a strong validator says two parts are of one version.
         return f"ETag {etag!r} is not one strong validator"
-    if "no-store" in parse_cache_control(field_value(headers, "Cache-Control")):
-        return "Cache-Control: no-store"
+    field, directives = response_directives(headers, targeted)
+    if "no-store" in directives:
+        return f"{field}: no-store"
     if field_value(headers, "Set-Cookie") is not None:
         return "it sets a cookie"
     names = vary_names(headers)

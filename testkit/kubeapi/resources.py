@@ -46,6 +46,10 @@ RESOURCES = [
     Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
     Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
+    # Custom resources of the Prometheus Operator, served as a cluster that has its CRDs installed
+    # serves them: what the chart's metrics switches create (docs/metrics.md).
+    Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"),
+    Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule"),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 

@@ -166,6 +166,8 @@ class KubeAPI:
         self.requests: list[tuple[str, str]] = []
         self.job_errors: list[str] = []
         self._next_ip = 10
+        # What GET /version says (major, minor): tests of version-dependent behaviour set an older one.
+        self.version = ("1", "35")
         # The first two octets of ClusterIPs (kube-apiserver's --service-cluster-ip-range); the
         # whole-system test makes them loopback addresses, where its kube-proxy stand-in listens.
         self.service_network = "10.96"
@@ -180,7 +182,12 @@ class KubeAPI:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
         async def version(request: web.Request) -> web.Response:
-            return web.json_response({"major": "1", "minor": "35", "gitVersion": "v1.35.0-nezha-double"})
+            major, minor = self.version
+            git = f"v{major}.{minor.rstrip('+')}.0-nezha-double"
+            return web.json_response({"major": major, "minor": minor, "gitVersion": git,
+                                      "gitCommit": "0" * 40, "gitTreeState": "clean",
+                                      "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25.0",
+                                      "compiler": "gc", "platform": "linux/amd64"})
 
         async def core_versions(request: web.Request) -> web.Response:
             return web.json_response(api_versions())
@@ -195,6 +202,7 @@ class KubeAPI:
             return web.json_response(listed)
 
         app.router.add_get("/version", version)
+        app.router.add_get("/version/", version)  # kubernetes-asyncio's VersionApi asks with the slash
         # Discovery, so kubectl can map kinds to resources.
         for slash in ("", "/"):  # kube-apiserver answers both spellings; clients use both
             app.router.add_get("/api" + slash, core_versions)

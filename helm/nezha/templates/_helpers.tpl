@@ -270,3 +270,30 @@ Ti: 1099511627776
 Pi: 1125899906842624
 Ei: 1152921504606846976
 {{- end }}
+
+{{/*
+The webhook's settings file (nezha/config.py WebhookSettings): what a sidecar
+gets (docs/deployment-models.md). Its origins are the chart's, so a sidecar
+that cannot reach the cluster fetches from the same upstreams the nodes do;
+*.domain patterns are left out, as the default rule leaves them out.
+*/}}
+{{- define "nezha.webhookSettings" -}}
+{{- $s := .Values.webhook.sidecar -}}
+sidecar_image: {{ printf "%s:%s" ($s.image.repository | default .Values.image.repository) ($s.image.tag | default .Values.image.tag | default .Chart.AppVersion) | quote }}
+sidecar_image_pull_policy: {{ $s.image.pullPolicy | quote }}
+sidecar_size: {{ $s.size | quote }}
+sidecar_by_annotation: {{ $s.byAnnotation }}
+sidecar_resources:
+{{- range $part, $amounts := $s.resources }}
+  {{ $part }}:
+{{- range $resource, $amount := $amounts }}
+    {{ $resource }}: {{ $amount | toString | quote }}
+{{- end }}
+{{- end }}
+sidecar_origins:
+{{- range .Values.origins }}
+{{- if not (hasPrefix "*." .host) }}
+  {{ .host | quote }}: {{ .upstream | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -41,9 +41,21 @@ def test_helm_lint_strict_passes(values):
 
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_every_manifest_is_valid_against_the_kubernetes_1_35_schemas_strictly(values):
+    """Custom resources (the Prometheus Operator's) are in no 1.35 schema: they are checked against the
+    structure transcribed in prometheus_operator.py instead, never skipped."""
+    import jsonschema
+
+    from tests.integration.chart import prometheus_operator
+
     objects = render(values=values)
     assert objects
     for obj in objects:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            try:
+                prometheus_operator.validate(obj)
+            except jsonschema.ValidationError as e:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.absolute_path)}")
+            continue
         try:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -293,6 +305,8 @@ def test_origins_and_capacity_reach_the_nodes_settings_file():
     assert settings.origins[1].volatile_params == ("X-Amz-Signature", "X-Amz-Date")
     assert (settings.origins[1].credentials, settings.origins[1].credential_params) == ("authorize", ("token",))
     assert (settings.origins[0].credentials, settings.origins[0].credential_params) == ("pass", ())
+    assert settings.origins[0].targeted_cache_control == ("Nezha-Cache-Control", "CDN-Cache-Control")
+    assert settings.origins[1].targeted_cache_control == ("Nezha-Cache-Control",)
     # A config change rolls the nodes.
     sts = find(objects, "StatefulSet", "nezha-cache")
     assert sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
@@ -455,6 +469,27 @@ def test_an_origin_without_a_url_is_refused_naming_it(tmp_path):
     with pytest.raises(RenderError) as e:
         render(values=[values])
     assert "/origins/0" in str(e.value) and "upstream" in str(e.value)
+
+
+def test_an_empty_targeted_cache_control_reaches_the_node_as_empty(tmp_path):
+    """[] is a choice (Cache-Control alone rules), not the default."""
+    values = tmp_path / "v.yaml"
+    values.write_text("origins:\n  - host: datasets.example.org\n    upstream: http://mirror.example.org\n"
+                      "    targetedCacheControl: []\n")
+    config = yaml.safe_load(find(render(values=[values]), "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
+    from nezha.config import CacheSettings
+
+    assert CacheSettings(**config).origins[0].targeted_cache_control == ()
+
+
+@pytest.mark.parametrize("listed", ["[Cache-Control]", "['not a field']", "[CDN-Cache-Control, CDN-Cache-Control]"])
+def test_a_targeted_cache_control_that_names_no_targeted_field_is_refused(tmp_path, listed):
+    values = tmp_path / "v.yaml"
+    values.write_text("origins:\n  - host: datasets.example.org\n    upstream: http://mirror.example.org\n"
+                      f"    targetedCacheControl: {listed}\n")
+    with pytest.raises(RenderError) as e:
+        render(values=[values])
+    assert "/origins/0/targetedCacheControl" in str(e.value)
 
 
 def test_notes_say_how_to_label_a_job_scale_and_read_stats():

@@ -78,7 +78,15 @@ async def https_system(tmp_path, request):
         yield installed
 
 
-async def installed_system(tmp_path, request, *, https: bool = False):
+@pytest.fixture
+async def named_origin_system(tmp_path, request):
+    """The chart with the origin's upstream named by its own host name, as the chart's default origins are
+    (`upstream: http://www.cs.toronto.edu`): the world's DNS (the minicluster's public_hosts) answers it."""
+    async for installed in installed_system(tmp_path, request, named_origin=True):
+        yield installed
+
+
+async def installed_system(tmp_path, request, *, https: bool = False, named_origin: bool = False):
     need_root()
     for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
         require_tool(tool)
@@ -89,9 +97,10 @@ async def installed_system(tmp_path, request, *, https: bool = False):
     from aiohttp import web
     runner = web.AppRunner(origin.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    # Not 127.0.0.1: in a pod of several containers that is the pod's own loopback (minicluster.py).
+    site = web.TCPSite(runner, "127.0.0.5", 0)
     await site.start()
-    origin_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    origin_url = f"http://127.0.0.5:{site._server.sockets[0].getsockname()[1]}"
 
     api = KubeAPI(bookmark_interval=0.2)
     api.service_network = "127.1"
@@ -99,9 +108,14 @@ async def installed_system(tmp_path, request, *, https: bool = False):
     config = kubeconfig(tmp_path / "kubeconfig", api.url)
     mini = MiniCluster(api=api, namespace=NS, root=tmp_path / "cluster", kubeconfig=config,
                        entrypoints={"nezha": [str(Path(sys.executable).with_name("nezha"))],
+                                    "python": [sys.executable],  # the image's Python (exec probes)
                                     "redis": ["redis-server"], "redis-server": [require_tool("redis-server")]})
     values = tmp_path / "values.yaml"
-    entry = {"host": "www.cs.toronto.edu", "upstream": origin_url}
+    upstream = origin_url
+    if named_origin:
+        mini.public_hosts["www.cs.toronto.edu"] = "127.0.0.5"
+        upstream = origin_url.replace("127.0.0.5", "www.cs.toronto.edu")
+    entry = {"host": "www.cs.toronto.edu", "upstream": upstream}
     values.write_text(yaml.safe_dump({
         "image": {"repository": "nezha", "tag": "test"},
         "origins": [{**entry, "tlsUpstream": origin_url} if https else entry],

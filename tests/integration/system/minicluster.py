@@ -8,8 +8,9 @@ depends on, driven only by the objects in the API double:
   pods at or above it deleted (the double's graceful deletion).
 - Deployment controller: `spec.replicas` pods from the template; a pod
   that is deleted is replaced.
-- Kubelet (one node): runs each pod of the release namespace as a local
-  process (tests/integration/system/podspec.py), on its own loopback
+- Kubelet (one node): runs each pod of the release namespace (and of the
+  namespaces a test adds to `namespaces`) as local processes
+  (tests/integration/system/podspec.py), on its own loopback
   address (127.0.0.11, .12, ...), in a mount namespace whose /etc/hosts is
   the cluster DNS file below; waits for the Secrets and ConfigMaps a pod
   names (ContainerCreating); restarts containers per restartPolicy; runs
@@ -18,6 +19,21 @@ depends on, driven only by the objects in the API double:
   Pods whose service account mounts a token get KUBECONFIG pointing at the
   double instead (the double speaks plain HTTP, the in-cluster loader
   needs HTTPS and fixed paths).
+  A Job's pod (restartPolicy Never or OnFailure, run once) with init
+  containers or several containers runs as the kubelet runs native sidecars
+  (KEP-753): init containers in order, a restartable one
+  (`restartPolicy: Always`) started and, once its startup probe passes
+  (httpGet, tcpSocket or exec), the next one; then the main containers; a
+  sidecar that exits is restarted; when every main container has exited,
+  the sidecars get SIGTERM in reverse order and SIGKILL when the pod's
+  grace period is over, and the pod (and its Job) completes. Such a pod has
+  a loopback of its own in a cluster: here 127.0.0.1 in its args, probes
+  and hostAliases is its pod IP (so the tests' own servers stay off
+  127.0.0.1), and each container's /etc/hosts is the pod's hostAliases (or
+  the file it mounts at /etc/hosts itself, which the kubelet then leaves
+  alone) followed by cluster DNS and `public_hosts`, the world's DNS; its
+  /etc/resolv.conf names a kube-dns stand-in (ClusterDNS, 127.0.0.10:53)
+  answering the same names.
 - kube-proxy: each Service's ClusterIP (the double allocates them on
   127.1.0.0/16) listens on its ports and forwards each connection to a
   ready endpoint, round robin.
@@ -35,9 +51,12 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import shutil
 import signal
+import socket
 import ssl
+import struct
 import string
 import time
 from dataclasses import dataclass, field
@@ -48,13 +67,64 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.integration.system.podspec import Unresolvable, container_argv, resolve_env
+from tests.integration.system.podspec import Unresolvable, container_argv, remap, resolve_env
 
 NODE = "node-1"
 
 
 def _labels_match(selector: dict[str, str] | None, labels: dict[str, str] | None) -> bool:
     return bool(selector) and all((labels or {}).get(k) == v for k, v in selector.items())
+
+
+class ClusterDNS(asyncio.DatagramProtocol):
+    """kube-dns: A records for the names of the cluster DNS file (and `public_hosts`), NXDOMAIN for any other
+    name, no AAAA. Asked by the Job pods' containers through their /etc/resolv.conf, as a pod asks CoreDNS: a
+    sidecar resolves origin names this way, never from the pod's /etc/hosts, which names the sidecar itself."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, str] = {}
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        try:
+            ident, flags = struct.unpack_from("!HH", data)
+            at, labels = 12, []
+            while data[at]:
+                labels.append(data[at + 1:at + 1 + data[at]].decode("ascii", "replace"))
+                at += 1 + data[at]
+            (qtype,) = struct.unpack_from("!H", data, at + 1)
+        except (struct.error, IndexError):
+            return  # not a question: dropped, as a server drops garbage
+        question = data[12:at + 5]
+        ip = self.records.get(".".join(labels).lower().rstrip("."))
+        answer = b""
+        if ip is not None and qtype == 1:
+            answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
+        rcode = 0 if ip is not None else 3
+        head = struct.pack("!HHHHHH", ident, 0x8180 | (flags & 0x0100) | rcode, 1, 1 if answer else 0, 0, 0)
+        assert self.transport is not None
+        self.transport.sendto(head + question + answer, addr)
+
+
+def _after(own: str, dns: str) -> str:
+    """A container's /etc/hosts lines, then the "DNS" lines for names they do not map: a resolver asks DNS
+    only for names /etc/hosts lacks, where one hosts file with both would give both addresses (multi on)."""
+    mapped = {name for line in own.splitlines() for name in line.split()[1:]}
+    return own + "".join(line + "\n" for line in dns.splitlines() if not mapped & set(line.split()[1:]))
+
+
+def downward_value(pod: dict, path: str) -> str:
+    """A downwardAPI volume item's content: metadata.name, .namespace, .uid, or one label or annotation."""
+    meta = pod["metadata"]
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+    if path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return meta[path.split(".", 1)[1]]
+    raise ValueError(f"pod {meta['name']}: downwardAPI fieldRef {path} is not one the stand-in knows")
 
 
 def _ready(pod: dict) -> bool:
@@ -82,6 +152,25 @@ class PodRun:
     terminating: bool = False
     done: bool = False
     tasks: list[asyncio.Task] = field(default_factory=list)
+    group: list["ContainerRun"] = field(default_factory=list)  # a pod of several containers (native sidecars)
+
+
+@dataclass
+class ContainerRun:
+    """One container of a pod run as the kubelet runs native sidecars."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    cwd: Path
+    kind: str  # "sidecar" (a restartable init container), "init" or "main"
+    startup: dict | None = None
+    hosts: Path | None = None  # its own /etc/hosts (a volume mounted there), else the pod's
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    stopping: bool = False
+    exit_code: int | None = None
 
 
 class MiniCluster:
@@ -89,6 +178,18 @@ class MiniCluster:
                  entrypoints: dict[str, list[str]]) -> None:
         self.api = api  # the KubeAPI double (its store is read directly; writes go over HTTP)
         self.namespace = namespace
+        self.namespaces = {namespace}  # where the kubelet runs pods; tests may add one
+        # What the kubelet did to the containers of multi-container pods, in order:
+        # (pod, container, what), what = started | startup-passed | exited N | SIGTERM | SIGKILL.
+        self.events: list[tuple[str, str, str]] = []
+        # The /etc/hosts of each container of a multi-container pod: its file, and the lines before cluster DNS.
+        self.pod_hosts: dict[tuple[str, str, str], tuple[Path, str]] = {}
+        # Names the world's DNS would answer (a dataset host): in every pod's view, after the cluster's.
+        self.public_hosts: dict[str, str] = {}
+        # kube-dns: what a Job pod's /etc/resolv.conf names (port 53, as resolv.conf cannot say another).
+        self.dns = ClusterDNS()
+        self.dns_ip = "127.0.0.10"
+        self._dns_transport: asyncio.DatagramTransport | None = None
         self.root = root
         self.kubeconfig = kubeconfig
         self.entrypoints = entrypoints
@@ -110,6 +211,8 @@ class MiniCluster:
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
+        self._dns_transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: self.dns, local_addr=(self.dns_ip, 53))
         self._task = asyncio.get_running_loop().create_task(self._forever())
 
     async def stop(self) -> None:
@@ -120,9 +223,12 @@ class MiniCluster:
             run.done = True
             for t in run.tasks:
                 t.cancel()
-            if run.proc is not None and run.proc.returncode is None:
-                run.proc.kill()
-                await run.proc.wait()
+            for proc in [run.proc, *(c.proc for c in run.group)]:
+                if proc is not None and proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+        if self._dns_transport is not None:
+            self._dns_transport.close()
         for server in self.proxies.values():
             server.close()
         for task in list(self.forwards):
@@ -192,7 +298,7 @@ class MiniCluster:
 
     async def _kubelet(self) -> None:
         present = set()
-        for pod in self.objects("", "pods", self.namespace):
+        for pod in [p for ns in sorted(self.namespaces) for p in self.objects("", "pods", ns)]:
             key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
             present.add(key)
             run = self.runs.get(key)
@@ -225,6 +331,9 @@ class MiniCluster:
                 "conditions": [{"type": "Ready", "status": "False"}]}}, _preload_content=False)).release()
             return  # next pass sees the IP
         spec = pod["spec"]
+        if spec.get("initContainers") or len(spec["containers"]) > 1:
+            await self._admit_group(pod)
+            return
         (container,) = spec["containers"]
         secrets = {o["metadata"]["name"]: o for o in self.objects("", "secrets", ns)}
         configmaps = {o["metadata"]["name"]: o for o in self.objects("", "configmaps", ns)}
@@ -295,8 +404,15 @@ class MiniCluster:
                         raise Unresolvable(f"configmap {vol['configMap']['name']}")
                     for k, v in (obj.get("data") or {}).items():
                         (where / k).write_text(v)
+                elif "downwardAPI" in vol:
+                    for item in vol["downwardAPI"].get("items") or []:
+                        (where / item["path"]).write_text(downward_value(pod, item["fieldRef"]["fieldPath"]))
                 elif "emptyDir" not in vol:
                     raise ValueError(f"pod {name}: volume {vname} of an unsupported kind {sorted(vol)}")
+                if m.get("subPath"):  # a file or folder in the volume; in an emptyDir made on first use
+                    where = where / m["subPath"]
+                    if "emptyDir" in vol:
+                        where.mkdir(parents=True, exist_ok=True)
             mounts[m["mountPath"]] = where
         return mounts
 
@@ -383,6 +499,13 @@ class MiniCluster:
 
     async def _terminate(self, run: PodRun, pod: dict, grace: int) -> None:
         """What the kubelet does for a deletionTimestamp: SIGTERM, SIGKILL after the grace period, then remove."""
+        if run.group:
+            await self._stop(run, [c for c in run.group if c.kind == "main"] + [
+                c for c in reversed(run.group) if c.kind == "sidecar"], grace)
+            run.done = True
+            self.runs.pop((run.ns, run.name), None)
+            await self._remove(pod)
+            return
         await self._set_ready(run, False)
         if run.proc is not None and run.proc.returncode is None:
             run.proc.send_signal(signal.SIGTERM)
@@ -400,9 +523,206 @@ class MiniCluster:
         for t in run.tasks:
             if t is not asyncio.current_task():
                 t.cancel()
-        if run.proc is not None and run.proc.returncode is None:
-            run.proc.kill()
-            await run.proc.wait()
+        for proc in [run.proc, *(c.proc for c in run.group)]:
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        for c in run.group:
+            self.pod_hosts.pop((run.ns, run.name, c.name), None)
+
+    # -- native sidecars (pods of several containers) -----------------------------------
+
+    async def _admit_group(self, pod: dict) -> None:
+        ns, name, spec = pod["metadata"]["namespace"], pod["metadata"]["name"], pod["spec"]
+        ip = pod["status"]["podIP"]
+        if spec.get("restartPolicy", "Always") == "Always":
+            # Run-to-completion pods (Jobs) only: main containers that restart, readiness probes on them and
+            # their endpoints are the single-container path's; say so rather than run such a pod wrongly.
+            problem = f"{name}: a pod of several containers with restartPolicy Always is not run by the stand-in"
+            if problem not in self.problems:
+                self.problems.append(problem)
+            return
+        secrets = {o["metadata"]["name"]: o for o in self.objects("", "secrets", ns)}
+        configmaps = {o["metadata"]["name"]: o for o in self.objects("", "configmaps", ns)}
+        work = self.root / "pods" / name / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(exist_ok=True)
+        group = []
+        try:
+            for kind_of, c in [("init", c) for c in spec.get("initContainers") or []] + \
+                              [("main", c) for c in spec["containers"]]:
+                env = resolve_env(pod, c, secret=secrets.get, configmap=configmaps.get)
+                mounts = self._volumes(pod, c, secrets, configmaps)
+                # Paths on volumes in env, as in args: a runtime would mount the volume there (the CA bundle's).
+                env = {k: remap(v, mounts) for k, v in env.items()}
+                env = {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8"}
+                if "/tmp" in mounts:
+                    env["TMPDIR"] = str(mounts["/tmp"])
+                if spec.get("automountServiceAccountToken") is not False:
+                    env["KUBECONFIG"] = str(self.kubeconfig)
+                argv = [a.replace("127.0.0.1", ip)
+                        for a in container_argv(c, env, mounts, entrypoints=self.entrypoints)]
+                kind = "sidecar" if kind_of == "init" and c.get("restartPolicy") == "Always" else kind_of
+                group.append(ContainerRun(name=c["name"], argv=argv, env=env, cwd=work, kind=kind,
+                                          log=self.root / "logs" / f"{name}.{c['name']}.log",
+                                          startup=c.get("startupProbe"), hosts=mounts.get("/etc/hosts")))
+        except Unresolvable:
+            return  # ContainerCreating: try again next pass
+        aliases = "".join(f"{a['ip'].replace('127.0.0.1', ip)}\t{h}\n" for a in spec.get("hostAliases") or []
+                          for h in a.get("hostnames") or [])
+        # /etc/hosts comes first (a pod's aliases win over DNS), then cluster DNS. A container that mounts an
+        # /etc/hosts of its own gets that file's lines instead of the pod's: the kubelet leaves it alone.
+        for c in group:
+            own = c.hosts.read_text() if c.hosts is not None else aliases
+            c.hosts = self.root / "pods" / name / f"hosts.{c.name}"
+            c.hosts.write_text(_after(own, self.hosts.read_text()))
+            self.pod_hosts[(ns, name, c.name)] = (c.hosts, own)
+        run = PodRun(ns=ns, name=name, uid=pod["metadata"]["uid"], ip=ip, argv=[], env={},
+                     log=self.root / "logs" / f"{name}.log", restart_policy=spec.get("restartPolicy", "Always"),
+                     readiness=None, ports={}, group=group)
+        self.runs[(ns, name)] = run
+        run.tasks.append(asyncio.get_running_loop().create_task(self._guard(self._lifecycle(run, pod), run)))
+
+    async def _launch_container(self, run: PodRun, c: ContainerRun) -> None:
+        script = ('mount --bind "$NEZHA_TEST_HOSTS" /etc/hosts && mount --bind "$NEZHA_TEST_RESOLV" /etc/resolv.conf'
+                  ' && unset NEZHA_TEST_HOSTS NEZHA_TEST_RESOLV && exec "$@"')
+        # /etc/resolv.conf as the kubelet writes it for a ClusterFirst pod: kube-dns, the namespace's search list.
+        resolv = self.root / "pods" / run.name / "resolv.conf"
+        resolv.write_text(f"search {run.ns}.svc.cluster.local svc.cluster.local cluster.local\n"
+                          f"nameserver {self.dns_ip}\noptions ndots:5\n")
+        with open(c.log, "ab") as out:
+            c.proc = await asyncio.create_subprocess_exec(
+                self.unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", *c.argv,
+                env={**c.env, "NEZHA_TEST_HOSTS": str(c.hosts), "NEZHA_TEST_RESOLV": str(resolv)}, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, cwd=str(c.cwd), start_new_session=True)
+        self.events.append((run.name, c.name, "started"))
+
+    async def _lifecycle(self, run: PodRun, pod: dict) -> None:
+        """Init containers in order (a sidecar until its startup probe passes), then the main ones; when
+        they have all exited, the sidecars are stopped and the pod's phase (and its Job's) is written."""
+        grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        await self._status(run, {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]})
+        sidecars = []
+        phase = None
+        for c in [c for c in run.group if c.kind != "main"]:
+            await self._launch_container(run, c)
+            if c.kind == "sidecar":
+                sidecars.append(c)
+                run.tasks.append(asyncio.get_running_loop().create_task(
+                    self._guard(self._keep_running(run, c), run)))
+                if not await self._started(run, c):
+                    return  # the pod is being deleted: _terminate stops its containers
+                self.events.append((run.name, c.name, "startup-passed"))
+                continue
+            c.exit_code = await c.proc.wait()
+            self.events.append((run.name, c.name, f"exited {c.exit_code}"))
+            if c.exit_code != 0:
+                phase = "Failed"
+                break
+        mains = [c for c in run.group if c.kind == "main"]
+        if phase is None:
+            for c in mains:
+                await self._launch_container(run, c)
+            await self._status(run, {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+            for c in mains:
+                c.exit_code = await c.proc.wait()
+                self.events.append((run.name, c.name, f"exited {c.exit_code}"))
+            phase = "Succeeded" if all(c.exit_code == 0 for c in mains) else "Failed"
+        await self._stop(run, list(reversed(sidecars)), grace)
+        run.done = True
+        await self._status(run, {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}],
+                                 "containerStatuses": [{"name": c.name, "ready": False, "restartCount": c.restarts,
+                                                        "state": {"terminated": {"exitCode": c.exit_code}}}
+                                                       for c in run.group if c.exit_code is not None]})
+        await self._complete_job(pod, phase)
+
+    async def _keep_running(self, run: PodRun, c: ContainerRun) -> None:
+        """A sidecar that exits is started again (restartPolicy: Always), until the pod stops it."""
+        while True:
+            code = await c.proc.wait()
+            if c.stopping or run.done or run.terminating:
+                return
+            self.events.append((run.name, c.name, f"exited {code}"))
+            c.restarts += 1
+            await asyncio.sleep(min(0.5 * c.restarts, 3.0))  # CrashLoopBackOff, shortened
+            if c.stopping or run.done or run.terminating:
+                return
+            await self._launch_container(run, c)
+
+    async def _started(self, run: PodRun, c: ContainerRun) -> bool:
+        """The startup probe until it passes (True), or the pod is stopped (False). A container that fails it
+        failureThreshold times in a row is killed, and `_keep_running` starts it again, as the kubelet does."""
+        probe = c.startup
+        if probe is None:
+            return True
+        period = min(float(probe.get("periodSeconds", 10)), 0.5)
+        failures, threshold = 0, int(probe.get("failureThreshold", 3))
+        while not (run.done or run.terminating):
+            if await self._check(run, c, probe):
+                return True
+            failures += 1
+            if failures >= threshold:
+                self.events.append((run.name, c.name, "startup-failed"))
+                if c.proc is not None and c.proc.returncode is None:
+                    c.proc.kill()
+                failures = 0
+            await asyncio.sleep(period)
+        return False
+
+    async def _check(self, run: PodRun, c: ContainerRun, probe: dict) -> bool:
+        if "exec" not in probe:
+            fake = PodRun(ns=run.ns, name=run.name, uid=run.uid, ip=run.ip, argv=[], env={}, log=run.log,
+                          restart_policy="Always", readiness=None, ports={}, proc=c.proc)
+            return await self._probe_once(fake, probe)
+        if c.proc is None or c.proc.returncode is not None:
+            return False
+        command = [a.replace("127.0.0.1", run.ip) for a in probe["exec"]["command"]]
+        program = self.entrypoints.get(command[0], [shutil.which(command[0], path=c.env.get("PATH")) or command[0]])
+        proc = await asyncio.create_subprocess_exec(*program, *command[1:], env=c.env, cwd=str(c.cwd),
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        try:
+            return await asyncio.wait_for(proc.wait(), float(probe.get("timeoutSeconds", 1)) + 5) == 0
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return False
+
+    async def _stop(self, run: PodRun, containers: list[ContainerRun], grace: float) -> None:
+        """SIGTERM to each running container in the order given, SIGKILL to those still running after `grace`."""
+        deadline = asyncio.get_running_loop().time() + grace
+        for c in containers:
+            c.stopping = True
+            if c.proc is not None and c.proc.returncode is None:
+                c.proc.send_signal(signal.SIGTERM)
+                self.events.append((run.name, c.name, "SIGTERM"))
+        for c in containers:
+            if c.proc is None:
+                continue
+            try:
+                code = await asyncio.wait_for(c.proc.wait(),
+                                              max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                c.proc.kill()
+                self.events.append((run.name, c.name, "SIGKILL"))
+                code = await c.proc.wait()
+            if c.exit_code is None:
+                c.exit_code = code
+
+    async def _complete_job(self, pod: dict, phase: str) -> None:
+        """The Job controller's part once its pod has finished: Complete (or Failed), with the counts."""
+        owner = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None)
+        if owner is None:
+            return
+        done = phase == "Succeeded"
+        status = {"succeeded" if done else "failed": 1, "active": 0, "conditions": [
+            *([{"type": "SuccessCriteriaMet", "status": "True"}] if done else []),
+            {"type": "Complete" if done else "Failed", "status": "True"}]}
+        try:
+            (await client.BatchV1Api(self.client).patch_namespaced_job_status(
+                owner["name"], pod["metadata"]["namespace"], {"status": status}, _preload_content=False)).release()
+        except ApiException as e:
+            self.problems.append(f"status of job {owner['name']}: {e.status} {e.body}")
 
     async def _remove(self, pod: dict) -> None:
         with contextlib.suppress(ApiException):  # NotFound: gone meanwhile
@@ -502,13 +822,21 @@ class MiniCluster:
                         (_ready(pod) or svc["spec"].get("publishNotReadyAddresses")):
                     lines.append(f"{pip}\t{spec['hostname']}.{name}.{ns}.svc {spec['hostname']}.{name}.{ns}.svc"
                                  ".cluster.local")
+        lines += [f"{ip}\t{host}" for host, ip in sorted(self.public_hosts.items())]
         text = "\n".join(lines) + "\n"
-        if text != self.hosts.read_text():
-            # In place (same inode): the pods' bind mounts of this file see the new text.
-            with open(self.hosts, "r+") as f:
-                f.seek(0)
-                f.write(text)
-                f.truncate()
+        records: dict[str, str] = {}
+        for line in lines[1:]:  # not localhost: a nameserver does not answer it
+            ip, *names = line.split()
+            for name in names:
+                records.setdefault(name.lower(), ip)
+        self.dns.records = records
+        for path, own in [(self.hosts, ""), *list(self.pod_hosts.values())]:
+            if _after(own, text) != path.read_text():
+                # In place (same inode): the pods' bind mounts of this file see the new text.
+                with open(path, "r+") as f:
+                    f.seek(0)
+                    f.write(_after(own, text))
+                    f.truncate()
 
     # -- what tests ask ----------------------------------------------------------------
 

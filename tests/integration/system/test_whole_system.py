@@ -12,6 +12,7 @@ local origin, a user's day: label a Job, download cold then warm,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from kubernetes_asyncio import client
 
 from nezha.index.handle import Index
 from nezha.keys import cache_key, parse_target
+from testkit.tools import require_tool
 from tests.integration.system.conftest import NS
 from tests.pod_command import container_env, mount_point, run_pod_command
 
@@ -264,5 +266,158 @@ async def test_with_https_terminate_a_labelled_jobs_https_download_is_served_and
             await run_pod_command(pod, workdir, env=env, mounts={str(ca_dir): files}, context=system.mini.logs())
             assert (workdir / Path(url).name).read_bytes() == payload
             assert system.origin.requests[CIFAR] == origin_requests
+    finally:
+        await kube.close()
+
+
+async def _at_least(stats, **least: int) -> bool:
+    got = await stats
+    return all(got[k] >= v for k, v in least.items())
+
+
+def sidecar_job(system, name: str, url: str, *, program: str = "wget -O") -> dict:
+    """A labelled Job that chooses the sidecar model, whose unmodified wget (or curl) reads the same file twice
+    (two epochs)."""
+    job = training_job(name, url, rule_label(system))
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = {"nezha.io/deployment": "sidecar"}
+    template["spec"]["containers"][0]["command"] = [
+        "sh", "-c", f"{program} epoch-1 {url} && {program} epoch-2 {url}"]
+    return job
+
+
+async def cluster_requests(system) -> dict[str, int]:
+    """nezha:stats:cluster: each request that entered the cluster tier counted once, by the node it reached."""
+    from redis.asyncio import Redis
+
+    from nezha.index.schema import KEY_CLUSTER_STATS
+
+    redis = Redis.from_url(system.redis_url(), decode_responses=True)
+    try:
+        stats = {k: int(v) for k, v in (await redis.hgetall(KEY_CLUSTER_STATS)).items() if v.isdigit()}
+    finally:
+        await redis.aclose()
+    return {"misses": stats.get("misses", 0), "hits": stats.get("hits", 0) + stats.get("peer_hits", 0)}
+
+
+def served(logs: list[Path], path: str) -> list[dict]:
+    """The request_completed events of these pods' logs for `path`, in order."""
+    out = []
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if '"request_completed"' in line and path in line:
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+    return out
+
+
+async def webhooks_know_the_server_version(system) -> None:
+    """Every webhook pod has read /version (until then it gives sidecar pods the centralized model)."""
+    def known() -> bool:
+        logs = [system.mini.root / "logs" / f"{n}.log" for (_, n), r in system.mini.runs.items()
+                if n.startswith("nezha-webhook-") and not n.startswith("nezha-webhook-certs") and not r.done]
+        return bool(logs) and all(log.exists() and '"server_version"' in log.read_text() for log in logs)
+
+    await system.mini.wait("the webhook pods to read the server's version", known, timeout=30)
+
+
+async def run_sidecar_job(system, kube, name: str, url: str, **kw) -> tuple[dict, Path]:
+    """Create the Job; the minicluster's kubelet runs its pod (the webhook's sidecar, then wget); wait for Complete."""
+    await client.BatchV1Api(kube).create_namespaced_job("ml", sidecar_job(system, name, url, **kw))
+    pod = await system.mini.wait(f"the pod of Job {name}", lambda: next(
+        (p for (ns, _), p in system.api.objects_of("", "pods").items()
+         if ns == "ml" and p["metadata"]["labels"].get("job-name") == name), None), timeout=10)
+    annotations = pod["metadata"].get("annotations") or {}
+    assert annotations.get("nezha.io/status") == "sidecar", f"{annotations}; admission: {system.api.admission_calls[-2:]}"
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["nezha-cache"]
+    assert pod["spec"]["hostAliases"] == [{"ip": "127.0.0.1", "hostnames": ["www.cs.toronto.edu"]}]
+    ended = await system.mini.wait(f"Job {name} to end", lambda: next((
+        c["type"] for c in ((system.obj("batch", "jobs", name, ns="ml") or {}).get("status") or {}).get("conditions")
+        or [] if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None), timeout=90)
+    assert ended == "Complete", system.mini.logs()
+    pod = system.obj("", "pods", pod["metadata"]["name"], ns="ml")
+    assert pod["status"]["phase"] == "Succeeded"
+    return pod, system.mini.root / "pods" / pod["metadata"]["name"]
+
+
+async def test_a_sidecar_job_reads_its_second_epoch_from_its_own_disk_and_survives_the_cluster_at_zero(
+        named_origin_system):
+    """The issue's whole-system test: the chart's webhook gives a labelled Job that chooses `sidecar` a native
+    sidecar (the Nezha image, `nezha cache` on the pod's loopback, the cluster Service as parent); its first read
+    fills the sidecar from the cluster (the origin asked once), the second is served from the sidecar's disk (the
+    cluster not asked); a second Job's sidecar gets it from the cluster without the origin; with the cache
+    StatefulSet scaled to 0, a third still downloads it, from the origin; every Job completes. The origin's
+    upstream is its own name, as in the chart's defaults, which the pod's hostAliases map to the sidecar: the
+    sidecar reaches the real origin through an /etc/hosts of its own."""
+    system = named_origin_system
+    payload = os.urandom(2_000_000)
+    system.origin.put(CIFAR, payload)
+    url = f"http://www.cs.toronto.edu{CIFAR}"
+    system.mini.namespaces.add("ml")  # the kubelet runs the Jobs' pods too: their sidecars are processes
+    kube = system.api.client()
+    try:
+        await chart_is_up(system)
+        await webhooks_know_the_server_version(system)
+
+        # 1. Two epochs in one pod: the cluster asked once (and the origin through it), then the sidecar's disk.
+        pod, where = await run_sidecar_job(system, kube, "epochs", url)
+        for epoch in ("epoch-1", "epoch-2"):
+            assert (where / "work" / epoch).read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1
+        # The sidecar's own account: the first read a miss (filled from its parent), the second a hit from its
+        # disk, which a fresh object is served from without asking anyone (a revalidation would say so).
+        sidecar_log = system.mini.root / "logs" / f"{pod['metadata']['name']}.nezha-cache.log"
+        assert [e.get("cache") for e in served([sidecar_log], CIFAR)] == ["miss", "hit"], sidecar_log.read_text()
+
+        # 2. Another Job's sidecar starts empty and fills from the cluster, which has it: the origin is not asked.
+        pod, where = await run_sidecar_job(system, kube, "from-cluster", url)
+        assert (where / "work" / "epoch-1").read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1
+        sidecar_log = system.mini.root / "logs" / f"{pod['metadata']['name']}.nezha-cache.log"
+        assert [e.get("cache") for e in served([sidecar_log], CIFAR)] == ["miss", "hit"]
+        # The cluster's account (its index counts each request once, where it entered, in batches): the first
+        # Job's miss and the second Job's hit, and nothing for the first Job's second epoch.
+        await system.mini.wait("both Jobs' requests in nezha:stats:cluster", lambda: _at_least(
+            cluster_requests(system), misses=1, hits=1), timeout=20)
+        assert await cluster_requests(system) == {"misses": 1, "hits": 1}
+
+        # 3. The cluster tier scaled to 0: a sidecar Job still downloads, from the origin itself.
+        await system.run(*system.kubectl, "-n", NS, "scale", "statefulset", "nezha-cache", "--replicas=0")
+        await system.mini.wait("no cache pods", lambda: not any(
+            ns == NS and n.startswith("nezha-cache-") for (ns, n) in system.api.objects_of("", "pods")), timeout=90)
+        _, where = await run_sidecar_job(system, kube, "cluster-down", url)
+        assert (where / "work" / "epoch-1").read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 2
+    finally:
+        await kube.close()
+
+
+async def test_https_through_a_sidecar_reaches_the_terminating_cluster_tier_and_curl_trusts_the_nezha_ca(
+        https_system):
+    """With https.terminate, a sidecar Job's unmodified curl (trusting the Nezha CA bundle the webhook mounts)
+    fetches https:// twice: the sidecar's :443 passes each connection, by its server name, to the cluster's :443,
+    which terminates it with a certificate of the Nezha CA and serves and caches the object. No CA key is in
+    the training pod."""
+    system = https_system
+    require_tool("curl")  # the Job's program, run by the minicluster's kubelet from PATH
+    payload = os.urandom(1_500_000)
+    system.origin.put(CIFAR, payload)
+    url = f"https://www.cs.toronto.edu{CIFAR}"
+    system.mini.namespaces.add("ml")
+    kube = system.api.client()
+    try:
+        await chart_is_up(system)
+        await webhooks_know_the_server_version(system)
+        await system.mini.wait("the controller's copy of nezha-ca in the Job's namespace",
+                               lambda: system.obj("", "configmaps", "nezha-ca", ns="ml"), timeout=60)
+        pod, where = await run_sidecar_job(system, kube, "secure-epochs", url, program="curl -sSf -o")
+        for epoch in ("epoch-1", "epoch-2"):
+            assert (where / "work" / epoch).read_bytes() == payload
+        assert system.origin.requests[CIFAR] == 1  # the cluster tier terminated, filled once and served the rest
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["CURL_CA_BUNDLE"] == "/etc/nezha/ca/ca-bundle.crt"
+        assert not any("secret" in v for v in pod["spec"]["volumes"]), pod["spec"]["volumes"]  # no CA key here
+        sidecar_log = (system.mini.root / "logs" / f"{pod['metadata']['name']}.nezha-cache.log").read_text()
+        assert CIFAR not in sidecar_log  # passed through: the sidecar saw a TLS connection, never the request
     finally:
         await kube.close()

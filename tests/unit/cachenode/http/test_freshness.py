@@ -323,3 +323,168 @@ def test_current_age_on_arrival_is_the_larger_of_age_and_apparent_age(headers, a
 @pytest.mark.parametrize("name", ["X-Auth-Token", "Private-Token", "x-api-key", "X-Amz-Security-Token"])
 def test_token_fields_bypass_like_authorization(name):
     assert name.lower() in request_bypasses_cache({name: "secret"}).lower()
+
+
+# -- rules by RFC section (issue 24) ------------------------------------------
+
+FUTURE = "Thu, 18 Aug 2050 02:01:18 GMT"
+
+
+@pytest.mark.parametrize("expires", [
+    "Thu, 18 Aug 2050 02:01:18 UTC",  # the zone is spelt GMT
+    "Thu, 18 Aug 2050 02:01:18 AEST",
+    "Thu, 18  Aug  2050 02:01:18 GMT",  # one space between parts
+    "Thu,  18 Aug 2050 02:01:18 GMT",
+    "Thu, 18 Aug 2050  02:01:18 GMT",
+    "Thu 18 Aug 2050 02:01:18 GMT",  # no comma
+    "18 Aug 2050 02:01:18 GMT",  # no day name
+    "Thu, 8 Aug 2050 02:01:18 GMT",  # IMF-fixdate's day has two digits
+    "Thu, 18 Aug 50 02:01:18 GMT",  # a two-digit year only in rfc850-date
+    "Thu, 18-Aug-2050 02:01:18 GMT",
+    "Thu, 18 Aug 2050 02.01.18 GMT",
+    "Thu, 18 Aug 2050 2:01:18 GMT",
+    "Thursday, 18-Aug-50  02:01:18 GMT",
+    "Thu Aug 18 02:01:18 2050 GMT",  # asctime names no zone
+    "Thu Aug 8 02:01:18 2050",  # asctime pads a one-digit day with a space
+    "0",
+])
+def test_rfc9111_5_3_an_invalid_expires_means_already_expired(expires):
+    """An Expires that is not an HTTP-date is a time in the past, whatever the heuristic would give."""
+    assert http_date(expires) is None
+    policy = response_policy(200, {"Expires": expires, "Date": DATE, "Last-Modified": DAY_BEFORE},
+                             now=NOW, policy_ttl=None)
+    assert policy.storable and policy.ttl == 0.0 and not policy.heuristic
+
+
+@pytest.mark.parametrize("value", [
+    FUTURE,
+    "thu, 18 aug 2050 02:01:18 gmt",  # case is not checked
+    "Thursday, 18-Aug-50 02:01:18 GMT",
+    "Thu Aug 18 02:01:18 2050",
+])
+def test_rfc9110_5_6_7_each_of_the_three_date_formats_is_read(value):
+    assert http_date(value) == http_date(FUTURE)
+
+
+def test_rfc9110_5_6_7_asctime_pads_a_one_digit_day_with_a_space():
+    assert http_date("Sun Nov  6 08:49:37 1994") == 784111777.0
+
+
+def test_rfc9111_4_2_1_a_valid_expires_gives_its_distance_from_date():
+    policy = response_policy(200, {"Expires": "Mon, 12 Jan 1970 14:46:40 GMT", "Date": DATE}, now=NOW, policy_ttl=None)
+    assert policy.ttl == 3600.0
+
+
+def test_rfc9111_5_2_2_3_must_understand_stores_a_status_the_cache_understands_despite_no_store():
+    policy = response_policy(200, {"Cache-Control": "max-age=3600, no-store, must-understand"}, now=NOW,
+                             policy_ttl=None)
+    assert policy.storable and policy.ttl == 3600.0
+
+
+def test_rfc9111_5_2_2_3_must_understand_does_not_store_a_status_the_cache_does_not_understand():
+    policy = response_policy(599, {"Cache-Control": "max-age=3600, no-store, must-understand"}, now=NOW,
+                             policy_ttl=None)
+    assert not policy.storable
+
+
+def test_rfc9111_5_2_2_5_no_store_without_must_understand_is_not_stored():
+    assert not response_policy(200, {"Cache-Control": "max-age=3600, no-store"}, now=NOW, policy_ttl=None).storable
+
+
+TARGETED = ("Nezha-Cache-Control", "CDN-Cache-Control")
+
+
+@pytest.mark.parametrize("headers,storable,ttl", [
+    # The targeted field replaces Cache-Control ...
+    ({"Cache-Control": "no-store", "CDN-Cache-Control": "max-age=10000"}, True, 10000.0),
+    ({"Cache-Control": "max-age=10000", "CDN-Cache-Control": "no-store"}, False, 0.0),
+    ({"Cache-Control": "max-age=3600", "CDN-Cache-Control": "max-age=1"}, True, 1.0),
+    ({"Cache-Control": "max-age=1", "CDN-Cache-Control": "max-age=3600"}, True, 3600.0),
+    # ... and Expires, valid or not.
+    ({"CDN-Cache-Control": "max-age=0", "Expires": FUTURE, "Date": DATE}, True, 0.0),
+    ({"CDN-Cache-Control": "max-age=3600", "Expires": DAY_BEFORE, "Date": DATE}, True, 3600.0),
+    ({"CDN-Cache-Control": "max-age=3600", "Expires": "0", "Date": DATE}, True, 3600.0),
+    # Age still counts (§4.2.3): older than its targeted lifetime is stale on arrival.
+    ({"CDN-Cache-Control": "max-age=3600", "Age": "7200", "Date": DATE}, True, -3600.0),
+    # A delta-seconds beyond 2^31 counts as 2^31 (RFC 9111 §1.2.2).
+    ({"CDN-Cache-Control": "max-age=99999999999"}, True, float(2**31)),
+])
+def test_rfc9213_2_1_a_targeted_field_replaces_cache_control_and_expires(headers, storable, ttl):
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert (policy.storable, policy.ttl) == (storable, ttl)
+
+
+def test_rfc9213_2_1_targeted_private_is_not_stored_however_fresh_cache_control_says_it_is():
+    headers = {"CDN-Cache-Control": "private", "Cache-Control": "max-age=10000", "Expires": FUTURE, "Date": DATE}
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert (policy.storable, policy.reason) == (False, "CDN-Cache-Control: private")
+
+
+def test_rfc9213_2_1_targeted_no_cache_validates_every_reuse():
+    headers = {"CDN-Cache-Control": "no-cache", "Cache-Control": "max-age=10000", "Expires": FUTURE, "Date": DATE}
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert policy == Policy(True, "ok", 0.0, stale_if_error=0.0, stale_while_revalidate=0.0)
+
+
+def test_rfc9213_2_1_the_first_field_of_the_list_wins():
+    headers = {"CDN-Cache-Control": "max-age=60", "Nezha-Cache-Control": "max-age=86400",
+               "Cache-Control": "no-store"}
+    assert response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED).ttl == 86400.0
+    assert response_policy(200, headers, now=NOW, policy_ttl=None,
+                           targeted=("CDN-Cache-Control", "Nezha-Cache-Control")).ttl == 60.0
+
+
+@pytest.mark.parametrize("nezha", [
+    "max-age=86400, &&&&&",  # not a Dictionary
+    "MaX-aGe=86400",  # Dictionary keys are lowercase
+    "max-age =86400",
+    "",  # empty
+])
+def test_rfc9213_2_1_an_invalid_or_empty_targeted_field_is_ignored_and_the_next_one_rules(nezha):
+    headers = {"Nezha-Cache-Control": nezha, "CDN-Cache-Control": "max-age=60", "Cache-Control": "no-store"}
+    assert response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED).ttl == 60.0
+    del headers["CDN-Cache-Control"]
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert (policy.storable, policy.reason) == (False, "Cache-Control: no-store")
+
+
+@pytest.mark.parametrize("value", ['max-age="10000"', "max-age=-1", "max-age=1.5", "max-age", "max-age=ten"])
+def test_rfc9213_2_1_a_targeted_max_age_that_is_no_non_negative_integer_is_malformed_so_stale(value):
+    policy = response_policy(200, {"CDN-Cache-Control": value, "Cache-Control": "max-age=10000"}, now=NOW,
+                             policy_ttl=None, targeted=TARGETED)
+    assert policy.storable and policy.ttl == 0.0
+
+
+def test_rfc9213_2_1_a_targeted_field_without_a_lifetime_leaves_the_heuristic():
+    headers = {"CDN-Cache-Control": "public", "Expires": FUTURE, "Date": DATE, "Last-Modified": DAY_BEFORE}
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert policy.heuristic and policy.ttl == HEURISTIC_TTL
+
+
+def test_rfc9213_2_1_targeted_revalidation_directives_bound_stale_answers():
+    headers = {"CDN-Cache-Control": "max-age=60, must-revalidate", "Cache-Control": "max-age=60, stale-if-error=600"}
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert (policy.stale_if_error, policy.stale_while_revalidate) == (0.0, 0.0)
+    headers = {"CDN-Cache-Control": "max-age=60, stale-if-error=600, stale-while-revalidate=30"}
+    policy = response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED)
+    assert (policy.stale_if_error, policy.stale_while_revalidate) == (600.0, 30.0)
+
+
+def test_rfc9213_2_1_with_no_targeted_field_configured_cache_control_rules():
+    headers = {"Cache-Control": "no-store", "CDN-Cache-Control": "max-age=10000"}
+    assert not response_policy(200, headers, now=NOW, policy_ttl=None).storable
+
+
+def test_rfc9213_2_1_repeated_lines_of_a_targeted_field_are_one_dictionary():
+    headers = multi(("CDN-Cache-Control", "public"), ("Cache-Control", "no-store"), ("cdn-cache-control", "max-age=90"))
+    assert response_policy(200, headers, now=NOW, policy_ttl=None, targeted=TARGETED).ttl == 90.0
+
+
+@pytest.mark.parametrize("stamp,text", [
+    (NOW, DATE), (NOW + 0.9, DATE), (784111777.0, "Sun, 06 Nov 1994 08:49:37 GMT"),
+    (0.0, "Thu, 01 Jan 1970 00:00:00 GMT"),
+])
+def test_rfc9110_5_6_7_a_date_the_cache_generates_is_an_imf_fixdate(stamp, text):
+    from cachenode.http.freshness import imf_fixdate
+
+    assert imf_fixdate(stamp) == text and http_date(text) == float(int(stamp))

@@ -1,0 +1,33 @@
+"""Which fields a stored response keeps, and its Date (RFC 9110 §6.6.1, RFC 9111 §3.1, §3.2)."""
+
+from cachenode.http.headers import stored_pairs, updated_by_304, with_date
+
+DATE = "Mon, 12 Jan 1970 13:46:40 GMT"  # 1_000_000
+
+
+def test_rfc9111_3_1_a_stored_response_keeps_every_end_to_end_field_set_cookie2_included():
+    pairs = [("Content-Type", "text/plain"), ("Set-Cookie2", "a=c"), ("X-Any", "1"), ("X-Any", "2")]
+    assert stored_pairs(pairs) == tuple(pairs)
+
+
+def test_rfc9111_3_a_set_cookie_and_age_are_not_stored():
+    assert stored_pairs([("Set-Cookie", "a=b"), ("Age", "10"), ("ETag", '"x"')]) == (("ETag", '"x"'),)
+
+
+def test_rfc9110_6_6_1_date_is_stored_where_the_origin_put_it():
+    pairs = [("Content-Type", "text/plain"), ("Date", DATE), ("ETag", '"x"')]
+    assert stored_pairs(pairs) == tuple(pairs)
+
+
+def test_rfc9110_6_6_1_a_response_without_date_is_dated_when_received():
+    assert with_date((("ETag", '"x"'),), 1_000_000.0) == (("ETag", '"x"'), ("Date", DATE))
+
+
+def test_rfc9110_6_6_1_a_response_with_date_keeps_it():
+    pairs = (("date", "Sun, 11 Jan 1970 13:46:40 GMT"),)
+    assert with_date(pairs, 1_000_000.0) == pairs
+
+
+def test_rfc9111_4_3_4_a_304s_date_replaces_the_stored_one():
+    stored = (("Date", "Sun, 11 Jan 1970 13:46:40 GMT"), ("ETag", '"x"'))
+    assert updated_by_304(stored, [("Date", DATE), ("Age", "3")]) == (("ETag", '"x"'), ("Date", DATE))
