@@ -13,9 +13,11 @@ import time
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
+from nezha.index.schema import key_locations
 from testkit.ports import free_run
 from tests.integration.cluster.conftest import HOST, fetch, settle, wait_epoch
 
@@ -81,7 +83,8 @@ async def owners_and_others(cluster: LocalCluster) -> tuple[list[str], list[str]
     return owners, [nid for nid in cluster.nodes if nid not in owners]
 
 
-async def test_one_hot_object_read_through_every_node_is_served_from_every_disk(origin, hot_cluster):
+async def test_one_hot_object_read_through_every_node_is_served_from_every_disk(origin, hot_cluster,
+                                                                                redis_server):
     origin.put(PATH, BODY, headers={"Cache-Control": "max-age=3600"})
     urls = {nid: n.url for nid, n in hot_cluster.nodes.items()}
     owners, others = await owners_and_others(hot_cluster)
@@ -98,6 +101,20 @@ async def test_one_hot_object_read_through_every_node_is_served_from_every_disk(
     assert share == {nid: 0.25 for nid in urls}, f"each node's disk serves its own clients: {share}"
     owner_share = sum(share[o] for o in owners)
     assert owner_share == 0.5
+    # The index names the owners only: a hot copy is a cache of the cache, nobody's to count as held.
+    r = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        holders: set[str] = set()
+        for _ in range(100):
+            holders = await r.smembers(key_locations(f"http://{HOST}{PATH}"))
+            if holders == set(owners):
+                break
+            await asyncio.sleep(0.05)
+        assert holders == set(owners)
+        await asyncio.sleep(1.5)  # a flush of the nodes' index writes later, still the owners only
+        assert await r.smembers(key_locations(f"http://{HOST}{PATH}")) == set(owners)
+    finally:
+        await r.aclose()
 
 
 async def test_a_write_reaches_every_hot_copy_and_no_node_serves_the_old_bytes(origin, hot_cluster):
