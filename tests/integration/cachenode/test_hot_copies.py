@@ -166,3 +166,19 @@ async def test_an_authorize_origins_object_is_never_hot_copied_each_read_asks_th
     assert labels == ["peer-miss"] + ["peer-authorized"] * 5
     assert len(nodes[reader].node.store) == 0
     assert bearer.authorizations == [f"Bearer {GOOD}"] * 6
+
+
+async def test_a_draining_node_hands_off_what_it_owns_never_its_hot_copies(origin, cluster, session):
+    from cachenode.cluster.view import ClusterView
+    from nezha.ring import Membership
+
+    origin.put(PATH, BODY, headers={"Cache-Control": "max-age=3600"})
+    nodes, members = await cluster(3, hot_reads=2)
+    (owner,), (reader, _) = owner_and_other(nodes, PATH)
+    await read_until_hot(nodes[reader], session, PATH, 2)
+    await until(lambda: stored_hot(nodes[reader], KEY))
+    view = ClusterView(node_id=reader, replicas=1)
+    view.update(Membership(2, {nid: a for nid, a in members.nodes.items() if nid != reader}))
+    progress = await nodes[reader].node.handoff.run(view)
+    assert (progress.total, progress.copied, progress.present, progress.failed) == (0, 0, 0, 0)
+    assert origin.requests[PATH] == 1
