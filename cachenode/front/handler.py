@@ -136,12 +136,12 @@ class Handler:
         authorize = authorize or (meta is not None and meta.authorize)
         if meta is not None and meta.hot and self._use(meta, directives) is not Use.FRESH:
             # A hot copy answers only while the owner's freshness it carries
-            # lasts: past it (or for a request that wants more than a fresh
-            # copy) it is dropped and the request relayed, so the owner, not
-            # the origin, revalidates, and the next hot reads copy it again.
-            if await self.store.remove_one(meta):
-                self.counts.gone(meta)
-                log.info("hot_copy_dropped", key=key, reason="not fresh for this request")
+            # lasts, and only requests a fresh copy may answer: any other is
+            # relayed, so the owner, never this node, revalidates with the
+            # origin. Past its expiry the copy is dropped; the next hot reads
+            # copy the object again.
+            if not meta.fresh(self._clock()):
+                await self._drop_hot(meta, why="expired")
             meta = None
         if authorize:
             # Every read is the origin's to allow, however fresh the copy:
@@ -173,6 +173,11 @@ class Handler:
                     self._count_hot_read(record, ahead, target, key=key, response=relayed)
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
+            held = self.store.lookup(key, request.headers)
+            if held is not None and held.hot:
+                # Served below as by any node whose owners are down, from
+                # the origin: a hot copy is never revalidated there.
+                await self._drop_hot(held, why="owners unreachable")
         if request.method == "HEAD":
             if fresh and not authorize:
                 return await self.respond.hit(request, meta, label=_hit_label(meta))
@@ -315,6 +320,11 @@ class Handler:
             self.hot.forget(key)  # a failed copy is tried again only after as many reads again
 
         self.handoff.copy_hot_soon(peer, target, done=done)
+
+    async def _drop_hot(self, meta: Meta, *, why: str) -> None:
+        if await self.store.remove_one(meta):
+            self.counts.gone(meta)
+            log.info("hot_copy_dropped", key=meta.key, reason=why)
 
     def _names_origin(self, host_header: str | None) -> bool:
         if not host_header:

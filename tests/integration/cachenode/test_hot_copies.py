@@ -182,3 +182,37 @@ async def test_a_draining_node_hands_off_what_it_owns_never_its_hot_copies(origi
     progress = await nodes[reader].node.handoff.run(view)
     assert (progress.total, progress.copied, progress.present, progress.failed) == (0, 0, 0, 0)
     assert origin.requests[PATH] == 1
+
+
+async def test_a_request_that_asks_for_validation_is_relayed_and_the_hot_copy_kept(origin, cluster, session):
+    """`no-cache` wants the origin's word: the owner gives it; the fresh copy stays for the next reader."""
+    origin.put(PATH, BODY, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(2, hot_reads=2)
+    (owner,), (reader,) = owner_and_other(nodes, PATH)
+    await read_until_hot(nodes[reader], session, PATH, 2)
+    await until(lambda: stored_hot(nodes[reader], KEY))
+    status, headers, body = await nodes[reader].get(session, PATH, headers={"Cache-Control": "no-cache"})
+    assert body == BODY and headers["X-Nezha-Cache"] == "peer-revalidated" and headers["X-Nezha-Served-By"] == owner
+    assert origin.requests[PATH] == 2, "the owner revalidated, once"
+    assert stored_hot(nodes[reader], KEY)
+    status, headers, body = await nodes[reader].get(session, PATH)
+    assert body == BODY and headers["X-Nezha-Cache"] == "hot-hit"
+
+
+async def test_with_every_owner_down_a_hot_copy_is_not_revalidated_at_the_origin(origin, cluster, session):
+    """A request the fresh copy may not answer (`no-cache`) finds every owner down: the node goes to the
+    origin, as any node does then, but with nothing of the hot copy: it is dropped, and the node's fill
+    is its own (not hot)."""
+    origin.put(PATH, b"v1" * 50_000, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(2, hot_reads=2)
+    (owner,), (reader,) = owner_and_other(nodes, PATH)
+    await read_until_hot(nodes[reader], session, PATH, 2)
+    await until(lambda: stored_hot(nodes[reader], KEY))
+    await nodes[owner].server.close()
+    origin.put(PATH, b"v2" * 50_000, headers={"Cache-Control": "max-age=3600"})
+    with capture_logs() as logs:
+        status, headers, body = await nodes[reader].get(session, PATH, headers={"Cache-Control": "no-cache"})
+    assert body == b"v2" * 50_000 and headers["X-Nezha-Cache"] == "miss"
+    assert [e["reason"] for e in logs if e["event"] == "hot_copy_dropped"] == ["owners unreachable"]
+    await nodes[reader].node.settled()
+    assert not nodes[reader].node.store.lookup(KEY).hot
