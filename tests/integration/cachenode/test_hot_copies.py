@@ -95,9 +95,10 @@ async def test_a_write_through_any_node_removes_the_hot_copies_before_it_is_answ
 
 
 async def test_a_stale_hot_copy_is_dropped_and_the_owner_revalidates_not_this_node(origin, cluster, session):
-    """The copy expires when the owner's copy does; the next read is relayed, and the owner (never the
-    node that held the copy) asks the origin, which has new bytes by then."""
-    origin.put(PATH, b"v1" * 50_000, headers={"Cache-Control": "max-age=1"})
+    """The copy expires when the owner's copy does (3 s: room for a loaded machine to copy first); the next
+    read is relayed, and the owner (never the node that held the copy) asks the origin, which has new bytes
+    by then."""
+    origin.put(PATH, b"v1" * 50_000, headers={"Cache-Control": "max-age=3"})
     nodes, _ = await cluster(2, hot_reads=2)
     (owner,), (reader,) = owner_and_other(nodes, PATH)
     await read_until_hot(nodes[reader], session, PATH, 2)
@@ -105,9 +106,9 @@ async def test_a_stale_hot_copy_is_dropped_and_the_owner_revalidates_not_this_no
     copy = nodes[reader].node.store.lookup(KEY)
     assert abs(copy.expires_at - nodes[owner].node.store.lookup(KEY).expires_at) < 0.01
     status, headers, body = await nodes[reader].get(session, PATH)
-    if headers["X-Nezha-Cache"] == "hot-hit":  # read before the second passed, on a loaded machine or not
+    if headers["X-Nezha-Cache"] == "hot-hit":  # read before the copy expired, on a loaded machine or not
         assert body == b"v1" * 50_000
-    origin.put(PATH, b"v2" * 50_000, headers={"Cache-Control": "max-age=1"})  # replaced, nobody told
+    origin.put(PATH, b"v2" * 50_000, headers={"Cache-Control": "max-age=3"})  # replaced, nobody told
     await until(lambda: time.time() > copy.expires_at, timeout=10)
     with capture_logs() as logs:
         status, headers, body = await nodes[reader].get(session, PATH)
