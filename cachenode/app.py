@@ -37,7 +37,8 @@ def build_node(settings: CacheSettings) -> CacheNode:
         if node is not None:
             node.on_evict(meta)
 
-    store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict)
+    store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
+                  hot_capacity=settings.hot_capacity)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
                            read_timeout=settings.origin_read_timeout, roots=origin_roots(settings),
                            resolver=origin_resolver(settings))

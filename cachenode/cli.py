@@ -51,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "connections it does not terminate, by their server name (default 443)")
     p.add_argument("--admin-listen", help="HOST:PORT answering /healthz, /readyz and /metrics only, for probes "
                    "and scraping when --listen is on loopback, as a sidecar's is (default: none)")
+    p.add_argument("--hot-reads", type=int, help="relayed reads of one object within --hot-window that make "
+                   "it hot on this node, which then copies it from an owner and serves it from its own disk; 0 "
+                   "turns hot copies off (default 3)")
+    p.add_argument("--hot-window", type=float, help="seconds in which --hot-reads relayed reads make an object "
+                   "hot (default 60)")
+    p.add_argument("--hot-share", type=float, help="share of --capacity hot copies may hold; they are evicted "
+                   "first, least recently used among them (default 0.1)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -67,7 +74,7 @@ def run_cache(args: argparse.Namespace) -> int:
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "parent",
-               "parent_tls_port", "admin_listen", "log_level"]))
+               "parent_tls_port", "admin_listen", "hot_reads", "hot_window", "hot_share", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

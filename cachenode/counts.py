@@ -58,7 +58,7 @@ class Counts:
         """A fill committed `meta` to the store."""
         self.update_store_gauges()
         self.count(meta.host, objects=1, bytes_stored=meta.size)
-        if self.index is not None:
+        if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
             self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.size)
 
     def gone(self, meta: Meta, **extra: int) -> None:
@@ -66,7 +66,7 @@ class Counts:
         if extra.get("evictions"):
             self.metrics.evicted_age.observe(max(0.0, time.time() - meta.stored_at))
         self.count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
-        if self.index is not None:
+        if self.index is not None and not meta.hot:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self.update_store_gauges()
 

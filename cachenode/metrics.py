@@ -24,12 +24,12 @@ from nezha.wire import CacheOutcome
 # Where the body bytes a client got came from, by its X-Nezha-Cache value
 # (nezha/wire.py; a relay's is the owner's behind `peer-`). An aborted
 # answer (`hit-aborted`) counts under its own source.
-_SOURCE = {"hit": "disk", "stale": "disk", "revalidated": "disk", "authorized": "disk",
+_SOURCE = {"hit": "disk", "hot-hit": "disk", "stale": "disk", "revalidated": "disk", "authorized": "disk",
            "miss": "fill", "miss-joined": "fill",
            "pass": "origin", "bypass": "origin", "denied": "origin"}
 SOURCES = ("disk", "fill", "peer", "origin")
 # Time to first byte is kept for these kinds of answer, by the same values.
-_FIRST_BYTE = {"hit": "hit", "stale": "hit", "revalidated": "hit", "authorized": "hit",
+_FIRST_BYTE = {"hit": "hit", "hot-hit": "hit", "stale": "hit", "revalidated": "hit", "authorized": "hit",
                "miss": "miss", "miss-joined": "miss", "pass": "pass", "bypass": "pass", "denied": "pass"}
 
 # A hit's head leaves in microseconds to milliseconds; a miss waits for the origin (seconds).

@@ -416,11 +416,47 @@ class CacheSettings(_Base):
     # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
     # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
     admin_listen: str | None = None
+    # Hot copies (docs/cache-node.md, "Hot copies"): a node that relays
+    # `hot_reads` reads of one object within `hot_window` seconds copies it
+    # from an owner and serves it from its own disk; 0 turns them off. They
+    # hold at most `hot_share` of `capacity` and are evicted first. Defaults:
+    # not measured yet; chosen so that only an object several clients read
+    # within a minute (a job's workers starting) is copied (see the docs).
+    hot_reads: int = 3
+    hot_window: float = 60.0
+    hot_share: float = 0.1
 
     @field_validator("origins", mode="before")
     @classmethod
     def _parse_origins(cls, v: Any) -> Any:
         return _origins(v)
+
+    @field_validator("hot_reads")
+    @classmethod
+    def _hot_reads(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"hot_reads ({v}) must be 0 (hot copies off) or more")
+        return v
+
+    @field_validator("hot_window")
+    @classmethod
+    def _hot_window(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"hot_window ({v:g}) must be a positive number of seconds")
+        return v
+
+    @field_validator("hot_share")
+    @classmethod
+    def _hot_share(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"hot_share ({v:g}) must be a share of capacity above 0 and at most 1 "
+                             f"(use hot_reads 0 to turn hot copies off)")
+        return v
+
+    @property
+    def hot_capacity(self) -> int | None:
+        """Bytes hot copies may hold: `hot_share` of `capacity`; None (no bound) without a capacity."""
+        return None if self.capacity is None else int(self.capacity * self.hot_share)
 
     @field_validator("capacity", mode="before")
     @classmethod

@@ -61,6 +61,9 @@ class CacheOutcome(StrEnum):
     """`X-Nezha-Cache`: what a node did with a request (README, "value | meaning")."""
 
     HIT = "hit"
+    # Served from this node's hot copy of an object it does not own, copied
+    # from an owner (docs/cache-node.md, "Hot copies").
+    HOT_HIT = "hot-hit"
     MISS = "miss"
     MISS_JOINED = "miss-joined"
     REVALIDATED = "revalidated"

@@ -218,9 +218,11 @@ class Handoff:
 
     # -- work --------------------------------------------------------------------
     async def copy_from(self, peer: Peer, target: Target, *, copy: _Copy | None = None,
-                        headers: dict[str, str] | None = None) -> str:
+                        headers: dict[str, str] | None = None, hot: bool = False) -> str:
         """Make this node hold `target`'s object, copied from `peer`'s disk;
-        for a response that varies, the variant `headers` select.
+        for a response that varies, the variant `headers` select. `hot`: as
+        a hot copy (`Meta.hot`) of an object this node does not own; a
+        replica's copy replaces a hot copy held, so that it counts as held.
 
         Returns a ReplicateResult, or replicate_failed(why); `copy` follows its bytes.
         """
@@ -229,11 +231,11 @@ class Handoff:
         selecting = headers or {}
         for _ in range(5):
             meta = self.store.lookup(key, selecting)
-            if meta is not None and meta.fresh(time.time()):
+            if meta is not None and meta.fresh(time.time()) and (hot or not meta.hot):
                 return ReplicateResult.PRESENT
             flight, leader = self.flights.lead_or_join(key)
             if leader:
-                source = _peer_source(self.node_id, self.settings.cluster_token, peer, target, selecting)
+                source = _peer_source(self.node_id, self.settings.cluster_token, peer, target, selecting, hot=hot)
                 url = origin.upstream_for(target.scheme, target.host) + target.path_qs
                 outcome, response = await self.lead(flight, key=key, url=url, origin=origin, stale=None,
                                                     target=target, source=source)
@@ -264,6 +266,18 @@ class Handoff:
         async def copy() -> None:
             result = await self.copy_from(peer, target)
             log.info("replica_kept", source=peer.id, path=target.path, result=result)
+
+        self.spawn(copy())
+
+    def copy_hot_soon(self, peer: Peer, target: Target, *, done: Callable[[], None]) -> None:
+        """Keep a hot copy of `target`'s object, copied from the owner `peer`
+        in the background; `done()` when the copy ended, however it ended."""
+        async def copy() -> None:
+            try:
+                result = await self.copy_from(peer, target, hot=True)
+                log.info("hot_copy_kept", source=peer.id, path=target.path, result=result)
+            finally:
+                done()
 
         self.spawn(copy())
 
@@ -346,7 +360,8 @@ class Handoff:
 
     async def run(self, view: ClusterView) -> Progress:
         """Copy every object held here to each of its owners under `view`'s ring."""
-        metas = self.store.metas()  # every variant is an object of its own
+        # Every variant is an object of its own; hot copies are no one's to hand on.
+        metas = [m for m in self.store.metas() if not m.hot]
         self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
                                      started=time.time())
         log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.nodes))
@@ -363,6 +378,8 @@ class Handoff:
                     meta = self.store.lookup(key, selecting or {})
                     if meta is None or meta.slot != listed.slot:
                         return  # evicted since the listing
+                    if meta.hot:
+                        return  # a cache of the cache: its owners hold the object, and it is never handed off
                     if selecting is None:
                         p.failed += 1
                         p.errors.append(f"{key}: its variant cannot be spelled as request fields")
@@ -398,7 +415,7 @@ class Handoff:
 
 
 def _peer_source(node_id: str, cluster_token: str | None, peer: Peer, target: Target,
-                 selecting: dict[str, str]) -> Source:
-    return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer,
+                 selecting: dict[str, str], *, hot: bool = False) -> Source:
+    return Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})", peer=peer, hot=hot,
                   headers={**selecting, "Host": target.host, PEER_HEADER: node_id, SCHEME_HEADER: target.scheme,
                            "Cache-Control": "only-if-cached", **peer_auth(cluster_token)})

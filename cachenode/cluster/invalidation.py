@@ -1,18 +1,22 @@
-"""Forgetting objects a write replaced, on every owner of their keys.
+"""Forgetting objects a write replaced, on every node that may hold them.
 
 A successful unsafe request (PUT, POST, DELETE, PATCH, any unknown method)
 invalidates the stored response for its URL (RFC 9111 §4.4). In a cluster
-the key's owners hold it, and any of them may answer the next GET, so the
-node that forwarded the write tells each of them before its client hears
-the origin's answer:
+the key's owners hold it, and so may any other node, as a hot copy
+(docs/cache-node.md, "Hot copies"); any of them may answer the next GET, so
+the node that forwarded the write tells every other member of the ring
+before its client hears the origin's answer. Every member, not only those
+with hot copies on: which nodes hold a hot copy is written nowhere, and a
+node cannot know its peers' --hot-reads. Writes are rare in a dataset
+cache; one small POST per node each is their price.
 
     POST /_nezha/invalidate  {"keys": ["http://host/path", ...], "reason": "..."}
                              -> {"removed": n}
 
 Like the other internal endpoints it needs the cluster token (or a loopback
-client when none is set). An owner that cannot be reached is logged and
-skipped: a dead owner serves nothing, and a write must not fail because a
-cache node did. The one gap this leaves (an owner that is unreachable now
+client when none is set). A node that cannot be reached is logged and
+skipped: a dead node serves nothing, and a write must not fail because a
+cache node did. The one gap this leaves (a node that is unreachable now
 but comes back with its old copy) is bounded by that copy's freshness.
 """
 
@@ -29,6 +33,7 @@ from cachenode.cluster.peer_auth import refuse_internal
 from cachenode.cluster.view import ClusterView
 from cachenode.fill.origin import OriginClient
 from nezha.config import CacheSettings
+from nezha.ring import Peer
 from nezha.wire import INVALIDATE_PATH, TOKEN_HEADER
 
 log = structlog.get_logger("nezha.invalidation")
@@ -71,15 +76,13 @@ class Invalidation:
         removed = await self.forget(keys, why=f"{reason} (told by {request.remote})")
         return web.json_response({"removed": removed})
 
-    async def tell_owners(self, keys: list[str], *, why: str) -> None:
-        """Have every other owner of each key forget it; wait for all of them."""
-        by_peer: dict = {}
-        for key in keys:
-            for peer in self.cluster.owners(key):
-                if peer.id != self.node_id:
-                    by_peer.setdefault(peer, []).append(key)
-        if by_peer:
-            await asyncio.gather(*(self._tell(peer, peer_keys, why) for peer, peer_keys in by_peer.items()))
+    async def tell_holders(self, keys: list[str], *, why: str) -> None:
+        """Have every other member of the ring forget `keys`: each key's owners,
+        and every other node for its hot copies. Waits for all of them."""
+        others = [Peer(i, address) for i, address in sorted(self.cluster.snapshot.nodes.items())
+                  if i != self.node_id]
+        if others:
+            await asyncio.gather(*(self._tell(peer, keys, why) for peer in others))
 
     async def _tell(self, peer, keys: list[str], why: str) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.peer_timeout * 2)

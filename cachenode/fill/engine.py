@@ -300,7 +300,7 @@ class FillEngine:
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
-                    authorize=authorize)
+                    authorize=authorize, hot=source.hot and source.peer is not None)
         self.metrics.fills_in_flight.inc()
         from_origin = self.metrics.bytes_from_origin
         from_parent_bytes = self.metrics.bytes_from_parent

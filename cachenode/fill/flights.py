@@ -42,6 +42,9 @@ class Source:
     # Hears the origin's interim (1xx) answers for the leading client
     # (fill/origin.py InterimResponse); None for a fill no client leads.
     interim: Interim | None = None
+    # A hot copy (from a peer, for a node that does not own the key): stored
+    # marked so (`Meta.hot`), within the store's hot share.
+    hot: bool = False
 
 
 class Kind(enum.Enum):

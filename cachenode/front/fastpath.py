@@ -35,7 +35,7 @@ from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
 from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
-from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, CacheOutcome
+from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.connections")
 
@@ -113,15 +113,19 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     return PlainRequest(parts[0], parts[1], host, end + 4)
 
 
-def response_head(meta: Meta, *, via: str) -> bytes:
+def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
     them (cachenode/front/respond.py), without the Age line of each reuse.
-    Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse."""
+    Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
+    A hot copy says so, and names the node whose disk serves it (`served_by`)."""
     fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
-               (CACHE_HEADER, CacheOutcome.HIT), ("Content-Length", str(meta.size))]
+               (CACHE_HEADER, CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT),
+               ("Content-Length", str(meta.size))]
+    if meta.hot and served_by is not None:
+        fields.append((SERVED_BY_HEADER, served_by))
     # Without the closing blank line: Age follows on each reuse.
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 

@@ -26,6 +26,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster.handoff import Handoff
+from cachenode.cluster.hotness import HotReads
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.cluster.view import ClusterView
@@ -80,6 +81,9 @@ class Handler:
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
+        # Hot copies (docs/cache-node.md): relayed reads counted per key; keys being copied now.
+        self.hot = HotReads(reads=settings.hot_reads, window=settings.hot_window)
+        self._hot_copying: set[str] = set()
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,
                                           peers_have_a_token=settings.cluster_token is not None)
@@ -130,6 +134,15 @@ class Handler:
         # origin's to allow, whatever the table says now (a switch back to
         # pass, or this node running the old table mid-rollout).
         authorize = authorize or (meta is not None and meta.authorize)
+        if meta is not None and meta.hot and self._use(meta, directives) is not Use.FRESH:
+            # A hot copy answers only while the owner's freshness it carries
+            # lasts, and only requests a fresh copy may answer: any other is
+            # relayed, so the owner, never this node, revalidates with the
+            # origin. Past its expiry the copy is dropped; the next hot reads
+            # copy the object again.
+            if not meta.fresh(self._clock()):
+                await self._drop_hot(meta, why="expired")
+            meta = None
         if authorize:
             # Every read is the origin's to allow, however fresh the copy:
             # one here is asked about here, one elsewhere at its owner.
@@ -156,11 +169,18 @@ class Handler:
                             **({outcome: 1} if outcome else {}))
                 if len(ahead) < len(owners) and request.method == "GET":
                     self._keep_copy(record, ahead, target)
+                elif request.method == "GET" and not authorize:
+                    self._count_hot_read(record, ahead, target, key=key, response=relayed)
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
+            held = self.store.lookup(key, request.headers)
+            if held is not None and held.hot:
+                # Served below as by any node whose owners are down, from
+                # the origin: a hot copy is never revalidated there.
+                await self._drop_hot(held, why="owners unreachable")
         if request.method == "HEAD":
             if fresh and not authorize:
-                return await self.respond.hit(request, meta, label=CacheOutcome.HIT)
+                return await self.respond.hit(request, meta, label=_hit_label(meta))
             return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
         if authorize:
             return await self.authorized.get(request, key=key, url=url, origin=origin, target=target, meta=meta,
@@ -238,7 +258,8 @@ class Handler:
         if prepared is None or prepared[0] is not meta:
             if len(self._plain_heads) >= _PLAIN_CACHE:
                 self._plain_heads.clear()
-            prepared = self._plain_heads[key] = (meta, response_head(meta, via=self.respond.via),
+            prepared = self._plain_heads[key] = (meta, response_head(meta, via=self.respond.via,
+                                                                      served_by=self.node_id),
                                                         self.store.data_path(meta))
         return prepared
 
@@ -248,11 +269,14 @@ class Handler:
         the client hung up mid-body (`gone`)."""
         self.counts.count(meta.host, hits=1, bytes_served=sent)
         self.counts.accessed(meta.key)
-        self._hit_requests.inc()
-        self.metrics.served(CacheOutcome.HIT, sent, first_byte=first_byte)
+        if meta.hot:
+            self.metrics.requests.labels(cache=CacheOutcome.HOT_HIT).inc()
+        else:
+            self._hit_requests.inc()
+        self.metrics.served(_hit_label(meta), sent, first_byte=first_byte)
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=CacheOutcome.HIT,
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=_hit_label(meta),
                  bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
@@ -264,6 +288,43 @@ class Handler:
         peer = next((p for p in ahead if p.id == record.peer), None)
         if peer is not None:
             self.handoff.copy_soon(peer, target)
+
+    def _count_hot_read(self, record, ahead: list[Peer], target: Target, *, key: str,
+                        response: web.StreamResponse) -> None:
+        """A non-owner relayed a read of `key`: count it, and once the key is
+        hot (HotReads) and an owner answered from its disk, copy the object
+        from that owner as a hot copy. Never from the origin: a copy is
+        `only-if-cached` at the owner, so a miss there copies nothing.
+
+        Not copied: an answer that varies (the copy would be one variant, not
+        the one each reader selects), and an object that cannot fit the hot
+        share (it would be fetched whole from the owner only to be dropped).
+        """
+        if not self.hot.enabled or record.broken or not self.hot.seen(key, self._clock()):
+            return
+        if record.cache not in (relayed(CacheOutcome.HIT), relayed(CacheOutcome.REVALIDATED)):
+            return
+        if key in self._hot_copying or "Vary" in response.headers:
+            return
+        size = _object_size(response)
+        limit = self.settings.hot_capacity
+        if size is None or (limit is not None and size > limit) or not self.store.fits(size):
+            return
+        peer = next((p for p in ahead if p.id == record.peer), None)
+        if peer is None:
+            return
+        self._hot_copying.add(key)
+
+        def done() -> None:
+            self._hot_copying.discard(key)
+            self.hot.forget(key)  # a failed copy is tried again only after as many reads again
+
+        self.handoff.copy_hot_soon(peer, target, done=done)
+
+    async def _drop_hot(self, meta: Meta, *, why: str) -> None:
+        if await self.store.remove_one(meta):
+            self.counts.gone(meta)
+            log.info("hot_copy_dropped", key=meta.key, reason=why)
 
     def _names_origin(self, host_header: str | None) -> bool:
         if not host_header:
@@ -321,10 +382,10 @@ class Handler:
         return key
 
     async def invalidate(self, keys: list[str], *, why: str) -> None:
-        """Forget `keys` here and on every other owner of each (their copies
-        would answer a GET with what the write replaced)."""
+        """Forget `keys` here and on every other node that may hold them, owner
+        or hot copy (their copies would answer a GET with what the write replaced)."""
         await self.engine.forget(keys, why=why)
-        await self.invalidation.tell_owners(keys, why=why)
+        await self.invalidation.tell_holders(keys, why=why)
 
     async def _forget_lost(self, meta: Meta) -> None:
         """A stored object whose data file is gone although the index still has
@@ -347,7 +408,8 @@ class Handler:
                     self.engine.revalidate_soon(key=key, url=url, origin=origin, stale=meta, target=target,
                                           source=self.engine.origin_source(url, request.headers,
                                                                            route=parent_route(request)))
-                served = await self.respond.hit(request, meta, label=CacheOutcome.HIT if use is Use.FRESH else CacheOutcome.STALE)
+                served = await self.respond.hit(request, meta, label=_hit_label(meta) if use is Use.FRESH
+                                                else CacheOutcome.STALE)
                 if served is not None:
                     return served
                 if self.store.lookup(key) is meta:
@@ -434,6 +496,22 @@ def _bypass_reason(request: web.Request, target: Target, origin: Origin, *, auth
     if reason is None and (kept := credentials_kept(target, origin)):
         reason = f"request URL carries credentials ({', '.join(kept)})"
     return reason
+
+
+def _hit_label(meta: Meta) -> CacheOutcome:
+    """A fresh stored object's X-Nezha-Cache: a hot copy says so."""
+    return CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT
+
+
+def _object_size(response: web.StreamResponse) -> int | None:
+    """The whole object's length from a relayed answer: its Content-Length,
+    or a 206's Content-Range total; None when it does not say."""
+    if response.status == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    if response.status == 200:
+        return response.content_length
+    return None
 
 
 def _ahead_of(node_id: str, owners: list[Peer]) -> list[Peer]:

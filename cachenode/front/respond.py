@@ -42,6 +42,7 @@ from nezha.credentials import redact_text
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
+from nezha.wire import SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
 
@@ -261,6 +262,8 @@ class Responder:
                                       else decision.outcome.value)
             _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
                             age=meta.age_at(self._clock()))
+            if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
+                resp.headers[SERVED_BY_HEADER] = self.settings.identity
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:

@@ -22,6 +22,11 @@ to lie under the data directory, so no request can read or write elsewhere.
 Blocking calls run in the default executor; the in-memory index is touched
 only from the event loop, so it needs no lock.
 
+Hot copies (`Meta.hot`, docs/cache-node.md "Hot copies") are a cache of
+the cache: they hold at most `hot_capacity` bytes (the least recently used
+hot copy goes first beyond it), and whenever room is needed they are
+evicted before any other object, least recently used first.
+
 Disk steps on one object's files (commit, refresh, unlink after eviction or
 replacement) run one after another, in the order they were asked for: an
 eviction's unlink of `<id>.meta` that is still queued when the same key is
@@ -58,20 +63,23 @@ log = structlog.get_logger("nezha.store")
 class _Usage:
     stored: int = 0
     reserved: int = 0
+    hot: int = 0  # of `stored`, bytes of hot copies
 
 
 class Store:
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
-                 on_evict: Callable[[Meta], None] | None = None) -> None:
+                 on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
         self.capacity = capacity
+        self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
         self._index: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
         self._slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
+        self._hot: OrderedDict[str, None] = OrderedDict()  # slots of hot copies, LRU order as in _index
         self._usage = _Usage()
         self._pending: set[asyncio.Future] = set()  # disk steps not yet done
         self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
@@ -100,6 +108,8 @@ class Store:
         for meta in sorted(metas, key=lambda m: m.stored_at):
             self._add(meta)
         log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self._usage.stored, removed=removed)
+        if self.hot_capacity is not None:
+            self._evict_hot_to(self.hot_capacity)
         if self.capacity is not None:
             self._evict_to(self.capacity)
 
@@ -165,6 +175,8 @@ class Store:
         meta = self._index.get(slot)
         if meta is not None:
             self._index.move_to_end(slot)
+            if meta.hot:
+                self._hot.move_to_end(slot)
         return meta
 
     def __contains__(self, key: str) -> bool:
@@ -180,6 +192,9 @@ class Store:
     def _add(self, meta: Meta) -> None:
         self._index[meta.slot] = meta
         self._usage.stored += meta.size
+        if meta.hot:
+            self._hot[meta.slot] = None
+            self._usage.hot += meta.size
         self._slots.setdefault(meta.key, set()).add(meta.slot)
         if meta.vary:
             self._vary[meta.key] = meta.vary
@@ -191,6 +206,9 @@ class Store:
         if meta is None:
             return None
         self._usage.stored -= meta.size
+        if meta.hot:
+            self._hot.pop(slot, None)
+            self._usage.hot -= meta.size
         slots = self._slots.get(meta.key)
         if slots is not None:
             slots.discard(slot)
@@ -202,6 +220,11 @@ class Store:
     @property
     def used_bytes(self) -> int:
         return self._usage.stored
+
+    @property
+    def hot_bytes(self) -> int:
+        """Bytes of hot copies stored (part of `used_bytes`)."""
+        return self._usage.hot
 
     def __len__(self) -> int:
         return len(self._index)
@@ -227,18 +250,31 @@ class Store:
         leave the total above the limit until they commit and evict in turn.
         """
         while self._usage.stored + self._usage.reserved > limit and self._index:
+            hot = next((slot for slot in self._hot if slot != keep), None)
+            if hot is not None:  # a hot copy is a cache of the cache: it goes first
+                self._evict(hot)
+                continue
             key = next(iter(self._index))
             if key == keep and len(self._index) > 1:
                 self._index.move_to_end(key)
                 continue
             if key == keep and self._usage.stored <= limit:
                 break
-            meta = self._drop(key)
-            assert meta is not None
-            self._unlink_later(meta, final=True)
-            log.info("object_evicted", key=key, bytes=meta.size)
-            if self._on_evict:
-                self._on_evict(meta)
+            self._evict(key)
+
+    def _evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:
+        """Evict least recently used hot copies until theirs fit `limit`; `keep` last."""
+        while self._usage.hot > limit and self._hot:
+            slot = next((s for s in self._hot if s != keep), next(iter(self._hot)))
+            self._evict(slot)
+
+    def _evict(self, slot: str) -> None:
+        meta = self._drop(slot)
+        assert meta is not None
+        self._unlink_later(meta, final=True)
+        log.info("object_evicted", key=meta.key, bytes=meta.size, **({"hot": True} if meta.hot else {}))
+        if self._on_evict:
+            self._on_evict(meta)
 
     def _unlink_later(self, meta: Meta, *, final: bool) -> None:
         """Delete an evicted or replaced object's data (and, if `final`, its meta) soon.
@@ -410,6 +446,9 @@ class Store:
         """
         if not self.fits(temp.written):
             raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the capacity of {self.capacity} bytes")
+        if meta.hot and self.hot_capacity is not None and temp.written > self.hot_capacity:
+            raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the hot copies' share of {self.hot_capacity} "
+                           f"bytes")
         oid = object_id(meta.slot)
         folder = self._dir_of(oid)
         meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
@@ -451,6 +490,8 @@ class Store:
                 self._drop(slot)
                 self._unlink_later(other, final=True)
         self._add(meta)
+        if meta.hot and self.hot_capacity is not None:
+            self._evict_hot_to(self.hot_capacity, keep=meta.slot)
         if self.capacity is not None:
             self._evict_to(self.capacity, keep=meta.slot)
         return meta

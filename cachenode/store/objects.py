@@ -58,6 +58,11 @@ class Meta:
     # A switch back to `pass`, or a `pass` node mid-rollout, must not hand a
     # private object to anyone who asks (docs/private-objects.md).
     authorize: bool = False
+    # A hot copy: a non-owner's copy of an object read often through it,
+    # copied from an owner with the owner's expiry. A cache of the cache:
+    # never counted as held in the index, never replicated or handed off,
+    # held within the store's hot share and evicted before anything else.
+    hot: bool = False
 
     def __post_init__(self) -> None:
         h = self.headers

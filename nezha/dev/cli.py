@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(one this command did not write); without it nezha up refuses")
     u.add_argument("--keep-ring", action="store_true", default=None, help="leave the ring in the index on exit "
                    "(default: remove it, since its nodes are gone)")
+    u.add_argument("--hot-reads", type=int, help="relayed reads of one object within --hot-window that make "
+                   "it hot on a node, which then serves it from its own disk; 0 turns hot copies off (default 3)")
+    u.add_argument("--hot-window", type=float, help="seconds in which --hot-reads relayed reads make an object "
+                   "hot (default 60)")
+    u.add_argument("--hot-share", type=float, help="share of each node's --capacity hot copies may hold "
+                   "(default 0.1)")
     u.add_argument("--config", type=Path, help="YAML file of settings: nezha up's and any of nezha cache's")
     u.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
@@ -79,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
-            "ca_cert", "ca_key", "force", "keep_ring", "log_level"]
+            "ca_cert", "ca_key", "force", "keep_ring", "hot_reads", "hot_window", "hot_share", "log_level"]
 
 
 def run_up(args: argparse.Namespace) -> int:
