@@ -12,11 +12,8 @@ reaches the origin; told to resolve the system's way, it reaches
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
-import socket
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testkit.nameserver import serving
 from testkit.ports import free_port
 from testkit.tools import require_tool
 from testkit.waits import until_http
@@ -32,41 +30,10 @@ from tests.pod_command import cover_for_hosts
 NAME = "dataset.test"
 
 
-class Nameserver(asyncio.DatagramProtocol):
-    """A recursive nameserver's answers for `records` (name -> IPv4), NXDOMAIN for any other name."""
-
-    def __init__(self, records: dict[str, str]) -> None:
-        self.records = records
-        self.asked: list[tuple[str, int]] = []
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def datagram_received(self, data: bytes, addr) -> None:
-        ident = struct.unpack_from("!H", data)[0]
-        at, labels = 12, []
-        while data[at]:
-            labels.append(data[at + 1:at + 1 + data[at]].decode())
-            at += 1 + data[at]
-        qname, (qtype,) = ".".join(labels), struct.unpack_from("!H", data, at + 1)
-        question = data[12:at + 5]
-        self.asked.append((qname, qtype))
-        ip = self.records.get(qname)
-        records, rcode = b"", 0 if ip else 3
-        if ip and qtype == 1:
-            records = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
-        head = struct.pack("!HHHHHH", ident, 0x8180 | rcode, 1, 1 if records else 0, 0, 0)
-        self.transport.sendto(head + question + records, addr)
-
-
 @pytest.fixture
 async def nameserver():
-    server = Nameserver({NAME: "127.0.0.1"})
-    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: server,
-                                                                              local_addr=("127.0.0.1", 0))
-    server.port = transport.get_extra_info("sockname")[1]
-    yield server
-    transport.close()
+    async with serving({NAME: "127.0.0.1"}) as server:
+        yield server
 
 
 @pytest.fixture

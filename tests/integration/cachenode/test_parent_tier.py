@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from testkit.nameserver import serving
 from testkit.ports import free_port
 from tests.integration.cachenode.conftest import HOST, until
 
@@ -239,17 +240,18 @@ async def test_a_sidecar_whose_origin_name_resolves_to_itself_answers_508_instea
     parent down, its request "to the origin" comes back to it. That loop is
     named at once (508), not joined to the fill that waits for it."""
     port = free_port()
-    # `localhost` stands for the aliased name: it resolves to the node itself
-    # through /etc/hosts, which the system resolver reads (the default with a
-    # parent asks nameservers instead: test_parent_dns.py).
-    config = tmp_path / "sidecar.yaml"
-    config.write_text("origin_resolver: system\n")
-    node = node_process(None, port=port, args=("--origin", f"localhost=http://localhost:{port}", "--config", str(config),
-                                               "--parent", f"http://127.0.0.1:{free_port()}", "--node-id", "sidecar"))
-    await node.ready(session)
-    async with session.get(f"http://127.0.0.1:{port}/data.bin", headers={"Host": "localhost"}) as r:
-        body = await r.text()
-        assert r.status == 508
+    # `loop.test` stands for the aliased name: the nameserver the node asks
+    # (a parent's default) resolves it to the node itself.
+    async with serving({"loop.test": "127.0.0.1"}) as nameserver:
+        config = tmp_path / "sidecar.yaml"
+        config.write_text(f"origin_nameservers: ['127.0.0.1:{nameserver.port}']\n")
+        node = node_process(None, port=port, args=(
+            "--origin", f"loop.test=http://loop.test:{port}", "--config", str(config),
+            "--parent", f"http://127.0.0.1:{free_port()}", "--node-id", "sidecar"))
+        await node.ready(session)
+        async with session.get(f"http://127.0.0.1:{port}/data.bin", headers={"Host": "loop.test"}) as r:
+            body = await r.text()
+            assert r.status == 508
     assert "resolves back to this node" in body
     events = node.events()
     assert [e["reason"] for e in events if e["event"] == "parent_fallback"] == ["unreachable"]

@@ -13,14 +13,16 @@ from testkit.kubeapi.server import KubeAPI
 from testkit.tools import require_tool
 from tests.integration.system.conftest import need_root
 from tests.integration.system.minicluster import MiniCluster
+from tests.pod_command import cover_for_hosts
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def cluster(tmp_path):
+async def cluster(tmp_path, request):
     need_root()
     require_tool("unshare")
+    cover_for_hosts(request)  # the pods' /etc/hosts is bound over the machine's, which a bare root lacks
     api = KubeAPI(bookmark_interval=0.2)
     await api.start()
     mini = MiniCluster(api=api, namespace="ml", root=tmp_path / "cluster",

@@ -29,6 +29,7 @@ from testkit.waits import wait_for
 from tests.integration.chart.render import CHART, find, render
 from tests.integration.system.conftest import need_root
 from tests.integration.system.podspec import container_argv, resolve_env
+from tests.pod_command import cover_for_hosts
 
 NS = "nezha"
 PASSWORD = "h4indexpw"
@@ -95,8 +96,9 @@ async def role(ip: str) -> list | None:
 
 
 @pytest.fixture
-def pods(tmp_path):
+def pods(tmp_path, request):
     need_root()
+    cover_for_hosts(request)  # the pods' /etc/hosts is bound over the machine's, which a bare root lacks
     for tool in ("unshare", "redis-server", "redis-cli", "helm"):
         require_tool(tool)
     objects = render(values=[CHART / "ci" / "redis-ha-values.yaml"], sets=["redis.ha.downAfterSeconds=1",
