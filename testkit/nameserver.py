@@ -12,30 +12,40 @@ from typing import AsyncIterator
 
 
 class Nameserver(asyncio.DatagramProtocol):
-    """A recursive nameserver's answers for `records` (name -> IPv4), NXDOMAIN for any other name."""
+    """A recursive nameserver's answers for `records` (name -> IPv4; the
+    table may be replaced while it runs), NXDOMAIN for any other name, no
+    AAAA. What is not a question is dropped, as a server drops garbage."""
 
-    def __init__(self, records: dict[str, str]) -> None:
+    def __init__(self, records: dict[str, str], *, ttl: int = 60) -> None:
         self.records = records
+        self.ttl = ttl
         self.asked: list[tuple[str, int]] = []
+        self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr) -> None:
-        ident = struct.unpack_from("!H", data)[0]
-        at, labels = 12, []
-        while data[at]:
-            labels.append(data[at + 1:at + 1 + data[at]].decode())
-            at += 1 + data[at]
-        qname, (qtype,) = ".".join(labels), struct.unpack_from("!H", data, at + 1)
+        try:
+            ident, flags = struct.unpack_from("!HH", data)
+            at, labels = 12, []
+            while data[at]:
+                labels.append(data[at + 1:at + 1 + data[at]].decode("ascii", "replace"))
+                at += 1 + data[at]
+            (qtype,) = struct.unpack_from("!H", data, at + 1)
+        except (struct.error, IndexError):
+            return
+        qname = ".".join(labels).lower().rstrip(".")
         question = data[12:at + 5]
         self.asked.append((qname, qtype))
         ip = self.records.get(qname)
-        records, rcode = b"", 0 if ip else 3
-        if ip and qtype == 1:
-            records = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
-        head = struct.pack("!HHHHHH", ident, 0x8180 | rcode, 1, 1 if records else 0, 0, 0)
-        self.transport.sendto(head + question + records, addr)
+        answer = b""
+        if ip is not None and qtype == 1:
+            answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, self.ttl, 4) + socket.inet_aton(ip)
+        rcode = 0 if ip is not None else 3
+        head = struct.pack("!HHHHHH", ident, 0x8180 | (flags & 0x0100) | rcode, 1, 1 if answer else 0, 0, 0)
+        assert self.transport is not None
+        self.transport.sendto(head + question + answer, addr)
 
 
 @contextlib.asynccontextmanager

@@ -32,7 +32,7 @@ depends on, driven only by the objects in the API double:
   127.0.0.1), and each container's /etc/hosts is the pod's hostAliases (or
   the file it mounts at /etc/hosts itself, which the kubelet then leaves
   alone) followed by cluster DNS and `public_hosts`, the world's DNS; its
-  /etc/resolv.conf names a kube-dns stand-in (ClusterDNS, 127.0.0.10:53)
+  /etc/resolv.conf names a kube-dns stand-in (testkit's Nameserver, 127.0.0.10:53)
   answering the same names.
 - kube-proxy: each Service's ClusterIP (the double allocates them on
   127.1.0.0/16) listens on its ports and forwards each connection to a
@@ -54,9 +54,7 @@ import random
 import re
 import shutil
 import signal
-import socket
 import ssl
-import struct
 import string
 import time
 from dataclasses import dataclass, field
@@ -67,6 +65,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from testkit.nameserver import Nameserver
 from tests.integration.system.podspec import Unresolvable, container_argv, remap, resolve_env
 
 NODE = "node-1"
@@ -74,39 +73,6 @@ NODE = "node-1"
 
 def _labels_match(selector: dict[str, str] | None, labels: dict[str, str] | None) -> bool:
     return bool(selector) and all((labels or {}).get(k) == v for k, v in selector.items())
-
-
-class ClusterDNS(asyncio.DatagramProtocol):
-    """kube-dns: A records for the names of the cluster DNS file (and `public_hosts`), NXDOMAIN for any other
-    name, no AAAA. Asked by the Job pods' containers through their /etc/resolv.conf, as a pod asks CoreDNS: a
-    sidecar resolves origin names this way, never from the pod's /etc/hosts, which names the sidecar itself."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, str] = {}
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def datagram_received(self, data: bytes, addr) -> None:
-        try:
-            ident, flags = struct.unpack_from("!HH", data)
-            at, labels = 12, []
-            while data[at]:
-                labels.append(data[at + 1:at + 1 + data[at]].decode("ascii", "replace"))
-                at += 1 + data[at]
-            (qtype,) = struct.unpack_from("!H", data, at + 1)
-        except (struct.error, IndexError):
-            return  # not a question: dropped, as a server drops garbage
-        question = data[12:at + 5]
-        ip = self.records.get(".".join(labels).lower().rstrip("."))
-        answer = b""
-        if ip is not None and qtype == 1:
-            answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 5, 4) + socket.inet_aton(ip)
-        rcode = 0 if ip is not None else 3
-        head = struct.pack("!HHHHHH", ident, 0x8180 | (flags & 0x0100) | rcode, 1, 1 if answer else 0, 0, 0)
-        assert self.transport is not None
-        self.transport.sendto(head + question + answer, addr)
 
 
 def _after(own: str, dns: str) -> str:
@@ -187,7 +153,9 @@ class MiniCluster:
         # Names the world's DNS would answer (a dataset host): in every pod's view, after the cluster's.
         self.public_hosts: dict[str, str] = {}
         # kube-dns: what a Job pod's /etc/resolv.conf names (port 53, as resolv.conf cannot say another).
-        self.dns = ClusterDNS()
+        # kube-dns: the cluster DNS file's names (and `public_hosts`), asked by the Job pods' containers
+        # through their /etc/resolv.conf, as a pod asks CoreDNS (a sidecar never reads its /etc/hosts for origins).
+        self.dns = Nameserver({}, ttl=5)
         self.dns_ip = "127.0.0.10"
         self._dns_transport: asyncio.DatagramTransport | None = None
         self.root = root
