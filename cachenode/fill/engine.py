@@ -27,8 +27,8 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_f
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
-from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, parallel_validator, partial_mismatch,
-                                     plain_rest, skip_first)
+from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
+                                     partial_mismatch, plain_rest, skip_first)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
 from cachenode.http.vary import variant as variant_of
@@ -421,13 +421,12 @@ class FillEngine:
         validator, checked as a parallel fill checks its ranges. None when
         the answer has no length or validator to resume by."""
         length = response.content_length
-        etag = response.headers.get("ETag")
-        strong = etag if etag is not None and not etag.startswith("W/") else None
-        last_modified = response.headers.get("Last-Modified")
-        if response.status != 200 or length is None or (strong is None and last_modified is None):
+        validator = if_range_validator(response.headers)
+        if response.status != 200 or length is None or validator is None:
             return None
-        # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
-        validator = Validator(etag=strong, last_modified=None if strong is not None else last_modified)
+        if validator.etag is not None:
+            # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
+            validator = dataclasses.replace(validator, last_modified=None)
 
         async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
             if offset >= length:

@@ -83,13 +83,20 @@ def parallel_validator(status: int, headers: Mapping[str, str], length: int | No
         return None
     if "Content-Range" in headers:
         return None
+    return if_range_validator(headers)
+
+
+def if_range_validator(headers: Mapping[str, str]) -> Validator | None:
+    """The validators of a response that a later Range request may send as
+    If-Range: its ETag unless weak, and its Last-Modified; None when it has
+    neither. Pure."""
     etag = headers.get("ETag")
     if etag is not None and etag.startswith("W/"):
         etag = None  # a weak validator may not be used with If-Range (RFC 9110 §13.1.5)
     last_modified = headers.get("Last-Modified")
     if etag is None and last_modified is None:
         return None
-    return Validator(etag=etag, last_modified=last_modified if etag is None else headers.get("Last-Modified"))
+    return Validator(etag=etag, last_modified=last_modified)
 
 
 def partial_mismatch(status: int, headers: Mapping[str, str], *, first: int, last: int, total: int,
