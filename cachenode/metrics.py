@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # query here reads. Process-wide, as the client library offers it.
 disable_created_metrics()
 
-from nezha.wire import CacheOutcome
+from nezha.wire import CacheOutcome, ParentFallback
 
 # Where the body bytes a client got came from, by its X-Nezha-Cache value
 # (nezha/wire.py; a relay's is the owner's behind `peer-`). An aborted
@@ -38,10 +38,6 @@ FIRST_BYTE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 FILL_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 # How long an evicted object had been stored: under an hour means the working set does not fit.
 EVICTED_AGE_BUCKETS = (10, 30, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400)
-
-
-# cachenode/fill/parent.py Fallback's values (a layer above this one; a unit test keeps them equal).
-PARENT_FALLBACKS = ("unreachable", "timeout", "5xx", "down", "broken")
 
 
 def source_of(cache: str | None) -> str | None:
@@ -86,8 +82,8 @@ class Metrics:
                                         "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
                                         "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
                                         "origin sent the rest)", ["reason"], registry=r)
-        for reason in PARENT_FALLBACKS:
-            self.parent_fallbacks.labels(reason=reason)
+        for reason in ParentFallback:
+            self.parent_fallbacks.labels(reason=reason.value)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         self.fill_duration = Histogram(

@@ -57,6 +57,18 @@ INVALIDATE_PATH = "/_nezha/invalidate"  # POST: forget keys a write superseded
 ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
+class ParentFallback(StrEnum):
+    """Why a request meant for a node's parent tier (`--parent`) went to the
+    origin: the `reason` label of `nezha_parent_fallbacks_total` and of the
+    `parent_fallback` log line (cachenode/fill/parent.py, cachenode/tls/port.py)."""
+
+    UNREACHABLE = "unreachable"  # connection refused or reset, no route, TLS or protocol error
+    TIMEOUT = "timeout"  # no connection or no answer within the timeouts
+    ERROR_STATUS = "5xx"  # the parent answered 5xx of its own
+    DOWN = "down"  # it failed within RECHECK_AFTER: not tried
+    BROKEN = "broken"  # its answer broke off mid-body: the rest came from the origin
+
+
 class CacheOutcome(StrEnum):
     """`X-Nezha-Cache`: what a node did with a request (README, "value | meaning")."""
 

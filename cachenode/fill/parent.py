@@ -32,23 +32,10 @@ rules it follows, each a row in tests/unit/cachenode/fill/test_parent.py.
 
 from __future__ import annotations
 
-import enum
-
-from nezha.wire import PASSED_ON
+from nezha.wire import PASSED_ON, ParentFallback
 
 # After a parent could not be reached, requests go straight to the origin for this long.
 RECHECK_AFTER = 5.0
-
-
-class Fallback(enum.StrEnum):
-    """Why a request meant for the parent went to the origin: the `reason`
-    label of `nezha_parent_fallbacks_total` and of the `parent_fallback` log line."""
-
-    UNREACHABLE = "unreachable"  # connection refused or reset, no route, TLS or protocol error
-    TIMEOUT = "timeout"  # no connection or no answer within the timeouts
-    ERROR_STATUS = "5xx"  # the parent answered 5xx of its own
-    DOWN = "down"  # it failed within RECHECK_AFTER: not tried
-    BROKEN = "broken"  # its answer broke off mid-body: the rest came from the origin
 
 
 def asks_parent(*, has_parent: bool, scheme: str, from_child: bool) -> bool:
@@ -67,14 +54,14 @@ def looped(via_fields: list[str], own_via: str, *, from_child: bool) -> bool:
     return any(" ".join(e.split()[:2]) == own_via for e in entries)
 
 
-def answer_fallback(status: int, cache_value: str | None) -> Fallback | None:
+def answer_fallback(status: int, cache_value: str | None) -> ParentFallback | None:
     """Whether the parent's answer (`status`, its X-Nezha-Cache `cache_value`)
     is the parent failing, so the origin is asked instead; None: use it."""
     if status < 500:
         return None
     if cache_value in PASSED_ON:
         return None  # the origin's own 5xx, passed on untouched
-    return Fallback.ERROR_STATUS
+    return ParentFallback.ERROR_STATUS
 
 
 def may_retry_on_origin(*, has_body: bool, connected: bool) -> bool:

@@ -30,12 +30,12 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from cachenode.fill.origin import Interim, OriginClient
-from cachenode.fill.parent import Fallback, ParentHealth, answer_fallback, asks_parent, may_retry_on_origin
+from cachenode.fill.parent import ParentHealth, answer_fallback, asks_parent, may_retry_on_origin
 from cachenode.metrics import Metrics
 from nezha.credentials import redact_url
 from nezha.errors import OriginError, OriginTimeout
 from nezha.keys import Target
-from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER
+from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, ParentFallback
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -78,7 +78,7 @@ class Upstream:
         if route is None or self.parent is None:
             return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
         if self._health.skip(self._clock()):
-            self._fell_back(Fallback.DOWN, route, "it failed within the last seconds")
+            self._fell_back(ParentFallback.DOWN, route, "it failed within the last seconds")
             return await self.client.request(method, url, headers=headers, what=what, data=data, interim=interim)
         asked = CIMultiDict(headers)
         asked["Host"] = route.host
@@ -92,7 +92,7 @@ class Upstream:
             # Refused or unroutable: no connection was made, so no byte of a body was read.
             connected = not isinstance(e.__cause__, aiohttp.ClientConnectorError)
             self._health.failed(self._clock())
-            reason = Fallback.TIMEOUT if isinstance(e, OriginTimeout) else Fallback.UNREACHABLE
+            reason = ParentFallback.TIMEOUT if isinstance(e, OriginTimeout) else ParentFallback.UNREACHABLE
             if not may_retry_on_origin(has_body=data is not None, connected=connected):
                 raise
             self._fell_back(reason, route, str(e))
@@ -112,12 +112,12 @@ class Upstream:
     def broke_off(self, route: Target | None, offset: int, error: BaseException) -> None:
         """The parent's answer ended after `offset` body bytes; the fill asks the origin for the rest."""
         if route is not None:
-            self._fell_back(Fallback.BROKEN, route, f"after {offset} bytes: {type(error).__name__}: {error}")
+            self._fell_back(ParentFallback.BROKEN, route, f"after {offset} bytes: {type(error).__name__}: {error}")
 
-    def _fell_back(self, reason: Fallback, route: Target, why: str) -> None:
+    def _fell_back(self, reason: ParentFallback, route: Target, why: str) -> None:
         self._metrics.parent_fallbacks.labels(reason=reason.value).inc()
         # While the parent is known down every miss says so: counted, logged
         # at debug; the failure itself is a warning once per RECHECK_AFTER.
-        emit = log.debug if reason is Fallback.DOWN else log.warning
+        emit = log.debug if reason is ParentFallback.DOWN else log.warning
         emit("parent_fallback", reason=reason.value, parent=str(self.parent), host=route.host,
              path=redact_url(route.path_qs)[:300], error=why[:300])

@@ -42,6 +42,7 @@ from cachenode.kernel.splice import AVAILABLE as SPLICE_AVAILABLE
 from cachenode.kernel.splice import splice_both
 from cachenode.tls.hello import (HANDSHAKE_FAILURE, MAX_HELLO, UNRECOGNIZED_NAME, NotClientHello, alert,
                                  read_client_hello)
+from nezha.wire import ParentFallback
 
 log = structlog.get_logger("nezha.tls")
 
@@ -276,11 +277,11 @@ class TlsPort:
                             error=f"{type(e).__name__}: {e}"[:300])
                 self.counts["failed"] += 1
                 return
-            reason = "timeout" if isinstance(e, TimeoutError) else "unreachable"
-            log.warning("parent_fallback", reason=reason, parent=f"{target[0]}:{target[1]}", host=name, tls=True,
+            reason = ParentFallback.TIMEOUT if isinstance(e, TimeoutError) else ParentFallback.UNREACHABLE
+            log.warning("parent_fallback", reason=reason.value, parent=f"{target[0]}:{target[1]}", host=name, tls=True,
                         error=f"{type(e).__name__}: {e}"[:300])
             if self.on_fallback is not None:
-                self.on_fallback(reason)
+                self.on_fallback(reason.value)
             await self._relay(conn, client, name, fallback)
             return
         # The ClientHello is still queued in `conn` (peeked, not read): it goes first.

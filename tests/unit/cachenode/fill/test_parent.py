@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cachenode.fill.parent import (RECHECK_AFTER, Fallback, ParentHealth, answer_fallback, asks_parent, looped,
-                                   may_retry_on_origin)
+from cachenode.fill.parent import RECHECK_AFTER, ParentHealth, answer_fallback, asks_parent, looped, may_retry_on_origin
+from nezha.wire import ParentFallback
 
 
 @pytest.mark.parametrize("has_parent, scheme, from_child, expected", [
@@ -29,10 +29,10 @@ def test_a_request_goes_to_the_parent_only_when_it_has_one_and_did_not_come_from
     (206, None, None),
     # The parent failing: its own 503 (connection cap), 502/504 it made
     # because it could not reach the origin, anything 5xx from a non-Nezha hop.
-    (503, None, Fallback.ERROR_STATUS),
-    (502, None, Fallback.ERROR_STATUS),
-    (504, "error", Fallback.ERROR_STATUS),
-    (500, "miss", Fallback.ERROR_STATUS),
+    (503, None, ParentFallback.ERROR_STATUS),
+    (502, None, ParentFallback.ERROR_STATUS),
+    (504, "error", ParentFallback.ERROR_STATUS),
+    (500, "miss", ParentFallback.ERROR_STATUS),
     # The origin's own 5xx, passed on untouched by the parent: the same answer here, not a second try.
     (503, "pass", None),
     (500, "bypass", None),
