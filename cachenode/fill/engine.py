@@ -335,8 +335,12 @@ class FillEngine:
         `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
         key, url, host = meta.key, meta.url, meta.host
         started = time.monotonic()
-        took = self.metrics.fill_duration.labels
+        durations = self.metrics.fill_duration
         kind = "peer" if source.peer is not None else "origin"
+
+        def took(outcome: str) -> None:
+            durations.labels(source=kind, outcome=outcome).observe(time.monotonic() - started)
+
         # A copy from a peer that freezes mid-body fails within seconds, not
         # after the read timeout (the origin is not probed: it has no /healthz).
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
@@ -344,17 +348,17 @@ class FillEngine:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
                                            on_bytes=on_bytes, rest=rest)
         except NotStored:
-            took(source=kind, outcome="not_stored").observe(time.monotonic() - started)
+            took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
         except NezhaError:
             self.counts.count(host, failed_fills=1)
-            took(source=kind, outcome="failed").observe(time.monotonic() - started)
+            took("failed")
             raise
         except Exception as e:
             # A bug outside the fill's own run (which turns every error into
             # a NezhaError): its clients must learn it, not wait forever.
             self.counts.count(host, failed_fills=1)
-            took(source=kind, outcome="failed").observe(time.monotonic() - started)
+            took("failed")
             error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
             log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
             if fill.error is None:
@@ -368,9 +372,9 @@ class FillEngine:
                 watch.cancel()
             self.metrics.fills_in_flight.dec()
         if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
-            took(source=kind, outcome="not_stored").observe(time.monotonic() - started)
+            took("not_stored")
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
-        took(source=kind, outcome="stored").observe(time.monotonic() - started)
+        took("stored")
         self.counts.stored(stored)
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
