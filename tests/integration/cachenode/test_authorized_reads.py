@@ -176,7 +176,9 @@ async def test_a_loopback_client_posing_as_a_peer_without_the_cluster_token_is_s
     """Without a cluster token any loopback client passes for a peer: a peer's
     `only-if-cached` copy request must not be a way around the origin."""
     assert (await read(session, node, GOOD))[2] == BODY
-    await until(lambda: list(node.data_dir.rglob("*.meta")), timeout=10)  # stored
+    # Committed, not only written: the .meta file is on disk a moment before
+    # the store holds the object, and `only-if-cached` then finds nothing (504).
+    await stored(node, "fill_completed", len(BODY))
     headers = {"Host": HOST, "X-Nezha-Peer": "node-9", "Cache-Control": "only-if-cached"}
     async with session.get(f"http://127.0.0.1:{node.port}{PATH}", headers=headers) as r:
         got = await r.read()
