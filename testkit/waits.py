@@ -140,12 +140,28 @@ async def wait_for(predicate, timeout: float = 2.0) -> float:
 
     Polled every 10 ms: no fixed sleep that a loaded machine could outlast."""
     start = time.monotonic()
+    await wait_for_value(lambda: _true_or_none(predicate()), timeout)
+    return time.monotonic() - start
+
+
+async def _true_or_none(result):
+    if asyncio.iscoroutine(result):
+        result = await result
+    return True if result else None
+
+
+async def wait_for_value(produce, timeout: float = 2.0):
+    """The first value of `produce()` (sync or async) that is not None; fails after `timeout`.
+
+    For waits whose answer the test goes on with (which pod became the
+    master), where a falsy answer such as 0 is still an answer."""
+    start = time.monotonic()
     while True:
-        result = predicate()
+        result = produce()
         if asyncio.iscoroutine(result):
             result = await result
-        if result:
-            return time.monotonic() - start
+        if result is not None:
+            return result
         if time.monotonic() - start > timeout:
             raise AssertionError(f"not true within {timeout} s")
         await asyncio.sleep(0.01)
