@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import IO, Callable, Protocol
@@ -32,7 +33,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
-from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
+from cachenode.front.respond import SendCut, sendfile_rest
 from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
@@ -54,6 +55,7 @@ ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connect
 # (a request that came back through this node is a loop, answered 508).
 _FROM_CHILD = FROM_CHILD_HEADER.lower()
 CHILD_ALLOWED = frozenset({_FROM_CHILD, "via"})
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux; elsewhere the head is simply pushed at once
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -157,7 +159,7 @@ class FastPath(asyncio.Protocol):
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
-        self._fd = -1
+        self._sock: socket.socket | None = None  # a duplicate of the client's socket, for send(MSG_MORE)
         self._buf = bytearray()
         self._serving: asyncio.Task | None = None
         self._eof = False
@@ -177,12 +179,16 @@ class FastPath(asyncio.Protocol):
             return
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
-            self._fd = sock.fileno()
+            # Our own descriptor of the connection (dup): `send` takes flags
+            # (MSG_MORE) that os.write cannot pass, and closing it never
+            # touches the transport's. Its file status (non-blocking) is shared.
+            self._sock = socket.socket(fileno=os.dup(sock.fileno()))
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gate.leave(self)
         self._disarm()
+        self._drop_sock()
         self.transport = None
         if self._serving is not None:
             self._serving.cancel()
@@ -287,6 +293,7 @@ class FastPath(asyncio.Protocol):
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
+        self._drop_sock()
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
@@ -295,6 +302,11 @@ class FastPath(asyncio.Protocol):
         self._buf = bytearray()
         if self._eof and not protocol.eof_received():
             transport.close()
+
+    def _drop_sock(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     # -- one hit ---------------------------------------------------------------
     def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str) -> bool:
@@ -311,15 +323,24 @@ class FastPath(asyncio.Protocol):
         size = meta.size if req.method == "GET" else 0
         sent = 0
         try:
-            if self._fd >= 0 and not transport.get_write_buffer_size():
+            sock = self._sock
+            if sock is not None and not transport.get_write_buffer_size():
+                # With a body to follow, MSG_MORE holds the head back to
+                # leave in the body's first segment: one packet and one
+                # wake-up of the client fewer per hit. The sendfile right
+                # after (or, if it takes nothing, the rest of the body)
+                # pushes it out; a HEAD's head is pushed at once.
                 try:
-                    n = os.write(self._fd, head)
+                    n = sock.send(head, _MSG_MORE) if size else sock.send(head)
                 except (BlockingIOError, InterruptedError):
                     n = 0
                 if n < len(head):
                     transport.write(head[n:])
                 elif size:
-                    sent = _sendfile_now(transport, fd, 0, size)
+                    try:
+                        sent = os.sendfile(sock.fileno(), fd, 0, size)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
             else:
                 transport.write(head)
             first_byte = time.monotonic() - started

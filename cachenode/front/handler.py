@@ -17,6 +17,7 @@ fill's growing temp file, or a pass-through copy of the origin's response
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Callable
 from urllib.parse import urljoin, urlsplit
@@ -77,7 +78,9 @@ class Handler:
         self.status = status  # the node's /readyz answer; "ready" says whether it serves
         self._table = settings.origin_table
         self._clock = clock
-        self._hit_requests = metrics.requests.labels(cache=CacheOutcome.HIT)
+        # The log level is set once, before a node is made (nezha.logs.configure):
+        # below info, a plain hit skips building its request_completed line.
+        self._log_hits = log.is_enabled_for(logging.INFO)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
@@ -267,13 +270,9 @@ class Handler:
                       gone: bool = False, first_byte: float | None = None) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
         the client hung up mid-body (`gone`)."""
-        self.counts.count(meta.host, hits=1, bytes_served=sent)
-        self.counts.accessed(meta.key)
-        if meta.hot:
-            self.metrics.requests.labels(cache=CacheOutcome.HOT_HIT).inc()
-        else:
-            self._hit_requests.inc()
-        self.metrics.served(_hit_label(meta), sent, first_byte=first_byte)
+        self.counts.plain_hit(meta, sent, first_byte)
+        if not self._log_hits:
+            return  # below the log level: not even the fields are worth making
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
         log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=_hit_label(meta),
