@@ -115,6 +115,30 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     return PlainRequest(parts[0], parts[1], host, end + 4)
 
 
+# Request heads already judged by parse_plain, by their exact bytes: clients
+# send the same few heads again and again (one per object they read), and
+# judging one costs more than the rest of a hit's Python. Bounded; cleared
+# when full. A head's verdict depends on its bytes alone, so a stale entry
+# cannot exist.
+_JUDGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_MAX = 4096
+
+
+def plain_request(buf: bytearray) -> PlainRequest | None | bool:
+    """`parse_plain(buf)`, remembered for heads seen before."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        return parse_plain(buf)
+    head = bytes(buf[:end + 4])
+    verdict = _JUDGED.get(head)
+    if verdict is None:
+        verdict = parse_plain(head)
+        if len(_JUDGED) >= _JUDGED_MAX:
+            _JUDGED.clear()
+        _JUDGED[head] = verdict  # never None: the head is complete
+    return verdict
+
+
 def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
     them (cachenode/front/respond.py), without the Age line of each reuse.
@@ -255,7 +279,7 @@ class FastPath(asyncio.Protocol):
         while self._serving is None and self.transport is not None and not self._write_paused:
             if not self._buf:
                 break
-            req = parse_plain(self._buf)
+            req = plain_request(self._buf)
             if req is None:
                 break
             hit = self.hits.plain_hit(req.target, req.host) if req is not False else None
