@@ -183,7 +183,8 @@ class FastPath(asyncio.Protocol):
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
-        self._sock: socket.socket | None = None  # a duplicate of the client's socket, for send(MSG_MORE)
+        self._sock: socket.socket | None = None  # the client's socket, for send(MSG_MORE)
+        self._fd = -1  # its descriptor, for os.write where that socket is not at hand
         self._buf = bytearray()
         self._serving: asyncio.Task | None = None
         self._eof = False
@@ -203,16 +204,21 @@ class FastPath(asyncio.Protocol):
             return
         sock = transport.get_extra_info("socket")
         if sock is not None and transport.get_extra_info("sslcontext") is None:
-            # Our own descriptor of the connection (dup): `send` takes flags
-            # (MSG_MORE) that os.write cannot pass, and closing it never
-            # touches the transport's. Its file status (non-blocking) is shared.
-            self._sock = socket.socket(fileno=os.dup(sock.fileno()))
+            self._fd = sock.fileno()
+            # asyncio hands out a TransportSocket, which has no send(); the
+            # socket.socket inside it takes flags (MSG_MORE) that os.write
+            # cannot pass. Where it is not there (uvloop's pseudo-socket, a
+            # later Python), heads go by os.write: correct, one packet more.
+            # Not a dup: that would cost a descriptor per connection beyond
+            # the two the connection cap counts (connections.PER_CONNECTION).
+            raw = getattr(sock, "_sock", None)
+            if isinstance(raw, socket.socket) and raw.fileno() == self._fd:
+                self._sock = raw
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gate.leave(self)
         self._disarm()
-        self._drop_sock()
         self.transport = None
         if self._serving is not None:
             self._serving.cancel()
@@ -317,7 +323,6 @@ class FastPath(asyncio.Protocol):
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
-        self._drop_sock()
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
@@ -326,11 +331,6 @@ class FastPath(asyncio.Protocol):
         self._buf = bytearray()
         if self._eof and not protocol.eof_received():
             transport.close()
-
-    def _drop_sock(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
 
     # -- one hit ---------------------------------------------------------------
     def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str) -> bool:
@@ -347,22 +347,24 @@ class FastPath(asyncio.Protocol):
         size = meta.size if req.method == "GET" else 0
         sent = 0
         try:
-            sock = self._sock
-            if sock is not None and not transport.get_write_buffer_size():
+            if self._fd >= 0 and not transport.get_write_buffer_size():
                 # With a body to follow, MSG_MORE holds the head back to
                 # leave in the body's first segment: one packet and one
                 # wake-up of the client fewer per hit. The sendfile right
                 # after (or, if it takes nothing, the rest of the body)
                 # pushes it out; a HEAD's head is pushed at once.
                 try:
-                    n = sock.send(head, _MSG_MORE) if size else sock.send(head)
+                    if size and self._sock is not None:
+                        n = self._sock.send(head, _MSG_MORE)
+                    else:
+                        n = os.write(self._fd, head)
                 except (BlockingIOError, InterruptedError):
                     n = 0
                 if n < len(head):
                     transport.write(head[n:])
                 elif size:
                     try:
-                        sent = os.sendfile(sock.fileno(), fd, 0, size)
+                        sent = os.sendfile(self._fd, fd, 0, size)
                     except (BlockingIOError, InterruptedError):
                         sent = 0
             else:

@@ -185,3 +185,24 @@ async def test_many_fast_hits_on_several_connections_are_each_counted_and_logged
         assert "nezha_cache_hits_total 50.0" in text
         assert 'nezha_bytes_served_by_source_total{source="disk"} 150000.0' in text
         assert 'nezha_time_to_first_byte_seconds_count{cache="hit"} 50.0' in text
+
+
+async def test_a_fast_path_connection_holds_no_descriptor_beyond_its_socket(origin, make_node, session):
+    """The head goes out with MSG_MORE through the transport's own socket, not a duplicate of it: the
+    connection cap counts a socket and an object file per connection (connections.PER_CONNECTION)."""
+    node = await _warm(origin, make_node, session, b"d" * 5000)
+    request = f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    before = len(os.listdir("/proc/self/fd"))
+    conns = []
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(request)
+        status, _, got = await _read_response(reader)
+        assert status == "200" and got == b"d" * 5000
+        conns.append(writer)
+    opened = len(os.listdir("/proc/self/fd")) - before
+    fast = node.server._fast_connections()
+    assert len(fast) == 20 and all(c._sock is not None for c in fast)  # on asyncio's loop: the MSG_MORE path
+    assert opened < 50  # client and server socket each: 40 (a duplicate each would make it 60)
+    for writer in conns:
+        writer.close()
