@@ -2,9 +2,11 @@
 
 import asyncio
 import hashlib
+import logging
 import os
 
 import aiohttp
+import structlog
 
 from structlog.testing import capture_logs
 
@@ -206,3 +208,23 @@ async def test_a_fast_path_connection_holds_no_descriptor_beyond_its_socket(orig
     assert opened < 50  # client and server socket each: 40 (a duplicate each would make it 60)
     for writer in conns:
         writer.close()
+
+
+async def test_below_info_level_fast_hits_are_still_counted_every_one(origin, make_node, session):
+    """At --log-level warning a plain hit skips building its request_completed line, never its counts."""
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    try:
+        node = await _warm(origin, make_node, session, b"w" * 700)
+        assert node.node.handler._log_hits is False
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() * 7)
+        for _ in range(7):
+            status, headers, got = await _read_response(reader)
+            assert status == "200" and headers["x-nezha-cache"] == "hit" and got == b"w" * 700
+        writer.close()
+        metrics = await (await session.get(node.url + "/metrics")).text()
+    finally:
+        structlog.configure(**old)
+    assert 'nezha_requests_total{cache="hit"} 7.0' in metrics
+    assert 'nezha_bytes_served_by_source_total{source="disk"} 4900.0' in metrics
