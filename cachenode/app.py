@@ -97,15 +97,19 @@ def _leaves(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
     return Leaves(ca, certificate_name=table.certificate_name, folder=settings.data_dir / "leaves")
 
 
-async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None) -> None:
-    """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already."""
+async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None,
+                reuse_port: bool = False,
+                attach: Callable[[CacheNode, Listener], Callable[[], None]] | None = None) -> None:
+    """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already.
+    As the primary of a node's workers (cachenode/workers/): `reuse_port`, and `attach`, called once
+    the node serves, which returns what to call when it stops."""
     leaves = _leaves(settings, ca or read_ca(settings))
     open_files = raise_open_files_limit()
     node = build_node(settings)
     listener = Listener(node, open_files=open_files)
     host, port = settings.listen_addr
     try:
-        await listener.start(host, port)
+        await listener.start(host, port, reuse_port=reuse_port)
     except OSError as e:
         await listener.close()
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
@@ -160,6 +164,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout, parent=settings.parent)
+    detach = attach(node, listener) if attach is not None else None
     stop = stop_on_signals(stop)
     try:
         await stop.wait()
@@ -171,5 +176,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
             await admin.cleanup()
         if relay is not None:
             await relay.close()
+        if detach is not None:
+            detach()
         await listener.close()
         flush_repeats()

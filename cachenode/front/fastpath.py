@@ -149,18 +149,26 @@ class FastPath(asyncio.Protocol):
     connection `Gate` admits it, and where its first request head is timed.
     """
 
-    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol],
-                 gate: Gate, head_timeout: float, serve_hits: bool = True) -> None:
+    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
+                 gate: Gate, head_timeout: float, serve_hits: bool = True,
+                 hand_over: Callable[[asyncio.Transport, bytes, bool], None] | None = None,
+                 received: bytes = b"", eof: bool = False) -> None:
+        """`hand_over`, in a node's follower worker (cachenode/workers/), takes
+        what aiohttp would: the connection with its bytes not yet answered and
+        whether the client has ended its side, to give to the primary.
+        `received` and `eof`: what another worker read of this connection
+        before handing it here."""
         self.hits = hits
         self._aiohttp_protocol = aiohttp_protocol
+        self._hand_over = hand_over
         self._gate = gate
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
         self._fd = -1
-        self._buf = bytearray()
+        self._buf = bytearray(received)
         self._serving: asyncio.Task | None = None
-        self._eof = False
+        self._eof = eof
         self._write_paused = False
         self._refused = False
         self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
@@ -179,6 +187,8 @@ class FastPath(asyncio.Protocol):
         if sock is not None and transport.get_extra_info("sslcontext") is None:
             self._fd = sock.fileno()
         self._arm()
+        if self._buf or self._eof:
+            self._next()  # bytes another worker read before it handed the connection here
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gate.leave(self)
@@ -287,6 +297,11 @@ class FastPath(asyncio.Protocol):
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
+        if self._hand_over is not None:
+            received, self._buf = bytes(self._buf), bytearray()
+            self._hand_over(transport, received, self._eof)
+            return
+        assert self._aiohttp_protocol is not None
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)

@@ -267,17 +267,27 @@ class Handler:
                       gone: bool = False, first_byte: float | None = None) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
         the client hung up mid-body (`gone`)."""
-        self.counts.count(meta.host, hits=1, bytes_served=sent)
-        self.counts.accessed(meta.key)
-        if meta.hot:
-            self.metrics.requests.labels(cache=CacheOutcome.HOT_HIT).inc()
+        self.count_fast_hit(meta.host, meta.key, meta.hot, sent, first_byte)
+        self.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone)
+
+    def count_fast_hit(self, host: str, key: str, hot: bool, sent: int, first_byte: float | None) -> None:
+        """The counting half of a fast hit: also for hits another worker of this
+        node served (cachenode/workers/), which the node's counters must include."""
+        self.counts.count(host, hits=1, bytes_served=sent)
+        self.counts.accessed(key)
+        label = CacheOutcome.HOT_HIT if hot else CacheOutcome.HIT
+        if hot:
+            self.metrics.requests.labels(cache=label).inc()
         else:
             self._hit_requests.inc()
-        self.metrics.served(_hit_label(meta), sent, first_byte=first_byte)
+        self.metrics.served(label, sent, first_byte=first_byte)
+
+    def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False) -> None:
+        """The access log half of a fast hit: one line, written by the worker that served it."""
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=_hit_label(meta),
-                 bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200,
+                 cache=_hit_label(meta), bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
         """A replica that relayed an owner's hit copies the object, so it holds

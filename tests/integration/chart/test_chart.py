@@ -334,6 +334,19 @@ def test_a_fresh_install_renders_cache_replicas_from_values():
     assert sts["spec"]["replicas"] == 4
 
 
+@pytest.mark.parametrize("sets, workers", [
+    ([], 1),  # no CPU limit: the pod may share its machine, and each worker costs memory
+    (["cache.resources.limits.cpu=4"], 4),
+    (["cache.resources.limits.cpu=1500m"], 2),  # a partial CPU still gets its worker
+    (["cache.resources.limits.cpu=0.5"], 1),
+    (["cache.resources.limits.cpu=4", "cache.workers=3"], 3),
+])
+def test_cache_nodes_run_a_worker_per_cpu_of_their_limit_unless_told(sets, workers):
+    sts = find(render(sets=sets), "StatefulSet", "nezha-cache")
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--workers={workers}" in args
+
+
 # -- the controller and the webhook -------------------------------------------------
 
 def test_two_controllers_elect_a_leader_for_the_charts_statefulset():
