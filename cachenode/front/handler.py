@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -75,6 +75,9 @@ class Handler:
         self.counts = counts
         self.metrics = metrics
         self.status = status  # the node's /readyz answer; "ready" says whether it serves
+        # Awaited before /metrics is rendered: with --workers, until the followers'
+        # hits answered so far are counted here (cachenode/workers/primary.py).
+        self.before_metrics: Callable[[], Awaitable[None]] | None = None
         self._table = settings.origin_table
         self._clock = clock
         self._hit_requests = metrics.requests.labels(cache=CacheOutcome.HIT)
@@ -353,6 +356,8 @@ class Handler:
             # Redis down is reported but does not make the node unready: it keeps serving.
             detail = self.status()
             return web.json_response(detail, status=200 if detail["ready"] else 503)
+        if self.before_metrics is not None:
+            await self.before_metrics()
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     # -- other methods -------------------------------------------------------------

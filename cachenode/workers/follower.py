@@ -105,6 +105,12 @@ class Follower:
                 self.store.mirror(kind, meta_from(raw))
         elif kind == "synced":
             self.synced.set()
+        elif kind == "flush":
+            # Every hit answered so far goes before the answer, on the same ordered link.
+            if self.hits is not None:
+                self.hits.flush()
+            if self.link is not None:
+                self.link.send({"t": "flushed", "n": head.get("n")})
         else:
             log.error("worker_record_unknown", record=kind, worker=self.worker)
 

@@ -11,12 +11,14 @@ stay exact because there is one of each.
 What a follower needs to find hits is a copy of the store's index: it gets
 the whole index when it joins, then every change in order (`Store.watchers`).
 What the primary needs of a follower is the connections it hands over and
-the hits it served, to count (batched: `/metrics` may lag by the batch's
-interval, never miss or double one).
+the hits it served, to count: batched every 50 ms, and flushed before
+`/metrics` answers (`counted`), so a scrape misses no hit answered before it
+and counts none twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -71,6 +73,8 @@ class Followers:
         self.control: Channel | None = None
         self.links: dict[int, Channel] = {}
         self._partial: dict[int, tuple[int, bytearray, bool, int]] = {}  # follower -> (fd, bytes, eof, parts left)
+        self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
+        self._flush_number = 0
 
     def start(self) -> None:
         self.control = Channel(self._control_sock, on_record=self._from_supervisor,
@@ -111,7 +115,32 @@ class Followers:
         link.send({"t": "synced"})
         log.info("worker_joined", worker=worker, objects=len(self.store))
 
+    async def counted(self, timeout: float = 1.0) -> None:
+        """Return once every hit a follower had answered when this was called is
+        counted here: /metrics waits for it, so a scrape is exact for every
+        request answered before it. Each link is ordered, so a follower's
+        "flushed" comes after the hits it sent before it. A follower that does
+        not answer within `timeout` (stuck, or dying) is not waited for."""
+        if not self.links:
+            return
+        self._flush_number += 1
+        n = self._flush_number
+        loop = asyncio.get_running_loop()
+        waits = []
+        for worker, link in self.links.items():
+            waiter = self._flushes[(worker, n)] = loop.create_future()
+            link.send({"t": "flush", "n": n})
+            waits.append(waiter)
+        try:
+            await asyncio.wait(waits, timeout=timeout)
+        finally:
+            for worker in list(self.links):
+                self._flushes.pop((worker, n), None)
+
     def _left(self, worker: int, link: Channel) -> None:
+        for (who, n), waiter in list(self._flushes.items()):
+            if who == worker and not waiter.done():
+                waiter.set_result(None)  # gone: nothing more will be counted from it
         if self.links.get(worker) is link:
             del self.links[worker]
         partial = self._partial.pop(worker, None)
@@ -152,6 +181,10 @@ class Followers:
             for host, key, slot, hot, sent, first_byte in head.get("h", []):
                 self.store.touch(slot)
                 self._count_hit(host, key, bool(hot), int(sent), first_byte)
+        elif kind == "flushed":
+            waiter = self._flushes.pop((worker, int(head.get("n", -1))), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         elif kind == "ready":
             if self.control is not None:
                 self.control.send({"t": "ready", "worker": worker})
@@ -166,6 +199,7 @@ def attach_followers(control: socket.socket):
         followers = Followers(control=control, store=node.store, adopt=listener.adopt_handed,
                               count_hit=node.handler.count_fast_hit, handed=node.metrics.worker_handovers.inc)
         followers.start()
+        node.handler.before_metrics = followers.counted
         followers.ready()
         return followers.close
 
