@@ -218,7 +218,7 @@ class Handler:
 
     def _scheme(self, request: web.Request) -> str:
         """How the client reached the cluster: https on the TLS port (or relayed from it by a peer)."""
-        if request.secure:
+        if request.secure or getattr(request.protocol, "secure", False):  # the latter: TLS a follower worker ended
             return "https"
         if request.headers.get(SCHEME_HEADER) == "https" and self.from_peer(request):
             return "https"

@@ -134,19 +134,29 @@ class Listener:
                         head_timeout=self.node.settings.request_head_timeout,
                         serve_hits=self.node.settings.fast_hits, received=received, eof=eof)
 
-    def adopt_handed(self, fd: int, received: bytes, eof: bool) -> None:
+    def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False) -> None:
         """Serve a client connection another worker of this node accepted and
         handed here (cachenode/workers/), with the bytes it had read of it:
-        it enters the fast path as if accepted here."""
+        it enters the fast path as if accepted here. `secure`: the other
+        worker ended the client's TLS and passes its requests on in the
+        clear; they are https requests, served by aiohttp as the TLS port's
+        are (the fast path serves plain http only)."""
         sock = socket.socket(fileno=fd)
         if self._closed:
             sock.close()
             return
         loop = asyncio.get_running_loop()
 
+        def protocol() -> asyncio.Protocol:
+            if not secure:
+                return self._fast_path(received, eof)
+            conn = self._handler()
+            conn.secure = True
+            return conn
+
         async def adopt() -> None:
             try:
-                await loop.connect_accepted_socket(lambda: self._fast_path(received, eof), sock)
+                await loop.connect_accepted_socket(protocol, sock)
             except OSError as e:
                 sock.close()
                 log.info("handed_connection_lost", error=str(e))

@@ -29,12 +29,14 @@ from dataclasses import fields
 
 import structlog
 
-from cachenode.app import build_node
+from cachenode.app import build_node, build_tls_port, leaves_for, read_ca
 from cachenode.front.connections import Gate, default_max_connections, listen_backlog
 from cachenode.front.fastpath import FastPath
 from cachenode.store.objects import Meta
+from cachenode.tls.port import TlsPort
+from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
-from nezha.config import CacheSettings
+from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
 
@@ -94,7 +96,9 @@ class Follower:
         self.gate = Gate(limit, metrics=self.node.metrics)
         self.backlog = listen_backlog(open_files)
         self.server: asyncio.AbstractServer | None = None
+        self.tls: TlsPort | None = None
         self.hits: _Hits | None = None
+        self._bridges: set[asyncio.Future] = set()
 
     def _record(self, head: dict, tail: bytes, fds: list[int]) -> None:
         for fd in fds:
@@ -167,6 +171,8 @@ class Follower:
         except OSError as e:
             raise RunError(f"worker {self.worker}: cannot listen on {self.settings.listen} (--listen): "
                            f"{e.strerror or e}") from e
+        if self.settings.tls_listen is not None:
+            await self._start_tls()
         self.link.send({"t": "ready"})
         log.info("worker_listening", worker=self.worker, listen=self.settings.listen, objects=len(self.store))
         await asyncio.wait([gone, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -177,10 +183,47 @@ class Follower:
         gone.cancel()
         stopping.cancel()
 
+    async def _start_tls(self) -> None:
+        """The TLS port, on the node's port beside the other workers': the
+        handshakes it makes are this worker's CPU. Passed-through connections
+        are relayed from here; terminated ones are bridged to the primary."""
+        def tell(kind: str, field: str):
+            return lambda value: self.link.send({"t": kind, field: value}) if self.link is not None else None
+
+        self.tls = build_tls_port(self.settings, leaves_for(self.settings, read_ca(self.settings)),
+                                  on_outcome=tell("tls", "outcome"), on_fallback=tell("fallback", "reason"),
+                                  adopt=self.adopt_tls, backlog=self.backlog, gate=self.gate)
+        host, port = parse_hostport(self.settings.tls_listen, field="tls_listen")
+        try:
+            await self.tls.start(host, port, reuse_port=True)
+        except OSError as e:
+            raise RunError(f"worker {self.worker}: cannot listen on {self.settings.tls_listen} (--tls-listen): "
+                           f"{e.strerror or e}") from e
+
+    async def adopt_tls(self, sock: socket.socket, context) -> None:
+        """Make the handshake here, then join the client to the primary in the
+        clear (cachenode/workers/bridge.py); its requests are https there.
+        Raises when the handshake fails, as the TLS port expects."""
+        loop = asyncio.get_running_loop()
+        client, primary = bridge.pair()
+        await loop.connect_accepted_socket(lambda: client, sock, ssl=context,
+                                           ssl_handshake_timeout=self.settings.request_head_timeout)
+        link = self.link
+        if link is None or link.closed:
+            client.transport.close()
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        link.send({"t": "conn", "secure": True, "eof": False, "more": 0}, b"", fds=(theirs.detach(),))
+        await loop.connect_accepted_socket(lambda: primary, ours)
+        self._bridges.add(client.closed)
+        client.closed.add_done_callback(self._bridges.discard)
+
     async def drain(self, grace: float = 30.0) -> None:
         """Stop listening; close idle connections; let hits being sent finish."""
         if self.server is not None:
             self.server.close()
+        if self.tls is not None:
+            await self.tls.close()
         deadline = time.monotonic() + grace
         while True:
             busy = False

@@ -62,17 +62,21 @@ class Followers:
     follower it starts) and to each follower."""
 
     def __init__(self, *, control: socket.socket, store: Store,
-                 adopt: Callable[[int, bytes, bool], None],
+                 adopt: Callable[..., None],
                  count_hit: Callable[[str, str, bool, int, float | None], None],
-                 handed: Callable[[], None] = lambda: None) -> None:
+                 handed: Callable[[], None] = lambda: None,
+                 tls_outcome: Callable[[str], None] = lambda outcome: None,
+                 tls_fallback: Callable[[str], None] = lambda reason: None) -> None:
         self.store = store
         self._handed = handed
+        self._tls_outcome = tls_outcome
+        self._tls_fallback = tls_fallback
         self._adopt = adopt
         self._count_hit = count_hit
         self._control_sock = control
         self.control: Channel | None = None
         self.links: dict[int, Channel] = {}
-        self._partial: dict[int, tuple[int, bytearray, bool, int]] = {}  # follower -> (fd, bytes, eof, parts left)
+        self._partial: dict[int, tuple[int, bytearray, bool, bool, int]] = {}  # follower -> (fd, bytes, eof, secure, parts left)
         self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
         self._flush_number = 0
 
@@ -162,25 +166,29 @@ class Followers:
             if stale is not None:
                 os.close(stale[0])
             self._handed()
-            more = int(head.get("more", 0))
+            more, eof, secure = int(head.get("more", 0)), bool(head.get("eof")), bool(head.get("secure"))
             if more:
-                self._partial[worker] = (fds[0], bytearray(tail), bool(head.get("eof")), more)
+                self._partial[worker] = (fds[0], bytearray(tail), eof, secure, more)
             else:
-                self._adopt(fds[0], tail, bool(head.get("eof")))
+                self._adopt(fds[0], tail, eof, secure=secure)
             return
         for fd in fds:
             os.close(fd)
         if kind == "more" and worker in self._partial:
-            fd, data, eof, left = self._partial.pop(worker)
+            fd, data, eof, secure, left = self._partial.pop(worker)
             data += tail
             if left > 1:
-                self._partial[worker] = (fd, data, eof, left - 1)
+                self._partial[worker] = (fd, data, eof, secure, left - 1)
             else:
-                self._adopt(fd, bytes(data), eof)
+                self._adopt(fd, bytes(data), eof, secure=secure)
         elif kind == "hits":
             for host, key, slot, hot, sent, first_byte in head.get("h", []):
                 self.store.touch(slot)
                 self._count_hit(host, key, bool(hot), int(sent), first_byte)
+        elif kind == "tls":
+            self._tls_outcome(str(head.get("outcome")))
+        elif kind == "fallback":
+            self._tls_fallback(str(head.get("reason")))
         elif kind == "flushed":
             waiter = self._flushes.pop((worker, int(head.get("n", -1))), None)
             if waiter is not None and not waiter.done():
@@ -196,8 +204,11 @@ def attach_followers(control: socket.socket):
     """What `cachenode.app.serve` calls once the primary serves: its links
     started and the supervisor told; returns what closes them."""
     def attach(node, listener) -> Callable[[], None]:
+        metrics = node.metrics
         followers = Followers(control=control, store=node.store, adopt=listener.adopt_handed,
-                              count_hit=node.handler.count_fast_hit, handed=node.metrics.worker_handovers.inc)
+                              count_hit=node.handler.count_fast_hit, handed=metrics.worker_handovers.inc,
+                              tls_outcome=lambda outcome: metrics.tls_connections.labels(outcome).inc(),
+                              tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc())
         followers.start()
         node.handler.before_metrics = followers.counted
         followers.ready()

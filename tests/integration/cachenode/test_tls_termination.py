@@ -380,3 +380,36 @@ async def test_silent_tls_connections_share_the_connection_cap_and_give_way_to_r
             writer.close()
     assert closed >= 12
     assert any(e.get("event") == "connection_reclaimed" for e in node.events())
+
+
+async def test_with_two_workers_both_make_handshakes_and_every_https_answer_is_exact(
+        tls_node, https_origin, nezha_ca):
+    """`--workers 2` (issue 26, item 4): the follower ends the TLS of the
+    connections the kernel gives it and passes their requests to the primary
+    in the clear, where they are https requests like any other."""
+    import aiohttp
+
+    from testkit.waits import wait_for
+
+    node = await tls_node(args=("--workers", "2"))
+    await wait_for(lambda: any(e.get("event") == "worker_listening" for e in node.events()), timeout=60)
+    ctx = trusting_nezha(nezha_ca)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one:
+        async def metric(name: str) -> float:
+            # One kept-alive connection: handed to the primary at most once, on the first call.
+            async with one.get(f"http://127.0.0.1:{node.port}/metrics") as r:
+                found = re.search("^" + re.escape(name) + r" ([0-9.e+]+)$", await r.text(), re.M)
+            assert found, name
+            return float(found.group(1))
+
+        handed = await metric("nezha_worker_handovers_total")
+        labels = []
+        for _ in range(16):
+            head, body, _ = await https_get(node.tls_port, ctx)
+            assert head.startswith(b"HTTP/1.1 200") and body == BODY
+            labels.append(header_line(head, b"X-Nezha-Cache"))
+        assert labels == [b"miss"] + [b"hit"] * 15
+        assert https_origin.gets == ["/data.bin"]
+        assert await metric('nezha_tls_connections_total{outcome="terminated"}') == 16
+        bridged = await metric("nezha_worker_handovers_total") - handed
+        assert 0 < bridged < 16, f"{bridged} of 16 TLS connections were the follower's: both should have had some"
