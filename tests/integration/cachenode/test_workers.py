@@ -147,6 +147,34 @@ def serving_pid(server_port: int, client_port: int) -> int | None:
     return None
 
 
+async def slow_readers(node: WorkersNode, path: str, n: int) -> list[tuple[aiohttp.ClientSession,
+                                                                           aiohttp.ClientResponse, int | None]]:
+    """`n` readers of a stored object, each on a connection of its own, each
+    having read its first 64 KiB and paused; with the pid of the worker serving it."""
+    readers = []
+    for _ in range(n):
+        s = aiohttp.ClientSession(auto_decompress=False)
+        r = await s.get(node.url + path, headers={"Host": HOST})
+        await r.content.readexactly(64 * 1024)
+        port = r.connection.transport.get_extra_info("sockname")[1]
+        readers.append((s, r, serving_pid(node.port, port)))
+    return readers
+
+
+async def read_rest(readers) -> list[tuple[int | None, bool]]:
+    """Each reader's worker pid and whether its body came whole."""
+    ended = []
+    for s, r, pid in readers:
+        try:
+            rest = await r.content.read()
+            whole = len(rest) + 64 * 1024 == len(BIG)
+        except aiohttp.ClientError:
+            whole = False
+        ended.append((pid, whole))
+        await s.close()
+    return ended
+
+
 async def test_fifty_cold_clients_on_both_workers_cause_one_origin_fetch(workers_node, origin, session):
     origin.put("/cold.bin", BIG, headers={"Cache-Control": "max-age=3600"}, rate=16 * 1024 * 1024)
     node = workers_node("--fill-streams", "1")
@@ -201,13 +229,7 @@ async def test_the_primary_killed_mid_fill_cuts_only_its_own_clients_and_nothing
     primary, follower = node.pid(0), node.pid(1)
 
     # Slow readers of a stored object, on connections of their own; some land on each worker.
-    readers: list[tuple[aiohttp.ClientSession, aiohttp.ClientResponse, int]] = []
-    for _ in range(12):
-        s = aiohttp.ClientSession(auto_decompress=False)
-        r = await s.get(node.url + "/hit.bin", headers={"Host": HOST})
-        await r.content.readexactly(64 * 1024)
-        port = r.connection.transport.get_extra_info("sockname")[1]
-        readers.append((s, r, serving_pid(node.port, port)))
+    readers = await slow_readers(node, "/hit.bin", 16)
     on_follower = [x for x in readers if x[2] == follower]
     assert on_follower and len(on_follower) < len(readers), [x[2] for x in readers]
 
@@ -220,15 +242,9 @@ async def test_the_primary_killed_mid_fill_cuts_only_its_own_clients_and_nothing
     except aiohttp.ClientError:
         pass  # cut: the client sees the connection end before Content-Length
 
-    for s, r, pid in readers:
-        try:
-            rest = await r.content.read()
-            whole = len(rest) + 64 * 1024 == len(BIG)
-        except aiohttp.ClientError:
-            whole = False
+    for pid, whole in await read_rest(readers):
         if pid == follower:
             assert whole, "a hit served by the follower must not feel the primary's death"
-        await s.close()
 
     await wait_for(lambda: node.starts(0) == 2, timeout=30)
     await node.wait_serving(primary_starts=2, follower_starts=2)
@@ -271,23 +287,12 @@ async def test_sigterm_stops_every_worker_and_a_followers_hits_in_flight_are_fin
     await node.wait_serving()
     assert (await get(session, node, "/hit.bin"))[1] == BIG
     pids = [node.pid(0), node.pid(1)]
-    readers = []
-    for _ in range(8):
-        s = aiohttp.ClientSession(auto_decompress=False)
-        r = await s.get(node.url + "/hit.bin", headers={"Host": HOST})
-        await r.content.readexactly(64 * 1024)
-        port = r.connection.transport.get_extra_info("sockname")[1]
-        readers.append((s, r, serving_pid(node.port, port)))
+    readers = await slow_readers(node, "/hit.bin", 16)
+    assert pids[1] in [pid for _, _, pid in readers], "16 connections, none the follower's"
     node.proc.send_signal(signal.SIGTERM)
-    for s, r, pid in readers:
-        try:
-            rest = await r.content.read()
-            whole = len(rest) + 64 * 1024 == len(BIG)
-        except aiohttp.ClientError:
-            whole = False
+    for pid, whole in await read_rest(readers):
         if pid == pids[1]:
             assert whole, "a hit the follower is sending is finished, not cut, when it stops"
-        await s.close()
     assert await asyncio.to_thread(node.proc.wait, 60) == 0
     assert not any(alive(p) for p in pids)
     assert node.events("node_stopping"), "the primary stopped as a lone node does"
