@@ -29,6 +29,11 @@ import structlog
 log = structlog.get_logger("nezha.workers")
 
 MAX_RECORD = 60 * 1024
+# Records waiting for a peer that reads nothing: beyond this the peer is
+# taken for stuck and the link is closed (a follower then exits and is
+# started again with a fresh copy of the index), rather than holding memory
+# without bound for it.
+MAX_QUEUED = 100_000
 _MAX_FDS = 4
 _LEN = struct.Struct("!I")
 
@@ -71,6 +76,10 @@ class Channel:
                 os.close(fd)
             return
         self._out.append((record, list(fds)))
+        if len(self._out) > MAX_QUEUED:
+            log.error("worker_link_stuck", queued=len(self._out), reason="the other side reads nothing: link closed")
+            self.close()
+            return
         if not self._writing:
             self._flush()
 

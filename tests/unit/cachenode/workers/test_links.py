@@ -80,3 +80,19 @@ async def test_a_link_whose_other_side_is_gone_says_so_once():
     await asyncio.wait_for(closed.wait(), 10)
     await asyncio.sleep(0)
     assert calls == [1]
+
+
+async def test_a_link_whose_other_side_reads_nothing_is_closed_rather_than_queued_without_bound(monkeypatch):
+    from cachenode.workers import channel
+
+    monkeypatch.setattr(channel, "MAX_QUEUED", 50)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.setblocking(False)  # never read
+    closed = asyncio.Event()
+    link = Channel(a, on_record=lambda *_: None, on_closed=closed.set)
+    for _ in range(10_000):
+        link.send({"t": "put"}, b"x" * 30_000)
+        if link.closed:
+            break
+    assert link.closed and closed.is_set()
+    b.close()
