@@ -40,6 +40,7 @@ from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheO
 log = structlog.get_logger("nezha.connections")
 
 MAX_HEAD = 8192
+COPY_SIZE = 256 * 1024  # a TLS hit's body is read and written in pieces of this size
 # Pipelined requests are not read while a body is still going out
 # (`respond.sendfile_rest` pauses reading until it is done), nor while answers the
 # client has not read fill the transport past its high-water mark
@@ -133,7 +134,7 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> byte
 class PlainHits(Protocol):
     """What the fast path asks of the node: its two questions, nothing else."""
 
-    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
@@ -173,6 +174,10 @@ class FastPath(asyncio.Protocol):
         self._refused = False
         self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
         self.last_active = self.waiting_since = time.monotonic()
+        # Over TLS (a follower worker's terminated connections): requests are
+        # https, and bodies are read and written, since sendfile would bypass TLS.
+        self._scheme = "http"
+        self._writable: asyncio.Future | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -184,7 +189,9 @@ class FastPath(asyncio.Protocol):
             self._hand_off()
             return
         sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("sslcontext") is None:
+        if transport.get_extra_info("sslcontext") is not None:
+            self._scheme = "https"
+        elif sock is not None:
             self._fd = sock.fileno()
         self._arm()
         if self._buf or self._eof:
@@ -222,6 +229,8 @@ class FastPath(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
         if self.transport is not None and self._serving is None:
             self.transport.resume_reading()
             self._next()
@@ -262,7 +271,7 @@ class FastPath(asyncio.Protocol):
             req = parse_plain(self._buf)
             if req is None:
                 break
-            hit = self.hits.plain_hit(req.target, req.host) if req is not False else None
+            hit = self.hits.plain_hit(req.target, req.host, self._scheme) if req is not False else None
             if hit is None:
                 self._hand_off()
                 return
@@ -356,12 +365,35 @@ class FastPath(asyncio.Protocol):
         self._serving.add_done_callback(lambda _: f.close())
         return False
 
+    async def _copy_rest(self, transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+        """Bytes [offset, offset+count) of file `fd` written to a TLS transport
+        in reads of COPY_SIZE, each after the transport has room (pause_writing):
+        a slow client holds a write buffer's worth here, never the object."""
+        loop = asyncio.get_running_loop()
+        transport.pause_reading()  # pipelined requests wait in the socket meanwhile, as under sendfile
+        sent = 0
+        while sent < count:
+            if self._write_paused:
+                self._writable = loop.create_future()
+                await self._writable
+            if transport.is_closing():
+                raise SendCut("client went away", sent)
+            data = await loop.run_in_executor(None, os.pread, fd, min(COPY_SIZE, count - sent), offset + sent)
+            if not data:
+                break  # the file is shorter than it was said to be: the caller aborts
+            transport.write(data)
+            sent += len(data)
+        return sent
+
     async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
                       started: float, first_byte: float) -> None:
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
-            sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
+            if self._scheme == "https":
+                sent += await self._copy_rest(transport, f.fileno(), sent, size - sent)
+            else:
+                sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
         except SendCut as e:
             sent += e.sent
             transport.abort()

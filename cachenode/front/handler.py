@@ -82,7 +82,7 @@ class Handler:
         self._clock = clock
         self._hit_requests = metrics.requests.labels(cache=CacheOutcome.HIT)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
-        self._plain_keys: dict[tuple[str, str], str] = {}
+        self._plain_keys: dict[tuple[str, str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
         # Hot copies (docs/cache-node.md): relayed reads counted per key; keys being copied now.
         self.hot = HotReads(reads=settings.hot_reads, window=settings.hot_window)
@@ -236,24 +236,25 @@ class Handler:
         return target, origin, key_for(target, origin)
 
     # -- the fast path's two questions (cachenode/front/fastpath.py) -------------------
-    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD asks for, with its response
         head and data path, if this node serves it itself as `handle()` would (a
         fresh local copy is served whoever owns the key). None sends the request
-        through the full handler."""
-        key = self._plain_keys.get((raw_target, host_header))
+        through the full handler. `scheme`: https for a connection whose TLS
+        this process ended (a follower worker's, cachenode/workers/)."""
+        key = self._plain_keys.get((scheme, raw_target, host_header))
         if key is None:
             if not self._names_origin(host_header):
                 return None
             try:
-                _, origin, key = self._resolve(raw_target, host_header)
+                _, origin, key = self._resolve(raw_target, host_header, scheme=scheme)
             except BadTarget:
                 return None
             if key is None or origin is None or origin.credentials == "authorize":
                 return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
             if len(self._plain_keys) >= _PLAIN_CACHE:
                 self._plain_keys.clear()
-            self._plain_keys[(raw_target, host_header)] = key
+            self._plain_keys[(scheme, raw_target, host_header)] = key
         meta = self.store.lookup(key)
         if meta is None or meta.status != 200 or meta.authorize or not meta.fresh(self._clock()):
             return None

@@ -1,11 +1,12 @@
 """Two transports joined end to end: a follower's TLS client and the primary.
 
-A follower worker makes the TLS handshakes that land on it (the CPU that
-scales with workers) but does not serve HTTP beyond plain hits, and a TLS
-connection's state cannot be handed to another process with its
-descriptor. So it joins the client's TLS transport to one end of a fresh
-socketpair and hands the other end to the primary, which serves the
-requests in the clear as https (cachenode/workers/follower.py). What one
+A follower worker makes the TLS handshakes that land on it and serves their
+plain hits (the CPU that scales with workers), but no HTTP beyond that, and
+a TLS connection's state cannot be handed to another process with its
+descriptor. So at the first request it does not answer, it joins the
+client's TLS transport to one end of a fresh socketpair and hands the other
+end to the primary, which serves the requests in the clear as https
+(cachenode/workers/follower.py). What one
 side receives the other writes, with flow control both ways: a side whose
 peer's buffer is full stops reading, so a slow client holds a buffer's
 worth here, not the object.
@@ -25,6 +26,14 @@ class Half(asyncio.Protocol):
         self._early = bytearray()  # what arrived before the peer was connected
         self._eof_early = False
         self.closed = asyncio.get_running_loop().create_future()
+
+    def hold(self, received: bytes, eof: bool) -> None:
+        """Bytes (and an end) this side's transport delivered before it joined
+        the bridge: they go to the peer first, once it is connected."""
+        self._early += received
+        self._eof_early = self._eof_early or eof
+        if self.transport is not None and (self.peer is None or self.peer.transport is None):
+            self.transport.pause_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]

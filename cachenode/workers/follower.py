@@ -61,8 +61,8 @@ class _Hits:
         self._queued: list[list] = []
         self._flush_at: asyncio.TimerHandle | None = None
 
-    def plain_hit(self, raw_target: str, host_header: str):
-        return self._handler.plain_hit(raw_target, host_header)
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http"):
+        return self._handler.plain_hit(raw_target, host_header, scheme)
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None) -> None:
@@ -201,22 +201,45 @@ class Follower:
                            f"{e.strerror or e}") from e
 
     async def adopt_tls(self, sock: socket.socket, context) -> None:
-        """Make the handshake here, then join the client to the primary in the
-        clear (cachenode/workers/bridge.py); its requests are https there.
-        Raises when the handshake fails, as the TLS port expects."""
+        """Make the handshake here and serve the connection's plain hits here
+        too (the fast path reads and writes through TLS); the first request it
+        does not answer joins the client to the primary in the clear
+        (`hand_over_tls`). Raises when the handshake fails, as the TLS port
+        expects."""
         loop = asyncio.get_running_loop()
-        client, primary = bridge.pair()
-        await loop.connect_accepted_socket(lambda: client, sock, ssl=context,
-                                           ssl_handshake_timeout=self.settings.request_head_timeout)
+        await loop.connect_accepted_socket(
+            lambda: FastPath(hits=self.hits, aiohttp_protocol=None, gate=self.gate,
+                             head_timeout=self.settings.request_head_timeout, hand_over=self.hand_over_tls),
+            sock, ssl=context, ssl_handshake_timeout=self.settings.request_head_timeout)
+
+    def hand_over_tls(self, transport: asyncio.Transport, received: bytes, eof: bool) -> None:
+        """A TLS connection's state cannot go to the primary with its descriptor:
+        the client's transport is joined (cachenode/workers/bridge.py) to one end
+        of a fresh socketpair whose other end goes to the primary, where its
+        requests are https. What was read and not answered goes first. Answers
+        already written stay ahead of the primary's: one transport writes both."""
         link = self.link
         if link is None or link.closed:
-            client.transport.close()
+            transport.close()
             return
+        client, primary = bridge.pair()
+        client.transport = transport
+        transport.set_protocol(client)
+        client.hold(received, eof)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         link.send({"t": "conn", "secure": True, "eof": False, "more": 0}, b"", fds=(theirs.detach(),))
-        await loop.connect_accepted_socket(lambda: primary, ours)
-        self._bridges.add(client.closed)
-        client.closed.add_done_callback(self._bridges.discard)
+        loop = asyncio.get_running_loop()
+
+        async def join() -> None:
+            try:
+                await loop.connect_accepted_socket(lambda: primary, ours)
+            except OSError:
+                ours.close()
+                transport.close()
+
+        task = loop.create_task(join())
+        self._bridges.add(task)
+        task.add_done_callback(self._bridges.discard)
 
     async def drain(self, grace: float = 30.0) -> None:
         """Stop listening; close idle connections; let hits being sent finish."""
