@@ -39,7 +39,13 @@ One run on this machine measures:
   cold fills and the warm large transfers.
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
-(counted from its process tree, 1 today), sendfile on, access log off.
+(`--workers N`, default 1: the node's `--workers`, counted from its process
+tree), sendfile on, access log off. With N above 1 the small objects are
+also served by a one-worker node and a one-worker nginx, in rounds that
+alternate with the N-worker node: `small` is then the one-worker ratio,
+`small_wN` the N-worker one, and `scale_small` the N-worker node's rate over
+the one-worker node's, with the CPU wrk itself used beside it (on two cores
+the load generator takes part of what the workers could use).
 Cache and nginx runs alternate so that drift on a shared machine hits both.
 
 The last line is machine-readable:
@@ -52,6 +58,8 @@ The last line is machine-readable:
             peer_copy=<a replica's copy between two nodes MB/s / warm large through the cache>
             cold_fast_nginx=<nginx proxy_cache cold / direct, fast origin>
             cold_fast_bare=<bench/bare_relay.py cold / direct, fast origin>
+            and with --workers N above 1: small_wN=<cache/nginx req/s, N workers each>
+            scale_small=<node req/s with N workers / with 1> wrk_cores=<CPU wrk used>
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
