@@ -211,6 +211,7 @@ def attach_followers(control: socket.socket):
                               tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc())
         followers.start()
         node.handler.before_metrics = followers.counted
+        node.supervisor = os.getppid()  # /readyz names it: the node's process, to whoever started it
         followers.ready()
         return followers.close
 
