@@ -204,11 +204,34 @@ class Node:
         return ""
 
     def workers(self) -> int:
-        """Processes serving: the node and any workers it forked (SO_REUSEPORT)."""
+        """Processes serving: with --workers, the supervisor's children (it serves nothing itself)."""
         import psutil
 
         assert self.proc is not None
-        return 1 + len(psutil.Process(self.proc.pid).children(recursive=True))
+        return len(psutil.Process(self.proc.pid).children(recursive=True)) or 1
+
+    def _listening(self) -> int:
+        import psutil
+
+        assert self.proc is not None
+        count = 0
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+                       for c in child.net_connections(kind="tcp")):
+                    count += 1
+        return count
+
+    async def serving_workers(self, n: int, timeout: float = 60) -> None:
+        """Wait until `n` workers listen on the node's port (--workers n; at once for 1)."""
+        if n <= 1:
+            return
+        deadline = time.monotonic() + timeout
+        while self._listening() < n:
+            if time.monotonic() > deadline:
+                raise BenchError(f"cache node: {self._listening()} of {n} workers listen after {timeout:g} s\n"
+                                 + self.tail_log())
+            await asyncio.sleep(0.1)
 
     async def settled(self, timeout: float = 120) -> None:
         """Wait until fills have committed, so the next read is a hit."""

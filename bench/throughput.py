@@ -39,7 +39,13 @@ One run on this machine measures:
   cold fills and the warm large transfers.
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
-(counted from its process tree, 1 today), sendfile on, access log off.
+(`--workers N`, default 1: the node's `--workers`, counted from its process
+tree), sendfile on, access log off. With N above 1 the small objects are
+also served by a one-worker node and a one-worker nginx, in rounds that
+alternate with the N-worker node: `small` is then the one-worker ratio,
+`small_wN` the N-worker one, and `scale_small` the N-worker node's rate over
+the one-worker node's, with the CPU wrk itself used beside it (on two cores
+the load generator takes part of what the workers could use).
 Cache and nginx runs alternate so that drift on a shared machine hits both.
 
 The last line is machine-readable:
@@ -52,6 +58,8 @@ The last line is machine-readable:
             peer_copy=<a replica's copy between two nodes MB/s / warm large through the cache>
             cold_fast_nginx=<nginx proxy_cache cold / direct, fast origin>
             cold_fast_bare=<bench/bare_relay.py cold / direct, fast origin>
+            and with --workers N above 1: small_wN=<cache/nginx req/s, N workers each>
+            scale_small=<node req/s with N workers / with 1> wrk_cores=<CPU wrk used>
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -68,6 +76,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -413,7 +422,9 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     ranged_url = await ranged.start()
     try:
         node = Node(children, work)
-        await node.start(origins={HOST: fast_url, SLOW_HOST: slow_url, RANGED_HOST: ranged_url})
+        await node.start(origins={HOST: fast_url, SLOW_HOST: slow_url, RANGED_HOST: ranged_url},
+                         args=["--workers", str(args.workers)] if args.workers > 1 else [])
+        await node.serving_workers(args.workers)
         workers = node.workers()
         nginx = Nginx(children, work)
         await nginx.start(NGINX_CONF, upstream=fast_url, workers=workers)
@@ -533,6 +544,10 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                 _wrk_note(small_cache))
         res.add("small warm through nginx proxy_cache", f"{nginx_rps:.0f} req/s", statistics.median(cpu_nginx),
                 _wrk_note(small_nginx))
+        one = None
+        if workers > 1:
+            one = await small_one_worker_each(children, work, p=p, script=script, node=node, fast_url=fast_url,
+                                              paths=data.small, res=res)
 
         # -- cold, throttled origin -----------------------------------------------------
         say(f"cold ratio: origin throttled to {p.rate / 1e6:g} MB/s per connection, "
@@ -593,7 +608,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         await ranged.stop()
 
     large_ratio = median_mbps(warm_cache) / median_mbps(warm_nginx)
-    small_ratio = cache_rps / nginx_rps
+    small_ratio = cache_rps / nginx_rps  # with `workers` each
+    small_w1 = small_ratio if one is None else one.node_rps / one.nginx_rps
     cold_ratio = median_mbps(cold_cache) / median_mbps(cold_direct)
     cold_fast = cold.mbps / median_mbps(direct)
     cold_fast_nginx = prime.mbps / median_mbps(direct)
@@ -623,7 +639,13 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"small {rss['small'] / MiB:.1f} MiB",
         "",
         f"  large  warm cache / warm nginx       {large_ratio:6.3f}  target >= 0.9   {verdict(large_ratio >= 0.9)}",
-        f"  small  warm cache / warm nginx       {small_ratio:6.3f}  target >= 0.5   {verdict(small_ratio >= 0.5)}",
+        f"  small  warm cache / warm nginx, 1 worker each {small_w1:6.3f}  target >= 0.9   "
+        f"{verdict(small_w1 >= 0.9)}",
+        *([] if one is None else [
+            f"  small_w{workers} warm cache / warm nginx, {workers} workers each {small_ratio:6.3f}  target >= 0.9   "
+            f"{verdict(small_ratio >= 0.9)}",
+            f"  scale_small node {workers} workers / 1 worker  {one.scale:6.3f}  target >= 1.3   "
+            f"{verdict(one.scale >= 1.3)}  (wrk itself used {one.wrk_cores:.2f} of {os.cpu_count()} cores)"]),
         f"  cold   cold cache / direct, throttled {cold_ratio:6.3f}  target >= 0.95  {verdict(cold_ratio >= 0.95)}",
         f"  cold_fast cold cache / direct, fast  {cold_fast:6.3f}  target >= 0.7   {verdict(cold_fast >= 0.7)}",
         f"  cold_fast_nginx nginx cold / direct  {cold_fast_nginx:6.3f}  (reference: the same cold fill through nginx)",
@@ -634,11 +656,15 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"  origin_overhead origin / object ({FIFTY} clients) {origin_overhead:6.3f}  target <= 1.01  "
         f"{verdict(origin_overhead <= 1.01)}",
         f"  peer_copy copy / warm sendfile       {peer_copy:6.3f}  target >= 0.5   {verdict(peer_copy >= 0.5)}",
-        f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < 150    {verdict(peak / MiB < 150)}",
-        f"ratios: large={large_ratio:.3f} small={small_ratio:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
+        f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < {150 * max(1, args.workers)}    "
+        f"{verdict(peak / MiB < 150 * max(1, args.workers))}"
+        + ("" if args.workers == 1 else f"  (process tree: {args.workers} workers and their supervisor)"),
+        f"ratios: large={large_ratio:.3f} small={small_w1:.3f} cold={cold_ratio:.3f} rss_mb={peak / MiB:.1f} "
         f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f} "
         f"peer_copy={peer_copy:.3f} cold_fast_nginx={cold_fast_nginx:.3f} cold_fast_bare={cold_fast_bare:.3f} "
-        f"parallel_origin_bytes={parallel_origin_bytes:.3f} origin_overhead={origin_overhead:.3f}",
+        f"parallel_origin_bytes={parallel_origin_bytes:.3f} origin_overhead={origin_overhead:.3f}"
+        + ("" if one is None else f" small_w{workers}={small_ratio:.3f} scale_small={one.scale:.3f} "
+                                  f"wrk_cores={one.wrk_cores:.2f}"),
     ]
     return "\n".join(lines)
 
@@ -736,6 +762,50 @@ def _wrk_note(results: list[WrkResult]) -> str:
     return f"runs {runs}; p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms"
 
 
+@dataclass
+class OneWorkerEach:
+    node_rps: float
+    nginx_rps: float
+    scale: float  # the node with N workers / with 1, adjacent runs
+    wrk_cores: float  # CPU wrk itself used during the N-worker runs: what the node could not have
+
+
+async def small_one_worker_each(children: Children, work: Path, *, p: Plan, script: Path, node: Node,
+                                fast_url: str, paths: list[str], res: Results) -> OneWorkerEach:
+    """With --workers N: the same small warm hits through a one-process node
+    and a one-worker nginx, in rounds alternating with the N-worker node, for
+    `small` (1 each) and `scale_small` (N ÷ 1) from adjacent runs."""
+    one = Node(children, work, name="one-worker")
+    await one.start(origins={HOST: fast_url})
+    nginx1 = Nginx(children, work, name="nginx-one-worker")
+    await nginx1.start(NGINX_CONF, upstream=fast_url, workers=1)
+    await prime_small(one.url, nginx1.url, paths)
+    await one.settled()
+    await check_small_hits(one.url, nginx1.url, paths)
+    many, single, ref, wrk_cpu, wall = [], [], [], 0.0, 0.0
+    for _ in range(p.wrk_runs):
+        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+        many.append(await wrk(children, node.url + "/", script, p=p))
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wrk_cpu += (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        wall += time.monotonic() - started
+        assert one.proc is not None and nginx1.proc is not None
+        with Sampler(one.proc.pid) as s1:
+            single.append(await wrk(children, one.url + "/", script, p=p))
+        with Sampler(nginx1.proc.pid) as s2:
+            ref.append(await wrk(children, nginx1.url + "/", script, p=p))
+    result = OneWorkerEach(node_rps=statistics.median(r.rps for r in single),
+                           nginx_rps=statistics.median(r.rps for r in ref),
+                           scale=statistics.median(r.rps for r in many) / statistics.median(r.rps for r in single),
+                           wrk_cores=wrk_cpu / wall)
+    res.add("small warm through cache, 1 worker", f"{result.node_rps:.0f} req/s", s1.cpu_percent, _wrk_note(single))
+    res.add("small warm through nginx, worker_processes 1", f"{result.nginx_rps:.0f} req/s", s2.cpu_percent,
+            _wrk_note(ref))
+    await children.stop(one.proc)
+    await children.stop(nginx1.proc)
+    return result
+
+
 async def prime_small(cache_url: str, nginx_url: str, paths: list[str]) -> None:
     """Fetch every small object once through both, eight at a time."""
     sem = asyncio.Semaphore(8)
@@ -789,6 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="curl runs per large measurement")
     ap.add_argument("--wrk-seconds", type=int, default=None, help="duration of each wrk run")
     ap.add_argument("--connections", type=int, default=32, help="wrk connections (default 32)")
+    ap.add_argument("--workers", type=int, default=1, help="processes of the cache node (nezha cache --workers) "
+                    "and nginx worker_processes alike; above 1, small hits are also measured with one of each, "
+                    "for small and scale_small (default 1)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, nginx.conf)")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="afterwards, sample the node with py-spy under each load; stacks into DIR")

@@ -9,8 +9,9 @@ init --local`) and a TLS port:
   (sendfile), through its TLS port (terminated with the leaf it minted for
   the name, curl trusting only the Nezha CA), and from nginx serving the
   same file over HTTPS with a static certificate for the same name from the
-  same CA (Debian's nginx, one worker like the node's one process, sendfile
-  on, access log off). Runs alternate so drift hits all three;
+  same CA (Debian's nginx with as many workers as the node, `--workers`,
+  default 1; sendfile on, access log off). Runs alternate so drift hits all
+  three;
 - full TLS handshakes per second with SNI and no session reuse (the leaf is
   a memory hit after the first), by a load of `--clients` Python client
   processes, for 5 s (2 s with --quick), against the node and against nginx.
@@ -55,7 +56,7 @@ RELAY_NAME = "relay.nezha.test"  # an origin marked tls: passthrough, whose real
 NGINX_TLS_CONF = """\
 # Written by bench/tls.py: the same file over HTTPS, a static certificate for the same name.
 %(user)s
-worker_processes 1;
+worker_processes %(workers)d;
 daemon off;
 master_process on;
 pid %(prefix)s/nginx.pid;
@@ -129,7 +130,8 @@ class Run:
         return total / self.seconds
 
 
-async def start_node(children: Children, work: Path, origin_url: str, nginx_port: int) -> tuple[Node, int]:
+async def start_node(children: Children, work: Path, origin_url: str, nginx_port: int,
+                     workers: int = 1) -> tuple[Node, int]:
     """The node with a TLS port and the Nezha CA; RELAY_NAME is passed through to nginx untouched."""
     tls_port = free_port()
     config = work / "node.yaml"
@@ -139,17 +141,19 @@ async def start_node(children: Children, work: Path, origin_url: str, nginx_port
          "tls_upstream": f"https://127.0.0.1:{nginx_port}"}]}))
     node = Node(children, work)
     await node.start(args=["--tls-listen", f"127.0.0.1:{tls_port}", "--ca-cert", str(work / "ca" / "ca.crt"),
-                           "--ca-key", str(work / "ca" / "ca.key"), "--config", str(config)])
+                           "--ca-key", str(work / "ca" / "ca.key"), "--config", str(config),
+                           "--workers", str(workers)])
+    await node.serving_workers(workers)
     return node, tls_port
 
 
-async def start_nginx(children: Children, work: Path, root: Path, ca: Pair) -> int:
+async def start_nginx(children: Children, work: Path, root: Path, ca: Pair, workers: int = 1) -> int:
     nginx = Nginx(children, work)
     leaf = make_serving(ca, names=[NAME, RELAY_NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
     (nginx.prefix / "cert.pem").write_bytes(leaf.cert_pem)
     (nginx.prefix / "key.pem").write_bytes(leaf.key_pem)
     await nginx.start(NGINX_TLS_CONF, name=NAME, cert=nginx.prefix / "cert.pem", key=nginx.prefix / "key.pem",
-                      root=root)
+                      root=root, workers=workers)
     return nginx.port
 
 
@@ -159,7 +163,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                clients=args.clients)
     ensure_tool(CURL, "curl")
     ensure_tool(NGINX, "nginx")
-    print(f"# {source_version()}, {nginx_version()}, {ssl.OPENSSL_VERSION}", flush=True)
+    print(f"# {source_version()}, {nginx_version()}, {ssl.OPENSSL_VERSION}; node --workers {args.workers}, "
+          f"nginx worker_processes {args.workers}", flush=True)
     await children.run(sys.executable, "-m", "nezha", "ca", "init", "--local", str(work / "ca"), timeout=60)
     ca = Pair.load((work / "ca" / "ca.crt").read_bytes(), (work / "ca" / "ca.key").read_bytes())
     root = work / "origin"
@@ -167,8 +172,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     origin = LocalOrigin(root)
     origin_url = await origin.start()
     try:
-        nginx_port = await start_nginx(children, work, root, ca)
-        node, tls_port = await start_node(children, work, origin_url, nginx_port)
+        nginx_port = await start_nginx(children, work, root, ca, args.workers)
+        node, tls_port = await start_node(children, work, origin_url, nginx_port, args.workers)
         port = node.port
         http_url = f"http://127.0.0.1:{port}/large.bin"
         https_url = f"https://{NAME}:{tls_port}/large.bin"
@@ -225,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="256 MiB, 3 runs, 2 s of handshakes")
     parser.add_argument("--clients", type=int, default=2, help="handshake client processes (default 2)")
+    parser.add_argument("--workers", type=int, default=1, help="the node's --workers and nginx's worker_processes "
+                        "(default 1)")
     return asyncio.run(main_async(parser.parse_args(argv)))
 
 

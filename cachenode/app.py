@@ -86,7 +86,7 @@ def read_ca(settings: CacheSettings) -> Pair | None:
     return load_ca(settings.ca_cert, settings.ca_key)
 
 
-def _leaves(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
+def leaves_for(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
     """The node's leaf certificates, when it was given a CA and has a TLS port to present them on."""
     if ca is None:
         return None
@@ -97,48 +97,60 @@ def _leaves(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
     return Leaves(ca, certificate_name=table.certificate_name, folder=settings.data_dir / "leaves")
 
 
-async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None) -> None:
-    """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already."""
-    leaves = _leaves(settings, ca or read_ca(settings))
+def build_tls_port(settings: CacheSettings, leaves: Leaves | None, *, on_outcome: Callable[[str], None],
+                   on_fallback: Callable[[str], None], adopt, backlog: int, gate) -> TlsPort:
+    """The TLS port (`tls_listen`), not yet listening: each connection's server
+    name routed to termination with a leaf of the Nezha CA (`adopt` makes the
+    handshake and serves it), to the real host, or to the parent's TLS port."""
+    table = settings.origin_table
+    parent_tls = None if settings.parent is None else (URL(settings.parent).host, settings.parent_tls_port)
+
+    def route_for(name: str) -> Terminate | Relay | None:
+        origin = table.get(name)
+        if origin is None:
+            return None
+        if leaves is not None and origin.tls == "terminate":
+            return Terminate(leaves.context_for(name))
+        direct = passthrough_target(name, origin.upstream_for("https", name))
+        if parent_tls is not None:
+            # A sidecar: its parent's TLS port routes by the same name, and
+            # terminates or passes through as the cluster is set up.
+            return Relay(*parent_tls, fallback=direct)
+        return Relay(*direct)
+
+    make_resolver = origin_resolver(settings)
+    return TlsPort(route_for, hello_timeout=settings.request_head_timeout,
+                   resolver=make_resolver() if make_resolver is not None else None,
+                   connect_timeout=settings.origin_connect_timeout, on_outcome=on_outcome, on_fallback=on_fallback,
+                   adopt=adopt, backlog=backlog, gate=gate)
+
+
+async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None,
+                reuse_port: bool = False,
+                attach: Callable[[CacheNode, Listener], Callable[[], None]] | None = None) -> None:
+    """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already.
+    As the primary of a node's workers (cachenode/workers/): `reuse_port`, and `attach`, called once
+    the node serves, which returns what to call when it stops."""
+    leaves = leaves_for(settings, ca or read_ca(settings))
     open_files = raise_open_files_limit()
     node = build_node(settings)
     listener = Listener(node, open_files=open_files)
     host, port = settings.listen_addr
     try:
-        await listener.start(host, port)
+        await listener.start(host, port, reuse_port=reuse_port)
     except OSError as e:
         await listener.close()
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
     relay = None
     if settings.tls_listen is not None:
-        table = settings.origin_table
-        parent_tls = None if settings.parent is None else (URL(settings.parent).host, settings.parent_tls_port)
-
-        def route_for(name: str) -> Terminate | Relay | None:
-            origin = table.get(name)
-            if origin is None:
-                return None
-            if leaves is not None and origin.tls == "terminate":
-                return Terminate(leaves.context_for(name))
-            direct = passthrough_target(name, origin.upstream_for("https", name))
-            if parent_tls is not None:
-                # A sidecar: its parent's TLS port routes by the same name, and
-                # terminates or passes through as the cluster is set up.
-                return Relay(*parent_tls, fallback=direct)
-            return Relay(*direct)
-
         tls_outcomes = node.metrics.tls_connections
         fallbacks = node.metrics.parent_fallbacks
-        make_resolver = origin_resolver(settings)
-        relay = TlsPort(route_for, hello_timeout=settings.request_head_timeout,
-                        resolver=make_resolver() if make_resolver is not None else None,
-                        connect_timeout=settings.origin_connect_timeout,
-                        on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
-                        on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
-                        adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
+        relay = build_tls_port(settings, leaves, on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                               on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
+                               adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
         tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
         try:
-            await relay.start(tls_host, tls_port)
+            await relay.start(tls_host, tls_port, reuse_port=reuse_port)
         except OSError as e:
             await listener.close()
             raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
@@ -160,6 +172,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout, parent=settings.parent)
+    detach = attach(node, listener) if attach is not None else None
     stop = stop_on_signals(stop)
     try:
         await stop.wait()
@@ -171,5 +184,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
             await admin.cleanup()
         if relay is not None:
             await relay.close()
+        if detach is not None:
+            detach()
         await listener.close()
         flush_repeats()

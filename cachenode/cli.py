@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import sys
 from pathlib import Path
+
+import structlog
 
 from nezha.config import CacheSettings, load
 from nezha.errors import ConfigError
@@ -58,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "hot (default 60)")
     p.add_argument("--hot-share", type=float, help="share of --capacity hot copies may hold; they are evicted "
                    "first, least recently used among them (default 0.1)")
+    p.add_argument("--workers", help="processes serving this node's port: one fills, writes and counts, the "
+                   "others answer plain hits from the same disk and hand it the rest; a number or auto (the "
+                   "CPUs this process may use, from its affinity and cgroup quota). Default 1")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -70,11 +77,15 @@ def _flags(args: argparse.Namespace, names: list[str]) -> dict:
 
 def run_cache(args: argparse.Namespace) -> int:
     from cachenode.app import read_ca, serve
+    from cachenode.front.connections import raise_open_files_limit
+    from cachenode.workers import supervisor
+    from cachenode.workers.follower import serve_follower
+    from cachenode.workers.primary import attach_followers
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "parent",
-               "parent_tls_port", "admin_listen", "hot_reads", "hot_window", "hot_share", "log_level"]))
+               "parent_tls_port", "admin_listen", "hot_reads", "hot_window", "hot_share", "workers", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
@@ -91,8 +102,36 @@ def run_cache(args: argparse.Namespace) -> int:
     prepare_data_dir(settings.data_dir)
     configure(level=settings.log_level, cache_loggers=True,
               credential_params=[name for o in settings.origins for name in o.credential_params])
-    run(serve(settings, ca=ca))
-    return 0
+    role = os.environ.get(supervisor.ROLE_ENV)
+    if role is None:
+        workers = worker_count(settings.workers)
+        if workers > 1:
+            if settings.listen_addr[1] == 0:
+                raise ConfigError(f"--workers {workers}: each worker listens on the port of --listen, which "
+                                  f"must be a fixed one, not 0")
+            return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers)
+        run(serve(settings, ca=ca))
+        return 0
+    link = socket.socket(fileno=int(os.environ[supervisor.LINK_ENV]))
+    index = int(os.environ.get(supervisor.INDEX_ENV, "0"))
+    structlog.contextvars.bind_contextvars(worker=index)
+    if role == "primary":
+        run(serve(settings, ca=ca, reuse_port=True, attach=attach_followers(link)))
+        return 0
+    return run(serve_follower(settings, link=link, worker=index, open_files=raise_open_files_limit()))
+
+
+def worker_count(workers: int | str) -> int:
+    """`workers`, with auto resolved from this process's affinity and cgroup quota."""
+    from cachenode.workers.plan import usable_cpus
+
+    if workers != "auto":
+        return int(workers)
+    try:
+        cpu_max = Path("/sys/fs/cgroup/cpu.max").read_text()
+    except OSError:
+        cpu_max = None
+    return usable_cpus(len(os.sched_getaffinity(0)), cpu_max)
 
 
 def prepare_data_dir(path: Path) -> None:

@@ -138,6 +138,9 @@ class Metrics:
                                         "origin sent the rest)", ["reason"], registry=r)
         for reason in ParentFallback:
             self.parent_fallbacks.labels(reason=reason.value)
+        self.worker_handovers = Counter("nezha_worker_handovers", "Client connections a follower worker "
+                                        "(--workers) handed to the primary, which serves what the followers' fast "
+                                        "path does not: misses, ranges, peers, probes", registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         self.fill_duration = Histogram(

@@ -50,6 +50,7 @@ class CacheNode:
         self.index = index  # nezha.index.Index or None: stats and locations, never awaited on the hot path
         self._tasks: set[asyncio.Task] = set()
         self._ready = False
+        self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
         token = settings.cluster_token
         self.counts = Counts(metrics=self.metrics, store=store, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
@@ -190,6 +191,8 @@ class CacheNode:
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.nodes)}
+        if self.supervisor is not None:
+            detail["supervisor"] = self.supervisor
         if self.index is not None:
             detail["index"] = self.index.status()
         return detail

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(unknown, file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # `nezha cache --workers N` starts each worker with the same arguments
     command = f"nezha {args.command}"
     config.FLAG_NAMES.update(_flag_names(parser))
     config.COMMAND = command

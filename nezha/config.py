@@ -29,8 +29,9 @@ from nezha.errors import ConfigError
 _file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("nezha_file_settings",
                                                                                       default=None)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-# Reserved for the test suite (NEZHA_TEST_KUBECONFIG ...): never a setting, never refused.
-_TEST_VARIABLES = "NEZHA_TEST_"
+# Reserved for the test suite (NEZHA_TEST_KUBECONFIG ...) and for what `nezha cache --workers`
+# tells each worker it starts (cachenode/workers/supervisor.py): never a setting, never refused.
+_TEST_VARIABLES = ("NEZHA_TEST_", "NEZHA_WORKER_")
 # dest -> the flag that sets it (`origins` -> `--origin`), filled by nezha.cli from its parsers, so
 # an error can name the flag the user typed.
 FLAG_NAMES: dict[str, str] = {}
@@ -425,6 +426,12 @@ class CacheSettings(_Base):
     hot_reads: int = 3
     hot_window: float = 60.0
     hot_share: float = 0.1
+    # Processes serving this node's port (docs/cache-node.md, "Workers"): one
+    # primary that fills, writes and counts, and followers that answer plain
+    # hits from the same disk and hand it everything else. "auto": the CPUs
+    # the process may use (affinity and cgroup quota). 1: one process, no
+    # supervisor, as before workers existed.
+    workers: int | Literal["auto"] = 1
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -437,6 +444,19 @@ class CacheSettings(_Base):
         if v < 0:
             raise ValueError(f"hot_reads ({v}) must be 0 (hot copies off) or more")
         return v
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"workers ({v!r}) must be a number of processes, at least 1, or auto") from None
+        if n < 1:
+            raise ValueError(f"workers ({n}) must be at least 1, or auto")
+        return n
 
     @field_validator("hot_window")
     @classmethod

@@ -34,6 +34,11 @@ log = structlog.get_logger("nezha.connections")
 
 
 class ClientConnection(RequestHandler):
+    # True for a connection whose TLS a follower worker ended and passes on in
+    # the clear (cachenode/workers/): its requests are https, though this
+    # process sees no TLS.
+    secure = False
+
     def __init__(self, manager, *, gate: Gate, head_timeout: float, **kwargs) -> None:
         super().__init__(manager, **kwargs)
         self._gate = gate

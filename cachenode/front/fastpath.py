@@ -41,6 +41,7 @@ from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheO
 log = structlog.get_logger("nezha.connections")
 
 MAX_HEAD = 8192
+COPY_SIZE = 256 * 1024  # a TLS hit's body is read and written in pieces of this size
 # Pipelined requests are not read while a body is still going out
 # (`respond.sendfile_rest` pauses reading until it is done), nor while answers the
 # client has not read fill the transport past its high-water mark
@@ -159,7 +160,7 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> byte
 class PlainHits(Protocol):
     """What the fast path asks of the node: its two questions, nothing else."""
 
-    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
@@ -175,23 +176,35 @@ class FastPath(asyncio.Protocol):
     connection `Gate` admits it, and where its first request head is timed.
     """
 
-    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol],
-                 gate: Gate, head_timeout: float, serve_hits: bool = True) -> None:
+    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
+                 gate: Gate, head_timeout: float, serve_hits: bool = True,
+                 hand_over: Callable[[asyncio.Transport, bytes, bool], None] | None = None,
+                 received: bytes = b"", eof: bool = False) -> None:
+        """`hand_over`, in a node's follower worker (cachenode/workers/), takes
+        what aiohttp would: the connection with its bytes not yet answered and
+        whether the client has ended its side, to give to the primary.
+        `received` and `eof`: what another worker read of this connection
+        before handing it here."""
         self.hits = hits
         self._aiohttp_protocol = aiohttp_protocol
+        self._hand_over = hand_over
         self._gate = gate
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
         self._sock: socket.socket | None = None  # the client's socket, for send(MSG_MORE)
         self._fd = -1  # its descriptor, for os.write where that socket is not at hand
-        self._buf = bytearray()
+        self._buf = bytearray(received)
         self._serving: asyncio.Task | None = None
-        self._eof = False
+        self._eof = eof
         self._write_paused = False
         self._refused = False
         self._head_timer = HeadTimer(head_timeout, self._head_timed_out)
         self.last_active = self.waiting_since = time.monotonic()
+        # Over TLS (a follower worker's terminated connections): requests are
+        # https, and bodies are read and written, since sendfile would bypass TLS.
+        self._scheme = "http"
+        self._writable: asyncio.Future | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -203,7 +216,9 @@ class FastPath(asyncio.Protocol):
             self._hand_off()
             return
         sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("sslcontext") is None:
+        if transport.get_extra_info("sslcontext") is not None:
+            self._scheme = "https"
+        elif sock is not None:
             self._fd = sock.fileno()
             # asyncio hands out a TransportSocket, which has no send(); the
             # socket.socket inside it takes flags (MSG_MORE) that os.write
@@ -215,6 +230,8 @@ class FastPath(asyncio.Protocol):
             if isinstance(raw, socket.socket) and raw.fileno() == self._fd:
                 self._sock = raw
         self._arm()
+        if self._buf or self._eof:
+            self._next()  # bytes another worker read before it handed the connection here
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._gate.leave(self)
@@ -248,6 +265,8 @@ class FastPath(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
         if self.transport is not None and self._serving is None:
             self.transport.resume_reading()
             self._next()
@@ -288,7 +307,7 @@ class FastPath(asyncio.Protocol):
             req = plain_request(self._buf)
             if req is None:
                 break
-            hit = self.hits.plain_hit(req.target, req.host) if req is not False else None
+            hit = self.hits.plain_hit(req.target, req.host, self._scheme) if req is not False else None
             if hit is None:
                 self._hand_off()
                 return
@@ -323,6 +342,11 @@ class FastPath(asyncio.Protocol):
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
+        if self._hand_over is not None:
+            received, self._buf = bytes(self._buf), bytearray()
+            self._hand_over(transport, received, self._eof)
+            return
+        assert self._aiohttp_protocol is not None
         protocol = self._aiohttp_protocol()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
@@ -388,12 +412,35 @@ class FastPath(asyncio.Protocol):
         self._serving.add_done_callback(lambda _: f.close())
         return False
 
+    async def _copy_rest(self, transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
+        """Bytes [offset, offset+count) of file `fd` written to a TLS transport
+        in reads of COPY_SIZE, each after the transport has room (pause_writing):
+        a slow client holds a write buffer's worth here, never the object."""
+        loop = asyncio.get_running_loop()
+        transport.pause_reading()  # pipelined requests wait in the socket meanwhile, as under sendfile
+        sent = 0
+        while sent < count:
+            if self._write_paused:
+                self._writable = loop.create_future()
+                await self._writable
+            if transport.is_closing():
+                raise SendCut("client went away", sent)
+            data = await loop.run_in_executor(None, os.pread, fd, min(COPY_SIZE, count - sent), offset + sent)
+            if not data:
+                break  # the file is shorter than it was said to be: the caller aborts
+            transport.write(data)
+            sent += len(data)
+        return sent
+
     async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
                       started: float, first_byte: float) -> None:
         """The rest of a body the socket did not take at once."""
         transport = self.transport
         try:
-            sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
+            if self._scheme == "https":
+                sent += await self._copy_rest(transport, f.fileno(), sent, size - sent)
+            else:
+                sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
         except SendCut as e:
             sent += e.sent
             transport.abort()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -76,13 +76,16 @@ class Handler:
         self.counts = counts
         self.metrics = metrics
         self.status = status  # the node's /readyz answer; "ready" says whether it serves
+        # Awaited before /metrics is rendered: with --workers, until the followers'
+        # hits answered so far are counted here (cachenode/workers/primary.py).
+        self.before_metrics: Callable[[], Awaitable[None]] | None = None
         self._table = settings.origin_table
         self._clock = clock
         # The log level is set once, before a node is made (nezha.logs.configure):
         # below info, a plain hit skips building its request_completed line.
         self._log_hits = log.is_enabled_for(logging.INFO)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
-        self._plain_keys: dict[tuple[str, str], str] = {}
+        self._plain_keys: dict[tuple[str, str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
         # Hot copies (docs/cache-node.md): relayed reads counted per key; keys being copied now.
         self.hot = HotReads(reads=settings.hot_reads, window=settings.hot_window)
@@ -218,7 +221,7 @@ class Handler:
 
     def _scheme(self, request: web.Request) -> str:
         """How the client reached the cluster: https on the TLS port (or relayed from it by a peer)."""
-        if request.secure:
+        if request.secure or getattr(request.protocol, "secure", False):  # the latter: TLS a follower worker ended
             return "https"
         if request.headers.get(SCHEME_HEADER) == "https" and self.from_peer(request):
             return "https"
@@ -236,24 +239,25 @@ class Handler:
         return target, origin, key_for(target, origin)
 
     # -- the fast path's two questions (cachenode/front/fastpath.py) -------------------
-    def plain_hit(self, raw_target: str, host_header: str) -> tuple[Meta, bytes, str] | None:
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD asks for, with its response
         head and data path, if this node serves it itself as `handle()` would (a
         fresh local copy is served whoever owns the key). None sends the request
-        through the full handler."""
-        key = self._plain_keys.get((raw_target, host_header))
+        through the full handler. `scheme`: https for a connection whose TLS
+        this process ended (a follower worker's, cachenode/workers/)."""
+        key = self._plain_keys.get((scheme, raw_target, host_header))
         if key is None:
             if not self._names_origin(host_header):
                 return None
             try:
-                _, origin, key = self._resolve(raw_target, host_header)
+                _, origin, key = self._resolve(raw_target, host_header, scheme=scheme)
             except BadTarget:
                 return None
             if key is None or origin is None or origin.credentials == "authorize":
                 return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
             if len(self._plain_keys) >= _PLAIN_CACHE:
                 self._plain_keys.clear()
-            self._plain_keys[(raw_target, host_header)] = key
+            self._plain_keys[(scheme, raw_target, host_header)] = key
         meta = self.store.lookup(key)
         if meta is None or meta.status != 200 or meta.authorize or not meta.fresh(self._clock()):
             return None
@@ -270,13 +274,22 @@ class Handler:
                       gone: bool = False, first_byte: float | None = None) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
         the client hung up mid-body (`gone`)."""
-        self.counts.plain_hit(meta, sent, first_byte)
+        self.count_fast_hit(meta.host, meta.key, meta.hot, sent, first_byte)
+        self.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone)
+
+    def count_fast_hit(self, host: str, key: str, hot: bool, sent: int, first_byte: float | None) -> None:
+        """The counting half of a fast hit: also for hits another worker of this
+        node served (cachenode/workers/), which the node's counters must include."""
+        self.counts.plain_hit(host, key, sent, first_byte, hot=hot)
+
+    def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False) -> None:
+        """The access log half of a fast hit: one line, written by the worker that served it."""
         if not self._log_hits:
             return  # below the log level: not even the fields are worth making
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200, cache=_hit_label(meta),
-                 bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200,
+                 cache=_hit_label(meta), bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:
         """A replica that relayed an owner's hit copies the object, so it holds
@@ -342,6 +355,8 @@ class Handler:
             # Redis down is reported but does not make the node unready: it keeps serving.
             detail = self.status()
             return web.json_response(detail, status=200 if detail["ready"] else 503)
+        if self.before_metrics is not None:
+            await self.before_metrics()
         return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     # -- other methods -------------------------------------------------------------

@@ -15,6 +15,7 @@ import ssl
 import time
 from typing import Protocol
 
+import structlog
 from aiohttp import web
 
 from cachenode.front.client_conn import ClientConnection
@@ -25,6 +26,8 @@ from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prep
 from cachenode.metrics import Metrics
 from nezha.config import CacheSettings
 from nezha.wire import ADMIN_PATHS
+
+log = structlog.get_logger("nezha.connections")
 
 
 class Served(Protocol):
@@ -99,11 +102,15 @@ class Listener:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self._handler = None
+        self._adopting: set[asyncio.Task] = set()
         self.host = ""
         self.port = 0
         self._closed = False
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen on host:port; `reuse_port` when the node's other workers
+        listen on the same port (cachenode/workers/), the kernel spreading
+        new connections over them."""
         self.host = host
         await self.runner.setup()
         server = self.runner.server
@@ -118,11 +125,45 @@ class Listener:
 
         self._handler = handler
         self._server = await loop.create_server(
-            lambda: FastPath(hits=self.node.handler, aiohttp_protocol=handler, gate=self.gate, head_timeout=head_timeout,
-                             serve_hits=self.node.settings.fast_hits),
-            host, port, reuse_address=True, backlog=self.backlog)
+            self._fast_path, host, port, reuse_address=True, reuse_port=reuse_port or None, backlog=self.backlog)
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
+
+    def _fast_path(self, received: bytes = b"", eof: bool = False) -> FastPath:
+        return FastPath(hits=self.node.handler, aiohttp_protocol=self._handler, gate=self.gate,
+                        head_timeout=self.node.settings.request_head_timeout,
+                        serve_hits=self.node.settings.fast_hits, received=received, eof=eof)
+
+    def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False) -> None:
+        """Serve a client connection another worker of this node accepted and
+        handed here (cachenode/workers/), with the bytes it had read of it:
+        it enters the fast path as if accepted here. `secure`: the other
+        worker ended the client's TLS and passes its requests on in the
+        clear; they are https requests, served by aiohttp as the TLS port's
+        are (the fast path serves plain http only)."""
+        sock = socket.socket(fileno=fd)
+        if self._closed:
+            sock.close()
+            return
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            if not secure:
+                return self._fast_path(received, eof)
+            conn = self._handler()
+            conn.secure = True
+            return conn
+
+        async def adopt() -> None:
+            try:
+                await loop.connect_accepted_socket(protocol, sock)
+            except OSError as e:
+                sock.close()
+                log.info("handed_connection_lost", error=str(e))
+
+        task = loop.create_task(adopt())
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
 
     async def adopt(self, sock: socket.socket, context: ssl.SSLContext) -> None:
         """Make the TLS handshake on a socket the TLS port accepted, then serve

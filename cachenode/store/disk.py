@@ -82,6 +82,10 @@ class Store:
         self._hot: OrderedDict[str, None] = OrderedDict()  # slots of hot copies, LRU order as in _index
         self._usage = _Usage()
         self._pending: set[asyncio.Future] = set()  # disk steps not yet done
+        # Told of every change to the index, in order: ("put", meta) and
+        # ("drop", meta). A node's other workers follow the index this way
+        # (cachenode/workers/), since only this process writes the store.
+        self.watchers: list[Callable[[str, Meta], None]] = []
         self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
 
     # -- paths -------------------------------------------------------------
@@ -191,6 +195,8 @@ class Store:
 
     def _add(self, meta: Meta) -> None:
         self._index[meta.slot] = meta
+        for watch in self.watchers:
+            watch("put", meta)
         self._usage.stored += meta.size
         if meta.hot:
             self._hot[meta.slot] = None
@@ -205,6 +211,8 @@ class Store:
         meta = self._index.pop(slot, None)
         if meta is None:
             return None
+        for watch in self.watchers:
+            watch("drop", meta)
         self._usage.stored -= meta.size
         if meta.hot:
             self._hot.pop(slot, None)
@@ -276,7 +284,7 @@ class Store:
         if self._on_evict:
             self._on_evict(meta)
 
-    def _unlink_later(self, meta: Meta, *, final: bool) -> None:
+    def _unlink_later(self, meta: Meta, *, final: bool) -> asyncio.Future:
         """Delete an evicted or replaced object's data (and, if `final`, its meta) soon.
 
         The meta goes only if it still names this data file: a commit of the
@@ -299,7 +307,7 @@ class Store:
                     log.warning("unlink_failed", path=str(p), error=str(e))
 
         # Open readers keep their file descriptors; unlinking under them is safe.
-        self._step(oid, unlink)
+        return self._step(oid, unlink)
 
     def _step(self, oid: str, fn: Callable[[], object]) -> asyncio.Future:
         """Run blocking `fn` in the executor after every earlier step on object `oid`.
@@ -528,25 +536,52 @@ class Store:
         # commit has the last word on disk, and the index must not revive it.
         if self._index.get(meta.slot) is current:
             self._index[meta.slot] = new
+            for watch in self.watchers:
+                watch("put", new)
         return new
 
     async def remove(self, key: str) -> list[Meta]:
-        """Forget every stored response of `key`, variants included; what went."""
-        gone = []
+        """Forget every stored response of `key`, variants included; what went.
+
+        Returns once their data files are unlinked: a node's other workers
+        (cachenode/workers/) may still hold the old entry in their copy of the
+        index for a moment, and must find no file to open after a write that
+        removed it has been answered."""
+        gone, steps = [], []
         for slot in list(self._slots.get(key, ())):
             meta = self._drop(slot)
             if meta is not None:
-                self._unlink_later(meta, final=True)
+                steps.append(self._unlink_later(meta, final=True))
                 gone.append(meta)
+        if steps:
+            await asyncio.shield(asyncio.gather(*steps, return_exceptions=True))
         return gone
 
     async def remove_one(self, meta: Meta) -> bool:
-        """Forget the one stored response `meta` (its variant only), if still stored."""
+        """Forget the one stored response `meta` (its variant only), if still
+        stored; returns once its data file is unlinked, as `remove` does."""
         if self._index.get(meta.slot) is not meta:
             return False
         self._drop(meta.slot)
-        self._unlink_later(meta, final=True)
+        await asyncio.shield(self._unlink_later(meta, final=True))
         return True
+
+    # -- a follower's copy of the index (cachenode/workers/) -------------------
+    def mirror(self, event: str, meta: Meta) -> None:
+        """Apply one change the writing worker's store announced (`watchers`).
+
+        A follower only reads: it never writes, evicts or unlinks, so its
+        usage figures are the writer's, not its own to act on."""
+        self._drop(meta.slot)
+        if event == "put":
+            self._add(meta)
+
+    def touch(self, slot: str) -> None:
+        """A read of `slot` served elsewhere (another worker) counts as a use for LRU."""
+        if slot in self._index:
+            self._index.move_to_end(slot)
+            if slot in self._hot:
+                self._hot.move_to_end(slot)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:

@@ -149,9 +149,10 @@ class TlsPort:
         self._tasks: set[asyncio.Task] = set()
         self.port = 0
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen; `reuse_port` when the node's other workers listen on the same port."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=self.backlog)
+        sock = socket.create_server((host, port), family=family, backlog=self.backlog, reuse_port=reuse_port)
         sock.setblocking(False)
         self._sock = sock
         self.port = sock.getsockname()[1]

@@ -211,8 +211,10 @@ class LocalCluster:
                                      f"{last_words(self.log_of(node))}")
                 with contextlib.suppress(aiohttp.ClientError, ValueError, asyncio.TimeoutError):
                     async with s.get(node.url + "/readyz") as r:
-                        seen = (await r.json()).get("pid")
-                        if seen == node.proc.pid:
+                        detail = await r.json()
+                        seen = detail.get("pid")
+                        # With --workers, the primary answers: its supervisor is the node's process.
+                        if node.proc.pid in (seen, detail.get("supervisor")):
                             return
                 await asyncio.sleep(0.05)
         other = f"; {node.address} is answered by pid {seen}, not the node" if seen else ""

@@ -297,3 +297,22 @@ sidecar_origins:
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Processes per cache node (`nezha cache --workers`, docs/cache-node.md
+"Workers"): cache.workers when set, else the CPU limit rounded up (a pod
+throttled to 2 CPUs gains nothing from a third worker), else 1: without a
+limit the pod may be scheduled beside others, and each worker costs memory.
+*/}}
+{{- define "nezha.cacheWorkers" -}}
+{{- $cpu := toString (dig "limits" "cpu" "" (.Values.cache.resources | default dict)) -}}
+{{- if .Values.cache.workers -}}
+{{- .Values.cache.workers -}}
+{{- else if not $cpu -}}
+1
+{{- else if hasSuffix "m" $cpu -}}
+{{- max 1 (div (add (trimSuffix "m" $cpu | atoi) 999) 1000) -}}
+{{- else -}}
+{{- max 1 (ceil (float64 $cpu) | int) -}}
+{{- end -}}
+{{- end -}}

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from cachenode.tls.port import Relay, TlsPort, passthrough_target
 from testkit.ports import free_port
+from testkit.waits import wait_for
 from testkit.tools import unavailable
 from tests.integration.cachenode.conftest import until
 from tests.pod_command import cover_for_hosts, run_pod_command
@@ -224,19 +225,26 @@ async def test_unmodified_wget_downloads_an_aliased_https_host_through_the_cache
     await until(lambda: alias_relay.counts["relayed"] == 1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_nezha_cache_with_tls_listen_relays_its_origins_and_refuses_the_rest(
-        node_process, tls_origin, ca, session):
+        node_process, tls_origin, ca, session, workers):
     tls_port = free_port()
     node = node_process("http://127.0.0.1:9", args=("--origin", f"{NAME}=https://127.0.0.1:{tls_origin.port}",
-                                                    "--tls-listen", f"127.0.0.1:{tls_port}"))
+                                                    "--tls-listen", f"127.0.0.1:{tls_port}", "--workers", str(workers)))
     await node.ready(session)
+    if workers > 1:  # every worker relays what lands on its TLS port (issue 26, item 4)
+        await wait_for(lambda: any(e["event"] == "worker_listening" for e in node.events()), timeout=60)
     [listening] = [e for e in node.events() if e["event"] == "node_listening"]
     assert listening["tls_listen"] == f"127.0.0.1:{tls_port}"
-    head, body, cert = await https_get(tls_port, client_context(ca))
-    assert body == BODY and ("DNS", NAME) in cert["subjectAltName"]
+    relayed = 1 if workers == 1 else 16
+    for _ in range(relayed):
+        head, body, cert = await https_get(tls_port, client_context(ca))
+        assert body == BODY and ("DNS", NAME) in cert["subjectAltName"]
     with pytest.raises(ssl.SSLError, match="UNRECOGNIZED_NAME"):
         await https_get(tls_port, client_context(ca), server_hostname="www.cs.toronto.edu.evil")
     async with session.get(f"http://127.0.0.1:{node.port}/metrics") as r:
         text = await r.text()
-    assert 'nezha_tls_connections_total{outcome="relayed"} 1.0' in text
+    assert f'nezha_tls_connections_total{{outcome="relayed"}} {relayed}.0' in text
     assert 'nezha_tls_connections_total{outcome="refused"} 1.0' in text
+    if workers > 1:
+        assert {e.get("worker") for e in node.events() if e["event"] == "tls_relayed"} == {0, 1}

@@ -33,7 +33,7 @@ from cryptography.x509.oid import NameOID
 
 from testkit.ports import free_port
 from testkit.tools import unavailable
-from tests.integration.cachenode.conftest import header_line
+from tests.integration.cachenode.conftest import header_line, read_response
 
 NAME = "secure.example"
 BODY = os.urandom(5 * 1024 * 1024 + 3)
@@ -380,3 +380,57 @@ async def test_silent_tls_connections_share_the_connection_cap_and_give_way_to_r
             writer.close()
     assert closed >= 12
     assert any(e.get("event") == "connection_reclaimed" for e in node.events())
+
+
+async def test_with_two_workers_both_make_handshakes_and_every_https_answer_is_exact(
+        tls_node, https_origin, nezha_ca):
+    """`--workers 2` (issue 26, item 4): the follower ends the TLS of the
+    connections the kernel gives it, serves their plain hits itself (read and
+    written through TLS), and passes anything else to the primary in the
+    clear, where it is an https request like any other."""
+    import aiohttp
+
+    from testkit.waits import wait_for
+
+    node = await tls_node(args=("--workers", "2"))
+    await wait_for(lambda: any(e.get("event") == "worker_listening" for e in node.events()), timeout=60)
+    ctx = trusting_nezha(nezha_ca)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one:
+        async def metric(name: str) -> float:
+            # One kept-alive connection: handed to the primary at most once, on the first call.
+            async with one.get(f"http://127.0.0.1:{node.port}/metrics") as r:
+                found = re.search("^" + re.escape(name) + r" ([0-9.e+]+)$", await r.text(), re.M)
+            assert found, name
+            return float(found.group(1))
+
+        async def kept_alive_get(path: str) -> tuple[bytes, bytes]:
+            """Two GETs on one TLS connection without `Connection: close`, as
+            curl sends them: plain requests, the fast path's. The second's answer."""
+            reader, writer = await asyncio.open_connection("127.0.0.1", node.tls_port, ssl=ctx, server_hostname=NAME)
+            try:
+                for _ in range(2):
+                    writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nUser-Agent: curl/8\r\n\r\n".encode())
+                    head, body = await asyncio.wait_for(read_response(reader), 20)
+            finally:
+                writer.close()
+            return head, body
+
+        labels = []
+        for _ in range(16):
+            head, body = await kept_alive_get("/data.bin")
+            assert head.startswith(b"HTTP/1.1 200") and body == BODY
+            labels.append(header_line(head, b"X-Nezha-Cache"))
+        assert labels == [b"hit"] * 16  # the first connection's first answer was the miss
+        assert https_origin.gets == ["/data.bin"]
+        fast = [e for e in node.events() if e.get("event") == "request_completed" and e.get("fast")]
+        assert fast and {e["worker"] for e in fast} == {1}, "the follower served TLS hits itself"
+        assert all(e["bytes"] == len(BODY) for e in fast)
+
+        handed = await metric("nezha_worker_handovers_total")
+        for i in range(16):  # misses: the follower's go to the primary, bridged
+            head, body, _ = await https_get(node.tls_port, ctx, f"/cold-{i}")
+            assert head.startswith(b"HTTP/1.1 200") and body == BODY
+            assert header_line(head, b"X-Nezha-Cache") == b"miss"
+        assert await metric("nezha_worker_handovers_total") > handed
+        assert await metric('nezha_tls_connections_total{outcome="terminated"}') == 32
+        assert await metric('nezha_requests_total{cache="hit"}') == 31

@@ -307,6 +307,7 @@ def test_origins_and_capacity_reach_the_nodes_settings_file():
     assert (settings.origins[0].credentials, settings.origins[0].credential_params) == ("pass", ())
     assert settings.origins[0].targeted_cache_control == ("Nezha-Cache-Control", "CDN-Cache-Control")
     assert settings.origins[1].targeted_cache_control == ("Nezha-Cache-Control",)
+    assert (settings.hot_reads, settings.hot_window, settings.hot_share) == (3, 60, 0.1)
     # A config change rolls the nodes.
     sts = find(objects, "StatefulSet", "nezha-cache")
     assert sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
@@ -332,6 +333,30 @@ def test_the_controller_annotations_come_from_values():
 def test_a_fresh_install_renders_cache_replicas_from_values():
     sts = find(render(sets=["cache.replicas=4"]), "StatefulSet", "nezha-cache")
     assert sts["spec"]["replicas"] == 4
+
+
+def test_hot_copies_are_tuned_or_turned_off_from_values(tmp_path):
+    values = tmp_path / "hot.yaml"  # a file: `--set` would pass 0.25 as a string
+    values.write_text(yaml.safe_dump({"cache": {"hotCopies": {"reads": 0, "windowSeconds": 30, "share": 0.25}}}))
+    objects = render(values=[values])
+    config = yaml.safe_load(find(objects, "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
+    from nezha.config import CacheSettings
+
+    settings = CacheSettings(**config, capacity="45GiB")
+    assert (settings.hot_reads, settings.hot_window, settings.hot_share) == (0, 30, 0.25)
+
+
+@pytest.mark.parametrize("sets, workers", [
+    ([], 1),  # no CPU limit: the pod may share its machine, and each worker costs memory
+    (["cache.resources.limits.cpu=4"], 4),
+    (["cache.resources.limits.cpu=1500m"], 2),  # a partial CPU still gets its worker
+    (["cache.resources.limits.cpu=0.5"], 1),
+    (["cache.resources.limits.cpu=4", "cache.workers=3"], 3),
+])
+def test_cache_nodes_run_a_worker_per_cpu_of_their_limit_unless_told(sets, workers):
+    sts = find(render(sets=sets), "StatefulSet", "nezha-cache")
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--workers={workers}" in args
 
 
 # -- the controller and the webhook -------------------------------------------------

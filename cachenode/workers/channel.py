@@ -1,0 +1,155 @@
+"""A link between two processes of one node: records, with file descriptors.
+
+The supervisor makes each link as a socketpair (AF_UNIX, SOCK_SEQPACKET) and
+gives one end to each side, so no path on disk or name in the pod's network
+namespace lets any other process join. SEQPACKET keeps record boundaries
+and delivers the descriptors sent with a record together with that record,
+which is what handing a client's connection to another worker needs.
+
+A record is a JSON head and optional raw bytes after it: four bytes of head
+length, the head, the bytes. Records larger than `MAX_RECORD` are the
+sender's to split (a connection's bytes read so far go as continuations).
+Sending never blocks the event loop: what the socket does not take waits in
+order, with the descriptors it carries kept open until it is sent.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import socket
+import struct
+from collections import deque
+from typing import Callable
+
+import structlog
+
+log = structlog.get_logger("nezha.workers")
+
+MAX_RECORD = 60 * 1024
+# Records waiting for a peer that reads nothing: beyond this the peer is
+# taken for stuck and the link is closed (a follower then exits and is
+# started again with a fresh copy of the index), rather than holding memory
+# without bound for it.
+MAX_QUEUED = 100_000
+_MAX_FDS = 4
+_LEN = struct.Struct("!I")
+
+
+def encode(head: dict, tail: bytes = b"") -> bytes:
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    return _LEN.pack(len(raw)) + raw + tail
+
+
+def decode(record: bytes) -> tuple[dict, bytes]:
+    (n,) = _LEN.unpack_from(record)
+    return json.loads(record[4:4 + n]), record[4 + n:]
+
+
+class Channel:
+    """One end of a link, driven by the running event loop.
+
+    `on_record(head, tail, fds)` gets every record in order (it owns the fds);
+    `on_closed()` is called once when the other side is gone."""
+
+    def __init__(self, sock: socket.socket, *, on_record: Callable[[dict, bytes, list[int]], None],
+                 on_closed: Callable[[], None]) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self._on_record = on_record
+        self._on_closed = on_closed
+        self._out: deque[tuple[bytes, list[int]]] = deque()
+        self._loop = asyncio.get_running_loop()
+        self._writing = False
+        self.closed = False
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def send(self, head: dict, tail: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+        """Queue a record; `fds` are the channel's to close once sent (pass dups)."""
+        record = encode(head, tail)
+        if len(record) > MAX_RECORD + 4096:
+            raise ValueError(f"record of {len(record)} bytes: split it below {MAX_RECORD}")
+        if self.closed:
+            for fd in fds:
+                os.close(fd)
+            return
+        self._out.append((record, list(fds)))
+        if len(self._out) > MAX_QUEUED:
+            log.error("worker_link_stuck", queued=len(self._out), reason="the other side reads nothing: link closed")
+            self.close()
+            return
+        if not self._writing:
+            self._flush()
+
+    @property
+    def queued(self) -> int:
+        return len(self._out)
+
+    def _flush(self) -> None:
+        while self._out:
+            record, fds = self._out[0]
+            try:
+                if fds:
+                    self.sock.sendmsg([record], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                else:
+                    self.sock.send(record)
+            except (BlockingIOError, InterruptedError):
+                if not self._writing:
+                    self._writing = True
+                    self._loop.add_writer(self.sock.fileno(), self._flush)
+                return
+            except OSError:
+                self.close()
+                return
+            self._out.popleft()
+            for fd in fds:
+                os.close(fd)
+        if self._writing:
+            self._writing = False
+            self._loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        while not self.closed:
+            try:
+                data, ancdata, _flags, _addr = self.sock.recvmsg(
+                    MAX_RECORD + 4096, socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.close()
+                return
+            fds: list[int] = []
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(payload[:len(payload) - len(payload) % got.itemsize])
+                    fds.extend(got)
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self.close()
+                return
+            try:
+                head, tail = decode(data)
+            except (ValueError, struct.error) as e:
+                for fd in fds:
+                    os.close(fd)
+                log.error("worker_record_malformed", error=str(e), bytes=len(data))
+                continue
+            self._on_record(head, tail, fds)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._loop.remove_reader(self.sock.fileno())
+        if self._writing:
+            self._loop.remove_writer(self.sock.fileno())
+        for _, fds in self._out:
+            for fd in fds:
+                os.close(fd)
+        self._out.clear()
+        self.sock.close()
+        self._on_closed()

@@ -1,0 +1,185 @@
+"""`nezha cache --workers N`: the process that starts a node's workers, starts
+again any that dies, and stops them all on SIGTERM (docs/cache-node.md,
+"Workers").
+
+It serves nothing itself and holds no state beyond the children it
+started, so it has nothing that could fail with them. Worker 0 is the
+primary (the node as a single process is, plus the links); workers 1..N-1
+are followers. Each is this same command, started again with the same
+flags, environment and config file, and told its role in the environment.
+
+Links are socketpairs made here: one end of a control link goes to the
+primary; for each follower, one end of its link goes to the follower and
+the other to the primary, over the control link. So a follower started
+again joins the running primary; a primary started again makes every
+follower leave (its link is gone), and each is started again and joins the
+new one.
+
+Children get SIGKILL if this process dies (nezha.localproc.die_with_parent):
+a node killed with -9 leaves no worker behind on its port.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from cachenode.workers.channel import decode, encode
+from cachenode.workers.plan import restart_delay
+from nezha.localproc import die_with_parent
+
+log = structlog.get_logger("nezha.workers")
+
+ROLE_ENV = "NEZHA_WORKER_ROLE"  # "primary" or "follower"; unset: not a worker
+LINK_ENV = "NEZHA_WORKER_LINK"  # the inherited descriptor of the worker's link
+INDEX_ENV = "NEZHA_WORKER_INDEX"
+_QUICK = 5.0  # an exit this soon after a start counts toward the restart delay
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ready: bool = False
+    ever_ready: bool = False
+    quick_exits: int = 0
+    start_at: float = 0.0  # when to start it again
+    control: socket.socket | None = None  # the primary's control link, our end
+    pending: list = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, argv: list[str], workers: int) -> None:
+        self.argv = argv
+        self.workers = [_Worker(i) for i in range(workers)]
+        self.stopping = False
+        self.exit_code = 0
+
+    @property
+    def primary(self) -> _Worker:
+        return self.workers[0]
+
+    def _spawn(self, worker: _Worker, link: socket.socket) -> None:
+        env = {**os.environ, ROLE_ENV: "primary" if worker.index == 0 else "follower",
+               LINK_ENV: str(link.fileno()), INDEX_ENV: str(worker.index)}
+        # A node killed with -9 leaves no worker serving its port alone.
+        worker.proc = subprocess.Popen([sys.executable, "-m", "nezha", *self.argv], env=env,
+                                       pass_fds=(link.fileno(),), preexec_fn=die_with_parent(signal.SIGKILL))
+        worker.started = time.monotonic()
+        worker.ready = False
+        link.close()
+        log.info("worker_started", worker=worker.index, pid=worker.proc.pid,
+                 role="primary" if worker.index == 0 else "follower")
+
+    def _start_primary(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.primary.control = ours
+        self._spawn(self.primary, theirs)
+
+    def _start_follower(self, worker: _Worker) -> None:
+        control = self.primary.control
+        if control is None or self.primary.proc is None:
+            worker.start_at = time.monotonic() + 0.1  # once there is a primary to join
+            return
+        for_primary, for_follower = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            control.sendmsg([encode({"t": "follower", "worker": worker.index})],
+                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [for_primary.fileno()]))])
+        except OSError:
+            for_follower.close()
+            worker.start_at = time.monotonic() + 0.1
+            return
+        finally:
+            for_primary.close()
+        self._spawn(worker, for_follower)
+
+    def _read_control(self) -> None:
+        control = self.primary.control
+        if control is None:
+            return
+        while True:
+            ready, _, _ = select.select([control], [], [], 0)
+            if not ready:
+                return
+            try:
+                data = control.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                return
+            head, _ = decode(data)
+            if head.get("t") == "ready":
+                index = int(head.get("worker", -1))
+                if 0 <= index < len(self.workers):
+                    w = self.workers[index]
+                    w.ready = w.ever_ready = True
+                    w.quick_exits = 0
+
+    def _reaped(self, worker: _Worker, code: int) -> None:
+        worker.proc = None
+        if worker.index == 0 and worker.control is not None:
+            worker.control.close()
+            worker.control = None
+        if self.stopping:
+            if worker.index == 0:
+                self.exit_code = code
+            return
+        log.error("worker_exited", worker=worker.index, code=code, restart=worker.ever_ready)
+        if not worker.ever_ready:
+            # It never served: a setting or the port is wrong, and would be on every start.
+            self.exit_code = code or 1
+            self.stop()
+            return
+        worker.quick_exits = worker.quick_exits + 1 if time.monotonic() - worker.started < _QUICK else 1
+        worker.start_at = time.monotonic() + restart_delay(worker.quick_exits)
+
+    def stop(self, *_: object) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        self._start_primary()
+        for w in self.workers[1:]:
+            self._start_follower(w)
+        while True:
+            self._read_control()
+            for w in self.workers:
+                if w.proc is not None:
+                    code = w.proc.poll()
+                    if code is not None:
+                        self._reaped(w, code)
+            if self.stopping:
+                if all(w.proc is None for w in self.workers):
+                    return self.exit_code
+            else:
+                now = time.monotonic()
+                if self.primary.proc is None and now >= self.primary.start_at:
+                    self._start_primary()
+                for w in self.workers[1:]:
+                    if w.proc is None and now >= w.start_at:
+                        self._start_follower(w)
+            control = self.primary.control
+            try:
+                select.select([control] if control is not None else [], [], [], 0.05)
+            except InterruptedError:
+                pass
+
+
+def supervise(argv: list[str], workers: int) -> int:
+    return Supervisor(argv, workers).run()
