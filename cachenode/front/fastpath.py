@@ -118,17 +118,21 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
 
 # Request heads already judged by parse_plain, by their exact bytes: clients
 # send the same few heads again and again (one per object they read), and
-# judging one costs more than the rest of a hit's Python. Bounded; cleared
-# when full. A head's verdict depends on its bytes alone, so a stale entry
-# cannot exist.
+# judging one costs more than the rest of a hit's Python. Bounded in count
+# (cleared when full) and in size (longer heads are judged every time), so
+# it holds at most 4 MiB whatever clients send. A head's verdict depends on
+# its bytes alone, so a stale entry cannot exist.
 _JUDGED: dict[bytes, PlainRequest | bool] = {}
 _JUDGED_MAX = 4096
+_JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
 
 
 def plain_request(buf: bytearray) -> PlainRequest | None | bool:
     """`parse_plain(buf)`, remembered for heads seen before."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
     if end < 0:
+        return parse_plain(buf)
+    if end + 4 > _JUDGED_HEAD_MAX:
         return parse_plain(buf)
     head = bytes(buf[:end + 4])
     verdict = _JUDGED.get(head)

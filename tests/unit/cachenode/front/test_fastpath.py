@@ -2,6 +2,7 @@
 
 import pytest
 
+from cachenode.front import fastpath
 from cachenode.front.fastpath import PlainRequest, parse_plain, plain_request
 
 GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
@@ -71,3 +72,15 @@ def test_a_remembered_verdict_is_the_verdict_of_the_head_itself(raw):
     give exactly what parse_plain gives."""
     for tail in (b"", b"GET /next", b"", b"POST /other HTTP/1.1\r\n\r\n"):
         assert plain_request(bytearray(raw + tail)) == parse_plain(raw + tail)
+
+
+def test_remembered_heads_stay_bounded_in_count_and_size():
+    """Clients choose the heads: at most _JUDGED_MAX of them, none longer than _JUDGED_HEAD_MAX, are kept."""
+    fastpath._JUDGED.clear()
+    long_head = GET + b"User-Agent: " + b"a" * 2000 + b"\r\n\r\n"
+    assert isinstance(plain_request(bytearray(long_head)), PlainRequest)
+    assert not fastpath._JUDGED  # judged, not kept
+    for i in range(fastpath._JUDGED_MAX + 10):
+        plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\n\r\n" % i))
+    assert 0 < len(fastpath._JUDGED) <= fastpath._JUDGED_MAX
+    assert sum(map(len, fastpath._JUDGED)) <= fastpath._JUDGED_MAX * fastpath._JUDGED_HEAD_MAX
