@@ -328,7 +328,7 @@ class CacheSettings(_Base):
     capacity: int | None = None
     origin_connect_timeout: float = 5.0
     origin_read_timeout: float = 30.0
-    chunk_size: int = 256 * 1024
+    read_size: int = 256 * 1024
     # Send stored objects with sendfile(2); off falls back to read+write
     # (for filesystems or transports without sendfile, and to test both paths).
     sendfile: bool = True

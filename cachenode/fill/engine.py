@@ -53,7 +53,7 @@ class LeaderGone(FillAborted):
 
 # A fill reads its origin (or peer) in pieces of up to this size: one per
 # object however many clients wait, so larger than a client stream's
-# chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
+# read_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
 # at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
 # direction (docs/benchmarks.md, "Cold fills in parallel ranges").
 FILL_READ = 1024 * 1024
@@ -475,14 +475,14 @@ class FillEngine:
 
         fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
-                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
+                            read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
                             read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
         fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
-                              chunk_size=FILL_READ, what=source.what)
+                              read_size=FILL_READ, what=source.what)
 
         return fetch, fallback
 

@@ -109,7 +109,7 @@ class _Body:
 
 class PeerRelay:
     def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
-                 header_timeout: float, chunk_size: int, down_for: float = 5.0,
+                 header_timeout: float, read_size: int, down_for: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
                  cluster_token: str | None = None) -> None:
         """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
@@ -125,7 +125,7 @@ class PeerRelay:
         self.header_timeout = header_timeout
         self.read_timeout = read_timeout
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=peer_timeout, sock_read=read_timeout)
-        self.chunk_size = chunk_size
+        self.read_size = read_size
         self.down_for = down_for
         self._clock = clock
         self._down_until: dict[str, float] = {}
@@ -344,7 +344,7 @@ class PeerRelay:
             if self.splice and splice.usable(r, request):
                 await splice.splice_body(r, request, body.out, read_timeout=self.read_timeout, on_bytes=count)
             else:
-                async for chunk in r.content.iter_chunked(self.chunk_size):
+                async for chunk in r.content.iter_chunked(self.read_size):
                     try:
                         await body.out.write(chunk)
                     except ConnectionError as e:  # aiohttp's reset error is a ClientError too: not the owner's

@@ -335,7 +335,7 @@ class Responder:
                         raise BrokenStream(f"sent {done + sent} of {count} bytes")
                     return
             loop = asyncio.get_running_loop()
-            chunk = max(self.settings.chunk_size, TLS_CHUNK) if tls else self.settings.chunk_size
+            chunk = max(self.settings.read_size, TLS_CHUNK) if tls else self.settings.read_size
             while done < count:
                 data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
                 if not data:
@@ -495,7 +495,7 @@ class Responder:
             try:
                 await resp.prepare(request)
                 if request.method != "HEAD":
-                    async for chunk in response.content.iter_chunked(self.settings.chunk_size):
+                    async for chunk in response.content.iter_chunked(self.settings.read_size):
                         received += len(chunk)
                         await resp.write(chunk)
                         sent += len(chunk)
