@@ -44,6 +44,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster.view import ClusterView
+from nezha.chunks import chunk_of
 from nezha.ring import Peer
 from nezha.config import CacheSettings, Origin, parse_hostport
 from cachenode.fill.buffer import Fill
@@ -380,6 +381,12 @@ class Handoff:
                         return  # evicted since the listing
                     if meta.hot:
                         return  # a cache of the cache: its owners hold the object, and it is never handed off
+                    if chunk_of(key) is not None:
+                        # A chunk is not handed off yet: its new owner fills it
+                        # from the origin at its first read (its manifest is
+                        # handed off like any object).
+                        p.skipped += 1
+                        return
                     if selecting is None:
                         p.failed += 1
                         p.errors.append(f"{key}: its variant cannot be spelled as request fields")

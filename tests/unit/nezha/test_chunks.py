@@ -4,13 +4,14 @@ the ring."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nezha.chunks import Layout, Piece, chunk_key, chunk_of, chunk_owners, chunks_on
+from nezha.chunks import Layout, Piece, chunk_key, chunk_of, chunks_on, place
 from nezha.keys import key_for, parse_target
 from nezha.ring import Ring
 
@@ -86,11 +87,50 @@ def test_chunking_is_off_at_threshold_zero_and_on_at_the_threshold():
     assert not chunks_on(100, None)
 
 
-def test_chunks_of_one_object_spread_over_the_ring():
-    """32 chunks of a 1 GiB object over four nodes: none owns more than 40% of them."""
-    ring = Ring({f"node-{i}": 1 for i in range(4)})
-    key = "http://www.cs.toronto.edu/~kriz/big.bin"
-    owners = Counter(chunk_owners(ring, key, i, 32 * MiB, 1)[0] for i in range(32))
-    assert len(owners) == 4
-    assert max(owners.values()) <= 0.4 * 32
-    assert chunk_owners(ring, key, 3, 32 * MiB, 2) == ring.owners(chunk_key(key, 3, 32 * MiB), 2)
+KEYS = [f"http://www.cs.toronto.edu/datasets/obj-{k}.bin" for k in range(300)]
+FOUR = Ring({f"node-{i}": 1 for i in range(4)})
+
+
+def shares(table: list[list[str]]) -> Counter:
+    return Counter(n for owners in table for n in owners)
+
+
+def test_the_ring_alone_would_give_one_node_more_than_40_percent_of_many_objects():
+    """Why `place` bounds loads: 32 chunks hashed onto four nodes overload one of them too often."""
+    over = sum(max(Counter(FOUR.owners(chunk_key(k, i, 32 * MiB), 1)[0] for i in range(32)).values()) > 0.4 * 32
+               for k in KEYS)
+    assert over > len(KEYS) // 10
+
+
+@pytest.mark.parametrize(("count", "replicas"), [(32, 1), (16, 1), (32, 2), (5, 1)])
+def test_no_node_owns_more_than_its_bounded_share_of_any_object(count, replicas):
+    layout = Layout(size=count * 32 * MiB, chunk_size=32 * MiB)
+    cap = math.ceil(1.25 * count * replicas / 4)
+    for key in KEYS:
+        table = place(FOUR, key, layout, replicas)
+        assert all(len(set(owners)) == replicas for owners in table)
+        assert max(shares(table).values()) <= cap
+        if count >= 16 and replicas == 1:
+            assert max(shares(table).values()) <= 0.4 * count
+
+
+def test_placement_starts_from_the_ring_owner_of_each_chunk_key():
+    layout = Layout(size=32 * 32 * MiB, chunk_size=32 * MiB)
+    key = KEYS[0]
+    table = place(FOUR, key, layout, 1)
+    same = sum(table[i] == FOUR.owners(chunk_key(key, i, layout.chunk_size), 1) for i in range(layout.count))
+    assert same >= layout.count * 0.7, "most chunks sit where the ring puts them; only the overload moves on"
+
+
+def test_a_fifth_node_moves_about_a_fifth_of_the_chunks():
+    five = Ring({f"node-{i}": 1 for i in range(5)})
+    layout = Layout(size=32 * 32 * MiB, chunk_size=32 * MiB)
+    moved = sum(a != b for key in KEYS for a, b in zip(place(FOUR, key, layout, 1), place(five, key, layout, 1)))
+    assert moved / (len(KEYS) * layout.count) < 0.3
+
+
+def test_every_node_computes_the_same_table_and_an_empty_ring_none():
+    layout = Layout(size=10 * MiB, chunk_size=MiB)
+    again = Ring({f"node-{i}": 1 for i in reversed(range(4))})
+    assert place(FOUR, KEYS[1], layout, 2) == place(again, KEYS[1], layout, 2)
+    assert place(Ring({}), KEYS[1], layout, 1) == [[]] * 10

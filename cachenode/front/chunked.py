@@ -1,0 +1,406 @@
+"""Chunked objects: reading them for a client, and serving and filling one chunk.
+
+An object at least `chunk_threshold` long is stored as chunks (nezha/chunks.py
+says which bytes each holds and under which key). The owner of the object's
+key stores a manifest (`Meta.chunk_size`, `Meta.length`, the origin's
+headers, an empty data file; fill/engine.py); each chunk is an object of its
+own on the owners of its chunk key, filled from the origin by one of them with
+`Range` + `If-Range` on the manifest's strong validator.
+
+Reading (`ChunkReads.send`): the node answering the client, whichever it is,
+writes the bytes the client asked for in order, chunk by chunk. Each needed
+chunk is asked of its owner (a peer GET of the object's URL with
+CHUNK_HEADER and a Range inside that chunk), `WINDOW` chunks ahead of the one
+being written, so cold chunks fill on their owners in parallel while the
+client reads. Bytes are copied in `read_size` pieces: nothing holds a chunk
+in memory. A chunk this node owns is sent from its own disk (sendfile).
+
+Filling (`ChunkReads.local_chunk`): one origin fetch per chunk per node,
+whoever asks (concurrent askers wait on the same fill), read to the chunk's
+file and committed before it is served. An answer that is not exactly those
+bytes of the manifest's version (a 200, another ETag, a wrong Content-Range)
+is `ChunkChanged`: nothing is stored, the reader's client gets a broken
+response (never a mix of two versions), and the manifest is dropped so the
+next request starts again from the origin's current answer.
+
+When no owner of a chunk answers, the reading node takes the chunk's bytes
+from the origin itself under the same validator (not stored): a job never
+fails because a cache node did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.counts import Counts
+from cachenode.cluster.peer_auth import peer_auth
+from cachenode.cluster.view import ClusterView
+from cachenode.fill.engine import FILL_READ
+from cachenode.fill.parallel import Validator, partial_mismatch
+from cachenode.fill.upstream import Upstream
+from cachenode.front.access import access
+from cachenode.front.exact_head import ExactResponse
+from cachenode.front.relay import PeerRelay
+from cachenode.front.respond import BrokenStream, origin_failure
+from cachenode.http.conditionals import parse_range
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.chunks import Layout, Piece, chunk_key, place
+from nezha.config import CacheSettings
+from nezha.errors import FillAborted, NezhaError, OriginError
+from nezha.keys import Target, target_of
+from nezha.ring import Peer
+from nezha.wire import CHUNK_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER
+
+log = structlog.get_logger("nezha.chunks")
+
+# Chunks asked of their owners ahead of the one being written to the client:
+# enough to keep several owners filling (or sending) at once, few enough that
+# a client that stops reading holds only this many open answers.
+WINDOW = 4
+# A stored chunk is never judged by freshness: it is one version's bytes,
+# checked against the manifest's validator on every read. This only dates it.
+CHUNK_LIFETIME = 365 * 24 * 3600.0
+
+
+class ChunkChanged(FillAborted):
+    """The origin's answer for a chunk is not of the manifest's version: the object changed."""
+
+
+class ChunkUnavailable(NezhaError):
+    """No owner of a chunk, nor the origin, could send it."""
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """What a peer's chunk request names (CHUNK_HEADER): chunk `index` of an
+    object of `length` bytes cut `chunk_size` long, of the version `validator` names."""
+
+    index: int
+    chunk_size: int
+    length: int
+    validator: Validator
+
+    def header(self) -> str:
+        return json.dumps({"index": self.index, "chunk_size": self.chunk_size, "length": self.length,
+                           "etag": self.validator.etag, "last_modified": self.validator.last_modified})
+
+    @classmethod
+    def parse(cls, value: str) -> "ChunkSpec":
+        """Raises ValueError naming what is wrong."""
+        try:
+            raw = json.loads(value)
+            index, chunk_size, length = int(raw["index"]), int(raw["chunk_size"]), int(raw["length"])
+            etag, last_modified = raw.get("etag"), raw.get("last_modified")
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{CHUNK_HEADER} {value[:200]!r} is not a chunk request: {e}") from e
+        if etag is None and last_modified is None:
+            raise ValueError(f"{CHUNK_HEADER} names no validator: a chunk is only ever of one version")
+        layout = Layout(size=length, chunk_size=chunk_size)  # ValueError for nonsense sizes
+        if not 0 <= index < layout.count:
+            raise ValueError(f"chunk {index} of an object of {layout.count} chunks")
+        return cls(index=index, chunk_size=chunk_size, length=length,
+                   validator=Validator(etag=etag, last_modified=last_modified))
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(size=self.length, chunk_size=self.chunk_size)
+
+
+def manifest_validator(meta: Meta) -> Validator:
+    """The validator every chunk of `meta`'s object is fetched and checked
+    under: its strong ETag alone when it has one (If-Range sends it; a 206
+    carries it), else its Last-Modified (fill/parallel.py if_range_validator)."""
+    etag = meta.etag if meta.etag is not None and not meta.etag.startswith("W/") else None
+    return Validator(etag=etag, last_modified=None if etag is not None else meta.last_modified)
+
+
+class _Opened:
+    """One piece of the read, its source already asked: a peer's or the
+    origin's answer (`response`), or a file of this node's store (`meta`)."""
+
+    def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
+                 meta: Meta | None = None, source: str) -> None:
+        self.piece = piece
+        self.response = response
+        self.meta = meta
+        self.source = source
+
+    def close(self) -> None:
+        if self.response is not None:
+            self.response.release()
+
+
+class ChunkReads:
+    def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, cluster: ClusterView,
+                 relay: PeerRelay, counts: Counts, metrics: Metrics, via: str,
+                 send_file: Callable[..., Awaitable[None]], forget: Callable[[Meta, str], Awaitable[None]],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.node_id = settings.identity
+        self.store = store
+        self.upstream = upstream
+        self.cluster = cluster
+        self.relay = relay
+        self.counts = counts
+        self.metrics = metrics
+        self.via = via
+        self.send_file = send_file  # Responder.send_file: sendfile from a stored file to a client
+        self.forget = forget  # drop a manifest whose object changed at the origin
+        self._clock = clock
+        self._filling: dict[str, asyncio.Task] = {}
+
+    # -- a client's read -----------------------------------------------------------
+    async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
+                   length: int) -> None:
+        """Write bytes [start, start + length) of the chunked object `meta` to `resp` (prepared), in order.
+
+        Raises BrokenStream-like errors for the caller to break the connection
+        on (the client must never see a short object as whole): ClientGone
+        when the client went away, FillAborted / ChunkUnavailable when a chunk
+        could not be had.
+        """
+        target = target_of(meta.key)
+        validator = manifest_validator(meta)
+        layout = Layout(size=meta.length, chunk_size=meta.chunk_size)
+        owners = self.owners(meta.key, layout)
+        pieces = collections.deque(layout.pieces(start, length))
+        ahead: collections.deque[asyncio.Task] = collections.deque()
+
+        def top_up() -> None:
+            while pieces and len(ahead) < WINDOW:
+                piece = pieces.popleft()
+                ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
+                                                              owners[piece.index])))
+
+        try:
+            top_up()
+            while ahead:
+                try:
+                    opened = await ahead.popleft()
+                except ChunkChanged as e:
+                    await self.forget(meta, str(e))
+                    raise BrokenStream(str(e)) from e
+                except NezhaError as e:
+                    raise BrokenStream(f"{meta.key}: {e}") from e
+                top_up()
+                try:
+                    await self._write(request, resp, opened)
+                finally:
+                    opened.close()
+        finally:
+            for task in ahead:
+                task.cancel()
+            for result in await asyncio.gather(*ahead, return_exceptions=True):
+                if isinstance(result, _Opened):
+                    result.close()
+
+    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: _Opened) -> None:
+        piece = opened.piece
+        if opened.meta is not None:
+            try:
+                f = open(self.store.data_path(opened.meta), "rb")
+            except FileNotFoundError as e:
+                raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
+            with f:
+                await self.send_file(request, resp, f, piece.offset, piece.length)
+            return
+        assert opened.response is not None
+        sent = 0
+        try:
+            async for data in opened.response.content.iter_chunked(self.settings.read_size):
+                sent += len(data)
+                if sent > piece.length:
+                    raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
+                await resp.write(data)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise BrokenStream(f"{opened.source} broke off after {sent} of {piece.length} bytes: "
+                               f"{type(e).__name__}") from e
+        if sent != piece.length:
+            raise BrokenStream(f"{opened.source} sent {sent} of {piece.length} bytes")
+
+    def owners(self, key: str, layout: Layout) -> list[list[Peer]]:
+        """The owners of every chunk of `key` under this node's ring (nezha/chunks.py `place`)."""
+        snap = self.cluster.snapshot
+        if not snap.nodes:
+            return [[] for _ in range(layout.count)]
+        table = place(snap.ring(), key, layout, self.cluster.replicas)
+        return [[Peer(n, snap.nodes[n]) for n in ids] for ids in table]
+
+    async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
+                    piece: Piece, owners: list[Peer]) -> _Opened:
+        """Ask for `piece`: of this node's store when it owns the chunk (or
+        the ring is empty), else of its owners in ring order, else of the origin."""
+        ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
+        url = self._origin_url(target)
+        if not owners or any(p.id == self.node_id for p in owners):
+            stored = await self.local_chunk(key=meta.key, url=url, host=target.host, layout=layout,
+                                            index=piece.index, validator=validator)
+            return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
+        spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        for peer in self.relay.order(owners):
+            opened = await self._ask_owner(peer, target, spec, piece)
+            if opened is not None:
+                return opened
+        log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
+        return await self._from_origin(url, layout, validator, piece, key=meta.key)
+
+    async def _ask_owner(self, peer: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> _Opened | None:
+        """`peer`'s answer for `piece`; None when it cannot be used and the next source should be tried."""
+        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                   CHUNK_HEADER: spec.header(),
+                   "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}",
+                   **peer_auth(self.settings.cluster_token)}
+        try:
+            r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
+        except OriginError as e:
+            self.relay.mark_down(peer, str(e))
+            return None
+        source = f"peer {peer.id} (chunk {spec.index})"
+        if r.status == 412:
+            why = (await r.text())[:300].strip()
+            r.release()
+            raise ChunkChanged(f"{source}: {why}")
+        if r.status >= 500 and ORIGIN_ERROR_HEADER in r.headers:
+            why = r.headers[ORIGIN_ERROR_HEADER]
+            r.release()
+            raise ChunkUnavailable(f"{source}: the origin failed: {why}")
+        if r.status not in (200, 206) or r.content_length != piece.length:
+            log.warning("chunk_peer_refused", peer=peer.id, status=r.status, length=r.content_length,
+                        wanted=piece.length)
+            r.release()
+            if r.status >= 500:
+                self.relay.mark_down(peer, f"answered {r.status} for a chunk")
+            return None
+        return _Opened(piece, response=r, source=source)
+
+    async def _from_origin(self, url: str, layout: Layout, validator: Validator, piece: Piece, *,
+                           key: str) -> _Opened:
+        """`piece` straight from the origin, not stored: every owner of its chunk is down."""
+        first, _ = layout.span(piece.index)
+        lo, hi = first + piece.offset, first + piece.offset + piece.length - 1
+        r = await self.upstream.request("GET", url, headers={"Range": f"bytes={lo}-{hi}",
+                                                             "If-Range": validator.if_range, "Via": self.via},
+                                        what=f"origin {url}")
+        why = partial_mismatch(r.status, r.headers, first=lo, last=hi, total=layout.size, validator=validator)
+        if why is not None:
+            r.release()
+            raise ChunkChanged(f"origin {url} for bytes {lo}-{hi} of {key}: {why}")
+        return _Opened(piece, response=r, source=f"origin {url}")
+
+    def _origin_url(self, target: Target) -> str:
+        origin = self.settings.origin_table.get(target.host)
+        if origin is None:
+            raise ChunkUnavailable(f"{target.host} is no longer a configured origin")
+        return origin.upstream_for(target.scheme, target.host) + target.path_qs
+
+    # -- a chunk's owner ----------------------------------------------------------------
+    async def serve(self, request: web.Request, *, key: str, url: str, target: Target) -> web.StreamResponse:
+        """A peer's request for one chunk (CHUNK_HEADER): the Range asked of
+        it, from this node's disk, filled from the origin first if needed."""
+        record = access(request)
+        record.cache = "chunk"
+        try:
+            spec = ChunkSpec.parse(request.headers[CHUNK_HEADER])
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
+        layout = spec.layout
+        try:
+            stored = await self.local_chunk(key=key, url=url, host=target.host, layout=layout, index=spec.index,
+                                            validator=spec.validator)
+        except ChunkChanged as e:
+            raise web.HTTPPreconditionFailed(text=f"{e}\n")
+        except OriginError as e:
+            raise origin_failure(e)
+        size = layout.length_of(spec.index)
+        asked = parse_range(request.headers.get("Range", ""), size)
+        if asked is False:
+            raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
+        start, count = asked if asked else (0, size)
+        try:
+            f = open(self.store.data_path(stored), "rb")
+        except FileNotFoundError:
+            raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was evicted while asked for; ask again\n")
+        with f:
+            resp = ExactResponse(status=206 if asked else 200)
+            if asked:
+                resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+            resp.headers[SERVED_BY_HEADER] = self.node_id
+            resp.content_length = count
+            await resp.prepare(request)
+            await self.send_file(request, resp, f, start, count)
+            await resp.write_eof()
+        record.bytes = count
+        self.counts.accessed(stored.key)
+        return resp
+
+    async def local_chunk(self, *, key: str, url: str, host: str, layout: Layout, index: int,
+                          validator: Validator) -> Meta:
+        """Chunk `index` of `key` from this node's store, filled from the
+        origin first when it is missing or of another version; one fill per
+        chunk however many ask at once."""
+        ckey = chunk_key(key, index, layout.chunk_size)
+        meta = self.store.lookup(ckey)
+        if meta is not None and validator.mismatch(dict(meta.headers)) is None:
+            return meta
+        task = self._filling.get(ckey)
+        if task is None:
+            task = asyncio.ensure_future(self._fill(ckey, url=url, host=host, layout=layout, index=index,
+                                                    validator=validator))
+            self._filling[ckey] = task
+            task.add_done_callback(lambda _: self._filling.pop(ckey, None))
+        # A reader that goes away leaves the fill running for the others (and the next read).
+        return await asyncio.shield(task)
+
+    async def _fill(self, ckey: str, *, url: str, host: str, layout: Layout, index: int,
+                    validator: Validator) -> Meta:
+        first, last = layout.span(index)
+        size = last - first + 1
+        started = time.monotonic()
+        headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
+        response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
+        try:
+            why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
+                                   validator=validator)
+            if why is not None:
+                log.warning("chunk_changed", key=ckey, url=url, reason=why)
+                raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
+                                   f"changed since it was chunked; nothing stored")
+            temp = await self.store.new_temp()
+            temp.reserved = size
+            self.store.reserve(size)
+            try:
+                async for data in response.content.iter_chunked(FILL_READ):
+                    if temp.written + len(data) > size:
+                        raise FillAborted(f"origin {url} sent more than the {size} bytes of chunk {index}")
+                    await self.store.write(temp, data)
+                    self.metrics.bytes_from_origin.inc(len(data))
+                    self.counts.count(host, bytes_from_origin=len(data), metrics=False)
+                if temp.written != size:
+                    raise FillAborted(f"origin {url} sent {temp.written} of the {size} bytes of chunk {index}")
+                now = self._clock()
+                pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
+                              if v is not None)
+                stored = await self.store.commit(temp, Meta(key=ckey, url=url, host=host, size=0, headers=pairs,
+                                                            stored_at=now, expires_at=now + CHUNK_LIFETIME))
+            except BaseException:
+                await self.store.discard(temp)
+                raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise FillAborted(f"origin {url} broke off chunk {index}: {type(e).__name__}: {e}") from e
+        finally:
+            response.release()
+        self.counts.stored(stored)
+        log.info("chunk_filled", key=ckey, bytes=size, seconds=round(time.monotonic() - started, 3))
+        return stored
+

@@ -1,0 +1,141 @@
+"""Large objects chunked across the ring (issue 27, part 2): an object at least `chunk_threshold` long is
+stored as `chunk_size` chunks, each on the owner of its own key and filled from the origin by that owner with
+one Range + If-Range request; any node answers a whole or ranged read in order from the chunks' owners.
+
+In-process nodes on 127.0.0.1, each on its own port and disk, sharing one ring (the `cluster` fixture), R = 1.
+Sizes are kept modest (a 64 MiB object in 4 MiB chunks: 16 of them) so the suite stays quick on a loaded box.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+
+import pytest
+from multidict import CIMultiDict
+
+from nezha.chunks import Layout, chunk_of
+from tests.integration.cachenode.conftest import HOST, key_of
+
+MiB = 1 << 20
+PATH = "/datasets/coco/train2017.zip"
+KEY = key_of(PATH)
+SIZE = 64 * MiB
+CHUNK = 4 * MiB
+CHUNKED = {"chunk_threshold": 32 * MiB, "chunk_size": CHUNK}
+
+
+def body_of(size: int, seed: bytes = b"") -> bytes:
+    """Bytes no two offsets of which repeat within a chunk, so any misplaced piece shows."""
+    block = b"".join(hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(MiB // 32))
+    return b"".join(bytes([n % 256]) + block[1:] for n in range(size // MiB)) + block[:size % MiB]
+
+
+BODY = body_of(SIZE)
+
+
+def put(origin, body: bytes = BODY, **kwargs) -> None:
+    origin.put(PATH, body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}, **kwargs)
+
+
+def chunk_bytes(nodes) -> dict[str, int]:
+    """Bytes of chunks of KEY each node stores."""
+    held = Counter()
+    for nid, nd in nodes.items():
+        for meta in nd.node.store.metas():
+            found = chunk_of(meta.key)
+            if found is not None and found[0] == KEY:
+                held[nid] += meta.size
+    return dict(held)
+
+
+async def read(node, session, headers=None) -> tuple[int, CIMultiDict, str, int]:
+    """GET PATH through `node`: status, headers, SHA-256 of the body, its length (streamed, never held)."""
+    digest, n = hashlib.sha256(), 0
+    async with session.get(node.url + PATH, headers={"Host": HOST, **(headers or {})}) as r:
+        async for data in r.content.iter_chunked(1 << 20):
+            digest.update(data)
+            n += len(data)
+        return r.status, r.headers.copy(), digest.hexdigest(), n
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_per_chunk(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    first = next(iter(nodes.values()))
+    status, headers, digest, n = await read(first, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    spans = sorted(f"bytes={a}-{b}" for a, b in map(layout.span, range(layout.count)))
+    ranges = [h.get("Range") for h in origin.request_headers]
+    assert ranges[0] is None, "the first answer is the whole object's, closed unread once it shows its size"
+    assert sorted(ranges[1:]) == spans, "then one ranged fetch per chunk, each once"
+    assert all(h.get("If-Range") == origin.etags[PATH] for h in origin.request_headers[1:])
+    held = chunk_bytes(nodes)
+    assert sum(held.values()) == SIZE and len(held) == 4
+    assert max(held.values()) <= 0.4 * SIZE, f"one node holds more than 40% of the object: {held}"
+    # The manifest's owner stores no byte of the object itself.
+    manifests = [nd.node.store.lookup(KEY) for nd in nodes.values() if KEY in nd.node.store]
+    assert len(manifests) == 1 and manifests[0].size == 0 and manifests[0].length == SIZE
+    # A whole read through every node is exact and in order, with no new origin fetch.
+    for node in nodes.values():
+        status, headers, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+        assert int(headers["Content-Length"]) == SIZE and headers["ETag"] == origin.etags[PATH]
+    assert origin.requests[PATH] == 1 + layout.count
+
+
+@pytest.mark.parametrize("asked", [(SIZE // 2 - 100, SIZE // 2 + 100), (5 * CHUNK, 6 * CHUNK - 1),
+                                   (SIZE - 10, SIZE - 1)])
+async def test_a_range_fetches_only_the_chunks_it_needs(origin, cluster, session, asked):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    a, b = asked
+    for node in nodes.values():  # the first read fills, the others find the chunks stored
+        status, headers, digest, n = await read(node, session, headers={"Range": f"bytes={a}-{b}"})
+        assert (status, n, digest) == (206, b - a + 1, sha(BODY[a:b + 1]))
+        assert headers["Content-Range"] == f"bytes {a}-{b}/{SIZE}"
+    needed = {a // CHUNK, b // CHUNK}
+    ranges = [h.get("Range") for h in origin.request_headers]
+    assert ranges[0] is None
+    fetched = sorted(int(re.match(r"bytes=(\d+)-", r).group(1)) // CHUNK for r in ranges[1:])
+    assert fetched == sorted(needed), f"fetched chunks {fetched} for bytes {a}-{b}"
+
+
+async def test_a_chunked_object_larger_than_any_node_capacity_is_cached_and_served(origin, cluster, session):
+    put(origin)
+    capacity = 40 * MiB  # each node holds less than the 64 MiB object
+    nodes, _ = await cluster(4, capacity=capacity, **CHUNKED)
+    for node in nodes.values():
+        status, _, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK, "every chunk was kept: no chunk was fetched twice"
+    assert all(nd.node.store.used_bytes <= capacity for nd in nodes.values())
+    assert sum(chunk_bytes(nodes).values()) == SIZE
+
+
+async def test_a_node_alone_chunks_and_serves_from_its_own_disk(origin, make_node, session):
+    put(origin)
+    node = await make_node(**CHUNKED)
+    for _ in range(2):
+        status, headers, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+    assert node.node.store.used_bytes == SIZE
+
+
+async def test_chunking_off_stores_the_object_whole(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(2, chunk_threshold=0, chunk_size=CHUNK)
+    status, _, digest, n = await read(next(iter(nodes.values())), session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    for nd in nodes.values():
+        await nd.node.settled()
+    assert chunk_bytes(nodes) == {}
+    assert any(nd.node.store.lookup(KEY) is not None and nd.node.store.lookup(KEY).size == SIZE
+               for nd in nodes.values())
