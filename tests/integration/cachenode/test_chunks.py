@@ -8,15 +8,19 @@ Sizes are kept modest (a 64 MiB object in 4 MiB chunks: 16 of them) so the suite
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections import Counter
 
+import aiohttp
 import pytest
 from multidict import CIMultiDict
 
 from nezha.chunks import Layout, chunk_of
-from tests.integration.cachenode.conftest import HOST, key_of
+from structlog.testing import capture_logs
+
+from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
 
 MiB = 1 << 20
 PATH = "/datasets/coco/train2017.zip"
@@ -139,3 +143,54 @@ async def test_chunking_off_stores_the_object_whole(origin, cluster, session):
     assert chunk_bytes(nodes) == {}
     assert any(nd.node.store.lookup(KEY) is not None and nd.node.store.lookup(KEY).size == SIZE
                for nd in nodes.values())
+
+
+async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mixed(origin, cluster, session):
+    """Chunk 0 is stored; the origin then replaces the object. A read that needs chunk 0 and chunk 1 finds
+    chunk 1 of another version (its ETag): the client's body breaks rather than end in the new bytes, no chunk
+    of the new version is stored under the old manifest, and the next read is the new object, whole."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    reader = next(iter(nodes.values()))
+    status, _, digest, _ = await read(reader, session, headers={"Range": f"bytes=0-{CHUNK - 1}"})
+    assert (status, digest) == (206, sha(BODY[:CHUNK]))
+    new = body_of(SIZE, seed=b"v2")
+    put(origin, new)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await read(reader, session)
+    for nd in nodes.values():
+        await nd.node.settled()
+        for meta in nd.node.store.metas():
+            found = chunk_of(meta.key)
+            assert found is None or meta.etag != origin.etags[PATH], "a chunk of the new version was stored"
+    status, headers, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(new))
+    assert headers["ETag"] == origin.etags[PATH]
+
+
+async def test_concurrent_cold_reads_through_every_node_fetch_each_chunk_once(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    results = await asyncio.gather(*(read(node, session) for node in nodes.values() for _ in range(2)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+    ranges = [h.get("Range") for h in origin.request_headers[1:]]
+    assert len(set(ranges)) == len(ranges) == SIZE // CHUNK
+
+
+async def test_a_relayed_read_takes_the_manifest_not_the_bytes_from_the_key_owner(origin, cluster, session):
+    """The node a client asks reads the chunks from their owners itself: the owner of the object's key sends
+    it the manifest (no body), so one object's bytes never funnel through that one node."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    (owner,), others = owner_and_other(nodes, PATH)
+    await read(nodes[owner], session)  # stored: the manifest on `owner`, the chunks everywhere
+    with capture_logs() as logs:
+        status, headers, digest, n = await read(nodes[others[0]], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert headers["X-Nezha-Cache"] == "peer-hit"
+    answered = [e for e in logs if e.get("event") == "request_completed" and e.get("cache") != "chunk"]
+    assert [e["bytes"] for e in answered] == [0, SIZE], "the owner sent the manifest alone, the reader the object"
+    served = [e["bytes"] for e in logs if e.get("event") == "request_completed" and e.get("cache") == "chunk"]
+    assert sum(served) + sum(
+        m.size for m in nodes[others[0]].node.store.metas() if chunk_of(m.key)) == SIZE
