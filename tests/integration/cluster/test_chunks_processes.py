@@ -1,0 +1,90 @@
+"""Chunks in a real cluster (issue 27, part 2): four `nezha cache` processes (R = 1), a real redis-server, a
+local origin, and the issue's sizes: a 1 GiB object in 32 MiB chunks (32 of them), each node's --capacity
+half the object.
+
+One origin fetch per chunk; no node holds more than 40% of the object; a whole read through any node is exact
+and in order; a Range in the middle is answered from the chunks already stored; and `redis-cli` names the one
+node that holds each chunk (`SMEMBERS nezha:loc:<chunk key>`, docs/redis-schema.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+from collections import Counter
+
+import aiohttp
+import pytest
+
+from nezha.chunks import Layout, chunk_key, place
+from nezha.config import Origin
+from nezha.dev.local_cluster import LocalCluster
+from nezha.index.schema import key_locations
+from testkit.ports import free_run
+from testkit.tools import require_tool
+from tests.integration.cluster.conftest import HOST, settle, wait_epoch
+
+MiB = 1 << 20
+PATH = "/zips/train2017.zip"
+KEY = f"http://{HOST}{PATH}"
+SIZE = 1024 * MiB
+CHUNK = 32 * MiB
+BODY = (bytes(range(251)) * (SIZE // 251 + 1))[:SIZE]  # 251 is prime: a shifted or misplaced chunk shows
+DIGEST = hashlib.sha256(BODY).hexdigest()
+
+
+@pytest.fixture
+async def chunked_cluster(origin, redis_server, tmp_path):
+    cluster = LocalCluster(nodes=4, origins=[Origin(host=HOST, upstream=origin.url)], data_dir=tmp_path / "c",
+                           base_port=free_run(4), replicas=1, redis_url=redis_server.url, log_level="info",
+                           node_settings={"chunk_threshold": "1GiB", "chunk_size": "32MiB", "capacity": "512MiB"})
+    await cluster.start()
+    await wait_epoch(cluster, await cluster.index.get_membership())
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+async def read(session: aiohttp.ClientSession, url: str, headers: dict | None = None) -> tuple[int, str, int]:
+    digest, size = hashlib.sha256(), 0
+    async with session.get(url + PATH, headers={"Host": HOST, **(headers or {})}) as r:
+        async for data in r.content.iter_chunked(1 << 20):  # streamed: the body is never held here
+            digest.update(data)
+            size += len(data)
+        return r.status, digest.hexdigest(), size
+
+
+def redis_cli(url: str, *args: str) -> str:
+    return subprocess.run([require_tool("redis-cli"), "-u", url, *args], check=True, capture_output=True,
+                          text=True, timeout=10).stdout
+
+
+async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked_cluster, redis_server):
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"})
+    urls = [n.url for n in chunked_cluster.nodes.values()]
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        assert await read(session, urls[0]) == (200, DIGEST, SIZE)
+        assert origin.requests[PATH] == 1 + layout.count, "the first answer, then one fetch per chunk"
+        await settle(chunked_cluster)
+        assert await read(session, urls[1]) == (200, DIGEST, SIZE)
+        a, b = SIZE // 2 - 5 * MiB, SIZE // 2 + 5 * MiB
+        status, digest, size = await read(session, urls[2], headers={"Range": f"bytes={a}-{b}"})
+        assert (status, digest, size) == (206, hashlib.sha256(BODY[a:b + 1]).hexdigest(), b - a + 1)
+    assert origin.requests[PATH] == 1 + layout.count, "later reads came from the chunks' owners"
+    # redis-cli names the node that holds each chunk: the one the ring placed it on.
+    membership = await chunked_cluster.index.get_membership()
+    table = place(membership.ring(), KEY, layout, 1)
+    holders: list[list[str]] = []
+    for _ in range(100):
+        holders = [sorted(redis_cli(redis_server.url, "SMEMBERS", key_locations(chunk_key(KEY, i, CHUNK))).split())
+                   for i in range(layout.count)]
+        if holders == table:
+            break
+        await asyncio.sleep(0.05)
+    assert holders == table
+    held = Counter(owners[0] for owners in holders)
+    assert max(held.values()) * CHUNK <= 0.4 * SIZE, f"chunks per node: {dict(held)}"
+    assert len(held) == 4
