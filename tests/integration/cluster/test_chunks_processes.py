@@ -20,7 +20,7 @@ import pytest
 from nezha.chunks import Layout, chunk_key, place
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
-from nezha.index.schema import key_locations
+from nezha.index.schema import key_locations, key_object
 from testkit.ports import free_run
 from testkit.tools import require_tool
 from tests.integration.cluster.conftest import HOST, settle, wait_epoch
@@ -85,6 +85,9 @@ async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked
             break
         await asyncio.sleep(0.05)
     assert holders == table
+    # The object's own entry (its manifest) gives its whole length; each chunk's, the chunk's.
+    assert redis_cli(redis_server.url, "HGET", key_object(KEY), "size").strip() == str(SIZE)
+    assert redis_cli(redis_server.url, "HGET", key_object(chunk_key(KEY, 31, CHUNK)), "size").strip() == str(CHUNK)
     held = Counter(owners[0] for owners in holders)
     assert max(held.values()) * CHUNK <= 0.4 * SIZE, f"chunks per node: {dict(held)}"
     assert len(held) == 4
