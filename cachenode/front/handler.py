@@ -55,7 +55,7 @@ from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, host_of, key_for, parse_target
 from nezha.ring import Peer
-from nezha.wire import (ADMIN_PATHS, CHUNK_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, FROM_CHILD_HEADER, INTERNAL_PREFIX,
+from nezha.wire import (ADMIN_PATHS, CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, FROM_CHILD_HEADER, INTERNAL_PREFIX,
                         SCHEME_HEADER, CacheOutcome, relayed)
 
 log = structlog.get_logger("nezha.cachenode")
@@ -357,7 +357,8 @@ class Handler:
                     stored_at=now, expires_at=expires_at, age=current_age(answer.headers, now),
                     chunk_size=chunk_size, length=length)
         access(request).peer = peer.id
-        return await self.respond.hit(request, meta, label=relayed(CacheOutcome.HIT))
+        # The owner's own outcome (a miss when its flight stored the manifest just now), as a relay says it.
+        return await self.respond.hit(request, meta, label=relayed(answer.headers.get(CACHE_HEADER, CacheOutcome.HIT)))
 
     async def _forget_changed(self, meta: Meta, why: str) -> None:
         """A chunk of `meta`'s object came back as another version: forget

@@ -74,6 +74,7 @@ async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_p
     first = next(iter(nodes.values()))
     status, headers, digest, n = await read(first, session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert headers["X-Nezha-Cache"] in ("miss", "peer-miss")
     layout = Layout(size=SIZE, chunk_size=CHUNK)
     spans = sorted(f"bytes={a}-{b}" for a, b in map(layout.span, range(layout.count)))
     ranges = [h.get("Range") for h in origin.request_headers]
@@ -87,10 +88,11 @@ async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_p
     manifests = [nd.node.store.lookup(KEY) for nd in nodes.values() if KEY in nd.node.store]
     assert len(manifests) == 1 and manifests[0].size == 0 and manifests[0].length == SIZE
     # A whole read through every node is exact and in order, with no new origin fetch.
-    for node in nodes.values():
+    for nid, node in nodes.items():
         status, headers, digest, n = await read(node, session)
         assert (status, n, digest) == (200, SIZE, sha(BODY))
         assert int(headers["Content-Length"]) == SIZE and headers["ETag"] == origin.etags[PATH]
+        assert headers["X-Nezha-Cache"] == ("hit" if KEY in node.node.store else "peer-hit"), nid
     assert origin.requests[PATH] == 1 + layout.count
 
 
