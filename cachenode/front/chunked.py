@@ -68,6 +68,8 @@ log = structlog.get_logger("nezha.chunks")
 # enough to keep several owners filling (or sending) at once, few enough that
 # a client that stops reading holds only this many open answers.
 WINDOW = 4
+# Times the rest of one piece is asked again after its source broke off mid-piece.
+RESUMES = 3
 # A stored chunk is never judged by freshness: it is one version's bytes,
 # checked against the manifest's validator on every read. This only dates it.
 CHUNK_LIFETIME = 365 * 24 * 3600.0
@@ -130,11 +132,12 @@ class _Opened:
     origin's answer (`response`), or a file of this node's store (`meta`)."""
 
     def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
-                 meta: Meta | None = None, source: str) -> None:
+                 meta: Meta | None = None, source: str, peer: Peer | None = None) -> None:
         self.piece = piece
         self.response = response
         self.meta = meta
         self.source = source
+        self.peer = peer  # the owner answering, when it is a peer
 
     def close(self) -> None:
         if self.response is not None:
@@ -183,21 +186,23 @@ class ChunkReads:
                 ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
                                                               owners[piece.index])))
 
+        async def reopen(rest: Piece, broke: Peer | None) -> _Opened:
+            others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
+            return await self._open(meta, target, layout, validator, rest, others,
+                                    owner=any(p.id == self.node_id for p in owners[rest.index]))
+
         try:
             top_up()
             while ahead:
                 try:
                     opened = await ahead.popleft()
+                    top_up()
+                    await self._write(request, resp, opened, reopen=reopen)
                 except ChunkChanged as e:
                     await self.forget(meta, str(e))
                     raise BrokenStream(str(e)) from e
                 except NezhaError as e:
                     raise BrokenStream(f"{meta.key}: {e}") from e
-                top_up()
-                try:
-                    await self._write(request, resp, opened)
-                finally:
-                    opened.close()
         finally:
             for task in ahead:
                 task.cancel()
@@ -205,29 +210,48 @@ class ChunkReads:
                 if isinstance(result, _Opened):
                     result.close()
 
-    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: _Opened) -> None:
+    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: _Opened, *,
+                     reopen: Callable[[Piece, Peer | None], Awaitable[_Opened]]) -> None:
+        """Write `opened`'s piece to the client. A source that breaks off
+        mid-piece (a peer killed, a connection reset) is marked down and the
+        rest of the piece is asked again, of the chunk's other owners or
+        the origin (`reopen`), at most RESUMES times: the client's body goes
+        on where it was, never short."""
         piece = opened.piece
-        if opened.meta is not None:
-            try:
-                f = open(self.store.data_path(opened.meta), "rb")
-            except FileNotFoundError as e:
-                raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
-            with f:
-                await self.send_file(request, resp, f, piece.offset, piece.length)
-            return
-        assert opened.response is not None
         sent = 0
         try:
-            async for data in opened.response.content.iter_chunked(self.settings.read_size):
-                sent += len(data)
-                if sent > piece.length:
-                    raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
-                await resp.write(data)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise BrokenStream(f"{opened.source} broke off after {sent} of {piece.length} bytes: "
-                               f"{type(e).__name__}") from e
-        if sent != piece.length:
-            raise BrokenStream(f"{opened.source} sent {sent} of {piece.length} bytes")
+            for attempt in range(RESUMES + 1):
+                if opened.meta is not None:
+                    try:
+                        f = open(self.store.data_path(opened.meta), "rb")
+                    except FileNotFoundError as e:
+                        raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
+                    with f:
+                        await self.send_file(request, resp, f, piece.offset + sent, piece.length - sent)
+                    return
+                assert opened.response is not None
+                try:
+                    async for data in opened.response.content.iter_chunked(self.settings.read_size):
+                        if sent + len(data) > piece.length:
+                            raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
+                        sent += len(data)
+                        await resp.write(data)
+                    if sent == piece.length:
+                        return
+                    why = f"ended after {sent} of {piece.length} bytes"
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    why = f"broke off after {sent} of {piece.length} bytes: {type(e).__name__}"
+                log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
+                            reason=why, resume=attempt < RESUMES)
+                if opened.peer is not None:
+                    self.relay.mark_down(opened.peer, f"chunk {piece.index} {why}")
+                opened.close()
+                if attempt == RESUMES:
+                    raise BrokenStream(f"{opened.source} {why}, and no other source finished it")
+                opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
+                                            length=piece.length - sent), opened.peer)
+        finally:
+            opened.close()
 
     def owners(self, key: str, layout: Layout) -> list[list[Peer]]:
         """The owners of every chunk of `key` under this node's ring (nezha/chunks.py `place`)."""
@@ -238,20 +262,29 @@ class ChunkReads:
         return [[Peer(n, snap.nodes[n]) for n in ids] for ids in table]
 
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
-                    piece: Piece, owners: list[Peer]) -> _Opened:
-        """Ask for `piece`: of this node's store when it owns the chunk (or
-        the ring is empty), else of its owners in ring order, else of the origin."""
+                    piece: Piece, owners: list[Peer], owner: bool | None = None) -> _Opened:
+        """Ask for `piece`: of this node's disk when it holds the chunk; else
+        of the owners ahead of this node in ring order (all of them for a
+        non-owner), so a chunk is filled from the origin by its first live
+        owner only; else, as an owner, fill it here; else, with no owner
+        answering, from the origin (not stored). `owner`: whether this node
+        owns the chunk, when `owners` leaves out one that broke off."""
         ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
         url = self._origin_url(target)
-        if not owners or any(p.id == self.node_id for p in owners):
-            stored = await self.local_chunk(key=meta.key, url=url, host=target.host, layout=layout,
-                                            index=piece.index, validator=validator)
-            return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
+        mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
+        held = self.store.lookup(ckey) if mine else None
+        if held is not None and validator.mismatch(dict(held.headers)) is None:
+            return _Opened(piece, meta=held, source=f"chunk {ckey} here")
+        ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)
         spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
-        for peer in self.relay.order(owners):
+        for peer in self.relay.order(ahead):
             opened = await self._ask_owner(peer, target, spec, piece)
             if opened is not None:
                 return opened
+        if mine:
+            stored = await self.local_chunk(key=meta.key, url=url, host=target.host, layout=layout,
+                                            index=piece.index, validator=validator)
+            return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
         log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
         return await self._from_origin(url, layout, validator, piece, key=meta.key)
 
@@ -282,7 +315,7 @@ class ChunkReads:
             if r.status >= 500:
                 self.relay.mark_down(peer, f"answered {r.status} for a chunk")
             return None
-        return _Opened(piece, response=r, source=source)
+        return _Opened(piece, response=r, source=source, peer=peer)
 
     async def _from_origin(self, url: str, layout: Layout, validator: Validator, piece: Piece, *,
                            key: str) -> _Opened:

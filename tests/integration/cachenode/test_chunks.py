@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
 from collections import Counter
 
@@ -196,3 +197,28 @@ async def test_a_relayed_read_takes_the_manifest_not_the_bytes_from_the_key_owne
     served = [e["bytes"] for e in logs if e.get("event") == "request_completed" and e.get("cache") == "chunk"]
     assert sum(served) + sum(
         m.size for m in nodes[others[0]].node.store.metas() if chunk_of(m.key)) == SIZE
+
+
+async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owner_or_the_origin(
+        origin, cluster, session):
+    """R = 2. One node sends half of every chunk it is asked for, then drops the connection (as a node killed
+    mid-read does): the reader goes on from that byte with the chunk's other owner, or the origin, and the
+    client's body is exact and whole."""
+    put(origin)
+    nodes, _ = await cluster(4, replicas=2, **CHUNKED)
+    reader, victim = nodes["n0"], nodes["n1"]
+    broken = []
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        await resp.write(os.pread(f.fileno(), count // 2, offset))
+        broken.append(count)
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    victim.node.handler.chunks.send_file = half_then_hang_up
+    with capture_logs() as logs:
+        status, _, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert broken, "the victim was asked for a chunk and broke off"
+    resumed = [e for e in logs if e.get("event") == "chunk_source_broke"]
+    assert resumed and all(e["resume"] for e in resumed)
