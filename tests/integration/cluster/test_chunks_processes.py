@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import subprocess
 from collections import Counter
 
@@ -34,10 +35,11 @@ BODY = (bytes(range(251)) * (SIZE // 251 + 1))[:SIZE]  # 251 is prime: a shifted
 DIGEST = hashlib.sha256(BODY).hexdigest()
 
 
-@pytest.fixture
-async def chunked_cluster(origin, redis_server, tmp_path):
+@pytest.fixture(params=[1], ids=["r1"])
+async def chunked_cluster(request, origin, redis_server, tmp_path):
     cluster = LocalCluster(nodes=4, origins=[Origin(host=HOST, upstream=origin.url)], data_dir=tmp_path / "c",
-                           base_port=free_run(4), replicas=1, redis_url=redis_server.url, log_level="info",
+                           base_port=free_run(4), replicas=request.param, redis_url=redis_server.url,
+                           log_level="info",
                            node_settings={"chunk_threshold": "1GiB", "chunk_size": "32MiB", "capacity": "512MiB"})
     await cluster.start()
     await wait_epoch(cluster, await cluster.index.get_membership())
@@ -91,3 +93,35 @@ async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked
     held = Counter(owners[0] for owners in holders)
     assert max(held.values()) * CHUNK <= 0.4 * SIZE, f"chunks per node: {dict(held)}"
     assert len(held) == 4
+
+
+@pytest.mark.parametrize("chunked_cluster", [2], ids=["r2"], indirect=True)
+async def test_a_node_killed_mid_read_leaves_the_clients_body_whole(origin, chunked_cluster):
+    """R = 2. A client reads the object slowly through one node; another node, first owner of chunks the read
+    has opened ahead or not reached yet, is killed (SIGKILL). The read completes from each chunk's other owner
+    (or the origin), exact and whole, never truncated."""
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"})
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    membership = await chunked_cluster.index.get_membership()
+    table = place(membership.ring(), KEY, layout, 2)
+    reader = table[0][0]  # the first chunk is local: the read starts at once
+    victim = next(owners[0] for owners in table[2:] if owners[0] != reader)
+    digest, size = hashlib.sha256(), 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with session.get(chunked_cluster.nodes[reader].url + PATH, headers={"Host": HOST}) as r:
+            assert r.status == 200
+            while size < CHUNK + CHUNK // 2:  # into the second chunk; the window has asked ahead
+                data = await r.content.read(1 << 20)
+                digest.update(data)
+                size += len(data)
+            chunked_cluster.nodes[victim].proc.kill()
+            chunked_cluster.nodes[victim].proc.wait(10)
+            async for data in r.content.iter_chunked(1 << 20):
+                digest.update(data)
+                size += len(data)
+    assert (size, digest.hexdigest()) == (SIZE, DIGEST)
+    # The kill was felt: the reader found the victim gone (mid-chunk, or when it asked for a later chunk).
+    events = [json.loads(line) for line in (chunked_cluster.data_dir / f"{reader}.log").read_text().splitlines()
+              if line.startswith("{")]
+    felt = [e for e in events if e.get("event") in ("chunk_source_broke", "peer_marked_down")]
+    assert felt and all(e.get("peer", victim) == victim for e in felt if e["event"] == "peer_marked_down")
