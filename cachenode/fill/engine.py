@@ -95,6 +95,10 @@ class FillEngine:
         self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+        # Whether the ring has other nodes to spread a large object's chunks
+        # over (set by the request handler, which holds the cluster view): a
+        # node alone stores every object whole, as chunking would gain it nothing.
+        self.chunks_spread: Callable[[], bool] = lambda: False
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -237,8 +241,8 @@ class FillEngine:
         From the origin: a 200 at least the origin's chunk_threshold long,
         with byte ranges and a strong validator (each chunk is a Range +
         If-Range under it, as a parallel fill's slices are), not varying,
-        not an `authorize` origin's (each read is the origin's to allow) and
-        not the parent tier's. From a peer: its answer says it is a manifest
+        not an `authorize` origin's (each read is the origin's to allow), not
+        the parent tier's, and only on a node with others in its ring. From a peer: its answer says it is a manifest
         (CHUNKED_HEADER; a replica or a hand-off copies the manifest alone).
         """
         if source.peer is not None:
@@ -251,7 +255,7 @@ class FillEngine:
             except (ValueError, TypeError, KeyError):
                 return None, 0
             return (chunk_size, length) if chunk_size > 0 and length >= 0 else (None, 0)
-        if authorize or vary != () or self.origins.answered_by_parent(response):
+        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks_spread():
             return None, 0
         threshold, chunk_size = self.settings.chunking(origin)
         length = response.content_length

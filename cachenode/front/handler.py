@@ -94,6 +94,7 @@ class Handler:
                                  counts=counts, metrics=metrics, via=respond.via, send_file=respond.send_file,
                                  forget=self._forget_changed)
         respond.chunk_body = self.chunks.send
+        engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,
                                           peers_have_a_token=settings.cluster_token is not None)
