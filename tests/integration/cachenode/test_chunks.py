@@ -222,3 +222,17 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
     assert broken, "the victim was asked for a chunk and broke off"
     resumed = [e for e in logs if e.get("event") == "chunk_source_broke"]
     assert resumed and all(e["resume"] for e in resumed)
+
+
+async def test_a_chunked_object_that_must_be_revalidated_is_revalidated_once_and_read_from_its_chunks(
+        origin, cluster, session):
+    """`Cache-Control: no-cache`: every read asks the origin first; a 304 renews the manifest, and the bytes
+    still come from the chunks, not the origin."""
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    nodes, _ = await cluster(4, **CHUNKED)
+    for node in nodes.values():
+        status, headers, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+    conditional = [h for h in origin.request_headers if "If-None-Match" in h]
+    assert len(conditional) == 3, "one revalidation per later read, by the key's owner"
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK + 3
