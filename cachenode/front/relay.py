@@ -59,7 +59,7 @@ from nezha.keys import Target
 from cachenode.fill.origin import Interim, OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, CHUNKED_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
                         TOKEN_HEADER, EXPIRES_HEADER, AUTHORIZE_HEADER, relayed)
 
 log = structlog.get_logger("nezha.peers")
@@ -149,6 +149,9 @@ class PeerRelay:
         headers = end_to_end(request.headers)
         headers["Host"] = target.host
         headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
+        # A client's chunk request would become this node's, made with its token:
+        # only a node reading a chunked object asks for a chunk (front/chunked.py).
+        headers.pop(CHUNK_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))

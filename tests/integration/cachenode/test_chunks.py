@@ -236,3 +236,42 @@ async def test_a_chunked_object_that_must_be_revalidated_is_revalidated_once_and
     conditional = [h for h in origin.request_headers if "If-None-Match" in h]
     assert len(conditional) == 3, "one revalidation per later read, by the key's owner"
     assert origin.requests[PATH] == 1 + SIZE // CHUNK + 3
+
+
+async def test_head_and_conditionals_on_a_chunked_object_through_a_non_owner(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    (owner,), others = owner_and_other(nodes, PATH)
+    await read(nodes[owner], session)
+    node = nodes[others[0]]
+    status, headers, body = await node.get(session, PATH, method="HEAD")
+    assert (status, int(headers["Content-Length"]), body) == (200, SIZE, b"")
+    status, headers, body = await node.get(session, PATH, headers={"If-None-Match": origin.etags[PATH]})
+    assert (status, body) == (304, b"")
+    a = SIZE - CHUNK - 7
+    status, headers, body = await node.get(session, PATH, headers={"Range": f"bytes={a}-",
+                                                                   "If-Range": origin.etags[PATH]})
+    assert (status, body) == (206, BODY[a:])
+    status, headers, body = await node.get(session, PATH, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert (status, len(body)) == (200, SIZE), "If-Range of another version: the whole object"
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+
+
+async def test_only_a_peer_with_the_cluster_token_can_ask_for_a_chunk(origin, cluster, session):
+    """X-Nezha-Chunk from a client is ignored, also by the node that relays its request to the key's owner
+    (the client gets the bytes it asked of the object; no chunk of its naming is fetched); a peer's request
+    that names no valid chunk is refused with 400 saying why."""
+    put(origin)
+    nodes, _ = await cluster(4, cluster_token="s3cret", **CHUNKED)
+    node = next(iter(nodes.values()))
+    spec = '{"index": 3, "chunk_size": 4194304, "length": 67108864, "etag": "\\"x\\""}'
+    status, headers, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": spec, "X-Nezha-Peer": "n9",
+                                                                   "Range": "bytes=0-9"})
+    assert (status, body) == (206, BODY[:10])
+    assert all(h.get("If-Range") != '"x"' for h in origin.request_headers)
+    peer = {"X-Nezha-Peer": "n9", "X-Nezha-Token": "s3cret"}
+    bad = '{"index": 99, "chunk_size": 4194304, "length": 67108864, "etag": "\\"x\\""}'
+    status, _, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": bad, **peer})
+    assert status == 400 and b"chunk 99 of an object of 16 chunks" in body
+    status, _, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": "{}", **peer})
+    assert status == 400 and b"is not a chunk request" in body
