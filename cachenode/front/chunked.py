@@ -35,7 +35,7 @@ import collections
 import json
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import aiohttp
 import structlog
@@ -149,6 +149,7 @@ class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, cluster: ClusterView,
                  relay: PeerRelay, counts: Counts, metrics: Metrics, via: str,
                  send_file: Callable[..., Awaitable[None]], forget: Callable[[Meta, str], Awaitable[None]],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.node_id = settings.identity
@@ -161,6 +162,7 @@ class ChunkReads:
         self.via = via
         self.send_file = send_file  # Responder.send_file: sendfile from a stored file to a client
         self.forget = forget  # drop a manifest whose object changed at the origin
+        self.spawn = spawn  # background work the node waits for (settled) and cancels (stop)
         self._clock = clock
         self._filling: dict[str, asyncio.Task] = {}
 
@@ -295,7 +297,7 @@ class ChunkReads:
             if opened is not None:
                 return opened
         if mine:
-            stored = await self.local_chunk(key=meta.key, url=url, host=target.host, layout=layout,
+            stored = await self.local_chunk(key=meta.key, url=url, target=target, layout=layout,
                                             index=piece.index, validator=validator)
             return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
         log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
@@ -353,7 +355,8 @@ class ChunkReads:
     # -- a chunk's owner ----------------------------------------------------------------
     async def serve(self, request: web.Request, *, key: str, url: str, target: Target) -> web.StreamResponse:
         """A peer's request for one chunk (CHUNK_HEADER): the Range asked of
-        it, from this node's disk, filled from the origin first if needed."""
+        it, from this node's disk, filled first if needed; HEAD only makes
+        sure this node holds it (a replica's copy, `_push`)."""
         record = access(request)
         record.cache = "chunk"
         try:
@@ -362,12 +365,15 @@ class ChunkReads:
             raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
         layout = spec.layout
         try:
-            stored = await self.local_chunk(key=key, url=url, host=target.host, layout=layout, index=spec.index,
+            stored = await self.local_chunk(key=key, url=url, target=target, layout=layout, index=spec.index,
                                             validator=spec.validator)
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError as e:
             raise origin_failure(e)
+        except NezhaError as e:  # a copy or a fill that broke off: the asker tries the next source
+            log.warning("chunk_unavailable", key=key, index=spec.index, error=str(e))
+            raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n")
         size = layout.length_of(spec.index)
         asked = parse_range(request.headers.get("Range", ""), size)
         if asked is False:
@@ -384,56 +390,94 @@ class ChunkReads:
             resp.headers[SERVED_BY_HEADER] = self.node_id
             resp.content_length = count
             await resp.prepare(request)
-            await self.send_file(request, resp, f, start, count)
+            if request.method == "GET":
+                await self.send_file(request, resp, f, start, count)
             await resp.write_eof()
-        record.bytes = count
+        record.bytes = count if request.method == "GET" else 0
         self.counts.accessed(stored.key)
         return resp
 
-    async def local_chunk(self, *, key: str, url: str, host: str, layout: Layout, index: int,
+    async def local_chunk(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
                           validator: Validator) -> Meta:
-        """Chunk `index` of `key` from this node's store, filled from the
-        origin first when it is missing or of another version; one fill per
-        chunk however many ask at once."""
+        """Chunk `index` of `key` from this node's store, filled first when it
+        is missing or of another version; one fill per chunk however many
+        ask at once."""
         ckey = chunk_key(key, index, layout.chunk_size)
         meta = self.store.lookup(ckey)
         if meta is not None and validator.mismatch(dict(meta.headers)) is None:
             return meta
         task = self._filling.get(ckey)
         if task is None:
-            task = asyncio.ensure_future(self._fill(ckey, url=url, host=host, layout=layout, index=index,
-                                                    validator=validator))
+            task = self.spawn(self._fill(ckey, key=key, url=url, target=target, layout=layout, index=index,
+                                         validator=validator))
             self._filling[ckey] = task
             task.add_done_callback(lambda _: self._filling.pop(ckey, None))
         # A reader that goes away leaves the fill running for the others (and the next read).
         return await asyncio.shield(task)
 
-    async def _fill(self, ckey: str, *, url: str, host: str, layout: Layout, index: int,
+    async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
                     validator: Validator) -> Meta:
-        first, last = layout.span(index)
-        size = last - first + 1
+        """Fill chunk `index` here: from a live owner ahead of this node in
+        ring order when one holds it (a replica copies the first owner's
+        chunk; one that breaks off is marked down and the next source tried),
+        else from the origin, which makes this node the chunk's first live
+        owner: it then asks the owners behind it to copy the chunk from it."""
+        size = layout.length_of(index)
         started = time.monotonic()
+        owners = self.owners(key, layout)[index]
+        mine = next((i for i, p in enumerate(owners) if p.id == self.node_id), None)
+        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        ahead = [p for p in owners[:mine] if not self.relay.is_down(p)] if mine is not None else []
+        for peer in ahead:
+            opened = await self._ask_owner(peer, target, spec, Piece(index=index, offset=0, length=size))
+            if opened is None:
+                continue
+            assert opened.response is not None
+            try:
+                stored = await self._store_chunk(ckey, opened.response, source=opened.source, url=url,
+                                                 host=target.host, size=size, validator=validator, origin=False)
+            except FillAborted as e:
+                self.relay.mark_down(peer, str(e))
+                continue
+            log.info("chunk_filled", key=ckey, bytes=size, source=peer.id,
+                     seconds=round(time.monotonic() - started, 3))
+            return stored
+        first, last = layout.span(index)
         headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
         response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
+        why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
+                               validator=validator)
+        if why is not None:
+            response.release()
+            log.warning("chunk_changed", key=ckey, url=url, reason=why)
+            raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
+                               f"changed since it was chunked; nothing stored")
+        stored = await self._store_chunk(ckey, response, source=f"origin {url}", url=url, host=target.host,
+                                         size=size, validator=validator, origin=True)
+        log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
+        if mine is not None:
+            for behind in owners[mine + 1:]:
+                self.spawn(self._push(behind, target, spec))
+        return stored
+
+    async def _store_chunk(self, ckey: str, response: aiohttp.ClientResponse, *, source: str, url: str, host: str,
+                           size: int, validator: Validator, origin: bool) -> Meta:
+        """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
+        (nothing stored) when it breaks off, runs short or long."""
         try:
-            why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
-                                   validator=validator)
-            if why is not None:
-                log.warning("chunk_changed", key=ckey, url=url, reason=why)
-                raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
-                                   f"changed since it was chunked; nothing stored")
             temp = await self.store.new_temp()
             temp.reserved = size
             self.store.reserve(size)
             try:
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:
-                        raise FillAborted(f"origin {url} sent more than the {size} bytes of chunk {index}")
+                        raise FillAborted(f"{source} sent more than the {size} bytes of {ckey}")
                     await self.store.write(temp, data)
-                    self.metrics.bytes_from_origin.inc(len(data))
-                    self.counts.count(host, bytes_from_origin=len(data), metrics=False)
+                    if origin:
+                        self.metrics.bytes_from_origin.inc(len(data))
+                        self.counts.count(host, bytes_from_origin=len(data), metrics=False)
                 if temp.written != size:
-                    raise FillAborted(f"origin {url} sent {temp.written} of the {size} bytes of chunk {index}")
+                    raise FillAborted(f"{source} sent {temp.written} of the {size} bytes of {ckey}")
                 now = self._clock()
                 pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
                               if v is not None)
@@ -443,10 +487,24 @@ class ChunkReads:
                 await self.store.discard(temp)
                 raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise FillAborted(f"origin {url} broke off chunk {index}: {type(e).__name__}: {e}") from e
+            raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
         finally:
             response.release()
         self.counts.stored(stored)
-        log.info("chunk_filled", key=ckey, bytes=size, seconds=round(time.monotonic() - started, 3))
         return stored
 
+    async def _push(self, peer: Peer, target: Target, spec: ChunkSpec) -> None:
+        """Have `peer`, an owner of the chunk behind this node, hold it too:
+        a HEAD chunk request, which it answers once it has copied the chunk
+        (from this node, the owner ahead of it). A failure only logs: the
+        chunk stays on this node, and `peer` fills it at its next read."""
+        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                   CHUNK_HEADER: spec.header(), **peer_auth(self.settings.cluster_token)}
+        try:
+            r = await self.relay.ask(peer, "HEAD", peer.url + target.path_qs, headers=headers)
+        except OriginError as e:
+            log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, error=str(e))
+            return
+        r.release()
+        if r.status != 200:
+            log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, status=r.status)

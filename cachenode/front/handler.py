@@ -92,7 +92,7 @@ class Handler:
         # whichever node answers the client; a chunk's owner serves and fills it.
         self.chunks = ChunkReads(settings=settings, store=store, upstream=origins, cluster=cluster, relay=relay,
                                  counts=counts, metrics=metrics, via=respond.via, send_file=respond.send_file,
-                                 forget=self._forget_changed)
+                                 forget=self._forget_changed, spawn=engine.spawn)
         respond.chunk_body = self.chunks.send
         engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
@@ -122,7 +122,7 @@ class Handler:
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         url = origin.upstream_for(target.scheme, target.host) + target.path_qs
         access(request).key = key
-        if CHUNK_HEADER in request.headers and request.method == "GET" and self.from_peer(request):
+        if CHUNK_HEADER in request.headers and request.method in ("GET", "HEAD") and self.from_peer(request):
             # One chunk of a chunked object, for the peer reading it: this node owns that chunk.
             return await self.chunks.serve(request, key=key, url=url, target=target)
         if looped(request.headers.getall("Via", []), self.respond.via,

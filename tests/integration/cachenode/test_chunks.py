@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from nezha.chunks import Layout, chunk_of
+from nezha.chunks import Layout, chunk_key, chunk_of, place
 from structlog.testing import capture_logs
 
 from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
@@ -275,3 +275,21 @@ async def test_only_a_peer_with_the_cluster_token_can_ask_for_a_chunk(origin, cl
     assert status == 400 and b"chunk 99 of an object of 16 chunks" in body
     status, _, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": "{}", **peer})
     assert status == 400 and b"is not a chunk request" in body
+
+
+async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_origin_once(origin, cluster, session):
+    """R = 2: the first owner fills a chunk from the origin and has the second copy it from there, so each
+    chunk is on both its owners (the index names both) after one origin fetch."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    for nd in nodes.values():
+        await nd.node.settled()
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    table = place(members.ring(), KEY, layout, 2)
+    holders = [sorted(nid for nid, nd in nodes.items() if chunk_key(KEY, i, CHUNK) in nd.node.store)
+               for i in range(layout.count)]
+    assert holders == [sorted(owners) for owners in table]
+    assert origin.requests[PATH] == 1 + layout.count
+    assert max(chunk_bytes(nodes).values()) <= 0.4 * 2 * SIZE
