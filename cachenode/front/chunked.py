@@ -56,12 +56,13 @@ from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
-from nezha.chunks import Layout, Piece, chunk_key, place
-from nezha.config import CacheSettings
+from nezha.chunks import Layout, Piece, chunk_key, chunk_of, place
+from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target, target_of
 from nezha.ring import Peer
-from nezha.wire import CHUNK_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER
+from nezha.wire import (CHUNK_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
+                        ReplicateResult, replicate_failed)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -93,10 +94,16 @@ class ChunkSpec:
     chunk_size: int
     length: int
     validator: Validator
+    # A node that holds the chunk but is no longer in the ring (one handing
+    # its chunks off on scale-down): asked first when the chunk is filled.
+    source: Peer | None = None
 
     def header(self) -> str:
-        return json.dumps({"index": self.index, "chunk_size": self.chunk_size, "length": self.length,
-                           "etag": self.validator.etag, "last_modified": self.validator.last_modified})
+        spec = {"index": self.index, "chunk_size": self.chunk_size, "length": self.length,
+                "etag": self.validator.etag, "last_modified": self.validator.last_modified}
+        if self.source is not None:
+            spec["from"] = {"id": self.source.id, "address": self.source.address}
+        return json.dumps(spec)
 
     @classmethod
     def parse(cls, value: str) -> "ChunkSpec":
@@ -105,6 +112,11 @@ class ChunkSpec:
             raw = json.loads(value)
             index, chunk_size, length = int(raw["index"]), int(raw["chunk_size"]), int(raw["length"])
             etag, last_modified = raw.get("etag"), raw.get("last_modified")
+            source = None
+            if "from" in raw:
+                address = str(raw["from"]["address"])
+                parse_hostport(address, field="from")
+                source = Peer(str(raw["from"]["id"]), address)
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"{CHUNK_HEADER} {value[:200]!r} is not a chunk request: {e}") from e
         if etag is None and last_modified is None:
@@ -113,7 +125,7 @@ class ChunkSpec:
         if not 0 <= index < layout.count:
             raise ValueError(f"chunk {index} of an object of {layout.count} chunks")
         return cls(index=index, chunk_size=chunk_size, length=length,
-                   validator=Validator(etag=etag, last_modified=last_modified))
+                   validator=Validator(etag=etag, last_modified=last_modified), source=source)
 
     @property
     def layout(self) -> Layout:
@@ -366,7 +378,7 @@ class ChunkReads:
         layout = spec.layout
         try:
             stored = await self.local_chunk(key=key, url=url, target=target, layout=layout, index=spec.index,
-                                            validator=spec.validator)
+                                            validator=spec.validator, source=spec.source)
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError as e:
@@ -398,7 +410,7 @@ class ChunkReads:
         return resp
 
     async def local_chunk(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
-                          validator: Validator) -> Meta:
+                          validator: Validator, source: Peer | None = None) -> Meta:
         """Chunk `index` of `key` from this node's store, filled first when it
         is missing or of another version; one fill per chunk however many
         ask at once."""
@@ -409,14 +421,14 @@ class ChunkReads:
         task = self._filling.get(ckey)
         if task is None:
             task = self.spawn(self._fill(ckey, key=key, url=url, target=target, layout=layout, index=index,
-                                         validator=validator))
+                                         validator=validator, source=source))
             self._filling[ckey] = task
             task.add_done_callback(lambda _: self._filling.pop(ckey, None))
         # A reader that goes away leaves the fill running for the others (and the next read).
         return await asyncio.shield(task)
 
     async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
-                    validator: Validator) -> Meta:
+                    validator: Validator, source: Peer | None = None) -> Meta:
         """Fill chunk `index` here: from a live owner ahead of this node in
         ring order when one holds it (a replica copies the first owner's
         chunk; one that breaks off is marked down and the next source tried),
@@ -428,6 +440,8 @@ class ChunkReads:
         mine = next((i for i, p in enumerate(owners) if p.id == self.node_id), None)
         spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
         ahead = [p for p in owners[:mine] if not self.relay.is_down(p)] if mine is not None else []
+        if source is not None and source.id != self.node_id:
+            ahead = [source] + [p for p in ahead if p.id != source.id]
         for peer in ahead:
             opened = await self._ask_owner(peer, target, spec, Piece(index=index, offset=0, length=size))
             if opened is None:
@@ -435,7 +449,8 @@ class ChunkReads:
             assert opened.response is not None
             try:
                 stored = await self._store_chunk(ckey, opened.response, source=opened.source, url=url,
-                                                 host=target.host, size=size, validator=validator, origin=False)
+                                                 host=target.host, size=size, length=layout.size,
+                                                 validator=validator, origin=False)
             except FillAborted as e:
                 self.relay.mark_down(peer, str(e))
                 continue
@@ -453,15 +468,15 @@ class ChunkReads:
             raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
                                f"changed since it was chunked; nothing stored")
         stored = await self._store_chunk(ckey, response, source=f"origin {url}", url=url, host=target.host,
-                                         size=size, validator=validator, origin=True)
+                                         size=size, length=layout.size, validator=validator, origin=True)
         log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
         if mine is not None:
             for behind in owners[mine + 1:]:
-                self.spawn(self._push(behind, target, spec))
+                self.spawn(self._push(behind, target, spec))  # its result is logged there
         return stored
 
     async def _store_chunk(self, ckey: str, response: aiohttp.ClientResponse, *, source: str, url: str, host: str,
-                           size: int, validator: Validator, origin: bool) -> Meta:
+                           size: int, length: int, validator: Validator, origin: bool) -> Meta:
         """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
         (nothing stored) when it breaks off, runs short or long."""
         try:
@@ -481,8 +496,10 @@ class ChunkReads:
                 now = self._clock()
                 pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
                               if v is not None)
+                # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
                 stored = await self.store.commit(temp, Meta(key=ckey, url=url, host=host, size=0, headers=pairs,
-                                                            stored_at=now, expires_at=now + CHUNK_LIFETIME))
+                                                            stored_at=now, expires_at=now + CHUNK_LIFETIME,
+                                                            length=length))
             except BaseException:
                 await self.store.discard(temp)
                 raise
@@ -493,7 +510,26 @@ class ChunkReads:
         self.counts.stored(stored)
         return stored
 
-    async def _push(self, peer: Peer, target: Target, spec: ChunkSpec) -> None:
+    async def hand_off(self, meta: Meta, view: ClusterView) -> list[str]:
+        """This node is leaving the ring: have the owners of chunk `meta`
+        under `view`'s ring copy it from here (a HEAD chunk request naming
+        this node as its source). One result a new owner (ReplicateResult)."""
+        found = chunk_of(meta.key)
+        if found is None or meta.length <= 0:
+            return [replicate_failed(f"{meta.key} is no chunk this node can place")]
+        key, chunk_size, index = found
+        layout = Layout(size=meta.length, chunk_size=chunk_size)
+        snap = view.snapshot
+        if not snap.nodes or index >= layout.count:
+            return [replicate_failed(f"no owner for {meta.key}")]
+        owners = [Peer(n, snap.nodes[n]) for n in place(snap.ring(), key, layout, view.replicas)[index]]
+        me = Peer(self.node_id, self.settings.advertise or self.settings.listen)
+        etag, last_modified = meta.etag, meta.last_modified
+        spec = ChunkSpec(index=index, chunk_size=chunk_size, length=layout.size, source=me,
+                         validator=Validator(etag=etag, last_modified=None if etag else last_modified))
+        return [await self._push(peer, target_of(key), spec) for peer in owners if peer.id != self.node_id]
+
+    async def _push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
         """Have `peer`, an owner of the chunk behind this node, hold it too:
         a HEAD chunk request, which it answers once it has copied the chunk
         (from this node, the owner ahead of it). A failure only logs: the
@@ -504,7 +540,9 @@ class ChunkReads:
             r = await self.relay.ask(peer, "HEAD", peer.url + target.path_qs, headers=headers)
         except OriginError as e:
             log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, error=str(e))
-            return
+            return replicate_failed(e)
         r.release()
         if r.status != 200:
             log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, status=r.status)
+            return replicate_failed(f"{peer.id} answered {r.status}")
+        return ReplicateResult.COPIED

@@ -95,6 +95,7 @@ class Handler:
                                  forget=self._forget_changed, spawn=engine.spawn)
         respond.chunk_body = self.chunks.send
         engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
+        handoff.chunk_handoff = self.chunks.hand_off
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,
                                           peers_have_a_token=settings.cluster_token is not None)

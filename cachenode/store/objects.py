@@ -66,7 +66,8 @@ class Meta:
     # A chunked object's manifest (nezha/chunks.py): its `length` bytes are
     # chunks of `chunk_size`, each a stored object on the owners of its own
     # chunk key; this object's data file is empty, and `size` (what it
-    # weighs here) 0. 0: the object is stored whole.
+    # weighs here) 0. 0: the object is stored whole. A chunk itself keeps
+    # its object's `length` (and chunk_size 0), so it can be placed alone.
     chunk_size: int = 0
     length: int = 0
 

@@ -25,6 +25,7 @@ from nezha.index.schema import key_locations, key_object
 from testkit.ports import free_run
 from testkit.tools import require_tool
 from tests.integration.cluster.conftest import HOST, settle, wait_epoch
+from tests.integration.cluster.test_scale_down_processes import GRACE, terminate_like_kubernetes
 
 MiB = 1 << 20
 PATH = "/zips/train2017.zip"
@@ -125,3 +126,39 @@ async def test_a_node_killed_mid_read_leaves_the_clients_body_whole(origin, chun
               if line.startswith("{")]
     felt = [e for e in events if e.get("event") in ("chunk_source_broke", "peer_marked_down")]
     assert felt and all(e.get("peer", victim) == victim for e in felt if e["event"] == "peer_marked_down")
+
+
+async def test_scale_down_hands_each_chunk_to_its_new_owner(origin, redis_server, tmp_path):
+    """Four nodes to three, as the controller and Kubernetes do it: the leaving node hands each chunk it holds
+    to that chunk's owner under the new ring, which copies it from the leaving node; afterwards every read is
+    exact and not one chunk is fetched from the origin again."""
+    size, chunk = 256 * MiB, 8 * MiB
+    body = BODY[:size]
+    origin.put(PATH, body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"})
+    cluster = LocalCluster(nodes=4, origins=[Origin(host=HOST, upstream=origin.url)], data_dir=tmp_path / "c",
+                           base_port=free_run(4), replicas=1, redis_url=redis_server.url, log_level="info",
+                           leave_settle=2.0, node_settings={"chunk_threshold": "256MiB", "chunk_size": "8MiB"})
+    await cluster.start()
+    try:
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            assert await read(session, cluster.nodes["node-0"].url) == (200, hashlib.sha256(body).hexdigest(), size)
+            await settle(cluster)
+            fetched = origin.requests[PATH]
+            assert fetched == 1 + size // chunk
+            leaving = cluster.nodes["node-3"]
+            held = sum(f.stat().st_size for f in leaving.data_dir.rglob("*.data"))
+            assert held > 0, "the leaving node holds chunks to hand off"
+            remaining = {k: v for k, v in cluster.members().items() if k != "node-3"}
+            await cluster.publish(remaining, leaving={"node-3"})
+            took = await terminate_like_kubernetes(leaving)
+            assert leaving.proc.returncode == 0 and took < GRACE
+            log = (cluster.data_dir / "node-3.log").read_text()
+            finished = [json.loads(line) for line in log.splitlines()
+                        if line.startswith("{") and '"handoff_finished"' in line]
+            assert finished and finished[-1]["failed"] == 0 and finished[-1]["copied"] >= 1, finished
+            for nid in ("node-0", "node-1", "node-2"):
+                assert await read(session, cluster.nodes[nid].url) == (200, hashlib.sha256(body).hexdigest(), size)
+        assert origin.requests[PATH] == fetched, "no chunk was fetched from the origin again"
+    finally:
+        await cluster.stop()
