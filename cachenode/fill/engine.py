@@ -37,7 +37,7 @@ from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, NotStored
+from cachenode.store.objects import Meta, NotStored, close_reader
 from nezha.chunks import Layout, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
@@ -272,6 +272,7 @@ class FillEngine:
         """Commit the manifest of a chunked object: its headers, length and
         chunk size, and an empty data file; its chunks are filled when read."""
         temp = await self.store.new_temp()
+        close_reader(temp)  # an empty file that nobody reads before its commit
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=0,
                     headers=headers, stored_at=now, expires_at=expires_at, stale_if_error=policy.stale_if_error,
                     age=age, stale_while_revalidate=policy.stale_while_revalidate, chunk_size=chunk_size,

@@ -55,7 +55,7 @@ from cachenode.http.conditionals import parse_range
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta
+from cachenode.store.objects import Meta, close_reader
 from nezha.chunks import Layout, Piece, chunk_key, chunk_of, place
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import FillAborted, NezhaError, OriginError
@@ -481,6 +481,7 @@ class ChunkReads:
         (nothing stored) when it breaks off, runs short or long."""
         try:
             temp = await self.store.new_temp()
+            close_reader(temp)  # nobody reads a chunk before its commit
             temp.reserved = size
             self.store.reserve(size)
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,3 +140,11 @@ class TempObject:
     def wrote(self, n: int) -> None:
         if self.behind is not None and self.fd >= 0:
             self.behind.wrote(n)
+
+
+def close_reader(temp: TempObject) -> None:
+    """Close `temp`'s reading descriptor, for a writer that serves no reader
+    from the growing file (a chunk, a manifest): else it stays open for good."""
+    if temp.read_fd >= 0:
+        fd, temp.read_fd = temp.read_fd, -1
+        os.close(fd)

@@ -293,3 +293,25 @@ async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_o
     assert holders == [sorted(owners) for owners in table]
     assert origin.requests[PATH] == 1 + layout.count
     assert max(chunk_bytes(nodes).values()) <= 0.4 * 2 * SIZE
+
+
+async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluster, session):
+    """Every temp file a chunked fill makes (the manifest's, each chunk's) has its reading descriptor closed
+    once stored: none is left open per chunk for the life of the process."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    temps = []
+    for nd in nodes.values():
+        def recording(new_temp=nd.node.store.new_temp):
+            async def new_temp_recorded():
+                temp = await new_temp()
+                temps.append(temp)
+                return temp
+            return new_temp_recorded
+        nd.node.store.new_temp = recording()
+    status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    for nd in nodes.values():
+        await nd.node.settled()
+    assert len(temps) == 1 + SIZE // CHUNK
+    assert all(t.read_fd == -1 and t.fd == -1 for t in temps)
