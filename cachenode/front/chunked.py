@@ -1,31 +1,36 @@
-"""Chunked objects: reading them for a client, and serving and filling one chunk.
+"""Chunked objects: reading them for a client, and serving, filling, copying and handing off one chunk.
 
 An object at least `chunk_threshold` long is stored as chunks (nezha/chunks.py
-says which bytes each holds and under which key). The owner of the object's
-key stores a manifest (`Meta.chunk_size`, `Meta.length`, the origin's
-headers, an empty data file; fill/engine.py); each chunk is an object of its
-own on the owners of its chunk key, filled from the origin by one of them with
-`Range` + `If-Range` on the manifest's strong validator.
+says which bytes each holds, under which key and on which nodes). The owner
+of the object's key stores a manifest (`Meta.chunk_size`, `Meta.length`, the
+origin's headers, an empty data file; fill/engine.py); each chunk is an
+object of its own on the owners of its chunk key.
 
 Reading (`ChunkReads.send`): the node answering the client, whichever it is,
 writes the bytes the client asked for in order, chunk by chunk. Each needed
-chunk is asked of its owner (a peer GET of the object's URL with
+chunk is asked of its owners (a peer GET of the object's URL with
 CHUNK_HEADER and a Range inside that chunk), `WINDOW` chunks ahead of the one
 being written, so cold chunks fill on their owners in parallel while the
-client reads. Bytes are copied in `read_size` pieces: nothing holds a chunk
-in memory. A chunk this node owns is sent from its own disk (sendfile).
+client reads. A peer's bytes go socket to socket by splice where the
+transports allow, else in `read_size` pieces; a chunk this node holds goes
+out by sendfile: nothing holds a chunk in memory. A source that breaks off
+mid-chunk is resumed from the same byte elsewhere (`_write`).
 
-Filling (`ChunkReads.local_chunk`): one origin fetch per chunk per node,
-whoever asks (concurrent askers wait on the same fill), read to the chunk's
-file and committed before it is served. An answer that is not exactly those
-bytes of the manifest's version (a 200, another ETag, a wrong Content-Range)
-is `ChunkChanged`: nothing is stored, the reader's client gets a broken
-response (never a mix of two versions), and the manifest is dropped so the
-next request starts again from the origin's current answer.
+Filling (`ChunkReads.local_chunk`): one fill per chunk per node however many
+ask, read to the chunk's file and committed before it is served. A chunk is
+filled from the origin by its first live owner only, with `Range` +
+`If-Range` on the manifest's strong validator; an owner behind it copies it
+from an owner ahead (pushed there after the origin fill, `_push`). An origin
+answer that is not exactly those bytes of the manifest's version (a 200,
+another ETag, a wrong Content-Range) is `ChunkChanged`: nothing is stored,
+the reader's client gets a broken response (never a mix of two versions),
+and the manifest is invalidated so the next request starts again from the
+origin's current answer.
 
 When no owner of a chunk answers, the reading node takes the chunk's bytes
 from the origin itself under the same validator (not stored): a job never
-fails because a cache node did.
+fails because a cache node did. A node leaving the ring hands each chunk it
+holds to the chunk's owners under the new ring (`hand_off`).
 """
 
 from __future__ import annotations
