@@ -38,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine
 
 import aiohttp
@@ -60,7 +61,7 @@ from cachenode.http.conditionals import parse_range
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, close_reader
+from cachenode.store.objects import Meta, TempObject, close_reader
 from nezha.chunks import Layout, Piece, chunk_key, chunk_of, place
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import FillAborted, NezhaError, OriginError
@@ -162,6 +163,18 @@ class _Opened:
             self.response.release()
 
 
+@dataclass
+class _Growing:
+    """A chunk being written to this node's disk: a peer asking for it reads
+    the temp file as it grows (`temp.written`), woken by `moved`, instead of
+    waiting for the whole chunk."""
+
+    temp: TempObject
+    validator: Validator
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+
+
 class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, cluster: ClusterView,
                  relay: PeerRelay, counts: Counts, metrics: Metrics, via: str,
@@ -182,6 +195,8 @@ class ChunkReads:
         self.spawn = spawn  # background work the node waits for (settled) and cancels (stop)
         self._clock = clock
         self._filling: dict[str, asyncio.Task] = {}
+        self._growing: dict[str, _Growing] = {}  # chunks being written here, readable as they grow
+        self._writing: dict[str, asyncio.Event] = {}  # set once a fill's chunk file starts growing
 
     # -- a client's read -----------------------------------------------------------
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
@@ -314,8 +329,14 @@ class ChunkReads:
             if opened is not None:
                 return opened
         if mine:
-            stored = await self.local_chunk(key=meta.key, url=url, target=target, layout=layout,
-                                            index=piece.index, validator=validator)
+            try:
+                stored = await self.local_chunk(key=meta.key, url=url, target=target, layout=layout,
+                                                index=piece.index, validator=validator)
+            except ChunkChanged:
+                raise
+            except FillAborted as e:  # the fill broke off: this read takes the piece from the origin itself
+                log.warning("chunk_fill_failed", key=ckey, error=str(e))
+                return await self._from_origin(url, layout, validator, piece, key=meta.key)
             return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
         log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
         return await self._from_origin(url, layout, validator, piece, key=meta.key)
@@ -381,9 +402,29 @@ class ChunkReads:
         except ValueError as e:
             raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
         layout = spec.layout
+        size = layout.length_of(spec.index)
+        asked = parse_range(request.headers.get("Range", ""), size)
+        if asked is False:
+            raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
+        start, count = asked if asked else (0, size)
         try:
-            stored = await self.local_chunk(key=key, url=url, target=target, layout=layout, index=spec.index,
-                                            validator=spec.validator, source=spec.source)
+            stored = self.held(key, spec.index, layout, spec.validator)
+            if stored is None:
+                task = self._fill_task(key=key, url=url, target=target, layout=layout, index=spec.index,
+                                       validator=spec.validator, source=spec.source)
+                ckey = chunk_key(key, spec.index, layout.chunk_size)
+                writing = self._writing.get(ckey)
+                if writing is not None and request.method == "GET":
+                    waiter = asyncio.ensure_future(writing.wait())
+                    try:
+                        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                growing = self._growing.get(ckey)
+                if growing is not None and growing.validator == spec.validator and request.method == "GET":
+                    return await self._send_growing(request, growing, start=start, count=count, size=size,
+                                                    ranged=bool(asked))
+                stored = await asyncio.shield(task)
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError as e:
@@ -391,11 +432,6 @@ class ChunkReads:
         except NezhaError as e:  # a copy or a fill that broke off: the asker tries the next source
             log.warning("chunk_unavailable", key=key, index=spec.index, error=str(e))
             raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n")
-        size = layout.length_of(spec.index)
-        asked = parse_range(request.headers.get("Range", ""), size)
-        if asked is False:
-            raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
-        start, count = asked if asked else (0, size)
         try:
             f = open(self.store.data_path(stored), "rb")
         except FileNotFoundError:
@@ -414,23 +450,80 @@ class ChunkReads:
         self.counts.accessed(stored.key)
         return resp
 
+    async def _send_growing(self, request: web.Request, growing: _Growing, *, start: int, count: int, size: int,
+                            ranged: bool) -> web.StreamResponse:
+        """Bytes [start, start + count) of a chunk still being written here,
+        sent as they land. If its fill fails first, the connection is cut:
+        the asking node resumes from that byte elsewhere (`_write`)."""
+        resp = ExactResponse(status=206 if ranged else 200)
+        if ranged:
+            resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+        resp.headers[SERVED_BY_HEADER] = self.node_id
+        resp.content_length = count
+        fd = os.dup(growing.temp.read_fd)
+        loop = asyncio.get_running_loop()
+        sent = 0
+        try:
+            await resp.prepare(request)
+            while sent < count:
+                at = start + sent
+                ready = min(growing.temp.written - at, count - sent, self.settings.read_size)
+                if ready <= 0:
+                    if growing.ended:
+                        break  # the fill failed (or was cut) before these bytes
+                    growing.moved.clear()
+                    await growing.moved.wait()
+                    continue
+                data = await loop.run_in_executor(None, os.pread, fd, ready, at)
+                if not data:
+                    break
+                await resp.write(data)
+                sent += len(data)
+            if sent < count:
+                log.warning("chunk_fill_broke", key=access(request).key, sent=sent, wanted=count)
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            await resp.write_eof()
+        finally:
+            os.close(fd)
+        access(request).bytes = sent
+        return resp
+
     async def local_chunk(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
                           validator: Validator, source: Peer | None = None) -> Meta:
         """Chunk `index` of `key` from this node's store, filled first when it
         is missing or of another version; one fill per chunk however many
         ask at once."""
-        ckey = chunk_key(key, index, layout.chunk_size)
-        meta = self.store.lookup(ckey)
-        if meta is not None and validator.mismatch(dict(meta.headers)) is None:
+        meta = self.held(key, index, layout, validator)
+        if meta is not None:
             return meta
+        task = self._fill_task(key=key, url=url, target=target, layout=layout, index=index, validator=validator,
+                               source=source)
+        # A reader that goes away leaves the fill running for the others (and the next read).
+        return await asyncio.shield(task)
+
+    def held(self, key: str, index: int, layout: Layout, validator: Validator) -> Meta | None:
+        """Chunk `index` of `key` as stored here, if it is of the version `validator` names."""
+        meta = self.store.lookup(chunk_key(key, index, layout.chunk_size))
+        return meta if meta is not None and validator.mismatch(dict(meta.headers)) is None else None
+
+    def _fill_task(self, *, key: str, url: str, target: Target, layout: Layout, index: int, validator: Validator,
+                   source: Peer | None) -> asyncio.Task:
+        """The fill of chunk `index` running here, started if none is."""
+        ckey = chunk_key(key, index, layout.chunk_size)
         task = self._filling.get(ckey)
         if task is None:
+            self._writing[ckey] = asyncio.Event()
             task = self.spawn(self._fill(ckey, key=key, url=url, target=target, layout=layout, index=index,
                                          validator=validator, source=source))
             self._filling[ckey] = task
-            task.add_done_callback(lambda _: self._filling.pop(ckey, None))
-        # A reader that goes away leaves the fill running for the others (and the next read).
-        return await asyncio.shield(task)
+
+            def done(_: asyncio.Task) -> None:
+                self._filling.pop(ckey, None)
+                self._writing.pop(ckey, None)
+            task.add_done_callback(done)
+        return task
 
     async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
                     validator: Validator, source: Peer | None = None) -> Meta:
@@ -484,16 +577,21 @@ class ChunkReads:
                            size: int, length: int, validator: Validator, origin: bool) -> Meta:
         """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
         (nothing stored) when it breaks off, runs short or long."""
+        growing: _Growing | None = None
         try:
             temp = await self.store.new_temp()
-            close_reader(temp)  # nobody reads a chunk before its commit
             temp.reserved = size
             self.store.reserve(size)
+            # Peers asking for the chunk meanwhile read it as it grows (`_send_growing`).
+            growing = self._growing[ckey] = _Growing(temp=temp, validator=validator)
+            if (writing := self._writing.get(ckey)) is not None:
+                writing.set()
             try:
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:
                         raise FillAborted(f"{source} sent more than the {size} bytes of {ckey}")
                     await self.store.write(temp, data)
+                    growing.moved.set()
                     if origin:
                         self.metrics.bytes_from_origin.inc(len(data))
                         self.counts.count(host, bytes_from_origin=len(data), metrics=False)
@@ -513,6 +611,12 @@ class ChunkReads:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
         finally:
             response.release()
+            if growing is not None:
+                growing.ended = True
+                growing.moved.set()
+                if self._growing.get(ckey) is growing:
+                    del self._growing[ckey]
+                close_reader(growing.temp)  # readers hold duplicates of their own
         self.counts.stored(stored)
         return stored
 

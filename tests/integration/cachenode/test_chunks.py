@@ -16,9 +16,12 @@ from collections import Counter
 
 import aiohttp
 import pytest
+from aiohttp import web
 from multidict import CIMultiDict
 
 from nezha.chunks import Layout, chunk_key, chunk_of, place
+from nezha.config import Origin
+from nezha.ring import Membership
 from structlog.testing import capture_logs
 
 from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
@@ -42,6 +45,13 @@ BODY = body_of(SIZE)
 
 def put(origin, body: bytes = BODY, **kwargs) -> None:
     origin.put(PATH, body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}, **kwargs)
+
+
+async def settled(nodes) -> None:
+    """Until every node's fills have committed: a reader may have had a chunk's last byte before its owner
+    committed it."""
+    for nd in nodes.values():
+        await nd.node.settled()
 
 
 def chunk_bytes(nodes) -> dict[str, int]:
@@ -82,6 +92,7 @@ async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_p
     assert ranges[0] is None, "the first answer is the whole object's, closed unread once it shows its size"
     assert sorted(ranges[1:]) == spans, "then one ranged fetch per chunk, each once"
     assert all(h.get("If-Range") == origin.etags[PATH] for h in origin.request_headers[1:])
+    await settled(nodes)
     held = chunk_bytes(nodes)
     assert sum(held.values()) == SIZE and len(held) == 4
     assert max(held.values()) <= 0.4 * SIZE, f"one node holds more than 40% of the object: {held}"
@@ -122,6 +133,7 @@ async def test_a_chunked_object_larger_than_any_node_capacity_is_cached_and_serv
         status, _, digest, n = await read(node, session)
         assert (status, n, digest) == (200, SIZE, sha(BODY))
     assert origin.requests[PATH] == 1 + SIZE // CHUNK, "every chunk was kept: no chunk was fetched twice"
+    await settled(nodes)
     assert all(nd.node.store.used_bytes <= capacity for nd in nodes.values())
     assert sum(chunk_bytes(nodes).values()) == SIZE
 
@@ -188,6 +200,7 @@ async def test_a_relayed_read_takes_the_manifest_not_the_bytes_from_the_key_owne
     nodes, _ = await cluster(4, **CHUNKED)
     (owner,), others = owner_and_other(nodes, PATH)
     await read(nodes[owner], session)  # stored: the manifest on `owner`, the chunks everywhere
+    await settled(nodes)
     with capture_logs() as logs:
         status, headers, digest, n = await read(nodes[others[0]], session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
@@ -207,6 +220,9 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
     put(origin)
     nodes, _ = await cluster(4, replicas=2, **CHUNKED)
     reader, victim = nodes["n0"], nodes["n1"]
+    await read(nodes["n2"], session)  # every chunk stored on both its owners
+    await settled(nodes)
+    fetched = origin.requests[PATH]
     broken = []
 
     async def half_then_hang_up(request, resp, f, offset, count):
@@ -222,6 +238,70 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
     assert broken, "the victim was asked for a chunk and broke off"
     resumed = [e for e in logs if e.get("event") == "chunk_source_broke"]
     assert resumed and all(e["resume"] for e in resumed)
+    assert origin.requests[PATH] == fetched, "the rest of each piece came from the chunk's other owner"
+
+
+@pytest.fixture
+async def cutting_origin(aiohttp_server):
+    """An origin of BODY that answers ranges as a stream and, once, cuts the answer for one chunk
+    (`state["cut"]`, a first byte) halfway through."""
+    state = {"cut": None, "ranges": []}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if m is None:
+            return web.Response(body=BODY, headers=headers)
+        a, b = int(m.group(1)), int(m.group(2))
+        state["ranges"].append(a)
+        resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
+        resp.content_length = b - a + 1
+        await resp.prepare(request)
+        cut = state["cut"] == a
+        for at in range(a, b + 1, 256 * 1024):
+            if cut and at - a >= (b - a) // 2:
+                state["cut"] = None
+                await asyncio.sleep(0.05)
+                request.transport.close()
+                return resp
+            await resp.write(BODY[at:min(at + 256 * 1024, b + 1)])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", state
+
+
+@pytest.mark.parametrize("owned_by_reader", [False, True], ids=["peer-owns-it", "reader-owns-it"])
+async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole(cutting_origin, make_node,
+                                                                                 tmp_path, session, owned_by_reader):
+    """The origin cuts its answer for one chunk halfway. The chunk's fill fails and stores nothing; a peer
+    reading that chunk as it grew has its answer cut and takes the rest from the origin itself, as does the
+    reading node when it was filling the chunk; the client's body is exact, and the next read fills the chunk."""
+    url, state = cutting_origin
+    nodes = {}
+    for i in range(4):
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(1, len(table)) if (table[i][0] == "n0") == owned_by_reader)
+    state["cut"] = index * CHUNK
+    with capture_logs() as logs:
+        status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert state["cut"] is None, "the cut happened"
+    assert any(e.get("event") in ("chunk_source_broke", "chunk_fill_failed") for e in logs)
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) not in nodes[table[index][0]].node.store
+    status, _, digest, n = await read(nodes["n1"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) in nodes[table[index][0]].node.store
 
 
 async def test_a_chunked_object_that_must_be_revalidated_is_revalidated_once_and_read_from_its_chunks(
@@ -284,8 +364,7 @@ async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_o
     nodes, members = await cluster(4, replicas=2, **CHUNKED)
     status, _, digest, n = await read(nodes["n0"], session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
-    for nd in nodes.values():
-        await nd.node.settled()
+    await settled(nodes)
     layout = Layout(size=SIZE, chunk_size=CHUNK)
     table = place(members.ring(), KEY, layout, 2)
     holders = [sorted(nid for nid, nd in nodes.items() if chunk_key(KEY, i, CHUNK) in nd.node.store)
