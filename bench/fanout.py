@@ -28,8 +28,8 @@ from that owner, the chunked one a read of chunks from all four). The ratios lin
 
 chunk_balance: the largest node's share of the chunked object's bytes on disk (issue target: at most
 0.4). chunked_read: the warm whole read's rate chunked / unchunked (issue target: at least 0.7 on this
-box). chunked_cold: the same for the cold read (the chunked fill waits for each chunk to land on its
-owner before it streams it; the unchunked one streams as it fills). chunk_origin_gets: the origin's GETs
+box). chunked_cold: the same for the cold read (four chunks in flight, each sent by its owner as it
+fills, against the unchunked parallel fill's eight ranges). chunk_origin_gets: the origin's GETs
 for the chunked object: the first answer plus one per chunk.
 """
 
