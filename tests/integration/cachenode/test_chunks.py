@@ -371,6 +371,9 @@ async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_o
                for i in range(layout.count)]
     assert holders == [sorted(owners) for owners in table]
     assert origin.requests[PATH] == 1 + layout.count
+    manifests = [nd.node.store.lookup(KEY) for nd in nodes.values() if KEY in nd.node.store]
+    assert len(manifests) == 2 and all(m.chunk_size == CHUNK and m.size == 0 for m in manifests), \
+        "the key's replica copied the manifest, never the bytes"
     assert max(chunk_bytes(nodes).values()) <= 0.4 * 2 * SIZE
 
 
