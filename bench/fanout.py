@@ -18,8 +18,19 @@ bounded by CPU, not by any NIC. origin_gets: the origin's GETs during each run: 
 an object of at least parallel_fill_threshold (64 MiB) is a first GET plus fill_streams (8) ranges, so 1
 for the quick 16 MiB object and 9 for 64 MiB; hot copies must add none.
 
-The chunked-object half of the issue's benchmark (chunk_balance, chunked_read) is not here yet: chunking
-is not built.
+Then the chunked half, in the same run: two more 4-node clusters (R = 1), one storing a 1 GiB object
+(--quick: 256 MiB) in 32 chunks (chunk_threshold the object's size, chunk_size 32 MiB; --quick 8 MiB),
+one storing it whole (chunk_threshold 0). In each the object is read cold once, then whole three times
+(median) through the same node, never the owner of the object's key (so the unchunked read is a relay
+from that owner, the chunked one a read of chunks from all four). The ratios line goes on
+
+    chunk_balance=<b> chunked_read=<r> chunked_cold=<c> chunk_origin_gets=<g>
+
+chunk_balance: the largest node's share of the chunked object's bytes on disk (issue target: at most
+0.4). chunked_read: the warm whole read's rate chunked / unchunked (issue target: at least 0.7 on this
+box). chunked_cold: the same for the cold read (four chunks in flight, each sent by its owner as it
+fills, against the unchunked parallel fill's eight ranges). chunk_origin_gets: the origin's GETs
+for the chunked object: the first answer plus one per chunk.
 """
 
 from __future__ import annotations
@@ -45,21 +56,54 @@ from testkit.ports import free_run  # noqa: E402
 
 HOST = "datasets.bench"
 PATH = "/hot.bin"
+CHUNKED_PATH = "/chunked.bin"
 CLIENTS = 64
 FORMAT = "%{http_code} %{size_download} %header{x-nezha-served-by} %header{x-nezha-cache}\\n"
 
 
-def _curl(url: str) -> tuple[int, int, str, str]:
-    out = subprocess.run([CURL, "-s", "-o", "/dev/null", "-H", f"Host: {HOST}", "-w", FORMAT, url + PATH],
+def _curl(url: str, path: str = PATH) -> tuple[int, int, str, str]:
+    out = subprocess.run([CURL, "-s", "-o", "/dev/null", "-H", f"Host: {HOST}", "-w", FORMAT, url + path],
                          capture_output=True, text=True, check=True).stdout.split()
     status, size = int(out[0]), int(out[1])
     served_by = out[2] if len(out) > 3 else ""
     return status, size, served_by, out[-1]
 
 
-async def curl(url: str) -> tuple[int, int, str, str]:
+async def curl(url: str, path: str = PATH) -> tuple[int, int, str, str]:
     # curl runs in a thread: the origin shares this event loop and must keep serving.
-    return await asyncio.get_running_loop().run_in_executor(None, _curl, url)
+    return await asyncio.get_running_loop().run_in_executor(None, _curl, url, path)
+
+
+async def timed_read(url: str, size: int) -> float:
+    """Seconds for one whole read of CHUNKED_PATH through `url`, checked complete."""
+    started = time.monotonic()
+    status, got, _, label = await curl(url, CHUNKED_PATH)
+    if status != 200 or got != size:
+        raise BenchError(f"read through {url}: {status} ({label}), {got} of {size} bytes")
+    return time.monotonic() - started
+
+
+async def chunk_run(work: Path, origin_url: str, size: int, chunk: int, chunked: bool) -> dict:
+    """One 4-node cluster (R = 1) with chunking on or off: the cold read's and the median warm read's
+    seconds through one node that does not own the key, and the object's bytes on each node's disk."""
+    served_origin = Origin(host=HOST, upstream=origin_url, default_ttl=3600)
+    cluster = LocalCluster(nodes=4, origins=[served_origin], data_dir=work / f"chunks-{'on' if chunked else 'off'}",
+                           base_port=free_run(4), replicas=1,
+                           node_settings={"chunk_threshold": size if chunked else 0, "chunk_size": chunk,
+                                          "capacity": "8GiB"})
+    try:
+        await cluster.start()
+        urls = {n.id: n.url for n in cluster.nodes.values()}
+        owner = cluster.index.membership.ring().owners(key_for(parse_target(CHUNKED_PATH, HOST), served_origin), 1)[0]
+        reader = next(nid for nid in sorted(urls) if nid != owner)
+        cold = await timed_read(urls[reader], size)
+        await settled(*urls.values())
+        warm = sorted([await timed_read(urls[reader], size) for _ in range(3)])[1]
+        on_disk = {nid: sum(f.stat().st_size for f in node.data_dir.rglob("*.data"))
+                   for nid, node in cluster.nodes.items()}
+        return {"cold": cold, "warm": warm, "on_disk": on_disk, "reader": reader, "owner": owner}
+    finally:
+        await cluster.stop()
 
 
 async def read_round(urls: dict[str, str], size: int) -> tuple[dict[str, int], float, dict[str, int]]:
@@ -126,9 +170,25 @@ async def main(quick: bool) -> None:
                   f"{ {k: round(v / size) for k, v in r['served'].items()} } objects; labels {r['labels']}",
                   flush=True)
         off, on = results[0], results[3]
+        big, chunk = (256 if quick else 1024) * 1024 * 1024, (8 if quick else 32) * 1024 * 1024
+        write_random(work / "origin" / CHUNKED_PATH.lstrip("/"), big)
+        runs = {}
+        for chunked in (False, True):
+            before = origin.gets
+            runs[chunked] = r = await chunk_run(work, origin_url, big, chunk, chunked)
+            r["origin_gets"] = origin.gets - before
+            print(f"{big >> 20} MiB object {'in ' + str(big // chunk) + ' chunks' if chunked else 'whole'}, read "
+                  f"through {r['reader']} (key owner {r['owner']}): cold {big / r['cold'] / 1e6:.0f} MB/s, warm "
+                  f"(median of 3) {big / r['warm'] / 1e6:.0f} MB/s; bytes on disk by node "
+                  f"{ {k: round(v / 2**20) for k, v in r['on_disk'].items()} } MiB; origin GETs {r['origin_gets']}",
+                  flush=True)
+        whole, chunks = runs[False], runs[True]
         print(f"ratios: owner_share_off={off['owner_share']:.3f} owner_share_on={on['owner_share']:.3f} "
               f"hot_speedup={on['rate'] / off['rate']:.3f} origin_gets_off={off['origin_gets']} "
-              f"origin_gets_on={on['origin_gets']}")
+              f"origin_gets_on={on['origin_gets']} "
+              f"chunk_balance={max(chunks['on_disk'].values()) / sum(chunks['on_disk'].values()):.3f} "
+              f"chunked_read={whole['warm'] / chunks['warm']:.3f} chunked_cold={whole['cold'] / chunks['cold']:.3f} "
+              f"chunk_origin_gets={chunks['origin_gets']}")
     finally:
         await origin.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -136,7 +196,8 @@ async def main(quick: bool) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 16 MiB object instead of 64 MiB")
+    parser.add_argument("--quick", action="store_true", help="a 16 MiB hot object instead of 64 MiB, a 256 MiB "
+                        "chunked one instead of 1 GiB")
     a = parser.parse_args()
     try:
         asyncio.run(main(a.quick))

@@ -65,6 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", help="processes serving this node's port: one fills, writes and counts, the "
                    "others answer plain hits from the same disk and hand it the rest; a number or auto (the "
                    "CPUs this process may use, from its affinity and cgroup quota). Default 1")
+    p.add_argument("--chunk-threshold", help="objects at least this large (e.g. 1GiB) are stored as chunks "
+                   "spread over the ring, each on the owners of its own key; 0 turns chunking off (default 1GiB; "
+                   "per origin: chunk_threshold)")
+    p.add_argument("--chunk-size", help="size of those chunks, e.g. 64MiB (default 64MiB; per origin: chunk_size)")
     p.add_argument("--config", type=Path, help="YAML file of settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                    help="default info")
@@ -85,7 +89,8 @@ def run_cache(args: argparse.Namespace) -> int:
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
                "replicas", "tls_listen", "ca_cert", "ca_key", "fill_streams", "max_connections", "request_head_timeout", "parent",
-               "parent_tls_port", "admin_listen", "hot_reads", "hot_window", "hot_share", "workers", "log_level"]))
+               "parent_tls_port", "admin_listen", "hot_reads", "hot_window", "hot_share", "chunk_threshold", "chunk_size",
+               "workers", "log_level"]))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "

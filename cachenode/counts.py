@@ -69,7 +69,8 @@ class Counts:
         self.update_store_gauges()
         self.count(meta.host, objects=1, bytes_stored=meta.size)
         if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
-            self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.size)
+            # A chunked object's manifest is indexed with the object's length; its chunks each with their own.
+            self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.body_size)
 
     def gone(self, meta: Meta, **extra: int) -> None:
         """An object left the store (evicted, invalidated, replaced, lost)."""

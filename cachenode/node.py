@@ -62,7 +62,7 @@ class CacheNode:
         self.relay = PeerRelay(
             node_id=self.node_id, client=origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
-            read_timeout=settings.origin_read_timeout + settings.peer_timeout, chunk_size=settings.chunk_size,
+            read_timeout=settings.origin_read_timeout + settings.peer_timeout, read_size=settings.read_size,
             cluster_token=token)
         # Requests for origins go to the parent tier first when there is one
         # (a sidecar's cluster); peers are always asked directly.

@@ -82,6 +82,17 @@ def check_redis_url(value: str | None) -> str | None:
     return value
 
 
+def _chunk_setting(value: Any, *, field: str) -> int:
+    """chunk_threshold (0: chunking off) or chunk_size (at least 1 MiB: a
+    chunk is a stored object and a peer request of its own)."""
+    size = parse_size(value)
+    if field == "chunk_size" and size < 2**20:
+        raise ValueError(f"chunk_size ({size} bytes) must be at least 1MiB: each chunk is an object and a request")
+    if size < 0:
+        raise ValueError(f"{field} ({size}) must not be negative")
+    return size
+
+
 HOST_PLACEHOLDER = "{host}"
 
 
@@ -126,6 +137,11 @@ class Origin(BaseModel):
     fill_streams: int | None = None
     parallel_fill_threshold: int | None = None
     fill_on_range: bool | None = None
+    # Chunks across the ring (nezha/chunks.py) for this origin's objects at
+    # least `chunk_threshold` long (0: never), `chunk_size` each; unset: the
+    # node's chunk_threshold and chunk_size.
+    chunk_threshold: int | None = None
+    chunk_size: int | None = None
     # TLS clients of this host (port 443, cachenode/tls/port.py). With a CA
     # on the node the handshake is made there and their requests are cached
     # under https:// keys; `passthrough` relays their connections untouched
@@ -165,6 +181,11 @@ class Origin(BaseModel):
     @classmethod
     def _threshold(cls, v: Any) -> Any:
         return None if v is None else parse_size(v)
+
+    @field_validator("chunk_threshold", "chunk_size", mode="before")
+    @classmethod
+    def _chunk_sizes(cls, v: Any, info: Any) -> Any:
+        return None if v is None else _chunk_setting(v, field=info.field_name)
 
     @field_validator("fill_streams")
     @classmethod
@@ -329,7 +350,7 @@ class CacheSettings(_Base):
     capacity: int | None = None
     origin_connect_timeout: float = 5.0
     origin_read_timeout: float = 30.0
-    chunk_size: int = 256 * 1024
+    read_size: int = 256 * 1024
     # Send stored objects with sendfile(2); off falls back to read+write
     # (for filesystems or transports without sendfile, and to test both paths).
     sendfile: bool = True
@@ -432,6 +453,12 @@ class CacheSettings(_Base):
     # the process may use (affinity and cgroup quota). 1: one process, no
     # supervisor, as before workers existed.
     workers: int | Literal["auto"] = 1
+    # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
+    # an object at least `chunk_threshold` long (0: never) is stored as
+    # `chunk_size` chunks, each on the owners of its own key. Per origin in
+    # its `origins` entry.
+    chunk_threshold: int = 2**30
+    chunk_size: int = 64 * 2**20
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -472,6 +499,16 @@ class CacheSettings(_Base):
             raise ValueError(f"hot_share ({v:g}) must be a share of capacity above 0 and at most 1 "
                              f"(use hot_reads 0 to turn hot copies off)")
         return v
+
+    @field_validator("chunk_threshold", "chunk_size", mode="before")
+    @classmethod
+    def _chunk_sizes(cls, v: Any, info: Any) -> Any:
+        return _chunk_setting(v, field=info.field_name)
+
+    def chunking(self, origin: Origin) -> tuple[int, int]:
+        """(chunk_threshold, chunk_size) for `origin`'s objects: its own, else this node's."""
+        return (self.chunk_threshold if origin.chunk_threshold is None else origin.chunk_threshold,
+                self.chunk_size if origin.chunk_size is None else origin.chunk_size)
 
     @property
     def hot_capacity(self) -> int | None:

@@ -15,7 +15,9 @@ the drawing is the tree the code defines.
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
     │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
-    │   │   └── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
+    │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
+    │   │   └── ChunkChanged  cachenode.front.chunked: a chunk's origin answer is not of its manifest's version
+    │   ├── ChunkUnavailable  cachenode.front.chunked: no owner of a chunk, nor the origin, could send it
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity

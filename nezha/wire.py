@@ -43,6 +43,14 @@ SCHEME_HEADER = "X-Nezha-Scheme"
 # authenticated: a client that forges it can only make a node skip its
 # parent and ask the origin itself (docs/cache-node.md, "A parent tier").
 FROM_CHILD_HEADER = "X-Nezha-From-Child"
+# A peer's request for one chunk of a chunked object (nezha/chunks.py), as
+# JSON: index, chunk size, the object's length and validators. The chunk's
+# owner answers the Range asked of that chunk from its disk, or fills the
+# chunk from the origin under those validators first. Believed only from a peer.
+CHUNK_HEADER = "X-Nezha-Chunk"
+# On a response to a peer: the object is chunked, answered by the node that
+# holds its manifest; such an answer is never copied whole (a hot copy, a replica).
+CHUNKED_HEADER = "X-Nezha-Chunked"
 # Every field of the cache's own, lowercased: never stored with an object,
 # never passed to an origin.
 OWN_PREFIX = "x-nezha-"

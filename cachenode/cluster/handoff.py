@@ -37,13 +37,14 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Awaitable, Callable, Coroutine, Protocol
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from cachenode.cluster.view import ClusterView
+from nezha.chunks import chunk_of
 from nezha.ring import Peer
 from nezha.config import CacheSettings, Origin, parse_hostport
 from cachenode.fill.buffer import Fill
@@ -122,6 +123,10 @@ class Handoff:
         self.spawn = spawn
         self.parallel = parallel
         self.progress = Progress()
+        # Hands one chunk of a chunked object to its owners under a ring (set
+        # by the request handler, whose chunk reads know how; front/chunked.py):
+        # one ReplicateResult an owner. None: chunks are skipped.
+        self.chunk_handoff: Callable[[Meta, ClusterView], Awaitable[list[str]]] | None = None
         self._running: asyncio.Task | None = None
 
     # -- HTTP ------------------------------------------------------------------
@@ -380,6 +385,22 @@ class Handoff:
                         return  # evicted since the listing
                     if meta.hot:
                         return  # a cache of the cache: its owners hold the object, and it is never handed off
+                    if chunk_of(key) is not None:
+                        # A chunk goes to the owners of its own key (nezha/chunks.py
+                        # place), which copy it from here; its manifest is
+                        # handed off like any object.
+                        results = await self.chunk_handoff(meta, view) if self.chunk_handoff else []
+                        if not results:
+                            p.skipped += 1
+                        for r in results:
+                            if r == ReplicateResult.COPIED:
+                                p.copied += 1
+                                p.bytes += meta.size
+                            else:
+                                p.failed += 1
+                                if len(p.errors) < 20:
+                                    p.errors.append(f"{key}: {r}")
+                        return
                     if selecting is None:
                         p.failed += 1
                         p.errors.append(f"{key}: its variant cannot be spelled as request fields")

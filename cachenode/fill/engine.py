@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
 
@@ -36,13 +37,14 @@ from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, NotStored
+from cachenode.store.objects import Meta, NotStored, close_reader
+from nezha.chunks import Layout, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -53,7 +55,7 @@ class LeaderGone(FillAborted):
 
 # A fill reads its origin (or peer) in pieces of up to this size: one per
 # object however many clients wait, so larger than a client stream's
-# chunk_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
+# read_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
 # at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
 # direction (docs/benchmarks.md, "Cold fills in parallel ranges").
 FILL_READ = 1024 * 1024
@@ -93,6 +95,10 @@ class FillEngine:
         self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+        # Whether the ring has other nodes to spread a large object's chunks
+        # over (set by the request handler, which holds the cluster view): a
+        # node alone stores every object whole, as chunking would gain it nothing.
+        self.chunks_spread: Callable[[], bool] = lambda: False
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -167,8 +173,12 @@ class FillEngine:
             expires_at = now + policy.ttl
             kept = with_date(stored_pairs(response.headers), now)
             names = vary_names(response.headers)
+            chunk_size, length = self._chunking(response, origin=origin, source=source, vary=names,
+                                                authorize=authorize)
             decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
-                                      fits=self.store.fits, authorize=authorize),
+                                      # Capacity is per chunk: a chunked object fits whatever its size.
+                                      fits=self.store.fits if chunk_size is None else lambda _: True,
+                                      authorize=authorize),
                               stale_held=stale is not None, stale_usable_on_error=stale is not None and (
                                   may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
                                                            stale_if_error=stale.stale_if_error)))
@@ -182,6 +192,7 @@ class FillEngine:
                     expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
                 except ValueError:
                     pass
+            age = current_age(response.headers, now) if source.peer is None else 0.0
             if decision.step is Step.REVALIDATED:
                 assert stale is not None
                 response.release()
@@ -194,6 +205,22 @@ class FillEngine:
             if decision.step is Step.PASS:
                 log.info("response_not_stored", key=key, reason=decision.reason)
                 return self._landed(flight, Outcome(Kind.PASSED)), response
+            if chunk_size is not None:
+                # The object is stored as chunks across the ring, each filled
+                # by its owners with ranges when first read: this node keeps
+                # only the manifest, and closes the first answer unread (no
+                # byte of it is stored here).
+                if source.peer is None:
+                    self.metrics.origin_bytes_discarded.inc(close_unread(response))
+                else:
+                    response.release()
+                response = None
+                meta = await self._store_manifest(key=key, url=url, origin=origin, target=target, headers=kept,
+                                                  now=now, expires_at=expires_at, policy=policy, length=length,
+                                                  chunk_size=chunk_size, age=age, hot=source.hot and source.peer is not None)
+                if source.peer is None:
+                    self.replicate(meta, target)  # the manifest's other owners copy it (never the bytes)
+                return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin, authorize=authorize)
@@ -205,6 +232,60 @@ class FillEngine:
             if not flight.outcome.done():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
+
+    def _chunking(self, response: aiohttp.ClientResponse, *, origin: Origin, source: Source,
+                  vary: tuple[str, ...] | None, authorize: bool) -> tuple[int | None, int]:
+        """The chunk size to store `response`'s object in across the ring
+        (nezha/chunks.py) and the object's length, or (None, 0) to store it whole.
+
+        From the origin: a 200 at least the origin's chunk_threshold long,
+        with byte ranges and a strong validator (each chunk is a Range +
+        If-Range under it, as a parallel fill's slices are), not varying,
+        not an `authorize` origin's (each read is the origin's to allow), not
+        the parent tier's, and only on a node with others in its ring. From a peer: its answer says it is a manifest
+        (CHUNKED_HEADER; a replica or a hand-off copies the manifest alone).
+        """
+        if source.peer is not None:
+            said = response.headers.get(CHUNKED_HEADER)
+            if said is None or response.status != 200:
+                return None, 0
+            try:
+                spec = json.loads(said)
+                chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
+            except (ValueError, TypeError, KeyError):
+                return None, 0
+            return (chunk_size, length) if chunk_size > 0 and length >= 0 else (None, 0)
+        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks_spread():
+            return None, 0
+        threshold, chunk_size = self.settings.chunking(origin)
+        length = response.content_length
+        if not chunks_on(threshold, length):
+            return None, 0
+        # streams=2: a chunked object is fetched in ranges whatever the node's fill_streams.
+        if parallel_validator(response.status, response.headers, length, streams=2, threshold=threshold) is None:
+            return None, 0
+        return chunk_size, length or 0
+
+    async def _store_manifest(self, *, key: str, url: str, origin: Origin, target: Target, headers: Pairs,
+                              now: float, expires_at: float, policy: Policy, length: int, chunk_size: int,
+                              age: float, hot: bool) -> Meta:
+        """Commit the manifest of a chunked object: its headers, length and
+        chunk size, and an empty data file; its chunks are filled when read."""
+        temp = await self.store.new_temp()
+        close_reader(temp)  # an empty file that nobody reads before its commit
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=0,
+                    headers=headers, stored_at=now, expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                    age=age, stale_while_revalidate=policy.stale_while_revalidate, chunk_size=chunk_size,
+                    length=length, hot=hot)
+        try:
+            stored = await self.store.commit(temp, meta)
+        except BaseException:
+            await self.store.discard(temp)
+            raise
+        self.counts.stored(stored)
+        log.info("object_chunked", key=key, bytes=length, chunk_size=chunk_size,
+                 chunks=Layout(size=length, chunk_size=chunk_size).count)
+        return stored
 
     async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
         """The source's answer to the fill's request, made conditional on what is stored."""
@@ -475,14 +556,14 @@ class FillEngine:
 
         fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
                             length=fill.length or 0, streams=streams, write_at=write_at,
-                            chunk_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
+                            read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
                             read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
         fetch.attach(fill)
 
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
-                              chunk_size=FILL_READ, what=source.what)
+                              read_size=FILL_READ, what=source.what)
 
         return fetch, fallback
 

@@ -50,6 +50,7 @@ class Source:
 class Kind(enum.Enum):
     STREAMING = "streaming"  # a Fill is writing the object; stream from it
     REVALIDATED = "revalidated"  # 304: the stored object is fresh again
+    STORED = "stored"  # stored at once (a chunked object's manifest): serve it as a hit
     PASSED = "passed"  # not storable: each waiter fetches for itself
     FAILED = "failed"  # the origin could not be used
 

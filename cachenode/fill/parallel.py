@@ -121,7 +121,7 @@ class RangedFetch:
 
     def __init__(self, *, get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]],
                  headers: Mapping[str, str], validator: Validator, length: int, streams: int,
-                 write_at: Callable[[int, memoryview], Awaitable[None]], chunk_size: int,
+                 write_at: Callable[[int, memoryview], Awaitable[None]], read_size: int,
                  on_bytes: Callable[[int], None] | None = None, slice_size: int = SLICE,
                  on_demand: bool = False, park_idle: float | None = None,
                  pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
@@ -133,7 +133,7 @@ class RangedFetch:
         self.length = length
         self.streams = streams
         self.write_at = write_at
-        self.chunk_size = chunk_size
+        self.read_size = read_size
         self.on_bytes = on_bytes
         self.pump = pump  # (body, offset, end, moved): bodies over plain TCP go socket -> pipe -> file
         self.read_timeout = read_timeout
@@ -273,7 +273,7 @@ class RangedFetch:
             if body is not None:
                 await self._splice(body, s, fill)
             else:
-                async for chunk in response.content.iter_chunked(self.chunk_size):
+                async for chunk in response.content.iter_chunked(self.read_size):
                     await self._put(s, fill, chunk)
                     if s.done:
                         return
@@ -338,7 +338,7 @@ def close_unread(response: aiohttp.ClientResponse) -> int:
 
 
 async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]], headers: Mapping[str, str],
-                     *, offset: int, length: int, validator: Validator, chunk_size: int,
+                     *, offset: int, length: int, validator: Validator, read_size: int,
                      what: str) -> AsyncIterator[bytes]:
     """The object's bytes from `offset` on, from one plain GET of the whole object
     that must still be the representation the fill began with."""
@@ -353,7 +353,7 @@ async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.Client
             why = validator.mismatch(response.headers)
         if why is not None:
             raise FillAborted(f"{what} changed during a parallel fill ({why}): nothing of it is stored")
-        async for chunk in skip_first(response.content.iter_chunked(chunk_size), offset):
+        async for chunk in skip_first(response.content.iter_chunked(read_size), offset):
             yield chunk
     finally:
         response.release()

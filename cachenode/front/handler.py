@@ -17,6 +17,7 @@ fill's growing temp file, or a pass-through copy of the origin's response
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Awaitable, Callable
@@ -38,22 +39,25 @@ from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import PARENT_ROUTE, access, parent_route
 from cachenode.front.authorized import AuthorizedReads
+from cachenode.front.chunked import ChunkReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
 from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
-from cachenode.http.freshness import (RequestDirectives, Use, judge, may_serve_stale_on_error,
+from cachenode.http.freshness import (RequestDirectives, Use, current_age, judge, may_serve_stale_on_error,
                                       request_bypasses_cache, request_directives)
+from cachenode.http.headers import stored_pairs
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
-from nezha.keys import BadHost, BadTarget, Target, credentials_kept, key_for, parse_target
+from nezha.keys import BadHost, BadTarget, Target, credentials_kept, host_of, key_for, parse_target
 from nezha.ring import Peer
-from nezha.wire import ADMIN_PATHS, FROM_CHILD_HEADER, INTERNAL_PREFIX, SCHEME_HEADER, CacheOutcome, relayed
+from nezha.wire import (ADMIN_PATHS, CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, FROM_CHILD_HEADER, INTERNAL_PREFIX,
+                        SCHEME_HEADER, CacheOutcome, relayed)
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -90,6 +94,14 @@ class Handler:
         # Hot copies (docs/cache-node.md): relayed reads counted per key; keys being copied now.
         self.hot = HotReads(reads=settings.hot_reads, window=settings.hot_window)
         self._hot_copying: set[str] = set()
+        # Chunked objects (nezha/chunks.py): read from their chunks' owners by
+        # whichever node answers the client; a chunk's owner serves and fills it.
+        self.chunks = ChunkReads(settings=settings, store=store, upstream=origins, cluster=cluster, relay=relay,
+                                 counts=counts, metrics=metrics, via=respond.via, send_file=respond.send_file,
+                                 forget=self._forget_changed, spawn=engine.spawn)
+        respond.chunk_body = self.chunks.send
+        engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
+        handoff.chunk_handoff = self.chunks.hand_off
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,
                                           peers_have_a_token=settings.cluster_token is not None)
@@ -117,6 +129,9 @@ class Handler:
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         url = origin.upstream_for(target.scheme, target.host) + target.path_qs
         access(request).key = key
+        if CHUNK_HEADER in request.headers and request.method in ("GET", "HEAD") and self.from_peer(request):
+            # One chunk of a chunked object, for the peer reading it: this node owns that chunk.
+            return await self.chunks.serve(request, key=key, url=url, target=target)
         if looped(request.headers.getall("Via", []), self.respond.via,
                   from_child=FROM_CHILD_HEADER in request.headers):
             access(request).cache = CacheOutcome.REFUSED
@@ -167,7 +182,8 @@ class Handler:
         owners = [] if self.from_peer(request) or fresh else self.cluster.owners(key)
         ahead = _ahead_of(self.node_id, owners)
         if ahead:
-            relayed = await self.relay.relay(request, ahead, target=target, origin_url=url)
+            relayed = await self.relay.relay(request, ahead, target=target, origin_url=url,
+                                             on_manifest=self._chunked_from_peer)
             if relayed is not None:
                 record = access(request)
                 outcome = _RELAY_OUTCOME.get(record.cache or "")
@@ -259,8 +275,8 @@ class Handler:
                 self._plain_keys.clear()
             self._plain_keys[(scheme, raw_target, host_header)] = key
         meta = self.store.lookup(key)
-        if meta is None or meta.status != 200 or meta.authorize or not meta.fresh(self._clock()):
-            return None
+        if meta is None or meta.status != 200 or meta.authorize or meta.chunk_size or not meta.fresh(self._clock()):
+            return None  # a chunked object is read from its chunks' owners, not sent from one file
         prepared = self._plain_heads.get(key)
         if prepared is None or prepared[0] is not meta:
             if len(self._plain_heads) >= _PLAIN_CACHE:
@@ -332,6 +348,37 @@ class Handler:
             self.hot.forget(key)  # a failed copy is tried again only after as many reads again
 
         self.handoff.copy_hot_soon(peer, target, done=done)
+
+    async def _chunked_from_peer(self, request: web.Request, answer: aiohttp.ClientResponse,
+                                 peer: Peer) -> web.StreamResponse | None:
+        """The owner of a chunked object's key answered a relayed read with its
+        manifest (CHUNKED_HEADER): this node reads the chunks from their owners
+        itself and answers the client, so the object's bytes do not funnel
+        through the manifest's owner. None: a manifest that cannot be read
+        (the relay then goes on as if the owner had not answered)."""
+        try:
+            spec = json.loads(answer.headers[CHUNKED_HEADER])
+            chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
+            expires_at = float(answer.headers[EXPIRES_HEADER])
+        except (KeyError, ValueError, TypeError) as e:
+            log.warning("manifest_unreadable", peer=peer.id, error=f"{type(e).__name__}: {e}")
+            return None
+        if chunk_size <= 0 or length < 0:
+            return None
+        key = access(request).key or ""
+        now = self._clock()
+        meta = Meta(key=key, url=key, host=host_of(key), size=0, headers=stored_pairs(answer.headers),
+                    stored_at=now, expires_at=expires_at, age=current_age(answer.headers, now),
+                    chunk_size=chunk_size, length=length)
+        access(request).peer = peer.id
+        # The owner's own outcome (a miss when its flight stored the manifest just now), as a relay says it.
+        return await self.respond.hit(request, meta, label=relayed(answer.headers.get(CACHE_HEADER, CacheOutcome.HIT)))
+
+    async def _forget_changed(self, meta: Meta, why: str) -> None:
+        """A chunk of `meta`'s object came back as another version: forget
+        the manifest here and at its owners, so the next read starts from the
+        origin's current answer."""
+        await self.invalidate([meta.key], why=why)
 
     async def _drop_hot(self, meta: Meta, *, why: str) -> None:
         if await self.store.remove_one(meta):
@@ -460,9 +507,11 @@ class Handler:
             if outcome.kind is Kind.STREAMING:
                 assert outcome.fill is not None
                 return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS if leader else CacheOutcome.MISS_JOINED)
-            if outcome.kind is Kind.REVALIDATED:
+            if outcome.kind is Kind.REVALIDATED or outcome.kind is Kind.STORED:
                 assert outcome.meta is not None
-                served = await self.respond.hit(request, outcome.meta, label=CacheOutcome.REVALIDATED)
+                label = (CacheOutcome.REVALIDATED if outcome.kind is Kind.REVALIDATED
+                         else CacheOutcome.MISS if leader else CacheOutcome.MISS_JOINED)
+                served = await self.respond.hit(request, outcome.meta, label=label)
                 if served is not None:
                     return served
                 continue

@@ -43,7 +43,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -59,10 +59,13 @@ from nezha.keys import Target
 from cachenode.fill.origin import Interim, OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
                         TOKEN_HEADER, EXPIRES_HEADER, AUTHORIZE_HEADER, relayed)
 
 log = structlog.get_logger("nezha.peers")
+
+# Answers a relayed request whose owner sent a chunked object's manifest; None: it could not.
+OnManifest = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
 
 # On an owner's 502/504: the origin failed, not the owner (the value says how).
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -109,7 +112,7 @@ class _Body:
 
 class PeerRelay:
     def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
-                 header_timeout: float, chunk_size: int, down_for: float = 5.0,
+                 header_timeout: float, read_size: int, down_for: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
                  cluster_token: str | None = None) -> None:
         """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
@@ -125,7 +128,7 @@ class PeerRelay:
         self.header_timeout = header_timeout
         self.read_timeout = read_timeout
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=peer_timeout, sock_read=read_timeout)
-        self.chunk_size = chunk_size
+        self.read_size = read_size
         self.down_for = down_for
         self._clock = clock
         self._down_until: dict[str, float] = {}
@@ -146,6 +149,9 @@ class PeerRelay:
         headers = end_to_end(request.headers)
         headers["Host"] = target.host
         headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
+        # A client's chunk request would become this node's, made with its token:
+        # only a node reading a chunked object asks for a chunk (front/chunked.py).
+        headers.pop(CHUNK_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))
@@ -244,20 +250,23 @@ class PeerRelay:
 
     # -- the relay -----------------------------------------------------------------------
     async def relay(self, request: web.Request, owners: list[Peer], *, target: Target,
-                    origin_url: str | None = None) -> web.StreamResponse | None:
+                    origin_url: str | None = None, on_manifest: OnManifest | None = None) -> web.StreamResponse | None:
         """Serve `request` from an owner. None when no owner answered at all.
 
         `origin_url` is where to fetch the rest of a body that broke with no
-        owner left to resume from.
+        owner left to resume from. `on_manifest` answers the request when an
+        owner answers with a chunked object's manifest (CHUNKED_HEADER) instead
+        of its bytes (cachenode/front/chunked.py).
         """
         interim = InterimRelay(request)
         try:
-            return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim)
+            return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim,
+                                     on_manifest=on_manifest)
         finally:
             interim.close()
 
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
-                     interim: InterimRelay) -> web.StreamResponse | None:
+                     interim: InterimRelay, on_manifest: OnManifest | None = None) -> web.StreamResponse | None:
         body: _Body | None = None
         for peer in self.order(owners):
             if peer.id == self.node_id:
@@ -278,6 +287,11 @@ class PeerRelay:
             try:
                 if r.status >= 500 and not from_origin(r):
                     self.mark_down(peer, f"answered {r.status}")
+                    continue
+                if body is None and on_manifest is not None and r.status == 200 and CHUNKED_HEADER in r.headers:
+                    answered = await on_manifest(request, r, peer)
+                    if answered is not None:
+                        return answered
                     continue
                 if body is None:
                     body = await self._start(request, r, peer)
@@ -344,7 +358,7 @@ class PeerRelay:
             if self.splice and splice.usable(r, request):
                 await splice.splice_body(r, request, body.out, read_timeout=self.read_timeout, on_bytes=count)
             else:
-                async for chunk in r.content.iter_chunked(self.chunk_size):
+                async for chunk in r.content.iter_chunked(self.read_size):
                     try:
                         await body.out.write(chunk)
                     except ConnectionError as e:  # aiohttp's reset error is a ClientError too: not the owner's

@@ -14,6 +14,7 @@ fill and every other client carry on.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from typing import IO, AsyncIterator, Awaitable, Callable
@@ -42,7 +43,7 @@ from nezha.credentials import redact_text
 from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
 from nezha.keys import host_of
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
-from nezha.wire import SERVED_BY_HEADER
+from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
 
@@ -220,6 +221,9 @@ class Responder:
         self._count = count
         self._clock = clock
         self.via = via_of(settings.identity)
+        # How a chunked object's bytes are written (front/chunked.py ChunkReads.send),
+        # set by the handler that owns the chunk reads.
+        self.chunk_body: Callable[[web.Request, web.StreamResponse, Meta, int, int], Awaitable[None]] | None = None
 
     def via_for(self, request: web.Request) -> str | None:
         """This node's Via entry for a response to `request`; none to a peer:
@@ -242,22 +246,25 @@ class Responder:
     async def hit(self, request: web.Request, meta: Meta, *, label: str,
                          stale_reason: str | None = None) -> web.StreamResponse | None:
         """Send a stored object; None if it vanished (evicted or replaced) first."""
+        if meta.chunk_size and is_peer_request(request, self.settings.cluster_token):
+            return await self._manifest(request, meta, label=label)
         try:
             # Opened on the loop: for a local data directory this is a cached
             # metadata lookup (microseconds), and an executor hop per hit cost
             # more than the open itself (docs/benchmarks.md, profile).
-            f = open(self.store.data_path(meta), "rb")
+            # A chunked object's bytes are its chunks: no file of its own is read.
+            f = None if meta.chunk_size else open(self.store.data_path(meta), "rb")
         except FileNotFoundError:
             return None
         try:
             access(request).cache = label
             if meta.status == 200:
-                decision = evaluate(request.headers, size=meta.size, etag=meta.etag,
+                decision = evaluate(request.headers, size=meta.body_size, etag=meta.etag,
                                     last_modified=meta.last_modified)
             else:
                 # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
                 # a stored 404 or 301 is sent whole, with its own status.
-                decision = Decision(RangeOutcome.FULL, 0, meta.size)
+                decision = Decision(RangeOutcome.FULL, 0, meta.body_size)
             resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                       else decision.outcome.value)
             _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
@@ -272,12 +279,12 @@ class Responder:
                                      host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                await self._bodyless(request, _answer_unsatisfiable(request, resp, meta.size),
+                await self._bodyless(request, _answer_unsatisfiable(request, resp, meta.body_size),
                                      host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.PARTIAL:
                 end = decision.start + decision.length - 1
-                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.size}"
+                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.body_size}"
                 drop_whole_body_fields(resp.headers)
             resp.content_length = decision.length
             self._count(meta.host, request=request, hits=1)
@@ -289,7 +296,11 @@ class Responder:
             try:
                 await resp.prepare(request)
                 if request.method != "HEAD" and decision.length:
-                    await self.send_file(request, resp, f, decision.start, decision.length)
+                    if f is None:
+                        assert self.chunk_body is not None, "a chunked object is served by a node with chunk reads"
+                        await self.chunk_body(request, resp, meta, decision.start, decision.length)
+                    else:
+                        await self.send_file(request, resp, f, decision.start, decision.length)
                     sent = decision.length
                     self._count(meta.host, request=request, bytes_served=sent)
                     access(request).bytes = sent
@@ -305,7 +316,29 @@ class Responder:
                 break_connection(request)
             return resp
         finally:
-            f.close()
+            if f is not None:
+                f.close()
+
+    async def _manifest(self, request: web.Request, meta: Meta, *, label: str) -> web.StreamResponse:
+        """A chunked object's manifest, to a peer: its headers, CHUNKED_HEADER
+        (chunk size and length) and its expiry, no body. The peer reads the
+        chunks from their owners itself (front/chunked.py), or keeps the
+        manifest as its copy (a replica, a hand-off): the object's bytes never
+        funnel through the node that holds its manifest."""
+        access(request).cache = label
+        resp = ExactResponse(status=200)
+        _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=None, age=meta.age_at(self._clock()))
+        resp.headers.popall("Content-Length", None)
+        resp.headers[CHUNKED_HEADER] = json.dumps({"chunk_size": meta.chunk_size, "length": meta.length})
+        resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+        resp.content_length = 0
+        self._count(meta.host, request=request, hits=1)
+        try:
+            await resp.prepare(request)
+            await resp.write_eof()
+        except ConnectionError:
+            self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+        return resp
 
     async def send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
                          offset: int, count: int) -> None:
@@ -335,7 +368,7 @@ class Responder:
                         raise BrokenStream(f"sent {done + sent} of {count} bytes")
                     return
             loop = asyncio.get_running_loop()
-            chunk = max(self.settings.chunk_size, TLS_CHUNK) if tls else self.settings.chunk_size
+            chunk = max(self.settings.read_size, TLS_CHUNK) if tls else self.settings.read_size
             while done < count:
                 data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
                 if not data:
@@ -495,7 +528,7 @@ class Responder:
             try:
                 await resp.prepare(request)
                 if request.method != "HEAD":
-                    async for chunk in response.content.iter_chunked(self.settings.chunk_size):
+                    async for chunk in response.content.iter_chunked(self.settings.read_size):
                         received += len(chunk)
                         await resp.write(chunk)
                         sent += len(chunk)

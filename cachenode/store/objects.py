@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,13 @@ class Meta:
     # never counted as held in the index, never replicated or handed off,
     # held within the store's hot share and evicted before anything else.
     hot: bool = False
+    # A chunked object's manifest (nezha/chunks.py): its `length` bytes are
+    # chunks of `chunk_size`, each a stored object on the owners of its own
+    # chunk key; this object's data file is empty, and `size` (what it
+    # weighs here) 0. 0: the object is stored whole. A chunk itself keeps
+    # its object's `length` (and chunk_size 0), so it can be placed alone.
+    chunk_size: int = 0
+    length: int = 0
 
     def __post_init__(self) -> None:
         h = self.headers
@@ -71,6 +79,11 @@ class Meta:
         object.__setattr__(self, "vary", tuple(self.vary))
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
             object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
+
+    @property
+    def body_size(self) -> int:
+        """The object's length as clients see it: `length` for a chunked one, else what is stored."""
+        return self.length if self.chunk_size else self.size
 
     def header(self, name: str) -> str | None:
         return first(self.headers, name)
@@ -127,3 +140,11 @@ class TempObject:
     def wrote(self, n: int) -> None:
         if self.behind is not None and self.fd >= 0:
             self.behind.wrote(n)
+
+
+def close_reader(temp: TempObject) -> None:
+    """Close `temp`'s reading descriptor, for a writer that serves no reader
+    from the growing file (a chunk, a manifest): else it stays open for good."""
+    if temp.read_fd >= 0:
+        fd, temp.read_fd = temp.read_fd, -1
+        os.close(fd)

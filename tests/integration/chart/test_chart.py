@@ -308,6 +308,8 @@ def test_origins_and_capacity_reach_the_nodes_settings_file():
     assert settings.origins[0].targeted_cache_control == ("Nezha-Cache-Control", "CDN-Cache-Control")
     assert settings.origins[1].targeted_cache_control == ("Nezha-Cache-Control",)
     assert (settings.hot_reads, settings.hot_window, settings.hot_share) == (3, 60, 0.1)
+    assert settings.chunking(settings.origins[0]) == (512 * 2**20, 32 * 2**20)
+    assert settings.chunking(settings.origins[1]) == (0, 64 * 2**20)  # chunking off; the node's chunk size
     # A config change rolls the nodes.
     sts = find(objects, "StatefulSet", "nezha-cache")
     assert sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \

@@ -1,0 +1,399 @@
+"""Large objects chunked across the ring (issue 27, part 2): an object at least `chunk_threshold` long is
+stored as `chunk_size` chunks, each on the owner of its own key and filled from the origin by that owner with
+one Range + If-Range request; any node answers a whole or ranged read in order from the chunks' owners.
+
+In-process nodes on 127.0.0.1, each on its own port and disk, sharing one ring (the `cluster` fixture), R = 1.
+Sizes are kept modest (a 64 MiB object in 4 MiB chunks: 16 of them) so the suite stays quick on a loaded box.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+from collections import Counter
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+
+from nezha.chunks import Layout, chunk_key, chunk_of, place
+from nezha.config import Origin
+from nezha.ring import Membership
+from structlog.testing import capture_logs
+
+from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
+
+MiB = 1 << 20
+PATH = "/datasets/coco/train2017.zip"
+KEY = key_of(PATH)
+SIZE = 64 * MiB
+CHUNK = 4 * MiB
+CHUNKED = {"chunk_threshold": 32 * MiB, "chunk_size": CHUNK}
+
+
+def body_of(size: int, seed: bytes = b"") -> bytes:
+    """Bytes no two offsets of which repeat within a chunk, so any misplaced piece shows."""
+    block = b"".join(hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range(MiB // 32))
+    return b"".join(bytes([n % 256]) + block[1:] for n in range(size // MiB)) + block[:size % MiB]
+
+
+BODY = body_of(SIZE)
+
+
+def put(origin, body: bytes = BODY, **kwargs) -> None:
+    origin.put(PATH, body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}, **kwargs)
+
+
+async def settled(nodes) -> None:
+    """Until every node's fills have committed: a reader may have had a chunk's last byte before its owner
+    committed it."""
+    for nd in nodes.values():
+        await nd.node.settled()
+
+
+def chunk_bytes(nodes) -> dict[str, int]:
+    """Bytes of chunks of KEY each node stores."""
+    held = Counter()
+    for nid, nd in nodes.items():
+        for meta in nd.node.store.metas():
+            found = chunk_of(meta.key)
+            if found is not None and found[0] == KEY:
+                held[nid] += meta.size
+    return dict(held)
+
+
+async def read(node, session, headers=None) -> tuple[int, CIMultiDict, str, int]:
+    """GET PATH through `node`: status, headers, SHA-256 of the body, its length (streamed, never held)."""
+    digest, n = hashlib.sha256(), 0
+    async with session.get(node.url + PATH, headers={"Host": HOST, **(headers or {})}) as r:
+        async for data in r.content.iter_chunked(1 << 20):
+            digest.update(data)
+            n += len(data)
+        return r.status, r.headers.copy(), digest.hexdigest(), n
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_per_chunk(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    first = next(iter(nodes.values()))
+    status, headers, digest, n = await read(first, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert headers["X-Nezha-Cache"] in ("miss", "peer-miss")
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    spans = sorted(f"bytes={a}-{b}" for a, b in map(layout.span, range(layout.count)))
+    ranges = [h.get("Range") for h in origin.request_headers]
+    assert ranges[0] is None, "the first answer is the whole object's, closed unread once it shows its size"
+    assert sorted(ranges[1:]) == spans, "then one ranged fetch per chunk, each once"
+    assert all(h.get("If-Range") == origin.etags[PATH] for h in origin.request_headers[1:])
+    await settled(nodes)
+    held = chunk_bytes(nodes)
+    assert sum(held.values()) == SIZE and len(held) == 4
+    assert max(held.values()) <= 0.4 * SIZE, f"one node holds more than 40% of the object: {held}"
+    # The manifest's owner stores no byte of the object itself.
+    manifests = [nd.node.store.lookup(KEY) for nd in nodes.values() if KEY in nd.node.store]
+    assert len(manifests) == 1 and manifests[0].size == 0 and manifests[0].length == SIZE
+    # A whole read through every node is exact and in order, with no new origin fetch.
+    for nid, node in nodes.items():
+        status, headers, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+        assert int(headers["Content-Length"]) == SIZE and headers["ETag"] == origin.etags[PATH]
+        assert headers["X-Nezha-Cache"] == ("hit" if KEY in node.node.store else "peer-hit"), nid
+    assert origin.requests[PATH] == 1 + layout.count
+
+
+@pytest.mark.parametrize("asked", [(SIZE // 2 - 100, SIZE // 2 + 100), (5 * CHUNK, 6 * CHUNK - 1),
+                                   (SIZE - 10, SIZE - 1)])
+async def test_a_range_fetches_only_the_chunks_it_needs(origin, cluster, session, asked):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    a, b = asked
+    for node in nodes.values():  # the first read fills, the others find the chunks stored
+        status, headers, digest, n = await read(node, session, headers={"Range": f"bytes={a}-{b}"})
+        assert (status, n, digest) == (206, b - a + 1, sha(BODY[a:b + 1]))
+        assert headers["Content-Range"] == f"bytes {a}-{b}/{SIZE}"
+    needed = {a // CHUNK, b // CHUNK}
+    ranges = [h.get("Range") for h in origin.request_headers]
+    assert ranges[0] is None
+    fetched = sorted(int(re.match(r"bytes=(\d+)-", r).group(1)) // CHUNK for r in ranges[1:])
+    assert fetched == sorted(needed), f"fetched chunks {fetched} for bytes {a}-{b}"
+
+
+async def test_a_chunked_object_larger_than_any_node_capacity_is_cached_and_served(origin, cluster, session):
+    put(origin)
+    capacity = 40 * MiB  # each node holds less than the 64 MiB object
+    nodes, _ = await cluster(4, capacity=capacity, **CHUNKED)
+    for node in nodes.values():
+        status, _, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK, "every chunk was kept: no chunk was fetched twice"
+    await settled(nodes)
+    assert all(nd.node.store.used_bytes <= capacity for nd in nodes.values())
+    assert sum(chunk_bytes(nodes).values()) == SIZE
+
+
+async def test_a_node_alone_stores_a_large_object_whole(origin, make_node, session):
+    """With no other node to spread chunks over, chunking gains nothing: the object is stored whole."""
+    put(origin)
+    node = await make_node(**CHUNKED)
+    status, _, digest, n = await read(node, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await node.node.settled()
+    assert node.node.store.lookup(KEY).size == SIZE and not node.node.store.lookup(KEY).chunk_size
+
+
+async def test_chunking_off_stores_the_object_whole(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(2, chunk_threshold=0, chunk_size=CHUNK)
+    status, _, digest, n = await read(next(iter(nodes.values())), session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    for nd in nodes.values():
+        await nd.node.settled()
+    assert chunk_bytes(nodes) == {}
+    assert any(nd.node.store.lookup(KEY) is not None and nd.node.store.lookup(KEY).size == SIZE
+               for nd in nodes.values())
+
+
+async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mixed(origin, cluster, session):
+    """Chunk 0 is stored; the origin then replaces the object. A read that needs chunk 0 and chunk 1 finds
+    chunk 1 of another version (its ETag): the client's body breaks rather than end in the new bytes, no chunk
+    of the new version is stored under the old manifest, and the next read is the new object, whole."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    reader = next(iter(nodes.values()))
+    status, _, digest, _ = await read(reader, session, headers={"Range": f"bytes=0-{CHUNK - 1}"})
+    assert (status, digest) == (206, sha(BODY[:CHUNK]))
+    new = body_of(SIZE, seed=b"v2")
+    put(origin, new)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await read(reader, session)
+    for nd in nodes.values():
+        await nd.node.settled()
+        for meta in nd.node.store.metas():
+            found = chunk_of(meta.key)
+            assert found is None or meta.etag != origin.etags[PATH], "a chunk of the new version was stored"
+    status, headers, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(new))
+    assert headers["ETag"] == origin.etags[PATH]
+
+
+async def test_concurrent_cold_reads_through_every_node_fetch_each_chunk_once(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    results = await asyncio.gather(*(read(node, session) for node in nodes.values() for _ in range(2)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+    ranges = [h.get("Range") for h in origin.request_headers[1:]]
+    assert len(set(ranges)) == len(ranges) == SIZE // CHUNK
+
+
+async def test_a_relayed_read_takes_the_manifest_not_the_bytes_from_the_key_owner(origin, cluster, session):
+    """The node a client asks reads the chunks from their owners itself: the owner of the object's key sends
+    it the manifest (no body), so one object's bytes never funnel through that one node."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    (owner,), others = owner_and_other(nodes, PATH)
+    await read(nodes[owner], session)  # stored: the manifest on `owner`, the chunks everywhere
+    await settled(nodes)
+    with capture_logs() as logs:
+        status, headers, digest, n = await read(nodes[others[0]], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert headers["X-Nezha-Cache"] == "peer-hit"
+    answered = [e for e in logs if e.get("event") == "request_completed" and e.get("cache") != "chunk"]
+    assert [e["bytes"] for e in answered] == [0, SIZE], "the owner sent the manifest alone, the reader the object"
+    served = [e["bytes"] for e in logs if e.get("event") == "request_completed" and e.get("cache") == "chunk"]
+    assert sum(served) + sum(
+        m.size for m in nodes[others[0]].node.store.metas() if chunk_of(m.key)) == SIZE
+
+
+async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owner_or_the_origin(
+        origin, cluster, session):
+    """R = 2. One node sends half of every chunk it is asked for, then drops the connection (as a node killed
+    mid-read does): the reader goes on from that byte with the chunk's other owner, or the origin, and the
+    client's body is exact and whole."""
+    put(origin)
+    nodes, _ = await cluster(4, replicas=2, **CHUNKED)
+    reader, victim = nodes["n0"], nodes["n1"]
+    await read(nodes["n2"], session)  # every chunk stored on both its owners
+    await settled(nodes)
+    fetched = origin.requests[PATH]
+    broken = []
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        await resp.write(os.pread(f.fileno(), count // 2, offset))
+        broken.append(count)
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    victim.node.handler.chunks.send_file = half_then_hang_up
+    with capture_logs() as logs:
+        status, _, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert broken, "the victim was asked for a chunk and broke off"
+    resumed = [e for e in logs if e.get("event") == "chunk_source_broke"]
+    assert resumed and all(e["resume"] for e in resumed)
+    assert origin.requests[PATH] == fetched, "the rest of each piece came from the chunk's other owner"
+
+
+@pytest.fixture
+async def cutting_origin(aiohttp_server):
+    """An origin of BODY that answers ranges as a stream and, once, cuts the answer for one chunk
+    (`state["cut"]`, a first byte) halfway through."""
+    state = {"cut": None, "ranges": []}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if m is None:
+            return web.Response(body=BODY, headers=headers)
+        a, b = int(m.group(1)), int(m.group(2))
+        state["ranges"].append(a)
+        resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
+        resp.content_length = b - a + 1
+        await resp.prepare(request)
+        cut = state["cut"] == a
+        for at in range(a, b + 1, 256 * 1024):
+            if cut and at - a >= (b - a) // 2:
+                state["cut"] = None
+                await asyncio.sleep(0.05)
+                request.transport.close()
+                return resp
+            await resp.write(BODY[at:min(at + 256 * 1024, b + 1)])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", state
+
+
+@pytest.mark.parametrize("owned_by_reader", [False, True], ids=["peer-owns-it", "reader-owns-it"])
+async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole(cutting_origin, make_node,
+                                                                                 tmp_path, session, owned_by_reader):
+    """The origin cuts its answer for one chunk halfway. The chunk's fill fails and stores nothing; a peer
+    reading that chunk as it grew has its answer cut and takes the rest from the origin itself, as does the
+    reading node when it was filling the chunk; the client's body is exact, and the next read fills the chunk."""
+    url, state = cutting_origin
+    nodes = {}
+    for i in range(4):
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(1, len(table)) if (table[i][0] == "n0") == owned_by_reader)
+    state["cut"] = index * CHUNK
+    with capture_logs() as logs:
+        status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    assert state["cut"] is None, "the cut happened"
+    assert any(e.get("event") in ("chunk_source_broke", "chunk_fill_failed") for e in logs)
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) not in nodes[table[index][0]].node.store
+    status, _, digest, n = await read(nodes["n1"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) in nodes[table[index][0]].node.store
+
+
+async def test_a_chunked_object_that_must_be_revalidated_is_revalidated_once_and_read_from_its_chunks(
+        origin, cluster, session):
+    """`Cache-Control: no-cache`: every read asks the origin first; a 304 renews the manifest, and the bytes
+    still come from the chunks, not the origin."""
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    nodes, _ = await cluster(4, **CHUNKED)
+    for node in nodes.values():
+        status, headers, digest, n = await read(node, session)
+        assert (status, n, digest) == (200, SIZE, sha(BODY))
+    conditional = [h for h in origin.request_headers if "If-None-Match" in h]
+    assert len(conditional) == 3, "one revalidation per later read, by the key's owner"
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK + 3
+
+
+async def test_head_and_conditionals_on_a_chunked_object_through_a_non_owner(origin, cluster, session):
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    (owner,), others = owner_and_other(nodes, PATH)
+    await read(nodes[owner], session)
+    node = nodes[others[0]]
+    status, headers, body = await node.get(session, PATH, method="HEAD")
+    assert (status, int(headers["Content-Length"]), body) == (200, SIZE, b"")
+    status, headers, body = await node.get(session, PATH, headers={"If-None-Match": origin.etags[PATH]})
+    assert (status, body) == (304, b"")
+    a = SIZE - CHUNK - 7
+    status, headers, body = await node.get(session, PATH, headers={"Range": f"bytes={a}-",
+                                                                   "If-Range": origin.etags[PATH]})
+    assert (status, body) == (206, BODY[a:])
+    status, headers, body = await node.get(session, PATH, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert (status, len(body)) == (200, SIZE), "If-Range of another version: the whole object"
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+
+
+async def test_only_a_peer_with_the_cluster_token_can_ask_for_a_chunk(origin, cluster, session):
+    """X-Nezha-Chunk from a client is ignored, also by the node that relays its request to the key's owner
+    (the client gets the bytes it asked of the object; no chunk of its naming is fetched); a peer's request
+    that names no valid chunk is refused with 400 saying why."""
+    put(origin)
+    nodes, _ = await cluster(4, cluster_token="s3cret", **CHUNKED)
+    node = next(iter(nodes.values()))
+    spec = '{"index": 3, "chunk_size": 4194304, "length": 67108864, "etag": "\\"x\\""}'
+    status, headers, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": spec, "X-Nezha-Peer": "n9",
+                                                                   "Range": "bytes=0-9"})
+    assert (status, body) == (206, BODY[:10])
+    assert all(h.get("If-Range") != '"x"' for h in origin.request_headers)
+    peer = {"X-Nezha-Peer": "n9", "X-Nezha-Token": "s3cret"}
+    bad = '{"index": 99, "chunk_size": 4194304, "length": 67108864, "etag": "\\"x\\""}'
+    status, _, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": bad, **peer})
+    assert status == 400 and b"chunk 99 of an object of 16 chunks" in body
+    status, _, body = await node.get(session, PATH, headers={"X-Nezha-Chunk": "{}", **peer})
+    assert status == 400 and b"is not a chunk request" in body
+
+
+async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_origin_once(origin, cluster, session):
+    """R = 2: the first owner fills a chunk from the origin and has the second copy it from there, so each
+    chunk is on both its owners (the index names both) after one origin fetch."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    table = place(members.ring(), KEY, layout, 2)
+    holders = [sorted(nid for nid, nd in nodes.items() if chunk_key(KEY, i, CHUNK) in nd.node.store)
+               for i in range(layout.count)]
+    assert holders == [sorted(owners) for owners in table]
+    assert origin.requests[PATH] == 1 + layout.count
+    manifests = [nd.node.store.lookup(KEY) for nd in nodes.values() if KEY in nd.node.store]
+    assert len(manifests) == 2 and all(m.chunk_size == CHUNK and m.size == 0 for m in manifests), \
+        "the key's replica copied the manifest, never the bytes"
+    assert max(chunk_bytes(nodes).values()) <= 0.4 * 2 * SIZE
+
+
+async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluster, session):
+    """Every temp file a chunked fill makes (the manifest's, each chunk's) has its reading descriptor closed
+    once stored: none is left open per chunk for the life of the process."""
+    put(origin)
+    nodes, _ = await cluster(4, **CHUNKED)
+    temps = []
+    for nd in nodes.values():
+        def recording(new_temp=nd.node.store.new_temp):
+            async def new_temp_recorded():
+                temp = await new_temp()
+                temps.append(temp)
+                return temp
+            return new_temp_recorded
+        nd.node.store.new_temp = recording()
+    status, _, digest, n = await read(nodes["n0"], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    for nd in nodes.values():
+        await nd.node.settled()
+    assert len(temps) == 1 + SIZE // CHUNK
+    assert all(t.read_fd == -1 and t.fd == -1 for t in temps)
