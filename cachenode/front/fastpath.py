@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import IO, Callable, Protocol
@@ -32,7 +33,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
-from cachenode.front.respond import SendCut, _sendfile_now, sendfile_rest
+from cachenode.front.respond import SendCut, sendfile_rest
 from cachenode.http.headers import with_date
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
@@ -55,6 +56,7 @@ ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connect
 # (a request that came back through this node is a loop, answered 508).
 _FROM_CHILD = FROM_CHILD_HEADER.lower()
 CHILD_ALLOWED = frozenset({_FROM_CHILD, "via"})
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux; elsewhere the head is simply pushed at once
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -114,6 +116,34 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     return PlainRequest(parts[0], parts[1], host, end + 4)
 
 
+# Request heads already judged by parse_plain, by their exact bytes: clients
+# send the same few heads again and again (one per object they read), and
+# judging one costs more than the rest of a hit's Python. Bounded in count
+# (cleared when full) and in size (longer heads are judged every time), so
+# it holds at most 4 MiB whatever clients send. A head's verdict depends on
+# its bytes alone, so a stale entry cannot exist.
+_JUDGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_MAX = 4096
+_JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
+
+
+def plain_request(buf: bytearray) -> PlainRequest | None | bool:
+    """`parse_plain(buf)`, remembered for heads seen before."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        return parse_plain(buf)
+    if end + 4 > _JUDGED_HEAD_MAX:
+        return parse_plain(buf)
+    head = bytes(buf[:end + 4])
+    verdict = _JUDGED.get(head)
+    if verdict is None:
+        verdict = parse_plain(head)
+        if len(_JUDGED) >= _JUDGED_MAX:
+            _JUDGED.clear()
+        _JUDGED[head] = verdict  # never None: the head is complete
+    return verdict
+
+
 def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
     them (cachenode/front/respond.py), without the Age line of each reuse.
@@ -166,7 +196,8 @@ class FastPath(asyncio.Protocol):
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
         self.transport: asyncio.Transport | None = None
-        self._fd = -1
+        self._sock: socket.socket | None = None  # the client's socket, for send(MSG_MORE)
+        self._fd = -1  # its descriptor, for os.write where that socket is not at hand
         self._buf = bytearray(received)
         self._serving: asyncio.Task | None = None
         self._eof = eof
@@ -193,6 +224,15 @@ class FastPath(asyncio.Protocol):
             self._scheme = "https"
         elif sock is not None:
             self._fd = sock.fileno()
+            # asyncio hands out a TransportSocket, which has no send(); the
+            # socket.socket inside it takes flags (MSG_MORE) that os.write
+            # cannot pass. Where it is not there (uvloop's pseudo-socket, a
+            # later Python), heads go by os.write: correct, one packet more.
+            # Not a dup: that would cost a descriptor per connection beyond
+            # the two the connection cap counts (connections.PER_CONNECTION).
+            raw = getattr(sock, "_sock", None)
+            if isinstance(raw, socket.socket) and raw.fileno() == self._fd:
+                self._sock = raw
         self._arm()
         if self._buf or self._eof:
             self._next()  # bytes another worker read before it handed the connection here
@@ -268,7 +308,7 @@ class FastPath(asyncio.Protocol):
         while self._serving is None and self.transport is not None and not self._write_paused:
             if not self._buf:
                 break
-            req = parse_plain(self._buf)
+            req = plain_request(self._buf)
             if req is None:
                 break
             hit = self.hits.plain_hit(req.target, req.host, self._scheme) if req is not False else None
@@ -336,14 +376,25 @@ class FastPath(asyncio.Protocol):
         sent = 0
         try:
             if self._fd >= 0 and not transport.get_write_buffer_size():
+                # With a body to follow, MSG_MORE holds the head back to
+                # leave in the body's first segment: one packet and one
+                # wake-up of the client fewer per hit. The sendfile right
+                # after (or, if it takes nothing, the rest of the body)
+                # pushes it out; a HEAD's head is pushed at once.
                 try:
-                    n = os.write(self._fd, head)
+                    if size and self._sock is not None:
+                        n = self._sock.send(head, _MSG_MORE)
+                    else:
+                        n = os.write(self._fd, head)
                 except (BlockingIOError, InterruptedError):
                     n = 0
                 if n < len(head):
                     transport.write(head[n:])
                 elif size:
-                    sent = _sendfile_now(transport, fd, 0, size)
+                    try:
+                        sent = os.sendfile(self._fd, fd, 0, size)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
             else:
                 transport.write(head)
             first_byte = time.monotonic() - started

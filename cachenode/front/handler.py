@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
@@ -84,7 +85,9 @@ class Handler:
         self.before_metrics: Callable[[], Awaitable[None]] | None = None
         self._table = settings.origin_table
         self._clock = clock
-        self._hit_requests = metrics.requests.labels(cache=CacheOutcome.HIT)
+        # The log level is set once, before a node is made (nezha.logs.configure):
+        # below info, a plain hit skips building its request_completed line.
+        self._log_hits = log.is_enabled_for(logging.INFO)
         # The fast path's memo: request line and Host -> key, key -> (meta, head, path).
         self._plain_keys: dict[tuple[str, str, str], str] = {}
         self._plain_heads: dict[str, tuple[Meta, bytes, str]] = {}
@@ -293,17 +296,12 @@ class Handler:
     def count_fast_hit(self, host: str, key: str, hot: bool, sent: int, first_byte: float | None) -> None:
         """The counting half of a fast hit: also for hits another worker of this
         node served (cachenode/workers/), which the node's counters must include."""
-        self.counts.count(host, hits=1, bytes_served=sent)
-        self.counts.accessed(key)
-        label = CacheOutcome.HOT_HIT if hot else CacheOutcome.HIT
-        if hot:
-            self.metrics.requests.labels(cache=label).inc()
-        else:
-            self._hit_requests.inc()
-        self.metrics.served(label, sent, first_byte=first_byte)
+        self.counts.plain_hit(host, key, sent, first_byte, hot=hot)
 
     def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False) -> None:
         """The access log half of a fast hit: one line, written by the worker that served it."""
+        if not self._log_hits:
+            return  # below the log level: not even the fields are worth making
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
         log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200,

@@ -2,9 +2,11 @@
 
 import asyncio
 import hashlib
+import logging
 import os
 
 import aiohttp
+import structlog
 
 from structlog.testing import capture_logs
 
@@ -156,3 +158,73 @@ async def test_pipelined_bytes_behind_an_unread_body_are_bounded(origin, make_no
     for _ in range(20000):
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
     writer.close()
+
+
+async def test_many_fast_hits_on_several_connections_are_each_counted_and_logged_once(origin, make_node, session):
+    """Plain hits are tallied in plain ints between scrapes: /metrics still counts every one exactly once,
+    and each still has its own request_completed line with every field."""
+    node = await _warm(origin, make_node, session, b"m" * 3000)
+    before = await (await session.get(node.url + "/metrics")).text()
+    assert 'nezha_requests_total{cache="hit"} 0.0' in before  # the warming GET was the miss
+    request = f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    with capture_logs() as logs:
+        for n in (1, 40, 9):  # one connection each, pipelined
+            reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+            writer.write(request * n)
+            for _ in range(n):
+                status, headers, got = await _read_response(reader)
+                assert status == "200" and headers["x-nezha-cache"] == "hit" and got == b"m" * 3000
+            writer.close()
+        metrics = await (await session.get(node.url + "/metrics")).text()
+        again = await (await session.get(node.url + "/metrics")).text()
+    hits = [e for e in logs if e["event"] == "request_completed" and e.get("fast")]
+    assert len(hits) == 50
+    assert all({k: e[k] for k in ("method", "host", "path", "status", "cache", "bytes")} ==
+               {"method": "GET", "host": HOST, "path": PATH, "status": 200, "cache": "hit", "bytes": 3000}
+               and e["ms"] >= 0 for e in hits)
+    for text in (metrics, again):  # a scrape settles the tally once; the next adds nothing
+        assert 'nezha_requests_total{cache="hit"} 50.0' in text
+        assert "nezha_cache_hits_total 50.0" in text
+        assert 'nezha_bytes_served_by_source_total{source="disk"} 150000.0' in text
+        assert 'nezha_time_to_first_byte_seconds_count{cache="hit"} 50.0' in text
+
+
+async def test_a_fast_path_connection_holds_no_descriptor_beyond_its_socket(origin, make_node, session):
+    """The head goes out with MSG_MORE through the transport's own socket, not a duplicate of it: the
+    connection cap counts a socket and an object file per connection (connections.PER_CONNECTION)."""
+    node = await _warm(origin, make_node, session, b"d" * 5000)
+    request = f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    before = len(os.listdir("/proc/self/fd"))
+    conns = []
+    for _ in range(20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(request)
+        status, _, got = await _read_response(reader)
+        assert status == "200" and got == b"d" * 5000
+        conns.append(writer)
+    opened = len(os.listdir("/proc/self/fd")) - before
+    fast = node.server._fast_connections()
+    assert len(fast) == 20 and all(c._sock is not None for c in fast)  # on asyncio's loop: the MSG_MORE path
+    assert opened < 50  # client and server socket each: 40 (a duplicate each would make it 60)
+    for writer in conns:
+        writer.close()
+
+
+async def test_below_info_level_fast_hits_are_still_counted_every_one(origin, make_node, session):
+    """At --log-level warning a plain hit skips building its request_completed line, never its counts."""
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    try:
+        node = await _warm(origin, make_node, session, b"w" * 700)
+        assert node.node.handler._log_hits is False
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() * 7)
+        for _ in range(7):
+            status, headers, got = await _read_response(reader)
+            assert status == "200" and headers["x-nezha-cache"] == "hit" and got == b"w" * 700
+        writer.close()
+        metrics = await (await session.get(node.url + "/metrics")).text()
+    finally:
+        structlog.configure(**old)
+    assert 'nezha_requests_total{cache="hit"} 7.0' in metrics
+    assert 'nezha_bytes_served_by_source_total{source="disk"} 4900.0' in metrics

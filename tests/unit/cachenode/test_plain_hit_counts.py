@@ -1,0 +1,65 @@
+"""Plain hits are tallied in plain ints and settled into the counters at every read: exact, and never twice."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from cachenode.metrics import FIRST_BYTE_BUCKETS, FirstByteHistogram, Metrics
+
+
+def _value(m: Metrics, name: str, **labels: str) -> float:
+    return m.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_plain_hits_are_counted_exactly_once_whichever_way_the_registry_is_read():
+    m = Metrics()
+    for i in range(1000):
+        m.plain_hit(100, 0.0001 * (i % 7), hot=i % 10 == 0)
+    m.plain_hit(0, None, hot=False)  # a HEAD that left no time to first byte
+    text = m.render().decode()
+    assert 'nezha_requests_total{cache="hit"} 901.0' in text
+    assert 'nezha_requests_total{cache="hot-hit"} 100.0' in text
+    # Read again, the other way: the tally was settled once, not added again.
+    assert _value(m, "nezha_cache_hits_total") == 1001
+    assert _value(m, "nezha_bytes_served_total") == 100_000
+    assert _value(m, "nezha_bytes_served_by_source_total", source="disk") == 100_000
+    assert _value(m, "nezha_time_to_first_byte_seconds_count", cache="hit") == 1000
+    assert _value(m, "nezha_requests_total", cache="hit") == 901
+
+
+def test_plain_hits_add_to_what_the_handler_counted_for_the_same_series():
+    m = Metrics()
+    m.requests.labels(cache="hit").inc()
+    m.hits.inc()
+    m.bytes_served.inc(7)
+    m.served("hit", 7, first_byte=0.002)
+    m.plain_hit(5, 0.001, hot=False)
+    assert _value(m, "nezha_requests_total", cache="hit") == 2
+    assert _value(m, "nezha_cache_hits_total") == 2
+    assert _value(m, "nezha_bytes_served_total") == 12
+    assert _value(m, "nezha_bytes_served_by_source_total", source="disk") == 12
+    assert _value(m, "nezha_time_to_first_byte_seconds_count", cache="hit") == 2
+    assert _value(m, "nezha_time_to_first_byte_seconds_sum", cache="hit") == 0.003
+
+
+def test_first_byte_histogram_exports_what_prometheus_clients_histogram_would():
+    """Same buckets (le inclusive, values on a bound included), counts and sums, line for line."""
+    ours = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
+    reg_ours = CollectorRegistry()
+    reg_ours.register(ours)
+    reg_lib = CollectorRegistry()
+    lib = Histogram(FirstByteHistogram.name, FirstByteHistogram.documentation, ["cache"],
+                    buckets=FIRST_BYTE_BUCKETS, registry=reg_lib)
+    for kind in ("hit", "miss", "peer", "pass"):
+        lib.labels(cache=kind)
+    values = [0.0, 0.0001, 0.0005, 0.00051, 0.001, 0.3, 2.5, 30, 31, 1e9, *FIRST_BYTE_BUCKETS]
+    for i, v in enumerate(values):
+        kind = ("hit", "miss", "peer")[i % 3]
+        ours.observe(kind, v)
+        lib.labels(cache=kind).observe(v)
+
+    def lines(reg):
+        return sorted(line for line in generate_latest(reg).decode().splitlines()
+                      if not line.startswith("#") and "_created" not in line)
+
+    assert lines(reg_ours) == lines(reg_lib)
