@@ -29,7 +29,7 @@ from cachenode.http.freshness import current_age, response_policy
 from cachenode.http.headers import stored_pairs, with_date
 from cachenode.http.partial import Extents, Part, part_of
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, TempObject
+from cachenode.store.objects import Meta, TempObject, close_reader
 from nezha.config import Origin
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
@@ -160,6 +160,7 @@ class Assemblies:
             await self.store.discard(temp)
             log.warning("part_not_kept", key=key, reason=temp.unwritable)
             return None
+        close_reader(temp)  # nothing reads an assembly before its commit: parts are served only whole
         temp.reserved = part.total
         self.store.reserve(temp.reserved)
         kept = tuple((n, v) for n, v in stored_pairs(headers)

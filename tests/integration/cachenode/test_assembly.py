@@ -126,3 +126,23 @@ async def test_an_object_larger_than_the_capacity_is_never_assembled(tmp_path):
     counts = Counts(metrics=Metrics(), store=store, index=None, from_peer=lambda _: False)
     parts = Assemblies(store=store, counts=counts, replicate=lambda *_: None)
     assert await parts.keep(206, answer(0, 10), {}, key=KEY, url=KEY, target=TARGET, origin=ORIGIN) is None
+
+
+async def test_an_assembled_object_leaves_no_descriptor_of_its_temp_file_open(world):
+    """Each assembly's temp file is written by parts and read by nobody before its
+    commit: once stored (or dropped), none of its descriptors stays open for the
+    life of the process."""
+    store, parts, _ = world
+    temps = []
+    new_temp = store.new_temp
+
+    async def recorded():
+        temp = await new_temp()
+        temps.append(temp)
+        return temp
+
+    store.new_temp = recorded
+    for a, b in [(0, 150_000), (150_000, 300_000)]:
+        await send(parts, a, b)
+    assert store.lookup(KEY) is not None
+    assert len(temps) == 1 and temps[0].read_fd == -1 and temps[0].fd == -1
