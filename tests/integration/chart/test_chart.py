@@ -307,7 +307,6 @@ def test_origins_and_capacity_reach_the_nodes_settings_file():
     assert (settings.origins[0].credentials, settings.origins[0].credential_params) == ("pass", ())
     assert settings.origins[0].targeted_cache_control == ("Nezha-Cache-Control", "CDN-Cache-Control")
     assert settings.origins[1].targeted_cache_control == ("Nezha-Cache-Control",)
-    assert (settings.hot_reads, settings.hot_window, settings.hot_share) == (3, 60, 0.1)
     assert settings.chunking(settings.origins[0]) == (512 * 2**20, 32 * 2**20)
     assert settings.chunking(settings.origins[1]) == (0, 64 * 2**20)  # chunking off; the node's chunk size
     # A config change rolls the nodes.
@@ -340,12 +339,17 @@ def test_a_fresh_install_renders_cache_replicas_from_values():
 def test_hot_copies_are_tuned_or_turned_off_from_values(tmp_path):
     values = tmp_path / "hot.yaml"  # a file: `--set` would pass 0.25 as a string
     values.write_text(yaml.safe_dump({"cache": {"hotCopies": {"reads": 0, "windowSeconds": 30, "share": 0.25}}}))
-    objects = render(values=[values])
-    config = yaml.safe_load(find(objects, "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
-    from nezha.config import CacheSettings
+    for objects, want in ((render(), ("3", "60", "0.1")), (render(values=[values]), ("0", "30", "0.25"))):
+        args = find(objects, "StatefulSet", "nezha-cache")["spec"]["template"]["spec"]["containers"][0]["args"]
+        flags = dict(a.split("=", 1) for a in args if a.startswith("--hot-"))
+        assert (flags["--hot-reads"], flags["--hot-window"], flags["--hot-share"]) == want
+    # The settings file stays one the controller reads too: it knows no hot copies, and refuses unknown keys.
+    from nezha.config import ControllerSettings, load
 
-    settings = CacheSettings(**config, capacity="45GiB")
-    assert (settings.hot_reads, settings.hot_window, settings.hot_share) == (0, 30, 0.25)
+    shared = tmp_path / "cache.yaml"
+    shared.write_text(find(render(values=[values]), "ConfigMap", "nezha-cache")["data"]["cache.yaml"])
+    load(ControllerSettings, config_file=shared, flags={"namespace": "nezha", "statefulset": "nezha-cache",
+                                                         "redis_url": "redis://127.0.0.1:6379"})
 
 
 @pytest.mark.parametrize("sets, workers", [
