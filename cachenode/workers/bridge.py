@@ -25,7 +25,6 @@ class Half(asyncio.Protocol):
         self.peer: Half | None = None
         self._early = bytearray()  # what arrived before the peer was connected
         self._eof_early = False
-        self.closed = asyncio.get_running_loop().create_future()
 
     def hold(self, received: bytes, eof: bool) -> None:
         """Bytes (and an end) this side's transport delivered before it joined
@@ -81,8 +80,6 @@ class Half(asyncio.Protocol):
             self.peer.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
         peer = self.peer
         if peer is not None and peer.transport is not None and not peer.transport.is_closing():
             peer.transport.close()  # after what it holds is written

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -50,12 +50,10 @@ class _Worker:
     index: int
     proc: subprocess.Popen | None = None
     started: float = 0.0
-    ready: bool = False
-    ever_ready: bool = False
+    ever_ready: bool = False  # it served once: a later exit is a crash to restart, not a setting to report
     quick_exits: int = 0
     start_at: float = 0.0  # when to start it again
     control: socket.socket | None = None  # the primary's control link, our end
-    pending: list = field(default_factory=list)
 
 
 class Supervisor:
@@ -76,7 +74,6 @@ class Supervisor:
         worker.proc = subprocess.Popen([sys.executable, "-m", "nezha", *self.argv], env=env,
                                        pass_fds=(link.fileno(),), preexec_fn=die_with_parent(signal.SIGKILL))
         worker.started = time.monotonic()
-        worker.ready = False
         link.close()
         log.info("worker_started", worker=worker.index, pid=worker.proc.pid,
                  role="primary" if worker.index == 0 else "follower")
@@ -122,7 +119,7 @@ class Supervisor:
                 index = int(head.get("worker", -1))
                 if 0 <= index < len(self.workers):
                     w = self.workers[index]
-                    w.ready = w.ever_ready = True
+                    w.ever_ready = True
                     w.quick_exits = 0
 
     def _reaped(self, worker: _Worker, code: int) -> None:
