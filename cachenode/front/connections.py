@@ -87,6 +87,13 @@ def default_max_connections(open_files: int, *, listeners: int = 2) -> int:
     return max(8, spare // PER_CONNECTION)
 
 
+def node_gate(max_connections: int | None, open_files: int, *, metrics=None) -> "Gate":
+    """A node process's connection gate: `max_connections` (the setting), or
+    what its descriptors leave room for. Each worker of a node has its own."""
+    limit = default_max_connections(open_files) if max_connections is None else max_connections
+    return Gate(limit, metrics=metrics)
+
+
 class Reclaimable(Protocol):
     """What the gate needs of a connection."""
 

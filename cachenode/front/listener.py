@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.front.client_conn import ClientConnection
-from cachenode.front.connections import Gate, default_max_connections, listen_backlog
+from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
 from cachenode.front.handler import Handler
 from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prepared, refuse_methods
@@ -95,10 +95,7 @@ class Listener:
                                     keepalive_timeout=idle_timeout)
         open_files = open_files or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.backlog = listen_backlog(open_files)
-        limit = node.settings.max_connections
-        if limit is None:
-            limit = default_max_connections(open_files)
-        self.gate = Gate(limit, metrics=node.metrics)
+        self.gate = node_gate(node.settings.max_connections, open_files, metrics=node.metrics)
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
         self._handler = None

@@ -30,7 +30,7 @@ from dataclasses import fields
 import structlog
 
 from cachenode.app import build_node, build_tls_port, leaves_for, read_ca
-from cachenode.front.connections import Gate, default_max_connections, listen_backlog
+from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
 from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
@@ -92,8 +92,7 @@ class Follower:
         self.link: Channel | None = None
         self.synced = asyncio.Event()
         self.lost = asyncio.Event()
-        limit = settings.max_connections or default_max_connections(open_files)
-        self.gate = Gate(limit, metrics=self.node.metrics)
+        self.gate = node_gate(settings.max_connections, open_files, metrics=self.node.metrics)
         self.backlog = listen_backlog(open_files)
         self.server: asyncio.AbstractServer | None = None
         self.tls: TlsPort | None = None
