@@ -148,6 +148,12 @@ class Follower:
 
         send()
 
+    def _connection(self, hand_over) -> FastPath:
+        """A client connection on this worker: the fast path, with what it does
+        not answer handed to the primary by `hand_over`."""
+        return FastPath(hits=self.hits, aiohttp_protocol=None, gate=self.gate,
+                        head_timeout=self.settings.request_head_timeout, hand_over=hand_over)
+
     async def run(self, stop: asyncio.Event) -> None:
         self.link = Channel(self._link_sock, on_record=self._record, on_closed=self._lost)
         self.hits = _Hits(self.node.handler, self.link)
@@ -161,12 +167,9 @@ class Follower:
             return
         host, port = self.settings.listen_addr
         loop = asyncio.get_running_loop()
-        head_timeout = self.settings.request_head_timeout
         try:
             self.server = await loop.create_server(
-                lambda: FastPath(hits=self.hits, aiohttp_protocol=None, gate=self.gate, head_timeout=head_timeout,
-                                 hand_over=self.hand_over),
-                host, port, reuse_address=True, reuse_port=True, backlog=self.backlog)
+                lambda: self._connection(self.hand_over), host, port, reuse_address=True, reuse_port=True, backlog=self.backlog)
         except OSError as e:
             raise RunError(f"worker {self.worker}: cannot listen on {self.settings.listen} (--listen): "
                            f"{e.strerror or e}") from e
@@ -207,9 +210,8 @@ class Follower:
         expects."""
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(
-            lambda: FastPath(hits=self.hits, aiohttp_protocol=None, gate=self.gate,
-                             head_timeout=self.settings.request_head_timeout, hand_over=self.hand_over_tls),
-            sock, ssl=context, ssl_handshake_timeout=self.settings.request_head_timeout)
+            lambda: self._connection(self.hand_over_tls), sock, ssl=context,
+            ssl_handshake_timeout=self.settings.request_head_timeout)
 
     def hand_over_tls(self, transport: asyncio.Transport, received: bytes, eof: bool) -> None:
         """A TLS connection's state cannot go to the primary with its descriptor:
