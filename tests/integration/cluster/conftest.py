@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -34,6 +35,17 @@ async def start_cluster(origin, tmp_path):
     yield start
     for c in started:
         await c.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(cluster: LocalCluster):
+    """`cluster` started, every node at its ring's epoch; stopped however the test ends."""
+    await cluster.start()
+    try:
+        await wait_epoch(cluster, await cluster.index.get_membership())
+        yield cluster
+    finally:
+        await cluster.stop()
 
 
 async def node_status(session: aiohttp.ClientSession, url: str) -> dict:

@@ -24,7 +24,7 @@ from nezha.dev.local_cluster import LocalCluster
 from nezha.index.schema import key_locations, key_object
 from testkit.ports import free_run
 from testkit.tools import require_tool
-from tests.integration.cluster.conftest import HOST, settle, wait_epoch
+from tests.integration.cluster.conftest import HOST, running, settle
 from tests.integration.cluster.test_scale_down_processes import GRACE, terminate_like_kubernetes
 
 MiB = 1 << 20
@@ -42,12 +42,8 @@ async def chunked_cluster(request, origin, redis_server, tmp_path):
                            base_port=free_run(4), replicas=request.param, redis_url=redis_server.url,
                            log_level="info",
                            node_settings={"chunk_threshold": "1GiB", "chunk_size": "32MiB", "capacity": "512MiB"})
-    await cluster.start()
-    await wait_epoch(cluster, await cluster.index.get_membership())
-    try:
+    async with running(cluster):
         yield cluster
-    finally:
-        await cluster.stop()
 
 
 async def read(session: aiohttp.ClientSession, url: str, headers: dict | None = None) -> tuple[int, str, int]:
@@ -138,9 +134,7 @@ async def test_scale_down_hands_each_chunk_to_its_new_owner(origin, redis_server
     cluster = LocalCluster(nodes=4, origins=[Origin(host=HOST, upstream=origin.url)], data_dir=tmp_path / "c",
                            base_port=free_run(4), replicas=1, redis_url=redis_server.url, log_level="info",
                            leave_settle=2.0, node_settings={"chunk_threshold": "256MiB", "chunk_size": "8MiB"})
-    await cluster.start()
-    try:
-        await wait_epoch(cluster, await cluster.index.get_membership())
+    async with running(cluster):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             assert await read(session, cluster.nodes["node-0"].url) == (200, hashlib.sha256(body).hexdigest(), size)
             await settle(cluster)
@@ -160,5 +154,3 @@ async def test_scale_down_hands_each_chunk_to_its_new_owner(origin, redis_server
             for nid in ("node-0", "node-1", "node-2"):
                 assert await read(session, cluster.nodes[nid].url) == (200, hashlib.sha256(body).hexdigest(), size)
         assert origin.requests[PATH] == fetched, "no chunk was fetched from the origin again"
-    finally:
-        await cluster.stop()

@@ -19,7 +19,7 @@ from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
 from nezha.index.schema import key_locations
 from testkit.ports import free_run
-from tests.integration.cluster.conftest import HOST, fetch, settle, wait_epoch
+from tests.integration.cluster.conftest import HOST, fetch, running, settle
 
 PATH = "/datasets/cifar-100-python.tar.gz"
 BODY = (bytes(range(251)) * (64 * 1024 * 1024 // 251 + 1))[:64 * 1024 * 1024]  # a shifted or short body shows
@@ -34,12 +34,8 @@ async def hot_cluster(request, origin, redis_server, tmp_path):
                            # One origin GET per fill (no parallel ranges), so "asked once" is one request.
                            node_settings={"hot_reads": request.param, "hot_window": 60, "capacity": "1GiB",
                                           "parallel_fill_threshold": "1GiB"})
-    await cluster.start()
-    await wait_epoch(cluster, await cluster.index.get_membership())
-    try:
+    async with running(cluster):
         yield cluster
-    finally:
-        await cluster.stop()
 
 
 async def read_round(session: aiohttp.ClientSession, urls: dict[str, str]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from nezha.dev.local_cluster import LocalCluster
 from nezha.index.schema import key_locations
 from testkit.ports import free_run
 from testkit.waits import wait_for
-from tests.integration.cluster.conftest import HOST, settle, wait_epoch
+from tests.integration.cluster.conftest import HOST, running, settle
 
 PATH = "/datasets/shard-0000.tar"
 OLD = bytes(range(256)) * 1024
@@ -44,15 +44,11 @@ async def workers_cluster(origin, redis_server, tmp_path):
     cluster = LocalCluster(nodes=2, origins=[Origin(host=HOST, upstream=origin.url)], data_dir=tmp_path / "c",
                            base_port=free_run(2), replicas=2, redis_url=redis_server.url, log_level="info",
                            node_settings={"workers": 2})
-    await cluster.start()
-    try:
-        await wait_epoch(cluster, await cluster.index.get_membership())
+    async with running(cluster):
         for node in cluster.nodes.values():
             port = int(node.address.rsplit(":", 1)[1])
             await wait_for(lambda: listening_workers(node.proc.pid, port) == 2, timeout=60)
         yield cluster
-    finally:
-        await cluster.stop()
 
 
 async def read_everywhere(cluster: LocalCluster, times: int = 12) -> list[tuple[bytes, str]]:
