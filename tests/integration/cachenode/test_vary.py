@@ -21,9 +21,14 @@ GZIPPED = gzip.compress(PLAIN, mtime=0)
 class NegotiatingOrigin:
     """Serves gzip to clients that accept it, identity to the others, with `Vary: Accept-Encoding`."""
 
-    def __init__(self, *, vary: str = "Accept-Encoding", delay: float = 0.0) -> None:
+    def __init__(self, *, vary: str = "Accept-Encoding", delay: float = 0.0, hold: bool = False) -> None:
         self.vary = vary
         self.delay = delay
+        # With `hold`, a gzip body stops after its first part until `release` is set;
+        # `midway` says it got there.
+        self.hold = hold
+        self.midway = asyncio.Event()
+        self.release = asyncio.Event()
         self.requests: list[str | None] = []  # each request's Accept-Encoding
         self.url = ""
 
@@ -51,7 +56,11 @@ class NegotiatingOrigin:
         await resp.prepare(request)
         # Two writes with a pause: a request arriving meanwhile meets the fill streaming.
         await resp.write(body[:100])
-        await asyncio.sleep(self.delay)
+        if self.hold and zipped:
+            self.midway.set()
+            await self.release.wait()
+        else:
+            await asyncio.sleep(self.delay)
         await resp.write(body[100:])
         await resp.write_eof()
         return resp
@@ -118,14 +127,19 @@ async def test_vary_star_is_never_reused(negotiating, make_node, session):
 
 async def test_a_request_selecting_another_variant_never_joins_the_fill(negotiating, make_node, session):
     """The identity client arrives while the gzip body streams: it gets its own answer, not gzip."""
-    origin = await negotiating(delay=0.3)
+    origin = await negotiating(hold=True)
     node = await make_node(origins=[Origin(host=HOST, upstream=origin.url)])
     zipped = asyncio.get_running_loop().create_task(node.get(session, PATH, headers=encoding("gzip")))
-    await asyncio.sleep(0.4)  # headers in, body half-way
-    twin = asyncio.get_running_loop().create_task(node.get(session, PATH, headers=encoding("gzip")))
-    _, plain_headers, plain = await node.get(session, PATH, headers=encoding("identity"))
-    (_, zip_headers, zipped_body), (_, twin_headers, twin_body) = await asyncio.gather(zipped, twin)
-    assert zipped_body == twin_body == GZIPPED and twin_headers["X-Nezha-Cache"] == "miss-joined"
+    await asyncio.wait_for(origin.midway.wait(), 30)  # headers in, body half-way, held there
+    async with session.get(node.url + PATH, headers={"Host": HOST, **encoding("gzip")},
+                           auto_decompress=False) as twin:
+        # Its head arrives while the origin holds the body: it joined the fill (nothing is stored yet).
+        assert twin.headers["X-Nezha-Cache"] == "miss-joined"
+        _, plain_headers, plain = await node.get(session, PATH, headers=encoding("identity"))
+        origin.release.set()
+        twin_body = await twin.read()
+    _, zip_headers, zipped_body = await zipped
+    assert zipped_body == twin_body == GZIPPED
     assert plain == PLAIN and "Content-Encoding" not in plain_headers and plain_headers["X-Nezha-Cache"] == "pass"
 
 
