@@ -10,6 +10,7 @@ import logging
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
 import structlog
@@ -20,6 +21,9 @@ from nezha.credentials import redact_text
 # duration, a fill's seconds, the time itself. Events equal but for these
 # are one event repeated.
 VOLATILE_FIELDS = frozenset({"timestamp", "ms", "seconds"})
+
+
+_ABSENT = object()
 
 
 class CollapseRepeats:
@@ -40,7 +44,7 @@ class CollapseRepeats:
         self.window = window
         self._clock = clock
         self._lock = threading.RLock()  # a signal handler that logs may interrupt a holder
-        self._key: tuple | None = None
+        self._last: dict | None = None  # the event printed last, to compare the next with
         self._printed_at = 0.0
         self._dropped = 0
         self._first_drop = self._last_drop = 0.0
@@ -49,23 +53,35 @@ class CollapseRepeats:
         self._logger: Any = None
 
     @staticmethod
-    def _key_of(event_dict: dict) -> tuple:
-        return tuple(sorted((k, repr(v)) for k, v in event_dict.items() if k not in VOLATILE_FIELDS))
+    def _same(a: dict, b: dict | None) -> bool:
+        """Equal but for VOLATILE_FIELDS, value by value and type by type (1
+        and True are not one field). Compared in place, not through a sorted
+        key of reprs: this runs for every access log line, and most differ
+        from the last in their first fields."""
+        if b is None or a.get("event") != b.get("event"):
+            return False
+        volatile = VOLATILE_FIELDS
+        for k, v in a.items():
+            if k in volatile:
+                continue
+            w = b.get(k, _ABSENT)
+            if w is not v and (type(w) is not type(v) or w != v):
+                return False
+        return sum(k not in volatile for k in a) == sum(k not in volatile for k in b)
 
     def __call__(self, logger: Any, method: str, event_dict: dict) -> dict:
         now = self._clock()
         carries_error = "exception" in event_dict or "exc_info" in event_dict
-        key = self._key_of(event_dict)
         with self._lock:
             self._logger = logger
-            if not carries_error and key == self._key and now - self._printed_at < self.window:
+            if not carries_error and now - self._printed_at < self.window and self._same(event_dict, self._last):
                 if not self._dropped:
                     self._first_drop = now
                 self._dropped += 1
                 self._last_drop = now
                 raise structlog.DropEvent
             summary = self._take_summary(event_dict.get("timestamp"))
-            self._key, self._printed_at = key, now
+            self._last, self._printed_at = event_dict, now
             self._level, self._event = event_dict.get("level", "info"), str(event_dict.get("event", ""))
         if summary is not None:
             logger.msg(self._render(logger, method, summary))
@@ -86,9 +102,32 @@ class CollapseRepeats:
         with self._lock:
             summary = self._take_summary(None)
             logger = self._logger
-            self._key = None
+            self._last = None
         if summary is not None and logger is not None:
             logger.msg(self._render(logger, "info", summary))
+
+
+class Timestamp:
+    """`timestamp` as structlog's ISO UTC stamper writes it
+    (2026-11-26T17:03:55.744947Z), with the date and time of day formatted
+    once a second rather than for every line."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, logger: Any, method: str, event_dict: dict) -> dict:
+        now = self._clock()
+        second = int(now)
+        micro = round((now - second) * 1e6)  # rounded, as datetime rounds a float's microseconds
+        if micro >= 1_000_000:
+            second, micro = second + 1, micro - 1_000_000
+        if second != self._second:
+            self._prefix = datetime.fromtimestamp(second, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.")
+            self._second = second
+        event_dict["timestamp"] = f"{self._prefix}{micro:06d}Z"
+        return event_dict
 
 
 _collapse: CollapseRepeats | None = None
@@ -98,6 +137,9 @@ _collapse: CollapseRepeats | None = None
 _credential_params: frozenset[str] = frozenset()
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def redact_credentials(logger: Any, method: str, event_dict: dict) -> dict:
     """Every string in an event with the credential parameters of the URLs
     in it redacted (nezha/credentials.py): a presigned URL in a request
@@ -105,9 +147,12 @@ def redact_credentials(logger: Any, method: str, event_dict: dict) -> dict:
     lines are read by more people than the bucket's owner."""
     extra = _credential_params
     for name, value in event_dict.items():
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is str or (kind not in _SCALARS and isinstance(value, str)):  # every access log line: kept cheap
             if "?" in value:
                 event_dict[name] = redact_text(value, extra)
+        elif kind in _SCALARS:
+            continue
         elif isinstance(value, (list, tuple)):
             event_dict[name] = [redact_text(v, extra) if isinstance(v, str) else v for v in value]
     return event_dict
@@ -138,7 +183,7 @@ def configure(*, level: str = "info", json: bool = True, stream=None, cache_logg
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            Timestamp(),
             structlog.processors.format_exc_info,
             redact_credentials,
             _collapse,

@@ -91,3 +91,18 @@ def test_configuring_again_starts_from_nothing():
     out2, clock2, log2 = setup()
     log2.info("tick")
     assert [e["event"] for e in lines(out2)] == ["tick"]
+
+
+def test_the_timestamp_is_structlogs_iso_utc_form_and_follows_each_second():
+    times = iter([1_780_000_000.25, 1_780_000_000.5, 1_780_000_001.000001])
+    stamp = logs.Timestamp(clock=lambda: next(times))
+    got = [stamp(None, "info", {})["timestamp"] for _ in range(3)]
+    assert got == ["2026-05-28T20:26:40.250000Z", "2026-05-28T20:26:40.500000Z", "2026-05-28T20:26:41.000001Z"]
+
+
+def test_events_equal_in_value_but_not_in_type_are_not_one_event():
+    out, clock, log = setup()
+    log.info("request_completed", status=1)
+    log.info("request_completed", status=True)
+    log.info("request_completed", status=True, extra=None)
+    assert [e.get("times") for e in lines(out)] == [None, None, None]
