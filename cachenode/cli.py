@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from nezha.config import CacheSettings, load
+from nezha.config import CacheSettings, load, parse_hostport
 from nezha.errors import ConfigError
 from nezha.logs import configure
 
@@ -111,12 +111,13 @@ def run_cache(args: argparse.Namespace) -> int:
     if role is None:
         workers = worker_count(settings.workers)
         if workers > 1:
-            if settings.listen_addr[1] == 0:
-                raise ConfigError(f"--workers {workers}: each worker listens on the port of --listen, which "
-                                  f"must be a fixed one, not 0")
-            return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers)
+            tls = None if settings.tls_listen is None else parse_hostport(settings.tls_listen, field="tls_listen")
+            return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers,
+                                        {"listen": settings.listen_addr, "tls_listen": tls})
         run(serve(settings, ca=ca))
         return 0
+    # Port 0 in the settings: the one the supervisor chose for every worker.
+    settings = settings.model_copy(update=supervisor.shared_addresses(os.environ))
     link = socket.socket(fileno=int(os.environ[supervisor.LINK_ENV]))
     index = int(os.environ.get(supervisor.INDEX_ENV, "0"))
     structlog.contextvars.bind_contextvars(worker=index)

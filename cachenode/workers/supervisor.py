@@ -17,6 +17,12 @@ new one.
 
 Children get SIGKILL if this process dies (nezha.localproc.die_with_parent):
 a node killed with -9 leaves no worker behind on its port.
+
+The ports are bound here first (`reserve`, with SO_REUSEPORT, never
+listening, so they take no connection) and held for as long as the workers
+run: a taken port is reported as a single process reports it, and a port of
+0 ("any free one"), which would give each worker a port of its own, is
+chosen once and told to each worker in its environment.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import structlog
 
 from cachenode.workers.channel import decode, encode
 from cachenode.workers.plan import restart_delay
+from nezha.errors import RunError
 from nezha.localproc import die_with_parent
 
 log = structlog.get_logger("nezha.workers")
@@ -42,6 +49,8 @@ log = structlog.get_logger("nezha.workers")
 ROLE_ENV = "NEZHA_WORKER_ROLE"  # "primary" or "follower"; unset: not a worker
 LINK_ENV = "NEZHA_WORKER_LINK"  # the inherited descriptor of the worker's link
 INDEX_ENV = "NEZHA_WORKER_INDEX"
+# The listen addresses the workers share, where the settings said port 0.
+ADDRESS_ENV = {"listen": "NEZHA_WORKER_LISTEN", "tls_listen": "NEZHA_WORKER_TLS_LISTEN"}
 _QUICK = 5.0  # an exit this soon after a start counts toward the restart delay
 
 
@@ -56,9 +65,47 @@ class _Worker:
     control: socket.socket | None = None  # the primary's control link, our end
 
 
+def reserve(addresses: dict[str, tuple[str, int] | None]) -> tuple[dict[str, str], list[socket.socket]]:
+    """Bind each address here first, with SO_REUSEPORT, so that the workers
+    can share it and nothing else can take it while they run (or between a
+    worker's death and its restart). A port already taken fails here, with
+    the error a single process gives, rather than as a worker's exit. Port
+    0 becomes the free port bound: the environment that tells the workers,
+    and the sockets that hold the ports until this process exits."""
+    env: dict[str, str] = {}
+    held: list[socket.socket] = []
+    for setting, address in addresses.items():
+        if address is None:
+            continue
+        host, port = address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            s.close()
+            for h in held:
+                h.close()
+            shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+            raise RunError(f"cannot listen on {shown} (--{setting.replace('_', '-')}): {e.strerror or e}") from e
+        held.append(s)
+        if port == 0:
+            port = s.getsockname()[1]
+            env[ADDRESS_ENV[setting]] = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+    return env, held
+
+
+def shared_addresses(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """In a worker: the settings `reserve` chose for it (setting -> HOST:PORT)."""
+    return {setting: environ[name] for setting, name in ADDRESS_ENV.items() if name in environ}
+
+
 class Supervisor:
-    def __init__(self, argv: list[str], workers: int) -> None:
+    def __init__(self, argv: list[str], workers: int, env: dict[str, str] | None = None) -> None:
         self.argv = argv
+        self.env = env or {}
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
         self.exit_code = 0
@@ -68,7 +115,7 @@ class Supervisor:
         return self.workers[0]
 
     def _spawn(self, worker: _Worker, link: socket.socket) -> None:
-        env = {**os.environ, ROLE_ENV: "primary" if worker.index == 0 else "follower",
+        env = {**os.environ, **self.env, ROLE_ENV: "primary" if worker.index == 0 else "follower",
                LINK_ENV: str(link.fileno()), INDEX_ENV: str(worker.index)}
         # A node killed with -9 leaves no worker serving its port alone.
         worker.proc = subprocess.Popen([sys.executable, "-m", "nezha", *self.argv], env=env,
@@ -178,5 +225,12 @@ class Supervisor:
                 pass
 
 
-def supervise(argv: list[str], workers: int) -> int:
-    return Supervisor(argv, workers).run()
+def supervise(argv: list[str], workers: int, addresses: dict[str, tuple[str, int] | None]) -> int:
+    env, held = reserve(addresses)
+    if env:
+        log.info("ports_chosen", **{setting: env[name] for setting, name in ADDRESS_ENV.items() if name in env})
+    try:
+        return Supervisor(argv, workers, env).run()
+    finally:
+        for s in held:
+            s.close()

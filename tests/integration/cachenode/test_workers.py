@@ -320,3 +320,39 @@ async def test_a_node_killed_with_sigkill_leaves_no_worker_and_restarts_serving_
     status, body, label = await get(session, node, "/slow.bin")
     assert status == 200 and body == BIG and label == "miss"
     assert origin.requests["/slow.bin"] == 2
+
+
+async def test_port_zero_is_chosen_once_and_shared_by_every_worker(tmp_path, origin, session):
+    """`--listen HOST:0` means any free port; N workers must share one, so
+    the supervisor chooses it and every worker listens there."""
+    origin.put("/zero.bin", BIG[:50_000], headers={"Cache-Control": "max-age=3600"})
+    node = WorkersNode(tmp_path, origin.url)
+    node.argv[node.argv.index("--listen") + 1] = "127.0.0.1:0"
+    node.start()
+    try:
+        await node.wait_serving()
+        chosen = node.events("ports_chosen")[0]["listen"]
+        assert chosen != "127.0.0.1:0"
+        assert [e["listen"] for e in node.events("node_listening")] == [chosen]
+        assert [e["listen"] for e in node.events("worker_listening")] == [chosen]
+        node.port = int(chosen.rsplit(":", 1)[1])
+        node.url = f"http://{chosen}"
+        for _ in range(4):
+            status, body, _ = await get(session, node, "/zero.bin")
+            assert status == 200 and body == BIG[:50_000]
+    finally:
+        node.stop()
+
+
+
+def test_a_taken_port_fails_the_command_with_a_single_process_error(tmp_path, origin):
+    import socket
+
+    node = WorkersNode(tmp_path, origin.url)
+    with socket.socket() as taken:  # something else listens there, without SO_REUSEPORT
+        taken.bind(("127.0.0.1", node.port))
+        taken.listen()
+        run = subprocess.run(node.argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert f"cannot listen on 127.0.0.1:{node.port} (--listen): Address already in use" in run.stderr
+    assert "worker_started" not in run.stdout  # refused before any worker was started
