@@ -189,6 +189,8 @@ class Node:
         for host, upstream in (origins or {}).items():
             argv += ["--origin", f"{host}={upstream}"]
         argv += args
+        if "--workers" not in args:
+            argv += ["--workers", "1"]  # the figures are per process unless a benchmark asks for more
         self.log = open(self.work / f"{self.name}.log", "wb")
         self.proc = await self.children.spawn(*argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
                                               env=repo_env())

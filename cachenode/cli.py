@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "first, least recently used among them (default 0.1)")
     p.add_argument("--workers", help="processes serving this node's port: one fills, writes and counts, the "
                    "others answer plain hits from the same disk and hand it the rest; a number or auto (the "
-                   "CPUs this process may use, from its affinity and cgroup quota). Default 1")
+                   "CPUs this process may use, from its affinity and cgroup quota; the default). 1: a single process")
     p.add_argument("--chunk-threshold", help="objects at least this large (e.g. 1GiB) are stored as chunks "
                    "spread over the ring, each on the owners of its own key; 0 turns chunking off (default 1GiB; "
                    "per origin: chunk_threshold)")

@@ -450,9 +450,9 @@ class CacheSettings(_Base):
     # Processes serving this node's port (docs/cache-node.md, "Workers"): one
     # primary that fills, writes and counts, and followers that answer plain
     # hits from the same disk and hand it everything else. "auto": the CPUs
-    # the process may use (affinity and cgroup quota). 1: one process, no
-    # supervisor, as before workers existed.
-    workers: int | Literal["auto"] = 1
+    # the process may use (affinity and cgroup quota), the default, as
+    # nginx's `worker_processes auto`. 1: one process, no supervisor.
+    workers: int | Literal["auto"] = "auto"
     # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
     # an object at least `chunk_threshold` long (0: never) is stored as
     # `chunk_size` chunks, each on the owners of its own key. Per origin in
@@ -638,6 +638,10 @@ class UpSettings(CacheSettings):
     # Replace a ring the index already holds; leave this one's ring in the index on exit.
     force: bool = False
     keep_ring: bool = False
+    # Worker processes per node. Not `auto`, as for one node: the nodes share
+    # this machine's cores, so N nodes of a worker per core would each
+    # contend with the others for every core.
+    workers: int | Literal["auto"] = 1
 
     @model_validator(mode="before")
     @classmethod
@@ -676,7 +680,8 @@ class UpSettings(CacheSettings):
         that differ from their defaults, without those nezha up sets per node or passes otherwise."""
         passed_otherwise = {"data_dir", "redis_url", "replicas", "cluster_token", "origins", "log_level"}
         keep = set(CacheSettings.model_fields) - set(UP_SETS_PER_NODE) - passed_otherwise
-        return self.model_dump(mode="json", include=keep, exclude_defaults=True)
+        # workers always: nezha up's default differs from a node's own.
+        return {**self.model_dump(mode="json", include=keep, exclude_defaults=True), "workers": self.workers}
 
 
 class WebhookSettings(_Base):

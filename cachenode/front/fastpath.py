@@ -259,7 +259,9 @@ class FastPath(asyncio.Protocol):
             return False
         if self._serving is None:
             self._next()
-        return True
+        # Over TLS there is no half-close to keep: asyncio closes after the
+        # client's close_notify whatever this says, and warns if it says so.
+        return self._scheme != "https"
 
     def pause_writing(self) -> None:
         # Answers pile up unread: stop reading requests until the client reads.

@@ -60,7 +60,9 @@ class Half(asyncio.Protocol):
             self._eof_early = True
         else:
             peer._end()
-        return True  # keep our side open for what the peer still sends
+        # Keep our side open for what the peer still sends; TLS has no
+        # half-close (asyncio closes after close_notify, and warns at True).
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def _end(self) -> None:
         """Our peer has nothing more to send: say so to our side."""

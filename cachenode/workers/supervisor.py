@@ -89,7 +89,8 @@ def reserve(addresses: dict[str, tuple[str, int] | None]) -> tuple[dict[str, str
             for h in held:
                 h.close()
             shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-            raise RunError(f"cannot listen on {shown} (--{setting.replace('_', '-')}): {e.strerror or e}") from e
+            why = (e.strerror or str(e)).lower()  # as asyncio words it for a single process
+            raise RunError(f"cannot listen on {shown} (--{setting.replace('_', '-')}): {why}") from e
         held.append(s)
         if port == 0:
             port = s.getsockname()[1]

@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "hot (default 60)")
     u.add_argument("--hot-share", type=float, help="share of each node's --capacity hot copies may hold "
                    "(default 0.1)")
+    u.add_argument("--workers", help="processes per node (nezha cache --workers): a number or auto, a process "
+                   "per CPU for each node; the nodes share this machine's cores (default 1)")
     u.add_argument("--chunk-threshold", help="objects at least this large (e.g. 1GiB) are stored as chunks "
                    "spread over the nodes; 0 turns chunking off (default 1GiB)")
     u.add_argument("--chunk-size", help="size of those chunks, e.g. 64MiB (default 64MiB)")
@@ -89,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
             "ca_cert", "ca_key", "force", "keep_ring", "hot_reads", "hot_window", "hot_share",
-            "chunk_threshold", "chunk_size", "log_level"]
+            "chunk_threshold", "chunk_size", "workers", "log_level"]
 
 
 def run_up(args: argparse.Namespace) -> int:

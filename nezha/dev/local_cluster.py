@@ -164,7 +164,8 @@ class LocalCluster:
 
     def write_node_settings(self) -> None:
         """The settings every node shares, as the --config file each one reads."""
-        shared = {**self.node_settings, "log_level": self.log_level, "leave_settle": self.leave_settle,
+        # One process per node unless asked: the nodes share this machine's cores (UpSettings.workers).
+        shared = {"workers": 1, **self.node_settings, "log_level": self.log_level, "leave_settle": self.leave_settle,
                   "origins": [o.model_dump(mode="json", exclude_defaults=True) for o in self.origins]}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.settings_file.write_text("# Written by nezha up for its nodes, each run: edits are lost.\n"

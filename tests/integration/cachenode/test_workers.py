@@ -354,5 +354,27 @@ def test_a_taken_port_fails_the_command_with_a_single_process_error(tmp_path, or
         taken.listen()
         run = subprocess.run(node.argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 1, (run.stdout, run.stderr)
-    assert f"cannot listen on 127.0.0.1:{node.port} (--listen): Address already in use" in run.stderr
+    assert f"cannot listen on 127.0.0.1:{node.port} (--listen): address already in use" in run.stderr
     assert "worker_started" not in run.stdout  # refused before any worker was started
+
+
+async def test_without_the_flag_a_node_runs_a_worker_per_usable_cpu(tmp_path, origin):
+    """The default is `auto`, nginx's `worker_processes auto`: the CPUs this
+    process may use (its affinity, capped by a cgroup quota)."""
+    from cachenode.cli import worker_count
+
+    node = WorkersNode(tmp_path, origin.url)
+    at = node.argv.index("--workers")
+    del node.argv[at:at + 2]
+    node.start()
+    try:
+        expected = worker_count("auto")
+        if expected == 1:
+            await wait_for(lambda: node.events("node_listening"), timeout=60)
+            assert not node.events("worker_started")  # one process, no supervisor
+        else:
+            await node.wait_serving()
+            await wait_for(lambda: len(node.events("worker_listening")) == expected - 1, timeout=60)
+            assert sorted(e["worker"] for e in node.events("worker_started")) == list(range(expected))
+    finally:
+        node.stop()

@@ -149,7 +149,18 @@ def test_up_passes_on_the_node_settings_it_read_but_not_those_it_sets_per_node(t
     cfg.write_text("fill_streams: 4\nrequest_head_timeout: 9\n")
     monkeypatch.setenv("NEZHA_CAPACITY", "1GiB")
     s = load(UpSettings, config_file=cfg, flags={"origins": UP_ORIGIN, "ca_cert": None})
-    assert s.node_settings() == {"capacity": 2**30, "fill_streams": 4, "request_head_timeout": 9.0}
+    assert s.node_settings() == {"capacity": 2**30, "fill_streams": 4, "request_head_timeout": 9.0, "workers": 1}
+
+
+def test_a_node_runs_a_worker_per_cpu_by_default_but_nezha_up_one_per_node(monkeypatch):
+    """Nodes of `nezha up` share one machine: a worker per CPU each would
+    contend for every core; `--workers` chooses otherwise."""
+    from nezha.config import UpSettings
+
+    assert load(CacheSettings, config_file=None, flags={"origins": UP_ORIGIN}).workers == "auto"
+    assert load(UpSettings, config_file=None, flags={"origins": UP_ORIGIN}).node_settings()["workers"] == 1
+    monkeypatch.setenv("NEZHA_WORKERS", "auto")
+    assert load(UpSettings, config_file=None, flags={"origins": UP_ORIGIN}).node_settings()["workers"] == "auto"
 
 
 @pytest.mark.parametrize("env,message", [

@@ -47,4 +47,4 @@ def test_bad_chunk_settings_name_the_field_and_value(flags, message):
 
 def test_up_passes_chunk_settings_to_every_node():
     s = load(UpSettings, flags={"origins": ORIGIN, "chunk_threshold": "64MiB", "chunk_size": "4MiB"})
-    assert s.node_settings() == {"chunk_threshold": 64 * 2**20, "chunk_size": 4 * 2**20}
+    assert s.node_settings() == {"chunk_threshold": 64 * 2**20, "chunk_size": 4 * 2**20, "workers": 1}

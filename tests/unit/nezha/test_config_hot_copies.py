@@ -39,4 +39,4 @@ def test_bad_hot_copy_settings_name_the_flag_and_value(flags, message):
 def test_up_passes_hot_copy_settings_to_every_node(monkeypatch):
     monkeypatch.setenv("NEZHA_HOT_SHARE", "0.2")
     s = load(UpSettings, flags={"origins": ORIGIN, "hot_reads": 2})
-    assert s.node_settings() == {"hot_reads": 2, "hot_share": 0.2}
+    assert s.node_settings() == {"hot_reads": 2, "hot_share": 0.2, "workers": 1}
