@@ -420,9 +420,12 @@ class Handler:
                         check.served = True
                         return served
                 # Renewed as something else, or gone meanwhile: ask again, as any relayed read.
-                check.served = True
-                return await self.relay.relay(request, ahead, target=target, origin_url=url,
-                                              on_manifest=self._chunked_from_peer)
+                again = await self.relay.relay(request, ahead, target=target, origin_url=url,
+                                               on_manifest=self._chunked_from_peer)
+                if again is None:
+                    raise web.HTTPServiceUnavailable(
+                        text=f"{meta.key}: its owners stopped answering while {self.node_id} renewed its copy\n")
+                return again
             if answer.status < 500 and answer.status != 412:
                 check.replaced = 200 <= answer.status < 300
                 await self._drop_hot(meta, why="replaced at the owner")
