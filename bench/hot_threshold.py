@@ -1,14 +1,15 @@
 """Hot-copy threshold sweep (issue 27, part 1): which `--hot-reads` default serves a hot object from
 every node soon enough without copying objects nobody reads again.
 
-    python bench/hot_threshold.py [--reads 1,2,4,8,16] [--seed 27]
+    python bench/hot_threshold.py [--reads 1,2,4,8,16] [--seed 27] [--wave 8]
 
 For each `--hot-reads` value (and 0, copies off, the reference), one 4-node local cluster (real node
 processes, embedded index, replicas-per-key 2, `--hot-window 60`) in front of an unthrottled local origin
 runs two workloads, both from a cold cache:
 
 - hot: one 4 MiB object read 64 times round-robin through the four nodes in 8 waves of 8 concurrent
-  reads, one wave after the other (a Job's pods starting over a spread, not all at once).
+  reads (`--wave 4`: 16 waves of 4), one wave after the other (a Job's pods starting over a spread, not
+  all at once). A wave of 8 reads each node twice, so thresholds that differ by one within a pair tie.
   `owner_share`: bytes served from the two owners' disks / all bytes (1.0 with copies off; 0.5 is
   every node serving its own clients from the first read on, which no threshold reaches from cold).
 - mixed: 96 objects of 1 MiB, each read 1 (45 %), 2 (40 %), 3 (10 %) or 6 (5 %) times through a node
@@ -54,7 +55,7 @@ from testkit.ports import free_run  # noqa: E402
 HOST = "datasets.bench"
 HOT_PATH = "/hot/object.bin"
 HOT_SIZE = 4 << 20
-WAVES, WAVE = 8, 8
+CLIENTS = 64
 MIXED_OBJECTS, MIXED_SIZE = 96, 1 << 20
 READ_COUNTS = [(1, 0.45), (2, 0.40), (3, 0.10), (6, 0.05)]
 IN_FLIGHT = 8
@@ -95,7 +96,7 @@ def mixed_plan(rng: random.Random, nodes: list[str]) -> list[tuple[str, str]]:
     return plan
 
 
-async def one_value(work: Path, origin_url: str, hot_reads: int, seed: int) -> dict:
+async def one_value(work: Path, origin_url: str, hot_reads: int, seed: int, wave_size: int) -> dict:
     served_origin = Origin(host=HOST, upstream=origin_url, default_ttl=3600)
     cluster = LocalCluster(nodes=4, origins=[served_origin], data_dir=work / f"cache-{hot_reads}",
                            base_port=free_run(4), replicas=2,
@@ -115,11 +116,11 @@ async def one_value(work: Path, origin_url: str, hot_reads: int, seed: int) -> d
             served: dict[str, int] = {nid: 0 for nid in ids}
             labels: dict[str, int] = {}
             started = time.monotonic()
-            for wave in range(WAVES):
-                answers = await asyncio.gather(*(read(session, urls[ids[(wave * WAVE + i) % len(ids)]], HOT_PATH,
-                                                      HOT_SIZE) for i in range(WAVE)))
+            for wave in range(CLIENTS // wave_size):
+                answers = await asyncio.gather(*(read(session, urls[ids[(wave * wave_size + i) % len(ids)]],
+                                                      HOT_PATH, HOT_SIZE) for i in range(wave_size)))
                 for i, (by, label) in enumerate(answers):
-                    served[by or ids[(wave * WAVE + i) % len(ids)]] += HOT_SIZE
+                    served[by or ids[(wave * wave_size + i) % len(ids)]] += HOT_SIZE
                     labels[label] = labels.get(label, 0) + 1
             hot_seconds = time.monotonic() - started
             await settled(*urls.values())
@@ -157,7 +158,7 @@ async def one_value(work: Path, origin_url: str, hot_reads: int, seed: int) -> d
         await cluster.stop()
 
 
-async def main(values: list[int], seed: int) -> None:
+async def main(values: list[int], seed: int, wave_size: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="nezha-bench-hot-threshold-"))
     write_random(work / "origin" / HOT_PATH.lstrip("/"), HOT_SIZE)
     for i in range(MIXED_OBJECTS):
@@ -168,10 +169,10 @@ async def main(values: list[int], seed: int) -> None:
         results = {}
         for hot_reads in [0, *values]:
             before = origin.gets
-            results[hot_reads] = r = await one_value(work, origin_url, hot_reads, seed)
+            results[hot_reads] = r = await one_value(work, origin_url, hot_reads, seed, wave_size)
             r["origin_gets"] = origin.gets - before
             print(f"--hot-reads {hot_reads}: hot object owner_share {r['owner_share']:.3f} "
-                  f"({WAVES} waves of {WAVE}, {r['hot_seconds']:.2f} s, labels {r['hot_labels']}, "
+                  f"({CLIENTS // wave_size} waves of {wave_size}, {r['hot_seconds']:.2f} s, labels {r['hot_labels']}, "
                   f"{r['hot_copy_bytes'] >> 20} MiB copied); mixed: {r['mixed_reads']} reads of "
                   f"{MIXED_OBJECTS} objects, {r['copies']} hot copies made, {r['mixed_hot_hits']} reads served "
                   f"from them, copied {r['copied']:.3f} and wasted {r['wasted']:.3f} of the bytes read, "
@@ -188,8 +189,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", default="1,2,4,8,16", help="the --hot-reads values to sweep (0 always runs)")
     parser.add_argument("--seed", type=int, default=27, help="the mixed workload's random seed")
+    parser.add_argument("--wave", type=int, default=8, choices=[1, 2, 4, 8, 16, 32, 64],
+                        help="concurrent reads of the hot object per wave (64 reads in all)")
     a = parser.parse_args()
     try:
-        asyncio.run(main([int(v) for v in a.reads.split(",") if v.strip()], a.seed))
+        asyncio.run(main([int(v) for v in a.reads.split(",") if v.strip()], a.seed, a.wave))
     except BenchError as e:
         sys.exit(f"hot_threshold: {e}")
