@@ -386,8 +386,10 @@ class Handler:
         """How to revalidate the hot copy `meta` with its owner for this
         request (cluster/hot_revalidation.py); None when it is not: a peer's
         request, a signed read, `only-if-cached`, a node that owns the key
-        now (a ring change), or a copy with no validator this request allows."""
-        if authorize or directives.only_if_cached or self.from_peer(request):
+        now (a ring change), a chunked object's manifest (its owner answers
+        a peer with the manifest, never a 304), or a copy with no validator
+        this request allows."""
+        if authorize or directives.only_if_cached or self.from_peer(request) or meta.chunk_size:
             return None
         if any(p.id == self.node_id for p in self.cluster.owners(key)):
             return None

@@ -168,3 +168,19 @@ async def test_a_varying_object_read_hot_is_copied_in_the_variant_read_and_anoth
         assert short(body) == short(GZIPPED if "gzip" in accept else PLAIN), accept
         assert headers["X-Nezha-Cache"].startswith("peer-"), accept
     assert origin.requests == ["gzip", "identity", *others[1:]], "the copy came from the owner"
+
+
+async def test_a_range_and_a_head_that_need_revalidation_are_answered_from_the_renewed_copy(origin, cluster,
+                                                                                          session):
+    origin.put(PATH, V1, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(2, hot_reads=2)
+    (owner,), (reader,) = owner_and_other(nodes, PATH)
+    await hot_copy_on(nodes, reader, session)
+    again = {"Cache-Control": "no-cache"}
+    status, headers, body = await nodes[reader].get(session, PATH, headers={"Range": "bytes=10-19", **again})
+    assert status == 206 and body == V1[10:20] and headers["Content-Range"] == f"bytes 10-19/{len(V1)}"
+    assert headers["X-Nezha-Cache"] == "hot-hit" and headers["X-Nezha-Served-By"] == reader
+    status, headers, body = await nodes[reader].get(session, PATH, method="HEAD", headers=again)
+    assert status == 200 and body == b"" and headers["Content-Length"] == str(len(V1))
+    assert headers["X-Nezha-Cache"] == "hot-hit" and headers["X-Nezha-Served-By"] == reader
+    assert origin.requests[PATH] == 3 and set(asked_by(origin)) == {f"1.1 {owner}"}
