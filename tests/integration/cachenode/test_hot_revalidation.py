@@ -53,7 +53,7 @@ def asked_by(origin) -> list[str | None]:
 
 async def test_a_stale_hot_copy_is_revalidated_with_the_owner_and_served_from_this_nodes_disk(origin, cluster,
                                                                                             session):
-    origin.put(PATH, V1, headers={"Cache-Control": "max-age=2"})
+    origin.put(PATH, V1, headers={"Cache-Control": "max-age=3"})
     nodes, _ = await cluster(2, hot_reads=2)
     (owner,), (reader,) = owner_and_other(nodes, PATH)
     await hot_copy_on(nodes, reader, session)
@@ -81,7 +81,7 @@ async def test_a_stale_hot_copy_is_revalidated_with_the_owner_and_served_from_th
 
 async def test_after_the_owner_revalidates_a_replaced_object_no_read_through_the_non_owner_gets_old_bytes(
         origin, cluster, session):
-    origin.put(PATH, V1, headers={"Cache-Control": "max-age=2"})
+    origin.put(PATH, V1, headers={"Cache-Control": "max-age=3"})
     nodes, _ = await cluster(2, hot_reads=2)
     (owner,), (reader,) = owner_and_other(nodes, PATH)
     await hot_copy_on(nodes, reader, session)
