@@ -441,9 +441,10 @@ class CacheSettings(_Base):
     # Hot copies (docs/cache-node.md, "Hot copies"): a node that relays
     # `hot_reads` reads of one object within `hot_window` seconds copies it
     # from an owner and serves it from its own disk; 0 turns them off. They
-    # hold at most `hot_share` of `capacity` and are evicted first. Defaults:
-    # not measured yet; chosen so that only an object several clients read
-    # within a minute (a job's workers starting) is copied (see the docs).
+    # hold at most `hot_share` of `capacity` and are evicted first. hot_reads 3
+    # is measured (bench/hot_threshold.py, docs/benchmarks.md "Hot-copy
+    # threshold"): fewer copies objects read once or twice, more leaves a hot
+    # object's reads on its owners. A minute's window holds a job's workers starting.
     hot_reads: int = 3
     hot_window: float = 60.0
     hot_share: float = 0.1

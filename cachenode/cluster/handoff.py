@@ -274,12 +274,14 @@ class Handoff:
 
         self.spawn(copy())
 
-    def copy_hot_soon(self, peer: Peer, target: Target, *, done: Callable[[], None]) -> None:
+    def copy_hot_soon(self, peer: Peer, target: Target, *, done: Callable[[], None],
+                      headers: dict[str, str] | None = None) -> None:
         """Keep a hot copy of `target`'s object, copied from the owner `peer`
-        in the background; `done()` when the copy ended, however it ended."""
+        in the background (of a response that varies, the variant `headers`
+        select); `done()` when the copy ended, however it ended."""
         async def copy() -> None:
             try:
-                result = await self.copy_from(peer, target, hot=True)
+                result = await self.copy_from(peer, target, headers=headers, hot=True)
                 log.info("hot_copy_kept", source=peer.id, path=target.path, result=result)
             finally:
                 done()

@@ -20,14 +20,17 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from cachenode.cluster.handoff import Handoff
+from cachenode.cluster.hot_revalidation import conditional_fields, confirms, owner_expiry
 from cachenode.cluster.hotness import HotReads
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import is_peer_request
@@ -47,8 +50,10 @@ from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
 from cachenode.http.freshness import (RequestDirectives, Use, current_age, judge, may_serve_stale_on_error,
-                                      request_bypasses_cache, request_directives)
-from cachenode.http.headers import stored_pairs
+                                      request_bypasses_cache, request_directives, response_policy)
+from cachenode.http.headers import stored_pairs, updated_by_304, with_date
+from cachenode.http.vary import selecting_headers, vary_names
+from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -155,13 +160,16 @@ class Handler:
         # origin's to allow, whatever the table says now (a switch back to
         # pass, or this node running the old table mid-rollout).
         authorize = authorize or (meta is not None and meta.authorize)
+        revalidating: _HotCheck | None = None
         if meta is not None and meta.hot and self._use(meta, directives) is not Use.FRESH:
-            # A hot copy answers only while the owner's freshness it carries
-            # lasts, and only requests a fresh copy may answer: any other is
-            # relayed, so the owner, never this node, revalidates with the
-            # origin. Past its expiry the copy is dropped; the next hot reads
-            # copy the object again.
-            if not meta.fresh(self._clock()):
+            # A hot copy answers as fresh only while the owner's freshness it
+            # carries lasts, and only requests a fresh copy may answer. Any
+            # other is relayed with the copy's validators: the owner (never
+            # this node) revalidates with the origin if it must, and its 304
+            # renews the copy, served from here (_hot_answer). A copy that
+            # cannot be revalidated so is dropped once expired.
+            revalidating = self._hot_check(request, meta, key=key, authorize=authorize, directives=directives)
+            if revalidating is None and not meta.fresh(self._clock()):
                 await self._drop_hot(meta, why="expired")
             meta = None
         if authorize:
@@ -182,8 +190,15 @@ class Handler:
         owners = [] if self.from_peer(request) or fresh else self.cluster.owners(key)
         ahead = _ahead_of(self.node_id, owners)
         if ahead:
+            on_answer = None
+            if revalidating is not None:
+                on_answer = self._hot_answer(revalidating, ahead=ahead, target=target, url=url, origin=origin)
             relayed = await self.relay.relay(request, ahead, target=target, origin_url=url,
-                                             on_manifest=self._chunked_from_peer)
+                                             on_manifest=self._chunked_from_peer,
+                                             validators=revalidating.fields if revalidating else None,
+                                             on_answer=on_answer)
+            if revalidating is not None and revalidating.served:
+                return relayed  # from this node's renewed copy, counted as the hit it is
             if relayed is not None:
                 record = access(request)
                 outcome = _RELAY_OUTCOME.get(record.cache or "")
@@ -192,7 +207,10 @@ class Handler:
                 if len(ahead) < len(owners) and request.method == "GET":
                     self._keep_copy(record, ahead, target)
                 elif request.method == "GET" and not authorize:
-                    self._count_hot_read(record, ahead, target, key=key, response=relayed)
+                    # A copy the owner's answer replaced is copied again at once:
+                    # the key was hot, and its readers keep coming here.
+                    self._count_hot_read(record, ahead, target, key=key, response=relayed, request=request,
+                                         at_once=revalidating is not None and revalidating.replaced)
                 return relayed
             log.warning("owners_unreachable", key=key, owners=[p.id for p in ahead])
             held = self.store.lookup(key, request.headers)
@@ -318,21 +336,35 @@ class Handler:
             self.handoff.copy_soon(peer, target)
 
     def _count_hot_read(self, record, ahead: list[Peer], target: Target, *, key: str,
-                        response: web.StreamResponse) -> None:
+                        response: web.StreamResponse, request: web.Request, at_once: bool = False) -> None:
         """A non-owner relayed a read of `key`: count it, and once the key is
         hot (HotReads) and an owner answered from its disk, copy the object
         from that owner as a hot copy. Never from the origin: a copy is
         `only-if-cached` at the owner, so a miss there copies nothing.
+        `at_once`: the owner's answer replaced this node's hot copy, so the
+        key is hot already and is copied again without counting.
 
-        Not copied: an answer that varies (the copy would be one variant, not
-        the one each reader selects), and an object that cannot fit the hot
+        An answer that varies is counted and copied per variant: the copy
+        holds the one variant the reads select (asked of the owner with the
+        fields that select it, as a replica is), and a key read often in one
+        variant and once in another should copy the first, not whichever
+        variant happened to make the count. Not copied: a variant that cannot
+        be spelled as request fields, and an object that cannot fit the hot
         share (it would be fetched whole from the owner only to be dropped).
         """
-        if not self.hot.enabled or record.broken or not self.hot.seen(key, self._clock()):
+        if not self.hot.enabled or record.broken:
+            return
+        names = vary_names(response.headers)
+        if names is None:
+            return  # a Vary no request could match: never stored anywhere
+        chosen = variant_of(names, request.headers) if names else ""
+        selecting = selecting_headers(names, chosen)
+        counted = f"{key}\n{chosen}" if names else key  # HotReads counts per variant
+        if not at_once and not self.hot.seen(counted, self._clock()):
             return
         if record.cache not in (relayed(CacheOutcome.HIT), relayed(CacheOutcome.REVALIDATED)):
             return
-        if key in self._hot_copying or "Vary" in response.headers:
+        if counted in self._hot_copying or selecting is None:
             return
         size = _object_size(response)
         limit = self.settings.hot_capacity
@@ -341,13 +373,93 @@ class Handler:
         peer = next((p for p in ahead if p.id == record.peer), None)
         if peer is None:
             return
-        self._hot_copying.add(key)
+        self._hot_copying.add(counted)
 
         def done() -> None:
-            self._hot_copying.discard(key)
-            self.hot.forget(key)  # a failed copy is tried again only after as many reads again
+            self._hot_copying.discard(counted)
+            self.hot.forget(counted)  # a failed copy is tried again only after as many reads again
 
-        self.handoff.copy_hot_soon(peer, target, done=done)
+        self.handoff.copy_hot_soon(peer, target, headers=selecting, done=done)
+
+    def _hot_check(self, request: web.Request, meta: Meta, *, key: str, authorize: bool,
+                   directives: RequestDirectives) -> _HotCheck | None:
+        """How to revalidate the hot copy `meta` with its owner for this
+        request (cluster/hot_revalidation.py); None when it is not: a peer's
+        request, a signed read, `only-if-cached`, a node that owns the key
+        now (a ring change), a chunked object's manifest (its owner answers
+        a peer with the manifest, never a 304), or a copy with no validator
+        this request allows."""
+        if authorize or directives.only_if_cached or self.from_peer(request) or meta.chunk_size:
+            return None
+        if any(p.id == self.node_id for p in self.cluster.owners(key)):
+            return None
+        fields = conditional_fields(etag=meta.etag, last_modified=meta.last_modified,
+                                    client_if_none_match=request.headers.get("If-None-Match"))
+        if fields is None:
+            return None
+        return _HotCheck(meta=meta, fields=fields, client_if_none_match=request.headers.get("If-None-Match"))
+
+    def _hot_answer(self, check: _HotCheck, *, ahead: list[Peer], target: Target, url: str, origin: Origin):
+        """The relay's look at the owner's answer to a hot copy's revalidation.
+
+        A 304 about the copy's version: renew the copy with the owner's
+        expiry and serve the client from this node's disk (`hot-hit`, its
+        own conditionals and Range judged against the copy). Any other
+        answer is relayed as it is, and one that says the owner's version is
+        not the copy's (a 2xx, a 304 about the client's version, a 404) drops
+        the copy first, so no reader here gets the old bytes after it."""
+        async def on_answer(request: web.Request, answer: aiohttp.ClientResponse,
+                            peer: Peer) -> web.StreamResponse | None:
+            meta = check.meta
+            if answer.status == 304 and confirms(etag=meta.etag, answer_etag=answer.headers.get("ETag"),
+                                                 client_if_none_match=check.client_if_none_match):
+                renewed = await self._renew_hot(meta, answer, origin=origin)
+                if renewed is not None:
+                    log.info("hot_copy_revalidated", key=meta.key, owner=peer.id,
+                             expires_in=round(renewed.expires_at - self._clock(), 3))
+                    served = await self.respond.hit(request, renewed, label=CacheOutcome.HOT_HIT)
+                    if served is not None:
+                        check.served = True
+                        return served
+                # Renewed as something else, or gone meanwhile: ask again, as any relayed read.
+                again = await self.relay.relay(request, ahead, target=target, origin_url=url,
+                                               on_manifest=self._chunked_from_peer)
+                if again is None:
+                    raise web.HTTPServiceUnavailable(
+                        text=f"{meta.key}: its owners stopped answering while {self.node_id} renewed its copy\n")
+                return again
+            if answer.status < 500 and answer.status != 412:
+                check.replaced = 200 <= answer.status < 300
+                await self._drop_hot(meta, why="replaced at the owner")
+            elif not meta.fresh(self._clock()):
+                await self._drop_hot(meta, why="expired")
+            return None
+
+        return on_answer
+
+    async def _renew_hot(self, meta: Meta, answer: aiohttp.ClientResponse, *, origin: Origin) -> Meta | None:
+        """The hot copy `meta` renewed by its owner's 304: the fields the 304
+        updates (RFC 9111 §3.2) and the owner's expiry, never later; None
+        when the copy went or changed meanwhile, or the 304 made it
+        unstorable (it is then dropped)."""
+        now = self._clock()
+        merged = updated_by_304(meta.headers, with_date(tuple(answer.headers.items()), now))
+        judged = CIMultiDict(merged)
+        for name in ("Age", "Date"):  # not stored, but they date the 304
+            if name in answer.headers:
+                judged[name] = answer.headers[name]
+        renewed = response_policy(meta.status, judged, now=now, policy_ttl=origin.default_ttl,
+                                  targeted=origin.targeted_cache_control)
+        if not renewed.storable:
+            await self._drop_hot(meta, why=f"not storable any more: {renewed.reason}")
+            return None
+        expires_at = owner_expiry(answer.headers.get(EXPIRES_HEADER), fallback=now + renewed.ttl)
+        new = await self.store.refresh(meta, headers=merged, stored_at=now, expires_at=expires_at,
+                                       age=current_age(answer.headers, now), stale_if_error=renewed.stale_if_error,
+                                       stale_while_revalidate=renewed.stale_while_revalidate)
+        if new is meta or new.data != meta.data or not new.hot:
+            return None
+        return new
 
     async def _chunked_from_peer(self, request: web.Request, answer: aiohttp.ClientResponse,
                                  peer: Peer) -> web.StreamResponse | None:
@@ -543,6 +655,17 @@ class Handler:
 
 
 _PLAIN_CACHE = 4096  # entries in each fast-path memo; cleared when full
+
+
+@dataclass
+class _HotCheck:
+    """One request's revalidation of a hot copy with the key's owner."""
+
+    meta: Meta
+    fields: dict[str, str]  # the conditional fields sent instead of the client's
+    client_if_none_match: str | None
+    served: bool = False  # answered by the relay's look at the owner's answer (_hot_answer)
+    replaced: bool = False  # the owner answered 2xx: its version is not the copy's
 
 
 def _bypass_reason(request: web.Request, target: Target, origin: Origin, *, authorize: bool) -> str | None:

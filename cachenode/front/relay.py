@@ -66,6 +66,9 @@ log = structlog.get_logger("nezha.peers")
 
 # Answers a relayed request whose owner sent a chunked object's manifest; None: it could not.
 OnManifest = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
+# Sees the first owner answer's head before it is relayed; answers the request
+# itself (a hot copy the owner's 304 renewed), or None: relay the answer on.
+OnAnswer = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
 
 # On an owner's 502/504: the origin failed, not the owner (the value says how).
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -250,28 +253,38 @@ class PeerRelay:
 
     # -- the relay -----------------------------------------------------------------------
     async def relay(self, request: web.Request, owners: list[Peer], *, target: Target,
-                    origin_url: str | None = None, on_manifest: OnManifest | None = None) -> web.StreamResponse | None:
+                    origin_url: str | None = None, on_manifest: OnManifest | None = None,
+                    validators: dict[str, str] | None = None,
+                    on_answer: OnAnswer | None = None) -> web.StreamResponse | None:
         """Serve `request` from an owner. None when no owner answered at all.
 
         `origin_url` is where to fetch the rest of a body that broke with no
         owner left to resume from. `on_manifest` answers the request when an
         owner answers with a chunked object's manifest (CHUNKED_HEADER) instead
-        of its bytes (cachenode/front/chunked.py).
+        of its bytes (cachenode/front/chunked.py). `validators` replace the
+        client's If-None-Match and If-Modified-Since (a hot copy's revalidation,
+        cluster/hot_revalidation.py), and `on_answer` sees the owner's answer first.
         """
         interim = InterimRelay(request)
         try:
             return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim,
-                                     on_manifest=on_manifest)
+                                     on_manifest=on_manifest, validators=validators, on_answer=on_answer)
         finally:
             interim.close()
 
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
-                     interim: InterimRelay, on_manifest: OnManifest | None = None) -> web.StreamResponse | None:
+                     interim: InterimRelay, on_manifest: OnManifest | None = None,
+                     validators: dict[str, str] | None = None,
+                     on_answer: OnAnswer | None = None) -> web.StreamResponse | None:
         body: _Body | None = None
         for peer in self.order(owners):
             if peer.id == self.node_id:
                 continue
             headers = self.peer_headers(request, target)
+            if validators is not None and body is None:
+                for name in ("If-None-Match", "If-Modified-Since"):
+                    headers.popall(name, None)
+                headers.update(validators)
             if body is not None:
                 if not body.resumable:
                     break
@@ -293,6 +306,10 @@ class PeerRelay:
                     if answered is not None:
                         return answered
                     continue
+                if body is None and on_answer is not None:
+                    answered = await on_answer(request, r, peer)
+                    if answered is not None:
+                        return answered
                 if body is None:
                     body = await self._start(request, r, peer)
                 elif not body.continues(r):

@@ -273,6 +273,9 @@ class Responder:
                 resp.headers[SERVED_BY_HEADER] = self.settings.identity
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
+            if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
+                # A peer revalidating its hot copy renews it to this expiry, never beyond.
+                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
                 self._count(meta.host, request=request, hits=1)
                 await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),

@@ -12,7 +12,7 @@ import time
 
 from structlog.testing import capture_logs
 
-from tests.integration.cachenode.conftest import HOST, key_of, logged, owner_and_other, until
+from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other, until
 
 PATH = "/datasets/hot/cifar-100-python.tar.gz"
 KEY = f"http://{HOST}{PATH}"
@@ -94,10 +94,11 @@ async def test_a_write_through_any_node_removes_the_hot_copies_before_it_is_answ
     assert body == b"new!" * 10 and headers["X-Nezha-Cache"] == "peer-miss"
 
 
-async def test_a_stale_hot_copy_is_dropped_and_the_owner_revalidates_not_this_node(origin, cluster, session):
+async def test_a_stale_hot_copy_replaced_at_the_origin_is_dropped_when_the_owner_revalidates(origin, cluster,
+                                                                                              session):
     """The copy expires when the owner's copy does (3 s: room for a loaded machine to copy first); the next
-    read is relayed, and the owner (never the node that held the copy) asks the origin, which has new bytes
-    by then."""
+    read asks the owner with the copy's validators, the owner (never the node that held the copy) asks the
+    origin, which has new bytes by then: they are relayed, and the copy goes before they are."""
     origin.put(PATH, b"v1" * 50_000, headers={"Cache-Control": "max-age=3"})
     nodes, _ = await cluster(2, hot_reads=2)
     (owner,), (reader,) = owner_and_other(nodes, PATH)
@@ -113,8 +114,9 @@ async def test_a_stale_hot_copy_is_dropped_and_the_owner_revalidates_not_this_no
     with capture_logs() as logs:
         status, headers, body = await nodes[reader].get(session, PATH)
     assert body == b"v2" * 50_000 and headers["X-Nezha-Cache"].startswith("peer-")
-    assert logged(logs, "hot_copy_dropped")()
+    assert [e["reason"] for e in logs if e["event"] == "hot_copy_dropped"] == ["replaced at the owner"]
     assert origin.requests[PATH] == 2, "one fill and one revalidation, both by the owner"
+    assert all(h.get("Via") == f"1.1 {owner}" for h in origin.request_headers)
     async with session.get(nodes[reader].url + "/metrics") as r:
         assert "nezha_bytes_from_origin_total 0.0" in await r.text()
 
@@ -185,16 +187,20 @@ async def test_a_draining_node_hands_off_what_it_owns_never_its_hot_copies(origi
     assert origin.requests[PATH] == 1
 
 
-async def test_a_request_that_asks_for_validation_is_relayed_and_the_hot_copy_kept(origin, cluster, session):
-    """`no-cache` wants the origin's word: the owner gives it; the fresh copy stays for the next reader."""
+async def test_a_request_that_asks_for_validation_is_revalidated_by_the_owner_and_served_from_the_hot_copy(
+        origin, cluster, session):
+    """`no-cache` wants the origin's word: the node asks the owner with the copy's validators and the
+    client's `no-cache`, the owner asks the origin, and its 304 lets this node serve its own copy."""
     origin.put(PATH, BODY, headers={"Cache-Control": "max-age=3600"})
     nodes, _ = await cluster(2, hot_reads=2)
     (owner,), (reader,) = owner_and_other(nodes, PATH)
     await read_until_hot(nodes[reader], session, PATH, 2)
     await until(lambda: stored_hot(nodes[reader], KEY))
     status, headers, body = await nodes[reader].get(session, PATH, headers={"Cache-Control": "no-cache"})
-    assert body == BODY and headers["X-Nezha-Cache"] == "peer-revalidated" and headers["X-Nezha-Served-By"] == owner
+    assert body == BODY and headers["X-Nezha-Cache"] == "hot-hit" and headers["X-Nezha-Served-By"] == reader
     assert origin.requests[PATH] == 2, "the owner revalidated, once"
+    assert origin.request_headers[-1].get("If-None-Match") == origin.etags[PATH]
+    assert origin.request_headers[-1].get("Via") == f"1.1 {owner}"
     assert stored_hot(nodes[reader], KEY)
     status, headers, body = await nodes[reader].get(session, PATH)
     assert body == BODY and headers["X-Nezha-Cache"] == "hot-hit"

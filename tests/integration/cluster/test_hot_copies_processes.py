@@ -146,3 +146,33 @@ async def test_with_hot_reads_zero_the_owners_disks_serve_every_byte(origin, hot
         for nid in others:
             assert (await fetch(session, urls[nid], PATH))[1]["X-Nezha-Cache"] == "peer-hit"
     assert origin.requests[PATH] == 1
+
+
+async def test_an_object_replaced_at_the_origin_reaches_no_reader_once_the_owner_revalidates(origin, hot_cluster):
+    """No write tells anyone: the hot copies expire with their owner's copy (3 s), and each is revalidated
+    against its owner, never the origin, so every node serves the new bytes and none the old."""
+    path = "/datasets/replaced.bin"
+    old, new = b"old!" * 250_000, b"new!" * 250_000
+    origin.put(path, old, headers={"Cache-Control": "max-age=3"})
+    urls = {nid: n.url for nid, n in hot_cluster.nodes.items()}
+    owners = (await hot_cluster.index.get_membership()).ring().owners(f"http://{HOST}{path}", 2)
+    others = [nid for nid in urls if nid not in owners]
+    started = time.time()
+    async with aiohttp.ClientSession() as session:
+        for nid in others:
+            for _ in range(40):
+                _, headers, body = await fetch(session, urls[nid], path)
+                assert body == old
+                if headers["X-Nezha-Cache"] == "hot-hit":
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"{nid} never served {path} from a hot copy")
+        origin.put(path, new, headers={"Cache-Control": "max-age=3600"})
+        await asyncio.sleep(max(0.0, started + 4.5 - time.time()))  # every copy of the old bytes has expired
+        for _ in range(3):
+            for nid, url in urls.items():
+                status, headers, body = await fetch(session, url, path)
+                assert status == 200 and body == new, (nid, headers.get("X-Nezha-Cache"))
+    vias = {h.get("Via") for h in origin.request_headers}
+    assert vias <= {f"1.1 {o}" for o in owners}, f"only owners asked the origin: {vias}"
