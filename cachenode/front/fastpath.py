@@ -148,15 +148,18 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
 # send the same few heads again and again (one per object they read), and
 # judging one costs more than the rest of a hit's Python. Bounded in count
 # (cleared when full) and in size (longer heads are judged every time), so
-# it holds at most 4 MiB whatever clients send. A head's verdict depends on
+# it (and _JUDGED_RANGED below, likewise) holds at most 4 MiB whatever clients send. A head's verdict depends on
 # its bytes alone, so a stale entry cannot exist.
 # A ranged read's head differs from the last one only in its range, so it is
-# remembered without the range's value: a head of one object read in a
-# thousand ranges is one entry, not a thousand that push out every other.
-# That is exact because parse_plain's verdict does not depend on a range of
-# the form _RANGE_LINE finds (any such value passes _ONE_RANGE); the value
-# and the head's length are the request's own.
+# remembered without the range's value, in a memo of its own (_JUDGED_RANGED):
+# a head of one object read in a thousand ranges is one entry, not a thousand
+# that push out every other. That is exact because parse_plain's verdict does
+# not depend on a range of the form _RANGE_LINE finds (any such value passes
+# _ONE_RANGE); the value and the head's length are the request's own. Its own
+# memo, because a head with its range cut out is a head too (`Range: ` with
+# no value), whose verdict is another.
 _JUDGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_RANGED: dict[bytes, PlainRequest | bool] = {}
 _JUDGED_MAX = 4096
 _JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
 
@@ -170,13 +173,16 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
         return parse_plain(buf)
     head = bytes(buf[:end + 4])
     ranged = _RANGE_LINE.search(head)
-    memo = head if ranged is None else head[:ranged.start(1)] + head[ranged.end(1):]
-    verdict = _JUDGED.get(memo)
+    if ranged is None:
+        judged, memo = _JUDGED, head
+    else:
+        judged, memo = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):]
+    verdict = judged.get(memo)
     if verdict is None:
         verdict = parse_plain(head)
-        if len(_JUDGED) >= _JUDGED_MAX:
-            _JUDGED.clear()
-        _JUDGED[memo] = verdict  # never None: the head is complete
+        if len(judged) >= _JUDGED_MAX:
+            judged.clear()
+        judged[memo] = verdict  # never None: the head is complete
     if ranged is None or verdict is False:
         return verdict
     return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
