@@ -1,8 +1,8 @@
 """Plain GET/HEAD hits served below aiohttp; everything else handed to aiohttp.
 
 Most dataset traffic is the same request again and again: `GET /path`,
-`Host:` a dataset host, no range, no validators, no credentials, and the
-object fresh on this node's disk. For a 100 KiB object aiohttp's
+`Host:` a dataset host, at most one byte range, no validators, no
+credentials, and the object fresh on this node's disk. For a 100 KiB object aiohttp's
 per-request machinery (request object, middleware, response object,
 `loop.sendfile` futures) costs several times the sendfile itself, so such a
 request is answered here, inside `data_received`: the head (cached per
@@ -11,19 +11,31 @@ task only when the socket does not take the whole body at once.
 
 Only what `parse_plain` accepts comes here, and it accepts little: HTTP/1.1,
 GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a
-header not on the list, a miss, a range, a peer or internal request, an
-error, TLS) hands the connection, with every byte received so far, to
+header not on the list, a miss, a peer or internal request, an error, TLS
+in the primary) hands the connection, with every byte received so far, to
 aiohttp's own protocol, which serves it and the rest of that connection. A
 handed-off connection never comes back, so the fast path cannot change the
 meaning of any request it does not fully understand, and a request with a
 body (Content-Length, Transfer-Encoding) can never be split differently by
 the two parsers.
+
+One byte range (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`) is a plain hit
+too: multipart downloads (`aws s3 cp`, s5cmd, dataset loaders) read large
+objects as ranges, and with `--workers` a ranged read a follower handed over
+would leave all of its work to the primary. It gets the 206 the handler
+gives (`Responder.hit`): the stored head with the fields that describe the
+whole body left off, Content-Range, and the range by sendfile from its
+offset. If-Range follows the handler's rule (`conditionals.if_range_applies`):
+when it does not apply, the answer is the whole object, as there. What the
+handler answers otherwise is left to it: several ranges, a range no byte
+satisfies (416), a syntax it ignores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -34,7 +46,8 @@ import structlog
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
 from cachenode.front.respond import SendCut, sendfile_rest
-from cachenode.http.headers import with_date
+from cachenode.http.conditionals import if_range_applies, parse_range
+from cachenode.http.headers import describes_whole_body, with_date
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
@@ -49,7 +62,7 @@ COPY_SIZE = 256 * 1024  # a TLS hit's body is read and written in pieces of this
 # read's worth of requests and a high-water mark of answers here
 # (tests/integration/cachenode/test_fastpath.py, test_connections.py).
 # Headers a plain hit may carry; any other sends the request to aiohttp.
-ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection"})
+ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection", "range", "if-range"})
 # A child node's request (a sidecar asking its parent tier, docs/cache-node.md
 # "A parent tier") carries its marker and Via: neither changes what a hit is,
 # so a parent serves its children's hits here too. Via alone is the handler's
@@ -57,6 +70,11 @@ ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connect
 _FROM_CHILD = FROM_CHILD_HEADER.lower()
 CHILD_ALLOWED = frozenset({_FROM_CHILD, "via"})
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux; elsewhere the head is simply pushed at once
+# One range in the form every client sends; any other (several ranges, another
+# unit, spaces, a number too long to be a file offset) is the handler's to judge.
+_ONE_RANGE = re.compile(r"bytes=(?:[0-9]{1,18}-[0-9]{0,18}|-[0-9]{1,18})")
+# A Range line of that form, found in a head's bytes without parsing it.
+_RANGE_LINE = re.compile(rb"\r\n[Rr][Aa][Nn][Gg][Ee]:[ \t]*(bytes=(?:[0-9]{1,18}-[0-9]{0,18}|-[0-9]{1,18}))[ \t]*\r\n")
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -66,6 +84,8 @@ class PlainRequest:
     target: str
     host: str
     size: int  # bytes of the request head, blank line included
+    range: str | None = None  # one byte range, `bytes=a-b`, `bytes=a-` or `bytes=-n`
+    if_range: str | None = None
 
 
 def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
@@ -89,7 +109,7 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     parts = lines[0].split(" ")
     if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
         return False
-    host = None
+    host = rng = if_range = None
     child = set()
     for line in lines[1:]:
         name, sep, value = line.partition(":")
@@ -111,18 +131,35 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
             host = value
         elif lname == "connection" and value.lower() != "keep-alive":
             return False
+        elif lname == "range":
+            if rng is not None or not _ONE_RANGE.fullmatch(value):
+                return False
+            rng = value
+        elif lname == "if-range":
+            if if_range is not None:
+                return False
+            if_range = value
     if not host or (child and _FROM_CHILD not in child):
         return False
-    return PlainRequest(parts[0], parts[1], host, end + 4)
+    return PlainRequest(parts[0], parts[1], host, end + 4, rng, if_range)
 
 
 # Request heads already judged by parse_plain, by their exact bytes: clients
 # send the same few heads again and again (one per object they read), and
 # judging one costs more than the rest of a hit's Python. Bounded in count
 # (cleared when full) and in size (longer heads are judged every time), so
-# it holds at most 4 MiB whatever clients send. A head's verdict depends on
+# it (and _JUDGED_RANGED below, likewise) holds at most 4 MiB whatever clients send. A head's verdict depends on
 # its bytes alone, so a stale entry cannot exist.
+# A ranged read's head differs from the last one only in its range, so it is
+# remembered without the range's value, in a memo of its own (_JUDGED_RANGED):
+# a head of one object read in a thousand ranges is one entry, not a thousand
+# that push out every other. That is exact because parse_plain's verdict does
+# not depend on a range of the form _RANGE_LINE finds (any such value passes
+# _ONE_RANGE); the value and the head's length are the request's own. Its own
+# memo, because a head with its range cut out is a head too (`Range: ` with
+# no value), whose verdict is another.
 _JUDGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_RANGED: dict[bytes, PlainRequest | bool] = {}
 _JUDGED_MAX = 4096
 _JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
 
@@ -135,13 +172,38 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
     if end + 4 > _JUDGED_HEAD_MAX:
         return parse_plain(buf)
     head = bytes(buf[:end + 4])
-    verdict = _JUDGED.get(head)
+    ranged = _RANGE_LINE.search(head)
+    if ranged is None:
+        judged, memo = _JUDGED, head
+    else:
+        judged, memo = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):]
+    verdict = judged.get(memo)
     if verdict is None:
         verdict = parse_plain(head)
-        if len(_JUDGED) >= _JUDGED_MAX:
-            _JUDGED.clear()
-        _JUDGED[head] = verdict  # never None: the head is complete
-    return verdict
+        if len(judged) >= _JUDGED_MAX:
+            judged.clear()
+        judged[memo] = verdict  # never None: the head is complete
+    if ranged is None or verdict is False:
+        return verdict
+    return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
+                        ranged.group(1).decode("ascii"), verdict.if_range)
+
+
+def wanted_range(req: PlainRequest, meta: Meta) -> tuple[int, int] | None | bool:
+    """(offset, length) of the one range a plain request asks of `meta`; None
+    for the whole object (no Range, or an If-Range that does not apply); False
+    when the handler must answer (a range it would refuse or ignore). Pure.
+
+    As `conditionals.evaluate`, which the handler's answer follows."""
+    if req.range is None:
+        return None
+    if req.if_range is not None and not if_range_applies(req.if_range, etag=meta.etag,
+                                                         last_modified=meta.last_modified):
+        return None
+    parsed = parse_range(req.range, meta.size)
+    if parsed is None or parsed is False:
+        return False  # bytes=5-3 (ignored: the whole object), or none satisfiable (416)
+    return parsed
 
 
 def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
@@ -161,6 +223,33 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> byte
     return encode_head("HTTP/1.1 200 OK", fields)[:-2]
 
 
+# 206 heads made from 200 heads (`partial_head`), by the 200 head: the handler
+# keeps one 200 head per stored object, so this holds one entry per object
+# read in ranges. Bounded like _JUDGED.
+_PARTIAL_HEADS: dict[bytes, bytes] = {}
+_PARTIAL_HEADS_MAX = 4096
+
+
+def partial_head(head: bytes) -> bytes:
+    """The head of a 206 from the head of a 200 (`response_head`, without its
+    closing blank line): status 206, and without Content-Length and the fields
+    that describe the whole body (`describes_whole_body`), as the handler
+    leaves them off a 206. Content-Range and Content-Length are the caller's
+    to add: they are each request's own."""
+    made = _PARTIAL_HEADS.get(head)
+    if made is None:
+        lines = [b"HTTP/1.1 206 Partial Content"]
+        for line in head[:-2].split(b"\r\n")[1:]:
+            name = line.partition(b":")[0].decode("latin-1")
+            if name.lower() != "content-length" and not describes_whole_body(name):
+                lines.append(line)
+        made = b"\r\n".join(lines) + b"\r\n"
+        if len(_PARTIAL_HEADS) >= _PARTIAL_HEADS_MAX:
+            _PARTIAL_HEADS.clear()
+        _PARTIAL_HEADS[head] = made
+    return made
+
+
 class PlainHits(Protocol):
     """What the fast path asks of the node: its two questions, nothing else."""
 
@@ -168,8 +257,9 @@ class PlainHits(Protocol):
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False, first_byte: float | None = None) -> None:
-        """Count and log a hit the fast path served (`first_byte`: seconds from its request to its head)."""
+                      gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
+        """Count and log a hit the fast path served (`first_byte`: seconds from its request to its head;
+        `status`: 206 for a range)."""
 
 
 class FastPath(asyncio.Protocol):
@@ -314,10 +404,11 @@ class FastPath(asyncio.Protocol):
             if req is None:
                 break
             hit = self.hits.plain_hit(req.target, req.host, self._scheme) if req is not False else None
-            if hit is None:
+            span = None if hit is None else wanted_range(req, hit[0])
+            if hit is None or span is False:
                 self._hand_off()
                 return
-            if not self._serve(req, *hit):
+            if not self._serve(req, *hit, span=span):
                 return
             self.waiting_since = time.monotonic()
             self._disarm()
@@ -363,8 +454,10 @@ class FastPath(asyncio.Protocol):
             transport.close()
 
     # -- one hit ---------------------------------------------------------------
-    def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str) -> bool:
-        """Send one hit. True if it is complete and the next request may follow."""
+    def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str, *,
+               span: tuple[int, int] | None = None) -> bool:
+        """Send one hit, whole or the range `span` (offset, length). True if it
+        is complete and the next request may follow."""
         started = time.monotonic()
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -373,8 +466,14 @@ class FastPath(asyncio.Protocol):
             return False
         del self._buf[:req.size]
         transport = self.transport
+        if span is None:
+            offset, length, status = 0, meta.size, 200
+        else:
+            (offset, length), status = span, 206
+            head = partial_head(head) + b"Content-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n" % (
+                offset, offset + length - 1, meta.size, length)
         head += b"Age: %d\r\n\r\n" % meta.age_at(time.time())
-        size = meta.size if req.method == "GET" else 0
+        size = length if req.method == "GET" else 0
         sent = 0
         try:
             if self._fd >= 0 and not transport.get_write_buffer_size():
@@ -394,7 +493,7 @@ class FastPath(asyncio.Protocol):
                     transport.write(head[n:])
                 elif size:
                     try:
-                        sent = os.sendfile(self._fd, fd, 0, size)
+                        sent = os.sendfile(self._fd, fd, offset, size)
                     except (BlockingIOError, InterruptedError):
                         sent = 0
             else:
@@ -404,16 +503,16 @@ class FastPath(asyncio.Protocol):
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
             self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
-                                    ms=(time.monotonic() - started) * 1000, gone=True)
+                                    ms=(time.monotonic() - started) * 1000, gone=True, status=status)
             return False
         if sent >= size:
             os.close(fd)
             self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
-                                    ms=(time.monotonic() - started) * 1000, first_byte=first_byte)
+                                    ms=(time.monotonic() - started) * 1000, first_byte=first_byte, status=status)
             return True
         f = open(fd, "rb")
         self._serving = asyncio.get_running_loop().create_task(
-            self._finish(req, meta, f, sent, size, started, first_byte))
+            self._finish(req, meta, f, offset, sent, size, started, first_byte, status))
         # Closed however the task ends, even cancelled before its first step.
         self._serving.add_done_callback(lambda _: f.close())
         return False
@@ -438,15 +537,15 @@ class FastPath(asyncio.Protocol):
             sent += len(data)
         return sent
 
-    async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], sent: int, size: int,
-                      started: float, first_byte: float) -> None:
-        """The rest of a body the socket did not take at once."""
+    async def _finish(self, req: PlainRequest, meta: Meta, f: IO[bytes], offset: int, sent: int, size: int,
+                      started: float, first_byte: float, status: int) -> None:
+        """The rest of a body (`size` bytes from `offset` of the file) the socket did not take at once."""
         transport = self.transport
         try:
             if self._scheme == "https":
-                sent += await self._copy_rest(transport, f.fileno(), sent, size - sent)
+                sent += await self._copy_rest(transport, f.fileno(), offset + sent, size - sent)
             else:
-                sent += await sendfile_rest(transport, f.fileno(), sent, size - sent)
+                sent += await sendfile_rest(transport, f.fileno(), offset + sent, size - sent)
         except SendCut as e:
             sent += e.sent
             transport.abort()
@@ -463,9 +562,10 @@ class FastPath(asyncio.Protocol):
         if sent < size:
             transport.abort()  # a short body must never look complete
             self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True,
-                                    first_byte=first_byte)
+                                    first_byte=first_byte, status=status)
             return
-        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte)
+        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte,
+                                status=status)
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()

@@ -305,24 +305,25 @@ class Handler:
         return prepared
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False, first_byte: float | None = None) -> None:
+                      gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when
-        the client hung up mid-body (`gone`)."""
+        the client hung up mid-body (`gone`). A range (206) counts as a hit of its bytes, as there."""
         self.count_fast_hit(meta.host, meta.key, meta.hot, sent, first_byte)
-        self.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone)
+        self.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone, status=status)
 
     def count_fast_hit(self, host: str, key: str, hot: bool, sent: int, first_byte: float | None) -> None:
         """The counting half of a fast hit: also for hits another worker of this
         node served (cachenode/workers/), which the node's counters must include."""
         self.counts.plain_hit(host, key, sent, first_byte, hot=hot)
 
-    def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False) -> None:
+    def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,
+                     status: int = 200) -> None:
         """The access log half of a fast hit: one line, written by the worker that served it."""
         if not self._log_hits:
             return  # below the log level: not even the fields are worth making
         if gone:
             log.info("client_gone", key=meta.key, bytes=sent)
-        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=200,
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=status,
                  cache=_hit_label(meta), bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
     def _keep_copy(self, record, ahead: list[Peer], target: Target) -> None:

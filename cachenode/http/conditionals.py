@@ -100,6 +100,18 @@ def preconditions(headers: Mapping[str, str], *, etag: str | None, last_modified
     return None
 
 
+def if_range_applies(value: str, *, etag: str | None, last_modified: str | None) -> bool:
+    """Whether an If-Range lets its Range apply (RFC 9110 §13.1.5): a strong
+    ETag equal to the object's, or a date equal to its Last-Modified; any
+    other makes the answer the whole object. One rule, so the fast path
+    (cachenode/front/fastpath.py) and `evaluate` cannot disagree."""
+    value = value.strip()
+    if value.startswith('"') or value.startswith("W/"):
+        return etag is not None and not etag.startswith("W/") and value == etag
+    ir = http_date(value)
+    return ir is not None and (lm := http_date(last_modified)) is not None and lm == ir
+
+
 def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_modified: str | None) -> Decision:
     """`preconditions`, then If-Range and Range."""
     verdict = preconditions(headers, etag=etag, last_modified=last_modified)
@@ -108,15 +120,8 @@ def evaluate(headers: Mapping[str, str], *, size: int, etag: str | None, last_mo
     rng = headers.get("Range")
     if rng is not None:
         if_range = headers.get("If-Range")
-        if if_range is not None:
-            if_range = if_range.strip()
-            if if_range.startswith('"') or if_range.startswith("W/"):
-                applies = etag is not None and not etag.startswith("W/") and if_range == etag
-            else:
-                ir = http_date(if_range)
-                applies = ir is not None and (lm := http_date(last_modified)) is not None and lm == ir
-            if not applies:
-                return Decision(Outcome.FULL, 0, size)
+        if if_range is not None and not if_range_applies(if_range, etag=etag, last_modified=last_modified):
+            return Decision(Outcome.FULL, 0, size)
         parsed = parse_range(rng, size)
         if parsed is False:
             return Decision(Outcome.UNSATISFIABLE)

@@ -164,9 +164,15 @@ _WHOLE_BODY_PREFIXES = ("x-amz-checksum-",)
 _WHOLE_BODY_FIELDS = frozenset({"content-md5", "content-digest"})
 
 
+def describes_whole_body(name: str) -> bool:
+    """Whether field `name` describes the whole object, so a 206 leaves it off."""
+    lname = name.lower()
+    return lname in _WHOLE_BODY_FIELDS or lname.startswith(_WHOLE_BODY_PREFIXES)
+
+
 def drop_whole_body_fields(headers: MutableMapping[str, str]) -> None:
     """Remove from a 206's fields those that describe the whole object, as S3
     leaves them off its own ranged answers."""
-    doomed = {n.lower() for n in headers if n.lower() in _WHOLE_BODY_FIELDS or n.lower().startswith(_WHOLE_BODY_PREFIXES)}
+    doomed = {n.lower() for n in headers if describes_whole_body(n)}
     for name in doomed:
         del headers[name]  # a multidict drops every value of the name, in any case

@@ -65,8 +65,8 @@ class _Hits:
         return self._handler.plain_hit(raw_target, host_header, scheme)
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
-                      gone: bool = False, first_byte: float | None = None) -> None:
-        self._handler.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone)
+                      gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
+        self._handler.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone, status=status)
         self._queued.append([meta.host, meta.key, meta.slot, meta.hot, sent, first_byte])
         if len(self._queued) >= _FLUSH_HITS:
             self.flush()

@@ -35,13 +35,16 @@ async def test_large_hits_leave_whole_on_the_fast_path_and_the_handler(
     async with session.get(f"http://127.0.0.1:{node.port}/big.bin", headers={"Host": HOST}) as r:
         assert r.status == 200 and hashlib.sha256(await r.read()).hexdigest() == digest  # cold
     await node_settled(session, node.port)
-    # A plain hit (the fast path) and one with a Range (the aiohttp handler), each far beyond one sendfile.
+    # A plain hit and a range (the fast path), and a range with a field only the aiohttp handler takes,
+    # each far beyond one sendfile.
     [(head, body)] = await exchange(node.port, get("/big.bin"), timeout=30)
     assert head.startswith(b"HTTP/1.1 200") and b"X-Nezha-Cache: hit" in head
     assert hashlib.sha256(body).hexdigest() == digest
-    async with session.get(f"http://127.0.0.1:{node.port}/big.bin",
-                           headers={"Host": HOST, "Range": "bytes=1000-"}) as r:
-        assert r.status == 206 and await r.read() == BIG[1000:]
+    for extra in ((), ("X-Request-Id: 1",)):
+        [(head, body)] = await exchange(node.port, get("/big.bin", "Range: bytes=1000-", *extra), timeout=30)
+        assert head.startswith(b"HTTP/1.1 206") and body == BIG[1000:]
+    served = [e for e in node.events() if e.get("event") == "request_completed" and e.get("status") == 206]
+    assert [e.get("fast", False) for e in served] == [True, False]
     assert [e for e in node.events() if e.get("event") == "node_listening"], node.err.read_text()
 
 

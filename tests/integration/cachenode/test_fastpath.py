@@ -6,19 +6,20 @@ import logging
 import os
 
 import aiohttp
+import pytest
 import structlog
 
 from structlog.testing import capture_logs
 
 from cachenode.front.listener import Listener
-from tests.integration.cachenode.conftest import logged, until
+from tests.integration.cachenode.conftest import exchange, logged, until
 
 PATH = "/~kriz/cifar-100-python.tar.gz"
 HOST = "www.cs.toronto.edu"
 
 
-async def _warm(origin, make_node, session, body: bytes, **settings):
-    origin.put(PATH, body)
+async def _warm(origin, make_node, session, body: bytes, *, headers: dict | None = None, **settings):
+    origin.put(PATH, body, headers=headers or {})
     node = await make_node(**settings)
     await node.get(session, PATH)
     await node.node.settled()
@@ -228,3 +229,147 @@ async def test_below_info_level_fast_hits_are_still_counted_every_one(origin, ma
         structlog.configure(**old)
     assert 'nezha_requests_total{cache="hit"} 7.0' in metrics
     assert 'nezha_bytes_served_by_source_total{source="disk"} 4900.0' in metrics
+
+
+# -- one byte range ----------------------------------------------------------------------------------
+
+RANGED = bytes(range(251)) * 1024  # 257,024 bytes; a shifted range shows
+# The whole-body fields S3 sends: a 206 leaves them off on both paths (http/headers.py).
+RANGED_FIELDS = {"Content-Type": "application/x-gzip", "Cache-Control": "max-age=600", "Content-MD5": "m",
+                 "x-amz-checksum-crc32": "c"}
+# A field the fast path does not accept: the same request, answered by the aiohttp handler.
+TO_HANDLER = "X-Test-Path: handler\r\n"
+
+
+def _answer(head: bytes) -> tuple[int, list[tuple[str, str]]]:
+    """Status and fields of a response head, in a comparable form (names lowered, sorted), without Date,
+    which is the time of the answer on the handler's path."""
+    lines = head.decode("latin-1").split("\r\n")
+    fields = [(k.lower(), v) for k, _, v in (line.partition(": ") for line in lines[1:] if line)]
+    return int(lines[0].split(" ")[1]), sorted(f for f in fields if f[0] != "date")
+
+
+async def _asked_both_ways(node, request_fields: str, *, method: str = "GET"):
+    """The same request on the fast path and, with TO_HANDLER added, through aiohttp: each answer's
+    (status, fields, body) and its request_completed line."""
+    answers, lines = [], []
+    for extra in ("", TO_HANDLER):
+        raw = f"{method} {PATH} HTTP/1.1\r\nHost: {HOST}\r\n{request_fields}{extra}\r\n".encode()
+        with capture_logs() as logs:
+            [(head, body)] = await exchange(node.server.port, raw, methods=(method,))
+            await until(logged(logs, "request_completed"))
+        answers.append((*_answer(head), body))
+        lines.append(next(e for e in logs if e["event"] == "request_completed"))
+    return answers, lines
+
+
+@pytest.mark.parametrize("method,value,expect", [
+    ("GET", "bytes=0-99", (0, 100)),
+    ("GET", "bytes=1000-", (1000, len(RANGED) - 1000)),
+    ("GET", "bytes=-10", (len(RANGED) - 10, 10)),
+    ("GET", "bytes=-999999", (0, len(RANGED))),  # a suffix longer than the object: all of it, as a 206
+    ("GET", "bytes=257000-999999", (257000, 24)),  # an end past the object's: up to its last byte
+    ("GET", "bytes=0-0", (0, 1)),
+    ("HEAD", "bytes=100-199", (100, 100)),
+])
+async def test_one_range_is_answered_by_the_fast_path_exactly_as_by_the_handler(
+        origin, make_node, session, method, value, expect):
+    """Status, Content-Range, Content-Length, every stored and cache field, and the body are the handler's;
+    the access log says 206 with the range's bytes on both paths."""
+    node = await _warm(origin, make_node, session, RANGED, headers=RANGED_FIELDS)
+    (fast, slow), (fast_line, slow_line) = await _asked_both_ways(node, f"Range: {value}\r\n", method=method)
+    start, length = expect
+    status, fields, body = fast
+    assert (status, body) == (206, RANGED[start:start + length] if method == "GET" else b"")
+    assert ("content-range", f"bytes {start}-{start + length - 1}/{len(RANGED)}") in fields
+    assert ("content-length", str(length)) in fields and ("x-nezha-cache", "hit") in fields
+    assert not {"content-md5", "x-amz-checksum-crc32"} & {name for name, _ in fields}
+    assert fast == slow
+    assert fast_line.get("fast") is True and "fast" not in slow_line
+    for line in (fast_line, slow_line):
+        assert (line["status"], line["cache"], line["bytes"]) == (206, "hit", length if method == "GET" else 0)
+    assert origin.requests[PATH] == 1
+
+
+@pytest.mark.parametrize("value,status", [
+    ("bytes=300000-", 416),  # past the end: the handler's 416
+    ("bytes=-0", 416),
+    ("bytes=0-1,5-6", 200),  # several ranges: the handler's whole object
+    ("bytes=5-3", 200),  # not a range (RFC 9110 §14.1.1): ignored
+    ("items=0-1", 200),
+    ("bytes= 0-1", 206),  # a form the fast path leaves to the handler's parser
+])
+async def test_a_range_the_fast_path_does_not_answer_goes_to_the_handler_unchanged(
+        origin, make_node, session, value, status):
+    node = await _warm(origin, make_node, session, RANGED, headers=RANGED_FIELDS)
+    (fast, slow), (fast_line, _) = await _asked_both_ways(node, f"Range: {value}\r\n")
+    assert fast[0] == status and "fast" not in fast_line
+    assert fast == slow
+    if status == 416:
+        assert ("content-range", f"bytes */{len(RANGED)}") in fast[1]
+
+
+@pytest.mark.parametrize("if_range,status", [
+    ("{etag}", 206),  # the stored strong ETag: the range applies
+    ('"other"', 200),  # another version: the whole object
+    ("W/{etag}", 200),  # a weak ETag never lets a range apply
+    ("Wed, 01 Jan 2025 00:00:00 GMT", 206),  # exactly the stored Last-Modified
+    ("Wed, 01 Jan 2025 00:00:01 GMT", 200),
+    ("not a date", 200),
+])
+async def test_if_range_on_the_fast_path_follows_the_handlers_rule(origin, make_node, session, if_range, status):
+    node = await _warm(origin, make_node, session, RANGED, headers=RANGED_FIELDS)
+    value = if_range.format(etag=origin.etags[PATH])
+    (fast, slow), (fast_line, slow_line) = await _asked_both_ways(node, f"Range: bytes=10-19\r\nIf-Range: {value}\r\n")
+    assert fast[0] == status and fast[2] == (RANGED[10:20] if status == 206 else RANGED)
+    assert fast == slow
+    assert fast_line.get("fast") is True and fast_line["status"] == slow_line["status"] == status
+
+
+async def test_ranges_beyond_one_sendfile_leave_whole_from_their_offsets_pipelined_with_plain_hits(
+        origin, make_node, session):
+    """A range larger than the socket takes at once is finished by sendfile_rest from the range's offset,
+    never from the file's start; the requests queued behind it follow in order."""
+    body = (bytes(range(251)) * (16 * 1024 * 1024 // 251 + 1))[:16 * 1024 * 1024]
+    node = await _warm(origin, make_node, session, body)
+    ask = f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n".encode()
+    spans = [(1_000_003, 7_000_000), (len(body) - 5_000_000, 5_000_000), (3, 1)]
+    raw = b"".join(ask + b"Range: bytes=%d-%d\r\n\r\n" % (s, s + n - 1) for s, n in spans[:2])
+    raw += ask + b"\r\n" + ask + b"Range: bytes=3-3\r\n\r\n"
+    got = await exchange(node.server.port, raw, responses=4, timeout=30)
+    assert [(head.split(b" ")[1], hashlib.sha256(b).hexdigest()) for head, b in got] == [
+        (b"206", hashlib.sha256(body[s:s + n]).hexdigest()) for s, n in spans[:2]] + [
+        (b"200", hashlib.sha256(body).hexdigest()), (b"206", hashlib.sha256(body[3:4]).hexdigest())]
+
+
+def _counted(text: str) -> dict[str, float]:
+    """The /metrics samples a hit moves: requests by outcome, hits, bytes served, time to first byte."""
+    wanted = ("nezha_requests_total{", "nezha_cache_hits_total", "nezha_bytes_served_total",
+              "nezha_bytes_served_by_source_total{", "nezha_time_to_first_byte_seconds_count{")
+    return {name: float(value) for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+            if name.startswith(wanted)}
+
+
+async def test_ranged_hits_on_the_fast_path_are_counted_as_the_handler_counts_them(origin, make_node, session):
+    """Ten ranged hits count the same on /metrics, whichever path answered them: each once, with its bytes."""
+    node = await _warm(origin, make_node, session, RANGED)
+
+    async def scrape() -> dict[str, float]:
+        return _counted(await (await session.get(node.url + "/metrics")).text())
+
+    before = await scrape()
+    deltas = []
+    for extra in ("", TO_HANDLER):
+        asks = b"".join(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\nRange: bytes={i * 1000}-{i * 1000 + 499}\r\n"
+                        f"{extra}\r\n".encode() for i in range(10))
+        with capture_logs() as logs:
+            got = await exchange(node.server.port, asks, responses=10)
+            await until(lambda: len([e for e in logs if e["event"] == "request_completed"]) == 10)
+        assert [b for _, b in got] == [RANGED[i * 1000:i * 1000 + 500] for i in range(10)]
+        assert [e.get("fast", False) for e in logs if e["event"] == "request_completed"] == [not extra] * 10
+        after = await scrape()
+        deltas.append({k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)})
+        before = after
+    assert deltas[0]['nezha_requests_total{cache="hit"}'] == 10
+    assert deltas[0]['nezha_bytes_served_by_source_total{source="disk"}'] == 5000
+    assert deltas[0] == deltas[1]

@@ -403,13 +403,15 @@ async def test_with_two_workers_both_make_handshakes_and_every_https_answer_is_e
             assert found, name
             return float(found.group(1))
 
-        async def kept_alive_get(path: str) -> tuple[bytes, bytes]:
+        async def kept_alive_get(path: str, second: str = "") -> tuple[bytes, bytes]:
             """Two GETs on one TLS connection without `Connection: close`, as
-            curl sends them: plain requests, the fast path's. The second's answer."""
+            curl sends them: plain requests, the fast path's (the second with
+            the fields `second`, a range). The second's answer."""
             reader, writer = await asyncio.open_connection("127.0.0.1", node.tls_port, ssl=ctx, server_hostname=NAME)
             try:
-                for _ in range(2):
-                    writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nUser-Agent: curl/8\r\n\r\n".encode())
+                for extra in ("", second):
+                    writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nUser-Agent: curl/8\r\n{extra}\r\n"
+                                 .encode())
                     head, body = await asyncio.wait_for(read_response(reader), 20)
             finally:
                 writer.close()
@@ -434,3 +436,18 @@ async def test_with_two_workers_both_make_handshakes_and_every_https_answer_is_e
         assert await metric("nezha_worker_handovers_total") > handed
         assert await metric('nezha_tls_connections_total{outcome="terminated"}') == 32
         assert await metric('nezha_requests_total{cache="hit"}') == 31
+
+        # A range over TLS: the follower reads it from its offset and writes it through TLS itself.
+        served = len(node.events())
+
+        def ranged_fast() -> list[dict]:
+            return [e for e in node.events()[served:] if e.get("event") == "request_completed" and e.get("fast")
+                    and e.get("status") == 206]
+
+        for i in range(40):  # until the kernel has given the follower some (each connection: either worker)
+            head, body = await kept_alive_get("/data.bin", second=f"Range: bytes={1_000_003 + i}-4000000\r\n")
+            assert head.startswith(b"HTTP/1.1 206") and body == BODY[1_000_003 + i:4_000_001]
+            if i >= 7 and ranged_fast():
+                break
+        assert ranged_fast() and {e["worker"] for e in ranged_fast()} == {1}
+        assert await metric('nezha_requests_total{cache="hit"}') == 31 + 2 * (i + 1)

@@ -202,6 +202,54 @@ async def test_metrics_count_every_request_once_whichever_worker_served_it(worke
     assert served_by == {0, 1}, f"fast hits served by workers {served_by}: both should have served some"
 
 
+async def test_ranged_reads_on_both_workers_are_answered_where_they_land_and_counted_once(
+        workers_node, origin, session):
+    """Multipart downloads read in ranges: a follower answers its own (206 from its fast path), handing no
+    connection to the primary, and the primary counts each once, with its bytes."""
+    origin.put("/ranged.bin", BIG, headers={"Cache-Control": "max-age=3600"})
+    node = workers_node()
+    await node.wait_serving()
+    assert (await get(session, node, "/ranged.bin"))[1] == BIG  # the fill
+
+    async def ranged(rng: str) -> tuple[int, bytes, int | None]:
+        """One ranged GET on a connection of its own: status, body, and the pid of the worker holding the
+        connection while the answer comes (the one it landed on, unless that one handed it over); None
+        for a body small enough to have come whole with the head."""
+        async with aiohttp.ClientSession(auto_decompress=False) as own:
+            async with own.get(node.url + "/ranged.bin", headers={"Host": HOST, "Range": rng}) as r:
+                conn = r.connection
+                pid = None if conn is None else serving_pid(node.port, conn.transport.get_extra_info("sockname")[1])
+                return r.status, await r.read(), pid
+
+    # Until the follower's copy of the index has the object (it hears of the store a moment after the fill).
+    for _ in range(200):
+        assert (await ranged("bytes=0-0"))[:2] == (206, BIG[:1])
+        if any(e.get("worker") == 1 and e.get("fast") for e in node.events("request_completed")):
+            break
+    else:
+        raise AssertionError("the follower never answered a hit:\n" + node.log.read_text()[-4000:])
+    # One connection for every scrape: handed over at most once, before the first count is read.
+    await node.metric(session, "nezha_worker_handovers_total")
+    handed = await node.metric(session, "nezha_worker_handovers_total")
+    hits = await node.metric(session, 'nezha_requests_total{cache="hit"}')
+    disk = await node.metric(session, 'nezha_bytes_served_by_source_total{source="disk"}')
+
+    size, mib = len(BIG), 1024 * 1024
+    spans = [(i * 700_001 % (size - mib), mib) for i in range(30)] + [(size - 12_345, 12_345)] * 5
+    asks = [f"bytes={s}-{s + n - 1}" for s, n in spans[:30]] + ["bytes=-12345"] * 3 + [f"bytes={size - 12_345}-"] * 2
+    answers = [await ranged(a) for a in asks]
+    assert [(status, body) for status, body, _ in answers] == [(206, BIG[s:s + n]) for s, n in spans]
+    assert {pid for _, _, pid in answers} - {None} == {node.pid(0), node.pid(1)}, "both should have answered some"
+
+    assert await node.metric(session, "nezha_worker_handovers_total") == handed
+    assert await node.metric(session, 'nezha_requests_total{cache="hit"}') == hits + len(asks)
+    assert await node.metric(session, 'nezha_bytes_served_by_source_total{source="disk"}') == disk + sum(
+        n for _, n in spans)
+    # Each worker logs what it served (lines of one kind in a burst are summed up as log_repeated).
+    assert {e["worker"] for e in node.events("request_completed") if e.get("status") == 206
+            and e["bytes"] > 1 and e.get("fast")} == {0, 1}
+
+
 async def test_a_follower_killed_mid_fill_is_restarted_and_the_fill_completes_for_every_client(
         workers_node, origin, session):
     origin.put("/slow.bin", BIG, headers={"Cache-Control": "max-age=3600"}, rate=4 * 1024 * 1024)

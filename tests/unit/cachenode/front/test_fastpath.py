@@ -3,7 +3,8 @@
 import pytest
 
 from cachenode.front import fastpath
-from cachenode.front.fastpath import PlainRequest, parse_plain, plain_request
+from cachenode.front.fastpath import PlainRequest, parse_plain, partial_head, plain_request, wanted_range
+from cachenode.store.objects import Meta
 
 GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
 
@@ -15,6 +16,10 @@ PLAIN = [
     # A child node asking its parent tier: the marker, and Via beside it.
     GET + b"X-Nezha-From-Child: 1\r\nVia: 1.1 sidecar\r\nAccept: */*\r\n\r\n",
     GET + b"X-Nezha-From-Child: 1\r\n\r\n",
+    # One byte range, in the forms multipart downloads send, with or without If-Range.
+    GET + b"Range: bytes=0-1\r\n\r\n",
+    GET + b"range:bytes=100-  \r\nUser-Agent: aws-cli/2\r\n\r\n",
+    GET + b"Range: bytes=-500\r\nIf-Range: \"abc\"\r\n\r\n",
 ]
 
 
@@ -30,7 +35,14 @@ def test_an_incomplete_head_asks_for_more_bytes():
 
 
 NOT_PLAIN = [
-    GET + b"Range: bytes=0-1\r\n\r\n",
+    # Ranges the handler judges: several, another unit, spaces inside, no number, two Range fields.
+    GET + b"Range: bytes=0-1,5-6\r\n\r\n",
+    GET + b"Range: items=0-1\r\n\r\n",
+    GET + b"Range: bytes = 0-1\r\n\r\n",
+    GET + b"Range: bytes=-\r\n\r\n",
+    GET + b"Range: bytes=0-1\r\nRange: bytes=2-3\r\n\r\n",
+    GET + b"Range: bytes=0-1\r\nIf-Range: \"a\"\r\nIf-Range: \"b\"\r\n\r\n",
+    GET + b"Range: bytes=1234567890123456789-\r\n\r\n",
     GET + b"If-None-Match: \"x\"\r\n\r\n",
     GET + b"Authorization: Bearer t\r\n\r\n",
     GET + b"Cookie: a=b\r\n\r\n",
@@ -84,3 +96,72 @@ def test_remembered_heads_stay_bounded_in_count_and_size():
         plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\n\r\n" % i))
     assert 0 < len(fastpath._JUDGED) <= fastpath._JUDGED_MAX
     assert sum(map(len, fastpath._JUDGED)) <= fastpath._JUDGED_MAX * fastpath._JUDGED_HEAD_MAX
+    fastpath._JUDGED_RANGED.clear()
+    for i in range(fastpath._JUDGED_MAX + 10):  # ranged heads of as many objects
+        plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\nRange: bytes=%d-\r\n\r\n" % (i, i)))
+    assert 0 < len(fastpath._JUDGED_RANGED) <= fastpath._JUDGED_MAX
+
+
+def test_a_range_and_if_range_are_read_with_the_head():
+    req = parse_plain(GET + b"Range:  bytes=100-199 \r\nIf-Range: \"e\"\r\n\r\n")
+    assert (req.range, req.if_range) == ("bytes=100-199", '"e"')
+    assert parse_plain(GET + b"\r\n").range is None
+
+
+def test_heads_differing_only_in_their_range_are_remembered_once_each_with_its_own_range():
+    """A loader reading one object in ten thousand ranges leaves one entry, and each request gets its range
+    and its head's length, exactly as parse_plain reads them."""
+    fastpath._JUDGED_RANGED.clear()
+    for start in range(0, 10_000_000, 1000):
+        raw = GET + b"Range: bytes=%d-%d\r\nAccept: */*\r\n\r\n" % (start, start + 999)
+        req = plain_request(bytearray(raw + b"GET /next"))
+        assert req == parse_plain(raw) and req.range == f"bytes={start}-{start + 999}"
+    assert len(fastpath._JUDGED_RANGED) == 1
+
+
+def test_a_remembered_ranged_head_does_not_lend_its_verdict_to_another_head():
+    """The range is left out of what is remembered, nothing else: a head that differs elsewhere is judged anew."""
+    fastpath._JUDGED.clear()
+    fastpath._JUDGED_RANGED.clear()
+    assert isinstance(plain_request(bytearray(GET + b"Range: bytes=0-1\r\n\r\n")), PlainRequest)
+    assert plain_request(bytearray(GET + b"Range: bytes=0-1\r\nCookie: a=b\r\n\r\n")) is False
+    assert plain_request(bytearray(GET + b"Range: bytes=0-1,3-4\r\n\r\n")) is False
+    # The first head with its range cut out: a head of its own, with an empty Range, not plain.
+    assert plain_request(bytearray(GET + b"Range: \r\n\r\n")) is False
+    assert isinstance(plain_request(bytearray(GET + b"Range: bytes=7-\r\n\r\n")), PlainRequest)
+
+
+ETAG = '"v1"'
+LM = "Wed, 01 Jan 2025 00:00:00 GMT"
+META = Meta(key="k", url="u", host="h", size=1000, headers=(("ETag", ETAG), ("Last-Modified", LM)),
+            stored_at=0.0, expires_at=1.0)
+
+
+@pytest.mark.parametrize("rng,if_range,expect", [
+    (None, None, None),
+    ("bytes=0-99", None, (0, 100)),
+    ("bytes=990-", None, (990, 10)),
+    ("bytes=-10", None, (990, 10)),
+    ("bytes=-5000", None, (0, 1000)),
+    ("bytes=900-5000", None, (900, 100)),
+    ("bytes=1000-", None, False),  # unsatisfiable: the handler's 416
+    ("bytes=-0", None, False),
+    ("bytes=5-3", None, False),  # ignored there: the handler's whole object
+    ("bytes=0-99", ETAG, (0, 100)),
+    ("bytes=0-99", '"v2"', None),  # another version: the whole object
+    ("bytes=0-99", "W/" + ETAG, None),
+    ("bytes=0-99", LM, (0, 100)),
+    ("bytes=0-99", "Wed, 01 Jan 2025 00:00:01 GMT", None),
+    (None, ETAG, None),
+])
+def test_wanted_range_is_what_the_handler_would_send(rng, if_range, expect):
+    req = PlainRequest("GET", "/o", "h", 40, rng, if_range)
+    assert wanted_range(req, META) == expect
+
+
+def test_a_partial_head_leaves_off_the_whole_bodys_length_and_digests_and_keeps_the_rest():
+    head = (b"HTTP/1.1 200 OK\r\nETag: \"v1\"\r\nContent-MD5: m\r\nx-amz-checksum-sha256: s\r\n"
+            b"Repr-Digest: r\r\nVia: 1.1 n\r\nX-Nezha-Cache: hit\r\nContent-Length: 1000\r\n")
+    assert partial_head(head) == (b"HTTP/1.1 206 Partial Content\r\nETag: \"v1\"\r\nRepr-Digest: r\r\n"
+                                  b"Via: 1.1 n\r\nX-Nezha-Cache: hit\r\n")
+    assert partial_head(head) is partial_head(head)  # made once per stored head
