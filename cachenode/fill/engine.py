@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Coroutine, Any, Mapping, Protocol
 
 import aiohttp
 import structlog
@@ -65,6 +65,10 @@ NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if
                            "if-unmodified-since"})
 
 
+async def _no_chunks(key: str) -> int:
+    return 0
+
+
 class Peers(Protocol):
     """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
 
@@ -99,6 +103,10 @@ class FillEngine:
         # over (set by the request handler, which holds the cluster view): a
         # node alone stores every object whole, as chunking would gain it nothing.
         self.chunks_spread: Callable[[], bool] = lambda: False
+        # Removes the chunks of an object stored here, of every version and
+        # chunk size, and lets no chunk fill under way keep one; how many went
+        # (set by the request handler: front/chunked.py `ChunkReads.drop_chunks`).
+        self.forget_chunks: Callable[[str], Awaitable[int]] = _no_chunks
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -117,6 +125,9 @@ class FillEngine:
                 self.counts.gone(meta)
                 log.info("object_invalidated", key=key, reason=why)
                 removed += 1
+            # A chunked object's chunks may be here although its manifest is
+            # not (it lives on the key's owners): each node drops its own.
+            removed += await self.forget_chunks(key)
         return removed
 
     def revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,

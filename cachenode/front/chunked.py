@@ -520,10 +520,45 @@ class ChunkReads:
             self._filling[ckey] = task
 
             def done(_: asyncio.Task) -> None:
-                self._filling.pop(ckey, None)
-                self._writing.pop(ckey, None)
+                if self._filling.get(ckey) is task:  # not a fill started after this one was superseded
+                    del self._filling[ckey]
+                    self._writing.pop(ckey, None)
             task.add_done_callback(done)
         return task
+
+    async def drop_chunks(self, key: str) -> int:
+        """Remove every chunk of the object `key` stored here, whatever its
+        chunk size or version: the object was invalidated (a write, the
+        invalidation broadcast, a chunk of another version), and its chunks
+        would otherwise hold disk until LRU eviction. A chunk fill of it under
+        way is let finish (a peer may be reading it as it grows) but what it
+        commits is removed. How many chunks went."""
+        for ckey, task in list(self._filling.items()):
+            found = chunk_of(ckey)
+            if found is not None and found[0] == key:
+                del self._filling[ckey]
+                self._writing.pop(ckey, None)
+                task.add_done_callback(self._drop_late)
+        removed = 0
+        for ckey in self.store.chunks_of(key):
+            for meta in await self.store.remove(ckey):
+                self.counts.gone(meta)
+                removed += 1
+        if removed:
+            log.info("chunks_invalidated", key=key, chunks=removed)
+        return removed
+
+    def _drop_late(self, task: asyncio.Task) -> None:
+        """A chunk fill superseded by its object's invalidation finished: remove what it committed."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        meta: Meta = task.result()
+
+        async def drop() -> None:
+            if await self.store.remove_one(meta):
+                self.counts.gone(meta)
+                log.info("chunk_dropped", key=meta.key, reason="its object was invalidated while it filled")
+        self.spawn(drop())
 
     async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
                     validator: Validator, source: Peer | None = None) -> Meta:

@@ -101,6 +101,7 @@ class Handler:
                                  forget=self._forget_changed, spawn=engine.spawn)
         respond.chunk_body = self.chunks.send
         engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
+        engine.forget_chunks = self.chunks.drop_chunks
         handoff.chunk_handoff = self.chunks.hand_off
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,

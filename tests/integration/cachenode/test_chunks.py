@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 from collections import Counter
@@ -63,6 +64,15 @@ def chunk_bytes(nodes) -> dict[str, int]:
             if found is not None and found[0] == KEY:
                 held[nid] += meta.size
     return dict(held)
+
+
+def chunk_files(nodes) -> dict[str, list[str]]:
+    """Per node, the keys of KEY's chunks whose meta is on its disk (what a restart would load)."""
+    held = {}
+    for nid, nd in nodes.items():
+        keys = [json.loads(p.read_text())["key"] for p in (nd.node.store.root / "objects").rglob("*.meta")]
+        held[nid] = sorted(k for k in keys if (chunk_of(k) or ("",))[0] == KEY)
+    return held
 
 
 async def read(node, session, headers=None) -> tuple[int, CIMultiDict, str, int]:
@@ -163,7 +173,8 @@ async def test_chunking_off_stores_the_object_whole(origin, cluster, session):
 async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mixed(origin, cluster, session):
     """Chunk 0 is stored; the origin then replaces the object. A read that needs chunk 0 and chunk 1 finds
     chunk 1 of another version (its ETag): the client's body breaks rather than end in the new bytes, no chunk
-    of the new version is stored under the old manifest, and the next read is the new object, whole."""
+    of the new version is stored under the old manifest, the old version's chunks are removed from every
+    node, and the next read is the new object, whole."""
     put(origin)
     nodes, _ = await cluster(4, **CHUNKED)
     reader = next(iter(nodes.values()))
@@ -178,6 +189,7 @@ async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mi
         for meta in nd.node.store.metas():
             found = chunk_of(meta.key)
             assert found is None or meta.etag != origin.etags[PATH], "a chunk of the new version was stored"
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}, "the old version's chunks were removed everywhere"
     status, headers, digest, n = await read(reader, session)
     assert (status, n, digest) == (200, SIZE, sha(new))
     assert headers["ETag"] == origin.etags[PATH]
@@ -397,3 +409,77 @@ async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluste
         await nd.node.settled()
     assert len(temps) == 1 + SIZE // CHUNK
     assert all(t.read_fd == -1 and t.fd == -1 for t in temps)
+
+
+@pytest.mark.parametrize("write", ["PUT", "POST"])
+async def test_a_write_to_a_chunked_object_removes_its_chunks_from_every_node_and_the_index(
+        origin, cluster, session, redis_server, write):
+    """R = 2, a real redis-server. The object's chunks sit on every node and the index names each chunk's two
+    holders. A successful write through a node that holds neither the manifest nor every chunk invalidates the
+    object: every node removes its chunks (not only the key's owners, which hold the manifest), their files
+    go, the index names no holder, and each node's stored bytes are what they were before the object came."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, redis_url=redis_server.url, **CHUNKED)
+    before = {nid: nd.node.store.used_bytes for nid, nd in nodes.items()}
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    ckeys = [chunk_key(KEY, i, CHUNK) for i in range(layout.count)]
+    owners, others = owner_and_other(nodes, PATH, replicas=2)
+    status, _, digest, n = await read(nodes[others[0]], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    assert sum(len(k) for k in chunk_files(nodes).values()) == 2 * layout.count, "each chunk on both its owners"
+    for nd in nodes.values():
+        assert await nd.node.index.flush()
+    table = place(members.ring(), KEY, layout, 2)
+    assert [sorted(await nodes["n0"].node.index.locations(k)) for k in ckeys] == [sorted(o) for o in table]
+    with capture_logs() as logs:
+        async with session.request(write, nodes[others[1]].url + PATH, data=b"new bytes",
+                                   headers={"Host": HOST}) as r:
+            assert r.status in (200, 201, 204), await r.text()
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}
+    assert all(nd.node.store.chunks_of(KEY) == [] and KEY not in nd.node.store for nd in nodes.values())
+    assert {nid: nd.node.store.used_bytes for nid, nd in nodes.items()} == before
+    dropped = Counter()
+    for e in logs:
+        if e.get("event") == "chunks_invalidated":
+            dropped[e["key"]] += e["chunks"]
+    assert dropped == {KEY: 2 * layout.count}
+    for nd in nodes.values():
+        await nd.node.settled()
+        assert await nd.node.index.flush()
+    assert [await nodes["n0"].node.index.locations(k) for k in ckeys] == [set()] * layout.count
+    assert await nodes["n0"].node.index.locations(KEY) == set()
+
+
+async def test_a_store_finds_an_objects_chunks_after_a_restart_and_forgets_evicted_ones(tmp_path):
+    """`Store.chunks_of`, what invalidation removes, is rebuilt from disk at start-up (chunks stored before a
+    restart are removed too) and follows evictions and removals: of every chunk size, never another key's."""
+    import time as _time
+
+    from cachenode.store.disk import Store
+    from cachenode.store.objects import Meta
+
+    async def stored(store, key, size):
+        temp = await store.new_temp()
+        await store.write(temp, b"c" * size)
+        now = _time.time()
+        await store.commit(temp, Meta(key=key, url=KEY, host=HOST, size=0, headers=(("ETag", '"v1"'),),
+                                      stored_at=now, expires_at=now + 3600, length=SIZE))
+
+    store = Store(tmp_path / "s", capacity=10_000)
+    await store.open()
+    small = [chunk_key(KEY, i, 1000) for i in range(3)]
+    other = [chunk_key(KEY, 0, 2000), chunk_key(KEY + "x", 0, 1000)]
+    for key in small + other:
+        await stored(store, key, 1000)
+    await store.idle()
+    restarted = Store(tmp_path / "s", capacity=10_000)
+    await restarted.open()
+    assert restarted.chunks_of(KEY) == sorted(small + other[:1])
+    assert restarted.chunks_of(KEY + "x") == [other[1]]
+    await restarted.remove(small[1])
+    for key in other:
+        restarted.lookup(key)  # used last: the two left of `small` are evicted first
+    restarted.reserve(7_500)  # 1,500 bytes over: two objects of 1,000 go
+    assert restarted.chunks_of(KEY) == [other[0]]
+    await restarted.idle()
