@@ -17,7 +17,9 @@ out by sendfile: nothing holds a chunk in memory. A source that breaks off
 mid-chunk is resumed from the same byte elsewhere (`_write`).
 
 Filling (`ChunkReads.local_chunk`): one fill per chunk per node however many
-ask, read to the chunk's file and committed before it is served. A chunk is
+ask, read to the chunk's file; its readers (a peer's chunk request, or this
+node's own client when it is the chunk's filling owner) are sent its bytes
+as they land (`_send_tail`), and later ones read the committed file. A chunk is
 filled from the origin by its first live owner only, with `Range` +
 `If-Range` on the manifest's strong validator; an owner behind it copies it
 from an owner ahead (pushed there after the origin fill, `_push`). An origin
@@ -151,16 +153,20 @@ class _Opened:
     origin's answer (`response`), or a file of this node's store (`meta`)."""
 
     def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
-                 meta: Meta | None = None, source: str, peer: Peer | None = None) -> None:
+                 meta: Meta | None = None, growing: "_Tail | None" = None, source: str,
+                 peer: Peer | None = None) -> None:
         self.piece = piece
         self.response = response
         self.meta = meta
+        self.growing = growing  # a chunk this node is filling now, read as it grows
         self.source = source
         self.peer = peer  # the owner answering, when it is a peer
 
     def close(self) -> None:
         if self.response is not None:
             self.response.release()
+        if self.growing is not None:
+            self.growing.close()
 
 
 @dataclass
@@ -173,6 +179,25 @@ class _Growing:
     validator: Validator
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
+
+
+class _Tail:
+    """One reader of a chunk being written here (`_Growing`): its own
+    descriptor of the temp file, taken at once, for the fill closes its own
+    when it ends and the file's name changes (commit) or goes (failure)."""
+
+    def __init__(self, growing: _Growing) -> None:
+        self.growing = growing
+        self.file = os.fdopen(os.dup(growing.temp.read_fd), "rb")
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "_Tail":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class ChunkReads:
@@ -221,7 +246,9 @@ class ChunkReads:
                 ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
                                                               owners[piece.index])))
 
-        async def reopen(rest: Piece, broke: Peer | None) -> _Opened:
+        async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> _Opened:
+            if origin_only:
+                return await self._from_origin(self._origin_url(target), layout, validator, rest, key=meta.key)
             others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
             return await self._open(meta, target, layout, validator, rest, others,
                                     owner=any(p.id == self.node_id for p in owners[rest.index]))
@@ -246,7 +273,7 @@ class ChunkReads:
                     result.close()
 
     async def _write(self, request: web.Request, resp: web.StreamResponse, opened: _Opened, *,
-                     reopen: Callable[[Piece, Peer | None], Awaitable[_Opened]]) -> None:
+                     reopen: Callable[[Piece, Peer | None, bool], Awaitable[_Opened]]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down and the
         rest of the piece is asked again, of the chunk's other owners or
@@ -264,6 +291,22 @@ class ChunkReads:
                     with f:
                         await self.send_file(request, resp, f, piece.offset + sent, piece.length - sent)
                     return
+                if opened.growing is not None:
+                    # This node is filling the chunk: its bytes go out as they land, not once it is whole.
+                    sent += await self._send_tail(request, resp, opened.growing, piece.offset + sent,
+                                                  piece.length - sent)
+                    if sent == piece.length:
+                        return
+                    log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
+                                reason=f"its fill here ended after {sent} of {piece.length} bytes",
+                                resume=attempt < RESUMES)
+                    opened.close()
+                    if attempt == RESUMES:
+                        raise BrokenStream(f"{opened.source} ended early, and no other source finished it")
+                    # As when this node's fill fails before a byte is read: the rest from the origin, unstored.
+                    opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
+                                                length=piece.length - sent), None, True)
+                    continue
                 answer = opened.response
                 assert answer is not None
 
@@ -296,7 +339,7 @@ class ChunkReads:
                 if attempt == RESUMES:
                     raise BrokenStream(f"{opened.source} {why}, and no other source finished it")
                 opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
-                                            length=piece.length - sent), opened.peer)
+                                            length=piece.length - sent), opened.peer, False)
         finally:
             opened.close()
 
@@ -330,14 +373,16 @@ class ChunkReads:
                 return opened
         if mine:
             try:
-                stored = await self.local_chunk(key=meta.key, url=url, target=target, layout=layout,
-                                                index=piece.index, validator=validator)
+                here = await self._stored_or_growing(key=meta.key, url=url, target=target, layout=layout,
+                                                     index=piece.index, validator=validator)
             except ChunkChanged:
                 raise
             except FillAborted as e:  # the fill broke off: this read takes the piece from the origin itself
                 log.warning("chunk_fill_failed", key=ckey, error=str(e))
                 return await self._from_origin(url, layout, validator, piece, key=meta.key)
-            return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
+            if isinstance(here, _Tail):
+                return _Opened(piece, growing=here, source=f"chunk {ckey} filling here")
+            return _Opened(piece, meta=here, source=f"chunk {ckey} here")
         log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
         return await self._from_origin(url, layout, validator, piece, key=meta.key)
 
@@ -408,23 +453,16 @@ class ChunkReads:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
         start, count = asked if asked else (0, size)
         try:
-            stored = self.held(key, spec.index, layout, spec.validator)
-            if stored is None:
-                task = self._fill_task(key=key, url=url, target=target, layout=layout, index=spec.index,
-                                       validator=spec.validator, source=spec.source)
-                ckey = chunk_key(key, spec.index, layout.chunk_size)
-                writing = self._writing.get(ckey)
-                if writing is not None and request.method == "GET":
-                    waiter = asyncio.ensure_future(writing.wait())
-                    try:
-                        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiter.cancel()
-                growing = self._growing.get(ckey)
-                if growing is not None and growing.validator == spec.validator and request.method == "GET":
-                    return await self._send_growing(request, growing, start=start, count=count, size=size,
-                                                    ranged=bool(asked))
-                stored = await asyncio.shield(task)
+            if request.method == "GET":
+                here = await self._stored_or_growing(key=key, url=url, target=target, layout=layout,
+                                                     index=spec.index, validator=spec.validator, source=spec.source)
+            else:  # HEAD: a replica's copy, answered once it is whole here
+                here = await self.local_chunk(key=key, url=url, target=target, layout=layout, index=spec.index,
+                                              validator=spec.validator, source=spec.source)
+            if isinstance(here, _Tail):
+                return await self._send_growing(request, here, start=start, count=count, size=size,
+                                                ranged=bool(asked))
+            stored = here
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError as e:
@@ -450,45 +488,46 @@ class ChunkReads:
         self.counts.accessed(stored.key)
         return resp
 
-    async def _send_growing(self, request: web.Request, growing: _Growing, *, start: int, count: int, size: int,
+    async def _send_growing(self, request: web.Request, tail: _Tail, *, start: int, count: int, size: int,
                             ranged: bool) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
         sent as they land. If its fill fails first, the connection is cut:
         the asking node resumes from that byte elsewhere (`_write`)."""
-        resp = ExactResponse(status=206 if ranged else 200)
-        if ranged:
-            resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
-        resp.headers[SERVED_BY_HEADER] = self.node_id
-        resp.content_length = count
-        fd = os.dup(growing.temp.read_fd)
-        loop = asyncio.get_running_loop()
-        sent = 0
-        try:
+        with tail:
+            resp = ExactResponse(status=206 if ranged else 200)
+            if ranged:
+                resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+            resp.headers[SERVED_BY_HEADER] = self.node_id
+            resp.content_length = count
             await resp.prepare(request)
-            while sent < count:
-                at = start + sent
-                ready = min(growing.temp.written - at, count - sent, self.settings.read_size)
-                if ready <= 0:
-                    if growing.ended:
-                        break  # the fill failed (or was cut) before these bytes
-                    growing.moved.clear()
-                    await growing.moved.wait()
-                    continue
-                data = await loop.run_in_executor(None, os.pread, fd, ready, at)
-                if not data:
-                    break
-                await resp.write(data)
-                sent += len(data)
+            sent = await self._send_tail(request, resp, tail, start, count)
+            access(request).bytes = sent
             if sent < count:
                 log.warning("chunk_fill_broke", key=access(request).key, sent=sent, wanted=count)
                 if request.transport is not None:
                     request.transport.close()
                 return resp
             await resp.write_eof()
-        finally:
-            os.close(fd)
-        access(request).bytes = sent
         return resp
+
+    async def _send_tail(self, request: web.Request, resp: web.StreamResponse, tail: _Tail, start: int,
+                         count: int) -> int:
+        """Write bytes [start, start + count) of a chunk being filled here to
+        `resp` as the fill writes them (by sendfile from its temp file, as a
+        joiner of a whole object's fill is sent its bytes); how many went:
+        fewer than `count` when the fill ended first, having failed."""
+        growing, sent = tail.growing, 0
+        while sent < count:
+            ready = min(growing.temp.written - (start + sent), count - sent)
+            if ready <= 0:
+                if growing.ended:
+                    break  # the fill failed (or was cut) before these bytes
+                growing.moved.clear()
+                await growing.moved.wait()
+                continue
+            await self.send_file(request, resp, tail.file, start + sent, ready)
+            sent += ready
+        return sent
 
     async def local_chunk(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
                           validator: Validator, source: Peer | None = None) -> Meta:
@@ -500,6 +539,31 @@ class ChunkReads:
             return meta
         task = self._fill_task(key=key, url=url, target=target, layout=layout, index=index, validator=validator,
                                source=source)
+        # A reader that goes away leaves the fill running for the others (and the next read).
+        return await asyncio.shield(task)
+
+    async def _stored_or_growing(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                                 validator: Validator, source: Peer | None = None) -> Meta | _Tail:
+        """Chunk `index` of `key` as stored here; else, once this node's fill
+        of it (started if none runs) writes its first byte, that fill to read
+        as it grows, so a reader waits for bytes, not for the whole chunk.
+        Raises what the fill raises when it fails before writing."""
+        stored = self.held(key, index, layout, validator)
+        if stored is not None:
+            return stored
+        task = self._fill_task(key=key, url=url, target=target, layout=layout, index=index, validator=validator,
+                               source=source)
+        ckey = chunk_key(key, index, layout.chunk_size)
+        writing = self._writing.get(ckey)
+        if writing is not None:
+            waiter = asyncio.ensure_future(writing.wait())
+            try:
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        growing = self._growing.get(ckey)
+        if growing is not None and growing.validator == validator:
+            return _Tail(growing)  # its descriptor taken now, before the fill can close its own
         # A reader that goes away leaves the fill running for the others (and the next read).
         return await asyncio.shield(task)
 

@@ -483,3 +483,74 @@ async def test_a_store_finds_an_objects_chunks_after_a_restart_and_forgets_evict
     restarted.reserve(7_500)  # 1,500 bytes over: two objects of 1,000 go
     assert restarted.chunks_of(KEY) == [other[0]]
     await restarted.idle()
+
+
+@pytest.fixture
+async def holding_origin(aiohttp_server):
+    """An origin of BODY that answers ranges as a stream and, for the range starting at `state["hold"]`,
+    sends the first half, sets `state["holding"]` and sends the rest only once `state["release"]` is set."""
+    state = {"hold": None, "holding": asyncio.Event(), "release": asyncio.Event(), "ranges": []}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if m is None:
+            return web.Response(body=BODY, headers=headers)
+        a, b = int(m.group(1)), int(m.group(2))
+        state["ranges"].append(a)
+        resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
+        resp.content_length = b - a + 1
+        await resp.prepare(request)
+        half = a + (b - a + 1) // 2
+        await resp.write(BODY[a:half])
+        if state["hold"] == a:
+            state["holding"].set()
+            await state["release"].wait()
+        await resp.write(BODY[half:b + 1])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", state
+
+
+async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(holding_origin, make_node, tmp_path,
+                                                                           session):
+    """The node a client asks is the owner of the chunk it reads first. The origin sends half of that chunk
+    and holds the rest until released: the client already has the first half (the node sends its own fill's
+    bytes as they land, as it does a peer's), then the whole range, exact, after one origin fetch of the
+    chunk, which is stored."""
+    url, state = holding_origin
+    nodes = {}
+    for i in range(4):
+        # The origin's read timeout outlasts the guard below: a node that waited for the whole chunk would
+        # not give up on the held fill and read the chunk from the origin itself meanwhile.
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", origin_read_timeout=600,
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(len(table)) if table[i][0] == "n0")
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    state["hold"] = a
+    digest = hashlib.sha256()
+    try:
+        async with session.get(nodes["n0"].url + PATH, headers={"Host": HOST, "Range": f"bytes={a}-{b}"}) as r:
+            assert r.status == 206
+            # A guard against a hang, not a timing assert: waiting for the whole chunk, the node would send
+            # no byte of it before the release.
+            first = await asyncio.wait_for(r.content.readexactly(CHUNK // 2), timeout=60)
+            assert state["holding"].is_set() and not state["release"].is_set()
+            digest.update(first)
+            state["release"].set()
+            async for data in r.content.iter_chunked(MiB):
+                digest.update(data)
+    finally:
+        state["release"].set()  # whatever happened, the held answer ends and the nodes can stop
+    assert digest.hexdigest() == sha(BODY[a:b + 1])
+    assert state["ranges"] == [a], "one origin fetch, of that chunk"
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) in nodes["n0"].node.store
