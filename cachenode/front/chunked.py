@@ -353,7 +353,8 @@ class ChunkReads:
 
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
                     piece: Piece, owners: list[Peer], owner: bool | None = None) -> _Opened:
-        """Ask for `piece`: of this node's disk when it holds the chunk; else
+        """Ask for `piece`: of this node's disk when it holds the chunk, owner
+        or not; else
         of the owners ahead of this node in ring order (all of them for a
         non-owner), so a chunk is filled from the origin by its first live
         owner only; else, as an owner, fill it here; else, with no owner
@@ -362,7 +363,9 @@ class ChunkReads:
         ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
         url = self._origin_url(target)
         mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
-        held = self.store.lookup(ckey) if mine else None
+        # Also a chunk this node owned before the ring changed (a scale-up): as a
+        # whole object, a copy a node holds is served to the clients it answers.
+        held = self.store.lookup(ckey)
         if held is not None and validator.mismatch(dict(held.headers)) is None:
             return _Opened(piece, meta=held, source=f"chunk {ckey} here")
         ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)

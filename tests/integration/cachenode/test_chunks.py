@@ -554,3 +554,37 @@ async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(hold
     assert state["ranges"] == [a], "one origin fetch, of that chunk"
     await settled(nodes)
     assert chunk_key(KEY, index, CHUNK) in nodes["n0"].node.store
+
+
+async def test_after_a_scale_up_chunks_are_treated_as_whole_objects_are(origin, make_node, tmp_path, session):
+    """Three nodes hold the object's chunks; a fourth joins the ring. As for whole objects (docs/operations.md,
+    "Scaling up costs some origin fetches"), each chunk whose owner changed is fetched from the origin again by
+    its new owner at its next read, and a copy a node still holds is served by that node to the clients it
+    answers, owner or not: a read through a node that lost chunks to the new ring takes those from its own
+    disk, and the origin sees only the other moved chunks (and the manifest, if the key's owner moved too)."""
+    put(origin)
+    nodes = {f"n{i}": await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", **CHUNKED) for i in range(4)}
+    addresses = {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()}
+    three = Membership(1, {nid: addresses[nid] for nid in ("n0", "n1", "n2")})
+    four = Membership(2, addresses)
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    before, after = place(three.ring(), KEY, layout, 1), place(four.ring(), KEY, layout, 1)
+    moved = [i for i in range(layout.count) if before[i] != after[i]]
+    reader = max(("n0", "n1", "n2"), key=lambda n: sum(before[i] == [n] for i in moved))
+    kept = [i for i in moved if before[i] == [reader]]
+    assert moved and kept, f"this key's chunks moved {moved}; none away from {reader}"
+    for nd in nodes.values():
+        nd.node.cluster.update(three)
+    status, _, digest, n = await read(nodes[reader], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    fetched = origin.requests[PATH]
+    for nd in nodes.values():
+        nd.node.cluster.update(four)
+    status, _, digest, n = await read(nodes[reader], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    manifest_moved = three.ring().owners(KEY, 1) != four.ring().owners(KEY, 1)
+    assert origin.requests[PATH] - fetched == len(moved) - len(kept) + manifest_moved
+    await settled(nodes)
+    for i in moved:  # the reader still holds (and served) its old ones; the others are on their new owners
+        assert chunk_key(KEY, i, CHUNK) in nodes[reader if i in kept else after[i][0]].node.store
