@@ -588,3 +588,40 @@ async def test_after_a_scale_up_chunks_are_treated_as_whole_objects_are(origin, 
     await settled(nodes)
     for i in moved:  # the reader still holds (and served) its old ones; the others are on their new owners
         assert chunk_key(KEY, i, CHUNK) in nodes[reader if i in kept else after[i][0]].node.store
+
+
+async def test_a_chunk_filling_when_its_object_is_invalidated_is_removed_once_committed(
+        holding_origin, make_node, tmp_path, session):
+    """The object is invalidated while the reading node fills one of its chunks (the origin holding the
+    chunk half-way). The fill is let finish, so its reader's body is whole and exact, but the chunk it
+    commits is removed: after it, no node holds any chunk of the object."""
+    url, state = holding_origin
+    nodes = {}
+    for i in range(4):
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(len(table)) if table[i][0] == "n0")
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    state["hold"] = a
+    digest = hashlib.sha256()
+    try:
+        with capture_logs() as logs:
+            async with session.get(nodes["n0"].url + PATH,
+                                   headers={"Host": HOST, "Range": f"bytes={a}-{b}"}) as r:
+                assert r.status == 206
+                await state["holding"].wait()
+                await nodes["n1"].node.handler.invalidate([KEY], why="a test's write")
+                state["release"].set()
+                async for data in r.content.iter_chunked(MiB):
+                    digest.update(data)
+            await settled(nodes)
+    finally:
+        state["release"].set()
+    assert digest.hexdigest() == sha(BODY[a:b + 1])
+    assert [e["key"] for e in logs if e.get("event") == "chunk_dropped"] == [chunk_key(KEY, index, CHUNK)]
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}
+    assert all(nd.node.store.chunks_of(KEY) == [] for nd in nodes.values())
