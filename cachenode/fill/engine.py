@@ -107,6 +107,10 @@ class FillEngine:
         # chunk size, and lets no chunk fill under way keep one; how many went
         # (set by the request handler: front/chunked.py `ChunkReads.drop_chunks`).
         self.forget_chunks: Callable[[str], Awaitable[int]] = _no_chunks
+        # Told when a fill from the origin replaces a stored manifest (old, new
+        # manifest or None when stored whole), so the old version's chunks go
+        # (front/chunked.py `ChunkReads.replaced`).
+        self.chunked_replaced: Callable[[Meta, Meta | None], None] = lambda old, new: None
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -231,11 +235,15 @@ class FillEngine:
                                                   chunk_size=chunk_size, age=age, hot=source.hot and source.peer is not None)
                 if source.peer is None:
                     self.replicate(meta, target)  # the manifest's other owners copy it (never the bytes)
+                    if stale is not None and stale.chunk_size:
+                        self.chunked_replaced(stale, meta)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin, authorize=authorize)
             response = None  # the fill owns it now
+            if source.peer is None and stale is not None and stale.chunk_size:
+                self.chunked_replaced(stale, None)  # its new answer is stored whole
             return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
             if response is not None:

@@ -222,6 +222,10 @@ class ChunkReads:
         self._filling: dict[str, asyncio.Task] = {}
         self._growing: dict[str, _Growing] = {}  # chunks being written here, readable as they grow
         self._writing: dict[str, asyncio.Event] = {}  # set once a fill's chunk file starts growing
+        self._fill_version: dict[str, Validator] = {}  # the version each running fill fetches
+        # Tells every other node to drop one version's chunks of a key (set by
+        # the request handler: cluster/invalidation.py `tell_old_chunks`).
+        self.tell_old_chunks: Callable[..., Awaitable[None]] | None = None
 
     # -- a client's read -----------------------------------------------------------
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
@@ -581,15 +585,18 @@ class ChunkReads:
         ckey = chunk_key(key, index, layout.chunk_size)
         task = self._filling.get(ckey)
         if task is None:
-            self._writing[ckey] = asyncio.Event()
+            # The fill sets its own event, also once superseded and another fill of `ckey` runs.
+            writing = self._writing[ckey] = asyncio.Event()
             task = self.spawn(self._fill(ckey, key=key, url=url, target=target, layout=layout, index=index,
-                                         validator=validator, source=source))
+                                         validator=validator, source=source, writing=writing))
             self._filling[ckey] = task
+            self._fill_version[ckey] = validator
 
             def done(_: asyncio.Task) -> None:
                 if self._filling.get(ckey) is task:  # not a fill started after this one was superseded
                     del self._filling[ckey]
                     self._writing.pop(ckey, None)
+                    self._fill_version.pop(ckey, None)
             task.add_done_callback(done)
         return task
 
@@ -603,9 +610,7 @@ class ChunkReads:
         for ckey, task in list(self._filling.items()):
             found = chunk_of(ckey)
             if found is not None and found[0] == key:
-                del self._filling[ckey]
-                self._writing.pop(ckey, None)
-                task.add_done_callback(self._drop_late)
+                self._supersede(ckey, task)
         removed = 0
         for ckey in self.store.chunks_of(key):
             for meta in await self.store.remove(ckey):
@@ -614,6 +619,53 @@ class ChunkReads:
         if removed:
             log.info("chunks_invalidated", key=key, chunks=removed)
         return removed
+
+    async def drop_version(self, key: str, chunk_size: int, validator: Validator) -> int:
+        """Remove the chunks of `key` cut `chunk_size` long of the version
+        `validator` names: the key's owner stored another version, so no
+        manifest names these any more. Chunks of any other version or size
+        stay (the new version's may be filling already). How many went."""
+        for ckey, task in list(self._filling.items()):
+            found = chunk_of(ckey)
+            if found is not None and found[:2] == (key, chunk_size) and self._fill_version.get(ckey) == validator:
+                self._supersede(ckey, task)
+        removed = 0
+        for ckey in self.store.chunks_of(key):
+            found = chunk_of(ckey)
+            meta = self.store.lookup(ckey)
+            if found is None or found[1] != chunk_size or meta is None or validator.mismatch(dict(meta.headers)):
+                continue
+            if await self.store.remove_one(meta):
+                self.counts.gone(meta)
+                removed += 1
+        if removed:
+            log.info("old_chunks_removed", key=key, chunks=removed, chunk_size=chunk_size)
+        return removed
+
+    def replaced(self, old: Meta, new: Meta | None) -> None:
+        """This node stored a new answer for the chunked object `old` from
+        the origin (`new`: its manifest; None: stored whole). Unless it is the
+        same version cut the same way, the old version's chunks are removed
+        here and on every other node, in the background: nothing names them."""
+        validator = manifest_validator(old)
+        if new is not None and new.chunk_size == old.chunk_size and manifest_validator(new) == validator:
+            return
+
+        async def drop() -> None:
+            await self.drop_version(old.key, old.chunk_size, validator)
+            if self.tell_old_chunks is not None:
+                await self.tell_old_chunks(old.key, chunk_size=old.chunk_size, validator=validator,
+                                           why="a new version replaced it")
+        self.spawn(drop())
+
+    def _supersede(self, ckey: str, task: asyncio.Task) -> None:
+        """The fill `task` of `ckey` fetches what nothing will name: let it
+        finish for whoever reads it now, remove what it commits, and start
+        the next read of `ckey` on a fill of its own."""
+        del self._filling[ckey]
+        self._writing.pop(ckey, None)  # its waiters keep the event, which the fill still sets
+        self._fill_version.pop(ckey, None)
+        task.add_done_callback(self._drop_late)
 
     def _drop_late(self, task: asyncio.Task) -> None:
         """A chunk fill superseded by its object's invalidation finished: remove what it committed."""
@@ -624,11 +676,11 @@ class ChunkReads:
         async def drop() -> None:
             if await self.store.remove_one(meta):
                 self.counts.gone(meta)
-                log.info("chunk_dropped", key=meta.key, reason="its object was invalidated while it filled")
+                log.info("chunk_dropped", key=meta.key, reason="its object was invalidated or replaced meanwhile")
         self.spawn(drop())
 
     async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
-                    validator: Validator, source: Peer | None = None) -> Meta:
+                    validator: Validator, writing: asyncio.Event, source: Peer | None = None) -> Meta:
         """Fill chunk `index` here: from a live owner ahead of this node in
         ring order when one holds it (a replica copies the first owner's
         chunk; one that breaks off is marked down and the next source tried),
@@ -650,7 +702,7 @@ class ChunkReads:
             try:
                 stored = await self._store_chunk(ckey, opened.response, source=opened.source, url=url,
                                                  host=target.host, size=size, length=layout.size,
-                                                 validator=validator, origin=False)
+                                                 validator=validator, origin=False, writing=writing)
             except FillAborted as e:
                 self.relay.mark_down(peer, str(e))
                 continue
@@ -668,7 +720,8 @@ class ChunkReads:
             raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
                                f"changed since it was chunked; nothing stored")
         stored = await self._store_chunk(ckey, response, source=f"origin {url}", url=url, host=target.host,
-                                         size=size, length=layout.size, validator=validator, origin=True)
+                                         size=size, length=layout.size, validator=validator, origin=True,
+                                         writing=writing)
         log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
         if mine is not None:
             for behind in owners[mine + 1:]:
@@ -676,7 +729,8 @@ class ChunkReads:
         return stored
 
     async def _store_chunk(self, ckey: str, response: aiohttp.ClientResponse, *, source: str, url: str, host: str,
-                           size: int, length: int, validator: Validator, origin: bool) -> Meta:
+                           size: int, length: int, validator: Validator, origin: bool,
+                           writing: asyncio.Event) -> Meta:
         """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
         (nothing stored) when it breaks off, runs short or long."""
         growing: _Growing | None = None
@@ -686,8 +740,7 @@ class ChunkReads:
             self.store.reserve(size)
             # Peers asking for the chunk meanwhile read it as it grows (`_send_growing`).
             growing = self._growing[ckey] = _Growing(temp=temp, validator=validator)
-            if (writing := self._writing.get(ckey)) is not None:
-                writing.set()
+            writing.set()  # whoever waits for the fill's first byte (`_stored_or_growing`)
             try:
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:

@@ -625,3 +625,52 @@ async def test_a_chunk_filling_when_its_object_is_invalidated_is_removed_once_co
     assert [e["key"] for e in logs if e.get("event") == "chunk_dropped"] == [chunk_key(KEY, index, CHUNK)]
     assert chunk_files(nodes) == {nid: [] for nid in nodes}
     assert all(nd.node.store.chunks_of(KEY) == [] for nd in nodes.values())
+
+
+@pytest.mark.parametrize("new_size", [SIZE - 4 * CHUNK, 16 * MiB], ids=["chunked-again-shorter", "now-whole"])
+async def test_a_new_version_replacing_a_chunked_object_removes_the_old_versions_chunks(
+        origin, cluster, session, new_size):
+    """`Cache-Control: no-cache`: each read revalidates at the key's owner. The origin replaces the object
+    (four chunks shorter and chunked again, or now below the threshold and stored whole): the owner stores
+    the new answer and the old version's chunks are removed from every node (those the new version's
+    chunks do not replace by key too), while the new version's, filled by the same read, stay."""
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    nodes, _ = await cluster(4, **CHUNKED)
+    reader = nodes["n0"]
+    status, _, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    old_etag = origin.etags[PATH]
+    assert sum(len(k) for k in chunk_files(nodes).values()) == SIZE // CHUNK
+    new = body_of(new_size, seed=b"v2")
+    origin.put(PATH, new, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    with capture_logs() as logs:
+        status, headers, digest, n = await read(reader, session)
+        assert (status, n, digest) == (200, new_size, sha(new))
+        await settled(nodes)
+    removed = sum(e["chunks"] for e in logs if e.get("event") == "old_chunks_removed")
+    assert removed >= SIZE // CHUNK - new_size // CHUNK * (new_size >= CHUNKED["chunk_threshold"])
+    left = [meta for nd in nodes.values() for meta in nd.node.store.metas()
+            if (chunk_of(meta.key) or ("",))[0] == KEY]
+    assert all(meta.etag == origin.etags[PATH] != old_etag for meta in left), "an old version's chunk is left"
+    assert len(left) == (new_size // CHUNK if new_size >= CHUNKED["chunk_threshold"] else 0)
+    assert chunk_files(nodes) == {nid: sorted(m.key for m in left if m.key in nd.node.store)
+                                  for nid, nd in nodes.items()}
+
+
+@pytest.mark.parametrize("chunks, says", [
+    ({"chunk_size": 0, "etag": '"v1"'}, b"chunks.chunk_size must be a positive integer, not 0"),
+    ({"chunk_size": CHUNK}, b"chunks names no version"),
+    ("all", b"chunks must be an object, not str"),
+])
+async def test_a_request_to_drop_old_chunks_that_names_no_version_is_refused_and_removes_nothing(
+        origin, cluster, session, chunks, says):
+    put(origin)
+    nodes, _ = await cluster(2, **CHUNKED)
+    node = nodes["n0"]
+    assert (await read(node, session))[0] == 200
+    await settled(nodes)
+    held = chunk_files(nodes)
+    async with session.post(node.url + "/_nezha/invalidate", json={"keys": [KEY], "chunks": chunks}) as r:
+        assert r.status == 400 and says in await r.read()
+    assert chunk_files(nodes) == held and any(held.values())
