@@ -13,6 +13,13 @@ cache; one small POST per node each is their price.
     POST /_nezha/invalidate  {"keys": ["http://host/path", ...], "reason": "..."}
                              -> {"removed": n}
 
+With `"chunks": {"chunk_size": n, "etag": ..., "last_modified": ...}` a node
+keeps the keys and removes only their chunks of that size and version
+(front/chunked.py `drop_version`): the key's owner stored a new version of
+a chunked object, and the old one's chunks, spread over every node, would
+otherwise hold disk until evicted. Versions are compared, not removed
+blindly, so the new version's chunks, which may be filling already, stay.
+
 Like the other internal endpoints it needs the cluster token (or a loopback
 client when none is set). A node that cannot be reached is logged and
 skipped: a dead node serves nothing, and a write must not fail because a
@@ -31,6 +38,7 @@ from aiohttp import web
 
 from cachenode.cluster.peer_auth import refuse_internal
 from cachenode.cluster.view import ClusterView
+from cachenode.fill.parallel import Validator
 from cachenode.fill.origin import OriginClient
 from nezha.config import CacheSettings
 from nezha.ring import Peer
@@ -56,6 +64,9 @@ class Invalidation:
         self.client = client
         self.internal_headers = internal_headers
         self.forget = forget
+        # Removes one version's chunks of a key (set by the request handler:
+        # front/chunked.py `ChunkReads.drop_version`); how many went.
+        self.drop_old_chunks: Callable[[str, int, Validator], Awaitable[int]] | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
@@ -73,6 +84,16 @@ class Invalidation:
                 isinstance(k, str) for k in keys):
             raise web.HTTPBadRequest(text=f"invalidate wants keys: a list of 1 to {MAX_KEYS} cache keys\n")
         reason = str(body.get("reason", ""))[:300]
+        if "chunks" in body:
+            try:
+                chunk_size, validator = _old_chunks(body["chunks"])
+            except ValueError as e:
+                raise web.HTTPBadRequest(text=f"invalidate: {e}\n")
+            removed = 0
+            if self.drop_old_chunks is not None:
+                for key in keys:
+                    removed += await self.drop_old_chunks(key, chunk_size, validator)
+            return web.json_response({"removed": removed})
         removed = await self.forget(keys, why=f"{reason} (told by {request.remote})")
         return web.json_response({"removed": removed})
 
@@ -84,12 +105,23 @@ class Invalidation:
         if others:
             await asyncio.gather(*(self._tell(peer, keys, why) for peer in others))
 
-    async def _tell(self, peer, keys: list[str], why: str) -> None:
+    async def tell_old_chunks(self, key: str, *, chunk_size: int, validator: Validator, why: str) -> None:
+        """Have every other member of the ring remove `key`'s chunks of that
+        size and version (a new version replaced it); the key itself stays."""
+        others = [Peer(i, address) for i, address in sorted(self.cluster.snapshot.nodes.items())
+                  if i != self.node_id]
+        chunks = {"chunk_size": chunk_size, "etag": validator.etag, "last_modified": validator.last_modified}
+        await asyncio.gather(*(self._tell(peer, [key], why, chunks=chunks) for peer in others))
+
+    async def _tell(self, peer, keys: list[str], why: str, *, chunks: dict | None = None) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.peer_timeout * 2)
+        body: dict = {"keys": keys, "reason": why}
+        if chunks is not None:
+            body["chunks"] = chunks
         try:
             r = await self.client.request(
                 "POST", peer.url + self.PATH, headers=self.internal_headers(),
-                what=f"peer {peer.id} invalidate", json={"keys": keys, "reason": why}, timeout=timeout)
+                what=f"peer {peer.id} invalidate", json=body, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - an unreachable owner only keeps a copy it cannot serve
             log.warning("invalidate_failed", peer=peer.id, keys=keys, error=str(e))
             return
@@ -99,3 +131,15 @@ class Invalidation:
                             body=(await r.text())[:200])
         finally:
             r.release()
+
+
+def _old_chunks(raw: object) -> tuple[int, Validator]:
+    """(chunk size, version) of an invalidation's `chunks`; ValueError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"chunks must be an object, not {type(raw).__name__}")
+    size, etag, last_modified = raw.get("chunk_size"), raw.get("etag"), raw.get("last_modified")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"chunks.chunk_size must be a positive integer, not {size!r}")
+    if not all(v is None or isinstance(v, str) for v in (etag, last_modified)) or (etag, last_modified) == (None, None):
+        raise ValueError("chunks names no version: an etag or a last_modified string is needed")
+    return size, Validator(etag=etag, last_modified=last_modified)

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Coroutine, Any, Mapping, Protocol
 
 import aiohttp
 import structlog
@@ -65,6 +65,10 @@ NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if
                            "if-unmodified-since"})
 
 
+async def _no_chunks(key: str) -> int:
+    return 0
+
+
 class Peers(Protocol):
     """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
 
@@ -99,6 +103,14 @@ class FillEngine:
         # over (set by the request handler, which holds the cluster view): a
         # node alone stores every object whole, as chunking would gain it nothing.
         self.chunks_spread: Callable[[], bool] = lambda: False
+        # Removes the chunks of an object stored here, of every version and
+        # chunk size, and lets no chunk fill under way keep one; how many went
+        # (set by the request handler: front/chunked.py `ChunkReads.drop_chunks`).
+        self.forget_chunks: Callable[[str], Awaitable[int]] = _no_chunks
+        # Told when a fill from the origin replaces a stored manifest (old, new
+        # manifest or None when stored whole), so the old version's chunks go
+        # (front/chunked.py `ChunkReads.replaced`).
+        self.chunked_replaced: Callable[[Meta, Meta | None], None] = lambda old, new: None
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -117,6 +129,9 @@ class FillEngine:
                 self.counts.gone(meta)
                 log.info("object_invalidated", key=key, reason=why)
                 removed += 1
+            # A chunked object's chunks may be here although its manifest is
+            # not (it lives on the key's owners): each node drops its own.
+            removed += await self.forget_chunks(key)
         return removed
 
     def revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
@@ -220,11 +235,15 @@ class FillEngine:
                                                   chunk_size=chunk_size, age=age, hot=source.hot and source.peer is not None)
                 if source.peer is None:
                     self.replicate(meta, target)  # the manifest's other owners copy it (never the bytes)
+                    if stale is not None and stale.chunk_size:
+                        self.chunked_replaced(stale, meta)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin, authorize=authorize)
             response = None  # the fill owns it now
+            if source.peer is None and stale is not None and stale.chunk_size:
+                self.chunked_replaced(stale, None)  # its new answer is stored whole
             return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
             if response is not None:

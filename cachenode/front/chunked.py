@@ -17,7 +17,9 @@ out by sendfile: nothing holds a chunk in memory. A source that breaks off
 mid-chunk is resumed from the same byte elsewhere (`_write`).
 
 Filling (`ChunkReads.local_chunk`): one fill per chunk per node however many
-ask, read to the chunk's file and committed before it is served. A chunk is
+ask, read to the chunk's file; its readers (a peer's chunk request, or this
+node's own client when it is the chunk's filling owner) are sent its bytes
+as they land (`_send_tail`), and later ones read the committed file. A chunk is
 filled from the origin by its first live owner only, with `Range` +
 `If-Range` on the manifest's strong validator; an owner behind it copies it
 from an owner ahead (pushed there after the origin fill, `_push`). An origin
@@ -151,16 +153,20 @@ class _Opened:
     origin's answer (`response`), or a file of this node's store (`meta`)."""
 
     def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
-                 meta: Meta | None = None, source: str, peer: Peer | None = None) -> None:
+                 meta: Meta | None = None, growing: "_Tail | None" = None, source: str,
+                 peer: Peer | None = None) -> None:
         self.piece = piece
         self.response = response
         self.meta = meta
+        self.growing = growing  # a chunk this node is filling now, read as it grows
         self.source = source
         self.peer = peer  # the owner answering, when it is a peer
 
     def close(self) -> None:
         if self.response is not None:
             self.response.release()
+        if self.growing is not None:
+            self.growing.close()
 
 
 @dataclass
@@ -173,6 +179,25 @@ class _Growing:
     validator: Validator
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
+
+
+class _Tail:
+    """One reader of a chunk being written here (`_Growing`): its own
+    descriptor of the temp file, taken at once, for the fill closes its own
+    when it ends and the file's name changes (commit) or goes (failure)."""
+
+    def __init__(self, growing: _Growing) -> None:
+        self.growing = growing
+        self.file = os.fdopen(os.dup(growing.temp.read_fd), "rb")
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "_Tail":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class ChunkReads:
@@ -197,6 +222,10 @@ class ChunkReads:
         self._filling: dict[str, asyncio.Task] = {}
         self._growing: dict[str, _Growing] = {}  # chunks being written here, readable as they grow
         self._writing: dict[str, asyncio.Event] = {}  # set once a fill's chunk file starts growing
+        self._fill_version: dict[str, Validator] = {}  # the version each running fill fetches
+        # Tells every other node to drop one version's chunks of a key (set by
+        # the request handler: cluster/invalidation.py `tell_old_chunks`).
+        self.tell_old_chunks: Callable[..., Awaitable[None]] | None = None
 
     # -- a client's read -----------------------------------------------------------
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
@@ -221,7 +250,9 @@ class ChunkReads:
                 ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
                                                               owners[piece.index])))
 
-        async def reopen(rest: Piece, broke: Peer | None) -> _Opened:
+        async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> _Opened:
+            if origin_only:
+                return await self._from_origin(self._origin_url(target), layout, validator, rest, key=meta.key)
             others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
             return await self._open(meta, target, layout, validator, rest, others,
                                     owner=any(p.id == self.node_id for p in owners[rest.index]))
@@ -246,7 +277,7 @@ class ChunkReads:
                     result.close()
 
     async def _write(self, request: web.Request, resp: web.StreamResponse, opened: _Opened, *,
-                     reopen: Callable[[Piece, Peer | None], Awaitable[_Opened]]) -> None:
+                     reopen: Callable[[Piece, Peer | None, bool], Awaitable[_Opened]]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down and the
         rest of the piece is asked again, of the chunk's other owners or
@@ -264,6 +295,22 @@ class ChunkReads:
                     with f:
                         await self.send_file(request, resp, f, piece.offset + sent, piece.length - sent)
                     return
+                if opened.growing is not None:
+                    # This node is filling the chunk: its bytes go out as they land, not once it is whole.
+                    sent += await self._send_tail(request, resp, opened.growing, piece.offset + sent,
+                                                  piece.length - sent)
+                    if sent == piece.length:
+                        return
+                    log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
+                                reason=f"its fill here ended after {sent} of {piece.length} bytes",
+                                resume=attempt < RESUMES)
+                    opened.close()
+                    if attempt == RESUMES:
+                        raise BrokenStream(f"{opened.source} ended early, and no other source finished it")
+                    # As when this node's fill fails before a byte is read: the rest from the origin, unstored.
+                    opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
+                                                length=piece.length - sent), None, True)
+                    continue
                 answer = opened.response
                 assert answer is not None
 
@@ -296,7 +343,7 @@ class ChunkReads:
                 if attempt == RESUMES:
                     raise BrokenStream(f"{opened.source} {why}, and no other source finished it")
                 opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
-                                            length=piece.length - sent), opened.peer)
+                                            length=piece.length - sent), opened.peer, False)
         finally:
             opened.close()
 
@@ -310,7 +357,8 @@ class ChunkReads:
 
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
                     piece: Piece, owners: list[Peer], owner: bool | None = None) -> _Opened:
-        """Ask for `piece`: of this node's disk when it holds the chunk; else
+        """Ask for `piece`: of this node's disk when it holds the chunk, owner
+        or not; else
         of the owners ahead of this node in ring order (all of them for a
         non-owner), so a chunk is filled from the origin by its first live
         owner only; else, as an owner, fill it here; else, with no owner
@@ -319,7 +367,9 @@ class ChunkReads:
         ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
         url = self._origin_url(target)
         mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
-        held = self.store.lookup(ckey) if mine else None
+        # Also a chunk this node owned before the ring changed (a scale-up): as a
+        # whole object, a copy a node holds is served to the clients it answers.
+        held = self.store.lookup(ckey)
         if held is not None and validator.mismatch(dict(held.headers)) is None:
             return _Opened(piece, meta=held, source=f"chunk {ckey} here")
         ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)
@@ -330,14 +380,16 @@ class ChunkReads:
                 return opened
         if mine:
             try:
-                stored = await self.local_chunk(key=meta.key, url=url, target=target, layout=layout,
-                                                index=piece.index, validator=validator)
+                here = await self._stored_or_growing(key=meta.key, url=url, target=target, layout=layout,
+                                                     index=piece.index, validator=validator)
             except ChunkChanged:
                 raise
             except FillAborted as e:  # the fill broke off: this read takes the piece from the origin itself
                 log.warning("chunk_fill_failed", key=ckey, error=str(e))
                 return await self._from_origin(url, layout, validator, piece, key=meta.key)
-            return _Opened(piece, meta=stored, source=f"chunk {ckey} here")
+            if isinstance(here, _Tail):
+                return _Opened(piece, growing=here, source=f"chunk {ckey} filling here")
+            return _Opened(piece, meta=here, source=f"chunk {ckey} here")
         log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
         return await self._from_origin(url, layout, validator, piece, key=meta.key)
 
@@ -408,23 +460,16 @@ class ChunkReads:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
         start, count = asked if asked else (0, size)
         try:
-            stored = self.held(key, spec.index, layout, spec.validator)
-            if stored is None:
-                task = self._fill_task(key=key, url=url, target=target, layout=layout, index=spec.index,
-                                       validator=spec.validator, source=spec.source)
-                ckey = chunk_key(key, spec.index, layout.chunk_size)
-                writing = self._writing.get(ckey)
-                if writing is not None and request.method == "GET":
-                    waiter = asyncio.ensure_future(writing.wait())
-                    try:
-                        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        waiter.cancel()
-                growing = self._growing.get(ckey)
-                if growing is not None and growing.validator == spec.validator and request.method == "GET":
-                    return await self._send_growing(request, growing, start=start, count=count, size=size,
-                                                    ranged=bool(asked))
-                stored = await asyncio.shield(task)
+            if request.method == "GET":
+                here = await self._stored_or_growing(key=key, url=url, target=target, layout=layout,
+                                                     index=spec.index, validator=spec.validator, source=spec.source)
+            else:  # HEAD: a replica's copy, answered once it is whole here
+                here = await self.local_chunk(key=key, url=url, target=target, layout=layout, index=spec.index,
+                                              validator=spec.validator, source=spec.source)
+            if isinstance(here, _Tail):
+                return await self._send_growing(request, here, start=start, count=count, size=size,
+                                                ranged=bool(asked))
+            stored = here
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError as e:
@@ -450,45 +495,46 @@ class ChunkReads:
         self.counts.accessed(stored.key)
         return resp
 
-    async def _send_growing(self, request: web.Request, growing: _Growing, *, start: int, count: int, size: int,
+    async def _send_growing(self, request: web.Request, tail: _Tail, *, start: int, count: int, size: int,
                             ranged: bool) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
         sent as they land. If its fill fails first, the connection is cut:
         the asking node resumes from that byte elsewhere (`_write`)."""
-        resp = ExactResponse(status=206 if ranged else 200)
-        if ranged:
-            resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
-        resp.headers[SERVED_BY_HEADER] = self.node_id
-        resp.content_length = count
-        fd = os.dup(growing.temp.read_fd)
-        loop = asyncio.get_running_loop()
-        sent = 0
-        try:
+        with tail:
+            resp = ExactResponse(status=206 if ranged else 200)
+            if ranged:
+                resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+            resp.headers[SERVED_BY_HEADER] = self.node_id
+            resp.content_length = count
             await resp.prepare(request)
-            while sent < count:
-                at = start + sent
-                ready = min(growing.temp.written - at, count - sent, self.settings.read_size)
-                if ready <= 0:
-                    if growing.ended:
-                        break  # the fill failed (or was cut) before these bytes
-                    growing.moved.clear()
-                    await growing.moved.wait()
-                    continue
-                data = await loop.run_in_executor(None, os.pread, fd, ready, at)
-                if not data:
-                    break
-                await resp.write(data)
-                sent += len(data)
+            sent = await self._send_tail(request, resp, tail, start, count)
+            access(request).bytes = sent
             if sent < count:
                 log.warning("chunk_fill_broke", key=access(request).key, sent=sent, wanted=count)
                 if request.transport is not None:
                     request.transport.close()
                 return resp
             await resp.write_eof()
-        finally:
-            os.close(fd)
-        access(request).bytes = sent
         return resp
+
+    async def _send_tail(self, request: web.Request, resp: web.StreamResponse, tail: _Tail, start: int,
+                         count: int) -> int:
+        """Write bytes [start, start + count) of a chunk being filled here to
+        `resp` as the fill writes them (by sendfile from its temp file, as a
+        joiner of a whole object's fill is sent its bytes); how many went:
+        fewer than `count` when the fill ended first, having failed."""
+        growing, sent = tail.growing, 0
+        while sent < count:
+            ready = min(growing.temp.written - (start + sent), count - sent)
+            if ready <= 0:
+                if growing.ended:
+                    break  # the fill failed (or was cut) before these bytes
+                growing.moved.clear()
+                await growing.moved.wait()
+                continue
+            await self.send_file(request, resp, tail.file, start + sent, ready)
+            sent += ready
+        return sent
 
     async def local_chunk(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
                           validator: Validator, source: Peer | None = None) -> Meta:
@@ -503,6 +549,31 @@ class ChunkReads:
         # A reader that goes away leaves the fill running for the others (and the next read).
         return await asyncio.shield(task)
 
+    async def _stored_or_growing(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                                 validator: Validator, source: Peer | None = None) -> Meta | _Tail:
+        """Chunk `index` of `key` as stored here; else, once this node's fill
+        of it (started if none runs) writes its first byte, that fill to read
+        as it grows, so a reader waits for bytes, not for the whole chunk.
+        Raises what the fill raises when it fails before writing."""
+        stored = self.held(key, index, layout, validator)
+        if stored is not None:
+            return stored
+        task = self._fill_task(key=key, url=url, target=target, layout=layout, index=index, validator=validator,
+                               source=source)
+        ckey = chunk_key(key, index, layout.chunk_size)
+        writing = self._writing.get(ckey)
+        if writing is not None:
+            waiter = asyncio.ensure_future(writing.wait())
+            try:
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        growing = self._growing.get(ckey)
+        if growing is not None and growing.validator == validator:
+            return _Tail(growing)  # its descriptor taken now, before the fill can close its own
+        # A reader that goes away leaves the fill running for the others (and the next read).
+        return await asyncio.shield(task)
+
     def held(self, key: str, index: int, layout: Layout, validator: Validator) -> Meta | None:
         """Chunk `index` of `key` as stored here, if it is of the version `validator` names."""
         meta = self.store.lookup(chunk_key(key, index, layout.chunk_size))
@@ -514,19 +585,102 @@ class ChunkReads:
         ckey = chunk_key(key, index, layout.chunk_size)
         task = self._filling.get(ckey)
         if task is None:
-            self._writing[ckey] = asyncio.Event()
+            # The fill sets its own event, also once superseded and another fill of `ckey` runs.
+            writing = self._writing[ckey] = asyncio.Event()
             task = self.spawn(self._fill(ckey, key=key, url=url, target=target, layout=layout, index=index,
-                                         validator=validator, source=source))
+                                         validator=validator, source=source, writing=writing))
             self._filling[ckey] = task
+            self._fill_version[ckey] = validator
 
             def done(_: asyncio.Task) -> None:
-                self._filling.pop(ckey, None)
-                self._writing.pop(ckey, None)
+                if self._filling.get(ckey) is task:  # not a fill started after this one was superseded
+                    del self._filling[ckey]
+                    self._writing.pop(ckey, None)
+                    self._fill_version.pop(ckey, None)
             task.add_done_callback(done)
         return task
 
+    async def drop_chunks(self, key: str) -> int:
+        """Remove every chunk of the object `key` stored here, whatever its
+        chunk size or version: the object was invalidated (a write, the
+        invalidation broadcast, a chunk of another version), and its chunks
+        would otherwise hold disk until LRU eviction. A chunk fill of it under
+        way is let finish (a peer may be reading it as it grows) but what it
+        commits is removed. How many chunks went."""
+        for ckey, task in list(self._filling.items()):
+            found = chunk_of(ckey)
+            if found is not None and found[0] == key:
+                self._supersede(ckey, task)
+        removed = 0
+        for ckey in self.store.chunks_of(key):
+            for meta in await self.store.remove(ckey):
+                self.counts.gone(meta)
+                removed += 1
+        if removed:
+            log.info("chunks_invalidated", key=key, chunks=removed)
+        return removed
+
+    async def drop_version(self, key: str, chunk_size: int, validator: Validator) -> int:
+        """Remove the chunks of `key` cut `chunk_size` long of the version
+        `validator` names: the key's owner stored another version, so no
+        manifest names these any more. Chunks of any other version or size
+        stay (the new version's may be filling already). How many went."""
+        for ckey, task in list(self._filling.items()):
+            found = chunk_of(ckey)
+            if found is not None and found[:2] == (key, chunk_size) and self._fill_version.get(ckey) == validator:
+                self._supersede(ckey, task)
+        removed = 0
+        for ckey in self.store.chunks_of(key):
+            found = chunk_of(ckey)
+            meta = self.store.lookup(ckey)
+            if found is None or found[1] != chunk_size or meta is None or validator.mismatch(dict(meta.headers)):
+                continue
+            if await self.store.remove_one(meta):
+                self.counts.gone(meta)
+                removed += 1
+        if removed:
+            log.info("old_chunks_removed", key=key, chunks=removed, chunk_size=chunk_size)
+        return removed
+
+    def replaced(self, old: Meta, new: Meta | None) -> None:
+        """This node stored a new answer for the chunked object `old` from
+        the origin (`new`: its manifest; None: stored whole). Unless it is the
+        same version cut the same way, the old version's chunks are removed
+        here and on every other node, in the background: nothing names them."""
+        validator = manifest_validator(old)
+        if new is not None and new.chunk_size == old.chunk_size and manifest_validator(new) == validator:
+            return
+
+        async def drop() -> None:
+            await self.drop_version(old.key, old.chunk_size, validator)
+            if self.tell_old_chunks is not None:
+                await self.tell_old_chunks(old.key, chunk_size=old.chunk_size, validator=validator,
+                                           why="a new version replaced it")
+        self.spawn(drop())
+
+    def _supersede(self, ckey: str, task: asyncio.Task) -> None:
+        """The fill `task` of `ckey` fetches what nothing will name: let it
+        finish for whoever reads it now, remove what it commits, and start
+        the next read of `ckey` on a fill of its own."""
+        del self._filling[ckey]
+        self._writing.pop(ckey, None)  # its waiters keep the event, which the fill still sets
+        self._fill_version.pop(ckey, None)
+        task.add_done_callback(self._drop_late)
+
+    def _drop_late(self, task: asyncio.Task) -> None:
+        """A chunk fill superseded by its object's invalidation finished: remove what it committed."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        meta: Meta = task.result()
+
+        async def drop() -> None:
+            if await self.store.remove_one(meta):
+                self.counts.gone(meta)
+                log.info("chunk_dropped", key=meta.key, reason="its object was invalidated or replaced meanwhile")
+        self.spawn(drop())
+
     async def _fill(self, ckey: str, *, key: str, url: str, target: Target, layout: Layout, index: int,
-                    validator: Validator, source: Peer | None = None) -> Meta:
+                    validator: Validator, writing: asyncio.Event, source: Peer | None = None) -> Meta:
         """Fill chunk `index` here: from a live owner ahead of this node in
         ring order when one holds it (a replica copies the first owner's
         chunk; one that breaks off is marked down and the next source tried),
@@ -548,7 +702,7 @@ class ChunkReads:
             try:
                 stored = await self._store_chunk(ckey, opened.response, source=opened.source, url=url,
                                                  host=target.host, size=size, length=layout.size,
-                                                 validator=validator, origin=False)
+                                                 validator=validator, origin=False, writing=writing)
             except FillAborted as e:
                 self.relay.mark_down(peer, str(e))
                 continue
@@ -566,7 +720,8 @@ class ChunkReads:
             raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
                                f"changed since it was chunked; nothing stored")
         stored = await self._store_chunk(ckey, response, source=f"origin {url}", url=url, host=target.host,
-                                         size=size, length=layout.size, validator=validator, origin=True)
+                                         size=size, length=layout.size, validator=validator, origin=True,
+                                         writing=writing)
         log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
         if mine is not None:
             for behind in owners[mine + 1:]:
@@ -574,7 +729,8 @@ class ChunkReads:
         return stored
 
     async def _store_chunk(self, ckey: str, response: aiohttp.ClientResponse, *, source: str, url: str, host: str,
-                           size: int, length: int, validator: Validator, origin: bool) -> Meta:
+                           size: int, length: int, validator: Validator, origin: bool,
+                           writing: asyncio.Event) -> Meta:
         """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
         (nothing stored) when it breaks off, runs short or long."""
         growing: _Growing | None = None
@@ -584,8 +740,7 @@ class ChunkReads:
             self.store.reserve(size)
             # Peers asking for the chunk meanwhile read it as it grows (`_send_growing`).
             growing = self._growing[ckey] = _Growing(temp=temp, validator=validator)
-            if (writing := self._writing.get(ckey)) is not None:
-                writing.set()
+            writing.set()  # whoever waits for the fill's first byte (`_stored_or_growing`)
             try:
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:

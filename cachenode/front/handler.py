@@ -106,6 +106,10 @@ class Handler:
                                  forget=self._forget_changed, spawn=engine.spawn)
         respond.chunk_body = self.chunks.send
         engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
+        engine.forget_chunks = self.chunks.drop_chunks
+        engine.chunked_replaced = self.chunks.replaced
+        self.chunks.tell_old_chunks = invalidation.tell_old_chunks
+        invalidation.drop_old_chunks = self.chunks.drop_version
         handoff.chunk_handoff = self.chunks.hand_off
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,

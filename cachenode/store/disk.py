@@ -54,6 +54,7 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta, TempObject, TooLarge
+from nezha.chunks import chunk_of
 from nezha.errors import StoreError
 
 log = structlog.get_logger("nezha.store")
@@ -79,6 +80,9 @@ class Store:
         self._index: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
         self._slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
+        # object key -> the keys of its chunks stored here (nezha/chunks.py): an
+        # invalidated object's chunks are found without a manifest or a scan.
+        self._chunks: dict[str, set[str]] = {}
         self._hot: OrderedDict[str, None] = OrderedDict()  # slots of hot copies, LRU order as in _index
         self._usage = _Usage()
         self._pending: set[asyncio.Future] = set()  # disk steps not yet done
@@ -189,6 +193,10 @@ class Store:
     def keys(self) -> list[str]:
         return list(self._slots)
 
+    def chunks_of(self, key: str) -> list[str]:
+        """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
+        return sorted(self._chunks.get(key, ()))
+
     def metas(self) -> list[Meta]:
         """Every stored response, variants included, least recently used first."""
         return list(self._index.values())
@@ -202,6 +210,8 @@ class Store:
             self._hot[meta.slot] = None
             self._usage.hot += meta.size
         self._slots.setdefault(meta.key, set()).add(meta.slot)
+        if (chunk := chunk_of(meta.key)) is not None:
+            self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:
             self._vary[meta.key] = meta.vary
         else:
@@ -223,6 +233,10 @@ class Store:
             if not slots:
                 del self._slots[meta.key]
                 self._vary.pop(meta.key, None)
+                if (chunk := chunk_of(meta.key)) is not None and (held := self._chunks.get(chunk[0])) is not None:
+                    held.discard(meta.key)
+                    if not held:
+                        del self._chunks[chunk[0]]
         return meta
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 from collections import Counter
@@ -63,6 +64,15 @@ def chunk_bytes(nodes) -> dict[str, int]:
             if found is not None and found[0] == KEY:
                 held[nid] += meta.size
     return dict(held)
+
+
+def chunk_files(nodes) -> dict[str, list[str]]:
+    """Per node, the keys of KEY's chunks whose meta is on its disk (what a restart would load)."""
+    held = {}
+    for nid, nd in nodes.items():
+        keys = [json.loads(p.read_text())["key"] for p in (nd.node.store.root / "objects").rglob("*.meta")]
+        held[nid] = sorted(k for k in keys if (chunk_of(k) or ("",))[0] == KEY)
+    return held
 
 
 async def read(node, session, headers=None) -> tuple[int, CIMultiDict, str, int]:
@@ -163,7 +173,8 @@ async def test_chunking_off_stores_the_object_whole(origin, cluster, session):
 async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mixed(origin, cluster, session):
     """Chunk 0 is stored; the origin then replaces the object. A read that needs chunk 0 and chunk 1 finds
     chunk 1 of another version (its ETag): the client's body breaks rather than end in the new bytes, no chunk
-    of the new version is stored under the old manifest, and the next read is the new object, whole."""
+    of the new version is stored under the old manifest, the old version's chunks are removed from every
+    node, and the next read is the new object, whole."""
     put(origin)
     nodes, _ = await cluster(4, **CHUNKED)
     reader = next(iter(nodes.values()))
@@ -178,6 +189,7 @@ async def test_an_object_changed_at_the_origin_between_chunks_is_never_served_mi
         for meta in nd.node.store.metas():
             found = chunk_of(meta.key)
             assert found is None or meta.etag != origin.etags[PATH], "a chunk of the new version was stored"
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}, "the old version's chunks were removed everywhere"
     status, headers, digest, n = await read(reader, session)
     assert (status, n, digest) == (200, SIZE, sha(new))
     assert headers["ETag"] == origin.etags[PATH]
@@ -397,3 +409,268 @@ async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluste
         await nd.node.settled()
     assert len(temps) == 1 + SIZE // CHUNK
     assert all(t.read_fd == -1 and t.fd == -1 for t in temps)
+
+
+@pytest.mark.parametrize("write", ["PUT", "POST"])
+async def test_a_write_to_a_chunked_object_removes_its_chunks_from_every_node_and_the_index(
+        origin, cluster, session, redis_server, write):
+    """R = 2, a real redis-server. The object's chunks sit on every node and the index names each chunk's two
+    holders. A successful write through a node that holds neither the manifest nor every chunk invalidates the
+    object: every node removes its chunks (not only the key's owners, which hold the manifest), their files
+    go, the index names no holder, and each node's stored bytes are what they were before the object came."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, redis_url=redis_server.url, **CHUNKED)
+    before = {nid: nd.node.store.used_bytes for nid, nd in nodes.items()}
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    ckeys = [chunk_key(KEY, i, CHUNK) for i in range(layout.count)]
+    owners, others = owner_and_other(nodes, PATH, replicas=2)
+    status, _, digest, n = await read(nodes[others[0]], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    assert sum(len(k) for k in chunk_files(nodes).values()) == 2 * layout.count, "each chunk on both its owners"
+    for nd in nodes.values():
+        assert await nd.node.index.flush()
+    table = place(members.ring(), KEY, layout, 2)
+    assert [sorted(await nodes["n0"].node.index.locations(k)) for k in ckeys] == [sorted(o) for o in table]
+    with capture_logs() as logs:
+        async with session.request(write, nodes[others[1]].url + PATH, data=b"new bytes",
+                                   headers={"Host": HOST}) as r:
+            assert r.status in (200, 201, 204), await r.text()
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}
+    assert all(nd.node.store.chunks_of(KEY) == [] and KEY not in nd.node.store for nd in nodes.values())
+    assert {nid: nd.node.store.used_bytes for nid, nd in nodes.items()} == before
+    dropped = Counter()
+    for e in logs:
+        if e.get("event") == "chunks_invalidated":
+            dropped[e["key"]] += e["chunks"]
+    assert dropped == {KEY: 2 * layout.count}
+    for nd in nodes.values():
+        await nd.node.settled()
+        assert await nd.node.index.flush()
+    assert [await nodes["n0"].node.index.locations(k) for k in ckeys] == [set()] * layout.count
+    assert await nodes["n0"].node.index.locations(KEY) == set()
+
+
+async def test_a_store_finds_an_objects_chunks_after_a_restart_and_forgets_evicted_ones(tmp_path):
+    """`Store.chunks_of`, what invalidation removes, is rebuilt from disk at start-up (chunks stored before a
+    restart are removed too) and follows evictions and removals: of every chunk size, never another key's."""
+    import time as _time
+
+    from cachenode.store.disk import Store
+    from cachenode.store.objects import Meta
+
+    async def stored(store, key, size):
+        temp = await store.new_temp()
+        await store.write(temp, b"c" * size)
+        now = _time.time()
+        await store.commit(temp, Meta(key=key, url=KEY, host=HOST, size=0, headers=(("ETag", '"v1"'),),
+                                      stored_at=now, expires_at=now + 3600, length=SIZE))
+
+    store = Store(tmp_path / "s", capacity=10_000)
+    await store.open()
+    small = [chunk_key(KEY, i, 1000) for i in range(3)]
+    other = [chunk_key(KEY, 0, 2000), chunk_key(KEY + "x", 0, 1000)]
+    for key in small + other:
+        await stored(store, key, 1000)
+    await store.idle()
+    restarted = Store(tmp_path / "s", capacity=10_000)
+    await restarted.open()
+    assert restarted.chunks_of(KEY) == sorted(small + other[:1])
+    assert restarted.chunks_of(KEY + "x") == [other[1]]
+    await restarted.remove(small[1])
+    for key in other:
+        restarted.lookup(key)  # used last: the two left of `small` are evicted first
+    restarted.reserve(7_500)  # 1,500 bytes over: two objects of 1,000 go
+    assert restarted.chunks_of(KEY) == [other[0]]
+    await restarted.idle()
+
+
+@pytest.fixture
+async def holding_origin(aiohttp_server):
+    """An origin of BODY that answers ranges as a stream and, for the range starting at `state["hold"]`,
+    sends the first half, sets `state["holding"]` and sends the rest only once `state["release"]` is set."""
+    state = {"hold": None, "holding": asyncio.Event(), "release": asyncio.Event(), "ranges": []}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
+        if m is None:
+            return web.Response(body=BODY, headers=headers)
+        a, b = int(m.group(1)), int(m.group(2))
+        state["ranges"].append(a)
+        resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
+        resp.content_length = b - a + 1
+        await resp.prepare(request)
+        half = a + (b - a + 1) // 2
+        await resp.write(BODY[a:half])
+        if state["hold"] == a:
+            state["holding"].set()
+            await state["release"].wait()
+        await resp.write(BODY[half:b + 1])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", state
+
+
+async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(holding_origin, make_node, tmp_path,
+                                                                           session):
+    """The node a client asks is the owner of the chunk it reads first. The origin sends half of that chunk
+    and holds the rest until released: the client already has the first half (the node sends its own fill's
+    bytes as they land, as it does a peer's), then the whole range, exact, after one origin fetch of the
+    chunk, which is stored."""
+    url, state = holding_origin
+    nodes = {}
+    for i in range(4):
+        # The origin's read timeout outlasts the guard below: a node that waited for the whole chunk would
+        # not give up on the held fill and read the chunk from the origin itself meanwhile.
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", origin_read_timeout=600,
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(len(table)) if table[i][0] == "n0")
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    state["hold"] = a
+    digest = hashlib.sha256()
+    try:
+        async with session.get(nodes["n0"].url + PATH, headers={"Host": HOST, "Range": f"bytes={a}-{b}"}) as r:
+            assert r.status == 206
+            # A guard against a hang, not a timing assert: waiting for the whole chunk, the node would send
+            # no byte of it before the release.
+            first = await asyncio.wait_for(r.content.readexactly(CHUNK // 2), timeout=60)
+            assert state["holding"].is_set() and not state["release"].is_set()
+            digest.update(first)
+            state["release"].set()
+            async for data in r.content.iter_chunked(MiB):
+                digest.update(data)
+    finally:
+        state["release"].set()  # whatever happened, the held answer ends and the nodes can stop
+    assert digest.hexdigest() == sha(BODY[a:b + 1])
+    assert state["ranges"] == [a], "one origin fetch, of that chunk"
+    await settled(nodes)
+    assert chunk_key(KEY, index, CHUNK) in nodes["n0"].node.store
+
+
+async def test_after_a_scale_up_chunks_are_treated_as_whole_objects_are(origin, make_node, tmp_path, session):
+    """Three nodes hold the object's chunks; a fourth joins the ring. As for whole objects (docs/operations.md,
+    "Scaling up costs some origin fetches"), each chunk whose owner changed is fetched from the origin again by
+    its new owner at its next read, and a copy a node still holds is served by that node to the clients it
+    answers, owner or not: a read through a node that lost chunks to the new ring takes those from its own
+    disk, and the origin sees only the other moved chunks (and the manifest, if the key's owner moved too)."""
+    put(origin)
+    nodes = {f"n{i}": await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", **CHUNKED) for i in range(4)}
+    addresses = {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()}
+    three = Membership(1, {nid: addresses[nid] for nid in ("n0", "n1", "n2")})
+    four = Membership(2, addresses)
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+    before, after = place(three.ring(), KEY, layout, 1), place(four.ring(), KEY, layout, 1)
+    moved = [i for i in range(layout.count) if before[i] != after[i]]
+    reader = max(("n0", "n1", "n2"), key=lambda n: sum(before[i] == [n] for i in moved))
+    kept = [i for i in moved if before[i] == [reader]]
+    assert moved and kept, f"this key's chunks moved {moved}; none away from {reader}"
+    for nd in nodes.values():
+        nd.node.cluster.update(three)
+    status, _, digest, n = await read(nodes[reader], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    fetched = origin.requests[PATH]
+    for nd in nodes.values():
+        nd.node.cluster.update(four)
+    status, _, digest, n = await read(nodes[reader], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    manifest_moved = three.ring().owners(KEY, 1) != four.ring().owners(KEY, 1)
+    assert origin.requests[PATH] - fetched == len(moved) - len(kept) + manifest_moved
+    await settled(nodes)
+    for i in moved:  # the reader still holds (and served) its old ones; the others are on their new owners
+        assert chunk_key(KEY, i, CHUNK) in nodes[reader if i in kept else after[i][0]].node.store
+
+
+async def test_a_chunk_filling_when_its_object_is_invalidated_is_removed_once_committed(
+        holding_origin, make_node, tmp_path, session):
+    """The object is invalidated while the reading node fills one of its chunks (the origin holding the
+    chunk half-way). The fill is let finish, so its reader's body is whole and exact, but the chunk it
+    commits is removed: after it, no node holds any chunk of the object."""
+    url, state = holding_origin
+    nodes = {}
+    for i in range(4):
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    index = next(i for i in range(len(table)) if table[i][0] == "n0")
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    state["hold"] = a
+    digest = hashlib.sha256()
+    try:
+        with capture_logs() as logs:
+            async with session.get(nodes["n0"].url + PATH,
+                                   headers={"Host": HOST, "Range": f"bytes={a}-{b}"}) as r:
+                assert r.status == 206
+                await state["holding"].wait()
+                await nodes["n1"].node.handler.invalidate([KEY], why="a test's write")
+                state["release"].set()
+                async for data in r.content.iter_chunked(MiB):
+                    digest.update(data)
+            await settled(nodes)
+    finally:
+        state["release"].set()
+    assert digest.hexdigest() == sha(BODY[a:b + 1])
+    assert [e["key"] for e in logs if e.get("event") == "chunk_dropped"] == [chunk_key(KEY, index, CHUNK)]
+    assert chunk_files(nodes) == {nid: [] for nid in nodes}
+    assert all(nd.node.store.chunks_of(KEY) == [] for nd in nodes.values())
+
+
+@pytest.mark.parametrize("new_size", [SIZE - 4 * CHUNK, 16 * MiB], ids=["chunked-again-shorter", "now-whole"])
+async def test_a_new_version_replacing_a_chunked_object_removes_the_old_versions_chunks(
+        origin, cluster, session, new_size):
+    """`Cache-Control: no-cache`: each read revalidates at the key's owner. The origin replaces the object
+    (four chunks shorter and chunked again, or now below the threshold and stored whole): the owner stores
+    the new answer and the old version's chunks are removed from every node (those the new version's
+    chunks do not replace by key too), while the new version's, filled by the same read, stay."""
+    origin.put(PATH, BODY, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    nodes, _ = await cluster(4, **CHUNKED)
+    reader = nodes["n0"]
+    status, _, digest, n = await read(reader, session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    await settled(nodes)
+    old_etag = origin.etags[PATH]
+    assert sum(len(k) for k in chunk_files(nodes).values()) == SIZE // CHUNK
+    new = body_of(new_size, seed=b"v2")
+    origin.put(PATH, new, headers={"Accept-Ranges": "bytes", "Cache-Control": "no-cache"})
+    with capture_logs() as logs:
+        status, headers, digest, n = await read(reader, session)
+        assert (status, n, digest) == (200, new_size, sha(new))
+        await settled(nodes)
+    removed = sum(e["chunks"] for e in logs if e.get("event") == "old_chunks_removed")
+    assert removed >= SIZE // CHUNK - new_size // CHUNK * (new_size >= CHUNKED["chunk_threshold"])
+    left = [meta for nd in nodes.values() for meta in nd.node.store.metas()
+            if (chunk_of(meta.key) or ("",))[0] == KEY]
+    assert all(meta.etag == origin.etags[PATH] != old_etag for meta in left), "an old version's chunk is left"
+    assert len(left) == (new_size // CHUNK if new_size >= CHUNKED["chunk_threshold"] else 0)
+    assert chunk_files(nodes) == {nid: sorted(m.key for m in left if m.key in nd.node.store)
+                                  for nid, nd in nodes.items()}
+
+
+@pytest.mark.parametrize("chunks, says", [
+    ({"chunk_size": 0, "etag": '"v1"'}, b"chunks.chunk_size must be a positive integer, not 0"),
+    ({"chunk_size": CHUNK}, b"chunks names no version"),
+    ("all", b"chunks must be an object, not str"),
+])
+async def test_a_request_to_drop_old_chunks_that_names_no_version_is_refused_and_removes_nothing(
+        origin, cluster, session, chunks, says):
+    put(origin)
+    nodes, _ = await cluster(2, **CHUNKED)
+    node = nodes["n0"]
+    assert (await read(node, session))[0] == 200
+    await settled(nodes)
+    held = chunk_files(nodes)
+    async with session.post(node.url + "/_nezha/invalidate", json={"keys": [KEY], "chunks": chunks}) as r:
+        assert r.status == 400 and says in await r.read()
+    assert chunk_files(nodes) == held and any(held.values())

@@ -3,8 +3,9 @@ local origin, and the issue's sizes: a 1 GiB object in 32 MiB chunks (32 of them
 half the object.
 
 One origin fetch per chunk; no node holds more than 40% of the object; a whole read through any node is exact
-and in order; a Range in the middle is answered from the chunks already stored; and `redis-cli` names the one
-node that holds each chunk (`SMEMBERS nezha:loc:<chunk key>`, docs/redis-schema.md).
+and in order; a Range in the middle is answered from the chunks already stored; `redis-cli` names the one
+node that holds each chunk (`SMEMBERS nezha:loc:<chunk key>`, docs/redis-schema.md); and a write removes
+every chunk from every node and from the index.
 """
 
 from __future__ import annotations
@@ -90,6 +91,21 @@ async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked
     held = Counter(owners[0] for owners in holders)
     assert max(held.values()) * CHUNK <= 0.4 * SIZE, f"chunks per node: {dict(held)}"
     assert len(held) == 4
+    # A write through any node invalidates the object: every node removes its chunks, and redis-cli names
+    # no holder of any chunk once the nodes' next batches land.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with session.put(urls[3] + PATH, data=b"replaced", headers={"Host": HOST}) as r:
+            assert r.status in (200, 201, 204), await r.text()
+    on_disk = {nid: sum(f.stat().st_size for f in n.data_dir.rglob("*.data"))
+               for nid, n in chunked_cluster.nodes.items()}
+    assert on_disk == {nid: 0 for nid in chunked_cluster.nodes}, "chunk files left after the write"
+    scan: list[str] = []
+    for _ in range(200):
+        scan = redis_cli(redis_server.url, "--scan", "--pattern", key_locations(KEY) + "*").split()
+        if not scan:
+            break
+        await asyncio.sleep(0.05)
+    assert scan == [], f"the index still names holders: {scan[:3]}"
 
 
 @pytest.mark.parametrize("chunked_cluster", [2], ids=["r2"], indirect=True)
