@@ -254,10 +254,13 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
 
 
 @pytest.fixture
-async def cutting_origin(aiohttp_server):
-    """An origin of BODY that answers ranges as a stream and, once, cuts the answer for one chunk
-    (`state["cut"]`, a first byte) halfway through."""
-    state = {"cut": None, "ranges": []}
+async def ranged_origin(aiohttp_server):
+    """An origin of BODY that answers ranges as a stream, in 256 KiB pieces.
+    Once, it cuts the answer for the range starting at `state["cut"]`
+    halfway through. For the range starting at `state["hold"]` it sends the
+    first half, sets `state["holding"]` and sends the rest only once
+    `state["release"]` is set."""
+    state = {"cut": None, "hold": None, "holding": asyncio.Event(), "release": asyncio.Event(), "ranges": []}
 
     async def handle(request: web.Request) -> web.StreamResponse:
         headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
@@ -269,13 +272,18 @@ async def cutting_origin(aiohttp_server):
         resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
         resp.content_length = b - a + 1
         await resp.prepare(request)
-        cut = state["cut"] == a
+        half = a + (b - a + 1) // 2
+        cut, held = state["cut"] == a, False
         for at in range(a, b + 1, 256 * 1024):
-            if cut and at - a >= (b - a) // 2:
+            if at >= half and cut:
                 state["cut"] = None
                 await asyncio.sleep(0.05)
                 request.transport.close()
                 return resp
+            if at >= half and state["hold"] == a and not held:
+                held = True
+                state["holding"].set()
+                await state["release"].wait()
             await resp.write(BODY[at:min(at + 256 * 1024, b + 1)])
         await resp.write_eof()
         return resp
@@ -287,12 +295,12 @@ async def cutting_origin(aiohttp_server):
 
 
 @pytest.mark.parametrize("owned_by_reader", [False, True], ids=["peer-owns-it", "reader-owns-it"])
-async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole(cutting_origin, make_node,
+async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole(ranged_origin, make_node,
                                                                                  tmp_path, session, owned_by_reader):
     """The origin cuts its answer for one chunk halfway. The chunk's fill fails and stores nothing; a peer
     reading that chunk as it grew has its answer cut and takes the rest from the origin itself, as does the
     reading node when it was filling the chunk; the client's body is exact, and the next read fills the chunk."""
-    url, state = cutting_origin
+    url, state = ranged_origin
     nodes = {}
     for i in range(4):
         nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
@@ -485,44 +493,13 @@ async def test_a_store_finds_an_objects_chunks_after_a_restart_and_forgets_evict
     await restarted.idle()
 
 
-@pytest.fixture
-async def holding_origin(aiohttp_server):
-    """An origin of BODY that answers ranges as a stream and, for the range starting at `state["hold"]`,
-    sends the first half, sets `state["holding"]` and sends the rest only once `state["release"]` is set."""
-    state = {"hold": None, "holding": asyncio.Event(), "release": asyncio.Event(), "ranges": []}
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        headers = {"ETag": '"v1"', "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"}
-        m = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
-        if m is None:
-            return web.Response(body=BODY, headers=headers)
-        a, b = int(m.group(1)), int(m.group(2))
-        state["ranges"].append(a)
-        resp = web.StreamResponse(status=206, headers={**headers, "Content-Range": f"bytes {a}-{b}/{SIZE}"})
-        resp.content_length = b - a + 1
-        await resp.prepare(request)
-        half = a + (b - a + 1) // 2
-        await resp.write(BODY[a:half])
-        if state["hold"] == a:
-            state["holding"].set()
-            await state["release"].wait()
-        await resp.write(BODY[half:b + 1])
-        await resp.write_eof()
-        return resp
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    server = await aiohttp_server(app)
-    return f"http://127.0.0.1:{server.port}", state
-
-
-async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(holding_origin, make_node, tmp_path,
+async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(ranged_origin, make_node, tmp_path,
                                                                            session):
     """The node a client asks is the owner of the chunk it reads first. The origin sends half of that chunk
     and holds the rest until released: the client already has the first half (the node sends its own fill's
     bytes as they land, as it does a peer's), then the whole range, exact, after one origin fetch of the
     chunk, which is stored."""
-    url, state = holding_origin
+    url, state = ranged_origin
     nodes = {}
     for i in range(4):
         # The origin's read timeout outlasts the guard below: a node that waited for the whole chunk would
@@ -591,11 +568,11 @@ async def test_after_a_scale_up_chunks_are_treated_as_whole_objects_are(origin, 
 
 
 async def test_a_chunk_filling_when_its_object_is_invalidated_is_removed_once_committed(
-        holding_origin, make_node, tmp_path, session):
+        ranged_origin, make_node, tmp_path, session):
     """The object is invalidated while the reading node fills one of its chunks (the origin holding the
     chunk half-way). The fill is let finish, so its reader's body is whole and exact, but the chunk it
     commits is removed: after it, no node holds any chunk of the object."""
-    url, state = holding_origin
+    url, state = ranged_origin
     nodes = {}
     for i in range(4):
         nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
