@@ -31,7 +31,7 @@ from cachenode.fill.upstream import Upstream
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
-from cachenode.http.headers import Pairs, header_bytes, stored_pairs, updated_by_304, with_date
+from cachenode.http.headers import Pairs, header_bytes, renewed_by_304, stored_pairs, with_date
 from cachenode.http.vary import variant as variant_of
 from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
@@ -335,18 +335,10 @@ class FillEngine:
     async def _revalidated(self, stale: Meta, response: aiohttp.ClientResponse, *, key: str, now: float,
                            origin: Origin) -> Meta:
         """The stored object `stale`, renewed by the 304 `response`."""
-        # The 304's fields update the stored ones (RFC 9111 §3.2); its
-        # Age (not stored) shortens the lifetime it grants, and the
-        # object's age restarts from it.
-        # A 304 without Date is dated now (RFC 9110 §6.6.1): the age restarts here.
-        merged = updated_by_304(stale.headers, with_date(tuple(response.headers.items()), now))
-        judged = CIMultiDict(merged)
-        for name in ("Age", "Date"):  # not stored, but they date the 304
-            if name in response.headers:
-                judged[name] = response.headers[name]
-        renewed = response_policy(stale.status, judged, now=now, policy_ttl=origin.default_ttl,
-                                  private_ok=origin.credentials == "authorize",
-                                  targeted=origin.targeted_cache_control)
+        merged, renewed = renewed_by_304(stale.status, stale.headers, response.headers.items(), now=now,
+                                         policy_ttl=origin.default_ttl,
+                                         private_ok=origin.credentials == "authorize",
+                                         targeted=origin.targeted_cache_control)
         meta = await self.store.refresh(
             stale, headers=merged, stored_at=now, expires_at=now + renewed.ttl,
             age=current_age(response.headers, now), stale_if_error=renewed.stale_if_error,

@@ -27,7 +27,6 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import structlog
 from aiohttp import web
-from multidict import CIMultiDict
 
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.hot_revalidation import conditional_fields, confirms, owner_expiry
@@ -50,8 +49,8 @@ from cachenode.front.interim import InterimRelay
 from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
 from cachenode.http.authorize import not_probeable
 from cachenode.http.freshness import (RequestDirectives, Use, current_age, judge, may_serve_stale_on_error,
-                                      request_bypasses_cache, request_directives, response_policy)
-from cachenode.http.headers import stored_pairs, updated_by_304, with_date
+                                      request_bypasses_cache, request_directives)
+from cachenode.http.headers import renewed_by_304, stored_pairs
 from cachenode.http.vary import selecting_headers, vary_names
 from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
@@ -448,13 +447,8 @@ class Handler:
         when the copy went or changed meanwhile, or the 304 made it
         unstorable (it is then dropped)."""
         now = self._clock()
-        merged = updated_by_304(meta.headers, with_date(tuple(answer.headers.items()), now))
-        judged = CIMultiDict(merged)
-        for name in ("Age", "Date"):  # not stored, but they date the 304
-            if name in answer.headers:
-                judged[name] = answer.headers[name]
-        renewed = response_policy(meta.status, judged, now=now, policy_ttl=origin.default_ttl,
-                                  targeted=origin.targeted_cache_control)
+        merged, renewed = renewed_by_304(meta.status, meta.headers, answer.headers.items(), now=now,
+                                         policy_ttl=origin.default_ttl, targeted=origin.targeted_cache_control)
         if not renewed.storable:
             await self._drop_hot(meta, why=f"not storable any more: {renewed.reason}")
             return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, MutableMapping
 
-from cachenode.http.freshness import imf_fixdate
+from cachenode.http.freshness import Policy, imf_fixdate, response_policy
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
 Pairs = tuple[tuple[str, str], ...]
@@ -153,6 +153,46 @@ def updated_by_304(stored: Pairs, update: Iterable[tuple[str, str]]) -> Pairs:
     replaced = {n.lower() for n, _ in fresh}
     kept = [(n, v) for n, v in stored if n.lower() not in replaced]
     return tuple(kept + fresh)
+
+
+def renewed_by_304(status: int, stored: Pairs, answer: Iterable[tuple[str, str]], *, now: float,
+                   policy_ttl: float | None, private_ok: bool = False,
+                   targeted: tuple[str, ...] = ()) -> tuple[Pairs, Policy]:
+    """A stored response renewed by a 304 (`answer`, as received at `now`):
+    its fields as the 304 updates them (RFC 9111 §3.2), and what the renewed
+    response may be. A 304 without Date is dated now (RFC 9110 §6.6.1); its
+    Age and Date, not stored, date the lifetime it grants, and the object's
+    age restarts from them."""
+    answer = tuple(answer)
+    merged = updated_by_304(stored, with_date(answer, now))
+    dating = {n.lower() for n, _ in answer} & {"age", "date"}
+    judged = _Lines(tuple((n, v) for n, v in merged if n.lower() not in dating)
+                    + tuple((n, v) for n, v in answer if n.lower() in dating))
+    return merged, response_policy(status, judged, now=now, policy_ttl=policy_ttl, private_ok=private_ok,
+                                   targeted=targeted)
+
+
+class _Lines(Mapping[str, str]):
+    """Field lines as the pure readers take a message's fields: `items()`
+    yields every line, repeated names too (freshness.field_value)."""
+
+    def __init__(self, pairs: Pairs) -> None:
+        self._pairs = pairs
+
+    def items(self):  # type: ignore[override]
+        return iter(self._pairs)
+
+    def __getitem__(self, name: str) -> str:
+        for n, v in self._pairs:
+            if n.lower() == name.lower():
+                return v
+        raise KeyError(name)
+
+    def __iter__(self):
+        return (n for n, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
 
 
 # Fields that describe a whole body: true of a 200, false of any range of

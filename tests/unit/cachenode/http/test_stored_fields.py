@@ -31,3 +31,26 @@ def test_rfc9110_6_6_1_a_response_with_date_keeps_it():
 def test_rfc9111_4_3_4_a_304s_date_replaces_the_stored_one():
     stored = (("Date", "Sun, 11 Jan 1970 13:46:40 GMT"), ("ETag", '"x"'))
     assert updated_by_304(stored, [("Date", DATE), ("Age", "3")]) == (("ETag", '"x"'), ("Date", DATE))
+
+
+def test_a_304_renews_the_stored_fields_and_its_age_and_date_date_the_lifetime_it_grants():
+    from cachenode.http.headers import renewed_by_304
+
+    now = 1_780_000_000.0
+    stored = (("Content-Type", "application/x-tar"), ("Cache-Control", "max-age=60"), ("ETag", '"v1"'))
+    answer = (("Cache-Control", "max-age=600"), ("Cache-Control", "must-revalidate"), ("Age", "100"),
+              ("Content-Length", "0"))
+    merged, policy = renewed_by_304(200, stored, answer, now=now, policy_ttl=None)
+    # Both Cache-Control lines replace the stored one; the 304's own length is not the object's.
+    assert merged[:2] == (("Content-Type", "application/x-tar"), ("ETag", '"v1"'))
+    assert ("Cache-Control", "max-age=600") in merged and ("Cache-Control", "must-revalidate") in merged
+    assert ("Content-Length", "0") not in merged
+    assert policy.storable and policy.ttl == 500  # max-age less the 304's Age
+
+
+def test_a_304_that_makes_the_response_private_leaves_it_unstorable():
+    from cachenode.http.headers import renewed_by_304
+
+    stored = (("Cache-Control", "max-age=60"), ("ETag", '"v1"'))
+    _, policy = renewed_by_304(200, stored, (("Cache-Control", "private"),), now=1_780_000_000.0, policy_ttl=None)
+    assert not policy.storable
