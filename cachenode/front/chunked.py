@@ -482,11 +482,7 @@ class ChunkReads:
         except FileNotFoundError:
             raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was evicted while asked for; ask again\n")
         with f:
-            resp = ExactResponse(status=206 if asked else 200)
-            if asked:
-                resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
-            resp.headers[SERVED_BY_HEADER] = self.node_id
-            resp.content_length = count
+            resp = self._chunk_answer(start=start, count=count, size=size, ranged=asked)
             await resp.prepare(request)
             if request.method == "GET":
                 await self.send_file(request, resp, f, start, count)
@@ -495,17 +491,23 @@ class ChunkReads:
         self.counts.accessed(stored.key)
         return resp
 
+    def _chunk_answer(self, *, start: int, count: int, size: int, ranged: bool) -> ExactResponse:
+        """The head of this node's answer with bytes [start, start + count) of
+        a chunk `size` long, stored or still being written."""
+        resp = ExactResponse(status=206 if ranged else 200)
+        if ranged:
+            resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+        resp.headers[SERVED_BY_HEADER] = self.node_id
+        resp.content_length = count
+        return resp
+
     async def _send_growing(self, request: web.Request, tail: _Tail, *, start: int, count: int, size: int,
                             ranged: bool) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
         sent as they land. If its fill fails first, the connection is cut:
         the asking node resumes from that byte elsewhere (`_write`)."""
         with tail:
-            resp = ExactResponse(status=206 if ranged else 200)
-            if ranged:
-                resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
-            resp.headers[SERVED_BY_HEADER] = self.node_id
-            resp.content_length = count
+            resp = self._chunk_answer(start=start, count=count, size=size, ranged=ranged)
             await resp.prepare(request)
             sent = await self._send_tail(request, resp, tail, start, count)
             access(request).bytes = sent
