@@ -294,6 +294,19 @@ async def ranged_origin(aiohttp_server):
     return f"http://127.0.0.1:{server.port}", state
 
 
+async def four_nodes(make_node, tmp_path, url: str, **settings) -> tuple[dict, list]:
+    """Four in-process nodes n0-n3 of `url` (the ranged origin) chunking KEY, in one ring; with the
+    table of the owners of each of its chunks."""
+    nodes = {}
+    for i in range(4):
+        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
+                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED, **settings)
+    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
+    for nd in nodes.values():
+        nd.node.cluster.update(members)
+    return nodes, place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+
+
 @pytest.mark.parametrize("owned_by_reader", [False, True], ids=["peer-owns-it", "reader-owns-it"])
 async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole(ranged_origin, make_node,
                                                                                  tmp_path, session, owned_by_reader):
@@ -301,14 +314,7 @@ async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole
     reading that chunk as it grew has its answer cut and takes the rest from the origin itself, as does the
     reading node when it was filling the chunk; the client's body is exact, and the next read fills the chunk."""
     url, state = ranged_origin
-    nodes = {}
-    for i in range(4):
-        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
-                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
-    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
-    for nd in nodes.values():
-        nd.node.cluster.update(members)
-    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    nodes, table = await four_nodes(make_node, tmp_path, url)
     index = next(i for i in range(1, len(table)) if (table[i][0] == "n0") == owned_by_reader)
     state["cut"] = index * CHUNK
     with capture_logs() as logs:
@@ -500,16 +506,9 @@ async def test_a_reader_gets_its_own_chunk_as_it_fills_not_once_it_is_whole(rang
     bytes as they land, as it does a peer's), then the whole range, exact, after one origin fetch of the
     chunk, which is stored."""
     url, state = ranged_origin
-    nodes = {}
-    for i in range(4):
-        # The origin's read timeout outlasts the guard below: a node that waited for the whole chunk would
-        # not give up on the held fill and read the chunk from the origin itself meanwhile.
-        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}", origin_read_timeout=600,
-                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
-    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
-    for nd in nodes.values():
-        nd.node.cluster.update(members)
-    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    # The origin's read timeout outlasts the guard below: a node that waited for the whole chunk would
+    # not give up on the held fill and read the chunk from the origin itself meanwhile.
+    nodes, table = await four_nodes(make_node, tmp_path, url, origin_read_timeout=600)
     index = next(i for i in range(len(table)) if table[i][0] == "n0")
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
     state["hold"] = a
@@ -573,14 +572,7 @@ async def test_a_chunk_filling_when_its_object_is_invalidated_is_removed_once_co
     chunk half-way). The fill is let finish, so its reader's body is whole and exact, but the chunk it
     commits is removed: after it, no node holds any chunk of the object."""
     url, state = ranged_origin
-    nodes = {}
-    for i in range(4):
-        nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
-                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED)
-    members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
-    for nd in nodes.values():
-        nd.node.cluster.update(members)
-    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    nodes, table = await four_nodes(make_node, tmp_path, url)
     index = next(i for i in range(len(table)) if table[i][0] == "n0")
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
     state["hold"] = a
