@@ -322,3 +322,41 @@ limit the pod may be scheduled beside others, and each worker costs memory.
 {{- max 1 (ceil (float64 $cpu) | int) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The origins (as a JSON list of hosts) passed through because no rule trusts
+the CA for them: with https.terminate and rules of the user's own, a host
+that no `tls: true` rule aliases is passed through (`tls: passthrough`): its
+pods were not given the Nezha CA, and aliasing a host must never break its
+HTTPS. The default rule is `tls: true` for every origin, so without rules of
+the user's own the list is empty. An origin's own `tls` is its own and is not
+listed. Read by cache-config.yaml (the nodes' table) and NOTES.txt.
+*/}}
+{{- define "nezha.passthroughByRules" -}}
+{{- $out := list }}
+{{- if and .Values.https.terminate .Values.webhook.rules }}
+{{- $tlsHosts := list }}
+{{- range .Values.webhook.rules }}
+{{- if .tls }}
+{{- range .hostAliases }}
+{{- $tlsHosts = concat $tlsHosts (.hostnames | default list) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range .Values.origins }}
+{{- if not .tls }}
+{{- $host := .host }}
+{{- $covered := false }}
+{{- range $tlsHosts }}
+{{- if or (eq . $host) (and (hasPrefix "*." $host) (hasSuffix (trimPrefix "*" $host) .)) }}
+{{- $covered = true }}
+{{- end }}
+{{- end }}
+{{- if not $covered }}
+{{- $out = append $out $host }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
