@@ -1,5 +1,5 @@
 """Targeted cache control (RFC 9213): cache directives addressed to one class
-of caches, read from a Structured Field Dictionary (RFC 8941). Pure: no I/O.
+of caches, read from a Structured Field Dictionary. Pure: no I/O.
 
 An origin says `CDN-Cache-Control: max-age=86400` to the shared caches run
 in front of it and `Cache-Control: max-age=60` to everyone else; Nezha is
@@ -9,6 +9,11 @@ such a cache. Each origin names the fields that target Nezha, in order
 decides, and `Cache-Control` and `Expires` are then ignored for this cache's
 own storing and freshness (RFC 9213 §2.1). The fields themselves travel on
 untouched, to clients and to any cache after this one.
+
+The parsing is `http-sf`'s (RFC 9651, which obsoletes RFC 8941); this module
+only decides what a cache makes of the result. RFC 9213 defines its fields
+as RFC 8941 Dictionaries, so the two item types RFC 9651 added (Dates and
+Display Strings) are refused here as an RFC 8941 parser refuses them.
 
 A targeted field that is not a valid Dictionary is ignored as if absent
 (§2.1): a typo must not turn `no-store` into anything. Its members become
@@ -21,180 +26,51 @@ number, which the freshness rules read as malformed: already stale.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
+from datetime import datetime
+from decimal import Decimal
 from typing import Mapping
+
+import http_sf
 
 # Directives whose argument is delta-seconds (RFC 9111 §1.2.2, RFC 5861):
 # in a targeted field they must be Integers (RFC 9213 §2.1).
 _DELTA_DIRECTIVES = frozenset({"max-age", "s-maxage", "stale-if-error", "stale-while-revalidate"})
-
-_KEY = re.compile(r"[a-z*][a-z0-9_\-.*]*")
-_INTEGER = re.compile(r"-?[0-9]{1,15}")
-_DECIMAL = re.compile(r"-?[0-9]{1,12}\.[0-9]{1,3}")
-_TOKEN = re.compile(r"[A-Za-z*][!#$%&'*+\-.^_`|~0-9A-Za-z:/]*")
 
 
 class InvalidField(ValueError):
     """A value that is not a Structured Field Dictionary (RFC 8941 §4.2.2)."""
 
 
-class _Boolean(int):
-    """A parsed `?1`/`?0`, kept apart from an Integer 1 or 0."""
-
-
-class _Token(str):
-    """A parsed Token, kept apart from a String."""
-
-
-class _Parser:
-    """RFC 8941 §4.2 parsing, the parts a Dictionary needs."""
-
-    def __init__(self, text: str) -> None:
-        self.s = text
-        self.i = 0
-
-    def _peek(self) -> str:
-        return self.s[self.i] if self.i < len(self.s) else ""
-
-    def _ows(self) -> None:
-        while self._peek() in (" ", "\t"):
-            self.i += 1
-
-    def _sp(self) -> None:
-        while self._peek() == " ":
-            self.i += 1
-
-    def _match(self, pattern: re.Pattern[str]) -> str | None:
-        m = pattern.match(self.s, self.i)
-        if m is None:
-            return None
-        self.i = m.end()
-        return m.group()
-
-    def dictionary(self) -> dict[str, object]:
-        self._sp()
-        out: dict[str, object] = {}
-        while self.i < len(self.s):
-            key = self._key()
-            if self._peek() == "=":
-                self.i += 1
-                out[key] = self._member()
-            else:
-                out[key] = _Boolean(1)
-                self._parameters()
-            self._ows()
-            if self.i >= len(self.s):
-                break
-            if self._peek() != ",":
-                raise InvalidField(f"expected ',' at {self.i}, found {self._peek()!r}")
-            self.i += 1
-            self._ows()
-            if self.i >= len(self.s):
-                raise InvalidField("a trailing comma")
-        self._sp()
-        if self.i != len(self.s):
-            raise InvalidField(f"unparsed text at {self.i}")
-        return out
-
-    def _key(self) -> str:
-        key = self._match(_KEY)
-        if key is None:
-            raise InvalidField(f"expected a key at {self.i}, found {self._peek()!r}")
-        return key
-
-    def _member(self) -> object:
-        if self._peek() == "(":
-            self.i += 1
-            items = []
-            while True:
-                self._sp()
-                if self._peek() == ")":
-                    self.i += 1
-                    break
-                items.append(self._bare_item())
-                self._parameters()
-                if self._peek() not in (" ", ")"):
-                    raise InvalidField(f"an inner list item ends badly at {self.i}")
-            self._parameters()
-            return tuple(items)
-        value = self._bare_item()
-        self._parameters()
-        return value
-
-    def _parameters(self) -> None:
-        # Parameters are parsed for validity, then dropped: no cache directive has any.
-        while self._peek() == ";":
-            self.i += 1
-            self._sp()
-            self._key()
-            if self._peek() == "=":
-                self.i += 1
-                self._bare_item()
-
-    def _bare_item(self) -> object:
-        ch = self._peek()
-        if ch == "-" or ch.isdigit():
-            decimal = self._match(_DECIMAL)
-            if decimal is not None:
-                return float(decimal)
-            integer = self._match(_INTEGER)
-            if integer is None or (self._peek().isdigit() or self._peek() == "."):
-                raise InvalidField(f"a number out of range at {self.i}")
-            return int(integer)
-        if ch == '"':
-            return self._string()
-        if ch == ":":
-            end = self.s.find(":", self.i + 1)
-            if end < 0:
-                raise InvalidField("an unterminated byte sequence")
-            try:
-                value = base64.b64decode(self.s[self.i + 1:end], validate=True)
-            except binascii.Error as e:
-                raise InvalidField(f"a byte sequence that is not base64: {e}") from e
-            self.i = end + 1
-            return value
-        if ch == "?":
-            if self.s[self.i + 1:self.i + 2] not in ("0", "1"):
-                raise InvalidField(f"a boolean that is neither ?0 nor ?1 at {self.i}")
-            self.i += 2
-            return _Boolean(int(self.s[self.i - 1]))
-        token = self._match(_TOKEN)
-        if token is None:
-            raise InvalidField(f"no item at {self.i}: {ch!r}")
-        return _Token(token)
-
-    def _string(self) -> str:
-        self.i += 1
-        out = []
-        while self.i < len(self.s):
-            ch = self.s[self.i]
-            self.i += 1
-            if ch == "\\":
-                nxt = self._peek()
-                if nxt not in ('"', "\\"):
-                    raise InvalidField("a string escapes something other than '\"' or '\\'")
-                out.append(nxt)
-                self.i += 1
-            elif ch == '"':
-                return "".join(out)
-            elif not (" " <= ch <= "~"):
-                raise InvalidField("a string holds a character outside printable ASCII")
-            else:
-                out.append(ch)
-        raise InvalidField("an unterminated string")
+def _bare(value: object) -> object:
+    """One bare item as plain Python: a Token its text, a Decimal a float."""
+    if isinstance(value, (datetime, http_sf.DisplayString)):
+        raise InvalidField(f"{value!r} is an RFC 9651 type that an RFC 8941 Dictionary has not")
+    if isinstance(value, http_sf.Token):
+        return str(value)
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
 
 
 def parse_dictionary(value: str) -> dict[str, object]:
     """A Structured Field Dictionary (RFC 8941 §4.2.2): member name -> value
     (int, float, str, bytes, bool or a tuple for an inner list); a repeated
-    name keeps its last value. Raises InvalidField."""
-    return _Parser(value).dictionary()
+    name keeps its last value, and parameters are dropped (no cache directive
+    has any). Raises InvalidField."""
+    try:
+        members = http_sf.parse(value.encode("ascii"), tltype="dictionary")
+    except UnicodeEncodeError as e:
+        raise InvalidField(f"a character outside ASCII at {e.start}") from e
+    except http_sf.StructuredFieldError as e:
+        raise InvalidField(str(e)) from e
+    out: dict[str, object] = {}
+    for name, (member, _parameters) in members.items():
+        out[name] = tuple(_bare(item) for item, _ in member) if isinstance(member, list) else _bare(member)
+    return out
 
 
 def _argument(name: str, value: object) -> str | None:
-    if isinstance(value, _Boolean):
+    if isinstance(value, bool):
         # A bare member; `?0` is a directive turned off, which a cache can
         # only read as absent, so callers drop it before this.
         return None
@@ -219,8 +95,7 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
             members = parse_dictionary(", ".join(lines))
         except InvalidField:
             continue
-        directives = {k: _argument(k, v) for k, v in members.items()
-                      if not (isinstance(v, _Boolean) and v == 0)}
+        directives = {k: _argument(k, v) for k, v in members.items() if v is not False}
         if directives:
             return name, directives
     return None

@@ -201,8 +201,11 @@ if [ -z "$master" ]; then master="$STATEFULSET-0.$svc"; fi
 {{- end }}
 {{- $capacity := include "nezha.bytes" (dict "value" $c.capacity "units" (include "nezha.sizeUnits" . | fromYaml) "fold" true) | float64 }}
 {{- $disk := include "nezha.bytes" (dict "value" $c.storage.size "units" (include "nezha.quantityUnits" . | fromYaml) "fold" false) | float64 }}
-{{- if gt $capacity $disk }}
-{{- fail (printf "cache.capacity (%s = %.0f bytes) must not exceed cache.storage.size (%s = %.0f bytes): a node would fill its disk before it evicts" (toString $c.capacity) $capacity (toString $c.storage.size) $disk) }}
+{{- /* Equal is refused too: the file system takes some of the volume, and a
+download without Content-Length overruns the capacity in its temporary file
+for a moment, so a node at capacity would find its disk full. */}}
+{{- if ge $capacity $disk }}
+{{- fail (printf "cache.capacity (%s = %.0f bytes) must be below cache.storage.size (%s = %.0f bytes): the file system takes some of the volume and a download can briefly pass the capacity, so a node would fill its disk before it evicts; leave headroom (the defaults leave a tenth: 45GiB of 50Gi)" (toString $c.capacity) $capacity (toString $c.storage.size) $disk) }}
 {{- end }}
 {{- $budget := $c.pdb.maxUnavailable }}
 {{- if kindIs "string" $budget }}
@@ -215,6 +218,9 @@ if [ -z "$master" ]; then master="$STATEFULSET-0.$svc"; fi
 {{- end }}
 {{- else if ge (int $budget) (int $c.replicasPerKey) }}
 {{- fail (printf "cache.pdb.maxUnavailable (%d) must be below cache.replicasPerKey (%d): a node drain could evict every owner of an object at once" (int $budget) (int $c.replicasPerKey)) }}
+{{- end }}
+{{- if gt (int $c.replicasPerKey) (int $c.replicas) }}
+{{- fail (printf "cache.replicasPerKey (%d) must not exceed cache.replicas (%d): a key cannot have more owners than there are cache nodes" (int $c.replicasPerKey) (int $c.replicas)) }}
 {{- end }}
 {{- $hosts := list }}
 {{- range .Values.origins }}
@@ -316,3 +322,41 @@ limit the pod may be scheduled beside others, and each worker costs memory.
 {{- max 1 (ceil (float64 $cpu) | int) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The origins (as a JSON list of hosts) passed through because no rule trusts
+the CA for them: with https.terminate and rules of the user's own, a host
+that no `tls: true` rule aliases is passed through (`tls: passthrough`): its
+pods were not given the Nezha CA, and aliasing a host must never break its
+HTTPS. The default rule is `tls: true` for every origin, so without rules of
+the user's own the list is empty. An origin's own `tls` is its own and is not
+listed. Read by cache-config.yaml (the nodes' table) and NOTES.txt.
+*/}}
+{{- define "nezha.passthroughByRules" -}}
+{{- $out := list }}
+{{- if and .Values.https.terminate .Values.webhook.rules }}
+{{- $tlsHosts := list }}
+{{- range .Values.webhook.rules }}
+{{- if .tls }}
+{{- range .hostAliases }}
+{{- $tlsHosts = concat $tlsHosts (.hostnames | default list) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range .Values.origins }}
+{{- if not .tls }}
+{{- $host := .host }}
+{{- $covered := false }}
+{{- range $tlsHosts }}
+{{- if or (eq . $host) (and (hasPrefix "*." $host) (hasSuffix (trimPrefix "*" $host) .)) }}
+{{- $covered = true }}
+{{- end }}
+{{- end }}
+{{- if not $covered }}
+{{- $out = append $out $host }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}

@@ -35,13 +35,26 @@ def test_a_capacity_larger_than_the_disk_is_refused_naming_both(capacity, size, 
 
 
 @pytest.mark.parametrize("capacity,size", [
-    ("45GiB", "50Gi"),
-    ("53G", "50Gi"),
     ("50GiB", "50Gi"),
     ("1000000B", "1M"),
+    ("0.5 TB", "500G"),
+])
+def test_a_capacity_equal_to_the_disk_is_refused_asking_for_headroom(capacity, size):
+    """The README asks for headroom: the file system takes some of the volume, and a download without
+    Content-Length passes the capacity for a moment in its temporary file."""
+    message = refusal([f"cache.capacity={capacity}", f"cache.storage.size={size}"])
+    assert f"cache.capacity ({capacity} = " in message and f"cache.storage.size ({size} = " in message
+    assert "must be below" in message and "headroom" in message
+
+
+@pytest.mark.parametrize("capacity,size", [
+    ("45GiB", "50Gi"),
+    ("53G", "50Gi"),
+    ("49GiB", "50Gi"),
+    ("999999B", "1M"),
     ("900Mi", "1G"),
     ("1T", "1Ti"),
-    ("0.5 TB", "500G"),
+    ("0.4 TB", "500G"),
 ])
 def test_a_capacity_within_the_disk_renders(capacity, size):
     objects = render(sets=[f"cache.capacity={capacity}", f"cache.storage.size={size}"])
@@ -77,3 +90,19 @@ def test_with_one_owner_per_key_a_budget_of_one_renders_so_drains_still_proceed(
 
 def test_a_negative_budget_is_refused_by_the_schema_naming_it():
     assert "/cache/pdb/maxUnavailable" in refusal(["cache.pdb.maxUnavailable=-1"])
+
+
+@pytest.mark.parametrize("per_key,replicas", [(3, 2), (2, 1), (5, 3)])
+def test_more_owners_per_key_than_cache_nodes_is_refused_naming_both(per_key, replicas):
+    message = refusal([f"cache.replicasPerKey={per_key}", f"cache.replicas={replicas}",
+                       "cache.pdb.maxUnavailable=1"])
+    assert f"cache.replicasPerKey ({per_key}) must not exceed cache.replicas ({replicas})" in message
+
+
+@pytest.mark.parametrize("per_key,replicas", [(1, 1), (2, 2), (3, 5)])
+def test_owners_per_key_up_to_the_node_count_render(per_key, replicas):
+    objects = render(sets=[f"cache.replicasPerKey={per_key}", f"cache.replicas={replicas}",
+                           "cache.pdb.maxUnavailable=1"])
+    sts = find(objects, "StatefulSet", "nezha-cache")
+    assert sts["spec"]["replicas"] == replicas
+    assert sts["metadata"]["annotations"]["nezha.io/replicas-per-key"] == str(per_key)
