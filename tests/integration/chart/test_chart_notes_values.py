@@ -131,6 +131,7 @@ async def test_the_ca_check_prints_the_ca_nezha_ca_init_made_and_fails_before_it
 
     from nezha.ca_cli import init_in_cluster
 
+    require_tool("openssl")  # the printed check pipes the CA into openssl, as a user's shell would
     printed = notes(*values("https"))
     line = command(printed, "get configmap nezha-ca -o jsonpath")
     assert line.startswith("kubectl -n nezha ") and "| openssl x509" in line
