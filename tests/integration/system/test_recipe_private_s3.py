@@ -114,6 +114,19 @@ async def test_the_private_s3_recipe_caches_a_signed_read_once_and_authorizes_th
     assert sent_cold >= len(body)
     assert relay.down - sent_cold < 4096, relay.down - sent_cold  # a 304 head, not the object
 
+    # The check Job: unsigned, it gets S3's 403 through the cache, and nothing from the disk.
+    check = yaml.safe_load(page["check-job"])
+    check_file = system.root / "check-private-shard.yaml"
+    check_file.write_text(page["check-job"])
+    sent_warm = relay.down
+    for argv in commands(page["run-check"]):
+        if "logs" in argv:
+            assert answered(logs_of(argv, check, out), page["check-log"]), out
+        else:
+            await kubectl(system, argv, files={"check-private-shard.yaml": check_file})
+            _, _, out = await run_job(system, request, check, seen, hosts=[HOST])
+    assert relay.down - sent_warm < 4096, relay.down - sent_warm  # S3's refusal, not the object
+
     # The cache's own account, as the page asks for it (the counts reach Redis within seconds).
     async def counted() -> dict[str, str] | None:
         row = await stats_row(system, page["stats"], HOST)
