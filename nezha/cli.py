@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from nezha import config
+from nezha.config import loader as config_loader
 from nezha.errors import ConfigError, RunError
 
 # module -> the subcommands it registers
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv)  # `nezha cache --workers N` starts each worker with the same arguments
     command = f"nezha {args.command}"
-    config.FLAG_NAMES.update(_flag_names(parser))
-    config.COMMAND = command
+    config_loader.FLAG_NAMES.update(_flag_names(parser))
+    config_loader.COMMAND = command
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

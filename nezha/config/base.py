@@ -1,0 +1,54 @@
+"""What every command's settings share: the `NEZHA_` prefix, the sources in order, a checked log level.
+
+Precedence, highest first: command-line flags (passed to the constructor),
+`NEZHA_*` variables, the `--config` file (set in `file_settings` by the
+loader while it builds the object), then the field's default.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+# The --config file's settings while `load` builds a settings object (the lowest-priority source).
+file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("nezha_file_settings",
+                                                                                     default=None)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The --config file, already read and checked by `load`."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(file_settings.get() or {})
+
+
+class NezhaSettings(BaseSettings):
+    # forbid: a misspelt key is an error, never a setting silently left at its default.
+    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="forbid", validate_default=True)
+
+    log_level: str = "info"
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        if v.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return v.lower()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
