@@ -57,18 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """dest -> the long flag that sets it, over every subcommand (`origins` -> `--origin`)."""
-    names: dict[str, str] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                names.update(_flag_names(sub))
-        elif action.option_strings and action.dest not in ("help", "version"):
-            names.setdefault(action.dest, max(action.option_strings, key=len))
-    return names
-
-
 def _unknown_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """A one-line error for the first `--flag` that no parser on the command's path takes,
     with the closest flag of that command; None when every flag is known.
@@ -107,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(argv)  # `nezha cache --workers N` starts each worker with the same arguments
     command = f"nezha {args.command}"
-    config_loader.FLAG_NAMES.update(_flag_names(parser))
     config_loader.COMMAND = command
     try:
         return int(args.func(args) or 0)

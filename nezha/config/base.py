@@ -8,15 +8,26 @@ loader while it builds the object), then the field's default.
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
 
-from pydantic import field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nezha.config.flags import Flag
 
 # The --config file's settings while `load` builds a settings object (the lowest-priority source).
 file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("nezha_file_settings",
                                                                                      default=None)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The kubeconfig of every command that talks to a cluster: --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG;
+# none: the pod's service account.
+Kubeconfig = Annotated[Path | None, Flag()]
+
+
+def kubeconfig_field() -> Any:
+    return Field(default=None, validation_alias=AliasChoices("kubeconfig", "NEZHA_KUBECONFIG", "KUBECONFIG"),
+                 description="kubeconfig (default: NEZHA_KUBECONFIG or KUBECONFIG, else the pod's service account)")
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -33,7 +44,11 @@ class NezhaSettings(BaseSettings):
     # forbid: a misspelt key is an error, never a setting silently left at its default.
     model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="forbid", validate_default=True)
 
-    log_level: str = "info"
+    # A command's own wording of a flag's help for a field it inherits, by field (or "config"),
+    # where the field's description speaks of another command (nezha/config/flags.py).
+    flag_help: ClassVar[dict[str, str]] = {}
+
+    log_level: Annotated[str, Flag(choices=LOG_LEVELS)] = Field("info", description="how much to log")
 
     @field_validator("log_level")
     @classmethod

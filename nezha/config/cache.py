@@ -10,6 +10,7 @@ from pydantic_settings import NoDecode
 from yarl import URL
 
 from nezha.config.base import NezhaSettings
+from nezha.config.flags import Flag
 from nezha.origins import Origin, OriginTable, parse_origins
 from nezha.values import chunk_setting, parse_hostport, parse_size
 
@@ -22,10 +23,12 @@ DEFAULT_CLUSTER_REPLICAS = 2
 class CacheSettings(NezhaSettings):
     """One cache node (`nezha cache`)."""
 
-    listen: str = "127.0.0.1:8080"
-    data_dir: Path = Path("./nezha-data")
-    origins: Annotated[list[Origin], NoDecode] = Field(default_factory=list)
-    capacity: int | None = None
+    listen: Annotated[str, Flag(only=("cache",))] = Field("127.0.0.1:8080", description="HOST:PORT to serve on")
+    data_dir: Annotated[Path, Flag()] = Field(Path("./nezha-data"), description="folder for cached objects")
+    origins: Annotated[list[Origin], NoDecode, Flag(name="--origin", metavar="HOST=UPSTREAM_URL")] = Field(
+        default_factory=list, description="a dataset host and where to fetch it; repeat for more")
+    capacity: Annotated[int | None, Flag(size=True)] = Field(None, description=(
+        "disk to use, e.g. 50GiB or 500M; least recently used objects are evicted beyond it (default: unbounded)"))
     origin_connect_timeout: float = 5.0
     origin_read_timeout: float = 30.0
     read_size: int = 256 * 1024
@@ -35,13 +38,18 @@ class CacheSettings(NezhaSettings):
     # Answer plain GET/HEAD hits below aiohttp (cachenode/front/fastpath.py).
     fast_hits: bool = True
     # Cluster membership; all optional so a node runs alone.
-    redis_url: str | None = None
-    node_id: str | None = None
-    advertise: str | None = None
+    redis_url: Annotated[str | None, Flag()] = Field(None, description=(
+        "the shared index to join: redis://, rediss://, unix:// or redis+sentinel:// (needs NEZHA_CLUSTER_TOKEN; "
+        "default: none, a lone node)"))
+    node_id: Annotated[str | None, Flag(only=("cache",))] = Field(None, description="this node's identity in the ring")
+    advertise: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT where peers reach this node, shown in /readyz and sent with copies; the ring itself is written "
+        "by the controller, `nezha up` or `nezha ring set` (default: --listen)"))
     # Owners per key (replicas-per-key). Unset: 2 for a node in a cluster
     # (redis_url given), so losing one node loses no object and costs no
     # origin fetch; 1 for a node alone, where a second owner cannot exist.
-    replicas: int | None = None
+    replicas: Annotated[int | None, Flag()] = Field(None, description=(
+        f"owners per key (replicas-per-key); default {DEFAULT_CLUSTER_REPLICAS} with --redis-url, else 1"))
     # Connect timeout to peers; a peer silent this long (no headers, or a
     # body that stopped) is probed at /healthz, within this time too, and
     # given up if the probe fails. The rules are in cachenode/front/relay.py.
@@ -62,7 +70,10 @@ class CacheSettings(NezhaSettings):
     # an origin that offers byte ranges and a strong validator, fetches
     # `fill_streams` ranges at once (cachenode/fill/parallel.py); 1 turns it off.
     # Per origin in its `origins` entry.
-    fill_streams: int = 8
+    fill_streams: Annotated[int, Flag(only=("cache",))] = Field(8, description=(
+        "parallel range requests for a cold fill of a large object (at least parallel_fill_threshold) from an "
+        "origin that offers ranges and a strong validator; 1 fetches every object as one stream; per origin in "
+        "--config"))
     parallel_fill_threshold: int = 64 * 1024 * 1024
     # A client's Range into a cold large object fetches the slices around it
     # first; on, the rest of the object keeps filling behind it; off, only
@@ -76,18 +87,25 @@ class CacheSettings(NezhaSettings):
     # HOST:PORT answering TLS (port 443 behind the chart's Service): a
     # connection naming an origin (SNI) is terminated with the CA below, or
     # relayed untouched to the real host without one; unset: no TLS port.
-    tls_listen: str | None = None
+    tls_listen: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT for TLS clients of aliased hosts (port 443 in a cluster): a connection whose server name (SNI) "
+        "is a configured origin is served here with a certificate for that name signed by --ca-cert, or without "
+        "a CA passed untouched to the real host; any other name is refused (default: none)"))
     # The Nezha CA (`nezha ca init`): with both, the TLS port terminates
     # configured origins' connections with a leaf it mints per name
     # (cachenode/tls/certificates.py) and caches their https:// objects; without, it
     # relays them untouched. The key file is the cluster's most sensitive
     # secret: only cache pods mount it.
-    ca_cert: Path | None = None
-    ca_key: Path | None = None
+    ca_cert: Annotated[Path | None, Flag()] = Field(None, description=(
+        "the Nezha CA's certificate (nezha ca init), which labelled pods trust; with --ca-key the TLS port serves "
+        "configured origins itself (default: none)"))
+    ca_key: Annotated[Path | None, Flag()] = Field(None, description=(
+        "the Nezha CA's private key: keep it readable by the node only (default: none)"))
     # A client gets this long from its first byte (or from connecting) to
     # send a complete request head, then 408; trickled heads cannot hold a
     # descriptor for the hour an idle keep-alive connection may stay.
-    request_head_timeout: float = 30.0
+    request_head_timeout: Annotated[float, Flag(only=("cache",))] = Field(30.0, description=(
+        "seconds a client has to send a complete request head, then 408"))
     # The event loop the node runs on: asyncio's, or uvloop (a separate
     # package) where it measures faster (docs/benchmarks.md).
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
@@ -95,15 +113,22 @@ class CacheSettings(NezhaSettings):
     # limit (cachenode/front/connections.py). At the cap the stalest connection
     # that is only waiting for a request is closed, else the new one is
     # answered 503 with Retry-After: accepting never stops.
-    max_connections: int | None = None
+    max_connections: Annotated[int | None, Flag(only=("cache",))] = Field(None, description=(
+        "open client connections at most; beyond it the stalest idle one is closed, else the newcomer gets 503 "
+        "with Retry-After (default: from the open-files limit, which the node raises to its hard limit)"))
     # The tier this node asks before the origin (a sidecar's cluster Service,
     # http://HOST[:PORT]): misses, revalidations and every other request for
     # a configured origin go there, marked as a child's; a parent that cannot
     # be reached or answers 5xx is skipped for the origin itself
     # (cachenode/fill/upstream.py). `parent_tls_port` is where the TLS port
     # passes connections it does not terminate: the parent's port 443.
-    parent: str | None = None
-    parent_tls_port: int = 443
+    parent: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "http://HOST[:PORT] of the tier above this node (a sidecar's cluster Service): misses and revalidations "
+        "for configured origins go there, and to the origin only when the parent cannot be reached or answers "
+        "5xx (default: none, the origin)"))
+    parent_tls_port: Annotated[int, Flag(only=("cache",))] = Field(443, description=(
+        "the parent's TLS port, where --tls-listen passes the connections it does not terminate, by their server "
+        "name"))
     # How origin names are resolved: `system` (getaddrinfo: /etc/hosts, then
     # DNS) or `dns` (the nameservers, search list and ndots of
     # /etc/resolv.conf, never /etc/hosts; cachenode/fill/dns_resolver.py).
@@ -115,7 +140,9 @@ class CacheSettings(NezhaSettings):
     # HOST:PORT answering /healthz, /readyz and /metrics only: a sidecar's data
     # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
     # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
-    admin_listen: str | None = None
+    admin_listen: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT answering /healthz, /readyz and /metrics only, for probes and scraping when --listen is on "
+        "loopback, as a sidecar's is (default: none)"))
     # Hot copies (docs/cache-node.md, "Hot copies"): a node that relays
     # `hot_reads` reads of one object within `hot_window` seconds copies it
     # from an owner and serves it from its own disk; 0 turns them off. They
@@ -123,21 +150,31 @@ class CacheSettings(NezhaSettings):
     # is measured (bench/hot_threshold.py, docs/benchmarks.md "Hot-copy
     # threshold"): fewer copies objects read once or twice, more leaves a hot
     # object's reads on its owners. A minute's window holds a job's workers starting.
-    hot_reads: int = 3
-    hot_window: float = 60.0
-    hot_share: float = 0.1
+    hot_reads: Annotated[int, Flag()] = Field(3, description=(
+        "relayed reads of one object within --hot-window that make it hot on this node, which then copies it "
+        "from an owner and serves it from its own disk; 0 turns hot copies off"))
+    hot_window: Annotated[float, Flag()] = Field(60.0, description=(
+        "seconds in which --hot-reads relayed reads make an object hot"))
+    hot_share: Annotated[float, Flag()] = Field(0.1, description=(
+        "share of --capacity hot copies may hold; they are evicted first, least recently used among them"))
     # Processes serving this node's port (docs/cache-node.md, "Workers"): one
     # primary that fills, writes and counts, and followers that answer plain
     # hits from the same disk and hand it everything else. "auto": the CPUs
     # the process may use (affinity and cgroup quota), the default, as
     # nginx's `worker_processes auto`. 1: one process, no supervisor.
-    workers: int | Literal["auto"] = "auto"
+    workers: Annotated[int | Literal["auto"], Flag()] = Field("auto", description=(
+        "processes serving this node's port: one fills, writes and counts, the others answer plain hits from the "
+        "same disk and hand it the rest; a number or auto (the CPUs this process may use, from its affinity and "
+        "cgroup quota; the default). 1: a single process"))
     # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
     # an object at least `chunk_threshold` long (0: never) is stored as
     # `chunk_size` chunks, each on the owners of its own key. Per origin in
     # its `origins` entry.
-    chunk_threshold: int = 2**30
-    chunk_size: int = 64 * 2**20
+    chunk_threshold: Annotated[int, Flag(size=True)] = Field(2**30, description=(
+        "objects at least this large (e.g. 1GiB) are stored as chunks spread over the ring, each on the owners "
+        "of its own key; 0 turns chunking off; per origin: chunk_threshold"))
+    chunk_size: Annotated[int, Flag(size=True)] = Field(64 * 2**20, description=(
+        "size of those chunks, e.g. 64MiB; per origin: chunk_size"))
 
     @field_validator("origins", mode="before")
     @classmethod

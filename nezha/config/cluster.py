@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from typing import Annotated, ClassVar
+
+from pydantic import Field, field_validator
 
 from nezha.config.base import NezhaSettings
+from nezha.config.flags import Flag
 from nezha.values import check_redis_url
 
 
 class ClusterSettings(NezhaSettings):
     """Cluster-wide commands (`nezha ring`, `nezha stats`): where the shared index is."""
 
-    redis_url: str | None = None
+    # Logs share stdout with the result: the commands log at warning unless --log-level is given.
+    flag_help: ClassVar[dict[str, str]] = {"log_level": "log level (default warning, so stdout stays the result)"}
+
+    redis_url: Annotated[str | None, Flag()] = Field(None, description=(
+        "the index (redis://[:PASSWORD@]HOST:PORT/DB or rediss://...)"))
 
     @field_validator("redis_url")
     @classmethod

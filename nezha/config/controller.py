@@ -6,12 +6,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from nezha.config.base import NezhaSettings
+from nezha.config.base import Kubeconfig, NezhaSettings, kubeconfig_field
+from nezha.config.flags import Flag
 from nezha.origins import Origin, OriginTable, parse_origins
 from nezha.values import check_redis_url, parse_hostport
+
+PEER_ADDRESSES = ("dns", "pod-ip")
 
 
 class ControllerSettings(NezhaSettings):
@@ -22,17 +25,22 @@ class ControllerSettings(NezhaSettings):
     deadline could be taken while its holder still believes it leads.
     """
 
-    namespace: str | None = None
-    statefulset: str | None = None
-    redis_url: str | None = None
-    identity: str | None = None  # this replica's name in the Lease; default: the host (pod) name
-    # --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG; none: the pod's service account.
-    kubeconfig: Path | None = Field(default=None, validation_alias=AliasChoices(
-        "kubeconfig", "NEZHA_KUBECONFIG", "KUBECONFIG"))
-    lease_name: str = "nezha-controller"
-    peer_address: str = "dns"  # dns: <pod>.<serviceName>.<ns>.svc:<port>; pod-ip: <podIP>:<port>
-    peer_port: int = 8080  # when the cache container has no port named http
-    cluster_token_file: Path | None = None
+    namespace: Annotated[str | None, Flag()] = Field(None, description=(
+        "namespace of the cache StatefulSet (required)"))
+    statefulset: Annotated[str | None, Flag()] = Field(None, description="name of the cache StatefulSet (required)")
+    redis_url: Annotated[str | None, Flag()] = Field(None, description=(
+        "the shared index, redis://[:PASSWORD@]HOST:PORT/DB (required)"))
+    identity: Annotated[str | None, Flag()] = Field(None, description=(
+        "this replica's name in the leader Lease (default: the host name)"))
+    kubeconfig: Kubeconfig = kubeconfig_field()
+    lease_name: Annotated[str, Flag()] = Field("nezha-controller", description=(
+        "coordination.k8s.io Lease the replicas elect a leader with"))
+    # dns: <pod>.<serviceName>.<ns>.svc:<port>; pod-ip: <podIP>:<port>
+    peer_address: Annotated[str, Flag(choices=PEER_ADDRESSES)] = Field("dns", description=(
+        "how peers reach a node: <pod>.<service>.<ns>.svc (dns, default) or the pod IP"))
+    peer_port: Annotated[int, Flag()] = Field(8080, description="node port when the container has no port named http")
+    cluster_token_file: Annotated[Path | None, Flag()] = Field(None, description=(
+        "file holding the nodes' cluster token"))
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -40,10 +48,13 @@ class ControllerSettings(NezhaSettings):
     # changes within it share one write.
     batch_window: float = 0.05
     # HOST:PORT of /healthz and /readyz (kubelet probes); none: no listener.
-    health_listen: str | None = None
+    health_listen: Annotated[str | None, Flag()] = Field(None, description=(
+        "HOST:PORT answering /healthz and /readyz for probes, and /metrics (default: none)"))
     # Keep a copy of ConfigMap nezha-ca (the CA bundle labelled pods mount for
     # HTTPS, `nezha ca init`) in every namespace (controller/trust.py).
-    publish_ca: bool = False
+    publish_ca: Annotated[bool, Flag()] = Field(False, description=(
+        "keep a copy of ConfigMap nezha-ca (the CA bundle from `nezha ca init`) in every namespace, for pods of "
+        "tls: true rules to mount (default: off)"))
     # The cache nodes' origin table (the chart mounts the nodes' own file): the
     # controller keys a prefetched URL with its origin's rules (volatile_params),
     # so it asks the node that stores it under that key.
@@ -69,7 +80,7 @@ class ControllerSettings(NezhaSettings):
     @field_validator("peer_address")
     @classmethod
     def _peer_address(cls, v: str) -> str:
-        if v not in ("dns", "pod-ip"):
+        if v not in PEER_ADDRESSES:
             raise ValueError(f"peer_address must be dns or pod-ip (--peer-address), got {v!r}")
         return v
 

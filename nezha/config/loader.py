@@ -16,15 +16,13 @@ import yaml
 from pydantic_settings import SettingsError
 
 from nezha.config.base import NezhaSettings, file_settings
+from nezha.config.flags import flag_name
 from nezha.errors import ConfigError
 from nezha.origins import Origin
 
 # Reserved for the test suite (NEZHA_TEST_KUBECONFIG ...) and for what `nezha cache --workers`
 # tells each worker it starts (cachenode/workers/supervisor.py): never a setting, never refused.
 _TEST_VARIABLES = ("NEZHA_TEST_", "NEZHA_WORKER_")
-# dest -> the flag that sets it (`origins` -> `--origin`), filled by nezha.cli from its parsers, so
-# an error can name the flag the user typed.
-FLAG_NAMES: dict[str, str] = {}
 # The command being run (`nezha cache`), for messages; set by nezha.cli.
 COMMAND = "nezha"
 
@@ -87,10 +85,11 @@ def _settings_classes() -> list[type[NezhaSettings]]:
     return found
 
 
-def _source(field: str, given: dict[str, Any], file: dict[str, Any], path: Path | None) -> str:
+def _source(cls: type[NezhaSettings], field: str, given: dict[str, Any], file: dict[str, Any],
+            path: Path | None) -> str:
     """Where a field's value came from, as the user would write it."""
     if field in given:
-        return FLAG_NAMES.get(field, "--" + field.replace("_", "-"))
+        return flag_name(cls, field)
     env = f"NEZHA_{field.upper()}"
     if env in os.environ:
         return env
@@ -130,7 +129,7 @@ def load(cls: type[NezhaSettings], *, flags: dict[str, Any] | None = None, confi
                 lines.append(message)
                 continue
             inner = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
-            source = _source(loc[0], given, file, path)
+            source = _source(cls, loc[0], given, file, path)
             # "origins[0].ttl in nezha.yaml", not "origins in nezha.yaml[0].ttl"
             where = (loc[0] + inner + source[len(loc[0]):]) if source.startswith(loc[0] + " in ") \
                 else source + inner

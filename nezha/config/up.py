@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from nezha.config.cache import DEFAULT_CLUSTER_REPLICAS, CacheSettings
+from nezha.config.flags import Flag
 
 
 # Settings of a node that `nezha up` sets for each node itself: never taken from its flags,
@@ -24,17 +25,35 @@ class UpSettings(CacheSettings):
     `data_dir` holds node i's folder DIR/node-i and the embedded index.
     """
 
-    nodes: int = 3
+    # A node setting's help in nezha up's own words, where nezha cache's speaks of one node.
+    flag_help: ClassVar[dict[str, str]] = {
+        "data_dir": "node i uses DIR/node-i",
+        "replicas": f"owners per key (default min({DEFAULT_CLUSTER_REPLICAS}, NODES): any one node can stop without "
+                    "losing an object)",
+        "redis_url": "index to use; default: an embedded one in DIR/index",
+        "capacity": "disk each node may use, e.g. 10GiB or 500M; least recently used objects are evicted beyond it "
+                    "(default: unbounded)",
+        "log_level": "the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
+                     "(else warning)",
+        "config": "YAML file of settings: nezha up's and any of nezha cache's",
+    }
+
+    nodes: Annotated[int, Flag()] = Field(3, description="node processes")
     # Node i listens on 127.0.0.1:base_port+i and, with tls_base_port, answers TLS on tls_base_port+i.
-    base_port: int = 8080
-    tls_base_port: int | None = None
+    base_port: Annotated[int, Flag()] = Field(8080, description="node i listens on 127.0.0.1:BASE+i")
+    tls_base_port: Annotated[int | None, Flag()] = Field(None, description=(
+        "node i also answers TLS on 127.0.0.1:BASE+i, as nezha cache --tls-listen does (default: no TLS port)"))
     # Replace a ring the index already holds; leave this one's ring in the index on exit.
-    force: bool = False
-    keep_ring: bool = False
+    force: Annotated[bool, Flag()] = Field(False, description=(
+        "replace a ring the index already holds (one this command did not write); without it nezha up refuses"))
+    keep_ring: Annotated[bool, Flag()] = Field(False, description=(
+        "leave the ring in the index on exit (default: remove it, since its nodes are gone)"))
     # Worker processes per node. Not `auto`, as for one node: the nodes share
     # this machine's cores, so N nodes of a worker per core would each
     # contend with the others for every core.
-    workers: int | Literal["auto"] = 1
+    workers: Annotated[int | Literal["auto"], Flag()] = Field(1, description=(
+        "processes per node (nezha cache --workers): a number or auto, a process per CPU for each node; the nodes "
+        "share this machine's cores"))
 
     @model_validator(mode="before")
     @classmethod
@@ -42,7 +61,7 @@ class UpSettings(CacheSettings):
         """Owners per key unless given: min(2, nodes), so one node can stop without losing an object."""
         if isinstance(data, dict) and data.get("replicas") in (None, ""):
             try:
-                nodes = int(data.get("nodes", 3))
+                nodes = int(data.get("nodes", cls.model_fields["nodes"].default))
             except (TypeError, ValueError):
                 return data  # the nodes field reports it
             data = {**data, "replicas": max(1, min(DEFAULT_CLUSTER_REPLICAS, nodes))}

@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from nezha.config.base import NezhaSettings
+from nezha.config.base import Kubeconfig, NezhaSettings, kubeconfig_field
+from nezha.config.flags import Flag
 from nezha.values import parse_hostport
 
 
 class WebhookSettings(NezhaSettings):
     """The admission webhook (`nezha webhook`)."""
 
-    listen: str = "127.0.0.1:8443"
+    listen: Annotated[str, Flag(only=("webhook",))] = Field("127.0.0.1:8443", description="HOST:PORT to serve on")
     # HOST:PORT serving /metrics over plain HTTP (webhook/metrics.py); none: no listener.
-    metrics_listen: str | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    rules: Path | None = None
-    cache_ip: str | None = None
-    cache_service: str = "nezha-cache"
-    namespace: str = "nezha"
+    metrics_listen: Annotated[str | None, Flag(only=("webhook",))] = Field(None, description=(
+        "HOST:PORT serving /metrics over plain HTTP (default: none)"))
+    tls_cert: Annotated[Path | None, Flag(only=("webhook",))] = Field(None, description=(
+        "serving certificate (PEM); re-read when it changes"))
+    tls_key: Annotated[Path | None, Flag(only=("webhook",))] = Field(None, description="its private key (PEM)")
+    rules: Annotated[Path | None, Flag(only=("webhook",))] = Field(None, description=(
+        "rules file (the ConfigMap's config value); re-read when it changes"))
+    cache_ip: Annotated[str | None, Flag(only=("webhook",))] = Field(None, description=(
+        "address for rules without ip; default: watch the cache Service (only while some rule leaves ip out)"))
+    cache_service: Annotated[str, Flag(only=("webhook",))] = Field("nezha-cache", description="cache Service name")
+    namespace: Annotated[str, Flag()] = Field("nezha", description=(
+        "Nezha's namespace: the cache Service's, and the webhook's Service and Secret's"))
     max_body_bytes: int = 3 * 1024 * 1024
     rules_reload_interval: float = 2.0
     # How often the serving certificate and key files are checked for a renewed pair.
@@ -29,9 +36,7 @@ class WebhookSettings(NezhaSettings):
     # Learn the cache Service ClusterIP from the API (in-cluster or kubeconfig)
     # while some rule leaves `ip` out and --cache-ip is not given.
     watch_service: bool = True
-    # --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG (as for the controller); none: the pod's service account.
-    kubeconfig: Path | None = Field(default=None, validation_alias=AliasChoices(
-        "kubeconfig", "NEZHA_KUBECONFIG", "KUBECONFIG"))
+    kubeconfig: Kubeconfig = kubeconfig_field()
     # mode: env rules point HTTP_PROXY here; default http://<cache_service>.<namespace>.svc:80
     proxy_url: str | None = None
     # mode: env rules' NO_PROXY unless a rule sets `noProxy`; None: webhook.patch.DEFAULT_NO_PROXY
@@ -55,11 +60,15 @@ class WebhookSettings(NezhaSettings):
     # "1.35": the API server's version, instead of reading it from discovery.
     kubernetes_version: str | None = None
     # `nezha webhook certs`
-    webhook_service: str = "nezha-webhook"
-    webhook_configuration: str = "nezha-webhook"
-    tls_secret: str = "nezha-webhook-tls"
-    cert_days: int = 365
-    renew_days: int = 30
+    webhook_service: Annotated[str, Flag(name="--service", only=("webhook certs",))] = Field("nezha-webhook", description=(
+        "webhook Service name"))
+    webhook_configuration: Annotated[str, Flag(only=("webhook certs",))] = Field("nezha-webhook", description=(
+        "MutatingWebhookConfiguration to patch"))
+    tls_secret: Annotated[str, Flag(name="--secret", only=("webhook certs",))] = Field("nezha-webhook-tls", description=(
+        "Secret to store the pair in"))
+    cert_days: Annotated[int, Flag(name="--days", only=("webhook certs",))] = Field(365, description=(
+        "validity of a new serving certificate, in days"))
+    renew_days: Annotated[int, Flag(only=("webhook certs",))] = Field(30, description="renew when fewer days remain")
 
     @field_validator("listen")
     @classmethod

@@ -10,6 +10,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from nezha.config import UpSettings
+from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
 from nezha.lifecycle import stop_on_signals
 
@@ -24,40 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "objects stay in DIR/node-i for the next run, node i logs to DIR/node-i.log. Every node "
                     "setting of nezha cache is also one of nezha up (a NEZHA_* variable or a --config key) "
                     "and goes to every node, except each node's address and name, which nezha up sets.")
-    u.add_argument("--nodes", type=int, help="node processes (default 3)")
-    u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL",
-                   help="a dataset host and where to fetch it; repeat for more")
-    u.add_argument("--base-port", type=int, help="node i listens on 127.0.0.1:BASE+i (default 8080)")
-    u.add_argument("--data-dir", type=Path, help="node i uses DIR/node-i (default ./nezha-data)")
-    u.add_argument("--replicas", type=int,
-                   help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
-    u.add_argument("--redis-url", help="index to use; default: an embedded one in DIR/index")
-    u.add_argument("--capacity", help="disk each node may use, e.g. 10GiB or 500M; least recently used objects "
-                   "are evicted beyond it (default: unbounded)")
-    u.add_argument("--tls-base-port", type=int, help="node i also answers TLS on 127.0.0.1:BASE+i, as "
-                   "nezha cache --tls-listen does (default: no TLS port)")
-    u.add_argument("--ca-cert", type=Path, help="the Nezha CA's certificate (nezha ca init --local DIR): with "
-                   "--ca-key the TLS ports serve and cache configured origins themselves (default: none)")
-    u.add_argument("--ca-key", type=Path, help="the Nezha CA's private key (default: none)")
-    u.add_argument("--force", action="store_true", default=None, help="replace a ring the index already holds "
-                   "(one this command did not write); without it nezha up refuses")
-    u.add_argument("--keep-ring", action="store_true", default=None, help="leave the ring in the index on exit "
-                   "(default: remove it, since its nodes are gone)")
-    u.add_argument("--hot-reads", type=int, help="relayed reads of one object within --hot-window that make "
-                   "it hot on a node, which then serves it from its own disk; 0 turns hot copies off (default 3)")
-    u.add_argument("--hot-window", type=float, help="seconds in which --hot-reads relayed reads make an object "
-                   "hot (default 60)")
-    u.add_argument("--hot-share", type=float, help="share of each node's --capacity hot copies may hold "
-                   "(default 0.1)")
-    u.add_argument("--workers", help="processes per node (nezha cache --workers): a number or auto, a process "
-                   "per CPU for each node; the nodes share this machine's cores (default 1)")
-    u.add_argument("--chunk-threshold", help="objects at least this large (e.g. 1GiB) are stored as chunks "
-                   "spread over the nodes; 0 turns chunking off (default 1GiB)")
-    u.add_argument("--chunk-size", help="size of those chunks, e.g. 64MiB (default 64MiB)")
-    u.add_argument("--config", type=Path, help="YAML file of settings: nezha up's and any of nezha cache's")
-    u.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
-                   help="the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
-                   "(else warning)")
+    add_settings(u, UpSettings, command="up")
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
@@ -89,21 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.set_defaults(func=run_origin)
 
 
-UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
-            "ca_cert", "ca_key", "force", "keep_ring", "hot_reads", "hot_window", "hot_share",
-            "chunk_threshold", "chunk_size", "workers", "log_level"]
-
-
 def run_up(args: argparse.Namespace) -> int:
     import sys
 
-    from nezha.config import UpSettings, load
+    from nezha.config import load
     from nezha.dev.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.errors import RunError
     from nezha.index.connection import redact_url
     from nezha.logs import configure
 
-    settings = load(UpSettings, config_file=args.config, flags={n: getattr(args, n, None) for n in UP_FLAGS})
+    settings = load(UpSettings, config_file=args.config, flags=given(args))
     # Its own lines on stderr: stdout is what it reports (nodes, index, the stats command).
     configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning",
               json=True, stream=sys.stderr)
