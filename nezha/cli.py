@@ -30,7 +30,9 @@ DESCRIPTION = """\
 Nezha caches the datasets ML training jobs download. Run one cache node
 (`nezha cache`), a local cluster (`nezha up`), or the demo (`nezha demo`);
 on Kubernetes the chart in helm/nezha runs the nodes, the controller and the
-webhook. Every flag is also a NEZHA_* variable and a key of --config FILE."""
+webhook. Every flag is also a NEZHA_* variable and a key of --config FILE,
+except --json and ring set's --weight, which say what to print or write
+rather than how a command runs."""
 
 
 def build_parser() -> argparse.ArgumentParser:

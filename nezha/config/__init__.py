@@ -13,9 +13,11 @@ value parsers in nezha/values.py, re-exported here for those importers.
 """
 
 from nezha.config.base import LOG_LEVELS, NezhaSettings
+from nezha.config.ca import CaInitSettings
 from nezha.config.cache import DEFAULT_CLUSTER_REPLICAS, CacheSettings
 from nezha.config.cluster import ClusterSettings
 from nezha.config.controller import ControllerSettings
+from nezha.config.dev import DemoSettings, LocalOriginSettings
 from nezha.config.loader import load
 from nezha.config.up import UP_SETS_PER_NODE, UpSettings
 from nezha.config.webhook import WebhookSettings
@@ -23,7 +25,7 @@ from nezha.origins import HOST_PLACEHOLDER, Origin, OriginTable
 from nezha.values import check_redis_url, parse_hostport, parse_size
 
 __all__ = [
-    "CacheSettings", "ClusterSettings", "ControllerSettings", "DEFAULT_CLUSTER_REPLICAS", "HOST_PLACEHOLDER",
-    "LOG_LEVELS", "NezhaSettings", "Origin", "OriginTable", "UP_SETS_PER_NODE", "UpSettings", "WebhookSettings",
+    "CaInitSettings", "CacheSettings", "ClusterSettings", "ControllerSettings", "DEFAULT_CLUSTER_REPLICAS",
+    "DemoSettings", "HOST_PLACEHOLDER", "LOG_LEVELS", "LocalOriginSettings", "NezhaSettings", "Origin", "OriginTable", "UP_SETS_PER_NODE", "UpSettings", "WebhookSettings",
     "check_redis_url", "load", "parse_hostport", "parse_size",
 ]

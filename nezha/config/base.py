@@ -22,6 +22,8 @@ file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Conte
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # The kubeconfig of every command that talks to a cluster: --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG;
 # none: the pod's service account.
+# --log-level of a command whose output is what the user reads: it logs on stderr, at warning unless asked.
+QUIET_LOG_HELP = {"log_level": "log level on stderr (default warning)"}
 Kubeconfig = Annotated[Path | None, Flag()]
 
 

@@ -32,13 +32,15 @@ _SHARED = ("log_level",)
 @dataclass(frozen=True)
 class Flag:
     """Marks a setting as a flag. `only`: the commands that offer it (default: every command of its
-    class); `size`: it takes a size such as 500M, so it is read as text and its default shown in units."""
+    class); `size`: it takes a size such as 500M, so it is read as text and its default shown in units;
+    `exclusive`: flags of one name exclude each other on the command line (the model checks the rest)."""
 
     name: str | None = None
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     only: tuple[str, ...] = ()
     size: bool = False
+    exclusive: str | None = None
 
 
 def flag_of(info: FieldInfo) -> Flag | None:
@@ -67,10 +69,14 @@ def offered(cls: type[NezhaSettings], command: str) -> dict[str, Flag]:
 def add_settings(parser: argparse.ArgumentParser, cls: type[NezhaSettings], *, command: str) -> None:
     """Add a flag per setting `command` offers, and --config; remember them for `given`."""
     flags = offered(cls, command)
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for field, flag in flags.items():
         if field == next((f for f in flags if f in _SHARED), None):
             _add_config(parser, cls)
-        parser.add_argument(flag_name(cls, field), **_argument(cls, field, flag))
+        if flag.exclusive is not None and flag.exclusive not in groups:
+            groups[flag.exclusive] = parser.add_mutually_exclusive_group()
+        into = parser if flag.exclusive is None else groups[flag.exclusive]
+        into.add_argument(flag_name(cls, field), **_argument(cls, field, flag))
     if not any(f in _SHARED for f in flags):
         _add_config(parser, cls)
     parser.set_defaults(settings_flags=tuple(flags))

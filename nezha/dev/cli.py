@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
-from nezha.config import UpSettings
+from nezha.config import DemoSettings, LocalOriginSettings, UpSettings
 from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
 from nezha.lifecycle import stop_on_signals
@@ -30,14 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
-    d.add_argument("--size", default=None, help="size of the synthetic demo file: bytes or with a suffix, "
-                   "e.g. 10MB, 1GiB (default 169001437, the size of cifar-100-python.tar.gz)")
-    d.add_argument("--rate", default=None, help="origin throttle in bytes per second, suffixes allowed, "
-                   "e.g. 3.5MB (default 3.5 MB/s, what the original experiment measured)")
-    d.add_argument("--nodes", type=int, default=1, help="cache nodes (default 1); with 2 or more the warm "
-                   "download enters through another node and is a peer hit")
+    add_settings(d, DemoSettings, command="demo")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
 
     o = sub.add_parser(
@@ -46,21 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "host (the demo's origin), until SIGINT, SIGTERM or SIGHUP. Point nezha up at it: "
                     "nezha up --origin www.cs.toronto.edu=http://127.0.0.1:8000. It prints its URL first.")
     o.add_argument("root", type=Path, metavar="DIR", help="folder whose files it serves (made if missing)")
-    o.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000; port 0: any "
-                   "free one)")
-    o.add_argument("--rate", default=None, help="bytes per second per connection, suffixes allowed, e.g. 3.5MB; "
-                   "0: unthrottled (default 3.5 MB/s, as the demo)")
-    o.add_argument("--ranges", action="store_true", help="answer Range requests when throttled too, as S3 does "
-                   "(default: one stream per download, like the demo's host)")
-    o.add_argument("--demo-file", metavar="SIZE", default=None, help="first write the demo's synthetic file of "
-                   "SIZE bytes (e.g. 50MB) as DIR/~kriz/cifar-100-python.tar.gz, the same bytes as nezha demo "
-                   "--size SIZE serves")
+    add_settings(o, LocalOriginSettings, command="origin")
     o.set_defaults(func=run_origin)
 
 
 def run_up(args: argparse.Namespace) -> int:
-    import sys
-
     from nezha.config import load
     from nezha.dev.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.errors import RunError
@@ -113,47 +98,41 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from nezha.config import load
     from nezha.dev.demo import main as demo_main
 
-    return demo_main(args)
+    settings = load(DemoSettings, config_file=args.config, flags=given(args))
+    return demo_main(settings, as_json=args.json, log_level_given="log_level" in settings.model_fields_set)
 
 
 def run_origin(args: argparse.Namespace) -> int:
-    from nezha.config import parse_hostport, parse_size
-    from nezha.dev.demo import PATH, RATE_2018, make_dataset
+    from nezha.config import load
+    from nezha.dev.demo import PATH, make_dataset
     from nezha.dev.origin import LocalOrigin
     from nezha.errors import RunError
+    from nezha.logs import configure
 
     root: Path = args.root
     if root.exists() and not root.is_dir():
         raise ConfigError(f"DIR {str(root)!r}: exists and is not a folder")
-    try:
-        host, port = parse_hostport(args.listen, field="--listen")
-    except ValueError as e:
-        raise ConfigError(f"--listen {args.listen!r}: {e}") from e
-    values = {}
-    for flag, given in (("--rate", args.rate), ("--demo-file", args.demo_file)):
-        try:
-            values[flag] = None if given is None else parse_size(given)
-        except ValueError as e:
-            raise ConfigError(f"{flag} {given!r}: {e}") from e
-    rate = RATE_2018 if values["--rate"] is None else values["--rate"]
-    if values["--demo-file"] is not None and values["--demo-file"] <= 0:
-        raise ConfigError(f"--demo-file {args.demo_file!r}: must be positive")
+    settings = load(LocalOriginSettings, config_file=args.config, flags=given(args))
+    host, port = settings.listen_addr
+    rate = settings.rate
+    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning", stream=sys.stderr)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if values["--demo-file"] is not None:
-            make_dataset(root / PATH.lstrip("/"), values["--demo-file"])
+        if settings.demo_file is not None:
+            make_dataset(root / PATH.lstrip("/"), settings.demo_file)
     except OSError as e:
         raise RunError(f"cannot write to {root}: {e.strerror or e}") from e
 
     async def main() -> None:
-        origin = LocalOrigin(root, rate=rate or None, ranges=args.ranges)
+        origin = LocalOrigin(root, rate=rate or None, ranges=settings.ranges)
         stop = stop_on_signals(hangup=True)
         try:
             url = await origin.start(host, port)
         except OSError as e:
-            raise RunError(f"cannot listen on {args.listen} (--listen): {e.strerror or e}") from e
+            raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
         throttle = f"{rate / 1e6:.2f} MB/s per connection" if rate else "unthrottled"
         print(f"origin {url} serving {root.resolve()} {throttle}", flush=True)
         try:
