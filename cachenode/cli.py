@@ -18,7 +18,12 @@ from nezha.logs import configure
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cache", help="run one cache node")
+    p = sub.add_parser(
+        "cache", help="run one cache node",
+        description="Run one cache node: it answers requests for the configured origins (--origin) on --listen, "
+                    "from its disk (--data-dir) when it holds the object, else from the origin, storing what it "
+                    "fetched. With --redis-url it joins a cluster, where each key has owners and a node that does "
+                    "not own one asks them. Every flag is also a NEZHA_* variable and a key of --config FILE.")
     add_settings(p, CacheSettings, command="cache")
     p.set_defaults(func=run_cache)
 

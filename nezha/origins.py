@@ -181,27 +181,41 @@ class Origin(BaseModel):
     @classmethod
     def parse(cls, spec: str) -> "Origin":
         """`HOST=UPSTREAM_URL`, as given to `--origin`."""
-        host, sep, upstream = spec.partition("=")
-        if not sep:
-            raise ValueError(f"--origin wants HOST=UPSTREAM_URL, got {spec!r}")
-        return cls(host=host, upstream=upstream)
+        return cls(**origin_fields(spec))
+
+
+def origin_fields(spec: str) -> dict[str, str]:
+    """`HOST=UPSTREAM_URL` (an --origin flag, an entry of NEZHA_ORIGINS) as an origin's fields, left
+    for the model to check: an error then names the entry's field and index."""
+    host, sep, upstream = spec.partition("=")
+    if not sep:
+        raise ValueError(f"--origin wants HOST=UPSTREAM_URL, got {spec!r}")
+    return {"host": host, "upstream": upstream}
+
+
+def origin_specs(text: str) -> list[str] | None:
+    """The HOST=URL entries of `host=url,host2=url2` (NEZHA_ORIGINS' handy form); None for JSON."""
+    text = text.strip()
+    if text.startswith(("[", "{")):
+        return None
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def parse_origins(value: Any) -> Any:
     """Origins as a list of HOST=URL strings or objects, a JSON text of either,
     or (the handy form for NEZHA_ORIGINS) `host=url,host2=url2`."""
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith(("[", "{")):
+        specs = origin_specs(value)
+        if specs is None:
             try:
-                value = json.loads(text)
+                value = json.loads(value)
             except ValueError as e:
                 raise ValueError(f"origins: not valid JSON: {e}") from e
         else:
-            value = [s.strip() for s in text.split(",") if s.strip()]
+            value = specs
     if isinstance(value, dict):
         value = [{"host": h, "upstream": u} for h, u in value.items()]
-    return [Origin.parse(v) if isinstance(v, str) else v for v in (value or [])]
+    return [origin_fields(v) if isinstance(v, str) else v for v in (value or [])]
 
 
 class OriginTable:

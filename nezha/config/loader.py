@@ -18,7 +18,7 @@ from pydantic_settings import SettingsError
 from nezha.config.base import NezhaSettings, file_settings
 from nezha.config.flags import flag_name
 from nezha.errors import ConfigError
-from nezha.origins import Origin
+from nezha.origins import Origin, origin_specs
 
 # Reserved for the test suite (NEZHA_TEST_KUBECONFIG ...) and for what `nezha cache --workers`
 # tells each worker it starts (cachenode/workers/supervisor.py): never a setting, never refused.
@@ -98,6 +98,19 @@ def _source(cls: type[NezhaSettings], field: str, given: dict[str, Any], file: d
     return field
 
 
+def _typed_origin(index: int, given: dict[str, Any]) -> str | None:
+    """The `index`th origin as the user typed it, HOST=URL, when it came from --origin or NEZHA_ORIGINS
+    (a file's or JSON's origin is named by its place instead)."""
+    if "origins" in given:
+        specs = given["origins"]
+    else:
+        text = os.environ.get("NEZHA_ORIGINS")
+        specs = origin_specs(text) if text is not None else None
+    if isinstance(specs, list) and index < len(specs) and isinstance(specs[index], str):
+        return specs[index]
+    return None
+
+
 def load(cls: type[NezhaSettings], *, flags: dict[str, Any] | None = None, config_file: Path | None = None,
          command: str | None = None) -> Any:
     """Build settings of `cls` from flags, environment and an optional YAML file.
@@ -133,6 +146,10 @@ def load(cls: type[NezhaSettings], *, flags: dict[str, Any] | None = None, confi
             # "origins[0].ttl in nezha.yaml", not "origins in nezha.yaml[0].ttl"
             where = (loc[0] + inner + source[len(loc[0]):]) if source.startswith(loc[0] + " in ") \
                 else source + inner
+            if loc[0] == "origins" and len(loc) > 1 and loc[1].isdigit() and \
+                    (typed := _typed_origin(int(loc[1]), given)) is not None:
+                lines.append(f"{source} {typed!r}: {message}")  # --origin 'foo=bar', as typed
+                continue
             if err["type"] == "extra_forbidden" and loc[0] == "origins":
                 lines.append(f"{where}: unknown key in an origin{_did_you_mean(loc[-1], list(Origin.model_fields))}")
                 continue
