@@ -164,7 +164,7 @@ async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None
 
 def run_init(args: argparse.Namespace) -> int:
     settings = load(CaInitSettings, config_file=args.config, flags=given(args))
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning", stream=sys.stderr)
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
     if settings.namespace is not None:
         from nezha.kube import api_client
 

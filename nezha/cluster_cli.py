@@ -51,7 +51,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> ClusterSettings:
     settings = load(ClusterSettings, config_file=args.config, flags=given(args))
     # Logs share stdout with the result; only ask for them when asked.
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning")
+    configure(level=settings.quiet_log_level())
     if settings.redis_url is None:
         raise ConfigError("no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL")
     return settings

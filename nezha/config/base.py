@@ -22,8 +22,10 @@ file_settings: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Conte
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # The kubeconfig of every command that talks to a cluster: --kubeconfig, NEZHA_KUBECONFIG or KUBECONFIG;
 # none: the pod's service account.
-# --log-level of a command whose output is what the user reads: it logs on stderr, at warning unless asked.
-QUIET_LOG_HELP = {"log_level": "log level on stderr (default warning)"}
+# A command whose output is what the user reads (a result, a table, the demo's figures) logs at this
+# level unless --log-level is given (NezhaSettings.quiet_log_level); QUIET_LOG_HELP says so.
+QUIET_LEVEL = "warning"
+QUIET_LOG_HELP = {"log_level": f"log level on stderr (default {QUIET_LEVEL})"}
 Kubeconfig = Annotated[Path | None, Flag()]
 
 
@@ -58,6 +60,10 @@ class NezhaSettings(BaseSettings):
         if v.lower() not in LOG_LEVELS:
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return v.lower()
+
+    def quiet_log_level(self) -> str:
+        """The log level a command whose output the user reads runs at: the one asked for, else QUIET_LEVEL."""
+        return self.log_level if "log_level" in self.model_fields_set else QUIET_LEVEL
 
     @classmethod
     def settings_customise_sources(

@@ -164,8 +164,8 @@ class CacheSettings(NezhaSettings):
     # nginx's `worker_processes auto`. 1: one process, no supervisor.
     workers: Annotated[int | Literal["auto"], Flag()] = Field("auto", description=(
         "processes serving this node's port: one fills, writes and counts, the others answer plain hits from the "
-        "same disk and hand it the rest; a number or auto (the CPUs this process may use, from its affinity and "
-        "cgroup quota; the default). 1: a single process"))
+        "same disk and hand it the rest; a number, or auto: the CPUs this process may use, from its affinity and "
+        "cgroup quota. 1: a single process"))
     # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
     # an object at least `chunk_threshold` long (0: never) is stored as
     # `chunk_size` chunks, each on the owners of its own key. Per origin in

@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, field_validator
 
-from nezha.config.base import NezhaSettings
+from nezha.config.base import QUIET_LEVEL, NezhaSettings
 from nezha.config.flags import Flag
 from nezha.values import check_redis_url
 
@@ -15,7 +15,7 @@ class ClusterSettings(NezhaSettings):
     """Cluster-wide commands (`nezha ring`, `nezha stats`): where the shared index is."""
 
     # Logs share stdout with the result: the commands log at warning unless --log-level is given.
-    flag_help: ClassVar[dict[str, str]] = {"log_level": "log level (default warning, so stdout stays the result)"}
+    flag_help: ClassVar[dict[str, str]] = {"log_level": f"log level (default {QUIET_LEVEL}, so stdout stays the result)"}
 
     redis_url: Annotated[str | None, Flag()] = Field(None, description=(
         "the index (redis://[:PASSWORD@]HOST:PORT/DB or rediss://...)"))

@@ -37,7 +37,7 @@ class ControllerSettings(NezhaSettings):
         "coordination.k8s.io Lease the replicas elect a leader with"))
     # dns: <pod>.<serviceName>.<ns>.svc:<port>; pod-ip: <podIP>:<port>
     peer_address: Annotated[str, Flag(choices=PEER_ADDRESSES)] = Field("dns", description=(
-        "how peers reach a node: <pod>.<service>.<ns>.svc (dns, default) or the pod IP"))
+        "how peers reach a node: <pod>.<service>.<ns>.svc (dns) or the pod IP (pod-ip)"))
     peer_port: Annotated[int, Flag()] = Field(8080, description="node port when the container has no port named http")
     cluster_token_file: Annotated[Path | None, Flag()] = Field(None, description=(
         "file holding the nodes' cluster token"))

@@ -62,8 +62,9 @@ def offered(cls: type[NezhaSettings], command: str) -> dict[str, Flag]:
             found[field] = flag
     # The class's own first (nezha up's before the node settings it inherits); what every
     # command shares (--log-level) last.
-    own = vars(cls).get("__annotations__", {})
-    return dict(sorted(found.items(), key=lambda item: (item[0] in _SHARED, item[0] not in own)))
+    own = list(vars(cls).get("__annotations__", {}))
+    return dict(sorted(found.items(), key=lambda item: (item[0] in _SHARED, item[0] not in own,
+                                                        own.index(item[0]) if item[0] in own else 0)))
 
 
 def add_settings(parser: argparse.ArgumentParser, cls: type[NezhaSettings], *, command: str) -> None:

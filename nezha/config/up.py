@@ -33,8 +33,8 @@ class UpSettings(CacheSettings):
         "redis_url": "index to use; default: an embedded one in DIR/index",
         "capacity": "disk each node may use, e.g. 10GiB or 500M; least recently used objects are evicted beyond it "
                     "(default: unbounded)",
-        "log_level": "the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
-                     "(else warning)",
+        "log_level": "the nodes' log level, in DIR/node-i.log, and when given nezha up's own on stderr, else "
+                     "warning",
         "config": "YAML file of settings: nezha up's and any of nezha cache's",
     }
 

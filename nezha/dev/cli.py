@@ -54,8 +54,7 @@ def run_up(args: argparse.Namespace) -> int:
 
     settings = load(UpSettings, config_file=args.config, flags=given(args))
     # Its own lines on stderr: stdout is what it reports (nodes, index, the stats command).
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning",
-              json=True, stream=sys.stderr)
+    configure(level=settings.quiet_log_level(), json=True, stream=sys.stderr)
 
     async def main() -> None:
         cluster = LocalCluster(nodes=settings.nodes, origins=settings.origins, data_dir=settings.data_dir,
@@ -102,7 +101,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from nezha.dev.demo import main as demo_main
 
     settings = load(DemoSettings, config_file=args.config, flags=given(args))
-    return demo_main(settings, as_json=args.json, log_level_given="log_level" in settings.model_fields_set)
+    return demo_main(settings, as_json=args.json)
 
 
 def run_origin(args: argparse.Namespace) -> int:
@@ -118,7 +117,7 @@ def run_origin(args: argparse.Namespace) -> int:
     settings = load(LocalOriginSettings, config_file=args.config, flags=given(args))
     host, port = settings.listen_addr
     rate = settings.rate
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning", stream=sys.stderr)
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
     try:
         root.mkdir(parents=True, exist_ok=True)
         if settings.demo_file is not None:

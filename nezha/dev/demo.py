@@ -183,12 +183,12 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main(settings: DemoSettings, *, as_json: bool, log_level_given: bool = False) -> int:
+def main(settings: DemoSettings, *, as_json: bool) -> int:
     """Run the demo with checked settings; print its result as text or one JSON object."""
     size, rate, keep, nodes = settings.size, settings.rate, settings.keep, settings.nodes
     if keep is not None:
         check_keep(keep, size)
-    configure(level=settings.log_level if log_level_given else "warning", stream=sys.stderr)
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
     result = asyncio.run(run(size=size, rate=rate, as_json=as_json, keep=keep, nodes=nodes))
     if as_json:
         print(json.dumps(result))
