@@ -121,9 +121,7 @@ class Origin(BaseModel):
     @field_validator("fill_streams")
     @classmethod
     def _streams(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= 64:
-            raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
-        return v
+        return None if v is None else check_fill_streams(v)
 
     @field_validator("host")
     @classmethod
@@ -182,6 +180,13 @@ class Origin(BaseModel):
     def parse(cls, spec: str) -> "Origin":
         """`HOST=UPSTREAM_URL`, as given to `--origin`."""
         return cls(**origin_fields(spec))
+
+
+def check_fill_streams(v: int) -> int:
+    """fill_streams of a node or of one origin: ranges fetched at once for one object."""
+    if not 1 <= v <= 64:
+        raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
+    return v
 
 
 def origin_fields(spec: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from yarl import URL
 
 from nezha.config.base import NezhaSettings
 from nezha.config.flags import Flag
-from nezha.origins import Origin, OriginTable, parse_origins
+from nezha.origins import Origin, OriginTable, check_fill_streams, parse_origins
 from nezha.values import chunk_setting, parse_hostport, parse_size
 
 # Owners per key in a cluster unless configured: one node can go away (a
@@ -244,9 +244,7 @@ class CacheSettings(NezhaSettings):
     @field_validator("fill_streams")
     @classmethod
     def _fill_streams(cls, v: int) -> int:
-        if not 1 <= v <= 64:
-            raise ValueError(f"fill_streams ({v}) must be between 1 and 64")
-        return v
+        return check_fill_streams(v)
 
     @field_validator("listen", "advertise", "tls_listen", "admin_listen")
     @classmethod
