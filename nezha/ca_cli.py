@@ -20,10 +20,14 @@ import base64
 import datetime as dt
 import os
 import ssl
+import sys
 from pathlib import Path
 
 from nezha import trust_bundle
+from nezha.config import CaInitSettings, load
+from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError, RunError
+from nezha.logs import configure
 from nezha.pki import Pair, make_ca, renewal_reason
 
 CA_NAME = "nezha-ca"
@@ -41,13 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                               description="Create the CA cache nodes sign dataset hosts' certificates with: "
                                           "DIR/ca.crt (give it to clients) and DIR/ca.key (only cache nodes may "
                                           "read it, mode 0600). A valid CA already there is kept.")
-    where = init.add_mutually_exclusive_group(required=True)
-    where.add_argument("--namespace", metavar="NS", help="keep it in the cluster: the key in Secret "
-                       f"{SECRET}, the certificate and the pods' bundle in ConfigMap {CONFIGMAP}")
-    where.add_argument("--local", type=Path, metavar="DIR",
-                       help="keep it in DIR: ca.crt and ca.key (created if missing)")
-    init.add_argument("--kubeconfig", type=Path, help="with --namespace: the cluster to use (default: "
-                      "NEZHA_KUBECONFIG or KUBECONFIG, else the pod's service account)")
+    add_settings(init, CaInitSettings, command="ca init")
     init.set_defaults(func=run_init)
 
 
@@ -165,25 +163,26 @@ async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None
 
 
 def run_init(args: argparse.Namespace) -> int:
-    if args.namespace is not None:
+    settings = load(CaInitSettings, config_file=args.config, flags=given(args))
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
+    if settings.namespace is not None:
         from nezha.kube import api_client
 
         async def main() -> str:
-            # As every command reads it (nezha/config.py): the flag, else NEZHA_KUBECONFIG or KUBECONFIG.
-            kubeconfig = args.kubeconfig or os.environ.get("NEZHA_KUBECONFIG") or os.environ.get("KUBECONFIG")
-            api = await api_client(kubeconfig=Path(kubeconfig) if kubeconfig else None,
-                                   hint="pass --kubeconfig (or use --local DIR)")
+            api = await api_client(kubeconfig=settings.kubeconfig, hint="pass --kubeconfig (or use --local DIR)")
             try:
-                return await init_in_cluster(api, args.namespace)
+                return await init_in_cluster(api, settings.namespace)
             finally:
                 await api.close()
 
         print(asyncio.run(main()))
         return 0
-    if args.local.exists() and not args.local.is_dir():
-        raise ConfigError(f"--local {str(args.local)!r}: exists and is not a folder; the CA goes into a folder "
+    local = settings.local
+    assert local is not None  # CaInitSettings holds one of the two
+    if local.exists() and not local.is_dir():
+        raise ConfigError(f"--local {str(local)!r}: exists and is not a folder; the CA goes into a folder "
                           f"as ca.crt and ca.key")
-    pair, created = init_local(args.local)
-    print(f"{'created' if created else 'kept'} {args.local / 'ca.crt'} (expires "
-          f"{pair.cert.not_valid_after_utc:%Y-%m-%d}); key {args.local / 'ca.key'}, readable by its owner only")
+    pair, created = init_local(local)
+    print(f"{'created' if created else 'kept'} {local / 'ca.crt'} (expires "
+          f"{pair.cert.not_valid_after_utc:%Y-%m-%d}); key {local / 'ca.key'}, readable by its owner only")
     return 0

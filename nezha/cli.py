@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from nezha import config
+from nezha.config import loader as config_loader
 from nezha.errors import ConfigError, RunError
 
 # module -> the subcommands it registers
@@ -30,7 +30,9 @@ DESCRIPTION = """\
 Nezha caches the datasets ML training jobs download. Run one cache node
 (`nezha cache`), a local cluster (`nezha up`), or the demo (`nezha demo`);
 on Kubernetes the chart in helm/nezha runs the nodes, the controller and the
-webhook. Every flag is also a NEZHA_* variable and a key of --config FILE."""
+webhook. Every flag is also a NEZHA_* variable and a key of --config FILE,
+except --json and ring set's --weight, which say what to print or write
+rather than how a command runs."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,58 +59,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """dest -> the long flag that sets it, over every subcommand (`origins` -> `--origin`)."""
-    names: dict[str, str] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                names.update(_flag_names(sub))
-        elif action.option_strings and action.dest not in ("help", "version"):
-            names.setdefault(action.dest, max(action.option_strings, key=len))
-    return names
-
-
-def _unknown_flag(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+def _unknown_word(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """A one-line error for the first `--flag` that no parser on the command's path takes,
-    with the closest flag of that command; None when every flag is known.
+    or the first command that none has (`nezha stat`), with the closest one; None when every
+    flag and command is known.
 
     argparse would report it from the top-level parser, with the top-level
     usage and no suggestion, and only after other errors (a required flag
     missing: the one the user misspelt)."""
-    import difflib
-
     command = [parser.prog]
+    takes_value = False
     for token in argv:
         if token == "--":
             break
-        if not token.startswith("--"):
+        if takes_value:  # the value of the flag before it, never a command
+            takes_value = False
+            continue
+        if not token.startswith("-"):
             sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-            if sub is not None and token in sub.choices:
+            if sub is not None:
+                if token not in sub.choices:
+                    return _unknown(command, "command", token, list(sub.choices))
                 parser = sub.choices[token]
                 command.append(token)
             continue
         flag = token.split("=", 1)[0]
         known = list(parser._option_string_actions)
-        if flag in known or len([k for k in known if k.startswith(flag)]) == 1:  # argparse takes a unique prefix
-            continue
-        close = difflib.get_close_matches(flag, [k for k in known if k.startswith("--")], n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        return f"{' '.join(command)}: unknown flag {flag}{hint}; see {' '.join(command)} --help"
+        matches = [k for k in known if k.startswith(flag)]
+        if flag not in known and len(matches) != 1:  # argparse takes a unique prefix
+            return _unknown(command, "flag", flag, [k for k in known if k.startswith("--")])
+        action = parser._option_string_actions[flag if flag in known else matches[0]]
+        takes_value = "=" not in token and action.nargs != 0
     return None
+
+
+def _unknown(command: list[str], what: str, word: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{' '.join(command)}: unknown {what} {word}{hint}; see {' '.join(command)} --help"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    if (unknown := _unknown_flag(parser, argv)) is not None:
+    if (unknown := _unknown_word(parser, argv)) is not None:
         print(unknown, file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     args.argv = list(argv)  # `nezha cache --workers N` starts each worker with the same arguments
     command = f"nezha {args.command}"
-    config.FLAG_NAMES.update(_flag_names(parser))
-    config.COMMAND = command
+    config_loader.COMMAND = command
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

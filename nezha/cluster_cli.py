@@ -13,9 +13,9 @@ import asyncio
 import json
 import time
 import sys
-from pathlib import Path
 
 from nezha.config import ClusterSettings, load
+from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
 from nezha.logs import configure
 
@@ -45,16 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", help="the index (redis://[:PASSWORD@]HOST:PORT/DB or rediss://...)")
-    p.add_argument("--config", type=Path, help="YAML file of settings")
-    p.add_argument("--log-level", help="log level (default warning, so stdout stays the result)")
+    add_settings(p, ClusterSettings, command=p.prog)
 
 
 def _settings(args: argparse.Namespace) -> ClusterSettings:
-    settings = load(ClusterSettings, config_file=args.config,
-                    flags={"redis_url": args.redis_url, "log_level": args.log_level})
+    settings = load(ClusterSettings, config_file=args.config, flags=given(args))
     # Logs share stdout with the result; only ask for them when asked.
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning")
+    configure(level=settings.quiet_log_level())
     if settings.redis_url is None:
         raise ConfigError("no index to talk to: pass --redis-url URL or set NEZHA_REDIS_URL")
     return settings

@@ -104,7 +104,7 @@ def cache_key(target: Target, *, volatile_params: tuple[str, ...] = ()) -> str:
 
 
 class KeyRules(Protocol):
-    """What an origin's entry says about its keys (nezha.config.Origin)."""
+    """What an origin's entry says about its keys (nezha.origins.Origin)."""
 
     volatile_params: tuple[str, ...]
     credentials: str  # "pass" or "authorize"

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
+from nezha.config import DemoSettings, LocalOriginSettings, UpSettings
+from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
 from nezha.lifecycle import stop_on_signals
 
@@ -24,51 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "objects stay in DIR/node-i for the next run, node i logs to DIR/node-i.log. Every node "
                     "setting of nezha cache is also one of nezha up (a NEZHA_* variable or a --config key) "
                     "and goes to every node, except each node's address and name, which nezha up sets.")
-    u.add_argument("--nodes", type=int, help="node processes (default 3)")
-    u.add_argument("--origin", action="append", dest="origins", metavar="HOST=UPSTREAM_URL",
-                   help="a dataset host and where to fetch it; repeat for more")
-    u.add_argument("--base-port", type=int, help="node i listens on 127.0.0.1:BASE+i (default 8080)")
-    u.add_argument("--data-dir", type=Path, help="node i uses DIR/node-i (default ./nezha-data)")
-    u.add_argument("--replicas", type=int,
-                   help="owners per key (default min(2, NODES): any one node can stop without losing an object)")
-    u.add_argument("--redis-url", help="index to use; default: an embedded one in DIR/index")
-    u.add_argument("--capacity", help="disk each node may use, e.g. 10GiB or 500M; least recently used objects "
-                   "are evicted beyond it (default: unbounded)")
-    u.add_argument("--tls-base-port", type=int, help="node i also answers TLS on 127.0.0.1:BASE+i, as "
-                   "nezha cache --tls-listen does (default: no TLS port)")
-    u.add_argument("--ca-cert", type=Path, help="the Nezha CA's certificate (nezha ca init --local DIR): with "
-                   "--ca-key the TLS ports serve and cache configured origins themselves (default: none)")
-    u.add_argument("--ca-key", type=Path, help="the Nezha CA's private key (default: none)")
-    u.add_argument("--force", action="store_true", default=None, help="replace a ring the index already holds "
-                   "(one this command did not write); without it nezha up refuses")
-    u.add_argument("--keep-ring", action="store_true", default=None, help="leave the ring in the index on exit "
-                   "(default: remove it, since its nodes are gone)")
-    u.add_argument("--hot-reads", type=int, help="relayed reads of one object within --hot-window that make "
-                   "it hot on a node, which then serves it from its own disk; 0 turns hot copies off (default 3)")
-    u.add_argument("--hot-window", type=float, help="seconds in which --hot-reads relayed reads make an object "
-                   "hot (default 60)")
-    u.add_argument("--hot-share", type=float, help="share of each node's --capacity hot copies may hold "
-                   "(default 0.1)")
-    u.add_argument("--workers", help="processes per node (nezha cache --workers): a number or auto, a process "
-                   "per CPU for each node; the nodes share this machine's cores (default 1)")
-    u.add_argument("--chunk-threshold", help="objects at least this large (e.g. 1GiB) are stored as chunks "
-                   "spread over the nodes; 0 turns chunking off (default 1GiB)")
-    u.add_argument("--chunk-size", help="size of those chunks, e.g. 64MiB (default 64MiB)")
-    u.add_argument("--config", type=Path, help="YAML file of settings: nezha up's and any of nezha cache's")
-    u.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
-                   help="the nodes' (default info, in DIR/node-i.log) and, when given, nezha up's own on stderr "
-                   "(else warning)")
+    add_settings(u, UpSettings, command="up")
     u.set_defaults(func=run_up)
 
     d = sub.add_parser("demo", help="download a dataset cold then warm through a local cache")
-    d.add_argument("--size", default=None, help="size of the synthetic demo file: bytes or with a suffix, "
-                   "e.g. 10MB, 1GiB (default 169001437, the size of cifar-100-python.tar.gz)")
-    d.add_argument("--rate", default=None, help="origin throttle in bytes per second, suffixes allowed, "
-                   "e.g. 3.5MB (default 3.5 MB/s, what the original experiment measured)")
-    d.add_argument("--nodes", type=int, default=1, help="cache nodes (default 1); with 2 or more the warm "
-                   "download enters through another node and is a peer hit")
+    add_settings(d, DemoSettings, command="demo")
     d.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    d.add_argument("--keep", type=Path, default=None, help="keep the cache folder here")
     d.set_defaults(func=run_demo)
 
     o = sub.add_parser(
@@ -77,36 +41,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "host (the demo's origin), until SIGINT, SIGTERM or SIGHUP. Point nezha up at it: "
                     "nezha up --origin www.cs.toronto.edu=http://127.0.0.1:8000. It prints its URL first.")
     o.add_argument("root", type=Path, metavar="DIR", help="folder whose files it serves (made if missing)")
-    o.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000; port 0: any "
-                   "free one)")
-    o.add_argument("--rate", default=None, help="bytes per second per connection, suffixes allowed, e.g. 3.5MB; "
-                   "0: unthrottled (default 3.5 MB/s, as the demo)")
-    o.add_argument("--ranges", action="store_true", help="answer Range requests when throttled too, as S3 does "
-                   "(default: one stream per download, like the demo's host)")
-    o.add_argument("--demo-file", metavar="SIZE", default=None, help="first write the demo's synthetic file of "
-                   "SIZE bytes (e.g. 50MB) as DIR/~kriz/cifar-100-python.tar.gz, the same bytes as nezha demo "
-                   "--size SIZE serves")
+    add_settings(o, LocalOriginSettings, command="origin")
     o.set_defaults(func=run_origin)
 
 
-UP_FLAGS = ["nodes", "origins", "base_port", "data_dir", "replicas", "redis_url", "capacity", "tls_base_port",
-            "ca_cert", "ca_key", "force", "keep_ring", "hot_reads", "hot_window", "hot_share",
-            "chunk_threshold", "chunk_size", "workers", "log_level"]
-
-
 def run_up(args: argparse.Namespace) -> int:
-    import sys
-
-    from nezha.config import UpSettings, load
+    from nezha.config import load
     from nezha.dev.local_cluster import LocalCluster, NodeFailed, RingTaken, last_words
     from nezha.errors import RunError
     from nezha.index.connection import redact_url
     from nezha.logs import configure
 
-    settings = load(UpSettings, config_file=args.config, flags={n: getattr(args, n, None) for n in UP_FLAGS})
+    settings = load(UpSettings, config_file=args.config, flags=given(args))
     # Its own lines on stderr: stdout is what it reports (nodes, index, the stats command).
-    configure(level=settings.log_level if "log_level" in settings.model_fields_set else "warning",
-              json=True, stream=sys.stderr)
+    configure(level=settings.quiet_log_level(), json=True, stream=sys.stderr)
 
     async def main() -> None:
         cluster = LocalCluster(nodes=settings.nodes, origins=settings.origins, data_dir=settings.data_dir,
@@ -149,47 +97,41 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from nezha.config import load
     from nezha.dev.demo import main as demo_main
 
-    return demo_main(args)
+    settings = load(DemoSettings, config_file=args.config, flags=given(args))
+    return demo_main(settings, as_json=args.json)
 
 
 def run_origin(args: argparse.Namespace) -> int:
-    from nezha.config import parse_hostport, parse_size
-    from nezha.dev.demo import PATH, RATE_2018, make_dataset
+    from nezha.config import load
+    from nezha.dev.demo import PATH, make_dataset
     from nezha.dev.origin import LocalOrigin
     from nezha.errors import RunError
+    from nezha.logs import configure
 
     root: Path = args.root
     if root.exists() and not root.is_dir():
         raise ConfigError(f"DIR {str(root)!r}: exists and is not a folder")
-    try:
-        host, port = parse_hostport(args.listen, field="--listen")
-    except ValueError as e:
-        raise ConfigError(f"--listen {args.listen!r}: {e}") from e
-    values = {}
-    for flag, given in (("--rate", args.rate), ("--demo-file", args.demo_file)):
-        try:
-            values[flag] = None if given is None else parse_size(given)
-        except ValueError as e:
-            raise ConfigError(f"{flag} {given!r}: {e}") from e
-    rate = RATE_2018 if values["--rate"] is None else values["--rate"]
-    if values["--demo-file"] is not None and values["--demo-file"] <= 0:
-        raise ConfigError(f"--demo-file {args.demo_file!r}: must be positive")
+    settings = load(LocalOriginSettings, config_file=args.config, flags=given(args))
+    host, port = settings.listen_addr
+    rate = settings.rate
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if values["--demo-file"] is not None:
-            make_dataset(root / PATH.lstrip("/"), values["--demo-file"])
+        if settings.demo_file is not None:
+            make_dataset(root / PATH.lstrip("/"), settings.demo_file)
     except OSError as e:
         raise RunError(f"cannot write to {root}: {e.strerror or e}") from e
 
     async def main() -> None:
-        origin = LocalOrigin(root, rate=rate or None, ranges=args.ranges)
+        origin = LocalOrigin(root, rate=rate or None, ranges=settings.ranges)
         stop = stop_on_signals(hangup=True)
         try:
             url = await origin.start(host, port)
         except OSError as e:
-            raise RunError(f"cannot listen on {args.listen} (--listen): {e.strerror or e}") from e
+            raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
         throttle = f"{rate / 1e6:.2f} MB/s per connection" if rate else "unthrottled"
         print(f"origin {url} serving {root.resolve()} {throttle}", flush=True)
         try:

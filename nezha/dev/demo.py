@@ -10,7 +10,6 @@ against the origin's SHA-256.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -26,7 +25,7 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from nezha.config import Origin
+from nezha.config import DemoSettings, Origin
 from nezha.dev.local_cluster import LocalCluster
 from nezha.dev.origin import LocalOrigin
 from nezha.localproc import free_run
@@ -35,8 +34,6 @@ from nezha.wire import CACHE_HEADER
 
 HOST = "www.cs.toronto.edu"
 PATH = "/~kriz/cifar-100-python.tar.gz"
-CIFAR100_BYTES = 169_001_437
-RATE_2018 = 3_500_000
 
 
 @dataclass
@@ -186,30 +183,18 @@ async def run(*, size: int, rate: float, as_json: bool, keep: Path | None, nodes
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main(args: argparse.Namespace) -> int:
-    from nezha.config import parse_size
-    from nezha.errors import ConfigError
-
-    values = {}
-    for flag, given, default in (("--size", args.size, CIFAR100_BYTES), ("--rate", args.rate, RATE_2018)):
-        try:
-            values[flag] = default if given is None else parse_size(given)
-        except ValueError as e:
-            raise ConfigError(f"{flag} {given!r}: {e}") from e
-        if values[flag] <= 0:
-            raise ConfigError(f"{flag} {given!r}: must be positive")
-    size, rate = values["--size"], values["--rate"]
-    if args.nodes < 1:
-        raise ConfigError(f"--nodes {args.nodes}: must be at least 1")
-    if args.keep is not None:
-        check_keep(args.keep, size)
-    configure(level="warning", stream=sys.stderr)
-    result = asyncio.run(run(size=size, rate=rate, as_json=args.json, keep=args.keep, nodes=args.nodes))
-    if args.json:
+def main(settings: DemoSettings, *, as_json: bool) -> int:
+    """Run the demo with checked settings; print its result as text or one JSON object."""
+    size, rate, keep, nodes = settings.size, settings.rate, settings.keep, settings.nodes
+    if keep is not None:
+        check_keep(keep, size)
+    configure(level=settings.quiet_log_level(), stream=sys.stderr)
+    result = asyncio.run(run(size=size, rate=rate, as_json=as_json, keep=keep, nodes=nodes))
+    if as_json:
         print(json.dumps(result))
     else:
         if result["origin_gets"] == 0:
-            print(f"the kept cache in {args.keep} already held the file: both downloads came from it")
+            print(f"the kept cache in {keep} already held the file: both downloads came from it")
         print(f"cold (origin -> cache -> you): {result['cold_mb_per_s']:8.2f} MB/s  [{result['cold_cache']}]")
         print(f"warm (cache disk -> you):     {result['warm_mb_per_s']:8.2f} MB/s  [{result['warm_cache']}]")
         print(f"speed-up: {result['speedup']}x   origin GETs: {result['origin_gets']}   "

@@ -1,0 +1,330 @@
+"""`nezha cache`: one node's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+from yarl import URL
+
+from nezha.config.base import NezhaSettings
+from nezha.config.flags import Flag
+from nezha.origins import Origin, OriginTable, check_fill_streams, parse_origins
+from nezha.values import chunk_setting, parse_hostport, parse_size
+
+# Owners per key in a cluster unless configured: one node can go away (a
+# crash, a drain, a rolling restart) without an object being lost or fetched
+# again from the origin.
+DEFAULT_CLUSTER_REPLICAS = 2
+
+
+class CacheSettings(NezhaSettings):
+    """One cache node (`nezha cache`)."""
+
+    listen: Annotated[str, Flag(only=("cache",))] = Field("127.0.0.1:8080", description="HOST:PORT to serve on")
+    data_dir: Annotated[Path, Flag()] = Field(Path("./nezha-data"), description="folder for cached objects")
+    origins: Annotated[list[Origin], NoDecode, Flag(name="--origin", metavar="HOST=UPSTREAM_URL")] = Field(
+        default_factory=list, description="a dataset host and where to fetch it; repeat for more")
+    capacity: Annotated[int | None, Flag(size=True)] = Field(None, description=(
+        "disk to use, e.g. 50GiB or 500M; least recently used objects are evicted beyond it (default: unbounded)"))
+    origin_connect_timeout: float = 5.0
+    origin_read_timeout: float = 30.0
+    read_size: int = 256 * 1024
+    # Send stored objects with sendfile(2); off falls back to read+write
+    # (for filesystems or transports without sendfile, and to test both paths).
+    sendfile: bool = True
+    # Answer plain GET/HEAD hits below aiohttp (cachenode/front/fastpath.py).
+    fast_hits: bool = True
+    # Cluster membership; all optional so a node runs alone.
+    redis_url: Annotated[str | None, Flag()] = Field(None, description=(
+        "the shared index to join: redis://, rediss://, unix:// or redis+sentinel:// (needs NEZHA_CLUSTER_TOKEN; "
+        "default: none, a lone node)"))
+    node_id: Annotated[str | None, Flag(only=("cache",))] = Field(None, description="this node's identity in the ring")
+    advertise: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT where peers reach this node, shown in /readyz and sent with copies; the ring itself is written "
+        "by the controller, `nezha up` or `nezha ring set` (default: --listen)"))
+    # Owners per key (replicas-per-key). Unset: 2 for a node in a cluster
+    # (redis_url given), so losing one node loses no object and costs no
+    # origin fetch; 1 for a node alone, where a second owner cannot exist.
+    replicas: Annotated[int | None, Flag()] = Field(None, description=(
+        f"owners per key (replicas-per-key); default {DEFAULT_CLUSTER_REPLICAS} with --redis-url, else 1"))
+    # Connect timeout to peers; a peer silent this long (no headers, or a
+    # body that stopped) is probed at /healthz, within this time too, and
+    # given up if the probe fails. The rules are in cachenode/front/relay.py.
+    peer_timeout: float = 1.0
+    # On SIGTERM, a node the ring no longer has (a scale-down) hands its
+    # objects to their owners before it exits, for at most this long: set it
+    # a few seconds under the pod's terminationGracePeriodSeconds, after
+    # which Kubernetes kills it. A node still in the ring (a restart) waits
+    # at most `leave_settle` for a ring without it, then exits at once.
+    shutdown_grace: float = 25.0
+    leave_settle: float = 2.0
+    # Shared secret for the internal /_nezha/* endpoints (replicate, hand-off).
+    # Without it they answer only to loopback clients.
+    cluster_token: str | None = Field(default=None, repr=False)
+    stats_flush_interval: float = 1.0
+    ring_refresh_interval: float = 5.0
+    # A cold fill of an object at least `parallel_fill_threshold` bytes, from
+    # an origin that offers byte ranges and a strong validator, fetches
+    # `fill_streams` ranges at once (cachenode/fill/parallel.py); 1 turns it off.
+    # Per origin in its `origins` entry.
+    fill_streams: Annotated[int, Flag(only=("cache",))] = Field(8, description=(
+        "parallel range requests for a cold fill of a large object (at least parallel_fill_threshold) from an "
+        "origin that offers ranges and a strong validator; 1 fetches every object as one stream; per origin in "
+        "--config"))
+    parallel_fill_threshold: int = 64 * 1024 * 1024
+    # A client's Range into a cold large object fetches the slices around it
+    # first; on, the rest of the object keeps filling behind it; off, only
+    # the slices clients ask for are fetched, kept for later requests
+    # (cachenode/fill/parallel.py). Per origin in its `origins` entry.
+    fill_on_range: bool = True
+    # Range bodies over plain TCP move socket -> pipe -> file by splice(2),
+    # never entering Python (cachenode/kernel/splice.py); off, through aiohttp's
+    # reader and pwrite. A switch for measuring one against the other.
+    splice_fills: bool = True
+    # HOST:PORT answering TLS (port 443 behind the chart's Service): a
+    # connection naming an origin (SNI) is terminated with the CA below, or
+    # relayed untouched to the real host without one; unset: no TLS port.
+    tls_listen: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT for TLS clients of aliased hosts (port 443 in a cluster): a connection whose server name (SNI) "
+        "is a configured origin is served here with a certificate for that name signed by --ca-cert, or without "
+        "a CA passed untouched to the real host; any other name is refused (default: none)"))
+    # The Nezha CA (`nezha ca init`): with both, the TLS port terminates
+    # configured origins' connections with a leaf it mints per name
+    # (cachenode/tls/certificates.py) and caches their https:// objects; without, it
+    # relays them untouched. The key file is the cluster's most sensitive
+    # secret: only cache pods mount it.
+    ca_cert: Annotated[Path | None, Flag()] = Field(None, description=(
+        "the Nezha CA's certificate (nezha ca init), which labelled pods trust; with --ca-key the TLS port serves "
+        "configured origins itself (default: none)"))
+    ca_key: Annotated[Path | None, Flag()] = Field(None, description=(
+        "the Nezha CA's private key: keep it readable by the node only (default: none)"))
+    # A client gets this long from its first byte (or from connecting) to
+    # send a complete request head, then 408; trickled heads cannot hold a
+    # descriptor for the hour an idle keep-alive connection may stay.
+    request_head_timeout: Annotated[float, Flag(only=("cache",))] = Field(30.0, description=(
+        "seconds a client has to send a complete request head, then 408"))
+    # The event loop the node runs on: asyncio's, or uvloop (a separate
+    # package) where it measures faster (docs/benchmarks.md).
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    # Open client connections at most; unset: derived from the descriptor
+    # limit (cachenode/front/connections.py). At the cap the stalest connection
+    # that is only waiting for a request is closed, else the new one is
+    # answered 503 with Retry-After: accepting never stops.
+    max_connections: Annotated[int | None, Flag(only=("cache",))] = Field(None, description=(
+        "open client connections at most; beyond it the stalest idle one is closed, else the newcomer gets 503 "
+        "with Retry-After (default: from the open-files limit, which the node raises to its hard limit)"))
+    # The tier this node asks before the origin (a sidecar's cluster Service,
+    # http://HOST[:PORT]): misses, revalidations and every other request for
+    # a configured origin go there, marked as a child's; a parent that cannot
+    # be reached or answers 5xx is skipped for the origin itself
+    # (cachenode/fill/upstream.py). `parent_tls_port` is where the TLS port
+    # passes connections it does not terminate: the parent's port 443.
+    parent: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "http://HOST[:PORT] of the tier above this node (a sidecar's cluster Service): misses and revalidations "
+        "for configured origins go there, and to the origin only when the parent cannot be reached or answers "
+        "5xx (default: none, the origin)"))
+    parent_tls_port: Annotated[int, Flag(only=("cache",))] = Field(443, description=(
+        "the parent's TLS port, where --tls-listen passes the connections it does not terminate, by their server "
+        "name"))
+    # How origin names are resolved: `system` (getaddrinfo: /etc/hosts, then
+    # DNS) or `dns` (the nameservers, search list and ndots of
+    # /etc/resolv.conf, never /etc/hosts; cachenode/fill/dns_resolver.py).
+    # Unset: `dns` on a node with a parent, whose pod's /etc/hosts maps the
+    # origins' names to the sidecar itself; else `system`. `origin_nameservers`
+    # (HOST[:PORT], port 53 by default) replace resolv.conf's nameservers.
+    origin_resolver: Literal["system", "dns"] | None = None
+    origin_nameservers: list[str] = Field(default_factory=list)
+    # HOST:PORT answering /healthz, /readyz and /metrics only: a sidecar's data
+    # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
+    # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
+    admin_listen: Annotated[str | None, Flag(only=("cache",))] = Field(None, description=(
+        "HOST:PORT answering /healthz, /readyz and /metrics only, for probes and scraping when --listen is on "
+        "loopback, as a sidecar's is (default: none)"))
+    # Hot copies (docs/cache-node.md, "Hot copies"): a node that relays
+    # `hot_reads` reads of one object within `hot_window` seconds copies it
+    # from an owner and serves it from its own disk; 0 turns them off. They
+    # hold at most `hot_share` of `capacity` and are evicted first. hot_reads 3
+    # is measured (bench/hot_threshold.py, docs/benchmarks.md "Hot-copy
+    # threshold"): fewer copies objects read once or twice, more leaves a hot
+    # object's reads on its owners. A minute's window holds a job's workers starting.
+    hot_reads: Annotated[int, Flag()] = Field(3, description=(
+        "relayed reads of one object within --hot-window that make it hot on this node, which then copies it "
+        "from an owner and serves it from its own disk; 0 turns hot copies off"))
+    hot_window: Annotated[float, Flag()] = Field(60.0, description=(
+        "seconds in which --hot-reads relayed reads make an object hot"))
+    hot_share: Annotated[float, Flag()] = Field(0.1, description=(
+        "share of --capacity hot copies may hold; they are evicted first, least recently used among them"))
+    # Processes serving this node's port (docs/cache-node.md, "Workers"): one
+    # primary that fills, writes and counts, and followers that answer plain
+    # hits from the same disk and hand it everything else. "auto": the CPUs
+    # the process may use (affinity and cgroup quota), the default, as
+    # nginx's `worker_processes auto`. 1: one process, no supervisor.
+    workers: Annotated[int | Literal["auto"], Flag()] = Field("auto", description=(
+        "processes serving this node's port: one fills, writes and counts, the others answer plain hits from the "
+        "same disk and hand it the rest; a number, or auto: the CPUs this process may use, from its affinity and "
+        "cgroup quota. 1: a single process"))
+    # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
+    # an object at least `chunk_threshold` long (0: never) is stored as
+    # `chunk_size` chunks, each on the owners of its own key. Per origin in
+    # its `origins` entry.
+    chunk_threshold: Annotated[int, Flag(size=True)] = Field(2**30, description=(
+        "objects at least this large (e.g. 1GiB) are stored as chunks spread over the ring, each on the owners "
+        "of its own key; 0 turns chunking off; per origin: chunk_threshold"))
+    chunk_size: Annotated[int, Flag(size=True)] = Field(64 * 2**20, description=(
+        "size of those chunks, e.g. 64MiB; per origin: chunk_size"))
+
+    @field_validator("origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, v: Any) -> Any:
+        return parse_origins(v)
+
+    @field_validator("hot_reads")
+    @classmethod
+    def _hot_reads(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"hot_reads ({v}) must be 0 (hot copies off) or more")
+        return v
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"workers ({v!r}) must be a number of processes, at least 1, or auto") from None
+        if n < 1:
+            raise ValueError(f"workers ({n}) must be at least 1, or auto")
+        return n
+
+    @field_validator("hot_window")
+    @classmethod
+    def _hot_window(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"hot_window ({v:g}) must be a positive number of seconds")
+        return v
+
+    @field_validator("hot_share")
+    @classmethod
+    def _hot_share(cls, v: float) -> float:
+        if not 0 < v <= 1:
+            raise ValueError(f"hot_share ({v:g}) must be a share of capacity above 0 and at most 1 "
+                             f"(use hot_reads 0 to turn hot copies off)")
+        return v
+
+    @field_validator("chunk_threshold", "chunk_size", mode="before")
+    @classmethod
+    def _chunk_sizes(cls, v: Any, info: Any) -> Any:
+        return chunk_setting(v, field=info.field_name)
+
+    def chunking(self, origin: Origin) -> tuple[int, int]:
+        """(chunk_threshold, chunk_size) for `origin`'s objects: its own, else this node's."""
+        return (self.chunk_threshold if origin.chunk_threshold is None else origin.chunk_threshold,
+                self.chunk_size if origin.chunk_size is None else origin.chunk_size)
+
+    @property
+    def hot_capacity(self) -> int | None:
+        """Bytes hot copies may hold: `hot_share` of `capacity`; None (no bound) without a capacity."""
+        return None if self.capacity is None else int(self.capacity * self.hot_share)
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _capacity(cls, v: Any) -> Any:
+        return None if v in (None, "", "0", 0) else parse_size(v)
+
+    @field_validator("parallel_fill_threshold", mode="before")
+    @classmethod
+    def _fill_threshold(cls, v: Any) -> Any:
+        return parse_size(v)
+
+    @field_validator("fill_streams")
+    @classmethod
+    def _fill_streams(cls, v: int) -> int:
+        return check_fill_streams(v)
+
+    @field_validator("listen", "advertise", "tls_listen", "admin_listen")
+    @classmethod
+    def _hostport(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            parse_hostport(v, field=info.field_name)
+        return v
+
+    @field_validator("parent")
+    @classmethod
+    def _parent(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        u = URL(v)
+        if u.scheme != "http" or not u.host or u.user or u.password or u.query_string or u.fragment \
+                or u.path not in ("", "/"):
+            raise ValueError(f"{v!r} must be http://HOST[:PORT] (the cluster Service; plain HTTP, no path, "
+                             f"no credentials)")
+        return str(u.origin())
+
+    @field_validator("origin_nameservers")
+    @classmethod
+    def _nameservers(cls, v: list[str]) -> list[str]:
+        for server in v:
+            parse_hostport(server if ":" in server else f"{server}:53", field="origin_nameservers")
+        return v
+
+    @property
+    def origin_dns(self) -> bool:
+        """Origin names are asked of nameservers, never /etc/hosts (origin_resolver)."""
+        return self.origin_resolver == "dns" or (self.origin_resolver is None and self.parent is not None)
+
+    @field_validator("parent_tls_port")
+    @classmethod
+    def _parent_tls_port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError(f"{v} is not a TCP port")
+        return v
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, v: Path) -> Path:
+        if v.exists() and not v.is_dir():
+            raise ValueError("exists and is not a folder")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "CacheSettings":
+        hosts = [o.host for o in self.origins]
+        dup = {h for h in hosts if hosts.count(h) > 1}
+        if dup:
+            raise ValueError(f"origins: host {sorted(dup)[0]!r} is configured twice")
+        if self.replicas is None:
+            self.replicas = DEFAULT_CLUSTER_REPLICAS if self.redis_url else 1
+        if self.replicas < 1:
+            raise ValueError(f"replicas ({self.replicas}) must be at least 1")
+        if self.peer_timeout <= 0:
+            raise ValueError(f"peer_timeout ({self.peer_timeout:g}) must be positive")
+        if self.request_head_timeout <= 0:
+            raise ValueError(f"request_head_timeout ({self.request_head_timeout:g}) must be positive")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections ({self.max_connections}) must be at least 1")
+        if self.origin_connect_timeout <= 0 or self.origin_read_timeout <= 0:
+            raise ValueError("origin_connect_timeout and origin_read_timeout must be positive")
+        if (self.ca_cert is None) != (self.ca_key is None):
+            raise ValueError("ca_cert and ca_key go together: pass both --ca-cert and --ca-key, or neither")
+        if not self.origins:
+            raise ValueError("no origin configured: pass --origin HOST=UPSTREAM_URL (or NEZHA_ORIGINS, or origins "
+                             "in --config); without one the node would refuse every request")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """This node's name in the ring: --node-id, else the address peers use."""
+        return self.node_id or self.advertise or self.listen
+
+    @property
+    def origin_table(self) -> "OriginTable":
+        return OriginTable(self.origins)
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        return parse_hostport(self.listen, field="listen")
