@@ -127,17 +127,29 @@ def run_cache(args: argparse.Namespace) -> int:
     return run(serve_follower(settings, link=link, worker=index, open_files=raise_open_files_limit()))
 
 
+# Where the cgroup's limits are read: v2 first, then v1's memory controller.
+CPU_MAX_FILES = (Path("/sys/fs/cgroup/cpu.max"),)
+MEMORY_MAX_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def _first_readable(paths: tuple[Path, ...]) -> str | None:
+    for path in paths:
+        try:
+            return path.read_text()
+        except OSError:
+            continue
+    return None
+
+
 def worker_count(workers: int | str) -> int:
-    """`workers`, with auto resolved from this process's affinity and cgroup quota."""
-    from cachenode.workers.plan import usable_cpus
+    """`workers`, with auto resolved from this process's affinity, its cgroup's
+    CPU quota and memory limit (cachenode/workers/plan.py)."""
+    from cachenode.workers.plan import auto_workers
 
     if workers != "auto":
         return int(workers)
-    try:
-        cpu_max = Path("/sys/fs/cgroup/cpu.max").read_text()
-    except OSError:
-        cpu_max = None
-    return usable_cpus(len(os.sched_getaffinity(0)), cpu_max)
+    return auto_workers(affinity=len(os.sched_getaffinity(0)), cpu_max=_first_readable(CPU_MAX_FILES),
+                        memory_max=_first_readable(MEMORY_MAX_FILES))
 
 
 def prepare_data_dir(path: Path) -> None:
