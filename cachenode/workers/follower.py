@@ -29,7 +29,7 @@ from dataclasses import fields
 
 import structlog
 
-from cachenode.app import build_node, build_tls_port, leaves_for, read_ca
+from cachenode.app import build_node, build_tls_port, hangup_stops, leaves_for, read_ca
 from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
 from cachenode.store.objects import Meta
@@ -269,6 +269,6 @@ class Follower:
 async def serve_follower(settings: CacheSettings, *, link: socket.socket, worker: int, open_files: int) -> int:
     """Run one follower worker until SIGTERM or its primary is gone; the exit code."""
     follower = Follower(settings, link=link, worker=worker, open_files=open_files)
-    stop = stop_on_signals(None)
+    stop = stop_on_signals(None, hangup=hangup_stops())
     await follower.run(stop)
     return 0 if stop.is_set() else 3

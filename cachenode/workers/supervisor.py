@@ -196,9 +196,18 @@ class Supervisor:
             if w.proc is not None and w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
 
+    def _signalled(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            log.info("workers_stopping", signal=signal.Signals(signum).name)
+        self.stop()
+
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+        # SIGHUP too (a closed terminal, a process group's hang-up): every
+        # worker drains as on SIGTERM; under nohup it stays ignored.
+        signal.signal(signal.SIGTERM, self._signalled)
+        signal.signal(signal.SIGINT, self._signalled)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, self._signalled)
         self._start_primary()
         for w in self.workers[1:]:
             self._start_follower(w)
