@@ -13,6 +13,7 @@ import structlog
 
 from nezha.config import CacheSettings, load, parse_hostport
 from nezha.errors import ConfigError
+from nezha.folder_lock import hold
 from nezha.logs import configure
 
 
@@ -109,11 +110,13 @@ def run_cache(args: argparse.Namespace) -> int:
               credential_params=[name for o in settings.origins for name in o.credential_params])
     role = os.environ.get(supervisor.ROLE_ENV)
     if role is None:
+        # One node per data folder, held until this process (and with workers, the last of them) ends.
+        lock = hold(settings.data_dir, command="nezha cache")
         workers = worker_count(settings.workers)
         if workers > 1:
             tls = None if settings.tls_listen is None else parse_hostport(settings.tls_listen, field="tls_listen")
             return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers,
-                                        {"listen": settings.listen_addr, "tls_listen": tls})
+                                        {"listen": settings.listen_addr, "tls_listen": tls}, keep_fds=(lock,))
         run(serve(settings, ca=ca))
         return 0
     # Port 0 in the settings: the one the supervisor chose for every worker.

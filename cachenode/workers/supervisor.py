@@ -104,8 +104,10 @@ def shared_addresses(environ: dict[str, str] | os._Environ) -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, argv: list[str], workers: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], workers: int, env: dict[str, str] | None = None,
+                 keep_fds: tuple[int, ...] = ()) -> None:
         self.argv = argv
+        self.keep_fds = keep_fds  # descriptors every worker inherits: the data folder's lock
         self.env = env or {}
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
@@ -120,7 +122,7 @@ class Supervisor:
                LINK_ENV: str(link.fileno()), INDEX_ENV: str(worker.index)}
         # A node killed with -9 leaves no worker serving its port alone.
         worker.proc = subprocess.Popen([sys.executable, "-m", "nezha", *self.argv], env=env,
-                                       pass_fds=(link.fileno(),), preexec_fn=die_with_parent(signal.SIGKILL))
+                                       pass_fds=(link.fileno(), *self.keep_fds), preexec_fn=die_with_parent(signal.SIGKILL))
         worker.started = time.monotonic()
         link.close()
         log.info("worker_started", worker=worker.index, pid=worker.proc.pid,
@@ -235,12 +237,13 @@ class Supervisor:
                 pass
 
 
-def supervise(argv: list[str], workers: int, addresses: dict[str, tuple[str, int] | None]) -> int:
+def supervise(argv: list[str], workers: int, addresses: dict[str, tuple[str, int] | None], *,
+              keep_fds: tuple[int, ...] = ()) -> int:
     env, held = reserve(addresses)
     if env:
         log.info("ports_chosen", **{setting: env[name] for setting, name in ADDRESS_ENV.items() if name in env})
     try:
-        return Supervisor(argv, workers, env).run()
+        return Supervisor(argv, workers, env, keep_fds).run()
     finally:
         for s in held:
             s.close()

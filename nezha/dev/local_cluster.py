@@ -36,6 +36,7 @@ from nezha.index.handle import Index
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
 from nezha.errors import NezhaError
+from nezha.folder_lock import hold
 from nezha.localproc import die_with_parent
 from nezha.wire import HANDOFF_PATH, TOKEN_HEADER
 
@@ -127,6 +128,7 @@ class LocalCluster:
         self.written: dict[str, str] | None = None  # the ring this cluster last wrote
         self._stop_index = None
         self.index: Index | None = None
+        self._lock: int | None = None  # the descriptor holding DIR's lock while the cluster runs
 
     async def start(self, *, force: bool = False) -> None:
         """Start the nodes, wait for each (its own process answering), publish their ring.
@@ -136,6 +138,9 @@ class LocalCluster:
         NodeFailed with its own last line; the others are stopped then.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._lock is None:
+            # Its node folders, index and settings file are this cluster's alone (nezha/folder_lock.py).
+            self._lock = hold(self.data_dir, command="nezha up")
         own_index = self.redis_url is None
         if own_index:
             self.redis_url, self._stop_index = await embedded_index(self.data_dir / "index")
@@ -358,3 +363,6 @@ class LocalCluster:
         if self._stop_index is not None:
             stop_index, self._stop_index = self._stop_index, None
             await stop_index()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

@@ -330,3 +330,28 @@ async def test_up_gives_each_node_a_tls_port_from_tls_base_port(aiohttp_server, 
         assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0
     finally:
         _reap(proc)
+
+
+async def test_a_second_up_on_the_same_data_dir_refuses_naming_the_folder_and_the_first(aiohttp_server, tmp_path):
+    """Two clusters on one folder would share its node folders, index and settings file."""
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    first = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
+    try:
+        nodes = await _started(first)
+        second = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(free_run(2)), "--data-dir",
+            str(tmp_path / "up"), "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
+            capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1, (second.stdout, second.stderr)
+        assert "node-0 " not in second.stdout  # nothing started
+        (line,) = [x for x in second.stderr.splitlines() if x.strip()]
+        assert line == (f"nezha up: --data-dir {str(tmp_path / 'up')!r} is in use by pid {first.pid} (nezha up): "
+                        "one node per data folder; stop it, or give this one a folder of its own")
+        async with aiohttp.ClientSession() as s:  # the first cluster is untouched
+            for _, address, *_ in nodes:
+                async with s.get(f"http://{address}/readyz") as r:
+                    assert r.status == 200
+        first.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(first.wait, 30) == 0
+    finally:
+        _reap(first)
