@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from cachenode.workers.channel import decode, encode
+from cachenode.workers.messages import Follower, Ready, decode, encode
 from cachenode.workers.plan import restart_delay
 from nezha.errors import RunError
 from nezha.localproc import die_with_parent
@@ -140,7 +140,7 @@ class Supervisor:
             return
         for_primary, for_follower = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            control.sendmsg([encode({"t": "follower", "worker": worker.index})],
+            control.sendmsg([encode(Follower(worker=worker.index))],
                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [for_primary.fileno()]))])
         except OSError:
             for_follower.close()
@@ -164,9 +164,12 @@ class Supervisor:
                 data = b""
             if not data:
                 return
-            head, _ = decode(data)
-            if head.get("t") == "ready":
-                index = int(head.get("worker", -1))
+            try:
+                message, _ = decode(data)
+            except ValueError:
+                continue
+            if isinstance(message, Ready) and message.worker is not None:
+                index = message.worker
                 if 0 <= index < len(self.workers):
                     w = self.workers[index]
                     w.ever_ready = True
