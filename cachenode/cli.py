@@ -81,11 +81,9 @@ def _flags(args: argparse.Namespace, names: list[str]) -> dict:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from cachenode.app import read_ca, serve
-    from cachenode.front.connections import raise_open_files_limit
+    # The node's modules (aiohttp, the store, prometheus, ...) are imported below only where
+    # a node runs here: the supervisor of several workers needs none of them (supervisor.py).
     from cachenode.workers import supervisor
-    from cachenode.workers.follower import serve_follower
-    from cachenode.workers.primary import attach_followers
 
     settings = load(CacheSettings, config_file=args.config, flags=_flags(
         args, ["listen", "data_dir", "origins", "capacity", "redis_url", "node_id", "advertise",
@@ -96,7 +94,11 @@ def run_cache(args: argparse.Namespace) -> int:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
                           "drive its internal endpoints")
-    ca = read_ca(settings)  # like every setting, checked before anything is made or bound
+    ca = None
+    if settings.ca_cert is not None and settings.ca_key is not None:
+        from cachenode.app import read_ca
+
+        ca = read_ca(settings)  # like every setting, checked before anything is made or bound
     run = asyncio.run
     if settings.event_loop == "uvloop":
         try:
@@ -116,7 +118,10 @@ def run_cache(args: argparse.Namespace) -> int:
         if workers > 1:
             tls = None if settings.tls_listen is None else parse_hostport(settings.tls_listen, field="tls_listen")
             return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers,
-                                        {"listen": settings.listen_addr, "tls_listen": tls}, keep_fds=(lock,))
+                                        {"listen": settings.listen_addr, "tls_listen": tls}, keep_fds=(lock,),
+                                        log_level=settings.log_level)
+        from cachenode.app import serve
+
         run(serve(settings, ca=ca))
         return 0
     # Port 0 in the settings: the one the supervisor chose for every worker.
@@ -124,6 +129,11 @@ def run_cache(args: argparse.Namespace) -> int:
     link = socket.socket(fileno=int(os.environ[supervisor.LINK_ENV]))
     index = int(os.environ.get(supervisor.INDEX_ENV, "0"))
     structlog.contextvars.bind_contextvars(worker=index)
+    from cachenode.app import serve
+    from cachenode.front.connections import raise_open_files_limit
+    from cachenode.workers.follower import serve_follower
+    from cachenode.workers.primary import attach_followers
+
     if role == "primary":
         run(serve(settings, ca=ca, reuse_port=True, attach=attach_followers(link)))
         return 0
