@@ -79,14 +79,14 @@ class Followers:
         self._count_hit = count_hit
         self._control_sock = control
         self.control: Channel | None = None
+        self.closing = False  # this worker closes its links itself: the supervisor is not gone
         self.links: dict[int, Channel] = {}
         self._partial: dict[int, tuple[int, bytearray, bool, bool, int]] = {}  # follower -> (fd, bytes, eof, secure, parts left)
         self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
         self._flush_number = 0
 
     def start(self) -> None:
-        self.control = Channel(self._control_sock, on_record=self._from_supervisor,
-                               on_closed=lambda: log.warning("supervisor_gone"))
+        self.control = Channel(self._control_sock, on_record=self._from_supervisor, on_closed=self._supervisor_gone)
         self.store.watchers.append(self._changed)
 
     def ready(self) -> None:
@@ -94,7 +94,12 @@ class Followers:
         assert self.control is not None
         self.control.send(Ready(worker=0))
 
+    def _supervisor_gone(self) -> None:
+        if not self.closing:  # not on an ordinary stop, where this worker closes the link
+            log.warning("supervisor_gone")
+
     def close(self) -> None:
+        self.closing = True
         if self._changed in self.store.watchers:
             self.store.watchers.remove(self._changed)
         for link in list(self.links.values()):

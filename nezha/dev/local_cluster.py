@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -35,7 +36,7 @@ import yaml
 from nezha.index.handle import Index
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
-from nezha.errors import NezhaError
+from nezha.errors import ConfigError, NezhaError
 from nezha.folder_lock import hold
 from nezha.localproc import die_with_parent
 from nezha.wire import HANDOFF_PATH, TOKEN_HEADER
@@ -64,12 +65,49 @@ class RingTaken(NezhaError):
 
 
 def last_words(log: Path) -> str:
-    """The last line a node wrote (its one-line error, when it failed), shortened."""
+    """The last line a node wrote when it is an error (its one-line refusal on
+    stderr, a traceback's last line, an event of level error or critical),
+    shortened; else that line, labelled as the last one. A node killed (-9)
+    logs nothing about it, and its last ordinary line (a request, a ring
+    update) read as if it were the cause."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no log)"
-    return (lines[-1][:300] if lines else "(nothing logged)")
+    if not lines:
+        return "(nothing logged)"
+    last = lines[-1]
+    if not _is_error(last):
+        return f"no error logged; its last line: {last[:300]}"
+    return last[:300]
+
+
+def _is_error(line: str) -> bool:
+    """A line of the node's log that says what went wrong: any line that is not
+    a JSON event (stderr: `nezha cache: ...`, a traceback), or an event of
+    level error or critical."""
+    if not line.startswith("{"):
+        return True
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return True
+    return not isinstance(event, dict) or event.get("level") in ("error", "critical") or "exception" in event
+
+
+def port_overlap(nodes: int, base_port: int, tls_base_port: int | None) -> str | None:
+    """Why node ports from `base_port` and TLS ports from `tls_base_port`, `nodes`
+    of each, cannot all be bound (one port named twice); None when they can.
+    Checked before anything starts: otherwise a node fails on a port its own
+    cluster took, and the error names that node's --listen."""
+    if tls_base_port is None:
+        return None
+    port = max(base_port, tls_base_port)
+    if port > min(base_port, tls_base_port) + nodes - 1:
+        return None
+    return (f"--base-port {base_port} and --tls-base-port {tls_base_port} overlap: with {nodes} node(s), "
+            f"node-{port - base_port} would listen on {port} and node-{port - tls_base_port} answer TLS on it; "
+            f"give the ranges {nodes} ports apart (e.g. --tls-base-port {base_port + nodes})")
 
 
 @dataclass
@@ -112,6 +150,8 @@ class LocalCluster:
             replicas = min(DEFAULT_CLUSTER_REPLICAS, nodes)
         if replicas < 1:
             raise ValueError(f"replicas ({replicas}) must be at least 1")
+        if (overlap := port_overlap(nodes, base_port, tls_base_port)) is not None:
+            raise ConfigError(overlap)
         self.count = nodes
         self.origins = origins
         self.data_dir = Path(data_dir)

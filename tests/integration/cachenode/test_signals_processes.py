@@ -71,3 +71,25 @@ async def test_a_slow_download_survives_sighup_to_the_nodes_process_group_and_co
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+async def test_ctrl_c_of_a_node_with_workers_stops_it_without_a_supervisor_gone_warning(tmp_path, origin):
+    """Ctrl-C reaches the whole process group: an ordinary stop, not a supervisor lost."""
+    port = free_port()
+    log = tmp_path / "node.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir",
+             str(tmp_path / "data"), "--origin", f"{HOST}={origin.url}", "--workers", "2"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
+    try:
+        await wait_for(lambda: events(log, "node_listening") and events(log, "worker_listening"), timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+        assert events(log, "node_stopping") and events(log, "worker_stopping")
+        assert events(log, "supervisor_gone") == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
