@@ -36,10 +36,12 @@ def usable_cpus(affinity: int, cpu_max: str | None) -> int:
     return cpus
 
 
-# What one worker costs in memory, for the `memory.max` bound. Measured: a
-# worker's RSS idle is 70 MiB (VmRSS of each worker of `nezha cache --workers
-# 2`, 69.8 and 70.6 MiB, Python 3.11); serving adds its connection buffers
-# and fill pieces, so the budget is 96 MiB a worker.
+# What one worker costs in memory, for the `memory.max` bound. Measured
+# (VmRSS and VmHWM in /proc/<pid>/status of each worker of `nezha cache
+# --workers 2`, Python 3.11): 70 MiB idle, and a peak of 70.2 MiB while 16
+# clients read a 200 MB object, cold (one fill in 8 ranges) and warm; bodies
+# go through the disk, not memory. The budget leaves room for what a node
+# holds beyond that (many connections' buffers, a large index): 96 MiB.
 WORKER_MEMORY = 96 * 1024 ** 2
 # The most workers `auto` starts. One primary fills, writes, counts and is
 # handed every request a follower does not answer from disk; past about 16
