@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +28,15 @@ from nezha.lifecycle import stop_on_signals
 from nezha.logs import flush_repeats
 
 log = structlog.get_logger("nezha.cachenode")
+
+
+def hangup_stops() -> bool:
+    """Does SIGHUP stop the node as SIGTERM does (drain, then exit 0)? Yes,
+    unless it was started ignoring SIGHUP (`nohup`), which it then keeps
+    ignoring. A closed terminal or `kill -HUP` to the process group used to
+    end a node at once (exit 129), cutting every download in flight and
+    leaving a partial file (docs/operations.md, "Signals")."""
+    return signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
 
 
 def build_node(settings: CacheSettings) -> CacheNode:
@@ -173,7 +183,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout, parent=settings.parent)
     detach = attach(node, listener) if attach is not None else None
-    stop = stop_on_signals(stop)
+    stop = stop_on_signals(stop, hangup=hangup_stops())
     try:
         await stop.wait()
         # Still serving while it hands off: the new owners copy from here.

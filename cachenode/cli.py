@@ -14,6 +14,7 @@ import structlog
 from nezha.config import CacheSettings, load, parse_hostport
 from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
+from nezha.folder_lock import hold
 from nezha.logs import configure
 
 
@@ -29,18 +30,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from cachenode.app import read_ca, serve
-    from cachenode.front.connections import raise_open_files_limit
+    # The node's modules (aiohttp, the store, prometheus, ...) are imported below only where
+    # a node runs here: the supervisor of several workers needs none of them (supervisor.py).
     from cachenode.workers import supervisor
-    from cachenode.workers.follower import serve_follower
-    from cachenode.workers.primary import attach_followers
 
     settings = load(CacheSettings, config_file=args.config, flags=given(args))
     if settings.redis_url and not settings.cluster_token:
         raise ConfigError("a node that joins a cluster (--redis-url) needs the cluster token its peers share: set "
                           "NEZHA_CLUSTER_TOKEN (or cluster_token in --config); without it any local client could "
                           "drive its internal endpoints")
-    ca = read_ca(settings)  # like every setting, checked before anything is made or bound
+    ca = None
+    if settings.ca_cert is not None and settings.ca_key is not None:
+        from cachenode.app import read_ca
+
+        ca = read_ca(settings)  # like every setting, checked before anything is made or bound
     run = asyncio.run
     if settings.event_loop == "uvloop":
         try:
@@ -54,11 +57,16 @@ def run_cache(args: argparse.Namespace) -> int:
               credential_params=[name for o in settings.origins for name in o.credential_params])
     role = os.environ.get(supervisor.ROLE_ENV)
     if role is None:
+        # One node per data folder, held until this process (and with workers, the last of them) ends.
+        lock = hold(settings.data_dir, command="nezha cache")
         workers = worker_count(settings.workers)
         if workers > 1:
             tls = None if settings.tls_listen is None else parse_hostport(settings.tls_listen, field="tls_listen")
             return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers,
-                                        {"listen": settings.listen_addr, "tls_listen": tls})
+                                        {"listen": settings.listen_addr, "tls_listen": tls}, keep_fds=(lock,),
+                                        log_level=settings.log_level)
+        from cachenode.app import serve
+
         run(serve(settings, ca=ca))
         return 0
     # Port 0 in the settings: the one the supervisor chose for every worker.
@@ -66,23 +74,40 @@ def run_cache(args: argparse.Namespace) -> int:
     link = socket.socket(fileno=int(os.environ[supervisor.LINK_ENV]))
     index = int(os.environ.get(supervisor.INDEX_ENV, "0"))
     structlog.contextvars.bind_contextvars(worker=index)
+    from cachenode.app import serve
+    from cachenode.front.connections import raise_open_files_limit
+    from cachenode.workers.follower import serve_follower
+    from cachenode.workers.primary import attach_followers
+
     if role == "primary":
         run(serve(settings, ca=ca, reuse_port=True, attach=attach_followers(link)))
         return 0
     return run(serve_follower(settings, link=link, worker=index, open_files=raise_open_files_limit()))
 
 
+# Where the cgroup's limits are read: v2 first, then v1's memory controller.
+CPU_MAX_FILES = (Path("/sys/fs/cgroup/cpu.max"),)
+MEMORY_MAX_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def _first_readable(paths: tuple[Path, ...]) -> str | None:
+    for path in paths:
+        try:
+            return path.read_text()
+        except OSError:
+            continue
+    return None
+
+
 def worker_count(workers: int | str) -> int:
-    """`workers`, with auto resolved from this process's affinity and cgroup quota."""
-    from cachenode.workers.plan import usable_cpus
+    """`workers`, with auto resolved from this process's affinity, its cgroup's
+    CPU quota and memory limit (cachenode/workers/plan.py)."""
+    from cachenode.workers.plan import auto_workers
 
     if workers != "auto":
         return int(workers)
-    try:
-        cpu_max = Path("/sys/fs/cgroup/cpu.max").read_text()
-    except OSError:
-        cpu_max = None
-    return usable_cpus(len(os.sched_getaffinity(0)), cpu_max)
+    return auto_workers(affinity=len(os.sched_getaffinity(0)), cpu_max=_first_readable(CPU_MAX_FILES),
+                        memory_max=_first_readable(MEMORY_MAX_FILES))
 
 
 def prepare_data_dir(path: Path) -> None:

@@ -13,7 +13,6 @@ should; these are for servers that must be told their port.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import os
@@ -55,6 +54,8 @@ def free_run(n: int, host: str = HOST, *, tries: int = 50) -> int:
 
 async def wait_listening(port: int, proc: subprocess.Popen, *, timeout: float, host: str = HOST) -> bool:
     """True once host:port accepts a connection; False if `proc` exits first or `timeout` passes."""
+    import asyncio  # here: the workers' supervisor imports this module for die_with_parent, and no event loop
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -26,6 +26,7 @@ be the node's), so those stay centralized.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -125,6 +126,19 @@ def capacity_for(size_bytes: int) -> int:
     return size_bytes - max(int(size_bytes * HEADROOM_FRACTION), MIN_HEADROOM)
 
 
+def workers_for(resources: Mapping[str, Any]) -> int:
+    """The sidecar's --workers: its CPU limit, rounded up, else 1 (the chart's
+    rule for the cluster's nodes, nezha.cacheWorkers). Never `auto`: a
+    sidecar without a CPU limit sees every CPU of a GPU node (96 to 192),
+    and that many workers of about 70 MiB would not fit its memory limit."""
+    cpu = str((resources.get("limits") or {}).get("cpu", "")).strip()
+    m = re.match(r"^([0-9]+(?:\.[0-9]+)?)(m?)$", cpu)
+    if not m:
+        return 1
+    millicores = math.ceil(float(m.group(1)) * (1 if m.group(2) else 1000))
+    return max(1, -(-millicores // 1000))
+
+
 def parse_version(major: Any, minor: Any) -> tuple[int, int] | None:
     """(major, minor) from /version's strings; providers append to minor ("28+"). None when not numbers."""
     digits = [re.match(r"^\d+", str(x or "")) for x in (major, minor)]
@@ -211,7 +225,7 @@ def container(*, config: SidecarConfig, hosts: list[str], size: str) -> dict[str
     """The native sidecar: `nezha cache` on the pod's loopback, the cluster as its parent."""
     args = ["cache", f"--listen={LOOPBACK}:{HTTP_PORT}", f"--tls-listen={LOOPBACK}:{TLS_PORT}",
             f"--data-dir={DATA_MOUNT}", f"--capacity={capacity_for(quantity_bytes(size) or 0)}",
-            f"--parent={config.parent}"]
+            f"--parent={config.parent}", f"--workers={workers_for(config.resources)}"]
     args += [f"--origin={h}={config.origins.get(h, f'http://{h}')}" for h in hosts]
     out: dict[str, Any] = {
         "name": CONTAINER,

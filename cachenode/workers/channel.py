@@ -6,8 +6,8 @@ namespace lets any other process join. SEQPACKET keeps record boundaries
 and delivers the descriptors sent with a record together with that record,
 which is what handing a client's connection to another worker needs.
 
-A record is a JSON head and optional raw bytes after it: four bytes of head
-length, the head, the bytes. Records larger than `MAX_RECORD` are the
+A record is a typed message and optional raw bytes after it
+(cachenode/workers/messages.py, the one encoder and decoder). Records larger than `MAX_RECORD` are the
 sender's to split (a connection's bytes read so far go as continuations).
 Sending never blocks the event loop: what the socket does not take waits in
 order, with the descriptors it carries kept open until it is sent.
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import array
 import asyncio
-import json
 import os
 import socket
-import struct
 from collections import deque
 from typing import Callable
 
 import structlog
+
+from cachenode.workers.messages import Message, Unknown, decode, encode
 
 log = structlog.get_logger("nezha.workers")
 
@@ -35,26 +35,16 @@ MAX_RECORD = 60 * 1024
 # without bound for it.
 MAX_QUEUED = 100_000
 _MAX_FDS = 4
-_LEN = struct.Struct("!I")
-
-
-def encode(head: dict, tail: bytes = b"") -> bytes:
-    raw = json.dumps(head, separators=(",", ":")).encode()
-    return _LEN.pack(len(raw)) + raw + tail
-
-
-def decode(record: bytes) -> tuple[dict, bytes]:
-    (n,) = _LEN.unpack_from(record)
-    return json.loads(record[4:4 + n]), record[4 + n:]
 
 
 class Channel:
     """One end of a link, driven by the running event loop.
 
-    `on_record(head, tail, fds)` gets every record in order (it owns the fds);
-    `on_closed()` is called once when the other side is gone."""
+    `on_record(message, tail, fds)` gets every record in order (it owns the
+    fds; a tag it does not know comes as `Unknown`); `on_closed()` is called
+    once when the other side is gone."""
 
-    def __init__(self, sock: socket.socket, *, on_record: Callable[[dict, bytes, list[int]], None],
+    def __init__(self, sock: socket.socket, *, on_record: Callable[[Message | Unknown, bytes, list[int]], None],
                  on_closed: Callable[[], None]) -> None:
         sock.setblocking(False)
         self.sock = sock
@@ -66,9 +56,9 @@ class Channel:
         self.closed = False
         self._loop.add_reader(sock.fileno(), self._readable)
 
-    def send(self, head: dict, tail: bytes = b"", fds: tuple[int, ...] = ()) -> None:
+    def send(self, message: Message, tail: bytes = b"", fds: tuple[int, ...] = ()) -> None:
         """Queue a record; `fds` are the channel's to close once sent (pass dups)."""
-        record = encode(head, tail)
+        record = encode(message, tail)
         if len(record) > MAX_RECORD + 4096:
             raise ValueError(f"record of {len(record)} bytes: split it below {MAX_RECORD}")
         if self.closed:
@@ -132,13 +122,13 @@ class Channel:
                 self.close()
                 return
             try:
-                head, tail = decode(data)
-            except (ValueError, struct.error) as e:
+                message, tail = decode(data)
+            except ValueError as e:
                 for fd in fds:
                     os.close(fd)
                 log.error("worker_record_malformed", error=str(e), bytes=len(data))
                 continue
-            self._on_record(head, tail, fds)
+            self._on_record(message, tail, fds)
 
     def close(self) -> None:
         if self.closed:

@@ -29,13 +29,15 @@ from dataclasses import fields
 
 import structlog
 
-from cachenode.app import build_node, build_tls_port, leaves_for, read_ca
+from cachenode.app import build_node, build_tls_port, hangup_stops, leaves_for, read_ca
 from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
 from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
+from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Synced,
+                                        TlsOutcome, Unknown)
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
@@ -79,7 +81,7 @@ class _Hits:
             self._flush_at = None
         while self._queued:
             batch, self._queued = self._queued[:_FLUSH_HITS], self._queued[_FLUSH_HITS:]
-            self._link.send({"t": "hits", "h": batch})
+            self._link.send(Hits(hits=batch))
 
 
 class Follower:
@@ -99,23 +101,24 @@ class Follower:
         self.hits: _Hits | None = None
         self._bridges: set[asyncio.Future] = set()
 
-    def _record(self, head: dict, tail: bytes, fds: list[int]) -> None:
+    def _record(self, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:
         for fd in fds:
             os.close(fd)
-        kind = head.get("t")
-        if kind in ("put", "drop"):
-            for raw in head.get("metas", []):
-                self.store.mirror(kind, meta_from(raw))
-        elif kind == "synced":
-            self.synced.set()
-        elif kind == "flush":
-            # Every hit answered so far goes before the answer, on the same ordered link.
-            if self.hits is not None:
-                self.hits.flush()
-            if self.link is not None:
-                self.link.send({"t": "flushed", "n": head.get("n")})
-        else:
-            log.error("worker_record_unknown", record=kind, worker=self.worker)
+        match message:
+            case Put() | Drop():
+                for raw in message.metas:
+                    self.store.mirror(message.TAG, meta_from(raw))
+            case Synced():
+                self.synced.set()
+            case Flush(n=n):
+                # Every hit answered so far goes before the answer, on the same ordered link.
+                if self.hits is not None:
+                    self.hits.flush()
+                if self.link is not None:
+                    self.link.send(Flushed(n=n))
+            case _:
+                tag = message.tag if isinstance(message, Unknown) else message.TAG
+                log.error("worker_record_unknown", record=tag, worker=self.worker)
 
     def _lost(self) -> None:
         self.lost.set()
@@ -141,9 +144,9 @@ class Follower:
             fd = os.dup(sock.fileno())
             first, rest = received[:MAX_RECORD], received[MAX_RECORD:]
             parts = [rest[i:i + MAX_RECORD] for i in range(0, len(rest), MAX_RECORD)]
-            link.send({"t": "conn", "eof": eof, "more": len(parts)}, first, fds=(fd,))
+            link.send(Conn(eof=eof, more=len(parts)), first, fds=(fd,))
             for part in parts:
-                link.send({"t": "more"}, part)
+                link.send(More(), part)
             transport.close()  # this worker's descriptor only: the connection lives on in the primary
 
         send()
@@ -175,7 +178,7 @@ class Follower:
                            f"{e.strerror or e}") from e
         if self.settings.tls_listen is not None:
             await self._start_tls()
-        self.link.send({"t": "ready"})
+        self.link.send(Ready())
         log.info("worker_listening", worker=self.worker, listen=self.settings.listen, objects=len(self.store))
         await asyncio.wait([gone, stopping], return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
@@ -189,11 +192,11 @@ class Follower:
         """The TLS port, on the node's port beside the other workers': the
         handshakes it makes are this worker's CPU. Passed-through connections
         are relayed from here; terminated ones are bridged to the primary."""
-        def tell(kind: str, field: str):
-            return lambda value: self.link.send({"t": kind, field: value}) if self.link is not None else None
+        def tell(message):
+            return lambda value: self.link.send(message(value)) if self.link is not None else None
 
         self.tls = build_tls_port(self.settings, leaves_for(self.settings, read_ca(self.settings)),
-                                  on_outcome=tell("tls", "outcome"), on_fallback=tell("fallback", "reason"),
+                                  on_outcome=tell(TlsOutcome), on_fallback=tell(Fallback),
                                   adopt=self.adopt_tls, backlog=self.backlog, gate=self.gate)
         host, port = parse_hostport(self.settings.tls_listen, field="tls_listen")
         try:
@@ -228,7 +231,7 @@ class Follower:
         transport.set_protocol(client)
         client.hold(received, eof)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        link.send({"t": "conn", "secure": True, "eof": False, "more": 0}, b"", fds=(theirs.detach(),))
+        link.send(Conn(secure=True, eof=False, more=0), b"", fds=(theirs.detach(),))
         loop = asyncio.get_running_loop()
 
         async def join() -> None:
@@ -269,6 +272,6 @@ class Follower:
 async def serve_follower(settings: CacheSettings, *, link: socket.socket, worker: int, open_files: int) -> int:
     """Run one follower worker until SIGTERM or its primary is gone; the exit code."""
     follower = Follower(settings, link=link, worker=worker, open_files=open_files)
-    stop = stop_on_signals(None)
+    stop = stop_on_signals(None, hangup=hangup_stops())
     await follower.run(stop)
     return 0 if stop.is_set() else 3

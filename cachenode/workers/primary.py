@@ -30,30 +30,34 @@ import structlog
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.workers.channel import MAX_RECORD, Channel
+from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Follower, Hits, Message, More, Put,
+                                        Ready, Synced, TlsOutcome, Unknown)
 
 log = structlog.get_logger("nezha.workers")
 
 
-def meta_records(metas: list[Meta], event: str) -> list[dict]:
-    """`metas` as records of at most MAX_RECORD bytes each. A meta too large
-    for any record goes as a drop: the follower then hands its requests
-    here, which is slower and still exact."""
-    records: list[dict] = []
+def meta_records(metas: list[Meta], event: str) -> list[Put | Drop]:
+    """`metas` as records of at most MAX_RECORD bytes each, Put or Drop as the
+    store's `event` ("put", "drop") says. A meta too large for any record goes
+    as a Drop: the follower then hands its requests here, which is slower and
+    still exact."""
+    kind = Put if event == "put" else Drop
+    records: list[Put | Drop] = []
     batch: list[dict] = []
     size = 0
     for meta in metas:
         raw = asdict(meta)
         n = len(json.dumps(raw, separators=(",", ":")))
         if n > MAX_RECORD - 256:
-            records.append({"t": "drop", "metas": [raw | {"headers": []}]})
+            records.append(Drop(metas=[raw | {"headers": []}]))
             continue
         if batch and size + n > MAX_RECORD - 256:
-            records.append({"t": event, "metas": batch})
+            records.append(kind(metas=batch))
             batch, size = [], 0
         batch.append(raw)
         size += n + 1
     if batch:
-        records.append({"t": event, "metas": batch})
+        records.append(kind(metas=batch))
     return records
 
 
@@ -75,22 +79,27 @@ class Followers:
         self._count_hit = count_hit
         self._control_sock = control
         self.control: Channel | None = None
+        self.closing = False  # this worker closes its links itself: the supervisor is not gone
         self.links: dict[int, Channel] = {}
         self._partial: dict[int, tuple[int, bytearray, bool, bool, int]] = {}  # follower -> (fd, bytes, eof, secure, parts left)
         self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
         self._flush_number = 0
 
     def start(self) -> None:
-        self.control = Channel(self._control_sock, on_record=self._from_supervisor,
-                               on_closed=lambda: log.warning("supervisor_gone"))
+        self.control = Channel(self._control_sock, on_record=self._from_supervisor, on_closed=self._supervisor_gone)
         self.store.watchers.append(self._changed)
 
     def ready(self) -> None:
         """Tell the supervisor this worker serves."""
         assert self.control is not None
-        self.control.send({"t": "ready", "worker": 0})
+        self.control.send(Ready(worker=0))
+
+    def _supervisor_gone(self) -> None:
+        if not self.closing:  # not on an ordinary stop, where this worker closes the link
+            log.warning("supervisor_gone")
 
     def close(self) -> None:
+        self.closing = True
         if self._changed in self.store.watchers:
             self.store.watchers.remove(self._changed)
         for link in list(self.links.values()):
@@ -99,13 +108,13 @@ class Followers:
             self.control.close()
 
     # -- the supervisor's link -------------------------------------------------
-    def _from_supervisor(self, head: dict, tail: bytes, fds: list[int]) -> None:
-        if head.get("t") == "follower" and len(fds) == 1:
-            self._join(int(head["worker"]), socket.socket(fileno=fds[0]))
+    def _from_supervisor(self, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:
+        if isinstance(message, Follower) and len(fds) == 1:
+            self._join(message.worker, socket.socket(fileno=fds[0]))
             return
         for fd in fds:
             os.close(fd)
-        log.error("worker_record_unknown", record=head.get("t"), origin="supervisor")
+        log.error("worker_record_unknown", record=_tag(message), origin="supervisor")
 
     def _join(self, worker: int, sock: socket.socket) -> None:
         old = self.links.pop(worker, None)
@@ -116,7 +125,7 @@ class Followers:
         self.links[worker] = link
         for record in meta_records(self.store.metas(), "put"):
             link.send(record)
-        link.send({"t": "synced"})
+        link.send(Synced())
         log.info("worker_joined", worker=worker, objects=len(self.store))
 
     async def counted(self, timeout: float = 1.0) -> None:
@@ -133,7 +142,7 @@ class Followers:
         waits = []
         for worker, link in self.links.items():
             waiter = self._flushes[(worker, n)] = loop.create_future()
-            link.send({"t": "flush", "n": n})
+            link.send(Flush(n=n))
             waits.append(waiter)
         try:
             await asyncio.wait(waits, timeout=timeout)
@@ -159,45 +168,48 @@ class Followers:
                 link.send(record)
 
     # -- a follower's link -------------------------------------------------------
-    def _from_follower(self, worker: int, head: dict, tail: bytes, fds: list[int]) -> None:
-        kind = head.get("t")
-        if kind == "conn" and len(fds) == 1:
+    def _from_follower(self, worker: int, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:
+        if isinstance(message, Conn) and len(fds) == 1:
             stale = self._partial.pop(worker, None)
             if stale is not None:
                 os.close(stale[0])
             self._handed()
-            more, eof, secure = int(head.get("more", 0)), bool(head.get("eof")), bool(head.get("secure"))
-            if more:
-                self._partial[worker] = (fds[0], bytearray(tail), eof, secure, more)
+            if message.more:
+                self._partial[worker] = (fds[0], bytearray(tail), message.eof, message.secure, message.more)
             else:
-                self._adopt(fds[0], tail, eof, secure=secure)
+                self._adopt(fds[0], tail, message.eof, secure=message.secure)
             return
         for fd in fds:
             os.close(fd)
-        if kind == "more" and worker in self._partial:
-            fd, data, eof, secure, left = self._partial.pop(worker)
-            data += tail
-            if left > 1:
-                self._partial[worker] = (fd, data, eof, secure, left - 1)
-            else:
-                self._adopt(fd, bytes(data), eof, secure=secure)
-        elif kind == "hits":
-            for host, key, slot, hot, sent, first_byte in head.get("h", []):
-                self.store.touch(slot)
-                self._count_hit(host, key, bool(hot), int(sent), first_byte)
-        elif kind == "tls":
-            self._tls_outcome(str(head.get("outcome")))
-        elif kind == "fallback":
-            self._tls_fallback(str(head.get("reason")))
-        elif kind == "flushed":
-            waiter = self._flushes.pop((worker, int(head.get("n", -1))), None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        elif kind == "ready":
-            if self.control is not None:
-                self.control.send({"t": "ready", "worker": worker})
-        else:
-            log.error("worker_record_unknown", record=kind, worker=worker)
+        match message:
+            case More() if worker in self._partial:
+                fd, data, eof, secure, left = self._partial.pop(worker)
+                data += tail
+                if left > 1:
+                    self._partial[worker] = (fd, data, eof, secure, left - 1)
+                else:
+                    self._adopt(fd, bytes(data), eof, secure=secure)
+            case Hits(hits=hits):
+                for host, key, slot, hot, sent, first_byte in hits:
+                    self.store.touch(slot)
+                    self._count_hit(host, key, bool(hot), int(sent), first_byte)
+            case TlsOutcome(outcome=outcome):
+                self._tls_outcome(str(outcome))
+            case Fallback(reason=reason):
+                self._tls_fallback(str(reason))
+            case Flushed(n=n):
+                waiter = self._flushes.pop((worker, n), None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            case Ready():
+                if self.control is not None:
+                    self.control.send(Ready(worker=worker))
+            case _:
+                log.error("worker_record_unknown", record=_tag(message), worker=worker)
+
+
+def _tag(message: Message | Unknown) -> str:
+    return message.tag if isinstance(message, Unknown) else message.TAG
 
 
 def attach_followers(control: socket.socket):

@@ -23,11 +23,22 @@ listening, so they take no connection) and held for as long as the workers
 run: a taken port is reported as a single process reports it, and a port of
 0 ("any free one"), which would give each worker a port of its own, is
 chosen once and told to each worker in its environment.
+
+Lean. `nezha cache` checks its settings, takes the data folder's lock and
+binds the ports in the process the user started; then `supervise` execs a
+fresh interpreter into `main` below, with the same pid and with the lock
+and the ports' descriptors kept open across the exec. That interpreter
+imports this module and what it needs (the standard library, the typed
+messages, the restart plan), never pydantic, aiohttp, structlog,
+prometheus or the node: the process that only watches is about 14 MiB, not
+a second node's 70 (tests/integration/cachenode/test_lean_supervisor.py
+checks what it imports). Its log lines are cachenode/workers/log_lines.py.
 """
 
 from __future__ import annotations
 
 import array
+import json
 import os
 import select
 import signal
@@ -37,20 +48,21 @@ import sys
 import time
 from dataclasses import dataclass
 
-import structlog
-
-from cachenode.workers.channel import decode, encode
+from cachenode.workers.log_lines import LogLines
+from cachenode.workers.messages import Follower, Ready, decode, encode
 from cachenode.workers.plan import restart_delay
 from nezha.errors import RunError
 from nezha.localproc import die_with_parent
 
-log = structlog.get_logger("nezha.workers")
+log = LogLines()
 
 ROLE_ENV = "NEZHA_WORKER_ROLE"  # "primary" or "follower"; unset: not a worker
 LINK_ENV = "NEZHA_WORKER_LINK"  # the inherited descriptor of the worker's link
 INDEX_ENV = "NEZHA_WORKER_INDEX"
 # The listen addresses the workers share, where the settings said port 0.
 ADDRESS_ENV = {"listen": "NEZHA_WORKER_LISTEN", "tls_listen": "NEZHA_WORKER_TLS_LISTEN"}
+# What `supervise` tells the supervisor it execs into (JSON); no worker sees it.
+PLAN_ENV = "NEZHA_WORKER_PLAN"
 _QUICK = 5.0  # an exit this soon after a start counts toward the restart delay
 
 
@@ -104,8 +116,10 @@ def shared_addresses(environ: dict[str, str] | os._Environ) -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, argv: list[str], workers: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, argv: list[str], workers: int, env: dict[str, str] | None = None,
+                 keep_fds: tuple[int, ...] = ()) -> None:
         self.argv = argv
+        self.keep_fds = keep_fds  # descriptors every worker inherits: the data folder's lock
         self.env = env or {}
         self.workers = [_Worker(i) for i in range(workers)]
         self.stopping = False
@@ -116,11 +130,11 @@ class Supervisor:
         return self.workers[0]
 
     def _spawn(self, worker: _Worker, link: socket.socket) -> None:
-        env = {**os.environ, **self.env, ROLE_ENV: "primary" if worker.index == 0 else "follower",
+        env = {**{k: v for k, v in os.environ.items() if k != PLAN_ENV}, **self.env, ROLE_ENV: "primary" if worker.index == 0 else "follower",
                LINK_ENV: str(link.fileno()), INDEX_ENV: str(worker.index)}
         # A node killed with -9 leaves no worker serving its port alone.
         worker.proc = subprocess.Popen([sys.executable, "-m", "nezha", *self.argv], env=env,
-                                       pass_fds=(link.fileno(),), preexec_fn=die_with_parent(signal.SIGKILL))
+                                       pass_fds=(link.fileno(), *self.keep_fds), preexec_fn=die_with_parent(signal.SIGKILL))
         worker.started = time.monotonic()
         link.close()
         log.info("worker_started", worker=worker.index, pid=worker.proc.pid,
@@ -138,7 +152,7 @@ class Supervisor:
             return
         for_primary, for_follower = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            control.sendmsg([encode({"t": "follower", "worker": worker.index})],
+            control.sendmsg([encode(Follower(worker=worker.index))],
                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [for_primary.fileno()]))])
         except OSError:
             for_follower.close()
@@ -162,9 +176,12 @@ class Supervisor:
                 data = b""
             if not data:
                 return
-            head, _ = decode(data)
-            if head.get("t") == "ready":
-                index = int(head.get("worker", -1))
+            try:
+                message, _ = decode(data)
+            except ValueError:
+                continue
+            if isinstance(message, Ready) and message.worker is not None:
+                index = message.worker
                 if 0 <= index < len(self.workers):
                     w = self.workers[index]
                     w.ever_ready = True
@@ -196,9 +213,18 @@ class Supervisor:
             if w.proc is not None and w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
 
+    def _signalled(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            log.info("workers_stopping", signal=signal.Signals(signum).name)
+        self.stop()
+
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+        # SIGHUP too (a closed terminal, a process group's hang-up): every
+        # worker drains as on SIGTERM; under nohup it stays ignored.
+        signal.signal(signal.SIGTERM, self._signalled)
+        signal.signal(signal.SIGINT, self._signalled)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, self._signalled)
         self._start_primary()
         for w in self.workers[1:]:
             self._start_follower(w)
@@ -226,12 +252,42 @@ class Supervisor:
                 pass
 
 
-def supervise(argv: list[str], workers: int, addresses: dict[str, tuple[str, int] | None]) -> int:
+def supervise(argv: list[str], workers: int, addresses: dict[str, tuple[str, int] | None], *,
+              keep_fds: tuple[int, ...] = (), log_level: str = "info") -> int:
+    """Become the supervisor of `workers` workers, each `nezha <argv>`: bind the
+    ports (`reserve`; a taken one raises RunError here), then exec into `main`
+    with them and `keep_fds` (the data folder's lock) still open. Returns
+    only if the exec fails (RunError)."""
+    log.level = log_level
     env, held = reserve(addresses)
     if env:
         log.info("ports_chosen", **{setting: env[name] for setting, name in ADDRESS_ENV.items() if name in env})
+    for fd in (*keep_fds, *(s.fileno() for s in held)):
+        os.set_inheritable(fd, True)
+    plan = {"workers": workers, "env": env, "keep_fds": list(keep_fds), "held": [s.fileno() for s in held],
+            "log_level": log_level}
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        return Supervisor(argv, workers, env).run()
-    finally:
+        os.execve(sys.executable, [sys.executable, "-m", "cachenode.workers.supervisor", *argv],
+                  {**os.environ, PLAN_ENV: json.dumps(plan)})
+    except OSError as e:
         for s in held:
             s.close()
+        raise RunError(f"cannot start the workers' supervisor ({sys.executable}): {e.strerror or e}") from e
+    raise AssertionError("unreachable: execve returned")
+
+
+def main() -> int:
+    """The supervisor, exec'd by `supervise`: argv is the node's, the plan in PLAN_ENV.
+    The ports' descriptors stay open, unused, until it exits."""
+    plan = json.loads(os.environ.pop(PLAN_ENV))
+    log.level = plan["log_level"]
+    try:
+        return Supervisor(sys.argv[1:], int(plan["workers"]), plan["env"], tuple(plan["keep_fds"])).run()
+    except KeyboardInterrupt:  # before its handlers were installed
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -35,7 +36,8 @@ import yaml
 from nezha.index.handle import Index
 from nezha.index.embedded import embedded_index
 from nezha.config import DEFAULT_CLUSTER_REPLICAS, Origin
-from nezha.errors import NezhaError
+from nezha.errors import ConfigError, NezhaError
+from nezha.folder_lock import hold
 from nezha.localproc import die_with_parent
 from nezha.wire import HANDOFF_PATH, TOKEN_HEADER
 
@@ -63,12 +65,49 @@ class RingTaken(NezhaError):
 
 
 def last_words(log: Path) -> str:
-    """The last line a node wrote (its one-line error, when it failed), shortened."""
+    """The last line a node wrote when it is an error (its one-line refusal on
+    stderr, a traceback's last line, an event of level error or critical),
+    shortened; else that line, labelled as the last one. A node killed (-9)
+    logs nothing about it, and its last ordinary line (a request, a ring
+    update) read as if it were the cause."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no log)"
-    return (lines[-1][:300] if lines else "(nothing logged)")
+    if not lines:
+        return "(nothing logged)"
+    last = lines[-1]
+    if not _is_error(last):
+        return f"no error logged; its last line: {last[:300]}"
+    return last[:300]
+
+
+def _is_error(line: str) -> bool:
+    """A line of the node's log that says what went wrong: any line that is not
+    a JSON event (stderr: `nezha cache: ...`, a traceback), or an event of
+    level error or critical."""
+    if not line.startswith("{"):
+        return True
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return True
+    return not isinstance(event, dict) or event.get("level") in ("error", "critical") or "exception" in event
+
+
+def port_overlap(nodes: int, base_port: int, tls_base_port: int | None) -> str | None:
+    """Why node ports from `base_port` and TLS ports from `tls_base_port`, `nodes`
+    of each, cannot all be bound (one port named twice); None when they can.
+    Checked before anything starts: otherwise a node fails on a port its own
+    cluster took, and the error names that node's --listen."""
+    if tls_base_port is None:
+        return None
+    port = max(base_port, tls_base_port)
+    if port > min(base_port, tls_base_port) + nodes - 1:
+        return None
+    return (f"--base-port {base_port} and --tls-base-port {tls_base_port} overlap: with {nodes} node(s), "
+            f"node-{port - base_port} would listen on {port} and node-{port - tls_base_port} answer TLS on it; "
+            f"give the ranges {nodes} ports apart (e.g. --tls-base-port {base_port + nodes})")
 
 
 @dataclass
@@ -111,6 +150,8 @@ class LocalCluster:
             replicas = min(DEFAULT_CLUSTER_REPLICAS, nodes)
         if replicas < 1:
             raise ValueError(f"replicas ({replicas}) must be at least 1")
+        if (overlap := port_overlap(nodes, base_port, tls_base_port)) is not None:
+            raise ConfigError(overlap)
         self.count = nodes
         self.origins = origins
         self.data_dir = Path(data_dir)
@@ -127,6 +168,7 @@ class LocalCluster:
         self.written: dict[str, str] | None = None  # the ring this cluster last wrote
         self._stop_index = None
         self.index: Index | None = None
+        self._lock: int | None = None  # the descriptor holding DIR's lock while the cluster runs
 
     async def start(self, *, force: bool = False) -> None:
         """Start the nodes, wait for each (its own process answering), publish their ring.
@@ -136,6 +178,9 @@ class LocalCluster:
         NodeFailed with its own last line; the others are stopped then.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._lock is None:
+            # Its node folders, index and settings file are this cluster's alone (nezha/folder_lock.py).
+            self._lock = hold(self.data_dir, command="nezha up")
         own_index = self.redis_url is None
         if own_index:
             self.redis_url, self._stop_index = await embedded_index(self.data_dir / "index")
@@ -358,3 +403,6 @@ class LocalCluster:
         if self._stop_index is not None:
             stop_index, self._stop_index = self._stop_index, None
             await stop_index()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

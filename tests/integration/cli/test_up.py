@@ -108,6 +108,8 @@ async def test_up_says_when_a_node_dies_and_takes_it_out_of_its_ring(aiohttp_ser
         loop = asyncio.get_running_loop()
         said = await asyncio.wait_for(loop.run_in_executor(None, proc.stderr.readline), 10)
         assert said.startswith(f"nezha up: node-1 (pid {pid}) exited with code -9, taken out of the ring"), said
+        # Killed, it logged no error: its last ordinary line is labelled, not given as the cause.
+        assert ": no error logged; its last line: {" in said, said
         assert (await index.get_membership()).nodes == {"node-0": nodes[0][1]}
         proc.send_signal(signal.SIGTERM)
         assert await loop.run_in_executor(None, proc.wait, 30) == 0
@@ -330,3 +332,43 @@ async def test_up_gives_each_node_a_tls_port_from_tls_base_port(aiohttp_server, 
         assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30) == 0
     finally:
         _reap(proc)
+
+
+async def test_a_second_up_on_the_same_data_dir_refuses_naming_the_folder_and_the_first(aiohttp_server, tmp_path):
+    """Two clusters on one folder would share its node folders, index and settings file."""
+    server = await aiohttp_server(TestOrigin().app(), host="127.0.0.1")
+    first = _up(tmp_path, free_run(2), f"http://127.0.0.1:{server.port}")
+    try:
+        nodes = await _started(first)
+        second = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(free_run(2)), "--data-dir",
+            str(tmp_path / "up"), "--origin", f"www.cs.toronto.edu=http://127.0.0.1:{server.port}"],
+            capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1, (second.stdout, second.stderr)
+        assert "node-0 " not in second.stdout  # nothing started
+        (line,) = [x for x in second.stderr.splitlines() if x.strip()]
+        assert line == (f"nezha up: --data-dir {str(tmp_path / 'up')!r} is in use by pid {first.pid} (nezha up): "
+                        "one node per data folder; stop it, or give this one a folder of its own")
+        async with aiohttp.ClientSession() as s:  # the first cluster is untouched
+            for _, address, *_ in nodes:
+                async with s.get(f"http://{address}/readyz") as r:
+                    assert r.status == 200
+        first.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(first.wait, 30) == 0
+    finally:
+        _reap(first)
+
+
+def test_up_with_overlapping_http_and_tls_port_ranges_names_both_flags_before_starting_anything(tmp_path):
+    """It used to start node-0, whose TLS port was node-1's HTTP port, and blame node-1's --listen."""
+    base = free_run(3)
+    run = subprocess.run([sys.executable, "-m", "nezha", "up", "--nodes", "2", "--base-port", str(base),
+                          "--tls-base-port", str(base + 1), "--data-dir", str(tmp_path / "up"),
+                          "--origin", "www.cs.toronto.edu=http://127.0.0.1:9"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    (line,) = [x for x in run.stderr.splitlines() if x.strip()]
+    assert line == (f"nezha up: --base-port {base} and --tls-base-port {base + 1} overlap: with 2 node(s), node-1 "
+                    f"would listen on {base + 1} and node-0 answer TLS on it; give the ranges 2 ports apart "
+                    f"(e.g. --tls-base-port {base + 2})")
+    assert not (tmp_path / "up" / "node-0.log").exists()  # no node was started

@@ -92,6 +92,20 @@ def test_the_data_volume_has_the_default_size_limit_and_the_capacity_leaves_head
     assert "--data-dir=/var/lib/nezha" in side["args"]
 
 
+def test_a_sidecar_without_a_cpu_limit_runs_one_worker_not_one_per_cpu_of_its_node():
+    """`--workers auto` would see a GPU node's 96 to 192 CPUs: the sidecar says how many."""
+    _, patched = apply(pod())
+    assert [a for a in the_sidecar(patched)["args"] if a.startswith("--workers")] == ["--workers=1"]
+
+
+@pytest.mark.parametrize("cpu, workers", [("2", 2), ("1500m", 2), ("2000m", 2), ("250m", 1), ("0.5", 1), ("3.2", 4)])
+def test_a_sidecar_with_a_cpu_limit_runs_that_many_workers_rounded_up(cpu, workers):
+    config = sc.SidecarConfig(image=CONFIG.image, parent=CONFIG.parent, server_version=(1, 35),
+                              resources={"limits": {"cpu": cpu, "memory": "1Gi"}})
+    _, patched = apply(pod(), config=config)
+    assert [a for a in the_sidecar(patched)["args"] if a.startswith("--workers")] == [f"--workers={workers}"]
+
+
 @pytest.mark.parametrize("size,capacity", [
     (1024 ** 3, 1024 ** 3 - 256 * 1024 ** 2),  # small volumes keep the fixed minimum headroom
     (100 * 1024 ** 3, 90 * 1024 ** 3),
