@@ -160,12 +160,14 @@ class CacheSettings(NezhaSettings):
     # Processes serving this node's port (docs/cache-node.md, "Workers"): one
     # primary that fills, writes and counts, and followers that answer plain
     # hits from the same disk and hand it everything else. "auto": the CPUs
-    # the process may use (affinity and cgroup quota), the default, as
-    # nginx's `worker_processes auto`. 1: one process, no supervisor.
+    # the process may use (affinity and cgroup quota; bounded by memory.max
+    # and a ceiling, cachenode/workers/plan.py), the default, as nginx's
+    # `worker_processes auto`. 1: one process, no supervisor.
     workers: Annotated[int | Literal["auto"], Flag()] = Field("auto", description=(
         "processes serving this node's port: one fills, writes and counts, the others answer plain hits from the "
         "same disk and hand it the rest; a number, or auto: the CPUs this process may use, from its affinity and "
-        "cgroup quota. 1: a single process"))
+        "cgroup quota, no more than its cgroup's memory limit holds at 96 MiB a worker, and at most 16. "
+        "1: a single process"))
     # Large objects chunked across the ring (docs/cache-node.md, "Chunks"):
     # an object at least `chunk_threshold` long (0: never) is stored as
     # `chunk_size` chunks, each on the owners of its own key. Per origin in
