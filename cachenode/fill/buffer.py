@@ -44,6 +44,7 @@ from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored, TempObject
+from cachenode.store.writing import ObjectWrite
 from nezha.errors import FillAborted, NezhaError, StoreError
 
 log = structlog.get_logger("nezha.fill")
@@ -104,7 +105,7 @@ class Fill:
     """Bytes of one object arriving from the origin into a temp file (or,
     once the store cannot write, through memory)."""
 
-    def __init__(self, *, key: str, headers: Pairs, length: int | None, temp: TempObject,
+    def __init__(self, *, key: str, headers: Pairs, length: int | None, write: ObjectWrite,
                  age: float = 0.0, status: int = 200, vary: tuple[str, ...] = (), variant: str = "",
                  delimited_by_close: bool = False, window: int = MEMORY_WINDOW,
                  patience: float = READER_PATIENCE) -> None:
@@ -115,7 +116,9 @@ class Fill:
         self.headers = headers  # the fields stored with the object (cachenode/http/headers.py)
         self.age = age  # the origin's Age: a response from a cache upstream is that old already
         self.length = length
-        self.temp = temp
+        # The store's write of the object (opened: its temp file and room), committed or discarded by `run`.
+        self.writing = write
+        self.temp: TempObject = write.temp
         self.url: str | None = None  # where the bytes come from, once `run` starts
         self.complete = False  # every byte has arrived (on disk, or through memory), length verified
         self.meta: Meta | None = None  # set when committed
@@ -324,7 +327,7 @@ class Fill:
         log.warning("store_write_failed", key=self.key, url=self.url, on_disk=self._spilled_at, error=str(error))
         if self.on_unstored is not None:
             self.on_unstored()
-        await store.discard(self.temp)  # readers keep their descriptors on the bytes written so far
+        await self.writing.discard()  # readers keep their descriptors on the bytes written so far
 
     async def _wait_for_room(self) -> None:
         """Read the origin no further than the window ahead of the slowest open
@@ -490,18 +493,18 @@ class Fill:
                                  f"can tell from a cut")
             if superseded():
                 raise Superseded(f"a write to {self.url} succeeded while {self.key} was being fetched")
-            self.meta = await store.commit(self.temp, meta)
+            self.meta = await self.writing.commit(meta)
             return self.meta
         except asyncio.CancelledError:
             self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")
             await self.writes_done()
-            await store.discard(self.temp)
+            await self.writing.discard()
             raise
         except Exception as e:
             self.error = e if isinstance(e, NezhaError) else FillAborted(
                 f"reading the body of origin {self.url} for {self.key}: {type(e).__name__}: {e}")
             await self.writes_done()
-            await store.discard(self.temp)
+            await self.writing.discard()
             if self.error is e:
                 raise
             raise self.error from e

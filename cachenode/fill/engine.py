@@ -37,7 +37,7 @@ from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, NotStored, close_reader
+from cachenode.store.objects import Meta, NotStored
 from nezha.chunks import Layout, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
@@ -290,17 +290,12 @@ class FillEngine:
                               age: float, hot: bool) -> Meta:
         """Commit the manifest of a chunked object: its headers, length and
         chunk size, and an empty data file; its chunks are filled when read."""
-        temp = await self.store.new_temp()
-        close_reader(temp)  # an empty file that nobody reads before its commit
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=0,
                     headers=headers, stored_at=now, expires_at=expires_at, stale_if_error=policy.stale_if_error,
                     age=age, stale_while_revalidate=policy.stale_while_revalidate, chunk_size=chunk_size,
                     length=length, hot=hot)
-        try:
-            stored = await self.store.commit(temp, meta)
-        except BaseException:
-            await self.store.discard(temp)
-            raise
+        async with self.store.writing(readable=False) as write:  # an empty file that nobody reads
+            stored = await write.commit(meta)
         self.counts.stored(stored)
         log.info("object_chunked", key=key, bytes=length, chunk_size=chunk_size,
                  chunks=Layout(size=length, chunk_size=chunk_size).count)
@@ -376,18 +371,16 @@ class FillEngine:
             discarded = close_unread(response)
             self.metrics.origin_bytes_discarded.inc(discarded)
         try:
-            temp = await self.store.new_temp()
+            write = await self.store.writing(reserve=length or 0).open()
         except NezhaError:
             response.release()
             raise
-        temp.reserved = length or 0
-        self.store.reserve(temp.reserved)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
         age = current_age(response.headers, now) if source.peer is None else 0.0
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
+        fill = Fill(key=key, headers=headers, length=length, write=write, age=age, status=response.status,
                     vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
@@ -456,7 +449,7 @@ class FillEngine:
             if fill.error is None:
                 fill.error = error
                 await fill.writes_done()  # no thread may still write the file it closes
-                await self.store.discard(fill.temp)
+                await fill.writing.discard()
                 fill.advance(0)  # wakes its readers, who find the error
             raise error from e
         finally:

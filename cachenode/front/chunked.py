@@ -737,13 +737,11 @@ class ChunkReads:
         (nothing stored) when it breaks off, runs short or long."""
         growing: _Growing | None = None
         try:
-            temp = await self.store.new_temp()
-            temp.reserved = size
-            self.store.reserve(size)
-            # Peers asking for the chunk meanwhile read it as it grows (`_send_growing`).
-            growing = self._growing[ckey] = _Growing(temp=temp, validator=validator)
-            writing.set()  # whoever waits for the fill's first byte (`_stored_or_growing`)
-            try:
+            async with self.store.writing(reserve=size) as write:
+                temp = write.temp
+                # Peers asking for the chunk meanwhile read it as it grows (`_send_growing`).
+                growing = self._growing[ckey] = _Growing(temp=temp, validator=validator)
+                writing.set()  # whoever waits for the fill's first byte (`_stored_or_growing`)
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:
                         raise FillAborted(f"{source} sent more than the {size} bytes of {ckey}")
@@ -758,12 +756,8 @@ class ChunkReads:
                 pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
                               if v is not None)
                 # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
-                stored = await self.store.commit(temp, Meta(key=ckey, url=url, host=host, size=0, headers=pairs,
-                                                            stored_at=now, expires_at=now + CHUNK_LIFETIME,
-                                                            length=length))
-            except BaseException:
-                await self.store.discard(temp)
-                raise
+                stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
+                                                 expires_at=now + CHUNK_LIFETIME, length=length))
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
         finally:
