@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from typing import AsyncIterator, Awaitable, Callable, Coroutine, Any, Mapping, Protocol
 
@@ -38,7 +37,7 @@ from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored
-from nezha.chunks import Layout, chunks_on
+from nezha.chunks import Layout, Manifest, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError, OriginError
@@ -269,11 +268,10 @@ class FillEngine:
             if said is None or response.status != 200:
                 return None, 0
             try:
-                spec = json.loads(said)
-                chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
-            except (ValueError, TypeError, KeyError):
+                manifest = Manifest.decode(said)
+            except ValueError:
                 return None, 0
-            return (chunk_size, length) if chunk_size > 0 and length >= 0 else (None, 0)
+            return manifest.chunk_size, manifest.length
         if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks_spread():
             return None, 0
         threshold, chunk_size = self.settings.chunking(origin)

@@ -17,7 +17,6 @@ fill's growing temp file, or a pass-through copy of the origin's response
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
+from nezha.chunks import Manifest
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, host_of, key_for, parse_target
@@ -468,19 +468,16 @@ class Handler:
         through the manifest's owner. None: a manifest that cannot be read
         (the relay then goes on as if the owner had not answered)."""
         try:
-            spec = json.loads(answer.headers[CHUNKED_HEADER])
-            chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
+            manifest = Manifest.decode(answer.headers[CHUNKED_HEADER])
             expires_at = float(answer.headers[EXPIRES_HEADER])
         except (KeyError, ValueError, TypeError) as e:
             log.warning("manifest_unreadable", peer=peer.id, error=f"{type(e).__name__}: {e}")
-            return None
-        if chunk_size <= 0 or length < 0:
             return None
         key = access(request).key or ""
         now = self._clock()
         meta = Meta(key=key, url=key, host=host_of(key), size=0, headers=stored_pairs(answer.headers),
                     stored_at=now, expires_at=expires_at, age=current_age(answer.headers, now),
-                    chunk_size=chunk_size, length=length)
+                    chunk_size=manifest.chunk_size, length=manifest.length)
         access(request).peer = peer.id
         # The owner's own outcome (a miss when its flight stored the manifest just now), as a relay says it.
         return await self.respond.hit(request, meta, label=relayed(answer.headers.get(CACHE_HEADER, CacheOutcome.HIT)))

@@ -14,7 +14,6 @@ fill and every other client carry on.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from typing import IO, AsyncIterator, Awaitable, Callable
@@ -332,7 +331,9 @@ class Responder:
         resp = ExactResponse(status=200)
         _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=None, age=meta.age_at(self._clock()))
         resp.headers.popall("Content-Length", None)
-        resp.headers[CHUNKED_HEADER] = json.dumps({"chunk_size": meta.chunk_size, "length": meta.length})
+        manifest = meta.manifest
+        assert manifest is not None, "only a chunked object's meta is sent as a manifest"
+        resp.headers[CHUNKED_HEADER] = manifest.encode()
         resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
         resp.content_length = 0
         self._count(meta.host, request=request, hits=1)
