@@ -64,10 +64,6 @@ NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if
                            "if-unmodified-since"})
 
 
-async def _no_chunks(key: str) -> int:
-    return 0
-
-
 class Peers(Protocol):
     """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
 
@@ -79,11 +75,27 @@ class Peers(Protocol):
         """Cut `response` when `peer` freezes mid-body."""
 
 
+class ChunkedObjects(Protocol):
+    """What the engine asks of the node's chunks (cachenode/chunks/copies.py `ChunkCopies`)."""
+
+    def spread(self) -> bool:
+        """Whether the ring has other nodes to spread a large object's chunks over."""
+
+    async def drop_chunks(self, key: str) -> int:
+        """Remove the chunks of an object stored here, of every version and
+        chunk size, and let no chunk fill under way keep one; how many went."""
+
+    def replaced(self, old: Meta, new: Meta | None) -> None:
+        """A fill from the origin replaced the stored manifest `old` (`new`:
+        the new manifest, or None when stored whole): the old version's chunks go."""
+
+
 class FillEngine:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
-                 replicate: Callable[[Meta, Target], None], clock: Callable[[], float] = time.time) -> None:
+                 replicate: Callable[[Meta, Target], None], chunks: ChunkedObjects,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -98,18 +110,7 @@ class FillEngine:
         self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
-        # Whether the ring has other nodes to spread a large object's chunks
-        # over (set by the request handler, which holds the cluster view): a
-        # node alone stores every object whole, as chunking would gain it nothing.
-        self.chunks_spread: Callable[[], bool] = lambda: False
-        # Removes the chunks of an object stored here, of every version and
-        # chunk size, and lets no chunk fill under way keep one; how many went
-        # (set by the request handler: front/chunked.py `ChunkReads.drop_chunks`).
-        self.forget_chunks: Callable[[str], Awaitable[int]] = _no_chunks
-        # Told when a fill from the origin replaces a stored manifest (old, new
-        # manifest or None when stored whole), so the old version's chunks go
-        # (front/chunked.py `ChunkReads.replaced`).
-        self.chunked_replaced: Callable[[Meta, Meta | None], None] = lambda old, new: None
+        self.chunks = chunks  # large objects stored as chunks across the ring
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -130,7 +131,7 @@ class FillEngine:
                 removed += 1
             # A chunked object's chunks may be here although its manifest is
             # not (it lives on the key's owners): each node drops its own.
-            removed += await self.forget_chunks(key)
+            removed += await self.chunks.drop_chunks(key)
         return removed
 
     def revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
@@ -235,14 +236,14 @@ class FillEngine:
                 if source.peer is None:
                     self.replicate(meta, target)  # the manifest's other owners copy it (never the bytes)
                     if stale is not None and stale.chunk_size:
-                        self.chunked_replaced(stale, meta)
+                        self.chunks.replaced(stale, meta)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin, authorize=authorize)
             response = None  # the fill owns it now
             if source.peer is None and stale is not None and stale.chunk_size:
-                self.chunked_replaced(stale, None)  # its new answer is stored whole
+                self.chunks.replaced(stale, None)  # its new answer is stored whole
             return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
             if response is not None:
@@ -272,7 +273,7 @@ class FillEngine:
             except ValueError:
                 return None, 0
             return manifest.chunk_size, manifest.length
-        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks_spread():
+        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks.spread():
             return None, 0
         threshold, chunk_size = self.settings.chunking(origin)
         length = response.content_length
