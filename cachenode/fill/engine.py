@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
-from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
@@ -37,6 +37,7 @@ from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored
+from cachenode.store.writing import ObjectWrite
 from nezha.chunks import Layout, Manifest, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
@@ -379,8 +380,6 @@ class FillEngine:
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        fill = Fill(key=key, headers=headers, length=length, write=write, age=age, status=response.status,
-                    vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
@@ -400,8 +399,14 @@ class FillEngine:
         ranged = None
         if plan.how is How.PARALLEL:
             assert validator is not None
-            ranged = self._ranged_fetch(fill, source, validator, on_bytes, streams=streams,
+            ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+        fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
+                           status=response.status, vary=vary, variant=variant,
+                           delimited_by_close=ends_at_close(response),
+                           ranges=ranged[0] if ranged is not None else None)
+        if ranged is not None:
+            ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
                                source=source, target=target, rest=rest,
@@ -542,30 +547,30 @@ class FillEngine:
 
         return rest
 
-    def _ranged_fetch(self, fill: Fill, source: Source, validator: Validator,
+    def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
                       landed: asyncio.Event, discarded: int):
-        """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/fill/parallel.py)."""
+        """The parallel fetch of the object `write` stores, and its one-stream
+        fallback (cachenode/fill/parallel.py); built before the fill, which is
+        handed the fetch as its `Ranges`."""
         async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
             return await self.origins.request("GET", source.url, headers=headers, what=source.what)
 
         async def write_at(offset: int, data: memoryview) -> None:
-            await self.store.write_at(fill.temp, offset, data)
+            await self.store.write_at(write.temp, offset, data)
 
         async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
-                       moved: Callable[[int], None]) -> int:
-            return await self.store.pump_into(fill.temp, body, offset, end=end, moved=moved, started=fill.track,
+                       moved: Callable[[int], None], started: Callable[[asyncio.Future], None]) -> int:
+            return await self.store.pump_into(write.temp, body, offset, end=end, moved=moved, started=started,
                                               read_timeout=self.settings.origin_read_timeout)
 
         fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
-                            length=fill.length or 0, streams=streams, write_at=write_at,
+                            length=length or 0, streams=streams, write_at=write_at,
                             read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
                             read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
-        fetch.attach(fill)
-
         def fallback(offset: int) -> AsyncIterator[bytes]:
-            return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
+            return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
                               read_size=FILL_READ, what=source.what)
 
         return fetch, fallback

@@ -25,7 +25,7 @@ from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
-from cachenode.fill.flights import Flights, run_fill_in_background
+from cachenode.fill.flights import Flights, flight_fill, run_fill_in_background
 from cachenode.http.headers import delimited_by_close
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -444,7 +444,7 @@ async def test_a_fill_the_store_refuses_lets_no_later_request_join_it(refusing_s
     flight, leader = flights.lead_or_join(KEY)
     assert leader
     write = await refusing_store.writing().open()
-    fill = Fill(key=KEY, headers=(), length=None, write=write)
+    fill = flight_fill(flights, flight, key=KEY, headers=(), length=None, write=write)
     more = asyncio.Event()
 
     async def source():
