@@ -38,7 +38,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol
 
 import aiohttp
 import structlog

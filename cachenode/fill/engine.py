@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import AsyncIterator, Awaitable, Callable, Coroutine, Any, Mapping, Protocol
+from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
 
 import aiohttp
 import structlog
