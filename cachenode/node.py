@@ -16,22 +16,29 @@ from typing import Callable
 
 import structlog
 
+from cachenode.chunks.copies import ChunkCopies
+from cachenode.chunks.fills import ChunkFills
+from cachenode.chunks.owner import ChunkOwner
+from cachenode.chunks.peers import ChunkPeers
+from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
-from cachenode.cluster.invalidation import Invalidation
-from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.cluster.invalidation import Broadcast, Invalidation
+from cachenode.cluster.peer_auth import is_peer_request, peer_auth
+from cachenode.cluster.replicas import Replicas
 from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
-from cachenode.fill.origin import OriginClient
+from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
 from cachenode.front.handler import Handler
 from cachenode.front.relay import PeerRelay
-from cachenode.front.respond import Responder
+from cachenode.front.respond import FileSender, Responder
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
+from nezha.ring import Peer
 from nezha.wire import DrainOutcome
 
 log = structlog.get_logger("nezha.cachenode")
@@ -70,23 +77,44 @@ class CacheNode:
                                  connect_timeout=settings.origin_connect_timeout,
                                  read_timeout=settings.origin_connect_timeout + settings.origin_read_timeout
                                  + settings.peer_timeout)
-        self.respond = Responder(settings=settings, store=store, origins=self.upstream, count=self.counts.count,
-                                 clock=clock)
-        # The engine replicates what it filled; hand-off leads fills to copy:
-        # the one loop between them is closed here, at wiring time.
+        # Built in the order they use one another, each given what it uses: every
+        # collaborator is passed to the constructor that needs it (nothing is set on
+        # an object after it is built; tests/unit/cachenode/test_no_wiring_after_construction.py).
+        # Where a room below calls one above, it is handed a protocol.
+        via = via_of(self.node_id)
+        files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
+        # Asking peers to copy from here needs no engine: the engine is handed it.
+        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=origins,
+                                 spawn=self.spawn)
+        broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=origins)
+        # Chunked objects (cachenode/chunks/): read from their chunks' owners by
+        # whichever node answers the client; a chunk's owner serves and fills it.
+        chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(token))
+        chunk_fills = ChunkFills(node_id=self.node_id, store=store, upstream=self.upstream, members=self.cluster,
+                                 peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
+                                 via=via, spawn=self.spawn, clock=clock)
+        self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen), store=store,
+                                        members=self.cluster, fills=chunk_fills, peers=chunk_peers, tell=broadcast,
+                                        counts=self.counts, spawn=self.spawn)
         self.engine = FillEngine(settings=settings, store=store, origins=self.upstream, peers=self.relay,
-                                 counts=self.counts, metrics=self.metrics, via=self.respond.via, spawn=self.spawn,
-                                 replicate=lambda meta, target: self.handoff.replicate_soon(meta, target),
-                                 clock=clock)
+                                 counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
+                                 replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock)
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
-                               flights=self.engine.flights, client=origins, lead=self.engine.lead, spawn=self.spawn)
-        self.invalidation = Invalidation(node_id=self.node_id, settings=settings, cluster=self.cluster,
-                                         client=origins, internal_headers=self.handoff.internal_headers,
-                                         forget=self.engine.forget)
+                               flights=self.engine.flights, client=origins, lead=self.engine.lead,
+                               replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
+        self.invalidation = Invalidation(settings=settings, broadcast=broadcast, forget=self.engine.forget,
+                                         old_chunks=self.chunk_copies)
+        chunk_reads = ChunkReads(settings=settings, store=store, upstream=self.upstream, members=self.cluster,
+                                 fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
+                                 forget=self.invalidation)
+        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=store, fills=chunk_fills, counts=self.counts,
+                                      send_file=files)
+        self.respond = Responder(settings=settings, store=store, origins=self.upstream, files=files,
+                                 chunk_body=chunk_reads, count=self.counts.count, clock=clock)
         self.handler = Handler(settings=settings, store=store, origins=self.upstream, cluster=self.cluster, relay=self.relay,
                                respond=self.respond, engine=self.engine, handoff=self.handoff,
-                               invalidation=self.invalidation, counts=self.counts, metrics=self.metrics,
-                               status=self.status, clock=clock)
+                               invalidation=self.invalidation, chunk_owner=self.chunk_owner, counts=self.counts,
+                               metrics=self.metrics, status=self.status, clock=clock)
 
     @property
     def flights(self) -> Flights:

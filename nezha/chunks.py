@@ -18,6 +18,7 @@ taken for a chunk of another.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -101,6 +102,39 @@ class Layout:
             out.append(Piece(index=index, offset=lo, length=hi - lo))
             index += 1
         return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What the owner of a chunked object's key holds in place of its bytes,
+    and sends a peer in their place (nezha/wire.py CHUNKED_HEADER): the
+    object is `length` bytes in chunks of `chunk_size`. One encoder and one
+    decoder, so the node that writes it and every node that reads it (a
+    reader answering its client, a replica or hand-off copying the manifest)
+    agree on its shape."""
+
+    chunk_size: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.chunk_size <= 0 or self.length < 0:
+            raise ValueError(f"no manifest for {self.length} bytes in chunks of {self.chunk_size}")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(size=self.length, chunk_size=self.chunk_size)
+
+    def encode(self) -> str:
+        return json.dumps({"chunk_size": self.chunk_size, "length": self.length})
+
+    @classmethod
+    def decode(cls, value: str) -> "Manifest":
+        """The manifest `value` (an `encode`d one) names; ValueError naming what is wrong."""
+        try:
+            raw = json.loads(value)
+            return cls(chunk_size=int(raw["chunk_size"]), length=int(raw["length"]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"manifest {value[:200]!r} is unreadable: {type(e).__name__}: {e}") from e
 
 
 # How far above an even share one node's chunks of one object may go: the

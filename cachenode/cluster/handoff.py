@@ -17,8 +17,9 @@ Internal endpoints (reachable only with a Host that names no origin):
 
 A copy takes as long as the object takes to cross the network, which for a
 dataset can be minutes. The replicate call therefore proves it is alive with
-a line a second instead of answering at the end: the caller gives up after
-`REPLICATE_SILENCE` without a line, never because a copy is merely long.
+a line a second instead of answering at the end (the asking side is
+cluster/replicas.py, whose caller gives up after `REPLICATE_SILENCE` without
+a line, never because a copy is merely long).
 
 A drain is a hand-off to the ring without this node: the controller (and
 `LocalCluster.remove` for local clusters) runs it before removing a node,
@@ -37,12 +38,13 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Protocol
+from typing import Any, Callable, Coroutine, Protocol
 
 import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.cluster.replicas import Replicas
 from cachenode.cluster.view import ClusterView
 from nezha.chunks import chunk_of
 from nezha.ring import Peer
@@ -81,7 +83,6 @@ class Progress:
 
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
-REPLICATE_SILENCE = 10.0  # a caller gives up on a replicate call silent this long
 
 
 class _Copy:
@@ -105,13 +106,20 @@ class Lead(Protocol):
                        target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]: ...
 
 
+class ChunkHandOff(Protocol):
+    """How one chunk is handed to its owners under a ring (cachenode/chunks/copies.py `ChunkCopies`)."""
+
+    async def hand_off(self, meta: Meta, view: ClusterView) -> list[str]:
+        """One ReplicateResult an owner."""
+
+
 class Handoff:
     """Copies between nodes. Given the parts it uses, not the node: the view
     of the ring, the store it reads, the flights a copy joins, the client it
     asks peers with, how to lead a fetch and how to run background work."""
 
     def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, store: Store,
-                 flights: Flights, client: OriginClient, lead: Lead,
+                 flights: Flights, client: OriginClient, lead: Lead, replicas: Replicas, chunks: ChunkHandOff,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task], parallel: int = 4) -> None:
         self.node_id = node_id
         self.settings = settings
@@ -120,13 +128,11 @@ class Handoff:
         self.flights = flights
         self.client = client
         self.lead = lead
+        self.replicas = replicas  # asks the new owners to copy each object from here
+        self.chunks = chunks  # hands a chunk to the owners of its own key (cachenode/chunks/copies.py)
         self.spawn = spawn
         self.parallel = parallel
         self.progress = Progress()
-        # Hands one chunk of a chunked object to its owners under a ring (set
-        # by the request handler, whose chunk reads know how; front/chunked.py):
-        # one ReplicateResult an owner. None: chunks are skipped.
-        self.chunk_handoff: Callable[[Meta, ClusterView], Awaitable[list[str]]] | None = None
         self._running: asyncio.Task | None = None
 
     # -- HTTP ------------------------------------------------------------------
@@ -288,83 +294,6 @@ class Handoff:
 
         self.spawn(copy())
 
-    def replicate_soon(self, meta: Meta, target: Target) -> None:
-        """After a fill from the origin: have the key's other owners copy it from here."""
-        others = [p for p in self.cluster.owners(meta.key) if p.id != self.node_id]
-        if not others:
-            return
-        selecting = selecting_headers(meta.vary, meta.variant)
-        if selecting is None:
-            log.info("replica_not_asked", key=meta.key, reason="its variant cannot be spelled as request fields")
-            return
-        self.spawn(self._push(others, target, selecting))
-
-    def internal_headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.settings.cluster_token:
-            headers[TOKEN_HEADER] = self.settings.cluster_token
-        return headers
-
-    async def _push(self, peers: list[Peer], target: Target, selecting: dict[str, str]) -> list[str]:
-        return list(await asyncio.gather(*(self.ask_to_copy(p, target, headers=selecting) for p in peers)))
-
-    async def ask_to_copy(self, peer: Peer, target: Target, *, on_bytes: Callable[[int], None] | None = None,
-                          headers: dict[str, str] | None = None) -> str:
-        """Have `peer` copy `target`'s object from this node; its ReplicateResult, or replicate_failed(why).
-
-        Waits for the whole copy however long it takes, as long as `peer`
-        keeps reporting progress; `on_bytes` gets the bytes as they arrive.
-        """
-        settings = self.settings
-        body: dict[str, Any] = {"scheme": target.scheme, "host": target.host, "path": target.path_qs,
-                                "source": self.node_id,
-                                "address": settings.advertise or settings.listen}
-        if headers:
-            body["headers"] = headers
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.peer_timeout,
-                                        sock_read=REPLICATE_SILENCE)
-        try:
-            r = await self.client.request(
-                "POST", peer.url + REPLICATE_PATH, headers=self.internal_headers(),
-                what=f"peer {peer.id} replicate", json=body, timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - any failure only means one missing replica
-            log.warning("replicate_failed", peer=peer.id, path=target.path, error=str(e))
-            return replicate_failed(e)
-        seen = 0
-
-        def advance(n: object) -> None:
-            nonlocal seen
-            if isinstance(n, int) and n > seen:
-                if on_bytes is not None:
-                    on_bytes(n - seen)
-                seen = n
-
-        try:
-            if r.status != 200:
-                text = (await r.text())[:200]
-                log.warning("replicate_failed", peer=peer.id, path=target.path, status=r.status, body=text)
-                return replicate_failed(f"{r.status} {text}")
-            result: str | None = None
-            async for line in r.content:  # one JSON object a line
-                if not line.strip():
-                    continue
-                message = json.loads(line)
-                if not isinstance(message, dict):
-                    raise ValueError(f"not a JSON object: {line[:100]!r}")
-                advance(message.get("copying", message.get("bytes")))
-                if "result" in message:
-                    result = str(message["result"])
-            if result is None:
-                result = replicate_failed(f"{peer.id} ended the replicate answer without a result")
-            log.info("replicated", peer=peer.id, path=target.path, result=result, bytes=seen)
-            return result
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-            log.warning("replicate_failed", peer=peer.id, path=target.path, bytes=seen,
-                        error=f"{type(e).__name__}: {e}")
-            return replicate_failed(f"{type(e).__name__} after {seen} bytes: {e}")
-        finally:
-            r.release()
-
     async def run(self, view: ClusterView) -> Progress:
         """Copy every object held here to each of its owners under `view`'s ring."""
         # Every variant is an object of its own; hot copies are no one's to hand on.
@@ -391,7 +320,7 @@ class Handoff:
                         # A chunk goes to the owners of its own key (nezha/chunks.py
                         # place), which copy it from here; its manifest is
                         # handed off like any object.
-                        results = await self.chunk_handoff(meta, view) if self.chunk_handoff else []
+                        results = await self.chunks.hand_off(meta, view)
                         if not results:
                             p.skipped += 1
                         for r in results:
@@ -414,7 +343,7 @@ class Handoff:
                         p.skipped += 1
                         return
                     target = target_of(key)
-                    results = [await self.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
+                    results = [await self.replicas.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
                                for peer in view.owners(key) if peer.id != self.node_id]
                     for r in results:
                         if r == ReplicateResult.COPIED:

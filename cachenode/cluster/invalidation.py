@@ -15,7 +15,7 @@ cache; one small POST per node each is their price.
 
 With `"chunks": {"chunk_size": n, "etag": ..., "last_modified": ...}` a node
 keeps the keys and removes only their chunks of that size and version
-(front/chunked.py `drop_version`): the key's owner stored a new version of
+(cachenode/chunks/copies.py `drop_version`): the key's owner stored a new version of
 a chunked object, and the old one's chunks, spread over every node, would
 otherwise hold disk until evicted. Versions are compared, not removed
 blindly, so the new version's chunks, which may be filling already, stay.
@@ -30,13 +30,14 @@ but comes back with its old copy) is bounded by that copy's freshness.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.cluster.replicas import internal_headers
 from cachenode.cluster.view import ClusterView
 from cachenode.fill.parallel import Validator
 from cachenode.fill.origin import OriginClient
@@ -49,24 +50,74 @@ log = structlog.get_logger("nezha.invalidation")
 MAX_KEYS = 16  # a write names its URL, Location and Content-Location: three
 
 
-class Invalidation:
-    """Given what it uses, not the node: who owns a key, the client it tells
-    peers with, their request headers, and how this node forgets keys."""
+class OldChunks(Protocol):
+    """How this node drops one version's chunks of a key (cachenode/chunks/copies.py `ChunkCopies`)."""
 
-    PATH = INVALIDATE_PATH
+    async def drop_version(self, key: str, chunk_size: int, validator: Validator) -> int:
+        """How many chunks went."""
 
-    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, client: OriginClient,
-                 internal_headers: Callable[[], dict[str, str]],
-                 forget: Callable[..., Awaitable[int]]) -> None:
+
+class Broadcast:
+    """Telling every other member of the ring to forget keys, or one version's
+    chunks of a key. Needs only the ring view and the client, so the chunk
+    copies that tell (`tell_old_chunks`) are handed it before the endpoint
+    that drops them (`Invalidation`) is built."""
+
+    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, client: OriginClient) -> None:
         self.node_id = node_id
         self.settings = settings
         self.cluster = cluster
         self.client = client
-        self.internal_headers = internal_headers
+
+    def _others(self) -> list[Peer]:
+        return [Peer(i, address) for i, address in sorted(self.cluster.snapshot.nodes.items()) if i != self.node_id]
+
+    async def tell_holders(self, keys: list[str], *, why: str) -> None:
+        """Have every other member of the ring forget `keys`: each key's owners,
+        and every other node for its hot copies. Waits for all of them."""
+        others = self._others()
+        if others:
+            await asyncio.gather(*(self._tell(peer, keys, why) for peer in others))
+
+    async def tell_old_chunks(self, key: str, *, chunk_size: int, validator: Validator, why: str) -> None:
+        """Have every other member of the ring remove `key`'s chunks of that
+        size and version (a new version replaced it); the key itself stays."""
+        chunks = {"chunk_size": chunk_size, "etag": validator.etag, "last_modified": validator.last_modified}
+        await asyncio.gather(*(self._tell(peer, [key], why, chunks=chunks) for peer in self._others()))
+
+    async def _tell(self, peer, keys: list[str], why: str, *, chunks: dict | None = None) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.peer_timeout * 2)
+        body: dict = {"keys": keys, "reason": why}
+        if chunks is not None:
+            body["chunks"] = chunks
+        try:
+            r = await self.client.request(
+                "POST", peer.url + INVALIDATE_PATH, headers=internal_headers(self.settings.cluster_token),
+                what=f"peer {peer.id} invalidate", json=body, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - an unreachable owner only keeps a copy it cannot serve
+            log.warning("invalidate_failed", peer=peer.id, keys=keys, error=str(e))
+            return
+        try:
+            if r.status != 200:
+                log.warning("invalidate_failed", peer=peer.id, keys=keys, status=r.status,
+                            body=(await r.text())[:200])
+        finally:
+            r.release()
+
+
+class Invalidation:
+    """The invalidation endpoint, and forgetting keys everywhere. Given what
+    it uses, not the node: how this node forgets keys and drops old chunks,
+    and how it tells the others (`Broadcast`)."""
+
+    PATH = INVALIDATE_PATH
+
+    def __init__(self, *, settings: CacheSettings, broadcast: Broadcast, forget: Callable[..., Awaitable[int]],
+                 old_chunks: OldChunks) -> None:
+        self.settings = settings
+        self.broadcast = broadcast
         self.forget = forget
-        # Removes one version's chunks of a key (set by the request handler:
-        # front/chunked.py `ChunkReads.drop_version`); how many went.
-        self.drop_old_chunks: Callable[[str, int, Validator], Awaitable[int]] | None = None
+        self.old_chunks = old_chunks
 
     async def handle(self, request: web.Request) -> web.Response:
         why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
@@ -90,47 +141,17 @@ class Invalidation:
             except ValueError as e:
                 raise web.HTTPBadRequest(text=f"invalidate: {e}\n")
             removed = 0
-            if self.drop_old_chunks is not None:
-                for key in keys:
-                    removed += await self.drop_old_chunks(key, chunk_size, validator)
+            for key in keys:
+                removed += await self.old_chunks.drop_version(key, chunk_size, validator)
             return web.json_response({"removed": removed})
         removed = await self.forget(keys, why=f"{reason} (told by {request.remote})")
         return web.json_response({"removed": removed})
 
-    async def tell_holders(self, keys: list[str], *, why: str) -> None:
-        """Have every other member of the ring forget `keys`: each key's owners,
-        and every other node for its hot copies. Waits for all of them."""
-        others = [Peer(i, address) for i, address in sorted(self.cluster.snapshot.nodes.items())
-                  if i != self.node_id]
-        if others:
-            await asyncio.gather(*(self._tell(peer, keys, why) for peer in others))
-
-    async def tell_old_chunks(self, key: str, *, chunk_size: int, validator: Validator, why: str) -> None:
-        """Have every other member of the ring remove `key`'s chunks of that
-        size and version (a new version replaced it); the key itself stays."""
-        others = [Peer(i, address) for i, address in sorted(self.cluster.snapshot.nodes.items())
-                  if i != self.node_id]
-        chunks = {"chunk_size": chunk_size, "etag": validator.etag, "last_modified": validator.last_modified}
-        await asyncio.gather(*(self._tell(peer, [key], why, chunks=chunks) for peer in others))
-
-    async def _tell(self, peer, keys: list[str], why: str, *, chunks: dict | None = None) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.settings.peer_timeout * 2)
-        body: dict = {"keys": keys, "reason": why}
-        if chunks is not None:
-            body["chunks"] = chunks
-        try:
-            r = await self.client.request(
-                "POST", peer.url + self.PATH, headers=self.internal_headers(),
-                what=f"peer {peer.id} invalidate", json=body, timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - an unreachable owner only keeps a copy it cannot serve
-            log.warning("invalidate_failed", peer=peer.id, keys=keys, error=str(e))
-            return
-        try:
-            if r.status != 200:
-                log.warning("invalidate_failed", peer=peer.id, keys=keys, status=r.status,
-                            body=(await r.text())[:200])
-        finally:
-            r.release()
+    async def everywhere(self, keys: list[str], *, why: str) -> None:
+        """Forget `keys` here and on every other node that may hold them, owner
+        or hot copy (their copies would answer a GET with what the write replaced)."""
+        await self.forget(keys, why=why)
+        await self.broadcast.tell_holders(keys, why=why)
 
 
 def _old_chunks(raw: object) -> tuple[int, Validator]:

@@ -29,7 +29,8 @@ from cachenode.http.freshness import current_age, response_policy
 from cachenode.http.headers import stored_pairs, with_date
 from cachenode.http.partial import Extents, Part, part_of
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, TempObject, close_reader
+from cachenode.store.objects import Meta
+from cachenode.store.writing import ObjectWrite
 from nezha.config import Origin
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
@@ -52,7 +53,7 @@ class _Assembly:
     target: Target
     part: Part  # the first part kept: its ETag and total stand for every later one
     meta: Meta  # the object as it will be stored
-    temp: TempObject
+    write: ObjectWrite  # the store's write of the whole object, sparse until every part is in
     held: Extents = field(default_factory=Extents)
     writers: int = 0
     touched: float = 0.0
@@ -81,7 +82,7 @@ class PartWriter:
             log.warning("part_not_kept", key=a.key, reason="more bytes than its Content-Range")
             return
         try:
-            await self._assemblies.store.write_at(a.temp, self._at, chunk)
+            await self._assemblies.store.write_at(a.write.temp, self._at, chunk)
         except NezhaError as e:
             self._broken = True
             log.warning("part_not_kept", key=a.key, reason=str(e))
@@ -152,17 +153,11 @@ class Assemblies:
             log.info("part_not_kept", key=key, reason=f"{part.total} bytes exceed capacity")
             return None
         try:
-            temp = await self.store.new_temp()
+            # Nothing reads an assembly before its commit: parts are served only whole.
+            write = await self.store.writing(reserve=part.total, readable=False, must_write=True).open()
         except NezhaError as e:
             log.warning("part_not_kept", key=key, reason=str(e))
             return None
-        if temp.unwritable is not None:
-            await self.store.discard(temp)
-            log.warning("part_not_kept", key=key, reason=temp.unwritable)
-            return None
-        close_reader(temp)  # nothing reads an assembly before its commit: parts are served only whole
-        temp.reserved = part.total
-        self.store.reserve(temp.reserved)
         kept = tuple((n, v) for n, v in stored_pairs(headers)
                      if n.lower() not in _PART_FIELDS and not n.lower().startswith("x-amz-checksum-"))
         kept = with_date(kept, now)
@@ -172,7 +167,7 @@ class Assemblies:
                     expires_at=now + policy.ttl, stale_if_error=0.0, age=current_age(headers, now),
                     stale_while_revalidate=policy.stale_while_revalidate, vary=part.vary, variant=part.variant,
                     authorize=True)
-        a = _Assembly(key=key, url=url, host=target.host, target=target, part=part, meta=meta, temp=temp,
+        a = _Assembly(key=key, url=url, host=target.host, target=target, part=part, meta=meta, write=write,
                       touched=now)
         self._by_key[key] = a
         log.info("assembly_started", key=key, etag=part.etag, bytes=part.total)
@@ -183,18 +178,18 @@ class Assemblies:
         if a.ended:
             if not a.writers and not a.released:  # dropped while a part was still streaming
                 a.released = True
-                await self.store.discard(a.temp)
+                await a.write.discard()
             return None
         if a.writers or not a.held.covers(0, a.part.total):
             return None
         a.ended = a.released = True
         self._by_key.pop(a.key, None)
-        a.temp.written = a.part.total
+        a.write.temp.written = a.part.total
         try:
-            stored = await self.store.commit(a.temp, a.meta)
+            stored = await a.write.commit(a.meta)
         except NezhaError as e:  # TooLarge among them
             log.warning("assembly_not_stored", key=a.key, error=str(e))
-            await self.store.discard(a.temp)
+            await a.write.discard()
             return None
         self.counts.stored(stored)
         log.info("assembly_completed", key=a.key, bytes=stored.size)
@@ -221,4 +216,4 @@ class Assemblies:
         log.info("assembly_dropped", key=a.key, held=a.held.held, bytes=a.part.total, reason=why)
         if not a.writers and not a.released:
             a.released = True
-            await self.store.discard(a.temp)
+            await a.write.discard()

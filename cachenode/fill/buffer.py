@@ -36,7 +36,7 @@ import io
 import os
 import weakref
 from collections import deque
-from typing import IO, AsyncIterator, Awaitable, Callable
+from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
 
 import structlog
 
@@ -44,6 +44,7 @@ from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored, TempObject
+from cachenode.store.writing import ObjectWrite
 from nezha.errors import FillAborted, NezhaError, StoreError
 
 log = structlog.get_logger("nezha.fill")
@@ -100,14 +101,27 @@ class _Reader(io.BufferedReader):
         super().close()
 
 
+class Ranges(Protocol):
+    """A parallel fetch writing a fill's body in ranges (cachenode/fill/parallel.py `RangedFetch`)."""
+
+    on_demand: bool  # only the ranges readers ask for are fetched
+
+    def covered_until(self, offset: int) -> int:
+        """Where the run of bytes on disk from `offset` ends."""
+
+    def want(self, first: int, end: int) -> None:
+        """A reader waits for bytes [first, end): fetch their slices first."""
+
+
 class Fill:
     """Bytes of one object arriving from the origin into a temp file (or,
     once the store cannot write, through memory)."""
 
-    def __init__(self, *, key: str, headers: Pairs, length: int | None, temp: TempObject,
+    def __init__(self, *, key: str, headers: Pairs, length: int | None, write: ObjectWrite,
                  age: float = 0.0, status: int = 200, vary: tuple[str, ...] = (), variant: str = "",
                  delimited_by_close: bool = False, window: int = MEMORY_WINDOW,
-                 patience: float = READER_PATIENCE) -> None:
+                 patience: float = READER_PATIENCE, on_unstored: Callable[[], None] | None = None,
+                 ranges: Ranges | None = None) -> None:
         self.key = key
         self.status = status
         self.vary = vary  # the request fields the response varies on, and the fill's values of them
@@ -115,24 +129,27 @@ class Fill:
         self.headers = headers  # the fields stored with the object (cachenode/http/headers.py)
         self.age = age  # the origin's Age: a response from a cache upstream is that old already
         self.length = length
-        self.temp = temp
+        # The store's write of the object (opened: its temp file and room), committed or discarded by `run`.
+        self.writing = write
+        self.temp: TempObject = write.temp
         self.url: str | None = None  # where the bytes come from, once `run` starts
         self.complete = False  # every byte has arrived (on disk, or through memory), length verified
         self.meta: Meta | None = None  # set when committed
         self.error: NezhaError | None = None
         # The body's end is the origin's connection closing: streamed, never stored.
         self.delimited_by_close = delimited_by_close
-        # Called once when the fill stops writing to the store (the flight lands then).
-        self.on_unstored: Callable[[], None] | None = None
+        # Called once when the fill stops writing to the store (its flight lands
+        # then: cachenode/fill/flights.py `flight_fill`).
+        self._on_unstored = on_unstored
         self._received = 0
-        # Set by a parallel fetch: how far the bytes on disk reach from an
-        # offset beyond the prefix, and how to ask for a range first.
-        self.coverage: Callable[[int], int] | None = None
-        self.wanted: Callable[[int, int], None] | None = None
-        # Set by an on-demand parallel fetch: only bytes a reader asks for are
+        # A parallel fetch writing the body in ranges: how far the bytes on
+        # disk reach from an offset beyond the prefix, and how to ask for a
+        # range first. None once it gave up and the rest is one stream.
+        self._ranges = ranges
+        # An on-demand parallel fetch: only bytes a reader asks for are
         # fetched, so every reader asks, at the prefix too; parked while
         # every asked-for byte is on disk.
-        self.on_demand = False
+        self.on_demand = ranges is not None and ranges.on_demand
         self.parked = False
         self._progress = asyncio.Event()
         self._writes: set[asyncio.Task] = set()  # writes still running in threads (track)
@@ -212,9 +229,9 @@ class Fill:
         return self._spilled_at is not None
 
     def _available(self, offset: int) -> int:
-        if offset < self._received or self.coverage is None:
+        if offset < self._received or self._ranges is None:
             return self._received
-        return self.coverage(offset)
+        return self._ranges.covered_until(offset)
 
     @property
     def finished(self) -> bool:
@@ -248,11 +265,11 @@ class Fill:
                 if reader is not None and self._spilled_at is not None:
                     return min(self.written, offset + max(1, self._window // 4))
                 return max(available, self.written) if self.complete else available
-            if self.wanted is not None and not asked and (offset > self._received or self.on_demand):
+            if self._ranges is not None and not asked and (offset > self._received or self.on_demand):
                 # Beyond the prefix (a Range in the middle): the slice holding
                 # `offset` goes first. At the prefix, front-first order serves,
                 # unless the fill fetches only what readers ask for.
-                self.wanted(offset, (end or self.length or offset + 1) if self.on_demand else offset + 1)
+                self._ranges.want(offset, (end or self.length or offset + 1) if self.on_demand else offset + 1)
                 asked = True
             if self.error is not None:
                 raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
@@ -322,9 +339,9 @@ class Fill:
         self._spilled_at = self.temp.written
         self._store_error = error
         log.warning("store_write_failed", key=self.key, url=self.url, on_disk=self._spilled_at, error=str(error))
-        if self.on_unstored is not None:
-            self.on_unstored()
-        await store.discard(self.temp)  # readers keep their descriptors on the bytes written so far
+        if self._on_unstored is not None:
+            self._on_unstored()
+        await self.writing.discard()  # readers keep their descriptors on the bytes written so far
 
     async def _wait_for_room(self) -> None:
         """Read the origin no further than the window ahead of the slowest open
@@ -446,14 +463,14 @@ class Fill:
                 await fetch(self)
             except RangesAbandoned as e:
                 # From here only the prefix counts: the plain stream rewrites what lies beyond it.
-                self.coverage = self.wanted = None
+                self._ranges = None
                 log.warning("parallel_fill_abandoned", key=self.key, url=self.url, at=self._received, reason=str(e))
                 await self._stream(fallback(self._received), store=store, on_bytes=on_bytes)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
 
     def advance(self, prefix: int) -> None:
-        """Bytes [0, prefix) are on disk, and maybe more beyond (`coverage`):
+        """Bytes [0, prefix) are on disk, and maybe more beyond (`Ranges.covered_until`):
         written in place by a parallel fetch. Readers anywhere may go on."""
         if prefix > self._received:
             self._received = self.temp.written = prefix
@@ -490,18 +507,18 @@ class Fill:
                                  f"can tell from a cut")
             if superseded():
                 raise Superseded(f"a write to {self.url} succeeded while {self.key} was being fetched")
-            self.meta = await store.commit(self.temp, meta)
+            self.meta = await self.writing.commit(meta)
             return self.meta
         except asyncio.CancelledError:
             self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")
             await self.writes_done()
-            await store.discard(self.temp)
+            await self.writing.discard()
             raise
         except Exception as e:
             self.error = e if isinstance(e, NezhaError) else FillAborted(
                 f"reading the body of origin {self.url} for {self.key}: {type(e).__name__}: {e}")
             await self.writes_done()
-            await store.discard(self.temp)
+            await self.writing.discard()
             if self.error is e:
                 raise
             raise self.error from e

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
-from typing import AsyncIterator, Awaitable, Callable, Coroutine, Any, Mapping, Protocol
+from typing import AsyncIterator, Callable, Coroutine, Any, Mapping, Protocol
 
 import aiohttp
 import structlog
@@ -24,7 +23,7 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
-from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, run_fill_in_background
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
@@ -37,8 +36,9 @@ from cachenode.http.vary import vary_names
 from cachenode.kernel import splice
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, NotStored, close_reader
-from nezha.chunks import Layout, chunks_on
+from cachenode.store.objects import Meta, NotStored
+from cachenode.store.writing import ObjectWrite
+from nezha.chunks import Layout, Manifest, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError, OriginError
@@ -65,10 +65,6 @@ NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if
                            "if-unmodified-since"})
 
 
-async def _no_chunks(key: str) -> int:
-    return 0
-
-
 class Peers(Protocol):
     """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
 
@@ -80,11 +76,27 @@ class Peers(Protocol):
         """Cut `response` when `peer` freezes mid-body."""
 
 
+class ChunkedObjects(Protocol):
+    """What the engine asks of the node's chunks (cachenode/chunks/copies.py `ChunkCopies`)."""
+
+    def spread(self) -> bool:
+        """Whether the ring has other nodes to spread a large object's chunks over."""
+
+    async def drop_chunks(self, key: str) -> int:
+        """Remove the chunks of an object stored here, of every version and
+        chunk size, and let no chunk fill under way keep one; how many went."""
+
+    def replaced(self, old: Meta, new: Meta | None) -> None:
+        """A fill from the origin replaced the stored manifest `old` (`new`:
+        the new manifest, or None when stored whole): the old version's chunks go."""
+
+
 class FillEngine:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
-                 replicate: Callable[[Meta, Target], None], clock: Callable[[], float] = time.time) -> None:
+                 replicate: Callable[[Meta, Target], None], chunks: ChunkedObjects,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -99,18 +111,7 @@ class FillEngine:
         self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
-        # Whether the ring has other nodes to spread a large object's chunks
-        # over (set by the request handler, which holds the cluster view): a
-        # node alone stores every object whole, as chunking would gain it nothing.
-        self.chunks_spread: Callable[[], bool] = lambda: False
-        # Removes the chunks of an object stored here, of every version and
-        # chunk size, and lets no chunk fill under way keep one; how many went
-        # (set by the request handler: front/chunked.py `ChunkReads.drop_chunks`).
-        self.forget_chunks: Callable[[str], Awaitable[int]] = _no_chunks
-        # Told when a fill from the origin replaces a stored manifest (old, new
-        # manifest or None when stored whole), so the old version's chunks go
-        # (front/chunked.py `ChunkReads.replaced`).
-        self.chunked_replaced: Callable[[Meta, Meta | None], None] = lambda old, new: None
+        self.chunks = chunks  # large objects stored as chunks across the ring
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -131,7 +132,7 @@ class FillEngine:
                 removed += 1
             # A chunked object's chunks may be here although its manifest is
             # not (it lives on the key's owners): each node drops its own.
-            removed += await self.forget_chunks(key)
+            removed += await self.chunks.drop_chunks(key)
         return removed
 
     def revalidate_soon(self, *, key: str, url: str, origin: Origin, stale: Meta, target: Target,
@@ -236,14 +237,14 @@ class FillEngine:
                 if source.peer is None:
                     self.replicate(meta, target)  # the manifest's other owners copy it (never the bytes)
                     if stale is not None and stale.chunk_size:
-                        self.chunked_replaced(stale, meta)
+                        self.chunks.replaced(stale, meta)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
                                           expires_at=expires_at, policy=policy, now=now, target=target,
                                           source=source, vary=names, origin=origin, authorize=authorize)
             response = None  # the fill owns it now
             if source.peer is None and stale is not None and stale.chunk_size:
-                self.chunked_replaced(stale, None)  # its new answer is stored whole
+                self.chunks.replaced(stale, None)  # its new answer is stored whole
             return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
         except BaseException as e:
             if response is not None:
@@ -269,12 +270,11 @@ class FillEngine:
             if said is None or response.status != 200:
                 return None, 0
             try:
-                spec = json.loads(said)
-                chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
-            except (ValueError, TypeError, KeyError):
+                manifest = Manifest.decode(said)
+            except ValueError:
                 return None, 0
-            return (chunk_size, length) if chunk_size > 0 and length >= 0 else (None, 0)
-        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks_spread():
+            return manifest.chunk_size, manifest.length
+        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks.spread():
             return None, 0
         threshold, chunk_size = self.settings.chunking(origin)
         length = response.content_length
@@ -290,17 +290,12 @@ class FillEngine:
                               age: float, hot: bool) -> Meta:
         """Commit the manifest of a chunked object: its headers, length and
         chunk size, and an empty data file; its chunks are filled when read."""
-        temp = await self.store.new_temp()
-        close_reader(temp)  # an empty file that nobody reads before its commit
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=target.host, size=0,
                     headers=headers, stored_at=now, expires_at=expires_at, stale_if_error=policy.stale_if_error,
                     age=age, stale_while_revalidate=policy.stale_while_revalidate, chunk_size=chunk_size,
                     length=length, hot=hot)
-        try:
-            stored = await self.store.commit(temp, meta)
-        except BaseException:
-            await self.store.discard(temp)
-            raise
+        async with self.store.writing(readable=False) as write:  # an empty file that nobody reads
+            stored = await write.commit(meta)
         self.counts.stored(stored)
         log.info("object_chunked", key=key, bytes=length, chunk_size=chunk_size,
                  chunks=Layout(size=length, chunk_size=chunk_size).count)
@@ -376,19 +371,15 @@ class FillEngine:
             discarded = close_unread(response)
             self.metrics.origin_bytes_discarded.inc(discarded)
         try:
-            temp = await self.store.new_temp()
+            write = await self.store.writing(reserve=length or 0).open()
         except NezhaError:
             response.release()
             raise
-        temp.reserved = length or 0
-        self.store.reserve(temp.reserved)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
         age = current_age(response.headers, now) if source.peer is None else 0.0
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        fill = Fill(key=key, headers=headers, length=length, temp=temp, age=age, status=response.status,
-                    vary=vary, variant=variant, delimited_by_close=ends_at_close(response))
         meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
@@ -408,8 +399,14 @@ class FillEngine:
         ranged = None
         if plan.how is How.PARALLEL:
             assert validator is not None
-            ranged = self._ranged_fetch(fill, source, validator, on_bytes, streams=streams,
+            ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+        fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
+                           status=response.status, vary=vary, variant=variant,
+                           delimited_by_close=ends_at_close(response),
+                           ranges=ranged[0] if ranged is not None else None)
+        if ranged is not None:
+            ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
         work = self._fill_work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
                                source=source, target=target, rest=rest,
@@ -456,7 +453,7 @@ class FillEngine:
             if fill.error is None:
                 fill.error = error
                 await fill.writes_done()  # no thread may still write the file it closes
-                await self.store.discard(fill.temp)
+                await fill.writing.discard()
                 fill.advance(0)  # wakes its readers, who find the error
             raise error from e
         finally:
@@ -550,30 +547,30 @@ class FillEngine:
 
         return rest
 
-    def _ranged_fetch(self, fill: Fill, source: Source, validator: Validator,
+    def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
                       landed: asyncio.Event, discarded: int):
-        """The parallel fetch of `fill`'s object, and its one-stream fallback (cachenode/fill/parallel.py)."""
+        """The parallel fetch of the object `write` stores, and its one-stream
+        fallback (cachenode/fill/parallel.py); built before the fill, which is
+        handed the fetch as its `Ranges`."""
         async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
             return await self.origins.request("GET", source.url, headers=headers, what=source.what)
 
         async def write_at(offset: int, data: memoryview) -> None:
-            await self.store.write_at(fill.temp, offset, data)
+            await self.store.write_at(write.temp, offset, data)
 
         async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
-                       moved: Callable[[int], None]) -> int:
-            return await self.store.pump_into(fill.temp, body, offset, end=end, moved=moved, started=fill.track,
+                       moved: Callable[[int], None], started: Callable[[asyncio.Future], None]) -> int:
+            return await self.store.pump_into(write.temp, body, offset, end=end, moved=moved, started=started,
                                               read_timeout=self.settings.origin_read_timeout)
 
         fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
-                            length=fill.length or 0, streams=streams, write_at=write_at,
+                            length=length or 0, streams=streams, write_at=write_at,
                             read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
                             read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
-        fetch.attach(fill)
-
         def fallback(offset: int) -> AsyncIterator[bytes]:
-            return plain_rest(get, source.headers, offset=offset, length=fill.length or 0, validator=validator,
+            return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
                               read_size=FILL_READ, what=source.what)
 
         return fetch, fallback

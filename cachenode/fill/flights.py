@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Awaitable, Mapping
+from typing import Any, Awaitable, Mapping
 
 import structlog
 
@@ -120,6 +120,16 @@ class Flights:
         flight.resolve(Outcome(Kind.FAILED, error=error))
 
 
+def flight_fill(flights: Flights, flight: Flight, **fill: Any) -> Fill:
+    """The fill `flight` streams to its clients (`fill` are `Fill`'s arguments).
+
+    A fill the store cannot write lets no one join any more: its stream's
+    start is gone from memory, so later requests fetch for themselves. Its
+    flight lands the moment the store fails, not when the fill ends.
+    """
+    return Fill(on_unstored=lambda: flights.land(flight), **fill)
+
+
 async def run_fill_in_background(flights: Flights, flight: Flight, fill: Fill, work: Awaitable[Meta]) -> None:
     """Keep the flight registered until the fill ends, so late requests join it.
 
@@ -127,9 +137,6 @@ async def run_fill_in_background(flights: Flights, flight: Flight, fill: Fill, w
     a request that joined the flight has already duplicated it, and none can
     join afterwards.
     """
-    # A fill the store cannot write lets no one join any more: its stream's
-    # start is gone from memory, so later requests fetch for themselves.
-    fill.on_unstored = lambda: flights.land(flight)
     try:
         await work
     except StoreUnwritable:

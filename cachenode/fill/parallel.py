@@ -135,7 +135,7 @@ class RangedFetch:
         self.write_at = write_at
         self.read_size = read_size
         self.on_bytes = on_bytes
-        self.pump = pump  # (body, offset, end, moved): bodies over plain TCP go socket -> pipe -> file
+        self.pump = pump  # (body, offset, end, moved, started): bodies over plain TCP go socket -> pipe -> file
         self.read_timeout = read_timeout
         self.flight_landed = landed  # once set, no request can reach a parked fill to ask for more
         self.on_demand = on_demand
@@ -151,12 +151,13 @@ class RangedFetch:
         self._started = False
 
     def attach(self, fill: Fill) -> None:
-        """Let `fill`'s readers find bytes beyond the prefix and ask for them,
-        from before the fetch starts: the leading client's Range may come first."""
+        """The fill this fetch writes (built with this fetch as its `Ranges`),
+        known from before the fetch starts: its readers may ask for a range
+        first, the leading client's Range among them."""
         self._fill = fill
-        fill.coverage = self.plan.covered_until
-        fill.wanted = self._want
-        fill.on_demand = self.on_demand
+
+    def covered_until(self, offset: int) -> int:
+        return self.plan.covered_until(offset)
 
     async def __call__(self, fill: Fill) -> None:
         self.attach(fill)
@@ -191,7 +192,7 @@ class RangedFetch:
 
     async def _park(self, fill: Fill) -> None:
         """Every slice asked for is on disk: wait for a client to ask for more
-        (`_want` starts its streams and wakes this)."""
+        (`want` starts its streams and wakes this)."""
         self._wake.clear()
         if self._spawn_wanted():
             return
@@ -228,7 +229,7 @@ class RangedFetch:
             self._tasks.add(task)
         return bool(running)
 
-    def _want(self, first: int, end: int) -> None:
+    def want(self, first: int, end: int) -> None:
         """A client waits for bytes [first, end) beyond the prefix: their slices
         go first, on a stream of their own if no stream is free, so it is
         answered without waiting for the front of the object. On demand they
@@ -307,7 +308,7 @@ class RangedFetch:
                         self._landed(s, fill, n)
 
                 assert self.pump is not None
-                await self.pump(body, s.pos, lambda: s.end, moved)
+                await self.pump(body, s.pos, lambda: s.end, moved, fill.track)
         finally:
             body.close()
 

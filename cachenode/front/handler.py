@@ -17,7 +17,6 @@ fill's growing temp file, or a pass-through copy of the origin's response
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from cachenode.cluster.hotness import HotReads
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.cluster.view import ClusterView
+from cachenode.chunks.owner import ChunkOwner
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Kind
@@ -41,7 +41,6 @@ from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import PARENT_ROUTE, access, parent_route
 from cachenode.front.authorized import AuthorizedReads
-from cachenode.front.chunked import ChunkReads
 from cachenode.front.fastpath import response_head
 from cachenode.front.middleware import REFUSED_METHODS, SAFE_METHODS
 from cachenode.front.relay import PeerRelay
@@ -56,8 +55,10 @@ from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
+from nezha.chunks import Manifest
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
+from nezha.errors import OriginError
 from nezha.keys import BadHost, BadTarget, Target, credentials_kept, host_of, key_for, parse_target
 from nezha.ring import Peer
 from nezha.wire import (ADMIN_PATHS, CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, FROM_CHILD_HEADER, INTERNAL_PREFIX,
@@ -69,7 +70,7 @@ log = structlog.get_logger("nezha.cachenode")
 class Handler:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, cluster: ClusterView,
                  relay: PeerRelay, respond: Responder, engine: FillEngine, handoff: Handoff, invalidation: Invalidation,
-                 counts: Counts, metrics: Metrics, status: Callable[[], dict],
+                 chunk_owner: ChunkOwner, counts: Counts, metrics: Metrics, status: Callable[[], dict],
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.node_id = settings.identity
@@ -98,18 +99,8 @@ class Handler:
         # Hot copies (docs/cache-node.md): relayed reads counted per key; keys being copied now.
         self.hot = HotReads(reads=settings.hot_reads, window=settings.hot_window)
         self._hot_copying: set[str] = set()
-        # Chunked objects (nezha/chunks.py): read from their chunks' owners by
-        # whichever node answers the client; a chunk's owner serves and fills it.
-        self.chunks = ChunkReads(settings=settings, store=store, upstream=origins, cluster=cluster, relay=relay,
-                                 counts=counts, metrics=metrics, via=respond.via, send_file=respond.send_file,
-                                 forget=self._forget_changed, spawn=engine.spawn)
-        respond.chunk_body = self.chunks.send
-        engine.chunks_spread = lambda: len(cluster.snapshot.nodes) > 1
-        engine.forget_chunks = self.chunks.drop_chunks
-        engine.chunked_replaced = self.chunks.replaced
-        self.chunks.tell_old_chunks = invalidation.tell_old_chunks
-        invalidation.drop_old_chunks = self.chunks.drop_version
-        handoff.chunk_handoff = self.chunks.hand_off
+        # A chunk's owner serves (and fills) it for the peer reading its object (cachenode/chunks/).
+        self.chunk_owner = chunk_owner
         self.authorized = AuthorizedReads(store=store, origins=origins, engine=engine, respond=respond,
                                           counts=counts, from_peer=self.from_peer, node_id=self.node_id,
                                           peers_have_a_token=settings.cluster_token is not None)
@@ -139,7 +130,10 @@ class Handler:
         access(request).key = key
         if CHUNK_HEADER in request.headers and request.method in ("GET", "HEAD") and self.from_peer(request):
             # One chunk of a chunked object, for the peer reading it: this node owns that chunk.
-            return await self.chunks.serve(request, key=key, url=url, target=target)
+            try:
+                return await self.chunk_owner.serve(request, access(request), key=key, url=url, target=target)
+            except OriginError as e:
+                raise origin_failure(e)
         if looped(request.headers.getall("Via", []), self.respond.via,
                   from_child=FROM_CHILD_HEADER in request.headers):
             access(request).cache = CacheOutcome.REFUSED
@@ -468,28 +462,19 @@ class Handler:
         through the manifest's owner. None: a manifest that cannot be read
         (the relay then goes on as if the owner had not answered)."""
         try:
-            spec = json.loads(answer.headers[CHUNKED_HEADER])
-            chunk_size, length = int(spec["chunk_size"]), int(spec["length"])
+            manifest = Manifest.decode(answer.headers[CHUNKED_HEADER])
             expires_at = float(answer.headers[EXPIRES_HEADER])
         except (KeyError, ValueError, TypeError) as e:
             log.warning("manifest_unreadable", peer=peer.id, error=f"{type(e).__name__}: {e}")
-            return None
-        if chunk_size <= 0 or length < 0:
             return None
         key = access(request).key or ""
         now = self._clock()
         meta = Meta(key=key, url=key, host=host_of(key), size=0, headers=stored_pairs(answer.headers),
                     stored_at=now, expires_at=expires_at, age=current_age(answer.headers, now),
-                    chunk_size=chunk_size, length=length)
+                    chunk_size=manifest.chunk_size, length=manifest.length)
         access(request).peer = peer.id
         # The owner's own outcome (a miss when its flight stored the manifest just now), as a relay says it.
         return await self.respond.hit(request, meta, label=relayed(answer.headers.get(CACHE_HEADER, CacheOutcome.HIT)))
-
-    async def _forget_changed(self, meta: Meta, why: str) -> None:
-        """A chunk of `meta`'s object came back as another version: forget
-        the manifest here and at its owners, so the next read starts from the
-        origin's current answer."""
-        await self.invalidate([meta.key], why=why)
 
     async def _drop_hot(self, meta: Meta, *, why: str) -> None:
         if await self.store.remove_one(meta):
@@ -556,8 +541,7 @@ class Handler:
     async def invalidate(self, keys: list[str], *, why: str) -> None:
         """Forget `keys` here and on every other node that may hold them, owner
         or hot copy (their copies would answer a GET with what the write replaced)."""
-        await self.engine.forget(keys, why=why)
-        await self.invalidation.tell_holders(keys, why=why)
+        await self.invalidation.everywhere(keys, why=why)
 
     async def _forget_lost(self, meta: Meta) -> None:
         """A stored object whose data file is gone although the index still has

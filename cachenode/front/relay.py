@@ -153,7 +153,7 @@ class PeerRelay:
         headers["Host"] = target.host
         headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         # A client's chunk request would become this node's, made with its token:
-        # only a node reading a chunked object asks for a chunk (front/chunked.py).
+        # only a node reading a chunked object asks for a chunk (cachenode/chunks/reads.py).
         headers.pop(CHUNK_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
@@ -261,7 +261,7 @@ class PeerRelay:
         `origin_url` is where to fetch the rest of a body that broke with no
         owner left to resume from. `on_manifest` answers the request when an
         owner answers with a chunked object's manifest (CHUNKED_HEADER) instead
-        of its bytes (cachenode/front/chunked.py). `validators` replace the
+        of its bytes (cachenode/chunks/reads.py). `validators` replace the
         client's If-None-Match and If-Modified-Since (a hot copy's revalidation,
         cluster/hot_revalidation.py), and `on_answer` sees the owner's answer first.
         """

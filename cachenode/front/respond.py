@@ -14,10 +14,9 @@ fill and every other client carry on.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from typing import IO, AsyncIterator, Awaitable, Callable
+from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
 
 import aiohttp
 import structlog
@@ -27,7 +26,7 @@ from cachenode.front.access import access, break_connection, parent_route
 from cachenode.front.interim import InterimRelay
 from cachenode.front.exact_head import ExactResponse
 from cachenode.kernel.fdwait import ready
-from cachenode.kernel.splice import ClientGone
+from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
 from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
@@ -57,10 +56,6 @@ async def send_continue(request: web.Request) -> None:
     """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
     await request.writer.write(_CONTINUE)
     request.writer.output_size = 0  # the response proper has not started
-
-
-class BrokenStream(Exception):
-    """A body could not be completed; the connection was closed on purpose."""
 
 
 def origin_failure(error: NezhaError | None) -> web.HTTPException:
@@ -212,18 +207,72 @@ async def _continued(request: web.Request) -> AsyncIterator[bytes]:
         yield chunk
 
 
+class ChunkBody(Protocol):
+    """How a chunked object's bytes are written (cachenode/chunks/reads.py `ChunkReads`)."""
+
+    async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
+                   length: int) -> None: ...
+
+
+class FileSender:
+    """Bytes of a stored file to a client: one sendfile where it can, else a
+    read loop. One object for every writer of a stored file (the responder,
+    chunk reads and a chunk's owner, cachenode/chunks/), built before them."""
+
+    def __init__(self, *, sendfile: bool, read_size: int) -> None:
+        self._sendfile = sendfile
+        self._read_size = read_size
+
+    async def __call__(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
+                       offset: int, count: int) -> None:
+        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible.
+
+        Raises ClientGone, with the bytes that did leave, when the client hung up.
+        """
+        done = 0
+        try:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("client went away")
+            # Not on TLS: asyncio's sendfile "fallback" there copies 16 KiB per executor hop (about
+            # 200 MB/s measured, bench/tls.py); the loop below moves TLS_CHUNK at a time.
+            tls = transport.get_extra_info("sslcontext") is not None
+            if self._sendfile and not tls and resp.chunked is False and not resp.compression:
+                done = _sendfile_now(transport, f.fileno(), offset, count)
+                if done == count:
+                    return
+                try:
+                    sent = await sendfile_rest(transport, f.fileno(), offset + done, count - done)
+                except SendCut as e:
+                    done += e.sent
+                    raise
+                else:
+                    if sent != count - done:
+                        raise BrokenStream(f"sent {done + sent} of {count} bytes")
+                    return
+            loop = asyncio.get_running_loop()
+            chunk = max(self._read_size, TLS_CHUNK) if tls else self._read_size
+            while done < count:
+                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
+                if not data:
+                    raise BrokenStream(f"file ended {count - done} bytes early")
+                await resp.write(data)
+                done += len(data)
+        except ConnectionError as e:
+            sent = max(0, min(done, count))
+            raise ClientGone(f"client went away after {sent} bytes", sent=sent) from e
+
 class Responder:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream,
-                 count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, files: FileSender,
+                 chunk_body: ChunkBody, count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
         self._count = count
         self._clock = clock
         self.via = via_of(settings.identity)
-        # How a chunked object's bytes are written (front/chunked.py ChunkReads.send),
-        # set by the handler that owns the chunk reads.
-        self.chunk_body: Callable[[web.Request, web.StreamResponse, Meta, int, int], Awaitable[None]] | None = None
+        self._files = files
+        self.chunk_body = chunk_body  # a chunked object's bytes, read from its chunks' owners
 
     def via_for(self, request: web.Request) -> str | None:
         """This node's Via entry for a response to `request`; none to a peer:
@@ -300,8 +349,7 @@ class Responder:
                 await resp.prepare(request)
                 if request.method != "HEAD" and decision.length:
                     if f is None:
-                        assert self.chunk_body is not None, "a chunked object is served by a node with chunk reads"
-                        await self.chunk_body(request, resp, meta, decision.start, decision.length)
+                        await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
                     else:
                         await self.send_file(request, resp, f, decision.start, decision.length)
                     sent = decision.length
@@ -325,14 +373,16 @@ class Responder:
     async def _manifest(self, request: web.Request, meta: Meta, *, label: str) -> web.StreamResponse:
         """A chunked object's manifest, to a peer: its headers, CHUNKED_HEADER
         (chunk size and length) and its expiry, no body. The peer reads the
-        chunks from their owners itself (front/chunked.py), or keeps the
+        chunks from their owners itself (cachenode/chunks/reads.py), or keeps the
         manifest as its copy (a replica, a hand-off): the object's bytes never
         funnel through the node that holds its manifest."""
         access(request).cache = label
         resp = ExactResponse(status=200)
         _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=None, age=meta.age_at(self._clock()))
         resp.headers.popall("Content-Length", None)
-        resp.headers[CHUNKED_HEADER] = json.dumps({"chunk_size": meta.chunk_size, "length": meta.length})
+        manifest = meta.manifest
+        assert manifest is not None, "only a chunked object's meta is sent as a manifest"
+        resp.headers[CHUNKED_HEADER] = manifest.encode()
         resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
         resp.content_length = 0
         self._count(meta.host, request=request, hits=1)
@@ -344,43 +394,10 @@ class Responder:
         return resp
 
     async def send_file(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
-                         offset: int, count: int) -> None:
-        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible.
-
-        Raises ClientGone, with the bytes that did leave, when the client hung up.
-        """
-        done = 0
-        try:
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                raise ConnectionResetError("client went away")
-            # Not on TLS: asyncio's sendfile "fallback" there copies 16 KiB per executor hop (about
-            # 200 MB/s measured, bench/tls.py); the loop below moves TLS_CHUNK at a time.
-            tls = transport.get_extra_info("sslcontext") is not None
-            if self.settings.sendfile and not tls and resp.chunked is False and not resp.compression:
-                done = _sendfile_now(transport, f.fileno(), offset, count)
-                if done == count:
-                    return
-                try:
-                    sent = await sendfile_rest(transport, f.fileno(), offset + done, count - done)
-                except SendCut as e:
-                    done += e.sent
-                    raise
-                else:
-                    if sent != count - done:
-                        raise BrokenStream(f"sent {done + sent} of {count} bytes")
-                    return
-            loop = asyncio.get_running_loop()
-            chunk = max(self.settings.read_size, TLS_CHUNK) if tls else self.settings.read_size
-            while done < count:
-                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
-                if not data:
-                    raise BrokenStream(f"file ended {count - done} bytes early")
-                await resp.write(data)
-                done += len(data)
-        except ConnectionError as e:
-            sent = max(0, min(done, count))
-            raise ClientGone(f"client went away after {sent} bytes", sent=sent) from e
+                        offset: int, count: int) -> None:
+        """Bytes [offset, offset+count) of `f` to the client (`FileSender`);
+        ClientGone, with the bytes that did leave, when the client hung up."""
+        await self._files(request, resp, f, offset, count)
 
     async def fill(self, request: web.Request, fill: Fill, *, label: str) -> web.StreamResponse:
         """Stream an object while the origin is still sending it."""

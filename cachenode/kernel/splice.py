@@ -41,6 +41,10 @@ _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 AVAILABLE = hasattr(os, "splice")
 
 
+class BrokenStream(Exception):
+    """A body could not be completed; the connection was closed on purpose."""
+
+
 class ClientGone(ConnectionError):
     """The client closed its connection (its socket stopped taking bytes) mid-body,
     after `sent` bytes of the current write left; not the fault of the source

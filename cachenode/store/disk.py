@@ -54,6 +54,7 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta, TempObject, TooLarge
+from cachenode.store.writing import ObjectWrite
 from nezha.chunks import chunk_of
 from nezha.errors import StoreError
 
@@ -367,6 +368,11 @@ class Store:
             await asyncio.wait(list(self._pending))
 
     # -- writes --------------------------------------------------------------
+    def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:
+        """The one way to write an object: temp file, reserved room, commit or
+        discard, owned by one object (cachenode/store/writing.py)."""
+        return ObjectWrite(self, reserve=reserve, readable=readable, must_write=must_write)
+
     async def new_temp(self) -> TempObject:
         """A fill's temp file in tmp/.
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cachenode.http.headers import Pairs, first
 from cachenode.store.writeback import WriteBehind
+from nezha.chunks import Manifest
 from nezha.errors import NezhaError
 
 
@@ -79,6 +80,11 @@ class Meta:
         object.__setattr__(self, "vary", tuple(self.vary))
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
             object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The chunked object's manifest this meta holds; None for an object stored whole."""
+        return Manifest(chunk_size=self.chunk_size, length=self.length) if self.chunk_size else None
 
     @property
     def body_size(self) -> int:

@@ -243,7 +243,7 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
         request.transport.close()
         raise ConnectionResetError("killed mid-chunk")
 
-    victim.node.handler.chunks.send_file = half_then_hang_up
+    victim.node.chunk_owner.send_file = half_then_hang_up
     with capture_logs() as logs:
         status, _, digest, n = await read(reader, session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))

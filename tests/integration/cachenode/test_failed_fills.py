@@ -124,8 +124,8 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     key = "http://www.cs.toronto.edu" + PATH
     store = Store(tmp_path / "s")
     await store.open()
-    temp = await store.new_temp()
-    fd_number = temp.fd
+    write = await store.writing().open()
+    fd_number = write.temp.fd
     bystander = tmp_path / "bystander"
     bystander.write_bytes(b"someone else's file")
 
@@ -142,7 +142,7 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     async def body():
         yield b"x" * 1000
 
-    fill = Fill(key=key, headers={}, length=1000, temp=temp)
+    fill = Fill(key=key, headers={}, length=1000, write=write)
     now = time.time()
     meta = Meta(key=key, url="http://127.0.0.1:9" + PATH, host="www.cs.toronto.edu", size=0, headers={},
                 stored_at=now, expires_at=now + 60)

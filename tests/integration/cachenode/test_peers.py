@@ -447,7 +447,7 @@ async def test_a_copy_that_outlasts_the_read_timeout_is_reported_copied(cluster,
     nodes, members = await cluster(2, origin_read_timeout=1.0)
     copier, asker = nodes["n0"], nodes["n1"]
     copier.node.cluster.update(Membership(2, {"n0": members.nodes["n0"], "n1": f"127.0.0.1:{slow_server.port}"}))
-    result = await asker.node.handoff.ask_to_copy(Peer("n0", members.nodes["n0"]), parse_target("/d/long.bin", HOST))
+    result = await asker.node.replicas.ask_to_copy(Peer("n0", members.nodes["n0"]), parse_target("/d/long.bin", HOST))
     assert result == "copied"
     assert copier.node.store.lookup(key_of("/d/long.bin")).size == len(body)
 

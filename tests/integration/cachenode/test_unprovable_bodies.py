@@ -25,7 +25,7 @@ from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
-from cachenode.fill.flights import Flights, run_fill_in_background
+from cachenode.fill.flights import Flights, flight_fill, run_fill_in_background
 from cachenode.http.headers import delimited_by_close
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -363,8 +363,8 @@ def source_of(body: bytes):
 async def test_an_unstored_fill_reads_the_origin_no_further_than_its_window_ahead_of_the_slowest_reader(
         refusing_store):
     """The node never holds a whole object: a slow reader holds the origin back, as a pass-through would."""
-    temp = await refusing_store.new_temp()
-    fill = Fill(key=KEY, headers=(), length=len(BODY), temp=temp, window=4 * CHUNK)
+    write = await refusing_store.writing().open()
+    fill = Fill(key=KEY, headers=(), length=len(BODY), write=write, window=4 * CHUNK)
     fast, slow = fill.open_reader(), fill.open_reader()
     slow_sent = [0]
     ahead: list[int] = []
@@ -396,8 +396,8 @@ async def test_an_unstored_fill_reads_the_origin_no_further_than_its_window_ahea
 
 async def test_a_reader_that_takes_nothing_is_cut_off_and_the_others_get_every_byte(refusing_store):
     """One stalled client cannot stall the rest: after `patience` it is dropped, with a clean error."""
-    temp = await refusing_store.new_temp()
-    fill = Fill(key=KEY, headers=(), length=len(BODY), temp=temp, window=4 * CHUNK, patience=0.05)
+    write = await refusing_store.writing().open()
+    fill = Fill(key=KEY, headers=(), length=len(BODY), write=write, window=4 * CHUNK, patience=0.05)
     stalled, reader = fill.open_reader(), fill.open_reader()
 
     run = asyncio.create_task(fill.run(source_of(BODY), store=refusing_store, meta=meta_for()))
@@ -412,7 +412,7 @@ async def test_a_slow_reader_still_sending_from_the_file_is_waited_for_not_cut(s
     """Progress through the bytes on disk counts: only a reader that takes nothing is cut off."""
     store = await store_taking(8 * CHUNK)
     body = BODY[:32 * CHUNK]
-    fill = Fill(key=KEY, headers=(), length=len(body), temp=await store.new_temp(), window=2 * CHUNK,
+    fill = Fill(key=KEY, headers=(), length=len(body), write=await store.writing().open(), window=2 * CHUNK,
                 patience=5.0)
     slow, fast = fill.open_reader(), fill.open_reader()
     run = asyncio.create_task(fill.run(source_of(body), store=store, meta=meta_for()))
@@ -425,8 +425,8 @@ async def test_a_slow_reader_still_sending_from_the_file_is_waited_for_not_cut(s
 
 async def test_a_reader_that_closes_its_file_no_longer_holds_the_fill_back(refusing_store):
     """A client that hung up needs no more bytes; the fill must not wait out its patience for it."""
-    temp = await refusing_store.new_temp()
-    fill = Fill(key=KEY, headers=(), length=len(BODY), temp=temp, window=4 * CHUNK, patience=3600.0)
+    write = await refusing_store.writing().open()
+    fill = Fill(key=KEY, headers=(), length=len(BODY), write=write, window=4 * CHUNK, patience=3600.0)
     gone, reader = fill.open_reader(), fill.open_reader()
 
     run = asyncio.create_task(fill.run(source_of(BODY), store=refusing_store, meta=meta_for()))
@@ -443,8 +443,8 @@ async def test_a_fill_the_store_refuses_lets_no_later_request_join_it(refusing_s
     flights = Flights()
     flight, leader = flights.lead_or_join(KEY)
     assert leader
-    temp = await refusing_store.new_temp()
-    fill = Fill(key=KEY, headers=(), length=None, temp=temp)
+    write = await refusing_store.writing().open()
+    fill = flight_fill(flights, flight, key=KEY, headers=(), length=None, write=write)
     more = asyncio.Event()
 
     async def source():
@@ -469,7 +469,7 @@ async def test_a_temp_file_that_cannot_even_be_created_still_streams_the_body(tm
     store = Store(tmp_path / "store")
     await store.open()
     store.tmp.rmdir()  # any failure to create the file in tmp/ (ENOSPC, EDQUOT, ENOENT...) alike
-    fill = Fill(key=KEY, headers=(), length=len(BODY), temp=await store.new_temp())
+    fill = Fill(key=KEY, headers=(), length=len(BODY), write=await store.writing().open())
     reader = fill.open_reader()
     with capture_logs() as logs:
         run = asyncio.create_task(fill.run(source_of(BODY), store=store, meta=meta_for()))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nezha.chunks import Layout, Piece, chunk_key, chunk_of, chunks_on, place
+from nezha.chunks import Layout, Manifest, Piece, chunk_key, chunk_of, chunks_on, place
 from nezha.keys import key_for, parse_target
 from nezha.ring import Ring
 
@@ -134,3 +134,29 @@ def test_every_node_computes_the_same_table_and_an_empty_ring_none():
     again = Ring({f"node-{i}": 1 for i in reversed(range(4))})
     assert place(FOUR, KEYS[1], layout, 2) == place(again, KEYS[1], layout, 2)
     assert place(Ring({}), KEYS[1], layout, 1) == [[]] * 10
+
+
+@given(st.integers(1, 1 << 40), st.integers(0, 1 << 50))
+def test_a_manifest_decodes_to_what_was_encoded(chunk_size, length):
+    manifest = Manifest(chunk_size=chunk_size, length=length)
+    assert Manifest.decode(manifest.encode()) == manifest
+    assert manifest.layout == Layout(size=length, chunk_size=chunk_size)
+
+
+def test_a_manifest_is_what_an_owner_has_always_sent():
+    """The header's shape is a wire contract between nodes of different versions during a rollout."""
+    assert Manifest(chunk_size=4 * MiB, length=64 * MiB).encode() == '{"chunk_size": 4194304, "length": 67108864}'
+
+
+@pytest.mark.parametrize("value, why", [
+    ("not json", "unreadable: JSONDecodeError"),
+    ('{"chunk_size": 4}', "unreadable: KeyError: 'length'"),
+    ('{"chunk_size": "four", "length": 8}', "unreadable: ValueError"),
+    ('[1, 2]', "unreadable: TypeError"),
+    ('{"chunk_size": 0, "length": 8}', "no manifest for 8 bytes in chunks of 0"),
+    ('{"chunk_size": 4, "length": -1}', "no manifest for -1 bytes in chunks of 4"),
+])
+def test_a_manifest_that_cannot_be_read_is_refused_naming_why(value, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(")) as caught:
+        Manifest.decode(value)
+    assert value[:20] in str(caught.value)

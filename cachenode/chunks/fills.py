@@ -1,0 +1,265 @@
+"""Chunk fills: one fill per chunk per node however many ask, on the same
+single-flight registry as every other fill (cachenode/fill/flights.py).
+
+A chunk this node owns but does not hold is filled here: from a live owner
+ahead of it in ring order when one holds it (a replica copies the first
+owner's chunk), else from the origin with `Range` + `If-Range` on the
+manifest's validator, which makes this node the chunk's first live owner:
+it then has the owners behind it copy the chunk from it (`ChunkPeers.push`).
+An origin answer that is not exactly those bytes of that version is
+`ChunkChanged`: nothing is stored.
+
+Readers of a fill (a peer's chunk request, or this node's own client when
+it is the chunk's filling owner) join its flight. They are sent its bytes
+as they land (`stored_or_growing` gives a `Tail` of the growing file);
+later ones read the committed file. A fill whose chunk nothing will name
+any more (its object invalidated or replaced meanwhile) is superseded: it
+finishes for whoever reads it now, what it commits is removed, and the next
+read leads a fill of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Coroutine
+
+import aiohttp
+import structlog
+
+from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
+from cachenode.chunks.sources import Growing, Tail
+from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec
+from cachenode.counts import Counts
+from cachenode.fill.engine import FILL_READ
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome
+from cachenode.fill.parallel import Validator, partial_mismatch
+from cachenode.fill.upstream import Upstream
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta, close_reader
+from nezha.chunks import Layout, Piece, chunk_key
+from nezha.errors import FillAborted, NezhaError
+from nezha.keys import Target
+from nezha.ring import Peer
+
+log = structlog.get_logger("nezha.chunks")
+
+
+@dataclass
+class _ChunkFill:
+    """What a chunk fill's readers need besides its flight: the version it
+    fetches, whether its file has started to grow, and the file while it grows."""
+
+    validator: Validator
+    writing: asyncio.Event  # set once the fill's chunk file starts growing
+    growing: Growing | None = None
+
+
+class ChunkFills:
+    def __init__(self, *, node_id: str, store: Store, upstream: Upstream, members: Members, peers: ChunkPeers,
+                 relay: Relay, counts: Counts, metrics: Metrics, via: str,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.upstream = upstream
+        self.members = members
+        self.peers = peers
+        self.relay = relay
+        self.counts = counts
+        self.metrics = metrics
+        self.via = via
+        self.spawn = spawn  # background work the node waits for (settled) and cancels (stop)
+        self._clock = clock
+        # Chunk keys only: a registry of their own, so the node's fills in
+        # flight (/readyz, the cluster's settling) stay whole objects' fills.
+        self.flights = Flights()
+        self._fills: dict[Flight, _ChunkFill] = {}  # every chunk fill running here, superseded ones too
+
+    def held(self, key: str, index: int, layout: Layout, validator: Validator) -> Meta | None:
+        """Chunk `index` of `key` as stored here, if it is of the version `validator` names."""
+        meta = self.store.lookup(chunk_key(key, index, layout.chunk_size))
+        return meta if meta is not None and validator.mismatch(dict(meta.headers)) is None else None
+
+    async def local(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                    validator: Validator, source: Peer | None = None) -> Meta:
+        """Chunk `index` of `key` from this node's store, filled first when it
+        is missing or of another version; one fill per chunk however many
+        ask at once."""
+        meta = self.held(key, index, layout, validator)
+        if meta is not None:
+            return meta
+        flight, _ = self._lead_or_join(key=key, url=url, target=target, layout=layout, index=index,
+                                       validator=validator, source=source)
+        return await self._landed(flight)
+
+    async def stored_or_growing(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                                validator: Validator, source: Peer | None = None) -> Meta | Tail:
+        """Chunk `index` of `key` as stored here; else, once this node's fill
+        of it (started if none runs) writes its first byte, that fill to read
+        as it grows, so a reader waits for bytes, not for the whole chunk.
+        Raises what the fill raises when it fails before writing."""
+        stored = self.held(key, index, layout, validator)
+        if stored is not None:
+            return stored
+        flight, fill = self._lead_or_join(key=key, url=url, target=target, layout=layout, index=index,
+                                          validator=validator, source=source)
+        waiter = asyncio.ensure_future(fill.writing.wait())
+        try:
+            await asyncio.wait({flight.outcome, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        growing = fill.growing
+        if growing is not None and growing.validator == validator:
+            return Tail(growing)  # its descriptor taken now, before the fill can close its own
+        return await self._landed(flight)
+
+    @staticmethod
+    async def _landed(flight: Flight) -> Meta:
+        """What the chunk's flight stored; what its fill raised when it failed.
+        A reader that goes away leaves the fill running for the others (and the next read)."""
+        outcome = await asyncio.shield(flight.outcome)
+        if outcome.kind is Kind.FAILED:
+            assert outcome.error is not None
+            raise outcome.error
+        assert outcome.meta is not None
+        return outcome.meta
+
+    def _lead_or_join(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                      validator: Validator, source: Peer | None) -> tuple[Flight, _ChunkFill]:
+        """The flight of chunk `index` here, and its fill, started if none runs."""
+        ckey = chunk_key(key, index, layout.chunk_size)
+        flight, leader = self.flights.lead_or_join(ckey)
+        if not leader:
+            return flight, self._fills[flight]
+        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
+        task = self.spawn(self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
+                                     source=source))
+        task.add_done_callback(lambda done: self._ended(flight, done))
+        return flight, fill
+
+    def _ended(self, flight: Flight, task: asyncio.Task) -> None:
+        """A chunk fill ended: its flight lands with what it stored or why it
+        failed; what a superseded one stored is removed."""
+        self.flights.land(flight)  # not a flight started after this one was superseded
+        self._fills.pop(flight, None)
+        if task.cancelled():
+            flight.resolve(Outcome(Kind.FAILED, error=FillAborted(f"the fill of {flight.key} was cancelled")))
+            return
+        error = task.exception()
+        if error is not None:
+            if not isinstance(error, NezhaError):
+                log.error("chunk_fill_crashed", key=flight.key, error=f"{type(error).__name__}: {error}")
+                error = FillAborted(f"the fill of {flight.key} crashed: {type(error).__name__}: {error}")
+            flight.resolve(Outcome(Kind.FAILED, error=error))
+            return
+        meta: Meta = task.result()
+        flight.resolve(Outcome(Kind.STORED, meta=meta))
+        if flight.superseded:
+            self.spawn(self._drop_late(meta))
+
+    async def _drop_late(self, meta: Meta) -> None:
+        """A chunk fill superseded by its object's invalidation finished: remove what it committed."""
+        if await self.store.remove_one(meta):
+            self.counts.gone(meta)
+            log.info("chunk_dropped", key=meta.key, reason="its object was invalidated or replaced meanwhile")
+
+    def supersede(self, matches: Callable[[str, Validator], bool]) -> None:
+        """Supersede every chunk fill running here whose chunk key and version
+        `matches`: nothing will name what it fetches. It finishes for whoever
+        reads it now (a peer may be reading it as it grows), what it commits
+        is removed, and the next read of its chunk leads a fill of its own."""
+        for flight, fill in list(self._fills.items()):
+            if self.flights.get(flight.key) is flight and matches(flight.key, fill.validator):
+                self.flights.supersede(flight.key)
+
+    async def _fill(self, flight: Flight, fill: _ChunkFill, *, key: str, url: str, target: Target, layout: Layout,
+                    index: int, source: Peer | None = None) -> Meta:
+        """Fill chunk `index` here: from a live owner ahead of this node in
+        ring order when one holds it (a replica copies the first owner's
+        chunk; one that breaks off is marked down and the next source tried),
+        else from the origin, which makes this node the chunk's first live
+        owner: it then asks the owners behind it to copy the chunk from it."""
+        ckey, validator = flight.key, fill.validator
+        size = layout.length_of(index)
+        started = time.monotonic()
+        owners = owners_of(self.members, key, layout)[index]
+        mine = next((i for i, p in enumerate(owners) if p.id == self.node_id), None)
+        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        ahead = [p for p in owners[:mine] if not self.relay.is_down(p)] if mine is not None else []
+        if source is not None and source.id != self.node_id:
+            ahead = [source] + [p for p in ahead if p.id != source.id]
+        for peer in ahead:
+            opened = await self.peers.ask(peer, target, spec, Piece(index=index, offset=0, length=size))
+            if opened is None:
+                continue
+            assert opened.response is not None
+            try:
+                stored = await self._store_chunk(fill, ckey, opened.response, source=opened.source, url=url,
+                                                 host=target.host, size=size, length=layout.size, origin=False)
+            except FillAborted as e:
+                self.relay.mark_down(peer, str(e))
+                continue
+            log.info("chunk_filled", key=ckey, bytes=size, source=peer.id,
+                     seconds=round(time.monotonic() - started, 3))
+            return stored
+        first, last = layout.span(index)
+        headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
+        response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
+        why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
+                               validator=validator)
+        if why is not None:
+            response.release()
+            log.warning("chunk_changed", key=ckey, url=url, reason=why)
+            raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
+                               f"changed since it was chunked; nothing stored")
+        stored = await self._store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
+                                         size=size, length=layout.size, origin=True)
+        log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
+        if mine is not None:
+            for behind in owners[mine + 1:]:
+                self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
+        return stored
+
+    async def _store_chunk(self, fill: _ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
+                           url: str, host: str, size: int, length: int, origin: bool) -> Meta:
+        """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
+        (nothing stored) when it breaks off, runs short or long."""
+        growing: Growing | None = None
+        validator = fill.validator
+        try:
+            async with self.store.writing(reserve=size) as write:
+                temp = write.temp
+                # Readers of the chunk meanwhile read it as it grows (`stored_or_growing`).
+                growing = fill.growing = Growing(temp=temp, validator=validator)
+                fill.writing.set()  # whoever waits for the fill's first byte
+                async for data in response.content.iter_chunked(FILL_READ):
+                    if temp.written + len(data) > size:
+                        raise FillAborted(f"{source} sent more than the {size} bytes of {ckey}")
+                    await self.store.write(temp, data)
+                    growing.moved.set()
+                    if origin:
+                        self.metrics.bytes_from_origin.inc(len(data))
+                        self.counts.count(host, bytes_from_origin=len(data), metrics=False)
+                if temp.written != size:
+                    raise FillAborted(f"{source} sent {temp.written} of the {size} bytes of {ckey}")
+                now = self._clock()
+                pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
+                              if v is not None)
+                # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
+                stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
+                                                 expires_at=now + CHUNK_LIFETIME, length=length))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
+        finally:
+            response.release()
+            if growing is not None:
+                growing.ended = True
+                growing.moved.set()
+                if fill.growing is growing:
+                    fill.growing = None
+                close_reader(growing.temp)  # readers hold duplicates of their own
+        self.counts.stored(stored)
+        return stored

@@ -1,0 +1,125 @@
+"""The owner's side of a chunk: answering a peer's request for one chunk.
+
+A peer reading a chunked object asks the chunk's owner for a Range inside
+one chunk (CHUNK_HEADER names the chunk and its version). The owner sends it
+from its disk, filling it first when it is missing (`ChunkFills`): a fill in
+progress is sent as it lands, so the asker waits for bytes, not for the whole
+chunk. HEAD only makes sure this node holds the chunk (a replica's copy,
+`ChunkPeers.push`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+
+from cachenode.chunks.fills import ChunkFills
+from cachenode.chunks.sources import SendFile, Tail, send_tail
+from cachenode.chunks.spec import ChunkChanged, ChunkSpec
+from cachenode.counts import Counts
+from cachenode.http.conditionals import parse_range
+from cachenode.store.disk import Store
+from nezha.errors import NezhaError, OriginError
+from nezha.keys import Target
+from nezha.wire import CHUNK_HEADER, SERVED_BY_HEADER
+
+log = structlog.get_logger("nezha.chunks")
+
+
+class Record(Protocol):
+    """The request's record behind its request_completed line (cachenode/front/access.py `Access`)."""
+
+    key: str | None
+    cache: str | None
+    bytes: int
+
+
+class ChunkOwner:
+    def __init__(self, *, node_id: str, store: Store, fills: ChunkFills, counts: Counts,
+                 send_file: SendFile) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.fills = fills
+        self.counts = counts
+        self.send_file = send_file  # sendfile from a stored file to the asking peer
+
+    async def serve(self, request: web.Request, record: Record, *, key: str, url: str,
+                    target: Target) -> web.StreamResponse:
+        """A peer's request for one chunk (CHUNK_HEADER): the Range asked of
+        it, from this node's disk, filled first if needed; HEAD only makes
+        sure this node holds it. An origin that failed the fill passes on as
+        OriginError, for the caller to answer as any origin failure."""
+        record.cache = "chunk"
+        try:
+            spec = ChunkSpec.parse(request.headers[CHUNK_HEADER])
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
+        layout = spec.layout
+        size = layout.length_of(spec.index)
+        asked = parse_range(request.headers.get("Range", ""), size)
+        if asked is False:
+            raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
+        start, count = asked if asked else (0, size)
+        try:
+            if request.method == "GET":
+                here = await self.fills.stored_or_growing(key=key, url=url, target=target, layout=layout,
+                                                          index=spec.index, validator=spec.validator,
+                                                          source=spec.source)
+            else:  # HEAD: a replica's copy, answered once it is whole here
+                here = await self.fills.local(key=key, url=url, target=target, layout=layout, index=spec.index,
+                                              validator=spec.validator, source=spec.source)
+            if isinstance(here, Tail):
+                return await self._send_growing(request, record, here, start=start, count=count, size=size,
+                                                ranged=bool(asked))
+            stored = here
+        except ChunkChanged as e:
+            raise web.HTTPPreconditionFailed(text=f"{e}\n")
+        except OriginError:
+            raise
+        except NezhaError as e:  # a copy or a fill that broke off: the asker tries the next source
+            log.warning("chunk_unavailable", key=key, index=spec.index, error=str(e))
+            raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n")
+        try:
+            f = open(self.store.data_path(stored), "rb")
+        except FileNotFoundError:
+            raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was evicted while asked for; ask again\n")
+        with f:
+            resp = self._answer(start=start, count=count, size=size, ranged=bool(asked))
+            await resp.prepare(request)
+            if request.method == "GET":
+                await self.send_file(request, resp, f, start, count)
+            await resp.write_eof()
+        record.bytes = count if request.method == "GET" else 0
+        self.counts.accessed(stored.key)
+        return resp
+
+    def _answer(self, *, start: int, count: int, size: int, ranged: bool) -> web.StreamResponse:
+        """The head of this node's answer with bytes [start, start + count) of
+        a chunk `size` long, stored or still being written. No origin field is
+        in it, so aiohttp's own head serializer writes it."""
+        resp = web.StreamResponse(status=206 if ranged else 200)
+        if ranged:
+            resp.headers["Content-Range"] = f"bytes {start}-{start + count - 1}/{size}"
+        resp.headers[SERVED_BY_HEADER] = self.node_id
+        resp.content_length = count
+        return resp
+
+    async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, start: int, count: int,
+                            size: int, ranged: bool) -> web.StreamResponse:
+        """Bytes [start, start + count) of a chunk still being written here,
+        sent as they land. If its fill fails first, the connection is cut:
+        the asking node resumes from that byte elsewhere (cachenode/chunks/reads.py `_write`)."""
+        with tail:
+            resp = self._answer(start=start, count=count, size=size, ranged=ranged)
+            await resp.prepare(request)
+            sent = await send_tail(self.send_file, request, resp, tail, start, count)
+            record.bytes = sent
+            if sent < count:
+                log.warning("chunk_fill_broke", key=record.key, sent=sent, wanted=count)
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            await resp.write_eof()
+        return resp

@@ -1,0 +1,116 @@
+"""A chunk's owners, and the two chunk requests a node makes of them.
+
+Who owns each chunk follows the ring (nezha/chunks.py `place`). A node asks
+an owner for part of a chunk (`ChunkPeers.ask`: a peer GET of the object's
+URL with CHUNK_HEADER and a Range inside that chunk), or has an owner hold a
+chunk too (`ChunkPeers.push`: a HEAD chunk request, answered once the owner
+has copied it). Both go through the node's peer client, handed in as a
+`Relay`: it marks a peer down and orders owners by who answers.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+import aiohttp
+import structlog
+
+from cachenode.chunks.sources import Opened
+from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable
+from nezha.chunks import Layout, Piece, place
+from nezha.errors import OriginError
+from nezha.keys import Target
+from nezha.ring import Membership, Peer
+from nezha.wire import CHUNK_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER, ReplicateResult, replicate_failed
+
+log = structlog.get_logger("nezha.chunks")
+
+
+class Relay(Protocol):
+    """What chunk requests ask of the node's peer client (cachenode/front/relay.py `PeerRelay`)."""
+
+    splice: bool  # peers' bodies may be spliced socket to socket
+
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """`peer`'s response; OriginError when it could not be had."""
+
+    def mark_down(self, peer: Peer, why: str) -> None: ...
+
+    def is_down(self, peer: Peer) -> bool: ...
+
+    def order(self, owners: list[Peer]) -> list[Peer]:
+        """`owners`, those marked down last."""
+
+
+class Members(Protocol):
+    """The ring this node sees (cachenode/cluster/view.py `ClusterView`)."""
+
+    snapshot: Membership
+
+    @property
+    def replicas(self) -> int: ...
+
+
+def owners_of(members: Members, key: str, layout: Layout) -> list[list[Peer]]:
+    """The owners of every chunk of `key` under `members`' ring (nezha/chunks.py `place`)."""
+    snap = members.snapshot
+    if not snap.nodes:
+        return [[] for _ in range(layout.count)]
+    table = place(snap.ring(), key, layout, members.replicas)
+    return [[Peer(n, snap.nodes[n]) for n in ids] for ids in table]
+
+
+class ChunkPeers:
+    """This node's chunk requests to other nodes. `auth`: the headers that
+    say a request is a peer's (cachenode/cluster/peer_auth.py `peer_auth`)."""
+
+    def __init__(self, *, node_id: str, relay: Relay, auth: Mapping[str, str]) -> None:
+        self.node_id = node_id
+        self.relay = relay
+        self.auth = dict(auth)
+
+    async def ask(self, peer: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
+        """`peer`'s answer for `piece`; None when it cannot be used and the next source should be tried."""
+        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                   CHUNK_HEADER: spec.header(),
+                   "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}", **self.auth}
+        try:
+            r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
+        except OriginError as e:
+            self.relay.mark_down(peer, str(e))
+            return None
+        source = f"peer {peer.id} (chunk {spec.index})"
+        if r.status == 412:
+            why = (await r.text())[:300].strip()
+            r.release()
+            raise ChunkChanged(f"{source}: {why}")
+        if r.status >= 500 and ORIGIN_ERROR_HEADER in r.headers:
+            why = r.headers[ORIGIN_ERROR_HEADER]
+            r.release()
+            raise ChunkUnavailable(f"{source}: the origin failed: {why}")
+        if r.status not in (200, 206) or r.content_length != piece.length:
+            log.warning("chunk_peer_refused", peer=peer.id, status=r.status, length=r.content_length,
+                        wanted=piece.length)
+            r.release()
+            if r.status >= 500:
+                self.relay.mark_down(peer, f"answered {r.status} for a chunk")
+            return None
+        return Opened(piece, response=r, source=source, peer=peer)
+
+    async def push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
+        """Have `peer`, an owner of the chunk behind this node, hold it too:
+        a HEAD chunk request, which it answers once it has copied the chunk
+        (from this node, the owner ahead of it). A failure only logs: the
+        chunk stays on this node, and `peer` fills it at its next read."""
+        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                   CHUNK_HEADER: spec.header(), **self.auth}
+        try:
+            r = await self.relay.ask(peer, "HEAD", peer.url + target.path_qs, headers=headers)
+        except OriginError as e:
+            log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, error=str(e))
+            return replicate_failed(e)
+        r.release()
+        if r.status != 200:
+            log.warning("chunk_replica_failed", peer=peer.id, index=spec.index, status=r.status)
+            return replicate_failed(f"{peer.id} answered {r.status}")
+        return ReplicateResult.COPIED

@@ -1,0 +1,258 @@
+"""A chunked object read for a client: its bytes as a body source.
+
+The node answering the client, whichever it is, writes the bytes the client
+asked for in order, chunk by chunk (`ChunkReads.send`). Each needed chunk is
+asked of its owners `WINDOW` chunks ahead of the one being written, so cold
+chunks fill on their owners in parallel while the client reads. A peer's
+bytes go socket to socket by splice where the transports allow, else in
+`read_size` pieces; a chunk this node holds goes out by sendfile: nothing
+holds a chunk in memory. A source that breaks off mid-chunk is resumed from
+the same byte elsewhere (`_write`).
+
+When no owner of a chunk answers, the reading node takes the chunk's bytes
+from the origin itself under the manifest's validator (not stored): a job
+never fails because a cache node did. A chunk that comes back as another
+version is `ChunkChanged`: the client's response is broken (never a mix of
+two versions) and the manifest is forgotten everywhere, so the next request
+starts again from the origin's current answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Awaitable, Callable, Protocol
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.chunks.fills import ChunkFills
+from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
+from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
+from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
+from cachenode.fill.parallel import Validator, partial_mismatch
+from cachenode.fill.upstream import Upstream
+from cachenode.kernel import splice
+from cachenode.kernel.splice import BrokenStream
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.chunks import Layout, Piece, chunk_key
+from nezha.config import CacheSettings
+from nezha.errors import FillAborted, NezhaError
+from nezha.keys import Target, target_of
+from nezha.ring import Peer
+
+log = structlog.get_logger("nezha.chunks")
+
+# Chunks asked of their owners ahead of the one being written to the client:
+# enough to keep several owners filling (or sending) at once, few enough that
+# a client that stops reading holds only this many open answers.
+WINDOW = 4
+# Times the rest of one piece is asked again after its source broke off mid-piece.
+RESUMES = 3
+
+
+class Forget(Protocol):
+    """How an object whose chunks changed at the origin is forgotten here and
+    at every node that may hold it (cachenode/cluster/invalidation.py `Invalidation.everywhere`)."""
+
+    async def everywhere(self, keys: list[str], *, why: str) -> None: ...
+
+
+def origin_url(settings: CacheSettings, target: Target) -> str:
+    """The origin URL of `target`; ChunkUnavailable when its host is no longer a configured origin."""
+    origin = settings.origin_table.get(target.host)
+    if origin is None:
+        raise ChunkUnavailable(f"{target.host} is no longer a configured origin")
+    return origin.upstream_for(target.scheme, target.host) + target.path_qs
+
+
+class ChunkReads:
+    def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, members: Members,
+                 fills: ChunkFills, peers: ChunkPeers, relay: Relay, via: str, send_file: SendFile,
+                 forget: Forget) -> None:
+        self.settings = settings
+        self.node_id = settings.identity
+        self.store = store
+        self.upstream = upstream
+        self.members = members
+        self.fills = fills
+        self.peers = peers
+        self.relay = relay
+        self.via = via
+        self.send_file = send_file  # sendfile from a stored file to a client
+        self.forget = forget  # drop a manifest whose object changed at the origin
+
+    async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
+                   length: int) -> None:
+        """Write bytes [start, start + length) of the chunked object `meta` to `resp` (prepared), in order.
+
+        Raises BrokenStream-like errors for the caller to break the connection
+        on (the client must never see a short object as whole): ClientGone
+        when the client went away, BrokenStream when a chunk could not be had.
+        """
+        manifest = meta.manifest
+        assert manifest is not None, f"{meta.key} is no chunked object"
+        target = target_of(meta.key)
+        validator = manifest_validator(meta)
+        layout = manifest.layout
+        owners = owners_of(self.members, meta.key, layout)
+        pieces = collections.deque(layout.pieces(start, length))
+        ahead: collections.deque[asyncio.Task] = collections.deque()
+
+        def top_up() -> None:
+            while pieces and len(ahead) < WINDOW:
+                piece = pieces.popleft()
+                ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
+                                                              owners[piece.index])))
+
+        async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
+            if origin_only:
+                return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
+                                               key=meta.key)
+            others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
+            return await self._open(meta, target, layout, validator, rest, others,
+                                    owner=any(p.id == self.node_id for p in owners[rest.index]))
+
+        try:
+            top_up()
+            while ahead:
+                try:
+                    opened = await ahead.popleft()
+                    top_up()
+                    await self._write(request, resp, opened, reopen=reopen)
+                except ChunkChanged as e:
+                    await self.forget.everywhere([meta.key], why=str(e))
+                    raise BrokenStream(str(e)) from e
+                except NezhaError as e:
+                    raise BrokenStream(f"{meta.key}: {e}") from e
+        finally:
+            for task in ahead:
+                task.cancel()
+            for result in await asyncio.gather(*ahead, return_exceptions=True):
+                if isinstance(result, Opened):
+                    result.close()
+
+    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: Opened, *,
+                     reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]]) -> None:
+        """Write `opened`'s piece to the client. A source that breaks off
+        mid-piece (a peer killed, a connection reset) is marked down and the
+        rest of the piece is asked again, of the chunk's other owners or
+        the origin (`reopen`), at most RESUMES times: the client's body goes
+        on where it was, never short."""
+        piece = opened.piece
+        sent = 0
+        try:
+            for attempt in range(RESUMES + 1):
+                if opened.meta is not None:
+                    try:
+                        f = open(self.store.data_path(opened.meta), "rb")
+                    except FileNotFoundError as e:
+                        raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
+                    with f:
+                        await self.send_file(request, resp, f, piece.offset + sent, piece.length - sent)
+                    return
+                if opened.growing is not None:
+                    # This node is filling the chunk: its bytes go out as they land, not once it is whole.
+                    sent += await send_tail(self.send_file, request, resp, opened.growing, piece.offset + sent,
+                                            piece.length - sent)
+                    if sent == piece.length:
+                        return
+                    log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
+                                reason=f"its fill here ended after {sent} of {piece.length} bytes",
+                                resume=attempt < RESUMES)
+                    opened.close()
+                    if attempt == RESUMES:
+                        raise BrokenStream(f"{opened.source} ended early, and no other source finished it")
+                    # As when this node's fill fails before a byte is read: the rest from the origin, unstored.
+                    opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
+                                                length=piece.length - sent), None, True)
+                    continue
+                answer = opened.response
+                assert answer is not None
+
+                def moved(n: int) -> None:
+                    nonlocal sent
+                    sent += n
+
+                try:
+                    if self.relay.splice and answer.content_length == piece.length - sent \
+                            and splice.usable(answer, request):
+                        # Socket to socket in the kernel, as a relay does: the bytes never enter Python.
+                        await splice.splice_body(answer, request, resp, read_timeout=self.settings.origin_read_timeout,
+                                                 on_bytes=moved)
+                    else:
+                        async for data in answer.content.iter_chunked(self.settings.read_size):
+                            if sent + len(data) > piece.length:
+                                raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
+                            await resp.write(data)
+                            moved(len(data))
+                    if sent == piece.length:
+                        return
+                    why = f"ended after {sent} of {piece.length} bytes"
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    why = f"broke off after {sent} of {piece.length} bytes: {type(e).__name__}"
+                log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
+                            reason=why, resume=attempt < RESUMES)
+                if opened.peer is not None:
+                    self.relay.mark_down(opened.peer, f"chunk {piece.index} {why}")
+                opened.close()
+                if attempt == RESUMES:
+                    raise BrokenStream(f"{opened.source} {why}, and no other source finished it")
+                opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
+                                            length=piece.length - sent), opened.peer, False)
+        finally:
+            opened.close()
+
+    async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
+                    piece: Piece, owners: list[Peer], owner: bool | None = None) -> Opened:
+        """Ask for `piece`: of this node's disk when it holds the chunk, owner
+        or not; else
+        of the owners ahead of this node in ring order (all of them for a
+        non-owner), so a chunk is filled from the origin by its first live
+        owner only; else, as an owner, fill it here; else, with no owner
+        answering, from the origin (not stored). `owner`: whether this node
+        owns the chunk, when `owners` leaves out one that broke off."""
+        ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
+        url = origin_url(self.settings, target)
+        mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
+        # Also a chunk this node owned before the ring changed (a scale-up): as a
+        # whole object, a copy a node holds is served to the clients it answers.
+        held = self.store.lookup(ckey)
+        if held is not None and validator.mismatch(dict(held.headers)) is None:
+            return Opened(piece, meta=held, source=f"chunk {ckey} here")
+        ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)
+        spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        for peer in self.relay.order(ahead):
+            opened = await self.peers.ask(peer, target, spec, piece)
+            if opened is not None:
+                return opened
+        if mine:
+            try:
+                here = await self.fills.stored_or_growing(key=meta.key, url=url, target=target, layout=layout,
+                                                          index=piece.index, validator=validator)
+            except ChunkChanged:
+                raise
+            except FillAborted as e:  # the fill broke off: this read takes the piece from the origin itself
+                log.warning("chunk_fill_failed", key=ckey, error=str(e))
+                return await self._from_origin(url, layout, validator, piece, key=meta.key)
+            if isinstance(here, Tail):
+                return Opened(piece, growing=here, source=f"chunk {ckey} filling here")
+            return Opened(piece, meta=here, source=f"chunk {ckey} here")
+        log.warning("chunk_owners_unreachable", key=ckey, owners=[p.id for p in owners])
+        return await self._from_origin(url, layout, validator, piece, key=meta.key)
+
+    async def _from_origin(self, url: str, layout: Layout, validator: Validator, piece: Piece, *,
+                           key: str) -> Opened:
+        """`piece` straight from the origin, not stored: every owner of its chunk is down."""
+        first, _ = layout.span(piece.index)
+        lo, hi = first + piece.offset, first + piece.offset + piece.length - 1
+        r = await self.upstream.request("GET", url, headers={"Range": f"bytes={lo}-{hi}",
+                                                             "If-Range": validator.if_range, "Via": self.via},
+                                        what=f"origin {url}")
+        why = partial_mismatch(r.status, r.headers, first=lo, last=hi, total=layout.size, validator=validator)
+        if why is not None:
+            r.release()
+            raise ChunkChanged(f"origin {url} for bytes {lo}-{hi} of {key}: {why}")
+        return Opened(piece, response=r, source=f"origin {url}")

@@ -1,0 +1,103 @@
+"""Where the bytes of one piece of a chunked read come from, and a chunk read as it is written.
+
+A piece (nezha/chunks.py `Piece`) is opened on one source (`Opened`): a
+peer's or the origin's answer, a chunk file of this node's store, or a
+chunk this node is filling now (`Growing`), read through a descriptor of
+its own (`Tail`) by sendfile as the fill writes it (`send_tail`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from cachenode.fill.parallel import Validator
+from cachenode.store.objects import Meta, TempObject
+from nezha.chunks import Piece
+from nezha.ring import Peer
+
+
+class SendFile(Protocol):
+    """Bytes [offset, offset + count) of a file to a client, by sendfile where
+    it can (cachenode/front/respond.py `Responder.send_file`); ClientGone when
+    the client hung up."""
+
+    async def __call__(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes], offset: int,
+                       count: int) -> None: ...
+
+
+@dataclass
+class Growing:
+    """A chunk being written to this node's disk: a peer asking for it reads
+    the temp file as it grows (`temp.written`), woken by `moved`, instead of
+    waiting for the whole chunk."""
+
+    temp: TempObject
+    validator: Validator
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+
+
+class Tail:
+    """One reader of a chunk being written here (`Growing`): its own
+    descriptor of the temp file, taken at once, for the fill closes its own
+    when it ends and the file's name changes (commit) or goes (failure)."""
+
+    def __init__(self, growing: Growing) -> None:
+        self.growing = growing
+        self.file = os.fdopen(os.dup(growing.temp.read_fd), "rb")
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "Tail":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Opened:
+    """One piece of the read, its source already asked: a peer's or the
+    origin's answer (`response`), or a file of this node's store (`meta`)."""
+
+    def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
+                 meta: Meta | None = None, growing: Tail | None = None, source: str,
+                 peer: Peer | None = None) -> None:
+        self.piece = piece
+        self.response = response
+        self.meta = meta
+        self.growing = growing  # a chunk this node is filling now, read as it grows
+        self.source = source
+        self.peer = peer  # the owner answering, when it is a peer
+
+    def close(self) -> None:
+        if self.response is not None:
+            self.response.release()
+        if self.growing is not None:
+            self.growing.close()
+
+
+async def send_tail(send_file: SendFile, request: web.Request, resp: web.StreamResponse, tail: Tail, start: int,
+                    count: int) -> int:
+    """Write bytes [start, start + count) of a chunk being filled here to
+    `resp` as the fill writes them (by sendfile from its temp file, as a
+    joiner of a whole object's fill is sent its bytes); how many went:
+    fewer than `count` when the fill ended first, having failed."""
+    growing, sent = tail.growing, 0
+    while sent < count:
+        ready = min(growing.temp.written - (start + sent), count - sent)
+        if ready <= 0:
+            if growing.ended:
+                break  # the fill failed (or was cut) before these bytes
+            growing.moved.clear()
+            await growing.moved.wait()
+            continue
+        await send_file(request, resp, tail.file, start + sent, ready)
+        sent += ready
+    return sent
