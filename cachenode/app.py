@@ -16,7 +16,6 @@ from cachenode.front.connections import raise_open_files_limit
 from cachenode.front.listener import Listener, build_admin_app
 from cachenode.tls.certificates import Leaves, load_ca
 from cachenode.metrics import Metrics
-from cachenode.fill.dns_resolver import NameserverResolver
 from cachenode.fill.origin import OriginClient
 from cachenode.node import CacheNode
 from cachenode.store.disk import Store
@@ -50,8 +49,7 @@ def build_node(settings: CacheSettings) -> CacheNode:
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
                   hot_capacity=settings.hot_capacity)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
-                           read_timeout=settings.origin_read_timeout, roots=origin_roots(settings),
-                           resolver=origin_resolver(settings))
+                           read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None
     if settings.redis_url is not None:
         from nezha.index.handle import Index
@@ -60,17 +58,6 @@ def build_node(settings: CacheSettings) -> CacheNode:
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
     node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index)
     return node
-
-
-def origin_resolver(settings: CacheSettings) -> Callable[[], NameserverResolver] | None:
-    """How the node finds origins' addresses: None, the system's way; with
-    `origin_dns`, nameservers only (the parent's own name still the system's way)."""
-    if not settings.origin_dns:
-        return None
-    servers = [parse_hostport(s if ":" in s else f"{s}:53", field="origin_nameservers")
-               for s in settings.origin_nameservers] or None
-    system = frozenset({URL(settings.parent).host or ""}) if settings.parent else frozenset()
-    return lambda: NameserverResolver(nameservers=servers, system_names=system)
 
 
 def origin_roots(settings: CacheSettings) -> dict[tuple[str, int], Path]:
@@ -128,9 +115,7 @@ def build_tls_port(settings: CacheSettings, leaves: Leaves | None, *, on_outcome
             return Relay(*parent_tls, fallback=direct)
         return Relay(*direct)
 
-    make_resolver = origin_resolver(settings)
     return TlsPort(route_for, hello_timeout=settings.request_head_timeout,
-                   resolver=make_resolver() if make_resolver is not None else None,
                    connect_timeout=settings.origin_connect_timeout, on_outcome=on_outcome, on_fallback=on_fallback,
                    adopt=adopt, backlog=backlog, gate=gate)
 

@@ -51,8 +51,7 @@ the drawing is the tree the code defines.
     ValueError  builtins
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
-    ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
-    └── DnsError  cachenode.fill.dns_message: a nameserver's answer naming no address, or a name that is none
+    └── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
 
 Messages say what failed, for which key or object, and the value seen.
 """

@@ -32,7 +32,8 @@ class Origin(BaseModel):
 
     `host` is the name clients ask for (`www.cs.toronto.edu`); `upstream` is
     where the node fetches it (`http://www.cs.toronto.edu` in a cluster, a
-    local server in tests). Keyed by `host`, so an HTTPS listener with
+    local server in tests), each request's path and query appended, so a
+    path in it is a prefix. Keyed by `host`, so an HTTPS listener with
     per-host certificates can be added without changing the table.
     """
 

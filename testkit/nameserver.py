@@ -1,6 +1,7 @@
-"""A nameserver on 127.0.0.1 that answers A records from a table (NXDOMAIN for
-any other name): what a pod's resolver asks, for tests of names that must
-not come from /etc/hosts (a sidecar's origins resolve to the sidecar there)."""
+"""A nameserver on a loopback address that answers A records from a table
+(NXDOMAIN for any other name): what a pod's resolver asks, for tests of
+names that must not come from the pod's /etc/hosts (a sidecar's origins
+resolve to the sidecar there; the sidecar's own /etc/hosts names none)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,12 @@ class Nameserver(asyncio.DatagramProtocol):
 
 
 @contextlib.asynccontextmanager
-async def serving(records: dict[str, str]) -> AsyncIterator[Nameserver]:
-    """A `Nameserver` for `records` on 127.0.0.1 (its `port` set) while the block runs."""
+async def serving(records: dict[str, str], *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[Nameserver]:
+    """A `Nameserver` for `records` on host:port (its `port` set) while the block runs. Port 53 is
+    where /etc/resolv.conf can name it, as it cannot say another port."""
     server = Nameserver(records)
     transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(lambda: server,
-                                                                              local_addr=("127.0.0.1", 0))
+                                                                              local_addr=(host, port))
     server.port = transport.get_extra_info("sockname")[1]
     try:
         yield server

@@ -126,8 +126,7 @@ async def _dequeued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params
 
 class OriginClient:
     def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256,
-                 pool_timeout: float | None = None, roots: Mapping[tuple[str, int], Path] | None = None,
-                 resolver: Callable[[], aiohttp.abc.AbstractResolver] | None = None) -> None:
+                 pool_timeout: float | None = None, roots: Mapping[tuple[str, int], Path] | None = None) -> None:
         """`pool_timeout` bounds getting a connection: the wait for a free one in
         the pool plus the connect that may follow. It defaults to as long as a
         silent origin is given (`read_timeout`) and is never below `connect_timeout`.
@@ -136,8 +135,9 @@ class OriginClient:
         must verify against instead of the system store. Verification is never
         turned off: a certificate that does not verify is an OriginError naming why.
 
-        `resolver` makes the resolver names are looked up with (made once
-        the loop runs); None: the system's (getaddrinfo, /etc/hosts first).
+        Names are found the system's way (getaddrinfo: /etc/hosts, then DNS).
+        A sidecar's /etc/hosts is its own, which names no origin
+        (docs/deployment-models.md), so its fallback reaches the real one.
         """
         if pool_timeout is None:
             pool_timeout = max(read_timeout, connect_timeout)
@@ -158,7 +158,6 @@ class OriginClient:
                                               sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._limit = limit
-        self._resolver = resolver
         contexts: dict[Path, ssl.SSLContext] = {}
         self._roots = {where: contexts.setdefault(Path(bundle), ssl.create_default_context(cafile=str(bundle)))
                        for where, bundle in (roots or {}).items()}
@@ -168,8 +167,7 @@ class OriginClient:
         tracing.on_connection_queued_start.append(_queued)
         tracing.on_connection_queued_end.append(_dequeued)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=60,
-                                           resolver=self._resolver() if self._resolver is not None else None),
+            connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=60),
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),

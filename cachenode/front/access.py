@@ -16,6 +16,7 @@ from nezha.keys import Target
 @dataclass
 class Access:
     host: str | None = None
+    port: int | None = None  # a CONNECT's target port; other requests' host says where they go
     key: str | None = None
     cache: str | None = None
     bytes: int = 0

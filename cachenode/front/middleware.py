@@ -37,6 +37,11 @@ async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
     (`Max-Forwards: 0`, RFC 9110 §7.6.2) or asks about the server as a whole
     (`OPTIONS *`, §9.3.7)."""
     if request.method in REFUSED_METHODS:
+        if request.method == "CONNECT":
+            # The target (authority-form, RFC 9110 §9.3.6) is where the client asked
+            # to go, so it is what the request's line names, not its Host field.
+            record = access(request)
+            record.host, record.port = request.url.host, request.url.explicit_port
         raise web.HTTPMethodNotAllowed(
             request.method, ALLOWED_METHODS,
             text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")
@@ -70,6 +75,8 @@ async def access_log(request: web.Request, handler) -> web.StreamResponse:
             fields["broken"] = True
         if record.peer:
             fields["peer"] = record.peer
+        if record.port is not None:
+            fields["port"] = record.port
         metrics = request.app.get(METRICS)
         if metrics is not None:
             metrics.requests.labels(cache=record.cache or "none").inc()

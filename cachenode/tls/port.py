@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import socket
 import ssl
 import time
@@ -33,7 +32,6 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Union
 
 import structlog
-from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from cachenode.front.connections import Gate
@@ -130,7 +128,7 @@ class TlsPort:
 
     def __init__(self, route_for: Callable[[str], Route | None], *, hello_timeout: float = 30.0,
                  connect_timeout: float = 5.0, on_outcome: Callable[[str], None] | None = None,
-                 on_fallback: Callable[[str], None] | None = None, resolver: AbstractResolver | None = None,
+                 on_fallback: Callable[[str], None] | None = None,
                  adopt: Callable[[socket.socket, ssl.SSLContext], Awaitable[None]] | None = None,
                  backlog: int = 1024, splice: bool = SPLICE_AVAILABLE, gate: Gate | None = None) -> None:
         self.route_for = route_for
@@ -139,7 +137,6 @@ class TlsPort:
         self.adopt = adopt
         self.counts = _Counts(on_outcome)
         self.on_fallback = on_fallback  # a relay went to its fallback, and why (timeout, unreachable)
-        self.resolver = resolver  # how relay targets' names are found; None: getaddrinfo
         self.backlog = backlog
         self.splice = splice  # relayed bytes move inside the kernel; off: through user space
         # The node's connection cap (cachenode/front/connections.py), shared with the plain port.
@@ -271,7 +268,7 @@ class TlsPort:
                      fallback: tuple[str, int] | None = None) -> None:
         try:
             async with asyncio.timeout(self.connect_timeout):
-                upstream = await _connect(*target, resolver=self.resolver)
+                upstream = await _connect(*target)
         except (OSError, TimeoutError) as e:
             if fallback is None:
                 log.warning("tls_relay_failed", client=client, name=name, target=f"{target[0]}:{target[1]}",
@@ -305,19 +302,11 @@ class TlsPort:
                  bytes_up=sent[0], bytes_down=sent[1], seconds=round(time.monotonic() - started, 3))
 
 
-async def _connect(host: str, port: int, *, resolver: AbstractResolver | None = None) -> socket.socket:
+async def _connect(host: str, port: int) -> socket.socket:
     """A connected non-blocking socket to (host, port), trying each address the name has."""
     loop = asyncio.get_running_loop()
     error: OSError | None = None
-    if resolver is None:
-        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    else:
-        try:
-            ipaddress.ip_address(host)
-            found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
-        except ValueError:
-            found = [(r["family"], socket.SOCK_STREAM, r["proto"], "", (r["host"], port))
-                     for r in await resolver.resolve(host, port, socket.AF_UNSPEC)]
+    found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     for family, type_, proto, _, address in found:
         sock = socket.socket(family, type_, proto)
         sock.setblocking(False)

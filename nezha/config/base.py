@@ -51,6 +51,9 @@ class NezhaSettings(BaseSettings):
     # A command's own wording of a flag's help for a field it inherits, by field (or "config"),
     # where the field's description speaks of another command (nezha/config/flags.py).
     flag_help: ClassVar[dict[str, str]] = {}
+    # Settings a command once had, by field, with what replaced them: the loader names the
+    # replacement where it would otherwise say only "unknown key" (nezha/config/loader.py).
+    removed: ClassVar[dict[str, str]] = {}
 
     log_level: Annotated[str, Flag(choices=LOG_LEVELS)] = Field("info", description="how much to log")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
@@ -18,10 +18,18 @@ from nezha.values import chunk_setting, parse_hostport, parse_size
 # crash, a drain, a rolling restart) without an object being lost or fetched
 # again from the origin.
 DEFAULT_CLUSTER_REPLICAS = 2
+# What replaced the node's own DNS client (origin_resolver, origin_nameservers).
+_OWN_HOSTS = ("origin names are found the system's way; a sidecar's /etc/hosts is its own, made by the webhook "
+              "and naming no origin (docs/deployment-models.md, \"How a sidecar finds the origins\")")
 
 
 class CacheSettings(NezhaSettings):
     """One cache node (`nezha cache`)."""
+
+    removed: ClassVar[dict[str, str]] = {
+        "origin_resolver": f"removed: {_OWN_HOSTS}",
+        "origin_nameservers": f"removed: {_OWN_HOSTS}; the nameservers are those of /etc/resolv.conf",
+    }
 
     listen: Annotated[str, Flag(only=("cache",))] = Field("127.0.0.1:8080", description="HOST:PORT to serve on")
     data_dir: Annotated[Path, Flag()] = Field(Path("./nezha-data"), description="folder for cached objects")
@@ -129,14 +137,6 @@ class CacheSettings(NezhaSettings):
     parent_tls_port: Annotated[int, Flag(only=("cache",))] = Field(443, description=(
         "the parent's TLS port, where --tls-listen passes the connections it does not terminate, by their server "
         "name"))
-    # How origin names are resolved: `system` (getaddrinfo: /etc/hosts, then
-    # DNS) or `dns` (the nameservers, search list and ndots of
-    # /etc/resolv.conf, never /etc/hosts; cachenode/fill/dns_resolver.py).
-    # Unset: `dns` on a node with a parent, whose pod's /etc/hosts maps the
-    # origins' names to the sidecar itself; else `system`. `origin_nameservers`
-    # (HOST[:PORT], port 53 by default) replace resolv.conf's nameservers.
-    origin_resolver: Literal["system", "dns"] | None = None
-    origin_nameservers: list[str] = Field(default_factory=list)
     # HOST:PORT answering /healthz, /readyz and /metrics only: a sidecar's data
     # port is on 127.0.0.1, which the kubelet's probes and Prometheus (sent to
     # the pod's IP) cannot reach. Unset: the admin paths are on `listen` alone.
@@ -266,18 +266,6 @@ class CacheSettings(NezhaSettings):
             raise ValueError(f"{v!r} must be http://HOST[:PORT] (the cluster Service; plain HTTP, no path, "
                              f"no credentials)")
         return str(u.origin())
-
-    @field_validator("origin_nameservers")
-    @classmethod
-    def _nameservers(cls, v: list[str]) -> list[str]:
-        for server in v:
-            parse_hostport(server if ":" in server else f"{server}:53", field="origin_nameservers")
-        return v
-
-    @property
-    def origin_dns(self) -> bool:
-        """Origin names are asked of nameservers, never /etc/hosts (origin_resolver)."""
-        return self.origin_resolver == "dns" or (self.origin_resolver is None and self.parent is not None)
 
     @field_validator("parent_tls_port")
     @classmethod

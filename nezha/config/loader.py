@@ -61,7 +61,8 @@ def _read_file(path: Path, cls: type[NezhaSettings]) -> tuple[dict[str, Any], li
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping of setting names to values, got {type(data).__name__}")
     fields = list(cls.model_fields)
-    problems = [f"{where}: unknown key {k!r}{_did_you_mean(str(k), fields)}" for k in data if k not in fields]
+    problems = [f"{where}: {k!r} {cls.removed[k]}" if k in cls.removed else
+                f"{where}: unknown key {k!r}{_did_you_mean(str(k), fields)}" for k in data if k not in fields]
     return data, problems
 
 
@@ -71,7 +72,9 @@ def _env_problems(cls: type[NezhaSettings], command: str) -> list[str]:
     -- nezha stats` sees the node's NEZHA_CLUSTER_TOKEN)."""
     ours = [n for n in _setting_names(cls) if n.startswith("NEZHA_")]
     anyone = {n for sub in _settings_classes() for n in _setting_names(sub) if n.startswith("NEZHA_")}
-    return [f"{name}: not a setting of {command} or any other nezha command{_did_you_mean(name, ours)}"
+    removed = {f"NEZHA_{field.upper()}": why for sub in _settings_classes() for field, why in sub.removed.items()}
+    return [f"{name}: {removed[name]}" if name in removed else
+            f"{name}: not a setting of {command} or any other nezha command{_did_you_mean(name, ours)}"
             for name in sorted(os.environ)
             if name.startswith("NEZHA_") and not name.startswith(_TEST_VARIABLES) and name not in anyone]
 

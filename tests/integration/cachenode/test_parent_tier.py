@@ -13,7 +13,6 @@ import aiohttp
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from testkit.nameserver import serving
 from testkit.ports import free_port
 from tests.integration.cachenode.conftest import HOST, until
 
@@ -232,30 +231,6 @@ async def test_a_node_with_a_parent_runs_without_an_index(make_node, origin, ses
         text = await r.text()
     assert 'nezha_requests_total{cache="hit"} 1.0' in text
     assert f"nezha_bytes_from_parent_total {float(len(BODY))}" in text
-
-
-async def test_a_sidecar_whose_origin_name_resolves_to_itself_answers_508_instead_of_waiting_on_itself(
-        node_process, session, tmp_path):
-    """In a training pod the origin's name is aliased to the sidecar: with the
-    parent down, its request "to the origin" comes back to it. That loop is
-    named at once (508), not joined to the fill that waits for it."""
-    port = free_port()
-    # `loop.test` stands for the aliased name: the nameserver the node asks
-    # (a parent's default) resolves it to the node itself.
-    async with serving({"loop.test": "127.0.0.1"}) as nameserver:
-        config = tmp_path / "sidecar.yaml"
-        config.write_text(f"origin_nameservers: ['127.0.0.1:{nameserver.port}']\n")
-        node = node_process(None, port=port, args=(
-            "--origin", f"loop.test=http://loop.test:{port}", "--config", str(config),
-            "--parent", f"http://127.0.0.1:{free_port()}", "--node-id", "sidecar"))
-        await node.ready(session)
-        async with session.get(f"http://127.0.0.1:{port}/data.bin", headers={"Host": "loop.test"}) as r:
-            body = await r.text()
-            assert r.status == 508
-    assert "resolves back to this node" in body
-    events = node.events()
-    assert [e["reason"] for e in events if e["event"] == "parent_fallback"] == ["unreachable"]
-    assert [e["event"] for e in events if e["event"] == "request_looped"] == ["request_looped"]
 
 
 async def broken_parent(aiohttp_server, origin, path: str, *, after: int, etag: str | None = None):

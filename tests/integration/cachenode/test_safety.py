@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 
 async def raw_request(node, request: bytes) -> tuple[int, bytes]:
@@ -75,6 +76,19 @@ async def test_connect_and_trace_are_refused_with_405_naming_why(origin, make_no
         assert why in await reader.readexactly(length)
         writer.close()
     assert sum(origin.requests.values()) == 0
+
+
+@pytest.mark.parametrize("target, host, port", [("www.cs.toronto.edu:443", "www.cs.toronto.edu", 443),
+                                                ("[::1]:8443", "::1", 8443)])
+async def test_a_refused_connect_is_logged_with_the_host_and_port_it_asked_for(origin, make_node, target, host, port):
+    """A CONNECT names where it wants to go in its request line, not in a path or its Host field."""
+    node = await make_node()
+    with capture_logs() as logs:
+        status, _ = await raw_request(node, f"CONNECT {target} HTTP/1.1\r\nHost: other.example\r\n"
+                                            f"Connection: close\r\n\r\n".encode())
+    assert status == 405
+    [line] = [e for e in logs if e["event"] == "request_completed"]
+    assert (line["method"], line["host"], line["port"], line["status"]) == ("CONNECT", host, port, 405)
 
 
 async def test_admin_endpoints_answer_on_a_non_origin_host(origin, make_node, session):

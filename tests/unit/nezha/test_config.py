@@ -42,8 +42,6 @@ def test_origins_from_environment_as_a_comma_list_or_json(monkeypatch, value):
     ({"origins": ["x.example=http://a"], "parent": "http://nezha-cache/some/path"}, "no path"),
     ({"origins": ["x.example=http://a"], "parent": "http://u:p@nezha-cache"}, "no credentials"),
     ({"origins": ["x.example=http://a"], "parent_tls_port": 0}, "is not a TCP port"),
-    ({"origins": ["x.example=http://a"], "origin_nameservers": ["10.96.0.10:dns"]}, "origin_nameservers must be"),
-    ({"origins": ["x.example=http://a"], "origin_resolver": "hosts"}, "'system' or 'dns'"),
 ])
 def test_bad_settings_are_one_config_error_naming_the_field(flags, message):
     with pytest.raises(ConfigError) as e:
@@ -61,13 +59,24 @@ def test_the_parent_comes_from_the_flag_the_environment_or_the_file(tmp_path, mo
     assert load(CacheSettings, config_file=cfg).parent_tls_port == 443
 
 
-@pytest.mark.parametrize("parent, resolver, dns", [
-    (None, None, False), ("http://nezha-cache", None, True),  # a sidecar's /etc/hosts names itself
-    ("http://nezha-cache", "system", False), (None, "dns", True),
-])
-def test_origins_are_resolved_by_nameserver_by_default_only_on_a_node_with_a_parent(parent, resolver, dns):
-    flags = {"origins": ["x.example=http://a"], "parent": parent, "origin_resolver": resolver}
-    assert load(CacheSettings, flags=flags).origin_dns is dns
+@pytest.mark.parametrize("key", ["origin_resolver", "origin_nameservers"])
+def test_a_removed_resolver_setting_in_a_file_is_refused_naming_what_replaced_it(tmp_path, key):
+    """The node's own DNS client is gone: a file that still sets it is told where origins are found now."""
+    cfg = tmp_path / "nezha.yaml"
+    cfg.write_text(f"origins: [x.example=http://a]\n{key}: dns\n")
+    with pytest.raises(ConfigError) as e:
+        load(CacheSettings, config_file=cfg)
+    assert f"--config {cfg}: {key!r} removed:" in str(e.value)
+    assert "/etc/hosts is its own" in str(e.value) and "docs/deployment-models.md" in str(e.value)
+    assert "unknown key" not in str(e.value)
+
+
+def test_a_removed_resolver_variable_is_refused_naming_what_replaced_it(monkeypatch):
+    monkeypatch.setenv("NEZHA_ORIGIN_NAMESERVERS", '["10.96.0.10"]')
+    with pytest.raises(ConfigError) as e:
+        load(CacheSettings, flags={"origins": ["x.example=http://a"]})
+    assert str(e.value).startswith("NEZHA_ORIGIN_NAMESERVERS: removed:")
+    assert "the nameservers are those of /etc/resolv.conf" in str(e.value)
 
 
 def test_missing_config_file_is_named(tmp_path):
