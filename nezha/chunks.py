@@ -4,11 +4,14 @@ An object at least `chunk_threshold` bytes long is stored as fixed-size
 chunks (the last one shorter), each its own stored object on the owners of
 its own key, so one object's bytes (and its fill from the origin) spread
 over the cluster and capacity is counted per chunk. The node that stored
-the object's key holds only a manifest (cachenode/cluster/chunks.py).
+the object's key holds only a manifest (`Manifest`, below; the rooms that
+use them are in cachenode/chunks/).
 
 "Chunk" stays apart from a parallel fill's "slices" (cachenode/fill/slices.py):
-slices are ranges one node fetches at once into one file; chunks are
-objects, each with owners of its own.
+slices are stretches one node fetches at once, a range request each, into
+one file; chunks are objects, each with owners of its own. A "piece"
+(`Piece`) is the bytes of one chunk one read needs (docs/architecture.md,
+"Glossary").
 
 A chunk's key is the object's key, `#chunk/`, the chunk size and the index.
 A cache key never holds `#` (nezha/keys.py drops a target's fragment), so no
@@ -52,7 +55,7 @@ def chunks_on(threshold: int, size: int | None) -> bool:
 
 @dataclass(frozen=True)
 class Piece:
-    """The part of one chunk a read needs: bytes [offset, offset + length) of chunk `index`."""
+    """The piece of one chunk a read needs: bytes [offset, offset + length) of chunk `index`."""
 
     index: int
     offset: int
@@ -87,7 +90,7 @@ class Layout:
         return last - first + 1
 
     def pieces(self, start: int, length: int) -> list[Piece]:
-        """The chunks bytes [start, start + length) lie in, in order, and the part of each they need."""
+        """The chunks bytes [start, start + length) lie in, in order, and the piece of each they need."""
         if length <= 0:
             return []
         if start < 0 or start + length > self.size:

@@ -16,8 +16,8 @@ the drawing is the tree the code defines.
     │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
-    │   │   └── ChunkChanged  cachenode.front.chunked: a chunk's origin answer is not of its manifest's version
-    │   ├── ChunkUnavailable  cachenode.front.chunked: no owner of a chunk, nor the origin, could send it
+    │   │   └── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version
+    │   ├── ChunkUnavailable  cachenode.chunks.spec: no owner of a chunk, nor the origin, could send it
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
@@ -38,7 +38,7 @@ the drawing is the tree the code defines.
     │   ├── DrainFailed  nezha.dev.local_cluster: a node's objects did not all reach their new owners
     │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
     │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write
-    ├── BrokenStream  cachenode.front.respond: a body could not be completed; the connection was closed
+    ├── BrokenStream  cachenode.kernel.splice: a body could not be completed; the connection was closed
     └── NotAllowed  cachenode.tls.certificates: a certificate asked for a name that is no origin
 
     ConnectionError  builtins

@@ -208,7 +208,7 @@ def origin_specs(text: str) -> list[str] | None:
 
 
 def parse_origins(value: Any) -> Any:
-    """Origins as a list of HOST=URL strings or objects, a JSON text of either,
+    """Origin entries as a list of HOST=URL strings or objects, a JSON text of either,
     or (the handy form for NEZHA_ORIGINS) `host=url,host2=url2`."""
     if isinstance(value, str):
         specs = origin_specs(value)
@@ -225,14 +225,14 @@ def parse_origins(value: Any) -> Any:
 
 
 class OriginTable:
-    """The origins by the name a client asks for: an exact host first, else the
+    """The origin table: the origin entries by the name a client asks for: an exact host first, else the
     `*.domain` pattern one label above it (`b1.s3.amazonaws.com` is under
     `*.s3.amazonaws.com`; `a.b1.s3.amazonaws.com` is not, as a TLS wildcard
     certificate would not cover it either)."""
 
-    def __init__(self, origins: list[Origin]) -> None:
-        self._exact = {o.host: o for o in origins if not o.wildcard}
-        self._under = {o.host[2:]: o for o in origins if o.wildcard}
+    def __init__(self, entries: list[Origin]) -> None:
+        self._exact = {o.host: o for o in entries if not o.wildcard}
+        self._under = {o.host[2:]: o for o in entries if o.wildcard}
 
     def get(self, host: str) -> Origin | None:
         found = self._exact.get(host)

@@ -93,7 +93,7 @@ class How(enum.Enum):
 
     PARALLEL = "parallel"  # several range requests at once (fill/parallel.py), falling back to one stream
     SPLICED = "spliced"  # socket -> pipe -> temp file, no byte through Python; a stream if the socket cannot be taken
-    STREAM = "stream"  # aiohttp's reader, a piece at a time
+    STREAM = "stream"  # aiohttp's reader, one read at a time
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ origin one stream's worth; a first download through the cache should not
 wait on one slow stream. When the origin's first answer shows an object of
 known size at or above the threshold, `Accept-Ranges: bytes` and a strong
 validator, the fill closes that answer unread and asks for the object in
-fixed slices, each a `Range` + `If-Range` request read to its end,
+fixed slices, each fetched by one `Range` + `If-Range` request read to its end,
 `streams` at a time, each written into its place in the temp file
 (cachenode/fill/slices.py says which slice next). No answer is cut with
 the origin's bytes in flight on it, so the origin sends the object once. Clients keep streaming in order: the fill reports the
@@ -117,7 +117,7 @@ def partial_mismatch(status: int, headers: Mapping[str, str], *, first: int, las
 
 
 class RangedFetch:
-    """The parallel part of one fill: `await fetch(fill)`, for `Fill.run_ranged`."""
+    """The parallel fetch of one fill's slices: `await fetch(fill)`, for `Fill.run_ranged`."""
 
     def __init__(self, *, get: Callable[[Mapping[str, str]], Awaitable[aiohttp.ClientResponse]],
                  headers: Mapping[str, str], validator: Validator, length: int, streams: int,
@@ -274,8 +274,8 @@ class RangedFetch:
             if body is not None:
                 await self._splice(body, s, fill)
             else:
-                async for chunk in response.content.iter_chunked(self.read_size):
-                    await self._put(s, fill, chunk)
+                async for data in response.content.iter_chunked(self.read_size):
+                    await self._put(s, fill, data)
                     if s.done:
                         return
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -354,19 +354,19 @@ async def plain_rest(get: Callable[[Mapping[str, str]], Awaitable[aiohttp.Client
             why = validator.mismatch(response.headers)
         if why is not None:
             raise FillAborted(f"{what} changed during a parallel fill ({why}): nothing of it is stored")
-        async for chunk in skip_first(response.content.iter_chunked(read_size), offset):
-            yield chunk
+        async for data in skip_first(response.content.iter_chunked(read_size), offset):
+            yield data
     finally:
         response.release()
 
 
-async def skip_first(chunks: AsyncIterator[bytes], skip: int) -> AsyncIterator[bytes]:
-    """`chunks` without their first `skip` bytes: the rest of an object from
+async def skip_first(reads: AsyncIterator[bytes], skip: int) -> AsyncIterator[bytes]:
+    """`reads` without their first `skip` bytes: the rest of an object from
     an answer that starts at byte 0 (an origin that ignored Range)."""
-    async for chunk in chunks:
+    async for data in reads:
         if skip:
-            if len(chunk) <= skip:
-                skip -= len(chunk)
+            if len(data) <= skip:
+                skip -= len(data)
                 continue
-            chunk, skip = chunk[skip:], 0
-        yield chunk
+            data, skip = data[skip:], 0
+        yield data

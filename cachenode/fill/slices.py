@@ -1,12 +1,12 @@
-"""Which byte ranges of a large object each parallel stream fetches next. Pure.
+"""Which slice of a large object each parallel stream fetches next. Pure.
 
 A parallel fill cuts the object into fixed slices and hands them out front
 first, from one queue that every stream takes from, so the contiguous
 prefix that clients stream from grows at the aggregate rate rather than at
-one stream's. A slice is one range request, asked for exactly and read to
-its end: never cut, never handed to two streams. So each byte is fetched
-once, and no answer is closed with the origin's bytes still in flight on
-it. (Stealing the back half of a slow range made the origin send 4-13% more
+one stream's. A slice is fetched by one range request, asked for exactly
+and read to its end: never cut, never handed to two streams. So each byte
+is fetched once, and no answer is closed with the origin's bytes still in flight on
+it. (Stealing the back half of a slow slice made the origin send 4-13% more
 than the object, the bytes in flight on every cut; a slow stream now holds
 up the end by at most one slice.)
 

@@ -123,7 +123,7 @@ def delimited_by_close(status: int, headers: Mapping[str, str] | Iterable[tuple[
     Such a body cannot be proven whole: an origin that dies after 5,000 bytes
     looks exactly like one that sent 5,000, so it may be streamed but never
     stored. A body is framed when its Transfer-Encoding ends in `chunked`
-    (a missing last chunk is an error) or when it has a Content-Length (a
+    (a missing last-chunk of that coding is an error) or when it has a Content-Length (a
     short body is an error); a response to HEAD, a 1xx, 204 or 304 has none.
     Doubtful framing counts as close-delimited: several Transfer-Encoding
     lines are chunked only if the first line alone also ends in `chunked`,

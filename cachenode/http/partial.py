@@ -4,7 +4,7 @@ A caller of an `authorize` origin who signed its `Range` can bring the node
 only the range it signed: the node may neither drop that Range nor ask for
 the whole object without the caller's credentials. So a multi-part download
 (boto3's `download_file`, awscli, s5cmd: a signed HEAD, then signed ranged
-GETs of 8 MiB) is kept piece by piece: each 206 is written into its place in
+GETs of 8 MiB) is kept part by part: each 206 is written into its place in
 a file of the object's full length, and once every byte is held the parts
 are one stored object, read (each read authorised) like any other
 (docs/private-objects.md, "Ranged parts").

@@ -1,5 +1,5 @@
-"""What `docs/*.md` names exists: every `nezha` flag, every chart value, every `/readyz` key, and the one
-connection-cap formula is the node's.
+"""What `docs/*.md` names exists: every `nezha` flag, every chart value, every `/readyz` key, every module
+path, and the one connection-cap formula is the node's.
 
 tests/integration/chart/test_chart_docs.py does this for the chart's README;
 here the same holds for the guides. The Markdown is read as CommonMark reads
@@ -409,4 +409,40 @@ def test_every_section_the_docs_point_to_exists():
             elif not any(s.startswith(title) for s in sections(target)):
                 errors.append(f"{doc.relative_to(ROOT)}: {name} has no section {title!r}")
     assert seen >= 8, "the references were not found: the pattern no longer matches how the docs write them"
+    assert not errors, "\n".join(errors)
+
+
+# -- module paths lead to a file ---------------------------------------------------------------------------
+
+# docs/benchmarks.md is left out: it records measurements of past commits, which name files as they were then.
+PATH_PAGES = [p for p in DOCS if p.name != "benchmarks.md"] + [ROOT / "README.md", ROOT / "helm" / "nezha" / "README.md",
+                                                               ROOT / "bench" / "README.md"]
+MODULE_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.py)\b")
+
+
+def module_path_errors(page: Path, text: str) -> Iterator[str]:
+    """Paths like `cachenode/fill/slices.py`, or `front/relay.py` and `index/schema.py` written from inside the
+    package (as the guides do), that lead to no file: a module moved or renamed and the page kept its old name."""
+    rooms = {p.name for p in (ROOT / "cachenode").iterdir() if p.is_dir()}
+    for m in MODULE_PATH.finditer(text):
+        path = m.group(1)
+        first = path.split("/", 1)[0]
+        candidates = [ROOT / path, page.parent / path]
+        if first in rooms:
+            candidates.append(ROOT / "cachenode" / path)
+        if (ROOT / "nezha" / first).is_dir():
+            candidates.append(ROOT / "nezha" / path)
+        if not any(c.is_file() for c in candidates):
+            yield f"{page.relative_to(ROOT)}: {path} is no file"
+
+
+def test_a_module_path_that_leads_nowhere_is_caught_and_one_that_leads_somewhere_is_not():
+    page = ROOT / "docs" / "cache-node.md"
+    text = ("`front/chunked.py` once held chunks; `fill/slices.py`, `cachenode/store/disk.py`, `index/schema.py` "
+            "and tests/integration/test_docs_name_what_exists.py hold what they say.")
+    assert list(module_path_errors(page, text)) == ["docs/cache-node.md: front/chunked.py is no file"]
+
+
+def test_every_module_path_the_docs_name_leads_to_a_file():
+    errors = [e for page in PATH_PAGES for e in module_path_errors(page, page.read_text())]
     assert not errors, "\n".join(errors)
