@@ -324,6 +324,14 @@ async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole
     assert any(e.get("event") in ("chunk_source_broke", "chunk_fill_failed") for e in logs)
     await settled(nodes)
     assert chunk_key(KEY, index, CHUNK) not in nodes[table[index][0]].node.store
+    # Counted as any fill is: one failed fill from the origin, on the chunk's owner; every other chunk stored.
+    fills = {(nid, outcome): nd.node.metrics.registry.get_sample_value(
+        "nezha_fill_duration_seconds_count", {"source": "origin", "outcome": outcome}) or 0
+        for nid, nd in nodes.items() for outcome in ("stored", "failed")}
+    assert {nid: fills[(nid, "failed")] for nid in nodes} == {nid: int(nid == table[index][0]) for nid in nodes}
+    assert sum(fills[(nid, "stored")] for nid in nodes) == len(table) - 1
+    assert nodes[table[index][0]].node.metrics.registry.get_sample_value("nezha_fill_failures_total") == 1
+    assert sum(nd.node.metrics.registry.get_sample_value("nezha_fills_in_flight") for nd in nodes.values()) == 0
     status, _, digest, n = await read(nodes["n1"], session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
     await settled(nodes)

@@ -85,6 +85,14 @@ async def read_both(origin, cluster) -> dict[tuple[str, str], dict]:
     return answers
 
 
+async def committed(cluster: LocalCluster, size: int, timeout: float = 10.0) -> None:
+    """Wait until the nodes' disks hold `size` bytes of committed objects."""
+    deadline = time.monotonic() + timeout
+    while (held := sum(f.stat().st_size for n in cluster.nodes.values() for f in n.data_dir.rglob("*.data"))) != size:
+        assert time.monotonic() < deadline, f"the disks hold {held} bytes, not {size}"
+        await asyncio.sleep(0.05)
+
+
 async def scraped(session: aiohttp.ClientSession, url: str, name: str) -> float:
     async with session.get(url + "/metrics") as r:
         text = await r.text()
@@ -99,6 +107,7 @@ async def test_two_chunked_objects_are_two_objects_and_each_client_read_one_hit_
                                                                                      redis_server):
     answers = await read_both(origin, cluster)
     await settle(cluster)
+    await committed(cluster, 2 * SIZE)  # a chunk is committed just after its last byte reached the reader
     stats = await stats_after(redis_server.url, time.time(), nodes=3)
     c = stats["cluster"]
     assert {k: c[k] for k in ("objects", "hits", "peer_hits", "misses")} == \
