@@ -12,6 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from cachenode.metrics import Metrics
+from nezha.chunks import chunk_of
+from nezha.wire import PEER_PREFIX, CacheOutcome
 
 if TYPE_CHECKING:
     from cachenode.store.disk import Store
@@ -21,6 +23,28 @@ if TYPE_CHECKING:
 # Counted once per client request, by the node the client reached: a node
 # answering a peer's internal request leaves these out of the index.
 _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
+# Answers a fill from the origin stored before they were sent (a manifest, a
+# fill that was whole first): sent from the store, needed the origin all the same.
+_MISSES = frozenset({CacheOutcome.MISS, CacheOutcome.MISS_JOINED})
+
+
+def answer_counts(label: str) -> dict[str, int]:
+    """What a stored object's answer labelled `label` (X-Nezha-Cache) counts
+    as a request: a miss when a fill just stored it for this request, a hit
+    otherwise, and nothing for a relayed label (`peer-...`: a chunked object
+    read through a node that does not hold its manifest), which the relaying
+    handler counts as the relay it is, bytes included (docs/redis-schema.md,
+    "Statistics")."""
+    if label.startswith(PEER_PREFIX):
+        return {}
+    return {"misses": 1} if label in _MISSES else {"hits": 1}
+
+
+def stored_counts(meta: Meta, sign: int) -> dict[str, int]:
+    """The gauge deltas of `meta` entering (+1) or leaving (-1) the store.
+    A chunk weighs its bytes but is no object of its own: a chunked object
+    counts once, where its manifest is, however many chunks it has."""
+    return {"objects": 0 if chunk_of(meta.key) is not None else sign, "bytes_stored": sign * meta.size}
 
 
 class Counts:
@@ -67,7 +91,7 @@ class Counts:
     def stored(self, meta: Meta) -> None:
         """A fill committed `meta` to the store."""
         self.update_store_gauges()
-        self.count(meta.host, objects=1, bytes_stored=meta.size)
+        self.count(meta.host, **stored_counts(meta, +1))
         if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
             # A chunked object's manifest is indexed with the object's length; its chunks each with their own.
             self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.body_size)
@@ -76,7 +100,7 @@ class Counts:
         """An object left the store (evicted, invalidated, replaced, lost)."""
         if extra.get("evictions"):
             self.metrics.evicted_age.observe(max(0.0, time.time() - meta.stored_at))
-        self.count(meta.host, objects=-1, bytes_stored=-meta.size, **extra)
+        self.count(meta.host, **stored_counts(meta, -1), **extra)
         if self.index is not None and not meta.hot:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
         self.update_store_gauges()

@@ -106,7 +106,7 @@ class CacheNode:
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
-                                 forget=self.invalidation)
+                                 forget=self.invalidation, counts=self.counts)
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
         self.respond = Responder(settings=settings, store=store, origins=self.upstream, files=files,

@@ -38,7 +38,7 @@ from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta, close_reader
+from cachenode.store.objects import Meta, NotStored, close_reader
 from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
@@ -207,7 +207,11 @@ class ChunkFills:
             return stored
         first, last = layout.span(index)
         headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
-        response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
+        try:
+            response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
+        except NezhaError:
+            self.counts.count(target.host, failed_fills=1)  # as a whole object's fill whose origin did not answer
+            raise
         why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
                                validator=validator)
         if why is not None:
@@ -229,6 +233,9 @@ class ChunkFills:
         (nothing stored) when it breaks off, runs short or long."""
         growing: Growing | None = None
         validator = fill.validator
+        # Counted as every fill is (fill/engine.py): in flight, its duration by source and outcome, a failure.
+        started, outcome = time.monotonic(), "failed"
+        self.metrics.fills_in_flight.inc()
         try:
             async with self.store.writing(reserve=size) as write:
                 temp = write.temp
@@ -251,9 +258,18 @@ class ChunkFills:
                 # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
                 stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
                                                  expires_at=now + CHUNK_LIFETIME, length=length))
+                outcome = "stored"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
+        except NotStored:
+            outcome = "not_stored"  # whole, but not kept (larger than the store): no failed fill, as in fill/engine.py
+            raise
         finally:
+            self.metrics.fills_in_flight.dec()
+            self.metrics.fill_duration.labels(source="origin" if origin else "peer",
+                                              outcome=outcome).observe(time.monotonic() - started)
+            if outcome == "failed":
+                self.counts.count(host, failed_fills=1)
             response.release()
             if growing is not None:
                 growing.ended = True

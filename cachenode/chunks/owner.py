@@ -71,8 +71,8 @@ class ChunkOwner:
                 here = await self.fills.local(key=key, url=url, target=target, layout=layout, index=spec.index,
                                               validator=spec.validator, source=spec.source)
             if isinstance(here, Tail):
-                return await self._send_growing(request, record, here, start=start, count=count, size=size,
-                                                ranged=bool(asked))
+                return await self._send_growing(request, record, here, host=target.host, start=start,
+                                                count=count, size=size, ranged=bool(asked))
             stored = here
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
@@ -92,6 +92,7 @@ class ChunkOwner:
                 await self.send_file(request, resp, f, start, count)
             await resp.write_eof()
         record.bytes = count if request.method == "GET" else 0
+        self._sent(request, target.host, record.bytes)
         self.counts.accessed(stored.key)
         return resp
 
@@ -106,8 +107,15 @@ class ChunkOwner:
         resp.content_length = count
         return resp
 
-    async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, start: int, count: int,
-                            size: int, ranged: bool) -> web.StreamResponse:
+    def _sent(self, request: web.Request, host: str, sent: int) -> None:
+        """Count the chunk bytes sent to the asking peer: this node's bytes served
+        (nezha_bytes_served_total: to clients or peers), never a request or a hit,
+        and not in the index's `bytes_served`, which the node the client reached
+        counts (cachenode/counts.py drops it from a peer's request)."""
+        self.counts.count(host, request=request, bytes_served=sent)
+
+    async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, host: str, start: int,
+                            count: int, size: int, ranged: bool) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
         sent as they land. If its fill fails first, the connection is cut:
         the asking node resumes from that byte elsewhere (cachenode/chunks/reads.py `_write`)."""
@@ -116,6 +124,7 @@ class ChunkOwner:
             await resp.prepare(request)
             sent = await send_tail(self.send_file, request, resp, tail, start, count)
             record.bytes = sent
+            self._sent(request, host, sent)
             if sent < count:
                 log.warning("chunk_fill_broke", key=record.key, sent=sent, wanted=count)
                 if request.transport is not None:

@@ -31,6 +31,7 @@ from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
+from cachenode.counts import Counts
 from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
 from cachenode.kernel import splice
@@ -71,7 +72,7 @@ def origin_url(settings: CacheSettings, target: Target) -> str:
 class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, members: Members,
                  fills: ChunkFills, peers: ChunkPeers, relay: Relay, via: str, send_file: SendFile,
-                 forget: Forget) -> None:
+                 forget: Forget, counts: Counts) -> None:
         self.settings = settings
         self.node_id = settings.identity
         self.store = store
@@ -83,6 +84,7 @@ class ChunkReads:
         self.via = via
         self.send_file = send_file  # sendfile from a stored file to a client
         self.forget = forget  # drop a manifest whose object changed at the origin
+        self.counts = counts  # a piece read from the origin past every owner: bytes from origin, not stored
 
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
                    length: int) -> None:
@@ -121,7 +123,7 @@ class ChunkReads:
                 try:
                     opened = await ahead.popleft()
                     top_up()
-                    await self._write(request, resp, opened, reopen=reopen)
+                    await self._write(request, resp, opened, host=meta.host, reopen=reopen)
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
                     raise BrokenStream(str(e)) from e
@@ -134,7 +136,7 @@ class ChunkReads:
                 if isinstance(result, Opened):
                     result.close()
 
-    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: Opened, *,
+    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: Opened, *, host: str,
                      reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down and the
@@ -176,6 +178,7 @@ class ChunkReads:
                     nonlocal sent
                     sent += n
 
+                before = sent
                 try:
                     if self.relay.splice and answer.content_length == piece.length - sent \
                             and splice.usable(answer, request):
@@ -193,6 +196,9 @@ class ChunkReads:
                     why = f"ended after {sent} of {piece.length} bytes"
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     why = f"broke off after {sent} of {piece.length} bytes: {type(e).__name__}"
+                finally:
+                    if opened.peer is None and sent > before:  # the origin's answer, not a peer's
+                        self.counts.count(host, bytes_from_origin=sent - before)
                 log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
                             reason=why, resume=attempt < RESUMES)
                 if opened.peer is not None:

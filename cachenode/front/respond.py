@@ -25,6 +25,7 @@ from aiohttp import web
 from cachenode.front.access import access, break_connection, parent_route
 from cachenode.front.interim import InterimRelay
 from cachenode.front.exact_head import ExactResponse
+from cachenode.counts import answer_counts
 from cachenode.kernel.fdwait import ready
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
@@ -279,11 +280,12 @@ class Responder:
         a cluster is one cache, and the node that answers the client adds its own."""
         return None if is_peer_request(request, self.settings.cluster_token) else self.via
 
-    def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, **deltas: int) -> None:
-        """A client hung up: log it once, count what it was sent."""
+    def _client_gone(self, request: web.Request, *, host: str, key: str, sent: int, counted: bool = True,
+                     **deltas: int) -> None:
+        """A client hung up: log it once, count what it was sent (unless a relaying handler does: not `counted`)."""
         access(request).bytes = sent
         log.info("client_gone", key=key, bytes=sent)
-        self._count(host, request=request, bytes_served=sent, **deltas)
+        self._count(host, request=request, bytes_served=sent if counted else 0, **deltas)
 
     async def _bodyless(self, request: web.Request, answer: Awaitable[None], *, host: str, key: str) -> None:
         """Send an answer without a body (304, 412, 416); a client gone before it is logged once."""
@@ -307,6 +309,7 @@ class Responder:
             return None
         try:
             access(request).cache = label
+            counted = answer_counts(label)  # {} for a relayed label: the relaying handler counts it
             if meta.status == 200:
                 decision = evaluate(request.headers, size=meta.body_size, etag=meta.etag,
                                     last_modified=meta.last_modified)
@@ -320,13 +323,15 @@ class Responder:
                             age=meta.age_at(self._clock()))
             if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
                 resp.headers[SERVED_BY_HEADER] = self.settings.identity
+            elif not counted and access(request).peer:  # a chunked object's read: the node that sent its manifest
+                resp.headers[SERVED_BY_HEADER] = access(request).peer
             if stale_reason is not None:
                 resp.headers["Warning"] = '111 - "Revalidation Failed"'
             if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
                 # A peer revalidating its hot copy renews it to this expiry, never beyond.
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
-                self._count(meta.host, request=request, hits=1)
+                self._count(meta.host, request=request, **counted)
                 await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),
                                      host=meta.host, key=meta.key)
                 return resp
@@ -339,7 +344,7 @@ class Responder:
                 resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.body_size}"
                 drop_whole_body_fields(resp.headers)
             resp.content_length = decision.length
-            self._count(meta.host, request=request, hits=1)
+            self._count(meta.host, request=request, **counted)
             if is_peer_request(request, self.settings.cluster_token):
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
                 if meta.authorize:
@@ -353,11 +358,11 @@ class Responder:
                     else:
                         await self.send_file(request, resp, f, decision.start, decision.length)
                     sent = decision.length
-                    self._count(meta.host, request=request, bytes_served=sent)
+                    self._count(meta.host, request=request, bytes_served=sent if counted else 0)
                     access(request).bytes = sent
                 await resp.write_eof()
             except ClientGone as e:
-                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent)
+                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent, counted=bool(counted))
             except ConnectionError:
                 if not sent:
                     self._client_gone(request, host=meta.host, key=meta.key, sent=0)
@@ -385,7 +390,7 @@ class Responder:
         resp.headers[CHUNKED_HEADER] = manifest.encode()
         resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
         resp.content_length = 0
-        self._count(meta.host, request=request, hits=1)
+        self._count(meta.host, request=request, **answer_counts(label))
         try:
             await resp.prepare(request)
             await resp.write_eof()

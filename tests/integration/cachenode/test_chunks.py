@@ -324,6 +324,14 @@ async def test_an_origin_that_breaks_off_mid_chunk_leaves_the_clients_body_whole
     assert any(e.get("event") in ("chunk_source_broke", "chunk_fill_failed") for e in logs)
     await settled(nodes)
     assert chunk_key(KEY, index, CHUNK) not in nodes[table[index][0]].node.store
+    # Counted as any fill is: one failed fill from the origin, on the chunk's owner; every other chunk stored.
+    fills = {(nid, outcome): nd.node.metrics.registry.get_sample_value(
+        "nezha_fill_duration_seconds_count", {"source": "origin", "outcome": outcome}) or 0
+        for nid, nd in nodes.items() for outcome in ("stored", "failed")}
+    assert {nid: fills[(nid, "failed")] for nid in nodes} == {nid: int(nid == table[index][0]) for nid in nodes}
+    assert sum(fills[(nid, "stored")] for nid in nodes) == len(table) - 1
+    assert nodes[table[index][0]].node.metrics.registry.get_sample_value("nezha_fill_failures_total") == 1
+    assert sum(nd.node.metrics.registry.get_sample_value("nezha_fills_in_flight") for nd in nodes.values()) == 0
     status, _, digest, n = await read(nodes["n1"], session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
     await settled(nodes)
@@ -643,3 +651,32 @@ async def test_a_request_to_drop_old_chunks_that_names_no_version_is_refused_and
     async with session.post(node.url + "/_nezha/invalidate", json={"keys": [KEY], "chunks": chunks}) as r:
         assert r.status == 400 and says in await r.read()
     assert chunk_files(nodes) == held and any(held.values())
+
+
+async def test_chunks_read_from_the_origin_past_an_owner_that_fails_them_count_as_bytes_from_origin(
+        origin, cluster, session):
+    """R = 1. An owner answers 503 for every chunk asked of it: the reading node takes those chunks from the
+    origin itself, not stored, and counts each of their bytes as bytes from origin (nezha_bytes_from_origin_total,
+    `bytes_from_origin` in the index), as it counts any byte an origin sent it."""
+    put(origin)
+    nodes, members = await cluster(4, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    (key_owner,), others = owner_and_other(nodes, PATH)
+    reader = others[0]
+    victim = next(n for n in others[1:] if any(owners == [n] for owners in table))
+    await read(nodes[key_owner], session)  # every chunk stored on its owner
+    await settled(nodes)
+    fetched = origin.requests[PATH]
+
+    async def failing(request, record, **_):
+        raise web.HTTPServiceUnavailable(text="this owner fails its chunks\n")
+
+    nodes[victim].node.chunk_owner.serve = failing
+    metrics = nodes[reader].node.metrics.registry
+    before = metrics.get_sample_value("nezha_bytes_from_origin_total")
+    status, _, digest, n = await read(nodes[reader], session)
+    assert (status, n, digest) == (200, SIZE, sha(BODY))
+    failed = [i for i, owners in enumerate(table) if owners == [victim]]
+    assert origin.requests[PATH] == fetched + len(failed), "each of the victim's chunks once from the origin"
+    assert metrics.get_sample_value("nezha_bytes_from_origin_total") - before == len(failed) * CHUNK
+    assert all(chunk_key(KEY, i, CHUNK) not in nodes[reader].node.store for i in failed), "nothing stored"
