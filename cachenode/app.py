@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import structlog
 from aiohttp import web
@@ -14,7 +14,6 @@ from yarl import URL
 
 from cachenode.front.connections import raise_open_files_limit
 from cachenode.front.listener import Listener, build_admin_app
-from cachenode.tls.certificates import Leaves, load_ca
 from cachenode.metrics import Metrics
 from cachenode.fill.origin import OriginClient
 from cachenode.node import CacheNode
@@ -22,9 +21,14 @@ from cachenode.store.disk import Store
 from cachenode.tls.port import Relay, Terminate, TlsPort, passthrough_target
 from nezha.config import HOST_PLACEHOLDER, CacheSettings, parse_hostport
 from nezha.errors import RunError
-from nezha.pki import Pair
 from nezha.lifecycle import stop_on_signals
 from nezha.logs import flush_repeats
+
+if TYPE_CHECKING:
+    # cryptography (about 50 ms of imports, more on a loaded machine) only for
+    # a node given a CA: read_ca and leaves_for import it when they need it.
+    from cachenode.tls.certificates import Leaves
+    from nezha.pki import Pair
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -80,6 +84,8 @@ def read_ca(settings: CacheSettings) -> Pair | None:
     """The CA the node was given; ConfigError naming the flag when it cannot be used."""
     if settings.ca_cert is None or settings.ca_key is None:
         return None
+    from cachenode.tls.certificates import load_ca
+
     return load_ca(settings.ca_cert, settings.ca_key)
 
 
@@ -90,6 +96,8 @@ def leaves_for(settings: CacheSettings, ca: Pair | None) -> Leaves | None:
     if settings.tls_listen is None:
         log.warning("ca_unused", reason="--ca-cert and --ca-key are given but not --tls-listen: no TLS port")
         return None
+    from cachenode.tls.certificates import Leaves
+
     table = settings.origin_table
     return Leaves(ca, certificate_name=table.certificate_name, folder=settings.data_dir / "leaves")
 

@@ -9,8 +9,6 @@ import socket
 import sys
 from pathlib import Path
 
-import structlog
-
 from nezha.config import CacheSettings, load, parse_hostport
 from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
@@ -53,22 +51,27 @@ def run_cache(args: argparse.Namespace) -> int:
                               "package is not installed: pip install uvloop") from None
         run = uvloop.run
     prepare_data_dir(settings.data_dir)
-    configure(level=settings.log_level, cache_loggers=True,
-              credential_params=[name for o in settings.origins for name in o.credential_params])
     role = os.environ.get(supervisor.ROLE_ENV)
     if role is None:
         # One node per data folder, held until this process (and with workers, the last of them) ends.
         lock = hold(settings.data_dir, command="nezha cache")
         workers = worker_count(settings.workers)
         if workers > 1:
+            # Before logging is configured: this process only execs the supervisor, which
+            # writes its own lines (cachenode/workers/log_lines.py) and never imports structlog.
             tls = None if settings.tls_listen is None else parse_hostport(settings.tls_listen, field="tls_listen")
             return supervisor.supervise(getattr(args, "argv", None) or sys.argv[1:], workers,
                                         {"listen": settings.listen_addr, "tls_listen": tls}, keep_fds=(lock,),
                                         log_level=settings.log_level)
+    configure(level=settings.log_level, cache_loggers=True,
+              credential_params=[name for o in settings.origins for name in o.credential_params])
+    if role is None:
         from cachenode.app import serve
 
         run(serve(settings, ca=ca))
         return 0
+    import structlog
+
     # Port 0 in the settings: the one the supervisor chose for every worker.
     settings = settings.model_copy(update=supervisor.shared_addresses(os.environ))
     link = socket.socket(fileno=int(os.environ[supervisor.LINK_ENV]))

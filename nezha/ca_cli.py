@@ -22,13 +22,16 @@ import os
 import ssl
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nezha import trust_bundle
 from nezha.config import CaInitSettings, load
 from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError, RunError
 from nezha.logs import configure
-from nezha.pki import Pair, make_ca, renewal_reason
+
+if TYPE_CHECKING:
+    from nezha.pki import Pair
 
 CA_NAME = "nezha-ca"
 SECRET = "nezha-ca-key"  # the key: cache pods only
@@ -51,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def init_local(folder: Path, *, now: dt.datetime | None = None) -> tuple[Pair, bool]:
     """The CA in `folder`, and whether this call created it."""
+    # Here, not at the top: every `nezha` command builds this command's parser,
+    # and a cache node's workers should not import cryptography for it.
+    from nezha.pki import Pair, make_ca, renewal_reason
+
     now = now or dt.datetime.now(dt.timezone.utc)
     cert_path, key_path = folder / "ca.crt", folder / "ca.key"
     present = [p for p in (cert_path, key_path) if p.exists()]
@@ -97,6 +104,8 @@ async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None
     """Create the CA once in `namespace`; one line saying what was done."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
+
+    from nezha.pki import Pair, make_ca, renewal_reason
 
     now = now or dt.datetime.now(dt.timezone.utc)
     core = client.CoreV1Api(api)

@@ -2,6 +2,13 @@
 
 Event names are fixed snake_case strings; variables travel as keys. Every
 component calls `configure()` once at start-up, from `nezha.cli`.
+
+structlog is imported where it is used, not with this module: every command
+module imports `configure`, and `nezha` builds every command's parser, so a
+top-level import put structlog (and, where it is installed, rich, which
+structlog.dev loads) into processes that never log through it, such as the
+first process of a node with several workers, which only checks the settings
+and execs the supervisor (cachenode/workers/supervisor.py).
 """
 
 from __future__ import annotations
@@ -12,8 +19,6 @@ import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
-
-import structlog
 
 from nezha.credentials import redact_text
 
@@ -51,6 +56,9 @@ class CollapseRepeats:
         self._level = "info"
         self._event = ""
         self._logger: Any = None
+        from structlog import DropEvent
+
+        self._drop = DropEvent
 
     @staticmethod
     def _same(a: dict, b: dict | None) -> bool:
@@ -79,7 +87,7 @@ class CollapseRepeats:
                     self._first_drop = now
                 self._dropped += 1
                 self._last_drop = now
-                raise structlog.DropEvent
+                raise self._drop
             summary = self._take_summary(event_dict.get("timestamp"))
             self._last, self._printed_at = event_dict, now
             self._level, self._event = event_dict.get("level", "info"), str(event_dict.get("event", ""))
@@ -172,6 +180,8 @@ def configure(*, level: str = "info", json: bool = True, stream=None, cache_logg
     run in-process by tests, whose output streams come and go.
     `credential_params`: query parameters redacted in every event beside the
     signed-URL families (the origins' own `credential_params`)."""
+    import structlog
+
     global _collapse, _credential_params
     _credential_params = frozenset(n.lower() for n in credential_params)
     lvl = logging.getLevelName(level.upper())

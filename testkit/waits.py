@@ -9,6 +9,13 @@ last words, instead of a bare timeout.
 
 `NotAnswering` is an AssertionError, so in a test it reads as the failure
 it is; bench/harness.py turns it into a BenchError.
+
+A wait for a process to start or to report a state ends on that event:
+the answer, or the process's exit. Its deadline (`START_GUARD`) only stops
+a hung test. It is not a claim about how fast a node starts: on a loaded
+machine a node takes many seconds (at load 10 on two cores a `nezha cache`
+took 6 to 11 s to answer /readyz), and a deadline near that decided passes
+by the machine's load, not by what the test checks.
 """
 
 from __future__ import annotations
@@ -24,6 +31,12 @@ from typing import Union
 import aiohttp
 
 Process = Union[subprocess.Popen, asyncio.subprocess.Process]
+
+
+# How long a started process may take to answer, or to report what a test
+# waits for, before the wait calls it hung. A guard against a hang, never
+# what decides a pass (the module's docstring).
+START_GUARD = 60.0
 
 
 class NotAnswering(AssertionError):
@@ -62,9 +75,10 @@ def _exited(what: str, where: str, proc: Process | None, log: Path | None) -> No
     return NotAnswering(f"{what} exited with code {code} before it answered on {where}{_tail(log)}")
 
 
-def _late(what: str, where: str, timeout: float, log: Path | None, last: str) -> NotAnswering:
+def _late(what: str, where: str, timeout: float, log: Path | None, last: str, *,
+          awaited: str = "answer on") -> NotAnswering:
     seen = f" (last: {last})" if last else ""
-    return NotAnswering(f"{what} did not answer on {where} within {timeout:g} s{seen}{_tail(log)}")
+    return NotAnswering(f"{what} did not {awaited} {where} within {timeout:g} s{seen}{_tail(log)}")
 
 
 def wait_port(host: str, port: int, *, timeout: float = 10.0, proc: Process | None = None,
@@ -129,6 +143,44 @@ async def until_http(url: str, *, timeout: float = 20.0, proc: Process | None = 
                 raise died
             if time.monotonic() >= deadline:
                 raise _late(what, url, timeout, log, last)
+            await asyncio.sleep(interval)
+    finally:
+        if owned:
+            await session.close()
+
+
+async def until_reported(url: str, check, *, proc: Process | None = None, log: Path | None = None,
+                         what: str = "server", timeout: float = START_GUARD,
+                         session: aiohttp.ClientSession | None = None, interval: float = 0.02) -> dict:
+    """Await until the JSON status at `url` (a node's /readyz) satisfies
+    `check(status)`; returns that status.
+
+    For waits on what a process reports (a ring adopted, fills finished)
+    rather than on a clock: it asks until the process says so, ends at once
+    when `proc` exits, and names the last status seen if the guard runs out.
+    Answers of any HTTP status count (a node not yet ready answers 503 with
+    its status); connection errors are retried, the process still starting.
+    """
+    owned = session is None
+    if session is None:
+        session = aiohttp.ClientSession()
+    deadline = time.monotonic() + timeout
+    last = ""
+    try:
+        while True:
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=left)) as r:
+                    status = await r.json(content_type=None)
+                if check(status):
+                    return status
+                last = f"reported {status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if (died := _exited(what, url, proc, log)) is not None:
+                raise died
+            if time.monotonic() >= deadline:
+                raise _late(what, url, timeout, log, last, awaited="report what the test waits for at")
             await asyncio.sleep(interval)
     finally:
         if owned:

@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from testkit.bytecode import compile_project
 from testkit.redis_server import RedisServer
 from testkit.tools import require_tool
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The project's byte code, once, so that the node processes the tests start
+    do not each compile it from source (testkit/bytecode.py)."""
+    compile_project(Path(__file__).resolve().parent.parent)
 
 
 @pytest.fixture

@@ -46,7 +46,10 @@ class _FileSource(PydanticBaseSettingsSource):
 
 class NezhaSettings(BaseSettings):
     # forbid: a misspelt key is an error, never a setting silently left at its default.
-    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="forbid", validate_default=True)
+    # defer_build: a model's validator is built when the command that reads it first does,
+    # so a node (and each of its workers) does not build those of the other six commands at
+    # import (their fields, which the flags are made from, are known without it).
+    model_config = SettingsConfigDict(env_prefix="NEZHA_", extra="forbid", validate_default=True, defer_build=True)
 
     # A command's own wording of a flag's help for a field it inherits, by field (or "config"),
     # where the field's description speaks of another command (nezha/config/flags.py).

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic_settings import SettingsError
 
 from nezha.config.base import NezhaSettings, file_settings
@@ -47,6 +46,8 @@ def _did_you_mean(word: str, options: list[str]) -> str:
 
 def _read_file(path: Path, cls: type[NezhaSettings]) -> tuple[dict[str, Any], list[str]]:
     """The --config file's mapping, and a line for each unknown key in it."""
+    import yaml  # here: only a command given --config FILE reads YAML (every node worker imports this module)
+
     where = f"--config {path}"
     if not path.is_file():
         raise ConfigError(f"{where}: does not exist")

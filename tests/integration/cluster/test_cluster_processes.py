@@ -220,19 +220,23 @@ async def test_sole_owner_killed_mid_body_costs_the_download_nothing(start_clust
 async def test_a_node_with_an_index_keeps_two_owners_per_key_unless_told(origin, redis_server, tmp_path):
     """Alone a node owns every key once; in a cluster each key has a replica by default."""
     from testkit.ports import free_port
-    from testkit.waits import until_http
+    from testkit.waits import until_reported
 
     async def replicas(*flags: str) -> int:
         port = free_port()
+        # One process (--workers 1): the question is the node's settings, asked of the process that
+        # holds them, and a node of the default `auto` is three interpreters starting on two cores.
         proc = subprocess.Popen(
             [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir",
-             str(tmp_path / str(port)), "--origin", f"{HOST}={origin.url}", "--log-level", "warning", *flags],
+             str(tmp_path / str(port)), "--origin", f"{HOST}={origin.url}", "--log-level", "warning",
+             "--workers", "1", *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "NEZHA_CLUSTER_TOKEN": "test-cluster-token"})
         try:
-            _, body = await until_http(f"http://127.0.0.1:{port}/readyz", timeout=10, proc=proc,
-                                       what="nezha cache", status=None)
-            return json.loads(body)["replicas"]
+            # Until it says it serves (or exits): the start, not a clock, ends the wait.
+            status = await until_reported(f"http://127.0.0.1:{port}/readyz", lambda st: st["ready"], proc=proc,
+                                          what="nezha cache")
+            return status["replicas"]
         finally:
             proc.terminate()
             proc.wait(10)

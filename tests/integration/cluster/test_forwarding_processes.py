@@ -11,11 +11,11 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
 import aiohttp
 
 from testkit.ports import free_port
+from testkit.waits import until_reported
 from tests.integration.cluster.conftest import HOST, fetch
 
 
@@ -40,10 +40,12 @@ async def test_range_requests_are_forwarded_cold_and_warm_and_answer_the_exact_b
 
 
 def _node(node_id: str, port: int, redis_url: str, data_dir, origin_url: str) -> subprocess.Popen:
+    # One process a node (as `nezha up` starts them): two nodes of the default
+    # `--workers auto` are six interpreters starting at once on a two-core machine.
     proc = subprocess.Popen(
         [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
          "--origin", f"{HOST}={origin_url}", "--redis-url", redis_url, "--node-id", node_id,
-         "--advertise", f"127.0.0.1:{port}", "--replicas", "1", "--log-level", "warning"],
+         "--advertise", f"127.0.0.1:{port}", "--replicas", "1", "--log-level", "warning", "--workers", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "NEZHA_CLUSTER_TOKEN": "test-token"})
     return proc
 
@@ -56,17 +58,14 @@ async def _ring_set(redis_url: str, *members: str) -> None:
     assert proc.returncode == 0, out.decode()
 
 
-async def _ring_of(session: aiohttp.ClientSession, url: str, expect: list[str], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/readyz") as r:
-                if r.status == 200 and sorted((await r.json())["ring_nodes"]) == expect:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never adopted the ring {expect}")
+async def _ring_of(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, expect: list[str]) -> None:
+    """Until the node, started or not yet, reports the ring `expect` as the one it routes by.
+
+    What the node reports decides, not a clock: it reads the ring at start
+    (one bounded read) and again from the watch if that read came too late;
+    the wait ends when its /readyz names the ring, or at once if it exits."""
+    await until_reported(url + "/readyz", lambda st: st.get("ready") and sorted(st["ring_nodes"]) == expect,
+                         proc=proc, what=f"nezha cache at {url}", session=session)
 
 
 async def test_two_node_processes_that_each_think_the_other_owns_everything_answer_within_one_forward(
@@ -83,8 +82,8 @@ async def test_two_node_processes_that_each_think_the_other_owns_everything_answ
              _node("b", pb, url_b, tmp_path / "b", origin.url)]
     try:
         async with aiohttp.ClientSession() as s:
-            await _ring_of(s, f"http://127.0.0.1:{pa}", ["b"])
-            await _ring_of(s, f"http://127.0.0.1:{pb}", ["a"])
+            await _ring_of(s, f"http://127.0.0.1:{pa}", procs[0], ["b"])
+            await _ring_of(s, f"http://127.0.0.1:{pb}", procs[1], ["a"])
             forwarded = 0
             for i in range(20):
                 for entry, other in ((pa, "b"), (pb, "a")):

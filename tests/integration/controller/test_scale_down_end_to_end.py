@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from testkit.ports import free_port
-from testkit.waits import until_http
+from testkit.waits import START_GUARD, until_http, until_reported
 from tests.integration.controller.conftest import STS, events_about, pod, ring_becomes
 
 HOST = "www.cs.toronto.edu"
@@ -32,7 +32,10 @@ def start_node(i: int, *, port: int, redis_url: str, origin_url: str, data: Path
     return subprocess.Popen(
         [sys.executable, "-m", "nezha", "cache", "--listen", f"{ip}:{port}", "--advertise", f"{ip}:{port}",
          "--node-id", f"{STS}-{i}", "--data-dir", str(data / f"node-{i}"), "--redis-url", redis_url,
-         "--replicas", "1", "--origin", f"{HOST}={origin_url}", "--log-level", "info"],
+         "--replicas", "1", "--origin", f"{HOST}={origin_url}", "--log-level", "info",
+         # One process a pod, as `nezha up` starts its nodes: five pods of the default `auto` are
+         # fifteen interpreters starting at once on this machine's two cores.
+         "--workers", "1"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -69,7 +72,7 @@ async def cache_pods(cluster, run_controller, index, ns, origin, redis_server, t
                  for i in range(n)]
         started.extend(procs)
         urls = [f"http://127.0.0.{11 + i}:{ports[i]}" for i in range(n)]
-        await asyncio.gather(*(until_http(u + "/healthz", timeout=20, proc=p, what="nezha cache")
+        await asyncio.gather(*(until_http(u + "/healthz", timeout=START_GUARD, proc=p, what="nezha cache")
                                for u, p in zip(urls, procs)))
         await cluster.create(n)
         for i in range(n):
@@ -80,13 +83,18 @@ async def cache_pods(cluster, run_controller, index, ns, origin, redis_server, t
             await cluster.core.create_namespaced_pod(ns, cache_pod)
             await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
         await run_controller(peer_address="pod-ip")
-        await ring_becomes(index, {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(n)}, timeout=2.0)
-        await asyncio.sleep(0.5)  # every node adopts the ring (pub/sub)
+        ring = {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(n)}
+        await ring_becomes(index, ring, timeout=2.0)
+        # Every node routes by that ring (it reads it from the watch): as each reports, not after a clock.
+        await asyncio.gather(*(until_reported(u + "/readyz", lambda st: sorted(st["ring_nodes"]) == sorted(ring),
+                                              proc=p, what="nezha cache") for u, p in zip(urls, procs)))
         async with aiohttp.ClientSession() as s:
             for p in paths:
                 async with s.get(urls[0] + p, headers={"Host": HOST}) as r:
                     assert r.status == 200 and await r.read() == p.encode() * 2000
-        await asyncio.sleep(1.0)  # fills committed
+        # Every fill committed: a flight lands after its object is renamed into place.
+        await asyncio.gather(*(until_reported(u + "/readyz", lambda st: st["fills_in_flight"] == 0,
+                                              proc=p, what="nezha cache") for u, p in zip(urls, procs)))
         return CachePods(procs, urls)
 
     yield start
@@ -115,6 +123,9 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
     assert all(pods.procs[i].returncode == 0 for i in (2, 3, 4)), "each leaving node exited by itself"
     assert max(took) < GRACE
     await ring_becomes(index, {f"{STS}-{i}": pods.urls[i].removeprefix("http://") for i in range(2)})
+    await asyncio.gather(*(until_reported(pods.urls[i] + "/readyz",
+                                          lambda st: st["ring_nodes"] == [f"{STS}-0", f"{STS}-1"],
+                                          proc=pods.procs[i], what="nezha cache") for i in range(2)))
 
     async with aiohttp.ClientSession() as s:
         for url in pods.urls[:2]:
