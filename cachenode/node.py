@@ -37,7 +37,6 @@ from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.handler import Handler
 from cachenode.front.hits import PlainHitFinder
-from cachenode.front.names import names_origin
 from cachenode.front.reads import Reads
 from cachenode.front.relaying import RelayedReads
 from cachenode.front.routes import Routes, route_table
@@ -130,7 +129,7 @@ class CacheNode:
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation),
-                        names_origin=lambda host: names_origin(table, host), cluster_token=settings.cluster_token)
+                        origins=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, origins=self.upstream, reads=reads, respond=self.respond,
                                      counts=self.counts, from_peer=lambda r: is_peer_request(r, settings.cluster_token),

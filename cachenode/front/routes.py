@@ -25,6 +25,8 @@ from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import refuse_internal
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
+from cachenode.front.names import names_origin
+from nezha.origins import OriginTable
 from nezha.wire import ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, REPLICATE_PATH, TOKEN_HEADER
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -56,15 +58,14 @@ def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation) -
 class Routes:
     """The node's own endpoints, on the data port and (admin alone) on the admin port."""
 
-    def __init__(self, *, table: Table, names_origin: Callable[[str | None], bool],
-                 cluster_token: str | None) -> None:
+    def __init__(self, *, table: Table, origins: OriginTable, cluster_token: str | None) -> None:
         self.table = table
-        self.names_origin = names_origin
+        self.origins = origins  # a Host that names one is an origin's request, never the node's
         self.cluster_token = cluster_token
 
     def endpoint(self, request: web.Request) -> Answer | None:
         """What answers `request` here, when it is for the node itself; None: a request for an origin."""
-        if self.names_origin(request.headers.get("Host")):
+        if names_origin(self.origins, request.headers.get("Host")):
             return None
         raw_path = request.raw_path
         if raw_path in self.table.admin:
