@@ -41,7 +41,8 @@ from cachenode.front.reads import Reads
 from cachenode.front.relaying import RelayedReads
 from cachenode.front.routes import Routes, route_table
 from cachenode.front.relay import PeerRelay
-from cachenode.front.respond import FileSender, Responder
+from cachenode.front.respond import Responder
+from cachenode.front.sendfile import FileSender
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta

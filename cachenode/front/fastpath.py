@@ -45,7 +45,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
-from cachenode.front.respond import SendCut, sendfile_rest
+from cachenode.front.sendfile import SendCut, sendfile_rest
 from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.headers import describes_whole_body, with_date
 from cachenode.store.objects import Meta
