@@ -178,17 +178,7 @@ class Responder:
                 # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
                 # a stored 404 or 301 is sent whole, with its own status.
                 decision = Decision(RangeOutcome.FULL, 0, meta.body_size)
-            resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
-                                      else decision.outcome.value)
-            _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                            age=meta.age_at(self._clock()))
-            if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
-                resp.headers[SERVED_BY_HEADER] = self.settings.identity
-            if stale_reason is not None:
-                resp.headers["Warning"] = '111 - "Revalidation Failed"'
-            if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
-                # A peer revalidating its hot copy renews it to this expiry, never beyond.
-                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+            resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason)
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
                 self._count(meta.host, request=request, hits=1)
                 await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),
@@ -208,31 +198,53 @@ class Responder:
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
                 if meta.authorize:
                     resp.headers[AUTHORIZE_HEADER] = "1"
-            sent = 0
-            try:
-                await resp.prepare(request)
-                if request.method != "HEAD" and decision.length:
-                    if f is None:
-                        await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
-                    else:
-                        await self.send_file(request, resp, f, decision.start, decision.length)
-                    sent = decision.length
-                    self._count(meta.host, request=request, bytes_served=sent)
-                    access(request).bytes = sent
-                await resp.write_eof()
-            except ClientGone as e:
-                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent)
-            except ConnectionError:
-                if not sent:
-                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
-            except BrokenStream as e:  # the data file is shorter than its meta says
-                access(request).cache = f"{label}-aborted"
-                log.warning("stream_aborted", key=meta.key, error=str(e))
-                break_connection(request)
+            await self._hit_body(request, resp, meta, f, decision, label=label)
             return resp
         finally:
             if f is not None:
                 f.close()
+
+    def _hit_response(self, request: web.Request, meta: Meta, decision: Decision, *, label: str,
+                      stale_reason: str | None) -> ExactResponse:
+        """A stored object's response head, before Range and the peer's fields."""
+        resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
+                                  else decision.outcome.value)
+        _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
+                        age=meta.age_at(self._clock()))
+        if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
+            resp.headers[SERVED_BY_HEADER] = self.settings.identity
+        if stale_reason is not None:
+            resp.headers["Warning"] = '111 - "Revalidation Failed"'
+        if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
+            # A peer revalidating its hot copy renews it to this expiry, never beyond.
+            resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+        return resp
+
+    async def _hit_body(self, request: web.Request, resp: ExactResponse, meta: Meta, f: IO[bytes] | None,
+                        decision: Decision, *, label: str) -> None:
+        """A stored object's head and body sent (from its file, or its chunks when `f` is None);
+        a client gone is counted, a data file shorter than its meta breaks the connection."""
+        sent = 0
+        try:
+            await resp.prepare(request)
+            if request.method != "HEAD" and decision.length:
+                if f is None:
+                    await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
+                else:
+                    await self.send_file(request, resp, f, decision.start, decision.length)
+                sent = decision.length
+                self._count(meta.host, request=request, bytes_served=sent)
+                access(request).bytes = sent
+            await resp.write_eof()
+        except ClientGone as e:
+            self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent)
+        except ConnectionError:
+            if not sent:
+                self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+        except BrokenStream as e:  # the data file is shorter than its meta says
+            access(request).cache = f"{label}-aborted"
+            log.warning("stream_aborted", key=meta.key, error=str(e))
+            break_connection(request)
 
     async def _manifest(self, request: web.Request, meta: Meta, *, label: str) -> web.StreamResponse:
         """A chunked object's manifest, to a peer: its headers, CHUNKED_HEADER
@@ -301,31 +313,21 @@ class Responder:
             resp.set_status(status)
             offset = start
             end = None if length is None else start + length
+            progress = [offset]  # how far the body got, also when sending it raised
             try:
                 await resp.prepare(request)
-                while end is None or offset < end:
-                    available = await fill.wait_beyond(offset, reader=f, end=end)
-                    if end is not None:
-                        available = min(available, end)
-                    if available <= offset:
-                        break  # unknown length and the body is complete
-                    if fill.spilled and offset >= fill.on_disk:
-                        # The store could not write: the fill hands these bytes over from memory.
-                        data = fill.from_memory(f, offset, available)
-                        await resp.write(data)
-                        offset += len(data)
-                        continue
-                    if fill.spilled:
-                        available = min(available, fill.on_disk)
-                    await self.send_file(request, resp, f, offset, available - offset)
-                    offset = available
+                await self._follow(request, resp, fill, f, progress, end=end)
+                offset = progress[0]
             except ClientGone as e:
+                offset = progress[0]
                 self._client_gone(request, host=host, key=fill.key, sent=offset + e.sent - start, misses=1)
                 return resp
             except ConnectionError:
+                offset = progress[0]
                 self._client_gone(request, host=host, key=fill.key, sent=offset - start, misses=1)
                 return resp
             except (FillAborted, BrokenStream) as e:
+                offset = progress[0]
                 access(request).cache = f"{label}-aborted"
                 log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
                 break_connection(request)
@@ -339,6 +341,29 @@ class Responder:
             return resp
         finally:
             f.close()
+
+    async def _follow(self, request: web.Request, resp: web.StreamResponse, fill: Fill, f: IO[bytes],
+                      progress: list[int], *, end: int | None) -> None:
+        """Send the fill's body from `progress[0]` up to `end` (None: its end) as
+        it lands, keeping `progress[0]` at the offset sent so far."""
+        offset = progress[0]
+        while end is None or offset < end:
+            available = await fill.wait_beyond(offset, reader=f, end=end)
+            if end is not None:
+                available = min(available, end)
+            if available <= offset:
+                break  # unknown length and the body is complete
+            if fill.spilled and offset >= fill.on_disk:
+                # The store could not write: the fill hands these bytes over from memory.
+                data = fill.from_memory(f, offset, available)
+                await resp.write(data)
+                offset += len(data)
+                progress[0] = offset
+                continue
+            if fill.spilled:
+                available = min(available, fill.on_disk)
+            await self.send_file(request, resp, f, offset, available - offset)
+            offset = progress[0] = available
 
     async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
                           error: FillAborted) -> web.StreamResponse:
