@@ -397,24 +397,7 @@ class Responder:
         """
         access(request).cache = label
         if response is None:
-            deferred = request.get(CONTINUE_DEFERRED, False)
-            headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
-            data = None
-            if request.body_exists:
-                # Streamed with the client's framing: a known length goes on as
-                # Content-Length (object stores refuse chunked uploads), else chunked.
-                data = _continued(request) if deferred else request.content
-                if request.content_length is not None:
-                    headers["Content-Length"] = str(request.content_length)
-            interim = InterimRelay(request)
-            try:
-                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
-                                                      route=parent_route(request),
-                                                      data=data, interim=interim)
-            except OriginError as e:
-                raise origin_failure(e)
-            finally:
-                interim.close()
+            response = await self._ask_origin(request, url)
         part: PartWriter | None = None
         try:
             if on_response is not None:
@@ -422,16 +405,7 @@ class Responder:
             if keep is not None and request.method == "GET" and (part := await keep(response)) is not None:
                 label = CacheOutcome.MISS
                 access(request).cache = label
-            resp = ExactResponse(status=response.status, reason=response.reason)
-            for name, value in end_to_end(response.headers).items():
-                resp.headers.add(name, value)
-            if (via := self.via_for(request)) is not None:
-                add_via(resp.headers, via)
-            resp.headers[CACHE_HEADER] = label
-            if response.content_length is not None:
-                resp.content_length = response.content_length
-            elif request.method != "HEAD" and response.status not in (204, 304):
-                resp.enable_chunked_encoding()
+            resp = self._passed_head(request, response, label=label)
             sent = received = 0
             gone = False
             try:
@@ -465,5 +439,41 @@ class Responder:
             response.release()
             if part is not None:
                 await part.close()
+
+    async def _ask_origin(self, request: web.Request, url: str) -> aiohttp.ClientResponse:
+        """The client's request, as sent, to the origin (or the parent tier):
+        every end-to-end field, and the body streamed with its own framing."""
+        deferred = request.get(CONTINUE_DEFERRED, False)
+        headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
+        data = None
+        if request.body_exists:
+            # Streamed with the client's framing: a known length goes on as
+            # Content-Length (object stores refuse chunked uploads), else chunked.
+            data = _continued(request) if deferred else request.content
+            if request.content_length is not None:
+                headers["Content-Length"] = str(request.content_length)
+        interim = InterimRelay(request)
+        try:
+            return await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+                                              route=parent_route(request), data=data, interim=interim)
+        except OriginError as e:
+            raise origin_failure(e)
+        finally:
+            interim.close()
+
+    def _passed_head(self, request: web.Request, response: aiohttp.ClientResponse, *,
+                     label: str) -> ExactResponse:
+        """The origin's status and end-to-end fields, with this node's Via and X-Nezha-Cache."""
+        resp = ExactResponse(status=response.status, reason=response.reason)
+        for name, value in end_to_end(response.headers).items():
+            resp.headers.add(name, value)
+        if (via := self.via_for(request)) is not None:
+            add_via(resp.headers, via)
+        resp.headers[CACHE_HEADER] = label
+        if response.content_length is not None:
+            resp.content_length = response.content_length
+        elif request.method != "HEAD" and response.status not in (204, 304):
+            resp.enable_chunked_encoding()
+        return resp
 
 
