@@ -284,33 +284,12 @@ class Responder:
         host = host_of(fill.key)
         try:
             access(request).cache = label
-            size = fill.length
-            start, length = 0, size
-            status = fill.status
             resp = ExactResponse()
             _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
-            etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
-            plain = fill.status != 200  # preconditions and Range apply to a 200 only
-            verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
-            if verdict is not None:
-                self._count(host, request=request, misses=1)
-                await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
-                return resp
-            if size is not None and plain:
-                resp.content_length = size
-            elif size is not None:
-                decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
-                if decision.outcome is RangeOutcome.PARTIAL:
-                    status, start, length = 206, decision.start, decision.length
-                    resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
-                    drop_whole_body_fields(resp.headers)
-                elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                    await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
-                    return resp
-                resp.content_length = length
-            else:
-                resp.enable_chunked_encoding()
-            resp.set_status(status)
+            span = await self._fill_span(request, resp, fill, host=host)
+            if span is None:
+                return resp  # answered without a body
+            start, length = span
             offset = start
             end = None if length is None else start + length
             progress = [offset]  # how far the body got, also when sending it raised
@@ -341,6 +320,38 @@ class Responder:
             return resp
         finally:
             f.close()
+
+    async def _fill_span(self, request: web.Request, resp: ExactResponse, fill: Fill, *,
+                         host: str) -> tuple[int, int | None] | None:
+        """The part of a fill this request gets, its status and framing set on
+        `resp`: (start, length; None while unknown), or None once a
+        precondition or an unsatisfiable Range was answered without a body."""
+        size = fill.length
+        start, length = 0, size
+        status = fill.status
+        etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
+        plain = fill.status != 200  # preconditions and Range apply to a 200 only
+        verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
+        if verdict is not None:
+            self._count(host, request=request, misses=1)
+            await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
+            return None
+        if size is not None and plain:
+            resp.content_length = size
+        elif size is not None:
+            decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
+            if decision.outcome is RangeOutcome.PARTIAL:
+                status, start, length = 206, decision.start, decision.length
+                resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+                drop_whole_body_fields(resp.headers)
+            elif decision.outcome is RangeOutcome.UNSATISFIABLE:
+                await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
+                return None
+            resp.content_length = length
+        else:
+            resp.enable_chunked_encoding()
+        resp.set_status(status)
+        return start, length
 
     async def _follow(self, request: web.Request, resp: web.StreamResponse, fill: Fill, f: IO[bytes],
                       progress: list[int], *, end: int | None) -> None:
