@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import structlog
 from aiohttp import web
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     # cryptography (about 50 ms of imports, more on a loaded machine) only for
     # a node given a CA: read_ca and leaves_for import it when they need it.
     from cachenode.tls.certificates import Leaves
+    from cachenode.workers.primary import Primary  # a layer above: the type only
     from nezha.pki import Pair
 
 log = structlog.get_logger("nezha.cachenode")
@@ -42,7 +43,9 @@ def hangup_stops() -> bool:
     return signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
 
 
-def build_node(settings: CacheSettings) -> CacheNode:
+def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitable[None]] | None = None) -> CacheNode:
+    """One node, not yet started. `before_metrics`: awaited before /metrics
+    renders (the primary's links to its followers, cachenode/workers/primary.py)."""
     metrics = Metrics()
     node: CacheNode | None = None
 
@@ -60,7 +63,8 @@ def build_node(settings: CacheSettings) -> CacheNode:
 
         index = Index(redis_url=settings.redis_url, node_id=settings.identity,
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
-    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index)
+    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index,
+                     before_metrics=before_metrics)
     return node
 
 
@@ -129,14 +133,14 @@ def build_tls_port(settings: CacheSettings, leaves: Leaves | None, *, on_outcome
 
 
 async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, ca: Pair | None = None,
-                reuse_port: bool = False,
-                attach: Callable[[CacheNode, Listener], Callable[[], None]] | None = None) -> None:
+                reuse_port: bool = False, primary: "Primary | None" = None) -> None:
     """Run one node until SIGINT/SIGTERM (or `stop` is set). `ca`: read_ca(settings), when read already.
-    As the primary of a node's workers (cachenode/workers/): `reuse_port`, and `attach`, called once
-    the node serves, which returns what to call when it stops."""
+    As the primary of a node's workers (cachenode/workers/): `reuse_port`, and `primary`, whose
+    `counted` the node's /metrics awaits and whose `attach` is called once the node serves (it
+    returns what to call when it stops)."""
     leaves = leaves_for(settings, ca or read_ca(settings))
     open_files = raise_open_files_limit()
-    node = build_node(settings)
+    node = build_node(settings, before_metrics=primary.counted if primary is not None else None)
     listener = Listener(node, open_files=open_files)
     host, port = settings.listen_addr
     try:
@@ -175,7 +179,7 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
              tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
              fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
              request_head_timeout=settings.request_head_timeout, parent=settings.parent)
-    detach = attach(node, listener) if attach is not None else None
+    detach = primary.attach(node, listener) if primary is not None else None
     stop = stop_on_signals(stop, hangup=hangup_stops())
     try:
         await stop.wait()

@@ -80,10 +80,10 @@ def run_cache(args: argparse.Namespace) -> int:
     from cachenode.app import serve
     from cachenode.front.connections import raise_open_files_limit
     from cachenode.workers.follower import serve_follower
-    from cachenode.workers.primary import attach_followers
+    from cachenode.workers.primary import Primary
 
     if role == "primary":
-        run(serve(settings, ca=ca, reuse_port=True, attach=attach_followers(link)))
+        run(serve(settings, ca=ca, reuse_port=True, primary=Primary(link)))
         return 0
     return run(serve_follower(settings, link=link, worker=index, open_files=raise_open_files_limit()))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 import structlog
 
@@ -31,9 +31,18 @@ from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
+from cachenode.cluster.hot_copies import HotCopies
+from cachenode.front.admin import Admin
+from cachenode.front.authorized import AuthorizedReads
+from cachenode.front.forward import Forwarding
 from cachenode.front.handler import Handler
+from cachenode.front.hits import PlainHitFinder
+from cachenode.front.reads import Reads
+from cachenode.front.relaying import RelayedReads
+from cachenode.front.routes import Routes, route_table
 from cachenode.front.relay import PeerRelay
-from cachenode.front.respond import FileSender, Responder
+from cachenode.front.respond import Responder
+from cachenode.front.sendfile import FileSender
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -47,7 +56,8 @@ log = structlog.get_logger("nezha.cachenode")
 class CacheNode:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: OriginClient,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
-                 cluster: ClusterView | None = None, index=None) -> None:
+                 cluster: ClusterView | None = None, index=None,
+                 before_metrics: Callable[[], Awaitable[None]] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -111,10 +121,28 @@ class CacheNode:
                                       send_file=files)
         self.respond = Responder(settings=settings, store=store, origins=self.upstream, files=files,
                                  chunk_body=chunk_reads, count=self.counts.count, clock=clock)
-        self.handler = Handler(settings=settings, store=store, origins=self.upstream, cluster=self.cluster, relay=self.relay,
-                               respond=self.respond, engine=self.engine, handoff=self.handoff,
-                               invalidation=self.invalidation, chunk_owner=self.chunk_owner, counts=self.counts,
-                               metrics=self.metrics, status=self.status, clock=clock)
+        self.handler = self._front(settings, before_metrics=before_metrics, clock=clock)
+
+    def _front(self, settings: CacheSettings, *, before_metrics, clock) -> Handler:
+        """The front's answerers, each given the rooms below it, and the handler that routes to them."""
+        hot = HotCopies(settings=settings, store=self.store, cluster=self.cluster, handoff=self.handoff,
+                        counts=self.counts, clock=clock)
+        admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
+        table = settings.origin_table
+        routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation),
+                        origins=table, cluster_token=settings.cluster_token)
+        reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
+        authorized = AuthorizedReads(store=self.store, origins=self.upstream, reads=reads, respond=self.respond,
+                                     counts=self.counts, from_peer=lambda r: is_peer_request(r, settings.cluster_token),
+                                     node_id=self.node_id, peers_have_a_token=settings.cluster_token is not None)
+        return Handler(settings=settings, origins=self.upstream, cluster=self.cluster, routes=routes,
+                       plain=PlainHitFinder(table=table, store=self.store, via=self.respond.via, node_id=self.node_id,
+                                            clock=clock),
+                       hot=hot, relayed=RelayedReads(node_id=self.node_id, relay=self.relay, respond=self.respond,
+                                                     hot=hot, counts=self.counts, clock=clock),
+                       reads=reads, authorized=authorized,
+                       forwarding=Forwarding(table=table, respond=self.respond, invalidation=self.invalidation),
+                       respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock)
 
     @property
     def flights(self) -> Flights:

@@ -54,8 +54,8 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.origin import OriginClient
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership
-from cachenode.cluster.peer_auth import peer_auth, refuse_internal
-from nezha.wire import (HANDOFF_PATH, PEER_HEADER, REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER, ReplicateResult,
+from cachenode.cluster.peer_auth import peer_auth
+from nezha.wire import (HANDOFF_PATH, PEER_HEADER, SCHEME_HEADER, ReplicateResult,
                         replicate_failed)
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -135,20 +135,10 @@ class Handoff:
         self.progress = Progress()
         self._running: asyncio.Task | None = None
 
-    # -- HTTP ------------------------------------------------------------------
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.raw_path.split("?", 1)[0]
-        why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
-                              presented=request.headers.get(TOKEN_HEADER))
-        if why is not None:
-            raise web.HTTPForbidden(text=f"{why}\n")
-        if path == REPLICATE_PATH and request.method == "POST":
-            return await self._replicate_endpoint(request)
-        if path == HANDOFF_PATH and request.method == "POST":
-            return await self._handoff_endpoint(request)
-        if path == HANDOFF_PATH and request.method == "GET":
-            return web.json_response(asdict(self.progress))
-        raise web.HTTPNotFound(text=f"no internal endpoint {request.method} {path}\n")
+    # -- HTTP (routed by cachenode/front/routes.py, which refuses a request without the token) --
+    async def progress_endpoint(self, request: web.Request) -> web.Response:
+        """GET /_nezha/handoff: how far the hand-off has got."""
+        return web.json_response(asdict(self.progress))
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:
@@ -160,7 +150,7 @@ class Handoff:
             raise web.HTTPBadRequest(text="body must be a JSON object\n")
         return body
 
-    async def _replicate_endpoint(self, request: web.Request) -> web.StreamResponse:
+    async def replicate_endpoint(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         host, path, source = body.get("host"), body.get("path"), body.get("source")
         scheme = body.get("scheme", "http")  # absent from a node that predates https keys
@@ -213,7 +203,7 @@ class Handoff:
             log.info("replicate_caller_gone", source=source, path=target.path, bytes=copy.bytes)
         return resp
 
-    async def _handoff_endpoint(self, request: web.Request) -> web.Response:
+    async def handoff_endpoint(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         nodes = body.get("nodes")
         if not isinstance(nodes, dict) or not nodes or not all(

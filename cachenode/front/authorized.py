@@ -15,7 +15,6 @@ ranges are served from disk like any stored object's.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Callable
 
 import aiohttp
@@ -24,12 +23,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from cachenode.counts import Counts
-from cachenode.fill.engine import FillEngine
-from cachenode.fill.flights import Flight, Kind
+from cachenode.fill.flights import Flight, Kind, Outcome
 from cachenode.fill.origin import forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import parent_route
-from cachenode.front.interim import InterimRelay
+from cachenode.front.names import Asked
+from cachenode.front.reads import AGAIN, GIVE_UP, Reads
 from cachenode.front.respond import Responder, origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
@@ -45,68 +44,89 @@ log = structlog.get_logger("nezha.cachenode")
 
 
 class AuthorizedReads:
-    def __init__(self, *, store: Store, origins: Upstream, engine: FillEngine, respond: Responder,
+    def __init__(self, *, store: Store, origins: Upstream, reads: Reads, respond: Responder,
                  counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str,
                  peers_have_a_token: bool) -> None:
         self.store = store
         self.origins = origins
-        self.engine = engine
+        self.reads = reads  # the read loop, which this class is one way through
+        self.engine = reads.engine
         self.respond = respond
         self.counts = counts
         self.from_peer = from_peer
         self.node_id = node_id
         self.peers_have_a_token = peers_have_a_token
 
-    async def get(self, request: web.Request, *, key: str, url: str, origin: Origin, target: Target,
-                  meta: Meta | None, directives: RequestDirectives) -> web.StreamResponse:
+    async def get(self, request: web.Request, asked: Asked, *, meta: Meta | None,
+                  directives: RequestDirectives) -> web.StreamResponse:
         """A GET of an `authorize` origin's object (docs/private-objects.md):
         a stored copy is served only once the origin, asked with this
         caller's own request, says this caller may read this version; a miss
         asks the origin with the caller's request and stores what it answers."""
         if directives.no_store:
             # RFC 9111 §5.2.1.5: nothing of this exchange may be stored.
-            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+            return await self.respond.passthrough(request, asked.url, label=CacheOutcome.PASS)
         if not_probeable(request.headers) is not None:
             # A pass origin's object stored while it said authorize, asked
             # with a field the probe would change: the origin answers it.
-            return await self.respond.passthrough(request, url, label=CacheOutcome.BYPASS)
-        ranged = "Range" in request.headers
-        for attempt in range(3):
-            if attempt:
-                meta = self.store.lookup(key, request.headers)
-            if meta is not None:
-                served = await self._serve(request, url=url, meta=meta, directives=directives, target=target,
-                                           origin=origin)
-                if served is not None:
-                    return served
-                # Changed at the origin, or gone from the disk: fetched again, replacing it.
-            if directives.only_if_cached:
-                raise web.HTTPGatewayTimeout(text=f"{key} is not cached on {self.node_id}\n")
-            if ranged:
-                return await self._part(request, url=url, key=key, target=target, origin=origin)
-            flight, leader = self.engine.flights.lead_or_join(key)
-            if leader:
-                return await self._lead(request, flight, key=key, url=url, origin=origin, target=target)
-            outcome = await asyncio.shield(flight.outcome)
-            fill = outcome.fill
-            if outcome.kind is not Kind.STREAMING or fill is None or not outcome.answers(request.headers):
-                break  # nothing to join, or a variant this request does not select
-            if fill.complete:
-                # Its whole body was in before this request came: once stored,
-                # it is a stored copy like any other, read once authorised.
-                await flight.landed.wait()
-                continue
-            # Joining: not a byte of the fill before the origin says this
-            # caller may read the version it is filling.
-            allowed, response = await self._authorize(request, url, key=key, etag=first(fill.headers, "ETag"))
-            if allowed is Verdict.REFUSED:
-                return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
-            if allowed is Verdict.ALLOWED:
-                return await self.respond.fill(request, fill, label=CacheOutcome.MISS_JOINED)
-            break
+            return await self.respond.passthrough(request, asked.url, label=CacheOutcome.BYPASS)
+        return await self.reads.loop(request, asked, directives, way=self, meta=meta)
+
+    # -- the signed read's way through the read loop (front/reads.py) -------------
+    attempts = 3
+    fills_stale = False  # never stale-if-error: an origin that cannot be asked cannot allow a read
+    drop: frozenset[str] = frozenset()  # asked as the caller asked, If-Match included: every field may be signed
+
+    async def stored(self, request: web.Request, asked: Asked, meta: Meta | None,
+                     directives: RequestDirectives) -> web.StreamResponse | None:
+        if meta is None:
+            return None
+        # None: changed at the origin, or gone from the disk: fetched again, replacing it.
+        return await self._serve(request, url=asked.url, meta=meta, directives=directives, target=asked.target,
+                                 origin=asked.origin)
+
+    async def before_flight(self, request: web.Request, asked: Asked,
+                            directives: RequestDirectives) -> web.StreamResponse | None:
+        if directives.only_if_cached:
+            raise web.HTTPGatewayTimeout(text=f"{asked.key} is not cached on {self.node_id}\n")
+        if "Range" in request.headers:
+            return await self._part(request, url=asked.url, key=asked.key, target=asked.target, origin=asked.origin)
+        return None
+
+    async def led(self, request: web.Request, asked: Asked, outcome: Outcome,
+                  response: aiohttp.ClientResponse | None, *, stale: Meta | None) -> web.StreamResponse:
+        """A miss: the caller's own request went to the origin, and a storable
+        answer is streamed to it while it is stored."""
+        if outcome.kind is Kind.STREAMING:
+            assert outcome.fill is not None
+            return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
+        if outcome.kind is Kind.PASSED:
+            return await self.respond.passthrough(request, asked.url, label=CacheOutcome.PASS, response=response)
+        raise origin_failure(outcome.error)
+
+    async def joined(self, request: web.Request, asked: Asked, flight: Flight, outcome: Outcome, *,
+                     stale: Meta | None) -> web.StreamResponse | object:
+        fill = outcome.fill
+        if outcome.kind is not Kind.STREAMING or fill is None or not outcome.answers(request.headers):
+            return GIVE_UP  # nothing to join, or a variant this request does not select
+        if fill.complete:
+            # Its whole body was in before this request came: once stored,
+            # it is a stored copy like any other, read once authorised.
+            await flight.landed.wait()
+            return AGAIN
+        # Joining: not a byte of the fill before the origin says this
+        # caller may read the version it is filling.
+        allowed, response = await self._authorize(request, asked.url, key=asked.key, etag=first(fill.headers, "ETag"))
+        if allowed is Verdict.REFUSED:
+            return await self.respond.passthrough(request, asked.url, label=CacheOutcome.DENIED, response=response)
+        if allowed is Verdict.ALLOWED:
+            return await self.respond.fill(request, fill, label=CacheOutcome.MISS_JOINED)
+        return GIVE_UP
+
+    async def give_up(self, request: web.Request, asked: Asked) -> web.StreamResponse:
         # The origin has another version than the one filling, or no fill
         # this caller could be allowed into: it asks the origin for itself.
-        return await self.respond.passthrough(request, url, label=CacheOutcome.PASS)
+        return await self.respond.passthrough(request, asked.url, label=CacheOutcome.PASS)
 
     async def _serve(self, request: web.Request, *, url: str, meta: Meta, directives: RequestDirectives,
                      target: Target, origin: Origin) -> web.StreamResponse | None:
@@ -131,27 +151,6 @@ class AuthorizedReads:
             return None
         self.counts.accessed(meta.key)
         return await self.respond.hit(request, meta, label=CacheOutcome.AUTHORIZED)
-
-    async def _lead(self, request: web.Request, flight: Flight, *, key: str, url: str, origin: Origin,
-                    target: Target) -> web.StreamResponse:
-        """A miss: the caller's own request goes to the origin, and a storable
-        answer is streamed to it while it is stored."""
-        # Asked as the caller asked, If-Match included: every field may be signed.
-        interim = InterimRelay(request)
-        try:
-            outcome, response = await self.engine.lead(
-                flight, key=key, url=url, origin=origin, stale=None, target=target,
-                source=self.engine.origin_source(url, request.headers, drop=frozenset(), route=parent_route(request),
-                                                 interim=interim))
-        finally:
-            interim.close()
-        if outcome.kind is Kind.STREAMING:
-            assert outcome.fill is not None
-            return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
-        if outcome.kind is Kind.PASSED:
-            return await self.respond.passthrough(request, url, label=CacheOutcome.PASS, response=response)
-        # Never stale-if-error here: an origin that cannot be asked cannot allow a read.
-        raise origin_failure(outcome.error)
 
     async def _part(self, request: web.Request, *, url: str, key: str, target: Target, origin: Origin,
                     response: aiohttp.ClientResponse | None = None) -> web.StreamResponse:

@@ -45,7 +45,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.exact_head import encode_head
-from cachenode.front.respond import SendCut, sendfile_rest
+from cachenode.front.sendfile import SendCut, sendfile_rest
 from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.headers import describes_whole_body, with_date
 from cachenode.store.objects import Meta
@@ -262,6 +262,18 @@ class PlainHits(Protocol):
         `status`: 206 for a range)."""
 
 
+def _head_of(head: bytes, meta: Meta, span: tuple[int, int] | None) -> tuple[bytes, int, int, int]:
+    """A hit's whole head (the stored head, a range's fields, the Age of now),
+    the offset and length of its body, and its status."""
+    if span is None:
+        offset, length, status = 0, meta.size, 200
+    else:
+        (offset, length), status = span, 206
+        head = partial_head(head) + b"Content-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n" % (
+            offset, offset + length - 1, meta.size, length)
+    return head + b"Age: %d\r\n\r\n" % meta.age_at(time.time()), offset, length, status
+
+
 class FastPath(asyncio.Protocol):
     """One client connection: plain hits here, the rest handed to aiohttp.
 
@@ -466,13 +478,7 @@ class FastPath(asyncio.Protocol):
             return False
         del self._buf[:req.size]
         transport = self.transport
-        if span is None:
-            offset, length, status = 0, meta.size, 200
-        else:
-            (offset, length), status = span, 206
-            head = partial_head(head) + b"Content-Range: bytes %d-%d/%d\r\nContent-Length: %d\r\n" % (
-                offset, offset + length - 1, meta.size, length)
-        head += b"Age: %d\r\n\r\n" % meta.age_at(time.time())
+        head, offset, length, status = _head_of(head, meta, span)
         size = length if req.method == "GET" else 0
         sent = 0
         try:

@@ -25,7 +25,6 @@ from cachenode.front.handler import Handler
 from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prepared, refuse_methods
 from cachenode.metrics import Metrics
 from nezha.config import CacheSettings
-from nezha.wire import ADMIN_PATHS
 
 log = structlog.get_logger("nezha.connections")
 
@@ -65,13 +64,8 @@ def build_admin_app(node: Served) -> web.Application:
     port is on loopback: a sidecar listens on 127.0.0.1, where the kubelet's
     probes (sent to the pod's IP) and Prometheus cannot reach it. Nothing
     else answers here, so this port never serves or fetches an object."""
-    async def admin(request: web.Request) -> web.StreamResponse:
-        if request.method not in ("GET", "HEAD") or request.raw_path not in ADMIN_PATHS:
-            raise web.HTTPNotFound(text=f"only {', '.join(sorted(ADMIN_PATHS))} answer on this port\n")
-        return await node.handler.admin(request)
-
     app = web.Application(middlewares=[access_log])
-    app.router.add_route("*", "/{tail:.*}", admin)
+    app.router.add_route("*", "/{tail:.*}", node.handler.routes.admin_port)
     app[METRICS] = node.metrics
     return app
 

@@ -280,17 +280,9 @@ class PeerRelay:
         for peer in self.order(owners):
             if peer.id == self.node_id:
                 continue
-            headers = self.peer_headers(request, target)
-            if validators is not None and body is None:
-                for name in ("If-None-Match", "If-Modified-Since"):
-                    headers.popall(name, None)
-                headers.update(validators)
-            if body is not None:
-                if not body.resumable:
-                    break
-                for name in _CONDITIONALS:
-                    headers.popall(name, None)
-                headers.update(body.resume_headers())
+            if body is not None and not body.resumable:
+                break
+            headers = self._headers_for(request, target, validators=validators, body=body)
             try:
                 r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
                                    interim=interim if body is None else None)
@@ -333,6 +325,26 @@ class PeerRelay:
                 r.release()
         if body is None:
             return None
+        return await self._unfinished(request, body, origin_url=origin_url, target=target)
+
+    def _headers_for(self, request: web.Request, target: Target, *, validators: dict[str, str] | None,
+                     body: _Body | None):
+        """The fields an owner is asked with: a hot copy's validators instead of
+        the client's on the first ask, a resumed body's range on a later one."""
+        headers = self.peer_headers(request, target)
+        if validators is not None and body is None:
+            for name in ("If-None-Match", "If-Modified-Since"):
+                headers.popall(name, None)
+            headers.update(validators)
+        if body is not None:
+            for name in _CONDITIONALS:
+                headers.popall(name, None)
+            headers.update(body.resume_headers())
+        return headers
+
+    async def _unfinished(self, request: web.Request, body: _Body, *, origin_url: str | None,
+                          target: Target) -> web.StreamResponse:
+        """No owner finished the body it began: the rest from the origin, or a broken connection."""
         if origin_url is not None and body.resumable and request.method == "GET":
             try:
                 if await self._resume_from_origin(request, body, origin_url, target):

@@ -1,8 +1,7 @@
 """Writing responses: stored objects by sendfile, growing fills, pass-through copies.
 
-Every writer streams: a stored object goes out by os.sendfile (`_sendfile_now`,
-then `sendfile_rest`), a fill
-is sent from its temp file as bytes land, a pass-through is copied chunk by
+Every writer streams: a stored object goes out by os.sendfile
+(`front/sendfile.py`), a fill is sent from its temp file as bytes land, a pass-through is copied chunk by
 chunk. None holds a whole object in memory. When a body cannot be finished
 the connection is aborted, so the client sees an error, never a short object.
 
@@ -26,7 +25,7 @@ from cachenode.front.access import access, break_connection, parent_route
 from cachenode.front.interim import InterimRelay
 from cachenode.front.exact_head import ExactResponse
 from cachenode.counts import answer_counts
-from cachenode.kernel.fdwait import ready
+from cachenode.front.sendfile import FileSender
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
@@ -108,93 +107,6 @@ async def _answer_unsatisfiable(request: web.Request, resp: web.StreamResponse, 
     await resp.write_eof()
 
 
-# Bytes read per step when a stored object goes out through TLS (encrypted in
-# user space): large, since each step costs an executor hop and a drain.
-TLS_CHUNK = 1 << 20
-
-
-def _sendfile_now(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
-    """Bytes pushed by one os.sendfile straight to the socket, 0 if that is not safe.
-
-    `loop.sendfile` pauses reading, swaps writers and awaits futures around
-    every call; for a 100 KiB object that overhead costs more than the copy.
-    When nothing is queued in the transport (the headers already left), one
-    non-blocking sendfile usually sends the whole body and `loop.sendfile`
-    only finishes what the socket did not take. Never on TLS transports,
-    whose socket carries ciphertext.
-    """
-    if transport.get_write_buffer_size() or transport.get_extra_info("sslcontext") is not None:
-        return 0
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    try:
-        return os.sendfile(sock.fileno(), fd, offset, count)
-    except (BlockingIOError, InterruptedError):
-        return 0
-
-
-class SendCut(ConnectionError):
-    """The client's socket failed during a sendfile; `sent` bytes had left."""
-
-    def __init__(self, message: str, sent: int) -> None:
-        super().__init__(message)
-        self.sent = sent
-
-
-async def sendfile_rest(transport: asyncio.Transport, fd: int, offset: int, count: int) -> int:
-    """Bytes [offset, offset+count) of file `fd` to the transport's socket by
-    sendfile(2), for any event loop; the bytes sent (fewer only if the file
-    is shorter). Raises SendCut with the bytes that left when the client's
-    socket fails.
-
-    asyncio's `loop.sendfile` pauses reading and swaps the transport's
-    writer around every call, and uvloop has none at all (so a node under
-    uvloop cut warm hits short, docs/benchmarks.md). Here: wait until the
-    transport has written what it holds (the response head), then sendfile
-    on a duplicate of its socket, waiting for writability on the duplicate
-    (a loop refuses readers and writers on a descriptor its transport owns).
-    The transport writes nothing meanwhile: its owner is awaiting this. It
-    reads nothing either (as under `loop.sendfile`): pipelined requests wait
-    in the socket, not in memory, until the body is out.
-    """
-    sock = transport.get_extra_info("socket")
-    if sock is None or transport.is_closing():
-        raise SendCut("client went away", 0)
-    reading = transport.is_reading()
-    if reading:
-        transport.pause_reading()
-    out = os.dup(sock.fileno())
-    sent = 0
-    try:
-        # What the transport holds (the head) goes first. Its writer runs on the same
-        # readiness as ours: wait for the socket, not on a timer, so a client that reads
-        # nothing costs nothing while it waits.
-        while transport.get_write_buffer_size():
-            if transport.is_closing():
-                raise SendCut("client went away", 0)
-            await ready(out, write=True)
-            await asyncio.sleep(0)
-        if transport.is_closing():
-            raise SendCut("client went away", 0)
-        while sent < count:
-            try:
-                n = os.sendfile(out, fd, offset + sent, count - sent)
-            except (BlockingIOError, InterruptedError):
-                await ready(out, write=True)
-                continue
-            except OSError as e:
-                raise SendCut(f"client socket: {e}", sent) from e
-            if n == 0:
-                break  # the file ends here
-            sent += n
-        return sent
-    finally:
-        os.close(out)
-        if reading and not transport.is_closing():
-            transport.resume_reading()
-
-
 async def _continued(request: web.Request) -> AsyncIterator[bytes]:
     """The client's body, asked for only once the origin said 100 Continue.
 
@@ -214,54 +126,6 @@ class ChunkBody(Protocol):
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
                    length: int) -> None: ...
 
-
-class FileSender:
-    """Bytes of a stored file to a client: one sendfile where it can, else a
-    read loop. One object for every writer of a stored file (the responder,
-    chunk reads and a chunk's owner, cachenode/chunks/), built before them."""
-
-    def __init__(self, *, sendfile: bool, read_size: int) -> None:
-        self._sendfile = sendfile
-        self._read_size = read_size
-
-    async def __call__(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes],
-                       offset: int, count: int) -> None:
-        """Bytes [offset, offset+count) of `f` to the client, by sendfile when possible.
-
-        Raises ClientGone, with the bytes that did leave, when the client hung up.
-        """
-        done = 0
-        try:
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                raise ConnectionResetError("client went away")
-            # Not on TLS: asyncio's sendfile "fallback" there copies 16 KiB per executor hop (about
-            # 200 MB/s measured, bench/tls.py); the loop below moves TLS_CHUNK at a time.
-            tls = transport.get_extra_info("sslcontext") is not None
-            if self._sendfile and not tls and resp.chunked is False and not resp.compression:
-                done = _sendfile_now(transport, f.fileno(), offset, count)
-                if done == count:
-                    return
-                try:
-                    sent = await sendfile_rest(transport, f.fileno(), offset + done, count - done)
-                except SendCut as e:
-                    done += e.sent
-                    raise
-                else:
-                    if sent != count - done:
-                        raise BrokenStream(f"sent {done + sent} of {count} bytes")
-                    return
-            loop = asyncio.get_running_loop()
-            chunk = max(self._read_size, TLS_CHUNK) if tls else self._read_size
-            while done < count:
-                data = await loop.run_in_executor(None, os.pread, f.fileno(), min(chunk, count - done), offset + done)
-                if not data:
-                    raise BrokenStream(f"file ended {count - done} bytes early")
-                await resp.write(data)
-                done += len(data)
-        except ConnectionError as e:
-            sent = max(0, min(done, count))
-            raise ClientGone(f"client went away after {sent} bytes", sent=sent) from e
 
 class Responder:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, files: FileSender,
@@ -317,19 +181,8 @@ class Responder:
                 # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
                 # a stored 404 or 301 is sent whole, with its own status.
                 decision = Decision(RangeOutcome.FULL, 0, meta.body_size)
-            resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
-                                      else decision.outcome.value)
-            _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                            age=meta.age_at(self._clock()))
-            if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
-                resp.headers[SERVED_BY_HEADER] = self.settings.identity
-            elif not counted and access(request).peer:  # a chunked object's read: the node that sent its manifest
-                resp.headers[SERVED_BY_HEADER] = access(request).peer
-            if stale_reason is not None:
-                resp.headers["Warning"] = '111 - "Revalidation Failed"'
-            if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
-                # A peer revalidating its hot copy renews it to this expiry, never beyond.
-                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+            resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason,
+                                      counted=bool(counted))
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
                 self._count(meta.host, request=request, **counted)
                 await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),
@@ -349,31 +202,57 @@ class Responder:
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
                 if meta.authorize:
                     resp.headers[AUTHORIZE_HEADER] = "1"
-            sent = 0
-            try:
-                await resp.prepare(request)
-                if request.method != "HEAD" and decision.length:
-                    if f is None:
-                        await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
-                    else:
-                        await self.send_file(request, resp, f, decision.start, decision.length)
-                    sent = decision.length
-                    self._count(meta.host, request=request, bytes_served=sent if counted else 0)
-                    access(request).bytes = sent
-                await resp.write_eof()
-            except ClientGone as e:
-                self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent, counted=bool(counted))
-            except ConnectionError:
-                if not sent:
-                    self._client_gone(request, host=meta.host, key=meta.key, sent=0)
-            except BrokenStream as e:  # the data file is shorter than its meta says
-                access(request).cache = f"{label}-aborted"
-                log.warning("stream_aborted", key=meta.key, error=str(e))
-                break_connection(request)
+            await self._hit_body(request, resp, meta, f, decision, label=label, counted=bool(counted))
             return resp
         finally:
             if f is not None:
                 f.close()
+
+    def _hit_response(self, request: web.Request, meta: Meta, decision: Decision, *, label: str,
+                      stale_reason: str | None, counted: bool) -> ExactResponse:
+        """A stored object's response head, before Range and the peer's fields;
+        not `counted`: a relaying handler counts the read (a chunked object's)."""
+        resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
+                                  else decision.outcome.value)
+        _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
+                        age=meta.age_at(self._clock()))
+        if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
+            resp.headers[SERVED_BY_HEADER] = self.settings.identity
+        elif not counted and access(request).peer:  # a chunked object's read: the node that sent its manifest
+            resp.headers[SERVED_BY_HEADER] = access(request).peer
+        if stale_reason is not None:
+            resp.headers["Warning"] = '111 - "Revalidation Failed"'
+        if decision.outcome is RangeOutcome.NOT_MODIFIED and is_peer_request(request, self.settings.cluster_token):
+            # A peer revalidating its hot copy renews it to this expiry, never beyond.
+            resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
+        return resp
+
+    async def _hit_body(self, request: web.Request, resp: ExactResponse, meta: Meta, f: IO[bytes] | None,
+                        decision: Decision, *, label: str, counted: bool) -> None:
+        """A stored object's head and body sent (from its file, or its chunks when `f` is None);
+        a client gone is counted, a data file shorter than its meta breaks the connection.
+        Not `counted`: the bytes are the relaying handler's to count."""
+        sent = 0
+        try:
+            await resp.prepare(request)
+            if request.method != "HEAD" and decision.length:
+                if f is None:
+                    await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
+                else:
+                    await self.send_file(request, resp, f, decision.start, decision.length)
+                sent = decision.length
+                self._count(meta.host, request=request, bytes_served=sent if counted else 0)
+                access(request).bytes = sent
+            await resp.write_eof()
+        except ClientGone as e:
+            self._client_gone(request, host=meta.host, key=meta.key, sent=e.sent, counted=counted)
+        except ConnectionError:
+            if not sent:
+                self._client_gone(request, host=meta.host, key=meta.key, sent=0)
+        except BrokenStream as e:  # the data file is shorter than its meta says
+            access(request).cache = f"{label}-aborted"
+            log.warning("stream_aborted", key=meta.key, error=str(e))
+            break_connection(request)
 
     async def _manifest(self, request: web.Request, meta: Meta, *, label: str) -> web.StreamResponse:
         """A chunked object's manifest, to a peer: its headers, CHUNKED_HEADER
@@ -413,60 +292,29 @@ class Responder:
         host = host_of(fill.key)
         try:
             access(request).cache = label
-            size = fill.length
-            start, length = 0, size
-            status = fill.status
             resp = ExactResponse()
             _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
-            etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
-            plain = fill.status != 200  # preconditions and Range apply to a 200 only
-            verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
-            if verdict is not None:
-                self._count(host, request=request, misses=1)
-                await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
-                return resp
-            if size is not None and plain:
-                resp.content_length = size
-            elif size is not None:
-                decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
-                if decision.outcome is RangeOutcome.PARTIAL:
-                    status, start, length = 206, decision.start, decision.length
-                    resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
-                    drop_whole_body_fields(resp.headers)
-                elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                    await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
-                    return resp
-                resp.content_length = length
-            else:
-                resp.enable_chunked_encoding()
-            resp.set_status(status)
+            span = await self._fill_span(request, resp, fill, host=host)
+            if span is None:
+                return resp  # answered without a body
+            start, length = span
             offset = start
             end = None if length is None else start + length
+            progress = [offset]  # how far the body got, also when sending it raised
             try:
                 await resp.prepare(request)
-                while end is None or offset < end:
-                    available = await fill.wait_beyond(offset, reader=f, end=end)
-                    if end is not None:
-                        available = min(available, end)
-                    if available <= offset:
-                        break  # unknown length and the body is complete
-                    if fill.spilled and offset >= fill.on_disk:
-                        # The store could not write: the fill hands these bytes over from memory.
-                        data = fill.from_memory(f, offset, available)
-                        await resp.write(data)
-                        offset += len(data)
-                        continue
-                    if fill.spilled:
-                        available = min(available, fill.on_disk)
-                    await self.send_file(request, resp, f, offset, available - offset)
-                    offset = available
+                await self._follow(request, resp, fill, f, progress, end=end)
+                offset = progress[0]
             except ClientGone as e:
+                offset = progress[0]
                 self._client_gone(request, host=host, key=fill.key, sent=offset + e.sent - start, misses=1)
                 return resp
             except ConnectionError:
+                offset = progress[0]
                 self._client_gone(request, host=host, key=fill.key, sent=offset - start, misses=1)
                 return resp
             except (FillAborted, BrokenStream) as e:
+                offset = progress[0]
                 access(request).cache = f"{label}-aborted"
                 log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
                 break_connection(request)
@@ -480,6 +328,61 @@ class Responder:
             return resp
         finally:
             f.close()
+
+    async def _fill_span(self, request: web.Request, resp: ExactResponse, fill: Fill, *,
+                         host: str) -> tuple[int, int | None] | None:
+        """The part of a fill this request gets, its status and framing set on
+        `resp`: (start, length; None while unknown), or None once a
+        precondition or an unsatisfiable Range was answered without a body."""
+        size = fill.length
+        start, length = 0, size
+        status = fill.status
+        etag, last_modified = first(fill.headers, "ETag"), first(fill.headers, "Last-Modified")
+        plain = fill.status != 200  # preconditions and Range apply to a 200 only
+        verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
+        if verdict is not None:
+            self._count(host, request=request, misses=1)
+            await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
+            return None
+        if size is not None and plain:
+            resp.content_length = size
+        elif size is not None:
+            decision = evaluate(request.headers, size=size, etag=etag, last_modified=last_modified)
+            if decision.outcome is RangeOutcome.PARTIAL:
+                status, start, length = 206, decision.start, decision.length
+                resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
+                drop_whole_body_fields(resp.headers)
+            elif decision.outcome is RangeOutcome.UNSATISFIABLE:
+                await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
+                return None
+            resp.content_length = length
+        else:
+            resp.enable_chunked_encoding()
+        resp.set_status(status)
+        return start, length
+
+    async def _follow(self, request: web.Request, resp: web.StreamResponse, fill: Fill, f: IO[bytes],
+                      progress: list[int], *, end: int | None) -> None:
+        """Send the fill's body from `progress[0]` up to `end` (None: its end) as
+        it lands, keeping `progress[0]` at the offset sent so far."""
+        offset = progress[0]
+        while end is None or offset < end:
+            available = await fill.wait_beyond(offset, reader=f, end=end)
+            if end is not None:
+                available = min(available, end)
+            if available <= offset:
+                break  # unknown length and the body is complete
+            if fill.spilled and offset >= fill.on_disk:
+                # The store could not write: the fill hands these bytes over from memory.
+                data = fill.from_memory(f, offset, available)
+                await resp.write(data)
+                offset += len(data)
+                progress[0] = offset
+                continue
+            if fill.spilled:
+                available = min(available, fill.on_disk)
+            await self.send_file(request, resp, f, offset, available - offset)
+            offset = progress[0] = available
 
     async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
                           error: FillAborted) -> web.StreamResponse:
@@ -513,24 +416,7 @@ class Responder:
         """
         access(request).cache = label
         if response is None:
-            deferred = request.get(CONTINUE_DEFERRED, False)
-            headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
-            data = None
-            if request.body_exists:
-                # Streamed with the client's framing: a known length goes on as
-                # Content-Length (object stores refuse chunked uploads), else chunked.
-                data = _continued(request) if deferred else request.content
-                if request.content_length is not None:
-                    headers["Content-Length"] = str(request.content_length)
-            interim = InterimRelay(request)
-            try:
-                response = await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
-                                                      route=parent_route(request),
-                                                      data=data, interim=interim)
-            except OriginError as e:
-                raise origin_failure(e)
-            finally:
-                interim.close()
+            response = await self._ask_origin(request, url)
         part: PartWriter | None = None
         try:
             if on_response is not None:
@@ -538,16 +424,7 @@ class Responder:
             if keep is not None and request.method == "GET" and (part := await keep(response)) is not None:
                 label = CacheOutcome.MISS
                 access(request).cache = label
-            resp = ExactResponse(status=response.status, reason=response.reason)
-            for name, value in end_to_end(response.headers).items():
-                resp.headers.add(name, value)
-            if (via := self.via_for(request)) is not None:
-                add_via(resp.headers, via)
-            resp.headers[CACHE_HEADER] = label
-            if response.content_length is not None:
-                resp.content_length = response.content_length
-            elif request.method != "HEAD" and response.status not in (204, 304):
-                resp.enable_chunked_encoding()
+            resp = self._passed_head(request, response, label=label)
             sent = received = 0
             gone = False
             try:
@@ -581,5 +458,41 @@ class Responder:
             response.release()
             if part is not None:
                 await part.close()
+
+    async def _ask_origin(self, request: web.Request, url: str) -> aiohttp.ClientResponse:
+        """The client's request, as sent, to the origin (or the parent tier):
+        every end-to-end field, and the body streamed with its own framing."""
+        deferred = request.get(CONTINUE_DEFERRED, False)
+        headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
+        data = None
+        if request.body_exists:
+            # Streamed with the client's framing: a known length goes on as
+            # Content-Length (object stores refuse chunked uploads), else chunked.
+            data = _continued(request) if deferred else request.content
+            if request.content_length is not None:
+                headers["Content-Length"] = str(request.content_length)
+        interim = InterimRelay(request)
+        try:
+            return await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+                                              route=parent_route(request), data=data, interim=interim)
+        except OriginError as e:
+            raise origin_failure(e)
+        finally:
+            interim.close()
+
+    def _passed_head(self, request: web.Request, response: aiohttp.ClientResponse, *,
+                     label: str) -> ExactResponse:
+        """The origin's status and end-to-end fields, with this node's Via and X-Nezha-Cache."""
+        resp = ExactResponse(status=response.status, reason=response.reason)
+        for name, value in end_to_end(response.headers).items():
+            resp.headers.add(name, value)
+        if (via := self.via_for(request)) is not None:
+            add_via(resp.headers, via)
+        resp.headers[CACHE_HEADER] = label
+        if response.content_length is not None:
+            resp.content_length = response.content_length
+        elif request.method != "HEAD" and response.status not in (204, 304):
+            resp.enable_chunked_encoding()
+        return resp
 
 

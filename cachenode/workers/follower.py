@@ -29,9 +29,13 @@ from dataclasses import fields
 
 import structlog
 
-from cachenode.app import build_node, build_tls_port, hangup_stops, leaves_for, read_ca
+from cachenode.app import build_tls_port, hangup_stops, leaves_for, read_ca
+from cachenode.fill.origin import via_of
 from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
+from cachenode.front.hits import PlainHitFinder
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
@@ -54,21 +58,21 @@ def meta_from(raw: dict) -> Meta:
 
 
 class _Hits:
-    """The fast path's two questions, answered by the node's handler over this
-    worker's copy of the index; the counting of each hit goes to the primary."""
+    """The fast path's two questions, answered over this worker's copy of the
+    index (cachenode/front/hits.py); the counting of each hit goes to the primary."""
 
-    def __init__(self, handler, link: Channel) -> None:
-        self._handler = handler
+    def __init__(self, finder: PlainHitFinder, link: Channel) -> None:
+        self._finder = finder
         self._link = link
         self._queued: list[list] = []
         self._flush_at: asyncio.TimerHandle | None = None
 
     def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http"):
-        return self._handler.plain_hit(raw_target, host_header, scheme)
+        return self._finder.plain_hit(raw_target, host_header, scheme)
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
-        self._handler.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone, status=status)
+        self._finder.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone, status=status)
         self._queued.append([meta.host, meta.key, meta.slot, meta.hot, sent, first_byte])
         if len(self._queued) >= _FLUSH_HITS:
             self.flush()
@@ -88,13 +92,18 @@ class Follower:
     def __init__(self, settings: CacheSettings, *, link: socket.socket, worker: int, open_files: int) -> None:
         self.settings = settings
         self.worker = worker
-        self.node = build_node(settings)  # its handler and store; never started: it fills nothing
-        self.store = self.node.store
+        # Only what a plain hit needs: a store that is never opened (its index
+        # mirrors the primary's records; it fills, writes and evicts nothing)
+        # and the questions the fast path asks of it. No node is built.
+        self.store = Store(settings.data_dir, capacity=settings.capacity, hot_capacity=settings.hot_capacity)
+        self.metrics = Metrics()
+        self.finder = PlainHitFinder(table=settings.origin_table, store=self.store, via=via_of(settings.identity),
+                                     node_id=settings.identity)
         self._link_sock = link
         self.link: Channel | None = None
         self.synced = asyncio.Event()
         self.lost = asyncio.Event()
-        self.gate = node_gate(settings.max_connections, open_files, metrics=self.node.metrics)
+        self.gate = node_gate(settings.max_connections, open_files, metrics=self.metrics)
         self.backlog = listen_backlog(open_files)
         self.server: asyncio.AbstractServer | None = None
         self.tls: TlsPort | None = None
@@ -159,7 +168,7 @@ class Follower:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.link = Channel(self._link_sock, on_record=self._record, on_closed=self._lost)
-        self.hits = _Hits(self.node.handler, self.link)
+        self.hits = _Hits(self.finder, self.link)
         waiting = asyncio.ensure_future(self.synced.wait())
         gone = asyncio.ensure_future(self.lost.wait())
         stopping = asyncio.ensure_future(stop.wait())

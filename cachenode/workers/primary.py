@@ -61,11 +61,56 @@ def meta_records(metas: list[Meta], event: str) -> list[Put | Drop]:
     return records
 
 
+class FollowerLinks:
+    """The primary's link to each follower, and how /metrics waits for their
+    hits (`counted`). Built before the node, which is given `counted` at
+    construction; the links join once the node serves (`Followers`)."""
+
+    def __init__(self) -> None:
+        self.links: dict[int, Channel] = {}
+        self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
+        self._flush_number = 0
+
+    async def counted(self, timeout: float = 1.0) -> None:
+        """Return once every hit a follower had answered when this was called is
+        counted here: /metrics waits for it, so a scrape is exact for every
+        request answered before it. Each link is ordered, so a follower's
+        "flushed" comes after the hits it sent before it. A follower that does
+        not answer within `timeout` (stuck, or dying) is not waited for."""
+        if not self.links:
+            return
+        self._flush_number += 1
+        n = self._flush_number
+        loop = asyncio.get_running_loop()
+        waits = []
+        for worker, link in self.links.items():
+            waiter = self._flushes[(worker, n)] = loop.create_future()
+            link.send(Flush(n=n))
+            waits.append(waiter)
+        try:
+            await asyncio.wait(waits, timeout=timeout)
+        finally:
+            for worker in list(self.links):
+                self._flushes.pop((worker, n), None)
+
+    def flushed(self, worker: int, n: int) -> None:
+        waiter = self._flushes.pop((worker, n), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def left(self, worker: int, link: Channel) -> None:
+        for (who, n), waiter in list(self._flushes.items()):
+            if who == worker and not waiter.done():
+                waiter.set_result(None)  # gone: nothing more will be counted from it
+        if self.links.get(worker) is link:
+            del self.links[worker]
+
+
 class Followers:
     """The primary's links: to the supervisor (which sends one new link per
-    follower it starts) and to each follower."""
+    follower it starts) and to each follower (`FollowerLinks`)."""
 
-    def __init__(self, *, control: socket.socket, store: Store,
+    def __init__(self, *, control: socket.socket, store: Store, follower_links: FollowerLinks,
                  adopt: Callable[..., None],
                  count_hit: Callable[[str, str, bool, int, float | None], None],
                  handed: Callable[[], None] = lambda: None,
@@ -80,10 +125,9 @@ class Followers:
         self._control_sock = control
         self.control: Channel | None = None
         self.closing = False  # this worker closes its links itself: the supervisor is not gone
-        self.links: dict[int, Channel] = {}
+        self.follower_links = follower_links
+        self.links = follower_links.links
         self._partial: dict[int, tuple[int, bytearray, bool, bool, int]] = {}  # follower -> (fd, bytes, eof, secure, parts left)
-        self._flushes: dict[tuple[int, int], asyncio.Future] = {}  # (follower, number) -> its answer
-        self._flush_number = 0
 
     def start(self) -> None:
         self.control = Channel(self._control_sock, on_record=self._from_supervisor, on_closed=self._supervisor_gone)
@@ -128,34 +172,8 @@ class Followers:
         link.send(Synced())
         log.info("worker_joined", worker=worker, objects=len(self.store))
 
-    async def counted(self, timeout: float = 1.0) -> None:
-        """Return once every hit a follower had answered when this was called is
-        counted here: /metrics waits for it, so a scrape is exact for every
-        request answered before it. Each link is ordered, so a follower's
-        "flushed" comes after the hits it sent before it. A follower that does
-        not answer within `timeout` (stuck, or dying) is not waited for."""
-        if not self.links:
-            return
-        self._flush_number += 1
-        n = self._flush_number
-        loop = asyncio.get_running_loop()
-        waits = []
-        for worker, link in self.links.items():
-            waiter = self._flushes[(worker, n)] = loop.create_future()
-            link.send(Flush(n=n))
-            waits.append(waiter)
-        try:
-            await asyncio.wait(waits, timeout=timeout)
-        finally:
-            for worker in list(self.links):
-                self._flushes.pop((worker, n), None)
-
     def _left(self, worker: int, link: Channel) -> None:
-        for (who, n), waiter in list(self._flushes.items()):
-            if who == worker and not waiter.done():
-                waiter.set_result(None)  # gone: nothing more will be counted from it
-        if self.links.get(worker) is link:
-            del self.links[worker]
+        self.follower_links.left(worker, link)
         partial = self._partial.pop(worker, None)
         if partial is not None:
             os.close(partial[0])
@@ -198,9 +216,7 @@ class Followers:
             case Fallback(reason=reason):
                 self._tls_fallback(str(reason))
             case Flushed(n=n):
-                waiter = self._flushes.pop((worker, n), None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
+                self.follower_links.flushed(worker, n)
             case Ready():
                 if self.control is not None:
                     self.control.send(Ready(worker=worker))
@@ -212,19 +228,25 @@ def _tag(message: Message | Unknown) -> str:
     return message.tag if isinstance(message, Unknown) else message.TAG
 
 
-def attach_followers(control: socket.socket):
-    """What `cachenode.app.serve` calls once the primary serves: its links
-    started and the supervisor told; returns what closes them."""
-    def attach(node, listener) -> Callable[[], None]:
+class Primary:
+    """What `cachenode.app.serve` is given to run as the primary: `counted`,
+    for the node's /metrics (passed to the node when it is built), and
+    `attach`, called once the node serves: its links started and the
+    supervisor told; it returns what closes them."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.follower_links = FollowerLinks()
+        self.counted = self.follower_links.counted
+
+    def attach(self, node, listener) -> Callable[[], None]:
         metrics = node.metrics
-        followers = Followers(control=control, store=node.store, adopt=listener.adopt_handed,
-                              count_hit=node.handler.count_fast_hit, handed=metrics.worker_handovers.inc,
+        followers = Followers(control=self.control, store=node.store, follower_links=self.follower_links,
+                              adopt=listener.adopt_handed, count_hit=node.handler.count_fast_hit,
+                              handed=metrics.worker_handovers.inc,
                               tls_outcome=lambda outcome: metrics.tls_connections.labels(outcome).inc(),
                               tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc())
         followers.start()
-        node.handler.before_metrics = followers.counted
         node.supervisor = os.getppid()  # /readyz names it: the node's process, to whoever started it
         followers.ready()
         return followers.close
-
-    return attach

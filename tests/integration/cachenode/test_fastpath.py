@@ -217,7 +217,7 @@ async def test_below_info_level_fast_hits_are_still_counted_every_one(origin, ma
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     try:
         node = await _warm(origin, make_node, session, b"w" * 700)
-        assert node.node.handler._log_hits is False
+        assert node.node.handler.plain._log_hits is False
         reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
         writer.write(f"GET {PATH} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() * 7)
         for _ in range(7):

@@ -32,16 +32,6 @@ LIBRARY_PATCHES = {
         "resume it",
 }
 
-# Still wired after construction, and why (each entry names its way out; the
-# test below fails once the assignment is gone, so the entry goes with it).
-NOT_YET = {
-    ("workers/primary.py", "node.handler.before_metrics"):
-        "the primary's follower links need the node's listener and handler, and the handler awaits their "
-        "counts before /metrics: a cycle through cachenode/workers/, which issue 33's lean supervisor "
-        "(item 6) reworks; pass the links' `counted` to CacheNode once they are built before it",
-}
-
-
 def _assignments(tree: ast.AST):
     """(node, target, value) of every assignment to an attribute in `tree`."""
     for node in ast.walk(tree):
@@ -98,7 +88,7 @@ def test_no_callable_is_set_on_another_object_after_it_is_built_anywhere_in_the_
     found = [f"cachenode/{path}:{line}: {source}"
              for path, tree in modules.items()
              for line, source in wired_after_construction(tree, callables)
-             if (path, source.split(" = ")[0]) not in LIBRARY_PATCHES | NOT_YET.keys()]
+             if (path, source.split(" = ")[0]) not in LIBRARY_PATCHES]
     assert found == [], "pass these to the constructor that needs them:\n" + "\n".join(found)
 
 
@@ -108,7 +98,7 @@ def test_every_assignment_let_through_is_still_there():
     seen = {(path, source.split(" = ")[0])
             for path, tree in modules.items()
             for _, source in wired_after_construction(tree, declared_callables(list(modules.values())))}
-    assert set(LIBRARY_PATCHES) | set(NOT_YET) <= seen
+    assert set(LIBRARY_PATCHES) <= seen
 
 
 # The seven assignments front/handler.py made before the chunks got a room

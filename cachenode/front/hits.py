@@ -1,0 +1,98 @@
+"""The fast path's questions about one plain hit, over a store's index:
+which fresh object a plain GET or HEAD names (with its response head and
+data path, memoised) and the access log line of a hit served.
+
+What a follower worker needs of a node, and no more (cachenode/workers/
+follower.py): it holds a copy of the primary's index and answers plain hits
+with this, and counts none of them itself (the primary does). The node's
+handler answers the fast path with it too, and counts each hit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import structlog
+
+from cachenode.front.fastpath import response_head
+from cachenode.front.names import names_origin, resolve
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.credentials import redact_url
+from nezha.keys import BadTarget
+from nezha.origins import OriginTable
+from nezha.wire import CacheOutcome
+
+log = structlog.get_logger("nezha.cachenode")
+
+_PLAIN_CACHE = 4096  # entries in each memo; cleared when full
+
+
+def hit_label(meta: Meta) -> CacheOutcome:
+    """A fresh stored object's X-Nezha-Cache: a hot copy says so."""
+    return CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT
+
+
+class PlainHitFinder:
+    def __init__(self, *, table: OriginTable, store: Store, via: str, node_id: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.table = table
+        self.store = store
+        self.via = via
+        self.node_id = node_id
+        self._clock = clock
+        # The log level is set once, before a node is made (nezha.logs.configure):
+        # below info, a plain hit skips building its request_completed line.
+        self._log_hits = log.is_enabled_for(logging.INFO)
+        # Request line and Host -> key, key -> (meta, head, path).
+        self._keys: dict[tuple[str, str, str], str] = {}
+        self._heads: dict[str, tuple[Meta, bytes, str]] = {}
+
+    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
+        """The fresh stored object a plain GET/HEAD asks for, with its response
+        head and data path, if this node serves it itself as the handler would (a
+        fresh local copy is served whoever owns the key). None sends the request
+        through the full handler. `scheme`: https for a connection whose TLS
+        this process ended (a follower worker's, cachenode/workers/)."""
+        key = self._keys.get((scheme, raw_target, host_header))
+        if key is None:
+            key = self._key(raw_target, host_header, scheme)
+            if key is None:
+                return None
+        meta = self.store.lookup(key)
+        if meta is None or meta.status != 200 or meta.authorize or meta.chunk_size or not meta.fresh(self._clock()):
+            return None  # a chunked object is read from its chunks' owners, not sent from one file
+        prepared = self._heads.get(key)
+        if prepared is None or prepared[0] is not meta:
+            if len(self._heads) >= _PLAIN_CACHE:
+                self._heads.clear()
+            prepared = self._heads[key] = (meta, response_head(meta, via=self.via, served_by=self.node_id),
+                                           self.store.data_path(meta))
+        return prepared
+
+    def _key(self, raw_target: str, host_header: str, scheme: str) -> str | None:
+        """The key a plain hit may be found under, memoised; None: never a plain hit."""
+        if not names_origin(self.table, host_header):
+            return None
+        try:
+            _, origin, key = resolve(self.table, raw_target, host_header, scheme=scheme)
+        except BadTarget:
+            return None
+        if key is None or origin is None or origin.credentials == "authorize":
+            return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
+        if len(self._keys) >= _PLAIN_CACHE:
+            self._keys.clear()
+        self._keys[(scheme, raw_target, host_header)] = key
+        return key
+
+    def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,
+                     status: int = 200) -> None:
+        """The access log half of a fast hit: one line, written by the worker that served it."""
+        if not self._log_hits:
+            return  # below the log level: not even the fields are worth making
+        if gone:
+            log.info("client_gone", key=meta.key, bytes=sent)
+        log.info("request_completed", method=method, host=meta.host, path=redact_url(path)[:300], status=status,
+                 cache=hit_label(meta), bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))

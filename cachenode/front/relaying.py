@@ -1,0 +1,146 @@
+"""A client's read relayed to the key's owners ahead of this node, and what
+this node does with their answer (docs/cache-node.md, "Peers").
+
+The relay itself (timeouts, resuming a broken body) is `front/relay.py`'s;
+this is the bookkeeping around it: counting what the owner answered, a
+chunked object read from its chunks' owners here rather than through the
+manifest's owner, and a hot copy's revalidation with its owner, whose 304
+renews the copy so this node serves it (the policy is
+cluster/hot_copies.py's: what to copy, when, and the copy's life).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from cachenode.cluster.hot_copies import HotCheck, HotCopies, Relayed
+from cachenode.cluster.hot_revalidation import confirms
+from cachenode.counts import Counts
+from cachenode.front.access import access
+from cachenode.front.names import Asked
+from cachenode.front.relay import PeerRelay
+from cachenode.front.respond import Responder
+from cachenode.http.freshness import current_age
+from cachenode.http.headers import stored_pairs
+from cachenode.store.objects import Meta
+from nezha.chunks import Manifest
+from nezha.keys import host_of
+from nezha.ring import Peer
+from nezha.wire import CACHE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, CacheOutcome, relayed
+
+log = structlog.get_logger("nezha.cachenode")
+
+# The owner's X-Nezha-Cache, as seen by the relay -> the relay's counter.
+_RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.AUTHORIZED): "peer_hits",
+                  relayed(CacheOutcome.REVALIDATED): "peer_hits", relayed(CacheOutcome.STALE): "peer_hits",
+                  relayed(CacheOutcome.MISS): "misses", relayed(CacheOutcome.MISS_JOINED): "misses"}
+
+
+class RelayedReads:
+    def __init__(self, *, node_id: str, relay: PeerRelay, respond: Responder, hot: HotCopies, counts: Counts,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node_id = node_id
+        self.relay = relay
+        self.respond = respond
+        self.hot = hot
+        self.counts = counts
+        self._clock = clock
+
+    async def read(self, request: web.Request, asked: Asked, *, ahead: list[Peer], owners: list[Peer],
+                   revalidating: HotCheck | None, authorize: bool) -> web.StreamResponse | None:
+        """`request` answered by the owners `ahead` (or from a hot copy their
+        304 renewed); None: none of them answered."""
+        on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
+        answer = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
+                                        on_manifest=self.chunked_from_peer,
+                                        validators=revalidating.fields if revalidating else None,
+                                        on_answer=on_answer)
+        if revalidating is not None and revalidating.served:
+            return answer  # from this node's renewed copy, counted as the hit it is
+        if answer is None:
+            return None
+        record = access(request)
+        outcome = _RELAY_OUTCOME.get(record.cache or "")
+        self.counts.count(asked.target.host, metrics=False, bytes_served=record.bytes,
+                          **({outcome: 1} if outcome else {}))
+        if request.method == "GET":
+            # A copy the owner's answer replaced is copied again at once:
+            # the key was hot, and its readers keep coming here.
+            self.hot.relayed(Relayed(cache=record.cache, peer=record.peer, broken=record.broken,
+                                     status=answer.status, headers=answer.headers,
+                                     content_length=answer.content_length),
+                             ahead=ahead, owners=owners, target=asked.target, key=asked.key,
+                             request_headers=request.headers, authorize=authorize,
+                             replaced=revalidating is not None and revalidating.replaced)
+        return answer
+
+    def _hot_answer(self, check: HotCheck, *, ahead: list[Peer], asked: Asked):
+        """The relay's look at the owner's answer to a hot copy's revalidation.
+
+        A 304 about the copy's version: renew the copy with the owner's
+        expiry and serve the client from this node's disk (`hot-hit`, its
+        own conditionals and Range judged against the copy). Any other
+        answer is relayed as it is, and one that says the owner's version is
+        not the copy's (a 2xx, a 304 about the client's version, a 404) drops
+        the copy first, so no reader here gets the old bytes after it."""
+        async def on_answer(request: web.Request, answer: aiohttp.ClientResponse,
+                            peer: Peer) -> web.StreamResponse | None:
+            meta = check.meta
+            if answer.status == 304 and confirms(etag=meta.etag, answer_etag=answer.headers.get("ETag"),
+                                                 client_if_none_match=check.client_if_none_match):
+                return await self._renewed(request, answer, peer, check, ahead=ahead, asked=asked)
+            if answer.status < 500 and answer.status != 412:
+                check.replaced = 200 <= answer.status < 300
+                await self.hot.drop(meta, why="replaced at the owner")
+            elif not meta.fresh(self._clock()):
+                await self.hot.drop(meta, why="expired")
+            return None
+
+        return on_answer
+
+    async def _renewed(self, request: web.Request, answer: aiohttp.ClientResponse, peer: Peer, check: HotCheck, *,
+                       ahead: list[Peer], asked: Asked) -> web.StreamResponse:
+        """The owner's 304 confirmed the hot copy: served from here once renewed, else relayed again."""
+        meta = check.meta
+        renewed = await self.hot.renew(meta, answer, origin=asked.origin)
+        if renewed is not None:
+            log.info("hot_copy_revalidated", key=meta.key, owner=peer.id,
+                     expires_in=round(renewed.expires_at - self._clock(), 3))
+            served = await self.respond.hit(request, renewed, label=CacheOutcome.HOT_HIT)
+            if served is not None:
+                check.served = True
+                return served
+        # Renewed as something else, or gone meanwhile: ask again, as any relayed read.
+        again = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
+                                       on_manifest=self.chunked_from_peer)
+        if again is None:
+            raise web.HTTPServiceUnavailable(
+                text=f"{meta.key}: its owners stopped answering while {self.node_id} renewed its copy\n")
+        return again
+
+    async def chunked_from_peer(self, request: web.Request, answer: aiohttp.ClientResponse,
+                                peer: Peer) -> web.StreamResponse | None:
+        """The owner of a chunked object's key answered a relayed read with its
+        manifest (CHUNKED_HEADER): this node reads the chunks from their owners
+        itself and answers the client, so the object's bytes do not funnel
+        through the manifest's owner. None: a manifest that cannot be read
+        (the relay then goes on as if the owner had not answered)."""
+        try:
+            manifest = Manifest.decode(answer.headers[CHUNKED_HEADER])
+            expires_at = float(answer.headers[EXPIRES_HEADER])
+        except (KeyError, ValueError, TypeError) as e:
+            log.warning("manifest_unreadable", peer=peer.id, error=f"{type(e).__name__}: {e}")
+            return None
+        key = access(request).key or ""
+        now = self._clock()
+        meta = Meta(key=key, url=key, host=host_of(key), size=0, headers=stored_pairs(answer.headers),
+                    stored_at=now, expires_at=expires_at, age=current_age(answer.headers, now),
+                    chunk_size=manifest.chunk_size, length=manifest.length)
+        access(request).peer = peer.id
+        # The owner's own outcome (a miss when its flight stored the manifest just now), as a relay says it.
+        return await self.respond.hit(request, meta, label=relayed(answer.headers.get(CACHE_HEADER, CacheOutcome.HIT)))
