@@ -42,6 +42,8 @@ async def refuse_methods(request: web.Request, handler) -> web.StreamResponse:
             # to go, so it is what the request's line names, not its Host field.
             record = access(request)
             record.host, record.port = request.url.host, request.url.explicit_port
+        else:  # TRACE names its host as every other request does: in its Host field
+            access(request).host = request.url.host
         raise web.HTTPMethodNotAllowed(
             request.method, ALLOWED_METHODS,
             text=f"method {request.method} is refused: {REFUSED_METHODS[request.method]}\n")

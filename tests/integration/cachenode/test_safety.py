@@ -91,6 +91,16 @@ async def test_a_refused_connect_is_logged_with_the_host_and_port_it_asked_for(o
     assert (line["method"], line["host"], line["port"], line["status"]) == ("CONNECT", host, port, 405)
 
 
+async def test_a_refused_trace_is_logged_with_the_host_it_named(origin, make_node):
+    """A TRACE is refused before routing, yet its line names the host its Host field gave."""
+    node = await make_node()
+    with capture_logs() as logs:
+        status, _ = await raw_request(node, b"TRACE /x HTTP/1.1\r\nHost: www.cs.toronto.edu\r\nConnection: close\r\n\r\n")
+    assert status == 405
+    [line] = [e for e in logs if e["event"] == "request_completed"]
+    assert (line["method"], line["host"], line["status"]) == ("TRACE", "www.cs.toronto.edu", 405)
+
+
 async def test_admin_endpoints_answer_on_a_non_origin_host(origin, make_node, session):
     origin.put("/f", b"f" * 1000)
     node = await make_node()
