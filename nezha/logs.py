@@ -200,7 +200,9 @@ def configure(*, level: str = "info", json: bool = True, stream=None, cache_logg
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
+        # One write per line: print() writes a line and its newline apart, and on an
+        # unbuffered stream shared by a node's processes two lines could join.
+        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stdout),
         cache_logger_on_first_use=cache_loggers,
     )
     # Libraries (aiohttp, asyncio) log through the standard library; keep them
