@@ -24,7 +24,7 @@ from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
-from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
+from cachenode.fill.lead import Answer, Body, How, Plan, Step, answered_span, decide, plan_fill, resume_of
 from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
@@ -165,8 +165,12 @@ class FillEngine:
         through the parent tier when `route` names the target to ask it for.
         `interim` forwards the origin's 1xx answers to that client."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
+        # A resume (the rest of a body under If-Range) asks for its range first; not through a
+        # parent tier, and not when the caller's own fields go as they are (a signed read).
+        resume = (resume_of(client_headers.get("Range"), client_headers.get("If-Range"))
+                  if route is None and "range" in drop else None)
         return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route,
-                      interim=interim)
+                      interim=interim, resume=resume)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -176,11 +180,24 @@ class FillEngine:
         try:
             try:
                 response = await self._ask(source, stale)
+                answered = self._answered(response, source=source, stale=stale, origin=origin)
+                if source.resume is not None and answered is None and response.status == 206:
+                    # A range, but not one to start from (not the range asked, a weak validator,
+                    # a chunked object's size): asked again as any fill, for the whole object.
+                    # (A 200 is the whole object already: If-Range found another version.)
+                    response.release()
+                    source = dataclasses.replace(source, resume=None)
+                    response = await self._ask(source, stale)
             except OriginError as e:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
             now = self._clock()
+            if answered is not None:
+                # The resume's 206 stands for the object it is part of: judged and stored as its 200.
+                return self._resolve_flight(flight, await self._resumed_fill(
+                    flight, response, answered, key=key, url=url, origin=origin, target=target, source=source,
+                    now=now)), None
             # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
             authorize = origin.credentials == "authorize" or (
                 source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
@@ -301,9 +318,52 @@ class FillEngine:
                  chunks=Layout(size=length, chunk_size=chunk_size).count)
         return stored
 
+    def _answered(self, response: aiohttp.ClientResponse, *, source: Source, stale: Meta | None,
+                  origin: Origin) -> tuple[int, int, int] | None:
+        """The span a resume's answer brings (first, end, object length), when the fill
+        can start from it: the range asked, of a version with a strong validator,
+        of an object not stored as chunks across the ring; else None."""
+        if source.resume is None or stale is not None or source.peer is not None or origin.credentials == "authorize":
+            return None
+        span = answered_span(source.resume, response.status, response.headers.get("Content-Range"))
+        if span is None or if_range_validator(response.headers) is None:
+            return None
+        if response.headers.get("ETag", "").startswith("W/") or "Vary" in response.headers:
+            return None
+        threshold, _ = self.settings.chunking(origin)
+        if self.chunks.spread() and chunks_on(threshold, span[2]):
+            return None
+        return span
+
+    async def _resumed_fill(self, flight: Flight, response: aiohttp.ClientResponse, span: tuple[int, int, int], *,
+                            key: str, url: str, origin: Origin, target: Target, source: Source,
+                            now: float) -> Outcome:
+        """The fill of the object a resume's 206 (`span`: first, end, length) is part
+        of: that answer read into its place, the rest fetched around it in ranges."""
+        policy = response_policy(200, response.headers, now=now, policy_ttl=origin.default_ttl,
+                                 targeted=origin.targeted_cache_control)
+        kept = tuple((n, v) for n, v in with_date(stored_pairs(response.headers), now)
+                     if n.lower() != "content-range")
+        decision = decide(_answer(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
+                                  status=200, length=span[2]),
+                          stale_held=False, stale_usable_on_error=False)
+        if decision.step is not Step.FILL:
+            # Not storable: the leading request is answered as the origin answered it, nobody else joins.
+            log.info("response_not_stored", key=key, reason=decision.reason)
+            response.release()
+            return self._landed(flight, Outcome(Kind.PASSED))
+        fill = await self._start_fill(flight, response, key=key, url=url, host=target.host, headers=kept,
+                                      expires_at=now + policy.ttl, policy=policy, now=now, target=target,
+                                      source=source, vary=(), origin=origin, authorize=False, answered=span)
+        log.info("fill_resumed", key=key, first=span[0], bytes=span[2])
+        return Outcome(Kind.STREAMING, fill=fill)
+
     async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
         """The source's answer to the fill's request, made conditional on what is stored."""
         headers = CIMultiDict(source.headers)
+        if source.resume is not None and stale is None and source.peer is None:
+            headers["Range"] = source.resume.range
+            headers["If-Range"] = source.resume.if_range
         if stale is not None:
             if stale.etag:
                 headers["If-None-Match"] = stale.etag
@@ -349,24 +409,27 @@ class FillEngine:
     async def _start_fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                           host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                          authorize: bool) -> Fill:
-        length = response.content_length
+                          authorize: bool, answered: tuple[int, int, int] | None = None) -> Fill:
+        """`answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`."""
+        length = response.content_length if answered is None else answered[2]
+        status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
         # stream, like a peer's copy; the parent cuts the origin's into ranges.
         from_parent = self.origins.answered_by_parent(response)
         streams = origin.fill_streams or self.settings.fill_streams
         validator = parallel_validator(
             response.status, response.headers, length, streams=streams,
-            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold
+        ) if answered is None else if_range_validator(response.headers)
         plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
                               delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
-                              callers_own=authorize and source.peer is None),
+                              callers_own=authorize and source.peer is None, resumed=answered is not None),
                          splice_fills=self.settings.splice_fills,
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)
         discarded = 0
-        if plan.how is How.PARALLEL:
+        if plan.how is How.PARALLEL and answered is None:
             # Before any await: aiohttp reads the answer ahead while it is open.
             discarded = close_unread(response)
             self.metrics.origin_bytes_discarded.inc(discarded)
@@ -380,7 +443,7 @@ class FillEngine:
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
                     authorize=authorize, hot=source.hot and source.peer is not None)
@@ -400,9 +463,11 @@ class FillEngine:
         if plan.how is How.PARALLEL:
             assert validator is not None
             ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
-                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
+                                        answer=response if answered is not None else None,
+                                        answered=answered[:2] if answered is not None else None)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
-                           status=response.status, vary=vary, variant=variant,
+                           status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
                            ranges=ranged[0] if ranged is not None else None)
         if ranged is not None:
@@ -549,7 +614,8 @@ class FillEngine:
 
     def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
-                      landed: asyncio.Event, discarded: int):
+                      landed: asyncio.Event, discarded: int, answer: aiohttp.ClientResponse | None = None,
+                      answered: tuple[int, int] | None = None):
         """The parallel fetch of the object `write` stores, and its one-stream
         fallback (cachenode/fill/parallel.py); built before the fill, which is
         handed the fetch as its `Ranges`."""
@@ -568,7 +634,8 @@ class FillEngine:
                             length=length or 0, streams=streams, write_at=write_at,
                             read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
-                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
+                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded,
+                            answer=answer, answered=answered)
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
                               read_size=FILL_READ, what=source.what)
@@ -578,10 +645,12 @@ class FillEngine:
 
 
 def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
-            source: Source, fits: Callable[[int], bool], authorize: bool = False) -> Answer:
-    """The facts about `response` that `fill/lead.py` decides on."""
-    length = response.content_length
-    return Answer(status=response.status, policy=policy, vary=vary,
+            source: Source, fits: Callable[[int], bool], authorize: bool = False, status: int | None = None,
+            length: int | None = None) -> Answer:
+    """The facts about `response` that `fill/lead.py` decides on; `status` and
+    `length`: those of the whole object a 206 is part of, in its stead."""
+    length = response.content_length if length is None else length
+    return Answer(status=response.status if status is None else status, policy=policy, vary=vary,
                   vary_listed=", ".join(response.headers.getall("Vary", [])),
                   has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
                   fits=length is None or fits(length), length=length,

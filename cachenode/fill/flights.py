@@ -45,6 +45,9 @@ class Source:
     # A hot copy (from a peer, for a node that does not own the key): stored
     # marked so (`Meta.hot`), within the store's hot share.
     hot: bool = False
+    # The leading request resumes a body (fill/lead.py `Resume`): the origin is
+    # asked for that range first, and the fill fetches the rest around it.
+    resume: Any = None
 
 
 class Kind(enum.Enum):
