@@ -41,8 +41,10 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,8 +134,10 @@ class Outcome:
 # -- the caller's side: build the network, run the scene inside it, sample the links ------------------------------
 
 def run(scene: Scene, work: Path) -> Outcome:
-    """The scene on a network of its own, deleted afterwards; raises RuntimeError naming what failed."""
+    """The scene on a network of its own, deleted afterwards; raises RuntimeError naming what failed.
+    Its files go to a new folder under `work`: a node must never start with another run's object."""
     work.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{scene.config}-{scene.nodes}-", dir=work))
     net = Network(hosts=scene.hosts(), burst=scene.burst, latency=scene.latency)
     with net:
         spec = {"scene": asdict(scene), "work": str(work),
@@ -247,7 +251,13 @@ async def drive(spec_path: Path) -> dict:
     app.router.add_route("*", "/{tail:.*}", origin.handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, addr["origin"], 80).start()
+    # A small send buffer (inherited by every accepted socket): what the origin counts as sent is then
+    # within ~128 KiB of what crossed its link, also for a connection whose reader was killed.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    sock.bind((addr["origin"], 80))
+    await web.SockSite(runner, sock).start()
     origin_url = f"http://{addr['origin']}:80"
     procs: list[subprocess.Popen] = []
     nodes: dict[str, subprocess.Popen] = {}
@@ -294,11 +304,11 @@ async def drive(spec_path: Path) -> dict:
         for r in readers:
             r.stdin.write(f"{started_wall}\n")
             r.stdin.flush()
-        if scene.kill_at is not None and owner is not None:
-            killed = await _kill_when(origin, nodes[owner], owner, scene)
         loop = asyncio.get_running_loop()
-        outs = await asyncio.wait_for(asyncio.gather(*(loop.run_in_executor(None, r.communicate) for r in readers)),
-                                      scene.timeout)
+        reading = asyncio.gather(*(loop.run_in_executor(None, r.communicate) for r in readers))
+        if scene.kill_at is not None and owner is not None:
+            killed = await _kill_when(origin, nodes[owner], owner, scene, reading)
+        outs = await asyncio.wait_for(reading, scene.timeout)
         ended = time.monotonic()
         clients = [c for out, _ in outs for c in json.loads(out.strip().splitlines()[-1])]
         for c in clients:
@@ -364,11 +374,14 @@ async def _ring(redis_url: str, nodes: dict[str, subprocess.Popen], urls: list[s
     return membership.ring().owners(key, 1)[0]
 
 
-async def _kill_when(origin: Origin, proc: subprocess.Popen, name: str, scene: Scene) -> str:
-    """SIGKILL `proc` once the origin has sent `kill_at` of the object."""
+async def _kill_when(origin: Origin, proc: subprocess.Popen, name: str, scene: Scene,
+                     reading: asyncio.Future) -> str | None:
+    """SIGKILL `proc` once the origin has sent `kill_at` of the object; None if the clients finished first."""
     assert scene.kill_at is not None
     deadline = time.monotonic() + scene.timeout
-    while origin.sent < scene.kill_at * scene.size and time.monotonic() < deadline:
+    while origin.sent < scene.kill_at * scene.size:
+        if reading.done() or time.monotonic() > deadline:
+            return None
         await asyncio.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     return name
