@@ -68,16 +68,26 @@ def model(config: str, sc: Scene) -> float:
     replica yet, so all K·S leave the first owner's link; the capacity model's warm bound,
     K·S·(N − R + 1)/(N·B), lets the second owner serve its own pods, which a cold wave cannot. Hot copies
     start after a copy's relayed reads end, so a single wave gets none. chunks: node i sends its own pods
-    the object and each other pod the chunks it owns first, K·S/N·(1 + f·(N − 1)) with f = 1/min(C, N),
-    the even share (the ring's real share is larger, capacity.md's table)."""
+    the object and each other pod the chunks it owns first, K·S/N·(1 + f·(N − 1)), f the largest share of
+    chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share is 1/min(C, N))."""
     K, S, N, B, O, R = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate, min(sc.replicas, sc.nodes)
     if config == "direct":
         return K * S / O
     if sc.chunk_threshold is None:
         return max(S / O, K * S / B)
-    chunks = -(-S // (sc.chunk_size or S))
-    f = 1 / min(chunks, N)
-    return max(S / O, K * S / N * (1 + f * (N - 1)) / B)
+    return max(S / O, K * S / N * (1 + first_owner_share(sc) * (N - 1)) / B)
+
+
+def first_owner_share(sc: Scene) -> float:
+    """f: the largest share of the object's chunks whose first owner is one node, on the scene's ring."""
+    from nezha.chunks import Layout, place
+    from nezha.ring import Ring
+    from testkit.stampede import HOST, PATH
+
+    ring = Ring({f"node{i}": 1 for i in range(sc.nodes)})
+    table = place(ring, f"http://{HOST}{PATH}", Layout(size=sc.size, chunk_size=sc.chunk_size or sc.size),
+                  min(sc.replicas, sc.nodes))
+    return max(Counter(owners[0] for owners in table).values()) / len(table)
 
 
 def line(config: str, o: Outcome) -> str:
