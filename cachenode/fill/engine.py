@@ -27,6 +27,7 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, fligh
 from cachenode.fill.lead import Answer, Body, How, Plan, Step, decide, plan_fill
 from cachenode.fill.origin import Interim, ends_at_close, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
+from cachenode.fill.verify import DigestMismatch, Digests
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
@@ -107,6 +108,9 @@ class FillEngine:
         self.spawn = spawn
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
         self.flights = Flights()
+        # Fills checked against the digests their sources publish (issue 37).
+        self.digests = Digests(mismatches=metrics.digest_mismatches,
+                               origins=[o.host for o in settings.origins if not o.wildcard])
         # Objects assembled from the parts signed ranged reads bring (authorize origins).
         self.parts = Assemblies(store=store, counts=counts, replicate=replicate, clock=clock)
         self._clock = clock
@@ -181,6 +185,7 @@ class FillEngine:
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
             now = self._clock()
+            self.digests.noted(target, response.status, response.headers)
             # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
             authorize = origin.credentials == "authorize" or (
                 source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
@@ -401,10 +406,12 @@ class FillEngine:
             assert validator is not None
             ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+        check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
+                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=response.status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
-                           ranges=ranged[0] if ranged is not None else None)
+                           ranges=ranged[0] if ranged is not None else None, check=check)
         if ranged is not None:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
@@ -439,7 +446,9 @@ class FillEngine:
         except NotStored:
             took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
-        except NezhaError:
+        except NezhaError as e:
+            if isinstance(e, DigestMismatch):
+                self.digests.mismatched(e, origin=host, key=key, source=source.peer.id if source.peer else url)
             self.counts.count(host, failed_fills=1)
             took("failed")
             raise
