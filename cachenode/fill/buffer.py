@@ -242,6 +242,11 @@ class Fill:
         return available
 
     @property
+    def verified_by(self) -> str | None:
+        """The field whose digest the stored bytes matched (None: none was checked)."""
+        return self._check.field if self._check is not None and self.meta is not None else None
+
+    @property
     def finished(self) -> bool:
         return self.meta is not None or self.error is not None
 

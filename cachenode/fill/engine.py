@@ -477,7 +477,8 @@ class FillEngine:
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
         log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
-                 **({"parent_cache": parent} if parent is not None else {}))
+                 **({"parent_cache": parent} if parent is not None else {}),
+                 **({"verified": fill.verified_by} if fill.verified_by else {}))
         if source.peer is None:
             self.replicate(stored, target)
         return stored

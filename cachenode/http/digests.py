@@ -306,3 +306,13 @@ def want_repr_digest(want: str | None, known: Expectations) -> str | None:
         if e is not None:
             return http_sf.ser({name: (e.value, {})})
     return None
+
+
+def repr_digest_for(want: str | None, headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
+                    status: int) -> str | None:
+    """The `Repr-Digest` field to add to a stored object's answer (`headers`,
+    `status`: as the origin sent them) for a client's `Want-Repr-Digest`:
+    None when it sent none, or the origin's own Repr-Digest already answers it."""
+    if not want or any(name.lower() == "repr-digest" for name, _ in _items(headers)):
+        return None
+    return want_repr_digest(want, expectations(headers, status=status))

@@ -202,3 +202,13 @@ def test_want_repr_digest_prefers_the_clients_higher_weight():
                                          f"sha-512=:{b64(hashlib.sha512(BODY).digest())}:")], status=200)
     assert want_repr_digest("sha-256=2, sha-512=9", both).startswith("sha-512=")
     assert want_repr_digest("sha-256=9, sha-512=2", both).startswith("sha-256=")
+
+
+def test_repr_digest_for_a_stored_object_leaves_the_origins_own_alone():
+    """An origin that sent Repr-Digest answered already: the node adds none of its own."""
+    from cachenode.http.digests import repr_digest_for
+    amz = [("x-amz-checksum-sha256", b64(SHA256))]
+    assert repr_digest_for("sha-256=1", amz, status=200) == f"sha-256=:{b64(SHA256)}:"
+    assert repr_digest_for("sha-256=1", amz + [("Repr-Digest", "sha-256=:x:")], status=200) is None
+    assert repr_digest_for(None, amz, status=200) is None
+    assert repr_digest_for("sha-256=1", amz, status=404) is None
