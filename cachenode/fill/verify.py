@@ -66,6 +66,9 @@ class BodyCheck:
         self._hashed = 0  # bytes [0, _hashed) are in the verifier
         self._job: asyncio.Future | None = None
         self._closing = False
+        # A stretch that could not be hashed (the mapping failed): the
+        # verifier may hold part of it, so no later result can be trusted.
+        self._broken: BaseException | None = None
 
     @property
     def field(self) -> str:
@@ -73,7 +76,7 @@ class BodyCheck:
 
     def grew(self, prefix: int) -> None:
         """Bytes [0, prefix) are in the file: hash a stretch if one is due and none is being hashed."""
-        if self._job is None and not self._closing and prefix - self._hashed >= self._step:
+        if self._job is None and not self._closing and self._broken is None and prefix - self._hashed >= self._step:
             self._start(prefix)
 
     def _start(self, end: int) -> asyncio.Future:
@@ -84,7 +87,11 @@ class BodyCheck:
 
     def _done(self, job: asyncio.Future) -> None:
         self._job = None
-        if not job.cancelled() and job.exception() is None:
+        if job.cancelled():
+            self._broken = asyncio.CancelledError()
+        elif job.exception() is not None:
+            self._broken = job.exception()
+        else:
             self._hashed = job.result()
         if self._closing:
             self._close_fd()
@@ -102,11 +109,17 @@ class BodyCheck:
         return end
 
     async def finish(self, total: int) -> Mismatch | None:
-        """Hash what is left up to `total` bytes (the whole body) and compare."""
+        """Hash what is left up to `total` bytes (the whole body) and compare.
+
+        Raises FillAborted when a stretch could not be hashed: the bytes are
+        then unchecked, not wrong, and are not stored either."""
         while self._job is not None:
             await asyncio.wait([self._job])
-        if self._hashed < total:
-            await self._start(total)
+        if self._broken is None and self._hashed < total:
+            await asyncio.wait([self._start(total)])
+        if self._broken is not None:
+            raise FillAborted(f"hashing the body for its {self.field} failed: "
+                              f"{type(self._broken).__name__}: {self._broken}") from self._broken
         return self.verifier.mismatch()
 
     def close(self) -> None:

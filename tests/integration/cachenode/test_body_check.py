@@ -68,3 +68,18 @@ async def test_closing_during_a_stretch_closes_its_descriptor_once_the_stretch_i
     else:
         # The number may have been reused by another open since: it is not ours any more.
         assert os.readlink(f"/proc/self/fd/{fd}") != str(path)
+
+
+async def test_a_stretch_that_cannot_be_hashed_fails_the_check_and_is_never_called_a_mismatch(tmp_path):
+    """A hash that broke halfway leaves the verifier holding part of a stretch: unchecked, not wrong."""
+    import pytest
+    from nezha.errors import FillAborted
+
+    path = tmp_path / "fill.tmp"
+    path.write_bytes(BODY[:1000])  # shorter than the stretch asked for: the mapping fails
+    check = check_of(path, hashlib.sha256(BODY).digest(), step=1)
+    check.grew(len(BODY))
+    await asyncio.wait([check._job])
+    with pytest.raises(FillAborted, match="hashing the body for its Repr-Digest failed"):
+        await check.finish(len(BODY))
+    check.close()
