@@ -49,3 +49,19 @@ async def test_want_repr_digest_without_a_known_sha_gets_none(origin, make_node,
     node = await make_node()
     _, headers, _ = await node.get(session, PATH, headers={"Want-Repr-Digest": "sha-256=1"})
     assert "Repr-Digest" not in headers
+
+
+async def test_want_repr_digest_is_answered_through_a_relay_too(origin, cluster, session):
+    """A non-owner passes the client's Want-Repr-Digest to the owner, whose answer carries Repr-Digest."""
+    from tests.integration.cachenode.conftest import owner_and_other
+
+    origin.put(PATH, BODY, headers=FIELDS)
+    nodes, _ = await cluster(2)
+    owners, others = owner_and_other(nodes, PATH)
+    want = {"Want-Repr-Digest": "sha-256=1"}
+    for label in ("peer-miss", "peer-hit"):
+        status, headers, body = await nodes[others[0]].get(session, PATH, headers=want)
+        assert status == 200 and body == BODY and headers["X-Nezha-Cache"] == label
+        assert headers["Repr-Digest"] == f"sha-256=:{SHA256}:", label
+        assert headers["x-amz-checksum-sha256"] == SHA256
+        await nodes[owners[0]].node.settled()
