@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import http_sf
-from awscrt import checksums
 
 
 class Algorithm(enum.Enum):
@@ -242,10 +241,12 @@ class Verifier:
         self._hash = None
         if algorithm is Algorithm.CRC32:
             self._update = self._crc32
-        elif algorithm is Algorithm.CRC32C:
-            self._update = self._crc32c
-        elif algorithm is Algorithm.CRC64NVME:
-            self._update = self._crc64nvme
+        elif algorithm in (Algorithm.CRC32C, Algorithm.CRC64NVME):
+            # Imported on first use: awscrt takes about 0.1 s to import
+            # here, which a node that never meets these checksums need not pay.
+            from awscrt import checksums
+            self._update = self._crc32c if algorithm is Algorithm.CRC32C else self._crc64nvme
+            self._checksums = checksums
         else:
             self._hash = hashlib.new(algorithm.value)
             self._update = self._hash.update
@@ -254,10 +255,10 @@ class Verifier:
         self._crc = zlib.crc32(data, self._crc)
 
     def _crc32c(self, data) -> None:
-        self._crc = checksums.crc32c(data, self._crc)
+        self._crc = self._checksums.crc32c(data, self._crc)
 
     def _crc64nvme(self, data) -> None:
-        self._crc = checksums.crc64nvme(data, self._crc)
+        self._crc = self._checksums.crc64nvme(data, self._crc)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self._update(data)
