@@ -29,7 +29,8 @@ from cachenode.fill.upstream import Upstream
 from cachenode.front.access import parent_route
 from cachenode.front.names import Asked
 from cachenode.front.reads import AGAIN, GIVE_UP, Reads
-from cachenode.front.respond import Responder, origin_failure
+from cachenode.front.respond import Responder
+from cachenode.front.short_answers import origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
 from cachenode.http.headers import first

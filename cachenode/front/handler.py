@@ -38,11 +38,13 @@ from cachenode.front.access import PARENT_ROUTE, access
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.hits import PlainHitFinder, hit_label
+from cachenode.front.interim import CONTINUE_DEFERRED, send_continue
 from cachenode.front.middleware import REFUSED_METHODS
 from cachenode.front.names import Asked, resolve
 from cachenode.front.reads import Reads
 from cachenode.front.relaying import RelayedReads
-from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
+from cachenode.front.respond import Responder
+from cachenode.front.short_answers import origin_failure
 from cachenode.front.route import Facts, Read, Route, route
 from cachenode.front.routes import Routes
 from cachenode.http.authorize import not_probeable

@@ -16,7 +16,7 @@ from typing import Callable
 
 import structlog
 
-from cachenode.front.fastpath import response_head
+from cachenode.front.plain import response_head
 from cachenode.front.names import names_origin, resolve
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
