@@ -58,11 +58,16 @@ COPY_SIZE = 256 * 1024  # a TLS hit's body is read and written in pieces of this
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux; elsewhere the head is simply pushed at once
 
 
-class PlainHits(Protocol):
-    """What the fast path asks of the node: its two questions, nothing else."""
+class HitFinder(Protocol):
+    """The fast path's first question, over a store's index (cachenode/front/hits.py `PlainHitFinder`)."""
 
     def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
+
+
+class ServedHits(Protocol):
+    """The fast path's second question: the node's handler, or a follower
+    worker's queue of hits for the primary to count (cachenode/workers/follower.py)."""
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
@@ -90,7 +95,7 @@ class FastPath(asyncio.Protocol):
     connection `Gate` admits it, and where its first request head is timed.
     """
 
-    def __init__(self, *, hits: PlainHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
+    def __init__(self, *, finder: HitFinder, served: ServedHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
                  gate: Gate, head_timeout: float, serve_hits: bool = True,
                  hand_over: Callable[[asyncio.Transport, bytes, bool], None] | None = None,
                  received: bytes = b"", eof: bool = False) -> None:
@@ -99,7 +104,8 @@ class FastPath(asyncio.Protocol):
         whether the client has ended its side, to give to the primary.
         `received` and `eof`: what another worker read of this connection
         before handing it here."""
-        self.hits = hits
+        self.finder = finder
+        self.served = served
         self._aiohttp_protocol = aiohttp_protocol
         self._hand_over = hand_over
         self._gate = gate
@@ -223,7 +229,7 @@ class FastPath(asyncio.Protocol):
             req = plain_request(self._buf)
             if req is None:
                 break
-            hit = self.hits.plain_hit(req.target, req.host, self._scheme) if req is not False else None
+            hit = self.finder.plain_hit(req.target, req.host, self._scheme) if req is not False else None
             span = None if hit is None else wanted_range(req, hit[0])
             if hit is None or span is False:
                 self._hand_off()
@@ -316,12 +322,12 @@ class FastPath(asyncio.Protocol):
         except OSError:
             os.close(fd)
             transport.abort()  # the client went away; connection_lost follows
-            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+            self.served.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
                                     ms=(time.monotonic() - started) * 1000, gone=True, status=status)
             return False
         if sent >= size:
             os.close(fd)
-            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
+            self.served.fast_hit_done(meta, method=req.method, path=req.target, sent=sent,
                                     ms=(time.monotonic() - started) * 1000, first_byte=first_byte, status=status)
             return True
         f = open(fd, "rb")
@@ -375,10 +381,10 @@ class FastPath(asyncio.Protocol):
         ms = (time.monotonic() - started) * 1000
         if sent < size:
             transport.abort()  # a short body must never look complete
-            self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True,
+            self.served.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, gone=True,
                                     first_byte=first_byte, status=status)
             return
-        self.hits.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte,
+        self.served.fast_hit_done(meta, method=req.method, path=req.target, sent=sent, ms=ms, first_byte=first_byte,
                                 status=status)
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused

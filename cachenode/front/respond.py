@@ -71,11 +71,11 @@ class ChunkBody(Protocol):
 
 
 class Responder:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, files: FileSender,
+    def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, files: FileSender,
                  chunk_body: ChunkBody, count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
-        self.origins = origins
+        self.upstream = upstream
         self._count = count
         self._clock = clock
         self.via = via_of(settings.identity)
@@ -387,8 +387,8 @@ class Responder:
                 break_connection(request)
             # Stats go by the origin's configured host, not the upstream URL's.
             host = access(request).host or host_of(url)
-            if self.origins.answered_by_parent(response):
-                self.origins.received_from_parent(received)  # the parent's bytes, not an origin's
+            if self.upstream.answered_by_parent(response):
+                self.upstream.received_from_parent(received)  # the parent's bytes, not an origin's
                 received = 0
             if gone:
                 self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
@@ -416,7 +416,7 @@ class Responder:
                 headers["Content-Length"] = str(request.content_length)
         interim = InterimRelay(request)
         try:
-            return await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+            return await self.upstream.request(request.method, url, headers=headers, what=f"origin {url}",
                                               route=parent_route(request), data=data, interim=interim)
         except OriginError as e:
             raise origin_failure(e)
