@@ -112,7 +112,7 @@ class CacheNode:
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
                                flights=self.engine.flights, client=origins, lead=self.engine.lead,
                                replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
-        self.invalidation = Invalidation(settings=settings, broadcast=broadcast, forget=self.engine.forget,
+        self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
