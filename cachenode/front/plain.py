@@ -1,5 +1,6 @@
 """What a plain request is, and the heads a plain hit gets: the fast path's
-pure half (cachenode/front/fastpath.py holds the connection that uses it).
+judging half, with no I/O (cachenode/front/fastpath.py holds the connection
+that uses it).
 
 A plain request is HTTP/1.1 GET or HEAD with a short allow-list of
 headers, keep-alive, at most one byte range (`parse_plain`); anything else
