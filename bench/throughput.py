@@ -49,7 +49,9 @@ One run on this machine measures:
   with no digest published, on a node of its own, runs alternating (the
   median of each); fill_verify_crc64nvme the same with S3's default
   checksum. First, one fill under a wrong sha256 must be cut short: the
-  check is on. `--fill-verify-only` runs just this (a few minutes).
+  check is on. `--fill-verify-only` runs just this, and the same from the
+  throttled origin that answers ranges (fill_verify_ranged: a parallel
+  fill at the network's pace, --rate per connection).
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
 (`--workers N`, default 1: the node's `--workers`, counted from its process
@@ -77,6 +79,7 @@ The last line is machine-readable:
             range_cpu_us=<the node's CPU microseconds per 1 MiB range>
             fill_verify=<cold fill with a sha256 checked / without a digest, fast origin>
             fill_verify_crc64nvme=<the same, with a crc64nvme checked>
+            (--fill-verify-only: also fill_verify_ranged, from the throttled origin that answers ranges)
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -819,33 +822,36 @@ async def run_range_only(args: argparse.Namespace, work: Path, children: Childre
     ])
 
 
-class DigestOrigin:
-    """The unthrottled origin's large object (FileResponse: sendfile, ranges,
-    so the node fills it in parallel ranges as from LocalOrigin) under
-    /<kind>/NAME, publishing the digest field of `kind`: none, sha256,
-    crc64nvme, or a wrong sha256."""
+class DigestOrigin(LocalOrigin):
+    """LocalOrigin's files under /<kind>/NAME as well, a 200 for one
+    publishing the digest fields of `kind` (none, sha256, crc64nvme, or a
+    wrong sha256); a 206 publishes none, as S3 leaves them off a range.
+    Unthrottled: FileResponse (sendfile, ranges); with `rate`: throttled per
+    connection and answering ranges, as LocalOrigin(rate=, ranges=True)."""
 
-    def __init__(self, root: Path, fields: dict[str, dict[str, str]]) -> None:
-        self.root = root
+    def __init__(self, root: Path, fields: dict[str, dict[str, str]], *, rate: float | None = None) -> None:
+        super().__init__(root, rate=rate, ranges=rate is not None)
         self.fields = fields
-        self.runner: web.AppRunner | None = None
 
-    async def start(self) -> str:
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application()
-        app.router.add_get("/{kind}/{name}", self._handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", port).start()
-        return f"http://127.0.0.1:{port}"
+        app.router.add_route("GET", "/{kind}/{tail:.*}", self._by_kind)
+        app.on_response_prepare.append(self._publish)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = port or free_port()
+        await web.TCPSite(self._runner, host, self.port).start()
+        return f"http://{host}:{self.port}"
 
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
+    async def _by_kind(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        return await self._handle(request.clone(rel_url=request.rel_url.with_path("/" + request.match_info["tail"]),
+                                                headers={**request.headers, "X-Bench-Kind": kind}))
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(self.root / request.match_info["name"],
-                                headers=self.fields[request.match_info["kind"]])
+    async def _publish(self, request: web.Request, response: web.StreamResponse) -> None:
+        kind = request.headers.get("X-Bench-Kind") or request.path.split("/")[1]
+        if response.status == 200:
+            response.headers.update(self.fields.get(kind, {}))
 
 
 def large_digests(path: Path, sha256_hex: str) -> dict[str, dict[str, str]]:
@@ -861,19 +867,23 @@ def large_digests(path: Path, sha256_hex: str) -> dict[str, dict[str, str]]:
             "wrong": {"x-amz-checksum-sha256": b64(hashlib.sha256(b"not these bytes").digest())}}
 
 
-async def fill_verify(children: Children, work: Path, *, p: Plan, data: Dataset, res: Results) -> dict[str, float]:
+async def fill_verify(children: Children, work: Path, *, p: Plan, data: Dataset, res: Results,
+                      rate: float | None = None) -> dict[str, float]:
     """Cold fills of the large object with a digest checked ÷ without one (`fill_verify`), each kind
-    `p.runs` times, alternating; a node of its own whose capacity keeps two objects (the older evicted)."""
+    `p.runs` times, alternating; a node of its own whose capacity keeps two objects (the older evicted).
+    `rate`: from an origin throttled to it per connection that answers ranges (a parallel fill at the
+    network's pace, `fill_verify_ranged`); None: the unthrottled origin (CPU-bound here)."""
     size = data.large_bytes
     name = data.large.lstrip("/")
     fields = await asyncio.get_running_loop().run_in_executor(None, large_digests, data.root / name,
                                                               data.large_sha256)
-    origin = DigestOrigin(data.root, fields)
+    origin = DigestOrigin(data.root, fields, rate=rate)
     url = await origin.start()
     node = Node(children, work, name="verify")
+    which = "the fast origin" if rate is None else f"the ranged origin at {rate / 1e6:g} MB/s per connection"
     try:
         await node.start(origins={HOST: url}, args=["--capacity", str(2 * size + MiB)])
-        say(f"fill_verify: cold fills of {size / MiB:.0f} MiB from the fast origin, digest checked or not, "
+        say(f"fill_verify: cold fills of {size / MiB:.0f} MiB from {which}, digest checked or not, "
             f"{p.runs} runs each:")
         async with aiohttp.ClientSession() as session:  # the check is on: a wrong digest cuts the fill
             got = 0
@@ -908,7 +918,8 @@ async def fill_verify(children: Children, work: Path, *, p: Plan, data: Dataset,
         await origin.stop()
     for kind, what in (("none", "no digest"), ("sha256", "x-amz-checksum-sha256 checked"),
                        ("crc64nvme", "x-amz-checksum-crc64nvme checked")):
-        res.add(f"large cold through cache, {what}", f"{median_mbps(runs[kind]):.0f} MB/s", None,
+        res.add(f"large cold{'' if rate is None else ', ranged origin'}, {what}",
+                f"{median_mbps(runs[kind]):.0f} MB/s", None,
                 f"{spread(runs[kind])}; node {statistics.median(cpu[kind]):.2f} CPU s per GiB")
     none = median_mbps(runs["none"])
     return {"sha256": median_mbps(runs["sha256"]) / none, "crc64nvme": median_mbps(runs["crc64nvme"]) / none}
@@ -934,6 +945,7 @@ async def run_fill_verify_only(args: argparse.Namespace, work: Path, children: C
                    parallel_fifty="", parallel_bytes=0, parallel_sha256="")
     res = Results()
     verify = await fill_verify(children, work, p=p, data=data, res=res)
+    ranged = await fill_verify(children, work, p=p, data=data, res=res, rate=args.rate)
     return "\n".join([
         "",
         f"Cold fills with a digest checked ({os.cpu_count()} CPUs; {time.monotonic() - started:.0f}s)",
@@ -943,7 +955,10 @@ async def run_fill_verify_only(args: argparse.Namespace, work: Path, children: C
         "",
         f"  fill_verify sha256 checked / none {verify['sha256']:6.3f}  target >= 0.95  "
         f"{'met' if verify['sha256'] >= 0.95 else 'NOT met'}  (crc64nvme: {verify['crc64nvme']:.3f})",
-        f"ratios: fill_verify={verify['sha256']:.3f} fill_verify_crc64nvme={verify['crc64nvme']:.3f}",
+        f"  fill_verify_ranged sha256 / none, throttled ranged origin {ranged['sha256']:6.3f}  target >= 0.95  "
+        f"{'met' if ranged['sha256'] >= 0.95 else 'NOT met'}  (crc64nvme: {ranged['crc64nvme']:.3f})",
+        f"ratios: fill_verify={verify['sha256']:.3f} fill_verify_crc64nvme={verify['crc64nvme']:.3f} "
+        f"fill_verify_ranged={ranged['sha256']:.3f} fill_verify_ranged_crc64nvme={ranged['crc64nvme']:.3f}",
     ])
 
 
