@@ -131,6 +131,10 @@ class Metrics:
                                         "path does not: misses, ranges, peers, probes", registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
+        # Issue 37: a source's bytes that are not what its published digest says.
+        self.digest_mismatches = Counter("nezha_digest_mismatches", "Fills whose bytes did not match the digest "
+                                         "their source published (nothing stored, clients cut), by origin host",
+                                         ["origin"], registry=r)
         self.fill_duration = Histogram(
             "nezha_fill_duration_seconds", "How long a fill took, from the source's answer to its end, by source "
             "(origin, peer) and outcome (stored; failed; not_stored: streamed whole, but not kept)",

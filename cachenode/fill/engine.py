@@ -177,6 +177,7 @@ class FillEngine:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
+            self.runs.digests.noted(target, response.status, response.headers)  # Hugging Face's, for later fills
             judged = self._judge(response, origin=origin, source=source, stale=stale)
             step = judged.decision.step
             if step is Step.PEER_REFUSED:

@@ -30,6 +30,7 @@ from cachenode.front.short_answers import answer_precondition, answer_unsatisfia
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
+from cachenode.http.digests import repr_digest_for
 from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
@@ -47,13 +48,16 @@ from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 log = structlog.get_logger("nezha.serve")
 
 def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
-                    age: int | None = None) -> None:
+                    age: int | None = None, want: str | None = None, status: int = 200) -> None:
     """A stored (or storing) response's fields, as the origin sent them, plus
     the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
     X-Nezha-Cache. Date is the stored one (RFC 9110 §6.6.1): when the origin
-    made the response, on every reuse."""
+    made the response, on every reuse. `want`: the client's Want-Repr-Digest,
+    answered from a digest the origin published (RFC 9530 §4; http/digests.py)."""
     for name, value in headers:
         resp.headers.add(name, value)
+    if (digest := repr_digest_for(want, headers, status=status)) is not None:
+        resp.headers["Repr-Digest"] = digest
     if "Accept-Ranges" not in resp.headers:
         resp.headers["Accept-Ranges"] = "bytes"
     if age is not None:
@@ -158,7 +162,8 @@ class Responder:
         resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                   else decision.outcome.value)
         _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                        age=meta.age_at(self._clock()))
+                        age=meta.age_at(self._clock()), want=request.headers.get("Want-Repr-Digest"),
+                        status=meta.status)
         if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
             resp.headers[SERVED_BY_HEADER] = self.settings.identity
         elif not counted and access(request).peer:  # a chunked object's read: the node that sent its manifest
@@ -236,7 +241,8 @@ class Responder:
         try:
             access(request).cache = label
             resp = ExactResponse()
-            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
+            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None,
+                            want=request.headers.get("Want-Repr-Digest"), status=fill.status)
             span = await self._fill_span(request, resp, fill, host=host)
             if span is None:
                 return resp  # answered without a body
