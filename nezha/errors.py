@@ -9,7 +9,7 @@ the drawing is the tree the code defines.
     Exception  builtins
     ├── NezhaError  nezha.errors: base of every error Nezha raises on purpose
     │   ├── ConfigError  nezha.errors: settings that cannot work together; named fields (exit 2)
-    │   │   └── RuleError  webhook.patch: a webhook rule that cannot work
+    │   │   └── RuleError  webhook.rules: a webhook rule that cannot work
     │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
     │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
@@ -33,8 +33,8 @@ the drawing is the tree the code defines.
     │   ├── AnnotationError  nezha.errors: an invalid nezha.io/* annotation (controller)
     │   │   └── AnnotationError  controller.annotations: the same, naming the annotation and its value
     │   ├── ReviewError  nezha.errors: a malformed AdmissionReview (webhook)
-    │   ├── PatchError  webhook.patch: an object whose shape is no pod spec the webhook understands
-    │   │   └── TooManyContainers  webhook.patch: env mode declines a pod with too many containers
+    │   ├── PatchError  webhook.ops: an object whose shape is no pod spec the webhook understands
+    │   │   └── TooManyContainers  webhook.ops: env mode declines a pod with too many containers
     │   ├── DrainFailed  nezha.dev.local_cluster: a node's objects did not all reach their new owners
     │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
     │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write

@@ -189,6 +189,7 @@ class FillEngine:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
+            self.runs.digests.noted(target, response.status, response.headers)  # Hugging Face's, for later fills
             if answered is not None:
                 # The resume's 206 stands for the object it is part of: judged and stored as its 200.
                 outcome = await self._resumed_fill(flight, response, answered, key=key, url=url, origin=origin,

@@ -27,6 +27,7 @@ from cachenode.fill.origin import ends_at_close
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.fill.upstream import Upstream
+from cachenode.fill.verify import DigestMismatch, Digests
 from cachenode.http.freshness import Policy, current_age
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
@@ -81,6 +82,9 @@ class FillRuns:
         self.spawn = spawn
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+        # Fills checked against the digests their sources publish (fill/verify.py).
+        self.digests = Digests(mismatches=metrics.digest_mismatches,
+                               origins=[o.host for o in settings.origins if not o.wildcard])
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -166,10 +170,13 @@ class FillRuns:
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
                                         answer=response if answered is not None else None,
                                         answered=answered[:2] if answered is not None else None)
+        # A resume's 206 is checked by nothing: its digest fields may be the part's, not the object's.
+        check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
+                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
-                           ranges=ranged[0] if ranged is not None else None)
+                           ranges=ranged[0] if ranged is not None else None, check=check)
         if ranged is not None:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
@@ -204,7 +211,9 @@ class FillRuns:
         except NotStored:
             took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
-        except NezhaError:
+        except NezhaError as e:
+            if isinstance(e, DigestMismatch):
+                self.digests.mismatched(e, origin=host, key=key, source=source.peer.id if source.peer else url)
             self.counts.count(host, failed_fills=1)
             took("failed")
             raise
@@ -233,7 +242,8 @@ class FillRuns:
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
         log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
-                 **({"parent_cache": parent} if parent is not None else {}))
+                 **({"parent_cache": parent} if parent is not None else {}),
+                 **({"verified": fill.verified_by} if fill.verified_by else {}))
         if source.peer is None:
             self.replicate(stored, target)
         return stored

@@ -58,14 +58,14 @@ def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation) -
 class Routes:
     """The node's own endpoints, on the data port and (admin alone) on the admin port."""
 
-    def __init__(self, *, table: Table, origins: OriginTable, cluster_token: str | None) -> None:
+    def __init__(self, *, table: Table, origin_table: OriginTable, cluster_token: str | None) -> None:
         self.table = table
-        self.origins = origins  # a Host that names one is an origin's request, never the node's
+        self.origin_table = origin_table  # a Host that names one is an origin's request, never the node's
         self.cluster_token = cluster_token
 
     def endpoint(self, request: web.Request) -> Answer | None:
         """What answers `request` here, when it is for the node itself; None: a request for an origin."""
-        if names_origin(self.origins, request.headers.get("Host")):
+        if names_origin(self.origin_table, request.headers.get("Host")):
             return None
         raw_path = request.raw_path
         if raw_path in self.table.admin:
