@@ -93,17 +93,19 @@ class FillRuns:
         return fill is not None and fill.parked
 
     def _plan(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin, authorize: bool,
-              from_parent: bool) -> tuple[Plan, Validator | None, int]:
+              from_parent: bool, resumed: bool = False) -> tuple[Plan, Validator | None, int]:
         """How the fill reads `response`'s body (`fill/lead.py` `plan_fill`),
-        the validator its ranges are checked by, and how many streams it may use."""
+        the validator its ranges are checked by, and how many streams it may use;
+        `resumed`: `response` is a resume's 206, and the rest is fetched around it."""
         streams = origin.fill_streams or self.settings.fill_streams
         validator = parallel_validator(
             response.status, response.headers, response.content_length, streams=streams,
-            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold
+        ) if not resumed else if_range_validator(response.headers)
         plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
                               delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
-                              callers_own=authorize and source.peer is None),
+                              callers_own=authorize and source.peer is None, resumed=resumed),
                          splice_fills=self.settings.splice_fills,
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)
@@ -130,16 +132,18 @@ class FillRuns:
     async def start(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                     host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                     target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                    authorize: bool) -> Fill:
-        """Start the fill of `response`'s body in the background; the fill its clients read."""
-        length = response.content_length
+                    authorize: bool, answered: tuple[int, int, int] | None = None) -> Fill:
+        """Start the fill of `response`'s body in the background; the fill its clients read.
+        `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`."""
+        length = response.content_length if answered is None else answered[2]
+        status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
         # stream, like a peer's copy; the parent cuts the origin's into ranges.
         from_parent = self.origins.answered_by_parent(response)
         plan, validator, streams = self._plan(response, source=source, origin=origin, authorize=authorize,
-                                              from_parent=from_parent)
+                                              from_parent=from_parent, resumed=answered is not None)
         discarded = 0
-        if plan.how is How.PARALLEL:
+        if plan.how is How.PARALLEL and answered is None:
             # Before any await: aiohttp reads the answer ahead while it is open.
             discarded = close_unread(response)
             self.metrics.origin_bytes_discarded.inc(discarded)
@@ -153,7 +157,7 @@ class FillRuns:
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
                     authorize=authorize, hot=source.hot and source.peer is not None)
@@ -163,11 +167,14 @@ class FillRuns:
         if plan.how is How.PARALLEL:
             assert validator is not None
             ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
-                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
+                                        answer=response if answered is not None else None,
+                                        answered=answered[:2] if answered is not None else None)
+        # A resume's 206 is checked by nothing: its digest fields may be the part's, not the object's.
         check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
                                    fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
-                           status=response.status, vary=vary, variant=variant,
+                           status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
                            ranges=ranged[0] if ranged is not None else None, check=check)
         if ranged is not None:
@@ -317,7 +324,8 @@ class FillRuns:
 
     def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
-                      landed: asyncio.Event, discarded: int):
+                      landed: asyncio.Event, discarded: int, answer: aiohttp.ClientResponse | None = None,
+                      answered: tuple[int, int] | None = None):
         """The parallel fetch of the object `write` stores, and its one-stream
         fallback (cachenode/fill/parallel.py); built before the fill, which is
         handed the fetch as its `Ranges`."""
@@ -336,7 +344,8 @@ class FillRuns:
                             length=length or 0, streams=streams, write_at=write_at,
                             read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
-                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
+                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded,
+                            answer=answer, answered=answered)
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
                               read_size=FILL_READ, what=source.what)
