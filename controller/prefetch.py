@@ -1,21 +1,39 @@
-"""Prefetch without CRDs: `nezha.io/prefetch: URL[,URL...]` on a Job fills the cache before the job reads.
+"""Prefetch without CRDs: `nezha.io/prefetch` on a workload fills the cache before its pods read.
 
 The controller watches Jobs in every namespace (training jobs live in their
-users' namespaces). For each URL a Job names, the first owner of its key
-fills it, through the ordinary request path of a cache node, so the
-allow-list and every other rule of the node still apply: the controller
-asks that node for the object's first byte (`Range: bytes=0-0`). A fill
-always fetches the whole object and runs on its own, so the one byte comes
-back at once while the object keeps arriving; the controller then asks the
-node (`HEAD`, `Cache-Control: only-if-cached`) until the object is stored,
-and reads its size there. No object body crosses the controller.
+users' namespaces). Each entry of the annotation is an object's URL or a
+name (`hf://ORG/REPO[@REV]`, `s3://BUCKET/PREFIX`, an index page, a
+manifest: nezha/prefetch/names.py), expanded into object URLs first
+(controller/expand.py). A name that expands to a host outside the origin
+table is refused whole, with a Warning Event naming it and the hosts:
+nothing of it is fetched.
 
-Each URL is fetched once however many Jobs name it (one task per URL,
-shared). Progress goes into the Job's `nezha.io/prefetch-status` annotation
-(JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far) and
-a Normal Event when all are done; each URL the cache refuses or the origin
-fails gets a Warning Event naming it. A Job deleted mid-prefetch cancels
-nothing: what was fetched stays cached.
+For each URL, the first owner of its key fills it, through the ordinary
+request path of a cache node, so the allow-list and every other rule of the
+node still apply: the controller asks that node for the object's first byte
+(`Range: bytes=0-0`). A fill always fetches the whole object and runs on
+its own, so the one byte comes back at once while the object keeps
+arriving; the controller then asks the node (`HEAD`, `Cache-Control:
+only-if-cached, max-stale`) until the object is stored, and reads its
+size there. No
+object body crosses the controller. An https URL is asked as a peer relays
+one (`X-Nezha-Peer`, the cluster token, `X-Nezha-Scheme: https`), so it is
+stored under the https key the clients of the TLS port read. A redirect
+(the Hub's `resolve` answers one for every file) is followed as a client
+follows it, up to MAX_REDIRECTS, when its target's host is an origin;
+redirects are not stored (docs/http-semantics.md), their targets are.
+
+Each object is fetched once however many workloads name it (one task per
+cache key, shared; two signed URLs of one object are one key). At most
+`fills` fetches are in flight across every workload (`--prefetch-fills`):
+a large expansion is paced so it never starves the tier's live traffic.
+Progress goes into the workload's `nezha.io/prefetch-status` annotation
+(JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far,
+`expanded_from` [{name, objects, ...}]), written at most every
+STATUS_EVERY seconds and once at the end, and a Normal Event when all are
+done; each URL the cache refuses or the origin fails gets a Warning Event
+naming it. A workload deleted mid-prefetch cancels nothing: what was
+fetched stays cached.
 """
 
 from __future__ import annotations
@@ -25,24 +43,30 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
-from nezha.keys import BadTarget, key_for, parse_target
-from nezha.ring import Ring
-from controller.annotations import PREFETCH, parse_prefetch
+from controller.annotations import PREFETCH, PREFETCH_STATUS, parse_prefetch
+from controller.expand import Expander, ExpandFailed, NotAnOrigin
 from nezha.config import OriginTable
-from nezha.wire import CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON
+from nezha.keys import BadTarget, key_for, parse_target
+from nezha.prefetch.names import BadName, ObjectUrl, parse_name
+from nezha.ring import Ring
+from nezha.wire import CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
 
 log = structlog.get_logger("nezha.controller.prefetch")
 
-STATUS = "nezha.io/prefetch-status"
+STATUS = PREFETCH_STATUS
+MAX_REDIRECTS = 5
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+STATUS_EVERY = 1.0  # seconds between two status writes of one workload while it fills
+FAILED_SHOWN = 100  # failures listed in the status; the rest are counted in `failed_more`
 
 
 @dataclass
@@ -55,29 +79,42 @@ class Result:
 
 @dataclass
 class JobProgress:
-    urls: list[str]
+    urls: list[str] = field(default_factory=list)
     results: dict[str, Result] = field(default_factory=dict)
-    bad: list[dict] = field(default_factory=list)  # URLs dropped by parse_prefetch
-    announced: bool = False
+    bad: list[dict] = field(default_factory=list)  # entries dropped by parse_prefetch, names refused or unread
+    expanded_from: list[dict] = field(default_factory=list)
+    expanding: bool = True
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
-        return {"total": len(self.urls) + len(self.bad), "done": sum(1 for r in self.results.values() if r.ok),
-                "failed": failed, "bytes": sum(r.bytes for r in self.results.values() if r.ok)}
+        out = {"total": len(self.urls) + len(self.bad), "done": sum(1 for r in self.results.values() if r.ok),
+               "failed": failed[:FAILED_SHOWN], "bytes": sum(r.bytes for r in self.results.values() if r.ok)}
+        if len(failed) > FAILED_SHOWN:
+            out["failed_more"] = len(failed) - FAILED_SHOWN
+        if self.expanded_from:
+            out["expanded_from"] = self.expanded_from
+        return out
 
     @property
     def finished(self) -> bool:
-        return len(self.results) == len(self.urls)
+        return not self.expanding and len(self.results) == len(self.urls)
+
+
+@dataclass(frozen=True)
+class _Redirect:
+    location: str
 
 
 class Prefetcher:
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
-                 counted: Callable[[str], None] = lambda outcome: None) -> None:
+                 counted: Callable[[str], None] = lambda outcome: None, fills: int = 16,
+                 expander: Expander | None = None, cluster_token: str | None = None) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
-        each URL ended (fetched, failed, refused: controller/metrics.py)."""
+        each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
+        flight across every workload; `expander` reads the listings names expand through."""
         self.batch = client.BatchV1Api(api)
         self.events = events
         self._session = session
@@ -87,7 +124,13 @@ class Prefetcher:
         self.poll = poll
         self._clock = clock
         self._counted = counted
-        self.fetches: dict[str, asyncio.Task] = {}  # url -> the one fetch of it
+        self.fills = fills
+        self.expander = expander or Expander(session=session, origins=origins)
+        self._cluster_token = cluster_token
+        self._slots: asyncio.Semaphore | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
         self.jobs: dict[str, JobProgress] = {}  # "ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
 
@@ -97,10 +140,10 @@ class Prefetcher:
             value = ((job.get("metadata") or {}).get("annotations") or {}).get(PREFETCH)
             if not value or key in self._tasks:
                 continue
-            urls, problems = parse_prefetch(value)
-            progress = JobProgress(urls=urls, bad=[{"url": p.value, "reason": p.message} for p in problems])
+            entries, problems = parse_prefetch(value)
+            progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems])
             self.jobs[key] = progress
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, job, progress))
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, job, entries, progress))
 
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
@@ -112,39 +155,134 @@ class Prefetcher:
         self.fetches.clear()
         self.jobs.clear()
 
-    async def _follow(self, key: str, job: dict, progress: JobProgress) -> None:
+    # -- one workload ----------------------------------------------------------
+
+    async def _follow(self, key: str, job: dict, entries: list[str], progress: JobProgress) -> None:
         for bad in progress.bad:
             self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
+        await self._expand(job, entries, progress)
+        progress.expanding = False
+        written_at = -STATUS_EVERY
         await self._write_status(job, progress)
-        waits = {url: self._fetch_once(url) for url in progress.urls}
-        pending = set(waits.values())
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for url, task in waits.items():
-                if task in done and url not in progress.results:
-                    result = task.result()
-                    progress.results[url] = result
-                    self._counted("fetched" if result.ok else "failed")
-                    if not result.ok:
-                        await self.events.emit(job, "Warning", "PrefetchFailed",
-                                               f"{PREFETCH}: {url}: {result.reason}")
-            await self._write_status(job, progress)
+        queue = iter(progress.urls)
+        changed = asyncio.Event()
+
+        async def worker() -> None:
+            for url in queue:
+                result = await self._fetch_once(url)
+                progress.results[url] = result
+                self._counted("fetched" if result.ok else "failed")
+                if not result.ok:
+                    await self.events.emit(job, "Warning", "PrefetchFailed", f"{PREFETCH}: {url}: {result.reason}")
+                changed.set()
+
+        workers = [asyncio.get_running_loop().create_task(worker()) for _ in range(max(1, self.fills))]
+        try:
+            while not all(w.done() for w in workers):
+                changed.clear()
+                waiter = asyncio.ensure_future(changed.wait())
+                await asyncio.wait([waiter, *workers], timeout=STATUS_EVERY, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if self._clock() - written_at >= STATUS_EVERY:
+                    written_at = self._clock()
+                    await self._write_status(job, progress)
+            for w in workers:
+                w.result()
+        finally:
+            for w in workers:
+                w.cancel()
+        await self._write_status(job, progress)
         status = progress.status()
+        failed = len(status["failed"]) + status.get("failed_more", 0)
         await self.events.emit(job, "Normal", "PrefetchDone",
                                f"prefetched {status['done']} of {status['total']} URLs, {status['bytes']} bytes"
-                               + (f"; {len(status['failed'])} failed" if status["failed"] else ""))
-        log.info("prefetch_done", job=key, **{k: v for k, v in status.items() if k != "failed"},
-                 failed=len(status["failed"]))
+                               + (f"; {failed} failed" if failed else ""))
+        log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
+                 failed=failed)
 
-    def _fetch_once(self, url: str) -> asyncio.Task:
-        task = self.fetches.get(url)
+    async def _expand(self, job: dict, entries: list[str], progress: JobProgress) -> None:
+        """Each entry's URLs into `progress.urls` (in order, each once); a name refused or unread goes to `bad`."""
+        seen: set[str] = set()
+        for entry in entries:
+            try:
+                name = parse_name(entry)
+            except BadName as e:  # parse_prefetch checked it; kept for a caller that did not
+                progress.bad.append({"url": entry, "reason": f"{PREFETCH}: {entry}: {e}"})
+                continue
+            if isinstance(name, ObjectUrl):
+                urls = [name.url]
+            else:
+                try:
+                    expansion = await self.expander.expand(name)
+                except NotAnOrigin as e:
+                    reason = f"{PREFETCH}: {entry} {e}; nothing of it prefetched"
+                    progress.bad.append({"url": entry, "reason": reason})
+                    self._counted("refused")
+                    log.warning("prefetch_name_refused", name=entry, hosts=e.hosts)
+                    await self.events.emit(job, "Warning", "PrefetchRefused", reason)
+                    continue
+                except ExpandFailed as e:
+                    reason = f"{PREFETCH}: {entry}: {e}"
+                    progress.bad.append({"url": entry, "reason": reason})
+                    self._counted("failed")
+                    log.warning("prefetch_name_unread", name=entry, error=str(e))
+                    await self.events.emit(job, "Warning", "PrefetchFailed", reason)
+                    continue
+                urls = expansion.urls
+                progress.expanded_from.append({"name": entry, "objects": len(urls), **expansion.note})
+                log.info("prefetch_name_expanded", name=entry, objects=len(urls), **expansion.note)
+            for url in urls:
+                if url not in seen:
+                    seen.add(url)
+                    progress.urls.append(url)
+
+    # -- one object ------------------------------------------------------------
+
+    def _key(self, url: str) -> str | None:
+        try:
+            target = parse_target(url, urlsplit(url).netloc)
+        except BadTarget:
+            return None
+        return key_for(target, self._origins.get(target.host))
+
+    def _fetch_once(self, url: str, chain: tuple[str, ...] = ()) -> asyncio.Future:
+        """The one fetch of `url`'s object (by cache key), started if none is running or the last failed.
+        `chain`: the keys of the redirects that led here, so a loop fails instead of waiting on itself."""
+        key = self._key(url)
+        if key is None or key in chain:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(Result(url, reason="redirects in a loop" if key else "not a URL the cache serves"))
+            return done
+        task = self.fetches.get(key)
         if task is None or (task.done() and not task.result().ok):
-            task = self.fetches[url] = asyncio.get_running_loop().create_task(self._fetch(url))
+            task = self.fetches[key] = asyncio.get_running_loop().create_task(self._fetch(url, (*chain, key)))
         return task
 
-    async def _fetch(self, url: str) -> Result:
-        """Have the key's first owner fill `url`; Result says whether it is stored, and its size."""
+    async def _fetch(self, url: str, chain: tuple[str, ...] = ()) -> Result:
+        """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.fills))
+        async with self._slots:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                answer = await self._ask(url)
+            finally:
+                self.in_flight -= 1
+        if not isinstance(answer, _Redirect):
+            return answer
+        # The slot is given back first: the target's fetch takes one of its own.
+        location = urljoin(url, answer.location)
+        host = (urlsplit(location).hostname or "").rstrip(".")
+        if len(chain) > MAX_REDIRECTS:
+            return Result(url, reason=f"more than {MAX_REDIRECTS} redirects (last to {location})")
+        if host not in self._origins:
+            return Result(url, reason=f"redirected to {host or location}, which is not in the origin table")
+        result = await self._fetch_once(location, chain)
+        return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason)
+
+    async def _ask(self, url: str) -> Result | _Redirect:
         parts = urlsplit(url)
         try:
             target = parse_target(url, parts.netloc)
@@ -156,20 +294,30 @@ class Prefetcher:
         owner = ring.owners(key_for(target, self._origins.get(target.host)), 1)[0]
         node = f"http://{addresses[owner]}"
         session = self._session()
-        # The absolute-URI form names the object; the node applies its own allow-list.
         headers = {"Host": target.host}
+        if target.scheme == "https":
+            # As a peer relays a client of the TLS port: stored under the https key that client reads.
+            headers.update({PEER_HEADER: "nezha-controller", SCHEME_HEADER: "https"})
+            if self._cluster_token:
+                headers[TOKEN_HEADER] = self._cluster_token
         path = target.path_qs
         deadline = self._clock() + self.timeout
         try:
-            async with session.get(node + path, headers={**headers, "Range": "bytes=0-0"}) as r:
+            async with session.get(node + path, headers={**headers, "Range": "bytes=0-0"},
+                                   allow_redirects=False) as r:
                 await r.read()
+                if r.status in REDIRECTS and r.headers.get("Location"):
+                    return _Redirect(r.headers["Location"])
                 if r.headers.get(CACHE_HEADER) in PASSED_ON:
                     return Result(url, reason=f"{owner} passed it through: the origin's answer may not be stored")
                 if r.status >= 400:
                     reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
                     return Result(url, reason=f"{owner} answered {r.status}: {reason}")
             while self._clock() < deadline:
-                async with session.head(node + path, headers={**headers, "Cache-Control": "only-if-cached"}) as r:
+                # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
+                # Last-Modified) is stale at once, and still stored: revalidated when read.
+                async with session.head(node + path, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
+                                        allow_redirects=False) as r:
                     if r.status == 200:
                         return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
                 await asyncio.sleep(self.poll)

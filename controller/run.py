@@ -34,6 +34,7 @@ from controller.leader import LeaderElector
 from controller.drains import Drains
 from controller.membership import leaving, members, pod_selector
 from controller.metrics import ControllerMetrics
+from controller.expand import Expander
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.trust import TrustPublisher
@@ -87,8 +88,12 @@ class Controller:
                                     host=settings.holder, allowed=lambda: self.leading, counted=self.metrics.event)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
+        expander = Expander(session=self._session, origins=settings.origin_table, hub_host=settings.hub_host,
+                            s3_host=settings.s3_host, max_objects=settings.prefetch_max_objects,
+                            s3_page_keys=settings.s3_page_keys)
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
-                                     origins=settings.origin_table,
+                                     origins=settings.origin_table, fills=settings.prefetch_fills,
+                                     expander=expander, cluster_token=settings.cluster_token,
                                      counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)

@@ -1,0 +1,177 @@
+"""nezha.io/prefetch by name: hf:// through a Hub double, manifests and index pages, hosts outside the table.
+
+One cache node (in-process) owns every key; the controller reads the
+listings from the origins' upstreams and asks the node to fill each object.
+Reads afterwards are made as a client of the node's TLS port reaches it (a
+peer relaying `https`), so they hit the keys those clients read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from cachenode.app import build_node
+from cachenode.front.listener import Listener
+from nezha.config import CacheSettings, Origin
+from tests.integration.controller.conftest import STS, pod, ring_becomes
+from tests.integration.controller.test_prefetch import job_done, training_job
+from tests.support_hub import HubDouble, Repo, served
+
+REPO = "nezha-org/tiny-model"
+COMMIT = "5d1e7c4b" * 5
+CDN = "cdn-lfs.hf.co"
+HUB = "huggingface.co"
+CDN_SIGNATURE = ("Expires", "Signature", "Policy", "Key-Pair-Id")
+
+
+@pytest.fixture
+async def hub():
+    """A public model repository of two small git files and two LFS files, listed two entries a page."""
+    double = HubDouble(Repo(REPO, COMMIT, access="public", tree_page=2,
+                            git_files={"config.json": b'{"model_type": "nezha"}\n',
+                                       "tokenizer/tokenizer.json": b'{"version": "1.0"}\n'},
+                            lfs_files={"model-00001-of-00002.safetensors": os.urandom(300_000),
+                                       "model-00002-of-00002.safetensors": os.urandom(200_000)}),
+                       cdn_url=f"https://{CDN}")
+    async with served(double):
+        yield double
+
+
+def hub_origins(hub: HubDouble) -> list[Origin]:
+    """The Hub and its CDN as docs/https.md lists them for public repositories; https is fetched from the
+    doubles (tls_upstream), as a cluster fetches it from the real hosts."""
+    return [Origin(host=HUB, upstream=hub.hub_url, tls_upstream=hub.hub_url),
+            Origin(host=CDN, upstream=hub.cdn_stand_in, tls_upstream=hub.cdn_stand_in,
+                   volatile_params=CDN_SIGNATURE)]
+
+
+@pytest.fixture
+async def one_node(cluster, ns, redis_server, tmp_path):
+    """Start one cache node with `origins` as pod nezha-cache-0 (ready, in the ring once a controller runs)."""
+    listeners = []
+
+    async def start(origins: list[Origin]) -> Listener:
+        node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
+                                        redis_url=redis_server.url, origins=origins))
+        listener = Listener(node)
+        await listener.start("127.0.0.1", 0)
+        listeners.append(listener)
+        await cluster.create(1)
+        cache_pod = pod(0)
+        cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
+        await cluster.core.create_namespaced_pod(ns, cache_pod)
+        await cluster.set_ready(0, True, ip="127.0.0.1")
+        return listener
+
+    yield start
+    for listener in listeners:
+        await listener.close()
+
+
+async def read_as_a_tls_client(listener: Listener, url: str) -> tuple[bytes, str]:
+    """GET `url` through the node as a client of its TLS port does (relayed as https), following redirects
+    as huggingface_hub does; the body and the last answer's X-Nezha-Cache."""
+    headers = {"X-Nezha-Peer": "test-reader", "X-Nezha-Scheme": "https"}
+    async with aiohttp.ClientSession() as s:
+        for _ in range(5):
+            parts = urlsplit(url)
+            path = parts.path + (f"?{parts.query}" if parts.query else "")
+            async with s.get(f"http://127.0.0.1:{listener.port}{path}", headers={**headers, "Host": parts.hostname},
+                             allow_redirects=False) as r:
+                if r.status in (302, 307):
+                    url = urljoin(url, r.headers["Location"])
+                    continue
+                assert r.status == 200, (url, r.status, await r.text())
+                return await r.read(), r.headers.get("X-Nezha-Cache", "")
+    raise AssertionError(f"more than 5 redirects from {url}")
+
+
+def origin_gets(hub: HubDouble) -> Counter:
+    """Object answers (200 or 206 to a GET) by side and path: what crossed the internet."""
+    got: Counter = Counter()
+    for (side, method, path, status), n in hub.answers.items():
+        if method == "GET" and status in (200, 206) and not path.startswith(("/api/models", "/api/datasets")):
+            got[(side, path)] += n
+    return got
+
+
+async def test_an_hf_model_is_listed_at_one_commit_and_every_file_is_filled_once_and_served_warm(
+        kube, ns, cluster, run_controller, index, hub, one_node):
+    listener = await one_node(hub_origins(hub))
+    await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+
+    batch = client.BatchV1Api(kube)
+    await batch.create_namespaced_job(ns, training_job("finetune-1", f"hf://{REPO}"))
+    await batch.create_namespaced_job(ns, training_job("finetune-2", f"hf://{REPO}@main"))
+    first, events = await job_done(batch, cluster.core, ns, "finetune-1")
+    second, _ = await job_done(batch, cluster.core, ns, "finetune-2")
+    files = hub.repo.files
+    assert first == {"total": 4, "done": 4, "failed": [], "bytes": sum(len(b) for b in files.values()),
+                     "expanded_from": [{"name": f"hf://{REPO}", "objects": 4, "revision": "main", "commit": COMMIT}]}
+    assert second["done"] == 4 and second["expanded_from"][0]["commit"] == COMMIT
+    assert not [e for e in events if e.type == "Warning"]
+    # The tree was read in pages (two entries each, folders among them), and the revision once per Job.
+    tree = sum(n for (side, m, path, status), n in hub.answers.items() if path.endswith(f"/tree/{COMMIT}"))
+    assert tree >= 3
+
+    fetched = origin_gets(hub)
+    assert set(fetched.values()) == {1}, f"one fill per file: {fetched}"
+    assert len(fetched) == 4
+    for path, body in files.items():
+        got, cache = await read_as_a_tls_client(listener, f"https://{HUB}/{REPO}/resolve/main/{path}")
+        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(body).hexdigest(), path
+        # The double's answers carry no lifetime (an ETag only): the copy is served after the origin's 304.
+        assert cache == "revalidated", (path, cache)
+    assert origin_gets(hub) == fetched, "a warm read fetched an object from the origin again"
+
+
+async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
+        kube, ns, cluster, run_controller, index, origin, one_node):
+    host = "data.example"
+    for i in range(3):
+        origin.put(f"/sets/a/{i}.bin", bytes([i]) * 10_000, headers={"Cache-Control": "max-age=3600"})
+    origin.put("/sets/files.txt", b"# three shards\n0.bin\n/sets/a/1.bin\n\nhttp://data.example/sets/a/2.bin\n"
+               .replace(b"0.bin", b"a/0.bin"))
+    origin.put("/sets/a/", b'<html><a href="../">..</a><a href="0.bin">0</a><a href="1.bin">1</a>'
+                           b'<a href="?C=M">sort</a></html>', headers={"Content-Type": "text/html"})
+    table = [Origin(host=host, upstream=origin.url)]
+    listener = await one_node(table)
+    await run_controller(peer_address="pod-ip", origins=table)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+
+    batch = client.BatchV1Api(kube)
+    await batch.create_namespaced_job(ns, training_job(
+        "by-list", f"http://{host}/sets/files.txt,http://{host}/sets/a/"))
+    status, _ = await job_done(batch, cluster.core, ns, "by-list")
+    assert status == {"total": 3, "done": 3, "failed": [], "bytes": 30_000, "expanded_from": [
+        {"name": f"http://{host}/sets/files.txt", "objects": 3}, {"name": f"http://{host}/sets/a/", "objects": 2}]}
+    assert [origin.requests[f"/sets/a/{i}.bin"] for i in range(3)] == [1, 1, 1]
+
+
+async def test_a_name_that_expands_to_a_host_outside_the_origin_table_is_refused_with_a_warning_and_nothing_fetched(
+        kube, ns, cluster, run_controller, index, origin, one_node):
+    host = "data.example"
+    origin.put("/ok.bin", b"k" * 1000, headers={"Cache-Control": "max-age=3600"})
+    origin.put("/m/files.txt", f"http://{host}/ok.bin\nhttps://evil.example/steal.bin\n".encode())
+    table = [Origin(host=host, upstream=origin.url)]
+    listener = await one_node(table)
+    await run_controller(peer_address="pod-ip", origins=table)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+
+    batch = client.BatchV1Api(kube)
+    await batch.create_namespaced_job(ns, training_job("outside", f"http://{host}/m/files.txt,hf://org/model"))
+    status, events = await job_done(batch, cluster.core, ns, "outside")
+    assert status["total"] == 2 and status["done"] == 0 and "expanded_from" not in status
+    assert [f["url"] for f in status["failed"]] == [f"http://{host}/m/files.txt", "hf://org/model"]
+    warnings = [e.message for e in events if e.type == "Warning" and e.reason == "PrefetchRefused"]
+    assert any(f"http://{host}/m/files.txt" in m and "evil.example" in m and "nothing of it" in m for m in warnings)
+    assert any("hf://org/model" in m and HUB in m for m in warnings), warnings
+    assert origin.requests.get("/ok.bin", 0) == 0, "nothing of a refused name is fetched"
