@@ -1,7 +1,9 @@
 """Prefetch without CRDs: `nezha.io/prefetch` on a workload fills the cache before its pods read.
 
-The controller watches Jobs in every namespace (training jobs live in their
-users' namespaces). Each entry of the annotation is an object's URL or a
+The controller watches the workloads that start pods in every namespace
+(they live in their users' namespaces): Jobs, Deployments, StatefulSets,
+and LeaderWorkerSets and JobSets where their CRDs are installed
+(controller/workloads.py). Each entry of the annotation is an object's URL or a
 name (`hf://ORG/REPO[@REV]`, `s3://BUCKET/PREFIX`, an index page, a
 manifest: nezha/prefetch/names.py), expanded into object URLs first
 (controller/expand.py). A name that expands to a host outside the origin
@@ -49,6 +51,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client
 
+from controller import workloads
 from controller.annotations import PREFETCH, PREFETCH_STATUS, parse_prefetch
 from controller.expand import Expander, ExpandFailed, NotAnOrigin
 from nezha.config import OriginTable
@@ -115,7 +118,7 @@ class Prefetcher:
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
         each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
         flight across every workload; `expander` reads the listings names expand through."""
-        self.batch = client.BatchV1Api(api)
+        self.api = api
         self.events = events
         self._session = session
         self._ring = ring
@@ -131,19 +134,39 @@ class Prefetcher:
         self.in_flight = 0
         self.most_in_flight = 0
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
-        self.jobs: dict[str, JobProgress] = {}  # "ns/name" -> progress
+        self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
+        self._asked: dict[str, tuple[str | None, str]] = {}  # "Kind/ns/name" -> (uid, annotation) followed
 
-    def observe(self, jobs: dict[str, dict]) -> None:
-        """Start following every Job that names URLs and is not followed yet (level-based)."""
-        for key, job in jobs.items():
-            value = ((job.get("metadata") or {}).get("annotations") or {}).get(PREFETCH)
-            if not value or key in self._tasks:
+    def observe(self, objects: dict[str, dict]) -> None:
+        """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
+        one whose annotation changed, one deleted and made again (a new uid). A workload gone is no longer
+        followed; the fills it started go on (another may share them), and what they store stays."""
+        for key in list(self._asked):
+            if key not in objects or not self._annotation(objects[key]):
+                self._forget(key)
+        for key, obj in objects.items():
+            value = self._annotation(obj)
+            asked = ((obj.get("metadata") or {}).get("uid"), value)
+            if not value or self._asked.get(key) == asked:
                 continue
+            self._forget(key)
             entries, problems = parse_prefetch(value)
             progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems])
             self.jobs[key] = progress
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, job, entries, progress))
+            self._asked[key] = asked
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, obj, entries, progress))
+
+    @staticmethod
+    def _annotation(obj: dict) -> str | None:
+        return ((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH)
+
+    def _forget(self, key: str) -> None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()  # its fills are shielded: they go on
+        self._asked.pop(key, None)
+        self.jobs.pop(key, None)
 
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
@@ -154,6 +177,7 @@ class Prefetcher:
         self._tasks.clear()
         self.fetches.clear()
         self.jobs.clear()
+        self._asked.clear()
 
     # -- one workload ----------------------------------------------------------
 
@@ -170,7 +194,8 @@ class Prefetcher:
 
         async def worker() -> None:
             for url in queue:
-                result = await self._fetch_once(url)
+                # Shielded: the fill may be another workload's too, and outlives this one's deletion.
+                result = await asyncio.shield(self._fetch_once(url))
                 progress.results[url] = result
                 self._counted("fetched" if result.ok else "failed")
                 if not result.ok:
@@ -279,7 +304,7 @@ class Prefetcher:
             return Result(url, reason=f"more than {MAX_REDIRECTS} redirects (last to {location})")
         if host not in self._origins:
             return Result(url, reason=f"redirected to {host or location}, which is not in the origin table")
-        result = await self._fetch_once(location, chain)
+        result = await asyncio.shield(self._fetch_once(location, chain))
         return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason)
 
     async def _ask(self, url: str) -> Result | _Redirect:
@@ -331,8 +356,7 @@ class Prefetcher:
         meta = job.get("metadata") or {}
         text = json.dumps(progress.status(), sort_keys=True, separators=(",", ":"))
         try:
-            await self.batch.patch_namespaced_job(meta["name"], meta["namespace"],
-                                                  {"metadata": {"annotations": {STATUS: text}}})
-        except Exception as e:  # noqa: BLE001 - the Job may be gone; what was fetched stays cached
-            log.info("prefetch_status_not_written", job=f"{meta.get('namespace')}/{meta.get('name')}",
-                     error=f"{type(e).__name__}: {str(e)[:200]}")
+            await workloads.patch_annotations(self.api, job, {STATUS: text})
+        except Exception as e:  # noqa: BLE001 - the workload may be gone; what was fetched stays cached
+            log.info("prefetch_status_not_written", kind=job.get("kind"),
+                     job=f"{meta.get('namespace')}/{meta.get('name')}", error=f"{type(e).__name__}: {str(e)[:200]}")
