@@ -45,7 +45,7 @@ parts of Nezha write or read (`status`, `prefetch`, `prefetch-status`,
 `parse_prefetch` reads a workload's `nezha.io/prefetch` list the same way: bad
 entries are dropped, each with a Problem, and the rest are used. An entry
 is an object's URL or a name (`hf://`, `s3://`, an index page, a manifest:
-nezha/prefetch/names.py).
+nezha/prefetch/names.py); `secret_problem` checks `nezha.io/prefetch-secret`.
 """
 
 from __future__ import annotations
@@ -379,3 +379,17 @@ def _url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "has no host"
     return None
+
+
+# --- a workload's prefetch Secret ---------------------------------------------
+
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def secret_problem(value: str | None) -> Problem | None:
+    """Why `nezha.io/prefetch-secret` names no Secret (a Kubernetes object name: a DNS subdomain), or None."""
+    name = (value or "").strip()
+    if _SECRET_NAME.fullmatch(name):
+        return None
+    return Problem((PREFETCH_SECRET,), str(value), f"{PREFETCH_SECRET}: {_quote(str(value))} is not a Secret name "
+                                                   "(lowercase letters, digits, '-' and '.')")

@@ -50,7 +50,7 @@ class Expansion:
     note: dict = field(default_factory=dict)
 
 
-Signer = Callable[[str, str, Mapping[str, str]], dict[str, str]]
+Auth = Callable[[str, str], dict[str, str]]  # (public URL, upstream URL) -> fields (controller/sources.py)
 
 
 class Expander:
@@ -67,31 +67,30 @@ class Expander:
         self.s3_page_keys = s3_page_keys
         self.timeout = timeout
 
-    async def expand(self, name: Name, *, headers: Mapping[str, str] | None = None,
-                     signer: Signer | None = None) -> Expansion:
-        """The URLs `name` stands for. `headers` go with every listing request (a Hub token);
-        `signer(method, url, headers)` returns the fields that sign one (S3's SigV4)."""
+    async def expand(self, name: Name, *, auth: Auth | None = None) -> Expansion:
+        """The URLs `name` stands for. `auth(public_url, upstream_url)` gives the fields that authenticate
+        one listing request (a Hub token, S3's SigV4: controller/sources.py)."""
         if isinstance(name, ObjectUrl):
             return Expansion([name.url])
         if isinstance(name, HubRepo):
-            expansion = await self._hub(name, headers or {})
+            expansion = await self._hub(name, auth)
         elif isinstance(name, S3Prefix):
-            expansion = await self._s3(name, signer)
+            expansion = await self._s3(name, auth)
         else:
-            expansion = await self._listing(name, headers or {})
+            expansion = await self._listing(name, auth)
         outside = listings.hosts_outside(expansion.urls, lambda host: host in self._origins)
         if outside:
             raise NotAnOrigin(outside)
         return expansion
 
-    async def _hub(self, name: HubRepo, headers: Mapping[str, str]) -> Expansion:
+    async def _hub(self, name: HubRepo, auth: Auth | None) -> Expansion:
         base = f"https://{self.hub_host}"
-        body, _ = await self._get(base + listings.hub_revision_path(name), headers)
+        body, _ = await self._get(base + listings.hub_revision_path(name), auth)
         commit = listings.hub_commit(body)
         files: list[str] = []
         page: str | None = base + listings.hub_tree_path(name, commit)
         while page is not None:
-            body, answer = await self._get(page, headers)
+            body, answer = await self._get(page, auth)
             files += listings.hub_files(body)
             self._check_count(len(files), page)
             link = listings.next_link(answer.get("Link"))
@@ -99,12 +98,12 @@ class Expander:
         urls = [listings.hub_resolve_url(self.hub_host, name, commit, path) for path in files]
         return Expansion(urls, {"revision": name.revision, "commit": commit})
 
-    async def _s3(self, name: S3Prefix, signer: Signer | None) -> Expansion:
+    async def _s3(self, name: S3Prefix, auth: Auth | None) -> Expansion:
         keys: list[str] = []
         token: str | None = None
         while True:
             url = f"https://{self.s3_host}/{name.bucket}?{listings.s3_list_query(name.prefix, token, self.s3_page_keys)}"
-            body, _ = await self._get(url, {}, signer=signer)
+            body, _ = await self._get(url, auth)
             page, token = listings.s3_listing(body)
             keys += page
             self._check_count(len(keys), url)
@@ -112,8 +111,8 @@ class Expander:
                 break
         return Expansion([listings.s3_object_url(self.s3_host, name.bucket, k) for k in keys])
 
-    async def _listing(self, name: Listing, headers: Mapping[str, str]) -> Expansion:
-        body, _ = await self._get(name.url, headers)
+    async def _listing(self, name: Listing, auth: Auth | None) -> Expansion:
+        body, _ = await self._get(name.url, auth)
         urls = listings.manifest_urls(body, name.url) if name.manifest else listings.index_urls(body, name.url)
         self._check_count(len(urls), name.url)
         return Expansion(urls)
@@ -122,8 +121,7 @@ class Expander:
         if count > self.max_objects:
             raise ExpandFailed(f"{url} lists more than {self.max_objects} objects (prefetch_max_objects)")
 
-    async def _get(self, url: str, headers: Mapping[str, str], *,
-                   signer: Signer | None = None) -> tuple[str, Mapping[str, str]]:
+    async def _get(self, url: str, auth: Auth | None) -> tuple[str, Mapping[str, str]]:
         """GET `url` (by its public name) from where its origin lives; the body and the answer's fields."""
         parts = urlsplit(url)
         host = (parts.hostname or "").rstrip(".")
@@ -132,9 +130,7 @@ class Expander:
             raise NotAnOrigin([host or url])
         upstream = origin.upstream_for(parts.scheme, host) + (parts.path or "/") + (
             f"?{parts.query}" if parts.query else "")
-        sent = dict(headers)
-        if signer is not None:
-            sent.update(signer("GET", upstream, sent))
+        sent = auth(url, upstream) if auth is not None else {}
         try:
             async with self._session().get(upstream, headers=sent, allow_redirects=False,
                                            timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:

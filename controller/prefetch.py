@@ -52,8 +52,9 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller import workloads
-from controller.annotations import PREFETCH, PREFETCH_STATUS, parse_prefetch
-from controller.expand import Expander, ExpandFailed, NotAnOrigin
+from controller.annotations import PREFETCH, PREFETCH_SECRET, PREFETCH_STATUS, parse_prefetch, secret_problem
+from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
+from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
 from nezha.keys import BadTarget, key_for, parse_target
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
@@ -113,7 +114,8 @@ class Prefetcher:
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
                  counted: Callable[[str], None] = lambda outcome: None, fills: int = 16,
-                 expander: Expander | None = None, cluster_token: str | None = None) -> None:
+                 expander: Expander | None = None, cluster_token: str | None = None,
+                 s3_region: str = "us-east-1") -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
         each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
@@ -130,13 +132,15 @@ class Prefetcher:
         self.fills = fills
         self.expander = expander or Expander(session=session, origins=origins)
         self._cluster_token = cluster_token
+        self.s3_region = s3_region
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.most_in_flight = 0
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
         self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
-        self._asked: dict[str, tuple[str | None, str]] = {}  # "Kind/ns/name" -> (uid, annotation) followed
+        # "Kind/ns/name" -> (uid, annotation, secret annotation) followed
+        self._asked: dict[str, tuple[str | None, str, str | None]] = {}
 
     def observe(self, objects: dict[str, dict]) -> None:
         """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
@@ -147,7 +151,8 @@ class Prefetcher:
                 self._forget(key)
         for key, obj in objects.items():
             value = self._annotation(obj)
-            asked = ((obj.get("metadata") or {}).get("uid"), value)
+            secret = ((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH_SECRET)
+            asked = ((obj.get("metadata") or {}).get("uid"), value, secret)
             if not value or self._asked.get(key) == asked:
                 continue
             self._forget(key)
@@ -185,7 +190,15 @@ class Prefetcher:
         for bad in progress.bad:
             self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
-        await self._expand(job, entries, progress)
+        auth, why = await self._credentials(job)
+        if why is not None:
+            # Meant to be read with credentials it cannot have: none of it is asked for without them.
+            progress.bad += [{"url": entry, "reason": why} for entry in entries]
+            self._counted("failed")
+            log.warning("prefetch_secret_unreadable", job=key, error=why)
+            await self.events.emit(job, "Warning", "PrefetchFailed", why)
+            entries = []
+        await self._expand(job, entries, progress, auth)
         progress.expanding = False
         written_at = -STATUS_EVERY
         await self._write_status(job, progress)
@@ -195,7 +208,7 @@ class Prefetcher:
         async def worker() -> None:
             for url in queue:
                 # Shielded: the fill may be another workload's too, and outlives this one's deletion.
-                result = await asyncio.shield(self._fetch_once(url))
+                result = await asyncio.shield(self._fetch_once(url, auth))
                 progress.results[url] = result
                 self._counted("fetched" if result.ok else "failed")
                 if not result.ok:
@@ -226,7 +239,25 @@ class Prefetcher:
         log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
                  failed=failed)
 
-    async def _expand(self, job: dict, entries: list[str], progress: JobProgress) -> None:
+    async def _credentials(self, job: dict) -> tuple[Auth | None, str | None]:
+        """The workload's `nezha.io/prefetch-secret` as an Auth (controller/sources.py), or why it cannot be."""
+        meta = job.get("metadata") or {}
+        name = (meta.get("annotations") or {}).get(PREFETCH_SECRET)
+        if name is None:
+            return None, None
+        problem = secret_problem(name)
+        if problem is not None:
+            return None, f"{problem.message}; nothing prefetched"
+        try:
+            found = await read_credentials(self.api, meta["namespace"], name.strip())
+        except SecretUnreadable as e:
+            return None, f"{PREFETCH_SECRET}: {e}; nothing prefetched"
+        log.info("prefetch_secret_read", secret=found.secret, hf_token=found.hf_token is not None,
+                 aws=found.aws is not None)
+        return found.auth(hub_host=self.expander.hub_host, s3_host=self.expander.s3_host,
+                          region=self.s3_region), None
+
+    async def _expand(self, job: dict, entries: list[str], progress: JobProgress, auth: Auth | None) -> None:
         """Each entry's URLs into `progress.urls` (in order, each once); a name refused or unread goes to `bad`."""
         seen: set[str] = set()
         for entry in entries:
@@ -239,7 +270,7 @@ class Prefetcher:
                 urls = [name.url]
             else:
                 try:
-                    expansion = await self.expander.expand(name)
+                    expansion = await self.expander.expand(name, auth=auth)
                 except NotAnOrigin as e:
                     reason = f"{PREFETCH}: {entry} {e}; nothing of it prefetched"
                     progress.bad.append({"url": entry, "reason": reason})
@@ -271,20 +302,24 @@ class Prefetcher:
             return None
         return key_for(target, self._origins.get(target.host))
 
-    def _fetch_once(self, url: str, chain: tuple[str, ...] = ()) -> asyncio.Future:
-        """The one fetch of `url`'s object (by cache key), started if none is running or the last failed.
-        `chain`: the keys of the redirects that led here, so a loop fails instead of waiting on itself."""
+    def _fetch_once(self, url: str, auth: Auth | None = None, chain: tuple[str, ...] = ()) -> asyncio.Future:
+        """The one fetch of `url`'s object (by cache key, and by the credentials it is asked with: a fill
+        one workload's Secret may make is not another's to wait on), started if none is running or the
+        last failed. `chain`: the keys of the redirects that led here, so a loop fails instead of waiting
+        on itself."""
         key = self._key(url)
         if key is None or key in chain:
             done = asyncio.get_running_loop().create_future()
             done.set_result(Result(url, reason="redirects in a loop" if key else "not a URL the cache serves"))
             return done
-        task = self.fetches.get(key)
+        shared = key if auth is None else f"{key}#{id(auth)}"
+        task = self.fetches.get(shared)
         if task is None or (task.done() and not task.result().ok):
-            task = self.fetches[key] = asyncio.get_running_loop().create_task(self._fetch(url, (*chain, key)))
+            task = self.fetches[shared] = asyncio.get_running_loop().create_task(
+                self._fetch(url, auth, (*chain, key)))
         return task
 
-    async def _fetch(self, url: str, chain: tuple[str, ...] = ()) -> Result:
+    async def _fetch(self, url: str, auth: Auth | None = None, chain: tuple[str, ...] = ()) -> Result:
         """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, self.fills))
@@ -292,7 +327,7 @@ class Prefetcher:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             try:
-                answer = await self._ask(url)
+                answer = await self._ask(url, auth)
             finally:
                 self.in_flight -= 1
         if not isinstance(answer, _Redirect):
@@ -304,10 +339,10 @@ class Prefetcher:
             return Result(url, reason=f"more than {MAX_REDIRECTS} redirects (last to {location})")
         if host not in self._origins:
             return Result(url, reason=f"redirected to {host or location}, which is not in the origin table")
-        result = await asyncio.shield(self._fetch_once(location, chain))
+        result = await asyncio.shield(self._fetch_once(location, auth, chain))
         return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason)
 
-    async def _ask(self, url: str) -> Result | _Redirect:
+    async def _ask(self, url: str, auth: Auth | None = None) -> Result | _Redirect:
         parts = urlsplit(url)
         try:
             target = parse_target(url, parts.netloc)
@@ -316,39 +351,85 @@ class Prefetcher:
         ring, addresses = self._ring()
         if ring is None or not addresses:
             return Result(url, reason="the cache has no ring yet")
-        owner = ring.owners(key_for(target, self._origins.get(target.host)), 1)[0]
-        node = f"http://{addresses[owner]}"
-        session = self._session()
+        origin = self._origins.get(target.host)
+        owner = ring.owners(key_for(target, origin), 1)[0]
+        node = f"http://{addresses[owner]}{target.path_qs}"
+        credentials = {}
+        if auth is not None and origin is not None:
+            credentials = auth(url, origin.upstream_for(target.scheme, target.host) + target.path_qs)
+        # An authorize origin's object is filled by one whole request, also when its credential is in the
+        # URL (a signed CDN URL the Hub redirected to): a Range would be kept as a part, not filled.
+        signed = bool(credentials) or (origin is not None and origin.credentials == "authorize")
         headers = {"Host": target.host}
-        if target.scheme == "https":
-            # As a peer relays a client of the TLS port: stored under the https key that client reads.
-            headers.update({PEER_HEADER: "nezha-controller", SCHEME_HEADER: "https"})
+        if target.scheme == "https" or signed:
+            # As a peer relays a client of the TLS port: stored under the https key that client reads;
+            # the cluster token also lets the probe below read a signed fill's copy from the disk.
+            headers.update({PEER_HEADER: "nezha-controller", SCHEME_HEADER: target.scheme})
             if self._cluster_token:
                 headers[TOKEN_HEADER] = self._cluster_token
-        path = target.path_qs
-        deadline = self._clock() + self.timeout
         try:
-            async with session.get(node + path, headers={**headers, "Range": "bytes=0-0"},
-                                   allow_redirects=False) as r:
-                await r.read()
-                if r.status in REDIRECTS and r.headers.get("Location"):
-                    return _Redirect(r.headers["Location"])
-                if r.headers.get(CACHE_HEADER) in PASSED_ON:
-                    return Result(url, reason=f"{owner} passed it through: the origin's answer may not be stored")
-                if r.status >= 400:
-                    reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
-                    return Result(url, reason=f"{owner} answered {r.status}: {reason}")
-            while self._clock() < deadline:
-                # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
-                # Last-Modified) is stale at once, and still stored: revalidated when read.
-                async with session.head(node + path, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
-                                        allow_redirects=False) as r:
-                    if r.status == 200:
-                        return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
-                await asyncio.sleep(self.poll)
-            return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+            if signed:
+                return await self._signed_fill(url, node, owner, {**headers, **credentials})
+            return await self._fill(url, node, owner, headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
+
+    async def _fill(self, url: str, node: str, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+        """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
+        session = self._session()
+        async with session.get(node, headers={**headers, "Range": "bytes=0-0"}, allow_redirects=False) as r:
+            await r.read()
+            refused = await self._refused(url, owner, r)
+            if refused is not None:
+                return refused
+        deadline = self._clock() + self.timeout
+        while self._clock() < deadline:
+            # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
+            # Last-Modified) is stale at once, and still stored: revalidated when read.
+            async with session.head(node, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
+                                    allow_redirects=False) as r:
+                if r.status == 200:
+                    return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
+            await asyncio.sleep(self.poll)
+        return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    async def _signed_fill(self, url: str, node: str, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+        """An object read with credentials (an `authorize` origin's, docs/private-objects.md): its signed
+        Range would be kept as a part, not filled whole, so the whole object is asked for and the answer
+        let go once its head is in (the fill goes on on its own); then a peer's `only-if-cached` ranged
+        GET, which the owner answers from its disk, says when it is stored and how long it is."""
+        session = self._session()
+        async with session.get(node, headers=headers, allow_redirects=False) as r:
+            refused = await self._refused(url, owner, r)
+            if refused is not None:
+                return refused
+            r.close()  # not a byte of the body crosses the controller
+        deadline = self._clock() + self.timeout
+        probe = {**headers, "Range": "bytes=0-0", "Cache-Control": "only-if-cached, max-stale"}
+        while self._clock() < deadline:
+            async with session.get(node, headers=probe, allow_redirects=False) as r:
+                await r.read()
+                if r.status in (200, 206):
+                    total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+                    size = int(total) if total.isdigit() else int(r.headers.get("Content-Length") or 0)
+                    return Result(url, ok=True, bytes=size)
+                if r.status != 504:
+                    return await self._refused(url, owner, r) or Result(
+                        url, reason=f"{owner} answered {r.status} when asked whether it stored it")
+            await asyncio.sleep(self.poll)
+        return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    async def _refused(self, url: str, owner: str, r: aiohttp.ClientResponse) -> Result | _Redirect | None:
+        """What an answer to a fill says instead of "filling": a redirect to follow, or why it fails."""
+        if r.status in REDIRECTS and r.headers.get("Location"):
+            return _Redirect(r.headers["Location"])
+        if r.headers.get(CACHE_HEADER) in PASSED_ON:
+            return Result(url, reason=f"{owner} passed it through ({r.status}, {r.headers.get(CACHE_HEADER)}): "
+                                      "the origin's answer may not be stored")
+        if r.status >= 400:
+            reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
+            return Result(url, reason=f"{owner} answered {r.status}: {reason}")
+        return None
 
     async def _write_status(self, job: dict, progress: JobProgress) -> None:
         if not self.events.allowed():

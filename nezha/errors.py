@@ -34,6 +34,7 @@ the drawing is the tree the code defines.
     │   │   └── AnnotationError  controller.annotations: the same, naming the annotation and its value
     │   ├── ExpandFailed  controller.expand: a prefetch name whose listing could not be read
     │   │   └── NotAnOrigin  controller.expand: a prefetch name that expands to a host outside the origin table
+    │   ├── SecretUnreadable  controller.sources: a workload's prefetch Secret that cannot be read or used
     │   ├── ReviewError  nezha.errors: a malformed AdmissionReview (webhook)
     │   ├── PatchError  webhook.patch: an object whose shape is no pod spec the webhook understands
     │   │   └── TooManyContainers  webhook.patch: env mode declines a pod with too many containers

@@ -69,6 +69,8 @@ class ControllerSettings(NezhaSettings):
         "the Hugging Face Hub's origin host, which hf:// names are listed on and fetched from"))
     s3_host: Annotated[str, Flag()] = Field("s3.amazonaws.com", description=(
         "the S3 origin host s3:// names are listed on and fetched from, path-style"))
+    s3_region: Annotated[str, Flag()] = Field("us-east-1", description=(
+        "the region private s3:// requests are signed for (SigV4), the buckets' own"))
     s3_page_keys: Annotated[int, Flag()] = Field(1000, description=(
         "keys asked for per page of an s3:// name's listing (ListObjectsV2 max-keys, at most 1000)"))
 

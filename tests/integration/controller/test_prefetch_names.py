@@ -8,8 +8,10 @@ peer relaying `https`), so they hit the keys those clients read.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
+import re
 from collections import Counter
 from urllib.parse import urljoin, urlsplit
 
@@ -57,9 +59,9 @@ async def one_node(cluster, ns, redis_server, tmp_path):
     """Start one cache node with `origins` as pod nezha-cache-0 (ready, in the ring once a controller runs)."""
     listeners = []
 
-    async def start(origins: list[Origin]) -> Listener:
+    async def start(origins: list[Origin], *, cluster_token: str | None = None) -> Listener:
         node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
-                                        redis_url=redis_server.url, origins=origins))
+                                        redis_url=redis_server.url, origins=origins, cluster_token=cluster_token))
         listener = Listener(node)
         await listener.start("127.0.0.1", 0)
         listeners.append(listener)
@@ -75,10 +77,11 @@ async def one_node(cluster, ns, redis_server, tmp_path):
         await listener.close()
 
 
-async def read_as_a_tls_client(listener: Listener, url: str) -> tuple[bytes, str]:
-    """GET `url` through the node as a client of its TLS port does (relayed as https), following redirects
-    as huggingface_hub does; the body and the last answer's X-Nezha-Cache."""
-    headers = {"X-Nezha-Peer": "test-reader", "X-Nezha-Scheme": "https"}
+async def read_as_a_tls_client(listener: Listener, url: str, *, token: str | None = None) -> tuple[bytes, str]:
+    """GET `url` through the node as a client of its TLS port does (relayed as https by a peer, with the
+    cluster `token` if the node has one), following redirects as huggingface_hub does; the body and the last
+    answer's X-Nezha-Cache."""
+    headers = {"X-Nezha-Peer": "test-reader", "X-Nezha-Scheme": "https", **({"X-Nezha-Token": token} if token else {})}
     async with aiohttp.ClientSession() as s:
         for _ in range(5):
             parts = urlsplit(url)
@@ -106,7 +109,7 @@ async def test_an_hf_model_is_listed_at_one_commit_and_every_file_is_filled_once
         kube, ns, cluster, run_controller, index, hub, one_node):
     listener = await one_node(hub_origins(hub))
     await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
     await batch.create_namespaced_job(ns, training_job("finetune-1", f"hf://{REPO}"))
@@ -145,7 +148,7 @@ async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
     table = [Origin(host=host, upstream=origin.url)]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table)
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
     await batch.create_namespaced_job(ns, training_job(
@@ -164,7 +167,7 @@ async def test_a_name_that_expands_to_a_host_outside_the_origin_table_is_refused
     table = [Origin(host=host, upstream=origin.url)]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table)
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
     await batch.create_namespaced_job(ns, training_job("outside", f"http://{host}/m/files.txt,hf://org/model"))
@@ -175,3 +178,89 @@ async def test_a_name_that_expands_to_a_host_outside_the_origin_table_is_refused
     assert any(f"http://{host}/m/files.txt" in m and "evil.example" in m and "nothing of it" in m for m in warnings)
     assert any("hf://org/model" in m and HUB in m for m in warnings), warnings
     assert origin.requests.get("/ok.bin", 0) == 0, "nothing of a refused name is fetched"
+
+
+HF_TOKEN = "hf_nezhaPrefetchReader0001"
+CLUSTER_TOKEN = "nezha-test-cluster-token-0002"
+
+
+@pytest.fixture
+async def private_hub():
+    """A private model repository: the API, resolve and resolve-cache answer only the granted token."""
+    double = HubDouble(Repo("nezha-org/private-model", COMMIT, access="private", granted={HF_TOKEN},
+                            git_files={"config.json": b'{"model_type": "private"}\n'},
+                            lfs_files={"model.safetensors": os.urandom(400_000)}), cdn_url=f"https://{CDN}")
+    async with served(double):
+        yield double
+
+
+async def test_a_private_hf_model_is_prefetched_with_the_workloads_token_and_a_reader_without_one_is_denied(
+        kube, ns, cluster, run_controller, index, private_hub, one_node, tmp_path):
+    hub = private_hub
+    # docs/recipes/hugging-face.md's origins: credentials: authorize on the Hub and its CDN.
+    table = [Origin(host=HUB, upstream=hub.hub_url, tls_upstream=hub.hub_url, credentials="authorize"),
+             Origin(host=CDN, upstream=hub.cdn_stand_in, tls_upstream=hub.cdn_stand_in, credentials="authorize")]
+    listener = await one_node(table, cluster_token=CLUSTER_TOKEN)
+    (tmp_path / "token").write_text(CLUSTER_TOKEN)
+    await run_controller(peer_address="pod-ip", origins=table, cluster_token_file=tmp_path / "token")
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+    await client.CoreV1Api(kube).create_namespaced_secret(ns, {
+        "metadata": {"name": "hf"}, "data": {"HF_TOKEN": base64.b64encode(HF_TOKEN.encode()).decode()}})
+
+    batch = client.BatchV1Api(kube)
+    job = training_job("private-model", f"hf://{hub.repo.name}")
+    job["metadata"]["annotations"]["nezha.io/prefetch-secret"] = "hf"
+    await batch.create_namespaced_job(ns, job)
+    status, events = await job_done(batch, cluster.core, ns, "private-model")
+    assert (status["done"], status["total"], status["failed"]) == (2, 2, []), (status, [e.message for e in events])
+    assert status["expanded_from"][0]["commit"] == COMMIT
+    fetched = origin_gets(hub)
+    assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched
+
+    # Without the token the Hub does not even list it.
+    await batch.create_namespaced_job(ns, training_job("no-token", f"hf://{hub.repo.name}"))
+    status, _ = await job_done(batch, cluster.core, ns, "no-token")
+    assert status["done"] == 0 and "401" in status["failed"][0]["reason"]
+
+    # A reader with the token: every file from the copy, after the origin allowed it.
+    token = {"Authorization": f"Bearer {HF_TOKEN}"}
+    for path, body in hub.repo.files.items():
+        got, cache = await read(listener, f"https://{HUB}/{hub.repo.name}/resolve/main/{path}", token)
+        assert got == body and cache == "authorized", (path, cache)
+    assert origin_gets(hub) == fetched, "a warm read fetched an object from the origin again"
+    # A reader without one asks for the stored copies' own URLs: the origins refuse, no byte of them leaves.
+    etag = hashlib.sha1(b"blob %d\0" % len(hub.repo.git_files["config.json"])
+                        + hub.repo.git_files["config.json"]).hexdigest()
+    oid = hashlib.sha256(hub.repo.lfs_files["model.safetensors"]).hexdigest()
+    signed = hub.signed(oid, "model.safetensors")
+    forged = re.sub(r"Signature=[0-9a-f]+", "Signature=" + "0" * 64, signed)
+    assert forged != signed
+    stolen = [f"https://{HUB}/api/resolve-cache/models/{hub.repo.name}/{COMMIT}/config.json?etag=%22{etag}%22",
+              forged]
+    for url in stolen:
+        status_code, cache, got, _ = await read_once(listener, url, {})
+        assert status_code in (401, 403) and cache == "denied", (url, status_code, cache)
+        assert not any(body[:64] in got for body in hub.repo.files.values())
+
+
+async def read_once(listener: Listener, url: str, headers: dict[str, str]) -> tuple[int, str, bytes, str]:
+    """One GET of `url` through the node as the TLS port's clients arrive (a peer relaying https, with the
+    cluster token): status, X-Nezha-Cache, body and Location."""
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{listener.port}{path}", allow_redirects=False, headers={
+                "Host": parts.hostname, "X-Nezha-Peer": "test-reader", "X-Nezha-Scheme": "https",
+                "X-Nezha-Token": CLUSTER_TOKEN, **headers}) as r:
+            return r.status, r.headers.get("X-Nezha-Cache", ""), await r.read(), r.headers.get("Location", "")
+
+
+async def read(listener: Listener, url: str, token: dict[str, str]) -> tuple[bytes, str]:
+    """As huggingface_hub reads a file: the token to the Hub, none to the CDN its redirect names."""
+    for _ in range(5):
+        status, cache, body, location = await read_once(listener, url, token if urlsplit(url).hostname == HUB else {})
+        if status not in (302, 307):
+            assert status == 200, (url, status, body[:200])
+            return body, cache
+        url = urljoin(url, location)
+    raise AssertionError(f"more than 5 redirects from {url}")

@@ -102,7 +102,7 @@ async def test_two_deployments_naming_one_model_fill_each_file_once_and_both_car
         kube_api, ns, run_controller, index, hub, one_node, kubectl):  # noqa: F811
     listener = await one_node(hub_origins(hub))
     await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     await kubectl.create(deployment("serve-a", f"hf://{REPO}"), deployment("serve-b", f"hf://{REPO}@main"))
     first = await kubectl.prefetched("deployment", "serve-a")
@@ -125,7 +125,7 @@ async def test_leaderworkersets_and_jobsets_are_prefetched_where_their_crds_are_
     table = [Origin(host=HOST, upstream=origin.url)]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table)
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     await kubectl.create(leader_worker_set("llm", f"http://{HOST}/m/w.bin"),
                          job_set("pretrain", f"http://{HOST}/m/j.bin,http://{HOST}/m/w.bin"),
@@ -143,7 +143,7 @@ async def test_without_their_crds_no_custom_kind_is_watched_and_the_built_in_kin
     table = [Origin(host=HOST, upstream=origin.url)]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table)
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
     await kubectl.create(deployment("plain", f"http://{HOST}/m/d.bin"))
     assert (await kubectl.prefetched("deployment", "plain"))["done"] == 1
     asked = [path for _, path in kube_api.requests]
@@ -160,7 +160,7 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     table = [Origin(host=HOST, upstream=origin.url)]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table, prefetch_fills=3)
-    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
     await kubectl.create(deployment("many-a", f"http://{HOST}/many/files.txt"),
                          deployment("many-b", f"http://{HOST}/many/files.txt"))
     assert (await kubectl.prefetched("deployment", "many-a"))["done"] == 12
