@@ -45,7 +45,8 @@ parts of Nezha write or read (`status`, `prefetch`, `prefetch-status`,
 `parse_prefetch` reads a workload's `nezha.io/prefetch` list the same way: bad
 entries are dropped, each with a Problem, and the rest are used. An entry
 is an object's URL or a name (`hf://`, `s3://`, an index page, a manifest:
-nezha/prefetch/names.py); `secret_problem` checks `nezha.io/prefetch-secret`.
+nezha/prefetch/names.py); `secret_problem` checks `nezha.io/prefetch-secret`,
+`read_keep` reads `nezha.io/prefetch-keep`.
 """
 
 from __future__ import annotations
@@ -393,3 +394,18 @@ def secret_problem(value: str | None) -> Problem | None:
         return None
     return Problem((PREFETCH_SECRET,), str(value), f"{PREFETCH_SECRET}: {_quote(str(value))} is not a Secret name "
                                                    "(lowercase letters, digits, '-' and '.')")
+
+
+KEEP_DEFAULT = 3600.0  # seconds a workload's pins hold after it is deleted
+
+
+def read_keep(value: str | None) -> tuple[float, Problem | None]:
+    """`nezha.io/prefetch-keep`: seconds (a non-negative number, k/M/G allowed) a deleted workload's
+    prefetched objects stay pinned; absent: KEEP_DEFAULT. An invalid value keeps the default, with a Problem."""
+    if value is None:
+        return KEEP_DEFAULT, None
+    try:
+        return _parse_non_negative(value), None
+    except ValueError as e:
+        return KEEP_DEFAULT, Problem((PREFETCH_KEEP,), value, f"{PREFETCH_KEEP}: {e}; keeping the default "
+                                                               f"{_show(KEEP_DEFAULT)} seconds")

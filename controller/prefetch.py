@@ -44,22 +44,25 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
 from kubernetes_asyncio import client
+from yarl import URL
 
 from controller import workloads
-from controller.annotations import PREFETCH, PREFETCH_SECRET, PREFETCH_STATUS, parse_prefetch, secret_problem
+from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_STATUS, parse_prefetch,
+                                   read_keep, secret_problem)
 from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
 from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
 from nezha.keys import BadTarget, key_for, parse_target
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
-from nezha.wire import CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER
+from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH, SCHEME_HEADER,
+                        TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -79,6 +82,8 @@ class Result:
     ok: bool = False
     bytes: int = 0
     reason: str = ""
+    key: str | None = None  # the stored object's cache key (a redirect's target's), once stored
+    owner: str | None = None  # the node that stores it
 
 
 @dataclass
@@ -88,6 +93,8 @@ class JobProgress:
     bad: list[dict] = field(default_factory=list)  # entries dropped by parse_prefetch, names refused or unread
     expanded_from: list[dict] = field(default_factory=list)
     expanding: bool = True
+    pinned: int | None = None  # bytes kept from eviction for the workload, once asked
+    notes: list[str] = field(default_factory=list)  # problems of the annotations beside nezha.io/prefetch
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
@@ -97,6 +104,8 @@ class JobProgress:
             out["failed_more"] = len(failed) - FAILED_SHOWN
         if self.expanded_from:
             out["expanded_from"] = self.expanded_from
+        if self.pinned is not None:
+            out["pinned"] = self.pinned
         return out
 
     @property
@@ -115,7 +124,8 @@ class Prefetcher:
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
                  counted: Callable[[str], None] = lambda outcome: None, fills: int = 16,
                  expander: Expander | None = None, cluster_token: str | None = None,
-                 s3_region: str = "us-east-1") -> None:
+                 s3_region: str = "us-east-1",
+                 record_pins: Callable[[str, int, float | None], Awaitable[None]] | None = None) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
         each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
@@ -133,6 +143,7 @@ class Prefetcher:
         self.expander = expander or Expander(session=session, origins=origins)
         self._cluster_token = cluster_token
         self.s3_region = s3_region
+        self._record_pins = record_pins  # nezha/index/pins.py: the account `nezha stats` shows
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.most_in_flight = 0
@@ -141,6 +152,9 @@ class Prefetcher:
         self._tasks: dict[str, asyncio.Task] = {}
         # "Kind/ns/name" -> (uid, annotation, secret annotation) followed
         self._asked: dict[str, tuple[str | None, str, str | None]] = {}
+        self._keep: dict[str, float] = {}  # "Kind/ns/name" -> its nezha.io/prefetch-keep, for when it ends
+        self._pinned: dict[str, int] = {}  # "Kind/ns/name" -> bytes pinned for it
+        self._releases: set[asyncio.Task] = set()
 
     def observe(self, objects: dict[str, dict]) -> None:
         """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
@@ -157,7 +171,14 @@ class Prefetcher:
                 continue
             self._forget(key)
             entries, problems = parse_prefetch(value)
-            progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems])
+            keep, problem = read_keep(((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH_KEEP))
+            self._keep[key] = keep
+            problems += [problem] if problem is not None else []
+            progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems
+                                        if p.keys == (PREFETCH,)])
+            for p in problems:
+                if p.keys != (PREFETCH,):
+                    progress.notes.append(p.message)
             self.jobs[key] = progress
             self._asked[key] = asked
             self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, obj, entries, progress))
@@ -172,10 +193,16 @@ class Prefetcher:
             task.cancel()  # its fills are shielded: they go on
         self._asked.pop(key, None)
         self.jobs.pop(key, None)
+        keep = self._keep.pop(key, None)
+        if keep is not None:
+            # Gone, or asking for something else now: what it pinned is kept `keep` more seconds.
+            release = asyncio.get_running_loop().create_task(self._release(key, keep))
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
 
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
-        tasks = list(self._tasks.values()) + list(self.fetches.values())
+        tasks = list(self._tasks.values()) + list(self.fetches.values()) + list(self._releases)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -183,6 +210,7 @@ class Prefetcher:
         self.fetches.clear()
         self.jobs.clear()
         self._asked.clear()
+        self._keep.clear()
 
     # -- one workload ----------------------------------------------------------
 
@@ -190,6 +218,8 @@ class Prefetcher:
         for bad in progress.bad:
             self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
+        for note in progress.notes:
+            await self.events.emit(job, "Warning", "InvalidAnnotation", note)
         auth, why = await self._credentials(job)
         if why is not None:
             # Meant to be read with credentials it cannot have: none of it is asked for without them.
@@ -230,6 +260,7 @@ class Prefetcher:
         finally:
             for w in workers:
                 w.cancel()
+        await self._pin(key, job, progress)
         await self._write_status(job, progress)
         status = progress.status()
         failed = len(status["failed"]) + status.get("failed_more", 0)
@@ -238,6 +269,77 @@ class Prefetcher:
                                + (f"; {failed} failed" if failed else ""))
         log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
                  failed=failed)
+
+    # -- kept while used (cachenode/store/pins.py) -------------------------------
+
+    async def _pin(self, key: str, job: dict, progress: JobProgress) -> None:
+        """Pin what the workload's prefetch stored on the nodes that store it; a Warning for what the
+        pinned share of those nodes had no room for, saying how much would have fit."""
+        owned: dict[str, list[str]] = {}
+        for result in progress.results.values():
+            if result.ok and result.key and result.owner:
+                owned.setdefault(result.owner, []).append(result.key)
+        if not owned or not self.events.allowed():
+            return
+        _, addresses = self._ring()
+        pinned = refused = room = 0
+        unasked: list[str] = []
+        for owner, keys in sorted(owned.items()):
+            answer = await self._ask_pins(addresses.get(owner), {"workload": key, "pin": keys})
+            if answer is None:
+                unasked.append(owner)
+                continue
+            pinned += answer.get("pinned_bytes", 0)
+            refused += answer.get("refused_bytes", 0)
+            room += answer.get("room") or 0
+        progress.pinned = pinned
+        self._pinned[key] = pinned
+        log.info("prefetch_pinned", job=key, bytes=pinned, refused_bytes=refused, nodes_unasked=unasked)
+        await self._account(key, pinned, None)
+        if refused:
+            await self.events.emit(job, "Warning", "PrefetchNotPinned", (
+                f"{PREFETCH}: {pinned} bytes are kept from eviction while this workload exists, {refused} more "
+                f"are not: the pinned share (--pinned-share) of the nodes that store them is full; "
+                f"{pinned + room} bytes would have fit"))
+        if unasked:
+            await self.events.emit(job, "Warning", "PrefetchNotPinned",
+                                   f"{PREFETCH}: {', '.join(unasked)} could not be asked to keep what it stores")
+
+    async def _release(self, key: str, keep: float) -> None:
+        """Tell every node that `key`'s pins end in `keep` seconds (it is gone, or asks for something else)."""
+        if not self.events.allowed():
+            return
+        _, addresses = self._ring()
+        for owner, address in sorted(addresses.items()):
+            if await self._ask_pins(address, {"workload": key, "release": keep}) is None:
+                log.warning("prefetch_pins_not_released", job=key, node=owner)
+        log.info("prefetch_pins_released", job=key, keep=keep, nodes=len(addresses))
+        pinned = self._pinned.pop(key, None)
+        if pinned is not None:
+            await self._account(key, pinned, time.time() + keep)
+
+    async def _account(self, key: str, pinned: int, until: float | None) -> None:
+        if self._record_pins is None:
+            return
+        try:
+            await self._record_pins(key, pinned, until)
+        except Exception as e:  # noqa: BLE001 - Redis away: the pins hold on the nodes all the same
+            log.warning("prefetch_pins_not_recorded", job=key, error=f"{type(e).__name__}: {str(e)[:200]}")
+
+    async def _ask_pins(self, address: str | None, body: dict) -> dict | None:
+        if address is None:
+            return None
+        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
+        try:
+            async with self._session().post(f"http://{address}{PINS_PATH}", json=body, headers=headers) as r:
+                if r.status != 200:
+                    log.warning("prefetch_pins_refused", node=address, status=r.status,
+                                error=(await r.text())[:200].strip())
+                    return None
+                return await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            log.warning("prefetch_pins_unreachable", node=address, error=f"{type(e).__name__}: {e}")
+            return None
 
     async def _credentials(self, job: dict) -> tuple[Auth | None, str | None]:
         """The workload's `nezha.io/prefetch-secret` as an Auth (controller/sources.py), or why it cannot be."""
@@ -340,7 +442,8 @@ class Prefetcher:
         if host not in self._origins:
             return Result(url, reason=f"redirected to {host or location}, which is not in the origin table")
         result = await asyncio.shield(self._fetch_once(location, auth, chain))
-        return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason)
+        return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason, key=result.key,
+                      owner=result.owner)
 
     async def _ask(self, url: str, auth: Auth | None = None) -> Result | _Redirect:
         parts = urlsplit(url)
@@ -352,8 +455,11 @@ class Prefetcher:
         if ring is None or not addresses:
             return Result(url, reason="the cache has no ring yet")
         origin = self._origins.get(target.host)
-        owner = ring.owners(key_for(target, origin), 1)[0]
-        node = f"http://{addresses[owner]}{target.path_qs}"
+        key = key_for(target, origin)
+        owner = ring.owners(key, 1)[0]
+        # As written: requoting (yarl turns %27 into ') would make the node store another key than the
+        # one asked of its owner and pinned, and than the one a client that sends the URL as given reads.
+        node = URL(f"http://{addresses[owner]}{target.path_qs}", encoded=True)
         credentials = {}
         if auth is not None and origin is not None:
             credentials = auth(url, origin.upstream_for(target.scheme, target.host) + target.path_qs)
@@ -369,12 +475,16 @@ class Prefetcher:
                 headers[TOKEN_HEADER] = self._cluster_token
         try:
             if signed:
-                return await self._signed_fill(url, node, owner, {**headers, **credentials})
-            return await self._fill(url, node, owner, headers)
+                answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
+            else:
+                answer = await self._fill(url, node, owner, headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
+        if isinstance(answer, Result) and answer.ok:
+            answer.key, answer.owner = key, owner
+        return answer
 
-    async def _fill(self, url: str, node: str, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+    async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
         """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
         session = self._session()
         async with session.get(node, headers={**headers, "Range": "bytes=0-0"}, allow_redirects=False) as r:
@@ -393,7 +503,7 @@ class Prefetcher:
             await asyncio.sleep(self.poll)
         return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
 
-    async def _signed_fill(self, url: str, node: str, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+    async def _signed_fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
         """An object read with credentials (an `authorize` origin's, docs/private-objects.md): its signed
         Range would be kept as a part, not filled whole, so the whole object is asked for and the answer
         let go once its head is in (the fill goes on on its own); then a peer's `only-if-cached` ranged

@@ -65,7 +65,7 @@ async def test_prefetch_fills_each_url_once_reports_on_the_job_and_a_later_get_i
         assert [f["url"] for f in status["failed"]] == ["http://evil.example/x"]
         assert any(e.type == "Warning" and "http://evil.example/x" in e.message for e in events)
         second, _ = await job_done(batch, cluster.core, ns, "train-2")
-        assert second == {"total": 1, "done": 1, "failed": [], "bytes": 300_000}
+        assert second == {"total": 1, "done": 1, "failed": [], "bytes": 300_000, "pinned": 300_000}
         assert origin.requests["/d/a.bin"] == 1 and origin.requests["/d/b.bin"] == 1, "once each"
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{listener.port}/d/a.bin", headers={"Host": HOST}) as r:
@@ -108,7 +108,7 @@ async def test_prefetch_of_a_url_with_a_volatile_parameter_asks_the_owner_of_the
         batch = client.BatchV1Api(kube)
         await batch.create_namespaced_job(ns, training_job("train-3", f"http://{HOST}/d/c.bin?sig={sig}"))
         status, _ = await job_done(batch, cluster.core, ns, "train-3")
-        assert status == {"total": 1, "done": 1, "failed": [], "bytes": 50_000}
+        assert status == {"total": 1, "done": 1, "failed": [], "bytes": 50_000, "pinned": 50_000}
         assert origin.requests[f"/d/c.bin?sig={sig}"] == 1
     finally:
         for listener in listeners:

@@ -18,6 +18,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
+from yarl import URL
 
 from cachenode.app import build_node
 from cachenode.front.listener import Listener
@@ -59,9 +60,10 @@ async def one_node(cluster, ns, redis_server, tmp_path):
     """Start one cache node with `origins` as pod nezha-cache-0 (ready, in the ring once a controller runs)."""
     listeners = []
 
-    async def start(origins: list[Origin], *, cluster_token: str | None = None) -> Listener:
+    async def start(origins: list[Origin], **settings) -> Listener:
+        """`settings`: the node's own beyond these (cluster_token, capacity, ...)."""
         node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
-                                        redis_url=redis_server.url, origins=origins, cluster_token=cluster_token))
+                                        redis_url=redis_server.url, origins=origins, **settings))
         listener = Listener(node)
         await listener.start("127.0.0.1", 0)
         listeners.append(listener)
@@ -86,8 +88,8 @@ async def read_as_a_tls_client(listener: Listener, url: str, *, token: str | Non
         for _ in range(5):
             parts = urlsplit(url)
             path = parts.path + (f"?{parts.query}" if parts.query else "")
-            async with s.get(f"http://127.0.0.1:{listener.port}{path}", headers={**headers, "Host": parts.hostname},
-                             allow_redirects=False) as r:
+            async with s.get(URL(f"http://127.0.0.1:{listener.port}{path}", encoded=True),
+                             headers={**headers, "Host": parts.hostname}, allow_redirects=False) as r:
                 if r.status in (302, 307):
                     url = urljoin(url, r.headers["Location"])
                     continue
@@ -117,7 +119,8 @@ async def test_an_hf_model_is_listed_at_one_commit_and_every_file_is_filled_once
     first, events = await job_done(batch, cluster.core, ns, "finetune-1")
     second, _ = await job_done(batch, cluster.core, ns, "finetune-2")
     files = hub.repo.files
-    assert first == {"total": 4, "done": 4, "failed": [], "bytes": sum(len(b) for b in files.values()),
+    size = sum(len(b) for b in files.values())
+    assert first == {"total": 4, "done": 4, "failed": [], "bytes": size, "pinned": size,
                      "expanded_from": [{"name": f"hf://{REPO}", "objects": 4, "revision": "main", "commit": COMMIT}]}
     assert second["done"] == 4 and second["expanded_from"][0]["commit"] == COMMIT
     assert not [e for e in events if e.type == "Warning"]
@@ -154,7 +157,7 @@ async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
     await batch.create_namespaced_job(ns, training_job(
         "by-list", f"http://{host}/sets/files.txt,http://{host}/sets/a/"))
     status, _ = await job_done(batch, cluster.core, ns, "by-list")
-    assert status == {"total": 3, "done": 3, "failed": [], "bytes": 30_000, "expanded_from": [
+    assert status == {"total": 3, "done": 3, "failed": [], "bytes": 30_000, "pinned": 30_000, "expanded_from": [
         {"name": f"http://{host}/sets/files.txt", "objects": 3}, {"name": f"http://{host}/sets/a/", "objects": 2}]}
     assert [origin.requests[f"/sets/a/{i}.bin"] for i in range(3)] == [1, 1, 1]
 
@@ -249,7 +252,7 @@ async def read_once(listener: Listener, url: str, headers: dict[str, str]) -> tu
     parts = urlsplit(url)
     path = parts.path + (f"?{parts.query}" if parts.query else "")
     async with aiohttp.ClientSession() as s:
-        async with s.get(f"http://127.0.0.1:{listener.port}{path}", allow_redirects=False, headers={
+        async with s.get(URL(f"http://127.0.0.1:{listener.port}{path}", encoded=True), allow_redirects=False, headers={
                 "Host": parts.hostname, "X-Nezha-Peer": "test-reader", "X-Nezha-Scheme": "https",
                 "X-Nezha-Token": CLUSTER_TOKEN, **headers}) as r:
             return r.status, r.headers.get("X-Nezha-Cache", ""), await r.read(), r.headers.get("Location", "")

@@ -83,7 +83,7 @@ async def test_an_s3_prefix_of_several_pages_is_listed_whole_and_each_key_filled
     batch = client.BatchV1Api(kube)
     await batch.create_namespaced_job(ns, training_job("imagenet", "s3://public/train/"))
     status, events = await job_done(batch, cluster.core, ns, "imagenet", timeout=20)
-    assert status == {"total": 5, "done": 5, "failed": [], "bytes": 500_000,
+    assert status == {"total": 5, "done": 5, "failed": [], "bytes": 500_000, "pinned": 500_000,
                       "expanded_from": [{"name": "s3://public/train/", "objects": 5}]}
     sent = s3.relay.down - before
     # Each object once, plus three listing pages and the answers' heads: far less than a second copy.
@@ -141,7 +141,7 @@ async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_ca
     private["metadata"]["annotations"]["nezha.io/prefetch-secret"] = "s3-reader"
     await batch.create_namespaced_job(ns, private)
     status, events = await job_done(batch, cluster.core, ns, "private-train", timeout=20)
-    assert status == {"total": 3, "done": 3, "failed": [], "bytes": 600_000,
+    assert status == {"total": 3, "done": 3, "failed": [], "bytes": 600_000, "pinned": 600_000,
                       "expanded_from": [{"name": "s3://private/p/", "objects": 3}]}, (status, events)
     assert 600_000 <= s3.relay.down - before < 640_000, "each object once"
 

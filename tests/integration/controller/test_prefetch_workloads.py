@@ -131,7 +131,7 @@ async def test_leaderworkersets_and_jobsets_are_prefetched_where_their_crds_are_
                          job_set("pretrain", f"http://{HOST}/m/j.bin,http://{HOST}/m/w.bin"),
                          statefulset("shards", f"http://{HOST}/m/s.bin"))
     assert await kubectl.prefetched("leaderworkerset", "llm") == {"total": 1, "done": 1, "failed": [],
-                                                                  "bytes": 50_000}
+                                                                  "bytes": 50_000, "pinned": 50_000}
     assert (await kubectl.prefetched("jobset", "pretrain"))["done"] == 2
     assert (await kubectl.prefetched("statefulset", "shards"))["done"] == 1
     assert [origin.requests[f"/m/{n}"] for n in ("w.bin", "j.bin", "s.bin")] == [1, 1, 1]
