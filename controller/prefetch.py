@@ -493,14 +493,18 @@ class Prefetcher:
             if refused is not None:
                 return refused
         deadline = self._clock() + self.timeout
-        while self._clock() < deadline:
+        for wait in self._waits():
+            # The fill commits after its last byte (a rename, off the loop): an ask at once would
+            # nearly always be answered "not yet", a request the node serves for nothing.
+            await asyncio.sleep(wait)
             # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
             # Last-Modified) is stale at once, and still stored: revalidated when read.
             async with session.head(node, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
                                     allow_redirects=False) as r:
                 if r.status == 200:
                     return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
-            await asyncio.sleep(self.poll)
+            if self._clock() >= deadline:
+                break
         return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
 
     async def _signed_fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
@@ -516,7 +520,8 @@ class Prefetcher:
             r.close()  # not a byte of the body crosses the controller
         deadline = self._clock() + self.timeout
         probe = {**headers, "Range": "bytes=0-0", "Cache-Control": "only-if-cached, max-stale"}
-        while self._clock() < deadline:
+        for wait in self._waits():
+            await asyncio.sleep(wait)
             async with session.get(node, headers=probe, allow_redirects=False) as r:
                 await r.read()
                 if r.status in (200, 206):
@@ -526,8 +531,18 @@ class Prefetcher:
                 if r.status != 504:
                     return await self._refused(url, owner, r) or Result(
                         url, reason=f"{owner} answered {r.status} when asked whether it stored it")
-            await asyncio.sleep(self.poll)
+            if self._clock() >= deadline:
+                break
         return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    def _waits(self):
+        """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small
+        object is stored within milliseconds of its first byte, a large one takes seconds: asking soon
+        keeps a large expansion of small objects from waiting `poll` on each."""
+        wait = min(0.005, self.poll)
+        while True:
+            yield wait
+            wait = min(wait * 2, self.poll)
 
     async def _refused(self, url: str, owner: str, r: aiohttp.ClientResponse) -> Result | _Redirect | None:
         """What an answer to a fill says instead of "filling": a redirect to follow, or why it fails."""
