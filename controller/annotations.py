@@ -46,7 +46,7 @@ parts of Nezha write or read (`status`, `prefetch`, `prefetch-status`,
 entries are dropped, each with a Problem, and the rest are used. An entry
 is an object's URL or a name (`hf://`, `s3://`, an index page, a manifest:
 nezha/prefetch/names.py); `secret_problem` checks `nezha.io/prefetch-secret`,
-`read_keep` reads `nezha.io/prefetch-keep`.
+`read_keep` reads `nezha.io/prefetch-keep`, `read_spread` `nezha.io/prefetch-spread`.
 """
 
 from __future__ import annotations
@@ -409,3 +409,13 @@ def read_keep(value: str | None) -> tuple[float, Problem | None]:
     except ValueError as e:
         return KEEP_DEFAULT, Problem((PREFETCH_KEEP,), value, f"{PREFETCH_KEEP}: {e}; keeping the default "
                                                                f"{_show(KEEP_DEFAULT)} seconds")
+
+
+def read_spread(value: str | None) -> tuple[bool, Problem | None]:
+    """`nezha.io/prefetch-spread`: `all` copies each prefetched object to every node, as a hot copy;
+    absent or `none`: the owners alone hold it. Anything else is a Problem, and spreads nothing."""
+    word = (value or "none").strip().lower()
+    if word in ("all", "none"):
+        return word == "all", None
+    return False, Problem((PREFETCH_SPREAD,), str(value), f"{PREFETCH_SPREAD}: {_quote(str(value))} is not "
+                                                           '"all" or "none"; nothing is spread')

@@ -53,16 +53,16 @@ from kubernetes_asyncio import client
 from yarl import URL
 
 from controller import workloads
-from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_STATUS, parse_prefetch,
-                                   read_keep, secret_problem)
+from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_SPREAD, PREFETCH_STATUS,
+                                   parse_prefetch, read_keep, read_spread, secret_problem)
 from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
 from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
-from nezha.keys import BadTarget, key_for, parse_target
+from nezha.keys import BadTarget, key_for, parse_target, target_of
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
-from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH, SCHEME_HEADER,
-                        TOKEN_HEADER)
+from nezha.wire import (CACHE_HEADER, FAILED_PREFIX, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH,
+                        REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -95,6 +95,8 @@ class JobProgress:
     expanding: bool = True
     pinned: int | None = None  # bytes kept from eviction for the workload, once asked
     notes: list[str] = field(default_factory=list)  # problems of the annotations beside nezha.io/prefetch
+    spread: bool = False  # nezha.io/prefetch-spread: all
+    spread_done: dict | None = None  # {"objects", "copies", "failed"} once spread
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
@@ -106,6 +108,8 @@ class JobProgress:
             out["expanded_from"] = self.expanded_from
         if self.pinned is not None:
             out["pinned"] = self.pinned
+        if self.spread_done is not None:
+            out["spread"] = self.spread_done
         return out
 
     @property
@@ -125,7 +129,8 @@ class Prefetcher:
                  counted: Callable[[str], None] = lambda outcome: None, fills: int = 16,
                  expander: Expander | None = None, cluster_token: str | None = None,
                  s3_region: str = "us-east-1",
-                 record_pins: Callable[[str, int, float | None], Awaitable[None]] | None = None) -> None:
+                 record_pins: Callable[[str, int, float | None], Awaitable[None]] | None = None,
+                 spread_max: int = 1 << 30) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
         each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
@@ -144,6 +149,7 @@ class Prefetcher:
         self._cluster_token = cluster_token
         self.s3_region = s3_region
         self._record_pins = record_pins  # nezha/index/pins.py: the account `nezha stats` shows
+        self.spread_max = spread_max
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.most_in_flight = 0
@@ -171,11 +177,14 @@ class Prefetcher:
                 continue
             self._forget(key)
             entries, problems = parse_prefetch(value)
-            keep, problem = read_keep(((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH_KEEP))
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            keep, problem = read_keep(annotations.get(PREFETCH_KEEP))
             self._keep[key] = keep
-            problems += [problem] if problem is not None else []
+            spread, spread_problem = read_spread(annotations.get(PREFETCH_SPREAD))
+            problems += [p for p in (problem, spread_problem) if p is not None]
             progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems
                                         if p.keys == (PREFETCH,)])
+            progress.spread = spread
             for p in problems:
                 if p.keys != (PREFETCH,):
                     progress.notes.append(p.message)
@@ -261,6 +270,8 @@ class Prefetcher:
             for w in workers:
                 w.cancel()
         await self._pin(key, job, progress)
+        if progress.spread:
+            await self._spread(key, job, progress)
         await self._write_status(job, progress)
         status = progress.status()
         failed = len(status["failed"]) + status.get("failed_more", 0)
@@ -304,6 +315,58 @@ class Prefetcher:
         if unasked:
             await self.events.emit(job, "Warning", "PrefetchNotPinned",
                                    f"{PREFETCH}: {', '.join(unasked)} could not be asked to keep what it stores")
+
+    # -- where the pods land: nezha.io/prefetch-spread: all ---------------------------
+
+    async def _spread(self, key: str, job: dict, progress: JobProgress) -> None:
+        """Copy each stored object up to `spread_max` from its owner to every other node, as a hot copy
+        (`/_nezha/replicate` with `hot`), so each replica of a model reads every file from its own node."""
+        _, addresses = self._ring()
+        stored = [r for r in progress.results.values() if r.ok and r.key and r.owner and r.bytes <= self.spread_max]
+        copies = failed = 0
+        reasons: list[str] = []
+        for result in stored:
+            target = target_of(result.key)
+            body = {"host": target.host, "path": target.path_qs, "scheme": target.scheme, "source": result.owner,
+                    "address": addresses.get(result.owner), "hot": True}
+            for node, address in sorted(addresses.items()):
+                if node == result.owner:
+                    continue
+                why = await self._copy_to(address, body)
+                if why is None:
+                    copies += 1
+                else:
+                    failed += 1
+                    reasons.append(f"{result.url} to {node}: {why}")
+        progress.spread_done = {"objects": len(stored), "copies": copies, "failed": failed,
+                                "larger_than_max": sum(1 for r in progress.results.values()
+                                                       if r.ok and r.bytes > self.spread_max)}
+        log.info("prefetch_spread", job=key, **progress.spread_done)
+        if failed:
+            await self.events.emit(job, "Warning", "PrefetchNotSpread", (
+                f"{PREFETCH_SPREAD}: {failed} of {copies + failed} copies were not made (a node's hot share, "
+                f"--hot-share, bounds them); first: {reasons[0]}"))
+
+    async def _copy_to(self, address: str, body: dict) -> str | None:
+        """Ask the node at `address` to copy one object as a hot copy; None once it holds it, else why not."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.fills))
+        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
+        async with self._slots:
+            try:
+                async with self._session().post(f"http://{address}{REPLICATE_PATH}", json=body,
+                                                headers=headers) as r:
+                    if r.status != 200:
+                        return f"{r.status} {(await r.text())[:200].strip()}"
+                    last: dict = {}
+                    async for line in r.content:  # one JSON object a line; the last says how it ended
+                        if line.strip():
+                            last = json.loads(line)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                return f"{type(e).__name__}: {e}"
+        result = str(last.get("result", "no result"))
+        return result.removeprefix(FAILED_PREFIX) if result.startswith(FAILED_PREFIX) or "result" not in last \
+            else None
 
     async def _release(self, key: str, keep: float) -> None:
         """Tell every node that `key`'s pins end in `keep` seconds (it is gone, or asks for something else)."""

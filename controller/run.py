@@ -101,6 +101,7 @@ class Controller:
                                      origins=settings.origin_table, fills=settings.prefetch_fills,
                                      expander=expander, cluster_token=settings.cluster_token,
                                      s3_region=settings.s3_region, record_pins=index.record_pins,
+                                     spread_max=settings.prefetch_spread_max,
                                      counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)

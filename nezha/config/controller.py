@@ -12,7 +12,7 @@ from pydantic_settings import NoDecode
 from nezha.config.base import Kubeconfig, NezhaSettings, kubeconfig_field
 from nezha.config.flags import Flag
 from nezha.origins import Origin, OriginTable, parse_origins
-from nezha.values import check_redis_url, parse_hostport
+from nezha.values import check_redis_url, parse_hostport, parse_size
 
 PEER_ADDRESSES = ("dns", "pod-ip")
 
@@ -69,6 +69,9 @@ class ControllerSettings(NezhaSettings):
         "the Hugging Face Hub's origin host, which hf:// names are listed on and fetched from"))
     s3_host: Annotated[str, Flag()] = Field("s3.amazonaws.com", description=(
         "the S3 origin host s3:// names are listed on and fetched from, path-style"))
+    prefetch_spread_max: Annotated[int, Flag(size=True)] = Field(1 << 30, description=(
+        "the largest object nezha.io/prefetch-spread: all copies to every node (the nodes' hot share bounds "
+        "it too)"))
     s3_region: Annotated[str, Flag()] = Field("us-east-1", description=(
         "the region private s3:// requests are signed for (SigV4), the buckets' own"))
     s3_page_keys: Annotated[int, Flag()] = Field(1000, description=(
@@ -78,6 +81,11 @@ class ControllerSettings(NezhaSettings):
     @classmethod
     def _parse_origins(cls, v: Any) -> Any:
         return parse_origins(v)
+
+    @field_validator("prefetch_spread_max", mode="before")
+    @classmethod
+    def _spread_max(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("health_listen")
     @classmethod

@@ -20,7 +20,6 @@ from kubernetes_asyncio import client
 from nezha.config import Origin
 from tests.integration.controller.conftest import STS, ring_becomes
 from tests.integration.controller.test_prefetch import job_done, training_job
-from tests.integration.controller.test_prefetch_names import one_node  # noqa: F401
 
 HOST = "data.example"
 OBJECT = 100_000
@@ -59,7 +58,7 @@ async def pinned_workloads(listener) -> dict[str, int]:
 
 
 async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_their_job_exists_and_go_after_keep(
-        kube, ns, cluster, run_controller, index, origin, one_node, redis_server):  # noqa: F811
+        kube, ns, cluster, run_controller, index, origin, one_node, redis_server):
     for prefix, count in (("/w/", 3), ("/scan/", 20), ("/again/", 20)):
         for i in range(count):
             origin.put(f"{prefix}{i}.bin", bytes([i]) * OBJECT, headers={"Cache-Control": "max-age=3600"})
@@ -96,7 +95,7 @@ async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_the
 
 
 async def test_what_exceeds_the_pinned_share_is_refused_with_a_warning_saying_how_much_would_have_fit(
-        kube, ns, cluster, run_controller, index, origin, one_node):  # noqa: F811
+        kube, ns, cluster, run_controller, index, origin, one_node):
     for i in range(3):
         origin.put(f"/w/{i}.bin", bytes([i]) * OBJECT, headers={"Cache-Control": "max-age=3600"})
     table = [Origin(host=HOST, upstream=origin.url)]

@@ -20,10 +20,9 @@ import pytest
 from kubernetes_asyncio import client
 from yarl import URL
 
-from cachenode.app import build_node
 from cachenode.front.listener import Listener
-from nezha.config import CacheSettings, Origin
-from tests.integration.controller.conftest import STS, pod, ring_becomes
+from nezha.config import Origin
+from tests.integration.controller.conftest import STS, ring_becomes
 from tests.integration.controller.test_prefetch import job_done, training_job
 from tests.support_hub import HubDouble, Repo, served
 
@@ -53,30 +52,6 @@ def hub_origins(hub: HubDouble) -> list[Origin]:
     return [Origin(host=HUB, upstream=hub.hub_url, tls_upstream=hub.hub_url),
             Origin(host=CDN, upstream=hub.cdn_stand_in, tls_upstream=hub.cdn_stand_in,
                    volatile_params=CDN_SIGNATURE)]
-
-
-@pytest.fixture
-async def one_node(cluster, ns, redis_server, tmp_path):
-    """Start one cache node with `origins` as pod nezha-cache-0 (ready, in the ring once a controller runs)."""
-    listeners = []
-
-    async def start(origins: list[Origin], **settings) -> Listener:
-        """`settings`: the node's own beyond these (cluster_token, capacity, ...)."""
-        node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
-                                        redis_url=redis_server.url, origins=origins, **settings))
-        listener = Listener(node)
-        await listener.start("127.0.0.1", 0)
-        listeners.append(listener)
-        await cluster.create(1)
-        cache_pod = pod(0)
-        cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
-        await cluster.core.create_namespaced_pod(ns, cache_pod)
-        await cluster.set_ready(0, True, ip="127.0.0.1")
-        return listener
-
-    yield start
-    for listener in listeners:
-        await listener.close()
 
 
 async def read_as_a_tls_client(listener: Listener, url: str, *, token: str | None = None) -> tuple[bytes, str]:

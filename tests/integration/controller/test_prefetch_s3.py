@@ -27,7 +27,7 @@ from testkit.relay import CountingRelay
 from testkit.s3_server import S3Identity, S3Server, weed_executable
 from tests.integration.controller.conftest import STS, ring_becomes
 from tests.integration.controller.test_prefetch import job_done, training_job
-from tests.integration.controller.test_prefetch_names import one_node, read_as_a_tls_client  # noqa: F401
+from tests.integration.controller.test_prefetch_names import read_as_a_tls_client
 
 S3 = "s3.amazonaws.com"
 ADMIN = S3Identity("admin", "AKNEZHAADMIN00000001", "nezha-admin-secret-0001/abcdEFGHijklMNOP",
@@ -70,7 +70,7 @@ def s3_origins(s3) -> list[Origin]:
 
 
 async def test_an_s3_prefix_of_several_pages_is_listed_whole_and_each_key_filled_once(
-        kube, ns, cluster, run_controller, index, s3, one_node):  # noqa: F811
+        kube, ns, cluster, run_controller, index, s3, one_node):
     bodies = {f"train/shard-{i:02d}.bin": os.urandom(100_000) for i in range(5)}
     for key, body in bodies.items():
         s3.admin.put_object(Bucket="public", Key=key, Body=body)
@@ -120,7 +120,7 @@ def signed_by(identity: S3Identity, url: str) -> dict[str, str]:
 
 
 async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_caller_without_credentials_is_denied_it(
-        kube, ns, cluster, run_controller, index, s3_private, one_node, tmp_path):  # noqa: F811
+        kube, ns, cluster, run_controller, index, s3_private, one_node, tmp_path):
     s3 = s3_private
     bodies = {f"p/{i}.bin": os.urandom(200_000) for i in range(3)}
     for key, body in bodies.items():
@@ -163,7 +163,7 @@ async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_ca
 
 
 async def test_a_secret_that_is_missing_or_holds_no_known_key_fetches_nothing_and_says_why(
-        kube, ns, cluster, run_controller, index, s3_private, one_node):  # noqa: F811
+        kube, ns, cluster, run_controller, index, s3_private, one_node):
     s3 = s3_private
     upstream = f"http://127.0.0.1:{s3.relay.port}"
     table = [Origin(host=S3, upstream=upstream, tls_upstream=upstream, credentials="authorize")]

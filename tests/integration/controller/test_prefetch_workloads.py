@@ -21,8 +21,7 @@ from testkit.kubeapi.kubeconfig import kubeconfig
 from testkit.kubeapi.resources import JOB_SETS, LEADER_WORKER_SETS
 from testkit.tools import require_tool
 from tests.integration.controller.conftest import STS, ring_becomes
-from tests.integration.controller.test_prefetch_names import (REPO, hub, hub_origins, one_node,  # noqa: F401
-                                                              origin_gets)
+from tests.integration.controller.test_prefetch_names import REPO, hub, hub_origins, origin_gets  # noqa: F401
 
 HOST = "data.example"
 CONTAINER = {"name": "serve", "image": "server:1", "command": ["serve"]}
@@ -99,7 +98,7 @@ def kubectl(kube_api, tmp_path, ns):
 
 
 async def test_two_deployments_naming_one_model_fill_each_file_once_and_both_carry_its_status(
-        kube_api, ns, run_controller, index, hub, one_node, kubectl):  # noqa: F811
+        kube_api, ns, run_controller, index, hub, one_node, kubectl):
     listener = await one_node(hub_origins(hub))
     await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
@@ -117,7 +116,7 @@ async def test_two_deployments_naming_one_model_fill_each_file_once_and_both_car
 
 
 async def test_leaderworkersets_and_jobsets_are_prefetched_where_their_crds_are_installed(
-        kube_api, ns, run_controller, index, origin, one_node, kubectl):  # noqa: F811
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
     for name in ("w.bin", "j.bin", "s.bin"):
         origin.put(f"/m/{name}", name.encode() * 10_000, headers={"Cache-Control": "max-age=3600"})
     kube_api.install_crd(LEADER_WORKER_SETS)
@@ -138,7 +137,7 @@ async def test_leaderworkersets_and_jobsets_are_prefetched_where_their_crds_are_
 
 
 async def test_without_their_crds_no_custom_kind_is_watched_and_the_built_in_kinds_still_are(
-        kube_api, ns, run_controller, index, origin, one_node, kubectl):  # noqa: F811
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
     origin.put("/m/d.bin", b"d" * 1000, headers={"Cache-Control": "max-age=3600"})
     table = [Origin(host=HOST, upstream=origin.url)]
     listener = await one_node(table)
@@ -152,7 +151,7 @@ async def test_without_their_crds_no_custom_kind_is_watched_and_the_built_in_kin
 
 
 async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
-        kube_api, ns, run_controller, index, origin, one_node, kubectl):  # noqa: F811
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
     names = [f"/many/{i}.bin" for i in range(12)]
     for path in names:
         origin.put(path, b"x" * 20_000, headers={"Cache-Control": "max-age=3600"}, rate=200_000)
