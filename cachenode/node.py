@@ -24,6 +24,7 @@ from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Broadcast, Invalidation
 from cachenode.cluster.peer_auth import is_peer_request, peer_auth
+from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
 from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
@@ -129,7 +130,8 @@ class CacheNode:
                         counts=self.counts, clock=clock)
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
-        routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation),
+        routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
+                                          pinning=Pinning(pins=self.store.pins)),
                         origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,

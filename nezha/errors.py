@@ -32,6 +32,9 @@ the drawing is the tree the code defines.
     │   ├── Deposed  nezha.index.membership: a ring write by a controller that no longer leads
     │   ├── AnnotationError  nezha.errors: an invalid nezha.io/* annotation (controller)
     │   │   └── AnnotationError  controller.annotations: the same, naming the annotation and its value
+    │   ├── ExpandFailed  controller.expand: a prefetch name whose listing could not be read
+    │   │   └── NotAnOrigin  controller.expand: a prefetch name that expands to a host outside the origin table
+    │   ├── SecretUnreadable  controller.sources: a workload's prefetch Secret that cannot be read or used
     │   ├── ReviewError  nezha.errors: a malformed AdmissionReview (webhook)
     │   ├── PatchError  webhook.ops: an object whose shape is no pod spec the webhook understands
     │   │   └── TooManyContainers  webhook.ops: env mode declines a pod with too many containers
@@ -50,6 +53,8 @@ the drawing is the tree the code defines.
 
     ValueError  builtins
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
+    ├── BadName  nezha.prefetch.names: a nezha.io/prefetch entry that names nothing to expand
+    ├── BadListing  nezha.prefetch.listings: an answer that is not the listing it should be
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
     └── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
 
