@@ -44,6 +44,7 @@ from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
 from cachenode.front.sendfile import FileSender
 from cachenode.metrics import Metrics
+from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
@@ -69,6 +70,7 @@ class CacheNode:
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
         token = settings.cluster_token
+        self.metrics.registry.register(StoreReport(store.index))
         self.counts = Counts(metrics=self.metrics, store=store, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
         if index is not None and index.enabled:
@@ -240,6 +242,12 @@ class CacheNode:
     def on_evict(self, meta: Meta) -> None:
         """The store evicted `meta` to make room."""
         self.counts.gone(meta, evictions=1)
+
+    def holds_as_extra(self, key: str) -> bool:
+        """Would a copy of `key` here be an extra copy: another node is its first owner
+        (docs/cache-node.md "Eviction"). Alone, or before the ring is known: no."""
+        owners = self.cluster.owners(key)
+        return bool(owners) and owners[0].id != self.node_id
 
     def status(self) -> dict:
         snap = self.cluster.snapshot

@@ -38,7 +38,7 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.store.index import Index
 from cachenode.store.layout import read_meta, scan, write_meta
-from cachenode.store.objects import Meta, TempObject, TooLarge
+from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
 from cachenode.store.writing import ObjectWrite
 from nezha.errors import StoreError
@@ -48,7 +48,8 @@ log = structlog.get_logger("nezha.store")
 
 class Store:
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
-                 on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None) -> None:
+                 on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
+                 extra: Callable[[Meta], bool] | None = None) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -56,6 +57,8 @@ class Store:
         self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
+        # Is this object, about to be committed, an extra copy here (another node is its first owner)?
+        self._extra = extra
         self._index = Index(evicted=self._evicted)
         self._steps = Steps()
         # Told of every change to the index, in order: ("put", meta) and
@@ -147,10 +150,16 @@ class Store:
     def release(self, size: int) -> None:
         self._index.release(size)
 
-    def _evicted(self, meta: Meta) -> None:
+    @property
+    def index(self) -> Index:
+        """The in-memory index: its usage by kind of copy, evictions by reason, census (cachenode/store/index.py)."""
+        return self._index
+
+    def _evicted(self, meta: Meta, reason: str) -> None:
         """The index evicted `meta`: its files go, and whoever listens is told."""
         self._unlink_later(meta, final=True)
-        log.info("object_evicted", key=meta.key, bytes=meta.size, **({"hot": True} if meta.hot else {}))
+        log.info("object_evicted", key=meta.key, bytes=meta.size, reason=reason,
+                 **({"hot": True} if meta.hot else {}))
         if self._on_evict:
             self._on_evict(meta)
 
@@ -299,7 +308,12 @@ class Store:
                            f"bytes")
         oid = object_id(meta.slot)
         folder = self._dir_of(oid)
-        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
+        extra = not meta.hot and self._extra is not None and self._extra(meta)
+        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data", extra=extra)
+        candidate = self._index.arrived(meta)
+        if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
+                                                                 reserved_here=temp.reserved):
+            raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
         data_path = self._inside(folder / meta.data)
         meta_path = self._inside(folder / f"{oid}.meta")
 
@@ -327,7 +341,7 @@ class Store:
         await asyncio.shield(temp.committing)
         self.release(temp.reserved)
         temp.reserved = 0
-        old = self._index.drop(meta.slot)
+        old = self._index.drop(meta.slot, reason="replaced")
         if old is not None:
             self._unlink_later(old, final=False)
         # Responses stored under other Vary names (or none) no longer say how
@@ -335,7 +349,7 @@ class Store:
         for slot in list(self._index.slots.get(meta.key, ())):
             other = self._index.get(slot)
             if other.vary != meta.vary:
-                self._index.drop(slot)
+                self._index.drop(slot, reason="replaced")
                 self._unlink_later(other, final=True)
         self._index.add(meta)
         if meta.hot and self.hot_capacity is not None:
@@ -386,12 +400,13 @@ class Store:
             await asyncio.shield(asyncio.gather(*steps, return_exceptions=True))
         return gone
 
-    async def remove_one(self, meta: Meta) -> bool:
+    async def remove_one(self, meta: Meta, *, reason: str | None = None) -> bool:
         """Forget the one stored response `meta` (its variant only), if still
-        stored; returns once its data file is unlinked, as `remove` does."""
+        stored; returns once its data file is unlinked, as `remove` does.
+        `reason` ("expired") counts it among the evictions."""
         if self._index.get(meta.slot) is not meta:
             return False
-        self._index.drop(meta.slot)
+        self._index.drop(meta.slot, reason=reason)
         await asyncio.shield(self._unlink_later(meta, final=True))
         return True
 

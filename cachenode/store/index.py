@@ -6,26 +6,45 @@ the store asks it what to evict and does the unlinking itself, through the
 `evicted` callback it hands over at construction. Everything here runs on
 the event loop only, so it needs no lock.
 
-Order is least recently used first (`entries`, an OrderedDict). Hot copies
-(`Meta.hot`, docs/cache-node.md "Hot copies") are a cache of the cache:
-they hold at most the store's hot share (the least recently used hot copy
-goes first beyond it), and whenever room is needed they are evicted before
-any other object, least recently used first.
+Every stored response is one of three kinds of copy, each ordered by the
+eviction policy (`store/policy.py`), and room is taken from them in this
+order (docs/cache-node.md "Eviction"):
+
+1. hot copies (`Meta.hot`): a cache of the cache, within the store's hot
+   share; they go before anything else;
+2. extra copies (`Meta.extra`): a replica this node holds though another
+   node is the key's first owner; given up before the only copy of
+   another object, so under pressure the tier's capacity goes to distinct
+   objects;
+3. only copies: the ones this node is the first owner of. A newcomer
+   takes a victim's room only if the policy lets it displace the victim;
+   otherwise the newcomer itself goes (reason `refused`).
 
 Usage counts the bytes stored and the bytes reserved by fills still
-running: a fill of known size reserves its room before its bytes arrive,
-so several fills at once cannot overshoot the capacity together.
+running. A reservation is made before the newcomer is known, so it evicts
+only copies beyond a headroom of a tenth of the capacity: evicting for a
+newcomer that may then be refused would give the subset up one object per
+miss. At rest the store holds at most its capacity.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from cachenode.http.vary import variant as variant_of
+from cachenode.store.census import Census
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
+from cachenode.store.policy import Candidate, Policy
 from nezha.chunks import chunk_of
+
+KINDS = ("hot", "extra", "only")  # the kinds of copy, first to go first
+REASONS = ("capacity", "extra_copy", "refused", "expired", "replaced")  # why an object left the store
+
+
+def kind_of(meta: Meta) -> str:
+    return "hot" if meta.hot else "extra" if meta.extra else "only"
 
 
 @dataclass
@@ -33,25 +52,29 @@ class Usage:
     stored: int = 0
     reserved: int = 0
     hot: int = 0  # of `stored`, bytes of hot copies
+    extra: int = 0  # of `stored`, bytes of extra copies
 
 
 class Index:
     """slot -> Meta, in eviction order, with the bytes they and running fills hold.
 
-    `evicted(meta)` is called for each object an eviction drops, after it
-    left the index: the store deletes its files and tells whoever listens.
+    `evicted(meta, reason)` is called for each object an eviction drops,
+    after it left the index: the store deletes its files and tells whoever
+    listens.
     """
 
-    def __init__(self, *, evicted: Callable[[Meta], None]) -> None:
+    def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None) -> None:
         self._evicted = evicted
-        self.entries: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
+        self.census = census or Census()
+        self.entries: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, least recently used first
         self.slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
         # object key -> the keys of its chunks stored here (nezha/chunks.py): an
         # invalidated object's chunks are found without a manifest or a scan.
         self._chunks: dict[str, set[str]] = {}
-        self._hot: OrderedDict[str, None] = OrderedDict()  # slots of hot copies, LRU order as in entries
+        self.policies = {kind: Policy() for kind in KINDS}
         self.usage = Usage()
+        self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
@@ -71,9 +94,7 @@ class Index:
             slot = f"{key}{VARIANT_SEPARATOR}{variant_of(names, request_headers)}"
         meta = self.entries.get(slot)
         if meta is not None:
-            self.entries.move_to_end(slot)
-            if meta.hot:
-                self._hot.move_to_end(slot)
+            self._used(slot, meta)
         return meta
 
     def get(self, slot: str) -> Meta | None:
@@ -82,10 +103,14 @@ class Index:
 
     def touch(self, slot: str) -> None:
         """A read of `slot` served elsewhere (another worker) counts as a use."""
-        if slot in self.entries:
-            self.entries.move_to_end(slot)
-            if slot in self._hot:
-                self._hot.move_to_end(slot)
+        meta = self.entries.get(slot)
+        if meta is not None:
+            self._used(slot, meta)
+
+    def _used(self, slot: str, meta: Meta) -> None:
+        self.entries.move_to_end(slot)
+        kind = kind_of(meta)
+        self.census.read(kind, meta.size, self.policies[kind].hit(slot), hit=True)
 
     def chunks_of(self, key: str) -> list[str]:
         return sorted(self._chunks.get(key, ()))
@@ -94,14 +119,24 @@ class Index:
         return len(self.entries)
 
     # -- changes -----------------------------------------------------------
+    def arrived(self, meta: Meta) -> Candidate:
+        """A newcomer about to be added by a commit: a miss, as its kind's policy records it."""
+        kind = kind_of(meta)
+        candidate = self.policies[kind].missed(meta.slot)
+        self.census.read(kind, meta.size, candidate.gap, hit=False)
+        return candidate
+
     def add(self, meta: Meta) -> None:
         self.entries[meta.slot] = meta
         for watch in self.watchers:
             watch("put", meta)
         self.usage.stored += meta.size
-        if meta.hot:
-            self._hot[meta.slot] = None
+        kind = kind_of(meta)
+        self.policies[kind].add(meta.slot)
+        if kind == "hot":
             self.usage.hot += meta.size
+        elif kind == "extra":
+            self.usage.extra += meta.size
         self.slots.setdefault(meta.key, set()).add(meta.slot)
         if (chunk := chunk_of(meta.key)) is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
@@ -111,21 +146,27 @@ class Index:
             self._vary.pop(meta.key, None)
 
     def replace(self, new: Meta) -> None:
-        """`new` in place of the meta in its slot (same bytes: a refresh), keeping its place in the order."""
+        """`new` in place of the meta in its slot (same bytes and kind: a refresh), keeping its place in the order."""
         self.entries[new.slot] = new
         for watch in self.watchers:
             watch("put", new)
 
-    def drop(self, slot: str) -> Meta | None:
+    def drop(self, slot: str, *, reason: str | None = None) -> Meta | None:
+        """Forget `slot`; `reason` counts it among the evictions (REASONS)."""
         meta = self.entries.pop(slot, None)
         if meta is None:
             return None
         for watch in self.watchers:
             watch("drop", meta)
         self.usage.stored -= meta.size
-        if meta.hot:
-            self._hot.pop(slot, None)
+        kind = kind_of(meta)
+        self.policies[kind].remove(slot)
+        if kind == "hot":
             self.usage.hot -= meta.size
+        elif kind == "extra":
+            self.usage.extra -= meta.size
+        if reason is not None:
+            self.evictions[reason] += 1
         slots = self.slots.get(meta.key)
         if slots is not None:
             slots.discard(slot)
@@ -145,33 +186,81 @@ class Index:
     def release(self, size: int) -> None:
         self.usage.reserved = max(0, self.usage.reserved - size)
 
-    def evict_to(self, limit: int, *, keep: str | None = None) -> None:
-        """Evict least recently used objects until stored + reserved bytes fit `limit`.
+    def admits(self, meta: Meta, candidate: Candidate, limit: int, *, reserved_here: int = 0) -> bool:
+        """Is `meta` kept when committed? Yes if it fits without giving up an
+        only copy (hot and extra copies go first); else only an only copy
+        may, and only if the policy lets it displace the victim."""
+        u = self.usage
+        freed = 0
+        if (old := self.entries.get(meta.slot)) is not None and kind_of(old) == "only":
+            freed = old.size
+        others = max(0, u.reserved - reserved_here - limit // 10)
+        room = limit - (u.stored - u.hot - u.extra - freed) - others
+        if meta.size <= room:
+            return True
+        only = self.policies["only"]
+        if kind_of(meta) == "only":
+            victim = next((s for s in only.victims() if s != meta.slot), None)
+            if victim is not None and only.displaces(candidate, victim):
+                return True
+        self.evictions["refused"] += 1
+        return False
 
-        `keep` (the object just committed) goes last, and survives alone only
-        while its own bytes fit: the reservations of fills still running may
-        leave the total above the limit until they commit and evict in turn.
+    def evict_to(self, limit: int, *, keep: str | None = None, candidate: Candidate | None = None) -> None:
+        """Evict until what is stored fits `limit`, reservations beyond a tenth of it included.
+
+        `keep` (the object just committed, `candidate` as `arrived` saw it)
+        goes last among its kind: an only copy displaces a victim only if
+        the policy says so, else it is itself refused; an extra copy never
+        displaces an only copy. It survives alone only while its own bytes
+        fit: the reservations of fills still running may leave the total
+        above the limit until they commit and evict in turn.
         """
-        while self.usage.stored + self.usage.reserved > limit and self.entries:
-            hot = next((slot for slot in self._hot if slot != keep), None)
-            if hot is not None:  # a hot copy is a cache of the cache: it goes first
-                self._evict(hot)
-                continue
-            key = next(iter(self.entries))
-            if key == keep and len(self.entries) > 1:
-                self.entries.move_to_end(key)
-                continue
-            if key == keep and self.usage.stored <= limit:
+        headroom = limit // 10
+        while self._over(limit, headroom) and self.entries:
+            slot, reason = self._next_victim(limit, keep, candidate)
+            if slot is None:
                 break
-            self._evict(key)
+            self._evict(slot, reason)
+
+    def _over(self, limit: int, headroom: int) -> bool:
+        u = self.usage
+        return u.stored + max(0, u.reserved - headroom) > limit
+
+    def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[str | None, str]:
+        """The slot that goes next, and why; None when nothing should."""
+        for kind in ("hot", "extra"):
+            slot = next((s for s in self.policies[kind].victims() if s != keep), None)
+            if slot is not None:
+                return slot, "extra_copy"
+        only = self.policies["only"]
+        victim = next((s for s in only.victims() if s != keep), None)
+        if keep is None or keep not in self.entries:
+            return victim, "capacity"
+        if keep not in only:
+            return keep, "refused"
+        if victim is None:
+            return (None, "") if self.usage.stored <= limit else (keep, "refused")
+        if candidate is None or only.displaces(candidate, victim):
+            return victim, "capacity"
+        return keep, "refused"
 
     def evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:
-        """Evict least recently used hot copies until theirs fit `limit`; `keep` last."""
-        while self.usage.hot > limit and self._hot:
-            slot = next((s for s in self._hot if s != keep), next(iter(self._hot)))
-            self._evict(slot)
+        """Evict hot copies, first to go first, until theirs fit `limit`; `keep` last."""
+        hot = self.policies["hot"]
+        while self.usage.hot > limit and len(hot):
+            slot = next((s for s in hot.victims() if s != keep), next(hot.victims()))
+            self._evict(slot, "extra_copy")
 
-    def _evict(self, slot: str) -> None:
-        meta = self.drop(slot)
+    def _evict(self, slot: str, reason: str) -> None:
+        meta = self.drop(slot, reason=reason)
         assert meta is not None
-        self._evicted(meta)
+        self._evicted(meta, reason)
+
+    def by_kind(self) -> dict[str, int]:
+        """Bytes stored as each kind of copy."""
+        u = self.usage
+        return {"only": u.stored - u.hot - u.extra, "extra": u.extra, "hot": u.hot}
+
+    def metas(self) -> Iterator[Meta]:
+        return iter(self.entries.values())

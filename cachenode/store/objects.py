@@ -32,6 +32,11 @@ class TooLarge(NotStored):
     """An object's bytes exceed the store's capacity: it was streamed, never stored."""
 
 
+class Refused(NotStored):
+    """The store is full of objects still read, and the eviction policy kept
+    them over this newcomer (docs/cache-node.md "Eviction"): streamed, not stored."""
+
+
 @dataclass(frozen=True)
 class Meta:
     """A stored response: where its bytes are, and what the origin said with them.
@@ -65,6 +70,10 @@ class Meta:
     # never counted as held in the index, never replicated or handed off,
     # held within the store's hot share and evicted before anything else.
     hot: bool = False
+    # An extra copy: stored here though another node is the key's first
+    # owner (a replica). Set by the store when it commits the object; under
+    # pressure given up before the only copy of another object.
+    extra: bool = False
     # A chunked object's manifest (nezha/chunks.py): its `length` bytes are
     # chunks of `chunk_size`, each a stored object on the owners of its own
     # chunk key; this object's data file is empty, and `size` (what it

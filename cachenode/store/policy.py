@@ -163,16 +163,18 @@ class Policy:
         return next(iter(self._order), None)
 
     # -- reads ---------------------------------------------------------------
-    def hit(self, slot: str) -> None:
-        """A read of stored `slot`."""
+    def hit(self, slot: str) -> int | None:
+        """A read of stored `slot`; the reads since its previous one (None: not stored)."""
         self._tick()
         last = self._order.get(slot)
         if last is None:
-            return
-        self._hit_gap(self._now - last)
+            return None
+        gap = self._now - last
+        self._hit_gap(gap)
         self._order[slot] = self._now
         self._order.move_to_end(slot)
         self._history.write(slot, self._now)
+        return gap
 
     def missed(self, slot: str) -> Candidate:
         """A read of `slot`, not stored: what the history says of it, then counted."""
