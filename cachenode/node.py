@@ -151,7 +151,8 @@ class CacheNode:
         return self.engine.flights
 
     async def start(self) -> None:
-        await self.store.open()
+        # Serves at once: the index loads in the background (cachenode/store/loading.py).
+        await self.store.open(background=True)
         await self.origins.start()
         if self.index is not None:
             self.index.on_membership(self.cluster.update)
@@ -169,6 +170,7 @@ class CacheNode:
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
+        await self.store.close()
 
     def spawn(self, coro) -> asyncio.Task:
         """Run background work that `stop()` cancels and `settled()` waits for."""
@@ -254,6 +256,7 @@ class CacheNode:
         detail = {"ready": self._ready, "node": self.node_id, "pid": os.getpid(), "replicas": self.cluster.replicas,
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
+                  "store_loaded": round(self.store.load_progress, 4),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.nodes)}
         if self.supervisor is not None:
             detail["supervisor"] = self.supervisor

@@ -29,9 +29,9 @@ miss. At rest the store holds at most its capacity.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
@@ -66,8 +66,11 @@ class Index:
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None) -> None:
         self._evicted = evicted
         self.census = census or Census()
-        self.entries: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, least recently used first
-        self.slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
+        # slot -> meta; the order of eviction is the policies' (one per kind of copy).
+        self.entries: dict[str, Meta] = {}
+        # key -> its slot, or the set of its slots when it has several stored variants:
+        # one string, not a set of one, for the million objects that do not vary.
+        self.slots: dict[str, str | set[str]] = {}
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
         # object key -> the keys of its chunks stored here (nezha/chunks.py): an
         # invalidated object's chunks are found without a manifest or a scan.
@@ -75,6 +78,10 @@ class Index:
         self.policies = {kind: Policy() for kind in KINDS}
         self.usage = Usage()
         self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
+        # While the start-up scan runs in the background (store/loading.py): the slots
+        # dropped meanwhile, so that it adds none back, and how far it got.
+        self.dropped: set[str] | None = None
+        self.loaded = 1.0
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
@@ -108,12 +115,16 @@ class Index:
             self._used(slot, meta)
 
     def _used(self, slot: str, meta: Meta) -> None:
-        self.entries.move_to_end(slot)
         kind = kind_of(meta)
         self.census.read(kind, meta.size, self.policies[kind].hit(slot), hit=True)
 
     def chunks_of(self, key: str) -> list[str]:
         return sorted(self._chunks.get(key, ()))
+
+    def slots_of(self, key: str) -> list[str]:
+        """The slots `key` is stored in: one, one per stored variant, or none."""
+        held = self.slots.get(key)
+        return [] if held is None else [held] if isinstance(held, str) else list(held)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -137,7 +148,13 @@ class Index:
             self.usage.hot += meta.size
         elif kind == "extra":
             self.usage.extra += meta.size
-        self.slots.setdefault(meta.key, set()).add(meta.slot)
+        held = self.slots.get(meta.key)
+        if held is None or held == meta.slot:
+            self.slots[meta.key] = meta.slot
+        elif isinstance(held, set):
+            held.add(meta.slot)
+        else:
+            self.slots[meta.key] = {held, meta.slot}
         if (chunk := chunk_of(meta.key)) is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:
@@ -156,6 +173,8 @@ class Index:
         meta = self.entries.pop(slot, None)
         if meta is None:
             return None
+        if self.dropped is not None:
+            self.dropped.add(slot)
         for watch in self.watchers:
             watch("drop", meta)
         self.usage.stored -= meta.size
@@ -167,16 +186,18 @@ class Index:
             self.usage.extra -= meta.size
         if reason is not None:
             self.evictions[reason] += 1
-        slots = self.slots.get(meta.key)
-        if slots is not None:
-            slots.discard(slot)
-            if not slots:
-                del self.slots[meta.key]
-                self._vary.pop(meta.key, None)
-                if (chunk := chunk_of(meta.key)) is not None and (held := self._chunks.get(chunk[0])) is not None:
-                    held.discard(meta.key)
-                    if not held:
-                        del self._chunks[chunk[0]]
+        held = self.slots.get(meta.key)
+        if isinstance(held, set):
+            held.discard(slot)
+            if len(held) == 1:
+                self.slots[meta.key] = next(iter(held))
+        elif held == slot:
+            del self.slots[meta.key]
+            self._vary.pop(meta.key, None)
+            if (chunk := chunk_of(meta.key)) is not None and (chunks := self._chunks.get(chunk[0])) is not None:
+                chunks.discard(meta.key)
+                if not chunks:
+                    del self._chunks[chunk[0]]
         return meta
 
     # -- room ----------------------------------------------------------------
@@ -262,5 +283,42 @@ class Index:
         u = self.usage
         return {"only": u.stored - u.hot - u.extra, "extra": u.extra, "hot": u.hot}
 
-    def metas(self) -> Iterator[Meta]:
-        return iter(self.entries.values())
+
+class IndexView:
+    """What a store answers from its index alone (cachenode/store/disk.py `Store`)."""
+
+    _index: Index
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index.slots
+
+    def keys(self) -> list[str]:
+        return list(self._index.slots)
+
+    def chunks_of(self, key: str) -> list[str]:
+        """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
+        return self._index.chunks_of(key)
+
+    def metas(self) -> list[Meta]:
+        """Every stored response, variants included."""
+        return list(self._index.entries.values())
+
+    @property
+    def used_bytes(self) -> int:
+        return self._index.usage.stored
+
+    @property
+    def hot_bytes(self) -> int:
+        """Bytes of hot copies stored (part of `used_bytes`)."""
+        return self._index.usage.hot
+
+    @property
+    def _usage(self):
+        return self._index.usage
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def touch(self, slot: str) -> None:
+        """A read of `slot` served elsewhere (another worker) counts as a use."""
+        self._index.touch(slot)

@@ -22,6 +22,8 @@ _EVICTIONS = ("nezha_evictions_by_reason", "Objects that left the store, by reas
 _BY_COPY = ("nezha_stored_bytes_by_copy", "Bytes stored, by kind of copy: only (this node is the key's first "
             "owner), extra (a replica of a key another node owns first), hot (a hot copy)")
 _HIT_RATIO = ("nezha_hit_ratio_last_hour", "Hits over reads of the store in the last hour (NaN before any read)")
+_LOADED = ("nezha_store_loaded_ratio", "How far the start-up scan of the store got: folders scanned / folders "
+           "(1 once the index holds every stored object; the node serves meanwhile)")
 _WORKING_SET = ("nezha_working_set_bytes", "Bytes of the distinct objects read in the last hour: what this node's "
                 "share of the tier would need to hold them all (an estimate)")
 
@@ -37,6 +39,7 @@ class StoreReport:
         yield GaugeMetricFamily(*_BY_COPY, labels=["copy"])
         yield GaugeMetricFamily(*_HIT_RATIO)
         yield GaugeMetricFamily(*_WORKING_SET)
+        yield GaugeMetricFamily(*_LOADED)
 
     def collect(self) -> Iterator[Metric]:
         index = self._index
@@ -51,6 +54,7 @@ class StoreReport:
         ratio = index.census.hit_ratio()
         yield GaugeMetricFamily(*_HIT_RATIO, value=math.nan if ratio is None else ratio)
         yield GaugeMetricFamily(*_WORKING_SET, value=index.census.working_set())
+        yield GaugeMetricFamily(*_LOADED, value=index.loaded)
 
     def fields(self) -> dict[str, int | float | str]:
         """The node's stats-hash fields (`nezha stats`): absolute values since the node started."""
@@ -59,7 +63,7 @@ class StoreReport:
         fields: dict[str, int | float | str] = {
             "bytes_only_copy": kinds["only"], "bytes_extra_copy": kinds["extra"], "bytes_hot_copy": kinds["hot"],
             **{f"evicted_{reason}": n for reason, n in index.evictions.items()},
-            "working_set_bytes": index.census.working_set()}
+            "working_set_bytes": index.census.working_set(), "store_loaded": f"{index.loaded:.4f}"}
         if (ratio := index.census.hit_ratio()) is not None:
             fields["hit_ratio_hour"] = f"{ratio:.4f}"
         return fields
