@@ -63,8 +63,10 @@ class Index:
     listens.
     """
 
-    def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None) -> None:
+    def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
+                 protected: Callable[[str], bool] = lambda key: False) -> None:
         self._evicted = evicted
+        self._protected = protected  # a key eviction passes over (pinned by a workload, say)
         self.census = census or Census()
         # slot -> meta; the order of eviction is the policies' (one per kind of copy).
         self.entries: dict[str, Meta] = {}
@@ -221,7 +223,7 @@ class Index:
             return True
         only = self.policies["only"]
         if kind_of(meta) == "only":
-            victim = next((s for s in only.victims() if s != meta.slot), None)
+            victim = next(self._candidates("only", meta.slot), None)
             if victim is not None and only.displaces(candidate, victim):
                 return True
         self.evictions["refused"] += 1
@@ -244,6 +246,11 @@ class Index:
                 break
             self._evict(slot, reason)
 
+    def _candidates(self, kind: str, keep: str | None):
+        """The slots of `kind` that may go, first to go first: neither `keep` nor protected."""
+        entries, protected = self.entries, self._protected
+        return (s for s in self.policies[kind].victims() if s != keep and not protected(entries[s].key))
+
     def _over(self, limit: int, headroom: int) -> bool:
         u = self.usage
         return u.stored + max(0, u.reserved - headroom) > limit
@@ -251,17 +258,19 @@ class Index:
     def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[str | None, str]:
         """The slot that goes next, and why; None when nothing should."""
         for kind in ("hot", "extra"):
-            slot = next((s for s in self.policies[kind].victims() if s != keep), None)
+            slot = next(self._candidates(kind, keep), None)
             if slot is not None:
                 return slot, "extra_copy"
         only = self.policies["only"]
-        victim = next((s for s in only.victims() if s != keep), None)
+        victim = next(self._candidates("only", keep), None)
         if keep is None or keep not in self.entries:
             return victim, "capacity"
         if keep not in only:
             return keep, "refused"
         if victim is None:
-            return (None, "") if self.usage.stored <= limit else (keep, "refused")
+            if self.usage.stored <= limit or self._protected(self.entries[keep].key):
+                return None, ""
+            return keep, "refused"
         if candidate is None or only.displaces(candidate, victim):
             return victim, "capacity"
         return keep, "refused"
@@ -270,7 +279,9 @@ class Index:
         """Evict hot copies, first to go first, until theirs fit `limit`; `keep` last."""
         hot = self.policies["hot"]
         while self.usage.hot > limit and len(hot):
-            slot = next((s for s in hot.victims() if s != keep), next(hot.victims()))
+            slot = next(self._candidates("hot", keep), None)
+            if slot is None:
+                break
             self._evict(slot, "extra_copy")
 
     def _evict(self, slot: str, reason: str) -> None:
@@ -294,6 +305,11 @@ class IndexView:
 
     def keys(self) -> list[str]:
         return list(self._index.slots)
+
+    def stored_size(self, key: str) -> int | None:
+        """The bytes `key`'s stored responses hold here (all its variants); None when none is stored."""
+        metas = [m for m in map(self._index.get, self._index.slots_of(key)) if m is not None]
+        return sum(m.size for m in metas) if metas else None
 
     def chunks_of(self, key: str) -> list[str]:
         """The keys of the chunks of the object `key` stored here, of any chunk size or version."""

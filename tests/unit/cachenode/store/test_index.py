@@ -107,3 +107,15 @@ def test_the_report_gives_the_stats_fields_an_operator_reads():
     assert fields["bytes_only_copy"] == 100 and fields["bytes_extra_copy"] == 100
     assert fields["hit_ratio_hour"] == "0.3333" and fields["working_set_bytes"] == 200
     assert fields["evicted_capacity"] == 0 and "evicted_refused" in fields
+
+
+def test_a_protected_object_is_passed_over_by_every_eviction():
+    """A key the store protects (a workload's pin) is never a victim, of capacity or of a reservation."""
+    gone: list[str] = []
+    index = Index(evicted=lambda m, reason: gone.append(m.key.rsplit("/", 1)[1]),
+                  protected=lambda key: key.endswith("/a"))
+    for name in "abc":
+        assert commit(index, meta(name), 300)
+    index.reserve(200)
+    index.evict_to(300)
+    assert gone == ["b", "c"] and "http://h/a" in index.slots
