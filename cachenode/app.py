@@ -18,6 +18,7 @@ from cachenode.metrics import Metrics
 from cachenode.fill.origin import OriginClient
 from cachenode.node import CacheNode
 from cachenode.store.disk import Store
+from cachenode.store.report import StoreReport
 from cachenode.tls.port import Relay, Terminate, TlsPort, passthrough_target
 from nezha.config import HOST_PLACEHOLDER, CacheSettings, parse_hostport
 from nezha.errors import RunError
@@ -53,8 +54,12 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
         if node is not None:
             node.on_evict(meta)
 
+    def extra_copy(meta) -> bool:
+        return node is not None and node.holds_as_extra(meta.key)
+
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
-                  hot_capacity=settings.hot_capacity, pinned_capacity=settings.pinned_capacity)
+                  hot_capacity=settings.hot_capacity, pinned_capacity=settings.pinned_capacity,
+                  extra=extra_copy)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
                            read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None
@@ -62,7 +67,8 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
         from nezha.index.handle import Index
 
         index = Index(redis_url=settings.redis_url, node_id=settings.identity,
-                      flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval)
+                      flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval,
+                      report=StoreReport(store.index).fields)
     node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index,
                      before_metrics=before_metrics)
     return node

@@ -45,6 +45,7 @@ from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
 from cachenode.front.sendfile import FileSender
 from cachenode.metrics import Metrics
+from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
@@ -70,6 +71,7 @@ class CacheNode:
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
         token = settings.cluster_token
+        self.metrics.registry.register(StoreReport(store.index))
         self.counts = Counts(metrics=self.metrics, store=store, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
         if index is not None and index.enabled:
@@ -151,7 +153,8 @@ class CacheNode:
         return self.engine.flights
 
     async def start(self) -> None:
-        await self.store.open()
+        # Serves at once: the index loads in the background (cachenode/store/loading.py).
+        await self.store.open(background=True)
         await self.origins.start()
         if self.index is not None:
             self.index.on_membership(self.cluster.update)
@@ -169,6 +172,7 @@ class CacheNode:
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
+        await self.store.close()
 
     def spawn(self, coro) -> asyncio.Task:
         """Run background work that `stop()` cancels and `settled()` waits for."""
@@ -243,11 +247,18 @@ class CacheNode:
         """The store evicted `meta` to make room."""
         self.counts.gone(meta, evictions=1)
 
+    def holds_as_extra(self, key: str) -> bool:
+        """Would a copy of `key` here be an extra copy: another node is its first owner
+        (docs/cache-node.md "Eviction"). Alone, or before the ring is known: no."""
+        owners = self.cluster.owners(key)
+        return bool(owners) and owners[0].id != self.node_id
+
     def status(self) -> dict:
         snap = self.cluster.snapshot
         detail = {"ready": self._ready, "node": self.node_id, "pid": os.getpid(), "replicas": self.cluster.replicas,
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
+                  "store_loaded": round(self.store.load_progress, 4),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.nodes)}
         if self.supervisor is not None:
             detail["supervisor"] = self.supervisor

@@ -171,7 +171,11 @@ STALE_AFTER = 10.0
 _COLUMNS = [("HITS", "hits", str), ("PEER", "peer_hits", str), ("MISSES", "misses", str),
             ("HIT%", "hit_ratio", None), ("SERVED", "bytes_served", "bytes"),
             ("FROM ORIGIN", "bytes_from_origin", "bytes"), ("OBJECTS", "objects", str),
-            ("STORED", "bytes_stored", "bytes"), ("EVICTED", "evictions", str), ("FAILED", "failed_fills", str)]
+            ("STORED", "bytes_stored", "bytes"), ("EVICTED", "evictions", str), ("FAILED", "failed_fills", str),
+            # A node's own figures (cachenode/store/report.py): bytes held as extra copies (replicas,
+            # hot copies), the last hour's hit ratio and working set, how far its start-up scan got.
+            ("EXTRA", "bytes_extra_copy", "bytes"), ("HIT%1H", "hit_ratio_hour", None),
+            ("WORKING-SET", "working_set_bytes", "bytes"), ("LOADED", "store_loaded", None)]
 
 
 def _stats_table(stats: dict) -> str:
@@ -181,7 +185,7 @@ def _stats_table(stats: dict) -> str:
         cells = [scope, name, _reported(values) if scope == "node" else "-"]
         for _, field, kind in _COLUMNS:
             value = values.get(field)
-            if field == "hit_ratio":
+            if field in ("hit_ratio", "hit_ratio_hour", "store_loaded"):
                 cells.append("-" if value is None else f"{100 * value:.1f}%")
             elif kind == "bytes":
                 cells.append(human_bytes(value or 0))

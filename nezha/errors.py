@@ -22,6 +22,7 @@ the drawing is the tree the code defines.
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
+    │   │   ├── Refused  cachenode.store.objects: the eviction policy kept what is stored over this newcomer
     │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
     │   │   ├── Superseded  cachenode.fill.buffer: a write to the URL succeeded while it filled
     │   │   ├── Unprovable  cachenode.fill.buffer: a body that ended at a close, with nothing proving it whole

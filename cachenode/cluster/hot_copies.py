@@ -179,7 +179,7 @@ class HotCopies:
         return new
 
     async def drop(self, meta: Meta, *, why: str) -> None:
-        if await self.store.remove_one(meta):
+        if await self.store.remove_one(meta, reason="expired" if why == "expired" else None):
             self.counts.gone(meta)
             log.info("hot_copy_dropped", key=meta.key, reason=why)
 

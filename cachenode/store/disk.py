@@ -36,10 +36,11 @@ import structlog
 from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
-from cachenode.store.index import Index
+from cachenode.store.index import Index, IndexView
 from cachenode.store.layout import read_meta, scan, write_meta
+from cachenode.store.loading import Loader
 from cachenode.store.pins import Pins
-from cachenode.store.objects import Meta, TempObject, TooLarge
+from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
 from cachenode.store.writing import ObjectWrite
 from nezha.errors import StoreError
@@ -47,10 +48,10 @@ from nezha.errors import StoreError
 log = structlog.get_logger("nezha.store")
 
 
-class Store:
+class Store(IndexView):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
-                 pinned_capacity: int | None = None) -> None:
+                 pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -58,9 +59,12 @@ class Store:
         self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
+        # Is this object, about to be committed, an extra copy here (another node is its first owner)?
+        self._extra = extra
         # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
         self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
         self._index = Index(evicted=self._evicted, protected=self.pins.holds)
+        self._loader: Loader | None = None
         self._steps = Steps()
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
@@ -85,63 +89,56 @@ class Store:
         return os.path.join(self.objects, oid[:2], meta.data)
 
     # -- start-up ----------------------------------------------------------
-    async def open(self) -> None:
-        """Rebuild the index from disk; delete temporary and orphaned files."""
-        metas, removed = await asyncio.get_running_loop().run_in_executor(None, self._scan)
+    async def open(self, *, background: bool = False) -> None:
+        """Rebuild the index from disk; delete temporary and orphaned files.
+        `background`: return as soon as tmp/ is emptied, the index loading
+        while the node serves (cachenode/store/loading.py)."""
+        if background:
+            self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit)
+            await self._loader.start()
+            return
+        metas, removed = await asyncio.get_running_loop().run_in_executor(None, scan, self.objects, self.tmp)
         for meta in sorted(metas, key=lambda m: m.stored_at):
             self._index.add(meta)
         log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self.used_bytes, removed=removed)
+        self._fit()
+
+    def _fit(self) -> None:
+        """What was loaded, down to the capacity and the hot copies' share."""
         if self.hot_capacity is not None:
             self._index.evict_hot_to(self.hot_capacity)
         if self.capacity is not None:
             self._index.evict_to(self.capacity)
 
-    def _scan(self) -> tuple[list[Meta], int]:
-        return scan(self.objects, self.tmp)
+    @property
+    def load_progress(self) -> float:
+        """How far the start-up scan got: 1.0 once the index holds every stored object."""
+        return self._index.loaded
 
-    _read_meta = staticmethod(read_meta)
+    async def loaded(self) -> None:
+        """Wait until the background start-up scan is done."""
+        if self._loader is not None:
+            await self._loader.wait()
+
+    async def close(self) -> None:
+        """Stop a start-up scan still running."""
+        if self._loader is not None:
+            await self._loader.close()
+
+    def _load(self, key: str) -> None:
+        """While the scan runs: `key`'s object into the index now if its folder is not scanned yet."""
+        if self._loader is not None and self._loader.loading:
+            self._loader.load(key)
 
     # -- reads (the index: cachenode/store/index.py) --------------------------
     def lookup(self, key: str, request_headers=None) -> Meta | None:
         """The stored response for `key` that a request with `request_headers`
         selects (RFC 9111 §4.1). Without headers, only a response that does
         not vary: who does not say what it asks for gets no variant."""
-        return self._index.lookup(key, request_headers)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._index.slots
-
-    def keys(self) -> list[str]:
-        return list(self._index.slots)
-
-    def stored_size(self, key: str) -> int | None:
-        """The bytes `key`'s stored responses hold here (all its variants); None when none is stored."""
-        slots = self._index.slots.get(key)
-        return None if not slots else sum(m.size for m in map(self._index.get, slots) if m is not None)
-
-    def chunks_of(self, key: str) -> list[str]:
-        """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
-        return self._index.chunks_of(key)
-
-    def metas(self) -> list[Meta]:
-        """Every stored response, variants included, least recently used first."""
-        return list(self._index.entries.values())
-
-    @property
-    def used_bytes(self) -> int:
-        return self._index.usage.stored
-
-    @property
-    def hot_bytes(self) -> int:
-        """Bytes of hot copies stored (part of `used_bytes`)."""
-        return self._index.usage.hot
-
-    @property
-    def _usage(self):
-        return self._index.usage
-
-    def __len__(self) -> int:
-        return len(self._index)
+        meta = self._index.lookup(key, request_headers)
+        if meta is None and self._loader is not None and self._loader.loading and self._loader.load(key):
+            meta = self._index.lookup(key, request_headers)
+        return meta
 
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -156,10 +153,16 @@ class Store:
     def release(self, size: int) -> None:
         self._index.release(size)
 
-    def _evicted(self, meta: Meta) -> None:
+    @property
+    def index(self) -> Index:
+        """The in-memory index: its usage by kind of copy, evictions by reason, census (cachenode/store/index.py)."""
+        return self._index
+
+    def _evicted(self, meta: Meta, reason: str) -> None:
         """The index evicted `meta`: its files go, and whoever listens is told."""
         self._unlink_later(meta, final=True)
-        log.info("object_evicted", key=meta.key, bytes=meta.size, **({"hot": True} if meta.hot else {}))
+        log.info("object_evicted", key=meta.key, bytes=meta.size, reason=reason,
+                 **({"hot": True} if meta.hot else {}))
         if self._on_evict:
             self._on_evict(meta)
 
@@ -176,7 +179,7 @@ class Store:
         def unlink() -> None:
             paths = [data_path]
             if final:
-                current = self._read_meta(meta_path)
+                current = read_meta(meta_path)
                 if current is None or current.data == meta.data:
                     paths.append(meta_path)
             for p in paths:
@@ -308,7 +311,13 @@ class Store:
                            f"bytes")
         oid = object_id(meta.slot)
         folder = self._dir_of(oid)
-        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
+        extra = not meta.hot and self._extra is not None and self._extra(meta)
+        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data", extra=extra)
+        self._load(meta.key)
+        candidate = self._index.arrived(meta)
+        if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
+                                                                 reserved_here=temp.reserved):
+            raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
         data_path = self._inside(folder / meta.data)
         meta_path = self._inside(folder / f"{oid}.meta")
 
@@ -336,15 +345,15 @@ class Store:
         await asyncio.shield(temp.committing)
         self.release(temp.reserved)
         temp.reserved = 0
-        old = self._index.drop(meta.slot)
+        old = self._index.drop(meta.slot, reason="replaced")
         if old is not None:
             self._unlink_later(old, final=False)
         # Responses stored under other Vary names (or none) no longer say how
         # this key varies: the newest response does (RFC 9111 §4.1).
-        for slot in list(self._index.slots.get(meta.key, ())):
+        for slot in self._index.slots_of(meta.key):
             other = self._index.get(slot)
             if other.vary != meta.vary:
-                self._index.drop(slot)
+                self._index.drop(slot, reason="replaced")
                 self._unlink_later(other, final=True)
         self._index.add(meta)
         if meta.hot and self.hot_capacity is not None:
@@ -385,8 +394,9 @@ class Store:
         (cachenode/workers/) may still hold the old entry in their copy of the
         index for a moment, and must find no file to open after a write that
         removed it has been answered."""
+        self._load(key)
         gone, steps = [], []
-        for slot in list(self._index.slots.get(key, ())):
+        for slot in self._index.slots_of(key):
             meta = self._index.drop(slot)
             if meta is not None:
                 steps.append(self._unlink_later(meta, final=True))
@@ -395,12 +405,13 @@ class Store:
             await asyncio.shield(asyncio.gather(*steps, return_exceptions=True))
         return gone
 
-    async def remove_one(self, meta: Meta) -> bool:
+    async def remove_one(self, meta: Meta, *, reason: str | None = None) -> bool:
         """Forget the one stored response `meta` (its variant only), if still
-        stored; returns once its data file is unlinked, as `remove` does."""
+        stored; returns once its data file is unlinked, as `remove` does.
+        `reason` ("expired") counts it among the evictions."""
         if self._index.get(meta.slot) is not meta:
             return False
-        self._index.drop(meta.slot)
+        self._index.drop(meta.slot, reason=reason)
         await asyncio.shield(self._unlink_later(meta, final=True))
         return True
 
@@ -413,10 +424,6 @@ class Store:
         self._index.drop(meta.slot)
         if event == "put":
             self._index.add(meta)
-
-    def touch(self, slot: str) -> None:
-        """A read of `slot` served elsewhere (another worker) counts as a use for LRU."""
-        self._index.touch(slot)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from cachenode.store.objects import Meta
@@ -49,10 +49,21 @@ def write_meta(meta_path: Path, meta: Meta, *, tmp: Path) -> None:
         raise
 
 
-def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
-    """Every complete object under `objects`, and how many files were deleted:
-    everything in `tmp`, metas that cannot be read or whose data file is
-    missing or of the wrong size, and data files no meta names."""
+def place(objects: Path, meta: Meta, body: bytes) -> Meta:
+    """Store `body` as `meta` the way a commit leaves it, without temp files
+    or fsync: a store's files built in bulk (tests and benchmarks of a large
+    store), never a node's own writes."""
+    oid = object_id(meta.slot)
+    folder = objects / oid[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = replace(meta, size=len(body), data=f"{oid}.{secrets.token_hex(6)}.data")
+    (folder / meta.data).write_bytes(body)
+    (folder / f"{oid}.meta").write_text(json.dumps(asdict(meta)))
+    return meta
+
+
+def clear_tmp(objects: Path, tmp: Path) -> int:
+    """Create the folders; delete what fills in progress left in `tmp` (a crash, a kill). How many files went."""
     objects.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     removed = 0
@@ -60,30 +71,74 @@ def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
         if leftover.is_file():
             leftover.unlink(missing_ok=True)
             removed += 1
+    return removed
+
+
+def scan_folder(sub: Path, *, orphans_before: float | None = None) -> tuple[list[Meta], int]:
+    """The complete objects of one `objects/<2 hex>` folder, and how many files
+    were deleted: metas that cannot be read or whose data file is missing or
+    of the wrong size, and data files no meta names. With `orphans_before`
+    (a scan while the node already writes), a data file no meta names is
+    deleted only if it was last written before then: a commit running now
+    renames its data file into place before it writes the meta."""
     metas: list[Meta] = []
-    for sub in objects.iterdir():
-        if not sub.is_dir():
+    removed = 0
+    wanted: set[str] = set()
+    for mpath in sub.glob("*.meta"):
+        meta = read_meta(mpath)
+        if meta is None or object_id(meta.slot) != mpath.stem:
+            mpath.unlink(missing_ok=True)
+            removed += 1
             continue
-        wanted: set[str] = set()
-        for mpath in sub.glob("*.meta"):
-            meta = read_meta(mpath)
-            if meta is None or object_id(meta.slot) != mpath.stem:
-                mpath.unlink(missing_ok=True)
-                removed += 1
-                continue
-            dpath = sub / meta.data
-            try:
-                ok = dpath.stat().st_size == meta.size
-            except OSError:
-                ok = False
-            if not ok:
-                mpath.unlink(missing_ok=True)
-                removed += 1
-                continue
-            wanted.add(meta.data)
-            metas.append(meta)
-        for f in sub.iterdir():
-            if f.suffix != ".meta" and f.name not in wanted:
-                f.unlink(missing_ok=True)
-                removed += 1
+        try:
+            ok = (sub / meta.data).stat().st_size == meta.size
+        except OSError:
+            ok = False
+        if not ok:
+            mpath.unlink(missing_ok=True)
+            removed += 1
+            continue
+        wanted.add(meta.data)
+        metas.append(meta)
+    for f in sub.iterdir():
+        if f.suffix != ".meta" and f.name not in wanted:
+            if orphans_before is not None:
+                try:
+                    if f.stat().st_mtime >= orphans_before:
+                        continue
+                except OSError:
+                    continue
+            f.unlink(missing_ok=True)
+            removed += 1
+    return metas, removed
+
+
+def folders(objects: Path) -> list[Path]:
+    """The `objects/<2 hex>` folders, in name order."""
+    return sorted(sub for sub in objects.iterdir() if sub.is_dir())
+
+
+def find(objects: Path, slot: str) -> Meta | None:
+    """The object stored in `slot`, read from its files (a lookup before the
+    start-up scan reached its folder); None if there is no complete one."""
+    oid = object_id(slot)
+    folder = objects / oid[:2]
+    meta = read_meta(folder / f"{oid}.meta")
+    if meta is None or meta.slot != slot:
+        return None
+    try:
+        return meta if (folder / meta.data).stat().st_size == meta.size else None
+    except OSError:
+        return None
+
+
+def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
+    """Every complete object under `objects`, and how many files were deleted:
+    everything in `tmp`, and what `scan_folder` deletes."""
+    removed = clear_tmp(objects, tmp)
+    metas: list[Meta] = []
+    for sub in folders(objects):
+        found, gone = scan_folder(sub)
+        metas += found
+        removed += gone
     return metas, removed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,12 @@ class TooLarge(NotStored):
     """An object's bytes exceed the store's capacity: it was streamed, never stored."""
 
 
-@dataclass(frozen=True)
+class Refused(NotStored):
+    """The store is full of objects still read, and the eviction policy kept
+    them over this newcomer (docs/cache-node.md "Eviction"): streamed, not stored."""
+
+
+@dataclass(frozen=True, slots=True)
 class Meta:
     """A stored response: where its bytes are, and what the origin said with them.
 
@@ -65,6 +71,10 @@ class Meta:
     # never counted as held in the index, never replicated or handed off,
     # held within the store's hot share and evicted before anything else.
     hot: bool = False
+    # An extra copy: stored here though another node is the key's first
+    # owner (a replica). Set by the store when it commits the object; under
+    # pressure given up before the only copy of another object.
+    extra: bool = False
     # A chunked object's manifest (nezha/chunks.py): its `length` bytes are
     # chunks of `chunk_size`, each a stored object on the owners of its own
     # chunk key; this object's data file is empty, and `size` (what it
@@ -74,10 +84,16 @@ class Meta:
     length: int = 0
 
     def __post_init__(self) -> None:
+        # A store holds a million of these (docs/cache-node.md "Memory per object"): what
+        # repeats is shared (slots, no __dict__; header names and hosts interned; a URL
+        # equal to the key is the key).
         h = self.headers
-        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((str(n), str(v)) for n, v in h)
+        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((sys.intern(str(n)), str(v)) for n, v in h)
         object.__setattr__(self, "headers", pairs)
         object.__setattr__(self, "vary", tuple(self.vary))
+        object.__setattr__(self, "host", sys.intern(self.host))
+        if self.url == self.key:
+            object.__setattr__(self, "url", self.key)
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
             object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)
 

@@ -23,7 +23,8 @@ class Index:
 
     def __init__(self, *, redis_url: str | None, node_id: str | None, flush_interval: float = 1.0,
                  refresh_interval: float = 5.0, max_buffered: int = 10000, client: Any = None,
-                 backoff_max: float = 5.0, clock: Callable[[], float] = time.time) -> None:
+                 backoff_max: float = 5.0, clock: Callable[[], float] = time.time,
+                 report: Callable[[], dict[str, Any]] | None = None) -> None:
         if flush_interval <= 0 or refresh_interval <= 0:
             raise ConfigError(f"flush_interval ({flush_interval}) and refresh_interval ({refresh_interval}) "
                               "must be positive")
@@ -35,7 +36,7 @@ class Index:
         self.watch = MembershipWatch(self.conn, refresh_interval=refresh_interval, backoff_max=backoff_max)
         self.writer = MembershipWriter(self.watch)
         self.stats = StatsWriter(self.conn, node_id=node_id, flush_interval=flush_interval,
-                                 max_buffered=max_buffered, backoff_max=backoff_max, clock=clock)
+                                 max_buffered=max_buffered, backoff_max=backoff_max, clock=clock, report=report)
         self.reader = StatsReader(self.conn)
         self.pins = PinRecords(self.conn, clock=clock)
         self._tasks: list[asyncio.Task] = []

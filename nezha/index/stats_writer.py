@@ -42,8 +42,12 @@ class StatsWriter:
     """One node's buffered writes: counters per origin host, object locations, last accesses."""
 
     def __init__(self, conn: Connection, *, node_id: str | None, flush_interval: float, max_buffered: int,
-                 backoff_max: float, clock: Callable[[], float]) -> None:
+                 backoff_max: float, clock: Callable[[], float],
+                 report: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.conn = conn
+        # The node's own figures (not counters: values as they are now), written
+        # into its stats hash at every flush beside `updated_at`.
+        self._report = report
         self.node_id = node_id
         self._flush_interval = flush_interval
         self._max_buffered = max_buffered
@@ -175,7 +179,8 @@ class StatsWriter:
             pipe.hincrby(KEY_CLUSTER_STATS, name, value)
         if node:
             # Written on every flush, so an operator sees when a node last reported.
-            pipe.hset(key_node_stats(node), "updated_at", f"{self._clock():.3f}")
+            pipe.hset(key_node_stats(node), mapping={"updated_at": f"{self._clock():.3f}",
+                                                     **(self._report() if self._report else {})})
         if len(pipe):
             await pipe.execute()
         return removed

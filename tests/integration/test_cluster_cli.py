@@ -103,7 +103,7 @@ def test_stats_shows_every_node_and_host_with_hit_ratio_and_bytes(redis_server, 
     assert code == 0
     assert lines[0].split()[:6] == ["SCOPE", "NAME", "REPORTED", "HITS", "PEER", "MISSES"]
     assert lines[1].split() == ["cluster", "-", "-", "2", "1", "1", "75.0%", "644.7", "MiB", "161.2", "MiB", "1",
-                                "161.2", "MiB", "0", "1"]
+                                "161.2", "MiB", "0", "1", "0", "B", "-", "0", "B", "-"]
     assert [line.split()[:2] for line in lines[2:]] == [
         ["node", "nezha-cache-0"], ["node", "nezha-cache-1"], ["host", "images.cocodataset.org"], ["host", HOST]]
     assert lines[2].split()[2:4] == ["0s", "ago"]  # just flushed

@@ -228,3 +228,16 @@ async def test_a_sentinel_url_finds_the_master_and_the_ring_lands_there(tmp_path
     finally:
         sentinel.stop(kill=True)
         master.stop(kill=True)
+
+
+async def test_a_nodes_own_figures_are_written_into_its_stats_hash_at_each_flush(redis_server, indexes):
+    """Values as they are now (cachenode/store/report.py), beside updated_at; what `nezha stats` reads."""
+    figures = {"bytes_only_copy": 4096, "evicted_refused": 3, "hit_ratio_hour": "0.5000"}
+    node = indexes(redis_server.url, "nezha-cache-0", report=lambda: dict(figures))
+    assert await node.flush()
+    figures["evicted_refused"] = 5
+    assert await node.flush()
+    stats = await node.read_stats()
+    mine = stats["nodes"]["nezha-cache-0"]
+    assert mine["bytes_only_copy"] == 4096 and mine["evicted_refused"] == 5 and mine["hit_ratio_hour"] == 0.5
+    assert "updated_at" in mine

@@ -71,7 +71,7 @@ def test_every_alert_is_proven_to_fire_and_to_resolve():
 def test_every_alert_says_what_happened_what_to_look_at_and_links_its_runbook_section():
     headings = re.findall(r"^### (\w+)$", (ROOT / "docs" / "operations.md").read_text(), re.M)
     rule_alerts = alerts(rules_of(render(sets=ENABLED)))
-    assert len(rule_alerts) == 9
+    assert len(rule_alerts) == 10
     for rule in rule_alerts:
         notes = rule["annotations"]
         assert notes["summary"] and len(notes["description"]) > 80, rule["alert"]

@@ -52,6 +52,7 @@ async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origi
 
     node2 = await make_node(data_dir=data)
     assert list((data / "tmp").iterdir()) == []
+    await node2.node.store.loaded()  # the index loads in the background (cachenode/store/loading.py)
     assert not (sub / ("ab" + "0" * 62 + ".123.data")).exists()
     status, headers, got = await node2.get(session, "/keep")
     assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "hit"
@@ -62,6 +63,7 @@ async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origi
     with open(data_file, "r+b") as f:
         f.truncate(100)
     node3 = await make_node(data_dir=data)
+    await node3.node.store.loaded()
     assert len(node3.node.store) == 0
     status, headers, got = await node3.get(session, "/keep")
     assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "miss"

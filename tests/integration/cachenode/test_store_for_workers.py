@@ -32,7 +32,9 @@ async def test_a_follower_replaying_the_announced_changes_holds_the_writers_inde
     await commit(writer, KEY + "2", b"2" * 400)
     assert follower.lookup(KEY).data == first.data
     replaced = await commit(writer, KEY, b"3" * 300)
-    await commit(writer, KEY + "4", b"4" * 400)  # evicts KEY2, the least recently used
+    writer.reserve(700)  # beyond the capacity and its headroom: evicts KEY2, the least recently used
+    writer.release(700)
+    await commit(writer, KEY + "4", b"4" * 400)
     assert {m.key: m.data for m in follower.metas()} == {m.key: m.data for m in writer.metas()}
     assert follower.lookup(KEY).data == replaced.data and KEY + "2" not in follower
     await writer.remove(KEY)
@@ -58,5 +60,5 @@ async def test_a_hit_another_worker_served_makes_the_object_recently_used(tmp_pa
     await commit(store, KEY + "a", b"a" * 400)
     await commit(store, KEY + "b", b"b" * 400)
     store.touch(KEY + "a")  # a follower's hit of a, counted here
-    await commit(store, KEY + "c", b"c" * 400)
+    store.reserve(500)  # beyond the capacity and its headroom: one object goes
     assert KEY + "a" in store and KEY + "b" not in store

@@ -1,0 +1,118 @@
+"""Loading the index in the background, as nginx's cache loader does: a node
+with millions of objects serves at once after a restart.
+
+The start-up scan reads every `.meta`, which for a million objects takes
+minutes. So the node starts serving before it is done: the loader scans
+one `objects/<2 hex>` folder at a time in the executor and adds what it
+found to the index between folders. Meanwhile:
+
+- a lookup of a key whose folder is not scanned yet reads that key's own
+  meta from its hashed path (`layout.find`), a blocking read of one small
+  file on the event loop, and only until the scan reaches the folder;
+  responses that vary are found once their folder is scanned;
+- a commit or a removal of such a key loads it first, so the index knows
+  the files it replaces or deletes;
+- eviction works on what is loaded; once everything is, the store evicts
+  down to its capacity;
+- what the node drops while loading (an eviction, a removal) is not added
+  back by a scan that read its meta before it went.
+
+`progress` (folders scanned / folders) is on /readyz, in /metrics
+(`nezha_store_loaded_ratio`) and in `nezha stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from cachenode.store.index import Index
+from cachenode.store.layout import clear_tmp, find, folders, scan_folder
+from cachenode.store.objects import Meta
+from nezha.keys import object_id
+
+log = structlog.get_logger("nezha.store")
+
+
+class Loader:
+    def __init__(self, *, objects: Path, tmp: Path, index: Index, done: Callable[[], None]) -> None:
+        self._objects = objects
+        self._tmp = tmp
+        self._index = index
+        self._done = done
+        self._pending: set[str] = set()  # folder names (2 hex) not scanned yet
+        self._total = 0
+        self._task: asyncio.Task | None = None
+        self.loading = False
+
+    @property
+    def progress(self) -> float:
+        """Folders scanned / folders (1.0 when nothing is left to load)."""
+        return 1.0 if not self._total else 1 - len(self._pending) / self._total
+
+    async def start(self) -> None:
+        """Empty tmp/, list the folders, and start scanning them; returns at once after that."""
+        loop = asyncio.get_running_loop()
+
+        def prepare() -> tuple[int, list[Path]]:
+            return clear_tmp(self._objects, self._tmp), folders(self._objects)
+
+        removed, subs = await loop.run_in_executor(None, prepare)
+        self._pending = {sub.name for sub in subs}
+        self._total = len(subs)
+        self.loading = True
+        self._index.dropped = set()
+        self._index.loaded = self.progress
+        self._task = loop.create_task(self._run(subs, removed))
+
+    async def _run(self, subs: list[Path], removed: int) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.time()
+        objects = 0
+        try:
+            for sub in subs:
+                metas, gone = await loop.run_in_executor(None, lambda sub=sub: scan_folder(
+                    sub, orphans_before=started))
+                removed += gone
+                dropped = self._index.dropped or set()
+                for meta in sorted(metas, key=lambda m: m.stored_at):
+                    if meta.slot not in self._index.entries and meta.slot not in dropped:
+                        self._index.add(meta)
+                        objects += 1
+                self._pending.discard(sub.name)
+                self._index.loaded = self.progress
+        finally:
+            self.loading = False
+            self._index.dropped = None
+        log.info("store_opened", root=str(self._objects.parent), objects=objects, removed=removed,
+                 seconds=round(time.time() - started, 3))
+        self._done()
+
+    def load(self, key: str) -> Meta | None:
+        """The object stored under `key` (its slot without a variant) if its folder is not scanned yet: read
+        from its files and added to the index now. None once scanned: the index alone says."""
+        if not self.loading or object_id(key)[:2] not in self._pending:
+            return None
+        if key in self._index.entries:
+            return self._index.entries[key]
+        meta = find(self._objects, key)
+        if meta is not None and key not in (self._index.dropped or ()):
+            self._index.add(meta)
+            return meta
+        return None
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

@@ -1,0 +1,227 @@
+"""Which stored object goes first when room is needed, and whether a newcomer
+may take the room of one that is stored: pure, no I/O, O(1) per event.
+
+Training reads a dataset epoch after epoch. Once the dataset is larger than
+the cache, least-recently-used eviction throws out exactly what the next
+epoch reads first: in sequential epochs every read misses, in shuffled ones
+most do. What wins there is a fixed subset (CoorDL): keep what is stored,
+and a hit ratio of capacity / dataset follows from the second epoch on. A
+cache that never lets go, though, never follows a team to its next dataset,
+and does worse than LRU on skewed (Zipf) traffic. The rules below keep the
+subset while the stored objects are still read, and let go when they are
+not (docs/cache-node.md "Eviction" weighs the policies and shows the
+simulation; tests/unit/cachenode/store/test_policy.py is that simulation).
+
+Time is counted in accesses (hits and misses this node's store sees). The
+resident objects are kept in least-recently-used order; the head is the
+victim. A newcomer that missed (`missed`) displaces the victim only when:
+
+1. it was read more often than the victim (a frequency sketch, halved every
+   `halving` accesses: TinyLFU's admission, which is what beats LRU on Zipf);
+   in an epoch scan every object is read once per epoch, so nothing is more
+   frequent and the subset stays; or
+2. it came back within as many accesses as the cache holds objects (an LRU
+   of this size would have hit it: the sign of a working set that fits),
+   and the victim has been idle longer than the newcomer's own gap and
+   longer than every gap between two reads of a stored object seen in the
+   last `window` accesses: nothing stored is read that way any more. After
+   a switch to a new dataset, its objects come back within an epoch while
+   the old ones are never read again, so the new one is stored during its
+   second epoch.
+
+The decision is the store's to take when the newcomer is committed
+(cachenode/store/index.py): evicting for a fill's reservation, before the
+newcomer is known, would give up the subset one object per miss, LRU
+again, so reservations evict only beyond a headroom.
+
+The history of objects not stored (their last access and frequency) is a
+table indexed by a hash of the slot (two-way), of four entries per stored
+object (11 bytes each). An entry holds one object's history at a time,
+tagged with more bits of its hash: an object whose entries others took
+has no history, so a collision can only keep a newcomer out (the subset
+stays), never let one in on another's record. Memory per object stays fixed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+_HALVE = bytes(v >> 1 for v in range(256))  # a counter halved: bytearray.translate's table
+_NEVER = -1
+_MAX_COUNT = 15
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A newcomer as the policy saw it when it missed: how often, and how long ago, it was read before."""
+
+    slot: str
+    count: int  # reads counted before this one
+    gap: int | None  # accesses since its previous read; None: none remembered
+
+
+class _History:
+    """Last access and a read count per hashed slot, for objects stored or not.
+
+    Two-way: a slot's history may sit in either of two entries its hash
+    names, and a newcomer takes the one read longer ago, so two objects
+    that share one entry still both keep theirs.
+    """
+
+    def __init__(self, size: int, hash_fn: Callable[[str], int]) -> None:
+        self._hash = hash_fn
+        self._mask = size - 1
+        self._bits = size.bit_length() - 1
+        self.last = array("q", [_NEVER]) * size
+        self.counts = bytearray(size)
+        self.tags = array("H", [0]) * size  # 16 more bits of the hash: whose history an entry holds
+
+    @property
+    def size(self) -> int:
+        return self._mask + 1
+
+    def _entries(self, slot: str) -> tuple[int, int, int]:
+        h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF
+        return h & self._mask, (h >> 40) & self._mask, (h >> 24) & 0xFFFF
+
+    def _find(self, slot: str) -> tuple[int, int, int]:
+        """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag)."""
+        a, b, tag = self._entries(slot)
+        if self.tags[a] == tag and self.last[a] != _NEVER:
+            return a, a, tag
+        if self.tags[b] == tag and self.last[b] != _NEVER:
+            return b, b, tag
+        return -1, (a if self.last[a] <= self.last[b] else b), tag
+
+    def read(self, slot: str) -> tuple[int, int]:
+        """(last access, count) of `slot`; (_NEVER, 0) when no entry holds its history."""
+        i, _, _ = self._find(slot)
+        if i < 0:
+            return _NEVER, 0
+        return self.last[i], self.counts[i]
+
+    def write(self, slot: str, now: int) -> None:
+        i, free, tag = self._find(slot)
+        if i < 0:  # the entry read longer ago gives way
+            i = free
+            self.tags[i], self.counts[i] = tag, 0
+        self.last[i] = now
+        if self.counts[i] < _MAX_COUNT:
+            self.counts[i] += 1
+
+    def halve(self) -> None:
+        self.counts = self.counts.translate(_HALVE)
+
+
+class Policy:
+    """The eviction order of one class of stored objects, and the admission test for newcomers.
+
+    `window` and `halving` are shares of the number of objects stored: the
+    horizon of the recent hits rule 2 compares with, and the period after
+    which read counts are halved.
+    """
+
+    def __init__(self, *, hash_fn: Callable[[str], int] = hash, window: float = 0.5, halving: float = 2.0, margin: float = 1.25,
+                 min_history: int = 1024) -> None:
+        self._hash = hash_fn
+        self._window = window
+        self._margin = margin
+        self._halving = halving
+        self._min_history = min_history
+        self._order: OrderedDict[str, int] = OrderedDict()  # stored slot -> last access time; least recent first
+        self._now = 0
+        self._since_halving = 0
+        self._history = _History(min_history, hash_fn)
+        # (time, gap) of recent hits, gaps decreasing: the head is the largest in the window.
+        self._hit_gaps: deque[tuple[int, int]] = deque()
+
+    # -- what is stored --------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self._order
+
+    def add(self, slot: str) -> None:
+        """`slot` is stored now (a newcomer admitted, or loaded at start-up), most recently used."""
+        self._order[slot] = self._now
+        self._order.move_to_end(slot)
+        if len(self._order) * 4 > self._history.size:
+            self._grow()
+
+    def remove(self, slot: str) -> None:
+        self._order.pop(slot, None)
+
+    def victims(self) -> Iterator[str]:
+        """The stored slots, first to go first (least recently used)."""
+        return iter(self._order)
+
+    def victim(self) -> str | None:
+        return next(iter(self._order), None)
+
+    # -- reads ---------------------------------------------------------------
+    def hit(self, slot: str) -> int | None:
+        """A read of stored `slot`; the reads since its previous one (None: not stored)."""
+        self._tick()
+        last = self._order.get(slot)
+        if last is None:
+            return None
+        gap = self._now - last
+        self._hit_gap(gap)
+        self._order[slot] = self._now
+        self._order.move_to_end(slot)
+        self._history.write(slot, self._now)
+        return gap
+
+    def missed(self, slot: str) -> Candidate:
+        """A read of `slot`, not stored: what the history says of it, then counted."""
+        self._tick()
+        last, count = self._history.read(slot)
+        candidate = Candidate(slot=slot, count=count, gap=None if last == _NEVER else self._now - last)
+        self._history.write(slot, self._now)
+        return candidate
+
+    # -- decisions -------------------------------------------------------------
+    def displaces(self, candidate: Candidate, victim: str) -> bool:
+        """May `candidate` take the room of stored `victim`? (rules 1 and 2 of the module's docstring)"""
+        if candidate.count > self._history.read(victim)[1]:
+            return True
+        gap = candidate.gap
+        if gap is None or gap > max(1, len(self._order)):
+            return False
+        idle = self._now - self._order.get(victim, self._now)
+        return idle > gap and idle > self._margin * self._recent_hit_gap()
+
+    # -- internals -------------------------------------------------------------
+    def _tick(self) -> None:
+        self._now += 1
+        self._since_halving += 1
+        if self._since_halving >= max(64, int(self._halving * len(self._order))):
+            self._since_halving = 0
+            self._history.halve()
+
+    def _hit_gap(self, gap: int) -> None:
+        gaps = self._hit_gaps
+        while gaps and gaps[-1][1] <= gap:
+            gaps.pop()
+        gaps.append((self._now, gap))
+
+    def _recent_hit_gap(self) -> int:
+        """The largest gap between two reads of a stored object among the hits of the last `window` accesses."""
+        horizon = self._now - max(1, int(self._window * len(self._order)))
+        gaps = self._hit_gaps
+        while gaps and gaps[0][0] <= horizon:
+            gaps.popleft()
+        return gaps[0][1] if gaps else 0
+
+    def _grow(self) -> None:
+        """A history table four times the objects stored: start a larger one, keeping what is stored."""
+        size = self._history.size * 2
+        while len(self._order) * 4 > size:
+            size *= 2
+        self._history = _History(size, self._hash)
+        for slot, last in self._order.items():
+            self._history.write(slot, last)

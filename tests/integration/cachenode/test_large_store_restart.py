@@ -1,0 +1,86 @@
+"""A node holding 100,000 objects serves at once after a restart: its index
+loads in the background (cachenode/store/loading.py), a request for an
+object not loaded yet finds it by its hashed path, and once loaded every
+object is still there, exact."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cachenode.store.disk import Store
+from cachenode.store.layout import place
+from cachenode.store.objects import Meta
+
+HOST = "www.cs.toronto.edu"
+COUNT = 100_000
+
+
+def body(i: int) -> bytes:
+    return f"{i:07d}".encode() * 32
+
+
+@pytest.fixture(scope="module")
+def large_store(tmp_path_factory):
+    """COUNT objects of 224 bytes in a store's folder, built with the store's own layout (without fsync)."""
+    root = tmp_path_factory.mktemp("large")
+    objects = root / "objects"
+    now = time.time()
+    for i in range(COUNT):
+        key = f"http://{HOST}/imagenet/train/{i:07d}.JPEG"
+        place(objects, Meta(key=key, url=key, host=HOST, size=0, headers=(("Content-Type", "image/jpeg"),),
+                            stored_at=now, expires_at=now + 86400), body(i))
+    return root
+
+
+async def test_a_node_with_100k_objects_answers_its_first_hit_within_a_second(large_store, make_node, session,
+                                                                               origin):
+    started = time.monotonic()
+    node = await make_node(data_dir=large_store)
+    status, headers, got = await node.get(session, "/imagenet/train/0099999.JPEG")
+    first_hit = time.monotonic() - started
+    assert status == 200 and got == body(99_999) and headers["X-Nezha-Cache"] == "hit"
+    assert first_hit < 1.0, first_hit
+    assert sum(origin.requests.values()) == 0
+    async with session.get(node.url + "/readyz") as r:
+        loading = (await r.json())["store_loaded"]
+    await node.node.store.loaded()
+    async with session.get(node.url + "/readyz") as r:
+        assert (await r.json())["store_loaded"] == 1.0
+    assert loading < 1.0, "the index was loaded before the node answered: nothing shows it loads in the background"
+    assert len(node.node.store) == COUNT
+
+
+async def test_every_object_of_a_store_loaded_in_the_background_is_served_exact(large_store):
+    store = Store(large_store)
+    await store.open(background=True)
+    # Before the scan reaches them, objects are found by their hashed path.
+    early = [store.lookup(f"http://{HOST}/imagenet/train/{i:07d}.JPEG") for i in range(0, COUNT, 997)]
+    assert all(m is not None for m in early)
+    await store.loaded()
+    assert len(store) == COUNT and store.load_progress == 1.0
+    for i in range(COUNT):
+        meta = store.lookup(f"http://{HOST}/imagenet/train/{i:07d}.JPEG")
+        with open(store.data_path(meta), "rb") as f:
+            assert f.read() == body(i), i
+
+
+async def test_an_object_removed_while_the_index_loads_does_not_come_back(large_store, tmp_path):
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(large_store / "objects" / "00", root / "objects" / "00")
+    shutil.copytree(large_store / "objects" / "ff", root / "objects" / "ff")
+    store = Store(root)
+    await store.open(background=True)
+    keys = []
+    for sub in ("00", "ff"):
+        meta_file = next((root / "objects" / sub).glob("*.meta"))
+        import json
+
+        keys.append(json.loads(meta_file.read_text())["key"])
+    gone = await store.remove(keys[1])
+    assert [m.key for m in gone] == [keys[1]]
+    await store.loaded()
+    assert keys[1] not in store and keys[0] in store

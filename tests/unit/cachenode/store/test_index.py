@@ -1,0 +1,121 @@
+"""The store's in-memory index (cachenode/store/index.py): which kind of copy
+goes first, why each object left, and what the last hour's reads say."""
+
+from __future__ import annotations
+
+from cachenode.store.census import Census
+from cachenode.store.index import Index
+from cachenode.store.objects import Meta
+from cachenode.store.report import StoreReport
+
+
+def meta(name: str, size: int = 100, *, extra: bool = False, hot: bool = False) -> Meta:
+    key = f"http://h/{name}"
+    return Meta(key=key, url=key, host="h", size=size, headers=(), stored_at=0.0, expires_at=60.0,
+                extra=extra, hot=hot)
+
+
+def indexed(clock=lambda: 0.0) -> tuple[Index, list[tuple[str, str]]]:
+    gone: list[tuple[str, str]] = []
+    index = Index(evicted=lambda m, reason: gone.append((m.key.rsplit("/", 1)[1], reason)),
+                  census=Census(clock=clock))
+    return index, gone
+
+
+def commit(index: Index, m: Meta, limit: int) -> bool:
+    """As Store.commit does: judged, then added and room made; False when refused."""
+    candidate = index.arrived(m)
+    if not index.admits(m, candidate, limit):
+        return False
+    index.add(m)
+    index.evict_to(limit, keep=m.slot)
+    return True
+
+
+def test_an_extra_copy_is_given_up_before_the_only_copy_of_another_object():
+    index, gone = indexed()
+    assert commit(index, meta("replica", extra=True), 300)
+    assert commit(index, meta("a"), 300) and commit(index, meta("b"), 300)
+    index.lookup("http://h/replica")  # read last: recency does not save an extra copy
+    assert commit(index, meta("c"), 300)
+    assert gone == [("replica", "extra_copy")]
+    assert index.by_kind() == {"only": 300, "extra": 0, "hot": 0}
+
+
+def test_an_extra_copy_never_displaces_an_only_copy():
+    index, gone = indexed()
+    for name in "abc":
+        assert commit(index, meta(name), 300)
+    assert not commit(index, meta("replica", extra=True), 300)
+    assert gone == [] and "http://h/replica" not in index.slots
+    assert index.evictions["refused"] == 1
+
+
+def test_hot_copies_go_before_extra_copies():
+    index, gone = indexed()
+    assert commit(index, meta("replica", extra=True), 300)
+    assert commit(index, meta("hot", hot=True), 300)
+    assert commit(index, meta("a"), 300)
+    assert commit(index, meta("b"), 300)
+    assert gone == [("hot", "extra_copy")]
+
+
+def test_a_reservation_within_the_headroom_evicts_nothing_and_beyond_it_the_victim():
+    index, gone = indexed()
+    for name in "abc":
+        assert commit(index, meta(name), 300)
+    index.reserve(30)
+    index.evict_to(300)
+    assert gone == []
+    index.reserve(1)
+    index.evict_to(300)
+    assert gone == [("a", "capacity")]
+
+
+def test_each_departure_is_counted_under_its_reason():
+    index, _ = indexed()
+    index.add(meta("a"))
+    index.drop("http://h/a", reason="replaced")
+    index.add(meta("b"))
+    index.drop("http://h/b", reason="expired")
+    index.add(meta("c"))
+    index.drop("http://h/c")  # a removal (an invalidation): no eviction
+    assert {r: n for r, n in index.evictions.items() if n} == {"replaced": 1, "expired": 1}
+
+
+def test_the_census_counts_the_hit_ratio_and_the_distinct_bytes_of_the_last_hour():
+    now = [0.0]
+    index, _ = indexed(clock=lambda: now[0])
+    for name in "ab":
+        commit(index, meta(name, 1000), 10_000)
+    for _ in range(3):
+        index.lookup("http://h/a")
+    assert index.census.hit_ratio() == 3 / 5
+    assert index.census.working_set() == 2000  # a and b, each once however often read
+    now[0] = 3700.0  # an hour later, nothing read since
+    assert index.census.hit_ratio() is None and index.census.working_set() == 0
+    index.lookup("http://h/b")
+    assert index.census.working_set() == 1000
+
+
+def test_the_report_gives_the_stats_fields_an_operator_reads():
+    index, _ = indexed()
+    commit(index, meta("a"), 300)
+    commit(index, meta("r", extra=True), 300)
+    index.lookup("http://h/a")
+    fields = StoreReport(index).fields()
+    assert fields["bytes_only_copy"] == 100 and fields["bytes_extra_copy"] == 100
+    assert fields["hit_ratio_hour"] == "0.3333" and fields["working_set_bytes"] == 200
+    assert fields["evicted_capacity"] == 0 and "evicted_refused" in fields
+
+
+def test_a_protected_object_is_passed_over_by_every_eviction():
+    """A key the store protects (a workload's pin) is never a victim, of capacity or of a reservation."""
+    gone: list[str] = []
+    index = Index(evicted=lambda m, reason: gone.append(m.key.rsplit("/", 1)[1]),
+                  protected=lambda key: key.endswith("/a"))
+    for name in "abc":
+        assert commit(index, meta(name), 300)
+    index.reserve(200)
+    index.evict_to(300)
+    assert gone == ["b", "c"] and "http://h/a" in index.slots
