@@ -32,7 +32,7 @@ from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Growing, Tail
 from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec
 from cachenode.counts import Counts
-from cachenode.fill.engine import FILL_READ
+from cachenode.fill.running import FILL_READ
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome
 from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
@@ -233,7 +233,7 @@ class ChunkFills:
         (nothing stored) when it breaks off, runs short or long."""
         growing: Growing | None = None
         validator = fill.validator
-        # Counted as every fill is (fill/engine.py): in flight, its duration by source and outcome, a failure.
+        # Counted as every fill is (fill/running.py): in flight, its duration by source and outcome, a failure.
         started, outcome = time.monotonic(), "failed"
         self.metrics.fills_in_flight.inc()
         try:
@@ -262,7 +262,7 @@ class ChunkFills:
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
         except NotStored:
-            outcome = "not_stored"  # whole, but not kept (larger than the store): no failed fill, as in fill/engine.py
+            outcome = "not_stored"  # whole, but not kept (larger than the store): no failed fill, as in fill/running.py
             raise
         finally:
             self.metrics.fills_in_flight.dec()

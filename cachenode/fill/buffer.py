@@ -17,13 +17,10 @@ are never stored at all:
   everyone waiting and then dropped (`Unprovable`);
 - a body the store cannot write (a full disk, a quota, any write error):
   the temp file is dropped at once and the bytes from there on are handed
-  to the readers from memory (`StoreUnwritable`). Memory stays bounded:
-  the fill reads the origin no further than `MEMORY_WINDOW` bytes ahead of
-  its slowest reader, as a pass-through reads no faster than its client,
-  and a reader that takes nothing for `READER_PATIENCE` while others wait
-  on it is cut off. Its flight lands at once (`on_unstored`), so requests
-  that come later fetch for themselves instead of joining a stream whose
-  start is gone.
+  to the readers from memory (`StoreUnwritable`), bounded by the slowest
+  reader (cachenode/fill/readers.py). Its flight lands at once
+  (`on_unstored`), so requests that come later fetch for themselves
+  instead of joining a stream whose start is gone.
 
 No aiohttp here: the body arrives as an async iterator of chunks, a
 spliced socket, or parallel ranges written at their offsets.
@@ -32,14 +29,12 @@ spliced socket, or parallel ranges written at their offsets.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
-import weakref
-from collections import deque
 from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
 
 import structlog
 
+from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
 from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
 from cachenode.store.disk import Store
@@ -48,14 +43,6 @@ from cachenode.store.writing import ObjectWrite
 from nezha.errors import FillAborted, NezhaError, StoreError
 
 log = structlog.get_logger("nezha.fill")
-
-# Bytes an unstored fill (the store could not write) holds in memory beyond
-# what its slowest reader has sent: the node never holds a whole object.
-MEMORY_WINDOW = 8 * 1024 * 1024
-# Seconds a fill waits on a reader that takes nothing while the window is
-# full before cutting that reader off, so one stalled client cannot stall
-# every other client of the fill (the origin read timeout's default).
-READER_PATIENCE = 30.0
 
 
 class RangesAbandoned(NezhaError):
@@ -84,21 +71,6 @@ class Unprovable(NotStored):
 class StoreUnwritable(NotStored):
     """The store could not write the body (ENOSPC, EDQUOT, EIO...): it was
     streamed to its clients from memory and never stored."""
-
-
-class _Reader(io.BufferedReader):
-    """One client's file on a fill's bytes. Closing it tells the fill that this
-    reader needs nothing more, so an unstored fill stops waiting for it."""
-
-    def __init__(self, fd: int, fill: "Fill") -> None:
-        super().__init__(io.FileIO(fd, "rb"))
-        self._fill: Fill | None = fill
-
-    def close(self) -> None:
-        fill, self._fill = getattr(self, "_fill", None), None
-        if fill is not None:
-            fill._reader_gone(self)
-        super().close()
 
 
 class Ranges(Protocol):
@@ -153,20 +125,9 @@ class Fill:
         self.parked = False
         self._progress = asyncio.Event()
         self._writes: set[asyncio.Task] = set()  # writes still running in threads (track)
-        # Once the store failed: the bytes on disk, frozen, and the later ones in memory.
-        self._spilled_at: int | None = None
-        self._store_error: StoreError | None = None
-        self._memory: deque[tuple[int, bytes]] = deque()  # (offset, chunk), in order
-        self._window = window
-        self._patience = patience
-        self._room = asyncio.Event()
-        # Each open reader and how far it has sent; readers cut off for stalling.
-        self._positions: weakref.WeakKeyDictionary[_Reader, int] = weakref.WeakKeyDictionary()
-        self._cut: weakref.WeakSet[_Reader] = weakref.WeakSet()
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        self._store_error: StoreError | None = None  # once the store failed
+        # The open readers, and the bytes held in memory for them once the store failed.
+        self._readers = Readers(received=lambda: self._received, window=window, patience=patience)
 
     def open_reader(self) -> IO[bytes]:
         """A file object of its own on the fill's bytes, valid whatever happens to the name.
@@ -181,17 +142,16 @@ class Fill:
             if self.error is not None and not self.complete:
                 raise FillAborted(f"fill of {self.key} from {self.url} failed: {self.error}") from self.error
             raise FillAborted(f"fill of {self.key} from {self.url} ended before this reader opened")
-        if self._spilled_at is not None and self._memory_start() > self._spilled_at:
+        spilled_at, memory_start = self._readers.spilled_at, self._readers.memory_start()
+        if spilled_at is not None and memory_start > spilled_at:
             raise FillAborted(f"fill of {self.key} from {self.url} is not being stored and has passed on bytes "
-                              f"{self._spilled_at}-{self._memory_start() - 1}, which it no longer holds")
+                              f"{spilled_at}-{memory_start - 1}, which it no longer holds")
         fd = os.dup(self.temp.read_fd)
         try:
-            reader = _Reader(fd, self)
+            return self._readers.open(fd)
         except BaseException:
             os.close(fd)
             raise
-        self._positions[reader] = 0
-        return reader
 
     def close_reader(self) -> None:
         if self.temp.read_fd >= 0:
@@ -207,7 +167,7 @@ class Fill:
     def on_disk(self) -> int:
         """Bytes a reader's file holds: every byte, unless the store failed; then
         those written before it did, and the rest come from `from_memory`."""
-        return self.temp.written if self._spilled_at is None else self._spilled_at
+        return self.temp.written if self._readers.spilled_at is None else self._readers.spilled_at
 
     def from_memory(self, reader: IO[bytes], offset: int, upto: int) -> memoryview:
         """Bytes from `offset` (at or past `on_disk`) up to at most `upto`, for a
@@ -218,15 +178,14 @@ class Fill:
         the bytes are no longer held: the reader's connection must break.
         """
         self._advance(reader, offset)
-        for start, data in self._memory:
-            if start <= offset < start + len(data):
-                return memoryview(data)[offset - start:min(upto, start + len(data)) - start]
+        if (held := self._readers.held(offset, upto)) is not None:
+            return held
         raise FillAborted(f"fill of {self.key} from {self.url} no longer holds byte {offset}")
 
     @property
     def spilled(self) -> bool:
         """The store failed: bytes from `on_disk` on come from `from_memory`."""
-        return self._spilled_at is not None
+        return self._readers.spilled_at is not None
 
     def _available(self, offset: int) -> int:
         if offset < self._received or self._ranges is None:
@@ -262,8 +221,8 @@ class Fill:
         while True:
             available = self._available(offset)
             if available > offset or self.complete:
-                if reader is not None and self._spilled_at is not None:
-                    return min(self.written, offset + max(1, self._window // 4))
+                if reader is not None and self._readers.spilled_at is not None:
+                    return min(self.written, offset + max(1, self._readers.window // 4))
                 return max(available, self.written) if self.complete else available
             if self._ranges is not None and not asked and (offset > self._received or self.on_demand):
                 # Beyond the prefix (a Range in the middle): the slice holding
@@ -285,97 +244,38 @@ class Fill:
             await self._progress.wait()
 
     # -- memory, once the store failed -------------------------------------------
-    def _memory_start(self) -> int:
-        return self._memory[0][0] if self._memory else self._received
-
-    def _needed_from(self) -> int:
-        """The first byte some open reader may still ask of the memory."""
-        assert self._spilled_at is not None
-        if not self._positions:
-            return self._received
-        return max(self._spilled_at, min(self._positions.values()))
-
-    def _trim(self) -> None:
-        if self._spilled_at is None:
-            return
-        needed = self._needed_from()
-        while self._memory and self._memory[0][0] + len(self._memory[0][1]) <= needed:
-            self._memory.popleft()
-
     def _advance(self, reader: IO[bytes], offset: int) -> None:
         """`reader` has sent every byte before `offset`: memory it no longer needs can go."""
-        if reader in self._cut:
+        if self._readers.was_cut(reader):
             raise FillAborted(f"fill of {self.key} from {self.url} is not being stored, and this client took "
-                              f"nothing for {self._patience:g}s while others waited for it")
-        position = self._positions.get(reader)  # type: ignore[call-overload]
-        if position is None or offset <= position:
-            return
-        self._positions[reader] = offset  # type: ignore[index]
-        if self._spilled_at is not None:
-            self._trim()
-            self._room_changed()
-
-    def _room_changed(self) -> None:
-        self._room.set()
-        self._room = asyncio.Event()
-
-    def _reader_gone(self, reader: _Reader) -> None:
-        """A reader closed its file: it needs no more bytes, so nothing waits for it."""
-        self._positions.pop(reader, None)
-        if self._spilled_at is None:
-            return
-        self._trim()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._room_changed()
-        elif self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._room_changed)  # closed by a collector in another thread
+                              f"nothing for {self._readers.patience:g}s while others waited for it")
+        self._readers.advance(reader, offset)
 
     async def _spill(self, store: Store, error: StoreError) -> None:
         """The store cannot write: drop the temp file, carry on from memory."""
-        self._spilled_at = self.temp.written
+        self._readers.spilled_at = self.temp.written
         self._store_error = error
-        log.warning("store_write_failed", key=self.key, url=self.url, on_disk=self._spilled_at, error=str(error))
+        log.warning("store_write_failed", key=self.key, url=self.url, on_disk=self._readers.spilled_at,
+                    error=str(error))
         if self._on_unstored is not None:
             self._on_unstored()
         await self.writing.discard()  # readers keep their descriptors on the bytes written so far
 
-    async def _wait_for_room(self) -> None:
-        """Read the origin no further than the window ahead of the slowest open
-        reader; cut off a reader that holds everyone up for `patience` seconds."""
-        while self._positions and self._received - self._needed_from() > self._window:
-            room = self._room
-            try:
-                async with asyncio.timeout(self._patience):  # not wait_for: it can swallow a cancel
-                    await room.wait()
-            except asyncio.TimeoutError:
-                slowest = min(self._positions.values())
-                if all(p == slowest for p in self._positions.values()):
-                    continue  # nobody else waits on them: wait, as a pass-through waits for its client
-                for reader, position in list(self._positions.items()):
-                    if position == slowest:
-                        self._positions.pop(reader, None)
-                        self._cut.add(reader)
-                self._trim()
-                self._notify()  # a cut reader waiting for bytes learns at once
-
     async def _take(self, store: Store, chunk: bytes) -> None:
         """Put one chunk where readers find it: the temp file, or memory once the store failed."""
-        if self._spilled_at is None:
+        readers = self._readers
+        if readers.spilled_at is None:
             before = self.temp.written
             try:
                 await self.write(store.write(self.temp, chunk))
             except StoreError as e:
                 await self._spill(store, e)
-                kept = self._spilled_at - before  # a write may have taken part of the chunk
-                self._memory.append((self._spilled_at, chunk[kept:]))
+                kept = readers.spilled_at - before  # a write may have taken part of the chunk
+                readers.memory.append((readers.spilled_at, chunk[kept:]))
         else:
-            self._memory.append((self._received, chunk))
+            readers.memory.append((self._received, chunk))
         self._received += len(chunk)
-        self._trim()
+        readers.trim()
 
     async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
                   on_bytes: Callable[[int], None] | None = None,
@@ -410,14 +310,14 @@ class Fill:
                 if body.buffered:
                     await self._take(store, body.buffered)
                     self._arrived(len(body.buffered), on_bytes)
-                if self._spilled_at is None and body.remaining:
+                if self._readers.spilled_at is None and body.remaining:
                     total = self.temp.written + body.remaining
                     try:
                         await store.pump_into(self.temp, body, self.temp.written, end=lambda: total, moved=moved,
                                               read_timeout=read_timeout, started=self.track)
                     except StoreError as e:
                         await self._spill(store, e)
-                if self._spilled_at is not None:
+                if self._readers.spilled_at is not None:
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
             finally:
                 body.close()
@@ -485,8 +385,8 @@ class Fill:
             if on_bytes:
                 on_bytes(len(chunk))
             self._notify()
-            if self._spilled_at is not None:
-                await self._wait_for_room()
+            if self._readers.spilled_at is not None:
+                await self._readers.wait_for_room(self._notify)
 
     async def _run(self, receive: Callable[[], Awaitable[None]], *, store: Store, meta: Meta,
                    superseded: Callable[[], bool]) -> Meta:
@@ -498,7 +398,7 @@ class Fill:
                     f"origin {self.url} sent {self.written} of {self.length} bytes for {self.key}")
             self.complete = True
             self._notify()
-            if self._spilled_at is not None:
+            if self._readers.spilled_at is not None:
                 raise StoreUnwritable(f"streamed {self.key} from memory: the store could not write it "
                                       f"({self._store_error})")
             if self.delimited_by_close:

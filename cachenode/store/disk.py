@@ -1,10 +1,6 @@
-"""The node's disk: complete objects only, named by key hash, LRU-evicted.
+"""The node's disk: complete objects only, named by key hash.
 
-Layout under the data directory:
-
-    objects/<2 hex>/<id>.meta            JSON: key, URL, headers, size, expiry, data file
-    objects/<2 hex>/<id>.<nonce>.data    the bytes
-    tmp/                                 fills in progress; emptied at start-up
+Its files and their format: cachenode/store/layout.py.
 
 A response that varies (`Vary`, RFC 9111 §4.1) is stored once per variant:
 its slot in the index, and the name of its files, is its key plus the
@@ -19,31 +15,19 @@ object or no object, never a partial one; start-up deletes orphans.
 
 Every file name comes from the SHA-256 of the key, and every path is checked
 to lie under the data directory, so no request can read or write elsewhere.
-Blocking calls run in the default executor; the in-memory index is touched
-only from the event loop, so it needs no lock.
-
-Hot copies (`Meta.hot`, docs/cache-node.md "Hot copies") are a cache of
-the cache: they hold at most `hot_capacity` bytes (the least recently used
-hot copy goes first beyond it), and whenever room is needed they are
-evicted before any other object, least recently used first.
-
-Disk steps on one object's files (commit, refresh, unlink after eviction or
-replacement) run one after another, in the order they were asked for: an
-eviction's unlink of `<id>.meta` that is still queued when the same key is
-committed again must not land after the new meta. Unlinks are not awaited
-by whoever caused them (eviction happens inside `reserve`, which is sync),
-so the store tracks them; `idle()` waits until they are done.
+Blocking calls run in the default executor, one object's steps in the order
+asked (cachenode/store/steps.py). What is stored, and what is evicted when
+room is needed, is the in-memory index's to say (cachenode/store/index.py);
+it is touched only from the event loop, so it needs no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import time
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -52,20 +36,14 @@ import structlog
 from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
-from cachenode.http.vary import variant as variant_of
-from cachenode.store.objects import VARIANT_SEPARATOR, Meta, TempObject, TooLarge
+from cachenode.store.index import Index
+from cachenode.store.layout import read_meta, scan, write_meta
+from cachenode.store.objects import Meta, TempObject, TooLarge
+from cachenode.store.steps import Steps
 from cachenode.store.writing import ObjectWrite
-from nezha.chunks import chunk_of
 from nezha.errors import StoreError
 
 log = structlog.get_logger("nezha.store")
-
-
-@dataclass
-class _Usage:
-    stored: int = 0
-    reserved: int = 0
-    hot: int = 0  # of `stored`, bytes of hot copies
 
 
 class Store:
@@ -78,20 +56,12 @@ class Store:
         self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
-        self._index: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
-        self._slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
-        self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
-        # object key -> the keys of its chunks stored here (nezha/chunks.py): an
-        # invalidated object's chunks are found without a manifest or a scan.
-        self._chunks: dict[str, set[str]] = {}
-        self._hot: OrderedDict[str, None] = OrderedDict()  # slots of hot copies, LRU order as in _index
-        self._usage = _Usage()
-        self._pending: set[asyncio.Future] = set()  # disk steps not yet done
+        self._index = Index(evicted=self._evicted)
+        self._steps = Steps()
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
-        self.watchers: list[Callable[[str, Meta], None]] = []
-        self._last_step: dict[str, asyncio.Future] = {}  # object id -> its latest disk step
+        self.watchers: list[Callable[[str, Meta], None]] = self._index.watchers
 
     # -- paths -------------------------------------------------------------
     def _dir_of(self, oid: str) -> Path:
@@ -115,139 +85,51 @@ class Store:
         """Rebuild the index from disk; delete temporary and orphaned files."""
         metas, removed = await asyncio.get_running_loop().run_in_executor(None, self._scan)
         for meta in sorted(metas, key=lambda m: m.stored_at):
-            self._add(meta)
-        log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self._usage.stored, removed=removed)
+            self._index.add(meta)
+        log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self.used_bytes, removed=removed)
         if self.hot_capacity is not None:
-            self._evict_hot_to(self.hot_capacity)
+            self._index.evict_hot_to(self.hot_capacity)
         if self.capacity is not None:
-            self._evict_to(self.capacity)
+            self._index.evict_to(self.capacity)
 
     def _scan(self) -> tuple[list[Meta], int]:
-        self.objects.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        removed = 0
-        for leftover in self.tmp.iterdir():
-            if leftover.is_file():
-                leftover.unlink(missing_ok=True)
-                removed += 1
-        metas: list[Meta] = []
-        for sub in self.objects.iterdir():
-            if not sub.is_dir():
-                continue
-            wanted: set[str] = set()
-            for mpath in sub.glob("*.meta"):
-                meta = self._read_meta(mpath)
-                if meta is None or object_id(meta.slot) != mpath.stem:
-                    mpath.unlink(missing_ok=True)
-                    removed += 1
-                    continue
-                dpath = sub / meta.data
-                try:
-                    ok = dpath.stat().st_size == meta.size
-                except OSError:
-                    ok = False
-                if not ok:
-                    mpath.unlink(missing_ok=True)
-                    removed += 1
-                    continue
-                wanted.add(meta.data)
-                metas.append(meta)
-            for f in sub.iterdir():
-                if f.suffix != ".meta" and f.name not in wanted:
-                    f.unlink(missing_ok=True)
-                    removed += 1
-        return metas, removed
+        return scan(self.objects, self.tmp)
 
-    @staticmethod
-    def _read_meta(path: Path) -> Meta | None:
-        try:
-            raw = json.loads(path.read_text())
-            meta = Meta(**raw)
-            if "/" in meta.data or not meta.data.endswith(".data"):
-                return None
-            return meta
-        except (OSError, ValueError, TypeError):
-            return None
+    _read_meta = staticmethod(read_meta)
 
-    # -- reads -------------------------------------------------------------
+    # -- reads (the index: cachenode/store/index.py) --------------------------
     def lookup(self, key: str, request_headers=None) -> Meta | None:
         """The stored response for `key` that a request with `request_headers`
         selects (RFC 9111 §4.1). Without headers, only a response that does
         not vary: who does not say what it asks for gets no variant."""
-        names = self._vary.get(key)
-        if names is None:
-            slot = key
-        elif request_headers is None:
-            return None
-        else:
-            slot = f"{key}{VARIANT_SEPARATOR}{variant_of(names, request_headers)}"
-        meta = self._index.get(slot)
-        if meta is not None:
-            self._index.move_to_end(slot)
-            if meta.hot:
-                self._hot.move_to_end(slot)
-        return meta
+        return self._index.lookup(key, request_headers)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._slots
+        return key in self._index.slots
 
     def keys(self) -> list[str]:
-        return list(self._slots)
+        return list(self._index.slots)
 
     def chunks_of(self, key: str) -> list[str]:
         """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
-        return sorted(self._chunks.get(key, ()))
+        return self._index.chunks_of(key)
 
     def metas(self) -> list[Meta]:
         """Every stored response, variants included, least recently used first."""
-        return list(self._index.values())
-
-    def _add(self, meta: Meta) -> None:
-        self._index[meta.slot] = meta
-        for watch in self.watchers:
-            watch("put", meta)
-        self._usage.stored += meta.size
-        if meta.hot:
-            self._hot[meta.slot] = None
-            self._usage.hot += meta.size
-        self._slots.setdefault(meta.key, set()).add(meta.slot)
-        if (chunk := chunk_of(meta.key)) is not None:
-            self._chunks.setdefault(chunk[0], set()).add(meta.key)
-        if meta.vary:
-            self._vary[meta.key] = meta.vary
-        else:
-            self._vary.pop(meta.key, None)
-
-    def _drop(self, slot: str) -> Meta | None:
-        meta = self._index.pop(slot, None)
-        if meta is None:
-            return None
-        for watch in self.watchers:
-            watch("drop", meta)
-        self._usage.stored -= meta.size
-        if meta.hot:
-            self._hot.pop(slot, None)
-            self._usage.hot -= meta.size
-        slots = self._slots.get(meta.key)
-        if slots is not None:
-            slots.discard(slot)
-            if not slots:
-                del self._slots[meta.key]
-                self._vary.pop(meta.key, None)
-                if (chunk := chunk_of(meta.key)) is not None and (held := self._chunks.get(chunk[0])) is not None:
-                    held.discard(meta.key)
-                    if not held:
-                        del self._chunks[chunk[0]]
-        return meta
+        return list(self._index.entries.values())
 
     @property
     def used_bytes(self) -> int:
-        return self._usage.stored
+        return self._index.usage.stored
 
     @property
     def hot_bytes(self) -> int:
         """Bytes of hot copies stored (part of `used_bytes`)."""
-        return self._usage.hot
+        return self._index.usage.hot
+
+    @property
+    def _usage(self):
+        return self._index.usage
 
     def __len__(self) -> int:
         return len(self._index)
@@ -258,42 +140,15 @@ class Store:
 
     def reserve(self, size: int) -> None:
         """Make room for a fill of known size before its bytes arrive."""
-        self._usage.reserved += size
+        self._index.reserve(size)
         if self.capacity is not None:
-            self._evict_to(self.capacity)
+            self._index.evict_to(self.capacity)
 
     def release(self, size: int) -> None:
-        self._usage.reserved = max(0, self._usage.reserved - size)
+        self._index.release(size)
 
-    def _evict_to(self, limit: int, *, keep: str | None = None) -> None:
-        """Evict least recently used objects until stored + reserved bytes fit `limit`.
-
-        `keep` (the object just committed) goes last, and survives alone only
-        while its own bytes fit: the reservations of fills still running may
-        leave the total above the limit until they commit and evict in turn.
-        """
-        while self._usage.stored + self._usage.reserved > limit and self._index:
-            hot = next((slot for slot in self._hot if slot != keep), None)
-            if hot is not None:  # a hot copy is a cache of the cache: it goes first
-                self._evict(hot)
-                continue
-            key = next(iter(self._index))
-            if key == keep and len(self._index) > 1:
-                self._index.move_to_end(key)
-                continue
-            if key == keep and self._usage.stored <= limit:
-                break
-            self._evict(key)
-
-    def _evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:
-        """Evict least recently used hot copies until theirs fit `limit`; `keep` last."""
-        while self._usage.hot > limit and self._hot:
-            slot = next((s for s in self._hot if s != keep), next(iter(self._hot)))
-            self._evict(slot)
-
-    def _evict(self, slot: str) -> None:
-        meta = self._drop(slot)
-        assert meta is not None
+    def _evicted(self, meta: Meta) -> None:
+        """The index evicted `meta`: its files go, and whoever listens is told."""
         self._unlink_later(meta, final=True)
         log.info("object_evicted", key=meta.key, bytes=meta.size, **({"hot": True} if meta.hot else {}))
         if self._on_evict:
@@ -325,47 +180,12 @@ class Store:
         return self._step(oid, unlink)
 
     def _step(self, oid: str, fn: Callable[[], object]) -> asyncio.Future:
-        """Run blocking `fn` in the executor after every earlier step on object `oid`.
-
-        The returned future is tracked until done (see `idle`). Awaiting it
-        through `asyncio.shield` keeps a cancelled caller from starting the
-        next step while this one still runs in its thread.
-        """
-        loop = asyncio.get_running_loop()
-        before = self._last_step.get(oid)
-        if before is None:
-            step = loop.run_in_executor(None, fn)
-        else:
-            step = loop.create_future()
-
-            def start(_: asyncio.Future) -> None:
-                inner = loop.run_in_executor(None, fn)
-
-                def done(f: asyncio.Future) -> None:
-                    if f.cancelled():
-                        step.cancel()
-                    elif f.exception() is not None:
-                        step.set_exception(f.exception())
-                    else:
-                        step.set_result(f.result())
-                inner.add_done_callback(done)
-            before.add_done_callback(start)
-        self._last_step[oid] = step
-        self._pending.add(step)
-
-        def finished(f: asyncio.Future) -> None:
-            self._pending.discard(f)
-            if self._last_step.get(oid) is f:
-                del self._last_step[oid]
-            if not f.cancelled():
-                f.exception()  # retrieved here, so a cancelled awaiter leaves no "never retrieved" warning
-        step.add_done_callback(finished)
-        return step
+        """Run blocking `fn` after every earlier step on object `oid` (cachenode/store/steps.py)."""
+        return self._steps.run(oid, fn)
 
     async def idle(self) -> None:
         """Wait until every disk step asked for so far (unlinks included) is done."""
-        while self._pending:
-            await asyncio.wait(list(self._pending))
+        await self._steps.idle()
 
     # -- writes --------------------------------------------------------------
     def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:
@@ -507,34 +327,25 @@ class Store:
         await asyncio.shield(temp.committing)
         self.release(temp.reserved)
         temp.reserved = 0
-        old = self._drop(meta.slot)
+        old = self._index.drop(meta.slot)
         if old is not None:
             self._unlink_later(old, final=False)
         # Responses stored under other Vary names (or none) no longer say how
         # this key varies: the newest response does (RFC 9111 §4.1).
-        for slot in list(self._slots.get(meta.key, ())):
-            other = self._index[slot]
+        for slot in list(self._index.slots.get(meta.key, ())):
+            other = self._index.get(slot)
             if other.vary != meta.vary:
-                self._drop(slot)
+                self._index.drop(slot)
                 self._unlink_later(other, final=True)
-        self._add(meta)
+        self._index.add(meta)
         if meta.hot and self.hot_capacity is not None:
-            self._evict_hot_to(self.hot_capacity, keep=meta.slot)
+            self._index.evict_hot_to(self.hot_capacity, keep=meta.slot)
         if self.capacity is not None:
-            self._evict_to(self.capacity, keep=meta.slot)
+            self._index.evict_to(self.capacity, keep=meta.slot)
         return meta
 
     def _write_meta(self, meta_path: Path, meta: Meta) -> None:
-        tmp = self.tmp / f"{secrets.token_hex(12)}.meta"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(asdict(meta), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, meta_path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_meta(meta_path, meta, tmp=self.tmp)
 
     async def refresh(self, meta: Meta, *, headers: Pairs, stored_at: float, expires_at: float,
                       age: float = 0.0, stale_if_error: float, stale_while_revalidate: float) -> Meta:
@@ -555,9 +366,7 @@ class Store:
         # Evicted or replaced while the meta was written: the queued unlink or
         # commit has the last word on disk, and the index must not revive it.
         if self._index.get(meta.slot) is current:
-            self._index[meta.slot] = new
-            for watch in self.watchers:
-                watch("put", new)
+            self._index.replace(new)
         return new
 
     async def remove(self, key: str) -> list[Meta]:
@@ -568,8 +377,8 @@ class Store:
         index for a moment, and must find no file to open after a write that
         removed it has been answered."""
         gone, steps = [], []
-        for slot in list(self._slots.get(key, ())):
-            meta = self._drop(slot)
+        for slot in list(self._index.slots.get(key, ())):
+            meta = self._index.drop(slot)
             if meta is not None:
                 steps.append(self._unlink_later(meta, final=True))
                 gone.append(meta)
@@ -582,7 +391,7 @@ class Store:
         stored; returns once its data file is unlinked, as `remove` does."""
         if self._index.get(meta.slot) is not meta:
             return False
-        self._drop(meta.slot)
+        self._index.drop(meta.slot)
         await asyncio.shield(self._unlink_later(meta, final=True))
         return True
 
@@ -592,16 +401,13 @@ class Store:
 
         A follower only reads: it never writes, evicts or unlinks, so its
         usage figures are the writer's, not its own to act on."""
-        self._drop(meta.slot)
+        self._index.drop(meta.slot)
         if event == "put":
-            self._add(meta)
+            self._index.add(meta)
 
     def touch(self, slot: str) -> None:
         """A read of `slot` served elsewhere (another worker) counts as a use for LRU."""
-        if slot in self._index:
-            self._index.move_to_end(slot)
-            if slot in self._hot:
-                self._hot.move_to_end(slot)
+        self._index.touch(slot)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:

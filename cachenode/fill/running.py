@@ -1,0 +1,335 @@
+"""A fill's run: the background task that reads an answer's body into the
+store as `fill/lead.py`'s plan says (one stream, spliced, or parallel
+ranges through `fill/parallel.py`), then stores and counts it; a fill from
+the parent tier that breaks off goes on from the origin.
+
+`fill/engine.py` leads the flight and hands this object the answer it
+decided to store; everything after that, until the fill lands, is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, AsyncIterator, Callable, Coroutine, Mapping, Protocol
+
+import aiohttp
+import structlog
+from multidict import CIMultiDict
+
+from cachenode.counts import Counts
+from cachenode.fill.assembly import Assemblies
+from cachenode.fill.buffer import Fill, Superseded
+from cachenode.fill.flights import Flight, Flights, Source, flight_fill, run_fill_in_background
+from cachenode.fill.lead import Body, How, Plan, plan_fill
+from cachenode.fill.origin import ends_at_close
+from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
+                                     partial_mismatch, plain_rest, skip_first)
+from cachenode.fill.upstream import Upstream
+from cachenode.http.freshness import Policy, current_age
+from cachenode.http.headers import Pairs
+from cachenode.http.vary import variant as variant_of
+from cachenode.kernel import splice
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta, NotStored
+from cachenode.store.writing import ObjectWrite
+from nezha.config import CacheSettings, Origin
+from nezha.credentials import redact_url
+from nezha.errors import FillAborted, NezhaError
+from nezha.keys import Target
+from nezha.ring import Peer
+from nezha.wire import CACHE_HEADER
+
+log = structlog.get_logger("nezha.cachenode")
+
+# A fill reads its origin (or peer) in pieces of up to this size: one per
+# object however many clients wait, so larger than a client stream's
+# read_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
+# at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
+# direction (docs/benchmarks.md, "Cold fills in parallel ranges").
+FILL_READ = 1024 * 1024
+
+
+class Peers(Protocol):
+    """What a fill asks of the node's peer client (cachenode/front/relay.py)."""
+
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                  header_timeout: float | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response to a request for a copy from its disk."""
+
+    def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
+        """Cut `response` when `peer` freezes mid-body."""
+
+
+class FillRuns:
+    """The fills running in the background, one task each, until they land."""
+
+    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
+                 counts: Counts, metrics: Metrics, flights: Flights, parts: Assemblies,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 replicate: Callable[[Meta, Target], None]) -> None:
+        self.settings = settings
+        self.store = store
+        self.origins = origins
+        self.peers = peers
+        self.counts = counts
+        self.metrics = metrics
+        self.flights = flights
+        self.parts = parts
+        self.spawn = spawn
+        self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
+        self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+
+    def at_rest(self, task: asyncio.Task) -> bool:
+        """`task` is a fill parked waiting for clients to ask for more of it
+        (an on-demand fill, cachenode/fill/parallel.py): not work in progress."""
+        fill = self._fills.get(task)
+        return fill is not None and fill.parked
+
+    def _plan(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin, authorize: bool,
+              from_parent: bool) -> tuple[Plan, Validator | None, int]:
+        """How the fill reads `response`'s body (`fill/lead.py` `plan_fill`),
+        the validator its ranges are checked by, and how many streams it may use."""
+        streams = origin.fill_streams or self.settings.fill_streams
+        validator = parallel_validator(
+            response.status, response.headers, response.content_length, streams=streams,
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+        plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
+                              delimited_by_close=ends_at_close(response),
+                              rangeable=validator is not None, client_ranged=source.ranged,
+                              callers_own=authorize and source.peer is None),
+                         splice_fills=self.settings.splice_fills,
+                         fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
+                         else self.settings.fill_on_range)
+        return plan, validator, streams
+
+    def _counter(self, *, host: str, source: Source, from_parent: bool) -> tuple[Callable[[int], None],
+                                                                                  dict[str, bool]]:
+        """What counts a fill's bytes as they come, by where they come from,
+        and the flag that says the parent still sends them (until it breaks
+        off and the origin sends the rest)."""
+        from_origin = self.metrics.bytes_from_origin
+        from_parent_bytes = self.metrics.bytes_from_parent
+        reading = {"parent": from_parent}
+
+        def on_bytes(n: int) -> None:
+            if reading["parent"]:
+                from_parent_bytes.inc(n)
+            elif source.peer is None:
+                from_origin.inc(n)
+                self.counts.count(host, bytes_from_origin=n, metrics=False)
+
+        return on_bytes, reading
+
+    async def start(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
+                    host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
+                    target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
+                    authorize: bool) -> Fill:
+        """Start the fill of `response`'s body in the background; the fill its clients read."""
+        length = response.content_length
+        # The parent tier's answer (not the origin's after a fallback): one
+        # stream, like a peer's copy; the parent cuts the origin's into ranges.
+        from_parent = self.origins.answered_by_parent(response)
+        plan, validator, streams = self._plan(response, source=source, origin=origin, authorize=authorize,
+                                              from_parent=from_parent)
+        discarded = 0
+        if plan.how is How.PARALLEL:
+            # Before any await: aiohttp reads the answer ahead while it is open.
+            discarded = close_unread(response)
+            self.metrics.origin_bytes_discarded.inc(discarded)
+        try:
+            write = await self.store.writing(reserve=length or 0).open()
+        except NezhaError:
+            response.release()
+            raise
+        # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
+        age = current_age(response.headers, now) if source.peer is None else 0.0
+        # Stored per variant: under the values the fill's own request had
+        # for the fields the response varies on (RFC 9111 §4.1).
+        variant = variant_of(vary, source.headers) if vary else ""
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
+                    expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
+                    stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
+                    authorize=authorize, hot=source.hot and source.peer is not None)
+        self.metrics.fills_in_flight.inc()
+        on_bytes, reading = self._counter(host=host, source=source, from_parent=from_parent)
+        ranged = None
+        if plan.how is How.PARALLEL:
+            assert validator is not None
+            ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
+                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+        fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
+                           status=response.status, vary=vary, variant=variant,
+                           delimited_by_close=ends_at_close(response),
+                           ranges=ranged[0] if ranged is not None else None)
+        if ranged is not None:
+            ranged[0].attach(fill)
+        rest = self._rest_from_origin(response, source, reading) if from_parent else None
+        work = self._work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
+                          source=source, target=target, rest=rest,
+                          parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
+        task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
+        self._fills[task] = fill
+        task.add_done_callback(lambda t: self._fills.pop(t, None))
+        return fill
+
+    async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                    plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
+                    target: Target, parent: str | None = None,
+                    rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+        """Read the body as `plan` says into the fill, then store and count it;
+        `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
+        key, url, host = meta.key, meta.url, meta.host
+        started = time.monotonic()
+        durations = self.metrics.fill_duration
+        kind = "peer" if source.peer is not None else "origin"
+
+        def took(outcome: str) -> None:
+            durations.labels(source=kind, outcome=outcome).observe(time.monotonic() - started)
+
+        # A copy from a peer that freezes mid-body fails within seconds, not
+        # after the read timeout (the origin is not probed: it has no /healthz).
+        watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
+        try:
+            stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
+                                           on_bytes=on_bytes, rest=rest)
+        except NotStored:
+            took("not_stored")
+            raise  # streamed whole to its clients, only not stored: not a failed fill
+        except NezhaError:
+            self.counts.count(host, failed_fills=1)
+            took("failed")
+            raise
+        except Exception as e:
+            # A bug outside the fill's own run (which turns every error into
+            # a NezhaError): its clients must learn it, not wait forever.
+            self.counts.count(host, failed_fills=1)
+            took("failed")
+            error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
+            log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
+            if fill.error is None:
+                fill.error = error
+                await fill.writes_done()  # no thread may still write the file it closes
+                await fill.writing.discard()
+                fill.advance(0)  # wakes its readers, who find the error
+            raise error from e
+        finally:
+            if watch is not None:
+                watch.cancel()
+            self.metrics.fills_in_flight.dec()
+        if flight.superseded and await self.store.remove_one(stored):  # the write came during the commit
+            took("not_stored")
+            raise Superseded(f"a write to {url} succeeded while {key} was being stored")
+        took("stored")
+        self.counts.stored(stored)
+        await self.parts.forget(key, why="stored whole by a fill")
+        named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
+        log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
+                 **({"parent_cache": parent} if parent is not None else {}))
+        if source.peer is None:
+            self.replicate(stored, target)
+        return stored
+
+    async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
+                         plan: Plan, ranged, on_bytes: Callable[[int], None],
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+        """`rest(offset, error)`: where the body goes on when the response
+        breaks off after `offset` bytes (a parent's: the origin); None: it fails."""
+        superseded = lambda: flight.superseded  # noqa: E731
+        if plan.how is How.PARALLEL:
+            fetch, fallback = ranged
+            return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
+                                         superseded=superseded)
+        if plan.how is How.SPLICED and (taken := splice.take(response)) is not None:
+            return await fill.run_spliced(taken, store=self.store, meta=meta,
+                                          read_timeout=self.settings.origin_read_timeout,
+                                          on_bytes=on_bytes, superseded=superseded)
+
+        async def body() -> AsyncIterator[bytes]:
+            got = 0
+            try:
+                async for chunk in response.content.iter_chunked(FILL_READ):
+                    got += len(chunk)
+                    yield chunk
+                return
+            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                if rest is None:
+                    raise
+                broke: BaseException = e
+            finally:
+                response.release()
+            async for chunk in rest(got, broke):
+                yield chunk
+
+        return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
+
+    def _rest_from_origin(self, response: aiohttp.ClientResponse, source: Source,
+                          reading: dict[str, bool]) -> Callable[[int, BaseException], AsyncIterator[bytes]] | None:
+        """How a fill from the parent goes on when the parent breaks off
+        mid-body (a cluster pod restarted): the rest of the same
+        representation from the origin, by Range + If-Range on its
+        validator, checked as a parallel fill checks its ranges. None when
+        the answer has no length or validator to resume by."""
+        length = response.content_length
+        validator = if_range_validator(response.headers)
+        if response.status != 200 or length is None or validator is None:
+            return None
+        if validator.etag is not None:
+            # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
+            validator = dataclasses.replace(validator, last_modified=None)
+
+        async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
+            if offset >= length:
+                return  # every byte came: whatever broke came after the body
+            self.origins.broke_off(source.route, offset, error)
+            reading["parent"] = False
+            headers = CIMultiDict(source.headers)
+            headers["Range"] = f"bytes={offset}-{length - 1}"
+            headers["If-Range"] = validator.if_range
+            answer = await self.origins.client.request("GET", source.url, headers=headers, what=source.what)
+            try:
+                skip = 0
+                why = partial_mismatch(answer.status, answer.headers, first=offset, last=length - 1, total=length,
+                                       validator=validator)
+                if why is not None and answer.status == 200 and answer.content_length == length \
+                        and validator.mismatch(answer.headers) is None:
+                    why, skip = None, offset  # an origin that ignores Range: the whole object, the head skipped
+                if why is not None:
+                    raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
+                                      f"the origin's rest cannot be joined on ({why}): nothing is stored")
+                async for chunk in skip_first(answer.content.iter_chunked(FILL_READ), skip):
+                    yield chunk
+            finally:
+                answer.release()
+
+        return rest
+
+    def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
+                      on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
+                      landed: asyncio.Event, discarded: int):
+        """The parallel fetch of the object `write` stores, and its one-stream
+        fallback (cachenode/fill/parallel.py); built before the fill, which is
+        handed the fetch as its `Ranges`."""
+        async def get(headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+            return await self.origins.request("GET", source.url, headers=headers, what=source.what)
+
+        async def write_at(offset: int, data: memoryview) -> None:
+            await self.store.write_at(write.temp, offset, data)
+
+        async def pump(body: splice.SocketBody, offset: int, end: Callable[[], int],
+                       moved: Callable[[int], None], started: Callable[[asyncio.Future], None]) -> int:
+            return await self.store.pump_into(write.temp, body, offset, end=end, moved=moved, started=started,
+                                              read_timeout=self.settings.origin_read_timeout)
+
+        fetch = RangedFetch(get=get, headers=source.headers, validator=validator,
+                            length=length or 0, streams=streams, write_at=write_at,
+                            read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
+                            pump=pump if self.settings.splice_fills else None,
+                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
+        def fallback(offset: int) -> AsyncIterator[bytes]:
+            return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
+                              read_size=FILL_READ, what=source.what)
+
+        return fetch, fallback
