@@ -49,6 +49,7 @@ from cachenode.front.sendfile import SendCut, sendfile_rest
 from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.headers import describes_whole_body, with_date
 from cachenode.store.objects import Meta
+from cachenode.store.small import check as check_sealed, is_sealed
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.connections")
@@ -475,6 +476,10 @@ class FastPath(asyncio.Protocol):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             self._hand_off()  # evicted or replaced since the lookup: aiohttp serves it as a miss
+            return False
+        if is_sealed(meta) and not check_sealed(fd, meta):
+            os.close(fd)
+            self._hand_off()  # a small object's seal fails: the handler drops it and fetches it again
             return False
         del self._buf[:req.size]
         transport = self.transport
