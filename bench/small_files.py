@@ -181,15 +181,15 @@ def path_of(n: int) -> str:
     return f"/d/{n // 1000}/{n}.bin"
 
 
-def make_dataset(root: Path, count: int) -> None:
-    """`count` files of SIZE random bytes, 1000 per folder (a random block rotated per file: fast, all distinct)."""
-    block = os.urandom(SIZE * 2)
+def make_dataset(root: Path, count: int, size: int = SIZE) -> None:
+    """`count` files of `size` random bytes, 1000 per folder (a random block rotated per file: fast, all distinct)."""
+    block = os.urandom(size * 2)
     for n in range(count):
         p = root / path_of(n).lstrip("/")
         if n % 1000 == 0:
             p.parent.mkdir(parents=True, exist_ok=True)
-        at = n % SIZE
-        p.write_bytes(n.to_bytes(8, "big") + block[at:at + SIZE - 8])
+        at = n % size
+        p.write_bytes(n.to_bytes(8, "big") + block[at:at + size - 8])
         # A year old, as a published dataset's files are: fresh for weeks by heuristic
         # (RFC 9111 §4.2.2), not stale a second after the fill as a file made just now.
         os.utime(p, (time.time() - 365 * 86400,) * 2)
@@ -329,11 +329,11 @@ async def redis_footprint(work: Path, p: Plan, origin_url: str) -> tuple[float, 
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     p = plan(args)
     say(f"small files ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, {p.objects} objects of "
-        f"{SIZE // KiB} KiB, {p.seconds} s per run, work dir {work}")
+        f"{args.size} KiB, {p.seconds} s per run, work dir {work}")
     started = time.monotonic()
     loop = asyncio.get_running_loop()
     root = work / "origin-files"
-    await loop.run_in_executor(None, make_dataset, root, p.objects)
+    await loop.run_in_executor(None, make_dataset, root, p.objects, args.size * KiB)
     await loop.run_in_executor(None, os.sync)  # the dataset's writeback must not load the disk during the runs
 
     origin = Nginx(children, work, "origin")
@@ -419,6 +419,8 @@ def main() -> None:
     ap.add_argument("--objects", type=int, default=0, help="objects in the dataset (a cold run must not outlast it)")
     ap.add_argument("--seconds", type=int, default=0, help="length of each wrk run")
     ap.add_argument("--redis-objects", type=int, default=0, help="objects filled into the three-node cluster")
+    ap.add_argument("--size", type=int, default=SIZE // KiB, help="KiB per object (default 16); the node's "
+                    "small-object path covers objects up to its small_object_max (NEZHA_SMALL_OBJECT_MAX=0: none)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     ensure_tool(WRK, "wrk")

@@ -55,9 +55,13 @@ def finish(fd: int, body: bytes, meta: Meta) -> None:
 
 def reseal(path: Path, meta: Meta, *, tmp: Path) -> None:
     """Give the sealed file at `path` a new record (a 304's headers and expiry):
-    its body and the new seal in a temp file renamed over it. OSError when the
-    old file is gone or cannot be read."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    its body and the new seal in a temp file renamed over it. Nothing when the
+    file is gone (evicted or replaced meanwhile: what removed it has the last
+    word); OSError when it cannot be read or written."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
     try:
         body = _pread_all(fd, meta.size, 0)
     finally:
