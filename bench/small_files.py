@@ -364,6 +364,9 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     say(f"  origin direct: {direct.rps:.0f} req/s ({direct.requests} requests)")
     caches: list[WrkRun] = []
     nginxes: list[WrkRun] = []
+    # CPU per fill, each server's own: what a loaded shared machine changes least.
+    cpu_cache: list[float] = []
+    cpu_nginx: list[float] = []
     assert proxy.proc is not None
     for r in range(rounds):
         start = r * per_round
@@ -375,14 +378,16 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
                 with Sampler(node.proc.pid, tree=False) as s_node:
                     run_ = await cold(children, node.url, work, start, per_round, p.seconds, f"cache{r}")
                 caches.append(run_)
+                cpu_cache.append(s_node.cpu_seconds / max(1, run_.requests))
                 say(f"  round {r}: cold through the node: {run_.rps:.0f} fills/s ({run_.requests} objects), "
-                    f"node CPU {s_node.cpu_percent:.0f}%")
+                    f"node CPU {s_node.cpu_percent:.0f}%, {cpu_cache[-1] * 1e6:.0f} CPU us per fill")
             else:
                 with Sampler(proxy.proc.pid) as s_nginx:
                     run_ = await cold(children, proxy.url, work, start, per_round, p.seconds, f"nginx{r}")
                 nginxes.append(run_)
+                cpu_nginx.append(s_nginx.cpu_seconds / max(1, run_.requests))
                 say(f"  round {r}: cold through nginx proxy_cache: {run_.rps:.0f} fills/s ({run_.requests} "
-                    f"objects), nginx CPU {s_nginx.cpu_percent:.0f}%")
+                    f"objects), nginx CPU {s_nginx.cpu_percent:.0f}%, {cpu_nginx[-1] * 1e6:.0f} CPU us per fill")
     cache_rps = statistics.median(c.rps for c in caches)
     nginx_rps = statistics.median(n.rps for n in nginxes)
 
@@ -408,9 +413,11 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     say(f"  bytes_per_object  node RSS / object    {bytes_per_object:6.0f}  target <= 300 (at 1 M objects)")
     say(f"  restart_ms        restart to first hit {restart_ms:6.0f}  target < 1000 (at 1 M objects)")
     say(f"  redis_bytes_per_object  per copy       {redis_bpo:6.0f}  target <= 150")
+    fill_cpu = statistics.median(cpu_cache) / statistics.median(cpu_nginx)
+    say(f"  fill_cpu          node CPU per fill / nginx's {fill_cpu:6.2f}  (a reading for a loaded machine)")
     return (f"ratios: small_fill={small_fill:.3f} small_fill_direct={small_direct:.3f} "
             f"bytes_per_object={bytes_per_object:.0f} restart_ms={restart_ms:.0f} "
-            f"redis_bytes_per_object={redis_bpo:.0f}")
+            f"redis_bytes_per_object={redis_bpo:.0f} fill_cpu={fill_cpu:.2f}")
 
 
 def main() -> None:

@@ -383,7 +383,8 @@ class Store:
         oid = object_id(meta.slot)
         folder = self._dir_of(oid)
         meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX}")
-        final = self._inside(folder / meta.data)
+        # Lexical, as `data_path` is: every part of the name is hex, so it cannot leave the folder.
+        final = os.path.join(folder, meta.data)
         kept = temp.kept
 
         def _commit() -> None:

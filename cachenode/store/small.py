@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 from cachenode.store.objects import Meta
@@ -42,9 +42,17 @@ def read_back(path: Path, size: int) -> bytes:
         os.close(fd)
 
 
+_FIELDS = tuple(f.name for f in fields(Meta))
+
+
+def record_of(meta: Meta) -> dict:
+    """`meta` as its file's record: `asdict` without its deep copy (every value is immutable)."""
+    return {name: getattr(meta, name) for name in _FIELDS}
+
+
 def finish(fd: int, body: bytes, meta: Meta) -> None:
     """Append the record and trailer sealing `body` (already at the start of `fd`)."""
-    tail = seal(body, asdict(meta))
+    tail = seal(body, record_of(meta))
     view = memoryview(tail)
     at = meta.size
     while view:
@@ -70,7 +78,7 @@ def reseal(path: Path, meta: Meta, *, tmp: Path) -> None:
     try:
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            data = memoryview(body + seal(body, asdict(meta)))
+            data = memoryview(body + seal(body, record_of(meta)))
             at = 0
             while at < len(data):
                 at += os.pwrite(out, data[at:], at)
@@ -120,4 +128,4 @@ def _pread_all(fd: int, size: int, at: int) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "check", "finish", "is_sealed", "read_back", "read_sealed", "reseal"]
+__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]
