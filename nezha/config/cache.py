@@ -87,7 +87,7 @@ class CacheSettings(NezhaSettings):
     # written on the event loop without an fsync of their own and made
     # durable together every `sync_interval` seconds (docs/cache-node.md,
     # "Small objects"); 0 stores every object as a large one.
-    small_object_max: int = Field(256 * 1024, ge=0, le=16 * 1024 * 1024)
+    small_object_max: int = Field(128 * 1024, ge=0, le=16 * 1024 * 1024)
     sync_interval: float = Field(1.0, gt=0)
     # A client's Range into a cold large object fetches the slices around it
     # first; on, the rest of the object keeps filling behind it; off, only
