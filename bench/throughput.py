@@ -42,7 +42,16 @@ One run on this machine measures:
   disk (POST /_nezha/replicate, as a replica does after a fill), MB/s ÷
   warm large through the cache (sendfile);
 - the node's peak RSS (its process tree, psutil, every 50 ms) during the
-  cold fills and the warm large transfers.
+  cold fills and the warm large transfers;
+- fill_verify: a cold fill of the large object from the unthrottled origin
+  publishing its sha256 (`x-amz-checksum-sha256`, which the node checks as
+  the bytes land: docs/cache-node.md, "Verified bytes") ÷ the same fill
+  with no digest published, on a node of its own, runs alternating (the
+  median of each); fill_verify_crc64nvme the same with S3's default
+  checksum. First, one fill under a wrong sha256 must be cut short: the
+  check is on. `--fill-verify-only` runs just this, and the same from the
+  throttled origin that answers ranges (fill_verify_ranged: a parallel
+  fill at the network's pace, --rate per connection).
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
 (`--workers N`, default 1: the node's `--workers`, counted from its process
@@ -68,6 +77,9 @@ The last line is machine-readable:
             scale_small=<node req/s with N workers / with 1> wrk_cores=<CPU wrk used>
             range_small=<cache/nginx req/s, 1 MiB ranges; range_small_wN with N workers each>
             range_cpu_us=<the node's CPU microseconds per 1 MiB range>
+            fill_verify=<cold fill with a sha256 checked / without a digest, fast origin>
+            fill_verify_crc64nvme=<the same, with a crc64nvme checked>
+            (--fill-verify-only: also fill_verify_ranged, from the throttled origin that answers ranges)
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -79,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import importlib.util
 import json
@@ -100,6 +113,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
+from aiohttp import web  # noqa: E402
+from awscrt import checksums  # noqa: E402
 
 from bench.harness import (CURL, NGINX, WRK, BenchError, Children, KiB, MiB, Nginx, Node, Sampler,  # noqa: E402
                            ensure_tool, nginx_version, source_version, write_random)
@@ -633,6 +648,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         res.add("ranged origin, cold through cache (parallel)", f"{par_cold.mbps:.2f} MB/s", s.cpu_percent,
                 f"1 run; {ranged.gets} GETs at the origin")
 
+        verify = await fill_verify(children, work, p=p, data=data, res=res)
+
         if args.profile:
             await profile_node(args.profile, children, node=node, data=data, script=script, p=p)
     finally:
@@ -692,6 +709,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"  origin_overhead origin / object ({FIFTY} clients) {origin_overhead:6.3f}  target <= 1.01  "
         f"{verdict(origin_overhead <= 1.01)}",
         f"  peer_copy copy / warm sendfile       {peer_copy:6.3f}  target >= 0.5   {verdict(peer_copy >= 0.5)}",
+        f"  fill_verify sha256 checked / none     {verify['sha256']:6.3f}  target >= 0.95  "
+        f"{verdict(verify['sha256'] >= 0.95)}  (crc64nvme: {verify['crc64nvme']:.3f})",
         f"  rss_mb peak (cold fills, warm large) {peak / MiB:6.1f}  target < {150 * max(1, args.workers)}    "
         f"{verdict(peak / MiB < 150 * max(1, args.workers))}"
         + ("" if args.workers == 1 else f"  (process tree: {args.workers} workers and their supervisor)"),
@@ -699,7 +718,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         f"cold_fast={cold_fast:.3f} cold_parallel={cold_parallel:.3f} fill_cpu_s_per_gib={fill_cpu:.2f} "
         f"peer_copy={peer_copy:.3f} cold_fast_nginx={cold_fast_nginx:.3f} cold_fast_bare={cold_fast_bare:.3f} "
         f"parallel_origin_bytes={parallel_origin_bytes:.3f} origin_overhead={origin_overhead:.3f} "
-        f"{range_name}={range_ratio:.3f} range_cpu_us={ranges[2]:.0f}"
+        f"{range_name}={range_ratio:.3f} range_cpu_us={ranges[2]:.0f} "
+        f"fill_verify={verify['sha256']:.3f} fill_verify_crc64nvme={verify['crc64nvme']:.3f}"
         + ("" if one is None else f" small_w{workers}={small_ratio:.3f} scale_small={one.scale:.3f} "
                                   f"wrk_cores={one.wrk_cores:.2f}"),
     ]
@@ -799,6 +819,146 @@ async def run_range_only(args: argparse.Namespace, work: Path, children: Childre
         *res.table(),
         "",
         f"ratios: {name}={ratio:.3f} range_cpu_us={node_us:.0f}",
+    ])
+
+
+class DigestOrigin(LocalOrigin):
+    """LocalOrigin's files under /<kind>/NAME as well, a 200 for one
+    publishing the digest fields of `kind` (none, sha256, crc64nvme, or a
+    wrong sha256); a 206 publishes none, as S3 leaves them off a range.
+    Unthrottled: FileResponse (sendfile, ranges); with `rate`: throttled per
+    connection and answering ranges, as LocalOrigin(rate=, ranges=True)."""
+
+    def __init__(self, root: Path, fields: dict[str, dict[str, str]], *, rate: float | None = None) -> None:
+        super().__init__(root, rate=rate, ranges=rate is not None)
+        self.fields = fields
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        app = web.Application()
+        app.router.add_route("GET", "/{kind}/{tail:.*}", self._by_kind)
+        app.on_response_prepare.append(self._publish)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = port or free_port()
+        await web.TCPSite(self._runner, host, self.port).start()
+        return f"http://{host}:{self.port}"
+
+    async def _by_kind(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        return await self._handle(request.clone(rel_url=request.rel_url.with_path("/" + request.match_info["tail"]),
+                                                headers={**request.headers, "X-Bench-Kind": kind}))
+
+    async def _publish(self, request: web.Request, response: web.StreamResponse) -> None:
+        kind = request.headers.get("X-Bench-Kind") or request.path.split("/")[1]
+        if response.status == 200:
+            response.headers.update(self.fields.get(kind, {}))
+
+
+def large_digests(path: Path, sha256_hex: str) -> dict[str, dict[str, str]]:
+    """The digest fields DigestOrigin publishes for the file at `path`, by kind."""
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(8 * MiB):
+            crc = checksums.crc64nvme(block, crc)
+    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    return {"none": {},
+            "sha256": {"x-amz-checksum-sha256": b64(bytes.fromhex(sha256_hex))},
+            "crc64nvme": {"x-amz-checksum-crc64nvme": b64(crc.to_bytes(8, "big"))},
+            "wrong": {"x-amz-checksum-sha256": b64(hashlib.sha256(b"not these bytes").digest())}}
+
+
+async def fill_verify(children: Children, work: Path, *, p: Plan, data: Dataset, res: Results,
+                      rate: float | None = None) -> dict[str, float]:
+    """Cold fills of the large object with a digest checked ÷ without one (`fill_verify`), each kind
+    `p.runs` times, alternating; a node of its own whose capacity keeps two objects (the older evicted).
+    `rate`: from an origin throttled to it per connection that answers ranges (a parallel fill at the
+    network's pace, `fill_verify_ranged`); None: the unthrottled origin (CPU-bound here)."""
+    size = data.large_bytes
+    name = data.large.lstrip("/")
+    fields = await asyncio.get_running_loop().run_in_executor(None, large_digests, data.root / name,
+                                                              data.large_sha256)
+    origin = DigestOrigin(data.root, fields, rate=rate)
+    url = await origin.start()
+    node = Node(children, work, name="verify")
+    which = "the fast origin" if rate is None else f"the ranged origin at {rate / 1e6:g} MB/s per connection"
+    try:
+        await node.start(origins={HOST: url}, args=["--capacity", str(2 * size + MiB)])
+        say(f"fill_verify: cold fills of {size / MiB:.0f} MiB from {which}, digest checked or not, "
+            f"{p.runs} runs each:")
+        async with aiohttp.ClientSession() as session:  # the check is on: a wrong digest cuts the fill
+            got = 0
+            try:
+                async with session.get(f"{node.url}/wrong/{name}?run=0", headers={"Host": HOST}) as r:
+                    async for chunk in r.content.iter_any():
+                        got += len(chunk)
+            except aiohttp.ClientPayloadError:
+                pass
+            if got >= size:
+                raise BenchError(f"fill_verify: a fill under a wrong sha256 sent all {got} bytes: no check ran")
+        await node.settled()
+        if (seen := await mismatches(node)) != 1:
+            raise BenchError(f"fill_verify: nezha_digest_mismatches_total is {seen} after one wrong fill, not 1")
+        runs: dict[str, list[Transfer]] = {"none": [], "sha256": [], "crc64nvme": []}
+        cpu: dict[str, list[float]] = {kind: [] for kind in runs}
+        assert node.proc is not None
+        for n in range(1, p.runs + 1):
+            for kind in runs:
+                await settle_disk(work, size)
+                with Sampler(node.proc.pid) as s:
+                    t = await curl(children, f"{node.url}/{kind}/{name}?run={n}", host=HOST, expect_bytes=size)
+                    expect_header(t, CACHE_HEADER, CacheOutcome.MISS, what=f"cold GET of /{kind}/{name}")
+                    await node.settled()
+                runs[kind].append(t)
+                cpu[kind].append(s.per_gib(size))
+        if await mismatches(node) != 1:
+            raise BenchError("fill_verify: a fill of the right bytes was counted a mismatch")
+    finally:
+        if node.proc is not None:
+            await children.stop(node.proc)
+        await origin.stop()
+    for kind, what in (("none", "no digest"), ("sha256", "x-amz-checksum-sha256 checked"),
+                       ("crc64nvme", "x-amz-checksum-crc64nvme checked")):
+        res.add(f"large cold{'' if rate is None else ', ranged origin'}, {what}",
+                f"{median_mbps(runs[kind]):.0f} MB/s", None,
+                f"{spread(runs[kind])}; node {statistics.median(cpu[kind]):.2f} CPU s per GiB")
+    none = median_mbps(runs["none"])
+    return {"sha256": median_mbps(runs["sha256"]) / none, "crc64nvme": median_mbps(runs["crc64nvme"]) / none}
+
+
+async def mismatches(node: Node) -> float:
+    """nezha_digest_mismatches_total of `node`, every origin's."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(node.url + "/metrics") as r:
+            text = await r.text()
+    return sum(float(v) for v in re.findall(r"^nezha_digest_mismatches_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+async def run_fill_verify_only(args: argparse.Namespace, work: Path, children: Children) -> str:
+    """`--fill-verify-only`: fill_verify alone."""
+    p = plan(args)
+    started = time.monotonic()
+    root = work / "origin"
+    say(f"fill_verify only: {p.large_bytes / MiB:.0f} MiB object, {os.cpu_count()} CPUs, work dir {work}")
+    sha = await asyncio.get_running_loop().run_in_executor(None, write_random, root / "large.bin", p.large_bytes)
+    data = Dataset(root=root, large="/large.bin", large_bytes=p.large_bytes, large_sha256=sha, small=[], cold=[],
+                   cold_direct="", cold_bytes=0, profile_cold=[], parallel_direct="", parallel_cold="",
+                   parallel_fifty="", parallel_bytes=0, parallel_sha256="")
+    res = Results()
+    verify = await fill_verify(children, work, p=p, data=data, res=res)
+    ranged = await fill_verify(children, work, p=p, data=data, res=res, rate=args.rate)
+    return "\n".join([
+        "",
+        f"Cold fills with a digest checked ({os.cpu_count()} CPUs; {time.monotonic() - started:.0f}s)",
+        f"  code: {source_version()}",
+        "",
+        *res.table(),
+        "",
+        f"  fill_verify sha256 checked / none {verify['sha256']:6.3f}  target >= 0.95  "
+        f"{'met' if verify['sha256'] >= 0.95 else 'NOT met'}  (crc64nvme: {verify['crc64nvme']:.3f})",
+        f"  fill_verify_ranged sha256 / none, throttled ranged origin {ranged['sha256']:6.3f}  target >= 0.95  "
+        f"{'met' if ranged['sha256'] >= 0.95 else 'NOT met'}  (crc64nvme: {ranged['crc64nvme']:.3f})",
+        f"ratios: fill_verify={verify['sha256']:.3f} fill_verify_crc64nvme={verify['crc64nvme']:.3f} "
+        f"fill_verify_ranged={ranged['sha256']:.3f} fill_verify_ranged_crc64nvme={ranged['crc64nvme']:.3f}",
     ])
 
 
@@ -971,7 +1131,8 @@ async def main_async(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # also where a shell left SIGINT ignored
         loop.add_signal_handler(sig, task.cancel)
     try:
-        report = await (run_range_only if args.range_only else run)(args, work, children)
+        report = await (run_range_only if args.range_only else run_fill_verify_only if args.fill_verify_only
+                        else run)(args, work, children)
         print(report)
         return 0
     finally:
@@ -997,6 +1158,8 @@ def main(argv: list[str] | None = None) -> int:
                     "for small and scale_small (default 1)")
     ap.add_argument("--range-only", action="store_true",
                     help="only range_small: 1 MiB ranges of the warm large object, cache vs nginx")
+    ap.add_argument("--fill-verify-only", action="store_true",
+                    help="only fill_verify: cold fills with a digest checked vs none, on a node of its own")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, nginx.conf)")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="afterwards, sample the node with py-spy under each load; stacks into DIR")

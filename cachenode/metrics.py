@@ -125,24 +125,16 @@ class Metrics:
             "each byte once), by where they came from: disk (a stored object), fill (a fill in progress), "
             "peer (relayed from the key's owner), origin (passed through, nothing stored)", ["source"], registry=r)
         self._by_source = {s: self.bytes_by_source.labels(source=s) for s in SOURCES}
-        self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
-        self.origin_bytes_discarded = Counter("nezha_origin_bytes_discarded", "Body bytes origins delivered that "
-                                              "were thrown away: the first answer of a parallel fill, closed "
-                                              "unread, holds what the origin sent before its headers were read",
-                                              registry=r)
-        self.bytes_from_parent = Counter("nezha_bytes_from_parent", "Body bytes of fills received from this "
-                                         "node's parent tier (--parent), not counted as from origins", registry=r)
-        self.parent_fallbacks = Counter("nezha_parent_fallbacks", "Requests meant for the parent tier that went "
-                                        "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
-                                        "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
-                                        "origin sent the rest)", ["reason"], registry=r)
-        for reason in ParentFallback:
-            self.parent_fallbacks.labels(reason=reason.value)
+        self._add_upstream(r)
         self.worker_handovers = Counter("nezha_worker_handovers", "Client connections a follower worker "
                                         "(--workers) handed to the primary, which serves what the followers' fast "
                                         "path does not: misses, ranges, peers, probes", registry=r)
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
+        # Issue 37: a source's bytes that are not what its published digest says.
+        self.digest_mismatches = Counter("nezha_digest_mismatches", "Fills whose bytes did not match the digest "
+                                         "their source published (nothing stored, clients cut), by origin host",
+                                         ["origin"], registry=r)
         self.fill_duration = Histogram(
             "nezha_fill_duration_seconds", "How long a fill took, from the source's answer to its end, by source "
             "(origin, peer) and outcome (stored; failed; not_stored: streamed whole, but not kept)",
@@ -177,6 +169,23 @@ class Metrics:
                                              "connections closed at the connection cap", registry=r)
         self.connections_refused = Counter("nezha_connections_refused", "Clients answered 503 at the connection "
                                            "cap, every connection being busy", registry=r)
+
+    def _add_upstream(self, r: SettledRegistry) -> None:
+        """What came from upstream: origins' bytes (and those thrown away), the
+        parent tier's, and the requests meant for it that went to the origin."""
+        self.bytes_from_origin = Counter("nezha_bytes_from_origin", "Body bytes received from origins", registry=r)
+        self.origin_bytes_discarded = Counter("nezha_origin_bytes_discarded", "Body bytes origins delivered that "
+                                              "were thrown away: the first answer of a parallel fill, closed "
+                                              "unread, holds what the origin sent before its headers were read",
+                                              registry=r)
+        self.bytes_from_parent = Counter("nezha_bytes_from_parent", "Body bytes of fills received from this "
+                                         "node's parent tier (--parent), not counted as from origins", registry=r)
+        self.parent_fallbacks = Counter("nezha_parent_fallbacks", "Requests meant for the parent tier that went "
+                                        "to the origin, by reason: unreachable, timeout, 5xx (the parent's own), "
+                                        "down (it failed moments ago, not tried), broken (its answer broke off mid-body; the "
+                                        "origin sent the rest)", ["reason"], registry=r)
+        for reason in ParentFallback:
+            self.parent_fallbacks.labels(reason=reason.value)
 
     def watch_index(self, healthy: Callable[[], bool]) -> None:
         """`nezha_index_up`, read at each scrape: only a node with a shared index has one."""

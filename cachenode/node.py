@@ -24,6 +24,7 @@ from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Broadcast, Invalidation
 from cachenode.cluster.peer_auth import is_peer_request, peer_auth
+from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
 from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
@@ -112,14 +113,14 @@ class CacheNode:
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
                                flights=self.engine.flights, client=origins, lead=self.engine.lead,
                                replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
-        self.invalidation = Invalidation(settings=settings, broadcast=broadcast, forget=self.engine.forget,
+        self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
                                  forget=self.invalidation, counts=self.counts)
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
-        self.respond = Responder(settings=settings, store=store, origins=self.upstream, files=files,
+        self.respond = Responder(settings=settings, store=store, upstream=self.upstream, files=files,
                                  chunk_body=chunk_reads, count=self.counts.count, clock=clock)
         self.handler = self._front(settings, before_metrics=before_metrics, clock=clock)
 
@@ -129,13 +130,14 @@ class CacheNode:
                         counts=self.counts, clock=clock)
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
-        routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation),
-                        origins=table, cluster_token=settings.cluster_token)
+        routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
+                                          pinning=Pinning(pins=self.store.pins)),
+                        origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
-        authorized = AuthorizedReads(store=self.store, origins=self.upstream, reads=reads, respond=self.respond,
+        authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,
                                      counts=self.counts, from_peer=lambda r: is_peer_request(r, settings.cluster_token),
                                      node_id=self.node_id, peers_have_a_token=settings.cluster_token is not None)
-        return Handler(settings=settings, origins=self.upstream, cluster=self.cluster, routes=routes,
+        return Handler(settings=settings, upstream=self.upstream, cluster=self.cluster, routes=routes,
                        plain=PlainHitFinder(table=table, store=self.store, via=self.respond.via, node_id=self.node_id,
                                             clock=clock),
                        hot=hot, relayed=RelayedReads(node_id=self.node_id, relay=self.relay, respond=self.respond,

@@ -42,8 +42,11 @@ known key (compared case-insensitively, since keys are case-sensitive and
 parts of Nezha write or read (`status`, `prefetch`, `prefetch-status`,
 `injected`, the webhook's `inject`) are never reported.
 
-`parse_prefetch` reads a Job's `nezha.io/prefetch` list the same way: bad
-entries are dropped, each with a Problem, and the rest are used.
+`parse_prefetch` reads a workload's `nezha.io/prefetch` list the same way: bad
+entries are dropped, each with a Problem, and the rest are used. An entry
+is an object's URL or a name (`hf://`, `s3://`, an index page, a manifest:
+nezha/prefetch/names.py); `secret_problem` checks `nezha.io/prefetch-secret`,
+`read_keep` reads `nezha.io/prefetch-keep`, `read_spread` `nezha.io/prefetch-spread`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from nezha import errors
+from nezha.prefetch.names import BadName, parse_name
 
 PREFIX = "nezha.io/"
 AUTOSCALE = "nezha.io/autoscale"
@@ -66,10 +70,14 @@ SCALE_WINDOW = "nezha.io/scale-window"
 SCALE_COOLDOWN = "nezha.io/scale-cooldown"
 REPLICAS_PER_KEY = "nezha.io/replicas-per-key"
 PREFETCH = "nezha.io/prefetch"
+PREFETCH_STATUS = "nezha.io/prefetch-status"
+PREFETCH_SECRET = "nezha.io/prefetch-secret"
+PREFETCH_KEEP = "nezha.io/prefetch-keep"
+PREFETCH_SPREAD = "nezha.io/prefetch-spread"
 
 # Written by the controller or read by the webhook: present on purpose, never a typo.
-OTHER_KEYS = frozenset({"nezha.io/status", PREFETCH, "nezha.io/prefetch-status", "nezha.io/injected",
-                        "nezha.io/inject"})
+OTHER_KEYS = frozenset({"nezha.io/status", PREFETCH, PREFETCH_STATUS, PREFETCH_SECRET, PREFETCH_KEEP,
+                        PREFETCH_SPREAD, "nezha.io/injected", "nezha.io/inject"})
 
 MAX_COUNT = 2**31 - 1  # StatefulSet replicas is an int32
 MAX_URL_LENGTH = 8192
@@ -320,9 +328,10 @@ _BAD_CHAR = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
 
 
 def parse_prefetch(value: str | None) -> tuple[list[str], list[Problem]]:
-    """The URLs of a Job's `nezha.io/prefetch` (comma-separated), de-duplicated in order.
+    """The entries of a workload's `nezha.io/prefetch` (comma-separated), de-duplicated in order.
 
-    Each must be an absolute http(s) URL with a host, no userinfo (a
+    Each is an `hf://` or `s3://` name (nezha/prefetch/names.py), or an
+    absolute http(s) URL with a host, no userinfo (a
     credential in an annotation is readable by anyone who can read the Job),
     no whitespace or control characters, at most MAX_URL_LENGTH characters.
     Bad ones are dropped with a Problem each; past MAX_URLS the rest are
@@ -358,10 +367,55 @@ def _url_problem(url: str) -> str | None:
         parts.port  # noqa: B018 -- raises ValueError on a port that is not a number in range
     except ValueError as e:
         return f"is not a valid URL ({e})"
+    if parts.scheme.lower() in ("hf", "s3"):
+        try:
+            parse_name(url)
+        except BadName as e:
+            return str(e)
+        return None
     if parts.scheme.lower() not in ("http", "https"):
-        return "is not an http:// or https:// URL"
+        return "is not an http:// or https:// URL, nor an hf:// or s3:// name"
     if "@" in parts.netloc:
         return "has userinfo (user@); put no credentials in an annotation"
     if not parts.hostname:
         return "has no host"
     return None
+
+
+# --- a workload's prefetch Secret ---------------------------------------------
+
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def secret_problem(value: str | None) -> Problem | None:
+    """Why `nezha.io/prefetch-secret` names no Secret (a Kubernetes object name: a DNS subdomain), or None."""
+    name = (value or "").strip()
+    if _SECRET_NAME.fullmatch(name):
+        return None
+    return Problem((PREFETCH_SECRET,), str(value), f"{PREFETCH_SECRET}: {_quote(str(value))} is not a Secret name "
+                                                   "(lowercase letters, digits, '-' and '.')")
+
+
+KEEP_DEFAULT = 3600.0  # seconds a workload's pins hold after it is deleted
+
+
+def read_keep(value: str | None) -> tuple[float, Problem | None]:
+    """`nezha.io/prefetch-keep`: seconds (a non-negative number, k/M/G allowed) a deleted workload's
+    prefetched objects stay pinned; absent: KEEP_DEFAULT. An invalid value keeps the default, with a Problem."""
+    if value is None:
+        return KEEP_DEFAULT, None
+    try:
+        return _parse_non_negative(value), None
+    except ValueError as e:
+        return KEEP_DEFAULT, Problem((PREFETCH_KEEP,), value, f"{PREFETCH_KEEP}: {e}; keeping the default "
+                                                               f"{_show(KEEP_DEFAULT)} seconds")
+
+
+def read_spread(value: str | None) -> tuple[bool, Problem | None]:
+    """`nezha.io/prefetch-spread`: `all` copies each prefetched object to every node, as a hot copy;
+    absent or `none`: the owners alone hold it. Anything else is a Problem, and spreads nothing."""
+    word = (value or "none").strip().lower()
+    if word in ("all", "none"):
+        return word == "all", None
+    return False, Problem((PREFETCH_SPREAD,), str(value), f"{PREFETCH_SPREAD}: {_quote(str(value))} is not "
+                                                           '"all" or "none"; nothing is spread')

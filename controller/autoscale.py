@@ -252,52 +252,64 @@ def decide(
     cooldown_left = 0.0 if last_step_at is None else last_step_at + policy.scale_cooldown - now
 
     if mean > target:
-        high = f"{load} > target {format_rate(target)} {nodes}"
-        needed = math.ceil(measured.total / target)
-        if needed <= current:
-            # Pods already asked for but not ready yet will bring the mean
-            # under the target; adding more would overshoot.
-            return Decision(current, f"{high}: {current} nodes cover it once all are ready, no step", None, None)
-        if current >= hi:
-            return Decision(current, f"{high}: already at max {hi}", None, None)
-        want = min(needed, 2 * current, hi)
-        note = ""
-        if want < needed:
-            note = f" (needs {needed}; {'max' if want == hi else 'at most doubling'})"
-        if cooldown_left > 0:
-            return Decision(
-                current,
-                f"{high}: would scale {current} -> {want}, but in cooldown for {format_seconds(cooldown_left)} s more",
-                None, cooldown_left,
-            )
-        return Decision(want, f"{high}: {current} -> {want}{note}", None, policy.scale_cooldown or None)
-
+        return _up(f"{load} > target {format_rate(target)} {nodes}", total=measured.total, current=current,
+                   policy=policy, cooldown_left=cooldown_left)
     if mean < 0.5 * target:
         since = now if low_since is None else low_since
         low = f"{load} < half target {format_rate(0.5 * target)} {nodes} for {format_seconds(now - since)} s"
-        if current <= lo:
-            return Decision(current, f"{low}: already at min {lo}", since, None)
-        delay_left = since + policy.scale_down_delay - now
-        if delay_left > 0 or cooldown_left > 0:
-            waits = []
-            if delay_left > 0:
-                waits.append(f"delay {format_seconds(policy.scale_down_delay)} s")
-            if cooldown_left > 0:
-                waits.append(f"cooldown for {format_seconds(cooldown_left)} s more")
-            return Decision(
-                current,
-                f"{low}: would scale {current} -> {current - 1} after {' and '.join(waits)}",
-                since, max(delay_left, cooldown_left),
-            )
-        # The next step down waits another full delay, measured on the
-        # smaller ring.
-        return Decision(current - 1, f"{low}: {current} -> {current - 1}", None, policy.scale_cooldown or None)
-
+        return _down(low, now=now, since=since, current=current, policy=policy, cooldown_left=cooldown_left)
     return Decision(
         current,
         f"{load} is between half target {format_rate(0.5 * target)} and target {format_rate(target)} {nodes}: no step",
         None, None,
     )
+
+
+def _up(high: str, *, total: float, current: int, policy: Policy, cooldown_left: float) -> Decision:
+    """The step up when the mean egress per node is above the target (`high` says so)."""
+    hi = policy.max_replicas
+    needed = math.ceil(total / policy.target_bytes_per_second)
+    if needed <= current:
+        # Pods already asked for but not ready yet will bring the mean
+        # under the target; adding more would overshoot.
+        return Decision(current, f"{high}: {current} nodes cover it once all are ready, no step", None, None)
+    if current >= hi:
+        return Decision(current, f"{high}: already at max {hi}", None, None)
+    want = min(needed, 2 * current, hi)
+    note = ""
+    if want < needed:
+        note = f" (needs {needed}; {'max' if want == hi else 'at most doubling'})"
+    if cooldown_left > 0:
+        return Decision(
+            current,
+            f"{high}: would scale {current} -> {want}, but in cooldown for {format_seconds(cooldown_left)} s more",
+            None, cooldown_left,
+        )
+    return Decision(want, f"{high}: {current} -> {want}{note}", None, policy.scale_cooldown or None)
+
+
+def _down(low: str, *, now: float, since: float, current: int, policy: Policy, cooldown_left: float) -> Decision:
+    """The step down when the mean egress per node has been below half the
+    target since `since` (`low` says so): one node, once the delay and the
+    cooldown are over."""
+    lo = policy.min_replicas
+    if current <= lo:
+        return Decision(current, f"{low}: already at min {lo}", since, None)
+    delay_left = since + policy.scale_down_delay - now
+    if delay_left > 0 or cooldown_left > 0:
+        waits = []
+        if delay_left > 0:
+            waits.append(f"delay {format_seconds(policy.scale_down_delay)} s")
+        if cooldown_left > 0:
+            waits.append(f"cooldown for {format_seconds(cooldown_left)} s more")
+        return Decision(
+            current,
+            f"{low}: would scale {current} -> {current - 1} after {' and '.join(waits)}",
+            since, max(delay_left, cooldown_left),
+        )
+    # The next step down waits another full delay, measured on the
+    # smaller ring.
+    return Decision(current - 1, f"{low}: {current} -> {current - 1}", None, policy.scale_cooldown or None)
 
 
 _RATE_UNITS = ("B/s", "kB/s", "MB/s", "GB/s", "TB/s", "PB/s")

@@ -1,21 +1,41 @@
-"""Prefetch without CRDs: `nezha.io/prefetch: URL[,URL...]` on a Job fills the cache before the job reads.
+"""Prefetch without CRDs: `nezha.io/prefetch` on a workload fills the cache before its pods read.
 
-The controller watches Jobs in every namespace (training jobs live in their
-users' namespaces). For each URL a Job names, the first owner of its key
-fills it, through the ordinary request path of a cache node, so the
-allow-list and every other rule of the node still apply: the controller
-asks that node for the object's first byte (`Range: bytes=0-0`). A fill
-always fetches the whole object and runs on its own, so the one byte comes
-back at once while the object keeps arriving; the controller then asks the
-node (`HEAD`, `Cache-Control: only-if-cached`) until the object is stored,
-and reads its size there. No object body crosses the controller.
+The controller watches the workloads that start pods in every namespace
+(they live in their users' namespaces): Jobs, Deployments, StatefulSets,
+and LeaderWorkerSets and JobSets where their CRDs are installed
+(controller/workloads.py). Each entry of the annotation is an object's URL or a
+name (`hf://ORG/REPO[@REV]`, `s3://BUCKET/PREFIX`, an index page, a
+manifest: nezha/prefetch/names.py), expanded into object URLs first
+(controller/expand.py). A name that expands to a host outside the origin
+table is refused whole, with a Warning Event naming it and the hosts:
+nothing of it is fetched.
 
-Each URL is fetched once however many Jobs name it (one task per URL,
-shared). Progress goes into the Job's `nezha.io/prefetch-status` annotation
-(JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far) and
-a Normal Event when all are done; each URL the cache refuses or the origin
-fails gets a Warning Event naming it. A Job deleted mid-prefetch cancels
-nothing: what was fetched stays cached.
+For each URL, the first owner of its key fills it, through the ordinary
+request path of a cache node, so the allow-list and every other rule of the
+node still apply: the controller asks that node for the object's first byte
+(`Range: bytes=0-0`). A fill always fetches the whole object and runs on
+its own, so the one byte comes back at once while the object keeps
+arriving; the controller then asks the node (`HEAD`, `Cache-Control:
+only-if-cached, max-stale`) until the object is stored, and reads its
+size there. No
+object body crosses the controller. An https URL is asked as a peer relays
+one (`X-Nezha-Peer`, the cluster token, `X-Nezha-Scheme: https`), so it is
+stored under the https key the clients of the TLS port read. A redirect
+(the Hub's `resolve` answers one for every file) is followed as a client
+follows it, up to MAX_REDIRECTS, when its target's host is an origin;
+redirects are not stored (docs/http-semantics.md), their targets are.
+
+Each object is fetched once however many workloads name it (one task per
+cache key, shared; two signed URLs of one object are one key). At most
+`fills` fetches are in flight across every workload (`--prefetch-fills`):
+a large expansion is paced so it never starves the tier's live traffic.
+Progress goes into the workload's `nezha.io/prefetch-status` annotation
+(JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far,
+`expanded_from` [{name, objects, ...}]), written at most every
+STATUS_EVERY seconds and once at the end, and a Normal Event when all are
+done; each URL the cache refuses or the origin fails gets a Warning Event
+naming it. A workload deleted mid-prefetch cancels nothing: what was
+fetched stays cached.
 """
 
 from __future__ import annotations
@@ -24,25 +44,36 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Awaitable, Callable
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
 from kubernetes_asyncio import client
+from yarl import URL
 
-from nezha.keys import BadTarget, key_for, parse_target
-from nezha.ring import Ring
-from controller.annotations import PREFETCH, parse_prefetch
+from controller import workloads
+from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_SPREAD, PREFETCH_STATUS,
+                                   parse_prefetch, read_keep, read_spread, secret_problem)
+from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
+from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
-from nezha.wire import CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON
+from nezha.keys import BadTarget, key_for, parse_target, target_of
+from nezha.prefetch.names import BadName, ObjectUrl, parse_name
+from nezha.ring import Ring
+from nezha.wire import (CACHE_HEADER, FAILED_PREFIX, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH,
+                        REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
 
 log = structlog.get_logger("nezha.controller.prefetch")
 
-STATUS = "nezha.io/prefetch-status"
+STATUS = PREFETCH_STATUS
+MAX_REDIRECTS = 5
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+STATUS_EVERY = 1.0  # seconds between two status writes of one workload while it fills
+FAILED_SHOWN = 100  # failures listed in the status; the rest are counted in `failed_more`
 
 
 @dataclass
@@ -51,34 +82,60 @@ class Result:
     ok: bool = False
     bytes: int = 0
     reason: str = ""
+    key: str | None = None  # the stored object's cache key (a redirect's target's), once stored
+    owner: str | None = None  # the node that stores it
 
 
 @dataclass
 class JobProgress:
-    urls: list[str]
+    urls: list[str] = field(default_factory=list)
     results: dict[str, Result] = field(default_factory=dict)
-    bad: list[dict] = field(default_factory=list)  # URLs dropped by parse_prefetch
-    announced: bool = False
+    bad: list[dict] = field(default_factory=list)  # entries dropped by parse_prefetch, names refused or unread
+    expanded_from: list[dict] = field(default_factory=list)
+    expanding: bool = True
+    pinned: int | None = None  # bytes kept from eviction for the workload, once asked
+    notes: list[str] = field(default_factory=list)  # problems of the annotations beside nezha.io/prefetch
+    spread: bool = False  # nezha.io/prefetch-spread: all
+    spread_done: dict | None = None  # {"objects", "copies", "failed"} once spread
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
-        return {"total": len(self.urls) + len(self.bad), "done": sum(1 for r in self.results.values() if r.ok),
-                "failed": failed, "bytes": sum(r.bytes for r in self.results.values() if r.ok)}
+        out = {"total": len(self.urls) + len(self.bad), "done": sum(1 for r in self.results.values() if r.ok),
+               "failed": failed[:FAILED_SHOWN], "bytes": sum(r.bytes for r in self.results.values() if r.ok)}
+        if len(failed) > FAILED_SHOWN:
+            out["failed_more"] = len(failed) - FAILED_SHOWN
+        if self.expanded_from:
+            out["expanded_from"] = self.expanded_from
+        if self.pinned is not None:
+            out["pinned"] = self.pinned
+        if self.spread_done is not None:
+            out["spread"] = self.spread_done
+        return out
 
     @property
     def finished(self) -> bool:
-        return len(self.results) == len(self.urls)
+        return not self.expanding and len(self.results) == len(self.urls)
+
+
+@dataclass(frozen=True)
+class _Redirect:
+    location: str
 
 
 class Prefetcher:
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
-                 counted: Callable[[str], None] = lambda outcome: None) -> None:
+                 counted: Callable[[str], None] = lambda outcome: None, fills: int = 16,
+                 expander: Expander | None = None, cluster_token: str | None = None,
+                 s3_region: str = "us-east-1",
+                 record_pins: Callable[[str, int, float | None], Awaitable[None]] | None = None,
+                 spread_max: int = 1 << 30) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
-        each URL ended (fetched, failed, refused: controller/metrics.py)."""
-        self.batch = client.BatchV1Api(api)
+        each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
+        flight across every workload; `expander` reads the listings names expand through."""
+        self.api = api
         self.events = events
         self._session = session
         self._ring = ring
@@ -87,64 +144,371 @@ class Prefetcher:
         self.poll = poll
         self._clock = clock
         self._counted = counted
-        self.fetches: dict[str, asyncio.Task] = {}  # url -> the one fetch of it
-        self.jobs: dict[str, JobProgress] = {}  # "ns/name" -> progress
+        self.fills = fills
+        self.expander = expander or Expander(session=session, origins=origins)
+        self._cluster_token = cluster_token
+        self.s3_region = s3_region
+        self._record_pins = record_pins  # nezha/index/pins.py: the account `nezha stats` shows
+        self.spread_max = spread_max
+        self._slots: asyncio.Semaphore | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
+        self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
+        # "Kind/ns/name" -> (uid, annotation, secret annotation) followed
+        self._asked: dict[str, tuple[str | None, str, str | None]] = {}
+        self._keep: dict[str, float] = {}  # "Kind/ns/name" -> its nezha.io/prefetch-keep, for when it ends
+        self._pinned: dict[str, int] = {}  # "Kind/ns/name" -> bytes pinned for it
+        self._releases: set[asyncio.Task] = set()
 
-    def observe(self, jobs: dict[str, dict]) -> None:
-        """Start following every Job that names URLs and is not followed yet (level-based)."""
-        for key, job in jobs.items():
-            value = ((job.get("metadata") or {}).get("annotations") or {}).get(PREFETCH)
-            if not value or key in self._tasks:
+    def observe(self, objects: dict[str, dict]) -> None:
+        """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
+        one whose annotation changed, one deleted and made again (a new uid). A workload gone is no longer
+        followed; the fills it started go on (another may share them), and what they store stays."""
+        for key in list(self._asked):
+            if key not in objects or not self._annotation(objects[key]):
+                self._forget(key)
+        for key, obj in objects.items():
+            value = self._annotation(obj)
+            secret = ((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH_SECRET)
+            asked = ((obj.get("metadata") or {}).get("uid"), value, secret)
+            if not value or self._asked.get(key) == asked:
                 continue
-            urls, problems = parse_prefetch(value)
-            progress = JobProgress(urls=urls, bad=[{"url": p.value, "reason": p.message} for p in problems])
+            self._forget(key)
+            entries, problems = parse_prefetch(value)
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            keep, problem = read_keep(annotations.get(PREFETCH_KEEP))
+            self._keep[key] = keep
+            spread, spread_problem = read_spread(annotations.get(PREFETCH_SPREAD))
+            problems += [p for p in (problem, spread_problem) if p is not None]
+            progress = JobProgress(bad=[{"url": p.value, "reason": p.message} for p in problems
+                                        if p.keys == (PREFETCH,)])
+            progress.spread = spread
+            for p in problems:
+                if p.keys != (PREFETCH,):
+                    progress.notes.append(p.message)
             self.jobs[key] = progress
-            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, job, progress))
+            self._asked[key] = asked
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._follow(key, obj, entries, progress))
+
+    @staticmethod
+    def _annotation(obj: dict) -> str | None:
+        return ((obj.get("metadata") or {}).get("annotations") or {}).get(PREFETCH)
+
+    def _forget(self, key: str) -> None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()  # its fills are shielded: they go on
+        self._asked.pop(key, None)
+        self.jobs.pop(key, None)
+        keep = self._keep.pop(key, None)
+        if keep is not None:
+            # Gone, or asking for something else now: what it pinned is kept `keep` more seconds.
+            release = asyncio.get_running_loop().create_task(self._release(key, keep))
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
 
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
-        tasks = list(self._tasks.values()) + list(self.fetches.values())
+        tasks = list(self._tasks.values()) + list(self.fetches.values()) + list(self._releases)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         self.fetches.clear()
         self.jobs.clear()
+        self._asked.clear()
+        self._keep.clear()
 
-    async def _follow(self, key: str, job: dict, progress: JobProgress) -> None:
+    # -- one workload ----------------------------------------------------------
+
+    async def _follow(self, key: str, job: dict, entries: list[str], progress: JobProgress) -> None:
         for bad in progress.bad:
             self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
+        for note in progress.notes:
+            await self.events.emit(job, "Warning", "InvalidAnnotation", note)
+        auth, why = await self._credentials(job)
+        if why is not None:
+            # Meant to be read with credentials it cannot have: none of it is asked for without them.
+            progress.bad += [{"url": entry, "reason": why} for entry in entries]
+            self._counted("failed")
+            log.warning("prefetch_secret_unreadable", job=key, error=why)
+            await self.events.emit(job, "Warning", "PrefetchFailed", why)
+            entries = []
+        await self._expand(job, entries, progress, auth)
+        progress.expanding = False
+        written_at = -STATUS_EVERY
         await self._write_status(job, progress)
-        waits = {url: self._fetch_once(url) for url in progress.urls}
-        pending = set(waits.values())
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for url, task in waits.items():
-                if task in done and url not in progress.results:
-                    result = task.result()
-                    progress.results[url] = result
-                    self._counted("fetched" if result.ok else "failed")
-                    if not result.ok:
-                        await self.events.emit(job, "Warning", "PrefetchFailed",
-                                               f"{PREFETCH}: {url}: {result.reason}")
-            await self._write_status(job, progress)
+        queue = iter(progress.urls)
+        changed = asyncio.Event()
+
+        async def worker() -> None:
+            for url in queue:
+                # Shielded: the fill may be another workload's too, and outlives this one's deletion.
+                result = await asyncio.shield(self._fetch_once(url, auth))
+                progress.results[url] = result
+                self._counted("fetched" if result.ok else "failed")
+                if not result.ok:
+                    await self.events.emit(job, "Warning", "PrefetchFailed", f"{PREFETCH}: {url}: {result.reason}")
+                changed.set()
+
+        workers = [asyncio.get_running_loop().create_task(worker()) for _ in range(max(1, self.fills))]
+        try:
+            while not all(w.done() for w in workers):
+                changed.clear()
+                waiter = asyncio.ensure_future(changed.wait())
+                await asyncio.wait([waiter, *workers], timeout=STATUS_EVERY, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if self._clock() - written_at >= STATUS_EVERY:
+                    written_at = self._clock()
+                    await self._write_status(job, progress)
+            for w in workers:
+                w.result()
+        finally:
+            for w in workers:
+                w.cancel()
+        await self._pin(key, job, progress)
+        if progress.spread:
+            await self._spread(key, job, progress)
+        await self._write_status(job, progress)
         status = progress.status()
+        failed = len(status["failed"]) + status.get("failed_more", 0)
         await self.events.emit(job, "Normal", "PrefetchDone",
                                f"prefetched {status['done']} of {status['total']} URLs, {status['bytes']} bytes"
-                               + (f"; {len(status['failed'])} failed" if status["failed"] else ""))
-        log.info("prefetch_done", job=key, **{k: v for k, v in status.items() if k != "failed"},
-                 failed=len(status["failed"]))
+                               + (f"; {failed} failed" if failed else ""))
+        log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
+                 failed=failed)
 
-    def _fetch_once(self, url: str) -> asyncio.Task:
-        task = self.fetches.get(url)
+    # -- kept while used (cachenode/store/pins.py) -------------------------------
+
+    async def _pin(self, key: str, job: dict, progress: JobProgress) -> None:
+        """Pin what the workload's prefetch stored on the nodes that store it; a Warning for what the
+        pinned share of those nodes had no room for, saying how much would have fit."""
+        owned: dict[str, list[str]] = {}
+        for result in progress.results.values():
+            if result.ok and result.key and result.owner:
+                owned.setdefault(result.owner, []).append(result.key)
+        if not owned or not self.events.allowed():
+            return
+        _, addresses = self._ring()
+        pinned = refused = room = 0
+        unasked: list[str] = []
+        for owner, keys in sorted(owned.items()):
+            answer = await self._ask_pins(addresses.get(owner), {"workload": key, "pin": keys})
+            if answer is None:
+                unasked.append(owner)
+                continue
+            pinned += answer.get("pinned_bytes", 0)
+            refused += answer.get("refused_bytes", 0)
+            room += answer.get("room") or 0
+        progress.pinned = pinned
+        self._pinned[key] = pinned
+        log.info("prefetch_pinned", job=key, bytes=pinned, refused_bytes=refused, nodes_unasked=unasked)
+        await self._account(key, pinned, None)
+        if refused:
+            await self.events.emit(job, "Warning", "PrefetchNotPinned", (
+                f"{PREFETCH}: {pinned} bytes are kept from eviction while this workload exists, {refused} more "
+                f"are not: the pinned share (--pinned-share) of the nodes that store them is full; "
+                f"{pinned + room} bytes would have fit"))
+        if unasked:
+            await self.events.emit(job, "Warning", "PrefetchNotPinned",
+                                   f"{PREFETCH}: {', '.join(unasked)} could not be asked to keep what it stores")
+
+    # -- where the pods land: nezha.io/prefetch-spread: all ---------------------------
+
+    async def _spread(self, key: str, job: dict, progress: JobProgress) -> None:
+        """Copy each stored object up to `spread_max` from its owner to every other node, as a hot copy
+        (`/_nezha/replicate` with `hot`), so each replica of a model reads every file from its own node."""
+        _, addresses = self._ring()
+        stored = [r for r in progress.results.values() if r.ok and r.key and r.owner and r.bytes <= self.spread_max]
+        copies = failed = 0
+        reasons: list[str] = []
+        for result in stored:
+            target = target_of(result.key)
+            body = {"host": target.host, "path": target.path_qs, "scheme": target.scheme, "source": result.owner,
+                    "address": addresses.get(result.owner), "hot": True}
+            for node, address in sorted(addresses.items()):
+                if node == result.owner:
+                    continue
+                why = await self._copy_to(address, body)
+                if why is None:
+                    copies += 1
+                else:
+                    failed += 1
+                    reasons.append(f"{result.url} to {node}: {why}")
+        progress.spread_done = {"objects": len(stored), "copies": copies, "failed": failed,
+                                "larger_than_max": sum(1 for r in progress.results.values()
+                                                       if r.ok and r.bytes > self.spread_max)}
+        log.info("prefetch_spread", job=key, **progress.spread_done)
+        if failed:
+            await self.events.emit(job, "Warning", "PrefetchNotSpread", (
+                f"{PREFETCH_SPREAD}: {failed} of {copies + failed} copies were not made (a node's hot share, "
+                f"--hot-share, bounds them); first: {reasons[0]}"))
+
+    async def _copy_to(self, address: str, body: dict) -> str | None:
+        """Ask the node at `address` to copy one object as a hot copy; None once it holds it, else why not."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.fills))
+        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
+        async with self._slots:
+            try:
+                async with self._session().post(f"http://{address}{REPLICATE_PATH}", json=body,
+                                                headers=headers) as r:
+                    if r.status != 200:
+                        return f"{r.status} {(await r.text())[:200].strip()}"
+                    last: dict = {}
+                    async for line in r.content:  # one JSON object a line; the last says how it ended
+                        if line.strip():
+                            last = json.loads(line)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                return f"{type(e).__name__}: {e}"
+        result = str(last.get("result", "no result"))
+        return result.removeprefix(FAILED_PREFIX) if result.startswith(FAILED_PREFIX) or "result" not in last \
+            else None
+
+    async def _release(self, key: str, keep: float) -> None:
+        """Tell every node that `key`'s pins end in `keep` seconds (it is gone, or asks for something else)."""
+        if not self.events.allowed():
+            return
+        _, addresses = self._ring()
+        for owner, address in sorted(addresses.items()):
+            if await self._ask_pins(address, {"workload": key, "release": keep}) is None:
+                log.warning("prefetch_pins_not_released", job=key, node=owner)
+        log.info("prefetch_pins_released", job=key, keep=keep, nodes=len(addresses))
+        pinned = self._pinned.pop(key, None)
+        if pinned is not None:
+            await self._account(key, pinned, time.time() + keep)
+
+    async def _account(self, key: str, pinned: int, until: float | None) -> None:
+        if self._record_pins is None:
+            return
+        try:
+            await self._record_pins(key, pinned, until)
+        except Exception as e:  # noqa: BLE001 - Redis away: the pins hold on the nodes all the same
+            log.warning("prefetch_pins_not_recorded", job=key, error=f"{type(e).__name__}: {str(e)[:200]}")
+
+    async def _ask_pins(self, address: str | None, body: dict) -> dict | None:
+        if address is None:
+            return None
+        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
+        try:
+            async with self._session().post(f"http://{address}{PINS_PATH}", json=body, headers=headers) as r:
+                if r.status != 200:
+                    log.warning("prefetch_pins_refused", node=address, status=r.status,
+                                error=(await r.text())[:200].strip())
+                    return None
+                return await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            log.warning("prefetch_pins_unreachable", node=address, error=f"{type(e).__name__}: {e}")
+            return None
+
+    async def _credentials(self, job: dict) -> tuple[Auth | None, str | None]:
+        """The workload's `nezha.io/prefetch-secret` as an Auth (controller/sources.py), or why it cannot be."""
+        meta = job.get("metadata") or {}
+        name = (meta.get("annotations") or {}).get(PREFETCH_SECRET)
+        if name is None:
+            return None, None
+        problem = secret_problem(name)
+        if problem is not None:
+            return None, f"{problem.message}; nothing prefetched"
+        try:
+            found = await read_credentials(self.api, meta["namespace"], name.strip())
+        except SecretUnreadable as e:
+            return None, f"{PREFETCH_SECRET}: {e}; nothing prefetched"
+        log.info("prefetch_secret_read", secret=found.secret, hf_token=found.hf_token is not None,
+                 aws=found.aws is not None)
+        return found.auth(hub_host=self.expander.hub_host, s3_host=self.expander.s3_host,
+                          region=self.s3_region), None
+
+    async def _expand(self, job: dict, entries: list[str], progress: JobProgress, auth: Auth | None) -> None:
+        """Each entry's URLs into `progress.urls` (in order, each once); a name refused or unread goes to `bad`."""
+        seen: set[str] = set()
+        for entry in entries:
+            try:
+                name = parse_name(entry)
+            except BadName as e:  # parse_prefetch checked it; kept for a caller that did not
+                progress.bad.append({"url": entry, "reason": f"{PREFETCH}: {entry}: {e}"})
+                continue
+            if isinstance(name, ObjectUrl):
+                urls = [name.url]
+            else:
+                try:
+                    expansion = await self.expander.expand(name, auth=auth)
+                except NotAnOrigin as e:
+                    reason = f"{PREFETCH}: {entry} {e}; nothing of it prefetched"
+                    progress.bad.append({"url": entry, "reason": reason})
+                    self._counted("refused")
+                    log.warning("prefetch_name_refused", name=entry, hosts=e.hosts)
+                    await self.events.emit(job, "Warning", "PrefetchRefused", reason)
+                    continue
+                except ExpandFailed as e:
+                    reason = f"{PREFETCH}: {entry}: {e}"
+                    progress.bad.append({"url": entry, "reason": reason})
+                    self._counted("failed")
+                    log.warning("prefetch_name_unread", name=entry, error=str(e))
+                    await self.events.emit(job, "Warning", "PrefetchFailed", reason)
+                    continue
+                urls = expansion.urls
+                progress.expanded_from.append({"name": entry, "objects": len(urls), **expansion.note})
+                log.info("prefetch_name_expanded", name=entry, objects=len(urls), **expansion.note)
+            for url in urls:
+                if url not in seen:
+                    seen.add(url)
+                    progress.urls.append(url)
+
+    # -- one object ------------------------------------------------------------
+
+    def _key(self, url: str) -> str | None:
+        try:
+            target = parse_target(url, urlsplit(url).netloc)
+        except BadTarget:
+            return None
+        return key_for(target, self._origins.get(target.host))
+
+    def _fetch_once(self, url: str, auth: Auth | None = None, chain: tuple[str, ...] = ()) -> asyncio.Future:
+        """The one fetch of `url`'s object (by cache key, and by the credentials it is asked with: a fill
+        one workload's Secret may make is not another's to wait on), started if none is running or the
+        last failed. `chain`: the keys of the redirects that led here, so a loop fails instead of waiting
+        on itself."""
+        key = self._key(url)
+        if key is None or key in chain:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(Result(url, reason="redirects in a loop" if key else "not a URL the cache serves"))
+            return done
+        shared = key if auth is None else f"{key}#{id(auth)}"
+        task = self.fetches.get(shared)
         if task is None or (task.done() and not task.result().ok):
-            task = self.fetches[url] = asyncio.get_running_loop().create_task(self._fetch(url))
+            task = self.fetches[shared] = asyncio.get_running_loop().create_task(
+                self._fetch(url, auth, (*chain, key)))
         return task
 
-    async def _fetch(self, url: str) -> Result:
-        """Have the key's first owner fill `url`; Result says whether it is stored, and its size."""
+    async def _fetch(self, url: str, auth: Auth | None = None, chain: tuple[str, ...] = ()) -> Result:
+        """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.fills))
+        async with self._slots:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                answer = await self._ask(url, auth)
+            finally:
+                self.in_flight -= 1
+        if not isinstance(answer, _Redirect):
+            return answer
+        # The slot is given back first: the target's fetch takes one of its own.
+        location = urljoin(url, answer.location)
+        host = (urlsplit(location).hostname or "").rstrip(".")
+        if len(chain) > MAX_REDIRECTS:
+            return Result(url, reason=f"more than {MAX_REDIRECTS} redirects (last to {location})")
+        if host not in self._origins:
+            return Result(url, reason=f"redirected to {host or location}, which is not in the origin table")
+        result = await asyncio.shield(self._fetch_once(location, auth, chain))
+        return Result(url, ok=result.ok, bytes=result.bytes, reason=result.reason, key=result.key,
+                      owner=result.owner)
+
+    async def _ask(self, url: str, auth: Auth | None = None) -> Result | _Redirect:
         parts = urlsplit(url)
         try:
             target = parse_target(url, parts.netloc)
@@ -153,29 +517,107 @@ class Prefetcher:
         ring, addresses = self._ring()
         if ring is None or not addresses:
             return Result(url, reason="the cache has no ring yet")
-        owner = ring.owners(key_for(target, self._origins.get(target.host)), 1)[0]
-        node = f"http://{addresses[owner]}"
-        session = self._session()
-        # The absolute-URI form names the object; the node applies its own allow-list.
+        origin = self._origins.get(target.host)
+        key = key_for(target, origin)
+        owner = ring.owners(key, 1)[0]
+        # As written: requoting (yarl turns %27 into ') would make the node store another key than the
+        # one asked of its owner and pinned, and than the one a client that sends the URL as given reads.
+        node = URL(f"http://{addresses[owner]}{target.path_qs}", encoded=True)
+        credentials = {}
+        if auth is not None and origin is not None:
+            credentials = auth(url, origin.upstream_for(target.scheme, target.host) + target.path_qs)
+        # An authorize origin's object is filled by one whole request, also when its credential is in the
+        # URL (a signed CDN URL the Hub redirected to): a Range would be kept as a part, not filled.
+        signed = bool(credentials) or (origin is not None and origin.credentials == "authorize")
         headers = {"Host": target.host}
-        path = target.path_qs
-        deadline = self._clock() + self.timeout
+        if target.scheme == "https" or signed:
+            # As a peer relays a client of the TLS port: stored under the https key that client reads;
+            # the cluster token also lets the probe below read a signed fill's copy from the disk.
+            headers.update({PEER_HEADER: "nezha-controller", SCHEME_HEADER: target.scheme})
+            if self._cluster_token:
+                headers[TOKEN_HEADER] = self._cluster_token
         try:
-            async with session.get(node + path, headers={**headers, "Range": "bytes=0-0"}) as r:
-                await r.read()
-                if r.headers.get(CACHE_HEADER) in PASSED_ON:
-                    return Result(url, reason=f"{owner} passed it through: the origin's answer may not be stored")
-                if r.status >= 400:
-                    reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
-                    return Result(url, reason=f"{owner} answered {r.status}: {reason}")
-            while self._clock() < deadline:
-                async with session.head(node + path, headers={**headers, "Cache-Control": "only-if-cached"}) as r:
-                    if r.status == 200:
-                        return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
-                await asyncio.sleep(self.poll)
-            return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+            if signed:
+                answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
+            else:
+                answer = await self._fill(url, node, owner, headers)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
+        if isinstance(answer, Result) and answer.ok:
+            answer.key, answer.owner = key, owner
+        return answer
+
+    async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+        """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
+        session = self._session()
+        async with session.get(node, headers={**headers, "Range": "bytes=0-0"}, allow_redirects=False) as r:
+            await r.read()
+            refused = await self._refused(url, owner, r)
+            if refused is not None:
+                return refused
+        deadline = self._clock() + self.timeout
+        for wait in self._waits():
+            # The fill commits after its last byte (a rename, off the loop): an ask at once would
+            # nearly always be answered "not yet", a request the node serves for nothing.
+            await asyncio.sleep(wait)
+            # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
+            # Last-Modified) is stale at once, and still stored: revalidated when read.
+            async with session.head(node, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
+                                    allow_redirects=False) as r:
+                if r.status == 200:
+                    return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
+            if self._clock() >= deadline:
+                break
+        return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    async def _signed_fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
+        """An object read with credentials (an `authorize` origin's, docs/private-objects.md): its signed
+        Range would be kept as a part, not filled whole, so the whole object is asked for and the answer
+        let go once its head is in (the fill goes on on its own); then a peer's `only-if-cached` ranged
+        GET, which the owner answers from its disk, says when it is stored and how long it is."""
+        session = self._session()
+        async with session.get(node, headers=headers, allow_redirects=False) as r:
+            refused = await self._refused(url, owner, r)
+            if refused is not None:
+                return refused
+            r.close()  # not a byte of the body crosses the controller
+        deadline = self._clock() + self.timeout
+        probe = {**headers, "Range": "bytes=0-0", "Cache-Control": "only-if-cached, max-stale"}
+        for wait in self._waits():
+            await asyncio.sleep(wait)
+            async with session.get(node, headers=probe, allow_redirects=False) as r:
+                await r.read()
+                if r.status in (200, 206):
+                    total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+                    size = int(total) if total.isdigit() else int(r.headers.get("Content-Length") or 0)
+                    return Result(url, ok=True, bytes=size)
+                if r.status != 504:
+                    return await self._refused(url, owner, r) or Result(
+                        url, reason=f"{owner} answered {r.status} when asked whether it stored it")
+            if self._clock() >= deadline:
+                break
+        return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    def _waits(self):
+        """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small
+        object is stored within milliseconds of its first byte, a large one takes seconds: asking soon
+        keeps a large expansion of small objects from waiting `poll` on each."""
+        wait = min(0.005, self.poll)
+        while True:
+            yield wait
+            wait = min(wait * 2, self.poll)
+
+    async def _refused(self, url: str, owner: str, r: aiohttp.ClientResponse) -> Result | _Redirect | None:
+        """What an answer to a fill says instead of "filling": a redirect to follow, or why it fails."""
+        if r.status in REDIRECTS and r.headers.get("Location"):
+            return _Redirect(r.headers["Location"])
+        if r.headers.get(CACHE_HEADER) in PASSED_ON:
+            return Result(url, reason=f"{owner} passed it through ({r.status}, {r.headers.get(CACHE_HEADER)}): "
+                                      "the origin's answer may not be stored")
+        if r.status >= 400:
+            reason = r.headers.get(ORIGIN_ERROR_HEADER) or (await r.text())[:200].strip() or r.reason
+            return Result(url, reason=f"{owner} answered {r.status}: {reason}")
+        return None
 
     async def _write_status(self, job: dict, progress: JobProgress) -> None:
         if not self.events.allowed():
@@ -183,8 +625,7 @@ class Prefetcher:
         meta = job.get("metadata") or {}
         text = json.dumps(progress.status(), sort_keys=True, separators=(",", ":"))
         try:
-            await self.batch.patch_namespaced_job(meta["name"], meta["namespace"],
-                                                  {"metadata": {"annotations": {STATUS: text}}})
-        except Exception as e:  # noqa: BLE001 - the Job may be gone; what was fetched stays cached
-            log.info("prefetch_status_not_written", job=f"{meta.get('namespace')}/{meta.get('name')}",
-                     error=f"{type(e).__name__}: {str(e)[:200]}")
+            await workloads.patch_annotations(self.api, job, {STATUS: text})
+        except Exception as e:  # noqa: BLE001 - the workload may be gone; what was fetched stays cached
+            log.info("prefetch_status_not_written", kind=job.get("kind"),
+                     job=f"{meta.get('namespace')}/{meta.get('name')}", error=f"{type(e).__name__}: {str(e)[:200]}")

@@ -34,6 +34,8 @@ from controller.leader import LeaderElector
 from controller.drains import Drains
 from controller.membership import leaving, members, pod_selector
 from controller.metrics import ControllerMetrics
+from controller import workloads
+from controller.expand import Expander
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.trust import TrustPublisher
@@ -69,9 +71,14 @@ class Controller:
                                      namespace=self.namespace, field_selector=f"metadata.name={self.name}",
                                      on_change=self._changed)
         self._list_pods = core.list_namespaced_pod
-        # Training Jobs live in their users' namespaces: watched everywhere, for nezha.io/prefetch.
-        self.jobs = Informer(kind="job", list_fn=client.BatchV1Api(api).list_job_for_all_namespaces,
-                             namespace=None, on_change=self._changed)
+        # Workloads live in their users' namespaces: watched everywhere, for nezha.io/prefetch; the
+        # custom kinds (LeaderWorkerSet, JobSet) once discovery finds them (controller/workloads.py).
+        self.workloads: dict[str, Informer] = {}
+        self._workload_tasks: list[asyncio.Task] = []
+        for kind in workloads.KINDS:
+            if not kind.custom:
+                self._add_workload_kind(kind)
+        self.jobs = self.workloads[workloads.JOB.name]
         self._http: aiohttp.ClientSession | None = None
         self.pods: Informer | None = None
         self._pods_task: asyncio.Task | None = None
@@ -87,8 +94,14 @@ class Controller:
                                     host=settings.holder, allowed=lambda: self.leading, counted=self.metrics.event)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
+        expander = Expander(session=self._session, origins=settings.origin_table, hub_host=settings.hub_host,
+                            s3_host=settings.s3_host, max_objects=settings.prefetch_max_objects,
+                            s3_page_keys=settings.s3_page_keys)
         self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
-                                     origins=settings.origin_table,
+                                     origins=settings.origin_table, fills=settings.prefetch_fills,
+                                     expander=expander, cluster_token=settings.cluster_token,
+                                     s3_region=settings.s3_region, record_pins=index.record_pins,
+                                     spread_max=settings.prefetch_spread_max,
                                      counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
@@ -118,7 +131,8 @@ class Controller:
     async def run(self) -> None:
         """Until cancelled."""
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self.jobs.run())]
+        tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self._discover_forever())]
+        self._workload_tasks = [loop.create_task(i.run()) for i in self.workloads.values()]
         tasks.append(loop.create_task(self._autoscale_forever()))
         if self.trust is not None:
             tasks.append(loop.create_task(self.trust.run()))
@@ -128,6 +142,7 @@ class Controller:
             await self._reconcile_forever()
         finally:
             tasks.append(self._pods_task)
+            tasks += self._workload_tasks
             for task in tasks:
                 if task is not None:
                     task.cancel()
@@ -136,6 +151,25 @@ class Controller:
             await self.drains.close()
             if self._http is not None:
                 await self._http.close()
+
+    def _add_workload_kind(self, kind: workloads.Kind) -> Informer:
+        informer = self.workloads[kind.name] = Informer(kind=kind.name, list_fn=workloads.list_all(self.api, kind),
+                                                        namespace=None, on_change=self._changed)
+        return informer
+
+    async def _discover_forever(self) -> None:
+        """Watch the custom workload kinds from when discovery finds their CRDs (controller/workloads.py)."""
+        while True:
+            try:
+                found = await workloads.discover(self.api)
+            except Exception as e:  # noqa: BLE001 - the API may be away: the next round looks again
+                log.warning("workload_discovery_failed", error=f"{type(e).__name__}: {str(e)[:200]}")
+                found = set()
+            for kind in sorted(found - {workloads.BY_NAME[k] for k in self.workloads}, key=lambda k: k.name):
+                log.info("workload_kind_discovered", kind=kind.name, api_version=kind.api_version)
+                informer = self._add_workload_kind(kind)
+                self._workload_tasks.append(asyncio.get_running_loop().create_task(informer.run()))
+            await asyncio.sleep(workloads.REDISCOVER)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -260,8 +294,9 @@ class Controller:
         await self.write_ring(desired, replicas=self.spec.replicas_per_key, leaving=going)
         await self.write_status(sts)
         self._follow_drains(sts)
-        if self.jobs.synced.is_set():
-            self.prefetcher.observe(self.jobs.objects)
+        if all(i.synced.is_set() for i in self.workloads.values()):
+            self.prefetcher.observe({f"{kind}/{key}": obj for kind, informer in self.workloads.items()
+                                     for key, obj in informer.objects.items()})
 
     def _follow_drains(self, sts: dict) -> None:
         """Events for the nodes a scale-down takes out of the ring while they still run (controller/drains.py)."""

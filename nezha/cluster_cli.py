@@ -155,6 +155,7 @@ def run_stats(args: argparse.Namespace) -> int:
             values["age_seconds"] = None if at is None else round(max(0.0, now - float(at)), 1)
             values["stale"] = at is None or now - float(at) > STALE_AFTER
         stats["cluster"]["hit_ratio"] = hit_ratio(stats["cluster"])
+        stats["pinned"] = await index.read_pins()
         if args.json:
             print(json.dumps(stats, sort_keys=True))
         else:
@@ -193,7 +194,15 @@ def _stats_table(stats: dict) -> str:
         row("node", node, stats["nodes"][node])
     for host in sorted(stats["hosts"]):
         row("host", host, stats["hosts"][host])
-    return _table(rows)
+    out = _table(rows)
+    pinned = stats.get("pinned") or {}
+    if pinned:
+        # Kept from eviction for the workloads that prefetched it (docs/controller.md, "Kept while used").
+        kept = [["WORKLOAD", "PINNED", "UNTIL"]] + [
+            [w, human_bytes(r["bytes"]), "while it exists" if r["until"] is None else
+             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r["until"]))] for w, r in sorted(pinned.items())]
+        out += "\n\n" + _table(kept)
+    return out
 
 
 def _reported(values: dict) -> str:

@@ -9,7 +9,7 @@ the drawing is the tree the code defines.
     Exception  builtins
     ├── NezhaError  nezha.errors: base of every error Nezha raises on purpose
     │   ├── ConfigError  nezha.errors: settings that cannot work together; named fields (exit 2)
-    │   │   └── RuleError  webhook.patch: a webhook rule that cannot work
+    │   │   └── RuleError  webhook.rules: a webhook rule that cannot work
     │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
     │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
@@ -32,9 +32,12 @@ the drawing is the tree the code defines.
     │   ├── Deposed  nezha.index.membership: a ring write by a controller that no longer leads
     │   ├── AnnotationError  nezha.errors: an invalid nezha.io/* annotation (controller)
     │   │   └── AnnotationError  controller.annotations: the same, naming the annotation and its value
+    │   ├── ExpandFailed  controller.expand: a prefetch name whose listing could not be read
+    │   │   └── NotAnOrigin  controller.expand: a prefetch name that expands to a host outside the origin table
+    │   ├── SecretUnreadable  controller.sources: a workload's prefetch Secret that cannot be read or used
     │   ├── ReviewError  nezha.errors: a malformed AdmissionReview (webhook)
-    │   ├── PatchError  webhook.patch: an object whose shape is no pod spec the webhook understands
-    │   │   └── TooManyContainers  webhook.patch: env mode declines a pod with too many containers
+    │   ├── PatchError  webhook.ops: an object whose shape is no pod spec the webhook understands
+    │   │   └── TooManyContainers  webhook.ops: env mode declines a pod with too many containers
     │   ├── DrainFailed  nezha.dev.local_cluster: a node's objects did not all reach their new owners
     │   ├── NodeFailed  nezha.dev.local_cluster: a local node that did not come up, or died
     │   └── RingTaken  nezha.dev.local_cluster: the index holds a ring `nezha up` did not write
@@ -50,6 +53,8 @@ the drawing is the tree the code defines.
 
     ValueError  builtins
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
+    ├── BadName  nezha.prefetch.names: a nezha.io/prefetch entry that names nothing to expand
+    ├── BadListing  nezha.prefetch.listings: an answer that is not the listing it should be
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
     ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
     └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)

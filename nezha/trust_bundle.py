@@ -2,7 +2,7 @@
 
 `nezha ca init` writes these files into ConfigMap `nezha-ca`; the webhook
 mounts that ConfigMap at `CA_DIR` in every container of a pod a `tls: true`
-rule matches and points each client's variable at them (webhook/patch.py).
+rule matches and points each client's variable at them (webhook/containers.py).
 Both sides read the names from here, so they cannot drift.
 
 Every variable but NODE_EXTRA_CA_CERTS *replaces* a client's roots, so the

@@ -20,20 +20,36 @@ client the recipe's job runs, unmodified) and the Hub's answers described there 
   strong `ETag` (the sha256); `If-None-Match` and `Range` are answered as RFC 9110 says, the signature
   checked first, as CloudFront does.
 
+- The listing endpoints a prefetch reads (controller/expand.py), as `huggingface_hub`'s `HfApi` reads
+  them: `GET /api/{models|datasets}/{repo}/revision/{rev}` (the repository's info at a revision: `sha`
+  is its commit, `siblings` its files) and `GET /api/{models|datasets}/{repo}/tree/{rev}` (one level, or
+  every file with `recursive=true`: `type`, `path`, `size`, `oid`, and `lfs` for LFS files), in pages of
+  `Repo.tree_page` entries linked by `Link: <https://huggingface.co/...&cursor=...>; rel="next"`. The
+  Hub names its own public host in that link, not the address it was reached at.
+- Access (`Repo.access`): `gated` (the default) lists its files to anyone, as the Hub shows a gated
+  repository's file list, and gates every `resolve`; `public` answers everyone; `private` answers only
+  a granted token and is `401 RepoNotFound` to everyone else, as if it did not exist.
+- A dataset repository (`Repo.kind = "dataset"`) is served under `/datasets/{repo}/resolve/...` and
+  `/api/datasets/...`, a model's under `/{repo}/resolve/...` and `/api/models/...`.
+
 Every conditional and ranged request of the Hub is checked for the token before it is answered, which is
 what `credentials: authorize` needs of an origin (docs/private-objects.md, "Limits today"). Not
-mimicked: Xet storage (no `X-Xet-Hash`: the job runs with HF_HUB_DISABLE_XET=1 anyway), the `/api`
-listing endpoints, uploads.
+mimicked: Xet storage (no `X-Xet-Hash`: the job runs with HF_HUB_DISABLE_XET=1 anyway), the other `/api`
+endpoints, uploads.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import hmac
+import json
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
@@ -50,6 +66,17 @@ class Repo:
     git_files: dict[str, bytes]
     lfs_files: dict[str, bytes]
     granted: set[str] = field(default_factory=set)  # tokens that accepted the conditions
+    access: str = "gated"  # gated, public or private
+    kind: str = "model"  # model or dataset
+    tree_page: int = 1000  # entries per page of the tree API
+
+    @property
+    def kinds(self) -> str:
+        return "datasets" if self.kind == "dataset" else "models"
+
+    @property
+    def files(self) -> dict[str, bytes]:
+        return {**self.git_files, **self.lfs_files}
 
 
 def _quoted(tag: str) -> str:
@@ -76,8 +103,10 @@ class HubDouble:
     the cache). `sent` counts the object bytes each side sent (bodies of 200 and 206 answers), `answers`
     the statuses by (side, method, path without query)."""
 
-    def __init__(self, repo: Repo, *, cdn_url: str = "https://cdn-lfs.hf.co", lifetime: int = 3600) -> None:
+    def __init__(self, repo: Repo, *, cdn_url: str = "https://cdn-lfs.hf.co", lifetime: int = 3600,
+                 public_host: str = "huggingface.co") -> None:
         self.repo = repo
+        self.public_host = public_host
         self.cdn_url = cdn_url
         self.lifetime = lifetime
         self._secret = b"nezha-hub-double-signing-key"
@@ -89,10 +118,82 @@ class HubDouble:
 
     def hub_app(self) -> web.Application:
         app = web.Application()
+        app.router.add_route("*", "/datasets/{org}/{name}/resolve/{revision}/{file:.+}",
+                             self._counted("hub", self._resolve))
         app.router.add_route("*", "/{org}/{name}/resolve/{revision}/{file:.+}", self._counted("hub", self._resolve))
-        app.router.add_route("*", "/api/resolve-cache/models/{org}/{name}/{commit}/{file:.+}",
+        app.router.add_route("*", "/api/resolve-cache/{kinds}/{org}/{name}/{commit}/{file:.+}",
                              self._counted("hub", self._resolve_cache))
+        app.router.add_get("/api/{kinds}/{org}/{name}/revision/{revision}", self._counted("hub", self._revision))
+        app.router.add_get("/api/{kinds}/{org}/{name}/tree/{revision}", self._counted("hub", self._tree))
         return app
+
+    def _kinds_of(self, request: web.Request) -> str:
+        """The repository type a path names: `datasets`, or `models` (a resolve URL without a prefix)."""
+        kinds = request.match_info.get("kinds")
+        if kinds is not None:
+            return kinds
+        return "datasets" if request.path.startswith("/datasets/") else "models"
+
+    def _missing(self, request: web.Request) -> web.Response | None:
+        """404 RepoNotFound for another repository or type; a private one is not found without its token."""
+        info = request.match_info
+        if f"{info['org']}/{info['name']}" != self.repo.name or self._kinds_of(request) != self.repo.kinds:
+            return web.Response(status=404, text="Repository not found\n", headers={"X-Error-Code": "RepoNotFound"})
+        if self.repo.access == "private":
+            auth = request.headers.get("Authorization", "")
+            self.authorizations.append(auth or None)
+            if auth.removeprefix("Bearer ") not in self.repo.granted:
+                return web.Response(status=401, text="Repository not found\n", headers={
+                    "X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository Not Found for url"})
+        return None
+
+    def _commit_of(self, revision: str) -> str | None:
+        return self.repo.commit if revision in ("main", self.repo.commit) else None
+
+    def _revision(self, request: web.Request) -> web.Response:
+        missing = self._missing(request)
+        if missing is not None:
+            return missing
+        commit = self._commit_of(request.match_info["revision"])
+        if commit is None:
+            return web.Response(status=404, text="Invalid rev id\n", headers={"X-Error-Code": "RevisionNotFound"})
+        return web.json_response({"id": self.repo.name, "sha": commit, "private": self.repo.access == "private",
+                                  "gated": "auto" if self.repo.access == "gated" else False,
+                                  "siblings": [{"rfilename": f} for f in sorted(self.repo.files)]})
+
+    def _tree(self, request: web.Request) -> web.Response:
+        missing = self._missing(request)
+        if missing is not None:
+            return missing
+        info = request.match_info
+        if self._commit_of(info["revision"]) is None:
+            return web.Response(status=404, text="Invalid rev id\n", headers={"X-Error-Code": "RevisionNotFound"})
+        recursive = request.query.get("recursive", "").lower() in ("true", "1")
+        entries, folders = [], set()
+        for path in sorted(self.repo.files):
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                folders.add("/".join(parts[:depth]))
+            if recursive or len(parts) == 1:
+                entries.append(self._tree_entry(path))
+        entries += [{"type": "directory", "oid": hashlib.sha1(f.encode()).hexdigest(), "size": 0, "path": f}
+                    for f in sorted(folders) if recursive or "/" not in f]
+        entries.sort(key=lambda e: e["path"])
+        start = int(base64.urlsafe_b64decode(request.query["cursor"]).decode()) if "cursor" in request.query else 0
+        page = entries[start:start + self.repo.tree_page]
+        headers = {}
+        if start + self.repo.tree_page < len(entries):
+            cursor = base64.urlsafe_b64encode(str(start + self.repo.tree_page).encode()).decode()
+            headers["Link"] = (f"<https://{self.public_host}{request.path}?recursive={str(recursive).lower()}"
+                               f"&cursor={cursor}>; rel=\"next\"")
+        return web.Response(text=json.dumps(page), content_type="application/json", headers=headers)
+
+    def _tree_entry(self, path: str) -> dict:
+        if path in self.repo.lfs_files:
+            body = self.repo.lfs_files[path]
+            return {"type": "file", "oid": hashlib.sha1(path.encode()).hexdigest(), "size": len(body), "path": path,
+                    "lfs": {"oid": hashlib.sha256(body).hexdigest(), "size": len(body), "pointerSize": 134}}
+        return {"type": "file", "oid": self._blob_id(path), "size": len(self.repo.git_files[path]), "path": path}
 
     def _counted(self, side: str, answer):
         """An aiohttp handler giving `answer`'s response, counted in `answers` and `sent`."""
@@ -106,7 +207,10 @@ class HubDouble:
         return handle
 
     def _refusal(self, request: web.Request) -> web.Response | None:
-        """401 without a valid token, 403 for one not granted: the gate comes before anything else."""
+        """401 without a valid token, 403 for one not granted: the gate comes before anything else.
+        A public repository has no gate; a private one's is `_missing`."""
+        if self.repo.access != "gated":
+            return None
         auth = request.headers.get("Authorization", "")
         self.authorizations.append(auth or None)
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer hf_") else None
@@ -123,9 +227,9 @@ class HubDouble:
 
     def _resolve(self, request: web.Request) -> web.Response:
         info = request.match_info
-        if f"{info['org']}/{info['name']}" != self.repo.name:
-            return web.Response(status=404, text="Repository not found\n",
-                                headers={"X-Error-Code": "RepoNotFound"})
+        missing = self._missing(request)
+        if missing is not None:
+            return missing
         refused = self._refusal(request)
         if refused is not None:
             return refused
@@ -140,15 +244,17 @@ class HubDouble:
                 "X-Linked-Etag": _quoted(oid), "X-Linked-Size": str(len(body))})
         if file in self.repo.git_files:
             return web.Response(status=307, headers={**commit, "Location": (
-                f"/api/resolve-cache/models/{self.repo.name}/{self.repo.commit}/{file}?"
+                f"/api/resolve-cache/{self.repo.kinds}/{self.repo.name}/{self.repo.commit}/{quote(file)}?"
                 + urlencode({"etag": _quoted(self._blob_id(file))}))})
         return web.Response(status=404, text="Entry not found\n", headers={**commit, "X-Error-Code": "EntryNotFound"})
 
     def _resolve_cache(self, request: web.Request) -> web.Response:
         info = request.match_info
         file = info["file"]
-        if f"{info['org']}/{info['name']}" != self.repo.name or info["commit"] != self.repo.commit \
-                or file not in self.repo.git_files:
+        missing = self._missing(request)
+        if missing is not None:
+            return missing
+        if info["commit"] != self.repo.commit or file not in self.repo.git_files:
             return web.Response(status=404, text="Entry not found\n", headers={"X-Error-Code": "EntryNotFound"})
         return self._refusal(request) or _ranged_or_whole(request, self.repo.git_files[file], {
             "ETag": _quoted(self._blob_id(file)), "X-Repo-Commit": self.repo.commit,
@@ -194,3 +300,25 @@ class HubDouble:
         return _ranged_or_whole(request, body, {"ETag": _quoted(oid), "Accept-Ranges": "bytes",
                                                 "Content-Type": "binary/octet-stream",
                                                 "Content-Disposition": q.get("response-content-disposition", "")})
+
+
+@contextlib.asynccontextmanager
+async def served(double: HubDouble, *, hub_address: str = "127.0.0.7",
+                 cdn_address: str = "127.0.0.8") -> AsyncIterator[HubDouble]:
+    """The Hub and its CDN each on a loopback address of its own, on a free port: `double.hub_url` and
+    `double.cdn_stand_in` say where (the redirects still name the CDN by its public name)."""
+    runners = []
+    try:
+        urls = []
+        for app, address in ((double.hub_app(), hub_address), (double.cdn_app(), cdn_address)):
+            runner = web.AppRunner(app, access_log=None)
+            runners.append(runner)
+            await runner.setup()
+            site = web.TCPSite(runner, address, 0)
+            await site.start()
+            urls.append(f"http://{address}:{site._server.sockets[0].getsockname()[1]}")
+        double.hub_url, double.cdn_stand_in = urls
+        yield double
+    finally:
+        for runner in runners:
+            await runner.cleanup()

@@ -46,6 +46,8 @@ class TestOrigin:
         self.raw_headers: list[list[tuple[str, str]]] = []
         self.uploads: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256 hex) of the last write
         self.connections: set[tuple] = set()  # the client (address, port) of every connection that asked
+        self.in_flight = 0  # requests being answered now
+        self.most_in_flight = 0  # the most answered at once
         self.url = ""
 
     def put(self, path: str, body: bytes, *, etag: str | None = None, **behaviour) -> None:
@@ -59,6 +61,14 @@ class TestOrigin:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.path_qs
         self.requests[path] += 1
         if request.transport is not None:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nezha.errors import ReviewError
-from webhook.patch import DEFAULT_NO_PROXY, PatchError, Rule, patch_for
+from webhook.ops import PatchError
+from webhook.patch import DEFAULT_NO_PROXY, patch_for
+from webhook.rules import Rule
 from webhook.sidecar import SidecarConfig
 
 API_VERSION = "admission.k8s.io/v1"

@@ -36,7 +36,8 @@ from aiohttp import web
 from nezha.config import WebhookSettings
 from nezha.errors import ConfigError, ReviewError, RunError
 from webhook.metrics import WebhookMetrics, outcome_of
-from webhook.patch import DEFAULT_NO_PROXY, Rule, RuleError, parse_rules
+from webhook.patch import DEFAULT_NO_PROXY
+from webhook.rules import Rule, RuleError, parse_rules
 from webhook.review import review
 from webhook.sidecar import MIN_SIZE, SidecarConfig, parse_version, quantity_bytes
 

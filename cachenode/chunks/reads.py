@@ -161,55 +161,61 @@ class ChunkReads:
                                             piece.length - sent)
                     if sent == piece.length:
                         return
-                    log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
-                                reason=f"its fill here ended after {sent} of {piece.length} bytes",
-                                resume=attempt < RESUMES)
-                    opened.close()
-                    if attempt == RESUMES:
-                        raise BrokenStream(f"{opened.source} ended early, and no other source finished it")
+                    why = f"its fill here ended after {sent} of {piece.length} bytes"
+                    gave_up = f"{opened.source} ended early, and no other source finished it"
                     # As when this node's fill fails before a byte is read: the rest from the origin, unstored.
-                    opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
-                                                length=piece.length - sent), None, True)
-                    continue
-                answer = opened.response
-                assert answer is not None
-
-                def moved(n: int) -> None:
-                    nonlocal sent
-                    sent += n
-
-                before = sent
-                try:
-                    if self.relay.splice and answer.content_length == piece.length - sent \
-                            and splice.usable(answer, request):
-                        # Socket to socket in the kernel, as a relay does: the bytes never enter Python.
-                        await splice.splice_body(answer, request, resp, read_timeout=self.settings.origin_read_timeout,
-                                                 on_bytes=moved)
-                    else:
-                        async for data in answer.content.iter_chunked(self.settings.read_size):
-                            if sent + len(data) > piece.length:
-                                raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
-                            await resp.write(data)
-                            moved(len(data))
-                    if sent == piece.length:
+                    broke, origin_only = None, True
+                else:
+                    sent, why = await self._relay(request, resp, opened, piece, sent=sent, host=host)
+                    if why is None:
                         return
-                    why = f"ended after {sent} of {piece.length} bytes"
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    why = f"broke off after {sent} of {piece.length} bytes: {type(e).__name__}"
-                finally:
-                    if opened.peer is None and sent > before:  # the origin's answer, not a peer's
-                        self.counts.count(host, bytes_from_origin=sent - before)
+                    gave_up = f"{opened.source} {why}, and no other source finished it"
+                    broke, origin_only = opened.peer, False
                 log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
                             reason=why, resume=attempt < RESUMES)
-                if opened.peer is not None:
-                    self.relay.mark_down(opened.peer, f"chunk {piece.index} {why}")
+                if broke is not None:
+                    self.relay.mark_down(broke, f"chunk {piece.index} {why}")
                 opened.close()
                 if attempt == RESUMES:
-                    raise BrokenStream(f"{opened.source} {why}, and no other source finished it")
+                    raise BrokenStream(gave_up)
                 opened = await reopen(Piece(index=piece.index, offset=piece.offset + sent,
-                                            length=piece.length - sent), opened.peer, False)
+                                            length=piece.length - sent), broke, origin_only)
         finally:
             opened.close()
+
+    async def _relay(self, request: web.Request, resp: web.StreamResponse, opened: Opened, piece: Piece, *,
+                     sent: int, host: str) -> tuple[int, str | None]:
+        """Pass the answer `opened` holds on to the client, from byte `sent` of
+        `piece`: how far the piece got, and why it stopped short (None: it did not)."""
+        answer = opened.response
+        assert answer is not None
+
+        def moved(n: int) -> None:
+            nonlocal sent
+            sent += n
+
+        before = sent
+        try:
+            if self.relay.splice and answer.content_length == piece.length - sent \
+                    and splice.usable(answer, request):
+                # Socket to socket in the kernel, as a relay does: the bytes never enter Python.
+                await splice.splice_body(answer, request, resp, read_timeout=self.settings.origin_read_timeout,
+                                         on_bytes=moved)
+            else:
+                async for data in answer.content.iter_chunked(self.settings.read_size):
+                    if sent + len(data) > piece.length:
+                        raise BrokenStream(f"{opened.source} sent more than the {piece.length} bytes asked")
+                    await resp.write(data)
+                    moved(len(data))
+            if sent == piece.length:
+                return sent, None
+            why = f"ended after {sent} of {piece.length} bytes"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            why = f"broke off after {sent} of {piece.length} bytes: {type(e).__name__}"
+        finally:
+            if opened.peer is None and sent > before:  # the origin's answer, not a peer's
+                self.counts.count(host, bytes_from_origin=sent - before)
+        return sent, why
 
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
                     piece: Piece, owners: list[Peer], owner: bool | None = None) -> Opened:

@@ -182,8 +182,11 @@ class Handoff:
                 and "\r" not in v for k, v in selecting.items()):
             raise web.HTTPBadRequest(text="replicate headers must be an object of at most 32 request fields\n")
         copy = _Copy()
+        # `hot`: a hot copy of an object this node does not own (the controller's
+        # `nezha.io/prefetch-spread: all`), held within the hot share, evicted first.
+        hot = body.get("hot") is True
         # The copy runs on its own: a caller that hangs up does not stop it.
-        task = self.spawn(self.copy_from(peer, target, copy=copy, headers=selecting))
+        task = self.spawn(self.copy_from(peer, target, copy=copy, headers=selecting, hot=hot))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         try:

@@ -36,14 +36,13 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.cluster.peer_auth import refuse_internal
 from cachenode.cluster.replicas import internal_headers
 from cachenode.cluster.view import ClusterView
 from cachenode.fill.parallel import Validator
 from cachenode.fill.origin import OriginClient
 from nezha.config import CacheSettings
 from nezha.ring import Peer
-from nezha.wire import INVALIDATE_PATH, TOKEN_HEADER
+from nezha.wire import INVALIDATE_PATH
 
 log = structlog.get_logger("nezha.invalidation")
 
@@ -112,18 +111,15 @@ class Invalidation:
 
     PATH = INVALIDATE_PATH
 
-    def __init__(self, *, settings: CacheSettings, broadcast: Broadcast, forget: Callable[..., Awaitable[int]],
-                 old_chunks: OldChunks) -> None:
-        self.settings = settings
+    def __init__(self, *, broadcast: Broadcast, forget: Callable[..., Awaitable[int]], old_chunks: OldChunks) -> None:
         self.broadcast = broadcast
         self.forget = forget
         self.old_chunks = old_chunks
 
     async def handle(self, request: web.Request) -> web.Response:
-        why = refuse_internal(remote=request.remote, token=self.settings.cluster_token,
-                              presented=request.headers.get(TOKEN_HEADER))
-        if why is not None:
-            raise web.HTTPForbidden(text=f"{why}\n")
+        """POST of the keys to forget here (or of an old version's chunks to
+        drop). The route table (front/routes.py) has refused a caller without
+        the cluster token before this runs."""
         if request.method != "POST":
             raise web.HTTPMethodNotAllowed(request.method, ["POST"], text=f"{self.PATH} takes POST\n")
         try:

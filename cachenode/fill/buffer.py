@@ -35,6 +35,7 @@ from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
 import structlog
 
 from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
+from cachenode.fill.verify import BodyCheck, DigestMismatch
 from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
 from cachenode.store.disk import Store
@@ -93,7 +94,7 @@ class Fill:
                  age: float = 0.0, status: int = 200, vary: tuple[str, ...] = (), variant: str = "",
                  delimited_by_close: bool = False, window: int = MEMORY_WINDOW,
                  patience: float = READER_PATIENCE, on_unstored: Callable[[], None] | None = None,
-                 ranges: Ranges | None = None) -> None:
+                 ranges: Ranges | None = None, check: BodyCheck | None = None) -> None:
         self.key = key
         self.status = status
         self.vary = vary  # the request fields the response varies on, and the fill's values of them
@@ -122,6 +123,9 @@ class Fill:
         # fetched, so every reader asks, at the prefix too; parked while
         # every asked-for byte is on disk.
         self.on_demand = ranges is not None and ranges.on_demand
+        # The source published a digest of the body (cachenode/fill/verify.py):
+        # its last byte reaches no reader until the bytes have matched it.
+        self._check = check
         self.parked = False
         self._progress = asyncio.Event()
         self._writes: set[asyncio.Task] = set()  # writes still running in threads (track)
@@ -188,15 +192,26 @@ class Fill:
         return self._readers.spilled_at is not None
 
     def _available(self, offset: int) -> int:
-        if offset < self._received or self._ranges is None:
-            return self._received
-        return self._ranges.covered_until(offset)
+        available = self._received if offset < self._received or self._ranges is None \
+            else self._ranges.covered_until(offset)
+        if self._check is not None and not self.complete and self.length is not None and not self.on_demand:
+            # Held back until the digest matched (an on-demand fill may never
+            # have the whole body: its ranges go out as they land).
+            return min(available, self.length - 1)
+        return available
+
+    @property
+    def verified_by(self) -> str | None:
+        """The field whose digest the stored bytes matched (None: none was checked)."""
+        return self._check.field if self._check is not None and self.meta is not None else None
 
     @property
     def finished(self) -> bool:
         return self.meta is not None or self.error is not None
 
     def _notify(self) -> None:
+        if self._check is not None and self._readers.spilled_at is None:
+            self._check.grew(self._received)
         self._progress.set()
         self._progress = asyncio.Event()
 
@@ -396,6 +411,11 @@ class Fill:
             if self.length is not None and self.written != self.length:
                 raise FillAborted(
                     f"origin {self.url} sent {self.written} of {self.length} bytes for {self.key}")
+            if self._check is not None and self._readers.spilled_at is None:
+                mismatch = await self._check.finish(self.written)
+                if mismatch is not None:
+                    raise DigestMismatch(f"{self.url} sent bytes for {self.key} that are not what it published: "
+                                         f"{mismatch}; nothing is stored", mismatch=mismatch)
             self.complete = True
             self._notify()
             if self._readers.spilled_at is not None:
@@ -423,4 +443,6 @@ class Fill:
                 raise
             raise self.error from e
         finally:
+            if self._check is not None:
+                self._check.close()
             self._notify()

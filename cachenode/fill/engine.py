@@ -24,9 +24,9 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
-from cachenode.fill.lead import Answer, Decision, Step, decide
+from cachenode.fill.lead import Answer, Decision, Step, answered_span, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
-from cachenode.fill.parallel import close_unread, parallel_validator
+from cachenode.fill.parallel import close_unread, if_range_validator, parallel_validator
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.upstream import Upstream
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
@@ -162,8 +162,12 @@ class FillEngine:
         through the parent tier when `route` names the target to ask it for.
         `interim` forwards the origin's 1xx answers to that client."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
+        # A resume (the rest of a body under If-Range) asks for its range first; not through a
+        # parent tier, and not when the caller's own fields go as they are (a signed read).
+        resume = (resume_of(client_headers.get("Range"), client_headers.get("If-Range"))
+                  if route is None and "range" in drop else None)
         return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route,
-                      interim=interim)
+                      interim=interim, resume=resume)
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -173,10 +177,25 @@ class FillEngine:
         try:
             try:
                 response = await self._ask(source, stale)
+                answered = self._answered(response, source=source, stale=stale, origin=origin)
+                if source.resume is not None and answered is None and response.status == 206:
+                    # A range, but not one to start from (not the range asked, a weak validator,
+                    # a chunked object's size): asked again as any fill, for the whole object.
+                    # (A 200 is the whole object already: If-Range found another version.)
+                    response.release()
+                    source = dataclasses.replace(source, resume=None)
+                    response = await self._ask(source, stale)
             except OriginError as e:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
                 return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
+            self.runs.digests.noted(target, response.status, response.headers)  # Hugging Face's, for later fills
+            if answered is not None:
+                # The resume's 206 stands for the object it is part of: judged and stored as its 200.
+                outcome = await self._resumed_fill(flight, response, answered, key=key, url=url, origin=origin,
+                                                   target=target, source=source)
+                response = None  # the fill owns it now, or it was released
+                return self._resolve_flight(flight, outcome), None
             judged = self._judge(response, origin=origin, source=source, stale=stale)
             step = judged.decision.step
             if step is Step.PEER_REFUSED:
@@ -318,9 +337,52 @@ class FillEngine:
                  chunks=Layout(size=length, chunk_size=chunk_size).count)
         return stored
 
+    def _answered(self, response: aiohttp.ClientResponse, *, source: Source, stale: Meta | None,
+                  origin: Origin) -> tuple[int, int, int] | None:
+        """The span a resume's answer brings (first, end, object length), when the fill
+        can start from it: the range asked, of a version with a strong validator,
+        not varying, of an object not stored as chunks across the ring; else None."""
+        if source.resume is None or stale is not None or source.peer is not None or origin.credentials == "authorize":
+            return None
+        span = answered_span(source.resume, response.status, response.headers.get("Content-Range"))
+        if span is None or if_range_validator(response.headers) is None:
+            return None
+        if response.headers.get("ETag", "").startswith("W/") or "Vary" in response.headers:
+            return None
+        threshold, _ = self.settings.chunking(origin)
+        if self.chunks.spread() and chunks_on(threshold, span[2]):
+            return None
+        return span
+
+    async def _resumed_fill(self, flight: Flight, response: aiohttp.ClientResponse, span: tuple[int, int, int], *,
+                            key: str, url: str, origin: Origin, target: Target, source: Source) -> Outcome:
+        """The fill of the object a resume's 206 (`span`: first, end, length) is part
+        of: that answer read into its place, the rest fetched around it in ranges."""
+        now = self._clock()
+        policy = response_policy(200, response.headers, now=now, policy_ttl=origin.default_ttl,
+                                 targeted=origin.targeted_cache_control)
+        kept = tuple((n, v) for n, v in with_date(stored_pairs(response.headers), now)
+                     if n.lower() != "content-range")
+        decision = decide(_answer(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
+                                  status=200, length=span[2]),
+                          stale_held=False, stale_usable_on_error=False)
+        if decision.step is not Step.FILL:
+            # Not storable: the leading request asks again as it asked; nobody else joins.
+            log.info("response_not_stored", key=key, reason=decision.reason)
+            response.release()
+            return self._landed(flight, Outcome(Kind.PASSED))
+        fill = await self.runs.start(flight, response, key=key, url=url, host=target.host, headers=kept,
+                                     expires_at=now + policy.ttl, policy=policy, now=now, target=target,
+                                     source=source, vary=(), origin=origin, authorize=False, answered=span)
+        log.info("fill_resumed", key=key, first=span[0], bytes=span[2])
+        return Outcome(Kind.STREAMING, fill=fill)
+
     async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
         """The source's answer to the fill's request, made conditional on what is stored."""
         headers = CIMultiDict(source.headers)
+        if source.resume is not None and stale is None and source.peer is None:
+            headers["Range"] = source.resume.range
+            headers["If-Range"] = source.resume.if_range
         if stale is not None:
             if stale.etag:
                 headers["If-None-Match"] = stale.etag
@@ -366,10 +428,12 @@ class FillEngine:
 
 
 def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
-            source: Source, fits: Callable[[int], bool], authorize: bool = False) -> Answer:
-    """The facts about `response` that `fill/lead.py` decides on."""
-    length = response.content_length
-    return Answer(status=response.status, policy=policy, vary=vary,
+            source: Source, fits: Callable[[int], bool], authorize: bool = False, status: int | None = None,
+            length: int | None = None) -> Answer:
+    """The facts about `response` that `fill/lead.py` decides on; `status` and
+    `length`: those of the whole object a 206 is part of, in its stead."""
+    length = response.content_length if length is None else length
+    return Answer(status=response.status if status is None else status, policy=policy, vary=vary,
                   vary_listed=", ".join(response.headers.getall("Vary", [])),
                   has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
                   fits=length is None or fits(length), length=length,

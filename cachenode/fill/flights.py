@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Mapping
 import structlog
 
 from cachenode.fill.buffer import Fill, StoreUnwritable
+from cachenode.fill.lead import Resume
 from cachenode.fill.origin import Interim
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
@@ -45,6 +46,9 @@ class Source:
     # A hot copy (from a peer, for a node that does not own the key): stored
     # marked so (`Meta.hot`), within the store's hot share.
     hot: bool = False
+    # The leading request resumes a body (fill/lead.py `Resume`): the origin is
+    # asked for that range first, and the fill fetches the rest around it.
+    resume: Resume | None = None
 
 
 class Kind(enum.Enum):

@@ -10,6 +10,7 @@ a unit test and `lead` keeps only the I/O of the step chosen.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from cachenode.http.freshness import CREDENTIAL_FIELDS, STORED_STATUSES, Policy
@@ -114,11 +115,65 @@ class Body:
     # through aiohttp's reader, never spliced: if the parent breaks off
     # mid-body, the rest is asked of the origin and joined on in Python.
     from_parent: bool = False
+    # The answer is the origin's 206 to a resume (`Resume`): the rest of the
+    # object is fetched around it in ranges, whatever its size.
+    resumed: bool = False
     # Of known length, at most the store's small objects' size
     # (cachenode/store/small.py): read through aiohttp's reader and written
     # on the event loop, never spliced, since a splice runs on a thread and
     # the hand-off there and back costs more than a few pages take to copy.
     small: bool = False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A request for the rest of a body under If-Range (a relay resuming after
+    its source broke off, or any client doing the same): a fill it leads asks
+    the origin for this range first, and fetches the rest of the object
+    around the answer (cachenode/fill/slices.py), instead of the whole object
+    from byte 0 while it waits."""
+
+    first: int
+    last: int | None  # None: to the end
+    if_range: str
+
+    @property
+    def range(self) -> str:
+        return f"bytes={self.first}-{'' if self.last is None else self.last}"
+
+
+_ONE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d+)-(\d*)\s*$", re.IGNORECASE)
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)
+
+
+def resume_of(range_field: str | None, if_range: str | None) -> Resume | None:
+    """The resume a request's Range and If-Range ask for, or None: one range
+    that starts past byte 0, pinned by a validator that is not weak (RFC 9110
+    §13.1.5; a weak one makes the origin answer the whole object anyway)."""
+    if not range_field or not if_range or if_range.startswith("W/"):
+        return None
+    m = _ONE_RANGE.match(range_field)
+    if m is None or int(m.group(1)) == 0:
+        return None
+    first, last = int(m.group(1)), int(m.group(2)) if m.group(2) else None
+    if last is not None and last < first:
+        return None
+    return Resume(first=first, last=last, if_range=if_range)
+
+
+def answered_span(resume: Resume, status: int, content_range: str | None) -> tuple[int, int, int] | None:
+    """(first, end exclusive, object length) of a 206 that answers `resume`
+    exactly, or None: any other answer starts the fill the usual way."""
+    if status != 206 or content_range is None:
+        return None
+    m = _CONTENT_RANGE.match(content_range)
+    if m is None:
+        return None
+    first, last, total = (int(g) for g in m.groups())
+    wanted_last = total - 1 if resume.last is None else min(resume.last, total - 1)
+    if first != resume.first or last != wanted_last or last >= total:
+        return None
+    return first, last + 1, total
 
 
 @dataclass(frozen=True)
@@ -131,6 +186,8 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     """How to read `body`: in parallel ranges when it may be, else spliced
     when `splice_fills` is on, else streamed. A client's Range makes a
     parallel fill fetch on demand unless `fill_on_range` says fill it all."""
+    if body.resumed:
+        return Plan(How.PARALLEL, on_demand=not fill_on_range)
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)

@@ -19,6 +19,11 @@ stream, whose validator must still match (cachenode/fill/buffer.py
 stored corrupt files when an origin ignored Range; here such an answer is
 never written.
 
+A fill led by a resume starts with an answer in hand: the origin's 206 for
+the bytes the resume asked (`answer`, over `answered`). It is read into its
+place as one slice while the other streams fetch the rest of the object
+around it (cachenode/fill/slices.py), so no byte of it is asked twice.
+
 With the origin's `fill_on_range` off, a fill led by a client's Range is
 on demand: it fetches the slices clients ask for and nothing else, then
 parks, its slices kept in the temp file for later requests to reuse (they
@@ -126,7 +131,10 @@ class RangedFetch:
                  on_demand: bool = False, park_idle: float | None = None,
                  pump: Callable[["splice.SocketBody", int, Callable[[], int], Callable[[int], None]],
                                 Awaitable[int]] | None = None,
-                 read_timeout: float = 30.0, landed: asyncio.Event | None = None, discarded: int = 0) -> None:
+                 read_timeout: float = 30.0, landed: asyncio.Event | None = None, discarded: int = 0,
+                 answer: aiohttp.ClientResponse | None = None, answered: tuple[int, int] | None = None) -> None:
+        """`answer`: a 206 already in hand for bytes [first, end) = `answered`,
+        checked by the caller; it is read as one slice, never asked again."""
         self.get = get
         self.headers = headers
         self.validator = validator
@@ -140,7 +148,8 @@ class RangedFetch:
         self.flight_landed = landed  # once set, no request can reach a parked fill to ask for more
         self.on_demand = on_demand
         self.park_idle = PARK_IDLE if park_idle is None else park_idle
-        self.plan = Plan(length, slice_size, on_demand=on_demand)
+        self.plan = Plan(length, slice_size, on_demand=on_demand, answered=answered)
+        self._answer = answer
         self.requests = 1  # the first answer's (closed unread by `close_unread`)
         self.discarded = discarded  # bytes of the first answer thrown away (`close_unread`)
         self._tasks: set[asyncio.Task] = set()
@@ -162,11 +171,13 @@ class RangedFetch:
     async def __call__(self, fill: Fill) -> None:
         self.attach(fill)
         self._started = True
-        if not self.on_demand:
-            self._tasks = {asyncio.create_task(self._stream(fill)) for _ in range(self.streams)}
-        else:
-            self._spawn_wanted()
         try:
+            if self._answer is not None:
+                self._tasks.add(asyncio.create_task(self._answered(fill)))
+            if not self.on_demand:
+                self._tasks |= {asyncio.create_task(self._stream(fill)) for _ in range(self.streams)}
+            else:
+                self._spawn_wanted()
             while True:
                 while pending := {t for t in self._tasks if not t.done()}:
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -184,11 +195,30 @@ class RangedFetch:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            self.close()
             await fill.writes_done()  # and its bytes are all down before a fallback writes the same places
         if not self.plan.complete:
             raise RangesAbandoned(f"streams stopped at byte {self.plan.prefix} of {self.length}")
         log.info("parallel_fill", key=fill.key, bytes=self.length, streams=self.streams, requests=self.requests,
                  slices=len(self.plan.slices), discarded=self.discarded)
+
+    def close(self) -> None:
+        """Close the answer in hand if no stream took it (the fill ended before it started)."""
+        if self._answer is not None:
+            self._answer.close()
+            self._answer = None
+
+    async def _answered(self, fill: Fill) -> None:
+        """The answer in hand read into its slice; then, unless on demand, a stream like the others."""
+        s, response = self.plan.answered_slice, self._answer
+        assert s is not None and response is not None
+        self._answer = None
+        try:
+            await self._copy(response, s, fill)
+        finally:
+            response.close()
+        if not self.on_demand:
+            await self._stream(fill)
 
     async def _park(self, fill: Fill) -> None:
         """Every slice asked for is on disk: wait for a client to ask for more

@@ -27,6 +27,7 @@ from cachenode.fill.origin import ends_at_close
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.fill.upstream import Upstream
+from cachenode.fill.verify import DigestMismatch, Digests
 from cachenode.http.freshness import Policy, current_age
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
@@ -81,6 +82,9 @@ class FillRuns:
         self.spawn = spawn
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
+        # Fills checked against the digests their sources publish (fill/verify.py).
+        self.digests = Digests(mismatches=metrics.digest_mismatches,
+                               origins=[o.host for o in settings.origins if not o.wildcard])
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -89,17 +93,19 @@ class FillRuns:
         return fill is not None and fill.parked
 
     def _plan(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin, authorize: bool,
-              from_parent: bool) -> tuple[Plan, Validator | None, int]:
+              from_parent: bool, resumed: bool = False) -> tuple[Plan, Validator | None, int]:
         """How the fill reads `response`'s body (`fill/lead.py` `plan_fill`),
-        the validator its ranges are checked by, and how many streams it may use."""
+        the validator its ranges are checked by, and how many streams it may use;
+        `resumed`: `response` is a resume's 206, and the rest is fetched around it."""
         streams = origin.fill_streams or self.settings.fill_streams
         validator = parallel_validator(
             response.status, response.headers, response.content_length, streams=streams,
-            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
+            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold
+        ) if not resumed else if_range_validator(response.headers)
         plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
                               delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
-                              callers_own=authorize and source.peer is None,
+                              callers_own=authorize and source.peer is None, resumed=resumed,
                               small=response.content_length is not None
                               and response.content_length <= self.store.small_max),
                          splice_fills=self.settings.splice_fills,
@@ -128,16 +134,18 @@ class FillRuns:
     async def start(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                     host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                     target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                    authorize: bool) -> Fill:
-        """Start the fill of `response`'s body in the background; the fill its clients read."""
-        length = response.content_length
+                    authorize: bool, answered: tuple[int, int, int] | None = None) -> Fill:
+        """Start the fill of `response`'s body in the background; the fill its clients read.
+        `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`."""
+        length = response.content_length if answered is None else answered[2]
+        status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
         # stream, like a peer's copy; the parent cuts the origin's into ranges.
         from_parent = self.origins.answered_by_parent(response)
         plan, validator, streams = self._plan(response, source=source, origin=origin, authorize=authorize,
-                                              from_parent=from_parent)
+                                              from_parent=from_parent, resumed=answered is not None)
         discarded = 0
-        if plan.how is How.PARALLEL:
+        if plan.how is How.PARALLEL and answered is None:
             # Before any await: aiohttp reads the answer ahead while it is open.
             discarded = close_unread(response)
             self.metrics.origin_bytes_discarded.inc(discarded)
@@ -151,7 +159,7 @@ class FillRuns:
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
-        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=response.status,
+        meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers, stored_at=now, status=status,
                     expires_at=expires_at, stale_if_error=policy.stale_if_error, age=age,
                     stale_while_revalidate=policy.stale_while_revalidate, vary=vary, variant=variant,
                     authorize=authorize, hot=source.hot and source.peer is not None)
@@ -161,11 +169,16 @@ class FillRuns:
         if plan.how is How.PARALLEL:
             assert validator is not None
             ranged = self._ranged_fetch(write, length, source, validator, on_bytes, streams=streams,
-                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded)
+                                        on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
+                                        answer=response if answered is not None else None,
+                                        answered=answered[:2] if answered is not None else None)
+        # A resume's 206 is checked by nothing: its digest fields may be the part's, not the object's.
+        check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
+                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
-                           status=response.status, vary=vary, variant=variant,
+                           status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
-                           ranges=ranged[0] if ranged is not None else None)
+                           ranges=ranged[0] if ranged is not None else None, check=check)
         if ranged is not None:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
@@ -200,7 +213,9 @@ class FillRuns:
         except NotStored:
             took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
-        except NezhaError:
+        except NezhaError as e:
+            if isinstance(e, DigestMismatch):
+                self.digests.mismatched(e, origin=host, key=key, source=source.peer.id if source.peer else url)
             self.counts.count(host, failed_fills=1)
             took("failed")
             raise
@@ -229,7 +244,8 @@ class FillRuns:
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
         log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),
-                 **({"parent_cache": parent} if parent is not None else {}))
+                 **({"parent_cache": parent} if parent is not None else {}),
+                 **({"verified": fill.verified_by} if fill.verified_by else {}))
         if source.peer is None:
             self.replicate(stored, target)
         return stored
@@ -310,7 +326,8 @@ class FillRuns:
 
     def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
-                      landed: asyncio.Event, discarded: int):
+                      landed: asyncio.Event, discarded: int, answer: aiohttp.ClientResponse | None = None,
+                      answered: tuple[int, int] | None = None):
         """The parallel fetch of the object `write` stores, and its one-stream
         fallback (cachenode/fill/parallel.py); built before the fill, which is
         handed the fetch as its `Ranges`."""
@@ -329,7 +346,8 @@ class FillRuns:
                             length=length or 0, streams=streams, write_at=write_at,
                             read_size=FILL_READ, on_bytes=on_bytes, on_demand=on_demand,
                             pump=pump if self.settings.splice_fills else None,
-                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded)
+                            read_timeout=self.settings.origin_read_timeout, landed=landed, discarded=discarded,
+                            answer=answer, answered=answered)
         def fallback(offset: int) -> AsyncIterator[bytes]:
             return plain_rest(get, source.headers, offset=offset, length=length or 0, validator=validator,
                               read_size=FILL_READ, what=source.what)

@@ -13,6 +13,14 @@ up the end by at most one slice.)
 On demand (an origin's `fill_on_range` off, and a client asking for a
 range): only slices some client waits for are handed out, and the rest of
 the object is never fetched unless a client asks for it.
+
+A fill led by a resume (a client, or a peer relaying one, asking for the
+rest of a body its first source broke off: `Range: bytes=a-` under
+If-Range) has its first answer already: the origin's 206 for [a, b]. That
+span is one slice, claimed from the start by the answer in hand, and the
+object's other bytes are cut into slices around it; so the resume costs
+one origin request however many clients wait on it, and the rest of the
+object (the head the dead leader took with it) is fetched once beside it.
 """
 
 from __future__ import annotations
@@ -36,13 +44,24 @@ class Slice:
 
 
 class Plan:
-    def __init__(self, total: int, slice_size: int, *, on_demand: bool = False) -> None:
+    def __init__(self, total: int, slice_size: int, *, on_demand: bool = False,
+                 answered: tuple[int, int] | None = None) -> None:
+        """`answered`: bytes [first, end) that an answer in hand brings (a resume's
+        206), one slice claimed from the start (`answered_slice`)."""
         if total <= 0 or slice_size <= 0:
             raise ValueError(f"total ({total}) and slice_size ({slice_size}) must be positive")
         self.total = total
         self.on_demand = on_demand
-        self.slices = [Slice(s, min(s + slice_size, total), s) for s in range(0, total, slice_size)]
         self._claimed: set[int] = set()  # ids of slices handed to a stream
+        self.answered_slice: Slice | None = None
+        if answered is None:
+            self.slices = _cut(0, total, slice_size)
+        else:
+            first, end = answered
+            if not 0 <= first < end <= total:
+                raise ValueError(f"answered bytes {first}-{end} are not inside an object of {total}")
+            self.answered_slice = self._claim(Slice(first, end, first))
+            self.slices = [*_cut(0, first, slice_size), self.answered_slice, *_cut(end, total, slice_size)]
         self._front = 0  # index of the first slice not done: the prefix ends in it
         self._wanted: list[tuple[int, int]] = []  # byte ranges clients wait for, beyond the prefix
 
@@ -124,3 +143,8 @@ class Plan:
     @property
     def complete(self) -> bool:
         return self.prefix >= self.total
+
+
+def _cut(start: int, end: int, slice_size: int) -> list[Slice]:
+    """Bytes [start, end) as slices of `slice_size`, the last one shorter."""
+    return [Slice(s, min(s + slice_size, end), s) for s in range(start, end, slice_size)]

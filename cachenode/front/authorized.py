@@ -29,7 +29,8 @@ from cachenode.fill.upstream import Upstream
 from cachenode.front.access import parent_route
 from cachenode.front.names import Asked
 from cachenode.front.reads import AGAIN, GIVE_UP, Reads
-from cachenode.front.respond import Responder, origin_failure
+from cachenode.front.respond import Responder
+from cachenode.front.short_answers import origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
 from cachenode.http.freshness import RequestDirectives
 from cachenode.http.headers import first
@@ -44,11 +45,11 @@ log = structlog.get_logger("nezha.cachenode")
 
 
 class AuthorizedReads:
-    def __init__(self, *, store: Store, origins: Upstream, reads: Reads, respond: Responder,
+    def __init__(self, *, store: Store, upstream: Upstream, reads: Reads, respond: Responder,
                  counts: Counts, from_peer: Callable[[web.Request], bool], node_id: str,
                  peers_have_a_token: bool) -> None:
         self.store = store
-        self.origins = origins
+        self.upstream = upstream
         self.reads = reads  # the read loop, which this class is one way through
         self.engine = reads.engine
         self.respond = respond
@@ -176,7 +177,7 @@ class AuthorizedReads:
         if fields is None:
             return Verdict.CHANGED, None  # stored before its origin said authorize: fetched again
         try:
-            response = await self.origins.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}",
+            response = await self.upstream.request("GET", url, headers=CIMultiDict(fields), what=f"origin {url}",
                                                   route=parent_route(request))
         except OriginError as e:
             raise origin_failure(e)

@@ -38,11 +38,13 @@ from cachenode.front.access import PARENT_ROUTE, access
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.hits import PlainHitFinder, hit_label
+from cachenode.front.interim import CONTINUE_DEFERRED, send_continue
 from cachenode.front.middleware import REFUSED_METHODS
 from cachenode.front.names import Asked, resolve
 from cachenode.front.reads import Reads
 from cachenode.front.relaying import RelayedReads
-from cachenode.front.respond import CONTINUE_DEFERRED, Responder, origin_failure, send_continue
+from cachenode.front.respond import Responder
+from cachenode.front.short_answers import origin_failure
 from cachenode.front.route import Facts, Read, Route, route
 from cachenode.front.routes import Routes
 from cachenode.http.authorize import not_probeable
@@ -70,13 +72,13 @@ class _Look:
 
 
 class Handler:
-    def __init__(self, *, settings: CacheSettings, origins: Upstream, cluster: ClusterView, routes: Routes,
+    def __init__(self, *, settings: CacheSettings, upstream: Upstream, cluster: ClusterView, routes: Routes,
                  plain: PlainHitFinder, hot: HotCopies, relayed: RelayedReads, reads: Reads,
                  authorized: AuthorizedReads, forwarding: Forwarding, respond: Responder, chunk_owner: ChunkOwner,
                  counts: Counts, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.node_id = settings.identity
-        self.upstream = origins
+        self.upstream = upstream
         self.cluster = cluster
         self.routes = routes  # the node's own endpoints: admin and internal
         self.plain = plain  # the fast path's questions (cachenode/front/fastpath.py)
@@ -257,10 +259,7 @@ class Handler:
         """Forget `keys` here and on every other node that may hold them (front/forward.py)."""
         await self.forwarding.invalidate(keys, why=why)
 
-    # -- the fast path's two questions (cachenode/front/fastpath.py, front/hits.py) ---
-    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
-        return self.plain.plain_hit(raw_target, host_header, scheme)
-
+    # -- the fast path's second question (cachenode/front/fastpath.py; `plain` answers the first) ---
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
         """Count and log a fast-path hit exactly as the handler would, also when

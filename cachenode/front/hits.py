@@ -4,8 +4,8 @@ data path, memoised) and the access log line of a hit served.
 
 What a follower worker needs of a node, and no more (cachenode/workers/
 follower.py): it holds a copy of the primary's index and answers plain hits
-with this, and counts none of them itself (the primary does). The node's
-handler answers the fast path with it too, and counts each hit.
+with this, and counts none of them itself (the primary does). A node's
+fast path asks it too, and the node's handler counts each hit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable
 
 import structlog
 
-from cachenode.front.fastpath import response_head
+from cachenode.front.plain import response_head
 from cachenode.front.names import names_origin, resolve
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta

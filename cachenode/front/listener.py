@@ -121,8 +121,8 @@ class Listener:
         self._sweeper = loop.create_task(self._sweep())
 
     def _fast_path(self, received: bytes = b"", eof: bool = False) -> FastPath:
-        return FastPath(hits=self.node.handler, aiohttp_protocol=self._handler, gate=self.gate,
-                        head_timeout=self.node.settings.request_head_timeout,
+        return FastPath(finder=self.node.handler.plain, served=self.node.handler, aiohttp_protocol=self._handler,
+                        gate=self.gate, head_timeout=self.node.settings.request_head_timeout,
                         serve_hits=self.node.settings.fast_hits, received=received, eof=eof)
 
     def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False) -> None:

@@ -26,7 +26,8 @@ from cachenode.front.access import parent_route
 from cachenode.front.hits import hit_label
 from cachenode.front.interim import InterimRelay
 from cachenode.front.names import Asked
-from cachenode.front.respond import Responder, origin_failure
+from cachenode.front.respond import Responder
+from cachenode.front.short_answers import origin_failure
 from cachenode.http.freshness import RequestDirectives, Use, judge, may_serve_stale_on_error
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta

@@ -29,6 +29,14 @@ Failover, in the order a request meets it:
   left, from the origin with the same two headers, so the client sees one
   unbroken response. Only when neither is possible is the client's
   connection cut: never a short body.
+- **The filling owner dies under a stampede.** Every client relayed from it
+  breaks at once. Those relayed through a non-owner resume from the next
+  owner, whose flight serves them all. Those relayed through that next
+  owner itself join the same flight: the node asks itself for the rest (as
+  a peer would, so the request meets the flight like any other) before it
+  would ask the origin. So the origin gets one resume for the missing range,
+  not one per client, and the flight keeps what it fetched
+  (cachenode/fill/parallel.py, a fill led by a resume).
 
 Relayed requests carry `X-Nezha-Peer`; a node never relays such a request
 again, so each request crosses at most one peer hop even when two nodes
@@ -74,6 +82,9 @@ OnAnswer = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.S
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Fields an owner sends only to the node that relays: never to its client.
 _OWNER_ONLY = frozenset({EXPIRES_HEADER.lower(), AUTHORIZE_HEADER.lower()})
+# What a resume logs, by where the rest came from: (resumed, refused, failed).
+_RESUME_EVENTS = {"origin": ("origin_resumed", "origin_resume_refused", "origin_resume_failed"),
+                  "here": ("resumed_here", "resume_here_refused", "resume_here_failed")}
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 
@@ -255,8 +266,11 @@ class PeerRelay:
     async def relay(self, request: web.Request, owners: list[Peer], *, target: Target,
                     origin_url: str | None = None, on_manifest: OnManifest | None = None,
                     validators: dict[str, str] | None = None,
-                    on_answer: OnAnswer | None = None) -> web.StreamResponse | None:
+                    on_answer: OnAnswer | None = None, here: Peer | None = None) -> web.StreamResponse | None:
         """Serve `request` from an owner. None when no owner answered at all.
+
+        `here`: this node, when it owns the key too; a body that broke with
+        no owner ahead left is resumed from this node's own flight first.
 
         `origin_url` is where to fetch the rest of a body that broke with no
         owner left to resume from. `on_manifest` answers the request when an
@@ -268,14 +282,14 @@ class PeerRelay:
         interim = InterimRelay(request)
         try:
             return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim,
-                                     on_manifest=on_manifest, validators=validators, on_answer=on_answer)
+                                     on_manifest=on_manifest, validators=validators, on_answer=on_answer, here=here)
         finally:
             interim.close()
 
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
                      interim: InterimRelay, on_manifest: OnManifest | None = None,
                      validators: dict[str, str] | None = None,
-                     on_answer: OnAnswer | None = None) -> web.StreamResponse | None:
+                     on_answer: OnAnswer | None = None, here: Peer | None = None) -> web.StreamResponse | None:
         body: _Body | None = None
         for peer in self.order(owners):
             if peer.id == self.node_id:
@@ -325,7 +339,7 @@ class PeerRelay:
                 r.release()
         if body is None:
             return None
-        return await self._unfinished(request, body, origin_url=origin_url, target=target)
+        return await self._unfinished(request, body, origin_url=origin_url, target=target, here=here)
 
     def _headers_for(self, request: web.Request, target: Target, *, validators: dict[str, str] | None,
                      body: _Body | None):
@@ -343,8 +357,17 @@ class PeerRelay:
         return headers
 
     async def _unfinished(self, request: web.Request, body: _Body, *, origin_url: str | None,
-                          target: Target) -> web.StreamResponse:
-        """No owner finished the body it began: the rest from the origin, or a broken connection."""
+                          target: Target, here: Peer | None = None) -> web.StreamResponse:
+        """No owner finished the body it began: the rest from this node's own
+        flight when it owns the key, else from the origin, else a broken connection."""
+        if here is not None and body.resumable and request.method == "GET":
+            try:
+                if await self._resume(request, body, url=here.url + target.path_qs, target=target,
+                                      headers=self._headers_for(request, target, validators=None, body=body),
+                                      source=here):
+                    return await self._finish(request, body)
+            except splice.ClientGone as e:
+                return self._client_gone(request, body, here.id, e)
         if origin_url is not None and body.resumable and request.method == "GET":
             try:
                 if await self._resume_from_origin(request, body, origin_url, target):
@@ -403,22 +426,32 @@ class PeerRelay:
         for name in _CONDITIONALS:
             headers.popall(name, None)
         headers.update(body.resume_headers())
+        return await self._resume(request, body, url=url, headers=headers, target=target, source=None)
+
+    async def _resume(self, request: web.Request, body: _Body, *, url: str, headers, target: Target,
+                      source: Peer | None) -> bool:
+        """The rest of the body from `url` (the origin, or `source`: this node's own
+        flight, asked as a peer asks); False if it cannot be had there."""
         offset = body.start + body.sent
+        resumed, refused, failed = _RESUME_EVENTS["origin" if source is None else "here"]
         try:
-            r = await self.client.request("GET", url, headers=headers, what=f"origin {url}")
+            if source is None:
+                r = await self.client.request("GET", url, headers=headers, what=f"origin {url}")
+            else:
+                r = await self.ask(source, "GET", url, headers=headers)
         except OriginError as e:
-            log.warning("origin_resume_failed", path=target.path, offset=offset, error=str(e))
+            log.warning(failed, path=target.path, offset=offset, error=str(e))
             return False
         try:
             if not body.continues(r):
-                log.warning("origin_resume_refused", path=target.path, offset=offset, status=r.status,
+                log.warning(refused, path=target.path, offset=offset, status=r.status,
                             content_range=r.headers.get("Content-Range"))
                 return False
-            log.info("origin_resumed", path=target.path, offset=offset)
+            log.info(resumed, path=target.path, offset=offset)
             try:
                 await self._stream(request, r, body, peer=None)
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                log.warning("origin_resume_failed", path=target.path, offset=offset, sent=body.sent,
+                log.warning(failed, path=target.path, offset=offset, sent=body.sent,
                             error=f"{type(e).__name__}: {e}")
                 return False
             return True

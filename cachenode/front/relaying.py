@@ -59,7 +59,8 @@ class RelayedReads:
         answer = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
                                         on_manifest=self.chunked_from_peer,
                                         validators=revalidating.fields if revalidating else None,
-                                        on_answer=on_answer)
+                                        on_answer=on_answer,
+                                        here=next((p for p in owners if p.id == self.node_id), None))
         if revalidating is not None and revalidating.served:
             return answer  # from this node's renewed copy, counted as the hit it is
         if answer is None:

@@ -15,20 +15,22 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
+from typing import IO, Awaitable, Callable, Protocol
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from cachenode.front.access import access, break_connection, parent_route
-from cachenode.front.interim import InterimRelay
+from cachenode.front.interim import CONTINUE_DEFERRED, InterimRelay, continued
 from cachenode.front.exact_head import ExactResponse
 from cachenode.counts import answer_counts
 from cachenode.front.sendfile import FileSender
+from cachenode.front.short_answers import answer_precondition, answer_unsatisfiable, origin_failure
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
+from cachenode.http.digests import repr_digest_for
 from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
@@ -38,47 +40,24 @@ from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
-from nezha.credentials import redact_text
-from nezha.errors import FillAborted, NezhaError, OriginError, OriginTimeout
+from nezha.errors import FillAborted, OriginError
 from nezha.keys import host_of
-from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, ORIGIN_ERROR_HEADER, CacheOutcome, origin_error_value
+from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
 from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
 
-# Set on a request whose `Expect: 100-continue` the node did not answer: the
-# origin's own 100 (or its refusal) reaches the client instead.
-CONTINUE_DEFERRED = web.RequestKey("nezha_continue_deferred", bool)
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-async def send_continue(request: web.Request) -> None:
-    """The interim 100 that lets a client send its body (RFC 9110 §15.2.1)."""
-    await request.writer.write(_CONTINUE)
-    request.writer.output_size = 0  # the response proper has not started
-
-
-def origin_failure(error: NezhaError | None) -> web.HTTPException:
-    """502 for an origin that failed, 504 for one that did not answer in time.
-
-    Marked with ORIGIN_ERROR_HEADER, so that a relaying peer passes the answer
-    on instead of blaming this node and asking the same origin elsewhere.
-    """
-    cls = web.HTTPGatewayTimeout if isinstance(error, OriginTimeout) else web.HTTPBadGateway
-    # A fill's error names the leader's URL, which every joiner is told:
-    # its signature is the leader's, not theirs (nezha/credentials.py).
-    said = redact_text(str(error))
-    return cls(text=f"{said}\n", headers={ORIGIN_ERROR_HEADER: origin_error_value(said)})
-
-
 def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
-                    age: int | None = None) -> None:
+                    age: int | None = None, want: str | None = None, status: int = 200) -> None:
     """A stored (or storing) response's fields, as the origin sent them, plus
     the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
     X-Nezha-Cache. Date is the stored one (RFC 9110 §6.6.1): when the origin
-    made the response, on every reuse."""
+    made the response, on every reuse. `want`: the client's Want-Repr-Digest,
+    answered from a digest the origin published (RFC 9530 §4; http/digests.py)."""
     for name, value in headers:
         resp.headers.add(name, value)
+    if (digest := repr_digest_for(want, headers, status=status)) is not None:
+        resp.headers["Repr-Digest"] = digest
     if "Accept-Ranges" not in resp.headers:
         resp.headers["Accept-Ranges"] = "bytes"
     if age is not None:
@@ -86,38 +65,6 @@ def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via
     if via is not None:
         add_via(resp.headers, via)
     resp.headers[CACHE_HEADER] = label
-
-
-async def _answer_precondition(request: web.Request, resp: web.StreamResponse, outcome: RangeOutcome) -> None:
-    """304 or 412 with the object's validators and no body (RFC 9110 §15.4.5, §15.5.13)."""
-    for h in ("Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition"):
-        resp.headers.popall(h, None)
-    resp.set_status(outcome.value)
-    resp.content_length = 0 if outcome is RangeOutcome.PRECONDITION_FAILED else None
-    await resp.prepare(request)
-    await resp.write_eof()
-
-
-async def _answer_unsatisfiable(request: web.Request, resp: web.StreamResponse, size: int) -> None:
-    """416 for a Range no byte of a `size`-byte object satisfies (RFC 9110 §15.5.17)."""
-    resp.set_status(416)
-    resp.headers["Content-Range"] = f"bytes */{size}"
-    resp.content_length = 0
-    await resp.prepare(request)
-    await resp.write_eof()
-
-
-async def _continued(request: web.Request) -> AsyncIterator[bytes]:
-    """The client's body, asked for only once the origin said 100 Continue.
-
-    aiohttp's client pulls the first chunk only after the origin's 100
-    (it waits on it for a request with Expect), and that pull is when the
-    client hears 100 too; a final answer instead (403, 307) reaches the
-    client before it sent any of a body it need not send.
-    """
-    await send_continue(request)
-    async for chunk in request.content.iter_any():
-        yield chunk
 
 
 class ChunkBody(Protocol):
@@ -128,11 +75,11 @@ class ChunkBody(Protocol):
 
 
 class Responder:
-    def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, files: FileSender,
+    def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, files: FileSender,
                  chunk_body: ChunkBody, count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
-        self.origins = origins
+        self.upstream = upstream
         self._count = count
         self._clock = clock
         self.via = via_of(settings.identity)
@@ -189,11 +136,11 @@ class Responder:
                                       counted=bool(counted))
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
                 self._count(meta.host, request=request, **counted)
-                await self._bodyless(request, _answer_precondition(request, resp, decision.outcome),
+                await self._bodyless(request, answer_precondition(request, resp, decision.outcome),
                                      host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                await self._bodyless(request, _answer_unsatisfiable(request, resp, meta.body_size),
+                await self._bodyless(request, answer_unsatisfiable(request, resp, meta.body_size),
                                      host=meta.host, key=meta.key)
                 return resp
             if decision.outcome is RangeOutcome.PARTIAL:
@@ -219,7 +166,8 @@ class Responder:
         resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                   else decision.outcome.value)
         _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                        age=meta.age_at(self._clock()))
+                        age=meta.age_at(self._clock()), want=request.headers.get("Want-Repr-Digest"),
+                        status=meta.status)
         if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
             resp.headers[SERVED_BY_HEADER] = self.settings.identity
         elif not counted and access(request).peer:  # a chunked object's read: the node that sent its manifest
@@ -297,7 +245,8 @@ class Responder:
         try:
             access(request).cache = label
             resp = ExactResponse()
-            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None)
+            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None,
+                            want=request.headers.get("Want-Repr-Digest"), status=fill.status)
             span = await self._fill_span(request, resp, fill, host=host)
             if span is None:
                 return resp  # answered without a body
@@ -346,7 +295,7 @@ class Responder:
         verdict = None if plain else preconditions(request.headers, etag=etag, last_modified=last_modified)
         if verdict is not None:
             self._count(host, request=request, misses=1)
-            await self._bodyless(request, _answer_precondition(request, resp, verdict), host=host, key=fill.key)
+            await self._bodyless(request, answer_precondition(request, resp, verdict), host=host, key=fill.key)
             return None
         if size is not None and plain:
             resp.content_length = size
@@ -357,7 +306,7 @@ class Responder:
                 resp.headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{size}"
                 drop_whole_body_fields(resp.headers)
             elif decision.outcome is RangeOutcome.UNSATISFIABLE:
-                await self._bodyless(request, _answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
+                await self._bodyless(request, answer_unsatisfiable(request, resp, size), host=host, key=fill.key)
                 return None
             resp.content_length = length
         else:
@@ -448,8 +397,8 @@ class Responder:
                 break_connection(request)
             # Stats go by the origin's configured host, not the upstream URL's.
             host = access(request).host or host_of(url)
-            if self.origins.answered_by_parent(response):
-                self.origins.received_from_parent(received)  # the parent's bytes, not an origin's
+            if self.upstream.answered_by_parent(response):
+                self.upstream.received_from_parent(received)  # the parent's bytes, not an origin's
                 received = 0
             if gone:
                 self._client_gone(request, host=host, key=access(request).key or url, sent=sent,
@@ -472,12 +421,12 @@ class Responder:
         if request.body_exists:
             # Streamed with the client's framing: a known length goes on as
             # Content-Length (object stores refuse chunked uploads), else chunked.
-            data = _continued(request) if deferred else request.content
+            data = continued(request) if deferred else request.content
             if request.content_length is not None:
                 headers["Content-Length"] = str(request.content_length)
         interim = InterimRelay(request)
         try:
-            return await self.origins.request(request.method, url, headers=headers, what=f"origin {url}",
+            return await self.upstream.request(request.method, url, headers=headers, what=f"origin {url}",
                                               route=parent_route(request), data=data, interim=interim)
         except OriginError as e:
             raise origin_failure(e)

@@ -23,11 +23,13 @@ from aiohttp import web
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.cluster.pinning import Pinning
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
 from cachenode.front.names import names_origin
 from nezha.origins import OriginTable
-from nezha.wire import ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, REPLICATE_PATH, TOKEN_HEADER
+from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICATE_PATH,
+                        TOKEN_HEADER)
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANY = "*"  # a row's method: every method goes to its answer, which refuses what it does not take
@@ -45,27 +47,28 @@ class Table:
         return by_method.get(method) or by_method.get(ANY)
 
 
-def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation) -> Table:
+def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning) -> Table:
     return Table(
         admin={path: {ANY: admin.answer} for path in ADMIN_PATHS},
         internal={
             INVALIDATE_PATH: {ANY: invalidation.handle},  # 405 for another method, naming POST
             REPLICATE_PATH: {"POST": handoff.replicate_endpoint},
             HANDOFF_PATH: {"POST": handoff.handoff_endpoint, "GET": handoff.progress_endpoint},
+            PINS_PATH: {ANY: pinning.endpoint},  # 405 for another method than GET and POST
         })
 
 
 class Routes:
     """The node's own endpoints, on the data port and (admin alone) on the admin port."""
 
-    def __init__(self, *, table: Table, origins: OriginTable, cluster_token: str | None) -> None:
+    def __init__(self, *, table: Table, origin_table: OriginTable, cluster_token: str | None) -> None:
         self.table = table
-        self.origins = origins  # a Host that names one is an origin's request, never the node's
+        self.origin_table = origin_table  # a Host that names one is an origin's request, never the node's
         self.cluster_token = cluster_token
 
     def endpoint(self, request: web.Request) -> Answer | None:
         """What answers `request` here, when it is for the node itself; None: a request for an origin."""
-        if names_origin(self.origins, request.headers.get("Host")):
+        if names_origin(self.origin_table, request.headers.get("Host")):
             return None
         raw_path = request.raw_path
         if raw_path in self.table.admin:

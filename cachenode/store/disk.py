@@ -43,6 +43,7 @@ from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.store.index import Index
 from cachenode.store.layout import read_meta, scan, write_meta
 from cachenode.store import small
+from cachenode.store.pins import Pins
 from cachenode.store.objects import Meta, TempObject, TooLarge
 from cachenode.store.steps import Steps
 from cachenode.store.syncer import SYNC_INTERVAL, GroupSync
@@ -55,7 +56,8 @@ log = structlog.get_logger("nezha.store")
 class Store:
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
-                 small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL) -> None:
+                 pinned_capacity: int | None = None, small_max: int = small.SMALL_MAX,
+                 sync_interval: float = SYNC_INTERVAL) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -63,7 +65,9 @@ class Store:
         self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
-        self._index = Index(evicted=self._evicted)
+        # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
+        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds)
         self._steps = Steps()
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
@@ -119,6 +123,11 @@ class Store:
 
     def keys(self) -> list[str]:
         return list(self._index.slots)
+
+    def stored_size(self, key: str) -> int | None:
+        """The bytes `key`'s stored responses hold here (all its variants); None when none is stored."""
+        slots = self._index.slots.get(key)
+        return None if not slots else sum(m.size for m in map(self._index.get, slots) if m is not None)
 
     def chunks_of(self, key: str) -> list[str]:
         """The keys of the chunks of the object `key` stored here, of any chunk size or version."""

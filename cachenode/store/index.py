@@ -42,8 +42,9 @@ class Index:
     left the index: the store deletes its files and tells whoever listens.
     """
 
-    def __init__(self, *, evicted: Callable[[Meta], None]) -> None:
+    def __init__(self, *, evicted: Callable[[Meta], None], protected: Callable[[str], bool] = lambda key: False) -> None:
         self._evicted = evicted
+        self._protected = protected  # a key eviction passes over (store/pins.py: pinned by a workload)
         self.entries: OrderedDict[str, Meta] = OrderedDict()  # slot -> meta, LRU order: oldest first
         self.slots: dict[str, set[str]] = {}  # key -> its slots (one, or one per stored variant)
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
@@ -157,12 +158,13 @@ class Index:
             if hot is not None:  # a hot copy is a cache of the cache: it goes first
                 self._evict(hot)
                 continue
-            key = next(iter(self.entries))
-            if key == keep and len(self.entries) > 1:
-                self.entries.move_to_end(key)
-                continue
-            if key == keep and self.usage.stored <= limit:
-                break
+            # The least recently used object that is neither `keep` nor pinned (store/pins.py).
+            key = next((slot for slot, meta in self.entries.items()
+                        if slot != keep and not self._protected(meta.key)), None)
+            if key is None:  # `keep` and pinned objects are all that is left
+                if keep not in self.entries or self.usage.stored <= limit or self._protected(self.entries[keep].key):
+                    break
+                key = keep
             self._evict(key)
 
     def evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:

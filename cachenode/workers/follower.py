@@ -58,17 +58,15 @@ def meta_from(raw: dict) -> Meta:
 
 
 class _Hits:
-    """The fast path's two questions, answered over this worker's copy of the
-    index (cachenode/front/hits.py); the counting of each hit goes to the primary."""
+    """The fast path's hits served on this worker (its finder answers the
+    first question over this worker's copy of the index, cachenode/front/hits.py):
+    each logged here, and queued for the primary to count."""
 
     def __init__(self, finder: PlainHitFinder, link: Channel) -> None:
         self._finder = finder
         self._link = link
         self._queued: list[list] = []
         self._flush_at: asyncio.TimerHandle | None = None
-
-    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http"):
-        return self._finder.plain_hit(raw_target, host_header, scheme)
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
@@ -164,7 +162,7 @@ class Follower:
     def _connection(self, hand_over) -> FastPath:
         """A client connection on this worker: the fast path, with what it does
         not answer handed to the primary by `hand_over`."""
-        return FastPath(hits=self.hits, aiohttp_protocol=None, gate=self.gate,
+        return FastPath(finder=self.finder, served=self.hits, aiohttp_protocol=None, gate=self.gate,
                         head_timeout=self.settings.request_head_timeout, hand_over=hand_over)
 
     async def run(self, stop: asyncio.Event) -> None:

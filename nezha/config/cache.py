@@ -163,6 +163,10 @@ class CacheSettings(NezhaSettings):
         "seconds in which --hot-reads relayed reads make an object hot"))
     hot_share: Annotated[float, Flag()] = Field(0.1, description=(
         "share of --capacity hot copies may hold; they are evicted first, least recently used among them"))
+    # Prefetched objects kept from eviction for the workloads that asked
+    # (cachenode/store/pins.py, docs/controller.md "Kept while used").
+    pinned_share: Annotated[float, Flag()] = Field(0.5, description=(
+        "share of --capacity that objects pinned for workloads' prefetches may hold; pins beyond it are refused"))
     # Processes serving this node's port (docs/cache-node.md, "Workers"): one
     # primary that fills, writes and counts, and followers that answer plain
     # hits from the same disk and hand it everything else. "auto": the CPUs
@@ -224,6 +228,13 @@ class CacheSettings(NezhaSettings):
                              f"(use hot_reads 0 to turn hot copies off)")
         return v
 
+    @field_validator("pinned_share")
+    @classmethod
+    def _pinned_share(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(f"pinned_share ({v:g}) must be at least 0 and below 1: a node full of pins stores nothing")
+        return v
+
     @field_validator("chunk_threshold", "chunk_size", mode="before")
     @classmethod
     def _chunk_sizes(cls, v: Any, info: Any) -> Any:
@@ -238,6 +249,11 @@ class CacheSettings(NezhaSettings):
     def hot_capacity(self) -> int | None:
         """Bytes hot copies may hold: `hot_share` of `capacity`; None (no bound) without a capacity."""
         return None if self.capacity is None else int(self.capacity * self.hot_share)
+
+    @property
+    def pinned_capacity(self) -> int | None:
+        """Bytes pins may hold: `pinned_share` of `capacity`; None (no bound) without a capacity."""
+        return None if self.capacity is None else int(self.capacity * self.pinned_share)
 
     @field_validator("capacity", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from pydantic_settings import NoDecode
 from nezha.config.base import Kubeconfig, NezhaSettings, kubeconfig_field
 from nezha.config.flags import Flag
 from nezha.origins import Origin, OriginTable, parse_origins
-from nezha.values import check_redis_url, parse_hostport
+from nezha.values import check_redis_url, parse_hostport, parse_size
 
 PEER_ADDRESSES = ("dns", "pod-ip")
 
@@ -59,11 +59,33 @@ class ControllerSettings(NezhaSettings):
     # controller keys a prefetched URL with its origin's rules (volatile_params),
     # so it asks the node that stores it under that key.
     origins: Annotated[list[Origin], NoDecode] = Field(default_factory=list)
+    # Prefetch by name (controller/prefetch.py, docs/controller.md "Prefetch").
+    prefetch_fills: Annotated[int, Flag()] = Field(16, description=(
+        "prefetch fills in flight at once across every workload, so a large expansion leaves the tier "
+        "room for its live traffic"))
+    prefetch_max_objects: Annotated[int, Flag()] = Field(1_000_000, description=(
+        "a prefetch name listing more objects than this is refused whole"))
+    hub_host: Annotated[str, Flag()] = Field("huggingface.co", description=(
+        "the Hugging Face Hub's origin host, which hf:// names are listed on and fetched from"))
+    s3_host: Annotated[str, Flag()] = Field("s3.amazonaws.com", description=(
+        "the S3 origin host s3:// names are listed on and fetched from, path-style"))
+    prefetch_spread_max: Annotated[int, Flag(size=True)] = Field(1 << 30, description=(
+        "the largest object nezha.io/prefetch-spread: all copies to every node (the nodes' hot share bounds "
+        "it too)"))
+    s3_region: Annotated[str, Flag()] = Field("us-east-1", description=(
+        "the region private s3:// requests are signed for (SigV4), the buckets' own"))
+    s3_page_keys: Annotated[int, Flag()] = Field(1000, description=(
+        "keys asked for per page of an s3:// name's listing (ListObjectsV2 max-keys, at most 1000)"))
 
     @field_validator("origins", mode="before")
     @classmethod
     def _parse_origins(cls, v: Any) -> Any:
         return parse_origins(v)
+
+    @field_validator("prefetch_spread_max", mode="before")
+    @classmethod
+    def _spread_max(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("health_listen")
     @classmethod
@@ -104,6 +126,13 @@ class ControllerSettings(NezhaSettings):
             raise ValueError(
                 f"leader election needs 0 < retry_period ({self.retry_period:g}s) < renew_deadline "
                 f"({self.renew_deadline:g}s) < lease_duration ({self.lease_duration:g}s)")
+        if not 1 <= self.prefetch_fills <= 1024:
+            raise ValueError(f"prefetch_fills ({self.prefetch_fills}) must be between 1 and 1024 (--prefetch-fills)")
+        if not 1 <= self.s3_page_keys <= 1000:
+            raise ValueError(f"s3_page_keys ({self.s3_page_keys}) must be between 1 and 1000 (--s3-page-keys)")
+        if self.prefetch_max_objects < 1:
+            raise ValueError(f"prefetch_max_objects ({self.prefetch_max_objects}) must be at least 1 "
+                             "(--prefetch-max-objects)")
         if self.batch_window < 0 or self.batch_window > 1:
             raise ValueError(f"batch_window ({self.batch_window:g}s) must be between 0 and 1 s")
         if self.kubeconfig is not None and not self.kubeconfig.is_file():

@@ -12,6 +12,7 @@ from typing import Any
 from nezha.errors import ConfigError
 from nezha.index.connection import Connection
 from nezha.index.membership import MembershipWatch, MembershipWriter
+from nezha.index.pins import PinRecords
 from nezha.index.stats_reader import StatsReader
 from nezha.index.stats_writer import StatsWriter
 from nezha.ring import Membership
@@ -36,6 +37,7 @@ class Index:
         self.stats = StatsWriter(self.conn, node_id=node_id, flush_interval=flush_interval,
                                  max_buffered=max_buffered, backoff_max=backoff_max, clock=clock)
         self.reader = StatsReader(self.conn)
+        self.pins = PinRecords(self.conn, clock=clock)
         self._tasks: list[asyncio.Task] = []
         # Each call goes to the part that does that job (bound methods, not wrappers).
         self.count, self.object_stored = self.stats.count, self.stats.object_stored
@@ -47,6 +49,7 @@ class Index:
         self.locations, self.object_info = self.reader.locations, self.reader.object_info
         self.read_stats, self.read_cluster_stats = self.reader.read_stats, self.reader.read_cluster_stats
         self.read_node_counters, self.read_drain = self.reader.read_node_counters, self.reader.read_drain
+        self.record_pins, self.read_pins = self.pins.record_pins, self.pins.read_pins
 
     @property
     def enabled(self) -> bool:

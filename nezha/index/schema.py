@@ -18,6 +18,7 @@ KEY_LEAVING = "nezha:ring:leaving"  # set: node ids a scale-down took out of the
 KEY_FENCE = "nezha:ring:leader"  # hash: generation (the Lease's leaseTransitions), holder: who may write the ring
 CHANNEL_RING = "nezha:ring:changed"  # pub/sub: message is the new epoch
 KEY_CLUSTER_STATS = "nezha:stats:cluster"  # hash: FIELDS
+KEY_PINS = "nezha:pins"  # hash: workload "Kind/ns/name" -> JSON {"bytes", "until"} (nezha/index/pins.py)
 
 FIELDS = ("hits", "misses", "peer_hits", "bytes_from_origin", "bytes_served",
           "objects", "bytes_stored", "evictions", "failed_fills")

@@ -14,6 +14,7 @@ class Resource:
     kind: str
     namespaced: bool = True
     scale: bool = False
+    custom: bool = False  # defined by a CRD: no strategic merge patch (kube-apiserver answers 415)
 
     @property
     def api_version(self) -> str:
@@ -48,10 +49,15 @@ RESOURCES = [
     Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
     # Custom resources of the Prometheus Operator, served as a cluster that has its CRDs installed
     # serves them: what the chart's metrics switches create (docs/metrics.md).
-    Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"),
-    Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule"),
+    Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", custom=True),
+    Resource("monitoring.coreos.com", "v1", "prometheusrules", "PrometheusRule", custom=True),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
+# Custom resources a cluster serves once their CRDs are applied; the double serves each only after
+# `KubeAPI.install_crd` (its discovery then lists it, as kube-apiserver's does once a CRD is established).
+LEADER_WORKER_SETS = Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet", scale=True,
+                              custom=True)
+JOB_SETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet", custom=True)
 
 
 class BadSelector(ValueError):
@@ -161,10 +167,10 @@ def api_versions() -> dict[str, Any]:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}
 
 
-def api_groups() -> dict[str, Any]:
+def api_groups(resources: list[Resource] = RESOURCES) -> dict[str, Any]:
     """`GET /apis`: the legacy (unaggregated) discovery document every client falls back to."""
     groups: dict[str, list[str]] = {}
-    for r in RESOURCES:
+    for r in resources:
         if r.group and r.version not in groups.setdefault(r.group, []):
             groups[r.group].append(r.version)
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
@@ -173,16 +179,17 @@ def api_groups() -> dict[str, Any]:
         for g, vs in sorted(groups.items())]}
 
 
-def api_resources(group: str, version: str) -> dict[str, Any] | None:
+def api_resources(group: str, version: str, resources: list[Resource] = RESOURCES) -> dict[str, Any] | None:
     """`GET /api/v1` or `/apis/GROUP/VERSION`: the resources and subresources, as kubectl maps kinds with."""
-    served = [r for r in RESOURCES if (r.group, r.version) == (group, version)]
+    served = [r for r in resources if (r.group, r.version) == (group, version)]
     if not served:
         return None
     listed: list[dict[str, Any]] = []
     for r in served:
         listed.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
                        "kind": r.kind, "verbs": VERBS})
-        if r.plural in ("pods", "jobs", "statefulsets", "deployments", "poddisruptionbudgets", "cronjobs"):
+        if r.plural in ("pods", "jobs", "statefulsets", "deployments", "poddisruptionbudgets", "cronjobs",
+                        "leaderworkersets", "jobsets"):
             listed.append({"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
                            "kind": r.kind, "verbs": ["get", "patch", "update"]})
         if r.scale:

@@ -48,7 +48,7 @@ from aiohttp import web
 from testkit.kubeapi.admission import Call, Refused, admit
 from testkit.kubeapi import protobuf
 from testkit.kubeapi.apply import Conflict, Owners, apply, conflict_message, record_write
-from testkit.kubeapi.resources import (BY_PATH, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
+from testkit.kubeapi.resources import (BY_PATH, RESOURCES, BadSelector, Resource, api_groups, api_resources, api_versions, matches,
                                      merge_patch, parse_label_selector)
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
@@ -171,6 +171,9 @@ class KubeAPI:
         # The first two octets of ClusterIPs (kube-apiserver's --service-cluster-ip-range); the
         # whole-system test makes them loopback addresses, where its kube-proxy stand-in listens.
         self.service_network = "10.96"
+        # What it serves: the built-in kinds, and custom ones once install_crd is called.
+        self.resources: list[Resource] = list(RESOURCES)
+        self.by_path: dict[tuple[str, str, str], Resource] = dict(BY_PATH)
         self._tasks: set[asyncio.Task] = set()
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -193,10 +196,11 @@ class KubeAPI:
             return web.json_response(api_versions())
 
         async def groups(request: web.Request) -> web.Response:
-            return web.json_response(api_groups())
+            return web.json_response(api_groups(self.resources))
 
         async def resources(request: web.Request) -> web.Response:
-            listed = api_resources(request.match_info.get("group", ""), request.match_info["version"])
+            listed = api_resources(request.match_info.get("group", ""), request.match_info["version"],
+                                   self.resources)
             if listed is None:
                 return status(404, "NotFound", "the server could not find the requested resource")
             return web.json_response(listed)
@@ -236,6 +240,14 @@ class KubeAPI:
         return ApiClient(configuration=Configuration(host=self.url))
 
     # -- test-side controls --------------------------------------------------
+
+    def install_crd(self, resource: Resource) -> None:
+        """Serve `resource` from now on, as a cluster does once its CustomResourceDefinition is
+        established: in discovery (`/apis`, `/apis/GROUP/VERSION`) and at its paths. Before, both
+        answer as kube-apiserver does for a group it does not know: absent, and 404."""
+        if resource.key not in {r.key for r in self.resources}:
+            self.resources.append(resource)
+            self.by_path[(resource.group, resource.version, resource.plural)] = resource
 
     def compact(self) -> int:
         """Forget history: a watch from any version handed out so far now gets 410 Gone.
@@ -321,7 +333,7 @@ class KubeAPI:
             namespace, parts = parts[1], parts[2:]
         if not parts or len(parts) > 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        res = BY_PATH.get((group, version, parts[0]))
+        res = self.by_path.get((group, version, parts[0]))
         if res is None or (namespace is not None and not res.namespaced):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = parts[1] if len(parts) > 1 else None
@@ -689,7 +701,7 @@ class KubeAPI:
                 new = jsonpatch.apply_patch(base, patch)
             elif ctype == "application/merge-patch+json":
                 new = merge_patch(base, patch)
-            elif ctype == "application/strategic-merge-patch+json":
+            elif ctype == "application/strategic-merge-patch+json" and not res.custom:
                 new = merge_patch(base, patch, strategic=True)
             else:
                 raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "

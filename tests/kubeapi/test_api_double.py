@@ -350,3 +350,32 @@ async def test_discovery_lists_groups_resources_and_the_scale_subresource(kube):
     assert {"pods", "services", "secrets", "serviceaccounts"} <= {r.name for r in core.resources}
     versions = await client.CoreApi(kube).get_api_versions()
     assert "v1" in versions.versions
+
+
+async def test_a_custom_resource_is_served_and_discovered_only_once_its_crd_is_installed(kube_api, kube, ns):
+    """As kube-apiserver: an unknown group is absent from discovery and its paths are 404; once the CRD is
+    established both serve it, and a strategic merge patch of a custom resource is refused (415)."""
+    from testkit.kubeapi.resources import LEADER_WORKER_SETS as LWS
+
+    custom = client.CustomObjectsApi(kube)
+    assert LWS.group not in {g.name for g in (await client.ApisApi(kube).get_api_versions()).groups}
+    with pytest.raises(ApiException) as e:
+        await custom.list_namespaced_custom_object(LWS.group, LWS.version, ns, LWS.plural)
+    assert e.value.status == 404
+
+    kube_api.install_crd(LWS)
+    groups = {g.name: g for g in (await client.ApisApi(kube).get_api_versions()).groups}
+    assert groups[LWS.group].preferred_version.version == "v1"
+    body = {"apiVersion": LWS.api_version, "kind": LWS.kind, "metadata": {"name": "llm"},
+            "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2}}}
+    await custom.create_namespaced_custom_object(LWS.group, LWS.version, ns, LWS.plural, body)
+    listed = await custom.list_namespaced_custom_object(LWS.group, LWS.version, ns, LWS.plural)
+    assert [o["metadata"]["name"] for o in listed["items"]] == ["llm"]
+    patch = {"metadata": {"annotations": {"a": "b"}}}
+    with pytest.raises(ApiException) as e:
+        await custom.patch_namespaced_custom_object(LWS.group, LWS.version, ns, LWS.plural, "llm", patch,
+                                                    _content_type="application/strategic-merge-patch+json")
+    assert e.value.status == 415
+    merged = await custom.patch_namespaced_custom_object(LWS.group, LWS.version, ns, LWS.plural, "llm", patch,
+                                                         _content_type="application/merge-patch+json")
+    assert merged["metadata"]["annotations"] == {"a": "b"} and merged["spec"]["replicas"] == 1

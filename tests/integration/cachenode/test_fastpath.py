@@ -96,7 +96,7 @@ async def test_a_client_gone_mid_body_is_logged_once_and_the_node_serves_others(
 async def test_a_hit_evicted_between_lookup_and_open_is_served_by_the_full_handler(origin, make_node, session):
     """The object is evicted after the fast path found it: aiohttp serves the request as a miss."""
     node = await _warm(origin, make_node, session, b"w" * 3000)
-    found = node.node.handler.plain_hit
+    found = node.node.handler.plain.plain_hit
 
     def evicted_right_after_lookup(raw_target, host_header, scheme="http"):
         hit = found(raw_target, host_header, scheme)
@@ -105,7 +105,7 @@ async def test_a_hit_evicted_between_lookup_and_open_is_served_by_the_full_handl
             asyncio.get_running_loop().create_task(node.node.store.remove(hit[0].key))
         return hit
 
-    node.node.handler.plain_hit = evicted_right_after_lookup
+    node.node.handler.plain.plain_hit = evicted_right_after_lookup
     async with aiohttp.ClientSession(auto_decompress=False) as fresh:  # the warm-up's connection went to aiohttp
         status, headers, got = await node.get(fresh, PATH)
     assert status == 200 and got == b"w" * 3000 and headers["X-Nezha-Cache"] == "miss"

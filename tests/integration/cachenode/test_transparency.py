@@ -17,15 +17,17 @@ PATH = "/datasets/shard-000.tar"
 KEY = f"http://{HOST}{PATH}"
 
 # One row per class of header some client depends on; each is a list of
-# fields, repeated names included, in the order the origin sends them.
+# fields, repeated names included, in the order the origin sends them. The
+# digests are the real ones of the body the tests serve (b"d" * 4000): a
+# fill checks them (cachenode/fill/verify.py).
 HEADER_CLASSES = {
     "huggingface_hub": [("X-Repo-Commit", "4f5c0e1d2a3b"), ("X-Linked-Etag", '"sha256-abc"'),
                         ("X-Linked-Size", "1048576")],
-    "gcs": [("x-goog-hash", "crc32c=n03x6A=="), ("x-goog-hash", "md5=Ojk9c3dhfxgoKVVHYwFbHQ=="),
+    "gcs": [("x-goog-hash", "crc32c=zSD3sA=="), ("x-goog-hash", "md5=aoOae5qgtwkzJ4I+vc7oCA=="),
             ("x-goog-generation", "1700000000000000"), ("x-goog-stored-content-length", "4000")],
     "s3": [("x-amz-version-id", "3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"), ("x-amz-meta-split", "train"),
-           ("x-amz-meta-owner", "vision"), ("x-amz-checksum-sha256", "MV9b23bQeMQ7isAGTkoBZGErH853yGk0W/yUx1iU7dM=")],
-    "integrity": [("Content-MD5", "Q2hlY2sgSW50ZWdyaXR5IQ=="), ("Digest", "sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=")],
+           ("x-amz-meta-owner", "vision"), ("x-amz-checksum-sha256", "JdMpXtw9DRVzNBht4wHYL1Y/eaBag7jyl7+4Rh88IEk=")],
+    "integrity": [("Content-MD5", "aoOae5qgtwkzJ4I+vc7oCA=="), ("Digest", "sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=")],
     "links": [("Link", '<https://mirror.example/a>; rel="duplicate"'), ("Link", '<https://mirror.example/b>; rel="duplicate"'),
               ("Content-Disposition", 'attachment; filename="shard-000.tar"')],
 }
@@ -58,13 +60,13 @@ async def test_origin_fields_round_trip_on_miss_hit_and_304_refresh(origin, make
 
 async def test_a_304_updates_the_stored_fields_it_carries_and_keeps_the_rest(origin, make_node, session):
     """RFC 9111 §3.2: a revalidation's fields replace the stored ones of the same name."""
-    origin.put(PATH, b"d" * 100, headers={"Cache-Control": "max-age=0", "X-Repo-Commit": "old"},
+    origin.put(PATH, b"d" * 4000, headers={"Cache-Control": "max-age=0", "X-Repo-Commit": "old"},
                fields=HEADER_CLASSES["gcs"])
     node = await make_node()
     await node.get(session, PATH)
     await node.node.settled()
     # The origin's 304 carries a new commit and a new lifetime; the goog fields are not in it.
-    origin.put(PATH, b"d" * 100, headers={"Cache-Control": "max-age=600", "X-Repo-Commit": "new"})
+    origin.put(PATH, b"d" * 4000, headers={"Cache-Control": "max-age=600", "X-Repo-Commit": "new"})
     status, headers, _ = await node.get(session, PATH)
     assert headers["X-Nezha-Cache"] == "revalidated"
     assert headers["X-Repo-Commit"] == "new" and headers["Cache-Control"] == "max-age=600"
@@ -219,12 +221,12 @@ async def test_origin_fields_round_trip_through_a_relay_cold_and_warm(origin, cl
     from tests.integration.cachenode.conftest import owner_and_other
 
     pairs = HEADER_CLASSES[kind]
-    origin.put(PATH, b"r" * 3000, headers={"Cache-Control": "max-age=3600"}, fields=pairs)
+    origin.put(PATH, b"d" * 4000, headers={"Cache-Control": "max-age=3600"}, fields=pairs)
     nodes, _ = await cluster(3)
     owners, others = owner_and_other(nodes, PATH)
     for label in ("peer-miss", "peer-hit"):
         status, headers, body = await nodes[others[0]].get(session, PATH)
-        assert status == 200 and body == b"r" * 3000 and headers["X-Nezha-Cache"] == label
+        assert status == 200 and body == b"d" * 4000 and headers["X-Nezha-Cache"] == label
         assert fields_of(headers, {n for n, _ in pairs}) == expect(pairs), label
         await nodes[owners[0]].node.settled()
 

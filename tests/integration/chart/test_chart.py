@@ -406,7 +406,7 @@ def test_the_webhook_certificate_is_made_by_a_job_each_revision_and_renewed_by_a
 
 
 def test_the_rules_configmap_is_in_the_original_nezha_format_and_names_no_ip():
-    from webhook.patch import parse_rules
+    from webhook.rules import parse_rules
 
     objects = render()
     text = find(objects, "ConfigMap", "nezha-webhook-rules")["data"]["config"]
@@ -598,7 +598,7 @@ def test_with_https_and_rules_of_their_own_a_host_no_tls_rule_aliases_is_passed_
 
 
 def test_the_default_rule_leaves_wildcard_origins_out_since_etc_hosts_has_no_patterns(tmp_path):
-    from webhook.patch import parse_rules
+    from webhook.rules import parse_rules
 
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"origins": [

@@ -21,7 +21,8 @@ import yaml
 
 from testkit.tools import require_tool
 from tests.integration.chart.render import CHART, find, helm, render
-from webhook.patch import patch_for, rules_from
+from webhook.patch import patch_for
+from webhook.rules import rules_from
 
 K8S_VERSION = "1.35.0"
 # The pasteable command: from `kubectl ... <<'EOF'` to the line `EOF`.

@@ -30,7 +30,8 @@ from testkit.tools import require_tool
 from tests.integration.chart.render import CHART, find, render
 from tests.integration.chart.test_chart_notes import PASTE, notes
 from tests.integration.chart.test_chart_sidecar import webhook_settings
-from webhook.patch import parse_rules, patch_for
+from webhook.patch import patch_for
+from webhook.rules import parse_rules
 from webhook.server import sidecar_config
 
 CI = CHART / "ci"

@@ -11,7 +11,8 @@ import yaml
 from nezha.config import WebhookSettings, load
 from tests.integration.chart.render import CHART, RenderError, find, render
 from webhook import sidecar as sc
-from webhook.patch import parse_rules, patch_for
+from webhook.patch import patch_for
+from webhook.rules import parse_rules
 from webhook.server import sidecar_config
 
 SIDECAR_VALUES = CHART / "ci" / "sidecar-values.yaml"

@@ -9,10 +9,12 @@ import time
 import pytest
 from kubernetes_asyncio import client
 
+from cachenode.app import build_node
+from cachenode.front.listener import Listener
+from nezha.config import CacheSettings, ControllerSettings, Origin
 from nezha.index.handle import Index
 from nezha.index.connection import IndexUnavailable
 from controller.run import Controller
-from nezha.config import ControllerSettings
 from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
 
 STS = "nezha-cache"
@@ -116,6 +118,56 @@ async def run_controller(kube, ns, redis_server):  # noqa: F811
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await idx.close()
+
+
+@pytest.fixture
+async def one_node(cluster, ns, redis_server, tmp_path):
+    """Start one cache node with `origins` as pod nezha-cache-0 (ready, in the ring once a controller runs)."""
+    listeners = []
+
+    async def start(origins: list[Origin], **settings) -> Listener:
+        """`settings`: the node's own beyond these (cluster_token, capacity, ...)."""
+        node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
+                                        redis_url=redis_server.url, origins=origins, **settings))
+        listener = Listener(node)
+        await listener.start("127.0.0.1", 0)
+        listeners.append(listener)
+        await cluster.create(1)
+        cache_pod = pod(0)
+        cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
+        await cluster.core.create_namespaced_pod(ns, cache_pod)
+        await cluster.set_ready(0, True, ip="127.0.0.1")
+        return listener
+
+    yield start
+    for listener in listeners:
+        await listener.close()
+
+
+@pytest.fixture
+async def cache_nodes(cluster, ns, redis_server, tmp_path):
+    """Start `count` cache nodes with `origins` as pods nezha-cache-N on 127.0.0.(11+N), one owner a key,
+    each ready; returns their listeners (stopped at teardown)."""
+    listeners = []
+
+    async def start(count: int, origins: list[Origin], **settings) -> list[Listener]:
+        await cluster.create(count)
+        for ordinal in range(count):
+            node_id = f"{STS}-{ordinal}"
+            node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / node_id, node_id=node_id,
+                                            redis_url=redis_server.url, replicas=1, origins=origins, **settings))
+            listener = Listener(node)
+            await listener.start(f"127.0.0.{11 + ordinal}", 0)
+            listeners.append(listener)
+            cache_pod = pod(ordinal)
+            cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
+            await cluster.core.create_namespaced_pod(ns, cache_pod)
+            await cluster.set_ready(ordinal, True, ip=f"127.0.0.{11 + ordinal}")
+        return listeners
+
+    yield start
+    for listener in listeners:
+        await listener.close()
 
 
 async def ring_becomes(index: Index, expected: dict[str, str], timeout: float = 1.0) -> float:

@@ -65,7 +65,7 @@ async def test_prefetch_fills_each_url_once_reports_on_the_job_and_a_later_get_i
         assert [f["url"] for f in status["failed"]] == ["http://evil.example/x"]
         assert any(e.type == "Warning" and "http://evil.example/x" in e.message for e in events)
         second, _ = await job_done(batch, cluster.core, ns, "train-2")
-        assert second == {"total": 1, "done": 1, "failed": [], "bytes": 300_000}
+        assert second == {"total": 1, "done": 1, "failed": [], "bytes": 300_000, "pinned": 300_000}
         assert origin.requests["/d/a.bin"] == 1 and origin.requests["/d/b.bin"] == 1, "once each"
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{listener.port}/d/a.bin", headers={"Host": HOST}) as r:
@@ -75,7 +75,7 @@ async def test_prefetch_fills_each_url_once_reports_on_the_job_and_a_later_get_i
 
 
 async def test_prefetch_of_a_url_with_a_volatile_parameter_asks_the_owner_of_the_key_the_node_stores_it_under(
-        kube, ns, cluster, run_controller, index, origin, redis_server, tmp_path):
+        kube, ns, cluster, run_controller, index, origin, cache_nodes):
     """The controller keys a URL as the nodes do (the origin's volatile_params left out), so it asks the
     node that holds the object, and reports it stored."""
     from nezha.keys import cache_key, parse_target
@@ -89,27 +89,12 @@ async def test_prefetch_of_a_url_with_a_volatile_parameter_asks_the_owner_of_the
     sig = next(s for s in (f"s{n}" for n in range(1000))
                if ring.owners(cache_key(parse_target(f"/d/c.bin?sig={s}", HOST)), 1)[0] != stored_owner)
     origin.put(f"/d/c.bin?sig={sig}", b"c" * 50_000, headers={"Cache-Control": "max-age=3600"})
-    listeners = []
-    try:
-        await cluster.create(3)
-        for ordinal, node_id in enumerate(ids):
-            node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / node_id, node_id=node_id,
-                                            redis_url=redis_server.url, replicas=1, origins=table))
-            listener = Listener(node)
-            await listener.start(f"127.0.0.{11 + ordinal}", 0)
-            listeners.append(listener)
-            cache_pod = pod(ordinal)
-            cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
-            await cluster.core.create_namespaced_pod(ns, cache_pod)
-            await cluster.set_ready(ordinal, True, ip=f"127.0.0.{11 + ordinal}")
-        await run_controller(peer_address="pod-ip", origins=table)
-        await ring_becomes(index, {node_id: f"127.0.0.{11 + i}:{listeners[i].port}" for i, node_id in enumerate(ids)})
+    listeners = await cache_nodes(3, table)
+    await run_controller(peer_address="pod-ip", origins=table)
+    await ring_becomes(index, {node_id: f"127.0.0.{11 + i}:{listeners[i].port}" for i, node_id in enumerate(ids)})
 
-        batch = client.BatchV1Api(kube)
-        await batch.create_namespaced_job(ns, training_job("train-3", f"http://{HOST}/d/c.bin?sig={sig}"))
-        status, _ = await job_done(batch, cluster.core, ns, "train-3")
-        assert status == {"total": 1, "done": 1, "failed": [], "bytes": 50_000}
-        assert origin.requests[f"/d/c.bin?sig={sig}"] == 1
-    finally:
-        for listener in listeners:
-            await listener.close()
+    batch = client.BatchV1Api(kube)
+    await batch.create_namespaced_job(ns, training_job("train-3", f"http://{HOST}/d/c.bin?sig={sig}"))
+    status, _ = await job_done(batch, cluster.core, ns, "train-3")
+    assert status == {"total": 1, "done": 1, "failed": [], "bytes": 50_000, "pinned": 50_000}
+    assert origin.requests[f"/d/c.bin?sig={sig}"] == 1

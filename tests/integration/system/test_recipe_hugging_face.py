@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiohttp import web
 
 from tests.integration.system.conftest import installed_chart
 from tests.integration.system.recipe import (RECIPES, answered, blocks, commands, fill, kubectl, logs_of,
                                              requests_of, run_job, stand_in, stats_row, values_of)
 from tests.integration.system.test_whole_system import chart_is_up
-from tests.support_hub import HubDouble, Repo
+from tests.support_hub import HubDouble, Repo, served
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,20 +44,8 @@ async def hub():
     model = os.urandom(2 * 1024 * 1024)
     double = HubDouble(Repo(REPO, "9c3e1f0a" * 5, git_files={"config.json": b'{"model_type": "nezha"}\n'},
                             lfs_files={"model.safetensors": model}, granted={TOKEN}), cdn_url=f"https://{CDN}")
-    runners, urls = [], []
-    try:
-        for app, address in ((double.hub_app(), "127.0.0.7"), (double.cdn_app(), "127.0.0.8")):
-            runner = web.AppRunner(app, access_log=None)
-            runners.append(runner)
-            await runner.setup()
-            site = web.TCPSite(runner, address, 0)
-            await site.start()
-            urls.append(f"http://{address}:{site._server.sockets[0].getsockname()[1]}")
-        double.hub_url, double.cdn_stand_in = urls
+    async with served(double):
         yield double
-    finally:
-        for runner in runners:
-            await runner.cleanup()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from nezha.config import WebhookSettings
 from testkit.ports import free_port
 from tests.integration.webhook.reviews import patched, pod, review
-from webhook.patch import MAX_CONTAINERS
+from webhook.containers import MAX_CONTAINERS
 from webhook.server import build_webhook, start
 
 RULES = """\

@@ -1,6 +1,6 @@
 """A fill's failure is told to every client of it: without the leader's credentials."""
 
-from cachenode.front.respond import origin_failure
+from cachenode.front.short_answers import origin_failure
 from nezha.errors import OriginError, OriginTimeout
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from webhook.metrics import outcome_of
-from webhook.patch import parse_rules
+from webhook.rules import parse_rules
 from webhook.review import review
 
 RULES = parse_rules("""\

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import strategies as st
 
 import webhook.patch
-from webhook.patch import (DEFAULT_NO_PROXY, INJECTED, MAX_CONTAINERS, Patch, PatchError, RuleError,
-                           TooManyContainers, escape, parse_rules, patch_for)
+from webhook.containers import MAX_CONTAINERS
+from webhook.ops import Patch, PatchError, TooManyContainers, escape
+from webhook.patch import DEFAULT_NO_PROXY, INJECTED, patch_for
+from webhook.rules import RuleError, parse_rules
 
 HOSTS = ["download.tensorflow.org", "www.cs.toronto.edu"]
 KEY = "app.kubernetes.io/deploy-manager"

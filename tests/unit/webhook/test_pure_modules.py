@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[3]
 FORBIDDEN = {"aiohttp", "redis", "kubernetes_asyncio", "structlog", "socket", "asyncio", "ssl"}
 
 
-@pytest.mark.parametrize("module", ["webhook.patch", "webhook.review", "webhook.sidecar"])
+@pytest.mark.parametrize("module", ["webhook.patch", "webhook.rules", "webhook.ops", "webhook.containers", "webhook.review",
+                                    "webhook.sidecar"])
 def test_pure_webhook_module_imports_no_io_library(module):
     script = (
         "import importlib, json, sys\n"

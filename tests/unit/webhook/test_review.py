@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 
 from nezha.errors import ReviewError
-from webhook.patch import parse_rules
+from webhook.rules import parse_rules
 from webhook.review import review
 
 RULES = parse_rules("""

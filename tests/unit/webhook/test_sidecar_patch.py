@@ -9,7 +9,8 @@ import kubernetes_validate
 import pytest
 
 from webhook import sidecar as sc
-from webhook.patch import INJECTED, RuleError, parse_rules, patch_for
+from webhook.patch import INJECTED, patch_for
+from webhook.rules import RuleError, parse_rules
 from webhook.review import review
 
 KEY = "nezha.io/cache"

@@ -129,3 +129,31 @@ def test_a_client_asking_again_for_what_it_asked_adds_no_want():
         plan.want(5, 100)
     plan.want(20, 30)
     assert len(plan._wanted) == 1
+
+
+def test_a_resumes_answer_is_one_slice_claimed_from_the_start_and_the_rest_is_cut_around_it():
+    plan = Plan(20 * MiB, 8 * MiB, answered=(5 * MiB, 20 * MiB))
+    assert [(s.start, s.end) for s in plan.slices] == [(0, 5 * MiB), (5 * MiB, 20 * MiB)]
+    assert (plan.answered_slice.start, plan.answered_slice.end) == (5 * MiB, 20 * MiB)
+    head = plan.next()
+    assert (head.start, head.end) == (0, 5 * MiB)
+    assert plan.next() is None, "the answered span is never asked for again"
+    plan.want(6 * MiB, 20 * MiB)  # a client waiting inside the answered span asks for nothing more
+    assert plan.next() is None and not plan.has_unclaimed_wanted()
+    plan.advance(plan.answered_slice, 2 * MiB)
+    assert plan.covered_until(5 * MiB) == 7 * MiB and plan.prefix == 0
+    plan.advance(head, 5 * MiB)
+    assert plan.prefix == 7 * MiB
+
+
+def test_an_answered_span_in_the_middle_leaves_slices_before_and_after_it():
+    plan = Plan(30 * MiB, 8 * MiB, answered=(10 * MiB, 12 * MiB))
+    assert [(s.start // MiB, s.end // MiB) for s in plan.slices] == [(0, 8), (8, 10), (10, 12), (12, 20),
+                                                                     (20, 28), (28, 30)]
+    assert [s.start // MiB for s in iter(plan.next, None)] == [0, 8, 12, 20, 28]
+
+
+@pytest.mark.parametrize("answered", [(0, 0), (5, 4), (-1, 3), (0, 101)])
+def test_an_answered_span_outside_the_object_is_refused(answered):
+    with pytest.raises(ValueError, match="not inside an object of 100"):
+        Plan(100, 10, answered=answered)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cachenode.front import fastpath
-from cachenode.front.fastpath import PlainRequest, parse_plain, partial_head, plain_request, wanted_range
+from cachenode.front import plain
+from cachenode.front.plain import PlainRequest, parse_plain, partial_head, plain_request, wanted_range
 from cachenode.store.objects import Meta
 
 GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
@@ -88,18 +88,18 @@ def test_a_remembered_verdict_is_the_verdict_of_the_head_itself(raw):
 
 def test_remembered_heads_stay_bounded_in_count_and_size():
     """Clients choose the heads: at most _JUDGED_MAX of them, none longer than _JUDGED_HEAD_MAX, are kept."""
-    fastpath._JUDGED.clear()
+    plain._JUDGED.clear()
     long_head = GET + b"User-Agent: " + b"a" * 2000 + b"\r\n\r\n"
     assert isinstance(plain_request(bytearray(long_head)), PlainRequest)
-    assert not fastpath._JUDGED  # judged, not kept
-    for i in range(fastpath._JUDGED_MAX + 10):
+    assert not plain._JUDGED  # judged, not kept
+    for i in range(plain._JUDGED_MAX + 10):
         plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\n\r\n" % i))
-    assert 0 < len(fastpath._JUDGED) <= fastpath._JUDGED_MAX
-    assert sum(map(len, fastpath._JUDGED)) <= fastpath._JUDGED_MAX * fastpath._JUDGED_HEAD_MAX
-    fastpath._JUDGED_RANGED.clear()
-    for i in range(fastpath._JUDGED_MAX + 10):  # ranged heads of as many objects
+    assert 0 < len(plain._JUDGED) <= plain._JUDGED_MAX
+    assert sum(map(len, plain._JUDGED)) <= plain._JUDGED_MAX * plain._JUDGED_HEAD_MAX
+    plain._JUDGED_RANGED.clear()
+    for i in range(plain._JUDGED_MAX + 10):  # ranged heads of as many objects
         plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\nRange: bytes=%d-\r\n\r\n" % (i, i)))
-    assert 0 < len(fastpath._JUDGED_RANGED) <= fastpath._JUDGED_MAX
+    assert 0 < len(plain._JUDGED_RANGED) <= plain._JUDGED_MAX
 
 
 def test_a_range_and_if_range_are_read_with_the_head():
@@ -111,18 +111,18 @@ def test_a_range_and_if_range_are_read_with_the_head():
 def test_heads_differing_only_in_their_range_are_remembered_once_each_with_its_own_range():
     """A loader reading one object in ten thousand ranges leaves one entry, and each request gets its range
     and its head's length, exactly as parse_plain reads them."""
-    fastpath._JUDGED_RANGED.clear()
+    plain._JUDGED_RANGED.clear()
     for start in range(0, 10_000_000, 1000):
         raw = GET + b"Range: bytes=%d-%d\r\nAccept: */*\r\n\r\n" % (start, start + 999)
         req = plain_request(bytearray(raw + b"GET /next"))
         assert req == parse_plain(raw) and req.range == f"bytes={start}-{start + 999}"
-    assert len(fastpath._JUDGED_RANGED) == 1
+    assert len(plain._JUDGED_RANGED) == 1
 
 
 def test_a_remembered_ranged_head_does_not_lend_its_verdict_to_another_head():
     """The range is left out of what is remembered, nothing else: a head that differs elsewhere is judged anew."""
-    fastpath._JUDGED.clear()
-    fastpath._JUDGED_RANGED.clear()
+    plain._JUDGED.clear()
+    plain._JUDGED_RANGED.clear()
     assert isinstance(plain_request(bytearray(GET + b"Range: bytes=0-1\r\n\r\n")), PlainRequest)
     assert plain_request(bytearray(GET + b"Range: bytes=0-1\r\nCookie: a=b\r\n\r\n")) is False
     assert plain_request(bytearray(GET + b"Range: bytes=0-1,3-4\r\n\r\n")) is False

@@ -1,0 +1,271 @@
+"""Prefetch benchmark: 10,000 small objects named by one manifest, against a client reading them cold,
+and what the prefetch costs another client's warm reads.
+
+    python bench/prefetch.py [--quick] [--objects 10000] [--size 4096] [--latency 0.02] [--fills 16]
+
+Runs, all on 127.0.0.1: a real redis-server; the Kubernetes API double
+(testkit/kubeapi, in this process) holding the cache StatefulSet and its one
+ready pod; one `nezha cache` process; `nezha controller` as its own process
+(kubeconfig to the double, the origin table in --config); and an origin
+process (this script, `--serve-origin`) that answers each object after
+`--latency` seconds (an internet round trip), `Cache-Control: max-age=86400`.
+Needs `pip install -e '.[test]'` and redis-server.
+
+- prefetch_rate: a client reads `--objects` objects through the node, cold,
+  `--fills` at a time (as many as the controller's `--prefetch-fills`):
+  objects per second. Then a Job names another set of as many objects, of
+  the same size and latency, by one manifest (`nezha.io/prefetch:
+  http://data.example/b/files.txt`): objects per second from creating the
+  Job to its PrefetchDone Event. The ratio prefetch / client. Target >= 0.9.
+- live_impact: another client reads 200 warm objects, 4 at a time, for
+  `--live` seconds alone (hits per second), then while a third set is
+  prefetched. The ratio during / alone. Target >= 0.8.
+
+Last line: `ratios: prefetch_rate=<r> live_impact=<r>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Children, Node, repo_env  # noqa: E402
+from testkit.kubeapi.kubeconfig import kubeconfig  # noqa: E402
+from testkit.kubeapi.server import KubeAPI  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+from testkit.redis_server import RedisServer  # noqa: E402
+from testkit.waits import until_port  # noqa: E402
+
+NS = "bench"
+STS = "nezha-cache"
+HOST = "data.example"
+LABELS = {"app.kubernetes.io/name": "nezha-cache"}
+TOKEN = "nezha-bench-prefetch-token"
+WARM = 200
+
+
+# -- the origin, in a process of its own -----------------------------------------------------------
+
+def serve_origin(port: int, size: int, latency: float, objects: int) -> None:
+    """`/SET/N.bin` (N < objects) after `latency` seconds; `/SET/files.txt` lists a set's objects."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        _, name, leaf = request.path.split("/", 2)
+        if leaf == "files.txt":
+            return web.Response(text="".join(f"http://{HOST}/{name}/{i}.bin\n" for i in range(objects)))
+        await asyncio.sleep(latency)
+        body = hashlib.sha256(request.path.encode()).digest() * (size // 32 + 1)
+        return web.Response(body=body[:size], headers={"Cache-Control": "max-age=86400",
+                                                       "ETag": f'"{hashlib.sha1(request.path.encode()).hexdigest()}"'})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- the cluster -----------------------------------------------------------------------------------
+
+def statefulset(port: int) -> dict:
+    container = {"name": "cache", "image": "nezha:bench", "ports": [{"name": "http", "containerPort": port}]}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": STS},
+            "spec": {"replicas": 1, "serviceName": "nezha-cache-peers", "selector": {"matchLabels": LABELS},
+                     "template": {"metadata": {"labels": LABELS}, "spec": {"containers": [container]}}}}
+
+
+def cache_pod(port: int) -> dict:
+    container = {"name": "cache", "image": "nezha:bench", "ports": [{"name": "http", "containerPort": port}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{STS}-0", "labels": LABELS},
+            "spec": {"containers": [container]}}
+
+
+def job(name: str, manifest: str) -> dict:
+    spec = {"restartPolicy": "Never", "containers": [{"name": "train", "image": "trainer:1", "command": ["true"]}]}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": manifest}},
+            "spec": {"template": {"spec": spec}}}
+
+
+async def ring_written(url: str, timeout: float = 30) -> None:
+    """Until the controller has written the ring (so the prefetch's time is its own, not its start-up's)."""
+    import redis.asyncio as aredis
+
+    from nezha.index.schema import KEY_EPOCH
+
+    r = aredis.from_url(url)
+    try:
+        deadline = time.perf_counter() + timeout
+        while not await r.get(KEY_EPOCH):
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the controller wrote no ring within {timeout:g} s")
+            await asyncio.sleep(0.1)
+    finally:
+        await r.aclose()
+
+
+async def read_all(session: aiohttp.ClientSession, node: str, paths: list[str], concurrency: int) -> int:
+    """GET every path through the node, `concurrency` at a time; the bytes read."""
+    queue = iter(paths)
+    got = 0
+
+    async def worker() -> None:
+        nonlocal got
+        for path in queue:
+            async with session.get(node + path, headers={"Host": HOST}) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{path}: {r.status} {body[:200]!r}")
+                got += len(body)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return got
+
+
+async def prefetched(core, name: str, timeout: float) -> float:
+    """When the Job's PrefetchDone Event appeared (perf_counter), polling every 50 ms."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        events = (await core.list_namespaced_event(NS)).items
+        done = [e for e in events if e.involved_object.name == name and e.reason == "PrefetchDone"]
+        if done:
+            if "failed" in done[0].message:
+                raise RuntimeError(f"{name}: {done[0].message}")
+            return time.perf_counter()
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"no PrefetchDone for {name} within {timeout:g} s")
+
+
+async def live_reads(session, node: str, seconds: float, stop: asyncio.Event | None = None) -> float:
+    """Warm reads per second of WARM objects, 4 at a time, for `seconds` (or until `stop`)."""
+    paths = [f"/w/{i}.bin" for i in range(WARM)]
+    count = 0
+    started = time.perf_counter()
+    end = started + seconds
+
+    async def worker(offset: int) -> None:
+        nonlocal count
+        i = offset
+        while time.perf_counter() < end and not (stop is not None and stop.is_set()):
+            async with session.get(node + paths[i % WARM], headers={"Host": HOST}) as r:
+                await r.read()
+                if r.headers.get("X-Nezha-Cache") != "hit":
+                    raise RuntimeError(f"warm read was {r.headers.get('X-Nezha-Cache')}")
+            count += 1
+            i += 4
+
+    await asyncio.gather(*(worker(k) for k in range(4)))
+    return count / (time.perf_counter() - started)
+
+
+async def run(args: argparse.Namespace) -> tuple[float, float]:
+    from kubernetes_asyncio import client
+
+    work = Path(tempfile.mkdtemp(prefix="nezha-bench-prefetch-"))
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("bench/prefetch.py needs redis-server on PATH (Debian: apt-get install redis-server)")
+    redis = RedisServer(exe, work)
+    redis.start()
+    children = Children()
+    api = KubeAPI(bookmark_interval=1.0, validate_pods=False, job_controller=False)
+    await api.start()
+    kube = api.client()
+    try:
+        origin_port = free_port()
+        await children.spawn(sys.executable, __file__, "--serve-origin", str(origin_port), "--size", str(args.size),
+                             "--latency", str(args.latency), "--objects", str(args.objects), env=repo_env())
+        origin = f"http://127.0.0.1:{origin_port}"
+        await until_port("127.0.0.1", origin_port, timeout=30)
+        os.environ["NEZHA_CLUSTER_TOKEN"] = TOKEN
+        node = Node(children, work, "node")
+        await node.start(origins={HOST: origin}, args=["--redis-url", redis.url, "--node-id", f"{STS}-0"])
+        core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
+        await core.create_namespace({"metadata": {"name": NS}})
+        await apps.create_namespaced_stateful_set(NS, statefulset(node.port))
+        await core.create_namespaced_pod(NS, cache_pod(node.port))
+        await core.patch_namespaced_pod_status(f"{STS}-0", NS, {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
+        (work / "token").write_text(TOKEN)
+        (work / "controller.yaml").write_text(json.dumps({"origins": [{"host": HOST, "upstream": origin}]}))
+        log = open(work / "controller.log", "wb")
+        await children.spawn(
+            sys.executable, "-m", "nezha", "controller", "--namespace", NS, "--statefulset", STS,
+            "--redis-url", redis.url, "--identity", "bench", "--peer-address", "pod-ip", "--log-level", "warning",
+            "--kubeconfig", str(kubeconfig(work / "kubeconfig", api.url)), "--config", str(work / "controller.yaml"),
+            "--cluster-token-file", str(work / "token"), "--prefetch-fills", str(args.fills),
+            stdout=subprocess.DEVNULL, stderr=log, env=repo_env())
+
+        await ring_written(redis.url)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            await read_all(session, node.url, [f"/w/{i}.bin" for i in range(WARM)], 4)
+            await node.settled()
+
+            # The client, cold: set a.
+            started = time.perf_counter()
+            await read_all(session, node.url, [f"/a/{i}.bin" for i in range(args.objects)], args.fills)
+            client_rate = args.objects / (time.perf_counter() - started)
+            print(f"client, cold: {args.objects} objects of {args.size} B, {args.fills} at a time: "
+                  f"{client_rate:,.0f} objects/s", flush=True)
+
+            # The prefetch of set b, by manifest (the first Job waits for the controller's ring).
+            batch = client.BatchV1Api(kube)
+            started = time.perf_counter()
+            await batch.create_namespaced_job(NS, job("prefetch-b", f"http://{HOST}/b/files.txt"))
+            done = await prefetched(core, "prefetch-b", timeout=args.objects / 5 + 120)
+            prefetch_rate = args.objects / (done - started)
+            print(f"prefetch by manifest: {args.objects} objects in {done - started:.1f} s: "
+                  f"{prefetch_rate:,.0f} objects/s", flush=True)
+
+            # Warm reads alone, then during the prefetch of set c.
+            alone = await live_reads(session, node.url, args.live)
+            print(f"warm reads alone: {alone:,.0f}/s", flush=True)
+            stop = asyncio.Event()
+            await batch.create_namespaced_job(NS, job("prefetch-c", f"http://{HOST}/c/files.txt"))
+            reading = asyncio.get_running_loop().create_task(live_reads(session, node.url, args.live, stop))
+            during = await reading
+            print(f"warm reads during the prefetch of set c: {during:,.0f}/s", flush=True)
+            await prefetched(core, "prefetch-c", timeout=args.objects / 5 + 120)
+    finally:
+        await children.stop_all()
+        await kube.close()
+        await api.stop()
+        redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return prefetch_rate / client_rate, during / alone
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="2,000 objects, 3 s of live reads")
+    p.add_argument("--objects", type=int, default=10_000)
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--latency", type=float, default=0.02, help="the origin's seconds per object")
+    p.add_argument("--fills", type=int, default=16, help="the controller's --prefetch-fills, and the client's")
+    p.add_argument("--live", type=float, default=8.0, help="seconds of warm reads, alone and during a prefetch")
+    p.add_argument("--serve-origin", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_origin is not None:
+        serve_origin(args.serve_origin, args.size, args.latency, args.objects)
+        return
+    if args.quick:
+        args.objects, args.live = 2_000, 3.0
+    rate, impact = asyncio.run(run(args))
+    print(f"  prefetch_rate {rate:6.2f}  target >= 0.9   {'met' if rate >= 0.9 else 'NOT met'}")
+    print(f"  live_impact   {impact:6.2f}  target >= 0.8   {'met' if impact >= 0.8 else 'NOT met'}")
+    print(f"ratios: prefetch_rate={rate:.2f} live_impact={impact:.2f}")
+
+
+if __name__ == "__main__":
+    main()

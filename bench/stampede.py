@@ -1,0 +1,214 @@
+"""Stampede benchmark (issue 38): K = 4·N clients read one cold object at the same moment through N cache nodes,
+each node behind a network link of its own, as a curve in N against the ideal.
+
+    sudo python bench/stampede.py [--quick] [--size MIB] [--rate MBPS] [--origin-rate MBPS]
+
+Needs root (network namespaces, tc), iproute2, redis-server, and matplotlib for the plot (pip install
+matplotlib). Each run is testkit/stampede.py's scene: every cache node, the origin, Redis and each client group
+in a namespace of its own joined through a bridge, each node's link a token bucket at B bytes/s each way (burst
+64 KiB, latency 50 ms), the origin's at O; real `nezha cache` processes and a real redis-server. Everything the
+benchmark made is deleted on exit, Ctrl-C and failure. Configurations side by side in one run:
+
+    direct          the clients read from the origin (no cache)
+    plain           Nezha, hot copies and chunks off (--hot-reads 0, chunk_threshold 0)
+    shipped         Nezha as shipped, the object below the chunk threshold (whole, hot copies on)
+    shipped-chunks  Nezha as shipped, the object above the chunk threshold (chunk_threshold S, chunk_size max(1 MiB, S/8))
+    killed          `shipped` at the middle N, the key's first owner (the one filling it) SIGKILLed when the origin
+                    has sent half the object
+    killed-chunks   the same for `shipped-chunks`: the key's first owner fills some chunks and holds the manifest
+
+For each it prints per N: p50 p95 p99 max of the clients' time to last byte, the ideal (the larger of S / O,
+one origin fetch, and K·S / (N·B), every node link busy), origin bytes, the first byte's path (the
+X-Nezha-Cache labels clients saw), docs/capacity.md's model for the configuration (`model`, see `model()`)
+and the busiest link's fastest second against its cap. Its last line:
+
+    ratios: stampede_p95_vs_ideal=<worst N, shipped> stampede_flatness=<p95 at largest N / p95 at N=2,
+            shipped> stampede_origin=<origin bytes / S, worst of shipped> stampede_killed_origin=<killed run>
+            (and the same three for each configuration, suffixed _<config>)
+
+Targets (issue 38): p95_vs_ideal <= 1.5, flatness <= 1.3, origin <= 1.02, killed origin <= 1.1.
+The plot, docs/img/stampede.png, is drawn here: p95 per configuration against the ideal, over N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import REPO, BenchError, source_version  # noqa: E402
+from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
+from testkit.stampede import Outcome, Scene, run  # noqa: E402
+
+MiB = 1 << 20
+CONFIGS = ("direct", "plain", "shipped", "shipped-chunks")
+PLOT = REPO / "docs" / "img" / "stampede.png"
+
+
+def scene(config: str, n: int, *, size: int, rate: int, origin_rate: int, kill_at: float | None = None) -> Scene:
+    chunked = config in ("shipped-chunks", "killed-chunks")
+    return Scene(config="shipped" if config.startswith(("shipped", "killed")) else config, nodes=n, clients=4 * n,
+                 size=size, node_rate=rate, origin_rate=origin_rate, kill_at=kill_at,
+                 chunk_threshold=size if chunked else None, chunk_size=max(MiB, size // 8) if chunked else None)
+
+
+def model(config: str, sc: Scene) -> float:
+    """docs/capacity.md's prediction of the time to last byte, for this configuration's scene (a lower bound:
+    the busiest link, or the origin, moving its bytes at its rate; one synchronized cold wave).
+
+    direct: the origin's link carries every client's S. plain and shipped (whole): the key's first owner
+    fills it and every other node relays each of its pods' reads from it, and the second owner holds no
+    replica yet, so all K·S leave the first owner's link; the capacity model's warm bound,
+    K·S·(N − R + 1)/(N·B), lets the second owner serve its own pods, which a cold wave cannot. Hot copies
+    start after a copy's relayed reads end, so a single wave gets none. chunks: node i sends its own pods
+    the object and each other pod the chunks it owns first, K·S/N·(1 + f·(N − 1)), f the largest share of
+    chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share is 1/min(C, N))."""
+    K, S, N, B, O, R = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate, min(sc.replicas, sc.nodes)
+    if config == "direct":
+        return K * S / O
+    if sc.chunk_threshold is None:
+        return max(S / O, K * S / B)
+    return max(S / O, K * S / N * (1 + first_owner_share(sc) * (N - 1)) / B)
+
+
+def first_owner_share(sc: Scene) -> float:
+    """f: the largest share of the object's chunks whose first owner is one node, on the scene's ring."""
+    from nezha.chunks import Layout, place
+    from nezha.ring import Ring
+    from testkit.stampede import HOST, PATH
+
+    ring = Ring({f"node{i}": 1 for i in range(sc.nodes)})
+    table = place(ring, f"http://{HOST}{PATH}", Layout(size=sc.size, chunk_size=sc.chunk_size or sc.size),
+                  min(sc.replicas, sc.nodes))
+    return max(Counter(owners[0] for owners in table).values()) / len(table)
+
+
+def line(config: str, o: Outcome) -> str:
+    s = o.summary()
+    labels = Counter(c["label"] for c in o.clients)
+    caps = {h: (o.scene.origin_rate if h == "origin" else o.scene.node_rate) for h in o.link_peak
+            if h == "origin" or h.startswith("node")}
+    busiest = max(caps, key=lambda h: o.link_peak[h] / caps[h]) if caps else None
+    link = (f"busiest link {busiest} {o.link_peak[busiest] / 1e6:.1f} MB/s of {caps[busiest] / 1e6:.1f}"
+            if busiest else "no link samples")
+    return (f"{config:15s} N={o.scene.nodes:2d} K={o.scene.clients:2d}  p50 {s['p50']:6.2f}  p95 {s['p95']:6.2f}  "
+            f"p99 {s['p99']:6.2f}  max {s['max']:6.2f}  ideal {s['ideal']:5.2f}  model {model(config, o.scene):5.2f}  "
+            f"origin_bytes {o.origin_bytes} "
+            f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
+            f"{len(o.clients)}  first byte: {dict(labels)}  {link}")
+
+
+def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchError("matplotlib is missing: pip install matplotlib (the plot is drawn by this benchmark)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    any_run = next(iter(results.values()))
+    ideal = [any_run[n].scene.ideal for n in ns]
+    ax.plot(ns, ideal, "k--", label="ideal: max(S/O, K·S/(N·B))")
+    ax.plot(ns, [1.5 * i for i in ideal], ":", color="grey", label="1.5 × ideal (target)")
+    for config, runs in results.items():
+        have = [n for n in ns if n in runs]
+        drawn = ax.plot(have, [runs[n].percentile(95) for n in have], "o-", label=f"{config}: p95")
+        ax.plot(have, [model(config, runs[n].scene) for n in have], ":", color=drawn[0].get_color(), linewidth=1,
+                label=f"{config}: model")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("cache nodes N (K = 4·N clients)")
+    ax.set_ylabel("time to last byte, s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def ratios(runs: dict[int, Outcome], ns: list[int]) -> tuple[float, float, float]:
+    worst = max(runs[n].percentile(95) / runs[n].scene.ideal for n in ns)
+    flat = runs[ns[-1]].percentile(95) / runs[ns[0]].percentile(95)
+    origin = max(runs[n].origin_bytes / runs[n].scene.size for n in ns)
+    return worst, flat, origin
+
+
+def main(args: argparse.Namespace) -> None:
+    try:
+        check_available()
+    except NetnsUnavailable as e:
+        raise BenchError(str(e)) from None
+    if shutil.which("redis-server") is None:
+        raise BenchError("redis-server is missing: apt-get install -y redis-server")
+    ns = [2, 4, 8] if args.quick else [2, 4, 8, 16]
+    size, rate, origin_rate = args.size * MiB, int(args.rate * 1e6), int(args.origin_rate * 1e6)
+    work = Path(tempfile.mkdtemp(prefix="nezha-bench-stampede-"))
+    print(f"stampede: S = {args.size} MiB, B = {rate / 1e6:g} MB/s per node link each way, O = "
+          f"{origin_rate / 1e6:g} MB/s, tbf burst 64 KiB latency 50 ms; {source_version()}", flush=True)
+    results: dict[str, dict[int, Outcome]] = {c: {} for c in CONFIGS}
+    try:
+        for n in ns:
+            for config in CONFIGS:
+                started = time.monotonic()
+                o = run(scene(config, n, size=size, rate=rate, origin_rate=origin_rate), work / f"{config}-{n}")
+                results[config][n] = o
+                print(line(config, o) + f"  ({time.monotonic() - started:.0f} s)", flush=True)
+                if o.exact != len(o.clients):
+                    raise BenchError(f"{config} N={n}: {len(o.clients) - o.exact} clients got wrong bytes")
+        middle = ns[len(ns) // 2]
+        killed = {}
+        for config in ("killed", "killed-chunks"):
+            killed[config] = k = run(scene(config, middle, size=size, rate=rate, origin_rate=origin_rate, kill_at=0.5),
+                                     work / config)
+            print(line(config, k) + f"  (killed {k.killed} mid-fill; {k.cut} clients reading through it were cut, "
+                  f"{k.exact} exact; origin requests {k.origin_requests})", flush=True)
+            if k.exact + k.cut != len(k.clients):
+                raise BenchError(f"{config}: {len(k.clients) - k.exact - k.cut} clients not reading through the "
+                                 "killed node got wrong bytes")
+        plot(results, ns, args.plot, f"{args.size} MiB object, B = {rate / 1e6:g} MB/s per node, "
+             f"O = {origin_rate / 1e6:g} MB/s")
+        print(f"plot: {args.plot}", flush=True)
+        parts = []
+        for config in CONFIGS:
+            worst, flat, origin = ratios(results[config], ns)
+            parts.append(f"stampede_p95_vs_ideal_{config}={worst:.3f} stampede_flatness_{config}={flat:.3f} "
+                         f"stampede_origin_{config}={origin:.3f}")
+        best = min(("shipped", "shipped-chunks"), key=lambda c: ratios(results[c], ns)[0])
+        worst, flat, origin = ratios(results[best], ns)
+        print(f"ratios: stampede_p95_vs_ideal={worst:.3f} stampede_flatness={flat:.3f} stampede_origin={origin:.3f} "
+              f"stampede_killed_origin={min(k.origin_bytes for k in killed.values()) / size:.3f} "
+              f"stampede_killed_origin_whole={killed['killed'].origin_bytes / size:.3f} "
+              f"stampede_killed_origin_chunks={killed['killed-chunks'].origin_bytes / size:.3f} "
+              f"shipped_best={best} " + " ".join(parts))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt  # unwinds every `with Network`, which deletes what it made
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupted)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 2, 4, 8 (else 2, 4, 8, 16)")
+    parser.add_argument("--size", type=int, default=8, help="object size S in MiB (default 8)")
+    parser.add_argument("--rate", type=float, default=10.0, help="B: each node link's rate in MB/s (default 10)")
+    parser.add_argument("--origin-rate", type=float, default=10.0, help="O: the origin link's rate in MB/s "
+                        "(default 10)")
+    parser.add_argument("--plot", type=Path, default=PLOT, help=f"where to draw the plot (default {PLOT})")
+    try:
+        main(parser.parse_args())
+    except BenchError as e:
+        sys.exit(f"stampede: {e}")
+    except KeyboardInterrupt:
+        sys.exit("stampede: interrupted (everything it made is deleted)")

@@ -1,0 +1,211 @@
+"""What a plain request is, and the heads a plain hit gets: the fast path's
+judging half, with no I/O (cachenode/front/fastpath.py holds the connection
+that uses it).
+
+A plain request is HTTP/1.1 GET or HEAD with a short allow-list of
+headers, keep-alive, at most one byte range (`parse_plain`); anything else
+is aiohttp's to parse. The verdict on a head depends on its bytes alone, so
+heads seen before are remembered (`plain_request`), bounded in count and
+size. The 200 head of a stored object (`response_head`) and the 206 head
+made from it (`partial_head`) are built once per object, as the handler
+would send them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cachenode.front.exact_head import encode_head
+from cachenode.http.conditionals import if_range_applies, parse_range
+from cachenode.http.headers import describes_whole_body, with_date
+from cachenode.store.objects import Meta
+from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
+
+MAX_HEAD = 8192
+# Headers a plain hit may carry; any other sends the request to aiohttp.
+ALLOWED = frozenset({"host", "user-agent", "accept", "accept-encoding", "connection", "range", "if-range"})
+# A child node's request (a sidecar asking its parent tier, docs/cache-node.md
+# "A parent tier") carries its marker and Via: neither changes what a hit is,
+# so a parent serves its children's hits here too. Via alone is the handler's
+# (a request that came back through this node is a loop, answered 508).
+_FROM_CHILD = FROM_CHILD_HEADER.lower()
+CHILD_ALLOWED = frozenset({_FROM_CHILD, "via"})
+# One range in the form every client sends; any other (several ranges, another
+# unit, spaces, a number too long to be a file offset) is the handler's to judge.
+_ONE_RANGE = re.compile(r"bytes=(?:[0-9]{1,18}-[0-9]{0,18}|-[0-9]{1,18})")
+# A Range line of that form, found in a head's bytes without parsing it.
+_RANGE_LINE = re.compile(rb"\r\n[Rr][Aa][Nn][Gg][Ee]:[ \t]*(bytes=(?:[0-9]{1,18}-[0-9]{0,18}|-[0-9]{1,18}))[ \t]*\r\n")
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@dataclass(frozen=True)
+class PlainRequest:
+    method: str
+    target: str
+    host: str
+    size: int  # bytes of the request head, blank line included
+    range: str | None = None  # one byte range, `bytes=a-b`, `bytes=a-` or `bytes=-n`
+    if_range: str | None = None
+
+
+def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
+    """The request at the start of `buf` if it is plain; None if more bytes are
+    needed; False if it is not plain (aiohttp must parse it). Pure.
+
+    A line ended by a bare LF is never plain: waiting for a CRLF CRLF that
+    never comes held such clients for an hour, while aiohttp answers them 400
+    at once (RFC 9112 §2.2 lets a server refuse bare LF)."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    head = buf[:end] if end >= 0 else buf[:MAX_HEAD]
+    if head.count(b"\n") != head.count(b"\r\n"):
+        return False
+    if end < 0:
+        return None if len(buf) < MAX_HEAD else False
+    try:
+        head = buf[:end].decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    lines = head.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
+        return False
+    host = rng = if_range = None
+    child = set()
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or not _TOKEN.issuperset(name):
+            return False  # also folded lines, which start with a space
+        lname = name.lower()
+        if lname in CHILD_ALLOWED:
+            if lname in child:
+                return False
+            child.add(lname)
+        elif lname not in ALLOWED:
+            return False
+        value = value.strip(" \t")
+        if not value.isprintable():
+            return False
+        if lname == "host":
+            if host is not None:
+                return False
+            host = value
+        elif lname == "connection" and value.lower() != "keep-alive":
+            return False
+        elif lname == "range":
+            if rng is not None or not _ONE_RANGE.fullmatch(value):
+                return False
+            rng = value
+        elif lname == "if-range":
+            if if_range is not None:
+                return False
+            if_range = value
+    if not host or (child and _FROM_CHILD not in child):
+        return False
+    return PlainRequest(parts[0], parts[1], host, end + 4, rng, if_range)
+
+
+# Request heads already judged by parse_plain, by their exact bytes: clients
+# send the same few heads again and again (one per object they read), and
+# judging one costs more than the rest of a hit's Python. Bounded in count
+# (cleared when full) and in size (longer heads are judged every time), so
+# it (and _JUDGED_RANGED below, likewise) holds at most 4 MiB whatever clients send. A head's verdict depends on
+# its bytes alone, so a stale entry cannot exist.
+# A ranged read's head differs from the last one only in its range, so it is
+# remembered without the range's value, in a memo of its own (_JUDGED_RANGED):
+# a head of one object read in a thousand ranges is one entry, not a thousand
+# that push out every other. That is exact because parse_plain's verdict does
+# not depend on a range of the form _RANGE_LINE finds (any such value passes
+# _ONE_RANGE); the value and the head's length are the request's own. Its own
+# memo, because a head with its range cut out is a head too (`Range: ` with
+# no value), whose verdict is another.
+_JUDGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_RANGED: dict[bytes, PlainRequest | bool] = {}
+_JUDGED_MAX = 4096
+_JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
+
+
+def plain_request(buf: bytearray) -> PlainRequest | None | bool:
+    """`parse_plain(buf)`, remembered for heads seen before."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        return parse_plain(buf)
+    if end + 4 > _JUDGED_HEAD_MAX:
+        return parse_plain(buf)
+    head = bytes(buf[:end + 4])
+    ranged = _RANGE_LINE.search(head)
+    if ranged is None:
+        judged, memo = _JUDGED, head
+    else:
+        judged, memo = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):]
+    verdict = judged.get(memo)
+    if verdict is None:
+        verdict = parse_plain(head)
+        if len(judged) >= _JUDGED_MAX:
+            judged.clear()
+        judged[memo] = verdict  # never None: the head is complete
+    if ranged is None or verdict is False:
+        return verdict
+    return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
+                        ranged.group(1).decode("ascii"), verdict.if_range)
+
+
+def wanted_range(req: PlainRequest, meta: Meta) -> tuple[int, int] | None | bool:
+    """(offset, length) of the one range a plain request asks of `meta`; None
+    for the whole object (no Range, or an If-Range that does not apply); False
+    when the handler must answer (a range it would refuse or ignore). Pure.
+
+    As `conditionals.evaluate`, which the handler's answer follows."""
+    if req.range is None:
+        return None
+    if req.if_range is not None and not if_range_applies(req.if_range, etag=meta.etag,
+                                                         last_modified=meta.last_modified):
+        return None
+    parsed = parse_range(req.range, meta.size)
+    if parsed is None or parsed is False:
+        return False  # bytes=5-3 (ignored: the whole object), or none satisfiable (416)
+    return parsed
+
+
+def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
+    """Status line and headers of a 200 for `meta`, as the handler would send
+    them (cachenode/front/respond.py), without the Age line of each reuse.
+    Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
+    A hot copy says so, and names the node whose disk serves it (`served_by`)."""
+    fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
+    if meta.header("Accept-Ranges") is None:
+        fields.append(("Accept-Ranges", "bytes"))
+    fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
+               (CACHE_HEADER, CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT),
+               ("Content-Length", str(meta.size))]
+    if meta.hot and served_by is not None:
+        fields.append((SERVED_BY_HEADER, served_by))
+    # Without the closing blank line: Age follows on each reuse.
+    return encode_head("HTTP/1.1 200 OK", fields)[:-2]
+
+
+# 206 heads made from 200 heads (`partial_head`), by the 200 head: the handler
+# keeps one 200 head per stored object, so this holds one entry per object
+# read in ranges. Bounded like _JUDGED.
+_PARTIAL_HEADS: dict[bytes, bytes] = {}
+_PARTIAL_HEADS_MAX = 4096
+
+
+def partial_head(head: bytes) -> bytes:
+    """The head of a 206 from the head of a 200 (`response_head`, without its
+    closing blank line): status 206, and without Content-Length and the fields
+    that describe the whole body (`describes_whole_body`), as the handler
+    leaves them off a 206. Content-Range and Content-Length are the caller's
+    to add: they are each request's own."""
+    made = _PARTIAL_HEADS.get(head)
+    if made is None:
+        lines = [b"HTTP/1.1 206 Partial Content"]
+        for line in head[:-2].split(b"\r\n")[1:]:
+            name = line.partition(b":")[0].decode("latin-1")
+            if name.lower() != "content-length" and not describes_whole_body(name):
+                lines.append(line)
+        made = b"\r\n".join(lines) + b"\r\n"
+        if len(_PARTIAL_HEADS) >= _PARTIAL_HEADS_MAX:
+            _PARTIAL_HEADS.clear()
+        _PARTIAL_HEADS[head] = made
+    return made

@@ -1,0 +1,169 @@
+"""nezha.io/prefetch on every workload kind that starts pods, made with the real kubectl.
+
+Deployments and StatefulSets are built in; LeaderWorkerSets and JobSets are
+served by the API double only once their CRDs are installed (as a cluster
+serves them), and the controller watches them only where discovery finds
+them. Fills are shared across workloads and paced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from nezha.config import Origin
+from testkit.kubeapi.kubeconfig import kubeconfig
+from testkit.kubeapi.resources import JOB_SETS, LEADER_WORKER_SETS
+from testkit.tools import require_tool
+from tests.integration.controller.conftest import STS, ring_becomes
+from tests.integration.controller.test_prefetch_names import REPO, hub, hub_origins, origin_gets  # noqa: F401
+
+HOST = "data.example"
+CONTAINER = {"name": "serve", "image": "server:1", "command": ["serve"]}
+
+
+def template(app: str) -> dict:
+    return {"metadata": {"labels": {"app": app}}, "spec": {"containers": [CONTAINER]}}
+
+
+def deployment(name: str, prefetch: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}}, "template": template(name)}}
+
+
+def statefulset(name: str, prefetch: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
+            "spec": {"replicas": 1, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                     "template": template(name)}}
+
+
+def leader_worker_set(name: str, prefetch: str) -> dict:
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
+            "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 4, "workerTemplate": template(name)}}}
+
+
+def job_set(name: str, prefetch: str) -> dict:
+    job = {"template": {"spec": {"parallelism": 2, "completions": 2, "backoffLimit": 0,
+                                 "template": {"spec": {"restartPolicy": "Never", "containers": [CONTAINER]}}}}}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, **job}]}}
+
+
+class Kubectl:
+    """The real kubectl against the API double, run without blocking the loop the double answers on."""
+
+    def __init__(self, kube_api, tmp_path, ns: str) -> None:
+        self.binary = require_tool("kubectl")
+        self.config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
+        self.ns = ns
+        self.tmp = tmp_path
+
+    async def __call__(self, *argv: str) -> str:
+        proc = await asyncio.create_subprocess_exec(self.binary, "--kubeconfig", str(self.config), "-n", self.ns,
+                                                    *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, f"kubectl {' '.join(argv)}: {err.decode()}"
+        return out.decode()
+
+    async def create(self, *objects: dict) -> str:
+        path = self.tmp / f"objects-{time.monotonic_ns()}.yaml"
+        path.write_text(yaml.safe_dump_all(objects))
+        # The double serves no OpenAPI documents (as in tests/integration/chart/test_chart.py).
+        return await self("create", "--validate=false", "-f", str(path))
+
+    async def prefetched(self, resource: str, name: str, timeout: float = 15.0) -> dict:
+        """The workload's prefetch-status once its PrefetchDone Event exists (read with kubectl)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events = json.loads(await self("get", "events", "-o", "json"))["items"]
+            if any(e["reason"] == "PrefetchDone" and e["involvedObject"]["name"] == name for e in events):
+                obj = json.loads(await self("get", resource, name, "-o", "json"))
+                return json.loads(obj["metadata"]["annotations"]["nezha.io/prefetch-status"])
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no PrefetchDone for {resource}/{name} within {timeout} s")
+
+
+@pytest.fixture
+def kubectl(kube_api, tmp_path, ns):
+    return Kubectl(kube_api, tmp_path, ns)
+
+
+async def test_two_deployments_naming_one_model_fill_each_file_once_and_both_carry_its_status(
+        kube_api, ns, run_controller, index, hub, one_node, kubectl):
+    listener = await one_node(hub_origins(hub))
+    await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+
+    await kubectl.create(deployment("serve-a", f"hf://{REPO}"), deployment("serve-b", f"hf://{REPO}@main"))
+    first = await kubectl.prefetched("deployment", "serve-a")
+    second = await kubectl.prefetched("deployment", "serve-b")
+    size = sum(len(b) for b in hub.repo.files.values())
+    assert (first["done"], first["total"], first["bytes"]) == (4, 4, size)
+    assert (second["done"], second["total"], second["bytes"]) == (4, 4, size)
+    fetched = origin_gets(hub)
+    assert len(fetched) == 4 and set(fetched.values()) == {1}, f"one fill per file: {fetched}"
+    # Only the annotation was written: the Deployment's generation did not move, so nothing rolled.
+    assert json.loads(await kubectl("get", "deployment", "serve-a", "-o", "json"))["metadata"]["generation"] == 1
+
+
+async def test_leaderworkersets_and_jobsets_are_prefetched_where_their_crds_are_installed(
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
+    for name in ("w.bin", "j.bin", "s.bin"):
+        origin.put(f"/m/{name}", name.encode() * 10_000, headers={"Cache-Control": "max-age=3600"})
+    kube_api.install_crd(LEADER_WORKER_SETS)
+    kube_api.install_crd(JOB_SETS)
+    table = [Origin(host=HOST, upstream=origin.url)]
+    listener = await one_node(table)
+    await run_controller(peer_address="pod-ip", origins=table)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+
+    await kubectl.create(leader_worker_set("llm", f"http://{HOST}/m/w.bin"),
+                         job_set("pretrain", f"http://{HOST}/m/j.bin,http://{HOST}/m/w.bin"),
+                         statefulset("shards", f"http://{HOST}/m/s.bin"))
+    assert await kubectl.prefetched("leaderworkerset", "llm") == {"total": 1, "done": 1, "failed": [],
+                                                                  "bytes": 50_000, "pinned": 50_000}
+    assert (await kubectl.prefetched("jobset", "pretrain"))["done"] == 2
+    assert (await kubectl.prefetched("statefulset", "shards"))["done"] == 1
+    assert [origin.requests[f"/m/{n}"] for n in ("w.bin", "j.bin", "s.bin")] == [1, 1, 1]
+
+
+async def test_without_their_crds_no_custom_kind_is_watched_and_the_built_in_kinds_still_are(
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
+    origin.put("/m/d.bin", b"d" * 1000, headers={"Cache-Control": "max-age=3600"})
+    table = [Origin(host=HOST, upstream=origin.url)]
+    listener = await one_node(table)
+    await run_controller(peer_address="pod-ip", origins=table)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+    await kubectl.create(deployment("plain", f"http://{HOST}/m/d.bin"))
+    assert (await kubectl.prefetched("deployment", "plain"))["done"] == 1
+    asked = [path for _, path in kube_api.requests]
+    assert any(p.startswith("/apis/apps/v1/deployments") for p in asked)
+    assert not [p for p in asked if "leaderworkerset" in p or "jobset" in p]
+
+
+async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
+    names = [f"/many/{i}.bin" for i in range(12)]
+    for path in names:
+        origin.put(path, b"x" * 20_000, headers={"Cache-Control": "max-age=3600"}, rate=200_000)
+    origin.put("/many/files.txt", "\n".join(f"http://{HOST}{p}" for p in names).encode())
+    table = [Origin(host=HOST, upstream=origin.url)]
+    listener = await one_node(table)
+    await run_controller(peer_address="pod-ip", origins=table, prefetch_fills=3)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+    await kubectl.create(deployment("many-a", f"http://{HOST}/many/files.txt"),
+                         deployment("many-b", f"http://{HOST}/many/files.txt"))
+    assert (await kubectl.prefetched("deployment", "many-a"))["done"] == 12
+    assert (await kubectl.prefetched("deployment", "many-b"))["done"] == 12
+    assert all(origin.requests[p] == 1 for p in names)
+    # Each fill takes 0.1 s at the origin's rate: with 12 of them, three at a time is what was asked for.
+    assert origin.most_in_flight == 3
