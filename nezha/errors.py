@@ -16,7 +16,8 @@ the drawing is the tree the code defines.
     │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
-    │   │   └── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version
+    │   │   ├── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version
+    │   │   └── DigestMismatch  cachenode.fill.verify: the bytes differ from the digest the origin published
     │   ├── ChunkUnavailable  cachenode.chunks.spec: no owner of a chunk, nor the origin, could send it
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
