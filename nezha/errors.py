@@ -58,7 +58,8 @@ the drawing is the tree the code defines.
     ├── BadName  nezha.prefetch.names: a nezha.io/prefetch entry that names nothing to expand
     ├── BadListing  nezha.prefetch.listings: an answer that is not the listing it should be
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
-    └── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
 
 Messages say what failed, for which key or object, and the value seen.
 """

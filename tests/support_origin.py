@@ -45,6 +45,7 @@ class TestOrigin:
         self.request_headers: list[dict[str, str]] = []
         self.raw_headers: list[list[tuple[str, str]]] = []
         self.uploads: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256 hex) of the last write
+        self.connections: set[tuple] = set()  # the client (address, port) of every connection that asked
         self.in_flight = 0  # requests being answered now
         self.most_in_flight = 0  # the most answered at once
         self.url = ""
@@ -70,6 +71,8 @@ class TestOrigin:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.path_qs
         self.requests[path] += 1
+        if request.transport is not None:
+            self.connections.add(request.transport.get_extra_info("peername"))
         self.request_headers.append(dict(request.headers))
         self.raw_headers.append(list(request.headers.items()))
         if request.method not in ("GET", "HEAD"):

@@ -118,6 +118,11 @@ class Body:
     # The answer is the origin's 206 to a resume (`Resume`): the rest of the
     # object is fetched around it in ranges, whatever its size.
     resumed: bool = False
+    # Of known length, at most the store's small objects' size
+    # (cachenode/store/small.py): read through aiohttp's reader and written
+    # on the event loop, never spliced, since a splice runs on a thread and
+    # the hand-off there and back costs more than a few pages take to copy.
+    small: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,4 +191,4 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills and not body.from_parent else How.STREAM)
+    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small else How.STREAM)

@@ -8,10 +8,14 @@ canonical values of the request fields it varies on (cachenode/http/vary.py).
 `lookup(key, request_headers)` finds the variant a request selects; the
 names a key varies on are those of its most recently stored response.
 
-An object becomes servable only by the rename of its `.meta`, which happens
-after its data file is complete, verified against the origin's length,
-fsynced and renamed into place. A crash at any step leaves either the old
-object or no object, never a partial one; start-up deletes orphans.
+A large object becomes servable only by the rename of its `.meta`, which
+happens after its data file is complete, verified against the origin's
+length, fsynced and renamed into place. A small one (at most `small_max`
+bytes, cachenode/store/small.py) is one sealed file, renamed into place
+without an fsync and made durable with others by a group sync
+(cachenode/store/syncer.py); its checksum is checked at start-up and on
+every read (`intact`). Either way a crash leaves the old object or no
+object, never a partial one; start-up deletes orphans and torn files.
 
 Every file name comes from the SHA-256 of the key, and every path is checked
 to lie under the data directory, so no request can read or write elsewhere.
@@ -38,10 +42,12 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.store.index import Index, IndexView
 from cachenode.store.layout import read_meta, scan, write_meta
+from cachenode.store import small
 from cachenode.store.loading import Loader
 from cachenode.store.pins import Pins
 from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
+from cachenode.store.syncer import SYNC_INTERVAL, GroupSync
 from cachenode.store.writing import ObjectWrite
 from nezha.errors import StoreError
 
@@ -51,7 +57,8 @@ log = structlog.get_logger("nezha.store")
 class Store(IndexView):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
-                 pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None) -> None:
+                 pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None,
+                 small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -66,6 +73,9 @@ class Store(IndexView):
         self._index = Index(evicted=self._evicted, protected=self.pins.holds)
         self._loader: Loader | None = None
         self._steps = Steps()
+        self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
+        self.group_sync = GroupSync(self.root, interval=sync_interval)
+        self._folders: set[Path] = set()  # object folders known to exist
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
@@ -140,6 +150,22 @@ class Store(IndexView):
             meta = self._index.lookup(key, request_headers)
         return meta
 
+    # -- integrity -------------------------------------------------------------
+    def intact(self, meta: Meta, fd: int) -> bool:
+        """Whether the open data file `fd` holds `meta`'s object whole. A large
+        object's file was fsynced before its meta named it: it is. A small
+        one's seal is checked (cachenode/store/small.py): a torn or damaged
+        file is never served. Read-only: a follower worker asks it too."""
+        return not small.is_sealed(meta) or small.check(fd, meta)
+
+    def damaged(self, meta: Meta) -> None:
+        """`meta`'s file failed its check: forget it and delete the file, so the
+        next request fetches the object again."""
+        if self._index.get(meta.slot) is meta:
+            self._index.drop(meta.slot)
+            self._unlink_later(meta, final=True)
+            log.warning("object_damaged", key=meta.key, data=meta.data)
+
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
         return self.capacity is None or size <= self.capacity
@@ -178,7 +204,7 @@ class Store(IndexView):
 
         def unlink() -> None:
             paths = [data_path]
-            if final:
+            if final and not small.is_sealed(meta):
                 current = read_meta(meta_path)
                 if current is None or current.data == meta.data:
                     paths.append(meta_path)
@@ -199,15 +225,23 @@ class Store(IndexView):
         """Wait until every disk step asked for so far (unlinks included) is done."""
         await self._steps.idle()
 
+    async def close(self) -> None:
+        """For a node that stops: its disk steps done, and the small objects it
+        committed since the last group sync made durable."""
+        await self.idle()
+        await self.group_sync.close()
+
     # -- writes --------------------------------------------------------------
     def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:
         """The one way to write an object: temp file, reserved room, commit or
         discard, owned by one object (cachenode/store/writing.py)."""
         return ObjectWrite(self, reserve=reserve, readable=readable, must_write=must_write)
 
-    async def new_temp(self) -> TempObject:
+    async def new_temp(self, expect: int = 0) -> TempObject:
         """A fill's temp file in tmp/.
 
+        `expect`: the bytes the writer expects (0: not known). A small
+        object's file is created and written on the event loop (`inline`).
         A file system that refuses even to create it (full, out of inodes,
         over quota) does not fail the request: the temp object is then one
         whose every write fails, its reader an empty file, so the fill
@@ -223,14 +257,17 @@ class Store(IndexView):
                 path.unlink(missing_ok=True)
                 raise
 
+        inline = 0 < expect <= self.small_max
         try:
-            fd, read_fd = await asyncio.get_running_loop().run_in_executor(None, create)
+            fd, read_fd = create() if inline else await asyncio.get_running_loop().run_in_executor(None, create)
         except OSError as e:
             try:
                 empty = os.open(os.devnull, os.O_RDONLY)
             except OSError:
                 raise StoreError(f"create {path}: {e}") from e
             return TempObject(path=path, fd=-1, read_fd=empty, unwritable=f"create {path}: {e}")
+        if inline:
+            return TempObject(path=path, fd=fd, read_fd=read_fd, inline=True, kept=bytearray())
         return TempObject(path=path, fd=fd, read_fd=read_fd)
 
     async def write(self, temp: TempObject, data: bytes) -> None:
@@ -247,7 +284,13 @@ class Store(IndexView):
             _pwrite_all(temp.fd, data, temp.written, grew)
             temp.wrote(len(data))
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _write)
+            if temp.inline and temp.written + len(data) <= self.small_max:
+                if temp.kept is not None:
+                    temp.kept += data
+                _write()  # a few pages into the page cache: less than a hand-off to a thread costs
+            else:
+                temp.kept = None
+                await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
             raise StoreError(f"write {temp.path}: {e}") from e
 
@@ -260,6 +303,7 @@ class Store(IndexView):
         def _write() -> None:
             _pwrite_all(temp.fd, data, offset)
             temp.wrote(len(data))
+        temp.kept = None  # out of order: a small commit reads the file back
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
@@ -274,6 +318,7 @@ class Store(IndexView):
         fails; the socket's errors pass as they are."""
         if temp.unwritable is not None:
             raise StoreError(temp.unwritable)
+        temp.kept = None  # never in Python: a small commit reads the file back
         try:
             return await body.pump_into(temp.fd, offset, end=end, moved=moved, read_timeout=read_timeout,
                                         started=started, landed=temp.wrote)
@@ -296,7 +341,10 @@ class Store(IndexView):
                 except OSError:
                     pass
             temp.path.unlink(missing_ok=True)
-        await asyncio.get_running_loop().run_in_executor(None, _discard)
+        if temp.inline:
+            _discard()
+        else:
+            await asyncio.get_running_loop().run_in_executor(None, _discard)
 
     async def commit(self, temp: TempObject, meta: Meta) -> Meta:
         """Make a finished temp file the servable object for `meta.key`.
@@ -310,14 +358,18 @@ class Store(IndexView):
             raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the hot copies' share of {self.hot_capacity} "
                            f"bytes")
         oid = object_id(meta.slot)
-        folder = self._dir_of(oid)
+        sealed = temp.written <= self.small_max  # one sealed file (cachenode/store/small.py)
         extra = not meta.hot and self._extra is not None and self._extra(meta)
-        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data", extra=extra)
+        meta = replace(meta, size=temp.written, extra=extra,
+                       data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX if sealed else '.data'}")
         self._load(meta.key)
         candidate = self._index.arrived(meta)
         if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
                                                                  reserved_here=temp.reserved):
             raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
+        if sealed:
+            return self._admit(await self._commit_small(temp, meta), temp)
+        folder = self._dir_of(oid)
         data_path = self._inside(folder / meta.data)
         meta_path = self._inside(folder / f"{oid}.meta")
 
@@ -343,11 +395,55 @@ class Store(IndexView):
 
         temp.committing = self._step(oid, _commit)
         await asyncio.shield(temp.committing)
-        self.release(temp.reserved)
-        temp.reserved = 0
+        return self._admit(meta, temp)
+
+    async def _commit_small(self, temp: TempObject, meta: Meta) -> Meta:
+        """Seal a small temp file and rename it into place: no fsync (the group
+        sync covers it), and on the event loop when the fill wrote it there."""
+        oid = object_id(meta.slot)
+        folder = self._dir_of(oid)
+        # Lexical, as `data_path` is: every part of the name is hex, so it cannot leave the folder.
+        final = os.path.join(folder, meta.data)
+        kept = temp.kept
+
+        def _commit() -> None:
+            step = "read back"
+            try:
+                body = bytes(kept) if kept is not None and len(kept) == temp.written else \
+                    small.read_back(temp.path, temp.written)
+                step = "seal"
+                small.finish(temp.fd, body, meta)
+                fd, temp.fd = temp.fd, -1
+                os.close(fd)
+                step = "mkdir"
+                if folder not in self._folders:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    self._folders.add(folder)
+                step = "rename"
+                os.rename(temp.path, final)
+            except OSError as e:
+                temp.path.unlink(missing_ok=True)
+                raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+
+        if temp.inline:
+            _commit()
+        else:
+            temp.committing = self._step(oid, _commit)
+            await asyncio.shield(temp.committing)
+        self.group_sync.committed()
+        return meta
+
+    def _admit(self, meta: Meta, temp: TempObject | None = None) -> Meta:
+        """A committed object into the index, in place of what it replaces."""
+        if temp is not None:
+            self.release(temp.reserved)
+            temp.reserved = 0
         old = self._index.drop(meta.slot, reason="replaced")
         if old is not None:
-            self._unlink_later(old, final=False)
+            # Another file: a small object's name has a nonce of its own, as a
+            # large one's data file has. A large one's meta goes with it when a
+            # small one replaces it, since no meta names the small one.
+            self._unlink_later(old, final=small.is_sealed(meta) and not small.is_sealed(old))
         # Responses stored under other Vary names (or none) no longer say how
         # this key varies: the newest response does (RFC 9111 §4.1).
         for slot in self._index.slots_of(meta.key):
@@ -376,11 +472,20 @@ class Store(IndexView):
         new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age,
                       stale_if_error=stale_if_error, stale_while_revalidate=stale_while_revalidate)
         oid = object_id(meta.slot)
-        path = self._inside(self._dir_of(oid) / f"{oid}.meta")
+        if small.is_sealed(meta):
+            # Same name, new record: the body and the new seal in a temp
+            # file renamed over the old one, durable with the next group sync.
+            path = self._inside(self._dir_of(oid) / meta.data)
+            step = lambda: small.reseal(path, new, tmp=self.tmp)  # noqa: E731
+        else:
+            path = self._inside(self._dir_of(oid) / f"{oid}.meta")
+            step = lambda: self._write_meta(path, new)  # noqa: E731
         try:
-            await asyncio.shield(self._step(oid, lambda: self._write_meta(path, new)))
+            await asyncio.shield(self._step(oid, step))
         except OSError as e:
             raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
+        if small.is_sealed(meta):
+            self.group_sync.committed()
         # Evicted or replaced while the meta was written: the queued unlink or
         # commit has the last word on disk, and the index must not revive it.
         if self._index.get(meta.slot) is current:

@@ -5,6 +5,8 @@ Layout under the data directory:
 
     objects/<2 hex>/<id>.meta            JSON: key, URL, headers, size, expiry, data file
     objects/<2 hex>/<id>.<nonce>.data    the bytes
+    objects/<2 hex>/<id>.<nonce>.obj     a small object: bytes, record and seal in one file
+                                         (cachenode/store/small.py, sealed.py)
     tmp/                                 fills in progress; emptied at start-up
 
 Apart from the store's steps (`store/disk.py`) so that the format of the
@@ -18,7 +20,9 @@ import os
 import secrets
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
+from cachenode.store import small
 from cachenode.store.objects import Meta
 from nezha.keys import object_id
 
@@ -77,13 +81,20 @@ def clear_tmp(objects: Path, tmp: Path) -> int:
 def scan_folder(sub: Path, *, orphans_before: float | None = None) -> tuple[list[Meta], int]:
     """The complete objects of one `objects/<2 hex>` folder, and how many files
     were deleted: metas that cannot be read or whose data file is missing or
-    of the wrong size, and data files no meta names. With `orphans_before`
+    of the wrong size, data files no meta names, small objects' `.obj` files
+    whose seal does not check, and the older of two objects in one slot. With `orphans_before`
     (a scan while the node already writes), a data file no meta names is
     deleted only if it was last written before then: a commit running now
     renames its data file into place before it writes the meta."""
     metas: list[Meta] = []
     removed = 0
     wanted: set[str] = set()
+    for opath in sub.glob(f"*{small.SUFFIX}"):
+        meta = small.read_sealed(opath)
+        if meta is None or object_id(meta.slot) != opath.name.split(".", 1)[0]:
+            continue  # deleted below, as nothing names it
+        wanted.add(meta.data)
+        metas.append(meta)
     for mpath in sub.glob("*.meta"):
         meta = read_meta(mpath)
         if meta is None or object_id(meta.slot) != mpath.stem:
@@ -110,7 +121,27 @@ def scan_folder(sub: Path, *, orphans_before: float | None = None) -> tuple[list
                     continue
             f.unlink(missing_ok=True)
             removed += 1
-    return metas, removed
+    kept, gone = _newest(sub, metas)
+    return kept, removed + gone
+
+
+def _newest(sub: Path, metas: list[Meta]) -> tuple[list[Meta], int]:
+    """Of two objects in one slot (a crash between a commit and the unlink of
+    what it replaced, a small object replacing a large one), the newer stays;
+    the other's files are deleted. The objects and how many went."""
+    newest: dict[str, Meta] = {}
+    for meta in metas:
+        held = newest.get(meta.slot)
+        if held is None or meta.stored_at > held.stored_at:
+            newest[meta.slot] = meta
+    removed = 0
+    for meta in metas:
+        if newest[meta.slot] is not meta:
+            (sub / meta.data).unlink(missing_ok=True)
+            if not small.is_sealed(meta):
+                (sub / f"{object_id(meta.slot)}.meta").unlink(missing_ok=True)
+            removed += 1
+    return list(newest.values()), removed
 
 
 def folders(objects: Path) -> list[Path]:
@@ -120,16 +151,23 @@ def folders(objects: Path) -> list[Path]:
 
 def find(objects: Path, slot: str) -> Meta | None:
     """The object stored in `slot`, read from its files (a lookup before the
-    start-up scan reached its folder); None if there is no complete one."""
+    start-up scan reached its folder); None if there is no complete one. A
+    small object's sealed file is checked whole; of two, the newer."""
     oid = object_id(slot)
     folder = objects / oid[:2]
+    found: list[Meta] = []
     meta = read_meta(folder / f"{oid}.meta")
-    if meta is None or meta.slot != slot:
-        return None
-    try:
-        return meta if (folder / meta.data).stat().st_size == meta.size else None
-    except OSError:
-        return None
+    if meta is not None and meta.slot == slot:
+        try:
+            if (folder / meta.data).stat().st_size == meta.size:
+                found.append(meta)
+        except OSError:
+            pass
+    for opath in folder.glob(f"{oid}.*{small.SUFFIX}"):
+        sealed = small.read_sealed(opath)
+        if sealed is not None and sealed.slot == slot:
+            found.append(sealed)
+    return max(found, key=lambda m: m.stored_at, default=None)
 
 
 def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
