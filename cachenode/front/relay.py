@@ -46,7 +46,7 @@ Failover, in the order a request meets it:
   last byte until the check passes: on a mismatch its connection is cut
   (no clean end, no last chunk), and `digest_mismatch` is logged (source
   `relay`) and counted as a fill's is. Such a body goes through Python,
-  not the kernel's splice: its bytes must be hashed.
+  not the kernel's splice: its bytes must be hashed (front/relay_digest.py).
 
 Relayed requests carry `X-Nezha-Peer`; a node never relays such a request
 again, so each request crosses at most one peer hop even when two nodes
@@ -72,6 +72,7 @@ from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.interim import InterimRelay
+from cachenode.front.relay_digest import RelayedDigest
 from cachenode.http.digests import Verifier, expectations
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
@@ -122,7 +123,7 @@ class _Body:
     validator: str | None  # for If-Range, if a safe one exists
     sent: int = 0  # bytes taken from the sources: written to the client, or `held`
     # The check of the whole body against the digest its head published, if any.
-    check: Verifier | None = None
+    check: RelayedDigest | None = None
     held: bytes = b""  # the body's last byte, kept from the client until `check` passes
     first: str = ""  # the owner that began the body
 
@@ -427,7 +428,7 @@ class PeerRelay:
             # none for any other status); the cheapest one is checked.
             expected = expectations(r.headers.items(), status=r.status).cheapest()
             if expected is not None:
-                body.check = Verifier(expected)
+                body.check = RelayedDigest(Verifier(expected))
         await out.prepare(request)
         return body
 
@@ -446,7 +447,7 @@ class PeerRelay:
                 async for chunk in r.content.iter_chunked(self.read_size):
                     taken = len(chunk)
                     if check is not None:
-                        check.update(chunk)
+                        await check.feed(chunk)
                         left = body.left
                         if left is not None and len(chunk) >= left:
                             # The body's last byte waits for the check (`_finish`).
@@ -503,7 +504,7 @@ class PeerRelay:
         """The whole body came: its last byte and a clean end, once its digest
         (if its head published one) matches; else the client is cut."""
         if body.check is not None:
-            mismatch = body.check.mismatch()
+            mismatch = await body.check.mismatch()
             if mismatch is not None:
                 log.error("digest_mismatch", origin=target.host, key=access(request).key or target.path,
                           source="relay", peer=body.first, field=mismatch.expected.field,
