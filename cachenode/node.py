@@ -83,7 +83,7 @@ class CacheNode:
             node_id=self.node_id, client=origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
             read_timeout=settings.origin_read_timeout + settings.peer_timeout, read_size=settings.read_size,
-            cluster_token=token)
+            cluster_token=token, mismatches=self.metrics.digest_mismatches)
         # Requests for origins go to the parent tier first when there is one
         # (a sidecar's cluster); peers are always asked directly.
         self.upstream = Upstream(origins, metrics=self.metrics, parent=settings.parent,

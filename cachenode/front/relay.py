@@ -37,6 +37,16 @@ Failover, in the order a request meets it:
   would ask the origin. So the origin gets one resume for the missing range,
   not one per client, and the flight keeps what it fetched
   (cachenode/fill/parallel.py, a fill led by a resume).
+- **An owner that cuts wrong bytes.** An owner whose fill fails its digest
+  check cuts its clients before the last byte, which looks here exactly like
+  an owner dying mid-body, so the rest is resumed as above. The resumed body
+  may then join the wrong bytes already sent to a right rest. So a relayed
+  200 whose head carries a whole-object digest (`http/digests.py`) is
+  checked here too, across every resume, and the client is kept from its
+  last byte until the check passes: on a mismatch its connection is cut
+  (no clean end, no last chunk), and `digest_mismatch` is logged (source
+  `relay`) and counted as a fill's is. Such a body goes through Python,
+  not the kernel's splice: its bytes must be hashed (front/relay_digest.py).
 
 Relayed requests carry `X-Nezha-Peer`; a node never relays such a request
 again, so each request crosses at most one peer hop even when two nodes
@@ -51,7 +61,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -62,6 +72,8 @@ from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.interim import InterimRelay
+from cachenode.front.relay_digest import RelayedDigest
+from cachenode.http.digests import Verifier, expectations
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
 from cachenode.fill.origin import Interim, OriginClient, add_via, end_to_end, forwarded_request_headers, via_of
@@ -69,6 +81,9 @@ from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
 from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CHUNKED_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER, SERVED_BY_HEADER,
                         TOKEN_HEADER, EXPIRES_HEADER, AUTHORIZE_HEADER, relayed)
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 log = structlog.get_logger("nezha.peers")
 
@@ -106,7 +121,16 @@ class _Body:
     end: int | None  # last byte offset in the object, if known
     total: int | None  # the object's length, if known
     validator: str | None  # for If-Range, if a safe one exists
-    sent: int = 0
+    sent: int = 0  # bytes taken from the sources: written to the client, or `held`
+    # The check of the whole body against the digest its head published, if any.
+    check: RelayedDigest | None = None
+    held: bytes = b""  # the body's last byte, kept from the client until `check` passes
+    first: str = ""  # the owner that began the body
+
+    @property
+    def left(self) -> int | None:
+        """Bytes of the body not yet taken, if its end is known."""
+        return None if self.end is None else self.end + 1 - self.start - self.sent
 
     @property
     def resumable(self) -> bool:
@@ -128,13 +152,16 @@ class PeerRelay:
     def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
                  header_timeout: float, read_size: int, down_for: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
-                 cluster_token: str | None = None) -> None:
+                 cluster_token: str | None = None, mismatches: "Counter | None" = None) -> None:
         """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
 
         `header_timeout` bounds the wait for the headers of an owner that
         keeps passing its probe (a cold owner waiting for the origin);
         `read_timeout` bounds silence mid-body from such an owner.
+        `mismatches`: nezha_digest_mismatches_total{origin}, which a relayed
+        body that fails its digest check counts as a fill's does.
         """
+        self.mismatches = mismatches
         self.node_id = node_id
         self.cluster_token = cluster_token
         self.client = client
@@ -334,7 +361,7 @@ class PeerRelay:
                     continue
                 except splice.ClientGone as e:
                     return self._client_gone(request, body, peer.id, e)
-                return await self._finish(request, body)
+                return await self._finish(request, body, target)
             finally:
                 r.release()
         if body is None:
@@ -365,13 +392,13 @@ class PeerRelay:
                 if await self._resume(request, body, url=here.url + target.path_qs, target=target,
                                       headers=self._headers_for(request, target, validators=None, body=body),
                                       source=here):
-                    return await self._finish(request, body)
+                    return await self._finish(request, body, target)
             except splice.ClientGone as e:
                 return self._client_gone(request, body, here.id, e)
         if origin_url is not None and body.resumable and request.method == "GET":
             try:
                 if await self._resume_from_origin(request, body, origin_url, target):
-                    return await self._finish(request, body)
+                    return await self._finish(request, body, target)
             except splice.ClientGone as e:
                 return self._client_gone(request, body, "origin", e)
         # Headers are out and nothing could finish the body: the client must
@@ -395,7 +422,13 @@ class PeerRelay:
         elif request.method != "HEAD" and r.status not in (204, 304):
             out.enable_chunked_encoding()
         start, end, total = _span(r)
-        body = _Body(out=out, start=start, end=end, total=total, validator=_validator(r))
+        body = _Body(out=out, start=start, end=end, total=total, validator=_validator(r), first=peer.id)
+        if request.method == "GET":
+            # Only a 200's digests are of the whole body (`expectations` says
+            # none for any other status); the cheapest one is checked.
+            expected = expectations(r.headers.items(), status=r.status).cheapest()
+            if expected is not None:
+                body.check = RelayedDigest(Verifier(expected))
         await out.prepare(request)
         return body
 
@@ -406,16 +439,25 @@ class PeerRelay:
             body.sent += n
 
         watch = self.guard(peer, r, lambda: body.sent) if peer is not None else None
+        check = body.check
         try:
-            if self.splice and splice.usable(r, request):
+            if check is None and self.splice and splice.usable(r, request):
                 await splice.splice_body(r, request, body.out, read_timeout=self.read_timeout, on_bytes=count)
             else:
                 async for chunk in r.content.iter_chunked(self.read_size):
+                    taken = len(chunk)
+                    if check is not None:
+                        await check.feed(chunk)
+                        left = body.left
+                        if left is not None and len(chunk) >= left:
+                            # The body's last byte waits for the check (`_finish`).
+                            body.held, chunk = chunk[left - 1:left], chunk[:left - 1]
                     try:
-                        await body.out.write(chunk)
+                        if chunk:
+                            await body.out.write(chunk)
                     except ConnectionError as e:  # aiohttp's reset error is a ClientError too: not the owner's
                         raise splice.ClientGone(f"client socket: {e}") from e
-                    count(len(chunk))
+                    count(taken)
         finally:
             if watch is not None:
                 watch.cancel()
@@ -458,8 +500,25 @@ class PeerRelay:
         finally:
             r.release()
 
-    @staticmethod
-    async def _finish(request: web.Request, body: _Body) -> web.StreamResponse:
+    async def _finish(self, request: web.Request, body: _Body, target: Target) -> web.StreamResponse:
+        """The whole body came: its last byte and a clean end, once its digest
+        (if its head published one) matches; else the client is cut."""
+        if body.check is not None:
+            mismatch = await body.check.mismatch()
+            if mismatch is not None:
+                log.error("digest_mismatch", origin=target.host, key=access(request).key or target.path,
+                          source="relay", peer=body.first, field=mismatch.expected.field,
+                          expected=mismatch.expected.shown(), got=mismatch.got, bytes=mismatch.length)
+                if self.mismatches is not None:
+                    self.mismatches.labels(origin=target.host).inc()
+                access(request).bytes = body.sent - len(body.held)
+                break_connection(request)
+                return body.out
+            if body.held:
+                try:
+                    await body.out.write(body.held)
+                except ConnectionError as e:
+                    return self._client_gone(request, body, body.first, e)
         access(request).bytes = body.sent
         await body.out.write_eof()
         return body.out

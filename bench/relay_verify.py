@@ -1,0 +1,103 @@
+"""What checking a relayed body's digest costs: a read entering through a
+non-owner, cold (the owner fills from the origin) and warm (the owner's
+hit), with no digest in the head (spliced by the kernel) and with each of
+sha256 and crc64nvme (read through Python and hashed on the event loop,
+cachenode/front/relay.py).
+
+    python bench/relay_verify.py [--mib 128] [--runs 3]
+
+Two real node processes (replicas 1) and an unthrottled local origin on
+this machine; curl to /dev/null. Prints a line per kind and, last,
+
+    ratios: relay_verify_cold_sha256=<r> relay_verify_cold_crc64nvme=<r> relay_verify_warm_sha256=<r> ...
+
+each a median over `--runs` of throughput with the digest ÷ without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.cluster import HOST, curl_mbps  # noqa: E402
+from bench.harness import settled  # noqa: E402
+from bench.throughput import DigestOrigin, large_digests  # noqa: E402
+from nezha.config import Origin  # noqa: E402
+from nezha.dev.local_cluster import LocalCluster  # noqa: E402
+from nezha.keys import key_for, parse_target  # noqa: E402
+from testkit.ports import free_run  # noqa: E402
+
+KINDS = ("none", "crc64nvme", "sha256")
+
+
+def write_random(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        block = hashlib.sha256(b"relay").digest() * (1 << 15)  # 1 MiB, not compressible by anyone here
+        for i in range(size >> 20):
+            chunk = bytes([i & 0xFF]) + block[1:]
+            digest.update(chunk)
+            f.write(chunk)
+    return digest.hexdigest()
+
+
+async def main(mib: int, runs: int) -> None:
+    size = mib << 20
+    work = Path(tempfile.mkdtemp(prefix="nezha-bench-relay-verify-"))
+    root = work / "origin"
+    root.mkdir()
+    loop = asyncio.get_running_loop()
+    sha = await loop.run_in_executor(None, write_random, root / "large.bin", size)
+    fields = await loop.run_in_executor(None, large_digests, root / "large.bin", sha)
+    origin = DigestOrigin(root, fields)
+    cluster = None
+    try:
+        served = Origin(host=HOST, upstream=await origin.start())
+        cluster = LocalCluster(nodes=2, origins=[served], data_dir=work / "cache", base_port=free_run(2), replicas=1)
+        await cluster.start()
+        urls = {n.id: n.url for n in cluster.nodes.values()}
+        ring = cluster.index.membership.ring()
+
+        def outsider(path: str) -> str:
+            owner = ring.owners(key_for(parse_target(path, HOST), served), 1)[0]
+            return next(u for n, u in urls.items() if n != owner)
+
+        cold: dict[str, list[float]] = {k: [] for k in KINDS}
+        warm: dict[str, list[float]] = {k: [] for k in KINDS}
+        for n in range(runs):
+            for kind in KINDS:
+                path = f"/{kind}/large.bin?run={n}"
+                entry = outsider(path)
+                cold[kind].append(await curl_mbps(entry, path))
+                await settled(*urls.values())
+                warm[kind].append(await curl_mbps(entry, path))
+        print(f"relayed reads of {mib} MiB through a non-owner, curl to /dev/null, median of {runs}:")
+        for kind in KINDS:
+            print(f"  {kind:10s} cold {statistics.median(cold[kind]):8.1f} MB/s ({cold[kind]})   "
+                  f"warm {statistics.median(warm[kind]):8.1f} MB/s ({warm[kind]})")
+        ratios = []
+        for when, got in (("cold", cold), ("warm", warm)):
+            none = statistics.median(got["none"])
+            ratios += [f"relay_verify_{when}_{k}={statistics.median(got[k]) / none:.3f}" for k in KINDS[1:]]
+        print("ratios: " + " ".join(ratios))
+    finally:
+        if cluster is not None:
+            await cluster.stop()
+        await origin.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main(args.mib, args.runs))
