@@ -154,37 +154,9 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
     except OSError as e:
         await listener.close()
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
-    relay = None
-    if settings.tls_listen is not None:
-        tls_outcomes = node.metrics.tls_connections
-        fallbacks = node.metrics.parent_fallbacks
-        relay = build_tls_port(settings, leaves, on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
-                               on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
-                               adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
-        tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
-        try:
-            await relay.start(tls_host, tls_port, reuse_port=reuse_port)
-        except OSError as e:
-            await listener.close()
-            raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
-    admin = None
-    if settings.admin_listen is not None:
-        admin = web.AppRunner(build_admin_app(node), access_log=None, handle_signals=False)
-        await admin.setup()
-        admin_host, admin_port = parse_hostport(settings.admin_listen, field="admin_listen")
-        try:
-            await web.TCPSite(admin, admin_host, admin_port).start()
-        except OSError as e:
-            await admin.cleanup()
-            if relay is not None:
-                await relay.close()
-            await listener.close()
-            raise RunError(f"cannot listen on {settings.admin_listen} (--admin-listen): {e.strerror or e}") from e
-    log.info("node_listening", listen=settings.listen, admin_listen=settings.admin_listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
-             origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
-             tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
-             fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
-             request_head_timeout=settings.request_head_timeout, parent=settings.parent)
+    relay = await _start_tls_port(settings, node, listener, leaves, reuse_port=reuse_port)
+    admin = await _start_admin(settings, node, listener, relay)
+    _log_listening(settings, listener, leaves, open_files)
     detach = primary.attach(node, listener) if primary is not None else None
     stop = stop_on_signals(stop, hangup=hangup_stops())
     try:
@@ -201,3 +173,51 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
             detach()
         await listener.close()
         flush_repeats()
+
+
+async def _start_tls_port(settings: CacheSettings, node: CacheNode, listener: Listener, leaves: Leaves | None, *,
+                          reuse_port: bool) -> TlsPort | None:
+    """The TLS port listening (None without `tls_listen`); the listener is closed if it cannot listen."""
+    if settings.tls_listen is None:
+        return None
+    tls_outcomes = node.metrics.tls_connections
+    fallbacks = node.metrics.parent_fallbacks
+    relay = build_tls_port(settings, leaves, on_outcome=lambda outcome: tls_outcomes.labels(outcome).inc(),
+                           on_fallback=lambda reason: fallbacks.labels(reason=reason).inc(),
+                           adopt=listener.adopt, backlog=listener.backlog, gate=listener.gate)
+    tls_host, tls_port = parse_hostport(settings.tls_listen, field="tls_listen")
+    try:
+        await relay.start(tls_host, tls_port, reuse_port=reuse_port)
+    except OSError as e:
+        await listener.close()
+        raise RunError(f"cannot listen on {settings.tls_listen} (--tls-listen): {e.strerror or e}") from e
+    return relay
+
+
+async def _start_admin(settings: CacheSettings, node: CacheNode, listener: Listener,
+                       relay: TlsPort | None) -> web.AppRunner | None:
+    """The admin port serving (None without `admin_listen`); the ports opened before it are closed if it
+    cannot listen."""
+    if settings.admin_listen is None:
+        return None
+    admin = web.AppRunner(build_admin_app(node), access_log=None, handle_signals=False)
+    await admin.setup()
+    admin_host, admin_port = parse_hostport(settings.admin_listen, field="admin_listen")
+    try:
+        await web.TCPSite(admin, admin_host, admin_port).start()
+    except OSError as e:
+        await admin.cleanup()
+        if relay is not None:
+            await relay.close()
+        await listener.close()
+        raise RunError(f"cannot listen on {settings.admin_listen} (--admin-listen): {e.strerror or e}") from e
+    return admin
+
+
+def _log_listening(settings: CacheSettings, listener: Listener, leaves: Leaves | None, open_files: int) -> None:
+    """The one line saying the node serves, and how it is set up: what tests and operators wait for."""
+    log.info("node_listening", listen=settings.listen, admin_listen=settings.admin_listen, tls_listen=settings.tls_listen, data_dir=str(settings.data_dir),
+             origins={o.host: o.upstream for o in settings.origins}, capacity=settings.capacity,
+             tls=None if settings.tls_listen is None else ("terminate" if leaves is not None else "passthrough"),
+             fast_hits=settings.fast_hits, open_files=open_files, max_connections=listener.gate.limit,
+             request_head_timeout=settings.request_head_timeout, parent=settings.parent)

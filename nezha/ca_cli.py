@@ -103,72 +103,111 @@ def system_roots() -> bytes:
 async def init_in_cluster(api, namespace: str, *, now: dt.datetime | None = None) -> str:
     """Create the CA once in `namespace`; one line saying what was done."""
     from kubernetes_asyncio import client
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    from nezha.pki import Pair, make_ca, renewal_reason
 
     now = now or dt.datetime.now(dt.timezone.utc)
     core = client.CoreV1Api(api)
-
-    async def read(kind: str, name: str):
-        try:
-            return await getattr(core, f"read_namespaced_{kind}")(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise RunError(f"cannot read {kind} {namespace}/{name}: {e.status} {e.reason}") from e
-
-    secret, configmap = await read("secret", SECRET), await read("config_map", CONFIGMAP)
+    secret = await _read(core, namespace, "secret", SECRET)
+    configmap = await _read(core, namespace, "config_map", CONFIGMAP)
     done = []
+    pair, created = await _the_ca(core, namespace, secret, configmap, now=now)
+    if created:
+        done.append(f"created the CA in Secret {SECRET}")
+    if await _write_bundle(core, namespace, configmap, pair):
+        done.append(f"wrote the certificate and the pods' bundle to ConfigMap {CONFIGMAP}")
+    expires = f"{pair.cert.not_valid_after_utc:%Y-%m-%d}"
+    if not done:
+        return f"kept the CA in {namespace} (expires {expires}); nothing to do"
+    return f"{'; '.join(done)} in {namespace} (expires {expires})"
+
+
+async def _read(core, namespace: str, kind: str, name: str):
+    """The object `kind` `name` in `namespace`, or None when there is none."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        return await getattr(core, f"read_namespaced_{kind}")(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise RunError(f"cannot read {kind} {namespace}/{name}: {e.status} {e.reason}") from e
+
+
+async def _the_ca(core, namespace: str, secret, configmap, *, now: dt.datetime) -> tuple[Pair, bool]:
+    """The CA the Secret holds, made and stored first when there is none; and
+    whether this call stored it. A run that lost the race to create it uses
+    the one the other run stored."""
+    from nezha.pki import make_ca
+
     if secret is None:
         if configmap is not None and (configmap.data or {}).get("ca.crt"):
             raise RunError(f"ConfigMap {namespace}/{CONFIGMAP} holds a CA whose key Secret {SECRET} is gone: "
                            f"refusing to replace a CA pods may trust; restore the Secret, or delete the "
                            f"ConfigMap to start over")
         pair = make_ca(now=now, name=CA_NAME)
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": SECRET, "namespace": namespace, "labels": LABELS},
-                "data": {"ca.crt": base64.b64encode(pair.cert_pem).decode(),
-                         "ca.key": base64.b64encode(pair.key_pem).decode()}}
-        try:
-            await core.create_namespaced_secret(namespace, body)
-            done.append(f"created the CA in Secret {SECRET}")
-        except ApiException as e:
-            if e.status != 409:
-                raise RunError(f"cannot create Secret {namespace}/{SECRET}: {e.status} {e.reason}") from e
-            secret = await read("secret", SECRET)  # another run made it first: use theirs
-            if secret is None:
-                raise RunError(f"Secret {namespace}/{SECRET} was created and deleted under this run; run it again")
-    if secret is not None:
-        data = secret.data or {}
-        try:
-            pair = Pair.load(base64.b64decode(data.get("ca.crt", "")), base64.b64decode(data.get("ca.key", "")))
-        except ValueError as e:
-            raise RunError(f"Secret {namespace}/{SECRET} does not hold a CA (ca.crt, ca.key): {e}") from e
-        if (why := renewal_reason(pair, now=now, renew_days=RENEW_DAYS)) is not None:
-            raise RunError(f"the CA in Secret {namespace}/{SECRET} cannot be kept ({why}); rotating it is "
-                           f"deliberate: see docs/https.md")
+        secret = await _create_secret(core, namespace, pair)
+        if secret is None:
+            return pair, True
+    return _kept_ca(secret, namespace, now=now), False
+
+
+async def _create_secret(core, namespace: str, pair: Pair):
+    """Store `pair` in the Secret: None once stored, or the Secret another run stored first."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": SECRET, "namespace": namespace, "labels": LABELS},
+            "data": {"ca.crt": base64.b64encode(pair.cert_pem).decode(),
+                     "ca.key": base64.b64encode(pair.key_pem).decode()}}
+    try:
+        await core.create_namespaced_secret(namespace, body)
+        return None
+    except ApiException as e:
+        if e.status != 409:
+            raise RunError(f"cannot create Secret {namespace}/{SECRET}: {e.status} {e.reason}") from e
+    secret = await _read(core, namespace, "secret", SECRET)  # another run made it first: use theirs
+    if secret is None:
+        raise RunError(f"Secret {namespace}/{SECRET} was created and deleted under this run; run it again")
+    return secret
+
+
+def _kept_ca(secret, namespace: str, *, now: dt.datetime) -> Pair:
+    """The CA in `secret`, if it is whole and may be kept."""
+    from nezha.pki import Pair, renewal_reason
+
+    data = secret.data or {}
+    try:
+        pair = Pair.load(base64.b64decode(data.get("ca.crt", "")), base64.b64decode(data.get("ca.key", "")))
+    except ValueError as e:
+        raise RunError(f"Secret {namespace}/{SECRET} does not hold a CA (ca.crt, ca.key): {e}") from e
+    if (why := renewal_reason(pair, now=now, renew_days=RENEW_DAYS)) is not None:
+        raise RunError(f"the CA in Secret {namespace}/{SECRET} cannot be kept ({why}); rotating it is "
+                       f"deliberate: see docs/https.md")
+    return pair
+
+
+async def _write_bundle(core, namespace: str, configmap, pair: Pair) -> bool:
+    """Write the certificate and the pods' bundle to the ConfigMap unless it
+    holds them already; whether it wrote."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
     cert = pair.cert_pem.decode()
     held = (configmap.data or {}) if configmap is not None else {}
     # Rewritten when the CA differs or a file is missing (one written by an older
     # version); not for roots that differ by machine, which would churn every run.
-    if held.get(trust_bundle.CA_FILE) != cert or not set(trust_bundle.files(b"", b"")) <= set(held):
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
-                "data": trust_bundle.files(pair.cert_pem, system_roots())}
-        try:
-            if configmap is None:
-                await core.create_namespaced_config_map(namespace, body)
-            else:
-                body["metadata"]["resourceVersion"] = configmap.metadata.resource_version
-                await core.replace_namespaced_config_map(CONFIGMAP, namespace, body)
-        except ApiException as e:
-            raise RunError(f"cannot write ConfigMap {namespace}/{CONFIGMAP}: {e.status} {e.reason}") from e
-        done.append(f"wrote the certificate and the pods' bundle to ConfigMap {CONFIGMAP}")
-    expires = f"{pair.cert.not_valid_after_utc:%Y-%m-%d}"
-    if not done:
-        return f"kept the CA in {namespace} (expires {expires}); nothing to do"
-    return f"{'; '.join(done)} in {namespace} (expires {expires})"
+    if held.get(trust_bundle.CA_FILE) == cert and set(trust_bundle.files(b"", b"")) <= set(held):
+        return False
+    body = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
+            "data": trust_bundle.files(pair.cert_pem, system_roots())}
+    try:
+        if configmap is None:
+            await core.create_namespaced_config_map(namespace, body)
+        else:
+            body["metadata"]["resourceVersion"] = configmap.metadata.resource_version
+            await core.replace_namespaced_config_map(CONFIGMAP, namespace, body)
+    except ApiException as e:
+        raise RunError(f"cannot write ConfigMap {namespace}/{CONFIGMAP}: {e.status} {e.reason}") from e
+    return True
 
 
 def run_init(args: argparse.Namespace) -> int:

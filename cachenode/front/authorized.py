@@ -28,7 +28,7 @@ from cachenode.fill.origin import forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import parent_route
 from cachenode.front.names import Asked
-from cachenode.front.reads import AGAIN, GIVE_UP, Reads
+from cachenode.front.reads import AGAIN, GIVE_UP, Reads, arrived_whole
 from cachenode.front.respond import Responder
 from cachenode.front.short_answers import origin_failure
 from cachenode.http.authorize import Verdict, asks_own_range, not_probeable, probe_fields, verdict
@@ -110,7 +110,7 @@ class AuthorizedReads:
         fill = outcome.fill
         if outcome.kind is not Kind.STREAMING or fill is None or not outcome.answers(request.headers):
             return GIVE_UP  # nothing to join, or a variant this request does not select
-        if fill.complete:
+        if arrived_whole(fill):
             # Its whole body was in before this request came: once stored,
             # it is a stored copy like any other, read once authorised.
             await flight.landed.wait()

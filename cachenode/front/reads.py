@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.counts import Counts
+from cachenode.fill.buffer import Fill
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome
 from cachenode.front.access import parent_route
@@ -39,6 +40,16 @@ AGAIN = object()  # look again: the loop's next turn
 GIVE_UP = object()  # leave the loop: the way's last answer (`give_up`)
 _UNSEEN = object()  # nothing looked up yet
 Step = web.StreamResponse | object  # an answer, AGAIN or GIVE_UP
+
+
+def arrived_whole(fill: Fill) -> bool:
+    """Every byte of the fill's body is in, so a request that finds it now is
+    a later request, not a joiner. `complete` alone says so one step late for
+    a body of known length: a client of the fill has its last byte (and may
+    ask again) as soon as that byte is in, while `complete` waits for the
+    origin's body to end. A request in between joined the fill, and a
+    client's second read of an object it had whole counted as a miss."""
+    return fill.complete or (fill.length is not None and fill.written >= fill.length)
 
 
 class Way(Protocol):
@@ -184,7 +195,7 @@ class Reads:
     async def _joined(self, request: web.Request, flight: Flight, outcome: Outcome,
                       asked: Asked) -> Step | None:
         """A joiner's look at its leader's outcome: AGAIN, a pass-through, or None (it is this request's)."""
-        if outcome.kind is Kind.STREAMING and outcome.fill is not None and outcome.fill.complete:
+        if outcome.kind is Kind.STREAMING and outcome.fill is not None and arrived_whole(outcome.fill):
             # The fill's whole response was in before this request came:
             # it is no joiner, but a later request, judged by the stored
             # object's freshness (a no-cache object is revalidated).

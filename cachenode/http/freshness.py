@@ -298,34 +298,15 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     if status not in STORED_STATUSES:
         return Policy(False, f"status {status}")
     field, cc = response_directives(headers, targeted)
-    # §5.2.2.3: must-understand lets a cache that understands the status
-    # (every status stored here) store it despite no-store, which it is
-    # paired with for the caches that do not.
-    if "no-store" in cc and "must-understand" not in cc:
-        return Policy(False, f"{field}: no-store")
-    if "private" in cc and not private_ok:
-        # Qualified or not: storing the rest while dropping the named fields
-        # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
-        return Policy(False, f"{field}: private")
-    if "*" in _split_list(field_value(headers, "Vary") or ""):
-        return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
-    if field_value(headers, "Set-Cookie") is not None:
-        return Policy(False, "response sets a cookie")
+    refused = _refusal(headers, field, cc, private_ok=private_ok)
+    if refused is not None:
+        return refused
     if "no-cache" in cc:
         # §5.2.2.4: storable, but never reused, not even on error, without a
         # successful validation. A qualified no-cache="field" is treated
         # the same: stricter than required, never wrong.
         return Policy(True, "ok", 0.0, stale_if_error=0.0, stale_while_revalidate=0.0)
-    if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
-        # §5.2.2.2, §5.2.2.8; s-maxage implies proxy-revalidate (§5.2.2.10).
-        stale_if_error, stale_while_revalidate = 0.0, 0.0
-    else:
-        # RFC 5861 §4. Without the directive this cache still answers from a
-        # stale copy while its origin is down: §4.2.4 allows it when no
-        # directive forbids it, and a dataset a training job can read beats a 502.
-        sie = _delta_seconds(cc.get("stale-if-error"))
-        stale_if_error = math.inf if sie is None else sie
-        stale_while_revalidate = _delta_seconds(cc.get("stale-while-revalidate")) or 0.0
+    stale_if_error, stale_while_revalidate = _stale_windows(cc)
 
     def policy(ttl: float, heuristic: bool = False) -> Policy:
         return Policy(True, "ok", ttl, stale_if_error, stale_while_revalidate, heuristic)
@@ -345,6 +326,40 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
     # it up), not a reason to distrust the file.
     return policy(HEURISTIC_TTL - current_age(headers, now), heuristic=True)
+
+
+def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None], *,
+             private_ok: bool) -> Policy | None:
+    """Why a response of a stored status must not be stored (its directives
+    `cc`, read from `field`), or None when nothing forbids it."""
+    # §5.2.2.3: must-understand lets a cache that understands the status
+    # (every status stored here) store it despite no-store, which it is
+    # paired with for the caches that do not.
+    if "no-store" in cc and "must-understand" not in cc:
+        return Policy(False, f"{field}: no-store")
+    if "private" in cc and not private_ok:
+        # Qualified or not: storing the rest while dropping the named fields
+        # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
+        return Policy(False, f"{field}: private")
+    if "*" in _split_list(field_value(headers, "Vary") or ""):
+        return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
+    if field_value(headers, "Set-Cookie") is not None:
+        return Policy(False, "response sets a cookie")
+    return None
+
+
+def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:
+    """(stale_if_error, stale_while_revalidate) in seconds: how long past its
+    lifetime a stored response may be served while its origin fails, and
+    while it is revalidated."""
+    if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
+        # §5.2.2.2, §5.2.2.8; s-maxage implies proxy-revalidate (§5.2.2.10).
+        return 0.0, 0.0
+    # RFC 5861 §4. Without the directive this cache still answers from a
+    # stale copy while its origin is down: §4.2.4 allows it when no
+    # directive forbids it, and a dataset a training job can read beats a 502.
+    sie = _delta_seconds(cc.get("stale-if-error"))
+    return (math.inf if sie is None else sie), (_delta_seconds(cc.get("stale-while-revalidate")) or 0.0)
 
 
 @dataclass(frozen=True)

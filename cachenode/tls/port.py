@@ -251,6 +251,12 @@ class TlsPort:
 
     def _refused(self, client: str, name: str | None, reason: str, *, send: bytes = b"",
                  conn: socket.socket | None = None, outcome: str = "refused") -> bool:
+        # Logged and counted before the alert leaves: a client that sees its
+        # refusal and then reads the log or /metrics finds it there. Written
+        # after, a node descheduled between the send and the log line (a
+        # loaded machine) showed the client a refusal the node had not yet told.
+        log.info("tls_refused", client=client, name=name, reason=reason)
+        self.counts[outcome] += 1
         if conn is not None:
             try:
                 if send:
@@ -260,8 +266,6 @@ class TlsPort:
                 conn.recv(MAX_HELLO + 5)
             except OSError:
                 pass
-        log.info("tls_refused", client=client, name=name, reason=reason)
-        self.counts[outcome] += 1
         return False
 
     async def _relay(self, conn: socket.socket, client: str, name: str, target: tuple[str, int], *,

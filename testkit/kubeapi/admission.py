@@ -140,51 +140,63 @@ async def admit(api: "KubeAPI", *, res: Resource, namespace: str | None, obj: di
         if not _selected(api, hook, res, namespace, obj):
             continue
         calls[i] = calls.get(i, 0) + 1
-        uid = str(uuid.uuid4())
-        group_version = {"group": res.group, "version": res.version}
-        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": uid, "kind": {**group_version, "kind": res.kind},
-            "resource": {**group_version, "resource": res.plural},
-            "requestKind": {**group_version, "kind": res.kind},
-            "requestResource": {**group_version, "resource": res.plural},
-            "name": (obj.get("metadata") or {}).get("name", ""), "namespace": namespace or "",
-            "operation": "CREATE", "userInfo": {"username": user, "groups": ["system:authenticated"]},
-            "object": obj, "oldObject": None, "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}
-        name = hook.get("name", f"#{i}")
-        try:
-            resp = _parse_response(await _call(api, hook, review), uid)
-            if not resp["allowed"]:
-                status = resp.get("status") or {}
-                api.admission_calls.append(Call(name, "denied", review=review))
-                raise Refused(status.get("code") or 403, status.get("reason") or "Forbidden",
-                              f'admission webhook "{name}" denied the request: '
-                              f'{status.get("message") or "without explanation"}')
-            warnings += [w for w in resp.get("warnings") or [] if isinstance(w, str)]
-            changed = False
-            if resp.get("patch") is not None:
-                if resp.get("patchType") != "JSONPatch":
-                    raise ValueError(f"unsupported patch type {resp.get('patchType')!r}")
-                ops = json.loads(base64.b64decode(resp["patch"]))
-                new = jsonpatch.apply_patch(obj, ops)
-                changed = new != obj
-                obj = new
-            api.admission_calls.append(Call(name, "patched" if changed else "unchanged", review=review))
-            if changed:
-                for j in range(len(hooks)):
-                    if j < i and calls.get(j) == 1 and hooks[j].get("reinvocationPolicy") == "IfNeeded" \
-                            and j not in order[position:]:
-                        order.append(j)
-        except Refused:
-            raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ssl.SSLError, ValueError,
-                jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-            reason = "context deadline exceeded" if isinstance(e, asyncio.TimeoutError) else \
-                (str(e) or type(e).__name__)
-            if hook.get("failurePolicy", "Fail") == "Ignore":
-                api.admission_calls.append(Call(name, "failed-open", error=reason, review=review))
-                continue
-            api.admission_calls.append(Call(name, "failed-closed", error=reason, review=review))
-            raise Refused(500, "InternalError",
-                          f'Internal error occurred: failed calling webhook "{name}": {reason}') from e
+        obj, changed = await _call_one(api, hook, _review(res, namespace, obj, user), name=hook.get("name", f"#{i}"),
+                                       obj=obj, warnings=warnings)
+        if changed:
+            for j in range(len(hooks)):
+                if j < i and calls.get(j) == 1 and hooks[j].get("reinvocationPolicy") == "IfNeeded" \
+                        and j not in order[position:]:
+                    order.append(j)
     return obj, warnings
+
+
+def _review(res: Resource, namespace: str | None, obj: dict[str, Any], user: str) -> dict[str, Any]:
+    """The AdmissionReview v1 kube-apiserver sends for a CREATE of `obj`, with a fresh uid."""
+    group_version = {"group": res.group, "version": res.version}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {**group_version, "kind": res.kind},
+        "resource": {**group_version, "resource": res.plural},
+        "requestKind": {**group_version, "kind": res.kind},
+        "requestResource": {**group_version, "resource": res.plural},
+        "name": (obj.get("metadata") or {}).get("name", ""), "namespace": namespace or "",
+        "operation": "CREATE", "userInfo": {"username": user, "groups": ["system:authenticated"]},
+        "object": obj, "oldObject": None, "dryRun": False,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}
+
+
+async def _call_one(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any], *, name: str,
+                    obj: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], bool]:
+    """Send `review` to one webhook and apply its answer: the object after its
+    patch, and whether the patch changed it. Its warnings are added to
+    `warnings`; a denial, or a failure under failurePolicy Fail, raises Refused."""
+    try:
+        resp = _parse_response(await _call(api, hook, review), review["request"]["uid"])
+        if not resp["allowed"]:
+            status = resp.get("status") or {}
+            api.admission_calls.append(Call(name, "denied", review=review))
+            raise Refused(status.get("code") or 403, status.get("reason") or "Forbidden",
+                          f'admission webhook "{name}" denied the request: '
+                          f'{status.get("message") or "without explanation"}')
+        warnings += [w for w in resp.get("warnings") or [] if isinstance(w, str)]
+        changed = False
+        if resp.get("patch") is not None:
+            if resp.get("patchType") != "JSONPatch":
+                raise ValueError(f"unsupported patch type {resp.get('patchType')!r}")
+            ops = json.loads(base64.b64decode(resp["patch"]))
+            new = jsonpatch.apply_patch(obj, ops)
+            changed = new != obj
+            obj = new
+        api.admission_calls.append(Call(name, "patched" if changed else "unchanged", review=review))
+        return obj, changed
+    except Refused:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ssl.SSLError, ValueError,
+            jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        reason = "context deadline exceeded" if isinstance(e, asyncio.TimeoutError) else \
+            (str(e) or type(e).__name__)
+        if hook.get("failurePolicy", "Fail") == "Ignore":
+            api.admission_calls.append(Call(name, "failed-open", error=reason, review=review))
+            return obj, False
+        api.admission_calls.append(Call(name, "failed-closed", error=reason, review=review))
+        raise Refused(500, "InternalError",
+                      f'Internal error occurred: failed calling webhook "{name}": {reason}') from e

@@ -18,7 +18,7 @@ from nezha.keys import cache_key, parse_target
 from nezha.ring import Membership
 from nezha.config import CacheSettings, Origin
 from testkit.ports import free_port
-from testkit.waits import until_http
+from testkit.waits import START_GUARD, until_http
 
 HOST = "www.cs.toronto.edu"
 
@@ -322,7 +322,10 @@ class NodeProcess:
                 stdout=out, stderr=err, preexec_fn=limit)
 
     async def ready(self, session: aiohttp.ClientSession) -> None:
-        await until_http(f"http://127.0.0.1:{self.port}/healthz", timeout=15, proc=self.proc, log=self.err,
+        """Once the node answers /healthz; at once when it exits. Its start is no claim of these tests:
+        the deadline only stops a hang (testkit/waits.py), as a node of two workers on a loaded machine
+        takes many seconds to start."""
+        await until_http(f"http://127.0.0.1:{self.port}/healthz", timeout=START_GUARD, proc=self.proc, log=self.err,
                          what="nezha cache", session=session)
 
     def written(self) -> dict[Path, str]:

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from testkit.ports import free_port
-from testkit.waits import wait_for
+from testkit.waits import START_GUARD, wait_for
 
 HOST = "datasets.example"
 ROOT = Path(__file__).resolve().parents[3]
@@ -175,6 +175,28 @@ async def read_rest(readers) -> list[tuple[int | None, bool]]:
     return ended
 
 
+async def until_the_follower_serves(node: WorkersNode, path: str) -> None:
+    """Until the follower's copy of the index has `path`, which it hears of a moment after the fill (the store
+    commits after the fill's client has its last byte, then tells the follower): until then the follower hands
+    every request for it to the primary. One-byte ranged GETs, each on a connection of its own (so some land on
+    the follower), until the follower's fast path answers one. How long that takes is the machine's load: the
+    deadline only stops a hang (testkit/waits.py)."""
+    async def the_follower_served() -> bool:
+        async with aiohttp.ClientSession(auto_decompress=False) as own:
+            async with own.get(node.url + path, headers={"Host": HOST, "Range": "bytes=0-0"}) as r:
+                answer = (r.status, await r.read())
+        if answer != (206, BIG[:1]):
+            pytest.fail(f"bytes=0-0 of {path} answered {answer[0]} with {len(answer[1])} bytes")
+        return any(e.get("worker") == 1 and e.get("fast") and e.get("path") == path
+                   for e in node.events("request_completed"))
+
+    try:
+        await wait_for(the_follower_served, timeout=START_GUARD)
+    except AssertionError:
+        raise AssertionError(f"the follower never answered a hit of {path}:\n"
+                             + node.log.read_text()[-4000:]) from None
+
+
 async def test_fifty_cold_clients_on_both_workers_cause_one_origin_fetch(workers_node, origin, session):
     origin.put("/cold.bin", BIG, headers={"Cache-Control": "max-age=3600"}, rate=16 * 1024 * 1024)
     node = workers_node("--fill-streams", "1")
@@ -221,13 +243,7 @@ async def test_ranged_reads_on_both_workers_are_answered_where_they_land_and_cou
                 pid = None if conn is None else serving_pid(node.port, conn.transport.get_extra_info("sockname")[1])
                 return r.status, await r.read(), pid
 
-    # Until the follower's copy of the index has the object (it hears of the store a moment after the fill).
-    for _ in range(200):
-        assert (await ranged("bytes=0-0"))[:2] == (206, BIG[:1])
-        if any(e.get("worker") == 1 and e.get("fast") for e in node.events("request_completed")):
-            break
-    else:
-        raise AssertionError("the follower never answered a hit:\n" + node.log.read_text()[-4000:])
+    await until_the_follower_serves(node, "/ranged.bin")
     # One connection for every scrape: handed over at most once, before the first count is read.
     await node.metric(session, "nezha_worker_handovers_total")
     handed = await node.metric(session, "nezha_worker_handovers_total")
@@ -274,6 +290,7 @@ async def test_the_primary_killed_mid_fill_cuts_only_its_own_clients_and_nothing
     node = workers_node("--fill-streams", "1")
     await node.wait_serving()
     assert (await get(session, node, "/hit.bin"))[1] == BIG
+    await until_the_follower_serves(node, "/hit.bin")
     primary, follower = node.pid(0), node.pid(1)
 
     # Slow readers of a stored object, on connections of their own; some land on each worker.
