@@ -54,7 +54,8 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
             node.on_evict(meta)
 
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
-                  hot_capacity=settings.hot_capacity)
+                  hot_capacity=settings.hot_capacity, small_max=settings.small_object_max,
+                  sync_interval=settings.sync_interval)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
                            read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None

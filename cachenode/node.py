@@ -167,6 +167,7 @@ class CacheNode:
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
+        await self.store.close()  # the last group sync of small objects
 
     def spawn(self, coro) -> asyncio.Task:
         """Run background work that `stop()` cancels and `settled()` waits for."""

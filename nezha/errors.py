@@ -51,7 +51,8 @@ the drawing is the tree the code defines.
     ValueError  builtins
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
-    └── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
 
 Messages say what failed, for which key or object, and the value seen.
 """

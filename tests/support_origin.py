@@ -45,6 +45,7 @@ class TestOrigin:
         self.request_headers: list[dict[str, str]] = []
         self.raw_headers: list[list[tuple[str, str]]] = []
         self.uploads: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256 hex) of the last write
+        self.connections: set[tuple] = set()  # the client (address, port) of every connection that asked
         self.url = ""
 
     def put(self, path: str, body: bytes, *, etag: str | None = None, **behaviour) -> None:
@@ -60,6 +61,8 @@ class TestOrigin:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path_qs
         self.requests[path] += 1
+        if request.transport is not None:
+            self.connections.add(request.transport.get_extra_info("peername"))
         self.request_headers.append(dict(request.headers))
         self.raw_headers.append(list(request.headers.items()))
         if request.method not in ("GET", "HEAD"):

@@ -114,6 +114,11 @@ class Body:
     # through aiohttp's reader, never spliced: if the parent breaks off
     # mid-body, the rest is asked of the origin and joined on in Python.
     from_parent: bool = False
+    # Of known length, at most the store's small objects' size
+    # (cachenode/store/small.py): read through aiohttp's reader and written
+    # on the event loop, never spliced, since a splice runs on a thread and
+    # the hand-off there and back costs more than a few pages take to copy.
+    small: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,4 +134,4 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills and not body.from_parent else How.STREAM)
+    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small else How.STREAM)

@@ -103,7 +103,9 @@ class FillRuns:
         plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
                               delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
-                              callers_own=authorize and source.peer is None),
+                              callers_own=authorize and source.peer is None,
+                              small=response.content_length is not None
+                              and response.content_length <= self.store.small_max),
                          splice_fills=self.settings.splice_fills,
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)

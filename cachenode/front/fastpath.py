@@ -45,6 +45,7 @@ from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_tim
 from cachenode.front.plain import PlainRequest, partial_head, plain_request, wanted_range
 from cachenode.front.sendfile import SendCut, sendfile_rest
 from cachenode.store.objects import Meta
+from cachenode.store.small import check as check_sealed, is_sealed
 
 log = structlog.get_logger("nezha.connections")
 
@@ -289,6 +290,10 @@ class FastPath(asyncio.Protocol):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             self._hand_off()  # evicted or replaced since the lookup: aiohttp serves it as a miss
+            return False
+        if is_sealed(meta) and not check_sealed(fd, meta):
+            os.close(fd)
+            self._hand_off()  # a small object's seal fails: the handler drops it and fetches it again
             return False
         del self._buf[:req.size]
         transport = self.transport

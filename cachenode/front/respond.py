@@ -118,6 +118,10 @@ class Responder:
             f = None if meta.chunk_size else open(self.store.data_path(meta), "rb")
         except FileNotFoundError:
             return None
+        if f is not None and not self.store.intact(meta, f.fileno()):
+            f.close()
+            self.store.damaged(meta)  # torn or changed on disk: never served; the read fetches it again
+            return None
         try:
             access(request).cache = label
             counted = answer_counts(label)  # {} for a relayed label: the relaying handler counts it

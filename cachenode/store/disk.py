@@ -8,10 +8,14 @@ canonical values of the request fields it varies on (cachenode/http/vary.py).
 `lookup(key, request_headers)` finds the variant a request selects; the
 names a key varies on are those of its most recently stored response.
 
-An object becomes servable only by the rename of its `.meta`, which happens
-after its data file is complete, verified against the origin's length,
-fsynced and renamed into place. A crash at any step leaves either the old
-object or no object, never a partial one; start-up deletes orphans.
+A large object becomes servable only by the rename of its `.meta`, which
+happens after its data file is complete, verified against the origin's
+length, fsynced and renamed into place. A small one (at most `small_max`
+bytes, cachenode/store/small.py) is one sealed file, renamed into place
+without an fsync and made durable with others by a group sync
+(cachenode/store/syncer.py); its checksum is checked at start-up and on
+every read (`intact`). Either way a crash leaves the old object or no
+object, never a partial one; start-up deletes orphans and torn files.
 
 Every file name comes from the SHA-256 of the key, and every path is checked
 to lie under the data directory, so no request can read or write elsewhere.
@@ -38,8 +42,10 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.store.index import Index
 from cachenode.store.layout import read_meta, scan, write_meta
+from cachenode.store import small
 from cachenode.store.objects import Meta, TempObject, TooLarge
 from cachenode.store.steps import Steps
+from cachenode.store.syncer import SYNC_INTERVAL, GroupSync
 from cachenode.store.writing import ObjectWrite
 from nezha.errors import StoreError
 
@@ -48,7 +54,8 @@ log = structlog.get_logger("nezha.store")
 
 class Store:
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
-                 on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None) -> None:
+                 on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
+                 small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -58,6 +65,9 @@ class Store:
         self._on_evict = on_evict
         self._index = Index(evicted=self._evicted)
         self._steps = Steps()
+        self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
+        self.group_sync = GroupSync(self.root, interval=sync_interval)
+        self._folders: set[Path] = set()  # object folders known to exist
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
@@ -93,7 +103,7 @@ class Store:
             self._index.evict_to(self.capacity)
 
     def _scan(self) -> tuple[list[Meta], int]:
-        return scan(self.objects, self.tmp)
+        return scan(self.objects, self.tmp, sealed=small.read_sealed)
 
     _read_meta = staticmethod(read_meta)
 
@@ -134,6 +144,22 @@ class Store:
     def __len__(self) -> int:
         return len(self._index)
 
+    # -- integrity -------------------------------------------------------------
+    def intact(self, meta: Meta, fd: int) -> bool:
+        """Whether the open data file `fd` holds `meta`'s object whole. A large
+        object's file was fsynced before its meta named it: it is. A small
+        one's seal is checked (cachenode/store/small.py): a torn or damaged
+        file is never served. Read-only: a follower worker asks it too."""
+        return not small.is_sealed(meta) or small.check(fd, meta)
+
+    def damaged(self, meta: Meta) -> None:
+        """`meta`'s file failed its check: forget it and delete the file, so the
+        next request fetches the object again."""
+        if self._index.get(meta.slot) is meta:
+            self._index.drop(meta.slot)
+            self._unlink_later(meta, final=True)
+            log.warning("object_damaged", key=meta.key, data=meta.data)
+
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
         return self.capacity is None or size <= self.capacity
@@ -166,7 +192,7 @@ class Store:
 
         def unlink() -> None:
             paths = [data_path]
-            if final:
+            if final and not small.is_sealed(meta):
                 current = self._read_meta(meta_path)
                 if current is None or current.data == meta.data:
                     paths.append(meta_path)
@@ -187,15 +213,23 @@ class Store:
         """Wait until every disk step asked for so far (unlinks included) is done."""
         await self._steps.idle()
 
+    async def close(self) -> None:
+        """For a node that stops: its disk steps done, and the small objects it
+        committed since the last group sync made durable."""
+        await self.idle()
+        await self.group_sync.close()
+
     # -- writes --------------------------------------------------------------
     def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:
         """The one way to write an object: temp file, reserved room, commit or
         discard, owned by one object (cachenode/store/writing.py)."""
         return ObjectWrite(self, reserve=reserve, readable=readable, must_write=must_write)
 
-    async def new_temp(self) -> TempObject:
+    async def new_temp(self, expect: int = 0) -> TempObject:
         """A fill's temp file in tmp/.
 
+        `expect`: the bytes the writer expects (0: not known). A small
+        object's file is created and written on the event loop (`inline`).
         A file system that refuses even to create it (full, out of inodes,
         over quota) does not fail the request: the temp object is then one
         whose every write fails, its reader an empty file, so the fill
@@ -211,14 +245,17 @@ class Store:
                 path.unlink(missing_ok=True)
                 raise
 
+        inline = 0 < expect <= self.small_max
         try:
-            fd, read_fd = await asyncio.get_running_loop().run_in_executor(None, create)
+            fd, read_fd = create() if inline else await asyncio.get_running_loop().run_in_executor(None, create)
         except OSError as e:
             try:
                 empty = os.open(os.devnull, os.O_RDONLY)
             except OSError:
                 raise StoreError(f"create {path}: {e}") from e
             return TempObject(path=path, fd=-1, read_fd=empty, unwritable=f"create {path}: {e}")
+        if inline:
+            return TempObject(path=path, fd=fd, read_fd=read_fd, inline=True, kept=bytearray())
         return TempObject(path=path, fd=fd, read_fd=read_fd)
 
     async def write(self, temp: TempObject, data: bytes) -> None:
@@ -235,7 +272,13 @@ class Store:
             _pwrite_all(temp.fd, data, temp.written, grew)
             temp.wrote(len(data))
         try:
-            await asyncio.get_running_loop().run_in_executor(None, _write)
+            if temp.inline and temp.written + len(data) <= self.small_max:
+                if temp.kept is not None:
+                    temp.kept += data
+                _write()  # a few pages into the page cache: less than a hand-off to a thread costs
+            else:
+                temp.kept = None
+                await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
             raise StoreError(f"write {temp.path}: {e}") from e
 
@@ -248,6 +291,7 @@ class Store:
         def _write() -> None:
             _pwrite_all(temp.fd, data, offset)
             temp.wrote(len(data))
+        temp.kept = None  # out of order: a small commit reads the file back
         try:
             await asyncio.get_running_loop().run_in_executor(None, _write)
         except OSError as e:
@@ -262,6 +306,7 @@ class Store:
         fails; the socket's errors pass as they are."""
         if temp.unwritable is not None:
             raise StoreError(temp.unwritable)
+        temp.kept = None  # never in Python: a small commit reads the file back
         try:
             return await body.pump_into(temp.fd, offset, end=end, moved=moved, read_timeout=read_timeout,
                                         started=started, landed=temp.wrote)
@@ -284,7 +329,10 @@ class Store:
                 except OSError:
                     pass
             temp.path.unlink(missing_ok=True)
-        await asyncio.get_running_loop().run_in_executor(None, _discard)
+        if temp.inline:
+            _discard()
+        else:
+            await asyncio.get_running_loop().run_in_executor(None, _discard)
 
     async def commit(self, temp: TempObject, meta: Meta) -> Meta:
         """Make a finished temp file the servable object for `meta.key`.
@@ -297,6 +345,8 @@ class Store:
         if meta.hot and self.hot_capacity is not None and temp.written > self.hot_capacity:
             raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the hot copies' share of {self.hot_capacity} "
                            f"bytes")
+        if temp.written <= self.small_max:
+            return self._admit(await self._commit_small(temp, meta), temp)
         oid = object_id(meta.slot)
         folder = self._dir_of(oid)
         meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}.data")
@@ -325,11 +375,55 @@ class Store:
 
         temp.committing = self._step(oid, _commit)
         await asyncio.shield(temp.committing)
-        self.release(temp.reserved)
-        temp.reserved = 0
+        return self._admit(meta, temp)
+
+    async def _commit_small(self, temp: TempObject, meta: Meta) -> Meta:
+        """Seal a small temp file and rename it into place: no fsync (the group
+        sync covers it), and on the event loop when the fill wrote it there."""
+        oid = object_id(meta.slot)
+        folder = self._dir_of(oid)
+        meta = replace(meta, size=temp.written, data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX}")
+        final = self._inside(folder / meta.data)
+        kept = temp.kept
+
+        def _commit() -> None:
+            step = "read back"
+            try:
+                body = bytes(kept) if kept is not None and len(kept) == temp.written else \
+                    small.read_back(temp.path, temp.written)
+                step = "seal"
+                small.finish(temp.fd, body, meta)
+                fd, temp.fd = temp.fd, -1
+                os.close(fd)
+                step = "mkdir"
+                if folder not in self._folders:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    self._folders.add(folder)
+                step = "rename"
+                os.rename(temp.path, final)
+            except OSError as e:
+                temp.path.unlink(missing_ok=True)
+                raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+
+        if temp.inline:
+            _commit()
+        else:
+            temp.committing = self._step(oid, _commit)
+            await asyncio.shield(temp.committing)
+        self.group_sync.committed()
+        return meta
+
+    def _admit(self, meta: Meta, temp: TempObject | None = None) -> Meta:
+        """A committed object into the index, in place of what it replaces."""
+        if temp is not None:
+            self.release(temp.reserved)
+            temp.reserved = 0
         old = self._index.drop(meta.slot)
         if old is not None:
-            self._unlink_later(old, final=False)
+            # Another file: a small object's name has a nonce of its own, as a
+            # large one's data file has. A large one's meta goes with it when a
+            # small one replaces it, since no meta names the small one.
+            self._unlink_later(old, final=small.is_sealed(meta) and not small.is_sealed(old))
         # Responses stored under other Vary names (or none) no longer say how
         # this key varies: the newest response does (RFC 9111 §4.1).
         for slot in list(self._index.slots.get(meta.key, ())):
@@ -358,11 +452,20 @@ class Store:
         new = replace(meta, headers=headers, stored_at=stored_at, expires_at=expires_at, age=age,
                       stale_if_error=stale_if_error, stale_while_revalidate=stale_while_revalidate)
         oid = object_id(meta.slot)
-        path = self._inside(self._dir_of(oid) / f"{oid}.meta")
+        if small.is_sealed(meta):
+            # Same name, new record: the body and the new seal in a temp
+            # file renamed over the old one, durable with the next group sync.
+            path = self._inside(self._dir_of(oid) / meta.data)
+            step = lambda: small.reseal(path, new, tmp=self.tmp)  # noqa: E731
+        else:
+            path = self._inside(self._dir_of(oid) / f"{oid}.meta")
+            step = lambda: self._write_meta(path, new)  # noqa: E731
         try:
-            await asyncio.shield(self._step(oid, lambda: self._write_meta(path, new)))
+            await asyncio.shield(self._step(oid, step))
         except OSError as e:
             raise StoreError(f"refresh {meta.key}: write meta: {e}") from e
+        if small.is_sealed(meta):
+            self.group_sync.committed()
         # Evicted or replaced while the meta was written: the queued unlink or
         # commit has the last word on disk, and the index must not revive it.
         if self._index.get(meta.slot) is current:

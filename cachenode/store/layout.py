@@ -5,6 +5,8 @@ Layout under the data directory:
 
     objects/<2 hex>/<id>.meta            JSON: key, URL, headers, size, expiry, data file
     objects/<2 hex>/<id>.<nonce>.data    the bytes
+    objects/<2 hex>/<id>.<nonce>.obj     a small object: bytes, record and seal in one file
+                                         (cachenode/store/small.py, sealed.py)
     tmp/                                 fills in progress; emptied at start-up
 
 Apart from the store's steps (`store/disk.py`) so that the format of the
@@ -18,6 +20,7 @@ import os
 import secrets
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from cachenode.store.objects import Meta
 from nezha.keys import object_id
@@ -49,10 +52,14 @@ def write_meta(meta_path: Path, meta: Meta, *, tmp: Path) -> None:
         raise
 
 
-def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
+def scan(objects: Path, tmp: Path, *,
+         sealed: Callable[[Path], Meta | None] = lambda _: None) -> tuple[list[Meta], int]:
     """Every complete object under `objects`, and how many files were deleted:
     everything in `tmp`, metas that cannot be read or whose data file is
-    missing or of the wrong size, and data files no meta names."""
+    missing or of the wrong size, data files no meta names, and small
+    objects' `.obj` files that `sealed` does not find whole. Of two objects
+    in one slot (a crash between a commit and the unlink of what it
+    replaced), the newer stays."""
     objects.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     removed = 0
@@ -65,6 +72,12 @@ def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
         if not sub.is_dir():
             continue
         wanted: set[str] = set()
+        for opath in sub.glob("*.obj"):
+            meta = sealed(opath)
+            if meta is None or object_id(meta.slot) != opath.name.split(".", 1)[0]:
+                continue  # deleted below, as no meta names it
+            wanted.add(meta.data)
+            metas.append(meta)
         for mpath in sub.glob("*.meta"):
             meta = read_meta(mpath)
             if meta is None or object_id(meta.slot) != mpath.stem:
@@ -86,4 +99,16 @@ def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
             if f.suffix != ".meta" and f.name not in wanted:
                 f.unlink(missing_ok=True)
                 removed += 1
-    return metas, removed
+    newest: dict[str, Meta] = {}
+    for meta in metas:
+        held = newest.get(meta.slot)
+        if held is None or meta.stored_at > held.stored_at:
+            newest[meta.slot] = meta
+    for meta in metas:
+        if newest[meta.slot] is not meta:
+            oid = object_id(meta.slot)
+            (objects / oid[:2] / meta.data).unlink(missing_ok=True)
+            if not meta.data.endswith(".obj"):
+                (objects / oid[:2] / f"{oid}.meta").unlink(missing_ok=True)
+            removed += 1
+    return list(newest.values()), removed

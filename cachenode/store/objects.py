@@ -138,9 +138,15 @@ class TempObject:
     # Starts the disk writing the file behind its writers, so the commit's
     # fsync has little left to do (cachenode/store/writeback.py).
     behind: WriteBehind | None = None
+    # A small object's temp file (cachenode/store/small.py): written on the
+    # event loop, no write-behind, and `kept` holds the bytes written in
+    # order (None once a write lands elsewhere), so the commit seals them
+    # without reading the file back.
+    inline: bool = False
+    kept: bytearray | None = None
 
     def __post_init__(self) -> None:
-        if self.behind is None and self.fd >= 0:
+        if self.behind is None and self.fd >= 0 and not self.inline:
             self.behind = WriteBehind(self.fd)
 
     def wrote(self, n: int) -> None:

@@ -25,7 +25,7 @@ from nezha.errors import StoreError
 class Disk(Protocol):
     """The steps of the store an `ObjectWrite` takes (cachenode/store/disk.py `Store`)."""
 
-    async def new_temp(self) -> TempObject: ...
+    async def new_temp(self, expect: int = 0) -> TempObject: ...
 
     def reserve(self, size: int) -> None: ...
 
@@ -65,7 +65,7 @@ class ObjectWrite:
         """Create the temp file and reserve the room. StoreError when the file
         system refuses even to create the file and no stand-in can be made
         (`Store.new_temp`), or, with `must_write`, when it cannot be created."""
-        temp = await self._store.new_temp()
+        temp = await self._store.new_temp(expect=self._reserve)
         if self._must_write and temp.unwritable is not None:
             await self._store.discard(temp)
             raise StoreError(temp.unwritable)

@@ -83,6 +83,12 @@ class CacheSettings(NezhaSettings):
         "origin that offers ranges and a strong validator; 1 fetches every object as one stream; per origin in "
         "--config"))
     parallel_fill_threshold: int = 64 * 1024 * 1024
+    # Objects up to `small_object_max` bytes are stored as one sealed file,
+    # written on the event loop without an fsync of their own and made
+    # durable together every `sync_interval` seconds (docs/cache-node.md,
+    # "Small objects"); 0 stores every object as a large one.
+    small_object_max: int = Field(256 * 1024, ge=0, le=16 * 1024 * 1024)
+    sync_interval: float = Field(1.0, gt=0)
     # A client's Range into a cold large object fetches the slices around it
     # first; on, the rest of the object keeps filling behind it; off, only
     # the slices clients ask for are fetched, kept for later requests
@@ -238,7 +244,7 @@ class CacheSettings(NezhaSettings):
     def _capacity(cls, v: Any) -> Any:
         return None if v in (None, "", "0", 0) else parse_size(v)
 
-    @field_validator("parallel_fill_threshold", mode="before")
+    @field_validator("parallel_fill_threshold", "small_object_max", mode="before")
     @classmethod
     def _fill_threshold(cls, v: Any) -> Any:
         return parse_size(v)

@@ -7,7 +7,7 @@ purpose and recorded there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 PREFIX = "nezha:"
 KEY_EPOCH = "nezha:ring:epoch"  # string: int, INCR on every membership write
@@ -17,7 +17,6 @@ KEY_REPLICAS = "nezha:ring:replicas"  # string: int, owners per key for every no
 KEY_LEAVING = "nezha:ring:leaving"  # set: node ids a scale-down took out of the ring; they hand off on SIGTERM
 KEY_FENCE = "nezha:ring:leader"  # hash: generation (the Lease's leaseTransitions), holder: who may write the ring
 CHANNEL_RING = "nezha:ring:changed"  # pub/sub: message is the new epoch
-KEY_OBJECTS = "nezha:objects"  # zset: cache key -> last access (unix seconds)
 KEY_CLUSTER_STATS = "nezha:stats:cluster"  # hash: FIELDS
 
 FIELDS = ("hits", "misses", "peer_hits", "bytes_from_origin", "bytes_served",
@@ -47,11 +46,25 @@ def key_host_stats(host: str) -> str:
 
 
 def key_object(key: str) -> str:
-    """Hash of one object's metadata: url, host, size, stored_at."""
+    """Hash of one object: url, host, size, stored_at, last_access, and one
+    field per node that holds it (`node_field`). One key per object, not three:
+    Redis spends most of an entry's bytes on the key itself (docs/redis-schema.md)."""
     return f"nezha:obj:{key}"
 
 
-def key_locations(key: str) -> str:
-    """Set of node ids holding the object. A different prefix from key_object,
-    so no cache key (which may contain ":") can name another object's key."""
-    return f"nezha:loc:{key}"
+NODE_FIELD = "node:"  # an object hash's field per holder: "node:<node id>" -> "1"
+
+
+def node_field(node_id: str) -> str:
+    """The field of an object's hash that says `node_id` holds it."""
+    return NODE_FIELD + node_id
+
+
+def holders(fields: Iterable[str | bytes]) -> set[str]:
+    """The node ids an object's hash fields (HKEYS, or HGETALL's keys) name as holding it."""
+    found = set()
+    for f in fields:
+        name = f.decode() if isinstance(f, bytes) else f
+        if name.startswith(NODE_FIELD):
+            found.add(name[len(NODE_FIELD):])
+    return found

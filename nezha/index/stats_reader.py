@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from nezha.index.connection import REDIS_ERRORS, Connection, IndexUnavailable, number, text
-from nezha.index.schema import (FIELDS, KEY_CLUSTER_STATS, KEY_OBJECTS, key_drain, key_host_stats,
-                                key_locations, key_node_stats, key_object)
+from nezha.index.schema import (FIELDS, KEY_CLUSTER_STATS, holders, key_drain, key_host_stats,
+                                key_node_stats, key_object)
 
 
 class StatsReader:
@@ -26,7 +27,7 @@ class StatsReader:
         if not self.conn.enabled:
             return set()
         try:
-            return {text(m) for m in await self.conn.client.smembers(key_locations(key))}
+            return holders(await self.conn.client.hkeys(key_object(key)))
         except REDIS_ERRORS as e:
             self.conn.unavailable(f"read locations of {key} from", e)
 
@@ -35,23 +36,21 @@ class StatsReader:
         if not self.conn.enabled:
             return None
         try:
-            pipe = self.conn.client.pipeline(transaction=True)
-            pipe.hgetall(key_object(key))
-            pipe.zscore(KEY_OBJECTS, key)
-            pipe.smembers(key_locations(key))
-            meta, last_access, nodes = await pipe.execute()
+            raw = await self.conn.client.hgetall(key_object(key))
         except REDIS_ERRORS as e:
             self.conn.unavailable(f"read object {key} from", e)
+        meta = {text(k): text(v) for k, v in raw.items()}
+        nodes = holders(meta)
         if not nodes:
             return None
-        meta = {text(k): text(v) for k, v in meta.items()}
+        last_access = meta.get("last_access")
         return {
             "url": meta.get("url"),
-            "host": meta.get("host"),
+            "host": meta.get("host") or urlsplit(key).hostname,  # a record written before issue 35 has its own
             "size": int(meta["size"]) if "size" in meta else None,
             "stored_at": float(meta["stored_at"]) if "stored_at" in meta else None,
             "last_access": float(last_access) if last_access is not None else None,
-            "nodes": {text(n) for n in nodes},
+            "nodes": nodes,
         }
 
     async def read_cluster_stats(self) -> dict[str, int]:

@@ -32,8 +32,8 @@ import structlog
 from redis.exceptions import WatchError
 
 from nezha.index.connection import REDIS_ERRORS, Connection
-from nezha.index.schema import (DRAIN_TTL, FIELDS, KEY_CLUSTER_STATS, KEY_OBJECTS, key_drain, key_host_stats,
-                                key_locations, key_node_stats, key_object)
+from nezha.index.schema import (DRAIN_TTL, FIELDS, KEY_CLUSTER_STATS, holders, key_drain, key_host_stats,
+                                key_node_stats, key_object, node_field)
 
 log = structlog.get_logger("nezha.index")
 
@@ -150,20 +150,22 @@ class StatsWriter:
     async def _send(self, counters: dict[str, dict[str, int]], ops: list[tuple],
                     accesses: dict[str, float]) -> list[str]:
         node = self.node_id
+        held = await self._held(accesses)
         pipe = self.conn.client.pipeline(transaction=True)
         removed: list[str] = []
         for op in ops:
             if op[0] == "stored":
-                _, key, url, host, size, at = op
-                pipe.sadd(key_locations(key), node)
-                pipe.hset(key_object(key), mapping={"url": url, "host": host, "size": size, "stored_at": f"{at:.3f}"})
-                pipe.zadd(KEY_OBJECTS, {key: at}, gt=True)
+                _, key, url, _host, size, at = op
+                # Whole seconds: Redis keeps an integer in a few bytes, a decimal as text. No host:
+                # the key names it (nezha/keys.py), and each field costs every object its bytes.
+                pipe.hset(key_object(key), mapping={"url": url, "size": size, "stored_at": int(at),
+                                                    "last_access": int(at), node_field(node): "1"})
             else:
-                pipe.srem(key_locations(op[1]), node)
+                pipe.hdel(key_object(op[1]), node_field(node))
                 removed.append(op[1])
         for key, at in accesses.items():
-            # XX: an access never resurrects an object that no node holds any more.
-            pipe.zadd(KEY_OBJECTS, {key: at}, xx=True, gt=True)
+            if key in held:  # an access never creates the record of an object that no node holds
+                pipe.hset(key_object(key), "last_access", int(at))
         totals: dict[str, int] = {}
         for host, fields in counters.items():
             for name, value in fields.items():
@@ -180,26 +182,49 @@ class StatsWriter:
             await pipe.execute()
         return removed
 
-    async def _forget_unheld(self, removed: list[str]) -> None:
-        """Delete the metadata of objects that no node holds any more.
+    async def _held(self, keys: Mapping[str, float]) -> set[str]:
+        """Of `keys`, those whose record exists: one pipelined round trip for a
+        whole batch of accesses. A record deleted between this read and the
+        write that follows would get back a hash naming no holder, which every
+        reader takes for no object (docs/redis-schema.md)."""
+        if not keys:
+            return set()
+        pipe = self.conn.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key_object(key))
+        return {key for key, there in zip(keys, await pipe.execute()) if there}
 
-        WATCH makes it safe against a node storing the key at the same moment:
-        its SADD aborts our EXEC and the metadata stays.
+    async def _forget_unheld(self, removed: list[str]) -> None:
+        """Delete the record of objects that no node holds any more.
+
+        One pipelined read finds which of a batch's removed objects name no
+        holder; each of those is deleted under WATCH, so a node storing the
+        key at the same moment aborts our EXEC and the record stays.
         """
-        for key in dict.fromkeys(removed):
+        keys = list(dict.fromkeys(removed))
+        if not keys:
+            return
+        try:
+            pipe = self.conn.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hkeys(key_object(key))
+            unheld = [key for key, fields in zip(keys, await pipe.execute()) if fields and not holders(fields)]
+        except REDIS_ERRORS as e:
+            log.info("object_metadata_left", key=keys[0], objects=len(keys), error=str(e))
+            return
+        for key in unheld:
             try:
                 async with self.conn.client.pipeline(transaction=True) as pipe:
-                    await pipe.watch(key_locations(key))
-                    if await pipe.exists(key_locations(key)):
+                    await pipe.watch(key_object(key))
+                    if holders(await pipe.hkeys(key_object(key))):
                         continue
                     pipe.multi()
                     pipe.delete(key_object(key))
-                    pipe.zrem(KEY_OBJECTS, key)
                     await pipe.execute()
             except WatchError:
                 continue
             except REDIS_ERRORS as e:
-                # Harmless leftover: locations() reads the (empty) set, not this hash.
+                # Harmless leftover: a record that names no holder is no object to any reader.
                 log.info("object_metadata_left", key=key, error=str(e))
                 return
 

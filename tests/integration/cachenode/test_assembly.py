@@ -136,8 +136,8 @@ async def test_an_assembled_object_leaves_no_descriptor_of_its_temp_file_open(wo
     temps = []
     new_temp = store.new_temp
 
-    async def recorded():
-        temp = await new_temp()
+    async def recorded(**kw):
+        temp = await new_temp(**kw)
         temps.append(temp)
         return temp
 

@@ -38,7 +38,7 @@ async def test_object_larger_than_capacity_is_streamed_through_unstored(origin, 
 async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origin, make_node, session, tmp_path):
     data = tmp_path / "persist"
     origin.put("/keep", b"k" * 5000)
-    node = await make_node(data_dir=data)
+    node = await make_node(data_dir=data, small_object_max=0)  # the large format: .meta + .data
     await node.get(session, "/keep")
     await node.node.settled()
     await node.server.close()
@@ -50,7 +50,7 @@ async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origi
     meta = next(data.rglob("*.meta"))
     data_file = next(p for p in meta.parent.iterdir() if p.suffix == ".data")
 
-    node2 = await make_node(data_dir=data)
+    node2 = await make_node(data_dir=data, small_object_max=0)
     assert list((data / "tmp").iterdir()) == []
     assert not (sub / ("ab" + "0" * 62 + ".123.data")).exists()
     status, headers, got = await node2.get(session, "/keep")
@@ -61,7 +61,7 @@ async def test_restart_rebuilds_index_and_deletes_leftover_temporary_files(origi
     # A data file cut short (a torn write) is never served: it is dropped and refetched.
     with open(data_file, "r+b") as f:
         f.truncate(100)
-    node3 = await make_node(data_dir=data)
+    node3 = await make_node(data_dir=data, small_object_max=0)
     assert len(node3.node.store) == 0
     status, headers, got = await node3.get(session, "/keep")
     assert got == b"k" * 5000 and headers["X-Nezha-Cache"] == "miss"
@@ -79,7 +79,7 @@ async def test_a_late_eviction_unlink_never_deletes_the_meta_of_a_recommit(tmp_p
     from cachenode.store.objects import Meta
 
     key = "http://www.cs.toronto.edu/k"
-    store = Store(tmp_path / "s", capacity=1000)
+    store = Store(tmp_path / "s", capacity=1000, small_max=0)  # the large format: .meta + .data
     await store.open()
 
     async def commit(body: bytes) -> None:
@@ -112,7 +112,7 @@ async def test_a_late_eviction_unlink_never_deletes_the_meta_of_a_recommit(tmp_p
     monkeypatch.undo()
 
     assert len(list(store.objects.rglob("*.meta"))) == 1
-    reopened = Store(tmp_path / "s", capacity=1000)
+    reopened = Store(tmp_path / "s", capacity=1000, small_max=0)
     await reopened.open()
     meta = reopened.lookup(key)
     assert meta is not None and meta.size == 500
@@ -131,7 +131,7 @@ async def test_store_idle_waits_for_the_unlink_of_an_evicted_object(origin, make
     real_unlink = Path.unlink
 
     def slow_unlink(self, missing_ok=False):
-        if self.suffix == ".data":
+        if self.suffix in (".data", ".obj"):
             time.sleep(0.2)
         real_unlink(self, missing_ok=missing_ok)
 
@@ -140,7 +140,7 @@ async def test_store_idle_waits_for_the_unlink_of_an_evicted_object(origin, make
         await node.get(session, f"/{name}")
         await node.node.settled()
     await node.node.store.idle()
-    assert [p.read_bytes()[:1] for p in node.node.store.objects.rglob("*.data")] == [b"b"]
+    assert [p.read_bytes()[:1] for p in node.node.store.objects.rglob("*") if p.suffix in (".data", ".obj")] == [b"b"]
 
 
 async def test_chunked_object_larger_than_capacity_is_streamed_whole_but_never_stored(origin, make_node, session):
@@ -150,7 +150,7 @@ async def test_chunked_object_larger_than_capacity_is_streamed_whole_but_never_s
         origin.put(f"/{name}", name.encode() * 40_000)
     big = bytes(range(256)) * 1200  # 307,200 bytes
     origin.put("/big", big, chunked=True)
-    node = await make_node(capacity=100_000)
+    node = await make_node(capacity=100_000, small_object_max=0)  # data files hold their bodies alone
     for name in "ab":
         await node.get(session, f"/{name}")
         await node.node.settled()

@@ -419,8 +419,8 @@ async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluste
     temps = []
     for nd in nodes.values():
         def recording(new_temp=nd.node.store.new_temp):
-            async def new_temp_recorded():
-                temp = await new_temp()
+            async def new_temp_recorded(**kw):
+                temp = await new_temp(**kw)
                 temps.append(temp)
                 return temp
             return new_temp_recorded

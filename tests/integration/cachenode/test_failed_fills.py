@@ -122,7 +122,7 @@ async def test_a_failed_meta_write_closes_the_fill_file_once_and_leaves_no_data_
     from nezha.errors import StoreError
 
     key = "http://www.cs.toronto.edu" + PATH
-    store = Store(tmp_path / "s")
+    store = Store(tmp_path / "s", small_max=0)  # the large format's meta write
     await store.open()
     write = await store.writing().open()
     fd_number = write.temp.fd

@@ -28,7 +28,7 @@ async def put(store: Store, name: str, size: int, *, hot: bool = False) -> Meta:
 
 
 async def test_hot_copies_stay_within_their_share_least_recently_used_going_first(tmp_path):
-    store = Store(tmp_path, capacity=10_000, hot_capacity=1_000)
+    store = Store(tmp_path, capacity=10_000, hot_capacity=1_000, small_max=0)  # data files hold their bodies alone
     await store.open()
     await put(store, "owned", 5_000)
     await put(store, "h1", 400, hot=True)

@@ -29,7 +29,7 @@ def meta(name: str) -> Meta:
 @pytest.fixture
 async def store(tmp_path):
     """A store of CAPACITY bytes holding one object of 60 bytes, `/held`."""
-    s = Store(tmp_path / "store", capacity=CAPACITY)
+    s = Store(tmp_path / "store", capacity=CAPACITY, small_max=0)  # data files hold their bodies alone
     await s.open()
     async with s.writing(reserve=60) as write:
         await s.write(write.temp, b"h" * 60)

@@ -246,7 +246,7 @@ def small_disk(request, tmp_path, monkeypatch):
 
 
 def no_files_left(store: Store) -> bool:
-    return len(store) == 0 and list(store.tmp.iterdir()) == [] and list(store.objects.rglob("*.data")) == []
+    return len(store) == 0 and list(store.tmp.iterdir()) == [] and [p for p in store.objects.rglob("*") if p.suffix in (".data", ".obj")] == []
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

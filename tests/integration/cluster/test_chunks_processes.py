@@ -4,7 +4,7 @@ half the object.
 
 One origin fetch per chunk; no node holds more than 40% of the object; a whole read through any node is exact
 and in order; a Range in the middle is answered from the chunks already stored; `redis-cli` names the one
-node that holds each chunk (`SMEMBERS nezha:loc:<chunk key>`, docs/redis-schema.md); and a write removes
+node that holds each chunk (`HKEYS nezha:obj:<chunk key>`, docs/redis-schema.md); and a write removes
 every chunk from every node and from the index.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from nezha.chunks import Layout, chunk_key, place
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
-from nezha.index.schema import key_locations, key_object
+from nezha.index.schema import holders as holders_of, key_object
 from testkit.ports import free_run
 from testkit.tools import require_tool
 from tests.integration.cluster.conftest import HOST, running, settle
@@ -79,7 +79,7 @@ async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked
     table = place(membership.ring(), KEY, layout, 1)
     holders: list[list[str]] = []
     for _ in range(100):
-        holders = [sorted(redis_cli(redis_server.url, "SMEMBERS", key_locations(chunk_key(KEY, i, CHUNK))).split())
+        holders = [sorted(holders_of(redis_cli(redis_server.url, "HKEYS", key_object(chunk_key(KEY, i, CHUNK))).split()))
                    for i in range(layout.count)]
         if holders == table:
             break
@@ -101,7 +101,7 @@ async def test_a_1gib_object_in_32mib_chunks_over_four_processes(origin, chunked
     assert on_disk == {nid: 0 for nid in chunked_cluster.nodes}, "chunk files left after the write"
     scan: list[str] = []
     for _ in range(200):
-        scan = redis_cli(redis_server.url, "--scan", "--pattern", key_locations(KEY) + "*").split()
+        scan = redis_cli(redis_server.url, "--scan", "--pattern", key_object(KEY) + "*").split()
         if not scan:
             break
         await asyncio.sleep(0.05)

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
-from nezha.index.schema import key_locations
+from nezha.index.schema import holders as holders_of, key_object
 from testkit.ports import free_run
 from tests.integration.cluster.conftest import HOST, fetch, running, settle
 
@@ -102,13 +102,13 @@ async def test_one_hot_object_read_through_every_node_is_served_from_every_disk(
     try:
         holders: set[str] = set()
         for _ in range(100):
-            holders = await r.smembers(key_locations(f"http://{HOST}{PATH}"))
+            holders = holders_of(await r.hkeys(key_object(f"http://{HOST}{PATH}")))
             if holders == set(owners):
                 break
             await asyncio.sleep(0.05)
         assert holders == set(owners)
         await asyncio.sleep(1.5)  # a flush of the nodes' index writes later, still the owners only
-        assert await r.smembers(key_locations(f"http://{HOST}{PATH}")) == set(owners)
+        assert holders_of(await r.hkeys(key_object(f"http://{HOST}{PATH}"))) == set(owners)
     finally:
         await r.aclose()
 

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from nezha.config import Origin
 from nezha.dev.local_cluster import LocalCluster
-from nezha.index.schema import key_locations
+from nezha.index.schema import holders, key_object
 from testkit.ports import free_run
 from testkit.waits import wait_for
 from tests.integration.cluster.conftest import HOST, running, settle
@@ -71,7 +71,7 @@ async def test_replicas_and_a_write_reach_every_worker_of_every_node(origin, wor
     r = aioredis.from_url(redis_server.url, decode_responses=True)
     try:
         await wait_for(lambda: _holders(r), timeout=15)
-        assert await r.smembers(key_locations(f"http://{HOST}{PATH}")) == set(workers_cluster.nodes)
+        assert holders(await r.hkeys(key_object(f"http://{HOST}{PATH}"))) == set(workers_cluster.nodes)
     finally:
         await r.aclose()
     warm = await read_everywhere(workers_cluster)
@@ -87,4 +87,4 @@ async def test_replicas_and_a_write_reach_every_worker_of_every_node(origin, wor
 
 
 async def _holders(r) -> bool:
-    return len(await r.smembers(key_locations(f"http://{HOST}{PATH}"))) == 2
+    return len(holders(await r.hkeys(key_object(f"http://{HOST}{PATH}")))) == 2

@@ -114,7 +114,8 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
     pods = await cache_pods(5, paths)
     fetched = sum(origin.requests.values())
     assert fetched == len(paths)
-    leaving_held = sum(len(list((tmp_path / f"node-{i}").rglob("*.data"))) for i in (2, 3, 4))
+    leaving_held = sum(len([q for q in (tmp_path / f"node-{i}").rglob("*") if q.suffix in (".data", ".obj")])
+                       for i in (2, 3, 4))
     assert leaving_held > 0
 
     # kubectl scale statefulset nezha-cache --replicas=2
@@ -145,10 +146,10 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
 async def test_a_rolling_restart_of_one_pod_hands_nothing_off_and_keeps_its_data(cache_pods, cluster, ns, tmp_path):
     """A pod deleted with replicas unchanged leaves the ring while it terminates, but is not leaving for good."""
     pods = await cache_pods(3, [f"/train/r-{n:02d}" for n in range(15)])
-    held = sorted(q.name for q in (tmp_path / "node-1").rglob("*.data"))
+    held = sorted(q.name for q in (tmp_path / "node-1").rglob("*") if q.suffix in (".data", ".obj"))
     assert held, "node-1 owns some of them"
     took = await kubelet_stops(cluster, ns, 1, pods.procs[1])
     assert pods.procs[1].returncode == 0 and took < 5.0, took
     log = (tmp_path / "node-1.log").read_text()
     assert "a restart keeps its disk" in log and "handing objects off" not in log
-    assert sorted(q.name for q in (tmp_path / "node-1").rglob("*.data")) == held
+    assert sorted(q.name for q in (tmp_path / "node-1").rglob("*") if q.suffix in (".data", ".obj")) == held

@@ -130,8 +130,7 @@ async def test_removing_the_last_copy_forgets_the_object(make_index, redis):
     await b.flush()
     assert await b.locations(KEY) == set()
     assert await b.object_info(KEY) is None
-    assert await redis.exists(f"nezha:obj:{KEY}", f"nezha:loc:{KEY}") == 0
-    assert await redis.zscore("nezha:objects", KEY) is None
+    assert await redis.exists(f"nezha:obj:{KEY}") == 0
 
 
 async def test_store_remove_store_in_one_batch_leaves_the_object_held(make_index):
@@ -154,11 +153,11 @@ async def test_access_moves_last_access_forward_but_never_resurrects_an_object(m
     index.object_accessed("http://www.cs.toronto.edu/never-stored")
     await index.flush()
     assert (await index.object_info(KEY))["last_access"] == clock.now
-    assert await redis.zscore("nezha:objects", "http://www.cs.toronto.edu/never-stored") is None
+    assert await redis.exists("nezha:obj:http://www.cs.toronto.edu/never-stored") == 0
     index.object_removed(KEY, host=HOST, size=10)
     index.object_accessed(KEY)
     await index.flush()
-    assert await redis.zscore("nezha:objects", KEY) is None
+    assert await redis.exists(f"nezha:obj:{KEY}") == 0
 
 
 async def test_a_failed_flush_keeps_every_update_and_sends_it_after_recovery(make_index, server, redis):
@@ -316,7 +315,7 @@ async def test_close_sends_what_is_still_buffered(make_index, redis):
     index.object_stored(KEY, url=URL, host=HOST, size=3)
     await index.close()
     assert await redis.hget("nezha:stats:cluster", "failed_fills") == "1"
-    assert await redis.smembers(f"nezha:loc:{KEY}") == {"nezha-cache-0"}
+    assert await redis.hget(f"nezha:obj:{KEY}", "node:nezha-cache-0") == "1"
 
 
 async def test_owners_per_key_published_with_the_ring_reach_every_node_and_override_its_own(make_index):
