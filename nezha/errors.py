@@ -16,9 +16,11 @@ the drawing is the tree the code defines.
     │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
+    │   │   ├── DigestMismatch  cachenode.fill.verify: bytes that are not what their source's digest names
     │   │   └── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version
     │   ├── ChunkUnavailable  cachenode.chunks.spec: no owner of a chunk, nor the origin, could send it
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
+    │   │   └── CorruptCopy  cachenode.store.disk: a peer's copy whose bytes are not its sender's checksums
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
     │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
@@ -52,6 +54,7 @@ the drawing is the tree the code defines.
     ├── BadRedisURL  nezha.redis_url: a --redis-url of no known form
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
     ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    ├── BadBlocks  cachenode.store.blocks: stored bytes that are not the ones their block checksums name
     └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
 
 Messages say what failed, for which key or object, and the value seen.

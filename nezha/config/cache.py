@@ -183,6 +183,19 @@ class CacheSettings(NezhaSettings):
         "of its own key; 0 turns chunking off; per origin: chunk_threshold"))
     chunk_size: Annotated[int, Flag(size=True)] = Field(64 * 2**20, description=(
         "size of those chunks, e.g. 64MiB; per origin: chunk_size"))
+    # Bytes at rest checked against the node's own checksum (issue 37 item 3,
+    # docs/cache-node.md "Verified bytes"): every read from disk before its
+    # bytes leave (`verify_reads`; off by default for its measured cost,
+    # docs/benchmarks.md), and every stored object re-read once per
+    # `scrub_interval` seconds (0: never) at most `scrub_rate` bytes a second.
+    verify_reads: Annotated[bool, Flag()] = Field(False, description=(
+        "check every read from disk against the node's own checksum before its bytes leave; a corrupt object is "
+        "removed and fetched again (default: off, see docs/benchmarks.md for its cost)"))
+    scrub_interval: Annotated[float, Flag()] = Field(7 * 24 * 3600.0, ge=0, description=(
+        "seconds in which a background scrub re-reads every stored object once and removes the corrupt ones; "
+        "0 turns it off (default: a week)"))
+    scrub_rate: Annotated[int, Flag(size=True)] = Field(32 * 2**20, gt=0, description=(
+        "bytes a second the scrub reads at most, e.g. 32MiB"))
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -223,6 +236,11 @@ class CacheSettings(NezhaSettings):
             raise ValueError(f"hot_share ({v:g}) must be a share of capacity above 0 and at most 1 "
                              f"(use hot_reads 0 to turn hot copies off)")
         return v
+
+    @field_validator("scrub_rate", mode="before")
+    @classmethod
+    def _scrub_rate(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("chunk_threshold", "chunk_size", mode="before")
     @classmethod
