@@ -185,12 +185,13 @@ class CacheSettings(NezhaSettings):
         "size of those chunks, e.g. 64MiB; per origin: chunk_size"))
     # Bytes at rest checked against the node's own checksum (issue 37 item 3,
     # docs/cache-node.md "Verified bytes"): every read from disk before its
-    # bytes leave (`verify_reads`; off by default for its measured cost,
+    # bytes leave (`verify_reads`; off by default: the check costs about 10%
+    # of a warm large read and takes large hits off the fast path,
     # docs/benchmarks.md), and every stored object re-read once per
     # `scrub_interval` seconds (0: never) at most `scrub_rate` bytes a second.
     verify_reads: Annotated[bool, Flag()] = Field(False, description=(
         "check every read from disk against the node's own checksum before its bytes leave; a corrupt object is "
-        "removed and fetched again (default: off, see docs/benchmarks.md for its cost)"))
+        "removed and fetched again (default: off; docs/benchmarks.md gives its cost)"))
     scrub_interval: Annotated[float, Flag()] = Field(7 * 24 * 3600.0, ge=0, description=(
         "seconds in which a background scrub re-reads every stored object once and removes the corrupt ones; "
         "0 turns it off (default: a week)"))

@@ -6,7 +6,8 @@ A large object carries the node's own CRC32C per 1 MiB block. With
 --verify-reads a flipped byte is never served: the read finds it, removes
 the object, counts it and fetches the object again. Without it, the scrub
 finds it. A replica copied from a peer whose disk flipped a byte is refused
-by the receiver, which computes its own checksums before it commits."""
+by the receiver, which computes its own checksums before it commits; a
+source that verifies its reads never sends it at all."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ async def test_with_verify_reads_a_flipped_byte_is_never_served_but_removed_coun
 
 async def test_without_verify_reads_a_scrub_at_a_short_interval_finds_a_flipped_byte(origin, node_process):
     origin.put(PATH, GOOD)
-    node = node_process(origin.url, args=("--scrub-interval", "0.5"))
+    node = node_process(origin.url, args=("--scrub-interval", "0.5"))  # --verify-reads off: the default
     async with aiohttp.ClientSession() as session:
         await node.ready(session)
         assert (await get(node, session))[:2] == (200, GOOD)
@@ -123,10 +124,10 @@ async def replicate(session, copier, source, *, source_id: str = "a") -> dict:
         return json.loads((await r.text()).splitlines()[-1])
 
 
-async def test_a_replica_copied_from_a_peer_carries_its_block_checksums_and_a_corrupted_one_is_refused(
-        origin, node_process, tmp_path):
+async def source_and_copier(origin, node_process, tmp_path, *source_args: str):
+    """Two nodes on one origin, the source holding PATH (a hit), the copier nothing."""
     origin.put(PATH, GOOD)
-    source = node_process(origin.url, args=("--scrub-interval", "0", "--node-id", "a"))
+    source = node_process(origin.url, args=(*source_args, "--scrub-interval", "0", "--node-id", "a"))
     copier = node_process(origin.url, args=("--scrub-interval", "0", "--node-id", "b",
                                             "--data-dir", str(tmp_path / "copier")))
     copier.data_dir = tmp_path / "copier"
@@ -135,6 +136,13 @@ async def test_a_replica_copied_from_a_peer_carries_its_block_checksums_and_a_co
         await copier.ready(session)
         assert (await get(source, session))[:2] == (200, GOOD)
         await stored(source, session)
+    return source, copier
+
+
+async def test_a_replica_copied_from_a_peer_carries_its_block_checksums_and_a_corrupted_one_is_refused(
+        origin, node_process, tmp_path):
+    source, copier = await source_and_copier(origin, node_process, tmp_path)  # the source does not verify reads
+    async with aiohttp.ClientSession() as session:
 
         # The source's disk flipped a byte, and it does not check its reads: it sends the wrong bytes.
         flip_byte(data_file(source), 3 * MiB - 10)
@@ -153,3 +161,17 @@ async def test_a_replica_copied_from_a_peer_carries_its_block_checksums_and_a_co
         assert (await get(copier, session)) == (200, GOOD, "hit")
         assert await corrupt_count(copier, session, "copy") == 1
         assert origin.requests[PATH] == 1, "a copy went to the origin"
+
+
+async def test_a_source_that_verifies_its_reads_never_sends_a_corrupt_object_to_a_peer(origin, node_process, tmp_path):
+    source, copier = await source_and_copier(origin, node_process, tmp_path, "--verify-reads")
+    async with aiohttp.ClientSession() as session:
+        flip_byte(data_file(source), 10)
+        result = await replicate(session, copier, source)
+        assert await corrupt_count(source, session, "read") == 1, "the source did not find its corrupt object"
+        [event] = events(source, "object_damaged")
+        assert event["found_by"] == "read" and "block 0 " in event["why"], event
+        # The source read it as gone and fetched it again: the copy got the origin's bytes, never the corrupt ones.
+        assert result["result"] == "copied" and origin.requests[PATH] == 2, result
+        assert data_file(copier).read_bytes() == GOOD and data_file(source).read_bytes() == GOOD
+        assert await corrupt_count(copier, session, "copy") == 0
