@@ -52,6 +52,10 @@ One run on this machine measures:
   check is on. `--fill-verify-only` runs just this, and the same from the
   throttled origin that answers ranges (fill_verify_ranged: a parallel
   fill at the network's pace, --rate per connection).
+- verify_large, verify_small (`--verify-reads-only`): warm throughput of a
+  node with --verify-reads ÷ the same node without, on one origin, runs
+  alternating (curl of the large object, wrk over the small ones). The
+  issue's rule: --verify-reads is on by default only if both are >= 0.9.
 
 Equal CPU: nginx gets as many worker processes as the cache node runs
 (`--workers N`, default 1: the node's `--workers`, counted from its process
@@ -80,6 +84,7 @@ The last line is machine-readable:
             fill_verify=<cold fill with a sha256 checked / without a digest, fast origin>
             fill_verify_crc64nvme=<the same, with a crc64nvme checked>
             (--fill-verify-only: also fill_verify_ranged, from the throttled origin that answers ranges)
+            (--verify-reads-only: verify_large=<warm large MB/s checked / plain> verify_small=<the same, req/s>)
 
 Everything listens on 127.0.0.1. Children run in their own sessions with a
 parent-death signal, and a `finally` stops them and removes the temp dir,
@@ -962,6 +967,78 @@ async def run_fill_verify_only(args: argparse.Namespace, work: Path, children: C
     ])
 
 
+async def run_verify_reads_only(args: argparse.Namespace, work: Path, children: Children) -> str:
+    """`--verify-reads-only`: verify_large and verify_small, warm throughput of a
+    node with --verify-reads ÷ the same node without (issue 37 item 3).
+
+    Two nodes on one origin, each warmed once; then, alternating run by run
+    so drift on a shared machine hits both alike, curl of the large object
+    and wrk over the small ones. A large hit with --verify-reads reads its
+    blocks (from the page cache) before sendfile sends them; a small hit's
+    seal is checked on every read either way (cachenode/store/small.py)."""
+    p = plan(args)
+    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    say(f"verify_reads only: {p.large_bytes / MiB:.0f} MiB object, {p.small_count} x {p.small_bytes // KiB} KiB, "
+        f"{os.cpu_count()} CPUs, work dir {work}")
+    data = await loop.run_in_executor(None, make_dataset, work / "origin", p)
+    origin = LocalOrigin(data.root)
+    url = await origin.start()
+    res = Results()
+    try:
+        extra = ["--workers", str(args.workers)] if args.workers > 1 else []
+        plain, checked = Node(children, work, name="plain"), Node(children, work, name="checked")
+        await plain.start(origins={HOST: url}, args=extra)
+        await checked.start(origins={HOST: url}, args=[*extra, "--verify-reads"])
+        size = data.large_bytes
+        script = work / "paths.lua"
+        script.write_text(WRK_LUA % {"paths": ", ".join(f'"{s}"' for s in data.small), "host": HOST})
+        for node in (plain, checked):
+            await node.serving_workers(args.workers)
+            await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
+            await node.settled()
+            if await curl_sha256(children, node.url + data.large, host=HOST) != data.large_sha256:
+                raise BenchError(f"{node.name}: the large object's bytes differ from the origin's")
+            await prime_small(node.url, node.url, data.small)
+            await node.settled()
+        misses = {node.name: (await node.counters())["nezha_cache_misses_total"] for node in (plain, checked)}
+        large: dict[str, list[Transfer]] = {"plain": [], "checked": []}
+        small: dict[str, list[WrkResult]] = {"plain": [], "checked": []}
+        for _ in range(p.runs):
+            for node in (plain, checked):
+                t = await curl(children, node.url + data.large, host=HOST, expect_bytes=size)
+                expect_header(t, CACHE_HEADER, CacheOutcome.HIT, what=f"warm large GET through {node.name}")
+                large[node.name].append(t)
+        for _ in range(p.wrk_runs):
+            for node in (plain, checked):
+                small[node.name].append(await wrk(children, node.url + "/", script, p=p))
+        for node in (plain, checked):
+            if (await node.counters())["nezha_cache_misses_total"] != misses[node.name]:
+                raise BenchError(f"{node.name} missed during the warm runs: an object was dropped as corrupt?")
+        for name in ("plain", "checked"):
+            res.add(f"large warm, {name}", f"{median_mbps(large[name]):.0f} MB/s", None, spread(large[name]))
+            res.add(f"small warm, {name}", f"{statistics.median(r.rps for r in small[name]):.0f} req/s", None,
+                    _wrk_note(small[name]))
+        verify_large = median_mbps(large["checked"]) / median_mbps(large["plain"])
+        verify_small = statistics.median(r.rps for r in small["checked"]) / \
+            statistics.median(r.rps for r in small["plain"])
+    finally:
+        await children.stop_all()
+        await origin.stop()
+    met = verify_large >= 0.9 and verify_small >= 0.9
+    return "\n".join([
+        "",
+        f"Warm reads with --verify-reads ({os.cpu_count()} CPUs; {time.monotonic() - started:.0f}s)",
+        f"  code: {source_version()}",
+        "",
+        *res.table(),
+        "",
+        f"  verify_large checked / plain {verify_large:6.3f}   verify_small checked / plain {verify_small:6.3f}"
+        f"   default on only if both >= 0.9: {'met' if met else 'NOT met'}",
+        f"ratios: verify_large={verify_large:.3f} verify_small={verify_small:.3f}",
+    ])
+
+
 async def settle_disk(work: Path, size: int) -> None:
     """Before a measurement that writes a large object: write back every
     dirty page, so no writer is throttled for the previous one's pages (two
@@ -1132,7 +1209,7 @@ async def main_async(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, task.cancel)
     try:
         report = await (run_range_only if args.range_only else run_fill_verify_only if args.fill_verify_only
-                        else run)(args, work, children)
+                        else run_verify_reads_only if args.verify_reads_only else run)(args, work, children)
         print(report)
         return 0
     finally:
@@ -1160,6 +1237,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only range_small: 1 MiB ranges of the warm large object, cache vs nginx")
     ap.add_argument("--fill-verify-only", action="store_true",
                     help="only fill_verify: cold fills with a digest checked vs none, on a node of its own")
+    ap.add_argument("--verify-reads-only", action="store_true",
+                    help="only verify_large and verify_small: warm reads with --verify-reads vs without")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, nginx.conf)")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="afterwards, sample the node with py-spy under each load; stacks into DIR")

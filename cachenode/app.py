@@ -59,7 +59,9 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
 
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
                   hot_capacity=settings.hot_capacity, pinned_capacity=settings.pinned_capacity,
-                  extra=extra_copy, small_max=settings.small_object_max, sync_interval=settings.sync_interval)
+                  extra=extra_copy, small_max=settings.small_object_max, sync_interval=settings.sync_interval,
+                  on_corrupt=lambda found_by: metrics.corrupt_objects.labels(found_by=found_by).inc(),
+                  verify_reads=settings.verify_reads)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
                            read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
     index = None

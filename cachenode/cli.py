@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from nezha.config import CacheSettings, load, parse_hostport
+from nezha.config import CacheSettings, VerifySettings, load, parse_hostport
 from nezha.config.flags import add_settings, given
 from nezha.errors import ConfigError
 from nezha.folder_lock import hold
@@ -25,6 +25,32 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "not own one asks them. Every flag is also a NEZHA_* variable and a key of --config FILE.")
     add_settings(p, CacheSettings, command="cache")
     p.set_defaults(func=run_cache)
+    v = sub.add_parser(
+        "verify", help="check a stopped node's stored objects",
+        description="Read every object in a stopped node's data folder and check it: a small object against "
+                    "its seal, a large one against its length and the node's own block checksums. Prints each "
+                    "bad object (its file, key and why) and exits 1 if there is any, 0 if none; changes nothing.")
+    add_settings(v, VerifySettings, command="verify")
+    v.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from cachenode.store.offline import Report, bad_objects
+
+    settings = load(VerifySettings, config_file=args.config, flags=given(args))
+    data_dir = settings.data_dir
+    if not (data_dir / "objects").is_dir():
+        why = "does not exist" if not data_dir.exists() else "holds no objects/ folder: no node's data folder"
+        raise ConfigError(f"data folder {data_dir} {why} (--data-dir, NEZHA_DATA_DIR)")
+    report = Report()
+    bad = 0
+    for found in bad_objects(data_dir, report):
+        bad += 1
+        print(f"bad: {found.path}" + (f" key={found.key}" if found.key else "") + f": {found.why}")
+    unchecked = f", {report.unchecked} large stored before block checksums (length checked only)" \
+        if report.unchecked else ""
+    print(f"{report.checked} objects, {report.bytes} bytes checked: {bad} bad{unchecked}")
+    return 1 if bad else 0
 
 
 def run_cache(args: argparse.Namespace) -> int:

@@ -135,6 +135,13 @@ class Metrics:
         self.digest_mismatches = Counter("nezha_digest_mismatches", "Fills whose bytes did not match the digest "
                                          "their source published (nothing stored, clients cut), by origin host",
                                          ["origin"], registry=r)
+        # Issue 37 items 2-3: stored or copied bytes that are not the ones the node's own checksum names.
+        self.corrupt_objects = Counter("nezha_corrupt_objects", "Objects whose bytes did not match the node's own "
+                                       "checksum, by what found them: copy (a peer's copy, not committed), read "
+                                       "(--verify-reads), scrub; each removed and fetched again",
+                                       ["found_by"], registry=r)
+        for found_by in ("copy", "read", "scrub"):
+            self.corrupt_objects.labels(found_by=found_by)
         self.fill_duration = Histogram(
             "nezha_fill_duration_seconds", "How long a fill took, from the source's answer to its end, by source "
             "(origin, peer) and outcome (stored; failed; not_stored: streamed whole, but not kept)",

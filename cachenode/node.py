@@ -48,6 +48,7 @@ from cachenode.metrics import Metrics
 from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
+from cachenode.store.scrub import Scrub
 from nezha.config import CacheSettings
 from nezha.ring import Peer
 from nezha.wire import DrainOutcome
@@ -68,6 +69,7 @@ class CacheNode:
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
         self.index = index  # nezha.index.Index or None: stats and locations, never awaited on the hot path
         self._tasks: set[asyncio.Task] = set()
+        self._scrub: asyncio.Task | None = None  # the background scrub (cachenode/store/scrub.py)
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
         token = settings.cluster_token
@@ -162,10 +164,18 @@ class CacheNode:
             if self.index.membership is not None:
                 self.cluster.update(self.index.membership)
         self.counts.update_store_gauges()
+        if self.settings.scrub_interval > 0:
+            # Its own task, not `spawn`: it never ends, and `settled()` waits for what `spawn` runs.
+            scrub = Scrub(self.store, interval=self.settings.scrub_interval, rate=self.settings.scrub_rate)
+            self._scrub = asyncio.get_running_loop().create_task(scrub.run())
         self._ready = True
 
     async def stop(self) -> None:
         self._ready = False
+        if self._scrub is not None:
+            self._scrub.cancel()
+            await asyncio.gather(self._scrub, return_exceptions=True)
+            self._scrub = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

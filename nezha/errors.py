@@ -20,6 +20,7 @@ the drawing is the tree the code defines.
     │   │   └── DigestMismatch  cachenode.fill.verify: the bytes differ from the digest the origin published
     │   ├── ChunkUnavailable  cachenode.chunks.spec: no owner of a chunk, nor the origin, could send it
     │   ├── StoreError  nezha.errors: the disk store failed at a named step
+    │   │   └── CorruptCopy  cachenode.store.disk: a peer's copy whose bytes are not its sender's checksums
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
     │   │   ├── Refused  cachenode.store.objects: the eviction policy kept what is stored over this newcomer
@@ -59,6 +60,7 @@ the drawing is the tree the code defines.
     ├── BadListing  nezha.prefetch.listings: an answer that is not the listing it should be
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
     ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
+    ├── BadBlocks  cachenode.store.blocks: stored bytes that are not the ones their block checksums name
     └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
 
 Messages say what failed, for which key or object, and the value seen.

@@ -25,6 +25,9 @@ SERVED_BY_HEADER = "X-Nezha-Served-By"
 ORIGIN_ERROR_HEADER = "X-Nezha-Origin-Error"
 # On a response to a peer: the owner's expiry, so copies age alike.
 EXPIRES_HEADER = "X-Nezha-Expires"
+# On a whole object sent to a peer: the summary of the node's own block
+# checksum (cachenode/store/blocks.py), which the receiver checks before it commits.
+BLOCKS_HEADER = "X-Nezha-Blocks"
 # On a response to a peer: "1" when the object is an `authorize` origin's, so
 # the copy is served only once the origin allows each read there too.
 AUTHORIZE_HEADER = "X-Nezha-Authorize"

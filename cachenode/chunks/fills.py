@@ -37,12 +37,13 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome
 from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
 from cachenode.metrics import Metrics
-from cachenode.store.disk import Store
+from cachenode.store.disk import CorruptCopy, Store
 from cachenode.store.objects import Meta, NotStored, close_reader
 from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
+from nezha.wire import BLOCKS_HEADER
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -256,8 +257,13 @@ class ChunkFills:
                 pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
                               if v is not None)
                 # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
-                stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
-                                                 expires_at=now + CHUNK_LIFETIME, length=length))
+                # A peer's copy is committed only if its bytes give the sender's block checksums.
+                try:
+                    stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs,
+                                                     stored_at=now, expires_at=now + CHUNK_LIFETIME, length=length),
+                                                expect=None if origin else response.headers.get(BLOCKS_HEADER))
+                except CorruptCopy as e:
+                    raise FillAborted(f"{source}: {e}") from e
                 outcome = "stored"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e

@@ -10,6 +10,7 @@ chunk. HEAD only makes sure this node holds the chunk (a replica's copy,
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 import structlog
@@ -20,10 +21,11 @@ from cachenode.chunks.sources import SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec
 from cachenode.counts import Counts
 from cachenode.http.conditionals import parse_range
+from cachenode.store.blocks import summary
 from cachenode.store.disk import Store
 from nezha.errors import NezhaError, OriginError
 from nezha.keys import Target
-from nezha.wire import CHUNK_HEADER, SERVED_BY_HEADER
+from nezha.wire import BLOCKS_HEADER, CHUNK_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -86,7 +88,16 @@ class ChunkOwner:
         except FileNotFoundError:
             raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was evicted while asked for; ask again\n")
         with f:
+            if self.store.verify_reads and stored.blocks and request.method == "GET":
+                why = await asyncio.get_running_loop().run_in_executor(
+                    None, self.store.verify, stored, f.fileno(), start, count)
+                if why is not None:  # never copied to a peer: removed, and the asker tries the next source
+                    self.store.damaged(stored, found_by="read", why=why)
+                    raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was corrupt here and is removed; "
+                                                          f"ask again\n")
             resp = self._answer(start=start, count=count, size=size, ranged=bool(asked))
+            if stored.blocks and start == 0 and count == size:  # a whole copy: checked by the receiver
+                resp.headers[BLOCKS_HEADER] = summary(stored.blocks)
             await resp.prepare(request)
             if request.method == "GET":
                 await self.send_file(request, resp, f, start, count)

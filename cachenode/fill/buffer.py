@@ -94,7 +94,8 @@ class Fill:
                  age: float = 0.0, status: int = 200, vary: tuple[str, ...] = (), variant: str = "",
                  delimited_by_close: bool = False, window: int = MEMORY_WINDOW,
                  patience: float = READER_PATIENCE, on_unstored: Callable[[], None] | None = None,
-                 ranges: Ranges | None = None, check: BodyCheck | None = None) -> None:
+                 ranges: Ranges | None = None, check: BodyCheck | None = None,
+                 blocks: str | None = None) -> None:
         self.key = key
         self.status = status
         self.vary = vary  # the request fields the response varies on, and the fill's values of them
@@ -126,6 +127,9 @@ class Fill:
         # The source published a digest of the body (cachenode/fill/verify.py):
         # its last byte reaches no reader until the bytes have matched it.
         self._check = check
+        # A peer's copy: the summary of its block checksums (nezha/wire.py
+        # BLOCKS_HEADER), which the bytes must give before they are committed.
+        self._blocks = blocks
         self.parked = False
         self._progress = asyncio.Event()
         self._writes: set[asyncio.Task] = set()  # writes still running in threads (track)
@@ -427,7 +431,7 @@ class Fill:
                                  f"can tell from a cut")
             if superseded():
                 raise Superseded(f"a write to {self.url} succeeded while {self.key} was being fetched")
-            self.meta = await self.writing.commit(meta)
+            self.meta = await self.writing.commit(meta, expect=self._blocks)
             return self.meta
         except asyncio.CancelledError:
             self.error = FillAborted(f"fill of {self.key} from {self.url} was cancelled")

@@ -41,7 +41,7 @@ from nezha.credentials import redact_url
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import CACHE_HEADER
+from nezha.wire import BLOCKS_HEADER, CACHE_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -178,7 +178,8 @@ class FillRuns:
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
-                           ranges=ranged[0] if ranged is not None else None, check=check)
+                           ranges=ranged[0] if ranged is not None else None, check=check,
+                           blocks=response.headers.get(BLOCKS_HEADER) if source.peer is not None else None)
         if ranged is not None:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None

@@ -64,6 +64,8 @@ class PlainHitFinder:
         meta = self.store.lookup(key)
         if meta is None or meta.status != 200 or meta.authorize or meta.chunk_size or not meta.fresh(self._clock()):
             return None  # a chunked object is read from its chunks' owners, not sent from one file
+        if meta.blocks and self.store.verify_reads:
+            return None  # its blocks are checked before they leave (front/respond.py), not sent unread
         prepared = self._heads.get(key)
         if prepared is None or prepared[0] is not meta:
             if len(self._heads) >= _PLAIN_CACHE:

@@ -43,7 +43,8 @@ from nezha.config import CacheSettings
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import host_of
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
-from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
+from nezha.wire import BLOCKS_HEADER, CHUNKED_HEADER, SERVED_BY_HEADER
+from cachenode.store.blocks import summary
 
 log = structlog.get_logger("nezha.serve")
 
@@ -132,6 +133,13 @@ class Responder:
                 # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
                 # a stored 404 or 301 is sent whole, with its own status.
                 decision = Decision(RangeOutcome.FULL, 0, meta.body_size)
+            if f is not None and meta.blocks and self.store.verify_reads and decision.length \
+                    and request.method != "HEAD":
+                why = await asyncio.get_running_loop().run_in_executor(
+                    None, self.store.verify, meta, f.fileno(), decision.start, decision.length)
+                if why is not None:  # a byte changed on disk: never served; the read fetches it again
+                    self.store.damaged(meta, found_by="read", why=why)
+                    return None
             resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason,
                                       counted=bool(counted))
             if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
@@ -153,6 +161,8 @@ class Responder:
                 resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
                 if meta.authorize:
                     resp.headers[AUTHORIZE_HEADER] = "1"
+                if meta.blocks and decision.outcome is RangeOutcome.FULL:  # checked by the receiver
+                    resp.headers[BLOCKS_HEADER] = summary(meta.blocks)
             await self._hit_body(request, resp, meta, f, decision, label=label, counted=bool(counted))
             return resp
         finally:

@@ -42,7 +42,7 @@ from nezha.keys import object_id
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
 from cachenode.store.index import Index, IndexView
 from cachenode.store.layout import read_meta, scan, write_meta
-from cachenode.store import small
+from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
 from cachenode.store.pins import Pins
 from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
@@ -58,7 +58,8 @@ class Store(IndexView):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
                  pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None,
-                 small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL) -> None:
+                 small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL,
+                 on_corrupt: Callable[[str], None] | None = None, verify_reads: bool = False) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -68,6 +69,11 @@ class Store(IndexView):
         self._on_evict = on_evict
         # Is this object, about to be committed, an extra copy here (another node is its first owner)?
         self._extra = extra
+        # Told, by what found it ("copy", "read", "scrub"), of every object
+        # whose bytes were not the ones its checksum names (nezha_corrupt_objects_total).
+        self._on_corrupt = on_corrupt
+        # Check a large object's blocks before any read sends them (`verify`).
+        self.verify_reads = verify_reads
         # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
         self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
         self._index = Index(evicted=self._evicted, protected=self.pins.holds)
@@ -158,13 +164,30 @@ class Store(IndexView):
         file is never served. Read-only: a follower worker asks it too."""
         return not small.is_sealed(meta) or small.check(fd, meta)
 
-    def damaged(self, meta: Meta) -> None:
+    @staticmethod
+    def verify(meta: Meta, fd: int, start: int = 0, length: int | None = None) -> str | None:
+        """Why the blocks of the open data file `fd` that bytes [start,
+        start+length) touch are not `meta`'s (cachenode/store/blocks.py);
+        None when they are, or when `meta` has no block checksum (a small
+        object, whose seal `intact` checks, or one stored before there was
+        one). Blocks: reads the blocks from disk or the page cache."""
+        if not meta.blocks:
+            return None
+        try:
+            blocks.check(fd, meta.size, meta.blocks, start=start, length=length)
+        except blocks.BadBlocks as e:
+            return str(e)
+        return None
+
+    def damaged(self, meta: Meta, *, found_by: str = "read", why: str = "") -> None:
         """`meta`'s file failed its check: forget it and delete the file, so the
-        next request fetches the object again."""
+        next request fetches the object again; counted as found by `found_by`."""
         if self._index.get(meta.slot) is meta:
             self._index.drop(meta.slot)
             self._unlink_later(meta, final=True)
-            log.warning("object_damaged", key=meta.key, data=meta.data)
+            log.warning("object_damaged", key=meta.key, data=meta.data, found_by=found_by,
+                        **({"why": why} if why else {}))
+            self.corrupt(found_by)
 
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -346,8 +369,18 @@ class Store(IndexView):
         else:
             await asyncio.get_running_loop().run_in_executor(None, _discard)
 
-    async def commit(self, temp: TempObject, meta: Meta) -> Meta:
+    def corrupt(self, found_by: str) -> None:
+        """Count an object found corrupt by `found_by` (it is logged where it was found)."""
+        if self._on_corrupt is not None:
+            self._on_corrupt(found_by)
+
+    async def commit(self, temp: TempObject, meta: Meta, *, expect: str | None = None) -> Meta:
         """Make a finished temp file the servable object for `meta.key`.
+
+        A large object gets the node's own block checksum (`Meta.blocks`,
+        cachenode/store/blocks.py) from the file as written. `expect`: the
+        summary of it its sender sent (a peer's copy): a copy whose bytes
+        give another raises CorruptCopy and is not committed.
 
         Raises TooLarge, before touching the disk, for bytes beyond the
         capacity: such an object would evict everything else and still not fit.
@@ -374,9 +407,20 @@ class Store(IndexView):
         meta_path = self._inside(folder / f"{oid}.meta")
 
         def _commit() -> None:
-            step = "fsync"
+            nonlocal meta
+            step = "checksum"
             renamed = False
             try:
+                rfd = os.open(temp.path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    meta = replace(meta, blocks=blocks.compute(rfd, meta.size))
+                finally:
+                    os.close(rfd)
+                if expect is not None and blocks.summary(meta.blocks) != expect:
+                    temp.path.unlink(missing_ok=True)
+                    raise CorruptCopy(f"copy of {meta.key}: its bytes give block checksums "
+                                      f"{blocks.summary(meta.blocks)}, its sender's are {expect}; not stored")
+                step = "fsync"
                 os.fsync(temp.fd)
                 fd, temp.fd = temp.fd, -1
                 os.close(fd)
@@ -394,7 +438,12 @@ class Store(IndexView):
                 raise StoreError(f"commit {meta.key}: {step}: {e}") from e
 
         temp.committing = self._step(oid, _commit)
-        await asyncio.shield(temp.committing)
+        try:
+            await asyncio.shield(temp.committing)
+        except CorruptCopy as e:
+            log.error("corrupt_copy", key=meta.key, error=str(e))
+            self.corrupt("copy")
+            raise
         return self._admit(meta, temp)
 
     async def _commit_small(self, temp: TempObject, meta: Meta) -> Meta:
@@ -529,6 +578,10 @@ class Store(IndexView):
         self._index.drop(meta.slot)
         if event == "put":
             self._index.add(meta)
+
+
+class CorruptCopy(StoreError):
+    """A peer's copy whose bytes are not the ones its sender's checksum names: not committed."""
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:

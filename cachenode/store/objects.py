@@ -82,6 +82,10 @@ class Meta:
     # its object's `length` (and chunk_size 0), so it can be placed alone.
     chunk_size: int = 0
     length: int = 0
+    # The node's own checksum of a large object's bytes, per block
+    # (cachenode/store/blocks.py), computed when it was committed. "": a
+    # small object (its seal checks it), or one stored before there was one.
+    blocks: str = ""
 
     def __post_init__(self) -> None:
         # A store holds a million of these (docs/cache-node.md "Memory per object"): what

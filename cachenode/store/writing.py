@@ -29,7 +29,7 @@ class Disk(Protocol):
 
     def reserve(self, size: int) -> None: ...
 
-    async def commit(self, temp: TempObject, meta: Meta) -> Meta: ...
+    async def commit(self, temp: TempObject, meta: Meta, *, expect: str | None = None) -> Meta: ...
 
     async def discard(self, temp: TempObject) -> None: ...
 
@@ -76,11 +76,12 @@ class ObjectWrite:
         self._temp = temp
         return self
 
-    async def commit(self, meta: Meta) -> Meta:
-        """Make the written bytes the servable object `meta` names (`Store.commit`);
+    async def commit(self, meta: Meta, *, expect: str | None = None) -> Meta:
+        """Make the written bytes the servable object `meta` names (`Store.commit`;
+        `expect`: the summary of the block checksums its sender sent, for a copy);
         the reserved room becomes the object's. What the store raises (TooLarge,
         StoreError) passes on, the temp file still the caller's to discard."""
-        stored = await self._store.commit(self.temp, meta)
+        stored = await self._store.commit(self.temp, meta, expect=expect)
         self.stored = stored
         self._ended = True
         return stored

@@ -20,12 +20,13 @@ from nezha.config.controller import ControllerSettings
 from nezha.config.dev import DemoSettings, LocalOriginSettings
 from nezha.config.loader import load
 from nezha.config.up import UP_SETS_PER_NODE, UpSettings
+from nezha.config.verify import VerifySettings
 from nezha.config.webhook import WebhookSettings
 from nezha.origins import HOST_PLACEHOLDER, Origin, OriginTable
 from nezha.values import check_redis_url, parse_hostport, parse_size
 
 __all__ = [
     "CaInitSettings", "CacheSettings", "ClusterSettings", "ControllerSettings", "DEFAULT_CLUSTER_REPLICAS",
-    "DemoSettings", "HOST_PLACEHOLDER", "LOG_LEVELS", "LocalOriginSettings", "NezhaSettings", "Origin", "OriginTable", "UP_SETS_PER_NODE", "UpSettings", "WebhookSettings",
+    "DemoSettings", "HOST_PLACEHOLDER", "LOG_LEVELS", "LocalOriginSettings", "NezhaSettings", "Origin", "OriginTable", "UP_SETS_PER_NODE", "UpSettings", "VerifySettings", "WebhookSettings",
     "check_redis_url", "load", "parse_hostport", "parse_size",
 ]

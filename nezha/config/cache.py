@@ -187,6 +187,20 @@ class CacheSettings(NezhaSettings):
         "of its own key; 0 turns chunking off; per origin: chunk_threshold"))
     chunk_size: Annotated[int, Flag(size=True)] = Field(64 * 2**20, description=(
         "size of those chunks, e.g. 64MiB; per origin: chunk_size"))
+    # Bytes at rest checked against the node's own checksum (issue 37 item 3,
+    # docs/cache-node.md "Verified bytes"): every read from disk before its
+    # bytes leave (`verify_reads`; off by default: the check costs about 10%
+    # of a warm large read and takes large hits off the fast path,
+    # docs/benchmarks.md), and every stored object re-read once per
+    # `scrub_interval` seconds (0: never) at most `scrub_rate` bytes a second.
+    verify_reads: Annotated[bool, Flag()] = Field(False, description=(
+        "check every read from disk against the node's own checksum before its bytes leave; a corrupt object is "
+        "removed and fetched again (default: off; docs/benchmarks.md gives its cost)"))
+    scrub_interval: Annotated[float, Flag()] = Field(7 * 24 * 3600.0, ge=0, description=(
+        "seconds in which a background scrub re-reads every stored object once and removes the corrupt ones; "
+        "0 turns it off (default: a week)"))
+    scrub_rate: Annotated[int, Flag(size=True)] = Field(32 * 2**20, gt=0, description=(
+        "bytes a second the scrub reads at most, e.g. 32MiB"))
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -234,6 +248,11 @@ class CacheSettings(NezhaSettings):
         if not 0 <= v < 1:
             raise ValueError(f"pinned_share ({v:g}) must be at least 0 and below 1: a node full of pins stores nothing")
         return v
+
+    @field_validator("scrub_rate", mode="before")
+    @classmethod
+    def _scrub_rate(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("chunk_threshold", "chunk_size", mode="before")
     @classmethod

@@ -161,6 +161,15 @@ class RangedOrigin:
 
 
 # -- clusters of in-process nodes (relay, replicas, invalidation) ----------------
+def flip_byte(path, at: int, mask: int = 0x01) -> None:
+    """Change one byte of a stored file in place, as a failing disk would (issue 37's fault injection)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ mask]))
+
+
 def key_of(path: str) -> str:
     return cache_key(parse_target(path, HOST))
 

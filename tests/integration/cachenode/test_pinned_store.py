@@ -6,24 +6,31 @@ from cachenode.store.disk import Store
 from tests.integration.cachenode.test_hot_copy_store import key, put
 
 
-async def test_pinned_objects_survive_a_scan_of_twice_the_capacity_and_go_once_released(tmp_path):
+async def test_pinned_objects_survive_an_eviction_of_everything_else_and_go_once_released(tmp_path):
+    """Room for a fill as large as the store (a reservation: cachenode/store/index.py)
+    evicts every object it may. The eviction policy refuses read-once newcomers
+    to a full store, so a scan would evict nothing: the reservation is the
+    pressure a scan of objects that are read again exerts."""
     store = Store(tmp_path, capacity=10_000, pinned_capacity=5_000)
     await store.open()
     for name in ("w1", "w2", "w3"):
         await put(store, name, 1_500)
     done = store.pins.pin("Job/ml/train", [key(n) for n in ("w1", "w2", "w3")])
     assert (done.pinned, done.pinned_bytes, done.room) == (3, 4_500, 500)
-    for i in range(20):  # 20 x 1,000 bytes read once each: twice the capacity
-        await put(store, f"scan-{i}", 1_000)
+    for i in range(5):
+        await put(store, f"other-{i}", 1_000)
+    assert len(store.keys()) == 8
+
+    store.reserve(10_000)
     await store.idle()
-    assert {key(n) for n in ("w1", "w2", "w3")} <= set(store.keys())
-    assert store.used_bytes <= 10_000
+    assert set(store.keys()) == {key(n) for n in ("w1", "w2", "w3")}, "only the pinned objects stay"
+    store.release(10_000)
 
     store.pins.release("Job/ml/train", 0)
-    for i in range(5):
-        await put(store, f"later-{i}", 1_000)
+    store.reserve(10_000)
     await store.idle()
     assert not {key(n) for n in ("w1", "w2", "w3")} & set(store.keys()), "released pins keep nothing"
+    store.release(10_000)
 
 
 async def test_a_pin_beyond_the_share_is_refused_and_the_object_stays_evictable(tmp_path):
@@ -32,6 +39,7 @@ async def test_a_pin_beyond_the_share_is_refused_and_the_object_stays_evictable(
     await put(store, "big", 2_500)
     done = store.pins.pin("Job/ml/x", [key("big")])
     assert (done.pinned, done.refused, done.refused_bytes, done.room) == (0, 1, 2_500, 2_000)
-    for i in range(4):
-        await put(store, f"s{i}", 1_000)
+    store.reserve(4_000)  # room for a fill as large as the store
+    await store.idle()
     assert key("big") not in store.keys()
+    store.release(4_000)
