@@ -13,7 +13,6 @@ fill and every other client carry on.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import IO, Awaitable, Callable, Protocol
 

@@ -26,7 +26,6 @@ Everything here blocks: the store calls it in its executor.
 from __future__ import annotations
 
 import mmap
-import os
 
 BLOCK = 1 << 20
 KIND = "crc32c"

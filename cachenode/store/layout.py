@@ -20,7 +20,6 @@ import os
 import secrets
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
 
 from cachenode.store import small
 from cachenode.store.objects import Meta
