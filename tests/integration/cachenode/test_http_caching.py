@@ -77,9 +77,9 @@ async def test_a_request_after_the_body_arrived_but_before_it_was_stored_is_no_j
     commit = Store.commit
     gate = asyncio.Event()
 
-    async def slow_commit(self, temp, meta):
+    async def slow_commit(self, temp, meta, **kw):
         await gate.wait()
-        return await commit(self, temp, meta)
+        return await commit(self, temp, meta, **kw)
 
     monkeypatch.setattr(Store, "commit", slow_commit)
     first = await node.get(session, PATH)  # its whole body arrives; the commit is held
