@@ -64,7 +64,7 @@ from nezha.keys import BadTarget, key_for, parse_target, target_of
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
 from nezha.wire import (CACHE_HEADER, FAILED_PREFIX, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH,
-                        PREFETCH_CHECK, PREFETCH_FILL, PREFETCH_HEADER, REPLICATE_PATH, SCHEME_HEADER,
+                        PREFETCH_CHECK, PREFETCH_FILL, PREFETCH_HEADER, PREFETCH_WAIT, REPLICATE_PATH, SCHEME_HEADER,
                         TOKEN_HEADER)
 
 if TYPE_CHECKING:
@@ -553,8 +553,7 @@ class Prefetcher:
     async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
         """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
         session = self._session()
-        async with session.get(node, headers={**headers, "Range": "bytes=0-0", PREFETCH_HEADER: PREFETCH_FILL},
-                               allow_redirects=False) as r:
+        async with await self._start_fill(session, node, {**headers, "Range": "bytes=0-0"}) as r:
             await r.read()
             refused = await self._refused(url, owner, r)
             if refused is not None:
@@ -580,8 +579,7 @@ class Prefetcher:
         let go once its head is in (the fill goes on on its own); then a peer's `only-if-cached` ranged
         GET, which the owner answers from its disk, says when it is stored and how long it is."""
         session = self._session()
-        async with session.get(node, headers={**headers, PREFETCH_HEADER: PREFETCH_FILL},
-                               allow_redirects=False) as r:
+        async with await self._start_fill(session, node, headers) as r:
             refused = await self._refused(url, owner, r)
             if refused is not None:
                 return refused
@@ -603,6 +601,18 @@ class Prefetcher:
             if self._clock() >= deadline:
                 break
         return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    async def _start_fill(self, session: aiohttp.ClientSession, node: URL,
+                          headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """The request that starts a fill, marked so the node runs it behind its live traffic
+        (cachenode/front/pacing.py); asked again while the node answers that it waited its longest."""
+        deadline = self._clock() + self.timeout
+        while True:
+            r = await session.get(node, headers={**headers, PREFETCH_HEADER: PREFETCH_FILL}, allow_redirects=False)
+            if r.status != 503 or r.headers.get(PREFETCH_HEADER) != PREFETCH_WAIT or self._clock() >= deadline:
+                return r
+            r.release()
+            log.debug("prefetch_fill_waits", url=str(node))
 
     def _waits(self):
         """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small

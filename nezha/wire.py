@@ -58,6 +58,8 @@ CHUNKED_HEADER = "X-Nezha-Chunked"
 PREFETCH_HEADER = "X-Nezha-Prefetch"
 PREFETCH_FILL = "fill"
 PREFETCH_CHECK = "check"
+# On a node's 503 to a fill that waited its longest behind live traffic: ask again.
+PREFETCH_WAIT = "wait"
 # Every field of the cache's own, lowercased: never stored with an object,
 # never passed to an origin.
 OWN_PREFIX = "x-nezha-"

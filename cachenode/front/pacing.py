@@ -14,7 +14,9 @@ the controller's `--prefetch-fills`.
 A fill's slot is held from its `fill` request until a `check` of the same
 object answers that it is stored (a fill runs on after the first byte its
 request is answered with), or HOLD seconds at most, so a controller that
-never asks again cannot keep the node's prefetch shut.
+never asks again cannot keep the node's prefetch shut. A fill that waited
+WAIT seconds is answered 503 with `X-Nezha-Prefetch: wait`, and the
+controller asks again: no request waits longer than a client's read timeout.
 
 `admits` is the decision, pure; `Pacing` keeps the counts and the queue;
 `paced` is the middleware that marks every other request live. The fast
@@ -29,9 +31,10 @@ from typing import Callable
 
 from aiohttp import web
 
-from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER
+from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_WAIT
 
 HOLD = 60.0  # seconds a fill's slot is held at most without a check saying it is stored
+WAIT = 20.0  # seconds a fill waits here at most (the controller reads for 60 s before it gives up)
 STARTED = frozenset({200, 206})  # a fill's answer when it is stored or under way; a check's when stored
 
 
@@ -45,8 +48,9 @@ def admits(*, running: int, live_in_flight: int, since_live: float, busy: int, i
 class Pacing:
     """One node's (one worker process's) prefetch fills: those running, by object, and those waiting."""
 
-    def __init__(self, *, busy: int, idle: int, quiet: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.busy, self.idle, self.quiet = busy, idle, quiet
+    def __init__(self, *, busy: int, idle: int, quiet: float, wait: float = WAIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.busy, self.idle, self.quiet, self.wait = busy, idle, quiet, wait
         self._clock = clock
         self.live_in_flight = 0
         self._last_live = float("-inf")
@@ -55,6 +59,7 @@ class Pacing:
         self.waiting = 0
         self.started = 0  # fills let through, ever (tests, logs)
         self.started_while_live = 0
+        self.told_to_wait = 0  # fills answered 503 after waiting `wait`
 
     @property
     def running(self) -> int:
@@ -135,7 +140,13 @@ def paced(pacing: Pacing):
             if resp.status in STARTED:
                 pacing.stored(obj)
             return resp
-        await pacing.fill(obj)  # any other mark is a fill: the wait is the safe reading
+        try:  # any other mark is a fill: the wait is the safe reading
+            await asyncio.wait_for(pacing.fill(obj), timeout=pacing.wait)
+        except asyncio.TimeoutError:
+            pacing.told_to_wait += 1
+            return web.Response(status=503, headers={PREFETCH_HEADER: PREFETCH_WAIT, "Retry-After": "1"},
+                                text=f"prefetch fills wait behind live requests here; {pacing.waiting} waiting, "
+                                     f"{pacing.running} running: ask again\n")
         try:
             resp = await handler(request)
         except BaseException:

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from nezha.config import Origin
-from nezha.wire import PREFETCH_CHECK, PREFETCH_FILL, PREFETCH_HEADER
+from nezha.wire import PREFETCH_CHECK, PREFETCH_FILL, PREFETCH_HEADER, PREFETCH_WAIT
 from tests.integration.cachenode.conftest import until
 
 HOST = "data.example"
@@ -81,3 +81,20 @@ async def test_live_hits_are_served_while_prefetch_fills_wait_their_turn_one_at_
     assert [a[0] for a in answers] == [206] * FILLS
     assert gated.prefetched() == FILLS
     assert pacing.started == FILLS and pacing.started_while_live == 2
+
+
+async def test_a_fill_that_waited_its_longest_is_told_to_ask_again_and_nothing_of_it_is_fetched(
+        gated, make_node, session):
+    node = await make_node(origins=[Origin(host=HOST, upstream=gated.url)], prefetch_busy_fills=1)
+    pacing = node.node.pacing
+    pacing.wait = 0.2
+    live_miss = asyncio.ensure_future(node.get(session, "/slow.bin", host=HOST))
+    await until(lambda: gated.requests["/slow.bin"] == 1)
+    fill = {PREFETCH_HEADER: PREFETCH_FILL, "Range": "bytes=0-0"}
+    assert (await node.get(session, "/p/0.bin", host=HOST, headers=fill))[0] == 206  # its slot held: no check
+
+    status, headers, _ = await node.get(session, "/p/1.bin", host=HOST, headers=fill)
+    assert (status, headers[PREFETCH_HEADER]) == (503, PREFETCH_WAIT)
+    assert gated.requests["/p/1.bin"] == 0 and pacing.waiting == 0
+    gated.release.set()
+    assert (await live_miss)[0] == 200
