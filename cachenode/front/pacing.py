@@ -46,7 +46,8 @@ def admits(*, running: int, live_in_flight: int, since_live: float, busy: int, i
 
 
 class Pacing:
-    """One node's (one worker process's) prefetch fills: those running, by object, and those waiting."""
+    """One node's prefetch fills (with --workers, the primary's: followers hand it every request that is not
+    a plain hit, and count their hits with it): those running, by object, and those waiting."""
 
     def __init__(self, *, busy: int, idle: int, quiet: float, wait: float = WAIT,
                  clock: Callable[[], float] = time.monotonic) -> None:
