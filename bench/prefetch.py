@@ -2,6 +2,7 @@
 and what the prefetch costs another client's warm reads.
 
     python bench/prefetch.py [--quick] [--objects 10000] [--size 4096] [--latency 0.02] [--fills 16]
+                             [--busy-fills N]
 
 Runs, all on 127.0.0.1: a real redis-server; the Kubernetes API double
 (testkit/kubeapi, in this process) holding the cache StatefulSet and its one
@@ -19,7 +20,9 @@ Needs `pip install -e '.[test]'` and redis-server.
   Job to its PrefetchDone Event. The ratio prefetch / client. Target >= 0.9.
 - live_impact: another client reads 200 warm objects, 4 at a time, for
   `--live` seconds alone (hits per second), then while a third set is
-  prefetched. The ratio during / alone. Target >= 0.8.
+  prefetched. The ratio during / alone. Target >= 0.8. The node runs the
+  controller's fills behind live requests (cachenode/front/pacing.py):
+  `--busy-fills` sets its `--prefetch-busy-fills` (default: the node's, 1).
 
 Last line: `ratios: prefetch_rate=<r> live_impact=<r>`.
 """
@@ -190,7 +193,8 @@ async def run(args: argparse.Namespace) -> tuple[float, float]:
         await until_port("127.0.0.1", origin_port, timeout=30)
         os.environ["NEZHA_CLUSTER_TOKEN"] = TOKEN
         node = Node(children, work, "node")
-        await node.start(origins={HOST: origin}, args=["--redis-url", redis.url, "--node-id", f"{STS}-0"])
+        paced = [] if args.busy_fills is None else ["--prefetch-busy-fills", str(args.busy_fills)]
+        await node.start(origins={HOST: origin}, args=["--redis-url", redis.url, "--node-id", f"{STS}-0", *paced])
         core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
         await core.create_namespace({"metadata": {"name": NS}})
         await apps.create_namespaced_stateful_set(NS, statefulset(node.port))
@@ -253,6 +257,8 @@ def main() -> None:
     p.add_argument("--size", type=int, default=4096)
     p.add_argument("--latency", type=float, default=0.02, help="the origin's seconds per object")
     p.add_argument("--fills", type=int, default=16, help="the controller's --prefetch-fills, and the client's")
+    p.add_argument("--busy-fills", type=int, default=None,
+                   help="the node's --prefetch-busy-fills: its prefetch fills at a time while live requests come in")
     p.add_argument("--live", type=float, default=8.0, help="seconds of warm reads, alone and during a prefetch")
     p.add_argument("--serve-origin", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

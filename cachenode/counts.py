@@ -54,6 +54,7 @@ class Counts:
         self.store = store
         self.index = index
         self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/cluster/peer_auth.py)?
+        self.live: Callable[[], None] = lambda: None  # told of each fast hit (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
                           ("bytes_from_origin", m.bytes_from_origin), ("failed_fills", m.fill_failures),
@@ -78,6 +79,7 @@ class Counts:
         what `count(hits=1, bytes_served=sent)`, `accessed()` and the
         request's metrics count, in the fewest steps: this runs for every
         small hit, at thousands a second."""
+        self.live()
         self.metrics.plain_hit(sent, first_byte, hot=hot)
         if self.index is not None:
             self.index.count(host, hits=1, bytes_served=sent)

@@ -33,6 +33,7 @@ from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
 from cachenode.cluster.hot_copies import HotCopies
+from cachenode.front.pacing import Pacing
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
@@ -76,6 +77,10 @@ class CacheNode:
         self.metrics.registry.register(StoreReport(store.index))
         self.counts = Counts(metrics=self.metrics, store=store, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
+        # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits count as live.
+        self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
+                             quiet=settings.prefetch_quiet)
+        self.counts.live = self.pacing.live_hit
         if index is not None and index.enabled:
             self.metrics.watch_index(lambda: index.conn.state == "ok")
         # A cold owner sends its headers once the origin sent its own: within

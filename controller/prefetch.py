@@ -27,8 +27,10 @@ redirects are not stored (docs/http-semantics.md), their targets are.
 
 Each object is fetched once however many workloads name it (one task per
 cache key, shared; two signed URLs of one object are one key). At most
-`fills` fetches are in flight across every workload (`--prefetch-fills`):
-a large expansion is paced so it never starves the tier's live traffic.
+`fills` fetches are in flight across every workload (`--prefetch-fills`),
+and each request is marked `X-Nezha-Prefetch` (`fill`, then `check`): the
+node runs them behind its live traffic (cachenode/front/pacing.py), so a
+large expansion never starves the tier.
 Progress goes into the workload's `nezha.io/prefetch-status` annotation
 (JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far,
 `expanded_from` [{name, objects, ...}]), written at most every
@@ -62,7 +64,8 @@ from nezha.keys import BadTarget, key_for, parse_target, target_of
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
 from nezha.wire import (CACHE_HEADER, FAILED_PREFIX, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PINS_PATH,
-                        REPLICATE_PATH, SCHEME_HEADER, TOKEN_HEADER)
+                        PREFETCH_CHECK, PREFETCH_FILL, PREFETCH_HEADER, PREFETCH_WAIT, REPLICATE_PATH, SCHEME_HEADER,
+                        TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -550,7 +553,7 @@ class Prefetcher:
     async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
         """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
         session = self._session()
-        async with session.get(node, headers={**headers, "Range": "bytes=0-0"}, allow_redirects=False) as r:
+        async with await self._start_fill(session, node, {**headers, "Range": "bytes=0-0"}) as r:
             await r.read()
             refused = await self._refused(url, owner, r)
             if refused is not None:
@@ -562,8 +565,8 @@ class Prefetcher:
             await asyncio.sleep(wait)
             # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
             # Last-Modified) is stale at once, and still stored: revalidated when read.
-            async with session.head(node, headers={**headers, "Cache-Control": "only-if-cached, max-stale"},
-                                    allow_redirects=False) as r:
+            async with session.head(node, headers={**headers, "Cache-Control": "only-if-cached, max-stale",
+                                                   PREFETCH_HEADER: PREFETCH_CHECK}, allow_redirects=False) as r:
                 if r.status == 200:
                     return Result(url, ok=True, bytes=int(r.headers.get("Content-Length") or 0))
             if self._clock() >= deadline:
@@ -576,13 +579,14 @@ class Prefetcher:
         let go once its head is in (the fill goes on on its own); then a peer's `only-if-cached` ranged
         GET, which the owner answers from its disk, says when it is stored and how long it is."""
         session = self._session()
-        async with session.get(node, headers=headers, allow_redirects=False) as r:
+        async with await self._start_fill(session, node, headers) as r:
             refused = await self._refused(url, owner, r)
             if refused is not None:
                 return refused
             r.close()  # not a byte of the body crosses the controller
         deadline = self._clock() + self.timeout
-        probe = {**headers, "Range": "bytes=0-0", "Cache-Control": "only-if-cached, max-stale"}
+        probe = {**headers, "Range": "bytes=0-0", "Cache-Control": "only-if-cached, max-stale",
+                 PREFETCH_HEADER: PREFETCH_CHECK}
         for wait in self._waits():
             await asyncio.sleep(wait)
             async with session.get(node, headers=probe, allow_redirects=False) as r:
@@ -597,6 +601,18 @@ class Prefetcher:
             if self._clock() >= deadline:
                 break
         return Result(url, reason=f"not stored on {owner} within {self.timeout:g}s")
+
+    async def _start_fill(self, session: aiohttp.ClientSession, node: URL,
+                          headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """The request that starts a fill, marked so the node runs it behind its live traffic
+        (cachenode/front/pacing.py); asked again while the node answers that it waited its longest."""
+        deadline = self._clock() + self.timeout
+        while True:
+            r = await session.get(node, headers={**headers, PREFETCH_HEADER: PREFETCH_FILL}, allow_redirects=False)
+            if r.status != 503 or r.headers.get(PREFETCH_HEADER) != PREFETCH_WAIT or self._clock() >= deadline:
+                return r
+            r.release()
+            log.debug("prefetch_fill_waits", url=str(node))
 
     def _waits(self):
         """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small

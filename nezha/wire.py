@@ -54,6 +54,15 @@ CHUNK_HEADER = "X-Nezha-Chunk"
 # On a response to a peer: the object is chunked, answered by the node that
 # holds its manifest; such an answer is never copied whole (a hot copy, a replica).
 CHUNKED_HEADER = "X-Nezha-Chunked"
+# A request of the controller's prefetch (controller/prefetch.py): "fill" asks
+# a node to fill an object, "check" whether it is stored yet. The node runs
+# few fills at a time while it serves live requests (cachenode/front/pacing.py).
+# Not authenticated: a client that sends it only makes its own request wait.
+PREFETCH_HEADER = "X-Nezha-Prefetch"
+PREFETCH_FILL = "fill"
+PREFETCH_CHECK = "check"
+# On a node's 503 to a fill that waited its longest behind live traffic: ask again.
+PREFETCH_WAIT = "wait"
 # Every field of the cache's own, lowercased: never stored with an object,
 # never passed to an origin.
 OWN_PREFIX = "x-nezha-"

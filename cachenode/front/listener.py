@@ -23,6 +23,7 @@ from cachenode.front.connections import listen_backlog, node_gate
 from cachenode.front.fastpath import FastPath
 from cachenode.front.handler import Handler
 from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prepared, refuse_methods
+from cachenode.front.pacing import Pacing, paced
 from cachenode.metrics import Metrics
 from nezha.config import CacheSettings
 
@@ -37,6 +38,7 @@ class Served(Protocol):
     settings: CacheSettings
     metrics: Metrics
     handler: Handler
+    pacing: Pacing
 
     async def start(self) -> None: ...
 
@@ -44,7 +46,7 @@ class Served(Protocol):
 
 
 def build_app(node: Served) -> web.Application:
-    app = web.Application(middlewares=[access_log, refuse_methods])
+    app = web.Application(middlewares=[access_log, refuse_methods, paced(node.pacing)])
     app.router.add_route("*", "/{tail:.*}", node.handler.handle, expect_handler=node.handler.expect)
 
     async def lifecycle(app: web.Application):

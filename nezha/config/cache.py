@@ -167,6 +167,18 @@ class CacheSettings(NezhaSettings):
     # (cachenode/store/pins.py, docs/controller.md "Kept while used").
     pinned_share: Annotated[float, Flag()] = Field(0.5, description=(
         "share of --capacity that objects pinned for workloads' prefetches may hold; pins beyond it are refused"))
+    # Prefetch fills (requests the controller marks X-Nezha-Prefetch) run at a
+    # lower priority than live requests (cachenode/front/pacing.py,
+    # docs/controller.md "Pacing"): at most `prefetch_busy_fills` at a time
+    # while live requests come in (one within `prefetch_quiet` seconds), at most
+    # `prefetch_idle_fills` otherwise; the others wait on the node. 1 is
+    # measured (bench/prefetch.py, docs/benchmarks.md "Prefetch by manifest").
+    prefetch_busy_fills: Annotated[int, Flag()] = Field(1, description=(
+        "prefetch fills this node runs at a time while it serves live requests; the controller's others wait"))
+    prefetch_idle_fills: Annotated[int, Flag()] = Field(64, description=(
+        "prefetch fills this node runs at a time while no live request comes in"))
+    prefetch_quiet: Annotated[float, Flag()] = Field(0.25, description=(
+        "seconds without a live request after which this node runs --prefetch-idle-fills prefetch fills at a time"))
     # Processes serving this node's port (docs/cache-node.md, "Workers"): one
     # primary that fills, writes and counts, and followers that answer plain
     # hits from the same disk and hand it everything else. "auto": the CPUs
@@ -227,11 +239,11 @@ class CacheSettings(NezhaSettings):
             raise ValueError(f"workers ({n}) must be at least 1, or auto")
         return n
 
-    @field_validator("hot_window")
+    @field_validator("hot_window", "prefetch_quiet")
     @classmethod
-    def _hot_window(cls, v: float) -> float:
+    def _seconds(cls, v: float, info: Any) -> float:
         if not v > 0:
-            raise ValueError(f"hot_window ({v:g}) must be a positive number of seconds")
+            raise ValueError(f"{info.field_name} ({v:g}) must be a positive number of seconds")
         return v
 
     @field_validator("hot_share")
@@ -253,6 +265,13 @@ class CacheSettings(NezhaSettings):
     @classmethod
     def _scrub_rate(cls, v: Any) -> Any:
         return parse_size(v)
+
+    @field_validator("prefetch_busy_fills", "prefetch_idle_fills")
+    @classmethod
+    def _prefetch_fills(cls, v: int, info: Any) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} ({v}) must be at least 1: a prefetch that may never run never ends")
+        return v
 
     @field_validator("chunk_threshold", "chunk_size", mode="before")
     @classmethod

@@ -1,0 +1,160 @@
+"""Prefetch fills run at a lower priority than live requests.
+
+The controller fills a workload's prefetch through the ordinary request path
+(controller/prefetch.py), its requests marked `X-Nezha-Prefetch: fill` (fill
+this object) and `check` (is it stored yet?). A node is one event loop: a
+fixed number of fills in flight from the controller took most of it from
+the live hits beside them (bench/prefetch.py, docs/benchmarks.md "Prefetch
+by manifest"), so the node itself decides how many prefetch fills it runs:
+at most `busy` while it serves live requests (one in flight, or one seen
+within the last `quiet` seconds), at most `idle` otherwise. A fill beyond
+that waits here, before anything of it is done, in a queue no longer than
+the controller's `--prefetch-fills`.
+
+A fill's slot is held from its `fill` request until a `check` of the same
+object answers that it is stored (a fill runs on after the first byte its
+request is answered with), or HOLD seconds at most, so a controller that
+never asks again cannot keep the node's prefetch shut. A fill that waited
+WAIT seconds is answered 503 with `X-Nezha-Prefetch: wait`, and the
+controller asks again: no request waits longer than a client's read timeout.
+
+`admits` is the decision, pure; `Pacing` keeps the counts and the queue;
+`paced` is the middleware that marks every other request live. The fast
+path's hits never reach aiohttp: `Counts.plain_hit` tells `live_hit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from aiohttp import web
+
+from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_WAIT
+
+HOLD = 60.0  # seconds a fill's slot is held at most without a check saying it is stored
+WAIT = 20.0  # seconds a fill waits here at most (the controller reads for 60 s before it gives up)
+STARTED = frozenset({200, 206})  # a fill's answer when it is stored or under way; a check's when stored
+
+
+def admits(*, running: int, live_in_flight: int, since_live: float, busy: int, idle: int, quiet: float) -> bool:
+    """Whether one more prefetch fill may start now, with `running` under way: live traffic is a live
+    request in flight or one that ended less than `quiet` seconds ago."""
+    live = live_in_flight > 0 or since_live < quiet
+    return running < (busy if live else idle)
+
+
+class Pacing:
+    """One node's prefetch fills (with --workers, the primary's: followers hand it every request that is not
+    a plain hit, and count their hits with it): those running, by object, and those waiting."""
+
+    def __init__(self, *, busy: int, idle: int, quiet: float, wait: float = WAIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.busy, self.idle, self.quiet, self.wait = busy, idle, quiet, wait
+        self._clock = clock
+        self.live_in_flight = 0
+        self._last_live = float("-inf")
+        self._held: dict[str, float] = {}  # object (Host + path) -> when its slot is given back at the latest
+        self._changed: asyncio.Event | None = None
+        self.waiting = 0
+        self.started = 0  # fills let through, ever (tests, logs)
+        self.started_while_live = 0
+        self.told_to_wait = 0  # fills answered 503 after waiting `wait`
+
+    @property
+    def running(self) -> int:
+        return len(self._held)
+
+    def live_hit(self) -> None:
+        """A live request was answered (a fast-path hit: no in-flight count of its own)."""
+        self._last_live = self._clock()
+
+    def live_began(self) -> None:
+        self.live_in_flight += 1
+        self._last_live = self._clock()
+
+    def live_ended(self) -> None:
+        self.live_in_flight -= 1
+        self._last_live = self._clock()
+
+    def is_live(self) -> bool:
+        return self.live_in_flight > 0 or self._clock() - self._last_live < self.quiet
+
+    async def fill(self, obj: str) -> None:
+        """Wait until a fill of `obj` may start, then hold its slot (until `stored(obj)` or HOLD)."""
+        while True:
+            now = self._clock()
+            self._expire(now)
+            if obj in self._held or admits(running=self.running, live_in_flight=self.live_in_flight,
+                                           since_live=now - self._last_live, busy=self.busy, idle=self.idle,
+                                           quiet=self.quiet):
+                break
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            changed = self._changed
+            # Nothing tells the end of live traffic: it is a quiet `quiet` long, looked at again after it.
+            timeout = min([self.quiet] + [at - now for at in self._held.values()])
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=max(timeout, 0.001))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self.waiting -= 1
+        self.started += 1
+        if self.is_live():
+            self.started_while_live += 1
+        self._held[obj] = self._clock() + HOLD
+
+    def stored(self, obj: str) -> None:
+        """`obj`'s fill is over (stored, or its request failed): its slot goes to the next in the queue."""
+        if self._held.pop(obj, None) is not None:
+            self._wake()
+
+    def _expire(self, now: float) -> None:
+        for obj in [o for o, at in self._held.items() if at <= now]:
+            del self._held[obj]
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+
+def paced(pacing: Pacing):
+    """The middleware: a prefetch `fill` waits for its slot and keeps it while the fill runs on; a `check`
+    that finds the object stored gives it back; every other request is live traffic."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        mark = request.headers.get(PREFETCH_HEADER)
+        if mark is None:
+            pacing.live_began()
+            try:
+                return await handler(request)
+            finally:
+                pacing.live_ended()
+        obj = request.headers.get("Host", "") + request.raw_path
+        if mark.strip().lower() == PREFETCH_CHECK:
+            resp = await handler(request)
+            if resp.status in STARTED:
+                pacing.stored(obj)
+            return resp
+        try:  # any other mark is a fill: the wait is the safe reading
+            await asyncio.wait_for(pacing.fill(obj), timeout=pacing.wait)
+        except asyncio.TimeoutError:
+            pacing.told_to_wait += 1
+            return web.Response(status=503, headers={PREFETCH_HEADER: PREFETCH_WAIT, "Retry-After": "1"},
+                                text=f"prefetch fills wait behind live requests here; {pacing.waiting} waiting, "
+                                     f"{pacing.running} running: ask again\n")
+        try:
+            resp = await handler(request)
+        except BaseException:
+            pacing.stored(obj)
+            raise
+        if resp.status not in STARTED:
+            pacing.stored(obj)  # refused, redirected, failed: no fill runs on
+        return resp
+
+    return middleware

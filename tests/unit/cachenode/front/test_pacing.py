@@ -1,0 +1,96 @@
+"""Prefetch fills at a lower priority than live requests, without sockets (cachenode/front/pacing.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cachenode.front.pacing import HOLD, Pacing, admits
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize("running, live_in_flight, since_live, expected", [
+    # Live traffic (a request in flight, or one within `quiet`): `busy` fills at a time.
+    (0, 1, INF, True),
+    (1, 1, INF, False),
+    (0, 0, 0.1, True),
+    (1, 0, 0.1, False),
+    (1, 3, 0.0, False),
+    # Quiet for `quiet` seconds or more: `idle` fills at a time.
+    (1, 0, 0.5, True),
+    (1, 0, INF, True),
+    (3, 0, 0.5, True),
+    (4, 0, 0.5, False),
+    (9, 0, INF, False),
+])
+def test_a_fill_starts_only_below_the_bound_of_the_moment(running, live_in_flight, since_live, expected):
+    assert admits(running=running, live_in_flight=live_in_flight, since_live=since_live,
+                  busy=1, idle=4, quiet=0.5) is expected
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_while_a_live_request_is_in_flight_one_fill_runs_and_the_next_starts_when_it_is_stored():
+    pacing = Pacing(busy=1, idle=8, quiet=0.5, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    second = asyncio.ensure_future(pacing.fill("h/b"))
+    third = asyncio.ensure_future(pacing.fill("h/c"))
+    await asyncio.sleep(0)
+    assert (pacing.running, pacing.waiting) == (1, 2)
+    pacing.stored("h/a")
+    await asyncio.wait([second, third], return_when=asyncio.FIRST_COMPLETED)
+    assert second.done() != third.done(), "exactly one waiter starts"
+    assert (pacing.running, pacing.waiting) == (1, 1)
+    pacing.live_ended()
+    second.cancel(), third.cancel()
+    await asyncio.gather(second, third, return_exceptions=True)
+
+
+async def test_when_live_traffic_has_been_quiet_the_waiting_fills_start_up_to_the_idle_bound():
+    clock = Clock()
+    pacing = Pacing(busy=1, idle=3, quiet=0.01, clock=clock)
+    pacing.live_hit()
+    await pacing.fill("h/a")
+    waiting = [asyncio.ensure_future(pacing.fill(f"h/{n}")) for n in "bcde"]
+    await asyncio.sleep(0)
+    assert pacing.waiting == 4
+    clock.now += 1.0  # the quiet has passed; the waiters look again after `quiet`
+
+    async def three_running() -> None:
+        while pacing.running < 3:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(three_running(), timeout=5)
+    await asyncio.sleep(0.05)  # the other two looked again, and wait
+    pending = [t for t in waiting if not t.done()]
+    assert len(pending) == 2 and pacing.running == 3 and pacing.waiting == 2  # idle: 3
+    assert pacing.started_while_live == 1  # only the first, before the quiet
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def test_a_fill_whose_check_never_comes_gives_its_slot_back_after_hold():
+    clock = Clock()
+    pacing = Pacing(busy=1, idle=1, quiet=0.01, clock=clock)
+    await pacing.fill("h/a")
+    clock.now += HOLD
+    await asyncio.wait_for(pacing.fill("h/b"), timeout=5)
+    assert pacing.running == 1 and pacing.started == 2
+
+
+async def test_a_fill_asked_again_while_it_runs_is_not_queued_behind_itself():
+    pacing = Pacing(busy=1, idle=1, quiet=0.5, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    await asyncio.wait_for(pacing.fill("h/a"), timeout=5)
+    assert pacing.running == 1 and pacing.waiting == 0
