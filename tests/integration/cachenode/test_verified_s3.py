@@ -57,7 +57,10 @@ def s3_and_node(tmp_path_factory):
 def client(s3: S3Server, proxy: str | None):
     config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
                     proxies={"http": proxy} if proxy else {})
-    return boto3.client("s3", endpoint_url=s3.external_url, region_name="us-east-1",
+    # Uploads go to the server by address: a bare CI machine has no /etc/hosts to
+    # resolve `localhost`; reads through the node name `localhost`, which the node maps.
+    endpoint = s3.external_url if proxy else f"http://127.0.0.1:{s3.port}"
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                         aws_access_key_id=USER.access_key, aws_secret_access_key=USER.secret_key, config=config)
 
 
