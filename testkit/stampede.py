@@ -237,16 +237,10 @@ class Origin:
         return resp
 
 
-async def drive(spec_path: Path) -> dict:
+async def _serve_origin(origin: Origin, host: str):
+    """The origin's server on `host`:80, started; its runner, for cleanup."""
     from aiohttp import web
 
-    spec = json.loads(spec_path.read_text())
-    scene = Scene(**spec["scene"])
-    work = Path(spec["work"])
-    addr, exec_in = spec["addresses"], spec["exec"]
-    body = os.urandom(scene.size)
-    digest = hashlib.sha256(body).hexdigest()
-    origin = Origin(body)
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", origin.handle)
     runner = web.AppRunner(app, access_log=None)
@@ -256,8 +250,61 @@ async def drive(spec_path: Path) -> dict:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-    sock.bind((addr["origin"], 80))
+    sock.bind((host, 80))
     await web.SockSite(runner, sock).start()
+    return runner
+
+
+def _start_cluster(scene: Scene, addr: dict, exec_in: dict, work: Path, origin_url: str, redis_url: str, *,
+                   procs: list[subprocess.Popen], nodes: dict[str, subprocess.Popen]) -> None:
+    """Start Redis and the scene's nodes, each in its namespace; every process
+    is added to `procs` as it starts (so the caller stops it whatever follows)
+    and each node to `nodes` by name."""
+    (work / "redis").mkdir(exist_ok=True)
+    procs.append(subprocess.Popen(
+        exec_in["redis"] + ["redis-server", "--bind", addr["redis"], "--port", "6379", "--save", "",
+                            "--appendonly", "no", "--protected-mode", "no", "--dir", str(work / "redis")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    settings = work / "node-settings.yaml"  # JSON is YAML: --config reads it
+    settings.write_text(json.dumps(scene.node_settings(origin_url)))
+    token = secrets.token_hex(16)
+    for i in range(scene.nodes):
+        name, listen = f"node{i}", f"{addr[f'node{i}']}:{NODE_PORT}"
+        log = open(work / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            exec_in[name] + [sys.executable, "-m", "nezha", "cache", "--config", str(settings), "--listen",
+                             listen, "--data-dir", str(work / name), "--redis-url", redis_url, "--node-id",
+                             name, "--advertise", listen, "--replicas", str(min(scene.replicas, scene.nodes))],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**_env(), "NEZHA_CLUSTER_TOKEN": token})
+        log.close()
+        procs.append(proc)
+        nodes[name] = proc
+
+
+def _start_readers(scene: Scene, urls: list[str], exec_in: dict, *,
+                   procs: list[subprocess.Popen]) -> list[subprocess.Popen]:
+    """One reader process per client group, reading through its node's URL;
+    added to `procs` (so the caller stops them whatever follows)."""
+    readers = []
+    for i, count in enumerate(_groups(scene.clients, scene.nodes)):
+        if count:
+            readers.append(subprocess.Popen(
+                exec_in[f"clients{i}"] + [sys.executable, "-m", "testkit.stampede", "read", urls[i], str(count),
+                                          str(i)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, env=_env(), text=True))
+    procs.extend(readers)
+    return readers
+
+
+async def drive(spec_path: Path) -> dict:
+    spec = json.loads(spec_path.read_text())
+    scene = Scene(**spec["scene"])
+    work = Path(spec["work"])
+    addr, exec_in = spec["addresses"], spec["exec"]
+    body = os.urandom(scene.size)
+    digest = hashlib.sha256(body).hexdigest()
+    origin = Origin(body)
+    runner = await _serve_origin(origin, addr["origin"])
     origin_url = f"http://{addr['origin']}:80"
     procs: list[subprocess.Popen] = []
     nodes: dict[str, subprocess.Popen] = {}
@@ -267,36 +314,10 @@ async def drive(spec_path: Path) -> dict:
             urls = [origin_url] * scene.nodes
         else:
             redis_url = f"redis://{addr['redis']}:6379/0"
-            (work / "redis").mkdir(exist_ok=True)
-            procs.append(subprocess.Popen(
-                exec_in["redis"] + ["redis-server", "--bind", addr["redis"], "--port", "6379", "--save", "",
-                                    "--appendonly", "no", "--protected-mode", "no", "--dir", str(work / "redis")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            settings = work / "node-settings.yaml"  # JSON is YAML: --config reads it
-            settings.write_text(json.dumps(scene.node_settings(origin_url)))
-            token = secrets.token_hex(16)
-            for i in range(scene.nodes):
-                name, listen = f"node{i}", f"{addr[f'node{i}']}:{NODE_PORT}"
-                log = open(work / f"{name}.log", "wb")
-                proc = subprocess.Popen(
-                    exec_in[name] + [sys.executable, "-m", "nezha", "cache", "--config", str(settings), "--listen",
-                                     listen, "--data-dir", str(work / name), "--redis-url", redis_url, "--node-id",
-                                     name, "--advertise", listen, "--replicas", str(min(scene.replicas, scene.nodes))],
-                    stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**_env(), "NEZHA_CLUSTER_TOKEN": token})
-                log.close()
-                procs.append(proc)
-                nodes[name] = proc
+            _start_cluster(scene, addr, exec_in, work, origin_url, redis_url, procs=procs, nodes=nodes)
             urls = [f"http://{addr[f'node{i}']}:{NODE_PORT}" for i in range(scene.nodes)]
             owner = await _ring(redis_url, nodes, urls, work)
-        groups = _groups(scene.clients, scene.nodes)
-        readers = []
-        for i, count in enumerate(groups):
-            if count:
-                readers.append(subprocess.Popen(
-                    exec_in[f"clients{i}"] + [sys.executable, "-m", "testkit.stampede", "read", urls[i], str(count),
-                                              str(i)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, env=_env(), text=True))
-        procs.extend(readers)
+        readers = _start_readers(scene, urls, exec_in, procs=procs)
         for r in readers:  # every group ready before any starts
             if r.stdout.readline().strip() != "ready":
                 raise RuntimeError("a client group did not start")

@@ -310,20 +310,7 @@ class Handoff:
                     if meta.hot:
                         return  # a cache of the cache: its owners hold the object, and it is never handed off
                     if chunk_of(key) is not None:
-                        # A chunk goes to the owners of its own key (nezha/chunks.py
-                        # place), which copy it from here; its manifest is
-                        # handed off like any object.
-                        results = await self.chunks.hand_off(meta, view)
-                        if not results:
-                            p.skipped += 1
-                        for r in results:
-                            if r == ReplicateResult.COPIED:
-                                p.copied += 1
-                                p.bytes += meta.size
-                            else:
-                                p.failed += 1
-                                if len(p.errors) < 20:
-                                    p.errors.append(f"{key}: {r}")
+                        await self._hand_off_chunk(meta, view, p)
                         return
                     if selecting is None:
                         p.failed += 1
@@ -356,6 +343,21 @@ class Handoff:
         log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
                  failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
         return p
+
+    async def _hand_off_chunk(self, meta: Meta, view: ClusterView, p: Progress) -> None:
+        """A chunk goes to the owners of its own key (nezha/chunks.py `place`),
+        which copy it from here; its manifest is handed off like any object."""
+        results = await self.chunks.hand_off(meta, view)
+        if not results:
+            p.skipped += 1
+        for r in results:
+            if r == ReplicateResult.COPIED:
+                p.copied += 1
+                p.bytes += meta.size
+            else:
+                p.failed += 1
+                if len(p.errors) < 20:
+                    p.errors.append(f"{meta.key}: {r}")
 
 
 

@@ -35,6 +35,7 @@ from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
 import structlog
 
 from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
+from cachenode.fill.unstored import StoreUnwritable, Superseded, Unprovable
 from cachenode.fill.verify import BodyCheck, DigestMismatch
 from cachenode.kernel import splice
 from cachenode.http.headers import Pairs
@@ -56,22 +57,6 @@ class PartialDropped(NotStored):
     """An on-demand fill (the origin's fill_on_range off) kept only the ranges
     clients asked for, and nobody asked for more for a while: its slices are
     dropped, never stored."""
-
-
-class Superseded(NotStored):
-    """A write to the URL succeeded while its fill ran: what the fill got may
-    predate the write, so it is streamed to its clients but never stored."""
-
-
-class Unprovable(NotStored):
-    """The body ended where the origin closed its connection (no Content-Length,
-    no chunked framing; RFC 9112 §6.3): nothing proves it whole, so it was
-    streamed to its clients and never stored."""
-
-
-class StoreUnwritable(NotStored):
-    """The store could not write the body (ENOSPC, EDQUOT, EIO...): it was
-    streamed to its clients from memory and never stored."""
 
 
 class Ranges(Protocol):

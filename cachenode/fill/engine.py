@@ -24,13 +24,14 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
-from cachenode.fill.lead import Answer, Decision, Step, answered_span, decide, resume_of
+from cachenode.fill.judged import Judged, answer_of
+from cachenode.fill.lead import Step, answered_span, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread, if_range_validator, parallel_validator
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.upstream import Upstream
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
-from cachenode.http.headers import Pairs, header_bytes, renewed_by_304, stored_pairs, with_date
+from cachenode.http.headers import Pairs, renewed_by_304, stored_pairs, with_date
 from cachenode.http.vary import vary_names
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
@@ -40,7 +41,7 @@ from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import Target
-from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import AUTHORIZE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -53,22 +54,6 @@ class LeaderGone(FillAborted):
 # validators replace the client's, and Range is applied to the stored bytes.
 NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if-modified-since",
                            "if-unmodified-since"})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Judged:
-    """The facts about a source's answer that the leader acts on, and `fill/lead.py`'s decision."""
-
-    now: float
-    authorize: bool  # an `authorize` origin's object: each read is the origin's to allow
-    policy: Policy
-    expires_at: float
-    kept: Pairs  # the fields stored with the object
-    vary: tuple[str, ...] | None
-    chunk_size: int | None  # stored as chunks of this size across the ring; None: whole
-    length: int
-    age: float
-    decision: Decision
 
 
 class ChunkedObjects(Protocol):
@@ -176,15 +161,7 @@ class FillEngine:
         response: aiohttp.ClientResponse | None = None
         try:
             try:
-                response = await self._ask(source, stale)
-                answered = self._answered(response, source=source, stale=stale, origin=origin)
-                if source.resume is not None and answered is None and response.status == 206:
-                    # A range, but not one to start from (not the range asked, a weak validator,
-                    # a chunked object's size): asked again as any fill, for the whole object.
-                    # (A 200 is the whole object already: If-Range found another version.)
-                    response.release()
-                    source = dataclasses.replace(source, resume=None)
-                    response = await self._ask(source, stale)
+                response, answered, source = await self._ask_resuming(source, stale, origin)
             except OriginError as e:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
@@ -216,14 +193,9 @@ class FillEngine:
                 log.info("response_not_stored", key=key, reason=judged.decision.reason)
                 return self._landed(flight, Outcome(Kind.PASSED)), response
             if judged.chunk_size is not None:
-                # The object is stored as chunks across the ring, each filled
-                # by its owners with ranges when first read: this node keeps
-                # only the manifest, and closes the first answer unread (no
-                # byte of it is stored here).
-                if source.peer is None:
-                    self.metrics.origin_bytes_discarded.inc(close_unread(response))
-                else:
-                    response.release()
+                # Stored as chunks across the ring, each filled by its owners
+                # when first read: this node keeps only the manifest.
+                self._drop_unread(response, source)
                 response = None
                 meta = await self._chunked(judged, key=key, url=url, origin=origin, target=target, source=source,
                                            stale=stale)
@@ -243,8 +215,36 @@ class FillEngine:
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
 
+    async def _ask_resuming(self, source: Source, stale: Meta | None,
+                            origin: Origin) -> tuple[aiohttp.ClientResponse, tuple[int, int, int] | None, Source]:
+        """The source's answer, the span it brings when a resume can start from
+        it (`_answered`), and the source as finally asked. A range that is not
+        one to start from (not the range asked, a weak validator, a chunked
+        object's size) is asked again as any fill, for the whole object (a 200
+        is the whole object already: If-Range found another version)."""
+        response: aiohttp.ClientResponse | None = await self._ask(source, stale)
+        try:
+            answered = self._answered(response, source=source, stale=stale, origin=origin)
+            if source.resume is not None and answered is None and response.status == 206:
+                response.release()
+                source, response = dataclasses.replace(source, resume=None), None
+                response = await self._ask(source, stale)
+        except BaseException:
+            if response is not None:
+                response.release()
+            raise
+        return response, answered, source
+
+    def _drop_unread(self, response: aiohttp.ClientResponse, source: Source) -> None:
+        """Close a chunked object's first answer unread (no byte of it is stored
+        here); the origin's bytes it had in flight counted as discarded."""
+        if source.peer is None:
+            self.metrics.origin_bytes_discarded.inc(close_unread(response))
+        else:
+            response.release()
+
     def _judge(self, response: aiohttp.ClientResponse, *, origin: Origin, source: Source,
-               stale: Meta | None) -> _Judged:
+               stale: Meta | None) -> Judged:
         """What the leader makes of the source's answer: the facts about it and
         `fill/lead.py`'s decision on them."""
         now = self._clock()
@@ -258,10 +258,10 @@ class FillEngine:
         names = vary_names(response.headers)
         chunk_size, length = self._chunking(response, origin=origin, source=source, vary=names,
                                             authorize=authorize)
-        decision = decide(_answer(response, policy=policy, vary=names, kept=kept, source=source,
-                                  # Capacity is per chunk: a chunked object fits whatever its size.
-                                  fits=self.store.fits if chunk_size is None else lambda _: True,
-                                  authorize=authorize),
+        decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=source,
+                                    # Capacity is per chunk: a chunked object fits whatever its size.
+                                    fits=self.store.fits if chunk_size is None else lambda _: True,
+                                    authorize=authorize),
                           stale_held=stale is not None, stale_usable_on_error=stale is not None and (
                               may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
                                                        stale_if_error=stale.stale_if_error)))
@@ -271,10 +271,10 @@ class FillEngine:
             except ValueError:
                 pass
         age = current_age(response.headers, now) if source.peer is None else 0.0
-        return _Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
+        return Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
                        chunk_size=chunk_size, length=length, age=age, decision=decision)
 
-    async def _chunked(self, judged: _Judged, *, key: str, url: str, origin: Origin, target: Target,
+    async def _chunked(self, judged: Judged, *, key: str, url: str, origin: Origin, target: Target,
                        source: Source, stale: Meta | None) -> Meta:
         """Store the manifest of an object kept as chunks across the ring; from
         the origin, its other owners copy it and a replaced version's chunks go."""
@@ -363,8 +363,8 @@ class FillEngine:
                                  targeted=origin.targeted_cache_control)
         kept = tuple((n, v) for n, v in with_date(stored_pairs(response.headers), now)
                      if n.lower() != "content-range")
-        decision = decide(_answer(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
-                                  status=200, length=span[2]),
+        decision = decide(answer_of(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
+                                    status=200, length=span[2]),
                           stale_held=False, stale_usable_on_error=False)
         if decision.step is not Step.FILL:
             # Not storable: the leading request asks again as it asked; nobody else joins.
@@ -424,19 +424,3 @@ class FillEngine:
             if await self.store.remove_one(meta):
                 self.counts.gone(meta)
         return meta
-
-
-
-def _answer(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
-            source: Source, fits: Callable[[int], bool], authorize: bool = False, status: int | None = None,
-            length: int | None = None) -> Answer:
-    """The facts about `response` that `fill/lead.py` decides on; `status` and
-    `length`: those of the whole object a 206 is part of, in its stead."""
-    length = response.content_length if length is None else length
-    return Answer(status=response.status if status is None else status, policy=policy, vary=vary,
-                  vary_listed=", ".join(response.headers.getall("Vary", [])),
-                  has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
-                  fits=length is None or fits(length), length=length,
-                  header_bytes=header_bytes(kept), from_peer=source.peer is not None,
-                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT,
-                  authorized_reads=authorize, has_etag="ETag" in response.headers)

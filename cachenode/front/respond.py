@@ -23,14 +23,14 @@ from aiohttp import web
 from cachenode.front.access import access, break_connection, parent_route
 from cachenode.front.interim import CONTINUE_DEFERRED, InterimRelay, continued
 from cachenode.front.exact_head import ExactResponse
+from cachenode.front.object_head import add_peer_fields, object_headers, stored_decision
 from cachenode.counts import answer_counts
 from cachenode.front.sendfile import FileSender
 from cachenode.front.short_answers import answer_precondition, answer_unsatisfiable, origin_failure
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
-from cachenode.http.digests import repr_digest_for
-from cachenode.http.headers import Pairs, drop_whole_body_fields, first, with_date
+from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
 from cachenode.cluster.peer_auth import is_peer_request
@@ -41,30 +41,10 @@ from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import host_of
-from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
-from nezha.wire import BLOCKS_HEADER, CHUNKED_HEADER, SERVED_BY_HEADER
-from cachenode.store.blocks import summary
+from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
-
-def _object_headers(resp: web.StreamResponse, headers: Pairs, label: str, *, via: str | None,
-                    age: int | None = None, want: str | None = None, status: int = 200) -> None:
-    """A stored (or storing) response's fields, as the origin sent them, plus
-    the cache's own: Age on a reuse (RFC 9111 §5.1), Via (RFC 9110 §7.6.3),
-    X-Nezha-Cache. Date is the stored one (RFC 9110 §6.6.1): when the origin
-    made the response, on every reuse. `want`: the client's Want-Repr-Digest,
-    answered from a digest the origin published (RFC 9530 §4; http/digests.py)."""
-    for name, value in headers:
-        resp.headers.add(name, value)
-    if (digest := repr_digest_for(want, headers, status=status)) is not None:
-        resp.headers["Repr-Digest"] = digest
-    if "Accept-Ranges" not in resp.headers:
-        resp.headers["Accept-Ranges"] = "bytes"
-    if age is not None:
-        resp.headers["Age"] = str(age)
-    if via is not None:
-        add_via(resp.headers, via)
-    resp.headers[CACHE_HEADER] = label
 
 
 class ChunkBody(Protocol):
@@ -125,13 +105,7 @@ class Responder:
         try:
             access(request).cache = label
             counted = answer_counts(label)  # {} for a relayed label: the relaying handler counts it
-            if meta.status == 200:
-                decision = evaluate(request.headers, size=meta.body_size, etag=meta.etag,
-                                    last_modified=meta.last_modified)
-            else:
-                # Preconditions and Range apply to a 200 only (RFC 9110 §13.2.1, §14.2):
-                # a stored 404 or 301 is sent whole, with its own status.
-                decision = Decision(RangeOutcome.FULL, 0, meta.body_size)
+            decision = stored_decision(request, meta)
             if f is not None and meta.blocks and self.store.verify_reads and decision.length \
                     and request.method != "HEAD":
                 why = await asyncio.get_running_loop().run_in_executor(
@@ -157,11 +131,7 @@ class Responder:
             resp.content_length = decision.length
             self._count(meta.host, request=request, **counted)
             if is_peer_request(request, self.settings.cluster_token):
-                resp.headers[EXPIRES_HEADER] = f"{meta.expires_at:.3f}"
-                if meta.authorize:
-                    resp.headers[AUTHORIZE_HEADER] = "1"
-                if meta.blocks and decision.outcome is RangeOutcome.FULL:  # checked by the receiver
-                    resp.headers[BLOCKS_HEADER] = summary(meta.blocks)
+                add_peer_fields(resp, meta, decision)
             await self._hit_body(request, resp, meta, f, decision, label=label, counted=bool(counted))
             return resp
         finally:
@@ -174,7 +144,7 @@ class Responder:
         not `counted`: a relaying handler counts the read (a chunked object's)."""
         resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                   else decision.outcome.value)
-        _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
+        object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
                         age=meta.age_at(self._clock()), want=request.headers.get("Want-Repr-Digest"),
                         status=meta.status)
         if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
@@ -223,7 +193,7 @@ class Responder:
         funnel through the node that holds its manifest."""
         access(request).cache = label
         resp = ExactResponse(status=200)
-        _object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=None, age=meta.age_at(self._clock()))
+        object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=None, age=meta.age_at(self._clock()))
         resp.headers.popall("Content-Length", None)
         manifest = meta.manifest
         assert manifest is not None, "only a chunked object's meta is sent as a manifest"
@@ -254,7 +224,7 @@ class Responder:
         try:
             access(request).cache = label
             resp = ExactResponse()
-            _object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None,
+            object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None,
                             want=request.headers.get("Want-Repr-Digest"), status=fill.status)
             span = await self._fill_span(request, resp, fill, host=host)
             if span is None:

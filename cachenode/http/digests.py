@@ -38,7 +38,7 @@ import binascii
 import enum
 import hashlib
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import http_sf
@@ -137,91 +137,116 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     redirected here (Hugging Face), if any."""
     if status != 200:
         return Expectations()
-    pairs = _items(headers)
-    fields: dict[str, list[str]] = {}
-    for name, value in pairs:
-        fields.setdefault(name.lower(), []).append(value)
+    found = _Found()
+    for name, value in _items(headers):
+        found.fields.setdefault(name.lower(), []).append(value)
+    # One dialect at a time, in this order (the order of `expected`).
+    _read_amz(found)
+    _read_goog(found)
+    md5 = found.one("content-md5")
+    if md5 is not None:
+        found.take(Algorithm.MD5, _b64(md5, Algorithm.MD5), "Content-MD5", md5)
+    _read_structured(found)
+    if linked_etag is not None:
+        _read_linked(found, linked_etag)
+    return Expectations(tuple(found.expected), tuple(found.ignored))
 
-    def one(name: str) -> str | None:
-        values = fields.get(name)
+
+@dataclass
+class _Found:
+    """The header fields of one response (lower-cased names) and what
+    `expectations` has read from them so far."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    expected: list[Expected] = field(default_factory=list)
+    ignored: list[Ignored] = field(default_factory=list)
+
+    def one(self, name: str) -> str | None:
+        values = self.fields.get(name)
         return ",".join(values) if values else None
 
-    expected: list[Expected] = []
-    ignored: list[Ignored] = []
-
-    def take(algorithm: Algorithm, raw: bytes | None, field: str, value: str) -> None:
+    def take(self, algorithm: Algorithm, raw: bytes | None, source: str, value: str) -> None:
+        """Expect `raw` if `value` decoded to one, else set `source` aside."""
         if raw is None:
-            ignored.append(Ignored(field, f"{value[:100]!r} is not a {algorithm.value} value"))
+            self.ignored.append(Ignored(source, f"{value[:100]!r} is not a {algorithm.value} value"))
         else:
-            expected.append(Expected(algorithm, raw, field))
+            self.expected.append(Expected(algorithm, raw, source))
 
-    # S3
-    kind = (one("x-amz-checksum-type") or "").strip().upper()
-    for name, values in fields.items():
+
+def _read_amz(found: _Found) -> None:
+    """S3's x-amz-checksum-*: a composite (multipart) one is set aside."""
+    kind = (found.one("x-amz-checksum-type") or "").strip().upper()
+    for name, values in found.fields.items():
         if not name.startswith(_AMZ_PREFIX) or name == "x-amz-checksum-type" or name == "x-amz-checksum-mode":
             continue
         algorithm = _AMZ.get(name[len(_AMZ_PREFIX):])
         value = values[0].strip()
         if algorithm is None:
-            ignored.append(Ignored(name, "an algorithm this cache does not check"))
+            found.ignored.append(Ignored(name, "an algorithm this cache does not check"))
         elif kind not in ("", "FULL_OBJECT") or _composite(value):
-            ignored.append(Ignored(name, f"a composite checksum of a multipart upload's parts ({value[:100]}, "
-                                         f"type {kind or 'absent'}), not of the object's bytes"))
+            found.ignored.append(Ignored(name, f"a composite checksum of a multipart upload's parts ({value[:100]}, "
+                                               f"type {kind or 'absent'}), not of the object's bytes"))
         else:
-            take(algorithm, _b64(value, algorithm), name, value)
+            found.take(algorithm, _b64(value, algorithm), name, value)
 
-    # GCS
-    goog = one("x-goog-hash")
-    if goog is not None:
-        stored_coding = (one("x-goog-stored-content-encoding") or "identity").strip().lower()
-        coding = (one("content-encoding") or "identity").strip().lower()
-        if stored_coding != coding:
-            ignored.append(Ignored("x-goog-hash", f"of the stored {stored_coding} bytes; these are {coding}"))
-        else:
-            for member in goog.split(","):
-                algo, sep, value = member.strip().partition("=")
-                algorithm = _GOOG.get(algo.strip().lower())
-                if not sep or algorithm is None:
-                    ignored.append(Ignored("x-goog-hash", f"{member.strip()[:100]!r}: not crc32c= or md5="))
-                    continue
-                take(algorithm, _b64(value, algorithm), "x-goog-hash", value)
 
-    md5 = one("content-md5")
-    if md5 is not None:
-        take(Algorithm.MD5, _b64(md5, Algorithm.MD5), "Content-MD5", md5)
+def _read_goog(found: _Found) -> None:
+    """GCS's x-goog-hash: of the stored bytes, so set aside when GCS
+    decoded them on the way."""
+    goog = found.one("x-goog-hash")
+    if goog is None:
+        return
+    stored_coding = (found.one("x-goog-stored-content-encoding") or "identity").strip().lower()
+    coding = (found.one("content-encoding") or "identity").strip().lower()
+    if stored_coding != coding:
+        found.ignored.append(Ignored("x-goog-hash", f"of the stored {stored_coding} bytes; these are {coding}"))
+        return
+    for member in goog.split(","):
+        algo, sep, value = member.strip().partition("=")
+        algorithm = _GOOG.get(algo.strip().lower())
+        if not sep or algorithm is None:
+            found.ignored.append(Ignored("x-goog-hash", f"{member.strip()[:100]!r}: not crc32c= or md5="))
+            continue
+        found.take(algorithm, _b64(value, algorithm), "x-goog-hash", value)
 
-    coded = (one("content-encoding") or "identity").strip().lower() not in ("", "identity")
-    for field in ("Repr-Digest", "Content-Digest"):
-        value = one(field.lower())
+
+def _read_structured(found: _Found) -> None:
+    """RFC 9530's Repr-Digest, and Content-Digest when no content coding
+    stands between it and the representation."""
+    coded = (found.one("content-encoding") or "identity").strip().lower() not in ("", "identity")
+    for name in ("Repr-Digest", "Content-Digest"):
+        value = found.one(name.lower())
         if value is None:
             continue
-        if field == "Content-Digest" and coded:
-            ignored.append(Ignored(field, "of content with a content coding"))
+        if name == "Content-Digest" and coded:
+            found.ignored.append(Ignored(name, "of content with a content coding"))
             continue
         try:
             members = http_sf.parse(value.encode("ascii"), tltype="dictionary")
         except (http_sf.StructuredFieldError, UnicodeEncodeError) as e:
-            ignored.append(Ignored(field, f"not a structured-field dictionary: {e}"))
+            found.ignored.append(Ignored(name, f"not a structured-field dictionary: {e}"))
             continue
-        for name, (item, _params) in members.items():
-            algorithm = _SF.get(name)
+        for key, (item, _params) in members.items():
+            algorithm = _SF.get(key)
             if algorithm is None:
-                ignored.append(Ignored(field, f"{name}: an algorithm this cache does not check"))
+                found.ignored.append(Ignored(name, f"{key}: an algorithm this cache does not check"))
             elif not isinstance(item, bytes) or len(item) != SIZES[algorithm]:
-                ignored.append(Ignored(field, f"{name}: not a {algorithm.value} byte sequence"))
+                found.ignored.append(Ignored(name, f"{key}: not a {algorithm.value} byte sequence"))
             else:
-                expected.append(Expected(algorithm, item, field))
+                found.expected.append(Expected(algorithm, item, name))
 
-    if linked_etag is not None:
-        hexed = linked_etag.strip().removeprefix("W/").strip('"')
-        if len(hexed) == 64:
-            try:
-                expected.append(Expected(Algorithm.SHA256, bytes.fromhex(hexed), "X-Linked-ETag"))
-            except ValueError:
-                ignored.append(Ignored("X-Linked-ETag", f"{linked_etag[:100]!r} is not hex"))
-        else:
-            ignored.append(Ignored("X-Linked-ETag", f"{linked_etag[:100]!r} is not a sha256 (a git blob id?)"))
-    return Expectations(tuple(expected), tuple(ignored))
+
+def _read_linked(found: _Found, linked_etag: str) -> None:
+    """Hugging Face's X-Linked-ETag: an LFS file's sha256; 40 hex digits
+    are a git blob id, not a digest of the bytes alone."""
+    hexed = linked_etag.strip().removeprefix("W/").strip('"')
+    if len(hexed) != 64:
+        found.ignored.append(Ignored("X-Linked-ETag", f"{linked_etag[:100]!r} is not a sha256 (a git blob id?)"))
+        return
+    try:
+        found.expected.append(Expected(Algorithm.SHA256, bytes.fromhex(hexed), "X-Linked-ETag"))
+    except ValueError:
+        found.ignored.append(Ignored("X-Linked-ETag", f"{linked_etag[:100]!r} is not hex"))
 
 
 def _composite(value: str) -> bool:

@@ -116,6 +116,16 @@ def _take(transport: asyncio.Transport) -> None:
     transport.resume_reading = lambda: None  # type: ignore[method-assign]
 
 
+async def _send_buffered(out: web.StreamResponse, buffered: bytes, on_bytes: Callable[[int], None]) -> None:
+    """Write bytes aiohttp had already parsed the usual way, and count them."""
+    try:
+        if buffered:
+            await out.write(buffered)
+    except ConnectionError as e:
+        raise ClientGone(f"client socket: {e}") from e
+    on_bytes(len(buffered))
+
+
 async def splice_body(response: aiohttp.ClientResponse, request: web.Request, out: web.StreamResponse, *,
                       read_timeout: float, on_bytes: Callable[[int], None]) -> None:
     """Send the rest of `response`'s body to the client.
@@ -134,20 +144,11 @@ async def splice_body(response: aiohttp.ClientResponse, request: web.Request, ou
     # every byte on the socket is ours to splice.
     buffered, whole = _drain(response)
     if whole:
-        try:
-            if buffered:
-                await out.write(buffered)
-        except ConnectionError as e:
-            raise ClientGone(f"client socket: {e}") from e
-        on_bytes(len(buffered))
+        await _send_buffered(out, buffered, on_bytes)
         return
     _take(upstream)
     if buffered:
-        try:
-            await out.write(buffered)
-        except ConnectionError as e:
-            raise ClientGone(f"client socket: {e}") from e
-        on_bytes(len(buffered))
+        await _send_buffered(out, buffered, on_bytes)
         remaining -= len(buffered)
     while request.transport.get_write_buffer_size():
         await asyncio.sleep(0.001)

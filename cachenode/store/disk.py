@@ -28,6 +28,7 @@ it is touched only from the event loop, so it needs no lock.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import time
@@ -40,6 +41,7 @@ import structlog
 from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.store.index import Index, IndexView
+from cachenode.store.integrity import Integrity
 from cachenode.store.layout import read_meta, scan, write_meta
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
@@ -54,7 +56,7 @@ from nezha.errors import StoreError
 log = structlog.get_logger("nezha.store")
 
 
-class Store(IndexView, TempFiles):
+class Store(IndexView, TempFiles, Integrity):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
                  pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None,
@@ -150,39 +152,6 @@ class Store(IndexView, TempFiles):
         if meta is None and self._loader is not None and self._loader.loading and self._loader.load(key):
             meta = self._index.lookup(key, request_headers)
         return meta
-
-    # -- integrity -------------------------------------------------------------
-    def intact(self, meta: Meta, fd: int) -> bool:
-        """Whether the open data file `fd` holds `meta`'s object whole. A large
-        object's file was fsynced before its meta named it: it is. A small
-        one's seal is checked (cachenode/store/small.py): a torn or damaged
-        file is never served. Read-only: a follower worker asks it too."""
-        return not small.is_sealed(meta) or small.check(fd, meta)
-
-    @staticmethod
-    def verify(meta: Meta, fd: int, start: int = 0, length: int | None = None) -> str | None:
-        """Why the blocks of the open data file `fd` that bytes [start,
-        start+length) touch are not `meta`'s (cachenode/store/blocks.py);
-        None when they are, or when `meta` has no block checksum (a small
-        object, whose seal `intact` checks, or one stored before there was
-        one). Blocks: reads the blocks from disk or the page cache."""
-        if not meta.blocks:
-            return None
-        try:
-            blocks.check(fd, meta.size, meta.blocks, start=start, length=length)
-        except blocks.BadBlocks as e:
-            return str(e)
-        return None
-
-    def damaged(self, meta: Meta, *, found_by: str = "read", why: str = "") -> None:
-        """`meta`'s file failed its check: forget it and delete the file, so the
-        next request fetches the object again; counted as found by `found_by`."""
-        if self._index.get(meta.slot) is meta:
-            self._index.drop(meta.slot)
-            self._unlink_later(meta, final=True)
-            log.warning("object_damaged", key=meta.key, data=meta.data, found_by=found_by,
-                        **({"why": why} if why else {}))
-            self.corrupt(found_by)
 
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -292,48 +261,50 @@ class Store(IndexView, TempFiles):
         if sealed:
             return self._admit(await self._commit_small(temp, meta), temp)
         folder = self._dir_of(oid)
-        data_path = self._inside(folder / meta.data)
-        meta_path = self._inside(folder / f"{oid}.meta")
-
-        def _commit() -> None:
-            nonlocal meta
-            step = "checksum"
-            renamed = False
-            try:
-                rfd = os.open(temp.path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    meta = replace(meta, blocks=blocks.compute(rfd, meta.size))
-                finally:
-                    os.close(rfd)
-                if expect is not None and blocks.summary(meta.blocks) != expect:
-                    temp.path.unlink(missing_ok=True)
-                    raise CorruptCopy(f"copy of {meta.key}: its bytes give block checksums "
-                                      f"{blocks.summary(meta.blocks)}, its sender's are {expect}; not stored")
-                step = "fsync"
-                os.fsync(temp.fd)
-                fd, temp.fd = temp.fd, -1
-                os.close(fd)
-                step = "mkdir"
-                folder.mkdir(parents=True, exist_ok=True)
-                step = "rename data"
-                os.rename(temp.path, data_path)
-                renamed = True
-                step = "write meta"
-                self._write_meta(meta_path, meta)
-            except OSError as e:
-                temp.path.unlink(missing_ok=True)
-                if renamed:  # no meta names it: it would only be found, and deleted, at start-up
-                    data_path.unlink(missing_ok=True)
-                raise StoreError(f"commit {meta.key}: {step}: {e}") from e
-
-        temp.committing = self._step(oid, _commit)
+        paths = (folder, self._inside(folder / meta.data), self._inside(folder / f"{oid}.meta"))
+        temp.committing = self._step(oid, functools.partial(self._commit_large, temp, meta, expect, *paths))
         try:
-            await asyncio.shield(temp.committing)
+            meta = await asyncio.shield(temp.committing)
         except CorruptCopy as e:
             log.error("corrupt_copy", key=meta.key, error=str(e))
             self.corrupt("copy")
             raise
         return self._admit(meta, temp)
+
+    def _commit_large(self, temp: TempObject, meta: Meta, expect: str | None, folder: Path, data_path: Path,
+                      meta_path: Path) -> Meta:
+        """Blocking: checksum a large temp file's blocks (checked against
+        `expect` when given), fsync it, rename it into place and write the
+        meta that names it; `meta` with its block checksum."""
+        step = "checksum"
+        renamed = False
+        try:
+            rfd = os.open(temp.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                meta = replace(meta, blocks=blocks.compute(rfd, meta.size))
+            finally:
+                os.close(rfd)
+            if expect is not None and blocks.summary(meta.blocks) != expect:
+                temp.path.unlink(missing_ok=True)
+                raise CorruptCopy(f"copy of {meta.key}: its bytes give block checksums "
+                                  f"{blocks.summary(meta.blocks)}, its sender's are {expect}; not stored")
+            step = "fsync"
+            os.fsync(temp.fd)
+            fd, temp.fd = temp.fd, -1
+            os.close(fd)
+            step = "mkdir"
+            folder.mkdir(parents=True, exist_ok=True)
+            step = "rename data"
+            os.rename(temp.path, data_path)
+            renamed = True
+            step = "write meta"
+            self._write_meta(meta_path, meta)
+        except OSError as e:
+            temp.path.unlink(missing_ok=True)
+            if renamed:  # no meta names it: it would only be found, and deleted, at start-up
+                data_path.unlink(missing_ok=True)
+            raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+        return meta
 
     async def _commit_small(self, temp: TempObject, meta: Meta) -> Meta:
         """Seal a small temp file and rename it into place: no fsync (the group

@@ -277,28 +277,8 @@ class MembershipWriter:
         try:
             async with conn.client.pipeline(transaction=True) as pipe:
                 if fence is not None:
-                    await pipe.watch(KEY_FENCE)
-                    stored = _fence_of(await pipe.hgetall(KEY_FENCE))
-                    if stored != fence:
-                        await pipe.unwatch()
-                        raise Deposed(f"ring write refused: {conn.where} holds the fence of "
-                                      f"{stored.holder if stored else 'nobody'} (generation "
-                                      f"{stored.generation if stored else '-'}), not {fence.holder} "
-                                      f"(generation {fence.generation})")
-                    pipe.multi()
-                pipe.incr(KEY_EPOCH)
-                pipe.delete(KEY_NODES, KEY_WEIGHTS)
-                if nodes:
-                    pipe.hset(KEY_NODES, mapping=nodes)
-                    pipe.hset(KEY_WEIGHTS, mapping=weights)
-                if replicas is None:
-                    pipe.delete(KEY_REPLICAS)
-                elif replicas is not UNCHANGED:
-                    pipe.set(KEY_REPLICAS, str(replicas))
-                if leaving is not UNCHANGED:
-                    pipe.delete(KEY_LEAVING)
-                    if leaving:
-                        pipe.sadd(KEY_LEAVING, *sorted(leaving))
+                    await self._hold_fence(pipe, fence)
+                _queue_ring_write(pipe, nodes, weights, replicas, leaving)
                 epoch = int((await pipe.execute())[0])
         except WatchError as e:
             raise Deposed(f"ring write refused: the fence in {conn.where} changed during the write") from e
@@ -315,6 +295,19 @@ class MembershipWriter:
                 self._adopt_written(epoch, nodes, weights, replicas, leaving)
         log.info("ring_written", epoch=epoch, nodes=sorted(nodes))
         return epoch
+
+    async def _hold_fence(self, pipe, fence: Fence) -> None:
+        """Watch the fence in `pipe` and start its transaction, if Redis holds
+        exactly `fence`; else Deposed (another controller took the ring)."""
+        await pipe.watch(KEY_FENCE)
+        stored = _fence_of(await pipe.hgetall(KEY_FENCE))
+        if stored != fence:
+            await pipe.unwatch()
+            raise Deposed(f"ring write refused: {self.conn.where} holds the fence of "
+                          f"{stored.holder if stored else 'nobody'} (generation "
+                          f"{stored.generation if stored else '-'}), not {fence.holder} "
+                          f"(generation {fence.generation})")
+        pipe.multi()
 
     async def clear_membership(self, *, if_nodes: Mapping[str, str]) -> bool:
         """Remove the ring, if it is still `if_nodes` (nobody replaced it meanwhile); True if removed.
@@ -340,3 +333,21 @@ class MembershipWriter:
             self.conn.unavailable("remove the ring from", e)
         log.info("ring_removed", nodes=sorted(if_nodes))
         return True
+
+
+def _queue_ring_write(pipe, nodes: dict[str, str], weights: dict[str, int], replicas, leaving) -> None:
+    """Queue one ring write in `pipe`'s transaction: the epoch bumped, the
+    nodes and weights replaced, and `replicas` and `leaving` unless UNCHANGED."""
+    pipe.incr(KEY_EPOCH)
+    pipe.delete(KEY_NODES, KEY_WEIGHTS)
+    if nodes:
+        pipe.hset(KEY_NODES, mapping=nodes)
+        pipe.hset(KEY_WEIGHTS, mapping=weights)
+    if replicas is None:
+        pipe.delete(KEY_REPLICAS)
+    elif replicas is not UNCHANGED:
+        pipe.set(KEY_REPLICAS, str(replicas))
+    if leaving is not UNCHANGED:
+        pipe.delete(KEY_LEAVING)
+        if leaving:
+            pipe.sadd(KEY_LEAVING, *sorted(leaving))

@@ -10,7 +10,7 @@ import yaml
 
 from testkit.kubeapi.admission import rule_matches
 from testkit.kubeapi.resources import BY_PATH, matches, selector_terms
-from testkit.kubeapi.server import validate_webhook_configuration
+from testkit.kubeapi.writes import validate_webhook_configuration
 
 MANIFEST = Path(__file__).resolve().parents[3] / "webhook" / "manifests" / "mutatingwebhookconfiguration.yaml"
 CONFIGURATION = yaml.safe_load(MANIFEST.read_text())
