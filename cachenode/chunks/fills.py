@@ -233,7 +233,7 @@ class ChunkFills:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
-        for peer in ahead:
+        for n, peer in enumerate(ahead, 1):
             opened = await self.peers.ask(peer, target, spec, Piece(index=index, offset=0, length=size))
             if opened is None:
                 continue
@@ -243,6 +243,10 @@ class ChunkFills:
                                                  url=url, host=target.host, size=size, length=layout.size,
                                                  origin=False)
             except FillAborted as e:
+                # The chunk is asked again of the next source, whole: an owner's fill always has one (the
+                # origin); a chunk passed on only while owners are left, else its readers go on alone.
+                log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
+                            resume=fill.keep or n < len(ahead))
                 self.relay.mark_down(peer, str(e))
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,

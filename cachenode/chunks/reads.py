@@ -227,12 +227,14 @@ class ChunkReads:
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
                     piece: Piece, owners: list[Peer], owner: bool | None = None) -> Opened:
         """Ask for `piece`: of this node's disk when it holds the chunk, owner
-        or not; else
-        of the owners ahead of this node in ring order (all of them for a
-        non-owner), so a chunk is filled from the origin by its first live
-        owner only; else, as an owner, fill it here; else, with no owner
-        answering, from the origin (not stored). `owner`: whether this node
-        owns the chunk, when `owners` leaves out one that broke off."""
+        or not; else, for a whole chunk, of this node's one flight for it (a
+        non-owner's passed on from the owners, an owner's fill, which copies
+        from the owners ahead of it first); else of the owners ahead of this
+        node in ring order (all of them for a non-owner), so a chunk is
+        filled from the origin by its first live owner only; else, as an
+        owner, fill it here; else, with no owner answering, from the origin
+        (not stored). `owner`: whether this node owns the chunk, when
+        `owners` leaves out one that broke off."""
         ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
         url = origin_url(self.settings, target)
         mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
@@ -242,7 +244,8 @@ class ChunkReads:
         if held is not None and validator.mismatch(dict(held.headers)) is None:
             return Opened(piece, meta=held, source=f"chunk {ckey} here")
         ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)
-        if not mine and piece.offset == 0 and piece.length == layout.length_of(piece.index):
+        whole = piece.offset == 0 and piece.length == layout.length_of(piece.index)
+        if not mine and whole:
             # A whole chunk this node does not own: one request to its owners for
             # every client reading it here meanwhile (`ChunkFills.passing`).
             try:
@@ -255,7 +258,9 @@ class ChunkReads:
             else:
                 return Opened(piece, growing=tail, passed=True, source=f"chunk {ckey} passed on here")
         spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
-        for peer in self.relay.order(ahead):
+        # A whole chunk this node owns behind others (a replica) is its fill's, which copies it from
+        # the owners ahead as it grows: one request for all its clients, not one each.
+        for peer in [] if mine and whole else self.relay.order(ahead):
             opened = await self.peers.ask(peer, target, spec, piece)
             if opened is not None:
                 return opened

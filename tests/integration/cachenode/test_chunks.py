@@ -684,6 +684,20 @@ async def test_chunks_read_from_the_origin_past_an_owner_that_fails_them_count_a
     assert all(chunk_key(KEY, i, CHUNK) not in nodes[reader].node.store for i in failed), "nothing stored"
 
 
+async def count_chunk_asks(nodes, reader: str) -> Counter:
+    """(owner, chunk index) -> how many chunk GETs `reader` made of that owner, from now on."""
+    asked: Counter = Counter()
+    for nid, nd in nodes.items():
+        def counting(serve=nd.node.chunk_owner.serve, nid=nid):
+            async def serve_counted(request, record, **kw):
+                if request.headers.get("X-Nezha-Peer") == reader and request.method == "GET":
+                    asked[(nid, json.loads(request.headers["X-Nezha-Chunk"])["index"])] += 1
+                return await serve(request, record, **kw)
+            return serve_counted
+        nd.node.chunk_owner.serve = counting()
+    return asked
+
+
 async def test_readers_on_one_non_owner_share_one_request_per_chunk_to_its_owner(origin, cluster, session):
     """Six clients read the object at once through one node that owns none of the chunks they read: each
     owner is asked for each of its chunks once by that node, not once per client (the stampede's chunks
@@ -695,15 +709,7 @@ async def test_readers_on_one_non_owner_share_one_request_per_chunk_to_its_owner
     await read(nodes[key_owner], session)  # every chunk stored on its owner: the wave below reads warm owners
     await settled(nodes)
     reader = others[0]
-    asked: Counter = Counter()
-    for nid, nd in nodes.items():
-        def counting(serve=nd.node.chunk_owner.serve, nid=nid):
-            async def serve_counted(request, record, **kw):
-                if request.headers.get("X-Nezha-Peer") == reader and request.method == "GET":
-                    asked[(nid, json.loads(request.headers["X-Nezha-Chunk"])["index"])] += 1
-                return await serve(request, record, **kw)
-            return serve_counted
-        nd.node.chunk_owner.serve = counting()
+    asked = await count_chunk_asks(nodes, reader)
     results = await asyncio.gather(*(read(nodes[reader], session) for _ in range(6)))
     assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
     theirs = [i for i, owners in enumerate(table) if owners != [reader]]
@@ -711,3 +717,23 @@ async def test_readers_on_one_non_owner_share_one_request_per_chunk_to_its_owner
     assert set(asked.values()) == {1}, f"a chunk asked of its owner more than once: {asked}"
     await settled(nodes)
     assert all(chunk_key(KEY, i, CHUNK) not in nodes[reader].node.store for i in theirs), "nothing stored"
+
+
+async def test_in_a_cold_wave_a_node_asks_each_chunk_it_does_not_own_first_once_however_many_read_it(
+        origin, cluster, session):
+    """R = 2, cold. Six clients read the object at once through one node: the chunks it owns behind another
+    node are copied once by its fill (kept), those it does not own are passed on once (not kept), each
+    asked of the chunk's first owner by one GET from that node; the origin sends each chunk once."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    reader = "n0"
+    asked = await count_chunk_asks(nodes, reader)
+    results = await asyncio.gather(*(read(nodes[reader], session) for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+    behind = {i: owners[0] for i, owners in enumerate(table) if owners[0] != reader}
+    assert asked == Counter({(owner, i): 1 for i, owner in behind.items()}), f"asked {asked}"
+    await settled(nodes)
+    for i, owners in enumerate(table):
+        assert (chunk_key(KEY, i, CHUNK) in nodes[reader].node.store) == (reader in owners), i
