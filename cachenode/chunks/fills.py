@@ -89,6 +89,11 @@ class ChunkFills:
         self.flights = Flights()
         self._fills: dict[Flight, _ChunkFill] = {}  # every chunk fill running here, superseded ones too
 
+    def running(self, key: str, index: int, layout: Layout) -> bool:
+        """Whether a flight of chunk `index` of `key` runs here: a fill whose
+        source broke off goes on from the next one in the same flight."""
+        return self.flights.get(chunk_key(key, index, layout.chunk_size)) is not None
+
     def held(self, key: str, index: int, layout: Layout, validator: Validator) -> Meta | None:
         """Chunk `index` of `key` as stored here, if it is of the version `validator` names."""
         meta = self.store.lookup(chunk_key(key, index, layout.chunk_size))

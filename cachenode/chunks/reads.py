@@ -114,7 +114,9 @@ class ChunkReads:
                                                               owners[piece.index])))
 
         async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
-            if origin_only:
+            # This node's fill of the chunk still runs (its source broke off, it goes on from the next):
+            # the rest from it, as for every reader joined to it, not one origin request per reader.
+            if origin_only and not self.fills.running(meta.key, rest.index, layout):
                 return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
                                                key=meta.key)
             others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
@@ -258,9 +260,10 @@ class ChunkReads:
             else:
                 return Opened(piece, growing=tail, passed=True, source=f"chunk {ckey} passed on here")
         spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
-        # A whole chunk this node owns behind others (a replica) is its fill's, which copies it from
-        # the owners ahead as it grows: one request for all its clients, not one each.
-        for peer in [] if mine and whole else self.relay.order(ahead):
+        # A whole chunk this node owns behind others (a replica), or any piece of one it is filling, is
+        # its fill's, which copies it from the owners ahead as it grows: one request for all its clients.
+        joined = mine and (whole or self.fills.running(meta.key, piece.index, layout))
+        for peer in [] if joined else self.relay.order(ahead):
             opened = await self.peers.ask(peer, target, spec, piece)
             if opened is not None:
                 return opened

@@ -737,3 +737,32 @@ async def test_in_a_cold_wave_a_node_asks_each_chunk_it_does_not_own_first_once_
     await settled(nodes)
     for i, owners in enumerate(table):
         assert (chunk_key(KEY, i, CHUNK) in nodes[reader].node.store) == (reader in owners), i
+
+
+
+async def test_readers_of_a_replicas_fill_whose_source_breaks_off_go_on_with_its_fill_not_the_origin(
+        origin, cluster, session):
+    """R = 2, cold. A chunk's first owner sends half of it, then drops the connection (a node killed
+    mid-fill), while six clients of the chunk's second owner follow that node's fill copying it: the fill
+    goes on from the origin and the clients go on with it. The origin is asked for the chunk twice (the
+    first owner's fill, the second owner's), never for the rest of it once per client."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (victim, reader) = next((i, owners) for i, owners in enumerate(table) if len(owners) == 2)
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        if offset + count <= CHUNK // 2:
+            await resp.write(os.pread(f.fileno(), count, offset))
+            return
+        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    nodes[victim].node.chunk_owner.send_file = half_then_hang_up
+    results = await asyncio.gather(*(read(nodes[reader], session, headers={"Range": f"bytes={a}-{b}"})
+                                     for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(206, CHUNK, sha(BODY[a:b + 1]))}
+    ranges = [h["Range"] for h in origin.request_headers[1:]]
+    assert ranges == [f"bytes={a}-{b}"] * 2, f"origin asked for {ranges}"
