@@ -68,14 +68,15 @@ def model(config: str, sc: Scene) -> float:
     replica yet, so all K·S leave the first owner's link; the capacity model's warm bound,
     K·S·(N − R + 1)/(N·B), lets the second owner serve its own pods, which a cold wave cannot. Hot copies
     start after a copy's relayed reads end, so a single wave gets none. chunks: node i sends its own pods
-    the object and each other pod the chunks it owns first, K·S/N·(1 + f·(N − 1)), f the largest share of
-    chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share is 1/min(C, N))."""
+    the object and each other node, once however many pods read there (chunks/fills.py `passing`), the
+    chunks it owns first: (K/N + f·(N − 1))·S, f the largest share of chunks one node owns first on this
+    run's ring (nezha/chunks.py `place`; the even share is 1/min(C, N))."""
     K, S, N, B, O, R = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate, min(sc.replicas, sc.nodes)
     if config == "direct":
         return K * S / O
     if sc.chunk_threshold is None:
         return max(S / O, K * S / B)
-    return max(S / O, K * S / N * (1 + first_owner_share(sc) * (N - 1)) / B)
+    return max(S / O, (K / N + first_owner_share(sc) * (N - 1)) * S / B)
 
 
 def first_owner_share(sc: Scene) -> float:

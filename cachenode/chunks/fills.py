@@ -9,10 +9,20 @@ it then has the owners behind it copy the chunk from it (`ChunkPeers.push`).
 An origin answer that is not exactly those bytes of that version is
 `ChunkChanged`: nothing is stored.
 
-Readers of a fill (a peer's chunk request, or this node's own client when
-it is the chunk's filling owner) join its flight. They are sent its bytes
-as they land (`stored_or_growing` gives a `Tail` of the growing file);
-later ones read the committed file. A fill whose chunk nothing will name
+A node that does not own a chunk passes it on (`passing`): its clients
+reading the chunk at once share one request to the chunk's owners, on the
+same registry, read as it grows from a temp file that is dropped once the
+chunk is through (never committed: a chunk stays on its owners only, so
+an object's bytes stay spread over the ring). Without it a wave of K
+clients on N nodes had each owner send each chunk once per client, not
+once per node, and the wave's time grew with N (docs/benchmarks.md,
+"Stampede").
+
+Readers of a fill (a peer's chunk request, this node's own client when
+it is the chunk's filling owner, a non-owner's clients of a chunk it passes
+on) join its flight. They are sent its bytes as they land
+(`stored_or_growing`, `passing`: a `Tail` of the growing file); later ones
+read the committed file. A fill whose chunk nothing will name
 any more (its object invalidated or replaced meanwhile) is superseded: it
 finishes for whoever reads it now, what it commits is removed, and the next
 read leads a fill of its own.
@@ -30,7 +40,7 @@ import structlog
 
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Growing, Tail
-from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec
+from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec, ChunkUnavailable
 from cachenode.counts import Counts
 from cachenode.fill.running import FILL_READ
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome
@@ -56,6 +66,7 @@ class _ChunkFill:
     validator: Validator
     writing: asyncio.Event  # set once the fill's chunk file starts growing
     growing: Growing | None = None
+    keep: bool = True  # False: a non-owner passing the chunk on, its temp file dropped once through
 
 
 class ChunkFills:
@@ -78,6 +89,11 @@ class ChunkFills:
         # flight (/readyz, the cluster's settling) stay whole objects' fills.
         self.flights = Flights()
         self._fills: dict[Flight, _ChunkFill] = {}  # every chunk fill running here, superseded ones too
+
+    def running(self, key: str, index: int, layout: Layout) -> bool:
+        """Whether a flight of chunk `index` of `key` runs here: a fill whose
+        source broke off goes on from the next one in the same flight."""
+        return self.flights.get(chunk_key(key, index, layout.chunk_size)) is not None
 
     def held(self, key: str, index: int, layout: Layout, validator: Validator) -> Meta | None:
         """Chunk `index` of `key` as stored here, if it is of the version `validator` names."""
@@ -107,15 +123,39 @@ class ChunkFills:
             return stored
         flight, fill = self._lead_or_join(key=key, url=url, target=target, layout=layout, index=index,
                                           validator=validator, source=source)
+        await self._first_bytes(flight, fill)
+        growing = fill.growing
+        if growing is not None and growing.validator == validator:
+            return Tail(growing)  # its descriptor taken now, before the fill can close its own
+        return await self._landed(flight)
+
+    async def passing(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
+                      validator: Validator) -> Tail:
+        """Chunk `index` of `key`, which this node does not own, as one
+        request to its owners shared by every reader here meanwhile: the
+        first reader's request is the flight, later ones join it and read
+        its temp file as it grows. Nothing is stored. ChunkUnavailable when
+        no owner answered (or the flight ended before this reader could
+        join its bytes): the reader asks on its own."""
+        flight, fill = self._lead_or_join(key=key, url=url, target=target, layout=layout, index=index,
+                                          validator=validator, source=None, keep=False)
+        await self._first_bytes(flight, fill)
+        growing = fill.growing
+        if fill.keep or growing is None or growing.validator != validator:
+            outcome = flight.outcome.result() if flight.outcome.done() else None
+            if outcome is not None and outcome.error is not None and isinstance(outcome.error, ChunkChanged):
+                raise outcome.error
+            raise ChunkUnavailable(f"no shared read of {flight.key} to join here")
+        return Tail(growing)
+
+    @staticmethod
+    async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
+        """Until `fill`'s file starts growing, or its flight ends first."""
         waiter = asyncio.ensure_future(fill.writing.wait())
         try:
             await asyncio.wait({flight.outcome, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
-        growing = fill.growing
-        if growing is not None and growing.validator == validator:
-            return Tail(growing)  # its descriptor taken now, before the fill can close its own
-        return await self._landed(flight)
 
     @staticmethod
     async def _landed(flight: Flight) -> Meta:
@@ -129,13 +169,15 @@ class ChunkFills:
         return outcome.meta
 
     def _lead_or_join(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
-                      validator: Validator, source: Peer | None) -> tuple[Flight, _ChunkFill]:
-        """The flight of chunk `index` here, and its fill, started if none runs."""
+                      validator: Validator, source: Peer | None,
+                      keep: bool = True) -> tuple[Flight, _ChunkFill]:
+        """The flight of chunk `index` here, and its fill, started if none runs
+        (`keep`: stored here, else passed on from an owner, see `passing`)."""
         ckey = chunk_key(key, index, layout.chunk_size)
         flight, leader = self.flights.lead_or_join(ckey)
         if not leader:
             return flight, self._fills[flight]
-        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
+        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event(), keep=keep)
         task = self.spawn(self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
                                      source=source))
         task.add_done_callback(lambda done: self._ended(flight, done))
@@ -156,7 +198,10 @@ class ChunkFills:
                 error = FillAborted(f"the fill of {flight.key} crashed: {type(error).__name__}: {error}")
             flight.resolve(Outcome(Kind.FAILED, error=error))
             return
-        meta: Meta = task.result()
+        meta: Meta | None = task.result()
+        if meta is None:  # a chunk passed on, not stored
+            flight.resolve(Outcome(Kind.PASSED))
+            return
         flight.resolve(Outcome(Kind.STORED, meta=meta))
         if flight.superseded:
             self.spawn(self._drop_late(meta))
@@ -177,7 +222,7 @@ class ChunkFills:
                 self.flights.supersede(flight.key)
 
     async def _fill(self, flight: Flight, fill: _ChunkFill, *, key: str, url: str, target: Target, layout: Layout,
-                    index: int, source: Peer | None = None) -> Meta:
+                    index: int, source: Peer | None = None) -> Meta | None:
         """Fill chunk `index` here: from a live owner ahead of this node in
         ring order when one holds it (a replica copies the first owner's
         chunk; one that breaks off is marked down and the next source tried),
@@ -190,22 +235,31 @@ class ChunkFills:
         mine = next((i for i, p in enumerate(owners) if p.id == self.node_id), None)
         spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
         ahead = [p for p in owners[:mine] if not self.relay.is_down(p)] if mine is not None else []
+        if not fill.keep:
+            ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
-        for peer in ahead:
+        for n, peer in enumerate(ahead, 1):
             opened = await self.peers.ask(peer, target, spec, Piece(index=index, offset=0, length=size))
             if opened is None:
                 continue
             assert opened.response is not None
             try:
-                stored = await self._store_chunk(fill, ckey, opened.response, source=opened.source, url=url,
-                                                 host=target.host, size=size, length=layout.size, origin=False)
+                stored = await self._store_chunk(fill, ckey, opened.response, source=opened.source, peer=peer,
+                                                 url=url, host=target.host, size=size, length=layout.size,
+                                                 origin=False)
             except FillAborted as e:
+                # The chunk is asked again of the next source, whole: an owner's fill always has one (the
+                # origin); a chunk passed on only while owners are left, else its readers go on alone.
+                log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
+                            resume=fill.keep or n < len(ahead))
                 self.relay.mark_down(peer, str(e))
                 continue
-            log.info("chunk_filled", key=ckey, bytes=size, source=peer.id,
+            log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
                      seconds=round(time.monotonic() - started, 3))
             return stored
+        if not fill.keep:  # a non-owner never fills a chunk from the origin: its readers ask on their own
+            raise ChunkUnavailable(f"no owner of {ckey} answered")
         first, last = layout.span(index)
         headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
         try:
@@ -222,6 +276,7 @@ class ChunkFills:
                                f"changed since it was chunked; nothing stored")
         stored = await self._store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
                                          size=size, length=layout.size, origin=True)
+        assert stored is not None  # an owner's fill keeps what it fetched
         log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
         if mine is not None:
             for behind in owners[mine + 1:]:
@@ -229,19 +284,23 @@ class ChunkFills:
         return stored
 
     async def _store_chunk(self, fill: _ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
-                           url: str, host: str, size: int, length: int, origin: bool) -> Meta:
-        """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it; FillAborted
-        (nothing stored) when it breaks off, runs short or long."""
+                           peer: Peer | None = None,
+                           url: str, host: str, size: int, length: int, origin: bool) -> Meta | None:
+        """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it (None, and
+        nothing committed, for a chunk passed on: `fill.keep` False); FillAborted (nothing stored)
+        when it breaks off, runs short or long."""
         growing: Growing | None = None
         validator = fill.validator
         # Counted as every fill is (fill/running.py): in flight, its duration by source and outcome, a failure.
-        started, outcome = time.monotonic(), "failed"
-        self.metrics.fills_in_flight.inc()
+        # A chunk passed on is a relay, not a fill: not counted.
+        started, outcome, counted = time.monotonic(), "failed", fill.keep
+        if counted:
+            self.metrics.fills_in_flight.inc()
         try:
             async with self.store.writing(reserve=size) as write:
                 temp = write.temp
                 # Readers of the chunk meanwhile read it as it grows (`stored_or_growing`).
-                growing = fill.growing = Growing(temp=temp, validator=validator)
+                growing = fill.growing = Growing(temp=temp, validator=validator, peer=peer)
                 fill.writing.set()  # whoever waits for the fill's first byte
                 async for data in response.content.iter_chunked(FILL_READ):
                     if temp.written + len(data) > size:
@@ -253,6 +312,9 @@ class ChunkFills:
                         self.counts.count(host, bytes_from_origin=len(data), metrics=False)
                 if temp.written != size:
                     raise FillAborted(f"{source} sent {temp.written} of the {size} bytes of {ckey}")
+                if not fill.keep:
+                    outcome = "passed"  # through to its readers, who hold descriptors of their own
+                    return None
                 now = self._clock()
                 pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
                               if v is not None)
@@ -271,10 +333,11 @@ class ChunkFills:
             outcome = "not_stored"  # whole, but not kept (larger than the store): no failed fill, as in fill/running.py
             raise
         finally:
-            self.metrics.fills_in_flight.dec()
-            self.metrics.fill_duration.labels(source="origin" if origin else "peer",
-                                              outcome=outcome).observe(time.monotonic() - started)
-            if outcome == "failed":
+            if counted:
+                self.metrics.fills_in_flight.dec()
+                self.metrics.fill_duration.labels(source="origin" if origin else "peer",
+                                                  outcome=outcome).observe(time.monotonic() - started)
+            if counted and outcome == "failed":
                 self.counts.count(host, failed_fills=1)
             response.release()
             if growing is not None:

@@ -7,7 +7,11 @@ chunks fill on their owners in parallel while the client reads. A peer's
 bytes go socket to socket by splice where the transports allow, else in
 `read_size` pieces; a chunk this node holds goes out by sendfile: nothing
 holds a chunk in memory. A source that breaks off mid-chunk is resumed from
-the same byte elsewhere (`_write`).
+the same byte elsewhere (`_write`). A whole chunk this node does not own is
+asked of its owners once however many clients read it here at once: they
+share one flight (chunks/fills.py `ChunkFills.passing`), reading its temp
+file as it grows, so an owner sends each chunk once per node in a stampede,
+not once per client.
 
 When no owner of a chunk answers, the reading node takes the chunk's bytes
 from the origin itself under the manifest's validator (not stored): a job
@@ -110,7 +114,9 @@ class ChunkReads:
                                                               owners[piece.index])))
 
         async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
-            if origin_only:
+            # This node's fill of the chunk still runs (its source broke off, it goes on from the next):
+            # the rest from it, as for every reader joined to it, not one origin request per reader.
+            if origin_only and not self.fills.running(meta.key, rest.index, layout):
                 return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
                                                key=meta.key)
             others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
@@ -163,8 +169,11 @@ class ChunkReads:
                         return
                     why = f"its fill here ended after {sent} of {piece.length} bytes"
                     gave_up = f"{opened.source} ended early, and no other source finished it"
-                    # As when this node's fill fails before a byte is read: the rest from the origin, unstored.
-                    broke, origin_only = None, True
+                    # As when this node's fill fails before a byte is read: the rest from the origin, unstored;
+                    # a chunk passed on from an owner that broke off: the rest from the others, asked by this
+                    # read alone, as when this read's own answer from it breaks off.
+                    broke = opened.growing.growing.peer if opened.passed else None
+                    origin_only = not opened.passed
                 else:
                     sent, why = await self._relay(request, resp, opened, piece, sent=sent, host=host)
                     if why is None:
@@ -220,12 +229,14 @@ class ChunkReads:
     async def _open(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
                     piece: Piece, owners: list[Peer], owner: bool | None = None) -> Opened:
         """Ask for `piece`: of this node's disk when it holds the chunk, owner
-        or not; else
-        of the owners ahead of this node in ring order (all of them for a
-        non-owner), so a chunk is filled from the origin by its first live
-        owner only; else, as an owner, fill it here; else, with no owner
-        answering, from the origin (not stored). `owner`: whether this node
-        owns the chunk, when `owners` leaves out one that broke off."""
+        or not; else, for a whole chunk, of this node's one flight for it (a
+        non-owner's passed on from the owners, an owner's fill, which copies
+        from the owners ahead of it first); else of the owners ahead of this
+        node in ring order (all of them for a non-owner), so a chunk is
+        filled from the origin by its first live owner only; else, as an
+        owner, fill it here; else, with no owner answering, from the origin
+        (not stored). `owner`: whether this node owns the chunk, when
+        `owners` leaves out one that broke off."""
         ckey = chunk_key(meta.key, piece.index, layout.chunk_size)
         url = origin_url(self.settings, target)
         mine = owner if owner is not None else not owners or any(p.id == self.node_id for p in owners)
@@ -235,8 +246,24 @@ class ChunkReads:
         if held is not None and validator.mismatch(dict(held.headers)) is None:
             return Opened(piece, meta=held, source=f"chunk {ckey} here")
         ahead = next((owners[:i] for i, p in enumerate(owners) if p.id == self.node_id), owners)
+        whole = piece.offset == 0 and piece.length == layout.length_of(piece.index)
+        if not mine and whole:
+            # A whole chunk this node does not own: one request to its owners for
+            # every client reading it here meanwhile (`ChunkFills.passing`).
+            try:
+                tail = await self.fills.passing(key=meta.key, url=url, target=target, layout=layout,
+                                                index=piece.index, validator=validator)
+            except ChunkChanged:
+                raise
+            except NezhaError as e:  # no owner answered the shared request: this read asks on its own
+                log.info("chunk_pass_missed", key=ckey, reason=str(e))
+            else:
+                return Opened(piece, growing=tail, passed=True, source=f"chunk {ckey} passed on here")
         spec = ChunkSpec(index=piece.index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
-        for peer in self.relay.order(ahead):
+        # A whole chunk this node owns behind others (a replica), or any piece of one it is filling, is
+        # its fill's, which copies it from the owners ahead as it grows: one request for all its clients.
+        joined = mine and (whole or self.fills.running(meta.key, piece.index, layout))
+        for peer in [] if joined else self.relay.order(ahead):
             opened = await self.peers.ask(peer, target, spec, piece)
             if opened is not None:
                 return opened

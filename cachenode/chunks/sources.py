@@ -41,6 +41,7 @@ class Growing:
     validator: Validator
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
+    peer: Peer | None = None  # the owner it comes from, for a chunk passed on (chunks/fills.py `passing`)
 
 
 class Tail:
@@ -68,13 +69,14 @@ class Opened:
 
     def __init__(self, piece: Piece, *, response: aiohttp.ClientResponse | None = None,
                  meta: Meta | None = None, growing: Tail | None = None, source: str,
-                 peer: Peer | None = None) -> None:
+                 peer: Peer | None = None, passed: bool = False) -> None:
         self.piece = piece
         self.response = response
         self.meta = meta
         self.growing = growing  # a chunk this node is filling now, read as it grows
         self.source = source
         self.peer = peer  # the owner answering, when it is a peer
+        self.passed = passed  # `growing` is a chunk passed on from its owners, not filled here
 
     def close(self) -> None:
         if self.response is not None:

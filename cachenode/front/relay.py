@@ -10,7 +10,12 @@ Failover, in the order a request meets it:
 
 - **No answer.** A refused connection, a connect that takes longer than
   `peer_timeout`, or an owner's own 5xx moves on to the next owner and marks
-  this one down for a few seconds (tried last, not skipped). A 5xx the owner
+  this one down for a few seconds (tried last, not skipped). An owner that
+  answered within the last `ANSWERED_WITHIN` seconds is given
+  `RECENT_CONNECT` times `peer_timeout` to connect (and to be probed): on a
+  saturated link a new connection's SYN is dropped and sent again a second
+  later, and a stampede marked busy owners down for it and read their
+  chunks from the origin (docs/benchmarks.md, "Stampede"). A 5xx the owner
   passes on from the origin (`X-Nezha-Cache: pass`, or `X-Nezha-Origin-Error`
   on the owner's own 502/504) goes to the client as it is: asking another
   owner would only ask the same origin again.
@@ -103,6 +108,14 @@ _RESUME_EVENTS = {"origin": ("origin_resumed", "origin_resume_refused", "origin_
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 
+# An owner heard from this many seconds ago is taken to be alive, its link busy...
+ANSWERED_WITHIN = 30.0
+# ...and is given this many `peer_timeout`s to connect: a SYN dropped by a full
+# link is sent again after 1 s, then 2 s later (Linux's initial RTO), both within
+# 4 s at the default `peer_timeout` of 1 s.
+RECENT_CONNECT = 4
+
+
 class PeerSilent(OriginTimeout):
     """A peer took the connection but stopped answering, and failed its liveness probe."""
 
@@ -173,11 +186,21 @@ class PeerRelay:
         self.down_for = down_for
         self._clock = clock
         self._down_until: dict[str, float] = {}
+        self._answered_at: dict[str, float] = {}  # when each peer last answered (its headers, or a probe)
         self.splice = use_splice
 
     def mark_down(self, peer: Peer, why: str) -> None:
         self._down_until[peer.id] = self._clock() + self.down_for
+        self._answered_at.pop(peer.id, None)  # its next connect is given `peer_timeout` again
         log.warning("peer_marked_down", peer=peer.id, address=peer.address, reason=why, seconds=self.down_for)
+
+    def connect_budget(self, peer: Peer) -> float:
+        """How long a connect to `peer` may take: `peer_timeout`, or
+        RECENT_CONNECT times it for a peer that answered within ANSWERED_WITHIN seconds."""
+        heard = self._answered_at.get(peer.id)
+        if heard is not None and self._clock() - heard < ANSWERED_WITHIN:
+            return self.peer_timeout * RECENT_CONNECT
+        return self.peer_timeout
 
     def is_down(self, peer: Peer) -> bool:
         return self._down_until.get(peer.id, 0.0) > self._clock()
@@ -200,16 +223,23 @@ class PeerRelay:
 
     # -- talking to one peer ---------------------------------------------------------
     async def probe(self, peer: Peer) -> str | None:
-        """None when `peer` answers `/healthz` within `peer_timeout`, else why it did not."""
+        """None when `peer` answers `/healthz` within `peer_timeout` (its connect
+        within `connect_budget`), else why it did not."""
+        budget = self.connect_budget(peer)
+        timeout = aiohttp.ClientTimeout(total=self.peer_timeout) if budget == self.peer_timeout else \
+            aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=self.peer_timeout)
         try:
             r = await self.client.request("GET", peer.url + "/healthz", headers={}, what=f"peer {peer.id} /healthz",
-                                          timeout=aiohttp.ClientTimeout(total=self.peer_timeout))
+                                          timeout=timeout)
         except OriginTimeout:
             return f"it did not answer /healthz within {self.peer_timeout:g}s"
         except OriginError as e:
             return f"its liveness probe failed: {e}"
         try:
-            return None if r.status == 200 else f"its /healthz answered {r.status}"
+            if r.status != 200:
+                return f"its /healthz answered {r.status}"
+            self._answered_at[peer.id] = self._clock()
+            return None
         finally:
             r.release()
 
@@ -225,7 +255,10 @@ class PeerRelay:
         loop = asyncio.get_running_loop()
         budget = self.header_timeout if header_timeout is None else header_timeout
         what = f"peer {peer.id} ({peer.address})"
-        task = loop.create_task(self.client.request(method, url, headers=headers, what=what, timeout=self.timeout,
+        connect = self.connect_budget(peer)
+        timeout = self.timeout if connect == self.peer_timeout else \
+            aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=self.read_timeout)
+        task = loop.create_task(self.client.request(method, url, headers=headers, what=what, timeout=timeout,
                                                     interim=interim))
         started = loop.time()
         response: aiohttp.ClientResponse | None = None
@@ -245,6 +278,8 @@ class PeerRelay:
                 if why is not None:
                     raise PeerSilent(f"{what}: no response headers after {waited:.1f}s, and {why}")
         finally:
+            if response is not None:
+                self._answered_at[peer.id] = self._clock()
             if not task.done():
                 task.cancel()
                 for result in await asyncio.gather(task, return_exceptions=True):

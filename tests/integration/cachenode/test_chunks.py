@@ -412,10 +412,12 @@ async def test_with_two_owners_each_chunk_is_held_by_both_and_fetched_from_the_o
 
 
 async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluster, session):
-    """Every temp file a chunked fill makes (the manifest's, each chunk's) has its reading descriptor closed
-    once stored: none is left open per chunk for the life of the process."""
+    """Every temp file a chunked fill makes (the manifest's, each chunk's, and each chunk the reading node
+    passes on from its owner) has its reading descriptor closed once through: none is left open per chunk
+    for the life of the process."""
     put(origin)
-    nodes, _ = await cluster(4, **CHUNKED)
+    nodes, members = await cluster(4, **CHUNKED)
+    passed = sum(owners != ["n0"] for owners in place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1))
     temps = []
     for nd in nodes.values():
         def recording(new_temp=nd.node.store.new_temp):
@@ -429,7 +431,7 @@ async def test_chunk_and_manifest_writes_leave_no_descriptor_open(origin, cluste
     assert (status, n, digest) == (200, SIZE, sha(BODY))
     for nd in nodes.values():
         await nd.node.settled()
-    assert len(temps) == 1 + SIZE // CHUNK
+    assert len(temps) == 1 + SIZE // CHUNK + passed
     assert all(t.read_fd == -1 and t.fd == -1 for t in temps)
 
 
@@ -680,3 +682,87 @@ async def test_chunks_read_from_the_origin_past_an_owner_that_fails_them_count_a
     assert origin.requests[PATH] == fetched + len(failed), "each of the victim's chunks once from the origin"
     assert metrics.get_sample_value("nezha_bytes_from_origin_total") - before == len(failed) * CHUNK
     assert all(chunk_key(KEY, i, CHUNK) not in nodes[reader].node.store for i in failed), "nothing stored"
+
+
+async def count_chunk_asks(nodes, reader: str) -> Counter:
+    """(owner, chunk index) -> how many chunk GETs `reader` made of that owner, from now on."""
+    asked: Counter = Counter()
+    for nid, nd in nodes.items():
+        def counting(serve=nd.node.chunk_owner.serve, nid=nid):
+            async def serve_counted(request, record, **kw):
+                if request.headers.get("X-Nezha-Peer") == reader and request.method == "GET":
+                    asked[(nid, json.loads(request.headers["X-Nezha-Chunk"])["index"])] += 1
+                return await serve(request, record, **kw)
+            return serve_counted
+        nd.node.chunk_owner.serve = counting()
+    return asked
+
+
+async def test_readers_on_one_non_owner_share_one_request_per_chunk_to_its_owner(origin, cluster, session):
+    """Six clients read the object at once through one node that owns none of the chunks they read: each
+    owner is asked for each of its chunks once by that node, not once per client (the stampede's chunks
+    grew with N because they were), every client gets exact bytes, and the passing node stores no chunk."""
+    put(origin)
+    nodes, members = await cluster(4, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    (key_owner,), others = owner_and_other(nodes, PATH)
+    await read(nodes[key_owner], session)  # every chunk stored on its owner: the wave below reads warm owners
+    await settled(nodes)
+    reader = others[0]
+    asked = await count_chunk_asks(nodes, reader)
+    results = await asyncio.gather(*(read(nodes[reader], session) for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    theirs = [i for i, owners in enumerate(table) if owners != [reader]]
+    assert len(asked) == len(theirs), f"the reader asked for {sorted(asked)}, its owners' chunks are {theirs}"
+    assert set(asked.values()) == {1}, f"a chunk asked of its owner more than once: {asked}"
+    await settled(nodes)
+    assert all(chunk_key(KEY, i, CHUNK) not in nodes[reader].node.store for i in theirs), "nothing stored"
+
+
+async def test_in_a_cold_wave_a_node_asks_each_chunk_it_does_not_own_first_once_however_many_read_it(
+        origin, cluster, session):
+    """R = 2, cold. Six clients read the object at once through one node: the chunks it owns behind another
+    node are copied once by its fill (kept), those it does not own are passed on once (not kept), each
+    asked of the chunk's first owner by one GET from that node; the origin sends each chunk once."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    reader = "n0"
+    asked = await count_chunk_asks(nodes, reader)
+    results = await asyncio.gather(*(read(nodes[reader], session) for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    assert origin.requests[PATH] == 1 + SIZE // CHUNK
+    behind = {i: owners[0] for i, owners in enumerate(table) if owners[0] != reader}
+    assert asked == Counter({(owner, i): 1 for i, owner in behind.items()}), f"asked {asked}"
+    await settled(nodes)
+    for i, owners in enumerate(table):
+        assert (chunk_key(KEY, i, CHUNK) in nodes[reader].node.store) == (reader in owners), i
+
+
+
+async def test_readers_of_a_replicas_fill_whose_source_breaks_off_go_on_with_its_fill_not_the_origin(
+        origin, cluster, session):
+    """R = 2, cold. A chunk's first owner sends half of it, then drops the connection (a node killed
+    mid-fill), while six clients of the chunk's second owner follow that node's fill copying it: the fill
+    goes on from the origin and the clients go on with it. The origin is asked for the chunk twice (the
+    first owner's fill, the second owner's), never for the rest of it once per client."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (victim, reader) = next((i, owners) for i, owners in enumerate(table) if len(owners) == 2)
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        if offset + count <= CHUNK // 2:
+            await resp.write(os.pread(f.fileno(), count, offset))
+            return
+        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    nodes[victim].node.chunk_owner.send_file = half_then_hang_up
+    results = await asyncio.gather(*(read(nodes[reader], session, headers={"Range": f"bytes={a}-{b}"})
+                                     for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(206, CHUNK, sha(BODY[a:b + 1]))}
+    ranges = [h["Range"] for h in origin.request_headers[1:]]
+    assert ranges == [f"bytes={a}-{b}"] * 2, f"origin asked for {ranges}"
