@@ -49,12 +49,12 @@ def stored_counts(meta: Meta, sign: int) -> dict[str, int]:
 
 class Counts:
     def __init__(self, *, metrics: Metrics, store: Store, index: Index | None,
-                 from_peer: Callable[[Any], bool]) -> None:
+                 from_peer: Callable[[Any], bool], live: Callable[[], None] = lambda: None) -> None:
         self.metrics = metrics
         self.store = store
         self.index = index
         self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/cluster/peer_auth.py)?
-        self.live: Callable[[], None] = lambda: None  # told of each fast hit (cachenode/front/pacing.py)
+        self.live = live  # told of each fast hit (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
                           ("bytes_from_origin", m.bytes_from_origin), ("failed_fills", m.fill_failures),

@@ -75,12 +75,11 @@ class CacheNode:
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
         token = settings.cluster_token
         self.metrics.registry.register(StoreReport(store.index))
-        self.counts = Counts(metrics=self.metrics, store=store, index=index,
-                             from_peer=lambda request: is_peer_request(request, token))
         # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits count as live.
         self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
                              quiet=settings.prefetch_quiet)
-        self.counts.live = self.pacing.live_hit
+        self.counts = Counts(metrics=self.metrics, store=store, index=index,
+                             from_peer=lambda request: is_peer_request(request, token), live=self.pacing.live_hit)
         if index is not None and index.enabled:
             self.metrics.watch_index(lambda: index.conn.state == "ok")
         # A cold owner sends its headers once the origin sent its own: within

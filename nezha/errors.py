@@ -25,9 +25,9 @@ the drawing is the tree the code defines.
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
     │   │   ├── Refused  cachenode.store.objects: the eviction policy kept what is stored over this newcomer
     │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
-    │   │   ├── Superseded  cachenode.fill.buffer: a write to the URL succeeded while it filled
-    │   │   ├── Unprovable  cachenode.fill.buffer: a body that ended at a close, with nothing proving it whole
-    │   │   └── StoreUnwritable  cachenode.fill.buffer: the disk refused the body (ENOSPC, EIO, ...)
+    │   │   ├── Superseded  cachenode.fill.unstored: a write to the URL succeeded while it filled
+    │   │   ├── Unprovable  cachenode.fill.unstored: a body that ended at a close, with nothing proving it whole
+    │   │   └── StoreUnwritable  cachenode.fill.unstored: the disk refused the body (ENOSPC, EIO, ...)
     │   ├── RangesAbandoned  cachenode.fill.buffer: a parallel range fetch gave up; the fill goes on as one stream
     │   ├── BadTarget  nezha.keys: a request line or Host that names no object (400)
     │   │   └── BadHost  nezha.keys: a host no origin can have, an IP literal (403)
