@@ -339,7 +339,7 @@ def venv_python(image: Image, code: str) -> str:
     return proc.stdout
 
 
-COMMANDS = ["cache", "up", "demo", "origin", "ring", "stats", "webhook", "controller", "ca"]
+COMMANDS = ["cache", "verify", "up", "demo", "origin", "ring", "stats", "webhook", "controller", "ca"]
 
 
 @pytest.mark.timeout(600)
