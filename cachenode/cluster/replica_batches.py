@@ -9,7 +9,7 @@ they travel together in one `POST /_nezha/replicas` whose records
 (cluster/replica_frames.py) the peer checks and commits one by one
 (cluster/replica_intake.py). Large objects keep the one-by-one path.
 
-A batch leaves when it holds `max_records` objects or `max_bytes` bytes,
+A batch leaves when it holds `max_records` objects (`replica_batch`, 64) or `max_bytes` bytes,
 or `delay` after its first object came, whichever is first; one batch per
 peer is on its way at a time, and the next gathers meanwhile. Its bodies
 are read from this node's disk when it leaves, each file's seal checked
@@ -56,7 +56,6 @@ log = structlog.get_logger("nezha.handoff")
 # loaded machine (tests/integration/cluster/test_replica_batches_processes.py),
 # the 64 of a full batch at a thousand a second (bench/cluster.py; docs/benchmarks.md,
 # "Replicas of small objects").
-BATCH_RECORDS = 64
 BATCH_BYTES = 4 << 20
 BATCH_DELAY = 0.2
 RETRY_PARALLEL = 4  # one-by-one copies at a time of a batch's unanswered records
@@ -90,21 +89,22 @@ class ReplicaBatches:
 
     def __init__(self, *, node_id: str, settings: CacheSettings, store: Store, client: OriginClient,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task], one_by_one: OneByOne,
-                 max_records: int = BATCH_RECORDS, max_bytes: int = BATCH_BYTES, delay: float = BATCH_DELAY) -> None:
+                 max_records: int | None = None, max_bytes: int = BATCH_BYTES, delay: float = BATCH_DELAY) -> None:
         self.node_id = node_id
         self.settings = settings
         self.store = store
         self.client = client
         self.spawn = spawn
         self.one_by_one = one_by_one
-        self.max_records = max_records
+        # 0 (settings.replica_batch): no batches, every replica goes one by one.
+        self.max_records = settings.replica_batch if max_records is None else max_records
         self.max_bytes = max_bytes
         self.delay = delay
         self._queues: dict[str, _Queue] = {}
 
     def takes(self, meta: Meta) -> bool:
         """Whether `meta`'s replicas travel in batches: a small object stored whole in a sealed file."""
-        return small.is_sealed(meta) and meta.size <= self.max_bytes and not meta.chunk_size \
+        return self.max_records > 0 and small.is_sealed(meta) and meta.size <= self.max_bytes and not meta.chunk_size \
             and chunk_of(meta.key) is None
 
     def add(self, peer: Peer, meta: Meta, target: Target, selecting: dict[str, str]) -> None:
