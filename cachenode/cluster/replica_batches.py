@@ -50,12 +50,12 @@ from nezha.wire import PEER_HEADER, REPLICAS_PATH, ReplicateResult
 
 log = structlog.get_logger("nezha.handoff")
 
-# A batch's bounds: whichever comes first. A replica exists for the day its
-# node's owner dies; 0.2 s later than its fill is no loss, and gathers about
-# ten objects per request from three nodes filling a few hundred a second on a
-# loaded machine (tests/integration/cluster/test_replica_batches_processes.py),
-# the 64 of a full batch at a thousand a second (bench/cluster.py; docs/benchmarks.md,
-# "Replicas of small objects").
+# A batch's bounds besides its count (`replica_batch`): whichever comes
+# first. A replica exists for the day its owner dies; 0.2 s later than its
+# fill is no loss, and gathers 11-13 objects a request from three nodes
+# filling about 500 a second on a loaded machine (bench/cluster.py
+# --replication; docs/benchmarks.md, "Replicas of small objects"); in the
+# process test's burst, 0.01 s gathered about 4 and 0.2 s about 10.
 BATCH_BYTES = 4 << 20
 BATCH_DELAY = 0.2
 RETRY_PARALLEL = 4  # one-by-one copies at a time of a batch's unanswered records
