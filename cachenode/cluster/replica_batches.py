@@ -46,7 +46,7 @@ from nezha.chunks import chunk_of
 from nezha.config import CacheSettings
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import PEER_HEADER, REPLICAS_PATH, ReplicateResult
+from nezha.wire import PEER_HEADER, REPLICAS_PATH, ReplicateResult, replicate_failed
 
 log = structlog.get_logger("nezha.handoff")
 
@@ -70,6 +70,13 @@ class _Item:
     target: Target
     selecting: dict[str, str]
     at: float  # loop time it came
+    # How its copy ended: a ReplicateResult, replicate_failed(why), or None
+    # when it was no longer stored as it was when it came (evicted, replaced).
+    done: asyncio.Future[str | None]
+
+    def end(self, result: str | None) -> None:
+        if not self.done.done():
+            self.done.set_result(result)
 
 
 @dataclass
@@ -107,15 +114,21 @@ class ReplicaBatches:
         return self.max_records > 0 and small.is_sealed(meta) and meta.size <= self.max_bytes and not meta.chunk_size \
             and chunk_of(meta.key) is None
 
-    def add(self, peer: Peer, meta: Meta, target: Target, selecting: dict[str, str]) -> None:
-        """Send `meta`'s object to `peer` with the next batch bound there."""
+    def add(self, peer: Peer, meta: Meta, target: Target, selecting: dict[str, str]) -> asyncio.Future[str | None]:
+        """Send `meta`'s object to `peer` with the next batch bound there. How
+        its copy ended, for who waits (a hand-off): a ReplicateResult, or
+        replicate_failed(why) once the one-by-one path failed too, or None
+        when it was evicted or replaced before its batch left."""
+        loop = asyncio.get_running_loop()
         queue = self._queues.setdefault(peer.id, _Queue())
-        queue.items.append(_Item(meta, target, selecting, asyncio.get_running_loop().time()))
+        item = _Item(meta, target, selecting, loop.time(), loop.create_future())
+        queue.items.append(item)
         queue.bytes += meta.size
         if len(queue.items) >= self.max_records or queue.bytes >= self.max_bytes:
             queue.full.set()
         if queue.sender is None:
             queue.sender = self.spawn(self._drain(peer, queue))
+        return item.done
 
     async def _drain(self, peer: Peer, queue: _Queue) -> None:
         """Send `peer`'s batches one after another until its queue is empty."""
@@ -126,7 +139,13 @@ class ReplicaBatches:
                 if wait > 0 and not queue.full.is_set():
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(queue.full.wait(), wait)
-                await self._send(peer, self._take(queue))
+                batch = self._take(queue)
+                try:
+                    await self._send(peer, batch)
+                except Exception as e:  # a bug, not a peer's failure: the objects stay here all the same
+                    log.error("replicas_not_sent", peer=peer.id, records=len(batch), error=f"{type(e).__name__}: {e}")
+                    for item in batch:
+                        item.end(replicate_failed(f"{type(e).__name__}: {e}"))
         finally:
             queue.sender = None  # no await since the loop found the queue empty: nothing came meanwhile
 
@@ -157,6 +176,7 @@ class ReplicaBatches:
             result = results.get(i)
             if result in (ReplicateResult.COPIED, ReplicateResult.PRESENT):
                 tally[str(result)] += 1
+                item.end(result)
             else:
                 again.append(item)
         log.info("replicas_sent", peer=peer.id, records=len(sending), **tally, again=len(again),
@@ -171,7 +191,10 @@ class ReplicaBatches:
 
         async def one(item: _Item) -> None:
             async with gate:
-                await self.one_by_one(peer, item.target, item.selecting)
+                try:
+                    item.end(await self.one_by_one(peer, item.target, item.selecting))
+                finally:
+                    item.end(replicate_failed(f"{self.node_id} is stopping"))
 
         await asyncio.gather(*(one(item) for item in items))
 
@@ -183,6 +206,8 @@ class ReplicaBatches:
             current = self.store.lookup(item.meta.key, item.selecting)
             if current is not None and current.data == item.meta.data and not current.hot:
                 held.append((item, current, self.store.data_path(current)))
+            else:
+                item.end(None)
         if not held:
             return []
         bodies = await asyncio.get_running_loop().run_in_executor(None, _read_all, [p for *_, p in held])
@@ -190,8 +215,9 @@ class ReplicaBatches:
         for (item, meta, path), body in zip(held, bodies):
             if isinstance(body, str) or len(body) != meta.size:
                 # Evicted meanwhile (its file gone), or damaged at rest: a read or the scrub finds it there.
-                log.warning("replica_not_sent", key=meta.key, path=path,
-                            error=body if isinstance(body, str) else f"{len(body)} bytes, not {meta.size}")
+                why = body if isinstance(body, str) else f"{len(body)} bytes, not {meta.size}"
+                log.warning("replica_not_sent", key=meta.key, path=path, error=why)
+                item.end(replicate_failed(f"not sent: {why}"))
                 continue
             sending.append((item, meta, body))
         return sending
