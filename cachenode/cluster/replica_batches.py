@@ -146,6 +146,14 @@ class ReplicaBatches:
                     log.error("replicas_not_sent", peer=peer.id, records=len(batch), error=f"{type(e).__name__}: {e}")
                     for item in batch:
                         item.end(replicate_failed(f"{type(e).__name__}: {e}"))
+                except asyncio.CancelledError:
+                    for item in batch:
+                        item.end(replicate_failed(f"{self.node_id} is stopping"))
+                    raise
+        except asyncio.CancelledError:  # the node stops: who waits (a hand-off) learns it
+            for item in queue.items:
+                item.end(replicate_failed(f"{self.node_id} is stopping"))
+            raise
         finally:
             queue.sender = None  # no await since the loop found the queue empty: nothing came meanwhile
 
