@@ -59,7 +59,7 @@ disagree about the ring.
 
 Where each rule lives: this module is the loop over owners; talking to one
 owner (the connect budget, down marks, the liveness probe before the
-headers and mid-body) is front/peer_link.py; the body promised to the
+headers and mid-body) is front/peer_asks.py; the body promised to the
 client (its span, its validator, its digest check, its clean end) is
 front/relay_body.py; the rest of a body no owner ahead could finish (this
 node's own flight, then the origin) is front/relay_resume.py.
@@ -77,7 +77,7 @@ from aiohttp import web
 from cachenode.kernel import splice
 from nezha.ring import Peer
 from cachenode.front.interim import InterimRelay
-from cachenode.front.peer_link import PeerLink, from_origin
+from cachenode.front.peer_asks import PeerAsks, from_origin
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, start_body, stream_body
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target
@@ -93,7 +93,7 @@ OnManifest = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web
 OnAnswer = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
 
 
-class PeerRelay(PeerLink):
+class PeerRelay(PeerAsks):
     """The relay: a client's request asked of the key's owners in order, and
     the first answer streamed back, resumed elsewhere when it breaks."""
 

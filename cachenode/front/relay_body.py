@@ -28,7 +28,7 @@ from cachenode.kernel import splice
 from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
-from cachenode.front.peer_link import PeerLink
+from cachenode.front.peer_asks import PeerAsks
 from cachenode.front.relay_digest import RelayedDigest
 from cachenode.http.digests import Verifier, expectations
 from cachenode.http.freshness import http_date
@@ -79,12 +79,12 @@ class RelayedBody:
         return self.total is None or m.group(3) == "*" or int(m.group(3)) == self.total
 
 
-async def start_body(link: PeerLink, request: web.Request, r: aiohttp.ClientResponse, peer: Peer) -> RelayedBody:
+async def start_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientResponse, peer: Peer) -> RelayedBody:
     """The client's response begun from owner `peer`'s answer `r`: its head sent, its body promised."""
     out = ExactResponse(status=r.status, reason=r.reason)
     for name, value in end_to_end(r.headers, drop=_OWNER_ONLY).items():
         out.headers.add(name, value)
-    add_via(out.headers, via_of(link.node_id))
+    add_via(out.headers, via_of(asks.node_id))
     label = relayed(r.headers.get(CACHE_HEADER, "unknown"))
     out.headers[CACHE_HEADER] = label
     out.headers[SERVED_BY_HEADER] = peer.id
@@ -106,19 +106,19 @@ async def start_body(link: PeerLink, request: web.Request, r: aiohttp.ClientResp
     return body
 
 
-async def stream_body(link: PeerLink, request: web.Request, r: aiohttp.ClientResponse, body: RelayedBody, *,
+async def stream_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientResponse, body: RelayedBody, *,
                       peer: Peer | None) -> None:
     """The rest of `r`'s body to the client; raises ClientError or TimeoutError if `r` breaks."""
     def count(n: int) -> None:
         body.sent += n
 
-    watch = link.guard(peer, r, lambda: body.sent) if peer is not None else None
+    watch = asks.guard(peer, r, lambda: body.sent) if peer is not None else None
     check = body.check
     try:
-        if check is None and link.splice and splice.usable(r, request):
-            await splice.splice_body(r, request, body.out, read_timeout=link.read_timeout, on_bytes=count)
+        if check is None and asks.splice and splice.usable(r, request):
+            await splice.splice_body(r, request, body.out, read_timeout=asks.read_timeout, on_bytes=count)
         else:
-            async for chunk in r.content.iter_chunked(link.read_size):
+            async for chunk in r.content.iter_chunked(asks.read_size):
                 taken = len(chunk)
                 if check is not None:
                     await check.feed(chunk)
@@ -137,7 +137,7 @@ async def stream_body(link: PeerLink, request: web.Request, r: aiohttp.ClientRes
             watch.cancel()
 
 
-async def finish_body(link: PeerLink, request: web.Request, body: RelayedBody, target: Target) -> web.StreamResponse:
+async def finish_body(asks: PeerAsks, request: web.Request, body: RelayedBody, target: Target) -> web.StreamResponse:
     """The whole body came: its last byte and a clean end, once its digest
     (if its head published one) matches; else the client is cut."""
     if body.check is not None:
@@ -146,8 +146,8 @@ async def finish_body(link: PeerLink, request: web.Request, body: RelayedBody, t
             log.error("digest_mismatch", origin=target.host, key=access(request).key or target.path,
                       source="relay", peer=body.first, field=mismatch.expected.field,
                       expected=mismatch.expected.shown(), got=mismatch.got, bytes=mismatch.length)
-            if link.mismatches is not None:
-                link.mismatches.labels(origin=target.host).inc()
+            if asks.mismatches is not None:
+                asks.mismatches.labels(origin=target.host).inc()
             access(request).bytes = body.sent - len(body.held)
             break_connection(request)
             return body.out

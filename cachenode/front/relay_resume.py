@@ -27,7 +27,7 @@ from aiohttp import web
 from cachenode.kernel import splice
 from cachenode.front.access import break_connection
 from nezha.ring import Peer
-from cachenode.front.peer_link import PeerLink
+from cachenode.front.peer_asks import PeerAsks
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, stream_body
 from nezha.keys import Target
 from cachenode.fill.origin import forwarded_request_headers, via_of
@@ -41,11 +41,11 @@ _RESUME_EVENTS = {"origin": ("origin_resumed", "origin_resume_refused", "origin_
 _CONDITIONALS = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range")
 
 
-def headers_for(link: PeerLink, request: web.Request, target: Target, *, validators: dict[str, str] | None,
+def headers_for(asks: PeerAsks, request: web.Request, target: Target, *, validators: dict[str, str] | None,
                 body: RelayedBody | None):
     """The fields an owner is asked with: a hot copy's validators instead of
     the client's on the first ask, a resumed body's range on a later one."""
-    headers = link.peer_headers(request, target)
+    headers = asks.peer_headers(request, target)
     if validators is not None and body is None:
         for name in ("If-None-Match", "If-Modified-Since"):
             headers.popall(name, None)
@@ -57,21 +57,21 @@ def headers_for(link: PeerLink, request: web.Request, target: Target, *, validat
     return headers
 
 
-async def unfinished(link: PeerLink, request: web.Request, body: RelayedBody, *, origin_url: str | None,
+async def unfinished(asks: PeerAsks, request: web.Request, body: RelayedBody, *, origin_url: str | None,
                      target: Target, here: Peer | None = None) -> web.StreamResponse:
     """No owner finished the body it began: the rest from this node's own
     flight when it owns the key, else from the origin, else a broken connection."""
     if here is not None and body.resumable and request.method == "GET":
         try:
-            if await resume(link, request, body, url=here.url + target.path_qs, target=target,
-                            headers=headers_for(link, request, target, validators=None, body=body), source=here):
-                return await finish_body(link, request, body, target)
+            if await resume(asks, request, body, url=here.url + target.path_qs, target=target,
+                            headers=headers_for(asks, request, target, validators=None, body=body), source=here):
+                return await finish_body(asks, request, body, target)
         except splice.ClientGone as e:
             return client_gone(request, body, here.id, e)
     if origin_url is not None and body.resumable and request.method == "GET":
         try:
-            if await resume_from_origin(link, request, body, origin_url, target):
-                return await finish_body(link, request, body, target)
+            if await resume_from_origin(asks, request, body, origin_url, target):
+                return await finish_body(asks, request, body, target)
         except splice.ClientGone as e:
             return client_gone(request, body, "origin", e)
     # Headers are out and nothing could finish the body: the client must
@@ -81,17 +81,17 @@ async def unfinished(link: PeerLink, request: web.Request, body: RelayedBody, *,
     return body.out
 
 
-async def resume_from_origin(link: PeerLink, request: web.Request, body: RelayedBody, url: str,
+async def resume_from_origin(asks: PeerAsks, request: web.Request, body: RelayedBody, url: str,
                              target: Target) -> bool:
     """Fetch the rest of the body from the origin; False if it cannot be had."""
-    headers = forwarded_request_headers(request.headers, via=via_of(link.node_id))
+    headers = forwarded_request_headers(request.headers, via=via_of(asks.node_id))
     for name in _CONDITIONALS:
         headers.popall(name, None)
     headers.update(body.resume_headers())
-    return await resume(link, request, body, url=url, headers=headers, target=target, source=None)
+    return await resume(asks, request, body, url=url, headers=headers, target=target, source=None)
 
 
-async def resume(link: PeerLink, request: web.Request, body: RelayedBody, *, url: str, headers, target: Target,
+async def resume(asks: PeerAsks, request: web.Request, body: RelayedBody, *, url: str, headers, target: Target,
                  source: Peer | None) -> bool:
     """The rest of the body from `url` (the origin, or `source`: this node's own
     flight, asked as a peer asks); False if it cannot be had there."""
@@ -99,9 +99,9 @@ async def resume(link: PeerLink, request: web.Request, body: RelayedBody, *, url
     resumed, refused, failed = _RESUME_EVENTS["origin" if source is None else "here"]
     try:
         if source is None:
-            r = await link.client.request("GET", url, headers=headers, what=f"origin {url}")
+            r = await asks.client.request("GET", url, headers=headers, what=f"origin {url}")
         else:
-            r = await link.ask(source, "GET", url, headers=headers)
+            r = await asks.ask(source, "GET", url, headers=headers)
     except OriginError as e:
         log.warning(failed, path=target.path, offset=offset, error=str(e))
         return False
@@ -112,7 +112,7 @@ async def resume(link: PeerLink, request: web.Request, body: RelayedBody, *, url
             return False
         log.info(resumed, path=target.path, offset=offset)
         try:
-            await stream_body(link, request, r, body, peer=None)
+            await stream_body(asks, request, r, body, peer=None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             log.warning(failed, path=target.path, offset=offset, sent=body.sent,
                         error=f"{type(e).__name__}: {e}")

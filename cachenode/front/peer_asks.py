@@ -61,8 +61,8 @@ def from_origin(response: aiohttp.ClientResponse) -> bool:
     return ORIGIN_ERROR_HEADER in response.headers or response.headers.get(CACHE_HEADER) in PASSED_ON
 
 
-class PeerLink:
-    """One node's links to its peers: their down marks and connect budgets, and
+class PeerAsks:
+    """One node's asks of its peers: their down marks and connect budgets, and
     the asks, probes and body guards that use them. The relay (`PeerRelay`)
     is one; chunk reads and fills led through a peer ask through it too."""
 
