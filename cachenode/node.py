@@ -33,6 +33,7 @@ from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
 from cachenode.cluster.hot_copies import HotCopies
+from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.front.pacing import Pacing
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
@@ -118,8 +119,8 @@ class CacheNode:
         via = via_of(self.node_id)
         files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
         # Asking peers to copy from here needs no engine: the engine is handed it.
-        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins,
-                                 spawn=self.spawn)
+        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
+                                 client=self.origins, spawn=self.spawn)
         broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
@@ -152,8 +153,9 @@ class CacheNode:
                         counts=self.counts, clock=clock)
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
+        intake = ReplicaIntake(settings=settings, store=self.store, flights=self.engine.flights, counts=self.counts)
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
-                                          pinning=Pinning(pins=self.store.pins)),
+                                          pinning=Pinning(pins=self.store.pins), intake=intake),
                         origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,

@@ -71,6 +71,7 @@ OWN_PREFIX = "x-nezha-"
 # Internal endpoints, for peers and the tools of the cluster only (cluster token).
 INTERNAL_PREFIX = "/_nezha/"
 REPLICATE_PATH = "/_nezha/replicate"  # POST: copy one object from a peer
+REPLICAS_PATH = "/_nezha/replicas"  # POST: small objects a peer pushes, in records (cachenode/cluster/replica_frames.py)
 HANDOFF_PATH = "/_nezha/handoff"  # POST: hand every object to its owners; GET: progress
 INVALIDATE_PATH = "/_nezha/invalidate"  # POST: forget keys a write superseded
 PINS_PATH = "/_nezha/pins"  # POST: pin a workload's keys, or release them; GET: pinned bytes per workload
