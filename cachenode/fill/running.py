@@ -172,9 +172,13 @@ class FillRuns:
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
                                         answer=response if answered is not None else None,
                                         answered=answered[:2] if answered is not None else None)
-        # A resume's 206 is checked by nothing: its digest fields may be the part's, not the object's.
+        # A resume's 206 is checked against the whole object's digest its
+        # Repr-Digest or the relay resuming names (fill/verify.py `Digests.check`).
         check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
-                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
+                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
+                                   part=answered is not None,
+                                   # Of the version the 206 answered If-Range for: never of another's 200.
+                                   handed=source.handed if answered is not None else None)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),

@@ -36,7 +36,7 @@ from nezha.keys import Target
 from cachenode.fill.origin import Interim, OriginClient, end_to_end
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
                         TOKEN_HEADER)
 
 if TYPE_CHECKING:
@@ -116,10 +116,12 @@ class PeerLink:
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
         headers = end_to_end(request.headers)
         headers["Host"] = target.host
-        headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
+        headers.popall(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         # A client's chunk request would become this node's, made with its token:
         # only a node reading a chunked object asks for a chunk (cachenode/chunks/reads.py).
-        headers.pop(CHUNK_HEADER, None)
+        headers.popall(CHUNK_HEADER, None)
+        # A client's digest would be believed as this node's: a wrong one would make the owner refuse right bytes.
+        headers.popall(DIGEST_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))
