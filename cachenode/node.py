@@ -140,7 +140,8 @@ class CacheNode:
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
-                                 forget=self.invalidation, counts=self.counts)
+                                 forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
+                                 mismatches=self.metrics.digest_mismatches)
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,

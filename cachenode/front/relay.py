@@ -51,7 +51,7 @@ Failover, in the order a request meets it:
   last byte until the check passes: on a mismatch its connection is cut
   (no clean end, no last chunk), and `digest_mismatch` is logged (source
   `relay`) and counted as a fill's is. Such a body goes through Python,
-  not the kernel's splice: its bytes must be hashed (front/relay_digest.py).
+  not the kernel's splice: its bytes must be hashed (fill/streamed_digest.py).
 
 Relayed requests carry `X-Nezha-Peer`; a node never relays such a request
 again, so each request crosses at most one peer hop even when two nodes

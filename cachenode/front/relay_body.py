@@ -10,7 +10,7 @@ pour a source's bytes into it, and end it cleanly or cut it.
 
 A body whose head carries a whole-object digest (`http/digests.py`) is
 checked across every source, and its last byte is held back until the
-check passes (front/relay_digest.py): a resume may join wrong bytes already
+check passes (fill/streamed_digest.py): a resume may join wrong bytes already
 sent to a right rest, and a cut connection is the only way to tell the client.
 Such a body goes through Python, not the kernel's splice: its bytes must be hashed.
 """
@@ -29,7 +29,7 @@ from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.peer_link import PeerLink
-from cachenode.front.relay_digest import RelayedDigest
+from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Expectations, Expected, Verifier, carried, expectations
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
@@ -59,7 +59,7 @@ class RelayedBody:
     validator: str | None  # for If-Range, if a safe one exists
     sent: int = 0  # bytes taken from the sources: written to the client, or `held`
     # The check of the whole body against the digest its head published, if any.
-    check: RelayedDigest | None = None
+    check: StreamedDigest | None = None
     held: bytes = b""  # the body's last byte, kept from the client until `check` passes
     first: str = ""  # the owner that began the body
     # The whole-object digest of the head the body began with, checked or
@@ -107,7 +107,7 @@ async def start_body(link: PeerLink, request: web.Request, r: aiohttp.ClientResp
     if request.method == "GET" and r.status == 200:
         body.known = known_digest(r)
         if body.known is not None and r.headers.get(CACHE_HEADER) not in FROM_DISK:
-            body.check = RelayedDigest(Verifier(body.known))
+            body.check = StreamedDigest(Verifier(body.known))
     await out.prepare(request)
     return body
 

@@ -34,7 +34,7 @@ from nezha.keys import Target
 from cachenode.fill.origin import forwarded_request_headers, via_of
 from nezha.errors import OriginError
 from nezha.wire import DIGEST_HEADER
-from cachenode.front.relay_digest import RelayedDigest
+from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Verifier, carry
 
 log = structlog.get_logger("nezha.peers")
@@ -110,7 +110,7 @@ async def rehash_head(link: PeerLink, body: RelayedBody, url: str, headers, targ
     client kept from its last byte until it passes. False (the client is
     cut) when the origin cannot give them."""
     assert body.known is not None and body.validator is not None
-    check = RelayedDigest(Verifier(body.known))
+    check = StreamedDigest(Verifier(body.known))
     asked = CIMultiDict(headers)
     asked["Range"] = f"bytes=0-{body.start + body.sent - 1}"
     try:
