@@ -29,6 +29,7 @@ from cachenode.fill.lead import Step, answered_span, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread, if_range_validator, parallel_validator
 from cachenode.fill.running import FillRuns, Peers
+from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
@@ -77,7 +78,7 @@ class FillEngine:
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  replicate: Callable[[Meta, Target], None], chunks: ChunkedObjects,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, digests: Digests | None = None) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -95,7 +96,7 @@ class FillEngine:
         # The fills its answers start, each running in the background until it lands.
         self.runs = FillRuns(settings=settings, store=store, origins=origins, peers=peers, counts=counts,
                              metrics=metrics, flights=self.flights, parts=self.parts, spawn=spawn,
-                             replicate=replicate)
+                             replicate=replicate, digests=digests)
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it

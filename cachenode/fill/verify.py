@@ -176,6 +176,13 @@ class Digests:
         while len(self._linked) > LINKED_KEPT:
             self._linked.popitem(last=False)
 
+    def linked(self, target: Target) -> Expected | None:
+        """The sha256 a redirect this node fetched or relayed named for `target`
+        (kept for the fill of it here): what a relay hands the target's owner
+        (nezha/wire.py DIGEST_HEADER), whose fill then checks it."""
+        linked = self._linked.get((target.host.lower(), target.path))
+        return None if linked is None else expectations((), status=200, linked_etag=linked).cheapest()
+
     def check(self, *, key: str, target: Target, status: int, headers: Mapping[str, str],
               fd: int, part: bool = False, handed: Expected | None = None) -> BodyCheck | None:
         """The check a fill of `target` runs over the body of its answer

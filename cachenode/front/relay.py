@@ -82,7 +82,8 @@ from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, st
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target
 from nezha.errors import OriginError
-from nezha.wire import CHUNKED_HEADER
+from nezha.wire import CHUNKED_HEADER, DIGEST_HEADER
+from cachenode.http.digests import carry
 
 log = structlog.get_logger("nezha.peers")
 
@@ -131,6 +132,10 @@ class PeerRelay(PeerLink):
             if body is not None and not body.resumable:
                 break
             headers = headers_for(self, request, target, validators=validators, body=body)
+            handed = self.linked.linked(target) if body is None and self.linked is not None else None
+            if handed is not None:
+                # A Hugging Face redirect this node passed on named the file's sha256: its owner checks it.
+                headers[DIGEST_HEADER] = carry(handed)
             try:
                 r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
                                    interim=interim if body is None else None)
@@ -138,6 +143,8 @@ class PeerRelay(PeerLink):
                 self.mark_down(peer, str(e))
                 continue
             try:
+                if body is None and self.linked is not None:
+                    self.linked.noted(target, r.status, r.headers)  # a redirect's X-Linked-ETag, for its target
                 if r.status >= 500 and not from_origin(r):
                     self.mark_down(peer, f"answered {r.status}")
                     continue

@@ -178,7 +178,7 @@ def client_gone(request: web.Request, body: RelayedBody, source: str, error: Exc
 def known_digest(r: aiohttp.ClientResponse) -> Expected | None:
     """The whole-object digest an owner's 200 is known by: the cheapest its
     head publishes or the owner's fill checks (DIGEST_HEADER: Hugging Face's
-    X-Linked-ETag came on a redirect this node never saw)."""
+    X-Linked-ETag came on a redirect this node may never have seen)."""
     handed = carried(r.headers.get(DIGEST_HEADER))
     published = expectations(r.headers.items(), status=200).expected
     return Expectations((*published, *((handed,) if handed is not None else ()))).cheapest()

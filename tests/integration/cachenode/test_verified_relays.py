@@ -281,3 +281,37 @@ async def test_an_owners_fill_hands_the_relay_the_digest_it_checks_which_the_cli
         assert any(e["event"] == "origin_resumed" for e in logs)
         [event] = relay_mismatches(logs)
         assert event["field"] == "X-Linked-ETag via X-Nezha-Digest"
+
+
+@pytest.mark.parametrize("entry_is", ["the-redirects-owner", "its-relay"])
+async def test_a_hugging_face_digest_reaches_the_targets_owner_from_the_node_the_redirect_passed_through(
+        origin, cluster, session, entry_is):
+    """The redirect's key and its target's have different owners. The node
+    the client reads both through saw the redirect (as its owner, or as the
+    relay that passed it on) and noted the sha256 it names: as the relay of
+    the target it hands the sha256 to the target's owner, whose fill checks
+    it; as the target's owner it checks it itself. Wrong bytes are cut, not
+    stored, and counted where the fill ran."""
+    nodes, _ = await cluster(2, replicas=1)
+    redirect = "/org/model/resolve/main/model.safetensors"
+    [r_owner], _ = owner_and_other(nodes, redirect)
+    target = next(p for p in (f"/xet-bridge/blobs/{i}" for i in range(100))
+                  if owner_and_other(nodes, p)[0] != [r_owner])
+    [t_owner], _ = owner_and_other(nodes, target)
+    entry = nodes[r_owner] if entry_is == "the-redirects-owner" else nodes[t_owner]
+    origin.put(redirect, b"", status=302, headers={
+        "Location": f"http://{HOST}{target}", "X-Linked-ETag": f'"{hashlib.sha256(GOOD).hexdigest()}"',
+        "Cache-Control": "no-store"})
+    origin.put(target, WRONG, etag=ETAG)
+    async with session.get(entry.url + redirect, headers={"Host": HOST}, allow_redirects=False) as r:
+        assert r.status == 302
+    with capture_logs() as logs:
+        status, got, _, error = await read_counting(entry, session, target)
+        for node in nodes.values():
+            await node.node.settled()
+    assert status == 200 and error is not None and got < len(GOOD), (status, got, error)
+    assert all(key_of(target) not in node.node.store for node in nodes.values())
+    fill_mismatches = [e for e in logs if e["event"] == "digest_mismatch" and e.get("source") != "relay"]
+    assert [e["field"] for e in fill_mismatches] == [
+        "X-Linked-ETag via X-Nezha-Digest" if entry_is == "the-redirects-owner" else "X-Linked-ETag"]
+    assert nodes[t_owner].node.metrics.digest_mismatches.labels(origin=HOST)._value.get() == 1
