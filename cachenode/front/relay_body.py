@@ -8,11 +8,16 @@ object, and a validator that may pin a resume to the same version) and how
 much of it went out; the functions here start it from an owner's answer,
 pour a source's bytes into it, and end it cleanly or cut it.
 
-A body whose head carries a whole-object digest (`http/digests.py`) is
-checked across every source, and its last byte is held back until the
-check passes (fill/streamed_digest.py): a resume may join wrong bytes already
-sent to a right rest, and a cut connection is the only way to tell the client.
-Such a body goes through Python, not the kernel's splice: its bytes must be hashed.
+A body from an owner's fill in progress whose head carries a whole-object
+digest (`http/digests.py`, or the owner's `X-Nezha-Digest`) is checked
+across every source, and its last byte is held back until the check passes
+(fill/streamed_digest.py): that fill may yet be cut for a mismatch, a resume
+would join the wrong bytes already sent to a right rest, and a cut
+connection is the only way to tell the client. Such a body goes through
+Python, not the kernel's splice: its bytes must be hashed. A body from the
+owner's disk (`FROM_DISK`) is spliced unhashed: it was checked when it was
+stored, and nothing cuts a hit for a wrong byte; its digest (`known`) still
+goes with every resume, whose source checks the whole.
 """
 
 from __future__ import annotations
