@@ -32,6 +32,7 @@ from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
+from cachenode.fill.verify import Digests
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.front.pacing import Pacing
@@ -97,11 +98,15 @@ class CacheNode:
         # A cold owner sends its headers once the origin sent its own: within
         # the origin's connect and read timeouts; a frozen one is found sooner,
         # by probing it (the rules are in cachenode/front/relay.py).
+        # The digests fills check (fill/verify.py): the relay notes there the Hugging
+        # Face redirects it passes on, and hands the digest they name to the target's owner.
+        self.digests = Digests(mismatches=self.metrics.digest_mismatches,
+                               origins=[o.host for o in settings.origins if not o.wildcard])
         self.relay = PeerRelay(
             node_id=self.node_id, client=self.origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
             read_timeout=settings.origin_read_timeout + settings.peer_timeout, read_size=settings.read_size,
-            cluster_token=settings.cluster_token, mismatches=self.metrics.digest_mismatches)
+            cluster_token=settings.cluster_token, mismatches=self.metrics.digest_mismatches, linked=self.digests)
         # Requests for origins go to the parent tier first when there is one
         # (a sidecar's cluster); peers are always asked directly.
         self.upstream = Upstream(self.origins, metrics=self.metrics, parent=settings.parent,
@@ -133,7 +138,8 @@ class CacheNode:
                                         tell=broadcast, counts=self.counts, spawn=self.spawn)
         self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
                                  counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
-                                 replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock)
+                                 replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock,
+                                 digests=self.digests)
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
                                flights=self.engine.flights, client=self.origins, lead=self.engine.lead,
                                replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
@@ -141,7 +147,8 @@ class CacheNode:
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
-                                 forget=self.invalidation, counts=self.counts)
+                                 forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
+                                 mismatches=self.metrics.digest_mismatches)
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
