@@ -78,10 +78,10 @@ class Loader:
                 metas, gone = await loop.run_in_executor(None, lambda sub=sub: scan_folder(
                     sub, orphans_before=started))
                 removed += gone
-                dropped = self._index.dropped or set()
+                index = self._index
                 for meta in sorted(metas, key=lambda m: m.stored_at):
-                    if meta.slot not in self._index.entries and meta.slot not in dropped:
-                        self._index.add(meta)
+                    if not index.has(meta.slot) and not index.was_dropped(meta.slot):
+                        index.add(meta, recent=False)
                         objects += 1
                 self._pending.discard(sub.name)
                 self._index.loaded = self.progress
@@ -97,10 +97,10 @@ class Loader:
         from its files and added to the index now. None once scanned: the index alone says."""
         if not self.loading or object_id(key)[:2] not in self._pending:
             return None
-        if key in self._index.entries:
-            return self._index.entries[key]
+        if self._index.has(key):
+            return self._index.get(key)
         meta = find(self._objects, key)
-        if meta is not None and key not in (self._index.dropped or ()):
+        if meta is not None and not self._index.was_dropped(key):
             self._index.add(meta)
             return meta
         return None

@@ -3,10 +3,13 @@ goes first, why each object left, and what the last hour's reads say."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cachenode.store.census import Census
 from cachenode.store.index import Index
 from cachenode.store.objects import Meta
 from cachenode.store.report import StoreReport
+from nezha.keys import object_id
 
 
 def meta(name: str, size: int = 100, *, extra: bool = False, hot: bool = False) -> Meta:
@@ -119,3 +122,28 @@ def test_a_protected_object_is_passed_over_by_every_eviction():
     index.reserve(200)
     index.evict_to(300)
     assert gone == ["b", "c"] and "http://h/a" in index.slots
+
+
+def on_disk(name: str, size: int = 100) -> Meta:
+    """A meta whose data file name the index can find it by again (`{oid}.{nonce}.obj`)."""
+    m = meta(name, size)
+    return replace(m, data=f"{object_id(m.key)}.00000000002a.obj")
+
+
+def test_records_are_read_back_from_disk_and_one_naming_another_slot_is_never_served():
+    """A compact row keeps no record: a hit reads it (`records`); a record
+    that names another key (a collision, a file swapped under the store)
+    is not served, and the row is forgotten, its files reported lost."""
+    disk = {}
+    lost = []
+    index = Index(evicted=lambda m, reason: None, records=lambda oid, data: disk.get(data),
+                  lost=lambda oid, data: lost.append(data), recent=1)
+    a, b = on_disk("a"), on_disk("b")
+    disk.update({a.data: a, b.data: b})
+    index.add(a)
+    index.add(b)  # a's record leaves the one-record memory of records read lately
+    assert index.lookup(a.key) == a
+    disk[b.data] = replace(b, key="http://h/other", url="http://h/other")
+    index.lookup(a.key)  # b's record leaves the memory again
+    assert index.lookup(b.key) is None and b.key not in index.slots
+    assert lost == [b.data] and len(index) == 1 and index.usage.stored == 100
