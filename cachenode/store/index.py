@@ -40,16 +40,18 @@ any record when no `records` is given (a unit test's index).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.policy import Candidate, Policy
-from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, RowOrder, Rows, hash_of
+from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, USED, RowOrder, Rows, hash_of
 from nezha.chunks import chunk_of
 
 KINDS = ("hot", "extra", "only")  # the kinds of copy, first to go first
@@ -70,6 +72,10 @@ def _kind(flags: int) -> str:
 def digest_of(slot: str) -> bytes:
     """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
     return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+
+
+def _read_all(read: Callable[[str, str], Meta | None], files: list[tuple[str, str]]) -> list[Meta | None]:
+    return [read(oid, data) for oid, data in files]
 
 
 def _same(h: int) -> int:
@@ -150,14 +156,46 @@ class Index:
         if recent is not None:
             self._recent.move_to_end(row)
             return recent
+        digest, data = self._rows.digest(row), self._data(row)
+        meta = self._checked(row, digest, data,
+                             self._records(digest.hex(), data) if self._records is not None else None)
+        if meta is not None:
+            self._remember(row, meta)
+        return meta
+
+    def _checked(self, row: int, digest: bytes, data: str, meta: Meta | None) -> Meta | None:
+        """`meta`, read from data file `data`, if it is row `row`'s record: never another slot's."""
         rows = self._rows
-        digest, data = rows.digest(row), self._data(row)
-        meta = self._records(digest.hex(), data) if self._records is not None else None
         if meta is None or meta.data != data or meta.size != rows.sizes[row] or meta.vary \
                 or digest_of(meta.slot) != digest:
             return None  # another record in its place (or none): never served as this slot's
-        self._remember(row, meta)
         return meta
+
+    async def each_meta(self, *, batch: int = 256) -> AsyncIterator[Meta]:
+        """Every stored response, as `metas()`, the records read from disk in the
+        executor a batch at a time: a walk over a million objects (the scrub)
+        that never holds the event loop for long. An object that left the
+        index meanwhile is not given; one added meanwhile may not be."""
+        loop = asyncio.get_running_loop()
+        rows = self._rows
+        used = array("i", rows.used())
+        for at in range(0, len(used), batch):
+            asked = []
+            for row in used[at:at + batch]:
+                if not rows.flags[row] & USED:
+                    continue
+                if (kept := self._kept.get(row)) is not None:
+                    yield kept
+                else:
+                    asked.append((row, rows.digest(row), self._data(row)))
+            read = self._records
+            if not asked or read is None:
+                continue
+            found = await loop.run_in_executor(None, _read_all, read, [(d.hex(), data) for _, d, data in asked])
+            for (row, digest, data), meta in zip(asked, found):
+                if rows.flags[row] & USED and rows.digest(row) == digest and self._data(row) == data:
+                    if (meta := self._checked(row, digest, data, meta)) is not None:
+                        yield meta
 
     def _remember(self, row: int, meta: Meta) -> None:
         recent = self._recent
@@ -504,6 +542,10 @@ class IndexView:
     def metas(self) -> list[Meta]:
         """Every stored response, variants included (the records of objects on disk are read)."""
         return self._index.metas()
+
+    def each_meta(self) -> AsyncIterator[Meta]:
+        """Every stored response, its record read in the executor: for a walk over all of them."""
+        return self._index.each_meta()
 
     @property
     def used_bytes(self) -> int:

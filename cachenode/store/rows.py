@@ -53,22 +53,32 @@ class Table:
         self._rows = array("i", [EMPTY]) * size
         self._mask = size - 1
         self._count = 0
+        # The last hash found and its row: a hit finds its row once for the
+        # index and twice more for its policy's order.
+        self._memo = (0, EMPTY)
 
     def __len__(self) -> int:
         return self._count
 
     def find(self, h: int) -> int:
         """The row of hash `h`, or EMPTY."""
+        memo = self._memo
+        if memo[0] == h and memo[1] != EMPTY:
+            return memo[1]
         rows, hashes, mask = self._rows, self._hashes, self._mask
         i = h & mask
         while True:
             r = rows[i]
-            if r == EMPTY or hashes[r] == h:
+            if r == EMPTY:
+                return r
+            if hashes[r] == h:
+                self._memo = (h, r)
                 return r
             i = (i + 1) & mask
 
     def insert(self, h: int, row: int) -> None:
         """`row` as the row of hash `h`, which the table must not hold yet."""
+        self._memo = (0, EMPTY)
         if (self._count + 1) * 2 > len(self._rows):
             self._grow()
         rows, mask = self._rows, self._mask
@@ -80,6 +90,7 @@ class Table:
 
     def delete(self, h: int) -> None:
         """Forget hash `h` (nothing if absent): later entries of its probe run shift back into its place."""
+        self._memo = (0, EMPTY)
         rows, hashes, mask = self._rows, self._hashes, self._mask
         i = h & mask
         while True:

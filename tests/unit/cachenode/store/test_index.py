@@ -147,3 +147,19 @@ def test_records_are_read_back_from_disk_and_one_naming_another_slot_is_never_se
     index.lookup(a.key)  # b's record leaves the memory again
     assert index.lookup(b.key) is None and b.key not in index.slots
     assert lost == [b.data] and len(index) == 1 and index.usage.stored == 100
+
+
+async def test_a_walk_over_every_object_reads_records_in_batches_and_skips_what_left_meanwhile():
+    disk = {}
+    index = Index(evicted=lambda m, reason: None, records=lambda oid, data: disk.get(data), recent=1)
+    metas = [on_disk(f"o{i}") for i in range(10)]
+    for m in metas:
+        disk[m.data] = m
+        index.add(m)
+    index.add(meta("kept"))  # a name the index cannot find again: its record is kept in memory
+    walked = []
+    async for m in index.each_meta(batch=3):
+        walked.append(m.key)
+        if m.key == metas[0].key:
+            index.drop(metas[4].slot)  # in a later batch: not given
+    assert sorted(walked) == sorted([m.key for m in metas if m is not metas[4]] + ["http://h/kept"])
