@@ -42,7 +42,7 @@ from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.store.index import Index, IndexView
 from cachenode.store.integrity import Integrity
-from cachenode.store.layout import read_meta, read_record, scan, write_meta
+from cachenode.store.layout import read_meta, read_record, scan, vary_path, write_meta, write_vary
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
 from cachenode.store.pins import Pins
@@ -151,7 +151,8 @@ class Store(IndexView, TempFiles, Integrity):
         selects (RFC 9111 §4.1). Without headers, only a response that does
         not vary: who does not say what it asks for gets no variant."""
         meta = self._index.lookup(key, request_headers)
-        if meta is None and self._loader is not None and self._loader.loading and self._loader.load(key):
+        if meta is None and self._loader is not None and self._loader.loading and \
+                self._loader.load(key, request_headers):
             meta = self._index.lookup(key, request_headers)
         return meta
 
@@ -188,8 +189,28 @@ class Store(IndexView, TempFiles, Integrity):
         self._unlink_files(oid, data, final=True)
 
     def _unlink_later(self, meta: Meta, *, final: bool) -> asyncio.Future:
-        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon."""
+        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon;
+        the note of its key's Vary names with the key's last variant."""
+        if final and meta.vary and not self._index.slots_of(meta.key):
+            self._note_vary(meta.key, None)
         return self._unlink_files(object_id(meta.slot), meta.data, final=final)
+
+    def _note_vary(self, key: str, names: tuple[str, ...] | None) -> None:
+        """Note (or, None, delete) under `key`'s own id the names its responses
+        vary on, soon: how a lookup finds a variant before the start-up scan
+        reached it (cachenode/store/loading.py). In the order of `key`'s steps."""
+        path = self._inside(vary_path(self.objects, key))
+
+        def note() -> None:
+            try:
+                if names is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    write_vary(self.objects, key, names, tmp=self.tmp)
+            except OSError as e:
+                log.warning("vary_note_failed", key=key, error=str(e))
+
+        self._step(object_id(key), note)
 
     def _unlink_files(self, oid: str, data: str, *, final: bool) -> asyncio.Future:
         """Delete data file `data` of object `oid` (and, if `final`, its meta) soon.
@@ -358,6 +379,7 @@ class Store(IndexView, TempFiles, Integrity):
         if temp is not None:
             self.release(temp.reserved)
             temp.reserved = 0
+        varied = self._index.vary_of(meta.key)
         old = self._index.drop(meta.slot, reason="replaced")
         if old is not None:
             # Another file: a small object's name has a nonce of its own, as a
@@ -372,6 +394,10 @@ class Store(IndexView, TempFiles, Integrity):
                 self._index.drop(slot, reason="replaced")
                 self._unlink_later(other, final=True)
         self._index.add(meta)
+        if meta.vary:  # also when unchanged: an unlink queued above may have deleted the note
+            self._note_vary(meta.key, meta.vary)
+        elif varied:
+            self._note_vary(meta.key, None)
         if meta.hot and self.hot_capacity is not None:
             self._index.evict_hot_to(self.hot_capacity, keep=meta.slot)
         if self.capacity is not None:

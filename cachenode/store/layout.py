@@ -7,6 +7,9 @@ Layout under the data directory:
     objects/<2 hex>/<id>.<nonce>.data    the bytes
     objects/<2 hex>/<id>.<nonce>.obj     a small object: bytes, record and seal in one file
                                          (cachenode/store/small.py, sealed.py)
+    objects/<2 hex>/<id>.vary            JSON list: the request fields a key's stored responses vary
+                                         on, under the key's own id (its variants are stored under
+                                         ids of their own): how a lookup finds them before the scan
     tmp/                                 fills in progress; emptied at start-up
 
 Apart from the store's steps (`store/disk.py`) so that the format of the
@@ -26,6 +29,8 @@ from cachenode.store import small
 from cachenode.store.objects import Meta
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, record_length, seal
 from nezha.keys import object_id
+
+VARY_SUFFIX = ".vary"  # a key's Vary names (see the layout above)
 
 
 def read_meta(path: Path) -> Meta | None:
@@ -164,7 +169,7 @@ def scan_folder(sub: Path, *, orphans_before: float | None = None) -> tuple[list
         wanted.add(meta.data)
         metas.append(meta)
     for f in sub.iterdir():
-        if f.suffix != ".meta" and f.name not in wanted:
+        if f.suffix not in (".meta", VARY_SUFFIX) and f.name not in wanted:
             if orphans_before is not None:
                 try:
                     if f.stat().st_mtime >= orphans_before:
@@ -199,6 +204,37 @@ def _newest(sub: Path, metas: list[Meta]) -> tuple[list[Meta], int]:
 def folders(objects: Path) -> list[Path]:
     """The `objects/<2 hex>` folders, in name order."""
     return sorted(sub for sub in objects.iterdir() if sub.is_dir())
+
+
+def vary_path(objects: Path, key: str) -> Path:
+    oid = object_id(key)
+    return objects / oid[:2] / f"{oid}{VARY_SUFFIX}"
+
+
+def write_vary(objects: Path, key: str, names: tuple[str, ...], *, tmp: Path) -> None:
+    """Note under `key`'s own id the fields its responses vary on (renamed into
+    place, no fsync: one lost in a crash only means its variants are found
+    once the start-up scan reaches them, as without it)."""
+    path = vary_path(objects, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = tmp / f"{secrets.token_hex(12)}{VARY_SUFFIX}"
+    try:
+        tmp_path.write_text(json.dumps(list(names)))
+        os.rename(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def read_vary(objects: Path, key: str) -> tuple[str, ...] | None:
+    """The fields `key`'s responses vary on, as last noted; None when none is noted."""
+    try:
+        names = json.loads(vary_path(objects, key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(names)
 
 
 def find(objects: Path, slot: str) -> Meta | None:

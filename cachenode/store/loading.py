@@ -9,7 +9,9 @@ found to the index between folders. Meanwhile:
 - a lookup of a key whose folder is not scanned yet reads that key's own
   meta from its hashed path (`layout.find`), a blocking read of one small
   file on the event loop, and only until the scan reaches the folder;
-  responses that vary are found once their folder is scanned;
+  a response that varies is stored under its variant's own hashed path:
+  the names it varies on, noted under the key's (`layout.read_vary`), and
+  the request's values of them give that path;
 - a commit or a removal of such a key loads it first, so the index knows
   the files it replaces or deletes;
 - eviction works on what is loaded; once everything is, the store evicts
@@ -31,8 +33,9 @@ from typing import Callable
 import structlog
 
 from cachenode.store.index import Index
-from cachenode.store.layout import clear_tmp, find, folders, scan_folder
-from cachenode.store.objects import Meta
+from cachenode.http.vary import variant
+from cachenode.store.layout import clear_tmp, find, folders, read_vary, scan_folder
+from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from nezha.keys import object_id
 
 log = structlog.get_logger("nezha.store")
@@ -92,15 +95,28 @@ class Loader:
                  seconds=round(time.time() - started, 3))
         self._done()
 
-    def load(self, key: str) -> Meta | None:
-        """The object stored under `key` (its slot without a variant) if its folder is not scanned yet: read
-        from its files and added to the index now. None once scanned: the index alone says."""
-        if not self.loading or object_id(key)[:2] not in self._pending:
+    def load(self, key: str, request_headers=None) -> Meta | None:
+        """The object stored under `key` (its slot without a variant; with
+        `request_headers`, else the variant they select) if its folder is not
+        scanned yet: read from its files and added to the index now. None once
+        scanned: the index alone says."""
+        if not self.loading:
             return None
-        if self._index.has(key):
-            return self._index.get(key)
-        meta = find(self._objects, key)
-        if meta is not None and not self._index.was_dropped(key):
+        meta = self._load_slot(key)
+        if meta is not None or request_headers is None:
+            return meta
+        names = self._index.vary_of(key) or read_vary(self._objects, key)
+        if not names:
+            return None
+        return self._load_slot(f"{key}{VARIANT_SEPARATOR}{variant(names, request_headers)}")
+
+    def _load_slot(self, slot: str) -> Meta | None:
+        if object_id(slot)[:2] not in self._pending:
+            return None
+        if self._index.has(slot):
+            return self._index.get(slot)
+        meta = find(self._objects, slot)
+        if meta is not None and not self._index.was_dropped(slot):
             self._index.add(meta)
             return meta
         return None
