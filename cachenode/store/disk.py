@@ -114,7 +114,8 @@ class Store(IndexView, TempFiles, Integrity):
         `background`: return as soon as tmp/ is emptied, the index loading
         while the node serves (cachenode/store/loading.py)."""
         if background:
-            self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit)
+            self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit,
+                                  discard=lambda meta: self._unlink_later(meta, final=True))
             await self._loader.start()
             return
         metas, removed = await asyncio.get_running_loop().run_in_executor(None, scan, self.objects, self.tmp)
@@ -447,6 +448,8 @@ class Store(IndexView, TempFiles, Integrity):
         index for a moment, and must find no file to open after a write that
         removed it has been answered."""
         self._load(key)
+        if self._loader is not None:
+            self._loader.removed(key)  # its variants in folders not scanned yet do not come back
         gone, steps = [], []
         for slot in self._index.slots_of(key):
             meta = self._index.drop(slot)

@@ -272,6 +272,10 @@ class Index:
         """Whether `slot` was dropped since the start-up scan began (store/loading.py)."""
         return self.dropped is not None and hash_of(digest_of(slot)) in self.dropped
 
+    def varies(self, key: str) -> bool:
+        """Whether responses that vary are stored for `key`, from memory alone."""
+        return key in self._varying
+
     def vary_of(self, key: str) -> tuple[str, ...] | None:
         """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""
         return self._vary.get(key)
@@ -566,6 +570,10 @@ class IndexView:
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def varies(self, key: str) -> bool:
+        """Whether responses that vary are stored for `key`, from memory alone."""
+        return key in self._varying
 
     def vary_of(self, key: str) -> tuple[str, ...] | None:
         """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""

@@ -85,10 +85,11 @@ def place_small(objects: Path, objects_and_bodies: Iterable[tuple[Meta, bytes]])
         if folder not in made:
             os.makedirs(folder, exist_ok=True)
             made.add(folder)
-        meta = replace(meta, size=len(body), data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX}")
-        fd = os.open(os.path.join(folder, meta.data), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        data = f"{oid}.{secrets.token_hex(6)}{small.SUFFIX}"
+        record = {**small.record_of(meta), "size": len(body), "data": data}  # `replace`'s fields, no new Meta
+        fd = os.open(os.path.join(folder, data), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, body + seal(body, small.record_of(meta)))
+            os.write(fd, body + seal(body, record))
         finally:
             os.close(fd)
         n += 1

@@ -17,7 +17,10 @@ found to the index between folders. Meanwhile:
 - eviction works on what is loaded; once everything is, the store evicts
   down to its capacity;
 - what the node drops while loading (an eviction, a removal) is not added
-  back by a scan that read its meta before it went.
+  back by a scan that read its meta before it went; nor is what the scan
+  finds of a key removed meanwhile (its variants in folders not scanned
+  yet), or a response older than the key's stored one that varies on
+  other names (the newest response says how a key varies): their files go.
 
 `progress` (folders scanned / folders) is on /readyz, in /metrics
 (`nezha_store_loaded_ratio`) and in `nezha stats`.
@@ -42,11 +45,14 @@ log = structlog.get_logger("nezha.store")
 
 
 class Loader:
-    def __init__(self, *, objects: Path, tmp: Path, index: Index, done: Callable[[], None]) -> None:
+    def __init__(self, *, objects: Path, tmp: Path, index: Index, done: Callable[[], None],
+                 discard: Callable[[Meta], object]) -> None:
         self._objects = objects
         self._tmp = tmp
         self._index = index
         self._done = done
+        self._discard = discard  # a stale object the scan found: its files go
+        self._removed: set[str] = set()  # keys removed while loading
         self._pending: set[str] = set()  # folder names (2 hex) not scanned yet
         self._total = 0
         self._task: asyncio.Task | None = None
@@ -83,17 +89,38 @@ class Loader:
                 removed += gone
                 index = self._index
                 for meta in sorted(metas, key=lambda m: m.stored_at):
-                    if not index.has(meta.slot) and not index.was_dropped(meta.slot):
-                        index.add(meta, recent=False)
-                        objects += 1
+                    if index.has(meta.slot) or index.was_dropped(meta.slot):
+                        continue
+                    if self._stale(meta):
+                        self._discard(meta)
+                        removed += 1
+                        continue
+                    index.add(meta, recent=False)
+                    objects += 1
                 self._pending.discard(sub.name)
                 self._index.loaded = self.progress
         finally:
             self.loading = False
             self._index.dropped = None
+            self._removed.clear()
         log.info("store_opened", root=str(self._objects.parent), objects=objects, removed=removed,
                  seconds=round(time.time() - started, 3))
         self._done()
+
+    def removed(self, key: str) -> None:
+        """Every response of `key` was removed: what the scan finds of it later is stale."""
+        if self.loading:
+            self._removed.add(key)
+
+    def _stale(self, meta: Meta) -> bool:
+        """Whether a scanned object is older than what the node did since it started."""
+        if meta.key in self._removed:
+            return True
+        index = self._index
+        if not meta.vary and not index.varies(meta.key):
+            return False  # the common case, from memory: its own slot is not held (checked before)
+        held = (index.get(slot) for slot in index.slots_of(meta.key))
+        return any(m is not None and m.vary != meta.vary and m.stored_at >= meta.stored_at for m in held)
 
     def load(self, key: str, request_headers=None) -> Meta | None:
         """The object stored under `key` (its slot without a variant; with

@@ -18,6 +18,10 @@ from cachenode.store.disk import Store
 from cachenode.store.layout import place_small
 from cachenode.store.objects import Meta
 
+# A guard against a hang, not a bound on what is measured: building 100,000
+# files and loading them twice takes 30 s on a quiet box, 2 minutes on a loaded one.
+pytestmark = pytest.mark.timeout(400)
+
 HOST = "www.cs.toronto.edu"
 COUNT = 100_000
 BYTES_PER_OBJECT = 300  # the target, at a million objects: a bound here too

@@ -67,3 +67,41 @@ async def test_the_note_goes_with_the_keys_last_variant_and_when_a_response_no_l
     await store.idle()
     assert read_vary(store.objects, KEY) is None and [m.vary for m in store.metas()] == [()]
     await store.close()
+
+
+async def restarted(tmp_path) -> Store:
+    """A store of both variants, opened again with its index loading in the background, nothing scanned yet."""
+    store = Store(tmp_path)
+    await store.open()
+    for coding in BODIES:
+        await put(store, coding)
+    await store.close()
+    again = Store(tmp_path)
+    await again.open(background=True)
+    assert again.load_progress < 1.0
+    return again
+
+
+def files(store: Store) -> list[str]:
+    return sorted(p.name for p in store.objects.rglob("*") if p.is_file())
+
+
+async def test_a_key_removed_while_the_index_loads_does_not_come_back_with_variants_not_scanned_yet(tmp_path):
+    store = await restarted(tmp_path)
+    await store.remove(KEY)
+    await store.loaded()
+    await store.idle()
+    assert KEY not in store and store.metas() == [] and store.lookup(KEY, {"Accept-Encoding": "gzip"}) is None
+    assert files(store) == [], "the stale variants' files and the note went"
+    await store.close()
+
+
+async def test_a_response_varying_on_other_names_committed_while_loading_keeps_old_variants_out(tmp_path):
+    store = await restarted(tmp_path)
+    newest = await put(store, "gzip", vary=("accept-encoding", "accept-language"))
+    await store.loaded()
+    await store.idle()
+    assert [m.data for m in store.metas()] == [newest.data]
+    assert store.index.vary_of(KEY) == ("accept-encoding", "accept-language")
+    assert store.lookup(KEY, {"Accept-Encoding": "gzip"}) is not None
+    await store.close()
