@@ -58,7 +58,7 @@ _MAX_COUNT = 15
 class Candidate:
     """A newcomer as the policy saw it when it missed: how often, and how long ago, it was read before."""
 
-    slot: str
+    slot: Hashable  # as the order names it: a slot, or (the store's index) its hash
     count: int  # reads counted before this one
     gap: int | None  # accesses since its previous read; None: none remembered
 
