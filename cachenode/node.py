@@ -44,7 +44,7 @@ from cachenode.front.relaying import RelayedReads
 from cachenode.front.routes import Routes, route_table
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
-from cachenode.front.sendfile import FileSender
+from cachenode.kernel.sendfile import FileSender
 from cachenode.metrics import Metrics
 from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
@@ -82,11 +82,12 @@ class CacheNode:
     def _counting(self, settings: CacheSettings, index) -> None:
         """Pacing and counts first: every room below counts through them."""
         token = settings.cluster_token
-        # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits count as live.
-        self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
-                             quiet=settings.prefetch_quiet)
         self.counts = Counts(metrics=self.metrics, store=self.store, index=index,
-                             from_peer=lambda request: is_peer_request(request, token), live=self.pacing.live_hit)
+                             from_peer=lambda request: is_peer_request(request, token))
+        # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits
+        # count as live: the pacing reads when Counts last saw one.
+        self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
+                             quiet=settings.prefetch_quiet, hits=self.counts.live)
         if index is not None and index.enabled:
             self.metrics.watch_index(lambda: index.conn.state == "ok")
 

@@ -49,7 +49,7 @@ the drawing is the tree the code defines.
 
     ConnectionError  builtins
     ├── ClientGone  cachenode.kernel.splice: the client closed its connection mid-body (relay, sendfile)
-    └── SendCut  cachenode.front.sendfile: the client's socket failed during a sendfile
+    └── SendCut  cachenode.kernel.sendfile: the client's socket failed during a sendfile
 
     OSError  builtins
     └── FileWriteFailed  cachenode.kernel.splice: the file side of a pump failed, at a known offset

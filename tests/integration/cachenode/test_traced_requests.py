@@ -156,7 +156,6 @@ PROTOCOLS = {
     ("cachenode.fill", "cachenode.chunks"),  # `chunks`: a large object's chunks spread over the ring
     ("cachenode.chunks", "cachenode.cluster"),  # `members`: who owns each chunk
     ("cachenode.chunks", "cachenode.front"),  # `relay` (its peer asks: ask, order, mark_down) and `send_file`
-    ("cachenode.counts", "cachenode.front"),  # `live`: a fast hit counts as live traffic for the pacing
     ("cachenode.counts", "cachenode.store"),  # the store's index, for its size gauges
     # `extra` and `on_evict`: whether a stored copy is an extra one (another node owns it first),
     # through closures over the node that cachenode/app.py builds after the store.
