@@ -67,7 +67,7 @@ class Counts:
         self.metrics = metrics
         self.store = store
         self.index = index
-        self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/cluster/peer_auth.py)?
+        self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/peers/auth.py)?
         self.live = LiveHits()  # marked by each fast hit; the pacing reads it (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),

@@ -23,7 +23,7 @@ from cachenode.chunks.peers import ChunkPeers
 from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Broadcast, Invalidation
-from cachenode.cluster.peer_auth import is_peer_request, peer_auth
+from cachenode.peers.auth import is_peer_request, peer_auth
 from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
 from cachenode.cluster.view import ClusterView

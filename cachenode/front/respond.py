@@ -33,7 +33,7 @@ from cachenode.fill.buffer import Fill
 from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.peers.auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store

@@ -34,8 +34,8 @@ MiB = 1 << 20
 
 # The node's rooms from the top down (pyproject.toml, the layers contract).
 LAYERS = ["cachenode.cli", "cachenode.workers", "cachenode.app", "cachenode.node", "cachenode.tls",
-          "cachenode.front", "cachenode.cluster", "cachenode.chunks", "cachenode.fill", "cachenode.store",
-          "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel"]
+          "cachenode.front", "cachenode.cluster", "cachenode.chunks", "cachenode.fill", "cachenode.peers",
+          "cachenode.store", "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel"]
 
 
 def layer(module: str) -> int | None:
@@ -155,7 +155,6 @@ PROTOCOLS = {
     ("cachenode.fill", "cachenode.cluster"),  # `replicate`: copies to the other owners once a fill is stored
     ("cachenode.fill", "cachenode.chunks"),  # `chunks`: a large object's chunks spread over the ring
     ("cachenode.chunks", "cachenode.cluster"),  # `members`: who owns each chunk
-    ("cachenode.chunks", "cachenode.front"),  # `relay` (its peer asks: ask, order, mark_down) and `send_file`
     ("cachenode.counts", "cachenode.store"),  # the store's index, for its size gauges
     # `extra` and `on_evict`: whether a stored copy is an extra one (another node owns it first),
     # through closures over the node that cachenode/app.py builds after the store.
