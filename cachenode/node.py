@@ -50,6 +50,7 @@ from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.scrub import Scrub
+from cachenode.tasks import Tasks
 from nezha.config import CacheSettings
 from nezha.ring import Peer
 from nezha.wire import DrainOutcome
@@ -69,7 +70,7 @@ class CacheNode:
         self.node_id = settings.identity
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
         self.index = index  # nezha.index.Index or None: stats and locations, never awaited on the hot path
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks()  # background work, handed down as `spawn` (cachenode/tasks.py)
         self._scrub: asyncio.Task | None = None  # the background scrub (cachenode/store/scrub.py)
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
@@ -120,23 +121,23 @@ class CacheNode:
         files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
         # Asking peers to copy from here needs no engine: the engine is handed it.
         self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins,
-                                 spawn=self.spawn)
+                                 spawn=self.tasks.spawn)
         broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
         chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(settings.cluster_token))
         chunk_fills = ChunkFills(node_id=self.node_id, store=self.store, upstream=self.upstream, members=self.cluster,
                                  peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
-                                 via=via, spawn=self.spawn, clock=clock)
+                                 via=via, spawn=self.tasks.spawn, clock=clock)
         self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen),
                                         store=self.store, members=self.cluster, fills=chunk_fills, peers=chunk_peers,
-                                        tell=broadcast, counts=self.counts, spawn=self.spawn)
+                                        tell=broadcast, counts=self.counts, spawn=self.tasks.spawn)
         self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
-                                 counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
+                                 counts=self.counts, metrics=self.metrics, via=via, spawn=self.tasks.spawn,
                                  replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock)
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
                                flights=self.engine.flights, client=self.origins, lead=self.engine.lead,
-                               replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
+                               replicas=self.replicas, chunks=self.chunk_copies, spawn=self.tasks.spawn)
         self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
@@ -184,7 +185,7 @@ class CacheNode:
                 self.cluster.update(self.index.membership)
         self.counts.update_store_gauges()
         if self.settings.scrub_interval > 0:
-            # Its own task, not `spawn`: it never ends, and `settled()` waits for what `spawn` runs.
+            # Its own task, not `tasks.spawn`: it never ends, and `settled()` waits for what `spawn` runs.
             scrub = Scrub(self.store, interval=self.settings.scrub_interval, rate=self.settings.scrub_rate)
             self._scrub = asyncio.get_running_loop().create_task(scrub.run())
         self._ready = True
@@ -195,26 +196,17 @@ class CacheNode:
             self._scrub.cancel()
             await asyncio.gather(self._scrub, return_exceptions=True)
             self._scrub = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.cancel()
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
         await self.store.close()  # the last group sync of small objects
 
-    def spawn(self, coro) -> asyncio.Task:
-        """Run background work that `stop()` cancels and `settled()` waits for."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def settled(self) -> None:
         """Wait for fills and other background work in progress to finish, or
         to park: an on-demand fill waiting for clients to ask for more of it
         (cachenode/fill/parallel.py) is at rest."""
-        while busy := [t for t in self._tasks if not self.engine.at_rest(t)]:
+        while busy := [t for t in self.tasks.running if not self.engine.at_rest(t)]:
             await asyncio.wait(busy, timeout=0.05)
         await self.store.idle()  # and the disk steps they left behind (unlinks)
 

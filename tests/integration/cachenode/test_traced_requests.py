@@ -35,13 +35,13 @@ MiB = 1 << 20
 # The node's rooms from the top down (pyproject.toml, the layers contract).
 LAYERS = ["cachenode.cli", "cachenode.workers", "cachenode.app", "cachenode.node", "cachenode.tls",
           "cachenode.front", "cachenode.cluster", "cachenode.chunks", "cachenode.fill", "cachenode.peers",
-          "cachenode.store", "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel"]
+          "cachenode.store", "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel", "cachenode.tasks"]
 
 
 def layer(module: str) -> int | None:
     for i, room in enumerate(LAYERS):
         if module == room or module.startswith(room + "."):
-            return min(i, LAYERS.index("cachenode.metrics"))  # the last three are one layer
+            return min(i, LAYERS.index("cachenode.metrics"))  # the last four are one layer
     return None
 
 
@@ -150,8 +150,6 @@ async def test_a_chunked_read_enters_each_nodes_handler_once(cluster, origin, se
 # The calls up the rooms a request makes, each through what the room below was handed at
 # construction (cachenode/node.py, cachenode/app.py), and typed there as a protocol or a callable.
 PROTOCOLS = {
-    ("cachenode.fill", "cachenode.node"),  # `spawn`: background work the node's stop() cancels
-    ("cachenode.chunks", "cachenode.node"),  # `spawn`, likewise
     ("cachenode.fill", "cachenode.cluster"),  # `replicate`: copies to the other owners once a fill is stored
     ("cachenode.fill", "cachenode.chunks"),  # `chunks`: a large object's chunks spread over the ring
     ("cachenode.chunks", "cachenode.cluster"),  # `members`: who owns each chunk
