@@ -26,7 +26,7 @@ from cachenode.cluster.invalidation import Broadcast, Invalidation
 from cachenode.peers.auth import is_peer_request, peer_auth
 from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
@@ -267,12 +267,6 @@ class CacheNode:
     def on_evict(self, meta: Meta) -> None:
         """The store evicted `meta` to make room."""
         self.counts.gone(meta, evictions=1)
-
-    def holds_as_extra(self, key: str) -> bool:
-        """Would a copy of `key` here be an extra copy: another node is its first owner
-        (docs/cache-node.md "Eviction"). Alone, or before the ring is known: no."""
-        owners = self.cluster.owners(key)
-        return bool(owners) and owners[0].id != self.node_id
 
     def status(self) -> dict:
         snap = self.cluster.snapshot

@@ -43,7 +43,7 @@ class Relay(Protocol):
 
 
 class Members(Protocol):
-    """The ring this node sees (cachenode/cluster/view.py `ClusterView`)."""
+    """The ring this node sees (cachenode/cluster_view.py `ClusterView`)."""
 
     snapshot: Membership
 

@@ -45,7 +45,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster.replicas import Replicas
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from nezha.chunks import chunk_of
 from nezha.ring import Peer
 from nezha.config import CacheSettings, Origin, parse_hostport

@@ -21,7 +21,7 @@ from typing import Any, Callable, Coroutine
 import aiohttp
 import structlog
 
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.fill.origin import OriginClient
 from cachenode.http.vary import selecting_headers
 from cachenode.store.objects import Meta

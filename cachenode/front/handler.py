@@ -30,7 +30,7 @@ from aiohttp import web
 from cachenode.chunks.owner import ChunkOwner
 from cachenode.cluster.hot_copies import HotCheck, HotCopies
 from cachenode.peers.auth import is_peer_request
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
