@@ -14,6 +14,7 @@ from yarl import URL
 
 from cachenode.front.connections import raise_open_files_limit
 from cachenode.front.listener import Listener, build_admin_app
+from cachenode.cluster_view import ClusterView
 from cachenode.metrics import Metrics
 from cachenode.fill.origin import OriginClient
 from cachenode.node import CacheNode
@@ -54,12 +55,11 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
         if node is not None:
             node.on_evict(meta)
 
-    def extra_copy(meta) -> bool:
-        return node is not None and node.holds_as_extra(meta.key)
-
+    # Built before the store, which asks it whether an object it commits is an extra copy here.
+    cluster = ClusterView(node_id=settings.identity, replicas=settings.replicas)
     store = Store(settings.data_dir, capacity=settings.capacity, on_evict=on_evict,
                   hot_capacity=settings.hot_capacity, pinned_capacity=settings.pinned_capacity,
-                  extra=extra_copy, small_max=settings.small_object_max, sync_interval=settings.sync_interval,
+                  extra=cluster.holds_as_extra, small_max=settings.small_object_max, sync_interval=settings.sync_interval,
                   on_corrupt=lambda found_by: metrics.corrupt_objects.labels(found_by=found_by).inc(),
                   verify_reads=settings.verify_reads)
     origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
@@ -71,7 +71,7 @@ def build_node(settings: CacheSettings, *, before_metrics: Callable[[], Awaitabl
         index = Index(redis_url=settings.redis_url, node_id=settings.identity,
                       flush_interval=settings.stats_flush_interval, refresh_interval=settings.ring_refresh_interval,
                       report=StoreReport(store.index).fields)
-    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, index=index,
+    node = CacheNode(settings=settings, store=store, origins=origins, metrics=metrics, cluster=cluster, index=index,
                      before_metrics=before_metrics)
     return node
 

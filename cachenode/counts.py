@@ -47,14 +47,28 @@ def stored_counts(meta: Meta, sign: int) -> dict[str, int]:
     return {"objects": 0 if chunk_of(meta.key) is not None else sign, "bytes_stored": sign * meta.size}
 
 
+class LiveHits:
+    """When a fast-path hit was last answered. Such a hit passes no middleware,
+    yet it is live traffic the prefetch pacing (cachenode/front/pacing.py) must
+    see: `Counts` marks it here and the pacing reads it, so the count of a hit
+    never calls up into the front."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last = float("-inf")
+
+    def seen(self) -> None:
+        self.last = self.clock()
+
+
 class Counts:
     def __init__(self, *, metrics: Metrics, store: Store, index: Index | None,
-                 from_peer: Callable[[Any], bool], live: Callable[[], None] = lambda: None) -> None:
+                 from_peer: Callable[[Any], bool]) -> None:
         self.metrics = metrics
         self.store = store
         self.index = index
-        self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/cluster/peer_auth.py)?
-        self.live = live  # told of each fast hit (cachenode/front/pacing.py)
+        self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/peers/auth.py)?
+        self.live = LiveHits()  # marked by each fast hit; the pacing reads it (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
                           ("bytes_from_origin", m.bytes_from_origin), ("failed_fills", m.fill_failures),
@@ -79,7 +93,7 @@ class Counts:
         what `count(hits=1, bytes_served=sent)`, `accessed()` and the
         request's metrics count, in the fewest steps: this runs for every
         small hit, at thousands a second."""
-        self.live()
+        self.live.seen()
         self.metrics.plain_hit(sent, first_byte, hot=hot)
         if self.index is not None:
             self.index.count(host, hits=1, bytes_served=sent)

@@ -23,10 +23,10 @@ from cachenode.chunks.peers import ChunkPeers
 from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Broadcast, Invalidation
-from cachenode.cluster.peer_auth import is_peer_request, peer_auth
+from cachenode.peers.auth import is_peer_request, peer_auth
 from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
@@ -46,12 +46,13 @@ from cachenode.front.relaying import RelayedReads
 from cachenode.front.routes import Routes, route_table
 from cachenode.front.relay import PeerRelay
 from cachenode.front.respond import Responder
-from cachenode.front.sendfile import FileSender
+from cachenode.kernel.sendfile import FileSender
 from cachenode.metrics import Metrics
 from cachenode.store.report import StoreReport
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.scrub import Scrub
+from cachenode.tasks import Tasks
 from nezha.config import CacheSettings
 from nezha.ring import Peer
 from nezha.wire import DrainOutcome
@@ -71,7 +72,7 @@ class CacheNode:
         self.node_id = settings.identity
         self.cluster = cluster or ClusterView(node_id=self.node_id, replicas=settings.replicas)
         self.index = index  # nezha.index.Index or None: stats and locations, never awaited on the hot path
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks()  # background work, handed down as `spawn` (cachenode/tasks.py)
         self._scrub: asyncio.Task | None = None  # the background scrub (cachenode/store/scrub.py)
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
@@ -84,11 +85,12 @@ class CacheNode:
     def _counting(self, settings: CacheSettings, index) -> None:
         """Pacing and counts first: every room below counts through them."""
         token = settings.cluster_token
-        # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits count as live.
-        self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
-                             quiet=settings.prefetch_quiet)
         self.counts = Counts(metrics=self.metrics, store=self.store, index=index,
-                             from_peer=lambda request: is_peer_request(request, token), live=self.pacing.live_hit)
+                             from_peer=lambda request: is_peer_request(request, token))
+        # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits
+        # count as live: the pacing reads when Counts last saw one.
+        self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
+                             quiet=settings.prefetch_quiet, hits=self.counts.live)
         if index is not None and index.enabled:
             self.metrics.watch_index(lambda: index.conn.state == "ok")
 
@@ -125,24 +127,24 @@ class CacheNode:
         files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
         # Asking peers to copy from here needs no engine: the engine is handed it.
         self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
-                                 client=self.origins, spawn=self.spawn)
+                                 client=self.origins, spawn=self.tasks.spawn)
         broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
         chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(settings.cluster_token))
         chunk_fills = ChunkFills(node_id=self.node_id, store=self.store, upstream=self.upstream, members=self.cluster,
                                  peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
-                                 via=via, spawn=self.spawn, clock=clock)
+                                 via=via, spawn=self.tasks.spawn, clock=clock)
         self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen),
                                         store=self.store, members=self.cluster, fills=chunk_fills, peers=chunk_peers,
-                                        tell=broadcast, counts=self.counts, spawn=self.spawn)
+                                        tell=broadcast, counts=self.counts, spawn=self.tasks.spawn)
         self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
-                                 counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
+                                 counts=self.counts, metrics=self.metrics, via=via, spawn=self.tasks.spawn,
                                  replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock,
                                  digests=self.digests)
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
                                flights=self.engine.flights, client=self.origins, lead=self.engine.lead,
-                               replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
+                               replicas=self.replicas, chunks=self.chunk_copies, spawn=self.tasks.spawn)
         self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
@@ -192,7 +194,7 @@ class CacheNode:
                 self.cluster.update(self.index.membership)
         self.counts.update_store_gauges()
         if self.settings.scrub_interval > 0:
-            # Its own task, not `spawn`: it never ends, and `settled()` waits for what `spawn` runs.
+            # Its own task, not `tasks.spawn`: it never ends, and `settled()` waits for what `spawn` runs.
             scrub = Scrub(self.store, interval=self.settings.scrub_interval, rate=self.settings.scrub_rate)
             self._scrub = asyncio.get_running_loop().create_task(scrub.run())
         self._ready = True
@@ -203,26 +205,17 @@ class CacheNode:
             self._scrub.cancel()
             await asyncio.gather(self._scrub, return_exceptions=True)
             self._scrub = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tasks.cancel()
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
         await self.store.close()  # the last group sync of small objects
 
-    def spawn(self, coro) -> asyncio.Task:
-        """Run background work that `stop()` cancels and `settled()` waits for."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def settled(self) -> None:
         """Wait for fills and other background work in progress to finish, or
         to park: an on-demand fill waiting for clients to ask for more of it
         (cachenode/fill/parallel.py) is at rest."""
-        while busy := [t for t in self._tasks if not self.engine.at_rest(t)]:
+        while busy := [t for t in self.tasks.running if not self.engine.at_rest(t)]:
             await asyncio.wait(busy, timeout=0.05)
         await self.store.idle()  # and the disk steps they left behind (unlinks)
 
@@ -283,12 +276,6 @@ class CacheNode:
     def on_evict(self, meta: Meta) -> None:
         """The store evicted `meta` to make room."""
         self.counts.gone(meta, evictions=1)
-
-    def holds_as_extra(self, key: str) -> bool:
-        """Would a copy of `key` here be an extra copy: another node is its first owner
-        (docs/cache-node.md "Eviction"). Alone, or before the ring is known: no."""
-        owners = self.cluster.owners(key)
-        return bool(owners) and owners[0].id != self.node_id
 
     def status(self) -> dict:
         snap = self.cluster.snapshot

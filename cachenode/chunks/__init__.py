@@ -18,6 +18,7 @@ The room's modules, one job each:
 
 It sits between `cluster` and `fill` (pyproject.toml's layers): the fill
 engine, hand-off and invalidation are handed what they use of it, and what
-it uses of the rooms above (the peer client, the ring view, the responder's
-sendfile, invalidation's broadcast) is handed to it as protocols.
+it uses of the rooms above (invalidation's broadcast and `forget`) is handed
+to it as protocols. The peer asks, the ring view and the file sender it is
+handed sit below it (cachenode/peers/, cluster_view.py, kernel/sendfile.py).
 """

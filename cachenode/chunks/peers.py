@@ -43,7 +43,7 @@ class Relay(Protocol):
 
 
 class Members(Protocol):
-    """The ring this node sees (cachenode/cluster/view.py `ClusterView`)."""
+    """The ring this node sees (cachenode/cluster_view.py `ClusterView`)."""
 
     snapshot: Membership
 
@@ -62,7 +62,7 @@ def owners_of(members: Members, key: str, layout: Layout) -> list[list[Peer]]:
 
 class ChunkPeers:
     """This node's chunk requests to other nodes. `auth`: the headers that
-    say a request is a peer's (cachenode/cluster/peer_auth.py `peer_auth`)."""
+    say a request is a peer's (cachenode/peers/auth.py `peer_auth`)."""
 
     def __init__(self, *, node_id: str, relay: Relay, auth: Mapping[str, str]) -> None:
         self.node_id = node_id

@@ -50,7 +50,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster.replicas import Replicas
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from nezha.chunks import chunk_of
 from nezha.ring import Peer
 from nezha.config import CacheSettings, Origin, parse_hostport
@@ -59,7 +59,7 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.origin import OriginClient
 from nezha.keys import BadTarget, Target, key_for, parse_target, target_of
 from nezha.ring import Membership
-from cachenode.cluster.peer_auth import peer_auth
+from cachenode.peers.auth import peer_auth
 from nezha.wire import (HANDOFF_PATH, PEER_HEADER, SCHEME_HEADER, ReplicateResult,
                         replicate_failed)
 from cachenode.store.disk import Store

@@ -22,7 +22,7 @@ import structlog
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.hot_revalidation import conditional_fields, owner_expiry
 from cachenode.cluster.hotness import HotReads
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.http.freshness import current_age
 from cachenode.http.headers import renewed_by_304

@@ -37,7 +37,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.cluster.replicas import internal_headers
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.fill.parallel import Validator
 from cachenode.fill.origin import OriginClient
 from nezha.config import CacheSettings

@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 import aiohttp
 import structlog
 
-from cachenode.cluster.peer_auth import peer_auth
+from cachenode.peers.auth import peer_auth
 from cachenode.cluster.replica_frames import CONTENT_TYPE, encode
 from cachenode.fill.origin import OriginClient
 from cachenode.store import small

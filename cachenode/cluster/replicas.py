@@ -24,7 +24,7 @@ import aiohttp
 import structlog
 
 from cachenode.cluster.replica_batches import ReplicaBatches
-from cachenode.cluster.view import ClusterView
+from cachenode.cluster_view import ClusterView
 from cachenode.fill.origin import OriginClient
 from cachenode.http.vary import selecting_headers
 from cachenode.store.disk import Store

@@ -43,7 +43,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.plain import PlainRequest, partial_head, plain_request, wanted_range
-from cachenode.front.sendfile import SendCut, sendfile_rest
+from cachenode.kernel.sendfile import SendCut, sendfile_rest
 from cachenode.store.objects import Meta
 from cachenode.store.small import check as check_sealed, is_sealed
 

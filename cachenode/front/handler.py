@@ -29,8 +29,8 @@ from aiohttp import web
 
 from cachenode.chunks.owner import ChunkOwner
 from cachenode.cluster.hot_copies import HotCheck, HotCopies
-from cachenode.cluster.peer_auth import is_peer_request
-from cachenode.cluster.view import ClusterView
+from cachenode.peers.auth import is_peer_request
+from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
@@ -251,7 +251,7 @@ class Handler:
         return "http"
 
     def from_peer(self, request: web.Request) -> bool:
-        """A request another node of this cluster relayed (cachenode/cluster/peer_auth.py): X-Nezha-Peer with the
+        """A request another node of this cluster relayed (cachenode/peers/auth.py): X-Nezha-Peer with the
         cluster token. One from a client that merely says so asks the owners and is counted."""
         return is_peer_request(request, self.settings.cluster_token)
 

@@ -97,5 +97,5 @@ async def head_prepared(request: web.Request, response: web.StreamResponse) -> N
 
 # The metrics access_log counts every request in, set by the app that installs it.
 METRICS = web.AppKey("nezha_metrics", Metrics)
-# Whether a request is a peer's (cachenode/cluster/peer_auth.py): its bytes are the relaying node's to count.
+# Whether a request is a peer's (cachenode/peers/auth.py): its bytes are the relaying node's to count.
 FROM_PEER = web.AppKey("nezha_from_peer", Callable[[web.Request], bool])

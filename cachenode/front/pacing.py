@@ -20,7 +20,8 @@ controller asks again: no request waits longer than a client's read timeout.
 
 `admits` is the decision, pure; `Pacing` keeps the counts and the queue;
 `paced` is the middleware that marks every other request live. The fast
-path's hits never reach aiohttp: `Counts.plain_hit` tells `live_hit`.
+path's hits never reach aiohttp: `Counts.plain_hit` marks them in a `LiveHits`
+(cachenode/counts.py) that `Pacing` reads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from cachenode.counts import LiveHits
 from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_WAIT
 
 HOLD = 60.0  # seconds a fill's slot is held at most without a check saying it is stored
@@ -50,11 +52,13 @@ class Pacing:
     a plain hit, and count their hits with it): those running, by object, and those waiting."""
 
     def __init__(self, *, busy: int, idle: int, quiet: float, wait: float = WAIT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hits: LiveHits | None = None) -> None:
+        """`hits`: when the fast path last answered a hit, on the same `clock`."""
         self.busy, self.idle, self.quiet, self.wait = busy, idle, quiet, wait
         self._clock = clock
         self.live_in_flight = 0
-        self._last_live = float("-inf")
+        self._last_live = float("-inf")  # when a live request through the middleware last began or ended
+        self.hits = hits or LiveHits(clock=clock)
         self._held: dict[str, float] = {}  # object (Host + path) -> when its slot is given back at the latest
         self._changed: asyncio.Event | None = None
         self.waiting = 0
@@ -66,10 +70,6 @@ class Pacing:
     def running(self) -> int:
         return len(self._held)
 
-    def live_hit(self) -> None:
-        """A live request was answered (a fast-path hit: no in-flight count of its own)."""
-        self._last_live = self._clock()
-
     def live_began(self) -> None:
         self.live_in_flight += 1
         self._last_live = self._clock()
@@ -79,7 +79,10 @@ class Pacing:
         self._last_live = self._clock()
 
     def is_live(self) -> bool:
-        return self.live_in_flight > 0 or self._clock() - self._last_live < self.quiet
+        return self.live_in_flight > 0 or self._clock() - self._latest_live() < self.quiet
+
+    def _latest_live(self) -> float:
+        return max(self._last_live, self.hits.last)
 
     async def fill(self, obj: str) -> None:
         """Wait until a fill of `obj` may start, then hold its slot (until `stored(obj)` or HOLD)."""
@@ -87,7 +90,7 @@ class Pacing:
             now = self._clock()
             self._expire(now)
             if obj in self._held or admits(running=self.running, live_in_flight=self.live_in_flight,
-                                           since_live=now - self._last_live, busy=self.busy, idle=self.idle,
+                                           since_live=now - self._latest_live(), busy=self.busy, idle=self.idle,
                                            quiet=self.quiet):
                 break
             if self._changed is None:

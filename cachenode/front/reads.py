@@ -19,7 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.peers.auth import is_peer_request
 from cachenode.counts import Counts
 from cachenode.fill.buffer import Fill
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone

@@ -65,7 +65,7 @@ disagree about the ring.
 
 Where each rule lives: this module is the loop over owners; talking to one
 owner (the connect budget, down marks, the liveness probe before the
-headers and mid-body) is front/peer_asks.py; the body promised to the
+headers and mid-body) is peers/asks.py; the body promised to the
 client (its span, its validator, its digest check, its clean end) is
 front/relay_body.py; the rest of a body no owner ahead could finish (this
 node's own flight, then the origin) is front/relay_resume.py.
@@ -83,7 +83,7 @@ from aiohttp import web
 from cachenode.kernel import splice
 from nezha.ring import Peer
 from cachenode.front.interim import InterimRelay
-from cachenode.front.peer_asks import PeerAsks, from_origin
+from cachenode.peers.asks import PeerAsks, from_origin
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, start_body, stream_body
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target

@@ -33,7 +33,7 @@ from cachenode.kernel import splice
 from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
-from cachenode.front.peer_asks import PeerAsks
+from cachenode.peers.asks import PeerAsks
 from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Expectations, Expected, Verifier, carried, expectations
 from cachenode.http.freshness import http_date

@@ -28,7 +28,7 @@ from aiohttp import web
 from cachenode.kernel import splice
 from cachenode.front.access import break_connection
 from nezha.ring import Peer
-from cachenode.front.peer_asks import PeerAsks
+from cachenode.peers.asks import PeerAsks
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, stream_body
 from nezha.keys import Target
 from cachenode.fill.origin import forwarded_request_headers, via_of

@@ -1,7 +1,7 @@
 """Writing responses: stored objects by sendfile, growing fills, pass-through copies.
 
 Every writer streams: a stored object goes out by os.sendfile
-(`front/sendfile.py`), a fill is sent from its temp file as bytes land, a pass-through is copied chunk by
+(`kernel/sendfile.py`), a fill is sent from its temp file as bytes land, a pass-through is copied chunk by
 chunk. None holds a whole object in memory. When a body cannot be finished
 the connection is aborted, so the client sees an error, never a short object.
 
@@ -25,7 +25,7 @@ from cachenode.front.interim import CONTINUE_DEFERRED, InterimRelay, continued
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.object_head import add_peer_fields, object_headers, stored_decision
 from cachenode.counts import answer_counts
-from cachenode.front.sendfile import FileSender
+from cachenode.kernel.sendfile import FileSender
 from cachenode.front.short_answers import answer_precondition, answer_unsatisfiable, origin_failure
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
@@ -34,7 +34,7 @@ from cachenode.http.digests import carry
 from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
-from cachenode.cluster.peer_auth import is_peer_request
+from cachenode.peers.auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store

@@ -8,7 +8,7 @@ asked with an origin's Host and path (its key is the object's), so it is
 told apart by a field, not a path: `front/route.py`'s first row.
 
 Every internal endpoint is refused here, once, to a caller without the
-cluster token (cluster/peer_auth.py); an unknown internal path is a 404
+cluster token (peers/auth.py); an unknown internal path is a 404
 naming it, as is a method its path does not take, except where the path
 says which it takes (405).
 """
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Invalidation
-from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.peers.auth import refuse_internal
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.pinning import Pinning
 from cachenode.front.access import access

@@ -59,7 +59,7 @@ log = structlog.get_logger("nezha.store")
 class Store(IndexView, TempFiles, Integrity):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
-                 pinned_capacity: int | None = None, extra: Callable[[Meta], bool] | None = None,
+                 pinned_capacity: int | None = None, extra: Callable[[str], bool] | None = None,
                  small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL,
                  on_corrupt: Callable[[str], None] | None = None, verify_reads: bool = False) -> None:
         self.root = Path(root).resolve()
@@ -69,7 +69,8 @@ class Store(IndexView, TempFiles, Integrity):
         self.hot_capacity = hot_capacity  # bytes hot copies may hold; None: only `capacity` bounds them
         self._clock = clock
         self._on_evict = on_evict
-        # Is this object, about to be committed, an extra copy here (another node is its first owner)?
+        # Is an object of this key, about to be committed, an extra copy here (another node is its first
+        # owner)? The ring view's answer (cachenode/cluster_view.py), a layer below.
         self._extra = extra
         # Told, by what found it ("copy", "read", "scrub"), of every object
         # whose bytes were not the ones its checksum names (nezha_corrupt_objects_total).
@@ -283,7 +284,7 @@ class Store(IndexView, TempFiles, Integrity):
                            f"bytes")
         oid = object_id(meta.slot)
         sealed = temp.written <= self.small_max  # one sealed file (cachenode/store/small.py)
-        extra = not meta.hot and self._extra is not None and self._extra(meta)
+        extra = not meta.hot and self._extra is not None and self._extra(meta.key)
         meta = replace(meta, size=temp.written, extra=extra,
                        data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX if sealed else '.data'}")
         self._load(meta.key)

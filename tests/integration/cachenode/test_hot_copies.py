@@ -172,7 +172,7 @@ async def test_an_authorize_origins_object_is_never_hot_copied_each_read_asks_th
 
 
 async def test_a_draining_node_hands_off_what_it_owns_never_its_hot_copies(origin, cluster, session):
-    from cachenode.cluster.view import ClusterView
+    from cachenode.cluster_view import ClusterView
     from nezha.ring import Membership
 
     origin.put(PATH, BODY, headers={"Cache-Control": "max-age=3600"})

@@ -34,14 +34,15 @@ MiB = 1 << 20
 
 # The node's rooms from the top down (pyproject.toml, the layers contract).
 LAYERS = ["cachenode.cli", "cachenode.workers", "cachenode.app", "cachenode.node", "cachenode.tls",
-          "cachenode.front", "cachenode.cluster", "cachenode.chunks", "cachenode.fill", "cachenode.store",
-          "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel"]
+          "cachenode.front", "cachenode.cluster", "cachenode.chunks", "cachenode.fill", "cachenode.peers",
+          "cachenode.store", "cachenode.counts", "cachenode.metrics", "cachenode.http", "cachenode.kernel", "cachenode.tasks",
+          "cachenode.cluster_view"]
 
 
 def layer(module: str) -> int | None:
     for i, room in enumerate(LAYERS):
         if module == room or module.startswith(room + "."):
-            return min(i, LAYERS.index("cachenode.metrics"))  # the last three are one layer
+            return min(i, LAYERS.index("cachenode.metrics"))  # the last five are one layer
     return None
 
 
@@ -150,15 +151,9 @@ async def test_a_chunked_read_enters_each_nodes_handler_once(cluster, origin, se
 # The calls up the rooms a request makes, each through what the room below was handed at
 # construction (cachenode/node.py, cachenode/app.py), and typed there as a protocol or a callable.
 PROTOCOLS = {
-    ("cachenode.fill", "cachenode.node"),  # `spawn`: background work the node's stop() cancels
-    ("cachenode.chunks", "cachenode.node"),  # `spawn`, likewise
     ("cachenode.fill", "cachenode.cluster"),  # `replicate`: copies to the other owners once a fill is stored
     ("cachenode.fill", "cachenode.chunks"),  # `chunks`: a large object's chunks spread over the ring
-    ("cachenode.chunks", "cachenode.cluster"),  # `members`: who owns each chunk
-    ("cachenode.chunks", "cachenode.front"),  # `relay` (its peer asks: ask, order, mark_down) and `send_file`
-    ("cachenode.counts", "cachenode.front"),  # `live`: a fast hit counts as live traffic for the pacing
     ("cachenode.counts", "cachenode.store"),  # the store's index, for its size gauges
-    # `extra` and `on_evict`: whether a stored copy is an extra one (another node owns it first),
-    # through closures over the node that cachenode/app.py builds after the store.
-    ("cachenode.store", "cachenode.app"),
 }
+# Not on these requests' path, so not traced here: the store's `on_evict` (an eviction, at capacity) calls up
+# into the node, through a closure of cachenode/app.py (docs/architecture.md, "The cache node's rooms").

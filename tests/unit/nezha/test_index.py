@@ -320,7 +320,7 @@ async def test_close_sends_what_is_still_buffered(make_index, redis):
 
 async def test_owners_per_key_published_with_the_ring_reach_every_node_and_override_its_own(make_index):
     """nezha:ring:replicas is written in the ring's MULTI; a node with --replicas 1 then keeps 2 owners."""
-    from cachenode.cluster.view import ClusterView
+    from cachenode.cluster_view import ClusterView
 
     writer, node = make_index(node_id=None), make_index(node_id="n1")
     await writer.start()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.peers.auth import refuse_internal
 
 
 @pytest.mark.parametrize("remote,token,presented,allowed,why", [

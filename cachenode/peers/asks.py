@@ -3,7 +3,8 @@ asking it with a liveness probe in place of a long timeout.
 
 These are the rules a relay (front/relay.py), a chunk read (chunks/peers.py)
 and a fill led through a peer (fill/running.py) share, kept apart from the
-relay's loop over owners so each can be read alone:
+relay's loop over owners so each can be read alone, in a room below all
+three (cachenode/peers/): what they call of it goes down the layers.
 
 - **The connect budget.** A refused connection, a connect slower than
   `peer_timeout`, or an owner's own 5xx marks the owner down for a few
@@ -30,18 +31,22 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from nezha.ring import Peer
 from nezha.keys import Target
-from cachenode.fill.origin import Interim, OriginClient, end_to_end
-from cachenode.fill.verify import Digests
-from cachenode.cluster.peer_auth import peer_auth
+from cachenode.http.headers import end_to_end_pairs
+from cachenode.peers.auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
 from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
                         TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
+
+    # The client is handed over (cachenode/node.py): a type, no dependency on the fill's room above.
+    from cachenode.fill.origin import Interim, OriginClient
+    from cachenode.fill.verify import Digests
 
 log = structlog.get_logger("nezha.peers")
 
@@ -119,7 +124,7 @@ class PeerAsks:
         return [p for p in owners if not self.is_down(p)] + [p for p in owners if self.is_down(p)]
 
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
-        headers = end_to_end(request.headers)
+        headers = CIMultiDict(end_to_end_pairs(request.headers))  # fill/origin.py's `end_to_end`, sent on
         headers["Host"] = target.host
         headers.popall(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         # A client's chunk request would become this node's, made with its token:

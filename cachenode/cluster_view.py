@@ -4,6 +4,10 @@ The view is an immutable `Membership` swapped whole on a change, so request
 handlers read it without locks and one request never sees half of an
 update. A node with no membership (standalone, or Redis not reached yet)
 owns every key.
+
+It sits in the bottom layer (pyproject.toml), below every room that asks
+who owns a key: the front, the cluster's copies, chunks (`Members`), and
+the store, which asks whether an object it commits is an extra copy here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class ClusterView:
             return []
         ids = snap.ring().owners(key, n or self.replicas)
         return [Peer(i, snap.nodes[i]) for i in ids]
+
+    def holds_as_extra(self, key: str) -> bool:
+        """Would a copy of `key` here be an extra copy: another node is its first owner
+        (docs/cache-node.md "Eviction"). Alone, or before the ring is known: no."""
+        owners = self.owners(key)
+        return bool(owners) and owners[0].id != self.node_id
 
     def peer(self, node_id: str) -> Peer | None:
         addr = self.snapshot.nodes.get(node_id)
