@@ -9,14 +9,13 @@ the node. Index writes are batched there and never awaited here.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from cachenode.metrics import Metrics
 from nezha.chunks import chunk_of
 from nezha.wire import PEER_PREFIX, CacheOutcome
 
 if TYPE_CHECKING:
-    from cachenode.store.disk import Store
     from cachenode.store.objects import Meta
     from nezha.index.handle import Index
 
@@ -61,11 +60,19 @@ class LiveHits:
         self.last = self.clock()
 
 
+class StoreSizes(NamedTuple):
+    """What the store's gauges show. Handed in by whoever just changed the
+    store (`Store.sizes()`): the store is a room above this one, so Counts
+    is told its sizes rather than asking for them."""
+    used_bytes: int
+    objects: int
+    capacity: int | None
+
+
 class Counts:
-    def __init__(self, *, metrics: Metrics, store: Store, index: Index | None,
+    def __init__(self, *, metrics: Metrics, index: Index | None,
                  from_peer: Callable[[Any], bool]) -> None:
         self.metrics = metrics
-        self.store = store
         self.index = index
         self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/peers/auth.py)?
         self.live = LiveHits()  # marked by each fast hit; the pacing reads it (cachenode/front/pacing.py)
@@ -104,24 +111,24 @@ class Counts:
         if self.index is not None:
             self.index.object_accessed(key)
 
-    def stored(self, meta: Meta) -> None:
-        """A fill committed `meta` to the store."""
-        self.update_store_gauges()
+    def stored(self, meta: Meta, sizes: StoreSizes) -> None:
+        """A fill committed `meta` to the store, now of `sizes`."""
+        self.store_sizes(sizes)
         self.count(meta.host, **stored_counts(meta, +1))
         if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
             # A chunked object's manifest is indexed with the object's length; its chunks each with their own.
             self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.body_size)
 
-    def gone(self, meta: Meta, **extra: int) -> None:
-        """An object left the store (evicted, invalidated, replaced, lost)."""
+    def gone(self, meta: Meta, sizes: StoreSizes, **extra: int) -> None:
+        """An object left the store (evicted, invalidated, replaced, lost), now of `sizes`."""
         if extra.get("evictions"):
             self.metrics.evicted_age.observe(max(0.0, time.time() - meta.stored_at))
         self.count(meta.host, **stored_counts(meta, -1), **extra)
         if self.index is not None and not meta.hot:
             self.index.object_removed(meta.key, host=meta.host, size=meta.size)
-        self.update_store_gauges()
+        self.store_sizes(sizes)
 
-    def update_store_gauges(self) -> None:
-        self.metrics.stored_bytes.set(self.store.used_bytes)
-        self.metrics.stored_objects.set(len(self.store))
-        self.metrics.set_capacity(self.store.capacity)
+    def store_sizes(self, sizes: StoreSizes) -> None:
+        self.metrics.stored_bytes.set(sizes.used_bytes)
+        self.metrics.stored_objects.set(sizes.objects)
+        self.metrics.set_capacity(sizes.capacity)

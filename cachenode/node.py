@@ -85,7 +85,7 @@ class CacheNode:
     def _counting(self, settings: CacheSettings, index) -> None:
         """Pacing and counts first: every room below counts through them."""
         token = settings.cluster_token
-        self.counts = Counts(metrics=self.metrics, store=self.store, index=index,
+        self.counts = Counts(metrics=self.metrics, index=index,
                              from_peer=lambda request: is_peer_request(request, token))
         # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits
         # count as live: the pacing reads when Counts last saw one.
@@ -192,7 +192,7 @@ class CacheNode:
             await self.index.start()
             if self.index.membership is not None:
                 self.cluster.update(self.index.membership)
-        self.counts.update_store_gauges()
+        self.counts.store_sizes(self.store.sizes())
         if self.settings.scrub_interval > 0:
             # Its own task, not `tasks.spawn`: it never ends, and `settled()` waits for what `spawn` runs.
             scrub = Scrub(self.store, interval=self.settings.scrub_interval, rate=self.settings.scrub_rate)
@@ -275,7 +275,7 @@ class CacheNode:
 
     def on_evict(self, meta: Meta) -> None:
         """The store evicted `meta` to make room."""
-        self.counts.gone(meta, evictions=1)
+        self.counts.gone(meta, self.store.sizes(), evictions=1)
 
     def status(self) -> dict:
         snap = self.cluster.snapshot

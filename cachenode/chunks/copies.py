@@ -90,7 +90,7 @@ class ChunkCopies:
         removed = 0
         for ckey in self.store.chunks_of(key):
             for meta in await self.store.remove(ckey):
-                self.counts.gone(meta)
+                self.counts.gone(meta, self.store.sizes())
                 removed += 1
         if removed:
             log.info("chunks_invalidated", key=key, chunks=removed)
@@ -113,7 +113,7 @@ class ChunkCopies:
             if found is None or found[1] != chunk_size or meta is None or validator.mismatch(dict(meta.headers)):
                 continue
             if await self.store.remove_one(meta):
-                self.counts.gone(meta)
+                self.counts.gone(meta, self.store.sizes())
                 removed += 1
         if removed:
             log.info("old_chunks_removed", key=key, chunks=removed, chunk_size=chunk_size)

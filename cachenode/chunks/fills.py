@@ -209,7 +209,7 @@ class ChunkFills:
     async def _drop_late(self, meta: Meta) -> None:
         """A chunk fill superseded by its object's invalidation finished: remove what it committed."""
         if await self.store.remove_one(meta):
-            self.counts.gone(meta)
+            self.counts.gone(meta, self.store.sizes())
             log.info("chunk_dropped", key=meta.key, reason="its object was invalidated or replaced meanwhile")
 
     def supersede(self, matches: Callable[[str, Validator], bool]) -> None:
@@ -342,7 +342,7 @@ class ChunkFills:
             response.release()
             if growing is not None:
                 self._stop_growing(fill, growing)
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         return stored
 
     async def _commit(self, write, validator: Validator, ckey: str, *, url: str, host: str, length: int, source: str,

@@ -180,7 +180,7 @@ class HotCopies:
 
     async def drop(self, meta: Meta, *, why: str) -> None:
         if await self.store.remove_one(meta, reason="expired" if why == "expired" else None):
-            self.counts.gone(meta)
+            self.counts.gone(meta, self.store.sizes())
             log.info("hot_copy_dropped", key=meta.key, reason=why)
 
 

@@ -127,7 +127,7 @@ class ReplicaIntake:
         except NezhaError as e:
             log.warning("replica_not_stored", key=meta.key, source=source, error=str(e))
             return replicate_failed(e)
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         return ReplicateResult.COPIED
 
     def _meta(self, record: dict, size: int) -> Meta:

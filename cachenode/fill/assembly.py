@@ -191,7 +191,7 @@ class Assemblies:
             log.warning("assembly_not_stored", key=a.key, error=str(e))
             await a.write.discard()
             return None
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         log.info("assembly_completed", key=a.key, bytes=stored.size)
         self.replicate(stored, a.target)
         return stored

@@ -111,7 +111,7 @@ class FillEngine:
             self.flights.supersede(key)
             await self.parts.forget(key, why="invalidated")
             for meta in await self.store.remove(key):  # every variant
-                self.counts.gone(meta)
+                self.counts.gone(meta, self.store.sizes())
                 log.info("object_invalidated", key=key, reason=why)
                 removed += 1
             # A chunked object's chunks may be here although its manifest is
@@ -336,7 +336,7 @@ class FillEngine:
                     length=length, hot=hot)
         async with self.store.writing(readable=False) as write:  # an empty file that nobody reads
             stored = await write.commit(meta)
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         log.info("object_chunked", key=key, bytes=length, chunk_size=chunk_size,
                  chunks=Layout(size=length, chunk_size=chunk_size).count)
         return stored
@@ -428,5 +428,5 @@ class FillEngine:
             # this request may have it, nobody after (RFC 9111 §3.2, §3).
             log.info("object_not_kept", key=key, reason=renewed.reason)
             if await self.store.remove_one(meta):
-                self.counts.gone(meta)
+                self.counts.gone(meta, self.store.sizes())
         return meta

@@ -248,7 +248,7 @@ class FillRuns:
             took("not_stored")
             raise Superseded(f"a write to {url} succeeded while {key} was being stored")
         took("stored")
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         await self.parts.forget(key, why="stored whole by a fill")
         named = source.peer.id if source.peer else "parent" if parent is not None else "origin"
         log.info("fill_completed", key=key, bytes=stored.size, source=named, seconds=round(time.monotonic() - started, 3),

@@ -144,7 +144,7 @@ class AuthorizedReads:
             return await self.respond.passthrough(request, url, label=CacheOutcome.DENIED, response=response)
         if allowed is Verdict.CHANGED:
             if await self.store.remove_one(meta):  # the origin holds another version now
-                self.counts.gone(meta)
+                self.counts.gone(meta, self.store.sizes())
             if response is not None:
                 # The caller's own range, of the new version: its answer, and its first part.
                 return await self._part(request, url=url, key=meta.key, target=target, origin=origin,

@@ -250,4 +250,4 @@ class Reads:
         disk fault). Forget it, so the request refetches instead of failing."""
         log.warning("object_file_missing", key=meta.key, data=meta.data)
         if await self.store.remove_one(meta):
-            self.counts.gone(meta)
+            self.counts.gone(meta, self.store.sizes())

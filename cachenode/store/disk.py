@@ -38,6 +38,7 @@ from typing import Callable
 
 import structlog
 
+from cachenode.counts import StoreSizes
 from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.store.index import Index, IndexView
@@ -93,6 +94,10 @@ class Store(IndexView, TempFiles, Integrity):
         self.watchers: list[Callable[[str, Meta], None]] = self._index.watchers
 
     # -- paths -------------------------------------------------------------
+    def sizes(self) -> StoreSizes:
+        """What the store's gauges show, handed to Counts by whoever changed the store."""
+        return StoreSizes(self.used_bytes, len(self), self.capacity)
+
     def _dir_of(self, oid: str) -> Path:
         return self.objects / oid[:2]
 

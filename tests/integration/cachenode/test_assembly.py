@@ -34,7 +34,7 @@ async def world(tmp_path):
     store = Store(tmp_path / "data", capacity=10 * len(BODY))
     await store.open()
     copied = []
-    counts = Counts(metrics=Metrics(), store=store, index=None, from_peer=lambda _: False)
+    counts = Counts(metrics=Metrics(), index=None, from_peer=lambda _: False)
     parts = Assemblies(store=store, counts=counts, replicate=lambda meta, target: copied.append(meta.key))
     return store, parts, copied
 
@@ -101,7 +101,7 @@ async def test_an_object_invalidated_while_a_part_streams_is_never_stored_and_it
 async def test_idle_assemblies_give_way_at_the_limit_and_busy_ones_refuse_new_objects(tmp_path):
     store = Store(tmp_path / "data")
     await store.open()
-    counts = Counts(metrics=Metrics(), store=store, index=None, from_peer=lambda _: False)
+    counts = Counts(metrics=Metrics(), index=None, from_peer=lambda _: False)
     parts = Assemblies(store=store, counts=counts, replicate=lambda *_: None, limit=2)
     busy = await parts.keep(206, answer(0, 10), {}, key=KEY + "a", url=KEY, target=TARGET, origin=ORIGIN)
     assert await send_to(parts, KEY + "b") is not None  # idle once its writer closed
@@ -123,7 +123,7 @@ async def send_to(parts: Assemblies, key: str):
 async def test_an_object_larger_than_the_capacity_is_never_assembled(tmp_path):
     store = Store(tmp_path / "data", capacity=1000)
     await store.open()
-    counts = Counts(metrics=Metrics(), store=store, index=None, from_peer=lambda _: False)
+    counts = Counts(metrics=Metrics(), index=None, from_peer=lambda _: False)
     parts = Assemblies(store=store, counts=counts, replicate=lambda *_: None)
     assert await parts.keep(206, answer(0, 10), {}, key=KEY, url=KEY, target=TARGET, origin=ORIGIN) is None
 

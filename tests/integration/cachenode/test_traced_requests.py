@@ -153,7 +153,6 @@ async def test_a_chunked_read_enters_each_nodes_handler_once(cluster, origin, se
 PROTOCOLS = {
     ("cachenode.fill", "cachenode.cluster"),  # `replicate`: copies to the other owners once a fill is stored
     ("cachenode.fill", "cachenode.chunks"),  # `chunks`: a large object's chunks spread over the ring
-    ("cachenode.counts", "cachenode.store"),  # the store's index, for its size gauges
 }
 # Not on these requests' path, so not traced here: the store's `on_evict` (an eviction, at capacity) calls up
 # into the node, through a closure of cachenode/app.py (docs/architecture.md, "The cache node's rooms").

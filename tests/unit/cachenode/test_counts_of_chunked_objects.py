@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachenode.counts import Counts, answer_counts, stored_counts
+from cachenode.counts import Counts, StoreSizes, answer_counts, stored_counts
 from cachenode.metrics import Metrics
 from cachenode.store.objects import Meta
 from nezha.chunks import chunk_key
@@ -46,12 +46,7 @@ def test_a_chunk_weighs_its_bytes_but_only_the_manifest_is_an_object(stored, sig
     assert stored_counts(stored, sign) == deltas
 
 
-class _Store:
-    used_bytes = 0
-    capacity = None
-
-    def __len__(self) -> int:
-        return 0
+SIZES = StoreSizes(used_bytes=0, objects=0, capacity=None)
 
 
 class _Index:
@@ -72,25 +67,25 @@ class _Index:
 
 def test_an_object_in_three_chunks_is_one_object_of_its_bytes_and_each_chunk_is_indexed_as_held():
     index = _Index()
-    counts = Counts(metrics=Metrics(), store=_Store(), index=index, from_peer=lambda request: False)
+    counts = Counts(metrics=Metrics(), index=index, from_peer=lambda request: False)
     chunks = [meta(chunk_key(KEY, i, 4 * MiB), size=n, length=10 * MiB) for i, n in enumerate((4 * MiB, 4 * MiB, 2 * MiB))]
-    counts.stored(MANIFEST)
+    counts.stored(MANIFEST, SIZES)
     for c in chunks:
-        counts.stored(c)
+        counts.stored(c, SIZES)
     assert index.totals == {"objects": 1, "bytes_stored": 10 * MiB}
     assert index.held == {KEY, *(c.key for c in chunks)}
-    counts.gone(chunks[2], evictions=1)
+    counts.gone(chunks[2], SIZES, evictions=1)
     assert index.totals == {"objects": 1, "bytes_stored": 8 * MiB, "evictions": 1}
     for c in chunks[:2]:
-        counts.gone(c)
-    counts.gone(MANIFEST)
+        counts.gone(c, SIZES)
+    counts.gone(MANIFEST, SIZES)
     assert index.totals == {"objects": 0, "bytes_stored": 0, "evictions": 1}
     assert index.held == set()
 
 
 def test_chunk_bytes_sent_to_a_peer_are_bytes_this_node_served_but_no_client_bytes_in_the_index():
     index, metrics = _Index(), Metrics()
-    counts = Counts(metrics=metrics, store=_Store(), index=index, from_peer=lambda request: request == "peer")
+    counts = Counts(metrics=metrics, index=index, from_peer=lambda request: request == "peer")
     counts.count("data.example", request="peer", bytes_served=MiB)
     assert metrics.registry.get_sample_value("nezha_bytes_served_total") == MiB
     assert index.totals == {}
