@@ -128,7 +128,7 @@ class Responder:
                 self.store.damaged(meta, found_by="read", why=why)
                 return None
         resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason,
-                                  counted=bool(counted))
+                                  counted=bool(counted), just_fetched=body is not None)
         if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
             self._count(meta.host, request=request, **counted)
             await self._bodyless(request, answer_precondition(request, resp, decision.outcome),
@@ -150,13 +150,17 @@ class Responder:
         return resp
 
     def _hit_response(self, request: web.Request, meta: Meta, decision: Decision, *, label: str,
-                      stale_reason: str | None, counted: bool) -> ExactResponse:
+                      stale_reason: str | None, counted: bool, just_fetched: bool = False) -> ExactResponse:
         """A stored object's response head, before Range and the peer's fields;
-        not `counted`: a relaying handler counts the read (a chunked object's)."""
+        not `counted`: a relaying handler counts the read (a chunked object's).
+        `just_fetched`: the origin's answer to this flight, stored at once: its
+        Age is the origin's, as a streamed fill's is (none when 0), not the
+        time it has waited here."""
         resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                   else decision.outcome.value)
         object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                        age=meta.age_at(self._clock()), want=request.headers.get("Want-Repr-Digest"),
+                        age=(int(meta.age) or None) if just_fetched else meta.age_at(self._clock()),
+                        want=request.headers.get("Want-Repr-Digest"),
                         status=meta.status)
         if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
             resp.headers[SERVED_BY_HEADER] = self.settings.identity
