@@ -32,7 +32,9 @@ from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
+from cachenode.fill.verify import Digests
 from cachenode.cluster.hot_copies import HotCopies
+from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.front.pacing import Pacing
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
@@ -96,11 +98,15 @@ class CacheNode:
         # A cold owner sends its headers once the origin sent its own: within
         # the origin's connect and read timeouts; a frozen one is found sooner,
         # by probing it (the rules are in cachenode/front/relay.py).
+        # The digests fills check (fill/verify.py): the relay notes there the Hugging
+        # Face redirects it passes on, and hands the digest they name to the target's owner.
+        self.digests = Digests(mismatches=self.metrics.digest_mismatches,
+                               origins=[o.host for o in settings.origins if not o.wildcard])
         self.relay = PeerRelay(
             node_id=self.node_id, client=self.origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
             read_timeout=settings.origin_read_timeout + settings.peer_timeout, read_size=settings.read_size,
-            cluster_token=settings.cluster_token, mismatches=self.metrics.digest_mismatches)
+            cluster_token=settings.cluster_token, mismatches=self.metrics.digest_mismatches, linked=self.digests)
         # Requests for origins go to the parent tier first when there is one
         # (a sidecar's cluster); peers are always asked directly.
         self.upstream = Upstream(self.origins, metrics=self.metrics, parent=settings.parent,
@@ -118,8 +124,8 @@ class CacheNode:
         via = via_of(self.node_id)
         files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
         # Asking peers to copy from here needs no engine: the engine is handed it.
-        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins,
-                                 spawn=self.spawn)
+        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
+                                 client=self.origins, spawn=self.spawn)
         broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
@@ -132,7 +138,8 @@ class CacheNode:
                                         tell=broadcast, counts=self.counts, spawn=self.spawn)
         self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
                                  counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
-                                 replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock)
+                                 replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock,
+                                 digests=self.digests)
         self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
                                flights=self.engine.flights, client=self.origins, lead=self.engine.lead,
                                replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
@@ -140,7 +147,8 @@ class CacheNode:
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
-                                 forget=self.invalidation, counts=self.counts)
+                                 forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
+                                 mismatches=self.metrics.digest_mismatches)
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
@@ -152,8 +160,9 @@ class CacheNode:
                         counts=self.counts, clock=clock)
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
+        intake = ReplicaIntake(settings=settings, store=self.store, flights=self.engine.flights, counts=self.counts)
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
-                                          pinning=Pinning(pins=self.store.pins)),
+                                          pinning=Pinning(pins=self.store.pins), intake=intake),
                         origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,

@@ -61,7 +61,9 @@ the drawing is the tree the code defines.
     ├── InvalidField  cachenode.http.targeted: a targeted cache-control field that is no Structured Field Dictionary
     ├── NotClientHello  cachenode.tls.hello: bytes on port 443 that are no TLS ClientHello
     ├── BadBlocks  cachenode.store.blocks: stored bytes that are not the ones their block checksums name
-    └── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
+    ├── Unsealed  cachenode.store.sealed: a small object's file that is not whole (short, torn, damaged)
+    ├── BrokenFrame  cachenode.cluster.replica_frames: a replica batch's record head that is not one; the rest is lost
+    └── Damaged  cachenode.cluster.replica_frames: a replica batch's record whose bytes fail its checksum
 
 Messages say what failed, for which key or object, and the value seen.
 """

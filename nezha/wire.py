@@ -28,6 +28,16 @@ EXPIRES_HEADER = "X-Nezha-Expires"
 # On a whole object sent to a peer: the summary of the node's own block
 # checksum (cachenode/store/blocks.py), which the receiver checks before it commits.
 BLOCKS_HEADER = "X-Nezha-Blocks"
+# The whole-object digest (cachenode/http/digests.py `carry`) a node knows
+# its bytes by, handed to a peer: on an owner's answer from a fill in
+# progress, the digest that fill checks (the relay checks it too: Hugging
+# Face's X-Linked-ETag came on a redirect the relay may never have seen);
+# on a relay's request, the digest of the head it began with (a resume:
+# the next owner's fill, led by the resume's 206, checks the whole object
+# against it) or the one a Hugging Face redirect it passed on named for
+# this target (the owner's fill checks it). Believed only from a peer, and
+# never passed to a client or an origin.
+DIGEST_HEADER = "X-Nezha-Digest"
 # On a response to a peer: "1" when the object is an `authorize` origin's, so
 # the copy is served only once the origin allows each read there too.
 AUTHORIZE_HEADER = "X-Nezha-Authorize"
@@ -71,6 +81,7 @@ OWN_PREFIX = "x-nezha-"
 # Internal endpoints, for peers and the tools of the cluster only (cluster token).
 INTERNAL_PREFIX = "/_nezha/"
 REPLICATE_PATH = "/_nezha/replicate"  # POST: copy one object from a peer
+REPLICAS_PATH = "/_nezha/replicas"  # POST: small objects a peer pushes, in records (cachenode/cluster/replica_frames.py)
 HANDOFF_PATH = "/_nezha/handoff"  # POST: hand every object to its owners; GET: progress
 INVALIDATE_PATH = "/_nezha/invalidate"  # POST: forget keys a write superseded
 PINS_PATH = "/_nezha/pins"  # POST: pin a workload's keys, or release them; GET: pinned bytes per workload

@@ -128,8 +128,10 @@ class ChunkCopies:
         if new is not None and new.chunk_size == old.chunk_size and manifest_validator(new) == validator:
             return
 
-        async def drop() -> None:
-            await self.drop_version(old.key, old.chunk_size, validator)
-            await self.tell.tell_old_chunks(old.key, chunk_size=old.chunk_size, validator=validator,
-                                            why="a new version replaced it")
-        self.spawn(drop())
+        self.spawn(self.drop_everywhere(old.key, old.chunk_size, validator, why="a new version replaced it"))
+
+    async def drop_everywhere(self, key: str, chunk_size: int, validator: Validator, *, why: str) -> None:
+        """Remove `key`'s chunks cut `chunk_size` long of the version `validator`
+        names, here and on every other node of the ring."""
+        await self.drop_version(key, chunk_size, validator)
+        await self.tell.tell_old_chunks(key, chunk_size=chunk_size, validator=validator, why=why)

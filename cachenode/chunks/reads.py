@@ -6,7 +6,9 @@ asked of its owners `WINDOW` chunks ahead of the one being written, so cold
 chunks fill on their owners in parallel while the client reads. A peer's
 bytes go socket to socket by splice where the transports allow, else in
 `read_size` pieces; a chunk this node holds goes out by sendfile: nothing
-holds a chunk in memory. A source that breaks off mid-chunk is resumed from
+holds a chunk in memory. A read of the whole object whose origin published
+a digest of it goes through Python instead, hashed in order, its last byte
+held until the hash matches (chunks/whole.py). A source that breaks off mid-chunk is resumed from
 the same byte elsewhere (`_write`). A whole chunk this node does not own is
 asked of its owners once however many clients read it here at once: they
 share one flight (chunks/fills.py `ChunkFills.passing`), reading its temp
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import aiohttp
 import structlog
@@ -35,9 +37,11 @@ from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
+from cachenode.chunks.whole import CheckedBody, whole_digest
 from cachenode.counts import Counts
 from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
+from cachenode.http.digests import Mismatch
 from cachenode.kernel import splice
 from cachenode.kernel.splice import BrokenStream
 from cachenode.store.disk import Store
@@ -48,6 +52,9 @@ from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target, target_of
 from nezha.ring import Peer
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
 log = structlog.get_logger("nezha.chunks")
 
 # Chunks asked of their owners ahead of the one being written to the client:
@@ -56,6 +63,12 @@ log = structlog.get_logger("nezha.chunks")
 WINDOW = 4
 # Times the rest of one piece is asked again after its source broke off mid-piece.
 RESUMES = 3
+
+
+class DropChunks(Protocol):
+    """How one version's chunks of an object are removed on every node (chunks/copies.py `ChunkCopies`)."""
+
+    async def drop_everywhere(self, key: str, chunk_size: int, validator: Validator, *, why: str) -> None: ...
 
 
 class Forget(Protocol):
@@ -76,7 +89,8 @@ def origin_url(settings: CacheSettings, target: Target) -> str:
 class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, members: Members,
                  fills: ChunkFills, peers: ChunkPeers, relay: Relay, via: str, send_file: SendFile,
-                 forget: Forget, counts: Counts) -> None:
+                 forget: Forget, counts: Counts, drop: DropChunks | None = None,
+                 mismatches: "Counter | None" = None) -> None:
         self.settings = settings
         self.node_id = settings.identity
         self.store = store
@@ -89,6 +103,8 @@ class ChunkReads:
         self.send_file = send_file  # sendfile from a stored file to a client
         self.forget = forget  # drop a manifest whose object changed at the origin
         self.counts = counts  # a piece read from the origin past every owner: bytes from origin, not stored
+        self.drop = drop  # a whole read that failed the origin's digest: its chunks go everywhere
+        self.mismatches = mismatches  # nezha_digest_mismatches_total{origin}
 
     async def send(self, request: web.Request, resp: web.StreamResponse, meta: Meta, start: int,
                    length: int) -> None:
@@ -106,6 +122,11 @@ class ChunkReads:
         owners = owners_of(self.members, meta.key, layout)
         pieces = collections.deque(layout.pieces(start, length))
         ahead: collections.deque[asyncio.Task] = collections.deque()
+        # A read of the whole object is checked against the origin's digest of it (chunks/whole.py).
+        expected = whole_digest(meta, start, length) if request.method == "GET" else None
+        checked = CheckedBody(resp, expected, length=length) if expected is not None else None
+        out = checked if checked is not None else resp
+        send_file = checked.send_file if checked is not None else self.send_file
 
         def top_up() -> None:
             while pieces and len(ahead) < WINDOW:
@@ -129,12 +150,17 @@ class ChunkReads:
                 try:
                     opened = await ahead.popleft()
                     top_up()
-                    await self._write(request, resp, opened, host=meta.host, reopen=reopen)
+                    await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file)
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
                     raise BrokenStream(str(e)) from e
                 except NezhaError as e:
                     raise BrokenStream(f"{meta.key}: {e}") from e
+            if checked is not None:
+                mismatch = await checked.finish()
+                if mismatch is not None:
+                    await self._mismatched(meta, layout, validator, mismatch)
+                    raise BrokenStream(f"{meta.key}: its chunks are not what the origin published: {mismatch}")
         finally:
             for task in ahead:
                 task.cancel()
@@ -142,8 +168,22 @@ class ChunkReads:
                 if isinstance(result, Opened):
                     result.close()
 
-    async def _write(self, request: web.Request, resp: web.StreamResponse, opened: Opened, *, host: str,
-                     reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]]) -> None:
+    async def _mismatched(self, meta: Meta, layout: Layout, validator: Validator, mismatch: Mismatch) -> None:
+        """A whole read's bytes failed the origin's digest: logged and counted
+        as a fill's mismatch, and the object's chunks and manifest forgotten
+        on every node, so the next read fetches it again."""
+        log.error("digest_mismatch", origin=meta.host, key=meta.key, source="chunks", field=mismatch.expected.field,
+                  expected=mismatch.expected.shown(), got=mismatch.got, bytes=mismatch.length)
+        if self.mismatches is not None:
+            self.mismatches.labels(origin=meta.host).inc()
+        why = f"its chunks failed {mismatch.expected.field}"
+        if self.drop is not None:
+            await self.drop.drop_everywhere(meta.key, layout.chunk_size, validator, why=why)
+        await self.forget.everywhere([meta.key], why=why)
+
+    async def _write(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened, *,
+                     host: str, reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]],
+                     send_file: SendFile) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down and the
         rest of the piece is asked again, of the chunk's other owners or
@@ -159,11 +199,11 @@ class ChunkReads:
                     except FileNotFoundError as e:
                         raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
                     with f:
-                        await self.send_file(request, resp, f, piece.offset + sent, piece.length - sent)
+                        await send_file(request, resp, f, piece.offset + sent, piece.length - sent)
                     return
                 if opened.growing is not None:
                     # This node is filling the chunk: its bytes go out as they land, not once it is whole.
-                    sent += await send_tail(self.send_file, request, resp, opened.growing, piece.offset + sent,
+                    sent += await send_tail(send_file, request, resp, opened.growing, piece.offset + sent,
                                             piece.length - sent)
                     if sent == piece.length:
                         return
@@ -192,8 +232,8 @@ class ChunkReads:
         finally:
             opened.close()
 
-    async def _relay(self, request: web.Request, resp: web.StreamResponse, opened: Opened, piece: Piece, *,
-                     sent: int, host: str) -> tuple[int, str | None]:
+    async def _relay(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened,
+                     piece: Piece, *, sent: int, host: str) -> tuple[int, str | None]:
         """Pass the answer `opened` holds on to the client, from byte `sent` of
         `piece`: how far the piece got, and why it stopped short (None: it did not)."""
         answer = opened.response
@@ -206,7 +246,7 @@ class ChunkReads:
         before = sent
         try:
             if self.relay.splice and answer.content_length == piece.length - sent \
-                    and splice.usable(answer, request):
+                    and not isinstance(resp, CheckedBody) and splice.usable(answer, request):
                 # Socket to socket in the kernel, as a relay does: the bytes never enter Python.
                 await splice.splice_body(answer, request, resp, read_timeout=self.settings.origin_read_timeout,
                                          on_bytes=moved)

@@ -21,6 +21,10 @@ a line a second instead of answering at the end (the asking side is
 cluster/replicas.py, whose caller gives up after `REPLICATE_SILENCE` without
 a line, never because a copy is merely long).
 
+A hand-off pushes its small objects to each new owner in batches
+(cluster/replica_batches.py, received by cluster/replica_intake.py at
+`POST /_nezha/replicas`), and asks for the others one by one.
+
 A drain is a hand-off to the ring without this node: the controller (and
 `LocalCluster.remove` for local clusters) runs it before removing a node,
 and publishes the new ring only when no copy failed.
@@ -34,6 +38,7 @@ answer only to loopback clients (a local `nezha up`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -303,7 +308,9 @@ class Handoff:
 
         async def one(listed: Meta) -> None:
             key = listed.key
-            async with gate:
+            # A small object waits in its batch, not at the gate: the gate would let
+            # no more than `parallel` of them into a batch (cluster/replica_batches.py).
+            async with contextlib.nullcontext() if self.replicas.batches.takes(listed) else gate:
                 try:
                     selecting = selecting_headers(listed.vary, listed.variant)
                     meta = self.store.lookup(key, selecting or {})
@@ -325,8 +332,12 @@ class Handoff:
                         p.skipped += 1
                         return
                     target = target_of(key)
-                    results = [await self.replicas.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
-                               for peer in view.owners(key) if peer.id != self.node_id]
+                    peers = [peer for peer in view.owners(key) if peer.id != self.node_id]
+                    if self.replicas.batches.takes(meta):
+                        results = await self._in_batches(meta, target, selecting, peers, p)
+                    else:
+                        results = [await self.replicas.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
+                                   for peer in peers]
                     for r in results:
                         if r == ReplicateResult.COPIED:
                             p.copied += 1
@@ -345,6 +356,21 @@ class Handoff:
         log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
                  failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
         return p
+
+    async def _in_batches(self, meta: Meta, target: Target, selecting: dict[str, str], peers: list[Peer],
+                          p: Progress) -> list[str]:
+        """A small object handed on with others bound for the same owner
+        (cluster/replica_batches.py); its results, an owner each. An object
+        evicted or replaced before its batch left is no failure: it is gone."""
+        results = []
+        for result in await asyncio.gather(*(self.replicas.batches.add(peer, meta, target, selecting)
+                                             for peer in peers)):
+            if result is None:
+                continue
+            if result == ReplicateResult.COPIED:
+                p.bytes += meta.size
+            results.append(result)
+        return results
 
     async def _hand_off_chunk(self, meta: Meta, view: ClusterView, p: Progress) -> None:
         """A chunk goes to the owners of its own key (nezha/chunks.py `place`),

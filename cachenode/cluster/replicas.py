@@ -6,7 +6,9 @@ it (`replicate_soon`), and a node handing off asks each new owner
 (`ask_to_copy`). It needs no fill engine, so the engine is handed
 `replicate_soon` when it is built: the loop between them is gone.
 
-A copy takes as long as the object takes to cross the network, which for a
+A small object's replicas travel with others bound for the same peer, in
+one request (cluster/replica_batches.py); a large one's each in a call of
+its own. A copy takes as long as the object takes to cross the network, which for a
 dataset can be minutes. The replicate call therefore proves it is alive with
 a line a second instead of answering at the end: the caller gives up after
 `REPLICATE_SILENCE` without a line, never because a copy is merely long.
@@ -21,9 +23,11 @@ from typing import Any, Callable, Coroutine
 import aiohttp
 import structlog
 
+from cachenode.cluster.replica_batches import ReplicaBatches
 from cachenode.cluster.view import ClusterView
 from cachenode.fill.origin import OriginClient
 from cachenode.http.vary import selecting_headers
+from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
 from nezha.keys import Target
@@ -44,15 +48,19 @@ def internal_headers(token: str | None) -> dict[str, str]:
 
 
 class Replicas:
-    """Given what it uses: the ring view, the client it asks peers with, and how to run background work."""
+    """Given what it uses: the ring view, the store (a batch's bodies), the
+    client it asks peers with, and how to run background work."""
 
-    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, client: OriginClient,
-                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]) -> None:
+    def __init__(self, *, node_id: str, settings: CacheSettings, cluster: ClusterView, store: Store,
+                 client: OriginClient, spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]) -> None:
         self.node_id = node_id
         self.settings = settings
         self.cluster = cluster
         self.client = client
         self.spawn = spawn
+        self.batches = ReplicaBatches(node_id=node_id, settings=settings, store=store, client=client, spawn=spawn,
+                                      one_by_one=lambda peer, target, selecting: self.ask_to_copy(
+                                          peer, target, headers=selecting))
 
     def replicate_soon(self, meta: Meta, target: Target) -> None:
         """After a fill from the origin: have the key's other owners copy it from here."""
@@ -62,6 +70,10 @@ class Replicas:
         selecting = selecting_headers(meta.vary, meta.variant)
         if selecting is None:
             log.info("replica_not_asked", key=meta.key, reason="its variant cannot be spelled as request fields")
+            return
+        if self.batches.takes(meta):
+            for peer in others:
+                self.batches.add(peer, meta, target, selecting)
             return
         self.spawn(self._push(others, target, selecting))
 

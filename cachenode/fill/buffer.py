@@ -38,6 +38,7 @@ from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
 from cachenode.fill.unstored import StoreUnwritable, Superseded, Unprovable
 from cachenode.fill.verify import BodyCheck, DigestMismatch
 from cachenode.kernel import splice
+from cachenode.http.digests import Expected
 from cachenode.http.headers import Pairs
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored, TempObject
@@ -188,6 +189,12 @@ class Fill:
             # have the whole body: its ranges go out as they land).
             return min(available, self.length - 1)
         return available
+
+    @property
+    def checked_against(self) -> Expected | None:
+        """The digest this fill's bytes are checked against (None: none), which
+        an owner hands to the peer relaying them (nezha/wire.py DIGEST_HEADER)."""
+        return self._check.verifier.expected if self._check is not None else None
 
     @property
     def verified_by(self) -> str | None:

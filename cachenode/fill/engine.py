@@ -29,9 +29,11 @@ from cachenode.fill.lead import Step, answered_span, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread, if_range_validator, parallel_validator
 from cachenode.fill.running import FillRuns, Peers
+from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
+from cachenode.http.digests import carried
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
-from cachenode.http.headers import Pairs, renewed_by_304, stored_pairs, with_date
+from cachenode.http.headers import Pairs, describes_whole_body, renewed_by_304, stored_pairs, with_date
 from cachenode.http.vary import vary_names
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
@@ -76,7 +78,7 @@ class FillEngine:
                  counts: Counts, metrics: Metrics, via: str,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  replicate: Callable[[Meta, Target], None], chunks: ChunkedObjects,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, digests: Digests | None = None) -> None:
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -94,7 +96,7 @@ class FillEngine:
         # The fills its answers start, each running in the background until it lands.
         self.runs = FillRuns(settings=settings, store=store, origins=origins, peers=peers, counts=counts,
                              metrics=metrics, flights=self.flights, parts=self.parts, spawn=spawn,
-                             replicate=replicate)
+                             replicate=replicate, digests=digests)
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -140,19 +142,21 @@ class FillEngine:
 
     def origin_source(self, url: str, client_headers: Mapping[str, str], *,
                       drop: frozenset[str] = NOT_FOR_FILLS, route: Target | None = None,
-                      interim: Interim | None = None) -> Source:
+                      interim: Interim | None = None, handed: str | None = None) -> Source:
         """The origin, asked with the leading client's own fields (all but its
         validators and Range: the fill fetches the whole object for everyone;
         an `authorize` origin's caller keeps every field it may have signed);
         through the parent tier when `route` names the target to ask it for.
-        `interim` forwards the origin's 1xx answers to that client."""
+        `interim` forwards the origin's 1xx answers to that client; `handed`:
+        the X-Nezha-Digest a peer's request carried (a relay's resume), which
+        the fill checks too."""
         headers = forwarded_request_headers(client_headers, via=self.via, drop=drop)
         # A resume (the rest of a body under If-Range) asks for its range first; not through a
         # parent tier, and not when the caller's own fields go as they are (a signed read).
         resume = (resume_of(client_headers.get("Range"), client_headers.get("If-Range"))
                   if route is None and "range" in drop else None)
         return Source(url=url, what=f"origin {url}", headers=headers, ranged="Range" in client_headers, route=route,
-                      interim=interim, resume=resume)
+                      interim=interim, resume=resume, handed=carried(handed))
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
                    target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
@@ -371,8 +375,10 @@ class FillEngine:
         now = self._clock()
         policy = response_policy(200, response.headers, now=now, policy_ttl=origin.default_ttl,
                                  targeted=origin.targeted_cache_control)
+        # Stored as the object's 200: without the fields that describe the part
+        # (Content-Range, and the part's own Content-MD5, Content-Digest, checksums).
         kept = tuple((n, v) for n, v in with_date(stored_pairs(response.headers), now)
-                     if n.lower() != "content-range")
+                     if n.lower() != "content-range" and not describes_whole_body(n))
         decision = decide(answer_of(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
                                     status=200, length=span[2]),
                           stale_held=False, stale_usable_on_error=False)

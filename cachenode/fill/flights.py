@@ -20,6 +20,7 @@ import structlog
 from cachenode.fill.buffer import Fill, StoreUnwritable
 from cachenode.fill.lead import Resume
 from cachenode.fill.origin import Interim
+from cachenode.http.digests import Expected
 from cachenode.http.vary import variant
 from cachenode.store.objects import Meta, NotStored
 from nezha.errors import NezhaError
@@ -49,6 +50,10 @@ class Source:
     # The leading request resumes a body (fill/lead.py `Resume`): the origin is
     # asked for that range first, and the fill fetches the rest around it.
     resume: Resume | None = None
+    # The whole-object digest a peer handed on with the request (a relay's
+    # resume: that of the head it began with; nezha/wire.py DIGEST_HEADER),
+    # which the fill checks its bytes against too.
+    handed: Expected | None = None
 
 
 class Kind(enum.Enum):

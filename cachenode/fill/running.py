@@ -70,7 +70,8 @@ class FillRuns:
     def __init__(self, *, settings: CacheSettings, store: Store, origins: Upstream, peers: Peers,
                  counts: Counts, metrics: Metrics, flights: Flights, parts: Assemblies,
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
-                 replicate: Callable[[Meta, Target], None]) -> None:
+                 replicate: Callable[[Meta, Target], None], digests: Digests | None = None) -> None:
+        """`digests`: the node's (its relay notes the redirects it passes on there too)."""
         self.settings = settings
         self.store = store
         self.origins = origins
@@ -83,8 +84,8 @@ class FillRuns:
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
         self._fills: dict[asyncio.Task, Fill] = {}  # each fill's background task
         # Fills checked against the digests their sources publish (fill/verify.py).
-        self.digests = Digests(mismatches=metrics.digest_mismatches,
-                               origins=[o.host for o in settings.origins if not o.wildcard])
+        self.digests = digests or Digests(mismatches=metrics.digest_mismatches,
+                                          origins=[o.host for o in settings.origins if not o.wildcard])
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -173,9 +174,15 @@ class FillRuns:
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
                                         answer=response if answered is not None else None,
                                         answered=answered[:2] if answered is not None else None)
-        # A resume's 206 is checked by nothing: its digest fields may be the part's, not the object's.
+        # A resume's 206 is checked against the whole object's digest its
+        # Repr-Digest or the relay resuming names (fill/verify.py `Digests.check`).
         check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
-                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1)
+                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
+                                   part=answered is not None,
+                                   # A resume's: of the version its 206 answered If-Range for, never of
+                                   # another's 200. Else a relay's (a Hugging Face redirect it saw).
+                                   handed=source.handed if answered is not None or source.resume is None
+                                   else None)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),

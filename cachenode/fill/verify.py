@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import structlog
 from yarl import URL
 
-from cachenode.http.digests import Mismatch, Verifier, expectations
+from cachenode.http.digests import Expectations, Expected, Mismatch, Verifier, expectations, of_the_whole_in_a_part
 from nezha.errors import FillAborted
 from nezha.keys import Target
 
@@ -176,15 +176,31 @@ class Digests:
         while len(self._linked) > LINKED_KEPT:
             self._linked.popitem(last=False)
 
+    def linked(self, target: Target) -> Expected | None:
+        """The sha256 a redirect this node fetched or relayed named for `target`
+        (kept for the fill of it here): what a relay hands the target's owner
+        (nezha/wire.py DIGEST_HEADER), whose fill then checks it."""
+        linked = self._linked.get((target.host.lower(), target.path))
+        return None if linked is None else expectations((), status=200, linked_etag=linked).cheapest()
+
     def check(self, *, key: str, target: Target, status: int, headers: Mapping[str, str],
-              fd: int) -> BodyCheck | None:
+              fd: int, part: bool = False, handed: Expected | None = None) -> BodyCheck | None:
         """The check a fill of `target` runs over the body of its answer
         (`status`, `headers`; its file read through `fd`), or None when
-        nothing published of it can be checked."""
+        nothing published of it can be checked.
+
+        `part`: the answer is a resume's 206 and the fill fetches the rest of
+        the object around it, so the whole is checked against what names the
+        whole: its Repr-Digest (`of_the_whole_in_a_part`). `handed`: the
+        digest a peer's request handed on (a relay's resume, nezha/wire.py
+        DIGEST_HEADER), of the same version (the 206 answered its If-Range)."""
         linked = self._linked.pop((target.host.lower(), target.path), None)
-        known = expectations(headers.items(), status=status, linked_etag=linked)
+        known = of_the_whole_in_a_part(headers.items()) if part else \
+            expectations(headers.items(), status=status, linked_etag=linked)
         for ignored in known.ignored:
             log.info("digest_not_checked", key=key, field=ignored.field, reason=ignored.reason)
+        if handed is not None:
+            known = Expectations((*known.expected, handed), known.ignored)
         expected = known.cheapest()
         if expected is None or fd < 0:
             return None

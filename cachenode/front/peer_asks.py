@@ -34,9 +34,10 @@ from aiohttp import web
 from nezha.ring import Peer
 from nezha.keys import Target
 from cachenode.fill.origin import Interim, OriginClient, end_to_end
+from cachenode.fill.verify import Digests
 from cachenode.cluster.peer_auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
                         TOKEN_HEADER)
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class PeerAsks:
     def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
                  header_timeout: float, read_size: int, down_for: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
-                 cluster_token: str | None = None, mismatches: "Counter | None" = None) -> None:
+                 cluster_token: str | None = None, mismatches: "Counter | None" = None,
+                 linked: Digests | None = None) -> None:
         """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
 
         `header_timeout` bounds the wait for the headers of an owner that
@@ -91,6 +93,9 @@ class PeerAsks:
         self._clock = clock
         self._down_until: dict[str, float] = {}
         self._answered_at: dict[str, float] = {}  # when each peer last answered (its headers, or a probe)
+        # Hugging Face's digests of redirect targets (fill/verify.py `Digests`): noted
+        # as the relay passes redirects on, handed to a target's owner when relaying it.
+        self.linked = linked
         self.splice = use_splice
 
     def mark_down(self, peer: Peer, why: str) -> None:
@@ -116,10 +121,12 @@ class PeerAsks:
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
         headers = end_to_end(request.headers)
         headers["Host"] = target.host
-        headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
+        headers.popall(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
         # A client's chunk request would become this node's, made with its token:
         # only a node reading a chunked object asks for a chunk (cachenode/chunks/reads.py).
-        headers.pop(CHUNK_HEADER, None)
+        headers.popall(CHUNK_HEADER, None)
+        # A client's digest would be believed as this node's: a wrong one would make the owner refuse right bytes.
+        headers.popall(DIGEST_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))

@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.cluster.peer_auth import is_peer_request
 from cachenode.counts import Counts
 from cachenode.fill.buffer import Fill
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
@@ -32,7 +33,7 @@ from cachenode.front.short_answers import origin_failure
 from cachenode.http.freshness import RequestDirectives, Use, judge, may_serve_stale_on_error
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
-from nezha.wire import CacheOutcome
+from nezha.wire import DIGEST_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -184,11 +185,14 @@ class Reads:
         the origin is not sent (a fill's: validators and Range; a signed read
         drops none, every field may be signed)."""
         interim = InterimRelay(request)
+        # A relay resuming a body hands on the digest of the head it began with (nezha/wire.py DIGEST_HEADER).
+        handed = request.headers.get(DIGEST_HEADER) \
+            if is_peer_request(request, self.respond.settings.cluster_token) else None
         try:
             return await self.engine.lead(
                 flight, key=asked.key, url=asked.url, origin=asked.origin, stale=stale, target=asked.target,
                 source=self.engine.origin_source(asked.url, request.headers, route=parent_route(request),
-                                                 drop=drop, interim=interim))
+                                                 drop=drop, interim=interim, handed=handed))
         finally:
             interim.close()
 

@@ -46,12 +46,18 @@ Failover, in the order a request meets it:
   check cuts its clients before the last byte, which looks here exactly like
   an owner dying mid-body, so the rest is resumed as above. The resumed body
   may then join the wrong bytes already sent to a right rest. So a relayed
-  200 whose head carries a whole-object digest (`http/digests.py`) is
-  checked here too, across every resume, and the client is kept from its
-  last byte until the check passes: on a mismatch its connection is cut
-  (no clean end, no last chunk), and `digest_mismatch` is logged (source
-  `relay`) and counted as a fill's is. Such a body goes through Python,
-  not the kernel's splice: its bytes must be hashed (front/relay_digest.py).
+  200 from an owner's fill in progress whose head carries a whole-object
+  digest (`http/digests.py`, or the one the owner's fill checks, handed on
+  in `X-Nezha-Digest`) is checked here too, across every resume, and the
+  client is kept from its last byte until the check passes: on a mismatch
+  its connection is cut (no clean end, no last chunk), and `digest_mismatch`
+  is logged (source `relay`) and counted as a fill's is. Such a body goes
+  through Python, not the kernel's splice (fill/streamed_digest.py). An
+  owner's hit is spliced unhashed: its bytes were checked when stored, and
+  nothing cuts a hit for a wrong byte. Every resume hands the digest on, so
+  the fill it leads at the next owner checks the whole object; a spliced
+  body resumed from the origin is checked whole by reading its head again
+  (front/relay_resume.py).
 
 Relayed requests carry `X-Nezha-Peer`; a node never relays such a request
 again, so each request crosses at most one peer hop even when two nodes
@@ -82,7 +88,8 @@ from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, st
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target
 from nezha.errors import OriginError
-from nezha.wire import CHUNKED_HEADER
+from nezha.wire import CHUNKED_HEADER, DIGEST_HEADER
+from cachenode.http.digests import carry
 
 log = structlog.get_logger("nezha.peers")
 
@@ -131,6 +138,10 @@ class PeerRelay(PeerAsks):
             if body is not None and not body.resumable:
                 break
             headers = headers_for(self, request, target, validators=validators, body=body)
+            handed = self.linked.linked(target) if body is None and self.linked is not None else None
+            if handed is not None:
+                # A Hugging Face redirect this node passed on named the file's sha256: its owner checks it.
+                headers[DIGEST_HEADER] = carry(handed)
             try:
                 r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
                                    interim=interim if body is None else None)
@@ -138,6 +149,8 @@ class PeerRelay(PeerAsks):
                 self.mark_down(peer, str(e))
                 continue
             try:
+                if body is None and self.linked is not None:
+                    self.linked.noted(target, r.status, r.headers)  # a redirect's X-Linked-ETag, for its target
                 if r.status >= 500 and not from_origin(r):
                     self.mark_down(peer, f"answered {r.status}")
                     continue

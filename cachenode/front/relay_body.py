@@ -8,11 +8,16 @@ object, and a validator that may pin a resume to the same version) and how
 much of it went out; the functions here start it from an owner's answer,
 pour a source's bytes into it, and end it cleanly or cut it.
 
-A body whose head carries a whole-object digest (`http/digests.py`) is
-checked across every source, and its last byte is held back until the
-check passes (front/relay_digest.py): a resume may join wrong bytes already
-sent to a right rest, and a cut connection is the only way to tell the client.
-Such a body goes through Python, not the kernel's splice: its bytes must be hashed.
+A body from an owner's fill in progress whose head carries a whole-object
+digest (`http/digests.py`, or the owner's `X-Nezha-Digest`) is checked
+across every source, and its last byte is held back until the check passes
+(fill/streamed_digest.py): that fill may yet be cut for a mismatch, a resume
+would join the wrong bytes already sent to a right rest, and a cut
+connection is the only way to tell the client. Such a body goes through
+Python, not the kernel's splice: its bytes must be hashed. A body from the
+owner's disk (`FROM_DISK`) is spliced unhashed: it was checked when it was
+stored, and nothing cuts a hit for a wrong byte; its digest (`known`) still
+goes with every resume, whose source checks the whole.
 """
 
 from __future__ import annotations
@@ -29,18 +34,23 @@ from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.peer_asks import PeerAsks
-from cachenode.front.relay_digest import RelayedDigest
-from cachenode.http.digests import Verifier, expectations
+from cachenode.fill.streamed_digest import StreamedDigest
+from cachenode.http.digests import Expectations, Expected, Verifier, carried, expectations
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
 from cachenode.fill.origin import add_via, end_to_end, via_of
-from nezha.wire import CACHE_HEADER, SERVED_BY_HEADER, EXPIRES_HEADER, AUTHORIZE_HEADER, relayed
+from nezha.wire import (AUTHORIZE_HEADER, CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, SERVED_BY_HEADER, CacheOutcome,
+                        relayed)
 
 log = structlog.get_logger("nezha.peers")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Fields an owner sends only to the node that relays: never to its client.
-_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower(), AUTHORIZE_HEADER.lower()})
+_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower(), AUTHORIZE_HEADER.lower(), DIGEST_HEADER.lower()})
+# An owner's answers from its disk: bytes its fill checked against the digest
+# before it stored them, so relayed by splice, unhashed (see the module's docstring).
+FROM_DISK = frozenset({CacheOutcome.HIT, CacheOutcome.HOT_HIT, CacheOutcome.STALE, CacheOutcome.REVALIDATED,
+                       CacheOutcome.AUTHORIZED})
 
 
 @dataclass
@@ -54,9 +64,12 @@ class RelayedBody:
     validator: str | None  # for If-Range, if a safe one exists
     sent: int = 0  # bytes taken from the sources: written to the client, or `held`
     # The check of the whole body against the digest its head published, if any.
-    check: RelayedDigest | None = None
+    check: StreamedDigest | None = None
     held: bytes = b""  # the body's last byte, kept from the client until `check` passes
     first: str = ""  # the owner that began the body
+    # The whole-object digest of the head the body began with, checked or
+    # not: handed to the sources of a resume, whose fills check it.
+    known: Expected | None = None
 
     @property
     def left(self) -> int | None:
@@ -96,12 +109,10 @@ async def start_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientResp
         out.enable_chunked_encoding()
     start, end, total = span(r)
     body = RelayedBody(out=out, start=start, end=end, total=total, validator=validator(r), first=peer.id)
-    if request.method == "GET":
-        # Only a 200's digests are of the whole body (`expectations` says
-        # none for any other status); the cheapest one is checked.
-        expected = expectations(r.headers.items(), status=r.status).cheapest()
-        if expected is not None:
-            body.check = RelayedDigest(Verifier(expected))
+    if request.method == "GET" and r.status == 200:
+        body.known = known_digest(r)
+        if body.known is not None and r.headers.get(CACHE_HEADER) not in FROM_DISK:
+            body.check = StreamedDigest(Verifier(body.known))
     await out.prepare(request)
     return body
 
@@ -167,6 +178,15 @@ def client_gone(request: web.Request, body: RelayedBody, source: str, error: Exc
     access(request).bytes = body.sent
     break_connection(request)
     return body.out
+
+
+def known_digest(r: aiohttp.ClientResponse) -> Expected | None:
+    """The whole-object digest an owner's 200 is known by: the cheapest its
+    head publishes or the owner's fill checks (DIGEST_HEADER: Hugging Face's
+    X-Linked-ETag came on a redirect this node may never have seen)."""
+    handed = carried(r.headers.get(DIGEST_HEADER))
+    published = expectations(r.headers.items(), status=200).expected
+    return Expectations((*published, *((handed,) if handed is not None else ()))).cheapest()
 
 
 def span(r: aiohttp.ClientResponse) -> tuple[int, int | None, int | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from multidict import CIMultiDict
 import structlog
 from aiohttp import web
 
@@ -32,6 +33,9 @@ from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, st
 from nezha.keys import Target
 from cachenode.fill.origin import forwarded_request_headers, via_of
 from nezha.errors import OriginError
+from nezha.wire import DIGEST_HEADER
+from cachenode.fill.streamed_digest import StreamedDigest
+from cachenode.http.digests import Verifier, carry
 
 log = structlog.get_logger("nezha.peers")
 
@@ -54,6 +58,9 @@ def headers_for(asks: PeerAsks, request: web.Request, target: Target, *, validat
         for name in _CONDITIONALS:
             headers.popall(name, None)
         headers.update(body.resume_headers())
+        if body.known is not None:
+            # A fill this resume leads there checks the whole object against it (fill/running.py).
+            headers[DIGEST_HEADER] = carry(body.known)
     return headers
 
 
@@ -88,7 +95,50 @@ async def resume_from_origin(asks: PeerAsks, request: web.Request, body: Relayed
     for name in _CONDITIONALS:
         headers.popall(name, None)
     headers.update(body.resume_headers())
+    if body.check is None and body.known is not None and body.sent > 0:
+        # The bytes sent so far came unhashed from an owner's disk (a hit,
+        # checked when it was filled); the origin's rest is checked by
+        # nobody else, so the whole is checked here, the head read again.
+        if not await rehash_head(asks, body, url, headers, target):
+            return False
     return await resume(asks, request, body, url=url, headers=headers, target=target, source=None)
+
+
+async def rehash_head(asks: PeerAsks, body: RelayedBody, url: str, headers, target: Target) -> bool:
+    """Start `body`'s check with the bytes it already sent, asked of the origin
+    again under the same If-Range: the rest is then checked whole, and the
+    client kept from its last byte until it passes. False (the client is
+    cut) when the origin cannot give them."""
+    assert body.known is not None and body.validator is not None
+    check = StreamedDigest(Verifier(body.known))
+    asked = CIMultiDict(headers)
+    asked["Range"] = f"bytes=0-{body.start + body.sent - 1}"
+    try:
+        r = await asks.client.request("GET", url, headers=asked, what=f"origin {url}")
+    except OriginError as e:
+        log.warning("origin_resume_failed", path=target.path, offset=body.sent, error=f"head again: {e}")
+        return False
+    try:
+        if r.status != 206 or r.headers.get("Content-Range", "").split("/")[0] != \
+                f"bytes 0-{body.start + body.sent - 1}":
+            log.warning("origin_resume_refused", path=target.path, offset=body.sent, status=r.status,
+                        content_range=r.headers.get("Content-Range"), why="head again")
+            return False
+        fed = 0
+        async for chunk in r.content.iter_chunked(asks.read_size):
+            await check.feed(chunk)
+            fed += len(chunk)
+        if fed != body.start + body.sent:
+            log.warning("origin_resume_failed", path=target.path, offset=body.sent,
+                        error=f"head again: {fed} bytes, not {body.start + body.sent}")
+            return False
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        log.warning("origin_resume_failed", path=target.path, offset=body.sent, error=f"head again: {e}")
+        return False
+    finally:
+        r.release()
+    body.check = check
+    return True
 
 
 async def resume(asks: PeerAsks, request: web.Request, body: RelayedBody, *, url: str, headers, target: Target,

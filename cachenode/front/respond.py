@@ -30,6 +30,7 @@ from cachenode.front.short_answers import answer_precondition, answer_unsatisfia
 from cachenode.kernel.splice import BrokenStream, ClientGone
 from cachenode.fill.assembly import PartWriter
 from cachenode.fill.buffer import Fill
+from cachenode.http.digests import carry
 from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
@@ -41,7 +42,7 @@ from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import host_of
-from nezha.wire import CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, CacheOutcome
 from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
@@ -244,6 +245,10 @@ class Responder:
             resp = ExactResponse()
             object_headers(resp, fill.headers, label, via=self.via_for(request), age=int(fill.age) or None,
                             want=request.headers.get("Want-Repr-Digest"), status=fill.status)
+            checked = fill.checked_against
+            if checked is not None and is_peer_request(request, self.settings.cluster_token):
+                # The relay checks these bytes too: it may join them to a rest from elsewhere.
+                resp.headers[DIGEST_HEADER] = carry(checked)
             span = await self._fill_span(request, resp, fill, host=host)
             if span is None:
                 return resp  # answered without a body

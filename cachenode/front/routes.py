@@ -23,13 +23,14 @@ from aiohttp import web
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import refuse_internal
+from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.pinning import Pinning
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
 from cachenode.front.names import names_origin
 from nezha.origins import OriginTable
-from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICATE_PATH,
-                        TOKEN_HEADER)
+from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICAS_PATH,
+                        REPLICATE_PATH, TOKEN_HEADER)
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANY = "*"  # a row's method: every method goes to its answer, which refuses what it does not take
@@ -47,12 +48,14 @@ class Table:
         return by_method.get(method) or by_method.get(ANY)
 
 
-def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning) -> Table:
+def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning,
+                intake: ReplicaIntake) -> Table:
     return Table(
         admin={path: {ANY: admin.answer} for path in ADMIN_PATHS},
         internal={
             INVALIDATE_PATH: {ANY: invalidation.handle},  # 405 for another method, naming POST
             REPLICATE_PATH: {"POST": handoff.replicate_endpoint},
+            REPLICAS_PATH: {"POST": intake.endpoint},  # small objects' replicas in batches
             HANDOFF_PATH: {"POST": handoff.handoff_endpoint, "GET": handoff.progress_endpoint},
             PINS_PATH: {ANY: pinning.endpoint},  # 405 for another method than GET and POST
         })

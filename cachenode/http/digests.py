@@ -210,11 +210,11 @@ def _read_goog(found: _Found) -> None:
         found.take(algorithm, _b64(value, algorithm), "x-goog-hash", value)
 
 
-def _read_structured(found: _Found) -> None:
+def _read_structured(found: _Found, names: tuple[str, ...] = ("Repr-Digest", "Content-Digest")) -> None:
     """RFC 9530's Repr-Digest, and Content-Digest when no content coding
     stands between it and the representation."""
     coded = (found.one("content-encoding") or "identity").strip().lower() not in ("", "identity")
-    for name in ("Repr-Digest", "Content-Digest"):
+    for name in names:
         value = found.one(name.lower())
         if value is None:
             continue
@@ -247,6 +247,41 @@ def _read_linked(found: _Found, linked_etag: str) -> None:
         found.expected.append(Expected(Algorithm.SHA256, bytes.fromhex(hexed), "X-Linked-ETag"))
     except ValueError:
         found.ignored.append(Ignored("X-Linked-ETag", f"{linked_etag[:100]!r} is not hex"))
+
+
+def of_the_whole_in_a_part(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Expectations:
+    """The whole-object digests a 206 publishes: only `Repr-Digest`, which
+    RFC 9530 §3 defines over the selected representation, whatever part of it
+    the message carries. The others are set aside: `Content-MD5` and
+    `Content-Digest` digest the part, and no store documents that its
+    checksums on a ranged answer are of the whole (S3 sends none there)."""
+    found = _Found()
+    for name, value in _items(headers):
+        found.fields.setdefault(name.lower(), []).append(value)
+    _read_structured(found, names=("Repr-Digest",))
+    return Expectations(tuple(found.expected), tuple(found.ignored))
+
+
+def carry(expected: Expected) -> str:
+    """The value of `X-Nezha-Digest` (nezha/wire.py) that hands `expected` to a
+    peer: a structured-field dictionary, `<algorithm>=:<base64>:;from="<field>"`."""
+    return http_sf.ser({expected.algorithm.value: (expected.value, {"from": expected.field})})
+
+
+def carried(value: str | None) -> Expected | None:
+    """The digest a peer handed on in `X-Nezha-Digest`, or None (absent or malformed)."""
+    if not value:
+        return None
+    try:
+        members = http_sf.parse(value.encode("ascii"), tltype="dictionary")
+    except (http_sf.StructuredFieldError, UnicodeEncodeError):
+        return None
+    for key, (item, params) in members.items():
+        algorithm = next((a for a in Algorithm if a.value == key), None)
+        if algorithm is not None and isinstance(item, bytes) and len(item) == SIZES[algorithm]:
+            source = params.get("from")
+            return Expected(algorithm, item, f"{source if isinstance(source, str) else key} via X-Nezha-Digest")
+    return None
 
 
 def _composite(value: str) -> bool:

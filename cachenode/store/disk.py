@@ -42,7 +42,7 @@ from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.store.index import Index, IndexView
 from cachenode.store.integrity import Integrity
-from cachenode.store.layout import read_meta, scan, write_meta
+from cachenode.store.layout import read_meta, read_record, scan, vary_path, write_meta, write_vary
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
 from cachenode.store.pins import Pins
@@ -78,7 +78,9 @@ class Store(IndexView, TempFiles, Integrity):
         self.verify_reads = verify_reads
         # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
         self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
-        self._index = Index(evicted=self._evicted, protected=self.pins.holds)
+        # The index keeps a compact row per object and reads the rest of its record from its file.
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds,
+                            records=functools.partial(read_record, self.objects), lost=self._lost)
         self._loader: Loader | None = None
         self._steps = Steps()
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
@@ -112,12 +114,13 @@ class Store(IndexView, TempFiles, Integrity):
         `background`: return as soon as tmp/ is emptied, the index loading
         while the node serves (cachenode/store/loading.py)."""
         if background:
-            self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit)
+            self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit,
+                                  discard=lambda meta: self._unlink_later(meta, final=True))
             await self._loader.start()
             return
         metas, removed = await asyncio.get_running_loop().run_in_executor(None, scan, self.objects, self.tmp)
         for meta in sorted(metas, key=lambda m: m.stored_at):
-            self._index.add(meta)
+            self._index.add(meta, recent=False)
         log.info("store_opened", root=str(self.root), objects=len(metas), bytes=self.used_bytes, removed=removed)
         self._fit()
 
@@ -149,7 +152,8 @@ class Store(IndexView, TempFiles, Integrity):
         selects (RFC 9111 §4.1). Without headers, only a response that does
         not vary: who does not say what it asks for gets no variant."""
         meta = self._index.lookup(key, request_headers)
-        if meta is None and self._loader is not None and self._loader.loading and self._loader.load(key):
+        if meta is None and self._loader is not None and self._loader.loading and \
+                self._loader.load(key, request_headers):
             meta = self._index.lookup(key, request_headers)
         return meta
 
@@ -179,21 +183,50 @@ class Store(IndexView, TempFiles, Integrity):
         if self._on_evict:
             self._on_evict(meta)
 
+    def _lost(self, oid: str, data: str) -> None:
+        """The index found an object's record gone or unreadable (deleted or
+        damaged under the store): it left the index; its files go."""
+        log.warning("object_lost", oid=oid, data=data)
+        self._unlink_files(oid, data, final=True)
+
     def _unlink_later(self, meta: Meta, *, final: bool) -> asyncio.Future:
-        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon.
+        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon;
+        the note of its key's Vary names with the key's last variant."""
+        if final and meta.vary and not self._index.slots_of(meta.key):
+            self._note_vary(meta.key, None)
+        return self._unlink_files(object_id(meta.slot), meta.data, final=final)
+
+    def _note_vary(self, key: str, names: tuple[str, ...] | None) -> None:
+        """Note (or, None, delete) under `key`'s own id the names its responses
+        vary on, soon: how a lookup finds a variant before the start-up scan
+        reached it (cachenode/store/loading.py). In the order of `key`'s steps."""
+        path = self._inside(vary_path(self.objects, key))
+
+        def note() -> None:
+            try:
+                if names is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    write_vary(self.objects, key, names, tmp=self.tmp)
+            except OSError as e:
+                log.warning("vary_note_failed", key=key, error=str(e))
+
+        self._step(object_id(key), note)
+
+    def _unlink_files(self, oid: str, data: str, *, final: bool) -> asyncio.Future:
+        """Delete data file `data` of object `oid` (and, if `final`, its meta) soon.
 
         The meta goes only if it still names this data file: a commit of the
         same key queued before this step may already have replaced it.
         """
-        oid = object_id(meta.slot)
         d = self._dir_of(oid)
-        data_path, meta_path = d / meta.data, d / f"{oid}.meta"
+        data_path, meta_path = d / data, d / f"{oid}.meta"
 
         def unlink() -> None:
             paths = [data_path]
-            if final and not small.is_sealed(meta):
+            if final and not data.endswith(small.SUFFIX):
                 current = read_meta(meta_path)
-                if current is None or current.data == meta.data:
+                if current is None or current.data == data:
                     paths.append(meta_path)
             for p in paths:
                 try:
@@ -347,6 +380,7 @@ class Store(IndexView, TempFiles, Integrity):
         if temp is not None:
             self.release(temp.reserved)
             temp.reserved = 0
+        varied = self._index.vary_of(meta.key)
         old = self._index.drop(meta.slot, reason="replaced")
         if old is not None:
             # Another file: a small object's name has a nonce of its own, as a
@@ -361,6 +395,10 @@ class Store(IndexView, TempFiles, Integrity):
                 self._index.drop(slot, reason="replaced")
                 self._unlink_later(other, final=True)
         self._index.add(meta)
+        if meta.vary:  # also when unchanged: an unlink queued above may have deleted the note
+            self._note_vary(meta.key, meta.vary)
+        elif varied:
+            self._note_vary(meta.key, None)
         if meta.hot and self.hot_capacity is not None:
             self._index.evict_hot_to(self.hot_capacity, keep=meta.slot)
         if self.capacity is not None:
@@ -397,7 +435,8 @@ class Store(IndexView, TempFiles, Integrity):
             self.group_sync.committed()
         # Evicted or replaced while the meta was written: the queued unlink or
         # commit has the last word on disk, and the index must not revive it.
-        if self._index.get(meta.slot) is current:
+        # The same data file is the same object (a record read again from disk is another Meta).
+        if (held := self._index.get(meta.slot)) is not None and held.data == current.data:
             self._index.replace(new)
         return new
 
@@ -409,6 +448,8 @@ class Store(IndexView, TempFiles, Integrity):
         index for a moment, and must find no file to open after a write that
         removed it has been answered."""
         self._load(key)
+        if self._loader is not None:
+            self._loader.removed(key)  # its variants in folders not scanned yet do not come back
         gone, steps = [], []
         for slot in self._index.slots_of(key):
             meta = self._index.drop(slot)
@@ -423,7 +464,9 @@ class Store(IndexView, TempFiles, Integrity):
         """Forget the one stored response `meta` (its variant only), if still
         stored; returns once its data file is unlinked, as `remove` does.
         `reason` ("expired") counts it among the evictions."""
-        if self._index.get(meta.slot) is not meta:
+        held = self._index.get(meta.slot)
+        # The same data file, not refreshed since: the same response (a record read again from disk is another Meta).
+        if held is None or held.data != meta.data or held.stored_at != meta.stored_at:
             return False
         self._index.drop(meta.slot, reason=reason)
         await asyncio.shield(self._unlink_later(meta, final=True))

@@ -25,26 +25,61 @@ running. A reservation is made before the newcomer is known, so it evicts
 only copies beyond a headroom of a tenth of the capacity: evicting for a
 newcomer that may then be refused would give the subset up one object per
 miss. At rest the store holds at most its capacity.
+
+Memory: a stored object is a row of compact arrays (cachenode/store/rows.py:
+its slot's SHA-256, size, data file nonce, kind, policy state), not a
+`Meta`. The rest of its record is read from its file when asked for
+(`records`, given by the store) and checked to name the same slot, so a
+hash collision never serves another object; the `recent` records read
+last are kept (hot ones are read from memory, the others from the page
+cache). Records the store cannot find again by their name are kept in
+memory whole: responses that vary (their slots hold a variant, and a key's
+variants are found from it), chunks (their object finds them by key), and
+any record when no `records` is given (a unit test's index).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import asyncio
+import hashlib
+from array import array
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import AsyncIterator, Callable, Iterator
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.policy import Candidate, Policy
+from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, USED, RowOrder, Rows, hash_of
 from nezha.chunks import chunk_of
 
 KINDS = ("hot", "extra", "only")  # the kinds of copy, first to go first
 REASONS = ("capacity", "extra_copy", "refused", "expired", "replaced")  # why an object left the store
+RECENT = 4096  # records read from disk kept in memory, the last used
+_MEMBER = {"hot": HOT, "extra": EXTRA, "only": 0}
+_SEALED_SUFFIX, _DATA_SUFFIX = ".obj", ".data"  # cachenode/store/small.py SUFFIX; a large object's data file
 
 
 def kind_of(meta: Meta) -> str:
     return "hot" if meta.hot else "extra" if meta.extra else "only"
+
+
+def _kind(flags: int) -> str:
+    return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
+
+
+def digest_of(slot: str) -> bytes:
+    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
+    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+
+
+def _read_all(read: Callable[[str, str], Meta | None], files: list[tuple[str, str]]) -> list[Meta | None]:
+    return [read(oid, data) for oid, data in files]
+
+
+def _same(h: int) -> int:
+    return h
 
 
 @dataclass
@@ -55,39 +90,142 @@ class Usage:
     extra: int = 0  # of `stored`, bytes of extra copies
 
 
+class Slots:
+    """The keys stored (`key in index.slots`); iterating reads every record."""
+
+    def __init__(self, index: "Index") -> None:
+        self._index = index
+
+    def __contains__(self, key: str) -> bool:
+        return self._index.has(key) or key in self._index._varying
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(m.key for m in self._index.metas()))
+
+
 class Index:
-    """slot -> Meta, in eviction order, with the bytes they and running fills hold.
+    """slot -> stored object, in eviction order, with the bytes they and running fills hold.
 
     `evicted(meta, reason)` is called for each object an eviction drops,
     after it left the index: the store deletes its files and tells whoever
-    listens.
+    listens. `records(oid, data)` reads the record of the object whose
+    data file is `data` in folder `oid[:2]`; `lost(oid, data)` is told of
+    an object whose record could no longer be read (deleted or damaged
+    under the store): it left the index, its files should go.
     """
 
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
-                 protected: Callable[[str], bool] = lambda key: False) -> None:
+                 protected: Callable[[str], bool] = lambda key: False,
+                 records: Callable[[str, str], Meta | None] | None = None,
+                 lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
         self._evicted = evicted
         self._protected = protected  # a key eviction passes over (pinned by a workload, say)
+        self._records = records
+        self._lost = lost
         self.census = census or Census()
-        # slot -> meta; the order of eviction is the policies' (one per kind of copy).
-        self.entries: dict[str, Meta] = {}
-        # key -> its slot, or the set of its slots when it has several stored variants:
-        # one string, not a set of one, for the million objects that do not vary.
-        self.slots: dict[str, str | set[str]] = {}
+        self._rows = Rows()
+        self._kept: dict[int, Meta] = {}  # row -> its record, for rows not read from disk (module docstring)
+        self._recent: OrderedDict[int, Meta] = OrderedDict()  # row -> its record read last, least recent first
+        self._recent_max = recent
+        # key -> the slots of its stored variants (their records kept): a key that does not vary is its own slot.
+        self._varying: dict[str, set[str]] = {}
         self._vary: dict[str, tuple[str, ...]] = {}  # key -> the names its newest response varies on
         # object key -> the keys of its chunks stored here (nezha/chunks.py): an
         # invalidated object's chunks are found without a manifest or a scan.
         self._chunks: dict[str, set[str]] = {}
-        self.policies = {kind: Policy() for kind in KINDS}
+        self.policies = {kind: Policy(hash_fn=_same, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
         self.usage = Usage()
         self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
-        # While the start-up scan runs in the background (store/loading.py): the slots
-        # dropped meanwhile, so that it adds none back, and how far it got.
-        self.dropped: set[str] | None = None
+        self.slots = Slots(self)
+        # While the start-up scan runs in the background (store/loading.py): the
+        # hashes of the slots dropped meanwhile, so that it adds none back, and how far it got.
+        self.dropped: set[int] | None = None
         self.loaded = 1.0
         # Told of every change to the index, in order: ("put", meta) and
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = []
+
+    # -- records -------------------------------------------------------------
+    def _meta(self, row: int) -> Meta | None:
+        """Row `row`'s record: kept, read lately, or read from its file and checked; None when it cannot be."""
+        kept = self._kept.get(row)
+        if kept is not None:
+            return kept
+        recent = self._recent.get(row)
+        if recent is not None:
+            self._recent.move_to_end(row)
+            return recent
+        digest, data = self._rows.digest(row), self._data(row)
+        meta = self._checked(row, digest, data,
+                             self._records(digest.hex(), data) if self._records is not None else None)
+        if meta is not None:
+            self._remember(row, meta)
+        return meta
+
+    def _checked(self, row: int, digest: bytes, data: str, meta: Meta | None) -> Meta | None:
+        """`meta`, read from data file `data`, if it is row `row`'s record: never another slot's."""
+        rows = self._rows
+        if meta is None or meta.data != data or meta.size != rows.sizes[row] or meta.vary \
+                or digest_of(meta.slot) != digest:
+            return None  # another record in its place (or none): never served as this slot's
+        return meta
+
+    async def each_meta(self, *, batch: int = 256) -> AsyncIterator[Meta]:
+        """Every stored response, as `metas()`, the records read from disk in the
+        executor a batch at a time: a walk over a million objects (the scrub)
+        that never holds the event loop for long. An object that left the
+        index meanwhile is not given; one added meanwhile may not be."""
+        loop = asyncio.get_running_loop()
+        rows = self._rows
+        used = array("i", rows.used())
+        for at in range(0, len(used), batch):
+            asked = []
+            for row in used[at:at + batch]:
+                if not rows.flags[row] & USED:
+                    continue
+                if (kept := self._kept.get(row)) is not None:
+                    yield kept
+                else:
+                    asked.append((row, rows.digest(row), self._data(row)))
+            read = self._records
+            if not asked or read is None:
+                continue
+            found = await loop.run_in_executor(None, _read_all, read, [(d.hex(), data) for _, d, data in asked])
+            for (row, digest, data), meta in zip(asked, found):
+                if rows.flags[row] & USED and rows.digest(row) == digest and self._data(row) == data:
+                    if (meta := self._checked(row, digest, data, meta)) is not None:
+                        yield meta
+
+    def _remember(self, row: int, meta: Meta) -> None:
+        recent = self._recent
+        recent[row] = meta
+        recent.move_to_end(row)
+        if len(recent) > self._recent_max:
+            recent.popitem(last=False)
+
+    def _nonce(self, meta: Meta, digest: bytes) -> int:
+        """The nonce of `meta`'s data file when its record can be read again from
+        it (`{oid}.{12 hex}.obj|.data`, no variant, no chunk); EMPTY: keep it in memory."""
+        if self._records is None or meta.vary or chunk_of(meta.key) is not None:
+            return EMPTY
+        parts = meta.data.split(".")
+        if len(parts) != 3 or parts[0] != digest.hex() or len(parts[1]) != 12 \
+                or f".{parts[2]}" not in (_SEALED_SUFFIX, _DATA_SUFFIX):
+            return EMPTY
+        try:
+            return int(parts[1], 16)
+        except ValueError:
+            return EMPTY
+
+    def _data(self, row: int) -> str:
+        rows = self._rows
+        oid = rows.digest(row).hex()
+        return f"{oid}.{rows.nonces[row]:012x}{_SEALED_SUFFIX if rows.flags[row] & SEALED else _DATA_SUFFIX}"
+
+    def _key(self, row: int) -> str | None:
+        meta = self._meta(row)
+        return None if meta is None else meta.key
 
     # -- reads -------------------------------------------------------------
     def lookup(self, key: str, request_headers=None) -> Meta | None:
@@ -101,62 +239,117 @@ class Index:
             return None
         else:
             slot = f"{key}{VARIANT_SEPARATOR}{variant_of(names, request_headers)}"
-        meta = self.entries.get(slot)
+        row, meta = self._find(slot)
         if meta is not None:
-            self._used(slot, meta)
+            self._used(row, meta)
         return meta
+
+    def _find(self, slot: str) -> tuple[int, Meta | None]:
+        """(row, record) of `slot`; a row whose record is gone from disk is forgotten on the way."""
+        row = self._rows.find(digest_of(slot))
+        if row == EMPTY:
+            return EMPTY, None
+        meta = self._meta(row)
+        if meta is None:
+            self._forget(row)
+            return EMPTY, None
+        return (row, meta) if meta.slot == slot else (EMPTY, None)
 
     def get(self, slot: str) -> Meta | None:
         """The meta stored in `slot`, not counted as a use."""
-        return self.entries.get(slot)
+        return self._find(slot)[1]
+
+    def has(self, slot: str) -> bool:
+        """Whether `slot` holds an object, from memory alone."""
+        return self._rows.find(digest_of(slot)) != EMPTY
+
+    def size_of(self, slot: str) -> int | None:
+        """The bytes `slot` holds, from memory alone; None when it holds nothing."""
+        row = self._rows.find(digest_of(slot))
+        return None if row == EMPTY else self._rows.sizes[row]
+
+    def was_dropped(self, slot: str) -> bool:
+        """Whether `slot` was dropped since the start-up scan began (store/loading.py)."""
+        return self.dropped is not None and hash_of(digest_of(slot)) in self.dropped
+
+    def varies(self, key: str) -> bool:
+        """Whether responses that vary are stored for `key`, from memory alone."""
+        return key in self._varying
+
+    def vary_of(self, key: str) -> tuple[str, ...] | None:
+        """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""
+        return self._vary.get(key)
 
     def touch(self, slot: str) -> None:
         """A read of `slot` served elsewhere (another worker) counts as a use."""
-        meta = self.entries.get(slot)
+        row, meta = self._find(slot)
         if meta is not None:
-            self._used(slot, meta)
+            self._used(row, meta)
 
-    def _used(self, slot: str, meta: Meta) -> None:
-        kind = kind_of(meta)
-        self.census.read(kind, meta.size, self.policies[kind].hit(slot), hit=True)
+    def _used(self, row: int, meta: Meta) -> None:
+        rows = self._rows
+        kind = _kind(rows.flags[row])
+        self.census.read(kind, rows.sizes[row], self.policies[kind].hit(rows.hashes[row]), hit=True)
 
     def chunks_of(self, key: str) -> list[str]:
         return sorted(self._chunks.get(key, ()))
 
     def slots_of(self, key: str) -> list[str]:
         """The slots `key` is stored in: one, one per stored variant, or none."""
-        held = self.slots.get(key)
-        return [] if held is None else [held] if isinstance(held, str) else list(held)
+        own = [key] if self.has(key) else []
+        return own + list(self._varying.get(key, ()))
+
+    def metas(self) -> list[Meta]:
+        """Every stored response, variants included: the records of objects on disk are read."""
+        out = []
+        for row in list(self._rows.used()):
+            meta = self._meta(row)
+            if meta is None:
+                self._forget(row)
+            else:
+                out.append(meta)
+        return out
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return self._rows.count
 
     # -- changes -----------------------------------------------------------
     def arrived(self, meta: Meta) -> Candidate:
         """A newcomer about to be added by a commit: a miss, as its kind's policy records it."""
         kind = kind_of(meta)
-        candidate = self.policies[kind].missed(meta.slot)
+        candidate = self.policies[kind].missed(hash_of(digest_of(meta.slot)))
         self.census.read(kind, meta.size, candidate.gap, hit=False)
         return candidate
 
-    def add(self, meta: Meta) -> None:
-        self.entries[meta.slot] = meta
+    def add(self, meta: Meta, *, recent: bool = True) -> None:
+        """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).
+        `recent`: keep its record among those read last (a commit's, soon read;
+        not the start-up scan's million, read when asked)."""
+        digest = digest_of(meta.slot)
+        rows = self._rows
+        other = rows.holder(digest)
+        if other != EMPTY and rows.digest(other) == digest:
+            self.drop(meta.slot)  # already held: the caller meant a replacement
+        elif other != EMPTY:  # 64 bits of hash alike, another slot: the newcomer takes its row
+            self._evict(other, "replaced")
+        nonce = self._nonce(meta, digest)
+        kind = kind_of(meta)
+        flags = _MEMBER[kind] | (SEALED if meta.data.endswith(_SEALED_SUFFIX) else 0)
+        row = rows.new(digest, size=meta.size, nonce=nonce, flags=flags)
+        if nonce == EMPTY:
+            self._kept[row] = meta
+        elif recent:
+            self._remember(row, meta)
         for watch in self.watchers:
             watch("put", meta)
         self.usage.stored += meta.size
-        kind = kind_of(meta)
-        self.policies[kind].add(meta.slot)
+        self.policies[kind].add(rows.hashes[row])
         if kind == "hot":
             self.usage.hot += meta.size
         elif kind == "extra":
             self.usage.extra += meta.size
-        held = self.slots.get(meta.key)
-        if held is None or held == meta.slot:
-            self.slots[meta.key] = meta.slot
-        elif isinstance(held, set):
-            held.add(meta.slot)
-        else:
-            self.slots[meta.key] = {held, meta.slot}
+        if meta.vary:
+            self._varying.setdefault(meta.key, set()).add(meta.slot)
         if (chunk := chunk_of(meta.key)) is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:
@@ -166,41 +359,66 @@ class Index:
 
     def replace(self, new: Meta) -> None:
         """`new` in place of the meta in its slot (same bytes and kind: a refresh), keeping its place in the order."""
-        self.entries[new.slot] = new
+        row = self._rows.find(digest_of(new.slot))
+        if row == EMPTY:
+            return
+        if row in self._kept:
+            self._kept[row] = new
+        else:
+            self._remember(row, new)
         for watch in self.watchers:
             watch("put", new)
 
     def drop(self, slot: str, *, reason: str | None = None) -> Meta | None:
         """Forget `slot`; `reason` counts it among the evictions (REASONS)."""
-        meta = self.entries.pop(slot, None)
-        if meta is None:
+        row = self._rows.find(digest_of(slot))
+        if row == EMPTY:
             return None
-        if self.dropped is not None:
-            self.dropped.add(slot)
+        meta = self._meta(row)
+        if meta is None:
+            self._forget(row, reason=reason)
+            return None
+        self._release(row)
         for watch in self.watchers:
             watch("drop", meta)
-        self.usage.stored -= meta.size
-        kind = kind_of(meta)
-        self.policies[kind].remove(slot)
-        if kind == "hot":
-            self.usage.hot -= meta.size
-        elif kind == "extra":
-            self.usage.extra -= meta.size
         if reason is not None:
             self.evictions[reason] += 1
-        held = self.slots.get(meta.key)
-        if isinstance(held, set):
-            held.discard(slot)
-            if len(held) == 1:
-                self.slots[meta.key] = next(iter(held))
-        elif held == slot:
-            del self.slots[meta.key]
-            self._vary.pop(meta.key, None)
-            if (chunk := chunk_of(meta.key)) is not None and (chunks := self._chunks.get(chunk[0])) is not None:
-                chunks.discard(meta.key)
+        key = meta.key
+        if (variants := self._varying.get(key)) is not None:
+            variants.discard(slot)
+            if not variants:
+                del self._varying[key]
+        if not self.slots_of(key):
+            self._vary.pop(key, None)
+            if (chunk := chunk_of(key)) is not None and (chunks := self._chunks.get(chunk[0])) is not None:
+                chunks.discard(key)
                 if not chunks:
                     del self._chunks[chunk[0]]
         return meta
+
+    def _release(self, row: int) -> None:
+        """Row `row` out of its order, its bytes out of the usage, the row free."""
+        rows = self._rows
+        h, size, kind = rows.hashes[row], rows.sizes[row], _kind(rows.flags[row])
+        self.policies[kind].remove(h)
+        self.usage.stored -= size
+        if kind == "hot":
+            self.usage.hot -= size
+        elif kind == "extra":
+            self.usage.extra -= size
+        self._kept.pop(row, None)
+        self._recent.pop(row, None)
+        if self.dropped is not None:
+            self.dropped.add(h)
+        rows.free(row)
+
+    def _forget(self, row: int, *, reason: str | None = None) -> None:
+        """A row whose record is no longer on disk (deleted or damaged under the store): out, its files to go."""
+        oid, data = self._rows.digest(row).hex(), self._data(row)
+        self._release(row)
+        if reason is not None:
+            self.evictions[reason] += 1
+        self._lost(oid, data)
 
     # -- room ----------------------------------------------------------------
     def reserve(self, size: int) -> None:
@@ -215,15 +433,17 @@ class Index:
         may, and only if the policy lets it displace the victim."""
         u = self.usage
         freed = 0
-        if (old := self.entries.get(meta.slot)) is not None and kind_of(old) == "only":
-            freed = old.size
+        digest = digest_of(meta.slot)
+        rows = self._rows
+        if (old := rows.find(digest)) != EMPTY and _kind(rows.flags[old]) == "only":
+            freed = rows.sizes[old]
         others = max(0, u.reserved - reserved_here - limit // 10)
         room = limit - (u.stored - u.hot - u.extra - freed) - others
         if meta.size <= room:
             return True
         only = self.policies["only"]
         if kind_of(meta) == "only":
-            victim = next(self._candidates("only", meta.slot), None)
+            victim = next(self._candidates("only", hash_of(digest)), None)
             if victim is not None and only.displaces(candidate, victim):
                 return True
         self.evictions["refused"] += 1
@@ -240,54 +460,65 @@ class Index:
         above the limit until they commit and evict in turn.
         """
         headroom = limit // 10
-        while self._over(limit, headroom) and self.entries:
-            slot, reason = self._next_victim(limit, keep, candidate)
-            if slot is None:
+        while self._over(limit, headroom) and len(self):
+            victim, reason = self._next_victim(limit, keep, candidate)
+            if victim is None:
                 break
-            self._evict(slot, reason)
+            self._evict(self._rows.table.find(victim), reason)
 
-    def _candidates(self, kind: str, keep: str | None):
-        """The slots of `kind` that may go, first to go first: neither `keep` nor protected."""
-        entries, protected = self.entries, self._protected
-        return (s for s in self.policies[kind].victims() if s != keep and not protected(entries[s].key))
+    def _candidates(self, kind: str, keep: int | None):
+        """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
+        table, protected = self._rows.table, self._protected
+        for h in self.policies[kind].victims():
+            if h == keep:
+                continue
+            key = self._key(table.find(h))
+            if key is None or not protected(key):
+                yield h
 
     def _over(self, limit: int, headroom: int) -> bool:
         u = self.usage
         return u.stored + max(0, u.reserved - headroom) > limit
 
-    def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[str | None, str]:
-        """The slot that goes next, and why; None when nothing should."""
+    def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[int | None, str]:
+        """The hash of the slot that goes next, and why; None when nothing should."""
+        kept = None if keep is None else hash_of(digest_of(keep))
         for kind in ("hot", "extra"):
-            slot = next(self._candidates(kind, keep), None)
-            if slot is not None:
-                return slot, "extra_copy"
+            h = next(self._candidates(kind, kept), None)
+            if h is not None:
+                return h, "extra_copy"
         only = self.policies["only"]
-        victim = next(self._candidates("only", keep), None)
-        if keep is None or keep not in self.entries:
+        victim = next(self._candidates("only", kept), None)
+        if keep is None or not self.has(keep):
             return victim, "capacity"
-        if keep not in only:
-            return keep, "refused"
+        if kept not in only:
+            return kept, "refused"
         if victim is None:
-            if self.usage.stored <= limit or self._protected(self.entries[keep].key):
+            if self.usage.stored <= limit or self._protected(keep.split(VARIANT_SEPARATOR, 1)[0]):
                 return None, ""
-            return keep, "refused"
+            return kept, "refused"
         if candidate is None or only.displaces(candidate, victim):
             return victim, "capacity"
-        return keep, "refused"
+        return kept, "refused"
 
     def evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:
         """Evict hot copies, first to go first, until theirs fit `limit`; `keep` last."""
         hot = self.policies["hot"]
+        kept = None if keep is None else hash_of(digest_of(keep))
         while self.usage.hot > limit and len(hot):
-            slot = next(self._candidates("hot", keep), None)
-            if slot is None:
+            h = next(self._candidates("hot", kept), None)
+            if h is None:
                 break
-            self._evict(slot, "extra_copy")
+            self._evict(self._rows.table.find(h), "extra_copy")
 
-    def _evict(self, slot: str, reason: str) -> None:
-        meta = self.drop(slot, reason=reason)
-        assert meta is not None
-        self._evicted(meta, reason)
+    def _evict(self, row: int, reason: str) -> None:
+        meta = self._meta(row)
+        if meta is None:
+            self._forget(row, reason=reason)
+            return
+        dropped = self.drop(meta.slot, reason=reason)
+        assert dropped is not None
+        self._evicted(dropped, reason)
 
     def by_kind(self) -> dict[str, int]:
         """Bytes stored as each kind of copy."""
@@ -304,20 +535,25 @@ class IndexView:
         return key in self._index.slots
 
     def keys(self) -> list[str]:
+        """Every stored key: reads every record (a test's or a tool's question, not the hot path's)."""
         return list(self._index.slots)
 
     def stored_size(self, key: str) -> int | None:
         """The bytes `key`'s stored responses hold here (all its variants); None when none is stored."""
-        metas = [m for m in map(self._index.get, self._index.slots_of(key)) if m is not None]
-        return sum(m.size for m in metas) if metas else None
+        sizes = [s for s in map(self._index.size_of, self._index.slots_of(key)) if s is not None]
+        return sum(sizes) if sizes else None
 
     def chunks_of(self, key: str) -> list[str]:
         """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
         return self._index.chunks_of(key)
 
     def metas(self) -> list[Meta]:
-        """Every stored response, variants included."""
-        return list(self._index.entries.values())
+        """Every stored response, variants included (the records of objects on disk are read)."""
+        return self._index.metas()
+
+    def each_meta(self) -> AsyncIterator[Meta]:
+        """Every stored response, its record read in the executor: for a walk over all of them."""
+        return self._index.each_meta()
 
     @property
     def used_bytes(self) -> int:
@@ -334,6 +570,14 @@ class IndexView:
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def varies(self, key: str) -> bool:
+        """Whether responses that vary are stored for `key`, from memory alone."""
+        return key in self._varying
+
+    def vary_of(self, key: str) -> tuple[str, ...] | None:
+        """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""
+        return self._vary.get(key)
 
     def touch(self, slot: str) -> None:
         """A read of `slot` served elsewhere (another worker) counts as a use."""

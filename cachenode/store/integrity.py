@@ -54,7 +54,8 @@ class Integrity:
     def damaged(self, meta: Meta, *, found_by: str = "read", why: str = "") -> None:
         """`meta`'s file failed its check: forget it and delete the file, so the
         next request fetches the object again; counted as found by `found_by`."""
-        if self._index.get(meta.slot) is meta:
+        held = self._index.get(meta.slot)
+        if held is not None and held.data == meta.data:  # the same data file: the same object
             self._index.drop(meta.slot)
             self._unlink_later(meta, final=True)
             log.warning("object_damaged", key=meta.key, data=meta.data, found_by=found_by,

@@ -7,6 +7,9 @@ Layout under the data directory:
     objects/<2 hex>/<id>.<nonce>.data    the bytes
     objects/<2 hex>/<id>.<nonce>.obj     a small object: bytes, record and seal in one file
                                          (cachenode/store/small.py, sealed.py)
+    objects/<2 hex>/<id>.vary            JSON list: the request fields a key's stored responses vary
+                                         on, under the key's own id (its variants are stored under
+                                         ids of their own): how a lookup finds them before the scan
     tmp/                                 fills in progress; emptied at start-up
 
 Apart from the store's steps (`store/disk.py`) so that the format of the
@@ -20,10 +23,14 @@ import os
 import secrets
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Iterable
 
 from cachenode.store import small
 from cachenode.store.objects import Meta
+from cachenode.store.sealed import TRAILER_SIZE, Unsealed, record_length, seal
 from nezha.keys import object_id
+
+VARY_SUFFIX = ".vary"  # a key's Vary names (see the layout above)
 
 
 def read_meta(path: Path) -> Meta | None:
@@ -63,6 +70,58 @@ def place(objects: Path, meta: Meta, body: bytes) -> Meta:
     (folder / meta.data).write_bytes(body)
     (folder / f"{oid}.meta").write_text(json.dumps(asdict(meta)))
     return meta
+
+
+def place_small(objects: Path, objects_and_bodies: Iterable[tuple[Meta, bytes]]) -> int:
+    """Store each body as its meta in one sealed file, as a small object's
+    commit leaves it (cachenode/store/small.py), without temp files or sync:
+    like `place`, for a store's files built in bulk (a million small objects
+    in a benchmark), never a node's own writes. How many were written."""
+    made: set[str] = set()
+    n = 0
+    for meta, body in objects_and_bodies:
+        oid = object_id(meta.slot)
+        folder = os.path.join(objects, oid[:2])
+        if folder not in made:
+            os.makedirs(folder, exist_ok=True)
+            made.add(folder)
+        data = f"{oid}.{secrets.token_hex(6)}{small.SUFFIX}"
+        record = {**small.record_of(meta), "size": len(body), "data": data}  # `replace`'s fields, no new Meta
+        fd = os.open(os.path.join(folder, data), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, body + seal(body, record))
+        finally:
+            os.close(fd)
+        n += 1
+    return n
+
+
+def read_record(objects: Path, oid: str, data: str) -> Meta | None:
+    """The record of the object whose data file is `data` in `oid`'s folder, for
+    the index on a hit (cachenode/store/index.py): a small object's from the end
+    of its sealed file (the seal itself is checked when the file is read to be
+    served, `small.check`), a large one's `.meta`. None when there is none, or
+    it is not whole enough to parse."""
+    folder = os.path.join(objects, oid[:2])
+    if not data.endswith(small.SUFFIX):
+        return read_meta(Path(folder, f"{oid}.meta"))
+    try:
+        fd = os.open(os.path.join(folder, data), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        length = os.fstat(fd).st_size
+        if length < TRAILER_SIZE:
+            return None
+        n = record_length(os.pread(fd, TRAILER_SIZE, length - TRAILER_SIZE))
+        size = length - TRAILER_SIZE - n
+        raw = os.pread(fd, n, size)
+        meta = Meta(**json.loads(raw))
+    except (OSError, Unsealed, ValueError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+    return meta if meta.size == size and meta.data == data else None
 
 
 def clear_tmp(objects: Path, tmp: Path) -> int:
@@ -111,7 +170,7 @@ def scan_folder(sub: Path, *, orphans_before: float | None = None) -> tuple[list
         wanted.add(meta.data)
         metas.append(meta)
     for f in sub.iterdir():
-        if f.suffix != ".meta" and f.name not in wanted:
+        if f.suffix not in (".meta", VARY_SUFFIX) and f.name not in wanted:
             if orphans_before is not None:
                 try:
                     if f.stat().st_mtime >= orphans_before:
@@ -146,6 +205,37 @@ def _newest(sub: Path, metas: list[Meta]) -> tuple[list[Meta], int]:
 def folders(objects: Path) -> list[Path]:
     """The `objects/<2 hex>` folders, in name order."""
     return sorted(sub for sub in objects.iterdir() if sub.is_dir())
+
+
+def vary_path(objects: Path, key: str) -> Path:
+    oid = object_id(key)
+    return objects / oid[:2] / f"{oid}{VARY_SUFFIX}"
+
+
+def write_vary(objects: Path, key: str, names: tuple[str, ...], *, tmp: Path) -> None:
+    """Note under `key`'s own id the fields its responses vary on (renamed into
+    place, no fsync: one lost in a crash only means its variants are found
+    once the start-up scan reaches them, as without it)."""
+    path = vary_path(objects, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = tmp / f"{secrets.token_hex(12)}{VARY_SUFFIX}"
+    try:
+        tmp_path.write_text(json.dumps(list(names)))
+        os.rename(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def read_vary(objects: Path, key: str) -> tuple[str, ...] | None:
+    """The fields `key`'s responses vary on, as last noted; None when none is noted."""
+    try:
+        names = json.loads(vary_path(objects, key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(names)
 
 
 def find(objects: Path, slot: str) -> Meta | None:

@@ -9,13 +9,18 @@ found to the index between folders. Meanwhile:
 - a lookup of a key whose folder is not scanned yet reads that key's own
   meta from its hashed path (`layout.find`), a blocking read of one small
   file on the event loop, and only until the scan reaches the folder;
-  responses that vary are found once their folder is scanned;
+  a response that varies is stored under its variant's own hashed path:
+  the names it varies on, noted under the key's (`layout.read_vary`), and
+  the request's values of them give that path;
 - a commit or a removal of such a key loads it first, so the index knows
   the files it replaces or deletes;
 - eviction works on what is loaded; once everything is, the store evicts
   down to its capacity;
 - what the node drops while loading (an eviction, a removal) is not added
-  back by a scan that read its meta before it went.
+  back by a scan that read its meta before it went; nor is what the scan
+  finds of a key removed meanwhile (its variants in folders not scanned
+  yet), or a response older than the key's stored one that varies on
+  other names (the newest response says how a key varies): their files go.
 
 `progress` (folders scanned / folders) is on /readyz, in /metrics
 (`nezha_store_loaded_ratio`) and in `nezha stats`.
@@ -31,19 +36,23 @@ from typing import Callable
 import structlog
 
 from cachenode.store.index import Index
-from cachenode.store.layout import clear_tmp, find, folders, scan_folder
-from cachenode.store.objects import Meta
+from cachenode.http.vary import variant
+from cachenode.store.layout import clear_tmp, find, folders, read_vary, scan_folder
+from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from nezha.keys import object_id
 
 log = structlog.get_logger("nezha.store")
 
 
 class Loader:
-    def __init__(self, *, objects: Path, tmp: Path, index: Index, done: Callable[[], None]) -> None:
+    def __init__(self, *, objects: Path, tmp: Path, index: Index, done: Callable[[], None],
+                 discard: Callable[[Meta], object]) -> None:
         self._objects = objects
         self._tmp = tmp
         self._index = index
         self._done = done
+        self._discard = discard  # a stale object the scan found: its files go
+        self._removed: set[str] = set()  # keys removed while loading
         self._pending: set[str] = set()  # folder names (2 hex) not scanned yet
         self._total = 0
         self._task: asyncio.Task | None = None
@@ -78,29 +87,63 @@ class Loader:
                 metas, gone = await loop.run_in_executor(None, lambda sub=sub: scan_folder(
                     sub, orphans_before=started))
                 removed += gone
-                dropped = self._index.dropped or set()
+                index = self._index
                 for meta in sorted(metas, key=lambda m: m.stored_at):
-                    if meta.slot not in self._index.entries and meta.slot not in dropped:
-                        self._index.add(meta)
-                        objects += 1
+                    if index.has(meta.slot) or index.was_dropped(meta.slot):
+                        continue
+                    if self._stale(meta):
+                        self._discard(meta)
+                        removed += 1
+                        continue
+                    index.add(meta, recent=False)
+                    objects += 1
                 self._pending.discard(sub.name)
                 self._index.loaded = self.progress
         finally:
             self.loading = False
             self._index.dropped = None
+            self._removed.clear()
         log.info("store_opened", root=str(self._objects.parent), objects=objects, removed=removed,
                  seconds=round(time.time() - started, 3))
         self._done()
 
-    def load(self, key: str) -> Meta | None:
-        """The object stored under `key` (its slot without a variant) if its folder is not scanned yet: read
-        from its files and added to the index now. None once scanned: the index alone says."""
-        if not self.loading or object_id(key)[:2] not in self._pending:
+    def removed(self, key: str) -> None:
+        """Every response of `key` was removed: what the scan finds of it later is stale."""
+        if self.loading:
+            self._removed.add(key)
+
+    def _stale(self, meta: Meta) -> bool:
+        """Whether a scanned object is older than what the node did since it started."""
+        if meta.key in self._removed:
+            return True
+        index = self._index
+        if not meta.vary and not index.varies(meta.key):
+            return False  # the common case, from memory: its own slot is not held (checked before)
+        held = (index.get(slot) for slot in index.slots_of(meta.key))
+        return any(m is not None and m.vary != meta.vary and m.stored_at >= meta.stored_at for m in held)
+
+    def load(self, key: str, request_headers=None) -> Meta | None:
+        """The object stored under `key` (its slot without a variant; with
+        `request_headers`, else the variant they select) if its folder is not
+        scanned yet: read from its files and added to the index now. None once
+        scanned: the index alone says."""
+        if not self.loading:
             return None
-        if key in self._index.entries:
-            return self._index.entries[key]
-        meta = find(self._objects, key)
-        if meta is not None and key not in (self._index.dropped or ()):
+        meta = self._load_slot(key)
+        if meta is not None or request_headers is None:
+            return meta
+        names = self._index.vary_of(key) or read_vary(self._objects, key)
+        if not names:
+            return None
+        return self._load_slot(f"{key}{VARIANT_SEPARATOR}{variant(names, request_headers)}")
+
+    def _load_slot(self, slot: str) -> Meta | None:
+        if object_id(slot)[:2] not in self._pending:
+            return None
+        if self._index.has(slot):
+            return self._index.get(slot)
+        meta = find(self._objects, slot)
+        if meta is not None and not self._index.was_dropped(slot):
             self._index.add(meta)
             return meta
         return None

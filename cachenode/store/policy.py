@@ -47,7 +47,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator, Protocol
 
 _HALVE = bytes(v >> 1 for v in range(256))  # a counter halved: bytearray.translate's table
 _NEVER = -1
@@ -58,7 +58,7 @@ _MAX_COUNT = 15
 class Candidate:
     """A newcomer as the policy saw it when it missed: how often, and how long ago, it was read before."""
 
-    slot: str
+    slot: Hashable  # as the order names it: a slot, or (the store's index) its hash
     count: int  # reads counted before this one
     gap: int | None  # accesses since its previous read; None: none remembered
 
@@ -116,22 +116,73 @@ class _History:
         self.counts = self.counts.translate(_HALVE)
 
 
+class Order(Protocol):
+    """The stored objects in least-recently-used order, with their last access.
+
+    `KeyOrder` (an OrderedDict) for any hashable names; the store's index
+    passes its own over compact rows (cachenode/store/rows.py `RowOrder`)."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, slot: Hashable) -> bool: ...
+
+    def __iter__(self) -> Iterator: ...
+
+    def get(self, slot: Hashable) -> int | None: ...
+
+    def put(self, slot: Hashable, now: int) -> None: ...
+
+    def pop(self, slot: Hashable) -> None: ...
+
+    def items(self) -> Iterator[tuple[Hashable, int]]: ...
+
+
+class KeyOrder:
+    """An `Order` over any hashable names: slot -> last access, least recent first."""
+
+    def __init__(self) -> None:
+        self._d: OrderedDict[Hashable, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, slot: Hashable) -> bool:
+        return slot in self._d
+
+    def __iter__(self) -> Iterator:
+        return iter(self._d)
+
+    def get(self, slot: Hashable) -> int | None:
+        return self._d.get(slot)
+
+    def put(self, slot: Hashable, now: int) -> None:
+        self._d[slot] = now
+        self._d.move_to_end(slot)
+
+    def pop(self, slot: Hashable) -> None:
+        self._d.pop(slot, None)
+
+    def items(self) -> Iterator[tuple[Hashable, int]]:
+        return iter(self._d.items())
+
+
 class Policy:
     """The eviction order of one class of stored objects, and the admission test for newcomers.
 
     `window` and `halving` are shares of the number of objects stored: the
     horizon of the recent hits rule 2 compares with, and the period after
-    which read counts are halved.
+    which read counts are halved. `order`: where the order is kept (a
+    `KeyOrder` unless given); `hash_fn` hashes a slot for the history.
     """
 
     def __init__(self, *, hash_fn: Callable[[str], int] = hash, window: float = 0.5, halving: float = 2.0, margin: float = 1.25,
-                 min_history: int = 1024) -> None:
+                 min_history: int = 1024, order: Order | None = None) -> None:
         self._hash = hash_fn
         self._window = window
         self._margin = margin
         self._halving = halving
         self._min_history = min_history
-        self._order: OrderedDict[str, int] = OrderedDict()  # stored slot -> last access time; least recent first
+        self._order: Order = order if order is not None else KeyOrder()  # stored slot -> last access; least recent first
         self._now = 0
         self._since_halving = 0
         self._history = _History(min_history, hash_fn)
@@ -147,13 +198,12 @@ class Policy:
 
     def add(self, slot: str) -> None:
         """`slot` is stored now (a newcomer admitted, or loaded at start-up), most recently used."""
-        self._order[slot] = self._now
-        self._order.move_to_end(slot)
+        self._order.put(slot, self._now)
         if len(self._order) * 4 > self._history.size:
             self._grow()
 
     def remove(self, slot: str) -> None:
-        self._order.pop(slot, None)
+        self._order.pop(slot)
 
     def victims(self) -> Iterator[str]:
         """The stored slots, first to go first (least recently used)."""
@@ -171,8 +221,7 @@ class Policy:
             return None
         gap = self._now - last
         self._hit_gap(gap)
-        self._order[slot] = self._now
-        self._order.move_to_end(slot)
+        self._order.put(slot, self._now)
         self._history.write(slot, self._now)
         return gap
 
@@ -192,7 +241,8 @@ class Policy:
         gap = candidate.gap
         if gap is None or gap > max(1, len(self._order)):
             return False
-        idle = self._now - self._order.get(victim, self._now)
+        last = self._order.get(victim)
+        idle = self._now - (self._now if last is None else last)
         return idle > gap and idle > self._margin * self._recent_hit_gap()
 
     # -- internals -------------------------------------------------------------

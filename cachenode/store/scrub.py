@@ -72,10 +72,12 @@ class Scrub:
         loop = asyncio.get_running_loop()
         while True:
             started = self._clock()
-            metas = [m for m in self.store.metas() if not m.chunk_size]
-            total = sum(m.size for m in metas) or 1
+            # The records are read as the pass goes (a million objects' would hold the loop for a minute).
+            total = self.store.used_bytes or 1
             checked = bad = 0
-            for meta in metas:
+            async for meta in self.store.each_meta():
+                if meta.chunk_size:
+                    continue  # a chunked object's manifest: its chunks are objects of their own
                 t0 = self._clock()
                 why = await loop.run_in_executor(None, check_file, self.store.data_path(meta), meta)
                 checked += 1

@@ -62,6 +62,10 @@ class CacheSettings(NezhaSettings):
     # body that stopped) is probed at /healthz, within this time too, and
     # given up if the probe fails. The rules are in cachenode/front/relay.py.
     peer_timeout: float = 1.0
+    # Small objects' replicas travel to each other owner in batches of up to
+    # this many, one request each (cachenode/cluster/replica_batches.py);
+    # 0 copies each replica in a request of its own, as large objects are.
+    replica_batch: int = 64
     # On SIGTERM, a node the ring no longer has (a scale-down) hands its
     # objects to their owners before it exits, for at most this long: set it
     # a few seconds under the pod's terminationGracePeriodSeconds, after
@@ -353,6 +357,8 @@ class CacheSettings(NezhaSettings):
             raise ValueError(f"replicas ({self.replicas}) must be at least 1")
         if self.peer_timeout <= 0:
             raise ValueError(f"peer_timeout ({self.peer_timeout:g}) must be positive")
+        if self.replica_batch < 0:
+            raise ValueError(f"replica_batch ({self.replica_batch}) must be 0 (off) or more")
         if self.request_head_timeout <= 0:
             raise ValueError(f"request_head_timeout ({self.request_head_timeout:g}) must be positive")
         if self.max_connections is not None and self.max_connections < 1:

@@ -24,19 +24,20 @@ class Index:
     def __init__(self, *, redis_url: str | None, node_id: str | None, flush_interval: float = 1.0,
                  refresh_interval: float = 5.0, max_buffered: int = 10000, client: Any = None,
                  backoff_max: float = 5.0, clock: Callable[[], float] = time.time,
-                 report: Callable[[], dict[str, Any]] | None = None) -> None:
+                 report: Callable[[], dict[str, Any]] | None = None, flush_batch: int = 1000) -> None:
         if flush_interval <= 0 or refresh_interval <= 0:
             raise ConfigError(f"flush_interval ({flush_interval}) and refresh_interval ({refresh_interval}) "
                               "must be positive")
-        if max_buffered < 1:
-            raise ConfigError(f"max_buffered ({max_buffered}) must be at least 1")
+        if max_buffered < 1 or flush_batch < 1:
+            raise ConfigError(f"max_buffered ({max_buffered}) and flush_batch ({flush_batch}) must be at least 1")
         backoff_max = max(backoff_max, 0.05)
         self.node_id = node_id
         self.conn = Connection(redis_url=redis_url, client=client)
         self.watch = MembershipWatch(self.conn, refresh_interval=refresh_interval, backoff_max=backoff_max)
         self.writer = MembershipWriter(self.watch)
         self.stats = StatsWriter(self.conn, node_id=node_id, flush_interval=flush_interval,
-                                 max_buffered=max_buffered, backoff_max=backoff_max, clock=clock, report=report)
+                                 max_buffered=max_buffered, backoff_max=backoff_max, clock=clock, report=report,
+                                 flush_batch=flush_batch)
         self.reader = StatsReader(self.conn)
         self.pins = PinRecords(self.conn, clock=clock)
         self._tasks: list[asyncio.Task] = []

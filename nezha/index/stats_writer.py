@@ -6,6 +6,13 @@ every `flush_interval` in one MULTI/EXEC, so a batch lands whole or not at
 all. If Redis is down the batch goes back into the buffer and is retried with
 backoff.
 
+A burst does not wait for the interval: once `flush_batch` object updates
+are buffered (a thousand small fills in less than a second), the loop sends
+them at once, so while Redis answers the buffer stays far below
+`max_buffered` and a burst of small fills costs one round trip per
+`flush_batch` objects, not one per object and no dropped update. The early
+flush is only taken while Redis answers: in backoff the loop keeps its pace.
+
 Counters and object updates are kept apart in the buffer:
 - counters (`count()`) are summed per origin host and never dropped: their
   size is bounded by the number of origins, not by traffic;
@@ -22,6 +29,7 @@ batch's counters are sent twice; that is the one case of double counting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections import deque
@@ -43,7 +51,7 @@ class StatsWriter:
 
     def __init__(self, conn: Connection, *, node_id: str | None, flush_interval: float, max_buffered: int,
                  backoff_max: float, clock: Callable[[], float],
-                 report: Callable[[], Mapping[str, Any]] | None = None) -> None:
+                 report: Callable[[], Mapping[str, Any]] | None = None, flush_batch: int = 1000) -> None:
         self.conn = conn
         # The node's own figures (not counters: values as they are now), written
         # into its stats hash at every flush beside `updated_at`.
@@ -51,6 +59,8 @@ class StatsWriter:
         self.node_id = node_id
         self._flush_interval = flush_interval
         self._max_buffered = max_buffered
+        self._flush_batch = flush_batch
+        self._due = asyncio.Event()  # set once `flush_batch` updates wait: the loop flushes before its interval
         self._backoff_max = backoff_max
         self._clock = clock
         self._counters: dict[str, dict[str, int]] = {}
@@ -108,6 +118,8 @@ class StatsWriter:
             self._trim()
 
     def _trim(self) -> None:
+        if len(self._ops) + len(self._accesses) >= self._flush_batch:
+            self._due.set()
         while len(self._ops) + len(self._accesses) > self._max_buffered:
             if self._accesses:
                 del self._accesses[next(iter(self._accesses))]
@@ -248,9 +260,16 @@ class StatsWriter:
 
     async def flush_loop(self) -> None:
         delay = self._flush_interval
+        failing = False
         while not self.conn.closing:
-            await asyncio.sleep(delay * random.uniform(0.8, 1.0))
-            if await self.flush():
+            if failing:  # backing off: a burst does not hurry a Redis that fails
+                await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._due.wait(), delay * random.uniform(0.8, 1.0))
+            self._due.clear()
+            failing = not await self.flush()
+            if not failing:
                 delay = self._flush_interval
             else:
                 delay = min(min(delay, self._backoff_max) * 2, self._backoff_max)

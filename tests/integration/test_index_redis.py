@@ -241,3 +241,37 @@ async def test_a_nodes_own_figures_are_written_into_its_stats_hash_at_each_flush
     mine = stats["nodes"]["nezha-cache-0"]
     assert mine["bytes_only_copy"] == 4096 and mine["evicted_refused"] == 5 and mine["hit_ratio_hour"] == 0.5
     assert "updated_at" in mine
+
+
+async def test_a_burst_of_small_fills_reaches_redis_in_a_few_batches_long_before_the_interval(redis_server, indexes):
+    """A burst of stores flushes every `flush_batch` updates, not once a `flush_interval`: with the
+    interval at 30 s, 5,000 stores land within seconds, in a few MULTI/EXECs, and none is dropped
+    though they are more than `max_buffered`."""
+    node = indexes(redis_server.url, "nezha-cache-0", flush_interval=30, refresh_interval=60, max_buffered=2000,
+                   flush_batch=500)
+    await node.start()
+    r = aredis.from_url(redis_server.url, decode_responses=True)
+
+    async def execs() -> int:
+        return (await r.info("commandstats")).get("cmdstat_exec", {}).get("calls", 0)
+
+    async def stored() -> int:
+        return sum([1 async for _ in r.scan_iter(match="nezha:obj:*", count=1000)])
+
+    try:
+        before = await execs()
+        for n in range(5000):
+            node.object_stored(f"http://{HOST}/burst/{n}.jpg", url=f"http://{HOST}/burst/{n}.jpg", host=HOST, size=4096)
+            if n % 100 == 99:
+                await asyncio.sleep(0.01)  # fills land over many turns of the loop, 10,000 a second
+        took = await wait_for(lambda: _equals(stored(), 5000), timeout=10.0)
+        batches = await execs() - before
+        print(f"5000 stores: {batches} MULTI/EXEC, all in Redis {took:.2f} s after the burst")
+        assert node.stats.dropped == 0
+        assert 1 <= batches <= 5000 // 500 + 2, f"{batches} transactions for 5000 stores"
+    finally:
+        await r.aclose()
+
+
+async def _equals(value, expected) -> bool:
+    return await value == expected

@@ -42,8 +42,9 @@ class ParallelOrigin:
 
     def __init__(self, body: bytes, *, rate: float | None = None, ignore_range: bool = False,
                  change_after: int | None = None, wrong_range: bool = False, front_rate: float | None = None,
-                 wrong_after: int | None = None) -> None:
+                 wrong_after: int | None = None, extra: dict[str, str] | None = None) -> None:
         self.body = body
+        self.extra = extra or {}  # more fields on every answer (a digest, say)
         self.etag = '"v1"'
         self.rate = rate
         self.front_rate = front_rate
@@ -76,7 +77,7 @@ class ParallelOrigin:
                 self.body, self.etag = pattern(len(self.body), seed=1), '"v2"'
         body = self.body
         headers = {"ETag": self.etag, "Accept-Ranges": "bytes", "Cache-Control": "max-age=3600",
-                   "Content-Type": "application/octet-stream"}
+                   "Content-Type": "application/octet-stream", **self.extra}
         start, end, status = 0, len(body) - 1, 200
         if wanted and not self.ignore_range and request.headers.get("If-Range", self.etag) == self.etag:
             start, end, status = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1), 206

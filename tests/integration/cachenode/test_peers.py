@@ -338,10 +338,11 @@ def freezing_owner(body: bytes, headers: dict[str, str], *, sent: int, thaw: asy
     return app
 
 
-def dying_owner(body: bytes, headers: dict[str, str], *, die_after: int) -> web.Application:
-    """An owner that sends the right headers and `die_after` bytes, then its connection drops."""
+def dying_owner(body: bytes, headers: dict[str, str], *, die_after: int, label: str = "hit") -> web.Application:
+    """An owner that sends the right headers and `die_after` bytes, then its
+    connection drops; `label`: its X-Nezha-Cache (a hit, or a fill's miss)."""
     async def handle(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={**headers, "X-Nezha-Cache": "hit"})
+        resp = web.StreamResponse(headers={**headers, "X-Nezha-Cache": label})
         resp.content_length = len(body)
         await resp.prepare(request)
         await resp.write(body[:die_after])

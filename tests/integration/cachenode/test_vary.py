@@ -109,9 +109,8 @@ async def test_variants_survive_a_restart(negotiating, make_node, session, tmp_p
     await node.node.settled()
     await node.server.close()
     again = await make_node(origins=origins, data_dir=tmp_path / "d")
-    # A variant is found once the background load has scanned its folder: before
-    # that, a look-up by hashed path knows only the key's own slot (docs/cache-node.md,
-    # "Start-up: serving while the index loads").
+    # Once the background load is done the index alone answers (before, a variant
+    # is found by hashed path: tests/integration/cachenode/test_vary_while_loading.py).
     await again.node.store.loaded()
     for accept, body in (("gzip", GZIPPED), ("identity", PLAIN)):
         _, headers, got = await again.get(session, PATH, headers=encoding(accept))

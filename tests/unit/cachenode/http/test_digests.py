@@ -5,7 +5,8 @@ import hashlib
 
 import pytest
 
-from cachenode.http.digests import Algorithm, Expected, Verifier, expectations, want_repr_digest
+from cachenode.http.digests import (Algorithm, Expected, Verifier, carried, carry, expectations,
+                                    of_the_whole_in_a_part, want_repr_digest)
 
 BODY = b"the bytes of a dataset shard " * 1000
 
@@ -117,6 +118,34 @@ def test_only_a_200_is_checked():
     headers = [("x-amz-checksum-crc32c", b64(digest_of(Algorithm.CRC32C, BODY)))]
     assert expectations(headers, status=206).expected == ()
     assert expectations(headers, status=404).expected == ()
+
+
+def test_of_a_206_only_repr_digest_names_the_whole_object():
+    """Repr-Digest is of the representation whatever part a message carries (RFC 9530 §3);
+    Content-MD5 and Content-Digest digest the part, and S3's checksums are not vouched for on a range."""
+    whole = hashlib.sha256(BODY).digest()
+    part = BODY[100:]
+    headers = [("Repr-Digest", f"sha-256=:{b64(whole)}:"),
+               ("Content-Digest", f"sha-256=:{b64(hashlib.sha256(part).digest())}:"),
+               ("Content-MD5", b64(hashlib.md5(part).digest())),
+               ("x-amz-checksum-crc32c", b64(digest_of(Algorithm.CRC32C, BODY)))]
+    known = of_the_whole_in_a_part(headers)
+    assert known.expected == (Expected(Algorithm.SHA256, whole, "Repr-Digest"),)
+    assert of_the_whole_in_a_part(headers[1:]).expected == ()
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm), ids=[a.value for a in Algorithm])
+def test_a_digest_handed_to_a_peer_reads_back_as_the_same_digest_naming_its_field(algorithm):
+    expected = Expected(algorithm, digest_of(algorithm, BODY), "X-Linked-ETag")
+    back = carried(carry(expected))
+    assert back is not None
+    assert (back.algorithm, back.value) == (algorithm, expected.value)
+    assert back.field == "X-Linked-ETag via X-Nezha-Digest"
+
+
+@pytest.mark.parametrize("value", [None, "", "sha256=:AAAA:", "nonsense(", "md4=:AAAAAAAAAAAAAAAAAAAAAA==:", "sha256=1"])
+def test_a_malformed_handed_on_digest_is_no_digest(value):
+    assert carried(value) is None
 
 
 def test_content_digest_with_a_content_coding_is_not_checked():

@@ -3,10 +3,13 @@ goes first, why each object left, and what the last hour's reads say."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cachenode.store.census import Census
 from cachenode.store.index import Index
 from cachenode.store.objects import Meta
 from cachenode.store.report import StoreReport
+from nezha.keys import object_id
 
 
 def meta(name: str, size: int = 100, *, extra: bool = False, hot: bool = False) -> Meta:
@@ -119,3 +122,44 @@ def test_a_protected_object_is_passed_over_by_every_eviction():
     index.reserve(200)
     index.evict_to(300)
     assert gone == ["b", "c"] and "http://h/a" in index.slots
+
+
+def on_disk(name: str, size: int = 100) -> Meta:
+    """A meta whose data file name the index can find it by again (`{oid}.{nonce}.obj`)."""
+    m = meta(name, size)
+    return replace(m, data=f"{object_id(m.key)}.00000000002a.obj")
+
+
+def test_records_are_read_back_from_disk_and_one_naming_another_slot_is_never_served():
+    """A compact row keeps no record: a hit reads it (`records`); a record
+    that names another key (a collision, a file swapped under the store)
+    is not served, and the row is forgotten, its files reported lost."""
+    disk = {}
+    lost = []
+    index = Index(evicted=lambda m, reason: None, records=lambda oid, data: disk.get(data),
+                  lost=lambda oid, data: lost.append(data), recent=1)
+    a, b = on_disk("a"), on_disk("b")
+    disk.update({a.data: a, b.data: b})
+    index.add(a)
+    index.add(b)  # a's record leaves the one-record memory of records read lately
+    assert index.lookup(a.key) == a
+    disk[b.data] = replace(b, key="http://h/other", url="http://h/other")
+    index.lookup(a.key)  # b's record leaves the memory again
+    assert index.lookup(b.key) is None and b.key not in index.slots
+    assert lost == [b.data] and len(index) == 1 and index.usage.stored == 100
+
+
+async def test_a_walk_over_every_object_reads_records_in_batches_and_skips_what_left_meanwhile():
+    disk = {}
+    index = Index(evicted=lambda m, reason: None, records=lambda oid, data: disk.get(data), recent=1)
+    metas = [on_disk(f"o{i}") for i in range(10)]
+    for m in metas:
+        disk[m.data] = m
+        index.add(m)
+    index.add(meta("kept"))  # a name the index cannot find again: its record is kept in memory
+    walked = []
+    async for m in index.each_meta(batch=3):
+        walked.append(m.key)
+        if m.key == metas[0].key:
+            index.drop(metas[4].slot)  # in a later batch: not given
+    assert sorted(walked) == sorted([m.key for m in metas if m is not metas[4]] + ["http://h/kept"])

@@ -160,11 +160,13 @@ def test_a_newcomer_never_seen_does_not_displace_an_object_in_use():
 
 
 def test_the_history_grows_with_the_objects_stored_and_keeps_their_last_reads():
-    """Four history entries per stored object at least, so two objects rarely share one."""
+    """Four history entries per stored object at least, so two objects rarely share one.
+    Over 10,000 objects, not 100: how many of 100 lose their entry depends on the
+    process's string hash seed (93 to 98 of 100 kept), over 10,000 it does not (98.9-99.1%)."""
     p = Policy(min_history=16)
-    for i in range(100):
+    for i in range(10_000):
         p.missed(f"a/{i}")
         p.add(f"a/{i}")
-    assert p._history.size >= 400
-    remembered = sum(p.missed(f"a/{i}").gap is not None for i in range(100))
-    assert remembered >= 95
+    assert p._history.size >= 40_000
+    remembered = sum(p.missed(f"a/{i}").gap is not None for i in range(10_000))
+    assert remembered >= 9_500

@@ -28,6 +28,14 @@ class FakeStore:
     def metas(self):
         return list(self.metas_)
 
+    async def each_meta(self):
+        for meta in list(self.metas_):
+            yield meta
+
+    @property
+    def used_bytes(self):
+        return sum(m.size for m in self.metas_)
+
     def data_path(self, meta):
         return str(self.root / meta.data)
 

@@ -1,16 +1,17 @@
-"""A relayed body's bytes checked against the whole-object digest its head
-published, hashed behind the relay (front/relay.py; docs/cache-node.md,
-"Verified bytes").
+"""A body's bytes checked against a whole-object digest as they stream past
+in order, hashed behind the stream: a relayed body across its resumes
+(front/relay_body.py) and a chunked object assembled for a client
+(chunks/whole.py). docs/cache-node.md, "Verified bytes".
 
 What a digest is, and which one is checked, is `http/digests.py`'s. This
-is only where a relay's bytes meet it without slowing the relay down: a
+is only where streamed bytes meet it without slowing the stream down: a
 crc64nvme or crc32c (about 17 GB/s on one core here) is computed on the
 event loop as each chunk passes, since a thread hop would cost more than
-the hash; anything slower (sha256 at about 1.7 GB/s, on every relayed
-chunk a large share of the loop's time) is hashed in a thread, in batches
-of at least `STEP` bytes, one batch at a time and in order, while the loop
-goes on relaying the next chunks. The relay waits for the last batch only
-at the body's end, before its last byte (`mismatch`).
+the hash; anything slower (sha256 at about 1.7 GB/s, on every chunk a
+large share of the loop's time) is hashed in a thread, in batches of at
+least `STEP` bytes, one batch at a time and in order, while the loop goes
+on sending the next chunks. The stream waits for the last batch only at
+the body's end, before its last byte (`mismatch`).
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from concurrent.futures import ThreadPoolExecutor
 from cachenode.http.digests import Algorithm, Mismatch, Verifier
 
 # hashlib releases the GIL over buffers this size: two relays hash on two cores.
-_HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nezha-relay-digest")
+_HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="nezha-stream-digest")
 # Fast enough to hash on the event loop as the bytes pass.
 ON_THE_LOOP = frozenset({Algorithm.CRC64NVME, Algorithm.CRC32C})
 # A batch goes to the thread once this many bytes wait: a hop per MiB.
 STEP = 1 << 20
-# The relay waits for the thread when this many bytes wait behind a batch
+# The stream waits for the thread when this many bytes wait behind a batch
 # still being hashed: the bytes held in memory stay bounded.
 MOST = 8 << 20
 # What is left at the end up to this size is hashed on the loop: a hop costs as much.
 INLINE = 256 << 10
 
 
-class RelayedDigest:
-    """One relayed body's check, fed its bytes in order, across every resume."""
+class StreamedDigest:
+    """One body's check, fed its bytes in order (a relayed one across every resume)."""
 
     def __init__(self, verifier: Verifier) -> None:
         self.verifier = verifier

@@ -11,8 +11,8 @@ import random
 import pytest
 from awscrt import checksums
 
-from cachenode.front import relay_digest
-from cachenode.front.relay_digest import RelayedDigest
+from cachenode.fill import streamed_digest as relay_digest
+from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Verifier, expectations
 
 BODY = random.Random(37).randbytes(relay_digest.MOST + 3 * relay_digest.STEP + 12345)  # past the bound, twice
@@ -26,10 +26,10 @@ FIELDS = {"sha256": {"x-amz-checksum-sha256": b64(hashlib.sha256(BODY).digest())
           "crc64nvme": {"x-amz-checksum-crc64nvme": b64(checksums.crc64nvme(BODY).to_bytes(8, "big"))}}
 
 
-def check_of(kind: str) -> RelayedDigest:
+def check_of(kind: str) -> StreamedDigest:
     expected = expectations(FIELDS[kind], status=200).cheapest()
     assert expected is not None
-    return RelayedDigest(Verifier(expected))
+    return StreamedDigest(Verifier(expected))
 
 
 def pieces(body: bytes, seed: int) -> list[bytes]:

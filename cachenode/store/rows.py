@@ -1,0 +1,278 @@
+"""The index's rows: what eviction and lookup need of each stored object, in
+parallel arrays, a few tens of bytes each. Pure: no I/O.
+
+A store holds millions of small objects, and a Python object per stored
+object (a `Meta`, its strings, a dict entry, an order entry) costs about a
+kilobyte of memory. So a row is an integer, and what the store knows of the
+object in it lives in arrays indexed by that integer (docs/cache-node.md
+"Memory per object"):
+
+- the SHA-256 of its slot (its file names come from it; the first 8 bytes,
+  signed, are its hash in the table below),
+- its size in bytes, the nonce of its data file's name, a few flags,
+- its eviction policy's state: last access and its place in its kind's
+  least-recently-used list (`RowOrder`, links between rows as int32).
+
+The rest of its record (key, URL, headers, expiry...) is on disk, in its
+file; the index reads it on a hit (cachenode/store/index.py). Rows of
+objects that left are reused, so the arrays never hold holes for long.
+
+`Table` maps a slot's hash to its row: open addressing with linear
+probing over an array of rows, at most half full, deletions by backward
+shift (no tombstones), the hashes read from the rows themselves. Two slots
+sharing 64 bits of hash cannot both be in the table: the index compares
+the whole digest, and a newcomer takes the row of the other.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterator
+
+EMPTY = -1
+DIGEST = 32  # bytes of a SHA-256
+
+# flags
+HOT = 1
+EXTRA = 2
+SEALED = 4  # a small object's sealed file (`.obj`); else a `.data` beside its `.meta`
+LINKED = 8  # in its kind's order
+USED = 16  # the row holds an object
+
+
+def hash_of(digest: bytes) -> int:
+    """A slot's hash in the table: the first 8 bytes of its digest, as a signed 64-bit int."""
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+class Table:
+    """hash -> row, for rows whose hash `hashes[row]` holds."""
+
+    def __init__(self, hashes: array, size: int = 1024) -> None:
+        self._hashes = hashes
+        self._rows = array("i", [EMPTY]) * size
+        self._mask = size - 1
+        self._count = 0
+        # The last hash found and its row: a hit finds its row once for the
+        # index and twice more for its policy's order.
+        self._memo = (0, EMPTY)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def find(self, h: int) -> int:
+        """The row of hash `h`, or EMPTY."""
+        memo = self._memo
+        if memo[0] == h and memo[1] != EMPTY:
+            return memo[1]
+        rows, hashes, mask = self._rows, self._hashes, self._mask
+        i = h & mask
+        while True:
+            r = rows[i]
+            if r == EMPTY:
+                return r
+            if hashes[r] == h:
+                self._memo = (h, r)
+                return r
+            i = (i + 1) & mask
+
+    def insert(self, h: int, row: int) -> None:
+        """`row` as the row of hash `h`, which the table must not hold yet."""
+        self._memo = (0, EMPTY)
+        if (self._count + 1) * 2 > len(self._rows):
+            self._grow()
+        rows, mask = self._rows, self._mask
+        i = h & mask
+        while rows[i] != EMPTY:
+            i = (i + 1) & mask
+        rows[i] = row
+        self._count += 1
+
+    def delete(self, h: int) -> None:
+        """Forget hash `h` (nothing if absent): later entries of its probe run shift back into its place."""
+        self._memo = (0, EMPTY)
+        rows, hashes, mask = self._rows, self._hashes, self._mask
+        i = h & mask
+        while True:
+            r = rows[i]
+            if r == EMPTY:
+                return
+            if hashes[r] == h:
+                break
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            r = rows[j]
+            if r == EMPTY:
+                break
+            home = hashes[r] & mask
+            # Move r back into the hole at i unless its home lies cyclically in (i, j].
+            if (i < j and (home <= i or home > j)) or (i > j and home <= i and home > j):
+                rows[i] = r
+                i = j
+        rows[i] = EMPTY
+        self._count -= 1
+
+    def _grow(self) -> None:
+        old = self._rows
+        size = len(old) * 2
+        self._rows = array("i", [EMPTY]) * size
+        self._mask = size - 1
+        self._count = 0
+        for r in old:
+            if r != EMPTY:
+                self.insert(self._hashes[r], r)
+
+
+class Rows:
+    """The parallel arrays, and the free rows to reuse."""
+
+    def __init__(self) -> None:
+        self.hashes = array("q")
+        self.digests = bytearray()
+        self.sizes = array("q")
+        self.nonces = array("q")  # the data file's 48-bit nonce; EMPTY: its record is kept in memory
+        self.flags = bytearray()
+        self.last = array("q")  # the policy's last access
+        self.prev = array("i")
+        self.next = array("i")
+        self._free = array("i")
+        self.table = Table(self.hashes)
+        self.count = 0
+
+    def find(self, digest: bytes) -> int:
+        """The row of the slot whose SHA-256 is `digest`, or EMPTY."""
+        row = self.table.find(hash_of(digest))
+        if row != EMPTY and self.digests[row * DIGEST:(row + 1) * DIGEST] != digest:
+            return EMPTY  # 64 bits alike, another slot
+        return row
+
+    def new(self, digest: bytes, *, size: int, nonce: int, flags: int) -> int:
+        """A row for a slot the table does not hold yet (`find` gave EMPTY and `take` freed any other of its hash)."""
+        h = hash_of(digest)
+        if self._free:
+            row = self._free.pop()
+            self.hashes[row], self.sizes[row], self.nonces[row] = h, size, nonce
+            self.digests[row * DIGEST:(row + 1) * DIGEST] = digest
+            self.flags[row], self.last[row], self.prev[row], self.next[row] = flags | USED, 0, EMPTY, EMPTY
+        else:
+            row = len(self.hashes)
+            self.hashes.append(h)
+            self.sizes.append(size)
+            self.nonces.append(nonce)
+            self.digests += digest
+            self.flags.append(flags | USED)
+            self.last.append(0)
+            self.prev.append(EMPTY)
+            self.next.append(EMPTY)
+        self.table.insert(h, row)
+        self.count += 1
+        return row
+
+    def holder(self, digest: bytes) -> int:
+        """The row that holds `digest`'s hash, whichever slot it is (EMPTY: none)."""
+        return self.table.find(hash_of(digest))
+
+    def free(self, row: int) -> None:
+        """Row `row` holds nothing any more (it must be unlinked from its order first)."""
+        self.table.delete(self.hashes[row])
+        self.flags[row] = 0
+        self._free.append(row)
+        self.count -= 1
+
+    def digest(self, row: int) -> bytes:
+        return bytes(self.digests[row * DIGEST:(row + 1) * DIGEST])
+
+    def used(self) -> Iterator[int]:
+        """Every row that holds an object, in row order."""
+        flags = self.flags
+        return (r for r in range(len(flags)) if flags[r] & USED)
+
+
+class RowOrder:
+    """One kind's least-recently-used order over the rows, as the eviction
+    policy keeps it (cachenode/store/policy.py `Order`): the policy names an
+    object by its slot's hash, the order finds its row through the table."""
+
+    def __init__(self, rows: Rows, member: int) -> None:
+        self._rows = rows
+        self._member = member  # the kind's flags (HOT, EXTRA or 0): a row is in one order only
+        self.head = EMPTY  # least recently used
+        self.tail = EMPTY
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _row(self, h: int) -> int:
+        rows = self._rows
+        row = rows.table.find(h)
+        if row == EMPTY or not rows.flags[row] & LINKED or rows.flags[row] & (HOT | EXTRA) != self._member:
+            return EMPTY
+        return row
+
+    def __contains__(self, h: int) -> bool:
+        return self._row(h) != EMPTY
+
+    def get(self, h: int) -> int | None:
+        """The last access of `h`; None when it is not in this order."""
+        row = self._row(h)
+        return None if row == EMPTY else self._rows.last[row]
+
+    def put(self, h: int, now: int) -> None:
+        """`h` accessed at `now`: the most recently used. Its row must exist."""
+        rows = self._rows
+        row = rows.table.find(h)
+        if row == EMPTY:
+            raise KeyError(f"no row holds hash {h}: the index adds a row before its policy does")
+        if rows.flags[row] & LINKED:
+            if row == self.tail:
+                rows.last[row] = now
+                return
+            self._unlink(row)
+        rows.last[row] = now
+        rows.prev[row], rows.next[row] = self.tail, EMPTY
+        if self.tail == EMPTY:
+            self.head = row
+        else:
+            rows.next[self.tail] = row
+        self.tail = row
+        rows.flags[row] |= LINKED
+        self._len += 1
+
+    def pop(self, h: int) -> None:
+        row = self._row(h)
+        if row != EMPTY:
+            self._unlink(row)
+
+    def _unlink(self, row: int) -> None:
+        rows = self._rows
+        p, n = rows.prev[row], rows.next[row]
+        if p == EMPTY:
+            self.head = n
+        else:
+            rows.next[p] = n
+        if n == EMPTY:
+            self.tail = p
+        else:
+            rows.prev[n] = p
+        rows.prev[row] = rows.next[row] = EMPTY
+        rows.flags[row] &= ~LINKED & 0xFF
+        self._len -= 1
+
+    def __iter__(self) -> Iterator[int]:
+        """The hashes, least recently used first."""
+        rows = self._rows
+        row = self.head
+        while row != EMPTY:
+            nxt = rows.next[row]
+            yield rows.hashes[row]
+            row = nxt
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        rows = self._rows
+        row = self.head
+        while row != EMPTY:
+            yield rows.hashes[row], rows.last[row]
+            row = rows.next[row]

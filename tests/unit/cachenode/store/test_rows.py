@@ -1,0 +1,71 @@
+"""The index's compact rows (cachenode/store/rows.py): the hash table finds
+every row it was given and forgets exactly what it was told to, free rows
+are reused, and each kind's order is least recently used first."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+
+from cachenode.store.rows import EMPTY, HOT, RowOrder, Rows, Table, hash_of
+
+
+def digest(n: int) -> bytes:
+    return hashlib.sha256(f"slot/{n}".encode()).digest()
+
+
+def test_the_table_agrees_with_a_dict_through_inserts_and_deletes_that_wrap_and_grow():
+    """Hashes chosen to collide in the low bits, so probe runs are long, wrap around the end and shift back."""
+    rng = random.Random(7)
+    hashes = array("q")
+    table = Table(hashes, size=8)
+    truth: dict[int, int] = {}
+    for step in range(20_000):
+        h = rng.randrange(64) | (rng.randrange(1 << 20) << 6) if step % 3 else rng.randrange(-(1 << 63), 1 << 63)
+        if h in truth and rng.random() < 0.5:
+            table.delete(h)
+            del truth[h]
+        elif h not in truth:
+            hashes.append(h)
+            table.insert(h, len(hashes) - 1)
+            truth[h] = len(hashes) - 1
+        probe = rng.randrange(len(hashes))
+        assert table.find(hashes[probe]) == truth.get(hashes[probe], EMPTY)
+    assert len(table) == len(truth)
+    assert all(table.find(h) == row for h, row in truth.items())
+
+
+def test_a_freed_row_is_reused_and_no_longer_found():
+    rows = Rows()
+    a, b, c = (rows.new(digest(n), size=n, nonce=n, flags=0) for n in range(3))
+    rows.free(b)
+    assert rows.find(digest(1)) == EMPTY and rows.count == 2
+    d = rows.new(digest(9), size=9, nonce=9, flags=0)
+    assert d == b and rows.find(digest(9)) == d and rows.sizes[d] == 9
+    assert [rows.find(digest(n)) for n in (0, 2)] == [a, c]
+    assert sorted(rows.used()) == [a, b, c]
+
+
+def test_a_slot_sharing_64_bits_of_hash_with_another_is_not_taken_for_it():
+    rows = Rows()
+    mine = digest(1)
+    twin = mine[:8] + bytes(24)  # the same table hash, another digest
+    row = rows.new(mine, size=1, nonce=1, flags=0)
+    assert rows.find(twin) == EMPTY and rows.holder(twin) == row and rows.find(mine) == row
+
+
+def test_each_kind_keeps_its_own_least_recently_used_order():
+    rows = Rows()
+    only, hot = RowOrder(rows, 0), RowOrder(rows, HOT)
+    hs = []
+    for n in range(5):
+        row = rows.new(digest(n), size=1, nonce=n, flags=HOT if n == 2 else 0)
+        hs.append(hash_of(digest(n)))
+        (hot if n == 2 else only).put(hs[-1], now=n)
+    only.put(hs[0], now=10)  # read again: last
+    assert list(only) == [hs[1], hs[3], hs[4], hs[0]] and list(hot) == [hs[2]]
+    assert hs[2] not in only and hs[2] in hot and only.get(hs[0]) == 10 and only.get(hs[2]) is None
+    only.pop(hs[3])
+    assert list(only) == [hs[1], hs[4], hs[0]] and len(only) == 3
+    assert list(only.items()) == [(hs[1], 1), (hs[4], 4), (hs[0], 10)]
