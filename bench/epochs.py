@@ -40,7 +40,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Children, Nginx, Node, ensure_tool, NGINX  # noqa: E402
+from bench.harness import NGINX, Children, Nginx, Node, ProxyCache, ensure_tool, nginx_conf  # noqa: E402
 from testkit.ports import free_port, free_run  # noqa: E402
 from testkit.redis_server import RedisServer  # noqa: E402
 from testkit.tools import require_tool  # noqa: E402
@@ -48,38 +48,6 @@ from testkit.tools import require_tool  # noqa: E402
 HOST = "data.example.org"
 SIZE = 4096
 
-NGINX_CONF = """\
-# Written by bench/epochs.py: proxy_cache, max_size at the cache node's capacity.
-%(user)s
-worker_processes 1;
-daemon off;
-master_process on;
-pid %(prefix)s/nginx.pid;
-error_log %(prefix)s/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path %(prefix)s/client_body;
-    proxy_temp_path %(prefix)s/proxy_temp;
-    fastcgi_temp_path %(prefix)s/fastcgi;
-    uwsgi_temp_path %(prefix)s/uwsgi;
-    scgi_temp_path %(prefix)s/scgi;
-    proxy_cache_path %(prefix)s/cache levels=1:2 keys_zone=epochs:4m max_size=%(max_size)d inactive=1h
-                     use_temp_path=off;
-    server {
-        listen 127.0.0.1:%(port)d;
-        location / {
-            proxy_pass %(upstream)s;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache epochs;
-            proxy_cache_valid 200 1h;
-            add_header X-Nginx-Cache $upstream_cache_status always;
-        }
-    }
-}
-"""
 
 
 class Origin:
@@ -204,7 +172,10 @@ async def main() -> None:
                 await children.stop(node.proc)
                 ratios[f"lru_{mode}"] = lru_ratio(capacity, runs)
                 nginx = Nginx(children, work, f"nginx-{mode}")
-                await nginx.start(NGINX_CONF, upstream=origin.url, max_size=capacity * SIZE)
+                # max_size at the cache node's capacity; no lock, sendfile off: a hit ratio is measured, not speed.
+                await nginx.start(nginx_conf(ProxyCache(upstream=origin.url, zone="epochs", keys_zone="4m",
+                                                        max_size=capacity * SIZE, lock=False),
+                                             by="bench/epochs.py", sendfile=False))
                 ratios[f"nginx_{mode}"] = await nginx_ratio(session, nginx.url, runs)
                 ratios[f"nginx_{mode}_disk_mb"] = disk_bytes(nginx.prefix / "cache") / 1e6
                 await children.stop(nginx.proc)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -251,11 +252,107 @@ class Node:
         return found
 
 
-class Nginx:
-    """Debian's nginx as a child process, from a config template of the script's own.
+@dataclass(frozen=True)
+class ProxyCache:
+    """nginx `proxy_cache` in front of an origin: what a benchmark holds the cache node against.
 
-    The template is %-formatted with `user`, `prefix` and `port` (set here)
-    and the script's `values`; everything nginx writes stays under WORK/NAME.
+    `upstream` is a URL (`http://127.0.0.1:8080`); with `keepalive` > 0 it
+    becomes an `upstream` block keeping that many idle connections per
+    worker, as a node keeps its own pool to the origin. `lock`: one fill per
+    key, later requests wait for it (the node coalesces the same way).
+    """
+
+    upstream: str
+    zone: str = "bench"
+    keys_zone: str = "16m"
+    max_size: int | str = "16g"
+    lock: bool = True
+    keepalive: int = 0
+
+
+@dataclass(frozen=True)
+class StaticFiles:
+    """nginx serving a folder as an origin; over TLS when `cert` and `key` are given."""
+
+    root: Path
+    name: str = "_"
+    cert: Path | None = None
+    key: Path | None = None
+
+
+def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, worker_connections: int = 1024,
+               nofile: int = 0, sendfile: bool = True) -> str:
+    """One nginx config, as `Nginx.start` takes it: `%(user)s`, `%(prefix)s` and `%(port)d` left for it to fill.
+
+    Every benchmark compares the node with the same nginx, so its settings
+    live here once: `tcp_nopush` stays off (nginx's default; Debian's
+    nginx.conf turns it on): with it, every cached 100 KiB response over
+    keep-alive stalled ~40 ms on loopback (measured: 23 req/s on one
+    connection instead of ~9,600), which would flatter the cache node.
+    `by` names the benchmark in the file's first line.
+    """
+    def lit(value: object) -> str:  # a value put into the template, safe from its %-formatting
+        return str(value).replace("%", "%%")
+
+    lines = [f"# Written by {lit(by)}.",
+             "%(user)s",
+             f"worker_processes {workers};",
+             "daemon off;",
+             "master_process on;"]
+    if nofile:
+        lines.append(f"worker_rlimit_nofile {nofile};")
+    lines += ["pid %(prefix)s/nginx.pid;",
+              "error_log %(prefix)s/error.log warn;",
+              f"events {{ worker_connections {worker_connections}; }}",
+              "http {",
+              "    access_log off;",
+              f"    sendfile {'on' if sendfile else 'off'};",
+              "    tcp_nopush off;",
+              "    keepalive_requests 1000000;"]
+    lines += [f"    {kind}_temp_path %(prefix)s/{folder};" for kind, folder in (
+        ("client_body", "client_body"), ("proxy", "proxy_temp"), ("fastcgi", "fastcgi"), ("uwsgi", "uwsgi"),
+        ("scgi", "scgi"))]
+    if isinstance(site, ProxyCache):
+        lines.append(f"    proxy_cache_path %(prefix)s/cache levels=1:2 keys_zone={lit(site.zone)}:{lit(site.keys_zone)} "
+                     f"max_size={lit(site.max_size)} inactive=1h use_temp_path=off;")
+        target = lit(site.upstream)
+        if site.keepalive:
+            lines += ["    upstream origin {",
+                      f"        server {lit(site.upstream.removeprefix('http://'))};",
+                      f"        keepalive {site.keepalive};",
+                      "    }"]
+            target = "http://origin"
+        lines += ["    server {",
+                  "        listen 127.0.0.1:%(port)d;",
+                  "        server_name _;",
+                  "        location / {",
+                  f"            proxy_pass {target};",
+                  "            proxy_http_version 1.1;",
+                  '            proxy_set_header Connection "";',
+                  f"            proxy_cache {lit(site.zone)};",
+                  "            proxy_cache_valid 200 1h;"]
+        if site.lock:
+            lines.append("            proxy_cache_lock on;")
+        lines += ["            add_header X-Nginx-Cache $upstream_cache_status always;",
+                  "        }",
+                  "    }"]
+    else:
+        tls = site.cert is not None and site.key is not None
+        lines += ["    server {",
+                  f"        listen 127.0.0.1:%(port)d{' ssl' if tls else ''};",
+                  f"        server_name {lit(site.name)};"]
+        if tls:
+            lines += [f"        ssl_certificate {lit(site.cert)};", f"        ssl_certificate_key {lit(site.key)};"]
+        lines += [f"        root {lit(site.root)};", "    }"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+class Nginx:
+    """Debian's nginx as a child process, from a config `nginx_conf` built.
+
+    The config is %-formatted with `user`, `prefix` and `port` (set here);
+    everything nginx writes stays under WORK/NAME.
     As root nginx would drop its workers to `nobody`, who cannot write into
     the private temp dir: `user` keeps them as the caller.
     """
@@ -268,10 +365,10 @@ class Nginx:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
 
-    async def start(self, template: str, **values: object) -> None:
+    async def start(self, template: str) -> None:
         conf = self.prefix / "nginx.conf"
         user = "user root root;" if os.geteuid() == 0 else ""
-        conf.write_text(template % {"user": user, "prefix": self.prefix, "port": self.port, **values})
+        conf.write_text(template % {"user": user, "prefix": self.prefix, "port": self.port})
         self.proc = await self.children.spawn(
             NGINX, "-p", str(self.prefix), "-c", str(conf), "-e", str(self.prefix / "error.log"),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

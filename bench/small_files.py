@@ -55,82 +55,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (KiB, WRK, BenchError, Children, Nginx, Node, Sampler, ensure_tool,  # noqa: E402
-                           nginx_version, settled, source_version)
+from bench.harness import (KiB, WRK, BenchError, Children, Nginx, Node, ProxyCache, Sampler,  # noqa: E402
+                           StaticFiles, ensure_tool, nginx_conf, nginx_version, settled, source_version)
 from nezha.wire import CACHE_HEADER  # noqa: E402
 
 HOST = "images.bench"
 SIZE = 16 * KiB
 CONNECTIONS = 64
 
-ORIGIN_CONF = """\
-# Written by bench/small_files.py: the origin, static files from a folder.
-%(user)s
-worker_processes 1;
-daemon off;
-master_process on;
-worker_rlimit_nofile 65536;
-pid %(prefix)s/nginx.pid;
-error_log %(prefix)s/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    sendfile on;
-    tcp_nopush off;
-    keepalive_requests 1000000;
-    client_body_temp_path %(prefix)s/client_body;
-    proxy_temp_path %(prefix)s/proxy_temp;
-    fastcgi_temp_path %(prefix)s/fastcgi;
-    uwsgi_temp_path %(prefix)s/uwsgi;
-    scgi_temp_path %(prefix)s/scgi;
-    server {
-        listen 127.0.0.1:%(port)d;
-        server_name _;
-        root %(root)s;
-    }
-}
-"""
 
-CACHE_CONF = """\
-# Written by bench/small_files.py: proxy_cache in front of the same origin, one worker as the node.
-%(user)s
-worker_processes 1;
-daemon off;
-master_process on;
-worker_rlimit_nofile 65536;
-pid %(prefix)s/nginx.pid;
-error_log %(prefix)s/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    sendfile on;
-    tcp_nopush off;
-    keepalive_requests 1000000;
-    client_body_temp_path %(prefix)s/client_body;
-    proxy_temp_path %(prefix)s/proxy_temp;
-    fastcgi_temp_path %(prefix)s/fastcgi;
-    uwsgi_temp_path %(prefix)s/uwsgi;
-    scgi_temp_path %(prefix)s/scgi;
-    proxy_cache_path %(prefix)s/cache levels=1:2 keys_zone=bench:64m max_size=16g inactive=1h use_temp_path=off;
-    upstream origin {
-        server %(upstream)s;
-        keepalive 64;
-    }
-    server {
-        listen 127.0.0.1:%(port)d;
-        server_name _;
-        location / {
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache bench;
-            proxy_cache_valid 200 1h;
-            proxy_cache_lock on;
-            add_header X-Nginx-Cache $upstream_cache_status always;
-        }
-    }
-}
-"""
 
 # Every path once: thread t of T asks paths t, t+T, t+2T, ... Past the end:
 # wrap around (the origin direct) or a path the origin does not have (404,
@@ -336,10 +269,12 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     await loop.run_in_executor(None, make_dataset, root, p.objects, args.size * KiB)
     await loop.run_in_executor(None, os.sync)  # the dataset's writeback must not load the disk during the runs
 
+    # The origin: static files from a folder. In front of it, proxy_cache with one worker, as the node has.
+    sizes = dict(by="bench/small_files.py", worker_connections=4096, nofile=65536)
     origin = Nginx(children, work, "origin")
-    await origin.start(ORIGIN_CONF, root=root)
+    await origin.start(nginx_conf(StaticFiles(root=root), **sizes))
     proxy = Nginx(children, work, "nginx")
-    await proxy.start(CACHE_CONF, upstream=f"127.0.0.1:{origin.port}")
+    await proxy.start(nginx_conf(ProxyCache(upstream=origin.url, keys_zone="64m", keepalive=CONNECTIONS), **sizes))
     node_origins[HOST] = origin.url
     node = Node(children, work)
     await node.start(origins=node_origins)

@@ -42,7 +42,7 @@ import psutil  # noqa: E402
 
 from bench import harness  # noqa: E402
 from bench.harness import KiB, Children, Nginx, Node  # noqa: E402
-from bench.throughput import HOST, NGINX_CONF, WRK_LUA, Plan, check_small_hits, prime_small, say, wrk  # noqa: E402
+from bench.throughput import HOST, WRK_LUA, Plan, check_small_hits, prime_small, proxy_conf, say, wrk  # noqa: E402
 from nezha.dev.origin import LocalOrigin  # noqa: E402
 
 COUNT, SIZE = 200, 100 * KiB  # as bench/throughput.py's small objects
@@ -128,7 +128,7 @@ async def run(args: argparse.Namespace) -> None:
             assert node.proc is not None
             servers[name] = (node.url, node.proc.pid)
         nginx = Nginx(children, work)
-        await nginx.start(NGINX_CONF, upstream=upstream, workers=1)
+        await nginx.start(proxy_conf(upstream, 1))
         assert nginx.proc is not None
         for url, _ in servers.values():
             await prime_small(url, nginx.url, paths)

@@ -121,8 +121,8 @@ import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 from awscrt import checksums  # noqa: E402
 
-from bench.harness import (CURL, NGINX, WRK, BenchError, Children, KiB, MiB, Nginx, Node, Sampler,  # noqa: E402
-                           ensure_tool, nginx_version, source_version, write_random)
+from bench.harness import (CURL, NGINX, WRK, BenchError, Children, KiB, MiB, Nginx, Node, ProxyCache,  # noqa: E402
+                           Sampler, ensure_tool, nginx_conf, nginx_version, source_version, write_random)
 from nezha.dev.origin import LocalOrigin  # noqa: E402
 from nezha.wire import CACHE_HEADER, REPLICATE_PATH, CacheOutcome, ReplicateResult  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
@@ -353,45 +353,11 @@ async def wrk(children: Children, url: str, script: Path, *, p: Plan) -> WrkResu
 
 # -- servers ---------------------------------------------------------------------------
 
-NGINX_CONF = """\
-# Written by bench/throughput.py: proxy_cache in front of the same local origin.
-%(user)s
-worker_processes %(workers)d;
-daemon off;
-master_process on;
-pid %(prefix)s/nginx.pid;
-error_log %(prefix)s/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    sendfile on;
-    # tcp_nopush stays off (nginx's default; Debian's nginx.conf turns it on):
-    # with it, every cached 100 KiB response over keep-alive stalled ~40 ms
-    # on loopback (measured: 23 req/s on one connection instead of ~9,600),
-    # which would flatter the cache node.
-    tcp_nopush off;
-    keepalive_requests 1000000;
-    client_body_temp_path %(prefix)s/client_body;
-    proxy_temp_path %(prefix)s/proxy_temp;
-    fastcgi_temp_path %(prefix)s/fastcgi;
-    uwsgi_temp_path %(prefix)s/uwsgi;
-    scgi_temp_path %(prefix)s/scgi;
-    proxy_cache_path %(prefix)s/cache levels=1:2 keys_zone=bench:16m max_size=16g inactive=1h use_temp_path=off;
-    server {
-        listen 127.0.0.1:%(port)d;
-        server_name _;
-        location / {
-            proxy_pass %(upstream)s;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache bench;
-            proxy_cache_valid 200 1h;
-            proxy_cache_lock on;
-            add_header X-Nginx-Cache $upstream_cache_status always;
-        }
-    }
-}
-"""
+
+
+def proxy_conf(upstream: str, workers: int) -> str:
+    """nginx proxy_cache in front of the local origin, `workers` processes (as many as the node's)."""
+    return nginx_conf(ProxyCache(upstream=upstream), by="bench/throughput.py", workers=workers)
 
 
 class BareRelay:
@@ -480,7 +446,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
         await node.serving_workers(args.workers)
         workers = node.workers()
         nginx = Nginx(children, work)
-        await nginx.start(NGINX_CONF, upstream=fast_url, workers=workers)
+        await nginx.start(proxy_conf(fast_url, workers))
         assert node.proc is not None and nginx.proc is not None
         node_pid, nginx_pid = node.proc.pid, nginx.proc.pid
         res = Results()
@@ -804,7 +770,7 @@ async def run_range_only(args: argparse.Namespace, work: Path, children: Childre
         await node.serving_workers(args.workers)
         workers = node.workers()
         nginx = Nginx(children, work)
-        await nginx.start(NGINX_CONF, upstream=fast_url, workers=workers)
+        await nginx.start(proxy_conf(fast_url, workers))
         for url in (node.url, nginx.url):
             await curl(children, url + data.large, host=HOST, expect_bytes=p.large_bytes)
         await node.settled()
@@ -1148,7 +1114,7 @@ async def small_one_worker_each(children: Children, work: Path, *, p: Plan, scri
     one = Node(children, work, name="one-worker")
     await one.start(origins={HOST: fast_url})
     nginx1 = Nginx(children, work, name="nginx-one-worker")
-    await nginx1.start(NGINX_CONF, upstream=fast_url, workers=1)
+    await nginx1.start(proxy_conf(fast_url, 1))
     await prime_small(one.url, nginx1.url, paths)
     await one.settled()
     await check_small_hits(one.url, nginx1.url, paths)

@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:
 
 import yaml  # noqa: E402
 
-from bench.harness import (CURL, NGINX, BenchError, Children, MiB, Nginx, Node, ensure_tool,  # noqa: E402
-                           nginx_version, settled, source_version, write_random)
+from bench.harness import (CURL, NGINX, BenchError, Children, MiB, Nginx, Node, StaticFiles, ensure_tool,  # noqa: E402
+                           nginx_conf, nginx_version, settled, source_version, write_random)
 from nezha.dev.origin import LocalOrigin  # noqa: E402
 from nezha.pki import Pair, make_serving  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
@@ -53,33 +53,6 @@ from testkit.ports import free_port  # noqa: E402
 NAME = "bench.nezha.test"
 RELAY_NAME = "relay.nezha.test"  # an origin marked tls: passthrough, whose real host is the nginx below
 
-NGINX_TLS_CONF = """\
-# Written by bench/tls.py: the same file over HTTPS, a static certificate for the same name.
-%(user)s
-worker_processes %(workers)d;
-daemon off;
-master_process on;
-pid %(prefix)s/nginx.pid;
-error_log %(prefix)s/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    sendfile on;
-    keepalive_requests 1000000;
-    client_body_temp_path %(prefix)s/client_body;
-    proxy_temp_path %(prefix)s/proxy_temp;
-    fastcgi_temp_path %(prefix)s/fastcgi;
-    uwsgi_temp_path %(prefix)s/uwsgi;
-    scgi_temp_path %(prefix)s/scgi;
-    server {
-        listen 127.0.0.1:%(port)d ssl;
-        server_name %(name)s;
-        ssl_certificate %(cert)s;
-        ssl_certificate_key %(key)s;
-        root %(root)s;
-    }
-}
-"""
 
 HANDSHAKER = r"""
 import socket, ssl, sys, time
@@ -152,8 +125,9 @@ async def start_nginx(children: Children, work: Path, root: Path, ca: Pair, work
     leaf = make_serving(ca, names=[NAME, RELAY_NAME], now=dt.datetime.now(dt.timezone.utc), days=7)
     (nginx.prefix / "cert.pem").write_bytes(leaf.cert_pem)
     (nginx.prefix / "key.pem").write_bytes(leaf.key_pem)
-    await nginx.start(NGINX_TLS_CONF, name=NAME, cert=nginx.prefix / "cert.pem", key=nginx.prefix / "key.pem",
-                      root=root, workers=workers)
+    # The same file over HTTPS, a static certificate for the same name.
+    await nginx.start(nginx_conf(StaticFiles(root=root, name=NAME, cert=nginx.prefix / "cert.pem",
+                                             key=nginx.prefix / "key.pem"), by="bench/tls.py", workers=workers))
     return nginx.port
 
 

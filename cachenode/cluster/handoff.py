@@ -267,6 +267,8 @@ class Handoff:
             return ReplicateResult.COPIED
         if outcome.kind is Kind.REVALIDATED:
             return ReplicateResult.PRESENT
+        if outcome.kind is Kind.STORED and outcome.body is not None:
+            return ReplicateResult.PRESENT  # a client's fill stored it at once meanwhile (fill/running.py)
         return replicate_failed(outcome.error or outcome.kind.value)
 
     def copy_soon(self, peer: Peer, target: Target) -> None:

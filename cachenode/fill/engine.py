@@ -204,6 +204,16 @@ class FillEngine:
                 meta = await self._chunked(judged, key=key, url=url, origin=origin, target=target, source=source,
                                            stale=stale)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
+            if self.runs.whole_and_small(response, source=source, origin=origin, authorize=judged.authorize):
+                # A small answer already whole in memory: stored at once, answered as a hit (running.py).
+                outcome = await self.runs.store_whole(
+                    flight, response, key=key, url=url, host=target.host, headers=judged.kept,
+                    expires_at=judged.expires_at, policy=judged.policy, now=judged.now, target=target,
+                    source=source, vary=judged.vary, origin=origin, authorize=judged.authorize)
+                response = None  # read whole, its connection back in the pool
+                if stale is not None and stale.chunk_size and outcome.kind is not Kind.FAILED:
+                    self.chunks.replaced(stale, None)  # its new answer is stored whole
+                return self._resolve_flight(flight, outcome), None
             fill = await self.runs.start(flight, response, key=key, url=url, host=target.host, headers=judged.kept,
                                          expires_at=judged.expires_at, policy=judged.policy, now=judged.now,
                                          target=target, source=source, vary=judged.vary, origin=origin,

@@ -70,6 +70,9 @@ class Outcome:
     fill: Fill | None = None
     meta: Meta | None = None
     error: NezhaError | None = None
+    # STORED at once from memory (FillRuns.store_whole): the stored body,
+    # which its clients are sent instead of reading its file back.
+    body: bytes | None = None
 
     def answers(self, request_headers: Mapping[str, str]) -> bool:
         """Whether the response this flight got answers a request with these

@@ -192,3 +192,35 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
     return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small else How.STREAM)
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """What a leader knows of an answer's body the moment its head is read."""
+
+    status: int
+    method: str  # of the request it answers
+    length: int | None  # its Content-Length
+    buffered: int  # bytes of the body the client has read with the head
+    complete: bool  # the body's end has been read too
+    from_peer: bool = False
+    from_parent: bool = False
+
+
+def stored_at_once(body: Arrived, *, small_max: int, how: How) -> bool:
+    """Whether an answer the leader stores (`decide`: FILL) is stored at once,
+    before any client is answered (`FillRuns.store_whole`), rather than
+    streamed to its clients while it is written (`FillRuns.start`).
+
+    At once: a 200 to a GET from the origin itself, of a known length up to
+    the store's small objects' size (cachenode/store/small.py), whose whole
+    body came with its head (a small answer from a near origin comes in one
+    segment), and that the plan reads as one stream. Nothing is then left to
+    stream: the fill's buffer, background task and followers would cost a
+    small fill more than it costs to store (docs/benchmarks.md, "Small
+    objects"). A slow origin's small body, a peer's or the parent tier's
+    copy, a body fetched in ranges: streamed as they come, as before.
+    """
+    return (body.status == 200 and body.method == "GET" and not body.from_peer and not body.from_parent
+            and body.length is not None and 0 < body.length <= small_max
+            and body.complete and body.buffered == body.length and how is not How.PARALLEL)

@@ -21,8 +21,8 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.buffer import Fill, Superseded
-from cachenode.fill.flights import Flight, Flights, Source, flight_fill, run_fill_in_background
-from cachenode.fill.lead import Body, How, Plan, plan_fill
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
+from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
 from cachenode.fill.origin import ends_at_close
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
@@ -135,9 +135,10 @@ class FillRuns:
     async def start(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                     host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                     target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                    authorize: bool, answered: tuple[int, int, int] | None = None) -> Fill:
+                    authorize: bool, answered: tuple[int, int, int] | None = None, body: bytes | None = None) -> Fill:
         """Start the fill of `response`'s body in the background; the fill its clients read.
-        `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`."""
+        `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`.
+        `body`: the whole body, read already (`store_whole` could not store it): streamed from memory."""
         length = response.content_length if answered is None else answered[2]
         status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
@@ -191,19 +192,113 @@ class FillRuns:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else None
         work = self._work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
-                          source=source, target=target, rest=rest,
+                          source=source, target=target, rest=rest, body=body,
                           parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
         self._fills[task] = fill
         task.add_done_callback(lambda t: self._fills.pop(t, None))
         return fill
 
+    def whole_and_small(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin,
+                        authorize: bool) -> bool:
+        """Whether `store_whole` stores `response` (`fill/lead.py` `stored_at_once`):
+        a small answer whose body aiohttp read whole with its head."""
+        length = response.content_length
+        if length is None or length > self.store.small_max or source.peer is not None:
+            return False  # the common no, before any work
+        from_parent = self.origins.answered_by_parent(response)
+        plan, _, _ = self._plan(response, source=source, origin=origin, authorize=authorize, from_parent=from_parent)
+        return stored_at_once(Arrived(status=response.status, method=response.method, length=length,
+                                      buffered=response.content.total_bytes, complete=response.content.is_eof(),
+                                      from_parent=from_parent),
+                              small_max=self.store.small_max, how=plan.how)
+
+    async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
+                          host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
+                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
+                          authorize: bool) -> Outcome:
+        """Store a small answer whose body is whole in memory (`whole_and_small`)
+        at once, on the event loop: one temp file written, sealed and renamed
+        (cachenode/store/small.py), checked against a published digest, counted
+        and logged as any fill; the flight's clients are then answered from the
+        stored file as a miss. No background task, no buffer its clients follow.
+
+        Anything but a plain success hands the body to the general fill
+        (`start`, from memory), which handles it as it handles every fill: a
+        store that refuses or fails it streams it to its clients unstored; a
+        write that superseded it stores nothing. A body that fails its digest
+        is not stored and fails the flight (502 naming the mismatch: no byte of
+        it leaves)."""
+        body = await response.read()  # in memory already: no wait on the network
+        started = time.monotonic()
+        length = len(body)
+        self.metrics.fills_in_flight.inc()
+        try:
+            write = self.store.writing(reserve=length)
+            meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers,
+                        stored_at=now, status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                        age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
+                        vary=vary, variant=variant_of(vary, source.headers) if vary else "", authorize=authorize)
+            stored: Meta | None = None
+            verified: str | None = None
+            try:
+                await write.open()
+                if write.temp.unwritable is None:
+                    await self.store.write(write.temp, body)
+                    check = self.digests.check(key=key, target=target, status=200, headers=response.headers,
+                                               fd=write.temp.read_fd)
+                    if check is not None:
+                        try:
+                            mismatch = await check.finish(length)
+                        finally:
+                            check.close()
+                        if mismatch is not None:
+                            self._from_origin(host, length)
+                            error = DigestMismatch(f"{url} sent bytes for {key} that are not what it published: "
+                                                   f"{mismatch}; nothing is stored", mismatch=mismatch)
+                            self.digests.mismatched(error, origin=host, key=key, source=url)
+                            self.counts.count(host, failed_fills=1)
+                            self.metrics.fill_duration.labels(source="origin", outcome="failed").observe(
+                                time.monotonic() - started)
+                            self.flights.land(flight)
+                            return Outcome(Kind.FAILED, error=error)
+                        verified = check.field
+                    if not flight.superseded:
+                        stored = await write.commit(meta)
+            except NezhaError:
+                stored = None  # the general fill meets the same refusal and handles it (below)
+            finally:
+                await write.discard()  # nothing once committed
+        finally:
+            self.metrics.fills_in_flight.dec()
+        if stored is None:
+            fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
+                                    expires_at=expires_at, policy=policy, now=now, target=target, source=source,
+                                    vary=vary, origin=origin, authorize=authorize, body=body)
+            return Outcome(Kind.STREAMING, fill=fill)
+        self._from_origin(host, length)
+        self.metrics.fill_duration.labels(source="origin", outcome="stored").observe(time.monotonic() - started)
+        self.counts.stored(stored)
+        await self.parts.forget(key, why="stored whole by a fill")
+        log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,
+                 seconds=round(time.monotonic() - started, 3), **({"verified": verified} if verified else {}))
+        self.flights.land(flight)
+        self.replicate(stored, target)
+        return Outcome(Kind.STORED, meta=stored, body=body)
+
+    def _from_origin(self, host: str, n: int) -> None:
+        """Count `n` bytes a fill got from the origin (what `_counter`'s `on_bytes` counts as they come)."""
+        self.metrics.bytes_from_origin.inc(n)
+        self.counts.count(host, bytes_from_origin=n, metrics=False)
+
     async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                     plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
                     target: Target, parent: str | None = None,
-                    rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+                    rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
+                    body: bytes | None = None) -> Meta:
         """Read the body as `plan` says into the fill, then store and count it;
-        `parent`: the parent tier's X-Nezha-Cache, when it was the source."""
+        `parent`: the parent tier's X-Nezha-Cache, when it was the source;
+        `body`: the whole body, read already."""
         key, url, host = meta.key, meta.url, meta.host
         started = time.monotonic()
         durations = self.metrics.fill_duration
@@ -217,7 +312,7 @@ class FillRuns:
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
         try:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
-                                           on_bytes=on_bytes, rest=rest)
+                                           on_bytes=on_bytes, rest=rest, whole=body)
         except NotStored:
             took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
@@ -260,10 +355,18 @@ class FillRuns:
 
     async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None],
-                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None) -> Meta:
+                         rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
+                         whole: bytes | None = None) -> Meta:
         """`rest(offset, error)`: where the body goes on when the response
-        breaks off after `offset` bytes (a parent's: the origin); None: it fails."""
+        breaks off after `offset` bytes (a parent's: the origin); None: it fails.
+        `whole`: the body, read already: the fill takes it from memory."""
         superseded = lambda: flight.superseded  # noqa: E731
+        if whole is not None:
+            async def in_memory() -> AsyncIterator[bytes]:
+                yield whole
+
+            return await fill.run(in_memory(), store=self.store, meta=meta, on_bytes=on_bytes,
+                                  superseded=superseded)
         if plan.how is How.PARALLEL:
             fetch, fallback = ranged
             return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,

@@ -95,12 +95,18 @@ class AuthorizedReads:
         return None
 
     async def led(self, request: web.Request, asked: Asked, outcome: Outcome,
-                  response: aiohttp.ClientResponse | None, *, stale: Meta | None) -> web.StreamResponse:
+                  response: aiohttp.ClientResponse | None, *, stale: Meta | None) -> web.StreamResponse | object:
         """A miss: the caller's own request went to the origin, and a storable
-        answer is streamed to it while it is stored."""
+        answer is streamed to it while it is stored (or, stored at once, sent)."""
         if outcome.kind is Kind.STREAMING:
             assert outcome.fill is not None
             return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
+        if outcome.kind is Kind.STORED:
+            # A small body that came whole, stored at once (fill/running.py
+            # `store_whole`): the caller's own request fetched it.
+            assert outcome.meta is not None
+            served = await self.respond.hit(request, outcome.meta, label=CacheOutcome.MISS, body=outcome.body)
+            return AGAIN if served is None else served
         if outcome.kind is Kind.PASSED:
             return await self.respond.passthrough(request, asked.url, label=CacheOutcome.PASS, response=response)
         raise origin_failure(outcome.error)
@@ -108,6 +114,11 @@ class AuthorizedReads:
     async def joined(self, request: web.Request, asked: Asked, flight: Flight, outcome: Outcome, *,
                      stale: Meta | None) -> web.StreamResponse | object:
         fill = outcome.fill
+        if outcome.kind is Kind.STORED and outcome.answers(request.headers):
+            # Stored at once before this request could join: a stored copy
+            # like any other, read once authorised.
+            await flight.landed.wait()
+            return AGAIN
         if outcome.kind is not Kind.STREAMING or fill is None or not outcome.answers(request.headers):
             return GIVE_UP  # nothing to join, or a variant this request does not select
         if arrived_whole(fill):

@@ -224,7 +224,7 @@ class Reads:
             assert outcome.meta is not None
             label = (CacheOutcome.REVALIDATED if outcome.kind is Kind.REVALIDATED
                      else CacheOutcome.MISS if leader else CacheOutcome.MISS_JOINED)
-            return await self.respond.hit(request, outcome.meta, label=label)
+            return await self.respond.hit(request, outcome.meta, label=label, body=outcome.body)
         if outcome.kind is Kind.PASSED:
             if response is not None and any(name in request.headers for name in NOT_FOR_FILLS):
                 # The fill's request left out this client's Range and

@@ -87,10 +87,15 @@ class Responder:
             self._client_gone(request, host=host, key=key, sent=0)
 
     async def hit(self, request: web.Request, meta: Meta, *, label: str,
-                         stale_reason: str | None = None) -> web.StreamResponse | None:
-        """Send a stored object; None if it vanished (evicted or replaced) first."""
+                  stale_reason: str | None = None, body: bytes | None = None) -> web.StreamResponse | None:
+        """Send a stored object; None if it vanished (evicted or replaced) first.
+        `body`: its bytes, in memory still (a small object just stored from
+        them): sent from there, with the head, its file neither opened nor checked."""
         if meta.chunk_size and is_peer_request(request, self.settings.cluster_token):
             return await self._manifest(request, meta, label=label)
+        if body is not None and len(body) == meta.size and not meta.chunk_size:
+            return await self._answer_stored(request, meta, label=label, stale_reason=stale_reason, f=None,
+                                             body=body)
         try:
             # Opened on the loop: for a local data directory this is a cached
             # metadata lookup (microseconds), and an executor hop per hit cost
@@ -104,49 +109,59 @@ class Responder:
             self.store.damaged(meta)  # torn or changed on disk: never served; the read fetches it again
             return None
         try:
-            access(request).cache = label
-            counted = answer_counts(label)  # {} for a relayed label: the relaying handler counts it
-            decision = stored_decision(request, meta)
-            if f is not None and meta.blocks and self.store.verify_reads and decision.length \
-                    and request.method != "HEAD":
-                why = await asyncio.get_running_loop().run_in_executor(
-                    None, self.store.verify, meta, f.fileno(), decision.start, decision.length)
-                if why is not None:  # a byte changed on disk: never served; the read fetches it again
-                    self.store.damaged(meta, found_by="read", why=why)
-                    return None
-            resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason,
-                                      counted=bool(counted))
-            if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
-                self._count(meta.host, request=request, **counted)
-                await self._bodyless(request, answer_precondition(request, resp, decision.outcome),
-                                     host=meta.host, key=meta.key)
-                return resp
-            if decision.outcome is RangeOutcome.UNSATISFIABLE:
-                await self._bodyless(request, answer_unsatisfiable(request, resp, meta.body_size),
-                                     host=meta.host, key=meta.key)
-                return resp
-            if decision.outcome is RangeOutcome.PARTIAL:
-                end = decision.start + decision.length - 1
-                resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.body_size}"
-                drop_whole_body_fields(resp.headers)
-            resp.content_length = decision.length
-            self._count(meta.host, request=request, **counted)
-            if is_peer_request(request, self.settings.cluster_token):
-                add_peer_fields(resp, meta, decision)
-            await self._hit_body(request, resp, meta, f, decision, label=label, counted=bool(counted))
-            return resp
+            return await self._answer_stored(request, meta, label=label, stale_reason=stale_reason, f=f)
         finally:
             if f is not None:
                 f.close()
 
+    async def _answer_stored(self, request: web.Request, meta: Meta, *, label: str, stale_reason: str | None,
+                             f: IO[bytes] | None, body: bytes | None = None) -> web.StreamResponse | None:
+        """`hit`'s answer once its bytes are at hand: the open file `f`, the
+        `body` in memory, or (neither) a chunked object's chunks."""
+        access(request).cache = label
+        counted = answer_counts(label)  # {} for a relayed label: the relaying handler counts it
+        decision = stored_decision(request, meta)
+        if f is not None and meta.blocks and self.store.verify_reads and decision.length \
+                and request.method != "HEAD":
+            why = await asyncio.get_running_loop().run_in_executor(
+                None, self.store.verify, meta, f.fileno(), decision.start, decision.length)
+            if why is not None:  # a byte changed on disk: never served; the read fetches it again
+                self.store.damaged(meta, found_by="read", why=why)
+                return None
+        resp = self._hit_response(request, meta, decision, label=label, stale_reason=stale_reason,
+                                  counted=bool(counted), just_fetched=body is not None)
+        if decision.outcome is RangeOutcome.NOT_MODIFIED or decision.outcome is RangeOutcome.PRECONDITION_FAILED:
+            self._count(meta.host, request=request, **counted)
+            await self._bodyless(request, answer_precondition(request, resp, decision.outcome),
+                                 host=meta.host, key=meta.key)
+            return resp
+        if decision.outcome is RangeOutcome.UNSATISFIABLE:
+            await self._bodyless(request, answer_unsatisfiable(request, resp, meta.body_size),
+                                 host=meta.host, key=meta.key)
+            return resp
+        if decision.outcome is RangeOutcome.PARTIAL:
+            end = decision.start + decision.length - 1
+            resp.headers["Content-Range"] = f"bytes {decision.start}-{end}/{meta.body_size}"
+            drop_whole_body_fields(resp.headers)
+        resp.content_length = decision.length
+        self._count(meta.host, request=request, **counted)
+        if is_peer_request(request, self.settings.cluster_token):
+            add_peer_fields(resp, meta, decision)
+        await self._hit_body(request, resp, meta, f, decision, label=label, counted=bool(counted), body=body)
+        return resp
+
     def _hit_response(self, request: web.Request, meta: Meta, decision: Decision, *, label: str,
-                      stale_reason: str | None, counted: bool) -> ExactResponse:
+                      stale_reason: str | None, counted: bool, just_fetched: bool = False) -> ExactResponse:
         """A stored object's response head, before Range and the peer's fields;
-        not `counted`: a relaying handler counts the read (a chunked object's)."""
+        not `counted`: a relaying handler counts the read (a chunked object's).
+        `just_fetched`: the origin's answer to this flight, stored at once: its
+        Age is the origin's, as a streamed fill's is (none when 0), not the
+        time it has waited here."""
         resp = ExactResponse(status=meta.status if decision.outcome is RangeOutcome.FULL
                                   else decision.outcome.value)
         object_headers(resp, with_date(meta.headers, meta.stored_at), label, via=self.via_for(request),
-                        age=meta.age_at(self._clock()), want=request.headers.get("Want-Repr-Digest"),
+                        age=(int(meta.age) or None) if just_fetched else meta.age_at(self._clock()),
+                        want=request.headers.get("Want-Repr-Digest"),
                         status=meta.status)
         if meta.hot:  # a hot copy names the node whose disk serves it, as a relay names the owner
             resp.headers[SERVED_BY_HEADER] = self.settings.identity
@@ -160,7 +175,7 @@ class Responder:
         return resp
 
     async def _hit_body(self, request: web.Request, resp: ExactResponse, meta: Meta, f: IO[bytes] | None,
-                        decision: Decision, *, label: str, counted: bool) -> None:
+                        decision: Decision, *, label: str, counted: bool, body: bytes | None = None) -> None:
         """A stored object's head and body sent (from its file, or its chunks when `f` is None);
         a client gone is counted, a data file shorter than its meta breaks the connection.
         Not `counted`: the bytes are the relaying handler's to count."""
@@ -168,7 +183,10 @@ class Responder:
         try:
             await resp.prepare(request)
             if request.method != "HEAD" and decision.length:
-                if f is None:
+                if body is not None:
+                    # With the head, in one send: the head waits in aiohttp's buffer for the first write.
+                    await resp.write(memoryview(body)[decision.start:decision.start + decision.length])
+                elif f is None:
                     await self.chunk_body.send(request, resp, meta, decision.start, decision.length)
                 else:
                     await self.send_file(request, resp, f, decision.start, decision.length)
