@@ -29,10 +29,9 @@ import argparse
 import asyncio
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
-from collections import OrderedDict, Counter
+from collections import OrderedDict
 from pathlib import Path
 
 import aiohttp

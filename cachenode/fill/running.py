@@ -278,7 +278,7 @@ class FillRuns:
             return Outcome(Kind.STREAMING, fill=fill)
         self._from_origin(host, length)
         self.metrics.fill_duration.labels(source="origin", outcome="stored").observe(time.monotonic() - started)
-        self.counts.stored(stored)
+        self.counts.stored(stored, self.store.sizes())
         await self.parts.forget(key, why="stored whole by a fill")
         log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,
                  seconds=round(time.monotonic() - started, 3), **({"verified": verified} if verified else {}))
