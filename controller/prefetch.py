@@ -43,6 +43,7 @@ fetched stays cached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class JobProgress:
     notes: list[str] = field(default_factory=list)  # problems of the annotations beside nezha.io/prefetch
     spread: bool = False  # nezha.io/prefetch-spread: all
     spread_done: dict | None = None  # {"objects", "copies", "failed"} once spread
+    taken: int = 0  # URLs a worker has taken up (asked for, or waiting for a slot)
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
@@ -138,6 +140,7 @@ class Prefetcher(NodeFills):
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.most_in_flight = 0
+        self.waiting = 0  # fills and copies waiting for one of the `fills` slots
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
         self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
@@ -146,6 +149,24 @@ class Prefetcher(NodeFills):
         self._keep: dict[str, float] = {}  # "Kind/ns/name" -> its nezha.io/prefetch-keep, for when it ends
         self._pinned: dict[str, int] = {}  # "Kind/ns/name" -> bytes pinned for it
         self._releases: set[asyncio.Task] = set()
+
+    def queued(self) -> int:
+        """Objects of the workloads followed now that wait for a fill: not yet taken up by a worker, or
+        waiting for a slot (the `nezha_controller_prefetch_fills{state="queued"}` gauge)."""
+        return sum(max(0, len(p.urls) - p.taken) for p in self.jobs.values()) + self.waiting
+
+    @contextlib.asynccontextmanager
+    async def _waiting_for(self, slots: asyncio.Semaphore):
+        """One of `slots`, counted in `waiting` until it is had."""
+        self.waiting += 1
+        try:
+            await slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            slots.release()
 
     def observe(self, objects: dict[str, dict]) -> None:
         """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
@@ -231,6 +252,7 @@ class Prefetcher(NodeFills):
 
         async def worker() -> None:
             for url in queue:
+                progress.taken += 1
                 # Shielded: the fill may be another workload's too, and outlives this one's deletion.
                 result = await asyncio.shield(self._fetch_once(url, auth))
                 progress.results[url] = result
@@ -337,7 +359,7 @@ class Prefetcher(NodeFills):
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, self.fills))
         headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
-        async with self._slots:
+        async with self._waiting_for(self._slots):
             try:
                 async with self._session().post(f"http://{address}{REPLICATE_PATH}", json=body,
                                                 headers=headers) as r:
@@ -466,7 +488,7 @@ class Prefetcher(NodeFills):
         """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, self.fills))
-        async with self._slots:
+        async with self._waiting_for(self._slots):
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             try:

@@ -104,8 +104,9 @@ class NodeFills:
                 return refused
         deadline = self._clock() + self.timeout
         for wait in self._waits():
-            # The fill commits after its last byte (a rename, off the loop): an ask at once would
-            # nearly always be answered "not yet", a request the node serves for nothing.
+            # The fill commits after its last byte (a rename, off the loop); the node holds a check of a
+            # fill it runs until that commit (up to a second: cachenode/front/pacing.py), so the first
+            # ask goes at once and is answered as soon as the object is stored.
             await asyncio.sleep(wait)
             # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
             # Last-Modified) is stale at once, and still stored: revalidated when read.
@@ -159,9 +160,11 @@ class NodeFills:
             log.debug("prefetch_fill_waits", url=str(node))
 
     def _waits(self):
-        """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small
-        object is stored within milliseconds of its first byte, a large one takes seconds: asking soon
-        keeps a large expansion of small objects from waiting `poll` on each."""
+        """Pauses before each ask whether an object is stored: none before the first (the node holds it
+        until the fill it runs is stored, or a second), then 5 ms, doubling up to `poll`. A small object
+        is stored within milliseconds of its first byte, a large one takes seconds: asking soon keeps a
+        large expansion of small objects from waiting `poll` on each."""
+        yield 0.0
         wait = min(0.005, self.poll)
         while True:
             yield wait

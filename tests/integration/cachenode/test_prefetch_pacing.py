@@ -98,3 +98,37 @@ async def test_a_fill_that_waited_its_longest_is_told_to_ask_again_and_nothing_o
     assert gated.requests["/p/1.bin"] == 0 and pacing.waiting == 0
     gated.release.set()
     assert (await live_miss)[0] == 200
+
+
+async def test_a_check_of_a_fill_still_running_is_answered_once_it_is_stored_and_one_of_no_fill_at_once(
+        aiohttp_server, make_node, session):
+    """The controller's first "stored yet?" goes at once; the node holds it until the fill it runs commits."""
+    rest = asyncio.Event()
+
+    async def slow_body(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Cache-Control": "max-age=3600", "Content-Length": "2000"})
+        await resp.prepare(request)
+        await resp.write(b"a" * 1000)
+        await rest.wait()
+        await resp.write(b"b" * 1000)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", slow_body)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    node = await make_node(origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{server.port}")])
+    check = {PREFETCH_HEADER: PREFETCH_CHECK, "Cache-Control": "only-if-cached, max-stale"}
+
+    started = asyncio.get_running_loop().time()
+    assert (await node.get(session, "/never.bin", host=HOST, method="HEAD", headers=check))[0] == 504
+    assert asyncio.get_running_loop().time() - started < 0.5, "no fill runs: not held"
+
+    fill = {PREFETCH_HEADER: PREFETCH_FILL, "Range": "bytes=0-0"}
+    assert (await node.get(session, "/m.bin", host=HOST, headers=fill))[0] == 206
+    asked = asyncio.ensure_future(node.get(session, "/m.bin", host=HOST, method="HEAD", headers=check))
+    await asyncio.sleep(0.2)
+    assert not asked.done(), "held while the fill runs"
+    rest.set()
+    status, headers, _ = await asked
+    assert (status, headers["Content-Length"]) == (200, "2000")
+    assert node.node.pacing.running == 0, "the check gave the fill's slot back"
