@@ -45,6 +45,7 @@ from cachenode.store.integrity import Integrity
 from cachenode.store.layout import read_meta, scan, write_meta
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
+from cachenode.store import pins_file
 from cachenode.store.pins import Pins
 from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
@@ -76,8 +77,11 @@ class Store(IndexView, TempFiles, Integrity):
         self._on_corrupt = on_corrupt
         # Check a large object's blocks before any read sends them (`verify`).
         self.verify_reads = verify_reads
-        # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
-        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
+        # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py),
+        # saved in the data directory at every change and restored at start (store/pins_file.py).
+        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock, changed=self._pins_changed)
+        self._pins_saving: asyncio.Task | None = None
+        self._pins_dirty = False
         self._index = Index(evicted=self._evicted, protected=self.pins.holds)
         self._loader: Loader | None = None
         self._steps = Steps()
@@ -110,7 +114,11 @@ class Store(IndexView, TempFiles, Integrity):
     async def open(self, *, background: bool = False) -> None:
         """Rebuild the index from disk; delete temporary and orphaned files.
         `background`: return as soon as tmp/ is emptied, the index loading
-        while the node serves (cachenode/store/loading.py)."""
+        while the node serves (cachenode/store/loading.py). The pins come
+        back first, so the fit to capacity passes over what they hold."""
+        saved = await asyncio.get_running_loop().run_in_executor(None, pins_file.load, self.root)
+        if saved:
+            log.info("pins_restored", objects=self.pins.restore(saved))
         if background:
             self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit)
             await self._loader.start()
@@ -220,6 +228,24 @@ class Store(IndexView, TempFiles, Integrity):
             await self._loader.close()
         await self.idle()
         await self.group_sync.close()
+        if self._pins_saving is not None:
+            await self._pins_saving
+
+    def _pins_changed(self) -> None:
+        """The pins changed: saved off the loop, one write at a time, the last state written last."""
+        self._pins_dirty = True
+        if self._pins_saving is None or self._pins_saving.done():
+            self._pins_saving = asyncio.get_running_loop().create_task(self._save_pins())
+
+    async def _save_pins(self) -> None:
+        while self._pins_dirty:
+            self._pins_dirty = False
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, pins_file.save, self.root,
+                                                                 self.pins.snapshot())
+            except OSError as e:  # the pins hold in memory all the same; the next change tries again
+                log.warning("pins_not_saved", root=str(self.root), error=f"{type(e).__name__}: {e}")
+                return
 
     # -- writes --------------------------------------------------------------
     def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:
