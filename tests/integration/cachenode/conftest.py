@@ -337,6 +337,15 @@ class NodeProcess:
         await until_http(f"http://127.0.0.1:{self.port}/healthz", timeout=START_GUARD, proc=self.proc, log=self.err,
                          what="nezha cache", session=session)
 
+    def wait_ready(self) -> "NodeProcess":
+        """`ready` for tests that are not coroutines."""
+        async def ready() -> None:
+            async with aiohttp.ClientSession() as session:
+                await self.ready(session)
+
+        asyncio.run(ready())
+        return self
+
     def written(self) -> dict[Path, str]:
         """Everything the node wrote but object bodies: its stdout and stderr,
         and every other file in its data directory (metadata, temp names),
@@ -360,6 +369,20 @@ class NodeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def node_for_localhost(root: Path, upstream_port: int, entry: str = "", *, config_name: str = "nezha.yaml") -> NodeProcess:
+    """A node process, ready, whose one origin is `localhost` reached at 127.0.0.1:`upstream_port`, plus the
+    origin `entry` lines given: the node S3 clients read through when they sign for `localhost` (a bare
+    machine resolves no names, the node maps this one)."""
+    config = root / config_name
+    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{upstream_port}\n{entry}")
+    node = NodeProcess(root, None, args=("--config", str(config)))
+    try:
+        return node.wait_ready()
+    except BaseException:
+        node.stop()
+        raise
 
 
 @pytest.fixture

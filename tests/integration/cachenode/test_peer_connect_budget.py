@@ -1,5 +1,5 @@
 """An owner's link saturated by a stampede drops the SYN of a new connection to it; the kernel sends it again a
-second later. An owner that answered moments ago is given that second (cachenode/front/relay.py
+second later. An owner that answered moments ago is given that second (cachenode/front/peer_asks.py
 `connect_budget`) instead of being marked down after `peer_timeout`, which had a stampede read its chunks from
 the origin (docs/benchmarks.md, "Stampede").
 

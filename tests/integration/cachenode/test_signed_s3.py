@@ -24,7 +24,6 @@ others, for the credentials they used.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-import aiohttp
 import boto3
 import botocore
 import pytest
@@ -44,7 +42,7 @@ from botocore.exceptions import ClientError
 
 from testkit.relay import CountingRelay
 from testkit.s3_server import S3Identity, S3Server, weed_executable
-from tests.integration.cachenode.conftest import NodeProcess
+from tests.integration.cachenode.conftest import NodeProcess, node_for_localhost
 
 BUCKET = "datasets"
 READER = S3Identity("reader", "AKNEZHAREADER0000001", "nezha-reader-secret-0001/abcdEFGHijklMNOP",
@@ -129,16 +127,7 @@ def world(tmp_path_factory):
         s3.external_url = f"http://localhost:{relay.port}"  # what clients sign: see World.endpoint
         s3.start()
         root = tmp_path_factory.mktemp("node")
-        config = root / "nezha.yaml"
-        config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{relay.port}\n"
-                          f"    credentials: authorize\n")
-        node = NodeProcess(root, None, args=("--config", str(config)))
-
-        async def ready() -> None:
-            async with aiohttp.ClientSession() as session:
-                await node.ready(session)
-
-        asyncio.run(ready())
+        node = node_for_localhost(root, relay.port, "    credentials: authorize\n")
         admin = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3.port}", region_name="us-east-1",
                              aws_access_key_id=READER.access_key, aws_secret_access_key=READER.secret_key,
                              config=Config(s3={"addressing_style": "path"}, proxies={}))
@@ -406,15 +395,8 @@ def test_a_large_cold_object_is_filled_with_the_callers_request_alone_never_in_r
 def _another_node(world: World, tmp_path: Path, entry: str = ""):
     """A second node in front of the same weed, its origin entry `localhost`
     plus the `entry` lines given (none: credentials: pass)."""
-    config = tmp_path / "other.yaml"
-    config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{world.relay.port}\n{entry}")
-    node = NodeProcess(tmp_path, None, args=("--config", str(config)))
+    node = node_for_localhost(tmp_path, world.relay.port, entry, config_name="other.yaml")
     try:
-        async def ready() -> None:
-            async with aiohttp.ClientSession() as session:
-                await node.ready(session)
-
-        asyncio.run(ready())
         yield World(s3=world.s3, relay=world.relay, node=node, data_dir=tmp_path / "data", admin=world.admin)
     finally:
         node.stop()

@@ -11,17 +11,15 @@ through the node as its proxy, signing each read; the node's origin is
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 
-import aiohttp
 import boto3
 import pytest
 from botocore.config import Config
 
 from testkit.s3_server import S3Identity, S3Server, weed_executable
-from tests.integration.cachenode.conftest import NodeProcess
+from tests.integration.cachenode.conftest import NodeProcess, node_for_localhost
 
 BUCKET = "verified"
 USER = S3Identity("reader", "AKNEZHAVERIFY0000001", "nezha-verify-secret-0001/abcdEFGHijklMNOP",
@@ -36,17 +34,7 @@ def s3_and_node(tmp_path_factory):
     node = None
     try:
         s3.start()
-        root = tmp_path_factory.mktemp("node")
-        config = root / "nezha.yaml"
-        config.write_text(f"origins:\n  - host: localhost\n    upstream: http://127.0.0.1:{s3.port}\n"
-                          f"    credentials: authorize\n")
-        node = NodeProcess(root, None, args=("--config", str(config)))
-
-        async def ready() -> None:
-            async with aiohttp.ClientSession() as session:
-                await node.ready(session)
-
-        asyncio.run(ready())
+        node = node_for_localhost(tmp_path_factory.mktemp("node"), s3.port, "    credentials: authorize\n")
         yield s3, node
     finally:
         if node is not None:

@@ -7,8 +7,12 @@ above at run time while its imports still go down. So `cachenode/` is read
 with `ast`, and every assignment to an attribute of an object other than
 `self` is checked: it fails when the attribute is one a class of the node
 declares as holding a callable (`x: Callable[...]`), or when what is
-assigned is a lambda, a function defined in the same module, or a
-`functools.partial`.
+assigned is a lambda, a function defined in the same module, a
+`functools.partial`, or a method of the assigning class (`self.method`).
+A bound method of another object set on an attribute no class declares
+(`engine.later = invalidation.forget`) cannot be told from data by name:
+tests/integration/cachenode/test_no_wiring_at_run_time.py watches a running
+node for it.
 """
 
 from __future__ import annotations
@@ -63,15 +67,31 @@ def _is_partial(value: ast.expr) -> bool:
     return isinstance(value, ast.Call) and ast.unparse(value.func) in ("partial", "functools.partial")
 
 
+def _own_bound_methods(tree: ast.AST) -> set[int]:
+    """Ids of the `self.<method>` expressions in `tree` that name a method (not a property) of their class:
+    bound methods, whatever the attribute they are set on is called."""
+    found = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and not any("property" in ast.unparse(d) or ast.unparse(d).endswith(".setter")
+                               for d in f.decorator_list)}
+        found |= {id(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id == "self" and n.attr in methods}
+    return found
+
+
 def wired_after_construction(tree: ast.AST, callables: set[str]) -> list[tuple[int, str]]:
     """(line, source) of each callable set on an object other than `self` or `cls`."""
     defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    bound = _own_bound_methods(tree)
     found = []
     for node, target, value in _assignments(tree):
         if isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"):
             continue
         if (target.attr in callables or isinstance(value, ast.Lambda) or _is_partial(value)
-                or (isinstance(value, ast.Name) and value.id in defs)):
+                or (isinstance(value, ast.Name) and value.id in defs) or id(value) in bound):
             found.append((node.lineno, ast.unparse(node)))
     return sorted(found)
 
@@ -143,6 +163,24 @@ def test_the_check_finds_callables_set_on_other_objects_and_nothing_else():
         "node.handler.before_metrics = followers.counted",
         "node.engine.replicate = counted",
     ]
+
+
+def test_the_check_finds_a_method_of_the_assigning_class_set_on_another_object_under_any_name():
+    source = """
+class Chunks:
+    def send(self):
+        pass
+
+    @property
+    def size(self):
+        return 1
+
+    def attach(self, respond, engine):
+        respond.later = self.send
+        engine.size = self.size
+        self.again = self.send
+"""
+    assert [s for _, s in wired_after_construction(ast.parse(source), set())] == ["respond.later = self.send"]
 
 
 @pytest.mark.parametrize("source", [
