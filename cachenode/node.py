@@ -34,6 +34,7 @@ from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.front.pacing import Pacing
+from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
@@ -153,7 +154,8 @@ class CacheNode:
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
-                                          pinning=Pinning(pins=self.store.pins)),
+                                          pinning=Pinning(pins=self.store.pins),
+                                          stored=StoredChecks(pacing=self.pacing, size_of=self.store.stored_size)),
                         origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,

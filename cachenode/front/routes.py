@@ -24,12 +24,13 @@ from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Invalidation
 from cachenode.cluster.peer_auth import refuse_internal
 from cachenode.cluster.pinning import Pinning
+from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
 from cachenode.front.names import names_origin
 from nezha.origins import OriginTable
 from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICATE_PATH,
-                        TOKEN_HEADER)
+                        STORED_PATH, TOKEN_HEADER)
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANY = "*"  # a row's method: every method goes to its answer, which refuses what it does not take
@@ -47,7 +48,8 @@ class Table:
         return by_method.get(method) or by_method.get(ANY)
 
 
-def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning) -> Table:
+def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning,
+                stored: StoredChecks) -> Table:
     return Table(
         admin={path: {ANY: admin.answer} for path in ADMIN_PATHS},
         internal={
@@ -55,6 +57,7 @@ def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, p
             REPLICATE_PATH: {"POST": handoff.replicate_endpoint},
             HANDOFF_PATH: {"POST": handoff.handoff_endpoint, "GET": handoff.progress_endpoint},
             PINS_PATH: {ANY: pinning.endpoint},  # 405 for another method than GET and POST
+            STORED_PATH: {"POST": stored.endpoint},
         })
 
 
