@@ -36,6 +36,7 @@ from cachenode.fill.verify import Digests
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.front.pacing import Pacing
+from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
@@ -164,7 +165,8 @@ class CacheNode:
         table = settings.origin_table
         intake = ReplicaIntake(settings=settings, store=self.store, flights=self.engine.flights, counts=self.counts)
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
-                                          pinning=Pinning(pins=self.store.pins), intake=intake),
+                                          pinning=Pinning(pins=self.store.pins), intake=intake,
+                                          stored=StoredChecks(pacing=self.pacing, size_of=self.store.stored_size)),
                         origin_table=table, cluster_token=settings.cluster_token)
         reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,

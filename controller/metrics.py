@@ -86,6 +86,11 @@ class ControllerMetrics:
               registry=r).set_function(epoch)
         Gauge("nezha_controller_annotation_problems", "nezha.io/* annotations invalid now (the last valid value "
               "stays in force)", registry=r).set_function(lambda: float(len(controller.problems)))
+        fills = Gauge("nezha_controller_prefetch_fills", "Prefetch fills now, by state: in_flight (asked of a "
+                      "node, until it stores the object; at most --prefetch-fills), queued (objects of the "
+                      "workloads followed that wait for one of those slots)", ["state"], registry=r)
+        fills.labels("in_flight").set_function(lambda: float(controller.prefetcher.in_flight))
+        fills.labels("queued").set_function(lambda: float(controller.prefetcher.queued()))
         Gauge("nezha_index_up", "1 while the shared index (Redis) answers, 0 while it fails",
               registry=r).set_function(lambda: 1.0 if controller.index.conn.state == "ok" else 0.0)
 

@@ -43,6 +43,7 @@ fetched stays cached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -57,13 +58,13 @@ from controller import workloads
 from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_SPREAD, PREFETCH_STATUS,
                                    parse_prefetch, read_keep, read_spread, secret_problem)
 from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
-from controller.prefetch_fills import NodeFills, Result, _Redirect
+from controller.prefetch_fills import NodeFills, Result, StoredBatch, _Redirect
+from controller.prefetch_spread import Spreading
 from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
-from nezha.keys import target_of
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
-from nezha.wire import FAILED_PREFIX, PINS_PATH, REPLICATE_PATH, TOKEN_HEADER
+from nezha.wire import PINS_PATH, TOKEN_HEADER
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -87,6 +88,7 @@ class JobProgress:
     notes: list[str] = field(default_factory=list)  # problems of the annotations beside nezha.io/prefetch
     spread: bool = False  # nezha.io/prefetch-spread: all
     spread_done: dict | None = None  # {"objects", "copies", "failed"} once spread
+    taken: int = 0  # URLs a worker has taken up (asked for, or waiting for a slot)
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
@@ -107,7 +109,7 @@ class JobProgress:
         return not self.expanding and len(self.results) == len(self.urls)
 
 
-class Prefetcher(NodeFills):
+class Prefetcher(NodeFills, Spreading):
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
@@ -115,7 +117,7 @@ class Prefetcher(NodeFills):
                  expander: Expander | None = None, cluster_token: str | None = None,
                  s3_region: str = "us-east-1",
                  record_pins: Callable[[str, int, float | None], Awaitable[None]] | None = None,
-                 spread_max: int = 1 << 30) -> None:
+                 spread_max: int = 1 << 30, spread_over: Callable[[], None] = lambda: None) -> None:
         """`ring()` gives the current ring and node addresses; `session()` an HTTP client for the nodes;
         `origins` the nodes' origin table, whose rules make a URL's key; `counted(outcome)` is told how
         each URL ended (fetched, failed, refused: controller/metrics.py); `fills` bounds the fetches in
@@ -135,10 +137,13 @@ class Prefetcher(NodeFills):
         self.s3_region = s3_region
         self._record_pins = record_pins  # nezha/index/pins.py: the account `nezha stats` shows
         self.spread_max = spread_max
+        self._spread_over = spread_over  # told when a workload's spread is done: its pods may go (gates.py)
         self._slots: asyncio.Semaphore | None = None
         self.in_flight = 0
         self.most_in_flight = 0
+        self.waiting = 0  # fills and copies waiting for one of the `fills` slots
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
+        self._stored_batches: dict[str, StoredBatch] = {}  # node address -> its objects asked about together
         self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
         # "Kind/ns/name" -> (uid, annotation, secret annotation) followed
@@ -146,6 +151,24 @@ class Prefetcher(NodeFills):
         self._keep: dict[str, float] = {}  # "Kind/ns/name" -> its nezha.io/prefetch-keep, for when it ends
         self._pinned: dict[str, int] = {}  # "Kind/ns/name" -> bytes pinned for it
         self._releases: set[asyncio.Task] = set()
+
+    def queued(self) -> int:
+        """Objects of the workloads followed now that wait for a fill: not yet taken up by a worker, or
+        waiting for a slot (the `nezha_controller_prefetch_fills{state="queued"}` gauge)."""
+        return sum(max(0, len(p.urls) - p.taken) for p in self.jobs.values()) + self.waiting
+
+    @contextlib.asynccontextmanager
+    async def _waiting_for(self, slots: asyncio.Semaphore):
+        """One of `slots`, counted in `waiting` until it is had."""
+        self.waiting += 1
+        try:
+            await slots.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            slots.release()
 
     def observe(self, objects: dict[str, dict]) -> None:
         """Follow every workload (by "Kind/ns/name") that names what to prefetch (level-based): a new one,
@@ -196,7 +219,9 @@ class Prefetcher(NodeFills):
 
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
-        tasks = list(self._tasks.values()) + list(self.fetches.values()) + list(self._releases)
+        tasks = list(self._tasks.values()) + list(self.fetches.values()) + list(self._releases) + \
+            [b.task for b in self._stored_batches.values() if b.task is not None]
+        self._stored_batches.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -231,6 +256,7 @@ class Prefetcher(NodeFills):
 
         async def worker() -> None:
             for url in queue:
+                progress.taken += 1
                 # Shielded: the fill may be another workload's too, and outlives this one's deletion.
                 result = await asyncio.shield(self._fetch_once(url, auth))
                 progress.results[url] = result
@@ -257,6 +283,7 @@ class Prefetcher(NodeFills):
         await self._pin(key, job, progress)
         if progress.spread:
             await self._spread(key, job, progress)
+            self._spread_over()
         await self._write_status(job, progress)
         status = progress.status()
         failed = len(status["failed"]) + status.get("failed_more", 0)
@@ -300,58 +327,6 @@ class Prefetcher(NodeFills):
         if unasked:
             await self.events.emit(job, "Warning", "PrefetchNotPinned",
                                    f"{PREFETCH}: {', '.join(unasked)} could not be asked to keep what it stores")
-
-    # -- where the pods land: nezha.io/prefetch-spread: all ---------------------------
-
-    async def _spread(self, key: str, job: dict, progress: JobProgress) -> None:
-        """Copy each stored object up to `spread_max` from its owner to every other node, as a hot copy
-        (`/_nezha/replicate` with `hot`), so each replica of a model reads every file from its own node."""
-        _, addresses = self._ring()
-        stored = [r for r in progress.results.values() if r.ok and r.key and r.owner and r.bytes <= self.spread_max]
-        copies = failed = 0
-        reasons: list[str] = []
-        for result in stored:
-            target = target_of(result.key)
-            body = {"host": target.host, "path": target.path_qs, "scheme": target.scheme, "source": result.owner,
-                    "address": addresses.get(result.owner), "hot": True}
-            for node, address in sorted(addresses.items()):
-                if node == result.owner:
-                    continue
-                why = await self._copy_to(address, body)
-                if why is None:
-                    copies += 1
-                else:
-                    failed += 1
-                    reasons.append(f"{result.url} to {node}: {why}")
-        progress.spread_done = {"objects": len(stored), "copies": copies, "failed": failed,
-                                "larger_than_max": sum(1 for r in progress.results.values()
-                                                       if r.ok and r.bytes > self.spread_max)}
-        log.info("prefetch_spread", job=key, **progress.spread_done)
-        if failed:
-            await self.events.emit(job, "Warning", "PrefetchNotSpread", (
-                f"{PREFETCH_SPREAD}: {failed} of {copies + failed} copies were not made (a node's hot share, "
-                f"--hot-share, bounds them); first: {reasons[0]}"))
-
-    async def _copy_to(self, address: str, body: dict) -> str | None:
-        """Ask the node at `address` to copy one object as a hot copy; None once it holds it, else why not."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(max(1, self.fills))
-        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
-        async with self._slots:
-            try:
-                async with self._session().post(f"http://{address}{REPLICATE_PATH}", json=body,
-                                                headers=headers) as r:
-                    if r.status != 200:
-                        return f"{r.status} {(await r.text())[:200].strip()}"
-                    last: dict = {}
-                    async for line in r.content:  # one JSON object a line; the last says how it ended
-                        if line.strip():
-                            last = json.loads(line)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-                return f"{type(e).__name__}: {e}"
-        result = str(last.get("result", "no result"))
-        return result.removeprefix(FAILED_PREFIX) if result.startswith(FAILED_PREFIX) or "result" not in last \
-            else None
 
     async def _release(self, key: str, keep: float) -> None:
         """Tell every node that `key`'s pins end in `keep` seconds (it is gone, or asks for something else)."""
@@ -466,7 +441,7 @@ class Prefetcher(NodeFills):
         """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, self.fills))
-        async with self._slots:
+        async with self._waiting_for(self._slots):
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             try:

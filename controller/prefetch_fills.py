@@ -2,14 +2,17 @@
 
 The node is asked for the object's first byte (a public object) or for the
 whole object, let go once its head is in (a signed one: a signed Range would
-be kept as a part, not filled); then asked, with `only-if-cached`, until the
-object is stored. Every request is marked `X-Nezha-Prefetch` so the node runs
+be kept as a part, not filled); then asked until the object is stored: a
+public one together with the others that node filled meanwhile
+(`/_nezha/stored`, one request for many), and while that says "not yet",
+or for a signed one, by itself with `only-if-cached`. Every request is marked `X-Nezha-Prefetch` so the node runs
 it behind its live traffic (cachenode/front/pacing.py). No object body crosses
 the controller. What the answers mean, a redirect to follow or a refusal, is
 read here too.
 
 A mixin of `Prefetcher` (controller/prefetch.py), which gives it `_session`,
-`_clock`, `timeout`, `poll`, `_ring`, `_origins` and `_cluster_token`.
+`_clock`, `timeout`, `poll`, `_ring`, `_origins`, `_cluster_token` and
+`_stored_batches`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from yarl import URL
 from controller.expand import Auth
 from nezha.keys import BadTarget, key_for, parse_target
 from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PREFETCH_CHECK, PREFETCH_FILL,
-                        PREFETCH_HEADER, PREFETCH_WAIT, SCHEME_HEADER, TOKEN_HEADER)
+                        PREFETCH_HEADER, PREFETCH_WAIT, SCHEME_HEADER, STORED_PATH, TOKEN_HEADER)
 
 log = structlog.get_logger("nezha.controller.prefetch")
 
@@ -45,6 +48,55 @@ class Result:
 @dataclass(frozen=True)
 class _Redirect:
     location: str
+
+
+class StoredBatch:
+    """The objects whose fill answered on one node, asked about together (`POST /_nezha/stored`,
+    cachenode/front/stored_checks.py): one request for every object pending when the last one came back,
+    instead of a `HEAD` each. `ask` gives the stored size, or None when the node has not stored it yet
+    (or does not know the endpoint: an older node; then every later object goes the `HEAD` way)."""
+
+    def __init__(self, *, url: str, session, headers: dict[str, str]) -> None:
+        self.url = url
+        self._session = session
+        self._headers = headers
+        self._pending: dict[str, tuple[str, asyncio.Future]] = {}
+        self.task: asyncio.Task | None = None
+        self.unsupported = False
+        self.requests = 0
+
+    async def ask(self, key: str, obj: str) -> int | None:
+        if self.unsupported:
+            return None
+        loop = asyncio.get_running_loop()
+        if key in self._pending:
+            return await asyncio.shield(self._pending[key][1])
+        future = loop.create_future()
+        self._pending[key] = (obj, future)
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._run())
+        return await asyncio.shield(future)
+
+    async def _run(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            answer: dict = {}
+            try:
+                self.requests += 1
+                body = {"objects": [{"key": k, "object": obj} for k, (obj, _) in batch.items()]}
+                async with self._session().post(self.url, json=body, headers=self._headers) as r:
+                    if r.status in (404, 405):
+                        self.unsupported = True
+                    elif r.status == 200:
+                        answer = await r.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                log.debug("prefetch_stored_unasked", node=self.url, error=f"{type(e).__name__}: {e}")
+            finally:
+                stored = answer.get("stored") if isinstance(answer.get("stored"), dict) else {}
+                for key, (_, future) in batch.items():
+                    if not future.done():
+                        size = stored.get(key)
+                        future.set_result(size if isinstance(size, int) and not isinstance(size, bool) else None)
 
 
 class NodeFills:
@@ -87,25 +139,39 @@ class NodeFills:
             if signed:
                 answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
             else:
-                answer = await self._fill(url, node, owner, headers)
+                answer = await self._fill(url, node, owner, headers, key=key, address=addresses[owner])
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
         if isinstance(answer, Result) and answer.ok:
             answer.key, answer.owner = key, owner
         return answer
 
-    async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str]) -> Result | _Redirect:
-        """A public object: its first byte asked for (the fill goes on for the whole), then HEAD until stored."""
+    async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str], *, key: str,
+                    address: str) -> Result | _Redirect:
+        """A public object: its first byte asked for (the fill goes on for the whole), then whether it is
+        stored: with the other objects that node filled then (`/_nezha/stored`), else HEAD until it is."""
         session = self._session()
         async with await self._start_fill(session, node, {**headers, "Range": "bytes=0-0"}) as r:
             await r.read()
             refused = await self._refused(url, owner, r)
             if refused is not None:
                 return refused
+        batch = self._stored_batches.get(address)
+        if batch is None:
+            # Marked as the prefetch's own: unmarked, the node would count it live traffic and run its
+            # prefetch fills one at a time (cachenode/front/pacing.py).
+            marks = {PREFETCH_HEADER: PREFETCH_CHECK,
+                     **({TOKEN_HEADER: self._cluster_token} if self._cluster_token else {})}
+            batch = self._stored_batches[address] = StoredBatch(url=f"http://{address}{STORED_PATH}",
+                                                                session=self._session, headers=marks)
+        size = await batch.ask(key, headers["Host"] + node.raw_path_qs)
+        if size is not None:
+            return Result(url, ok=True, bytes=size)
         deadline = self._clock() + self.timeout
         for wait in self._waits():
-            # The fill commits after its last byte (a rename, off the loop): an ask at once would
-            # nearly always be answered "not yet", a request the node serves for nothing.
+            # The fill commits after its last byte (a rename, off the loop); the node holds a check of a
+            # fill it runs until that commit (up to a second: cachenode/front/pacing.py), so the first
+            # ask goes at once and is answered as soon as the object is stored.
             await asyncio.sleep(wait)
             # max-stale: a copy stored without a lifetime of its own (no Cache-Control, no
             # Last-Modified) is stale at once, and still stored: revalidated when read.
@@ -159,9 +225,11 @@ class NodeFills:
             log.debug("prefetch_fill_waits", url=str(node))
 
     def _waits(self):
-        """Pauses before each ask whether an object is stored: 5 ms, doubling up to `poll`. A small
-        object is stored within milliseconds of its first byte, a large one takes seconds: asking soon
-        keeps a large expansion of small objects from waiting `poll` on each."""
+        """Pauses before each ask whether an object is stored: none before the first (the node holds it
+        until the fill it runs is stored, or a second), then 5 ms, doubling up to `poll`. A small object
+        is stored within milliseconds of its first byte, a large one takes seconds: asking soon keeps a
+        large expansion of small objects from waiting `poll` on each."""
+        yield 0.0
         wait = min(0.005, self.poll)
         while True:
             yield wait

@@ -28,7 +28,7 @@ from nezha.index.connection import IndexUnavailable
 from nezha.index.membership import Deposed
 from nezha.index.schema import hit_ratio
 from controller import status as status_annotation
-from controller.annotations import DEFAULT, Problem, Spec, read_spec
+from controller.annotations import DEFAULT, PREFETCH, PREFETCH_SPREAD, Problem, Spec, read_spec, read_spread
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
 from controller.drains import Drains
@@ -36,12 +36,14 @@ from controller.membership import leaving, members, pod_selector
 from controller.metrics import ControllerMetrics
 from controller import workloads
 from controller.expand import Expander
+from controller.gates import UNFOLLOWED, UNKNOWN, Gates
 from controller.prefetch import Prefetcher
 from controller.scaler import Scaler, policy_of
 from controller.trust import TrustPublisher
 from nezha.config import ControllerSettings, parse_hostport
 from nezha.errors import ConfigError
 from nezha.informer import Informer
+from nezha.prefetch.gate import GATED_LABEL
 
 log = structlog.get_logger("nezha.controller")
 
@@ -101,8 +103,13 @@ class Controller:
                                      origins=settings.origin_table, fills=settings.prefetch_fills,
                                      expander=expander, cluster_token=settings.cluster_token,
                                      s3_region=settings.s3_region, record_pins=index.record_pins,
-                                     spread_max=settings.prefetch_spread_max,
+                                     spread_max=settings.prefetch_spread_max, spread_over=self._changed,
                                      counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
+        # Pods held until their workload's prefetch is spread (webhook/gate.py), in every namespace.
+        self.gated = Informer(kind="pod", list_fn=core.list_pod_for_all_namespaces, namespace=None,
+                              label_selector=GATED_LABEL, on_change=self._changed)
+        self.gates = Gates(api=api, events=self.events, wait=settings.prefetch_gate_wait)
+        self._gate_timer: asyncio.TimerHandle | None = None
         self.drains = Drains(events=self.events, index=index,
                              present=lambda node: self.pods is not None and node in self.pods.objects)
         self.trust = TrustPublisher(api=api, namespace=self.namespace, leading=lambda: self.leading) \
@@ -131,7 +138,8 @@ class Controller:
     async def run(self) -> None:
         """Until cancelled."""
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self._discover_forever())]
+        tasks = [loop.create_task(self.statefulsets.run()), loop.create_task(self._discover_forever()),
+                 loop.create_task(self.gated.run())]
         self._workload_tasks = [loop.create_task(i.run()) for i in self.workloads.values()]
         tasks.append(loop.create_task(self._autoscale_forever()))
         if self.trust is not None:
@@ -271,9 +279,40 @@ class Controller:
             self.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
     async def reconcile(self) -> None:
-        """One level-based pass over everything observed; only the leader acts on it."""
+        """One level-based pass over everything observed; only the leader acts on it. Held pods are
+        looked at after it, also when it fails or stops short (no StatefulSet, Redis away): a pod is
+        never held longer than --prefetch-gate-wait."""
         if not self.leading:
             return
+        try:
+            await self._reconcile()
+        except Exception:
+            await self._open_gates()
+            raise
+        await self._open_gates()
+
+    async def _open_gates(self) -> None:
+        """Let go of the held pods that may go (controller/gates.py); wake again when the next one's wait ends."""
+        if not self.gated.synced.is_set():
+            return
+        after = await self.gates.open(self.gated.objects, self._spread_state)
+        if self._gate_timer is not None:
+            self._gate_timer.cancel()
+        self._gate_timer = None if after is None else \
+            asyncio.get_running_loop().call_later(after + 0.01, self._wake.set)
+
+    def _spread_state(self, workload: str) -> str:
+        """How far the spread of `workload` ("Kind/ns/name") is, as controller/gates.py reads it."""
+        kind, _, key = workload.partition("/")
+        informer = self.workloads.get(kind)
+        if informer is None or not informer.synced.is_set():
+            return UNKNOWN
+        annotations = ((informer.objects.get(key) or {}).get("metadata") or {}).get("annotations") or {}
+        if not annotations.get(PREFETCH) or not read_spread(annotations.get(PREFETCH_SPREAD))[0]:
+            return UNFOLLOWED
+        return self.prefetcher.spread_state(workload)
+
+    async def _reconcile(self) -> None:
         sts = self.statefulset
         if sts is None:
             if self.statefulsets.synced.is_set():

@@ -17,7 +17,8 @@ from typing import Any
 
 from nezha.errors import ReviewError
 from webhook.ops import PatchError
-from webhook.patch import DEFAULT_NO_PROXY, patch_for
+from webhook.gate import hold
+from webhook.patch import DEFAULT_NO_PROXY, POD_PATHS, patch_for
 from webhook.rules import Rule
 from webhook.sidecar import SidecarConfig
 
@@ -86,6 +87,9 @@ def review(body: Any, *, rules: tuple[Rule, ...] | list[Rule], cache_ip: str | N
     try:
         patch = patch_for(obj=obj, kind=str(kind), namespace=namespace, rules=rules, cache_ip=cache_ip,
                           proxy_url=proxy_url, no_proxy=no_proxy, sidecar=sidecar)
+        # Held until its workload's prefetch is spread (webhook/gate.py): after the rules' ops, on the
+        # object as they leave it; a kind patch_for refused above is not one that starts pods.
+        hold(patch, obj=obj, kind=str(kind), meta_path=POD_PATHS[str(kind)][1])
     except PatchError as e:
         decision.warnings = [f"nezha: not patched: {e}"]
         decision.response["warnings"] = decision.warnings

@@ -25,12 +25,13 @@ from cachenode.cluster.invalidation import Invalidation
 from cachenode.peers.auth import refuse_internal
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.pinning import Pinning
+from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
 from cachenode.front.names import names_origin
 from nezha.origins import OriginTable
 from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICAS_PATH,
-                        REPLICATE_PATH, TOKEN_HEADER)
+                        REPLICATE_PATH, STORED_PATH, TOKEN_HEADER)
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANY = "*"  # a row's method: every method goes to its answer, which refuses what it does not take
@@ -49,7 +50,7 @@ class Table:
 
 
 def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning,
-                intake: ReplicaIntake) -> Table:
+                intake: ReplicaIntake, stored: StoredChecks) -> Table:
     return Table(
         admin={path: {ANY: admin.answer} for path in ADMIN_PATHS},
         internal={
@@ -58,6 +59,7 @@ def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, p
             REPLICAS_PATH: {"POST": intake.endpoint},  # small objects' replicas in batches
             HANDOFF_PATH: {"POST": handoff.handoff_endpoint, "GET": handoff.progress_endpoint},
             PINS_PATH: {ANY: pinning.endpoint},  # 405 for another method than GET and POST
+            STORED_PATH: {"POST": stored.endpoint},
         })
 
 

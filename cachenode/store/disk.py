@@ -46,6 +46,7 @@ from cachenode.store.integrity import Integrity
 from cachenode.store.layout import read_meta, read_record, scan, vary_path, write_meta, write_vary
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
+from cachenode.store import pins_file
 from cachenode.store.pins import Pins
 from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
@@ -78,8 +79,11 @@ class Store(IndexView, TempFiles, Integrity):
         self._on_corrupt = on_corrupt
         # Check a large object's blocks before any read sends them (`verify`).
         self.verify_reads = verify_reads
-        # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py).
-        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock)
+        # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py),
+        # saved in the data directory at every change and restored at start (store/pins_file.py).
+        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock, changed=self._pins_changed)
+        self._pins_saving: asyncio.Task | None = None
+        self._pins_dirty = False
         # The index keeps a compact row per object and reads the rest of its record from its file.
         self._index = Index(evicted=self._evicted, protected=self.pins.holds,
                             records=functools.partial(read_record, self.objects), lost=self._lost)
@@ -118,7 +122,11 @@ class Store(IndexView, TempFiles, Integrity):
     async def open(self, *, background: bool = False) -> None:
         """Rebuild the index from disk; delete temporary and orphaned files.
         `background`: return as soon as tmp/ is emptied, the index loading
-        while the node serves (cachenode/store/loading.py)."""
+        while the node serves (cachenode/store/loading.py). The pins come
+        back first, so the fit to capacity passes over what they hold."""
+        saved = await asyncio.get_running_loop().run_in_executor(None, pins_file.load, self.root)
+        if saved:
+            log.info("pins_restored", objects=self.pins.restore(saved))
         if background:
             self._loader = Loader(objects=self.objects, tmp=self.tmp, index=self._index, done=self._fit,
                                   discard=lambda meta: self._unlink_later(meta, final=True))
@@ -259,6 +267,24 @@ class Store(IndexView, TempFiles, Integrity):
             await self._loader.close()
         await self.idle()
         await self.group_sync.close()
+        if self._pins_saving is not None:
+            await self._pins_saving
+
+    def _pins_changed(self) -> None:
+        """The pins changed: saved off the loop, one write at a time, the last state written last."""
+        self._pins_dirty = True
+        if self._pins_saving is None or self._pins_saving.done():
+            self._pins_saving = asyncio.get_running_loop().create_task(self._save_pins())
+
+    async def _save_pins(self) -> None:
+        while self._pins_dirty:
+            self._pins_dirty = False
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, pins_file.save, self.root,
+                                                                 self.pins.snapshot())
+            except OSError as e:  # the pins hold in memory all the same; the next change tries again
+                log.warning("pins_not_saved", root=str(self.root), error=f"{type(e).__name__}: {e}")
+                return
 
     # -- writes --------------------------------------------------------------
     def writing(self, *, reserve: int = 0, readable: bool = True, must_write: bool = False) -> ObjectWrite:

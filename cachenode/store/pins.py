@@ -12,8 +12,14 @@ its capacity): an epoch's scan of a dataset larger than the node must still
 find room, and a node full of pins could store nothing else. A pin that
 does not fit is refused, and the answer says how many bytes did and how
 many more would have fit. An object pinned by several workloads counts
-once. Pins live in memory: a restarted node holds none until the
-controller pins again.
+once.
+
+Pins outlive the node's process: every change is told to `changed` (the
+store writes them to its data directory, cachenode/store/pins_file.py), and
+a node that starts `restore`s them before it loads its objects, so none of
+them is evicted by the start-up's fit to capacity and a node restarted while
+a workload runs keeps its objects without the controller asking again. The
+clock is the wall clock for that reason: a pin's end survives a restart.
 
 No I/O: the store's sizes come through `size_of`, time through `clock`.
 """
@@ -39,10 +45,11 @@ class Pinned:
 
 class Pins:
     def __init__(self, *, capacity: int | None, size_of: Callable[[str], int | None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, changed: Callable[[], None] = lambda: None) -> None:
         self.capacity = capacity
         self._size_of = size_of
         self._clock = clock
+        self._changed = changed  # told after every pin and release: the store saves the pins
         self._until: dict[str, dict[str, float | None]] = {}  # key -> workload -> until (None: while it exists)
 
     def holds(self, key: str) -> bool:
@@ -82,6 +89,8 @@ class Pins:
                 used += size
             out["pinned"] += 1
             out["pinned_bytes"] += size
+        if out["pinned"]:
+            self._changed()
         return Pinned(**out, room=None if self.capacity is None else max(0, self.capacity - used))
 
     def release(self, workload: str, keep: float) -> int:
@@ -92,7 +101,23 @@ class Pins:
             if workload in pins and pins[workload] is None:
                 pins[workload] = until
                 released += 1
+        if released:
+            self._changed()
         return released
+
+    def snapshot(self) -> dict[str, dict[str, float | None]]:
+        """The pins that hold now, key -> workload -> until (None: while it exists), to be saved."""
+        return {key: dict(self._until[key]) for key in list(self._until) if self.holds(key)}
+
+    def restore(self, saved: dict[str, dict[str, float | None]]) -> int:
+        """Take back pins saved by `snapshot` (a node's start); those past their time are dropped. Returns
+        how many objects are pinned again."""
+        now = self._clock()
+        for key, pins in saved.items():
+            held = {w: until for w, until in pins.items() if until is None or until > now}
+            if held:
+                self._until.setdefault(key, {}).update(held)
+        return len(self._until)
 
     def by_workload(self) -> dict[str, int]:
         """Pinned bytes per workload now (an object pinned by two counts for each)."""

@@ -72,6 +72,9 @@ class ControllerSettings(NezhaSettings):
     prefetch_spread_max: Annotated[int, Flag(size=True)] = Field(1 << 30, description=(
         "the largest object nezha.io/prefetch-spread: all copies to every node (the nodes' hot share bounds "
         "it too)"))
+    prefetch_gate_wait: Annotated[float, Flag()] = Field(600.0, gt=0, description=(
+        "seconds a pod of a nezha.io/prefetch-spread: all workload is held (its scheduling gate) at most while "
+        "the spread is not done; then it is let go with a Warning Event"))
     s3_region: Annotated[str, Flag()] = Field("us-east-1", description=(
         "the region private s3:// requests are signed for (SigV4), the buckets' own"))
     s3_page_keys: Annotated[int, Flag()] = Field(1000, description=(

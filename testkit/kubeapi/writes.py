@@ -31,6 +31,17 @@ from testkit.kubeapi.status import ApiError, status
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
+def pending(pod: dict) -> dict:
+    """A new pod's status: Pending, and, with a scheduling gate, `PodScheduled=False` for the reason, as
+    kube-apiserver sets it at creation (the scheduler does not look at a gated pod, so nothing else does)."""
+    if not (pod.get("spec") or {}).get("schedulingGates"):
+        return {"phase": "Pending"}
+    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                                                "message": "Scheduling is blocked due to non-empty scheduling gates",
+                                                "lastProbeTime": None, "lastTransitionTime":
+                                                dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}]}
+
+
 def _manager(request: web.Request) -> str:
     """The field manager of a write: `fieldManager`, else the client's User-Agent name, as kube-apiserver does."""
     return request.query.get("fieldManager") or (request.headers.get("User-Agent") or "unknown").split("/")[0]
@@ -151,7 +162,7 @@ class Writes:
             raise ApiError(409, "AlreadyExists", f'{res.plural}{"." + res.group if res.group else ""} '
                            f'"{meta["name"]}" already exists', {"name": meta["name"], "kind": res.plural})
         if res.plural == "pods":
-            obj.setdefault("status", {"phase": "Pending"})
+            obj.setdefault("status", pending(obj))
             self._validate(obj)
         if res.plural == "mutatingwebhookconfigurations":
             validate_webhook_configuration(res, obj)
@@ -202,7 +213,7 @@ class Writes:
             pod, _ = await admit(self, res=res, namespace=namespace, obj=pod,
                                  user="system:serviceaccount:kube-system:job-controller")
             pod["metadata"]["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
-            pod.setdefault("status", {"phase": "Pending"})
+            pod.setdefault("status", pending(pod))
             self._validate(pod)
             self._store_new(res, namespace, pod)
         except (Refused, ApiError) as e:
@@ -265,12 +276,22 @@ class Writes:
 
     @staticmethod
     def _pod_spec_update_allowed(old: dict, new: dict) -> None:
+        # kube-apiserver's validateOnlyDeletedSchedulingGates: a gate may be set only at creation,
+        # then only removed (any of them, in any order).
+        had = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
+        for i, gate in enumerate((new.get("spec") or {}).get("schedulingGates") or []):
+            if gate.get("name") not in had:
+                raise ApiError(422, "Invalid", f'Pod "{old["metadata"]["name"]}" is invalid: '
+                               f"spec.schedulingGates[{i}].name: Forbidden: only deletion is allowed, but found "
+                               f"new scheduling gate '{gate.get('name')}'")
+
         def mutable_view(spec: dict) -> dict:
             spec = copy.deepcopy(spec)
             for c in spec.get("containers") or []:
                 c.pop("image", None)
             spec.pop("activeDeadlineSeconds", None)
             spec.pop("tolerations", None)
+            spec.pop("schedulingGates", None)
             return spec
 
         if mutable_view(old.get("spec") or {}) != mutable_view(new.get("spec") or {}):

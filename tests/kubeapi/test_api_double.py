@@ -338,6 +338,31 @@ async def test_a_bound_pod_is_deleted_gracefully_and_removed_by_the_kubelets_zer
         raise AssertionError("the pod is still there after a zero-grace delete")
 
 
+async def test_a_gated_pod_stays_pending_and_its_gates_can_be_removed_but_never_added(kube, ns):
+    """kube-apiserver: schedulingGates are set at creation (PodScheduled=False, SchedulingGated), then only
+    removed; an added gate is refused naming it."""
+    core = client.CoreV1Api(kube)
+    spec = {"schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}],
+            "containers": [{"name": "c", "image": "busybox"}]}
+    created = await core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "g"},
+                                                    "spec": spec})
+    assert created.status.phase == "Pending"
+    [scheduled] = [c for c in created.status.conditions if c.type == "PodScheduled"]
+    assert (scheduled.status, scheduled.reason) == ("False", "SchedulingGated")
+    with pytest.raises(ApiException) as e:
+        await core.patch_namespaced_pod("g", ns, [{"op": "add", "path": "/spec/schedulingGates/-",
+                                                   "value": {"name": "example.com/c"}}],
+                                        _content_type="application/json-patch+json")
+    assert e.value.status == 422
+    assert ("spec.schedulingGates[2].name: Forbidden: only deletion is allowed, but found new scheduling gate "
+            "'example.com/c'") in json.loads(e.value.body)["message"]
+    await core.patch_namespaced_pod("g", ns, [{"op": "remove", "path": "/spec/schedulingGates/1"}],
+                                    _content_type="application/json-patch+json")
+    await core.patch_namespaced_pod("g", ns, [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+                                    _content_type="application/json-patch+json")
+    assert not (await core.read_namespaced_pod("g", ns)).spec.scheduling_gates
+
+
 async def test_discovery_lists_groups_resources_and_the_scale_subresource(kube):
     """What kubectl maps kinds with; checked with the real client's discovery calls."""
     groups = await client.ApisApi(kube).get_api_versions()

@@ -98,3 +98,65 @@ async def test_a_fill_that_waited_its_longest_is_told_to_ask_again_and_nothing_o
     assert gated.requests["/p/1.bin"] == 0 and pacing.waiting == 0
     gated.release.set()
     assert (await live_miss)[0] == 200
+
+
+async def test_a_check_of_a_fill_still_running_is_answered_once_it_is_stored_and_one_of_no_fill_at_once(
+        aiohttp_server, make_node, session):
+    """The controller's first "stored yet?" goes at once; the node holds it until the fill it runs commits."""
+    rest = asyncio.Event()
+
+    async def slow_body(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Cache-Control": "max-age=3600", "Content-Length": "2000"})
+        await resp.prepare(request)
+        await resp.write(b"a" * 1000)
+        await rest.wait()
+        await resp.write(b"b" * 1000)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", slow_body)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    node = await make_node(origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{server.port}")])
+    check = {PREFETCH_HEADER: PREFETCH_CHECK, "Cache-Control": "only-if-cached, max-stale"}
+
+    started = asyncio.get_running_loop().time()
+    assert (await node.get(session, "/never.bin", host=HOST, method="HEAD", headers=check))[0] == 504
+    assert asyncio.get_running_loop().time() - started < 0.5, "no fill runs: not held"
+
+    fill = {PREFETCH_HEADER: PREFETCH_FILL, "Range": "bytes=0-0"}
+    assert (await node.get(session, "/m.bin", host=HOST, headers=fill))[0] == 206
+    asked = asyncio.ensure_future(node.get(session, "/m.bin", host=HOST, method="HEAD", headers=check))
+    await asyncio.sleep(0.2)
+    assert not asked.done(), "held while the fill runs"
+    rest.set()
+    status, headers, _ = await asked
+    assert (status, headers["Content-Length"]) == (200, "2000")
+    assert node.node.pacing.running == 0, "the check gave the fill's slot back"
+
+
+async def test_the_controller_asks_which_of_many_fills_are_stored_in_one_request_and_their_slots_are_given_back(
+        gated, make_node, session):
+    """`/_nezha/stored` (cachenode/front/stored_checks.py): sizes of what is stored, the rest pending; a fill
+    still running is waited for, up to a second."""
+    node = await make_node(origins=[Origin(host=HOST, upstream=gated.url)], prefetch_idle_fills=FILLS)
+    pacing = node.node.pacing
+    fill = {PREFETCH_HEADER: PREFETCH_FILL, "Range": "bytes=0-0"}
+    for n in range(3):
+        assert (await node.get(session, f"/p/{n}.bin", host=HOST, headers=fill))[0] == 206
+    keys = [key_of(f"/p/{n}.bin", gated.url) for n in range(3)]
+    objects = [{"key": k, "object": f"{HOST}/p/{n}.bin"} for n, k in enumerate(keys)]
+    objects.append({"key": key_of("/never.bin", gated.url), "object": f"{HOST}/never.bin"})
+    started = asyncio.get_running_loop().time()
+    async with session.post(node.url + "/_nezha/stored", json={"objects": objects}) as r:
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["stored"] == {k: len(f"/p/{n}.bin".encode() * 100) for n, k in enumerate(keys)}
+    assert answer["pending"] == [objects[3]["key"]]
+    assert asyncio.get_running_loop().time() - started < 0.9, "nothing of the unknown one runs here: no wait"
+    assert pacing.running == 0, "each stored fill gave its slot back"
+
+
+def key_of(path: str, upstream: str) -> str:
+    from nezha.keys import key_for, parse_target
+
+    return key_for(parse_target(path, HOST), Origin(host=HOST, upstream=upstream))

@@ -158,12 +158,39 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     origin.put("/many/files.txt", "\n".join(f"http://{HOST}{p}" for p in names).encode())
     table = [Origin(host=HOST, upstream=origin.url)]
     listener = await one_node(table)
-    await run_controller(peer_address="pod-ip", origins=table, prefetch_fills=3)
+    controller = await run_controller(peer_address="pod-ip", origins=table, prefetch_fills=3)
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+    seen: list[dict[str, float]] = []
+
+    async def sample() -> None:
+        while True:
+            seen.append(fills_gauge(controller))
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.get_running_loop().create_task(sample())
     await kubectl.create(deployment("many-a", f"http://{HOST}/many/files.txt"),
                          deployment("many-b", f"http://{HOST}/many/files.txt"))
     assert (await kubectl.prefetched("deployment", "many-a"))["done"] == 12
     assert (await kubectl.prefetched("deployment", "many-b"))["done"] == 12
+    sampler.cancel()
     assert all(origin.requests[p] == 1 for p in names)
     # Each fill takes 0.1 s at the origin's rate: with 12 of them, three at a time is what was asked for.
     assert origin.most_in_flight == 3
+    # The metric says so as it happens: three in flight at most, the rest queued, nothing left at the end.
+    assert max(s["in_flight"] for s in seen) == 3
+    assert max(s["queued"] for s in seen) >= 9
+    assert fills_gauge(controller) == {"in_flight": 0, "queued": 0}
+    # Stored was learnt in batches (/_nezha/stored), not by a HEAD an object.
+    [batch] = controller.prefetcher._stored_batches.values()
+    assert not batch.unsupported and 1 <= batch.requests <= 12
+    assert listener.node.pacing.started_while_live == 0, "the prefetch's own requests are no live traffic"
+
+
+def fills_gauge(controller) -> dict[str, float]:
+    """`nezha_controller_prefetch_fills` by state, as a scrape of the controller reads it."""
+    out = {}
+    for line in controller.metrics.render().decode().splitlines():
+        if line.startswith("nezha_controller_prefetch_fills{"):
+            state = line.split('state="', 1)[1].split('"', 1)[0]
+            out[state] = float(line.rsplit(" ", 1)[1])
+    return out

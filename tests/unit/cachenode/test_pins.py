@@ -67,3 +67,34 @@ def test_pinning_again_after_a_release_holds_while_the_workload_exists():
 def test_without_a_capacity_nothing_is_refused():
     p, _ = pins(capacity=None)
     assert p.pin("Job/ml/a", ["a", "b", "c", "d"]) == Pinned(pinned=4, pinned_bytes=1200, room=None)
+
+
+def test_pins_saved_and_restored_hold_as_before_and_those_past_their_end_are_dropped():
+    p, clock = pins()
+    p.pin("Job/ml/a", ["a", "b"])
+    p.pin("Job/ml/b", ["c"])
+    p.release("Job/ml/b", 60)
+    saved = p.snapshot()
+    assert saved == {"a": {"Job/ml/a": None}, "b": {"Job/ml/a": None}, "c": {"Job/ml/b": 1060.0}}
+
+    later, clock2 = pins()
+    clock2.now = 1000.0
+    assert later.restore(saved) == 3
+    assert later.by_workload() == {"Job/ml/a": 600, "Job/ml/b": 300}
+    clock2.now = 1061.0
+    assert [later.holds(k) for k in "abc"] == [True, True, False]
+
+    gone, clock3 = pins()
+    clock3.now = 2000.0
+    assert gone.restore(saved) == 2, "a pin past its end is not taken back"
+
+
+def test_every_pin_and_release_that_changes_something_is_told_and_nothing_else():
+    told = []
+    p = Pins(capacity=1000, size_of={"a": 300}.get, changed=lambda: told.append(1))
+    p.pin("Job/ml/a", ["zz"])  # not stored here: nothing pinned
+    p.release("Job/ml/b", 5)  # pinned nothing
+    assert told == []
+    p.pin("Job/ml/a", ["a"])
+    p.release("Job/ml/a", 5)
+    assert len(told) == 2
