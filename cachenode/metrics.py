@@ -110,6 +110,26 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = SettledRegistry()
         r = self.registry
+        self._add_clients(r)
+        self._add_upstream(r)
+        self.worker_handovers = Counter("nezha_worker_handovers", "Client connections a follower worker "
+                                        "(--workers) handed to the primary, which serves what the followers' fast "
+                                        "path does not: misses, ranges, peers, probes", registry=r)
+        self._add_fills(r)
+        self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
+        r.register(self.first_byte)
+        # Plain hits (cachenode/front/fastpath.py) since the last read: plain
+        # ints, added to the counters above when the registry is read.
+        self._hits = self._hot_hits = self._hit_bytes = 0
+        self._hit_requests = self.requests.labels(cache=CacheOutcome.HIT)
+        self._hot_hit_requests = self.requests.labels(cache=CacheOutcome.HOT_HIT)
+        r.before_collect.append(self._settle_hits)
+        self._add_store(r)
+        self._add_connections(r)
+
+    def _add_clients(self, r: SettledRegistry) -> None:
+        """What clients were answered: requests by outcome, hits, misses, and
+        body bytes by where they came from."""
         self.requests = Counter("nezha_requests", "Requests answered, by cache outcome", ["cache"], registry=r)
         for value in (*CacheOutcome, "none"):
             # Exported at 0 from the start: an alert's increase() or rate() over a series that
@@ -125,10 +145,10 @@ class Metrics:
             "each byte once), by where they came from: disk (a stored object), fill (a fill in progress), "
             "peer (relayed from the key's owner), origin (passed through, nothing stored)", ["source"], registry=r)
         self._by_source = {s: self.bytes_by_source.labels(source=s) for s in SOURCES}
-        self._add_upstream(r)
-        self.worker_handovers = Counter("nezha_worker_handovers", "Client connections a follower worker "
-                                        "(--workers) handed to the primary, which serves what the followers' fast "
-                                        "path does not: misses, ranges, peers, probes", registry=r)
+
+    def _add_fills(self, r: SettledRegistry) -> None:
+        """Fills: in progress, failed, how long they took, and bytes that are
+        not what a digest or the node's own checksum says."""
         self.fills_in_flight = Gauge("nezha_fills_in_flight", "Origin fills in progress", registry=r)
         self.fill_failures = Counter("nezha_fill_failures", "Fills that failed and stored nothing", registry=r)
         # Issue 37: a source's bytes that are not what its published digest says.
@@ -149,14 +169,9 @@ class Metrics:
         for source in ("origin", "peer"):
             for outcome in ("stored", "failed", "not_stored"):
                 self.fill_duration.labels(source=source, outcome=outcome)
-        self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
-        r.register(self.first_byte)
-        # Plain hits (cachenode/front/fastpath.py) since the last read: plain
-        # ints, added to the counters above when the registry is read.
-        self._hits = self._hot_hits = self._hit_bytes = 0
-        self._hit_requests = self.requests.labels(cache=CacheOutcome.HIT)
-        self._hot_hit_requests = self.requests.labels(cache=CacheOutcome.HOT_HIT)
-        r.before_collect.append(self._settle_hits)
+
+    def _add_store(self, r: SettledRegistry) -> None:
+        """The store: what it holds, its capacity, and what eviction took."""
         self.evictions = Counter("nezha_evictions", "Objects evicted to stay under capacity", registry=r)
         self.evicted_age = Histogram(
             "nezha_evicted_age_seconds", "How long an evicted object had been stored (since its fill or last "
@@ -165,6 +180,9 @@ class Metrics:
         self.stored_objects = Gauge("nezha_stored_objects", "Complete objects on disk", registry=r)
         self.capacity_bytes = Gauge("nezha_capacity_bytes", "The store's capacity (cache.capacity); +Inf when "
                                     "unbounded", registry=r)
+
+    def _add_connections(self, r: SettledRegistry) -> None:
+        """Client connections: the TLS port's outcomes, and those the connection cap closed or refused."""
         self.tls_connections = Counter("nezha_tls_connections", "Connections to the TLS port, by outcome: "
                                        "terminated (served here with a minted certificate), relayed to the real "
                                        "host, refused (a name that is not an origin, no name, not TLS), failed "

@@ -73,29 +73,44 @@ class CacheNode:
         self._scrub: asyncio.Task | None = None  # the background scrub (cachenode/store/scrub.py)
         self._ready = False
         self.supervisor: int | None = None  # with --workers: the pid of the process that started this one
-        token = settings.cluster_token
         self.metrics.registry.register(StoreReport(store.index))
+        self._counting(settings, index)
+        self._links(settings)
+        self._rooms(settings, clock)
+        self.handler = self._front(settings, before_metrics=before_metrics, clock=clock)
+
+    def _counting(self, settings: CacheSettings, index) -> None:
+        """Pacing and counts first: every room below counts through them."""
+        token = settings.cluster_token
         # Prefetch fills wait while live requests come in (cachenode/front/pacing.py); fast hits count as live.
         self.pacing = Pacing(busy=settings.prefetch_busy_fills, idle=settings.prefetch_idle_fills,
                              quiet=settings.prefetch_quiet)
-        self.counts = Counts(metrics=self.metrics, store=store, index=index,
+        self.counts = Counts(metrics=self.metrics, store=self.store, index=index,
                              from_peer=lambda request: is_peer_request(request, token), live=self.pacing.live_hit)
         if index is not None and index.enabled:
             self.metrics.watch_index(lambda: index.conn.state == "ok")
+
+    def _links(self, settings: CacheSettings) -> None:
+        """The node's two ways out over its one origin client: to peers directly
+        (the relay), to origins through the parent tier when there is one."""
         # A cold owner sends its headers once the origin sent its own: within
         # the origin's connect and read timeouts; a frozen one is found sooner,
         # by probing it (the rules are in cachenode/front/relay.py).
         self.relay = PeerRelay(
-            node_id=self.node_id, client=origins, peer_timeout=settings.peer_timeout,
+            node_id=self.node_id, client=self.origins, peer_timeout=settings.peer_timeout,
             header_timeout=settings.origin_connect_timeout + settings.origin_read_timeout + settings.peer_timeout,
             read_timeout=settings.origin_read_timeout + settings.peer_timeout, read_size=settings.read_size,
-            cluster_token=token, mismatches=self.metrics.digest_mismatches)
+            cluster_token=settings.cluster_token, mismatches=self.metrics.digest_mismatches)
         # Requests for origins go to the parent tier first when there is one
         # (a sidecar's cluster); peers are always asked directly.
-        self.upstream = Upstream(origins, metrics=self.metrics, parent=settings.parent,
+        self.upstream = Upstream(self.origins, metrics=self.metrics, parent=settings.parent,
                                  connect_timeout=settings.origin_connect_timeout,
                                  read_timeout=settings.origin_connect_timeout + settings.origin_read_timeout
                                  + settings.peer_timeout)
+
+    def _rooms(self, settings: CacheSettings, clock: Callable[[], float]) -> None:
+        """The rooms below the front: replication, chunks, the fill engine,
+        hand-off, invalidation and the response writers."""
         # Built in the order they use one another, each given what it uses: every
         # collaborator is passed to the constructor that needs it (nothing is set on
         # an object after it is built; tests/unit/cachenode/test_no_wiring_after_construction.py).
@@ -103,34 +118,33 @@ class CacheNode:
         via = via_of(self.node_id)
         files = FileSender(sendfile=settings.sendfile, read_size=settings.read_size)
         # Asking peers to copy from here needs no engine: the engine is handed it.
-        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=origins,
+        self.replicas = Replicas(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins,
                                  spawn=self.spawn)
-        broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=origins)
+        broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
-        chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(token))
-        chunk_fills = ChunkFills(node_id=self.node_id, store=store, upstream=self.upstream, members=self.cluster,
+        chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(settings.cluster_token))
+        chunk_fills = ChunkFills(node_id=self.node_id, store=self.store, upstream=self.upstream, members=self.cluster,
                                  peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
                                  via=via, spawn=self.spawn, clock=clock)
-        self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen), store=store,
-                                        members=self.cluster, fills=chunk_fills, peers=chunk_peers, tell=broadcast,
-                                        counts=self.counts, spawn=self.spawn)
-        self.engine = FillEngine(settings=settings, store=store, origins=self.upstream, peers=self.relay,
+        self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen),
+                                        store=self.store, members=self.cluster, fills=chunk_fills, peers=chunk_peers,
+                                        tell=broadcast, counts=self.counts, spawn=self.spawn)
+        self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
                                  counts=self.counts, metrics=self.metrics, via=via, spawn=self.spawn,
                                  replicate=self.replicas.replicate_soon, chunks=self.chunk_copies, clock=clock)
-        self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=store,
-                               flights=self.engine.flights, client=origins, lead=self.engine.lead,
+        self.handoff = Handoff(node_id=self.node_id, settings=settings, cluster=self.cluster, store=self.store,
+                               flights=self.engine.flights, client=self.origins, lead=self.engine.lead,
                                replicas=self.replicas, chunks=self.chunk_copies, spawn=self.spawn)
         self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
-        chunk_reads = ChunkReads(settings=settings, store=store, upstream=self.upstream, members=self.cluster,
+        chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
                                  fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
                                  forget=self.invalidation, counts=self.counts)
-        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=store, fills=chunk_fills, counts=self.counts,
+        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
-        self.respond = Responder(settings=settings, store=store, upstream=self.upstream, files=files,
+        self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
                                  chunk_body=chunk_reads, count=self.counts.count, clock=clock)
-        self.handler = self._front(settings, before_metrics=before_metrics, clock=clock)
 
     def _front(self, settings: CacheSettings, *, before_metrics, clock) -> Handler:
         """The front's answerers, each given the rooms below it, and the handler that routes to them."""

@@ -13,7 +13,7 @@ the drawing is the tree the code defines.
     │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
     │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
-    │   │       └── PeerSilent  cachenode.front.relay: a peer took the connection, then stopped answering
+    │   │       └── PeerSilent  cachenode.front.peer_link: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
     │   │   ├── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version

@@ -260,6 +260,19 @@ class ChunkFills:
             return stored
         if not fill.keep:  # a non-owner never fills a chunk from the origin: its readers ask on their own
             raise ChunkUnavailable(f"no owner of {ckey} answered")
+        stored = await self._from_origin(fill, ckey, url=url, target=target, layout=layout, index=index)
+        log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
+        if mine is not None:
+            for behind in owners[mine + 1:]:
+                self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
+        return stored
+
+    async def _from_origin(self, fill: _ChunkFill, ckey: str, *, url: str, target: Target, layout: Layout,
+                           index: int) -> Meta:
+        """Chunk `index` from the origin, pinned to the manifest's version by
+        `If-Range`: ChunkChanged (nothing stored) when the answer is not exactly
+        those bytes of that version."""
+        validator, size = fill.validator, layout.length_of(index)
         first, last = layout.span(index)
         headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
         try:
@@ -277,10 +290,6 @@ class ChunkFills:
         stored = await self._store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
                                          size=size, length=layout.size, origin=True)
         assert stored is not None  # an owner's fill keeps what it fetched
-        log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
-        if mine is not None:
-            for behind in owners[mine + 1:]:
-                self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
         return stored
 
     async def _store_chunk(self, fill: _ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
@@ -315,17 +324,8 @@ class ChunkFills:
                 if not fill.keep:
                     outcome = "passed"  # through to its readers, who hold descriptors of their own
                     return None
-                now = self._clock()
-                pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
-                              if v is not None)
-                # `length`: the whole object's, so a hand-off can place the chunk without the manifest.
-                # A peer's copy is committed only if its bytes give the sender's block checksums.
-                try:
-                    stored = await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs,
-                                                     stored_at=now, expires_at=now + CHUNK_LIFETIME, length=length),
-                                                expect=None if origin else response.headers.get(BLOCKS_HEADER))
-                except CorruptCopy as e:
-                    raise FillAborted(f"{source}: {e}") from e
+                stored = await self._commit(write, validator, ckey, url=url, host=host, length=length, source=source,
+                                            expect=None if origin else response.headers.get(BLOCKS_HEADER))
                 outcome = "stored"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
@@ -341,10 +341,31 @@ class ChunkFills:
                 self.counts.count(host, failed_fills=1)
             response.release()
             if growing is not None:
-                growing.ended = True
-                growing.moved.set()
-                if fill.growing is growing:
-                    fill.growing = None
-                close_reader(growing.temp)  # readers hold duplicates of their own
+                self._stop_growing(fill, growing)
         self.counts.stored(stored)
         return stored
+
+    async def _commit(self, write, validator: Validator, ckey: str, *, url: str, host: str, length: int, source: str,
+                      expect: str | None) -> Meta:
+        """Commit a whole chunk's temp file as `ckey`. `length`: the whole
+        object's, so a hand-off can place the chunk without the manifest.
+        A peer's copy (`expect`: the sender's block checksums) is committed
+        only if its bytes give them; FillAborted when they do not."""
+        now = self._clock()
+        pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
+                      if v is not None)
+        try:
+            return await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
+                                           expires_at=now + CHUNK_LIFETIME, length=length), expect=expect)
+        except CorruptCopy as e:
+            raise FillAborted(f"{source}: {e}") from e
+
+    @staticmethod
+    def _stop_growing(fill: _ChunkFill, growing: Growing) -> None:
+        """A chunk file's growth ended (whole or not): its readers are woken to
+        see it, and later readers no longer find it."""
+        growing.ended = True
+        growing.moved.set()
+        if fill.growing is growing:
+            fill.growing = None
+        close_reader(growing.temp)  # readers hold duplicates of their own

@@ -1,0 +1,228 @@
+"""Talking to one peer: how long its connect may take, whether it is down, and
+asking it with a liveness probe in place of a long timeout.
+
+These are the rules a relay (front/relay.py), a chunk read (chunks/peers.py)
+and a fill led through a peer (fill/running.py) share, kept apart from the
+relay's loop over owners so each can be read alone:
+
+- **The connect budget.** A refused connection, a connect slower than
+  `peer_timeout`, or an owner's own 5xx marks the owner down for a few
+  seconds (tried last, not skipped). An owner that answered within the last
+  `ANSWERED_WITHIN` seconds is given `RECENT_CONNECT` times `peer_timeout`
+  to connect (and to be probed): on a saturated link a new connection's SYN
+  is dropped and sent again a second later, and a stampede marked busy
+  owners down for it and read their chunks from the origin
+  (docs/benchmarks.md, "Stampede").
+- **Silence is probed, not waited out.** A cold owner may legitimately wait
+  for the origin before it sends its headers, a frozen one never will; after
+  each `peer_timeout` of silence the owner's `/healthz` tells the two apart
+  (`ask` before the headers, `guard` mid-body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from typing import TYPE_CHECKING, Callable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from nezha.ring import Peer
+from nezha.keys import Target
+from cachenode.fill.origin import Interim, OriginClient, end_to_end
+from cachenode.cluster.peer_auth import peer_auth
+from nezha.errors import OriginError, OriginTimeout
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
+                        TOKEN_HEADER)
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+log = structlog.get_logger("nezha.peers")
+
+# An owner heard from this many seconds ago is taken to be alive, its link busy...
+ANSWERED_WITHIN = 30.0
+# ...and is given this many `peer_timeout`s to connect: a SYN dropped by a full
+# link is sent again after 1 s, then 2 s later (Linux's initial RTO), both within
+# 4 s at the default `peer_timeout` of 1 s.
+RECENT_CONNECT = 4
+
+
+class PeerSilent(OriginTimeout):
+    """A peer took the connection but stopped answering, and failed its liveness probe."""
+
+
+def from_origin(response: aiohttp.ClientResponse) -> bool:
+    """Whether an owner's 5xx is the origin's failure passed on, not the owner's own."""
+    return ORIGIN_ERROR_HEADER in response.headers or response.headers.get(CACHE_HEADER) in PASSED_ON
+
+
+class PeerLink:
+    """One node's links to its peers: their down marks and connect budgets, and
+    the asks, probes and body guards that use them. The relay (`PeerRelay`)
+    is one; chunk reads and fills led through a peer ask through it too."""
+
+    def __init__(self, *, node_id: str, client: OriginClient, peer_timeout: float, read_timeout: float,
+                 header_timeout: float, read_size: int, down_for: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, use_splice: bool = True,
+                 cluster_token: str | None = None, mismatches: "Counter | None" = None) -> None:
+        """`peer_timeout` bounds the connect, each silence before a probe, and the probe.
+
+        `header_timeout` bounds the wait for the headers of an owner that
+        keeps passing its probe (a cold owner waiting for the origin);
+        `read_timeout` bounds silence mid-body from such an owner.
+        `mismatches`: nezha_digest_mismatches_total{origin}, which a relayed
+        body that fails its digest check counts as a fill's does.
+        """
+        self.mismatches = mismatches
+        self.node_id = node_id
+        self.cluster_token = cluster_token
+        self.client = client
+        self.peer_timeout = peer_timeout
+        self.header_timeout = header_timeout
+        self.read_timeout = read_timeout
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=peer_timeout, sock_read=read_timeout)
+        self.read_size = read_size
+        self.down_for = down_for
+        self._clock = clock
+        self._down_until: dict[str, float] = {}
+        self._answered_at: dict[str, float] = {}  # when each peer last answered (its headers, or a probe)
+        self.splice = use_splice
+
+    def mark_down(self, peer: Peer, why: str) -> None:
+        self._down_until[peer.id] = self._clock() + self.down_for
+        self._answered_at.pop(peer.id, None)  # its next connect is given `peer_timeout` again
+        log.warning("peer_marked_down", peer=peer.id, address=peer.address, reason=why, seconds=self.down_for)
+
+    def connect_budget(self, peer: Peer) -> float:
+        """How long a connect to `peer` may take: `peer_timeout`, or
+        RECENT_CONNECT times it for a peer that answered within ANSWERED_WITHIN seconds."""
+        heard = self._answered_at.get(peer.id)
+        if heard is not None and self._clock() - heard < ANSWERED_WITHIN:
+            return self.peer_timeout * RECENT_CONNECT
+        return self.peer_timeout
+
+    def is_down(self, peer: Peer) -> bool:
+        return self._down_until.get(peer.id, 0.0) > self._clock()
+
+    def order(self, owners: list[Peer]) -> list[Peer]:
+        """Owners in ring order, those recently failed last (still tried: they may be back)."""
+        return [p for p in owners if not self.is_down(p)] + [p for p in owners if self.is_down(p)]
+
+    def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
+        headers = end_to_end(request.headers)
+        headers["Host"] = target.host
+        headers.pop(TOKEN_HEADER, None)  # a client's, if it sent one: never forwarded
+        # A client's chunk request would become this node's, made with its token:
+        # only a node reading a chunked object asks for a chunk (cachenode/chunks/reads.py).
+        headers.pop(CHUNK_HEADER, None)
+        headers[PEER_HEADER] = self.node_id
+        headers[SCHEME_HEADER] = target.scheme
+        headers.update(peer_auth(self.cluster_token))
+        return headers
+
+    async def probe(self, peer: Peer) -> str | None:
+        """None when `peer` answers `/healthz` within `peer_timeout` (its connect
+        within `connect_budget`), else why it did not."""
+        budget = self.connect_budget(peer)
+        timeout = aiohttp.ClientTimeout(total=self.peer_timeout) if budget == self.peer_timeout else \
+            aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=self.peer_timeout)
+        try:
+            r = await self.client.request("GET", peer.url + "/healthz", headers={}, what=f"peer {peer.id} /healthz",
+                                          timeout=timeout)
+        except OriginTimeout:
+            return f"it did not answer /healthz within {self.peer_timeout:g}s"
+        except OriginError as e:
+            return f"its liveness probe failed: {e}"
+        try:
+            if r.status != 200:
+                return f"its /healthz answered {r.status}"
+            self._answered_at[peer.id] = self._clock()
+            return None
+        finally:
+            r.release()
+
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                  header_timeout: float | None = None, interim: Interim | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response, once its headers are in; `interim` hears its 1xx
+        answers (the origin's, passed on by the owner) before it.
+
+        Raises OriginError if it cannot be reached, PeerSilent if it stays
+        silent for `peer_timeout` and then fails a probe, OriginTimeout if it
+        keeps passing probes but sends nothing within `header_timeout`.
+        """
+        loop = asyncio.get_running_loop()
+        budget = self.header_timeout if header_timeout is None else header_timeout
+        what = f"peer {peer.id} ({peer.address})"
+        connect = self.connect_budget(peer)
+        timeout = self.timeout if connect == self.peer_timeout else \
+            aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=self.read_timeout)
+        task = loop.create_task(self.client.request(method, url, headers=headers, what=what, timeout=timeout,
+                                                    interim=interim))
+        started = loop.time()
+        response: aiohttp.ClientResponse | None = None
+        try:
+            while True:
+                await asyncio.wait({task}, timeout=self.peer_timeout)
+                if task.done():
+                    response = task.result()
+                    return response
+                waited = loop.time() - started
+                if waited >= budget:
+                    raise OriginTimeout(f"{what}: no response headers within {budget:g}s")
+                why = await self.probe(peer)
+                if task.done():
+                    response = task.result()
+                    return response
+                if why is not None:
+                    raise PeerSilent(f"{what}: no response headers after {waited:.1f}s, and {why}")
+        finally:
+            if response is not None:
+                self._answered_at[peer.id] = self._clock()
+            if not task.done():
+                task.cancel()
+                for result in await asyncio.gather(task, return_exceptions=True):
+                    if isinstance(result, aiohttp.ClientResponse):
+                        result.release()
+            elif response is None and not task.cancelled() and task.exception() is None:
+                task.result().release()
+
+    def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
+        """Watch a body from `peer`: when `progress()` stands still for `peer_timeout`
+        and `peer` then fails a probe, cut the connection so the reader fails
+        now (and can resume elsewhere) rather than after `read_timeout`.
+
+        A client that reads slowly, or an owner waiting on a slow origin,
+        stands still too; they pass the probe and are left alone.
+        """
+        conn = response.connection
+        sock = conn.transport.get_extra_info("socket") if conn is not None and conn.transport is not None else None
+
+        async def watch() -> None:
+            loop = asyncio.get_running_loop()
+            last, moved_at = progress(), loop.time()
+            while True:
+                await asyncio.sleep(self.peer_timeout / 4)
+                if progress() != last:
+                    last, moved_at = progress(), loop.time()
+                    continue
+                if loop.time() - moved_at < self.peer_timeout:
+                    continue
+                why = await self.probe(peer)
+                if why is None or progress() != last:
+                    last, moved_at = progress(), loop.time()
+                    continue
+                log.warning("peer_stalled", peer=peer.id, address=peer.address, reason=why, at=last)
+                if sock is not None:
+                    # Shutdown reaches every descriptor of the socket, the
+                    # splice's duplicate included; closing the transport would not.
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                response.close()
+                return
+
+        return asyncio.get_running_loop().create_task(watch())
