@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Any, Awaitable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import structlog
 
@@ -49,6 +49,11 @@ class Source:
     # The leading request resumes a body (fill/lead.py `Resume`): the origin is
     # asked for that range first, and the fill fetches the rest around it.
     resume: Resume | None = None
+    # Where a copy's body goes on when its source breaks off after `offset`
+    # bytes: `rest(offset, error)` yields the bytes from there (a streaming
+    # copy: the next owner, else the origin; cachenode/cluster/streaming_copies.py).
+    # None: the fill fails with its source.
+    rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None
 
 
 class Kind(enum.Enum):
