@@ -66,3 +66,23 @@ def streams(head: Head) -> str | None:
     if not head.fits:
         return f"{head.length} bytes do not fit the store"
     return None
+
+
+# How many nodes' copies one copy feeds besides its own pods: every link then
+# carries its pods' reads and at most this many streams, whatever N is
+# (docs/capacity.md, "Streaming copies in a tree").
+FANOUT = 2
+
+
+def feeds_from(position: int, *, owners: int, fanout: int = FANOUT) -> int | None:
+    """Whose copy a node streams from, by positions in the key's order of all
+    nodes (the ring walked from the key: its owners first). None: from the
+    owners ahead of it, as any relayed read (an owner, or a node the first
+    owner feeds itself). The nodes form a heap of degree `fanout` under the
+    first owner, so each copy feeds at most `fanout` others and the depth is
+    log_fanout(N); a parent is always ahead of its children, so no two nodes
+    wait on each other."""
+    if position < max(owners, 1) or fanout < 1:
+        return None
+    parent = (position - 1) // fanout
+    return parent if parent > 0 else None

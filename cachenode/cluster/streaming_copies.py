@@ -42,7 +42,7 @@ import aiohttp
 import structlog
 
 from cachenode.cluster.peer_auth import peer_auth
-from cachenode.cluster.streaming import Head, may_share, streams
+from cachenode.cluster.streaming import Head, feeds_from, may_share, streams
 from cachenode.cluster.view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.buffer import Fill
@@ -58,6 +58,10 @@ from nezha.ring import Peer
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER, PEER_HEADER, SCHEME_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
+
+# `peer_timeout`s a node waits for the copy of the node that feeds it (the
+# head read there is deciding on its own answer), and that node waits for it.
+PARENT_WAIT = 2
 
 
 class LeadAnswered(Protocol):
@@ -117,10 +121,10 @@ class StreamingCopies:
         """Whether this read may be answered from another read's stream (hot copies on, a plain GET)."""
         return self.settings.hot_reads > 0 and may_share(method, headers)
 
-    async def joinable(self, key: str) -> Flight | None:
+    async def joinable(self, key: str, *, wait: float | None = None) -> Flight | None:
         """The copy of `key` streaming in here, if any; else, while another
         read's answer is on the way, that answer's copy once it comes (None:
-        it was relayed, not copied)."""
+        it was relayed, not copied, or `wait` seconds went by first)."""
         flight = self._copies.get(key)
         if flight is not None:
             if self.flights.get(key) is flight:
@@ -131,7 +135,10 @@ class StreamingCopies:
             return None
         head.waiting += 1
         try:
-            return await asyncio.shield(head.decided)
+            async with asyncio.timeout(wait):
+                return await asyncio.shield(head.decided)
+        except TimeoutError:
+            return None
         finally:
             head.waiting -= 1
 
@@ -167,32 +174,83 @@ class StreamingCopies:
         if why is not None:
             self.settle(head)
             return None
+        # Fed by the copy of a node ahead of this one when the key's order of
+        # nodes says so (a tree under the owner), else by the owner's answer.
+        sender, fed = peer, answer
+        parent = self._parent(head.key, owners=len(owners))
+        if parent is not None and parent.id not in (peer.id, self.node_id):
+            theirs = await self._parents_copy(parent, target, like=answer)
+            if theirs is not None:
+                answer.close()  # its bytes in flight are all it cost the owner
+                sender, fed = parent, theirs
         flight, leader = self.flights.lead_or_join(head.key)
         if not leader:  # a copy or fill of the key runs here already (a replica's push): relayed as before
             self.settle(head)
-            return None
+            if fed is answer:
+                return None
+            fed.release()
+            raise FillAborted(f"{head.key} began to be fetched here while {sender.id}'s copy was asked for")
         self._copies[head.key] = flight
-        source = Source(url=peer.url + target.path_qs, what=f"peer {peer.id} ({peer.address})",
-                        headers=self._fields(target), peer=peer, hot=not replica,
-                        rest=self._rest(answer, key=head.key, target=target, url=url, broke=peer,
-                                        others=[p for p in ahead if p.id != peer.id]))
+        source = Source(url=sender.url + target.path_qs, what=f"peer {sender.id} ({sender.address})",
+                        headers=self._fields(target), peer=sender, hot=not replica,
+                        rest=self._rest(fed, key=head.key, target=target, url=url, broke=sender,
+                                        others=[p for p in ahead if p.id != sender.id]))
         try:
             outcome, passed = await self.lead(flight, key=head.key, url=url, origin=origin, stale=None,
-                                              target=target, source=source, answer=answer)
+                                              target=target, source=source, answer=fed)
         except BaseException:
             self.settle(head)
             raise
         if outcome.kind is Kind.STREAMING and outcome.fill is not None:
             head.taken = True
             self.settle(head, flight)
-            log.info("streaming_copy_started", key=head.key, source=peer.id, bytes=length, waiting=facts.waiting,
+            log.info("streaming_copy_started", key=head.key, source=sender.id, bytes=length, waiting=facts.waiting,
                      hot=not replica)
             return outcome.fill
         self.settle(head)
         if passed is answer:
             return None  # not storable after all: relayed as it is
-        raise FillAborted(f"{peer.id}'s answer for {head.key} could not become a copy here: "
+        if passed is not None:
+            passed.release()
+        raise FillAborted(f"{sender.id}'s answer for {head.key} could not become a copy here: "
                           f"{outcome.error or outcome.kind.value}")
+
+    def _parent(self, key: str, *, owners: int) -> Peer | None:
+        """The node whose copy this node's copy of `key` streams from (cluster/streaming.py `feeds_from`)."""
+        order = self.cluster.owners(key, len(self.cluster.snapshot.nodes))
+        position = next((i for i, p in enumerate(order) if p.id == self.node_id), None)
+        if position is None:
+            return None
+        parent = feeds_from(position, owners=owners)
+        return None if parent is None else order[parent]
+
+    async def _parents_copy(self, parent: Peer, target: Target, *,
+                            like: aiohttp.ClientResponse) -> aiohttp.ClientResponse | None:
+        """`parent`'s copy streaming in, as an answer to read this node's copy
+        from: the same version (strong ETag) and length as the owner's answer
+        `like`; None when it has none (its reads did not make one) or does not answer."""
+        etag = like.headers.get("ETag")
+        if etag is None or etag.startswith("W/"):
+            return None
+        fields = {**self._fields(target), "Cache-Control": "only-if-cached"}
+        try:
+            r = await self.owners.ask(parent, "GET", parent.url + target.path_qs, headers=fields,
+                                      header_timeout=PARENT_WAIT * self.settings.peer_timeout)
+        except NezhaError as e:
+            log.info("streaming_parent_missed", key=target.path, parent=parent.id, reason=str(e))
+            return None
+        if (r.status == 200 and r.content_length == like.content_length and r.headers.get("ETag") == etag
+                and CHUNKED_HEADER not in r.headers):
+            return r
+        log.info("streaming_parent_missed", key=target.path, parent=parent.id, reason=f"answered {r.status}")
+        r.release()
+        return None
+
+    async def for_peer(self, key: str) -> Flight | None:
+        """The copy of `key` streaming in here for a node this one feeds (its
+        `only-if-cached` request): the copy, or the one this node's head read
+        is about to make, waited for a bounded time."""
+        return await self.joinable(key, wait=PARENT_WAIT * self.settings.peer_timeout)
 
     def _fields(self, target: Target) -> dict[str, str]:
         return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,

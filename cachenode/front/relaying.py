@@ -101,6 +101,14 @@ class RelayedReads:
                              replaced=revalidating is not None and revalidating.replaced)
         return answer
 
+    async def for_peer(self, request: web.Request, asked: Asked) -> web.StreamResponse | None:
+        """A node this one feeds asks for its copy (`only-if-cached`, a plain GET): this node's copy
+        as it streams in, if it makes one (cluster/streaming_copies.py); None: it has none."""
+        if self.streaming is None or not self.streaming.shares(request.method, {}):
+            return None
+        flight = await self.streaming.for_peer(asked.key)
+        return None if flight is None else await self._from_copy(request, flight)
+
     async def _from_copy(self, request: web.Request, flight: Flight) -> web.StreamResponse | None:
         """`request` served from this node's copy streaming in (`hot-miss`); None: that copy failed
         before its first byte, or holds another variant (the read is relayed)."""

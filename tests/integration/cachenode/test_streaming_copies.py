@@ -27,7 +27,7 @@ async def requests_answered(node, session) -> dict[str, float]:
         text = await r.text()
     found = {m.group(1): float(m.group(2))
              for m in re.finditer(r'^nezha_requests_total\{cache="([^"]+)"\} (\S+)$', text, re.M)}
-    return {cache: n for cache, n in found.items() if n and cache != "admin"}
+    return {cache: n for cache, n in found.items() if n and cache not in ("admin", "internal")}
 
 
 async def test_readers_of_a_cold_object_on_a_non_owner_share_one_stream_from_the_owner_kept_as_a_hot_copy(
@@ -94,4 +94,26 @@ async def test_a_second_owners_readers_share_one_stream_kept_as_its_replica(orig
     await nodes[second].node.settled()
     replica = nodes[second].node.store.lookup(KEY)
     assert not replica.hot and replica.size == len(BODY)
+    assert origin.requests[PATH] == 1
+
+
+async def test_copies_feed_copies_in_a_tree_so_no_node_sends_more_than_two_streams(origin, cluster, session):
+    """Five nodes, R = 2, four reads at once through each: in the key's order of nodes the first owner
+    feeds the next two, and the second owner feeds the two behind them (cluster/streaming.py
+    `feeds_from`). The first owner answers its own four reads and two copies, not four; the second owner
+    answers two copies from its own as it arrives; every read is exact; the origin is asked once."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600", "ETag": '"v1"'})
+    nodes, members = await cluster(5, replicas=2, hot_reads=3)
+    order = [p.id for p in nodes["n0"].node.cluster.owners(KEY, 5)]
+    results = await asyncio.gather(*(nodes[n].get(session, PATH) for n in order for _ in range(4)))
+    assert [(status, body == BODY) for status, _, body in results] == [(200, True)] * 20
+    for node in nodes.values():
+        await node.node.settled()
+    first, second = [await requests_answered(nodes[n], session) for n in order[:2]]
+    assert second == {"hot-miss": 6.0}, "its own four reads and the copies of the two nodes it feeds"
+    # Every head read asks the first owner first (its answer says whether the object is filling); the
+    # two the second owner feeds close theirs once it answers: the first owner sends 4 + 2 whole bodies.
+    assert sum(first.values()) == 8 and first.get("hot-miss", 0) == 0, first
+    for n in order[2:]:
+        assert await requests_answered(nodes[n], session) == {"hot-miss": 4.0}
     assert origin.requests[PATH] == 1

@@ -20,7 +20,7 @@ from datetime import datetime
 import aiohttp
 from aiohttp import web
 
-from tests.integration.cachenode.conftest import RangedOrigin
+from tests.integration.cachenode.conftest import RangedOrigin, until
 from tests.integration.cluster.conftest import HOST
 
 MiB = 1 << 20
@@ -94,7 +94,12 @@ async def test_each_nodes_readers_share_one_stream_that_begins_while_the_owner_f
     assert [h.hexdigest() for h in got] == [want] * 7, results
     assert labels == ["miss"] + ["hot-miss"] * 6
     first, second, other = (cluster.nodes[n] for n in ("node-0", "node-1", "node-2"))
-    filled = [e for e in events(cluster, first, "fill_completed") if e.get("source") == "origin"]
+
+    def from_origin() -> list[dict]:
+        return [e for e in events(cluster, first, "fill_completed") if e.get("source") == "origin"]
+
+    await until(lambda: from_origin(), timeout=10)  # its last reader can have its last byte before the commit
+    filled = from_origin()
     assert len(filled) == 1
     for node, hot in ((second, False), (other, True)):
         started = events(cluster, node, "streaming_copy_started")

@@ -54,3 +54,36 @@ FILLING = Head(status=200, cache="miss", length=8 * MiB, chunked=False, varies=F
 ])
 def test_an_owners_answer_becomes_this_nodes_copy_only_while_the_owner_fills_and_another_read_waits(changes, why):
     assert streams(dataclasses.replace(FILLING, **changes)) == why
+
+
+@pytest.mark.parametrize("position, owners, fanout, parent", [
+    (0, 2, 2, None),  # the first owner fills from the origin
+    (1, 2, 2, None),  # the second owner copies from the first, as its relayed reads go
+    (2, 2, 2, None),  # the first owner's second child
+    (3, 2, 2, 1), (4, 2, 2, 1), (5, 2, 2, 2), (6, 2, 2, 2), (7, 2, 2, 3), (15, 2, 2, 7),
+    (1, 1, 2, None), (2, 1, 2, None), (3, 1, 2, 1),
+    (2, 1, 1, 1), (9, 2, 1, 8),  # a chain
+    (5, 2, 0, None),  # no tree
+])
+def test_each_node_streams_from_a_node_ahead_of_it_in_a_heap_under_the_first_owner(position, owners, fanout, parent):
+    from cachenode.cluster.streaming import feeds_from
+
+    assert feeds_from(position, owners=owners, fanout=fanout) == parent
+
+
+def test_no_copy_feeds_more_than_the_fanout_and_every_chain_ends_at_the_first_owner():
+    from collections import Counter
+
+    from cachenode.cluster.streaming import feeds_from
+
+    for n in (4, 8, 16, 64):
+        parents = {p: feeds_from(p, owners=2) for p in range(n)}
+        fed_by_first = sum(1 for p in range(1, n) if parents[p] is None)
+        assert fed_by_first <= 2
+        assert max(Counter(v for v in parents.values() if v is not None).values(), default=0) <= 2
+        for p in range(n):
+            hops = 0
+            while parents[p] is not None:
+                assert parents[p] < p
+                p, hops = parents[p], hops + 1
+            assert hops <= n.bit_length()
