@@ -69,9 +69,10 @@ class RelayedReads:
                 return joined
             head = self.streaming.head(asked.key)
         on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
+        on_manifest = self.chunked_from_peer if head is None else self._manifest_after_head(head)
         try:
             answer = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
-                                            on_manifest=self.chunked_from_peer,
+                                            on_manifest=on_manifest,
                                             validators=revalidating.fields if revalidating else None,
                                             on_answer=on_answer,
                                             on_head=None if head is None else self._copy_answer(head, asked, ahead=ahead,
@@ -116,6 +117,20 @@ class RelayedReads:
         if outcome.kind is not Kind.STREAMING or outcome.fill is None or not outcome.answers(request.headers):
             return None
         return await self.respond.fill(request, outcome.fill, label=CacheOutcome.HOT_MISS)
+
+    def _manifest_after_head(self, head: HeadRead):
+        """`chunked_from_peer` for a head read: a manifest is no body to copy, so
+        the reads waiting on the head go on their own at once (each reads the
+        chunks, sharing one request per chunk here), not after this whole read."""
+        assert self.streaming is not None
+        streaming = self.streaming
+
+        async def on_manifest(request: web.Request, answer: aiohttp.ClientResponse,
+                              peer: Peer) -> web.StreamResponse | None:
+            streaming.settle(head)
+            return await self.chunked_from_peer(request, answer, peer)
+
+        return on_manifest
 
     def _copy_answer(self, head: HeadRead, asked: Asked, *, ahead: list[Peer], owners: list[Peer]):
         """The relay's look at the owner's answer to the head read: when it
