@@ -91,6 +91,15 @@ class OriginRequest(Protocol):
                        what: str) -> aiohttp.ClientResponse: ...
 
 
+@dataclass(frozen=True)
+class ManifestAnswer:
+    """The head read's owner answered with a chunked object's manifest: the
+    reads waiting on it read the chunks with it, without asking again."""
+
+    answer: aiohttp.ClientResponse  # its headers (the manifest, the owner's expiry) are what is read
+    peer: Peer
+
+
 @dataclass
 class HeadRead:
     """The leading relayed read of a key here, and the reads waiting on its answer."""
@@ -121,10 +130,11 @@ class StreamingCopies:
         """Whether this read may be answered from another read's stream (hot copies on, a plain GET)."""
         return self.settings.hot_reads > 0 and may_share(method, headers)
 
-    async def joinable(self, key: str, *, wait: float | None = None) -> Flight | None:
+    async def joinable(self, key: str, *, wait: float | None = None) -> Flight | ManifestAnswer | None:
         """The copy of `key` streaming in here, if any; else, while another
-        read's answer is on the way, that answer's copy once it comes (None:
-        it was relayed, not copied, or `wait` seconds went by first)."""
+        read's answer is on the way, that answer's copy once it comes, or the
+        manifest it was (None: it was relayed, not copied, or `wait` seconds
+        went by first)."""
         flight = self._copies.get(key)
         if flight is not None:
             if self.flights.get(key) is flight:
@@ -149,8 +159,9 @@ class StreamingCopies:
         head = self._heads[key] = HeadRead(key=key)
         return head
 
-    def settle(self, head: HeadRead, flight: Flight | None = None) -> None:
-        """The head's answer is decided: the waiting reads join `flight`, or relay on their own."""
+    def settle(self, head: HeadRead, flight: Flight | ManifestAnswer | None = None) -> None:
+        """The head's answer is decided: the waiting reads join `flight` (or read
+        the chunks of the manifest it was), or relay on their own."""
         if not head.decided.done():
             head.decided.set_result(flight)
         if self._heads.get(head.key) is head:
@@ -190,6 +201,9 @@ class StreamingCopies:
                 return None
             fed.release()
             raise FillAborted(f"{head.key} began to be fetched here while {sender.id}'s copy was asked for")
+        for key, running in list(self._copies.items()):  # those landed since: the map holds copies in flight
+            if self.flights.get(key) is not running:
+                del self._copies[key]
         self._copies[head.key] = flight
         source = Source(url=sender.url + target.path_qs, what=f"peer {sender.id} ({sender.address})",
                         headers=self._fields(target), peer=sender, hot=not replica,
@@ -250,7 +264,8 @@ class StreamingCopies:
         """The copy of `key` streaming in here for a node this one feeds (its
         `only-if-cached` request): the copy, or the one this node's head read
         is about to make, waited for a bounded time."""
-        return await self.joinable(key, wait=PARENT_WAIT * self.settings.peer_timeout)
+        found = await self.joinable(key, wait=PARENT_WAIT * self.settings.peer_timeout)
+        return found if isinstance(found, Flight) else None
 
     def _fields(self, target: Target) -> dict[str, str]:
         return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,

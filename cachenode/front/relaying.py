@@ -21,7 +21,7 @@ from aiohttp import web
 
 from cachenode.cluster.hot_copies import HotCheck, HotCopies, Relayed
 from cachenode.cluster.hot_revalidation import confirms
-from cachenode.cluster.streaming_copies import HeadRead, StreamingCopies
+from cachenode.cluster.streaming_copies import HeadRead, ManifestAnswer, StreamingCopies
 from cachenode.counts import Counts
 from cachenode.fill.flights import Flight, Kind
 from cachenode.front.access import access
@@ -62,25 +62,20 @@ class RelayedReads:
         304 renewed, or from this node's copy streaming in from them); None:
         none of them answered."""
         head: HeadRead | None = None
+        answer: web.StreamResponse | None = None
         if (self.streaming is not None and revalidating is None and not authorize
                 and self.streaming.shares(request.method, request.headers)):
-            flight = await self.streaming.joinable(asked.key)
-            if flight is not None and (joined := await self._from_copy(request, flight)) is not None:
+            found = await self.streaming.joinable(asked.key)
+            if isinstance(found, ManifestAnswer):
+                # The head read's owner answered with the manifest: its chunks are read from here.
+                answer = await self.chunked_from_peer(request, found.answer, found.peer)
+            elif found is not None and (joined := await self._from_copy(request, found)) is not None:
                 return joined
-            head = self.streaming.head(asked.key)
-        on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
-        on_manifest = self.chunked_from_peer if head is None else self._manifest_after_head(head)
-        try:
-            answer = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
-                                            on_manifest=on_manifest,
-                                            validators=revalidating.fields if revalidating else None,
-                                            on_answer=on_answer,
-                                            on_head=None if head is None else self._copy_answer(head, asked, ahead=ahead,
-                                                                                              owners=owners),
-                                            here=next((p for p in owners if p.id == self.node_id), None))
-        finally:
-            if head is not None:
-                self.streaming.settle(head)  # no copy came of its answer: the reads waiting on it relay on their own
+            if answer is None:
+                head = self.streaming.head(asked.key)
+        if answer is None:
+            answer = await self._relayed(request, asked, ahead=ahead, owners=owners, revalidating=revalidating,
+                                         head=head)
         if revalidating is not None and revalidating.served:
             return answer  # from this node's renewed copy, counted as the hit it is
         if head is not None and head.taken:
@@ -102,6 +97,24 @@ class RelayedReads:
                              replaced=revalidating is not None and revalidating.replaced)
         return answer
 
+    async def _relayed(self, request: web.Request, asked: Asked, *, ahead: list[Peer], owners: list[Peer],
+                       revalidating: HotCheck | None, head: HeadRead | None) -> web.StreamResponse | None:
+        """The relay to the owners `ahead`; `head`: this read leads the key's head here."""
+        on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
+        on_manifest = self.chunked_from_peer if head is None else self._manifest_after_head(head)
+        try:
+            return await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
+                                          on_manifest=on_manifest,
+                                          validators=revalidating.fields if revalidating else None,
+                                          on_answer=on_answer,
+                                          on_head=None if head is None else self._copy_answer(head, asked, ahead=ahead,
+                                                                                            owners=owners),
+                                          here=next((p for p in owners if p.id == self.node_id), None))
+        finally:
+            if head is not None:
+                assert self.streaming is not None
+                self.streaming.settle(head)  # no copy came of its answer: the reads waiting on it relay on their own
+
     async def for_peer(self, request: web.Request, asked: Asked) -> web.StreamResponse | None:
         """A node this one feeds asks for its copy (`only-if-cached`, a plain GET): this node's copy
         as it streams in, if it makes one (cluster/streaming_copies.py); None: it has none."""
@@ -120,14 +133,15 @@ class RelayedReads:
 
     def _manifest_after_head(self, head: HeadRead):
         """`chunked_from_peer` for a head read: a manifest is no body to copy, so
-        the reads waiting on the head go on their own at once (each reads the
-        chunks, sharing one request per chunk here), not after this whole read."""
+        the reads waiting on the head read the chunks with it at once (sharing
+        one request per chunk here), not after this whole read, and without
+        asking the owner again on links the wave has filled by then."""
         assert self.streaming is not None
         streaming = self.streaming
 
         async def on_manifest(request: web.Request, answer: aiohttp.ClientResponse,
                               peer: Peer) -> web.StreamResponse | None:
-            streaming.settle(head)
+            streaming.settle(head, ManifestAnswer(answer=answer, peer=peer))
             return await self.chunked_from_peer(request, answer, peer)
 
         return on_manifest
