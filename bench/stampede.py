@@ -11,7 +11,7 @@ benchmark made is deleted on exit, Ctrl-C and failure. Configurations side by si
 
     direct          the clients read from the origin (no cache)
     plain           Nezha, hot copies and chunks off (--hot-reads 0, chunk_threshold 0)
-    shipped         Nezha as shipped, the object below the chunk threshold (whole, hot copies on)
+    shipped         Nezha as shipped, the object below the chunk threshold (whole: streaming copies, hot copies on)
     shipped-chunks  Nezha as shipped, the object above the chunk threshold (chunk_threshold S, chunk_size max(1 MiB, S/8))
     killed          `shipped` at the middle N, the key's first owner (the one filling it) SIGKILLed when the origin
                     has sent half the object
@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import REPO, BenchError, source_version  # noqa: E402
+from cachenode.cluster.streaming import FANOUT  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
 from testkit.stampede import Outcome, Scene, run  # noqa: E402
 
@@ -63,19 +64,23 @@ def model(config: str, sc: Scene) -> float:
     """docs/capacity.md's prediction of the time to last byte, for this configuration's scene (a lower bound:
     the busiest link, or the origin, moving its bytes at its rate; one synchronized cold wave).
 
-    direct: the origin's link carries every client's S. plain and shipped (whole): the key's first owner
-    fills it and every other node relays each of its pods' reads from it, and the second owner holds no
-    replica yet, so all K·S leave the first owner's link; the capacity model's warm bound,
-    K·S·(N − R + 1)/(N·B), lets the second owner serve its own pods, which a cold wave cannot. Hot copies
-    start after a copy's relayed reads end, so a single wave gets none. chunks: node i sends its own pods
-    the object and each other node, once however many pods read there (chunks/fills.py `passing`), the
-    chunks it owns first: (K/N + f·(N − 1))·S, f the largest share of chunks one node owns first on this
-    run's ring (nezha/chunks.py `place`; the even share is 1/min(C, N))."""
-    K, S, N, B, O, R = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate, min(sc.replicas, sc.nodes)
+    direct: the origin's link carries every client's S. plain (hot copies and chunks off): the key's first
+    owner fills it and every other node relays each of its pods' reads from it (the second owner holds no
+    replica yet), so all K·S leave the first owner's link. shipped (whole, below the chunk threshold): each
+    node's pods share one stream, kept as its copy as it arrives (cluster/streaming_copies.py), and the
+    copies feed each other in a heap of degree F = 2 under the first owner (cluster/streaming.py
+    `feeds_from`): the busiest link sends its own pods' K/N reads and at most F copies,
+    (K/N + min(F, N − 1))·S. chunks: node i sends its own pods the object and each other node, once however
+    many pods read there (chunks/fills.py `passing`), the chunks it owns first: (K/N + f·(N − 1))·S, f the
+    largest share of chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share
+    is 1/min(C, N))."""
+    K, S, N, B, O = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate
     if config == "direct":
         return K * S / O
-    if sc.chunk_threshold is None:
+    if config == "plain":
         return max(S / O, K * S / B)
+    if sc.chunk_threshold is None:
+        return max(S / O, (K / N + min(FANOUT, N - 1)) * S / B)
     return max(S / O, (K / N + first_owner_share(sc) * (N - 1)) * S / B)
 
 
@@ -150,7 +155,7 @@ def main(args: argparse.Namespace) -> None:
         raise BenchError(str(e)) from None
     if shutil.which("redis-server") is None:
         raise BenchError("redis-server is missing: apt-get install -y redis-server")
-    ns = [2, 4, 8] if args.quick else [2, 4, 8, 16]
+    ns = args.nodes or ([2, 4, 8] if args.quick else [2, 4, 8, 16])
     size, rate, origin_rate = args.size * MiB, int(args.rate * 1e6), int(args.origin_rate * 1e6)
     work = Path(tempfile.mkdtemp(prefix="nezha-bench-stampede-"))
     print(f"stampede: S = {args.size} MiB, B = {rate / 1e6:g} MB/s per node link each way, O = "
@@ -171,7 +176,8 @@ def main(args: argparse.Namespace) -> None:
             killed[config] = k = run(scene(config, middle, size=size, rate=rate, origin_rate=origin_rate, kill_at=0.5),
                                      work / config)
             print(line(config, k) + f"  (killed {k.killed} mid-fill; {k.cut} clients reading through it were cut, "
-                  f"{k.exact} exact; origin requests {k.origin_requests})", flush=True)
+                  f"{k.exact} exact; origin requests (by, range, bytes sent): "
+                  f"{[(e['by'], e['range'], e['sent']) for e in k.origin_log]})", flush=True)
             if k.exact + k.cut != len(k.clients):
                 raise BenchError(f"{config}: {len(k.clients) - k.exact - k.cut} clients not reading through the "
                                  "killed node got wrong bytes")
@@ -202,6 +208,8 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 2, 4, 8 (else 2, 4, 8, 16)")
+    parser.add_argument("--nodes", type=int, nargs="+", help="the N to run, instead (e.g. --nodes 16 at a lower "
+                        "--rate: on two cores 16 nodes and their clients are CPU-bound at 10 MB/s)")
     parser.add_argument("--size", type=int, default=8, help="object size S in MiB (default 8)")
     parser.add_argument("--rate", type=float, default=10.0, help="B: each node link's rate in MB/s (default 10)")
     parser.add_argument("--origin-rate", type=float, default=10.0, help="O: the origin link's rate in MB/s "

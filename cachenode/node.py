@@ -35,6 +35,7 @@ from cachenode.fill.upstream import Upstream
 from cachenode.fill.verify import Digests
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
+from cachenode.cluster.streaming_copies import StreamingCopies
 from cachenode.front.pacing import Pacing
 from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.admin import Admin
@@ -161,6 +162,10 @@ class CacheNode:
         """The front's answerers, each given the rooms below it, and the handler that routes to them."""
         hot = HotCopies(settings=settings, store=self.store, cluster=self.cluster, handoff=self.handoff,
                         counts=self.counts, clock=clock)
+        # A stampede's readers on this node share one stream from the owner, kept as its copy.
+        streaming = StreamingCopies(settings=settings, store=self.store, cluster=self.cluster,
+                                    flights=self.engine.flights, lead=self.engine.lead, owners=self.relay,
+                                    origin=self.upstream.request, counts=self.counts, via=self.engine.via)
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
         intake = ReplicaIntake(settings=settings, store=self.store, flights=self.engine.flights, counts=self.counts)
@@ -176,7 +181,8 @@ class CacheNode:
                        plain=PlainHitFinder(table=table, store=self.store, via=self.respond.via, node_id=self.node_id,
                                             clock=clock),
                        hot=hot, relayed=RelayedReads(node_id=self.node_id, relay=self.relay, respond=self.respond,
-                                                     hot=hot, counts=self.counts, clock=clock),
+                                                     hot=hot, counts=self.counts, clock=clock,
+                                                     streaming=streaming),
                        reads=reads, authorized=authorized,
                        forwarding=Forwarding(table=table, respond=self.respond, invalidation=self.invalidation),
                        respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock)

@@ -109,6 +109,10 @@ class CacheOutcome(StrEnum):
     # Served from this node's hot copy of an object it does not own, copied
     # from an owner (docs/cache-node.md, "Hot copies").
     HOT_HIT = "hot-hit"
+    # Served from this node's copy as it streams in from the owner's fill: in
+    # a stampede the node's readers share one stream from the owner
+    # (docs/cache-node.md, "Streaming copies").
+    HOT_MISS = "hot-miss"
     MISS = "miss"
     MISS_JOINED = "miss-joined"
     REVALIDATED = "revalidated"

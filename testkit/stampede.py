@@ -75,6 +75,7 @@ class Scene:
     chunk_threshold: int | None = None  # `shipped`: the origin's chunk_threshold and chunk_size
     chunk_size: int | None = None
     timeout: float = 300.0
+    log_level: str = "warning"  # the nodes' (their logs stay in the run's folder: `Outcome.work`)
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
@@ -94,7 +95,7 @@ class Scene:
 
     def node_settings(self, origin_url: str) -> dict:
         origin = {"host": HOST, "upstream": origin_url, "default_ttl": 3600}
-        settings: dict = {"workers": 1, "log_level": "warning", "leave_settle": 0, "capacity": 4 * self.size + (1 << 30)}
+        settings: dict = {"workers": 1, "log_level": self.log_level, "leave_settle": 0, "capacity": 4 * self.size + (1 << 30)}
         if self.config == "plain":
             settings.update(hot_reads=0, chunk_threshold=0)
         elif self.chunk_threshold is not None:
@@ -111,10 +112,14 @@ class Outcome:
     origin_requests: list[str]  # "GET" or the Range of each request the origin got
     exact: int  # clients that got every byte right
     cut: int  # clients whose node was killed under them
+    # Each origin request as it came: seconds from the start, the host that asked (node<i>, clients<i>), its Range
+    # or "GET", and the body bytes the origin sent for it (what a request cut short cost it).
+    origin_log: list[dict] = field(default_factory=list)
     link_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # host: (sent, received) during the run
     link_peak: dict[str, float] = field(default_factory=dict)  # host: fastest 1 s of sending or receiving, bytes/s
     owner: str | None = None
     killed: str | None = None
+    work: Path | None = None  # the run's folder: the nodes' logs (<node>.log), their stores
 
     def times(self) -> list[float]:
         return sorted(c["last"] for c in self.clients if c.get("exact"))
@@ -168,7 +173,8 @@ def run(scene: Scene, work: Path) -> Outcome:
     found = json.loads(done.stdout.strip().splitlines()[-1])
     outcome = Outcome(scene=scene, clients=found["clients"], origin_bytes=found["origin_bytes"],
                       origin_requests=found["origin_requests"], exact=found["exact"], cut=found["cut"],
-                      owner=found.get("owner"), killed=found.get("killed"))
+                      owner=found.get("owner"), killed=found.get("killed"), origin_log=found.get("origin_log", []),
+                      work=work)
     started, ended = found["window"]
     outcome.link_bytes, outcome.link_peak = _links(samples, started, ended)
     return outcome
@@ -203,10 +209,17 @@ def _env() -> dict[str, str]:
 class Origin:
     """The object's origin: a strong ETag, byte ranges under If-Range, and a count of every body byte sent."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, *, names: dict[str, str] | None = None) -> None:
         self.body = body
         self.sent = 0
         self.requests: list[str] = []
+        self.log: list[dict] = []  # per request: at (monotonic), by (host name), range, sent
+        self._names = names or {}  # address -> host name
+        self._t0 = time.monotonic()
+
+    def started(self) -> None:
+        """The clients are let go now: `log` times count from here."""
+        self._t0 = time.monotonic()
 
     async def handle(self, request):
         from aiohttp import web
@@ -215,6 +228,10 @@ class Origin:
             raise web.HTTPNotFound(text=f"no {request.path}\n")
         rng = request.headers.get("Range")
         self.requests.append(rng or request.method)
+        entry = {"at": round(time.monotonic() - self._t0, 3),
+                 "by": self._names.get(request.remote or "", request.remote), "range": rng or request.method,
+                 "sent": 0}
+        self.log.append(entry)
         headers = {"ETag": ETAG, "Last-Modified": "Wed, 01 Jan 2025 00:00:00 GMT", "Accept-Ranges": "bytes",
                    "Cache-Control": "max-age=3600", "Content-Type": "application/octet-stream"}
         first, last, status = 0, len(self.body) - 1, 200
@@ -233,6 +250,7 @@ class Origin:
                 piece = view[at:min(at + 256 * 1024, last + 1)]
                 await resp.write(piece)
                 self.sent += len(piece)
+                entry["sent"] += len(piece)
             await resp.write_eof()
         return resp
 
@@ -303,7 +321,7 @@ async def drive(spec_path: Path) -> dict:
     addr, exec_in = spec["addresses"], spec["exec"]
     body = os.urandom(scene.size)
     digest = hashlib.sha256(body).hexdigest()
-    origin = Origin(body)
+    origin = Origin(body, names={address: name for name, address in addr.items()})
     runner = await _serve_origin(origin, addr["origin"])
     origin_url = f"http://{addr['origin']}:80"
     procs: list[subprocess.Popen] = []
@@ -322,6 +340,7 @@ async def drive(spec_path: Path) -> dict:
             if r.stdout.readline().strip() != "ready":
                 raise RuntimeError("a client group did not start")
         started_wall, started = time.time(), time.monotonic()
+        origin.started()
         for r in readers:
             r.stdin.write(f"{started_wall}\n")
             r.stdin.flush()
@@ -337,6 +356,7 @@ async def drive(spec_path: Path) -> dict:
         cut = sum(1 for c in clients if killed is not None and c["group"] == int(killed.removeprefix("node"))
                   and not c["exact"])
         return {"clients": clients, "origin_bytes": origin.sent, "origin_requests": origin.requests,
+                "origin_log": origin.log,
                 "exact": sum(c["exact"] for c in clients), "cut": cut, "owner": owner, "killed": killed,
                 "window": [started, ended]}
     finally:

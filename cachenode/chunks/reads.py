@@ -137,7 +137,12 @@ class ChunkReads:
         async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
             # This node's fill of the chunk still runs (its source broke off, it goes on from the next):
             # the rest from it, as for every reader joined to it, not one origin request per reader.
+            # Its fill here may have ended by the time this reader came to the rest (its window opened
+            # the first source's file long before): the rest from the chunk it stored, not the origin.
             if origin_only and not self.fills.running(meta.key, rest.index, layout):
+                held = self.fills.held(meta.key, rest.index, layout, validator)
+                if held is not None:
+                    return Opened(rest, meta=held, source=f"chunk {held.key} here")
                 return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
                                                key=meta.key)
             others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]

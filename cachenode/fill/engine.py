@@ -159,13 +159,16 @@ class FillEngine:
                       interim=interim, resume=resume, handed=carried(handed))
 
     async def lead(self, flight: Flight, *, key: str, url: str, origin: Origin, stale: Meta | None,
-                   target: Target, source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
+                   target: Target, source: Source,
+                   answer: aiohttp.ClientResponse | None = None) -> tuple[Outcome, aiohttp.ClientResponse | None]:
         """Ask the source once for everybody waiting on `key`; the step taken
-        with its answer is `fill/lead.py`'s decision, this is only its I/O."""
-        response: aiohttp.ClientResponse | None = None
+        with its answer is `fill/lead.py`'s decision, this is only its I/O.
+        `answer`: the source's answer already in hand (a relayed read's, which
+        becomes this node's copy, cluster/streaming_copies.py): not asked again."""
+        response: aiohttp.ClientResponse | None = answer
         try:
             try:
-                response, answered, source = await self._ask_resuming(source, stale, origin)
+                response, answered, source = await self._ask_resuming(source, stale, origin, answer=answer)
             except OriginError as e:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
@@ -229,14 +232,15 @@ class FillEngine:
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
 
-    async def _ask_resuming(self, source: Source, stale: Meta | None,
-                            origin: Origin) -> tuple[aiohttp.ClientResponse, tuple[int, int, int] | None, Source]:
+    async def _ask_resuming(self, source: Source, stale: Meta | None, origin: Origin, *,
+                            answer: aiohttp.ClientResponse | None = None,
+                            ) -> tuple[aiohttp.ClientResponse, tuple[int, int, int] | None, Source]:
         """The source's answer, the span it brings when a resume can start from
         it (`_answered`), and the source as finally asked. A range that is not
         one to start from (not the range asked, a weak validator, a chunked
         object's size) is asked again as any fill, for the whole object (a 200
         is the whole object already: If-Range found another version)."""
-        response: aiohttp.ClientResponse | None = await self._ask(source, stale)
+        response: aiohttp.ClientResponse | None = answer if answer is not None else await self._ask(source, stale)
         try:
             answered = self._answered(response, source=source, stale=stale, origin=origin)
             if source.resume is not None and answered is None and response.status == 206:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Any, Awaitable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import structlog
 
@@ -54,6 +54,11 @@ class Source:
     # resume: that of the head it began with; nezha/wire.py DIGEST_HEADER),
     # which the fill checks its bytes against too.
     handed: Expected | None = None
+    # Where a copy's body goes on when its source breaks off after `offset`
+    # bytes: `rest(offset, error)` yields the bytes from there (a streaming
+    # copy: the next owner, else the origin; cachenode/cluster/streaming_copies.py).
+    # None: the fill fails with its source.
+    rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None
 
 
 class Kind(enum.Enum):

@@ -123,6 +123,10 @@ class Body:
     # on the event loop, never spliced, since a splice runs on a thread and
     # the hand-off there and back costs more than a few pages take to copy.
     small: bool = False
+    # A copy that goes on from another source when its own breaks off mid-body
+    # (a streaming copy, cachenode/cluster/streaming_copies.py): read through
+    # aiohttp's reader, never spliced, so the rest can be joined on in Python.
+    goes_on: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,8 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small else How.STREAM)
+    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small and not body.goes_on
+                else How.STREAM)
 
 
 @dataclass(frozen=True)

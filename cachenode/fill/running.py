@@ -108,7 +108,8 @@ class FillRuns:
                               rangeable=validator is not None, client_ranged=source.ranged,
                               callers_own=authorize and source.peer is None, resumed=resumed,
                               small=response.content_length is not None
-                              and response.content_length <= self.store.small_max),
+                              and response.content_length <= self.store.small_max,
+                              goes_on=source.rest is not None),
                          splice_fills=self.settings.splice_fills,
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)
@@ -190,7 +191,7 @@ class FillRuns:
                            blocks=response.headers.get(BLOCKS_HEADER) if source.peer is not None else None)
         if ranged is not None:
             ranged[0].attach(fill)
-        rest = self._rest_from_origin(response, source, reading) if from_parent else None
+        rest = self._rest_from_origin(response, source, reading) if from_parent else source.rest
         work = self._work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
                           source=source, target=target, rest=rest, body=body,
                           parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)

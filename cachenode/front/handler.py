@@ -130,6 +130,9 @@ class Handler:
     async def _answer(self, way: Route, request: web.Request, asked: Asked, look: _Look) -> web.StreamResponse:
         """The answerer of `way` once the store was looked up (and the owners ahead, if any, were silent)."""
         if way is Route.UNCACHED:
+            # A node this one's copy feeds (a stampede's tree of streaming copies) takes it as it arrives.
+            if self.from_peer(request) and (copy := await self.relayed.for_peer(request, asked)) is not None:
+                return copy
             raise web.HTTPGatewayTimeout(text=f"{asked.key} is not cached on {self.node_id}\n")
         if way is Route.HIT and request.method == "HEAD":
             assert look.meta is not None

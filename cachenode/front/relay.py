@@ -98,6 +98,11 @@ OnManifest = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web
 # Sees the first owner answer's head before it is relayed; answers the request
 # itself (a hot copy the owner's 304 renewed), or None: relay the answer on.
 OnAnswer = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
+# Sees the first owner answer's head after `OnAnswer`, and may take the answer
+# whole (its body becomes this node's copy, cluster/streaming_copies.py): an
+# answer it returns was served from what it took, and the owner's answer is
+# its own from then on (its fill reads the body): the relay does not release it.
+OnHead = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
 
 
 class PeerRelay(PeerAsks):
@@ -107,7 +112,8 @@ class PeerRelay(PeerAsks):
     async def relay(self, request: web.Request, owners: list[Peer], *, target: Target,
                     origin_url: str | None = None, on_manifest: OnManifest | None = None,
                     validators: dict[str, str] | None = None,
-                    on_answer: OnAnswer | None = None, here: Peer | None = None) -> web.StreamResponse | None:
+                    on_answer: OnAnswer | None = None, here: Peer | None = None,
+                    on_head: OnHead | None = None) -> web.StreamResponse | None:
         """Serve `request` from an owner. None when no owner answered at all.
 
         `here`: this node, when it owns the key too; a body that broke with
@@ -118,19 +124,22 @@ class PeerRelay(PeerAsks):
         owner answers with a chunked object's manifest (CHUNKED_HEADER) instead
         of its bytes (cachenode/chunks/reads.py). `validators` replace the
         client's If-None-Match and If-Modified-Since (a hot copy's revalidation,
-        cluster/hot_revalidation.py), and `on_answer` sees the owner's answer first.
+        cluster/hot_revalidation.py), and `on_answer` sees the owner's answer first;
+        `on_head` then, and it may take it (this node's copy of it).
         """
         interim = InterimRelay(request)
         try:
             return await self._relay(request, owners, target=target, origin_url=origin_url, interim=interim,
-                                     on_manifest=on_manifest, validators=validators, on_answer=on_answer, here=here)
+                                     on_manifest=on_manifest, validators=validators, on_answer=on_answer, here=here,
+                                     on_head=on_head)
         finally:
             interim.close()
 
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
                      interim: InterimRelay, on_manifest: OnManifest | None = None,
                      validators: dict[str, str] | None = None,
-                     on_answer: OnAnswer | None = None, here: Peer | None = None) -> web.StreamResponse | None:
+                     on_answer: OnAnswer | None = None, here: Peer | None = None,
+                     on_head: OnHead | None = None) -> web.StreamResponse | None:
         body: RelayedBody | None = None
         for peer in self.order(owners):
             if peer.id == self.node_id:
@@ -148,6 +157,7 @@ class PeerRelay(PeerAsks):
             except OriginError as e:
                 self.mark_down(peer, str(e))
                 continue
+            taken = False  # by `on_head`: its fill reads the body, so it is not released here
             try:
                 if body is None and self.linked is not None:
                     self.linked.noted(target, r.status, r.headers)  # a redirect's X-Linked-ETag, for its target
@@ -162,6 +172,11 @@ class PeerRelay(PeerAsks):
                 if body is None and on_answer is not None:
                     answered = await on_answer(request, r, peer)
                     if answered is not None:
+                        return answered
+                if body is None and on_head is not None:
+                    answered = await on_head(request, r, peer)
+                    if answered is not None:
+                        taken = True
                         return answered
                 if body is None:
                     body = await start_body(self, request, r, peer)
@@ -183,7 +198,8 @@ class PeerRelay(PeerAsks):
                     return client_gone(request, body, peer.id, e)
                 return await finish_body(self, request, body, target)
             finally:
-                r.release()
+                if not taken:
+                    r.release()
         if body is None:
             return None
         return await unfinished(self, request, body, origin_url=origin_url, target=target, here=here)

@@ -11,6 +11,7 @@ cluster/hot_copies.py's: what to copy, when, and the copy's life).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Callable
 
@@ -20,7 +21,9 @@ from aiohttp import web
 
 from cachenode.cluster.hot_copies import HotCheck, HotCopies, Relayed
 from cachenode.cluster.hot_revalidation import confirms
+from cachenode.cluster.streaming_copies import HeadRead, ManifestAnswer, StreamingCopies
 from cachenode.counts import Counts
+from cachenode.fill.flights import Flight, Kind
 from cachenode.front.access import access
 from cachenode.front.names import Asked
 from cachenode.front.relay import PeerRelay
@@ -29,6 +32,7 @@ from cachenode.http.freshness import current_age
 from cachenode.http.headers import stored_pairs
 from cachenode.store.objects import Meta
 from nezha.chunks import Manifest
+from nezha.errors import NezhaError
 from nezha.keys import host_of
 from nezha.ring import Peer
 from nezha.wire import CACHE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER, CacheOutcome, relayed
@@ -43,26 +47,39 @@ _RELAY_OUTCOME = {relayed(CacheOutcome.HIT): "peer_hits", relayed(CacheOutcome.A
 
 class RelayedReads:
     def __init__(self, *, node_id: str, relay: PeerRelay, respond: Responder, hot: HotCopies, counts: Counts,
-                 clock: Callable[[], float] = time.time) -> None:
+                 streaming: StreamingCopies | None = None, clock: Callable[[], float] = time.time) -> None:
         self.node_id = node_id
         self.relay = relay
         self.respond = respond
         self.hot = hot
+        self.streaming = streaming  # a stampede's readers here share one stream (cluster/streaming_copies.py)
         self.counts = counts
         self._clock = clock
 
     async def read(self, request: web.Request, asked: Asked, *, ahead: list[Peer], owners: list[Peer],
                    revalidating: HotCheck | None, authorize: bool) -> web.StreamResponse | None:
         """`request` answered by the owners `ahead` (or from a hot copy their
-        304 renewed); None: none of them answered."""
-        on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
-        answer = await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
-                                        on_manifest=self.chunked_from_peer,
-                                        validators=revalidating.fields if revalidating else None,
-                                        on_answer=on_answer,
-                                        here=next((p for p in owners if p.id == self.node_id), None))
+        304 renewed, or from this node's copy streaming in from them); None:
+        none of them answered."""
+        head: HeadRead | None = None
+        answer: web.StreamResponse | None = None
+        if (self.streaming is not None and revalidating is None and not authorize
+                and self.streaming.shares(request.method, request.headers)):
+            found = await self.streaming.joinable(asked.key)
+            if isinstance(found, ManifestAnswer):
+                # The head read's owner answered with the manifest: its chunks are read from here.
+                answer = await self.chunked_from_peer(request, found.answer, found.peer)
+            elif found is not None and (joined := await self._from_copy(request, found)) is not None:
+                return joined
+            if answer is None:
+                head = self.streaming.head(asked.key)
+        if answer is None:
+            answer = await self._relayed(request, asked, ahead=ahead, owners=owners, revalidating=revalidating,
+                                         head=head)
         if revalidating is not None and revalidating.served:
             return answer  # from this node's renewed copy, counted as the hit it is
+        if head is not None and head.taken:
+            return answer  # from this node's copy as it streamed in, counted as the miss it is
         if answer is None:
             return None
         record = access(request)
@@ -79,6 +96,75 @@ class RelayedReads:
                              request_headers=request.headers, authorize=authorize,
                              replaced=revalidating is not None and revalidating.replaced)
         return answer
+
+    async def _relayed(self, request: web.Request, asked: Asked, *, ahead: list[Peer], owners: list[Peer],
+                       revalidating: HotCheck | None, head: HeadRead | None) -> web.StreamResponse | None:
+        """The relay to the owners `ahead`; `head`: this read leads the key's head here."""
+        on_answer = None if revalidating is None else self._hot_answer(revalidating, ahead=ahead, asked=asked)
+        on_manifest = self.chunked_from_peer if head is None else self._manifest_after_head(head)
+        try:
+            return await self.relay.relay(request, ahead, target=asked.target, origin_url=asked.url,
+                                          on_manifest=on_manifest,
+                                          validators=revalidating.fields if revalidating else None,
+                                          on_answer=on_answer,
+                                          on_head=None if head is None else self._copy_answer(head, asked, ahead=ahead,
+                                                                                            owners=owners),
+                                          here=next((p for p in owners if p.id == self.node_id), None))
+        finally:
+            if head is not None:
+                assert self.streaming is not None
+                self.streaming.settle(head)  # no copy came of its answer: the reads waiting on it relay on their own
+
+    async def for_peer(self, request: web.Request, asked: Asked) -> web.StreamResponse | None:
+        """A node this one feeds asks for its copy (`only-if-cached`, a plain GET): this node's copy
+        as it streams in, if it makes one (cluster/streaming_copies.py); None: it has none."""
+        if self.streaming is None or not self.streaming.shares(request.method, {}):
+            return None
+        flight = await self.streaming.for_peer(asked.key)
+        return None if flight is None else await self._from_copy(request, flight)
+
+    async def _from_copy(self, request: web.Request, flight: Flight) -> web.StreamResponse | None:
+        """`request` served from this node's copy streaming in (`hot-miss`); None: that copy failed
+        before its first byte, or holds another variant (the read is relayed)."""
+        outcome = await asyncio.shield(flight.outcome)
+        if outcome.kind is not Kind.STREAMING or outcome.fill is None or not outcome.answers(request.headers):
+            return None
+        return await self.respond.fill(request, outcome.fill, label=CacheOutcome.HOT_MISS)
+
+    def _manifest_after_head(self, head: HeadRead):
+        """`chunked_from_peer` for a head read: a manifest is no body to copy, so
+        the reads waiting on the head read the chunks with it at once (sharing
+        one request per chunk here), not after this whole read, and without
+        asking the owner again on links the wave has filled by then."""
+        assert self.streaming is not None
+        streaming = self.streaming
+
+        async def on_manifest(request: web.Request, answer: aiohttp.ClientResponse,
+                              peer: Peer) -> web.StreamResponse | None:
+            streaming.settle(head, ManifestAnswer(answer=answer, peer=peer))
+            return await self.chunked_from_peer(request, answer, peer)
+
+        return on_manifest
+
+    def _copy_answer(self, head: HeadRead, asked: Asked, *, ahead: list[Peer], owners: list[Peer]):
+        """The relay's look at the owner's answer to the head read: when it
+        becomes this node's copy (cluster/streaming_copies.py `take`), the head
+        read is served from that copy as it streams in, like the reads waiting on it."""
+        assert self.streaming is not None
+        streaming = self.streaming
+
+        async def on_head(request: web.Request, answer: aiohttp.ClientResponse,
+                          peer: Peer) -> web.StreamResponse | None:
+            try:
+                fill = await streaming.take(head, answer, peer, target=asked.target, url=asked.url,
+                                            origin=asked.origin, owners=owners, ahead=ahead)
+            except NezhaError as e:
+                raise web.HTTPBadGateway(text=f"{asked.key}: {e}\n") from e
+            if fill is None:
+                return None
+            return await self.respond.fill(request, fill, label=CacheOutcome.HOT_MISS)
+
+        return on_head
 
     def _hot_answer(self, check: HotCheck, *, ahead: list[Peer], asked: Asked):
         """The relay's look at the owner's answer to a hot copy's revalidation.

@@ -766,3 +766,43 @@ async def test_readers_of_a_replicas_fill_whose_source_breaks_off_go_on_with_its
     assert {(status, n, digest) for status, _, digest, n in results} == {(206, CHUNK, sha(BODY[a:b + 1]))}
     ranges = [h["Range"] for h in origin.request_headers[1:]]
     assert ranges == [f"bytes={a}-{b}"] * 2, f"origin asked for {ranges}"
+
+
+async def test_readers_that_reach_a_broken_off_chunk_after_its_fill_ended_read_the_stored_chunk_not_the_origin(
+        origin, cluster, session):
+    """R = 2, cold, as above, but the six clients of the chunk's second owner come to the chunk only once
+    that node's fill of it has gone on from the origin and ended (their window opened the first source's
+    file, which broke off at half; a busy link had kept them writing earlier bytes): each goes on from the
+    chunk its node now holds. The origin is asked for the chunk twice, never for the rest of it once per
+    client (the stampede benchmark's `killed-chunks`, four rests of one chunk at the origin)."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (victim, reader) = next((i, owners) for i, owners in enumerate(table) if len(owners) == 2)
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        if offset + count <= CHUNK // 2:
+            await resp.write(os.pread(f.fileno(), count, offset))
+            return
+        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    nodes[victim].node.chunk_owner.send_file = half_then_hang_up
+    reads = nodes[reader].node.respond.chunk_body
+    fills = nodes[reader].node.chunk_owner.fills
+    write = reads._write
+    layout = Layout(size=SIZE, chunk_size=CHUNK)
+
+    async def after_the_fill(request, resp, opened, **kwargs):
+        while fills.running(KEY, index, layout):  # the chunk's fill here has not ended yet
+            await asyncio.sleep(0.01)
+        return await write(request, resp, opened, **kwargs)
+
+    reads._write = after_the_fill
+    results = await asyncio.gather(*(read(nodes[reader], session, headers={"Range": f"bytes={a}-{b}"})
+                                     for _ in range(6)))
+    assert {(status, n, digest) for status, _, digest, n in results} == {(206, CHUNK, sha(BODY[a:b + 1]))}
+    ranges = [h["Range"] for h in origin.request_headers[1:]]
+    assert ranges == [f"bytes={a}-{b}"] * 2, f"origin asked for {ranges}"

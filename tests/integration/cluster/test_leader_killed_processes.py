@@ -3,8 +3,8 @@ answers ranges slowly.
 
 Five clients read one cold object through the three nodes of a cluster (two owners per key); the node filling
 it is killed (SIGKILL) a third of the way in. Every client gets exact bytes, and the origin gets the first
-fill, one request for the range nobody has (however many clients wait on it), and one for the head the dead
-leader took with it: the second owner's refill reuses what the resume fetched.
+fill and one request per range nobody has (however many clients wait on it): the tail, and the head the dead
+leader took with it unless the second owner's copy kept it (its clients shared one stream from the leader).
 """
 
 from __future__ import annotations
@@ -66,8 +66,15 @@ async def test_five_clients_on_three_nodes_cost_one_resume_per_missing_range_whe
     # The first fill (a plain GET), then one request per byte range the survivors lacked, however many
     # clients waited on it: the resume of the missing tail, and the head the dead leader took with it.
     assert sum(1 for h in upstream.seen if "Range" not in h) == 1, [h.get("Range") for h in upstream.seen]
-    assert len(ranges) == 2, f"one resume and one refill of the head: {ranges}"
+    # The second owner's two clients share one stream from the leader when they come at once, kept as its
+    # replica as it arrives (cluster/streaming_copies.py): the head is then the second owner's already and
+    # its copy goes on from the origin for the tail alone. Else it has only the resume of the tail, and
+    # refills the head.
     spans = sorted(tuple(int(x) for x in r.removeprefix("bytes=").split("-")) for r in ranges)
-    assert spans[0][0] == 0 and spans[0][1] + 1 == spans[1][0] and spans[1][1] == SIZE - 1, \
-        f"the refill fetched again what the resume brought: {ranges}"
+    if len(spans) == 1:
+        assert 0 < spans[0][0] and spans[0][1] == SIZE - 1, f"the copy's rest, from the byte it had: {ranges}"
+    else:
+        assert len(ranges) == 2, f"one resume and one refill of the head: {ranges}"
+        assert spans[0][0] == 0 and spans[0][1] + 1 == spans[1][0] and spans[1][1] == SIZE - 1, \
+            f"the refill fetched again what the resume brought: {ranges}"
     assert all(h.get("If-Range") == '"v1"' for h in upstream.seen if "Range" in h)

@@ -45,3 +45,11 @@ def test_a_fill_asked_with_the_callers_own_credentials_is_never_cut_into_range_r
     requests in its name are requests it never made (and may outlive it)."""
     plan = plan_fill(body(callers_own=True), splice_fills=splice_fills, fill_on_range=True)
     assert plan == Plan(How.SPLICED if splice_fills else How.STREAM)
+
+
+@pytest.mark.parametrize("splice_fills", [True, False])
+def test_a_copy_that_goes_on_from_another_source_is_streamed_never_spliced(splice_fills):
+    """A streaming copy (cluster/streaming_copies.py) joins the rest from the next owner on in Python when
+    its owner breaks off, which a splice into the file would not let it do."""
+    plan = plan_fill(body(from_peer=True, goes_on=True), splice_fills=splice_fills, fill_on_range=True)
+    assert plan == Plan(How.STREAM)

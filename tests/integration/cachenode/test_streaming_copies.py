@@ -1,0 +1,119 @@
+"""Streaming copies (cachenode/cluster/streaming_copies.py): the readers of a cold object on one node share
+one stream from the key's owner, kept as the node's copy while it arrives, instead of one relay each.
+
+In-process nodes on 127.0.0.1 sharing one ring (the `cluster` fixture); with real processes, the owner killed
+mid-fill: tests/integration/cluster/test_streaming_copies_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+
+from structlog.testing import capture_logs
+
+from tests.integration.cachenode.conftest import key_of, owner_and_other, until
+
+MiB = 1 << 20
+PATH = "/datasets/stampede/shard-0.tar"
+KEY = key_of(PATH)
+BODY = os.urandom(MiB)
+
+
+async def requests_answered(node, session) -> dict[str, float]:
+    """nezha_requests_total on `node`, by cache outcome (those it answered at least once)."""
+    async with session.get(node.url + "/metrics") as r:
+        text = await r.text()
+    found = {m.group(1): float(m.group(2))
+             for m in re.finditer(r'^nezha_requests_total\{cache="([^"]+)"\} (\S+)$', text, re.M)}
+    return {cache: n for cache, n in found.items() if n and cache not in ("admin", "internal")}
+
+
+async def test_readers_of_a_cold_object_on_a_non_owner_share_one_stream_from_the_owner_kept_as_a_hot_copy(
+        origin, cluster, session):
+    """Six reads at once through a non-owner of a cold object the origin sends in about a second: the owner
+    is asked once (not six times), the copy here starts while the owner's fill runs, every reader gets exact
+    bytes from it (`hot-miss`), and it stays as a hot copy that the next read hits."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, hot_reads=3)
+    (owner,), (reader, _) = owner_and_other(nodes, PATH)
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(nodes[reader].get(session, PATH) for _ in range(6)))
+        await nodes[reader].node.settled()
+        await nodes[owner].node.settled()
+    assert [(status, body == BODY) for status, _, body in results] == [(200, True)] * 6
+    assert [headers["X-Nezha-Cache"] for _, headers, _ in results] == ["hot-miss"] * 6
+    assert await requests_answered(nodes[owner], session) == {"miss": 1.0}, "one stream from the owner"
+    events = [(e["event"], e.get("source")) for e in logs]
+    assert events.index(("streaming_copy_started", owner)) < events.index(("fill_completed", "origin")), \
+        "the copy began while the owner's fill ran"
+    assert origin.requests[PATH] == 1
+    copy = nodes[reader].node.store.lookup(KEY)
+    assert copy is not None and copy.hot and copy.size == len(BODY)
+    status, headers, body = await nodes[reader].get(session, PATH)
+    assert (status, headers["X-Nezha-Cache"], body == BODY) == (200, "hot-hit", True)
+
+
+async def test_a_read_alone_is_relayed_as_before_and_makes_no_copy(origin, cluster, session):
+    """One read of a cold object through a non-owner: nothing waits on its answer, so it is relayed
+    (`peer-miss`) and no copy is kept (a key read once is not copied)."""
+    origin.put(PATH, BODY, rate=4 * MiB, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, hot_reads=3)
+    (owner,), (reader, _) = owner_and_other(nodes, PATH)
+    status, headers, body = await nodes[reader].get(session, PATH)
+    assert (status, headers["X-Nezha-Cache"], body == BODY) == (200, "peer-miss", True)
+    await nodes[reader].node.settled()
+    assert nodes[reader].node.store.lookup(KEY) is None
+
+
+async def test_with_hot_copies_off_every_reader_is_relayed(origin, cluster, session):
+    origin.put(PATH, BODY, rate=2 * MiB, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, hot_reads=0)
+    (owner,), (reader, _) = owner_and_other(nodes, PATH)
+    results = await asyncio.gather(*(nodes[reader].get(session, PATH) for _ in range(4)))
+    assert {(status, body == BODY) for status, _, body in results} == {(200, True)}
+    assert {headers["X-Nezha-Cache"] for _, headers, _ in results} <= {"peer-miss", "peer-miss-joined"}
+    assert sum((await requests_answered(nodes[owner], session)).values()) == 4
+    await nodes[reader].node.settled()
+    assert nodes[reader].node.store.lookup(KEY) is None
+
+
+async def test_a_second_owners_readers_share_one_stream_kept_as_its_replica(origin, cluster, session):
+    """R = 2: the second owner's readers of a cold object share one stream from the first owner too; what it
+    keeps is its replica (not a hot copy), so the first owner's push finds it present."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, replicas=2, hot_reads=3)
+    (first, second), _ = owner_and_other(nodes, PATH, replicas=2)
+    results = await asyncio.gather(*(nodes[second].get(session, PATH) for _ in range(4)))
+    assert [(status, headers["X-Nezha-Cache"], body == BODY) for status, headers, body in results] == \
+        [(200, "hot-miss", True)] * 4
+    assert await requests_answered(nodes[first], session) == {"miss": 1.0}
+    await until(lambda: nodes[second].node.store.lookup(KEY) is not None)
+    await nodes[first].node.settled()
+    await nodes[second].node.settled()
+    replica = nodes[second].node.store.lookup(KEY)
+    assert not replica.hot and replica.size == len(BODY)
+    assert origin.requests[PATH] == 1
+
+
+async def test_copies_feed_copies_in_a_tree_so_no_node_sends_more_than_two_streams(origin, cluster, session):
+    """Five nodes, R = 2, four reads at once through each: in the key's order of nodes the first owner
+    feeds the next two, and the second owner feeds the two behind them (cluster/streaming.py
+    `feeds_from`). The first owner answers its own four reads and two copies, not four; the second owner
+    answers two copies from its own as it arrives; every read is exact; the origin is asked once."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600", "ETag": '"v1"'})
+    nodes, members = await cluster(5, replicas=2, hot_reads=3)
+    order = [p.id for p in nodes["n0"].node.cluster.owners(KEY, 5)]
+    results = await asyncio.gather(*(nodes[n].get(session, PATH) for n in order for _ in range(4)))
+    assert [(status, body == BODY) for status, _, body in results] == [(200, True)] * 20
+    for node in nodes.values():
+        await node.node.settled()
+    first, second = [await requests_answered(nodes[n], session) for n in order[:2]]
+    assert second == {"hot-miss": 6.0}, "its own four reads and the copies of the two nodes it feeds"
+    # Every head read asks the first owner first (its answer says whether the object is filling); the
+    # two the second owner feeds close theirs once it answers: the first owner sends 4 + 2 whole bodies.
+    assert sum(first.values()) == 8 and first.get("hot-miss", 0) == 0, first
+    for n in order[2:]:
+        assert await requests_answered(nodes[n], session) == {"hot-miss": 4.0}
+    assert origin.requests[PATH] == 1
