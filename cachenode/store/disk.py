@@ -1,6 +1,7 @@
 """The node's disk: complete objects only, named by key hash.
 
-Its files and their format: cachenode/store/layout.py.
+Its files and their format: cachenode/store/layout.py. Objects leaving it
+(evicted, lost, removed) and their files deleted: cachenode/store/removal.py.
 
 A response that varies (`Vary`, RFC 9111 §4.1) is stored once per variant:
 its slot in the index, and the name of its files, is its key plus the
@@ -43,11 +44,12 @@ from cachenode.http.headers import Pairs
 from nezha.keys import object_id
 from cachenode.store.index import Index, IndexView
 from cachenode.store.integrity import Integrity
-from cachenode.store.layout import read_meta, read_record, scan, vary_path, write_meta, write_vary
+from cachenode.store.layout import read_record, scan, write_meta
 from cachenode.store import blocks, small
 from cachenode.store.loading import Loader
 from cachenode.store import pins_file
 from cachenode.store.pins import Pins
+from cachenode.store.removal import Removal
 from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
 from cachenode.store.steps import Steps
 from cachenode.store.temps import TempFiles
@@ -58,7 +60,7 @@ from nezha.errors import StoreError
 log = structlog.get_logger("nezha.store")
 
 
-class Store(IndexView, TempFiles, Integrity):
+class Store(IndexView, TempFiles, Integrity, Removal):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
                  pinned_capacity: int | None = None, extra: Callable[[str], bool] | None = None,
@@ -188,68 +190,6 @@ class Store(IndexView, TempFiles, Integrity):
     def index(self) -> Index:
         """The in-memory index: its usage by kind of copy, evictions by reason, census (cachenode/store/index.py)."""
         return self._index
-
-    def _evicted(self, meta: Meta, reason: str) -> None:
-        """The index evicted `meta`: its files go, and whoever listens is told."""
-        self._unlink_later(meta, final=True)
-        log.info("object_evicted", key=meta.key, bytes=meta.size, reason=reason,
-                 **({"hot": True} if meta.hot else {}))
-        if self._on_evict:
-            self._on_evict(meta)
-
-    def _lost(self, oid: str, data: str) -> None:
-        """The index found an object's record gone or unreadable (deleted or
-        damaged under the store): it left the index; its files go."""
-        log.warning("object_lost", oid=oid, data=data)
-        self._unlink_files(oid, data, final=True)
-
-    def _unlink_later(self, meta: Meta, *, final: bool) -> asyncio.Future:
-        """Delete an evicted or replaced object's data (and, if `final`, its meta) soon;
-        the note of its key's Vary names with the key's last variant."""
-        if final and meta.vary and not self._index.slots_of(meta.key):
-            self._note_vary(meta.key, None)
-        return self._unlink_files(object_id(meta.slot), meta.data, final=final)
-
-    def _note_vary(self, key: str, names: tuple[str, ...] | None) -> None:
-        """Note (or, None, delete) under `key`'s own id the names its responses
-        vary on, soon: how a lookup finds a variant before the start-up scan
-        reached it (cachenode/store/loading.py). In the order of `key`'s steps."""
-        path = self._inside(vary_path(self.objects, key))
-
-        def note() -> None:
-            try:
-                if names is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    write_vary(self.objects, key, names, tmp=self.tmp)
-            except OSError as e:
-                log.warning("vary_note_failed", key=key, error=str(e))
-
-        self._step(object_id(key), note)
-
-    def _unlink_files(self, oid: str, data: str, *, final: bool) -> asyncio.Future:
-        """Delete data file `data` of object `oid` (and, if `final`, its meta) soon.
-
-        The meta goes only if it still names this data file: a commit of the
-        same key queued before this step may already have replaced it.
-        """
-        d = self._dir_of(oid)
-        data_path, meta_path = d / data, d / f"{oid}.meta"
-
-        def unlink() -> None:
-            paths = [data_path]
-            if final and not data.endswith(small.SUFFIX):
-                current = read_meta(meta_path)
-                if current is None or current.data == data:
-                    paths.append(meta_path)
-            for p in paths:
-                try:
-                    self._inside(p).unlink(missing_ok=True)
-                except OSError as e:
-                    log.warning("unlink_failed", path=str(p), error=str(e))
-
-        # Open readers keep their file descriptors; unlinking under them is safe.
-        return self._step(oid, unlink)
 
     def _step(self, oid: str, fn: Callable[[], object]) -> asyncio.Future:
         """Run blocking `fn` after every earlier step on object `oid` (cachenode/store/steps.py)."""
@@ -471,38 +411,6 @@ class Store(IndexView, TempFiles, Integrity):
         if (held := self._index.get(meta.slot)) is not None and held.data == current.data:
             self._index.replace(new)
         return new
-
-    async def remove(self, key: str) -> list[Meta]:
-        """Forget every stored response of `key`, variants included; what went.
-
-        Returns once their data files are unlinked: a node's other workers
-        (cachenode/workers/) may still hold the old entry in their copy of the
-        index for a moment, and must find no file to open after a write that
-        removed it has been answered."""
-        self._load(key)
-        if self._loader is not None:
-            self._loader.removed(key)  # its variants in folders not scanned yet do not come back
-        gone, steps = [], []
-        for slot in self._index.slots_of(key):
-            meta = self._index.drop(slot)
-            if meta is not None:
-                steps.append(self._unlink_later(meta, final=True))
-                gone.append(meta)
-        if steps:
-            await asyncio.shield(asyncio.gather(*steps, return_exceptions=True))
-        return gone
-
-    async def remove_one(self, meta: Meta, *, reason: str | None = None) -> bool:
-        """Forget the one stored response `meta` (its variant only), if still
-        stored; returns once its data file is unlinked, as `remove` does.
-        `reason` ("expired") counts it among the evictions."""
-        held = self._index.get(meta.slot)
-        # The same data file, not refreshed since: the same response (a record read again from disk is another Meta).
-        if held is None or held.data != meta.data or held.stored_at != meta.stored_at:
-            return False
-        self._index.drop(meta.slot, reason=reason)
-        await asyncio.shield(self._unlink_later(meta, final=True))
-        return True
 
     # -- a follower's copy of the index (cachenode/workers/) -------------------
     def mirror(self, event: str, meta: Meta) -> None:

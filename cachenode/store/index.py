@@ -35,30 +35,32 @@ last are kept (hot ones are read from memory, the others from the page
 cache). Records the store cannot find again by their name are kept in
 memory whole: responses that vary (their slots hold a variant, and a key's
 variants are found from it), chunks (their object finds them by key), and
-any record when no `records` is given (a unit test's index).
+any record when no `records` is given (a unit test's index). How a row's
+record is read back: cachenode/store/records.py. What a store answers from
+the index alone (`IndexView`, importable from here): cachenode/store/index_view.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator
+from typing import Callable, Iterator
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
+from cachenode.store.index_view import IndexView
 from cachenode.store.policy import Candidate, Policy
-from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, USED, RowOrder, Rows, hash_of
+from cachenode.store.records import SEALED_SUFFIX, Records, digest_of
+from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, RowOrder, Rows, hash_of
 from nezha.chunks import chunk_of
 
 KINDS = ("hot", "extra", "only")  # the kinds of copy, first to go first
 REASONS = ("capacity", "extra_copy", "refused", "expired", "replaced")  # why an object left the store
 RECENT = 4096  # records read from disk kept in memory, the last used
 _MEMBER = {"hot": HOT, "extra": EXTRA, "only": 0}
-_SEALED_SUFFIX, _DATA_SUFFIX = ".obj", ".data"  # cachenode/store/small.py SUFFIX; a large object's data file
+
+__all__ = ["Index", "IndexView", "KINDS", "REASONS", "RECENT", "Slots", "Usage", "digest_of", "kind_of"]
 
 
 def kind_of(meta: Meta) -> str:
@@ -67,15 +69,6 @@ def kind_of(meta: Meta) -> str:
 
 def _kind(flags: int) -> str:
     return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
-
-
-def digest_of(slot: str) -> bytes:
-    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
-    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
-
-
-def _read_all(read: Callable[[str, str], Meta | None], files: list[tuple[str, str]]) -> list[Meta | None]:
-    return [read(oid, data) for oid, data in files]
 
 
 def _same(h: int) -> int:
@@ -103,7 +96,7 @@ class Slots:
         return iter(dict.fromkeys(m.key for m in self._index.metas()))
 
 
-class Index:
+class Index(Records):
     """slot -> stored object, in eviction order, with the bytes they and running fills hold.
 
     `evicted(meta, reason)` is called for each object an eviction drops,
@@ -145,87 +138,6 @@ class Index:
         # ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = []
-
-    # -- records -------------------------------------------------------------
-    def _meta(self, row: int) -> Meta | None:
-        """Row `row`'s record: kept, read lately, or read from its file and checked; None when it cannot be."""
-        kept = self._kept.get(row)
-        if kept is not None:
-            return kept
-        recent = self._recent.get(row)
-        if recent is not None:
-            self._recent.move_to_end(row)
-            return recent
-        digest, data = self._rows.digest(row), self._data(row)
-        meta = self._checked(row, digest, data,
-                             self._records(digest.hex(), data) if self._records is not None else None)
-        if meta is not None:
-            self._remember(row, meta)
-        return meta
-
-    def _checked(self, row: int, digest: bytes, data: str, meta: Meta | None) -> Meta | None:
-        """`meta`, read from data file `data`, if it is row `row`'s record: never another slot's."""
-        rows = self._rows
-        if meta is None or meta.data != data or meta.size != rows.sizes[row] or meta.vary \
-                or digest_of(meta.slot) != digest:
-            return None  # another record in its place (or none): never served as this slot's
-        return meta
-
-    async def each_meta(self, *, batch: int = 256) -> AsyncIterator[Meta]:
-        """Every stored response, as `metas()`, the records read from disk in the
-        executor a batch at a time: a walk over a million objects (the scrub)
-        that never holds the event loop for long. An object that left the
-        index meanwhile is not given; one added meanwhile may not be."""
-        loop = asyncio.get_running_loop()
-        rows = self._rows
-        used = array("i", rows.used())
-        for at in range(0, len(used), batch):
-            asked = []
-            for row in used[at:at + batch]:
-                if not rows.flags[row] & USED:
-                    continue
-                if (kept := self._kept.get(row)) is not None:
-                    yield kept
-                else:
-                    asked.append((row, rows.digest(row), self._data(row)))
-            read = self._records
-            if not asked or read is None:
-                continue
-            found = await loop.run_in_executor(None, _read_all, read, [(d.hex(), data) for _, d, data in asked])
-            for (row, digest, data), meta in zip(asked, found):
-                if rows.flags[row] & USED and rows.digest(row) == digest and self._data(row) == data:
-                    if (meta := self._checked(row, digest, data, meta)) is not None:
-                        yield meta
-
-    def _remember(self, row: int, meta: Meta) -> None:
-        recent = self._recent
-        recent[row] = meta
-        recent.move_to_end(row)
-        if len(recent) > self._recent_max:
-            recent.popitem(last=False)
-
-    def _nonce(self, meta: Meta, digest: bytes) -> int:
-        """The nonce of `meta`'s data file when its record can be read again from
-        it (`{oid}.{12 hex}.obj|.data`, no variant, no chunk); EMPTY: keep it in memory."""
-        if self._records is None or meta.vary or chunk_of(meta.key) is not None:
-            return EMPTY
-        parts = meta.data.split(".")
-        if len(parts) != 3 or parts[0] != digest.hex() or len(parts[1]) != 12 \
-                or f".{parts[2]}" not in (_SEALED_SUFFIX, _DATA_SUFFIX):
-            return EMPTY
-        try:
-            return int(parts[1], 16)
-        except ValueError:
-            return EMPTY
-
-    def _data(self, row: int) -> str:
-        rows = self._rows
-        oid = rows.digest(row).hex()
-        return f"{oid}.{rows.nonces[row]:012x}{_SEALED_SUFFIX if rows.flags[row] & SEALED else _DATA_SUFFIX}"
-
-    def _key(self, row: int) -> str | None:
-        meta = self._meta(row)
-        return None if meta is None else meta.key
 
     # -- reads -------------------------------------------------------------
     def lookup(self, key: str, request_headers=None) -> Meta | None:
@@ -334,7 +246,7 @@ class Index:
             self._evict(other, "replaced")
         nonce = self._nonce(meta, digest)
         kind = kind_of(meta)
-        flags = _MEMBER[kind] | (SEALED if meta.data.endswith(_SEALED_SUFFIX) else 0)
+        flags = _MEMBER[kind] | (SEALED if meta.data.endswith(SEALED_SUFFIX) else 0)
         row = rows.new(digest, size=meta.size, nonce=nonce, flags=flags)
         if nonce == EMPTY:
             self._kept[row] = meta
@@ -524,61 +436,3 @@ class Index:
         """Bytes stored as each kind of copy."""
         u = self.usage
         return {"only": u.stored - u.hot - u.extra, "extra": u.extra, "hot": u.hot}
-
-
-class IndexView:
-    """What a store answers from its index alone (cachenode/store/disk.py `Store`)."""
-
-    _index: Index
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._index.slots
-
-    def keys(self) -> list[str]:
-        """Every stored key: reads every record (a test's or a tool's question, not the hot path's)."""
-        return list(self._index.slots)
-
-    def stored_size(self, key: str) -> int | None:
-        """The bytes `key`'s stored responses hold here (all its variants); None when none is stored."""
-        sizes = [s for s in map(self._index.size_of, self._index.slots_of(key)) if s is not None]
-        return sum(sizes) if sizes else None
-
-    def chunks_of(self, key: str) -> list[str]:
-        """The keys of the chunks of the object `key` stored here, of any chunk size or version."""
-        return self._index.chunks_of(key)
-
-    def metas(self) -> list[Meta]:
-        """Every stored response, variants included (the records of objects on disk are read)."""
-        return self._index.metas()
-
-    def each_meta(self) -> AsyncIterator[Meta]:
-        """Every stored response, its record read in the executor: for a walk over all of them."""
-        return self._index.each_meta()
-
-    @property
-    def used_bytes(self) -> int:
-        return self._index.usage.stored
-
-    @property
-    def hot_bytes(self) -> int:
-        """Bytes of hot copies stored (part of `used_bytes`)."""
-        return self._index.usage.hot
-
-    @property
-    def _usage(self):
-        return self._index.usage
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def varies(self, key: str) -> bool:
-        """Whether responses that vary are stored for `key`, from memory alone."""
-        return key in self._varying
-
-    def vary_of(self, key: str) -> tuple[str, ...] | None:
-        """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""
-        return self._vary.get(key)
-
-    def touch(self, slot: str) -> None:
-        """A read of `slot` served elsewhere (another worker) counts as a use."""
-        self._index.touch(slot)
