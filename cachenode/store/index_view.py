@@ -63,11 +63,11 @@ class IndexView:
 
     def varies(self, key: str) -> bool:
         """Whether responses that vary are stored for `key`, from memory alone."""
-        return key in self._varying
+        return self._index.varies(key)
 
     def vary_of(self, key: str) -> tuple[str, ...] | None:
         """The names `key`'s newest stored response varies on; None when it does not vary (or nothing is stored)."""
-        return self._vary.get(key)
+        return self._index.vary_of(key)
 
     def touch(self, slot: str) -> None:
         """A read of `slot` served elsewhere (another worker) counts as a use."""

@@ -105,3 +105,13 @@ async def test_a_response_varying_on_other_names_committed_while_loading_keeps_o
     assert store.index.vary_of(KEY) == ("accept-encoding", "accept-language")
     assert store.lookup(KEY, {"Accept-Encoding": "gzip"}) is not None
     await store.close()
+
+
+async def test_the_store_itself_says_whether_a_key_varies_and_on_what(tmp_path):
+    """`Store.varies`/`vary_of` answer from its index (they read attributes only the index has, and raised)."""
+    store = Store(tmp_path)
+    await store.open()
+    assert (store.varies(KEY), store.vary_of(KEY)) == (False, None)
+    await put(store, "gzip")
+    assert (store.varies(KEY), store.vary_of(KEY)) == (True, ("accept-encoding",))
+    await store.close()
