@@ -96,15 +96,7 @@ class Controller:
                                     host=settings.holder, allowed=lambda: self.leading, counted=self.metrics.event)
         self.scaler = Scaler(api=api, namespace=self.namespace, name=self.name, index=index, events=self.events,
                              clock=clock)
-        expander = Expander(session=self._session, origins=settings.origin_table, hub_host=settings.hub_host,
-                            s3_host=settings.s3_host, max_objects=settings.prefetch_max_objects,
-                            s3_page_keys=settings.s3_page_keys)
-        self.prefetcher = Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
-                                     origins=settings.origin_table, fills=settings.prefetch_fills,
-                                     expander=expander, cluster_token=settings.cluster_token,
-                                     s3_region=settings.s3_region, record_pins=index.record_pins,
-                                     spread_max=settings.prefetch_spread_max, spread_over=self._changed,
-                                     counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
+        self.prefetcher = self._prefetcher(settings, api, index)
         # Pods held until their workload's prefetch is spread (webhook/gate.py), in every namespace.
         self.gated = Informer(kind="pod", list_fn=core.list_pod_for_all_namespaces, namespace=None,
                               label_selector=GATED_LABEL, on_change=self._changed)
@@ -117,6 +109,19 @@ class Controller:
         self.last_event_at: float | None = None
         self.loop_at: float | None = None  # when the reconcile loop last went round (controller/health.py)
         self.metrics.watch(self)
+
+    def _prefetcher(self, settings: ControllerSettings, api: client.ApiClient, index: Index) -> Prefetcher:
+        """The prefetch of workloads' datasets: its own dozen settings, and the
+        controller's events, metrics, HTTP session and ring it shares."""
+        expander = Expander(session=self._session, origins=settings.origin_table, hub_host=settings.hub_host,
+                            s3_host=settings.s3_host, max_objects=settings.prefetch_max_objects,
+                            s3_page_keys=settings.s3_page_keys)
+        return Prefetcher(api=api, events=self.events, session=self._session, ring=self._ring,
+                          origins=settings.origin_table, fills=settings.prefetch_fills,
+                          expander=expander, cluster_token=settings.cluster_token,
+                          s3_region=settings.s3_region, record_pins=index.record_pins,
+                          spread_max=settings.prefetch_spread_max, spread_over=self._changed,
+                          counted=lambda outcome: self.metrics.prefetches.labels(outcome).inc())
 
     def loop_idle(self) -> float | None:
         """Seconds since the reconcile loop last went round; None before it started."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 import aiohttp
@@ -134,20 +135,7 @@ class ChunkReads:
                 ahead.append(asyncio.ensure_future(self._open(meta, target, layout, validator, piece,
                                                               owners[piece.index])))
 
-        async def reopen(rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
-            # This node's fill of the chunk still runs (its source broke off, it goes on from the next):
-            # the rest from it, as for every reader joined to it, not one origin request per reader.
-            # Its fill here may have ended by the time this reader came to the rest (its window opened
-            # the first source's file long before): the rest from the chunk it stored, not the origin.
-            if origin_only and not self.fills.running(meta.key, rest.index, layout):
-                held = self.fills.held(meta.key, rest.index, layout, validator)
-                if held is not None:
-                    return Opened(rest, meta=held, source=f"chunk {held.key} here")
-                return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
-                                               key=meta.key)
-            others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
-            return await self._open(meta, target, layout, validator, rest, others,
-                                    owner=any(p.id == self.node_id for p in owners[rest.index]))
+        reopen = functools.partial(self._reopen, meta, target, layout, validator, owners)
 
         try:
             top_up()
@@ -172,6 +160,24 @@ class ChunkReads:
             for result in await asyncio.gather(*ahead, return_exceptions=True):
                 if isinstance(result, Opened):
                     result.close()
+
+    async def _reopen(self, meta: Meta, target: Target, layout: Layout, validator: Validator,
+                      owners: list[list[Peer]], rest: Piece, broke: Peer | None, origin_only: bool) -> Opened:
+        """The rest of a piece whose source broke off (`_write`'s `reopen`), asked
+        again of the chunk's other owners, or of this node's fill or the origin."""
+        # This node's fill of the chunk still runs (its source broke off, it goes on from the next):
+        # the rest from it, as for every reader joined to it, not one origin request per reader.
+        # Its fill here may have ended by the time this reader came to the rest (its window opened
+        # the first source's file long before): the rest from the chunk it stored, not the origin.
+        if origin_only and not self.fills.running(meta.key, rest.index, layout):
+            held = self.fills.held(meta.key, rest.index, layout, validator)
+            if held is not None:
+                return Opened(rest, meta=held, source=f"chunk {held.key} here")
+            return await self._from_origin(origin_url(self.settings, target), layout, validator, rest,
+                                           key=meta.key)
+        others = [p for p in owners[rest.index] if broke is None or p.id != broke.id]
+        return await self._open(meta, target, layout, validator, rest, others,
+                                owner=any(p.id == self.node_id for p in owners[rest.index]))
 
     async def _mismatched(self, meta: Meta, layout: Layout, validator: Validator, mismatch: Mismatch) -> None:
         """A whole read's bytes failed the origin's digest: logged and counted

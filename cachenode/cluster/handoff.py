@@ -85,6 +85,20 @@ class Progress:
     finished: float = 0.0
     errors: list[str] = field(default_factory=list)
 
+    def tally(self, key: str, results: list[str]) -> None:
+        """Count what each owner answered when asked to copy `key`; only the
+        first 20 failures are kept by name, so a hand-off of a whole store
+        that fails everywhere still reports in one small answer."""
+        for r in results:
+            if r == ReplicateResult.COPIED:
+                self.copied += 1
+            elif r == ReplicateResult.PRESENT:
+                self.present += 1
+            else:
+                self.failed += 1
+                if len(self.errors) < 20:
+                    self.errors.append(f"{key}: {r}")
+
 
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
@@ -338,15 +352,7 @@ class Handoff:
                     else:
                         results = [await self.replicas.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
                                    for peer in peers]
-                    for r in results:
-                        if r == ReplicateResult.COPIED:
-                            p.copied += 1
-                        elif r == ReplicateResult.PRESENT:
-                            p.present += 1
-                        else:
-                            p.failed += 1
-                            if len(p.errors) < 20:
-                                p.errors.append(f"{key}: {r}")
+                    p.tally(key, results)
                 finally:
                     p.done += 1
 

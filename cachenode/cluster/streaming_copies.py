@@ -185,15 +185,7 @@ class StreamingCopies:
         if why is not None:
             self.settle(head)
             return None
-        # Fed by the copy of a node ahead of this one when the key's order of
-        # nodes says so (a tree under the owner), else by the owner's answer.
-        sender, fed = peer, answer
-        parent = self._parent(head.key, owners=len(owners))
-        if parent is not None and parent.id not in (peer.id, self.node_id):
-            theirs = await self._parents_copy(parent, target, like=answer)
-            if theirs is not None:
-                answer.close()  # its bytes in flight are all it cost the owner
-                sender, fed = parent, theirs
+        sender, fed = await self._feed(head.key, answer, peer, target=target, owners=len(owners))
         flight, leader = self.flights.lead_or_join(head.key)
         if not leader:  # a copy or fill of the key runs here already (a replica's push): relayed as before
             self.settle(head)
@@ -228,6 +220,19 @@ class StreamingCopies:
             passed.release()
         raise FillAborted(f"{sender.id}'s answer for {head.key} could not become a copy here: "
                           f"{outcome.error or outcome.kind.value}")
+
+    async def _feed(self, key: str, answer: aiohttp.ClientResponse, peer: Peer, *, target: Target,
+                    owners: int) -> tuple[Peer, aiohttp.ClientResponse]:
+        """Who sends this node's copy of `key`, and the answer it streams from:
+        the copy of a node ahead of this one when the key's order of nodes says
+        so (a tree under the owner), else the owner `peer`'s `answer`."""
+        parent = self._parent(key, owners=owners)
+        if parent is not None and parent.id not in (peer.id, self.node_id):
+            theirs = await self._parents_copy(parent, target, like=answer)
+            if theirs is not None:
+                answer.close()  # its bytes in flight are all it cost the owner
+                return parent, theirs
+        return peer, answer
 
     def _parent(self, key: str, *, owners: int) -> Peer | None:
         """The node whose copy this node's copy of `key` streams from (cluster/streaming.py `feeds_from`)."""

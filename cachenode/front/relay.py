@@ -105,6 +105,18 @@ OnAnswer = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.S
 OnHead = Callable[[web.Request, aiohttp.ClientResponse, Peer], Awaitable[web.StreamResponse | None]]
 
 
+def resumed(body: RelayedBody, r: aiohttp.ClientResponse, peer: Peer, *, target: Target) -> bool:
+    """Whether `peer`'s answer `r` carries `body` on from where it broke off;
+    logged either way, so a client's one response read from several owners
+    can be followed in the logs."""
+    if not body.continues(r):
+        log.warning("peer_resume_refused", peer=peer.id, status=r.status,
+                    content_range=r.headers.get("Content-Range"), path=target.path)
+        return False
+    log.info("peer_resumed", peer=peer.id, offset=body.start + body.sent, path=target.path)
+    return True
+
+
 class PeerRelay(PeerAsks):
     """The relay: a client's request asked of the key's owners in order, and
     the first answer streamed back, resumed elsewhere when it breaks."""
@@ -135,6 +147,24 @@ class PeerRelay(PeerAsks):
         finally:
             interim.close()
 
+    async def _ask_owner(self, request: web.Request, peer: Peer, *, target: Target,
+                         validators: dict[str, str] | None, body: RelayedBody | None,
+                         interim: InterimRelay) -> aiohttp.ClientResponse | None:
+        """`peer` asked for the relayed request, or for the rest of `body` once one
+        is under way; None when it did not answer, marked down so the loop over
+        owners goes on to the next."""
+        headers = headers_for(self, request, target, validators=validators, body=body)
+        handed = self.linked.linked(target) if body is None and self.linked is not None else None
+        if handed is not None:
+            # A Hugging Face redirect this node passed on named the file's sha256: its owner checks it.
+            headers[DIGEST_HEADER] = carry(handed)
+        try:
+            return await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
+                                  interim=interim if body is None else None)
+        except OriginError as e:
+            self.mark_down(peer, str(e))
+            return None
+
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
                      interim: InterimRelay, on_manifest: OnManifest | None = None,
                      validators: dict[str, str] | None = None,
@@ -146,16 +176,9 @@ class PeerRelay(PeerAsks):
                 continue
             if body is not None and not body.resumable:
                 break
-            headers = headers_for(self, request, target, validators=validators, body=body)
-            handed = self.linked.linked(target) if body is None and self.linked is not None else None
-            if handed is not None:
-                # A Hugging Face redirect this node passed on named the file's sha256: its owner checks it.
-                headers[DIGEST_HEADER] = carry(handed)
-            try:
-                r = await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
-                                   interim=interim if body is None else None)
-            except OriginError as e:
-                self.mark_down(peer, str(e))
+            r = await self._ask_owner(request, peer, target=target, validators=validators, body=body,
+                                      interim=interim)
+            if r is None:
                 continue
             taken = False  # by `on_head`: its fill reads the body, so it is not released here
             try:
@@ -180,12 +203,8 @@ class PeerRelay(PeerAsks):
                         return answered
                 if body is None:
                     body = await start_body(self, request, r, peer)
-                elif not body.continues(r):
-                    log.warning("peer_resume_refused", peer=peer.id, status=r.status,
-                                content_range=r.headers.get("Content-Range"), path=target.path)
+                elif not resumed(body, r, peer, target=target):
                     break
-                else:
-                    log.info("peer_resumed", peer=peer.id, offset=body.start + body.sent, path=target.path)
                 if request.method == "HEAD":
                     await body.out.write_eof()
                     return body.out

@@ -20,10 +20,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from cachenode.front.access import access, break_connection, parent_route
-from cachenode.front.interim import CONTINUE_DEFERRED, InterimRelay, continued
+from cachenode.front.access import access, break_connection
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.object_head import add_peer_fields, object_headers, stored_decision
+from cachenode.front.passed import ask_origin, passed_head
 from cachenode.counts import answer_counts
 from cachenode.kernel.sendfile import FileSender
 from cachenode.front.short_answers import answer_precondition, answer_unsatisfiable, origin_failure
@@ -33,16 +33,16 @@ from cachenode.fill.buffer import Fill
 from cachenode.http.digests import carry
 from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
-from cachenode.fill.origin import add_via, end_to_end, forwarded_request_headers, via_of
+from cachenode.fill.origin import via_of
 from cachenode.peers.auth import is_peer_request
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings
-from nezha.errors import FillAborted, OriginError
+from nezha.errors import FillAborted
 from nezha.keys import host_of
-from nezha.wire import CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, CacheOutcome
+from nezha.wire import DIGEST_HEADER, EXPIRES_HEADER, CacheOutcome
 from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
 
 log = structlog.get_logger("nezha.serve")
@@ -371,7 +371,7 @@ class Responder:
         """
         access(request).cache = label
         if response is None:
-            response = await self._ask_origin(request, url)
+            response = await ask_origin(self.upstream, request, url, via=self.via)
         part: PartWriter | None = None
         try:
             if on_response is not None:
@@ -379,7 +379,7 @@ class Responder:
             if keep is not None and request.method == "GET" and (part := await keep(response)) is not None:
                 label = CacheOutcome.MISS
                 access(request).cache = label
-            resp = self._passed_head(request, response, label=label)
+            resp = passed_head(request, response, label=label, via=self.via_for(request))
             sent = received = 0
             gone = False
             try:
@@ -413,41 +413,3 @@ class Responder:
             response.release()
             if part is not None:
                 await part.close()
-
-    async def _ask_origin(self, request: web.Request, url: str) -> aiohttp.ClientResponse:
-        """The client's request, as sent, to the origin (or the parent tier):
-        every end-to-end field, and the body streamed with its own framing."""
-        deferred = request.get(CONTINUE_DEFERRED, False)
-        headers = forwarded_request_headers(request.headers, via=self.via, expect=deferred)
-        data = None
-        if request.body_exists:
-            # Streamed with the client's framing: a known length goes on as
-            # Content-Length (object stores refuse chunked uploads), else chunked.
-            data = continued(request) if deferred else request.content
-            if request.content_length is not None:
-                headers["Content-Length"] = str(request.content_length)
-        interim = InterimRelay(request)
-        try:
-            return await self.upstream.request(request.method, url, headers=headers, what=f"origin {url}",
-                                              route=parent_route(request), data=data, interim=interim)
-        except OriginError as e:
-            raise origin_failure(e)
-        finally:
-            interim.close()
-
-    def _passed_head(self, request: web.Request, response: aiohttp.ClientResponse, *,
-                     label: str) -> ExactResponse:
-        """The origin's status and end-to-end fields, with this node's Via and X-Nezha-Cache."""
-        resp = ExactResponse(status=response.status, reason=response.reason)
-        for name, value in end_to_end(response.headers).items():
-            resp.headers.add(name, value)
-        if (via := self.via_for(request)) is not None:
-            add_via(resp.headers, via)
-        resp.headers[CACHE_HEADER] = label
-        if response.content_length is not None:
-            resp.content_length = response.content_length
-        elif request.method != "HEAD" and response.status not in (204, 304):
-            resp.enable_chunked_encoding()
-        return resp
-
-
