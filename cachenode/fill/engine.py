@@ -181,24 +181,9 @@ class FillEngine:
                 response = None  # the fill owns it now, or it was released
                 return self._resolve_flight(flight, outcome), None
             judged = self._judge(response, origin=origin, source=source, stale=stale)
-            step = judged.decision.step
-            if step is Step.PEER_REFUSED:
-                # A peer copy is all or nothing: a replica never falls back to the origin.
-                error = OriginError(f"{source.what} answered {response.status} for {key}")
-                response.release()
-                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
-            if step is Step.REVALIDATED:
-                assert stale is not None
-                response.release()
-                meta = await self._revalidated(stale, response, key=key, now=judged.now, origin=origin)
-                return self._landed(flight, Outcome(Kind.REVALIDATED, meta=meta)), None
-            if step is Step.STALE_ON_ERROR:
-                response.release()
-                error = OriginError(f"{source.what} returned {response.status}")
-                return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
-            if step is Step.PASS:
-                log.info("response_not_stored", key=key, reason=judged.decision.reason)
-                return self._landed(flight, Outcome(Kind.PASSED)), response
+            if judged.decision.step is not Step.FILL:
+                return await self._not_stored(flight, response, judged, key=key, origin=origin, stale=stale,
+                                              source=source)
             if judged.chunk_size is not None:
                 # Stored as chunks across the ring, each filled by its owners
                 # when first read: this node keeps only the manifest.
@@ -207,30 +192,47 @@ class FillEngine:
                 meta = await self._chunked(judged, key=key, url=url, origin=origin, target=target, source=source,
                                            stale=stale)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
-            if self.runs.whole_and_small(response, source=source, origin=origin, authorize=judged.authorize):
-                # A small answer already whole in memory: stored at once, answered as a hit (running.py).
-                outcome = await self.runs.store_whole(
-                    flight, response, key=key, url=url, host=target.host, headers=judged.kept,
-                    expires_at=judged.expires_at, policy=judged.policy, now=judged.now, target=target,
-                    source=source, vary=judged.vary, origin=origin, authorize=judged.authorize)
-                response = None  # read whole, its connection back in the pool
-                if stale is not None and stale.chunk_size and outcome.kind is not Kind.FAILED:
-                    self.chunks.replaced(stale, None)  # its new answer is stored whole
-                return self._resolve_flight(flight, outcome), None
-            fill = await self.runs.start(flight, response, key=key, url=url, host=target.host, headers=judged.kept,
-                                         expires_at=judged.expires_at, policy=judged.policy, now=judged.now,
-                                         target=target, source=source, vary=judged.vary, origin=origin,
-                                         authorize=judged.authorize)
-            response = None  # the fill owns it now
-            if source.peer is None and stale is not None and stale.chunk_size:
+            # Stored at once when small and whole in memory (answered as a hit), else by a fill (running.py).
+            outcome = await self.runs.fill(flight, response, key=key, url=url, host=target.host, headers=judged.kept,
+                                           expires_at=judged.expires_at, policy=judged.policy, now=judged.now,
+                                           target=target, source=source, vary=judged.vary, origin=origin,
+                                           authorize=judged.authorize)
+            response = None  # the fill owns it now, or it was read whole (its connection back in the pool)
+            if source.peer is None and stale is not None and stale.chunk_size and outcome.kind is not Kind.FAILED:
                 self.chunks.replaced(stale, None)  # its new answer is stored whole
-            return self._resolve_flight(flight, Outcome(Kind.STREAMING, fill=fill)), None
+            return self._resolve_flight(flight, outcome), None
         except BaseException as e:
             if response is not None:
                 response.release()
             if not flight.outcome.done():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
+
+    async def _not_stored(self, flight: Flight, response: aiohttp.ClientResponse, judged: Judged, *, key: str,
+                          origin: Origin, stale: Meta | None,
+                          source: Source) -> tuple[Outcome, aiohttp.ClientResponse | None]:
+        """Land a flight whose answer `decide` does not store (every step but
+        FILL): a peer's refusal, a 304 that renews `stale`, a 5xx that lets
+        `stale` be served, or an answer passed on, which is returned with its
+        outcome for the leading request to send."""
+        step = judged.decision.step
+        if step is Step.PEER_REFUSED:
+            # A peer copy is all or nothing: a replica never falls back to the origin.
+            error = OriginError(f"{source.what} answered {response.status} for {key}")
+            response.release()
+            return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
+        if step is Step.REVALIDATED:
+            assert stale is not None
+            response.release()
+            meta = await self._revalidated(stale, response, key=key, now=judged.now, origin=origin)
+            return self._landed(flight, Outcome(Kind.REVALIDATED, meta=meta)), None
+        if step is Step.STALE_ON_ERROR:
+            response.release()
+            error = OriginError(f"{source.what} returned {response.status}")
+            return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
+        # Step.PASS: the answer goes to its client(s), not stored.
+        log.info("response_not_stored", key=key, reason=judged.decision.reason)
+        return self._landed(flight, Outcome(Kind.PASSED)), response
 
     async def _ask_resuming(self, source: Source, stale: Meta | None, origin: Origin, *,
                             answer: aiohttp.ClientResponse | None = None,

@@ -75,7 +75,7 @@ class Outcome:
     fill: Fill | None = None
     meta: Meta | None = None
     error: NezhaError | None = None
-    # STORED at once from memory (FillRuns.store_whole): the stored body,
+    # STORED at once from memory (AtOnce.store_whole): the stored body,
     # which its clients are sent instead of reading its file back.
     body: bytes | None = None
 

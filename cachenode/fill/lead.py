@@ -214,7 +214,7 @@ class Arrived:
 
 def stored_at_once(body: Arrived, *, small_max: int, how: How) -> bool:
     """Whether an answer the leader stores (`decide`: FILL) is stored at once,
-    before any client is answered (`FillRuns.store_whole`), rather than
+    before any client is answered (`AtOnce.store_whole`), rather than
     streamed to its clients while it is written (`FillRuns.start`).
 
     At once: a 200 to a GET from the origin itself, of a known length up to

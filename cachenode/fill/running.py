@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
+from cachenode.fill.at_once import AtOnce
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
@@ -27,7 +28,7 @@ from cachenode.fill.origin import ends_at_close
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.fill.upstream import Upstream
-from cachenode.fill.verify import DigestMismatch, Digests
+from cachenode.fill.verify import BodyCheck, DigestMismatch, Digests
 from cachenode.http.freshness import Policy, current_age
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
@@ -86,6 +87,9 @@ class FillRuns:
         # Fills checked against the digests their sources publish (fill/verify.py).
         self.digests = digests or Digests(mismatches=metrics.digest_mismatches,
                                           origins=[o.host for o in settings.origins if not o.wildcard])
+        # Small answers that came whole with their head, stored before any client is answered.
+        self.at_once = AtOnce(store=store, digests=self.digests, counts=counts, metrics=metrics, flights=flights,
+                              parts=parts, replicate=replicate)
 
     def at_rest(self, task: asyncio.Task) -> bool:
         """`task` is a fill parked waiting for clients to ask for more of it
@@ -139,7 +143,7 @@ class FillRuns:
                     authorize: bool, answered: tuple[int, int, int] | None = None, body: bytes | None = None) -> Fill:
         """Start the fill of `response`'s body in the background; the fill its clients read.
         `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`.
-        `body`: the whole body, read already (`store_whole` could not store it): streamed from memory."""
+        `body`: the whole body, read already (`AtOnce.store_whole` could not store it): streamed from memory."""
         length = response.content_length if answered is None else answered[2]
         status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
@@ -147,16 +151,7 @@ class FillRuns:
         from_parent = self.origins.answered_by_parent(response)
         plan, validator, streams = self._plan(response, source=source, origin=origin, authorize=authorize,
                                               from_parent=from_parent, resumed=answered is not None)
-        discarded = 0
-        if plan.how is How.PARALLEL and answered is None:
-            # Before any await: aiohttp reads the answer ahead while it is open.
-            discarded = close_unread(response)
-            self.metrics.origin_bytes_discarded.inc(discarded)
-        try:
-            write = await self.store.writing(reserve=length or 0).open()
-        except NezhaError:
-            response.release()
-            raise
+        write, discarded = await self._open_write(response, length, plan=plan, resumed=answered is not None)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
         age = current_age(response.headers, now) if source.peer is None else 0.0
         # Stored per variant: under the values the fill's own request had
@@ -175,15 +170,7 @@ class FillRuns:
                                         on_demand=plan.on_demand, landed=flight.landed, discarded=discarded,
                                         answer=response if answered is not None else None,
                                         answered=answered[:2] if answered is not None else None)
-        # A resume's 206 is checked against the whole object's digest its
-        # Repr-Digest or the relay resuming names (fill/verify.py `Digests.check`).
-        check = self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
-                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
-                                   part=answered is not None,
-                                   # A resume's: of the version its 206 answered If-Range for, never of
-                                   # another's 200. Else a relay's (a Hugging Face redirect it saw).
-                                   handed=source.handed if answered is not None or source.resume is None
-                                   else None)
+        check = self._check(response, write, key=key, target=target, source=source, resumed=answered is not None)
         fill = flight_fill(self.flights, flight, key=key, headers=headers, length=length, write=write, age=age,
                            status=status, vary=vary, variant=variant,
                            delimited_by_close=ends_at_close(response),
@@ -200,9 +187,40 @@ class FillRuns:
         task.add_done_callback(lambda t: self._fills.pop(t, None))
         return fill
 
+    async def _open_write(self, response: aiohttp.ClientResponse, length: int | None, *, plan: Plan,
+                          resumed: bool) -> tuple[ObjectWrite, int]:
+        """The store's write the fill's body goes to, with room for `length`,
+        and the bytes of `response` a parallel fill dropped unread (it asks
+        for its ranges anew); `response` is released when the store refuses."""
+        discarded = 0
+        if plan.how is How.PARALLEL and not resumed:
+            # Before any await: aiohttp reads the answer ahead while it is open.
+            discarded = close_unread(response)
+            self.metrics.origin_bytes_discarded.inc(discarded)
+        try:
+            write = await self.store.writing(reserve=length or 0).open()
+        except NezhaError:
+            response.release()
+            raise
+        return write, discarded
+
+    def _check(self, response: aiohttp.ClientResponse, write: ObjectWrite, *, key: str, target: Target,
+               source: Source, resumed: bool) -> BodyCheck | None:
+        """What checks the fill's bytes against the digest its source published
+        as they land (fill/verify.py `Digests.check`); None: nothing to check by.
+        A resume's 206 is checked against the whole object's digest its
+        Repr-Digest or the relay resuming names."""
+        return self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
+                                  fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
+                                  part=resumed,
+                                  # A resume's: of the version its 206 answered If-Range for, never of
+                                  # another's 200. Else a relay's (a Hugging Face redirect it saw).
+                                  handed=source.handed if resumed or source.resume is None
+                                  else None)
+
     def whole_and_small(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin,
                         authorize: bool) -> bool:
-        """Whether `store_whole` stores `response` (`fill/lead.py` `stored_at_once`):
+        """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`):
         a small answer whose body aiohttp read whole with its head."""
         length = response.content_length
         if length is None or length > self.store.small_max or source.peer is not None:
@@ -214,83 +232,25 @@ class FillRuns:
                                       from_parent=from_parent),
                               small_max=self.store.small_max, how=plan.how)
 
-    async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
-                          host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
-                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                          authorize: bool) -> Outcome:
-        """Store a small answer whose body is whole in memory (`whole_and_small`)
-        at once, on the event loop: one temp file written, sealed and renamed
-        (cachenode/store/small.py), checked against a published digest, counted
-        and logged as any fill; the flight's clients are then answered from the
-        stored file as a miss. No background task, no buffer its clients follow.
-
-        Anything but a plain success hands the body to the general fill
-        (`start`, from memory), which handles it as it handles every fill: a
-        store that refuses or fails it streams it to its clients unstored; a
-        write that superseded it stores nothing. A body that fails its digest
-        is not stored and fails the flight (502 naming the mismatch: no byte of
-        it leaves)."""
-        body = await response.read()  # in memory already: no wait on the network
-        started = time.monotonic()
-        length = len(body)
-        self.metrics.fills_in_flight.inc()
-        try:
-            write = self.store.writing(reserve=length)
-            meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers,
-                        stored_at=now, status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                        age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
-                        vary=vary, variant=variant_of(vary, source.headers) if vary else "", authorize=authorize)
-            stored: Meta | None = None
-            verified: str | None = None
-            try:
-                await write.open()
-                if write.temp.unwritable is None:
-                    await self.store.write(write.temp, body)
-                    check = self.digests.check(key=key, target=target, status=200, headers=response.headers,
-                                               fd=write.temp.read_fd)
-                    if check is not None:
-                        try:
-                            mismatch = await check.finish(length)
-                        finally:
-                            check.close()
-                        if mismatch is not None:
-                            self._from_origin(host, length)
-                            error = DigestMismatch(f"{url} sent bytes for {key} that are not what it published: "
-                                                   f"{mismatch}; nothing is stored", mismatch=mismatch)
-                            self.digests.mismatched(error, origin=host, key=key, source=url)
-                            self.counts.count(host, failed_fills=1)
-                            self.metrics.fill_duration.labels(source="origin", outcome="failed").observe(
-                                time.monotonic() - started)
-                            self.flights.land(flight)
-                            return Outcome(Kind.FAILED, error=error)
-                        verified = check.field
-                    if not flight.superseded:
-                        stored = await write.commit(meta)
-            except NezhaError:
-                stored = None  # the general fill meets the same refusal and handles it (below)
-            finally:
-                await write.discard()  # nothing once committed
-        finally:
-            self.metrics.fills_in_flight.dec()
-        if stored is None:
-            fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
-                                    expires_at=expires_at, policy=policy, now=now, target=target, source=source,
-                                    vary=vary, origin=origin, authorize=authorize, body=body)
-            return Outcome(Kind.STREAMING, fill=fill)
-        self._from_origin(host, length)
-        self.metrics.fill_duration.labels(source="origin", outcome="stored").observe(time.monotonic() - started)
-        self.counts.stored(stored, self.store.sizes())
-        await self.parts.forget(key, why="stored whole by a fill")
-        log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,
-                 seconds=round(time.monotonic() - started, 3), **({"verified": verified} if verified else {}))
-        self.flights.land(flight)
-        self.replicate(stored, target)
-        return Outcome(Kind.STORED, meta=stored, body=body)
-
-    def _from_origin(self, host: str, n: int) -> None:
-        """Count `n` bytes a fill got from the origin (what `_counter`'s `on_bytes` counts as they come)."""
-        self.metrics.bytes_from_origin.inc(n)
-        self.counts.count(host, bytes_from_origin=n, metrics=False)
+    async def fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str, host: str,
+                   headers: Pairs, expires_at: float, policy: Policy, now: float, target: Target, source: Source,
+                   vary: tuple[str, ...], origin: Origin, authorize: bool) -> Outcome:
+        """Store the answer `fill/engine.py` decided to store: at once when it
+        is small and came whole with its head (`whole_and_small`,
+        fill/at_once.py), answered as a hit; else, and when the at-once path
+        could not store it plainly, by `start`'s fill that its clients follow."""
+        body: bytes | None = None
+        if self.whole_and_small(response, source=source, origin=origin, authorize=authorize):
+            body = await response.read()  # in memory already: no wait on the network
+            outcome = await self.at_once.store_whole(
+                flight, response, body, key=key, url=url, host=host, headers=headers, expires_at=expires_at,
+                policy=policy, now=now, target=target, source=source, vary=vary, origin=origin, authorize=authorize)
+            if outcome is not None:
+                return outcome
+        fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
+                                expires_at=expires_at, policy=policy, now=now, target=target, source=source,
+                                vary=vary, origin=origin, authorize=authorize, body=body)
+        return Outcome(Kind.STREAMING, fill=fill)
 
     async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                     plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
@@ -328,14 +288,7 @@ class FillRuns:
             # a NezhaError): its clients must learn it, not wait forever.
             self.counts.count(host, failed_fills=1)
             took("failed")
-            error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
-            log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
-            if fill.error is None:
-                fill.error = error
-                await fill.writes_done()  # no thread may still write the file it closes
-                await fill.writing.discard()
-                fill.advance(0)  # wakes its readers, who find the error
-            raise error from e
+            raise await self._crashed(fill, e, key=key, url=url) from e
         finally:
             if watch is not None:
                 watch.cancel()
@@ -353,6 +306,20 @@ class FillRuns:
         if source.peer is None:
             self.replicate(stored, target)
         return stored
+
+    @staticmethod
+    async def _crashed(fill: Fill, e: Exception, *, key: str, url: str) -> FillAborted:
+        """The error a fill's clients get for a bug outside the fill's own run
+        (which turns every error into a NezhaError), logged; the fill ended
+        with it, its file discarded, so nobody waits on it forever."""
+        error = FillAborted(f"fill of {key} from {url} crashed: {type(e).__name__}: {e}")
+        log.error("fill_crashed", key=key, url=url, error=f"{type(e).__name__}: {e}")
+        if fill.error is None:
+            fill.error = error
+            await fill.writes_done()  # no thread may still write the file it closes
+            await fill.writing.discard()
+            fill.advance(0)  # wakes its readers, who find the error
+        return error
 
     async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None],

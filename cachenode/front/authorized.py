@@ -102,7 +102,7 @@ class AuthorizedReads:
             assert outcome.fill is not None
             return await self.respond.fill(request, outcome.fill, label=CacheOutcome.MISS)
         if outcome.kind is Kind.STORED:
-            # A small body that came whole, stored at once (fill/running.py
+            # A small body that came whole, stored at once (fill/at_once.py
             # `store_whole`): the caller's own request fetched it.
             assert outcome.meta is not None
             served = await self.respond.hit(request, outcome.meta, label=CacheOutcome.MISS, body=outcome.body)

@@ -1,5 +1,5 @@
 """Small cold fills stored at once (`fill/lead.py` `stored_at_once`,
-`FillRuns.store_whole`): a small answer whose whole body came with its head
+`AtOnce.store_whole`): a small answer whose whole body came with its head
 is stored before its clients are answered, from the stored file, as a miss;
 every promise of a streamed fill still holds for it (one origin request per
 key, Vary, digests checked, a disk that refuses it, counts and logs), and a

@@ -1,0 +1,151 @@
+"""A small fill stored at once: an answer whose body aiohttp read whole with
+its head (`fill/lead.py` `stored_at_once`) is written, sealed and renamed on
+the event loop before any client is answered, then answered from memory as
+a miss. No background task, no buffer its clients follow.
+
+`fill/running.py` decides which answers come here (`FillRuns.whole_and_small`)
+and takes back, as its general fill from memory, every body this path could
+not store plainly; it is a module of its own because nothing of the
+background fill's reading, splicing or ranges applies to it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import aiohttp
+import structlog
+
+from cachenode.counts import Counts
+from cachenode.fill.assembly import Assemblies
+from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
+from cachenode.fill.verify import DigestMismatch, Digests
+from cachenode.http.digests import Mismatch
+from cachenode.http.freshness import Policy, current_age
+from cachenode.http.headers import Pairs
+from cachenode.http.vary import variant as variant_of
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from cachenode.store.writing import ObjectWrite
+from nezha.config import Origin
+from nezha.credentials import redact_url
+from nezha.errors import NezhaError
+from nezha.keys import Target
+
+log = structlog.get_logger("nezha.cachenode")
+
+
+class AtOnce:
+    """Small answers whole in memory, stored before their clients are answered."""
+
+    def __init__(self, *, store: Store, digests: Digests, counts: Counts, metrics: Metrics, flights: Flights,
+                 parts: Assemblies, replicate: Callable[[Meta, Target], None]) -> None:
+        """The collaborators of `FillRuns` this path uses, the same objects."""
+        self.store = store
+        self.digests = digests
+        self.counts = counts
+        self.metrics = metrics
+        self.flights = flights
+        self.parts = parts
+        self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
+
+    async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, body: bytes, *, key: str,
+                          url: str, host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
+                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
+                          authorize: bool) -> Outcome | None:
+        """Store `body`, `response`'s whole body read already, at once, on the
+        event loop: one temp file written, sealed and renamed
+        (cachenode/store/small.py), checked against a published digest, counted
+        and logged as any fill; the flight's clients are then answered from the
+        stored file as a miss.
+
+        None for anything but a plain success: the caller hands the body to
+        the general fill (`FillRuns.start`, from memory), which handles it as
+        it handles every fill: a store that refuses or fails it streams it to
+        its clients unstored; a write that superseded it stores nothing. A body
+        that fails its digest is not stored and fails the flight (502 naming
+        the mismatch: no byte of it leaves)."""
+        started = time.monotonic()
+        length = len(body)
+        self.metrics.fills_in_flight.inc()
+        try:
+            write = self.store.writing(reserve=length)
+            meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers,
+                        stored_at=now, status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                        age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
+                        vary=vary, variant=variant_of(vary, source.headers) if vary else "", authorize=authorize)
+            stored: Meta | None = None
+            verified: str | None = None
+            try:
+                await write.open()
+                if write.temp.unwritable is None:
+                    await self.store.write(write.temp, body)
+                    mismatch, verified = await self._check(write, response, length, key=key, target=target)
+                    if mismatch is not None:
+                        return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
+                                                started=started)
+                    if not flight.superseded:
+                        stored = await write.commit(meta)
+            except NezhaError:
+                stored = None  # the general fill meets the same refusal and handles it (the caller's)
+            finally:
+                await write.discard()  # nothing once committed
+        finally:
+            self.metrics.fills_in_flight.dec()
+        if stored is None:
+            return None
+        return await self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
+                                     verified=verified)
+
+    async def _check(self, write: ObjectWrite, response: aiohttp.ClientResponse, length: int, *, key: str,
+                     target: Target) -> tuple[Mismatch | None, str | None]:
+        """The written body checked against the digest its origin published
+        (fill/verify.py), before it is committed: (what mismatched, None), or
+        (None, the field that verified it; None when nothing was published)."""
+        check = self.digests.check(key=key, target=target, status=200, headers=response.headers,
+                                   fd=write.temp.read_fd)
+        if check is None:
+            return None, None
+        try:
+            mismatch = await check.finish(length)
+        finally:
+            check.close()
+        if mismatch is not None:
+            return mismatch, None
+        return None, check.field
+
+    def _mismatched(self, flight: Flight, mismatch: Mismatch, *, key: str, url: str, host: str, length: int,
+                    started: float) -> Outcome:
+        """Fail the flight of a body that is not what its origin published:
+        counted as a failed fill whose bytes came from the origin, and its
+        flight landed with nothing stored."""
+        self._from_origin(host, length)
+        error = DigestMismatch(f"{url} sent bytes for {key} that are not what it published: "
+                               f"{mismatch}; nothing is stored", mismatch=mismatch)
+        self.digests.mismatched(error, origin=host, key=key, source=url)
+        self.counts.count(host, failed_fills=1)
+        self.metrics.fill_duration.labels(source="origin", outcome="failed").observe(
+            time.monotonic() - started)
+        self.flights.land(flight)
+        return Outcome(Kind.FAILED, error=error)
+
+    async def _completed(self, flight: Flight, stored: Meta, body: bytes, *, key: str, host: str, target: Target,
+                         started: float, verified: str | None) -> Outcome:
+        """Count, log and copy a body stored at once as any completed fill from
+        the origin, and land its flight with the body its clients are answered from."""
+        self._from_origin(host, len(body))
+        self.metrics.fill_duration.labels(source="origin", outcome="stored").observe(time.monotonic() - started)
+        self.counts.stored(stored, self.store.sizes())
+        await self.parts.forget(key, why="stored whole by a fill")
+        log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,
+                 seconds=round(time.monotonic() - started, 3), **({"verified": verified} if verified else {}))
+        self.flights.land(flight)
+        self.replicate(stored, target)
+        return Outcome(Kind.STORED, meta=stored, body=body)
+
+    def _from_origin(self, host: str, n: int) -> None:
+        """Count `n` bytes a fill got from the origin (what `FillRuns._counter`'s `on_bytes` counts as they come)."""
+        self.metrics.bytes_from_origin.inc(n)
+        self.counts.count(host, bytes_from_origin=n, metrics=False)
