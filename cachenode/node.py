@@ -290,6 +290,8 @@ class CacheNode:
         detail = {"ready": self._ready, "node": self.node_id, "pid": os.getpid(), "replicas": self.cluster.replicas,
                   "objects": len(self.store),
                   "bytes": self.store.used_bytes, "fills_in_flight": len(self.flights),
+                  # replication, copies, fills run on after their first reader: what settled() waits for
+                  "background_tasks": len(self.tasks.running),
                   "store_loaded": round(self.store.load_progress, 4),
                   "ring_epoch": snap.epoch, "ring_nodes": sorted(snap.nodes)}
         if self.supervisor is not None:

@@ -27,7 +27,7 @@ from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta
+from cachenode.store.objects import Meta, NotStored
 from cachenode.store.writing import ObjectWrite
 from nezha.config import Origin
 from nezha.credentials import redact_url
@@ -54,14 +54,16 @@ class AtOnce:
     async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, body: bytes, *, key: str,
                           url: str, host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                          authorize: bool) -> Outcome | None:
+                          authorize: bool) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
         event loop: one temp file written, sealed and renamed
         (cachenode/store/small.py), checked against a published digest, counted
         and logged as any fill; the flight's clients are then answered from the
         stored file as a miss.
 
-        None for anything but a plain success: the caller hands the body to
+        The store's refusal (NotStored) when it would not keep it: the caller
+        streams it to its clients unstored without asking the store again.
+        None for anything else but a plain success: the caller hands the body to
         the general fill (`FillRuns.start`, from memory), which handles it as
         it handles every fill: a store that refuses or fails it streams it to
         its clients unstored; a write that superseded it stores nothing. A body
@@ -88,8 +90,12 @@ class AtOnce:
                                                 started=started)
                     if not flight.superseded:
                         stored = await write.commit(meta)
+            except NotStored as e:
+                # Refused or too large: the caller's fill streams it to its clients unstored and
+                # does not ask the store again (a second ask would count a second miss in the policy).
+                return e
             except NezhaError:
-                stored = None  # the general fill meets the same refusal and handles it (the caller's)
+                stored = None  # the general fill meets the same failure and handles it (the caller's)
             finally:
                 await write.discard()  # nothing once committed
         finally:

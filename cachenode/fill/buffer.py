@@ -290,19 +290,21 @@ class Fill:
 
     async def run(self, chunks: AsyncIterator[bytes], *, store: Store, meta: Meta,
                   on_bytes: Callable[[int], None] | None = None,
-                  superseded: Callable[[], bool] = lambda: False) -> Meta:
+                  superseded: Callable[[], bool] = lambda: False, refused: NotStored | None = None) -> Meta:
         """Copy the origin body to disk, verify its length, commit it.
 
         Raises, after every client got the whole body: TooLarge when a body
         of unknown length turned out larger than the store's capacity,
         Unprovable for a body delimited by the connection closing,
         StoreUnwritable when the store could not write it, and Superseded
-        when `superseded()` says a write made it obsolete.
+        when `superseded()` says a write made it obsolete; `refused`, the
+        store's refusal already met (`AtOnce.store_whole`), is raised in place
+        of a second commit, which would count a second miss in the policy.
         """
         async def receive() -> None:
             await self._stream(chunks, store=store, on_bytes=on_bytes)
 
-        return await self._run(receive, store=store, meta=meta, superseded=superseded)
+        return await self._run(receive, store=store, meta=meta, superseded=superseded, refused=refused)
 
     async def run_spliced(self, body: "splice.SocketBody", *, store: Store, meta: Meta, read_timeout: float,
                           on_bytes: Callable[[int], None] | None = None,
@@ -400,7 +402,7 @@ class Fill:
                 await self._readers.wait_for_room(self._notify)
 
     async def _run(self, receive: Callable[[], Awaitable[None]], *, store: Store, meta: Meta,
-                   superseded: Callable[[], bool]) -> Meta:
+                   superseded: Callable[[], bool], refused: NotStored | None = None) -> Meta:
         self.url = meta.url
         try:
             await receive()
@@ -423,6 +425,8 @@ class Fill:
                                  f"can tell from a cut")
             if superseded():
                 raise Superseded(f"a write to {self.url} succeeded while {self.key} was being fetched")
+            if refused is not None:
+                raise refused
             self.meta = await self.writing.commit(meta, expect=self._blocks)
             return self.meta
         except asyncio.CancelledError:

@@ -140,10 +140,12 @@ class FillRuns:
     async def start(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str,
                     host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                     target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                    authorize: bool, answered: tuple[int, int, int] | None = None, body: bytes | None = None) -> Fill:
+                    authorize: bool, answered: tuple[int, int, int] | None = None, body: bytes | None = None,
+                    refused: NotStored | None = None) -> Fill:
         """Start the fill of `response`'s body in the background; the fill its clients read.
         `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`.
-        `body`: the whole body, read already (`AtOnce.store_whole` could not store it): streamed from memory."""
+        `body`: the whole body, read already (`AtOnce.store_whole` could not store it): streamed from memory;
+        `refused`: why the store refused it there, its clients then get it unstored."""
         length = response.content_length if answered is None else answered[2]
         status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
@@ -180,7 +182,7 @@ class FillRuns:
             ranged[0].attach(fill)
         rest = self._rest_from_origin(response, source, reading) if from_parent else source.rest
         work = self._work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
-                          source=source, target=target, rest=rest, body=body,
+                          source=source, target=target, rest=rest, body=body, refused=refused,
                           parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
         task = self.spawn(run_fill_in_background(self.flights, flight, fill, work))
         self._fills[task] = fill
@@ -240,23 +242,25 @@ class FillRuns:
         fill/at_once.py), answered as a hit; else, and when the at-once path
         could not store it plainly, by `start`'s fill that its clients follow."""
         body: bytes | None = None
+        refused: NotStored | None = None
         if self.whole_and_small(response, source=source, origin=origin, authorize=authorize):
             body = await response.read()  # in memory already: no wait on the network
             outcome = await self.at_once.store_whole(
                 flight, response, body, key=key, url=url, host=host, headers=headers, expires_at=expires_at,
                 policy=policy, now=now, target=target, source=source, vary=vary, origin=origin, authorize=authorize)
-            if outcome is not None:
+            if isinstance(outcome, Outcome):
                 return outcome
+            refused = outcome
         fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
                                 expires_at=expires_at, policy=policy, now=now, target=target, source=source,
-                                vary=vary, origin=origin, authorize=authorize, body=body)
+                                vary=vary, origin=origin, authorize=authorize, body=body, refused=refused)
         return Outcome(Kind.STREAMING, fill=fill)
 
     async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                     plan: Plan, ranged, on_bytes: Callable[[int], None], source: Source,
                     target: Target, parent: str | None = None,
                     rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
-                    body: bytes | None = None) -> Meta:
+                    body: bytes | None = None, refused: NotStored | None = None) -> Meta:
         """Read the body as `plan` says into the fill, then store and count it;
         `parent`: the parent tier's X-Nezha-Cache, when it was the source;
         `body`: the whole body, read already."""
@@ -273,7 +277,7 @@ class FillRuns:
         watch = self.peers.guard(source.peer, response, lambda: fill.written) if source.peer else None
         try:
             stored = await self._read_body(flight, fill, response, meta=meta, plan=plan, ranged=ranged,
-                                           on_bytes=on_bytes, rest=rest, whole=body)
+                                           on_bytes=on_bytes, rest=rest, whole=body, refused=refused)
         except NotStored:
             took("not_stored")
             raise  # streamed whole to its clients, only not stored: not a failed fill
@@ -324,7 +328,7 @@ class FillRuns:
     async def _read_body(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
                          plan: Plan, ranged, on_bytes: Callable[[int], None],
                          rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
-                         whole: bytes | None = None) -> Meta:
+                         whole: bytes | None = None, refused: NotStored | None = None) -> Meta:
         """`rest(offset, error)`: where the body goes on when the response
         breaks off after `offset` bytes (a parent's: the origin); None: it fails.
         `whole`: the body, read already: the fill takes it from memory."""
@@ -334,7 +338,7 @@ class FillRuns:
                 yield whole
 
             return await fill.run(in_memory(), store=self.store, meta=meta, on_bytes=on_bytes,
-                                  superseded=superseded)
+                                  superseded=superseded, refused=refused)
         if plan.how is How.PARALLEL:
             fetch, fallback = ranged
             return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,

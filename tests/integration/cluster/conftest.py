@@ -66,12 +66,13 @@ async def wait_epoch(cluster: LocalCluster, membership, timeout: float = 5.0) ->
 
 
 async def settle(cluster: LocalCluster, timeout: float = 10.0) -> None:
-    """Wait until no live node has a fill in progress."""
+    """Wait until no live node has a fill in progress or background work
+    running (replicas in a batch not yet sent among it)."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
             states = [await node_status(s, n.url) for n in cluster.nodes.values() if n.proc.poll() is None]
-            if all(st["fills_in_flight"] == 0 for st in states):
+            if all(st["fills_in_flight"] == 0 and st["background_tasks"] == 0 for st in states):
                 return
             await asyncio.sleep(0.02)
     raise AssertionError(f"fills still in flight after {timeout}s")
