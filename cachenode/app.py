@@ -158,9 +158,11 @@ async def serve(settings: CacheSettings, *, stop: asyncio.Event | None = None, c
         raise RunError(f"cannot listen on {settings.listen} (--listen): {e.strerror or e}") from e
     relay = await _start_tls_port(settings, node, listener, leaves, reuse_port=reuse_port)
     admin = await _start_admin(settings, node, listener, relay)
+    # Before the line that says it serves: a SIGTERM right after it drains and exits 0
+    # (it killed the process outright in 3 to 4 of 12 tries when installed after).
+    stop = stop_on_signals(stop, hangup=hangup_stops())
     _log_listening(settings, listener, leaves, open_files)
     detach = primary.attach(node, listener) if primary is not None else None
-    stop = stop_on_signals(stop, hangup=hangup_stops())
     try:
         await stop.wait()
         # Still serving while it hands off: the new owners copy from here.
