@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,33 @@ import time
 from collections.abc import Callable
 
 HOST = "127.0.0.1"
+_random = random.Random()  # its own: tests that seed the global one would be handed the same ports
+
+
+# Ports handed out lie below the kernel's ephemeral range: a port in it that
+# is free when asked can be taken as the source port of any outgoing
+# connection before the server binds it (a node started a second later lost
+# its port so, "address already in use", in a full test run).
+_LOWEST = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = HOST) -> int:
-    """A port nothing listens on at `host` right now."""
+    """A port nothing listens on at `host` right now, below the ephemeral
+    range when there is room there (else one the kernel picks)."""
+    low = _ephemeral_low()
+    if low - _LOWEST >= 1000:
+        for _ in range(200):
+            port = _random.randrange(_LOWEST, low)
+            if is_free(port, host):
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -45,9 +69,10 @@ def is_free(port: int, host: str = HOST) -> bool:
 
 def free_run(n: int, host: str = HOST, *, tries: int = 50) -> int:
     """A base port with `n` free ports from it on (node i listens on base + i)."""
+    low = _ephemeral_low()
     for _ in range(tries):
         base = free_port(host)
-        if base + n <= 65536 and all(is_free(port, host) for port in range(base, base + n)):
+        if base + n <= (low if base < low else 65536) and all(is_free(port, host) for port in range(base, base + n)):
             return base
     raise RuntimeError(f"no run of {n} free ports on {host} in {tries} tries")
 
