@@ -21,14 +21,16 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 
@@ -55,6 +57,36 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def run_bench(run: "Callable[[Path, Children], Awaitable[str]]", *, prefix: str, keep: bool) -> None:
+    """Run a benchmark's `run(work, children)` in a fresh work directory and
+    print its result line: Ctrl-C or SIGTERM cancels it, every process it
+    started is stopped, the directory is removed unless `keep`; a BenchError
+    is printed as `bench failed: ...` and exits 1."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    children = Children()
+
+    async def main_async() -> str:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await run(work, children)
+        finally:
+            await children.stop_all()
+
+    try:
+        line = asyncio.run(main_async())
+    except BenchError as e:
+        print(f"bench failed: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(line)
 
 
 class Children:

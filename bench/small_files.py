@@ -42,11 +42,9 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import statistics
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +53,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (KiB, WRK, BenchError, Children, Nginx, Node, ProxyCache, Sampler,  # noqa: E402
+from bench.harness import (KiB, WRK, BenchError, Children, run_bench, Nginx, Node, ProxyCache, Sampler,  # noqa: E402
                            StaticFiles, ensure_tool, nginx_conf, nginx_version, settled, source_version)
 from nezha.wire import CACHE_HEADER  # noqa: E402
 
@@ -366,29 +364,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     ensure_tool(WRK, "wrk")
-    work = Path(tempfile.mkdtemp(prefix="nezha-small-"))
-    children = Children()
-
-    async def main_async() -> str:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            return await run(args, work, children)
-        finally:
-            await children.stop_all()
-
-    try:
-        line = asyncio.run(main_async())
-    except BenchError as e:
-        say(f"bench failed: {e}")
-        sys.exit(1)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    print(line)
+    run_bench(lambda work, children: run(args, work, children), prefix="nezha-small-", keep=args.keep)
 
 
 if __name__ == "__main__":

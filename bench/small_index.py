@@ -31,10 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +39,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import BenchError, Children, Node, Sampler, source_version  # noqa: E402
+from bench.harness import BenchError, Children, Node, Sampler, run_bench, source_version  # noqa: E402
 from cachenode.store.layout import place_small  # noqa: E402
 from cachenode.store.objects import Meta  # noqa: E402
 from nezha.wire import CACHE_HEADER  # noqa: E402
@@ -163,29 +160,7 @@ def main() -> None:
     ap.add_argument("--objects", type=int, default=1_000_000, help="small objects in the store")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="nezha-index-"))
-    children = Children()
-
-    async def main_async() -> str:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            return await run(args, work, children)
-        finally:
-            await children.stop_all()
-
-    try:
-        line = asyncio.run(main_async())
-    except BenchError as e:
-        say(f"bench failed: {e}")
-        sys.exit(1)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    print(line)
+    run_bench(lambda work, children: run(args, work, children), prefix="nezha-index-", keep=args.keep)
 
 
 if __name__ == "__main__":
