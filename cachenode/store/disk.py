@@ -173,6 +173,12 @@ class Store(IndexView, TempFiles, Integrity, Removal):
             meta = self._index.lookup(key, request_headers)
         return meta
 
+    def stored_size(self, key: str) -> int | None:
+        """As the index says (store/index_view.py), with `key`'s object loaded first if the
+        start-up scan has not reached it: pins and prefetch checks ask right after a restart."""
+        self._load(key)
+        return IndexView.stored_size(self, key)
+
     # -- capacity ------------------------------------------------------------
     def fits(self, size: int) -> bool:
         return self.capacity is None or size <= self.capacity

@@ -3,13 +3,20 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import aiohttp
+
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
 
 from nezha.config import Origin
 from nezha.keys import key_for, parse_target
 from tests.integration.cachenode.conftest import HOST
 
 OBJECT = 100_000
+KEY = "http://www.cs.toronto.edu/datasets/train.jsonl"
 
 
 async def pins_of(session: aiohttp.ClientSession, port: int) -> dict:
@@ -59,3 +66,25 @@ async def test_a_restarted_node_holds_the_pins_it_had_and_a_scan_of_twice_its_ca
     assert [await read(session, again.port, f"/scan/{i}.bin", only_cached=True) for i in range(3)] == [504] * 3, \
         "the scan evicted what was not pinned"
     assert sum(origin.requests[f"/w/{i}.bin"] for i in range(3)) == 3
+
+
+async def test_right_after_a_restart_the_pins_count_objects_the_background_scan_has_not_reached(tmp_path):
+    store = Store(tmp_path, pinned_capacity=10 * OBJECT)
+    await store.open()
+    temp = await store.new_temp()
+    os.close(temp.read_fd)
+    await store.write(temp, b"x" * OBJECT)
+    now = time.time()
+    await store.commit(temp, Meta(key=KEY, url=KEY, host="www.cs.toronto.edu", size=0, headers=(),
+                                  stored_at=now, expires_at=now + 600))
+    assert store.pins.pin("Job/ml/train", [KEY]).pinned_bytes == OBJECT
+    await store.close()
+
+    again = Store(tmp_path, pinned_capacity=10 * OBJECT)
+    await again.open(background=True)
+    assert again.load_progress < 1.0  # nothing scanned yet
+    assert again.pins.by_workload() == {"Job/ml/train": OBJECT}
+    assert again.stored_size(KEY) == OBJECT, "a prefetch's check of what is stored asks the same way"
+    await again.loaded()
+    assert len(again) == 1
+    await again.close()
