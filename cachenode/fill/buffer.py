@@ -54,12 +54,6 @@ class RangesAbandoned(NezhaError):
     its prefix with one plain stream."""
 
 
-class PartialDropped(NotStored):
-    """An on-demand fill (the origin's fill_on_range off) kept only the ranges
-    clients asked for, and nobody asked for more for a while: its slices are
-    dropped, never stored."""
-
-
 class Ranges(Protocol):
     """A parallel fetch writing a fill's body in ranges (cachenode/fill/parallel.py `RangedFetch`)."""
 
@@ -307,12 +301,14 @@ class Fill:
         return await self._run(receive, store=store, meta=meta, superseded=superseded, refused=refused)
 
     async def run_spliced(self, body: "splice.SocketBody", *, store: Store, meta: Meta, read_timeout: float,
-                          on_bytes: Callable[[int], None] | None = None,
-                          superseded: Callable[[], bool] = lambda: False) -> Meta:
+                          on_bytes: Callable[[int], None] | None = None, superseded: Callable[[], bool] = lambda: False,
+                          rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
+                          broke: tuple[type[BaseException], ...] = ()) -> Meta:
         """`run`, with the kernel moving the body socket -> pipe -> file
         (cachenode/kernel/splice.py), as parallel ranges are: the one mechanism for
         every fill over plain TCP, from an origin or a peer. Once the store
-        fails, the rest goes through memory as in `run`."""
+        fails, the rest goes through memory as in `run`; once the socket
+        fails (`broke`: the errors that say so), through `rest(offset, error)` if given."""
         async def receive() -> None:
             def moved(n: int) -> None:
                 self.temp.written += n
@@ -332,8 +328,14 @@ class Fill:
                         await self._spill(store, e)
                 if self._readers.spilled_at is not None:
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
+                return
+            except broke as e:
+                if rest is None:
+                    raise
+                error: BaseException = e
             finally:
                 body.close()
+            await self._stream(rest(self._received, error), store=store, on_bytes=on_bytes)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
 
