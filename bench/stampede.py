@@ -111,7 +111,8 @@ def line(config: str, o: Outcome) -> str:
             f"p99 {s['p99']:6.2f}  max {s['max']:6.2f}  ideal {s['ideal']:5.2f}  model {model(config, o.scene):5.2f}  "
             f"origin_bytes {o.origin_bytes} "
             f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
-            f"{len(o.clients)}  first byte: {dict(labels)}  {link}")
+            f"{len(o.clients)}  first byte: {dict(labels)}  {link}  node CPU {sum(o.node_cpu.values()):.1f} s, "
+            f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s")
 
 
 def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
