@@ -111,8 +111,15 @@ def line(config: str, o: Outcome) -> str:
             f"p99 {s['p99']:6.2f}  max {s['max']:6.2f}  ideal {s['ideal']:5.2f}  model {model(config, o.scene):5.2f}  "
             f"origin_bytes {o.origin_bytes} "
             f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
-            f"{len(o.clients)}  first byte: {dict(labels)}  {link}  node CPU {sum(o.node_cpu.values()):.1f} s, "
+            f"{len(o.clients)}  first byte: {dict(labels)}  {link}{_first_link(o)}  node CPU {sum(o.node_cpu.values()):.1f} s, "
             f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s")
+
+
+def _first_link(o: Outcome) -> str:
+    """What the key's first owner's link sent during the run, in S: its pods' reads, the copies or relays it
+    fed, and the answers closed unread."""
+    sent = o.link_bytes.get(o.owner or "", (0, 0))[0]
+    return f"  {o.owner} sent {sent / o.scene.size:.2f} S" if sent else ""
 
 
 def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
