@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
+from typing import IO, AsyncIterator, Awaitable, Callable
 
 import structlog
 
 from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
+from cachenode.fill.slices import Ranges
 from cachenode.fill.unstored import StoreUnwritable, Superseded, Unprovable
 from cachenode.fill.verify import BodyCheck, DigestMismatch
 from cachenode.kernel import splice
@@ -52,18 +53,6 @@ class RangesAbandoned(NezhaError):
     """A parallel range fetch stopped (an origin that ignores or mangles
     Range, a changed validator, a failed stream): the fill carries on from
     its prefix with one plain stream."""
-
-
-class Ranges(Protocol):
-    """A parallel fetch writing a fill's body in ranges (cachenode/fill/parallel.py `RangedFetch`)."""
-
-    on_demand: bool  # only the ranges readers ask for are fetched
-
-    def covered_until(self, offset: int) -> int:
-        """Where the run of bytes on disk from `offset` ends."""
-
-    def want(self, first: int, end: int) -> None:
-        """A reader waits for bytes [first, end): fetch their slices first."""
 
 
 class Fill:
