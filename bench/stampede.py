@@ -44,20 +44,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import REPO, BenchError, source_version  # noqa: E402
-from cachenode.cluster.streaming import FANOUT  # noqa: E402
+from cachenode.cluster.streaming import fanout_for  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
 from testkit.stampede import Outcome, Scene, run  # noqa: E402
 
 MiB = 1 << 20
 CONFIGS = ("direct", "plain", "shipped", "shipped-chunks")
+KILLED = ("killed", "killed-chunks")
 PLOT = REPO / "docs" / "img" / "stampede.png"
 
 
-def scene(config: str, n: int, *, size: int, rate: int, origin_rate: int, kill_at: float | None = None) -> Scene:
+def scene(config: str, n: int, *, size: int, rate: int, origin_rate: int, kill_at: float | None = None,
+          log_level: str = "warning") -> Scene:
     chunked = config in ("shipped-chunks", "killed-chunks")
     return Scene(config="shipped" if config.startswith(("shipped", "killed")) else config, nodes=n, clients=4 * n,
                  size=size, node_rate=rate, origin_rate=origin_rate, kill_at=kill_at,
-                 chunk_threshold=size if chunked else None, chunk_size=max(MiB, size // 8) if chunked else None)
+                 chunk_threshold=size if chunked else None, chunk_size=max(MiB, size // 8) if chunked else None,
+                 log_level=log_level)
 
 
 def model(config: str, sc: Scene) -> float:
@@ -68,9 +71,9 @@ def model(config: str, sc: Scene) -> float:
     owner fills it and every other node relays each of its pods' reads from it (the second owner holds no
     replica yet), so all K·S leave the first owner's link. shipped (whole, below the chunk threshold): each
     node's pods share one stream, kept as its copy as it arrives (cluster/streaming_copies.py), and the
-    copies feed each other in a heap of degree F = 2 under the first owner (cluster/streaming.py
-    `feeds_from`): the busiest link sends its own pods' K/N reads and at most F copies,
-    (K/N + min(F, N − 1))·S. chunks: node i sends its own pods the object and each other node, once however
+    copies feed each other in a tree under the first owner (cluster/streaming.py `feeds_from`), of degree
+    F = `fanout_for(N)`: 1 (a chain) up to 16 nodes, else 2: the busiest link sends its own pods' K/N reads
+    and at most F copies, (K/N + min(F, N − 1))·S. chunks: node i sends its own pods the object and each other node, once however
     many pods read there (chunks/fills.py `passing`), the chunks it owns first: (K/N + f·(N − 1))·S, f the
     largest share of chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share
     is 1/min(C, N))."""
@@ -80,7 +83,7 @@ def model(config: str, sc: Scene) -> float:
     if config == "plain":
         return max(S / O, K * S / B)
     if sc.chunk_threshold is None:
-        return max(S / O, (K / N + min(FANOUT, N - 1)) * S / B)
+        return max(S / O, (K / N + min(fanout_for(N), N - 1)) * S / B)
     return max(S / O, (K / N + first_owner_share(sc) * (N - 1)) * S / B)
 
 
@@ -108,7 +111,15 @@ def line(config: str, o: Outcome) -> str:
             f"p99 {s['p99']:6.2f}  max {s['max']:6.2f}  ideal {s['ideal']:5.2f}  model {model(config, o.scene):5.2f}  "
             f"origin_bytes {o.origin_bytes} "
             f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
-            f"{len(o.clients)}  first byte: {dict(labels)}  {link}")
+            f"{len(o.clients)}  first byte: {dict(labels)}  {link}{_first_link(o)}  node CPU {sum(o.node_cpu.values()):.1f} s, "
+            f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s")
+
+
+def _first_link(o: Outcome) -> str:
+    """What the key's first owner's link sent during the run, in S: its pods' reads, the copies or relays it
+    fed, and the answers closed unread."""
+    sent = o.link_bytes.get(o.owner or "", (0, 0))[0]
+    return f"  {o.owner} sent {sent / o.scene.size:.2f} S" if sent else ""
 
 
 def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
@@ -160,44 +171,69 @@ def main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="nezha-bench-stampede-"))
     print(f"stampede: S = {args.size} MiB, B = {rate / 1e6:g} MB/s per node link each way, O = "
           f"{origin_rate / 1e6:g} MB/s, tbf burst 64 KiB latency 50 ms; {source_version()}", flush=True)
-    results: dict[str, dict[int, Outcome]] = {c: {} for c in CONFIGS}
+    chosen = args.configs or list(CONFIGS + KILLED)
+    results: dict[str, dict[int, Outcome]] = {c: {} for c in CONFIGS if c in chosen}
+    killed: dict[str, Outcome] = {}
     try:
         for n in ns:
-            for config in CONFIGS:
+            for config in results:
                 started = time.monotonic()
-                o = run(scene(config, n, size=size, rate=rate, origin_rate=origin_rate), work / f"{config}-{n}")
+                o = run(scene(config, n, size=size, rate=rate, origin_rate=origin_rate, log_level=args.log_level),
+                        work / f"{config}-{n}")
+                _keep(o, args.keep_logs, f"{config}-{n}")
                 results[config][n] = o
                 print(line(config, o) + f"  ({time.monotonic() - started:.0f} s)", flush=True)
                 if o.exact != len(o.clients):
                     raise BenchError(f"{config} N={n}: {len(o.clients) - o.exact} clients got wrong bytes")
         middle = ns[len(ns) // 2]
-        killed = {}
-        for config in ("killed", "killed-chunks"):
-            killed[config] = k = run(scene(config, middle, size=size, rate=rate, origin_rate=origin_rate, kill_at=0.5),
-                                     work / config)
+        for config in (c for c in KILLED if c in chosen):
+            killed[config] = k = run(scene(config, middle, size=size, rate=rate, origin_rate=origin_rate, kill_at=0.5,
+                                           log_level=args.log_level), work / config)
+            _keep(k, args.keep_logs, config)
             print(line(config, k) + f"  (killed {k.killed} mid-fill; {k.cut} clients reading through it were cut, "
                   f"{k.exact} exact; origin requests (by, range, bytes sent): "
                   f"{[(e['by'], e['range'], e['sent']) for e in k.origin_log]})", flush=True)
             if k.exact + k.cut != len(k.clients):
                 raise BenchError(f"{config}: {len(k.clients) - k.exact - k.cut} clients not reading through the "
                                  "killed node got wrong bytes")
-        plot(results, ns, args.plot, f"{args.size} MiB object, B = {rate / 1e6:g} MB/s per node, "
-             f"O = {origin_rate / 1e6:g} MB/s")
-        print(f"plot: {args.plot}", flush=True)
-        parts = []
-        for config in CONFIGS:
-            worst, flat, origin = ratios(results[config], ns)
-            parts.append(f"stampede_p95_vs_ideal_{config}={worst:.3f} stampede_flatness_{config}={flat:.3f} "
-                         f"stampede_origin_{config}={origin:.3f}")
-        best = min(("shipped", "shipped-chunks"), key=lambda c: ratios(results[c], ns)[0])
-        worst, flat, origin = ratios(results[best], ns)
-        print(f"ratios: stampede_p95_vs_ideal={worst:.3f} stampede_flatness={flat:.3f} stampede_origin={origin:.3f} "
-              f"stampede_killed_origin={min(k.origin_bytes for k in killed.values()) / size:.3f} "
-              f"stampede_killed_origin_whole={killed['killed'].origin_bytes / size:.3f} "
-              f"stampede_killed_origin_chunks={killed['killed-chunks'].origin_bytes / size:.3f} "
-              f"shipped_best={best} " + " ".join(parts))
+        if results:
+            plot(results, ns, args.plot, f"{args.size} MiB object, B = {rate / 1e6:g} MB/s per node, "
+                 f"O = {origin_rate / 1e6:g} MB/s")
+            print(f"plot: {args.plot}", flush=True)
+        print("ratios: " + summary(results, killed, ns, size=size))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(results: dict[str, dict[int, Outcome]], killed: dict[str, Outcome], ns: list[int], *, size: int) -> str:
+    """The ratios line: the best shipped configuration's three, the killed runs' origin bytes, then each
+    configuration's own (for those run)."""
+    parts = []
+    shipped = [c for c in ("shipped", "shipped-chunks") if c in results]
+    if shipped:
+        best = min(shipped, key=lambda c: ratios(results[c], ns)[0])
+        worst, flat, origin = ratios(results[best], ns)
+        parts.append(f"stampede_p95_vs_ideal={worst:.3f} stampede_flatness={flat:.3f} stampede_origin={origin:.3f}")
+    if killed:
+        parts.append(f"stampede_killed_origin={min(k.origin_bytes for k in killed.values()) / size:.3f}")
+        parts += [f"stampede_killed_origin_{'whole' if c == 'killed' else 'chunks'}={k.origin_bytes / size:.3f}"
+                  for c, k in killed.items()]
+    if shipped:
+        parts.append(f"shipped_best={best}")
+    for config, runs in results.items():
+        worst, flat, origin = ratios(runs, ns)
+        parts.append(f"stampede_p95_vs_ideal_{config}={worst:.3f} stampede_flatness_{config}={flat:.3f} "
+                     f"stampede_origin_{config}={origin:.3f}")
+    return " ".join(parts)
+
+
+def _keep(o: Outcome, where: Path | None, name: str) -> None:
+    """The run's node logs copied to `where`/`name` (they are deleted with the run's folder otherwise)."""
+    if where is None or o.work is None:
+        return
+    (where / name).mkdir(parents=True, exist_ok=True)
+    for f in o.work.glob("node*.log"):
+        shutil.copy(f, where / name / f.name)
 
 
 def _interrupted(signum, frame) -> None:
@@ -215,6 +251,10 @@ if __name__ == "__main__":
     parser.add_argument("--origin-rate", type=float, default=10.0, help="O: the origin link's rate in MB/s "
                         "(default 10)")
     parser.add_argument("--plot", type=Path, default=PLOT, help=f"where to draw the plot (default {PLOT})")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS + KILLED, help="run only these configurations "
+                        "(default: all; the killed ones at the middle N)")
+    parser.add_argument("--log-level", default="warning", help="the nodes' log level (default warning)")
+    parser.add_argument("--keep-logs", type=Path, help="copy each run's node logs under this folder")
     try:
         main(parser.parse_args())
     except BenchError as e:

@@ -24,7 +24,7 @@ the drawing is the tree the code defines.
     │   ├── NotStored  cachenode.store.objects: a fill's bytes reached its clients whole but were not stored
     │   │   ├── TooLarge  cachenode.store.objects: larger than the store's capacity
     │   │   ├── Refused  cachenode.store.objects: the eviction policy kept what is stored over this newcomer
-    │   │   ├── PartialDropped  cachenode.fill.buffer: an on-demand fill nobody asked more of
+    │   │   ├── PartialDropped  cachenode.fill.unstored: an on-demand fill nobody asked more of
     │   │   ├── Superseded  cachenode.fill.unstored: a write to the URL succeeded while it filled
     │   │   ├── Unprovable  cachenode.fill.unstored: a body that ended at a close, with nothing proving it whole
     │   │   └── StoreUnwritable  cachenode.fill.unstored: the disk refused the body (ENOSPC, EIO, ...)

@@ -117,6 +117,7 @@ class Outcome:
     origin_log: list[dict] = field(default_factory=list)
     link_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # host: (sent, received) during the run
     link_peak: dict[str, float] = field(default_factory=dict)  # host: fastest 1 s of sending or receiving, bytes/s
+    node_cpu: dict[str, float] = field(default_factory=dict)  # node: CPU seconds it used from the release to the last byte
     owner: str | None = None
     killed: str | None = None
     work: Path | None = None  # the run's folder: the nodes' logs (<node>.log), their stores
@@ -174,7 +175,7 @@ def run(scene: Scene, work: Path) -> Outcome:
     outcome = Outcome(scene=scene, clients=found["clients"], origin_bytes=found["origin_bytes"],
                       origin_requests=found["origin_requests"], exact=found["exact"], cut=found["cut"],
                       owner=found.get("owner"), killed=found.get("killed"), origin_log=found.get("origin_log", []),
-                      work=work)
+                      work=work, node_cpu=found.get("node_cpu", {}))
     started, ended = found["window"]
     outcome.link_bytes, outcome.link_peak = _links(samples, started, ended)
     return outcome
@@ -339,6 +340,7 @@ async def drive(spec_path: Path) -> dict:
         for r in readers:  # every group ready before any starts
             if r.stdout.readline().strip() != "ready":
                 raise RuntimeError("a client group did not start")
+        before = {name: _cpu_seconds(proc.pid) for name, proc in nodes.items()}
         started_wall, started = time.time(), time.monotonic()
         origin.started()
         for r in readers:
@@ -350,6 +352,8 @@ async def drive(spec_path: Path) -> dict:
             killed = await _kill_when(origin, nodes[owner], owner, scene, reading)
         outs = await asyncio.wait_for(reading, scene.timeout)
         ended = time.monotonic()
+        cpu = {name: round(_cpu_seconds(proc.pid) - before[name], 2) for name, proc in nodes.items()
+               if proc.poll() is None}
         clients = [c for out, _ in outs for c in json.loads(out.strip().splitlines()[-1])]
         for c in clients:
             c["exact"] = c["status"] == 200 and c["bytes"] == scene.size and c["sha256"] == digest
@@ -358,7 +362,7 @@ async def drive(spec_path: Path) -> dict:
         return {"clients": clients, "origin_bytes": origin.sent, "origin_requests": origin.requests,
                 "origin_log": origin.log,
                 "exact": sum(c["exact"] for c in clients), "cut": cut, "owner": owner, "killed": killed,
-                "window": [started, ended]}
+                "window": [started, ended], "node_cpu": cpu}
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -369,6 +373,12 @@ async def drive(spec_path: Path) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
         await runner.cleanup()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (`ip netns exec` execs into the node: the same pid)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _groups(clients: int, nodes: int) -> list[int]:
@@ -437,6 +447,7 @@ async def read(url: str, count: int, group: int) -> list[dict]:
     async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as s:
         print("ready", flush=True)
         start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+        cpu0 = time.process_time()
 
         async def one() -> dict:
             digest, got, first, label, status = hashlib.sha256(), 0, None, "", 0
@@ -453,7 +464,9 @@ async def read(url: str, count: int, group: int) -> list[dict]:
             return {"group": group, "status": status, "bytes": got, "sha256": digest.hexdigest(),
                     "first": first, "last": time.time() - start, "label": label}
 
-        return list(await asyncio.gather(*(one() for _ in range(count))))
+        got = list(await asyncio.gather(*(one() for _ in range(count))))
+        cpu = time.process_time() - cpu0  # the group's process from the release: all its clients, reading and hashing
+        return [{**c, "group_cpu": cpu} for c in got]
 
 
 def main() -> None:

@@ -70,8 +70,20 @@ def streams(head: Head) -> str | None:
 
 # How many nodes' copies one copy feeds besides its own pods: every link then
 # carries its pods' reads and at most this many streams, whatever N is
-# (docs/capacity.md, "Streaming copies in a tree").
+# (docs/capacity.md, "Streaming copies in a tree"). One (a chain) up to
+# CHAIN_NODES nodes: each link sends its pods' reads and one copy, K/N + 1
+# streams against K/N + 2 for a heap of degree 2 (a stampede of K = 4·N on
+# 4-8 nodes measured 15-25% sooner as a chain, docs/benchmarks.md,
+# "Stampede"). Beyond, a heap of degree 2: a chain's depth, and the hop
+# latency and any one slow node it adds for every node behind, grows with N,
+# a heap's with log2(N); no run here had more than 16 nodes.
 FANOUT = 2
+CHAIN_NODES = 16
+
+
+def fanout_for(nodes: int) -> int:
+    """The degree of the tree of copies in a cluster of `nodes` nodes."""
+    return 1 if nodes <= CHAIN_NODES else FANOUT
 
 
 def feeds_from(position: int, *, owners: int, fanout: int = FANOUT) -> int | None:
@@ -80,8 +92,9 @@ def feeds_from(position: int, *, owners: int, fanout: int = FANOUT) -> int | Non
     owners ahead of it, as any relayed read (an owner, or a node the first
     owner feeds itself). The nodes form a heap of degree `fanout` under the
     first owner, so each copy feeds at most `fanout` others and the depth is
-    log_fanout(N); a parent is always ahead of its children, so no two nodes
-    wait on each other."""
+    log_fanout(N) (N - 2 for a chain, `fanout` 1: the second owner feeds the
+    third node, which feeds the fourth...); a parent is always ahead of its
+    children, so no two nodes wait on each other."""
     if position < max(owners, 1) or fanout < 1:
         return None
     parent = (position - 1) // fanout

@@ -42,7 +42,7 @@ import aiohttp
 import structlog
 
 from cachenode.peers.auth import peer_auth
-from cachenode.cluster.streaming import Head, feeds_from, may_share, streams
+from cachenode.cluster.streaming import Head, fanout_for, feeds_from, may_share, streams
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.buffer import Fill
@@ -236,11 +236,12 @@ class StreamingCopies:
 
     def _parent(self, key: str, *, owners: int) -> Peer | None:
         """The node whose copy this node's copy of `key` streams from (cluster/streaming.py `feeds_from`)."""
-        order = self.cluster.owners(key, len(self.cluster.snapshot.nodes))
+        nodes = len(self.cluster.snapshot.nodes)
+        order = self.cluster.owners(key, nodes)
         position = next((i for i, p in enumerate(order) if p.id == self.node_id), None)
         if position is None:
             return None
-        parent = feeds_from(position, owners=owners)
+        parent = feeds_from(position, owners=owners, fanout=fanout_for(nodes))
         return None if parent is None else order[parent]
 
     async def _parents_copy(self, parent: Peer, target: Target, *,

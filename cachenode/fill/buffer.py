@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import IO, AsyncIterator, Awaitable, Callable, Protocol
+from typing import IO, AsyncIterator, Awaitable, Callable
 
 import structlog
 
 from cachenode.fill.readers import MEMORY_WINDOW, READER_PATIENCE, Readers
+from cachenode.fill.slices import Ranges
 from cachenode.fill.unstored import StoreUnwritable, Superseded, Unprovable
 from cachenode.fill.verify import BodyCheck, DigestMismatch
 from cachenode.kernel import splice
@@ -52,24 +53,6 @@ class RangesAbandoned(NezhaError):
     """A parallel range fetch stopped (an origin that ignores or mangles
     Range, a changed validator, a failed stream): the fill carries on from
     its prefix with one plain stream."""
-
-
-class PartialDropped(NotStored):
-    """An on-demand fill (the origin's fill_on_range off) kept only the ranges
-    clients asked for, and nobody asked for more for a while: its slices are
-    dropped, never stored."""
-
-
-class Ranges(Protocol):
-    """A parallel fetch writing a fill's body in ranges (cachenode/fill/parallel.py `RangedFetch`)."""
-
-    on_demand: bool  # only the ranges readers ask for are fetched
-
-    def covered_until(self, offset: int) -> int:
-        """Where the run of bytes on disk from `offset` ends."""
-
-    def want(self, first: int, end: int) -> None:
-        """A reader waits for bytes [first, end): fetch their slices first."""
 
 
 class Fill:
@@ -307,12 +290,14 @@ class Fill:
         return await self._run(receive, store=store, meta=meta, superseded=superseded, refused=refused)
 
     async def run_spliced(self, body: "splice.SocketBody", *, store: Store, meta: Meta, read_timeout: float,
-                          on_bytes: Callable[[int], None] | None = None,
-                          superseded: Callable[[], bool] = lambda: False) -> Meta:
+                          on_bytes: Callable[[int], None] | None = None, superseded: Callable[[], bool] = lambda: False,
+                          rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None,
+                          broke: tuple[type[BaseException], ...] = ()) -> Meta:
         """`run`, with the kernel moving the body socket -> pipe -> file
         (cachenode/kernel/splice.py), as parallel ranges are: the one mechanism for
         every fill over plain TCP, from an origin or a peer. Once the store
-        fails, the rest goes through memory as in `run`."""
+        fails, the rest goes through memory as in `run`; once the socket
+        fails (`broke`: the errors that say so), through `rest(offset, error)` if given."""
         async def receive() -> None:
             def moved(n: int) -> None:
                 self.temp.written += n
@@ -332,8 +317,14 @@ class Fill:
                         await self._spill(store, e)
                 if self._readers.spilled_at is not None:
                     await self._stream(body.rest(read_timeout=read_timeout), store=store, on_bytes=on_bytes)
+                return
+            except broke as e:
+                if rest is None:
+                    raise
+                error: BaseException = e
             finally:
                 body.close()
+            await self._stream(rest(self._received, error), store=store, on_bytes=on_bytes)
 
         return await self._run(receive, store=store, meta=meta, superseded=superseded)
 

@@ -124,8 +124,11 @@ class Body:
     # the hand-off there and back costs more than a few pages take to copy.
     small: bool = False
     # A copy that goes on from another source when its own breaks off mid-body
-    # (a streaming copy, cachenode/cluster/streaming_copies.py): read through
-    # aiohttp's reader, never spliced, so the rest can be joined on in Python.
+    # (a streaming copy, cachenode/cluster/streaming_copies.py): spliced like
+    # any peer's copy, its rest joined on in Python from the byte the file
+    # reached (`Fill.run_spliced`'s `rest`). Through aiohttp's reader, every
+    # node of a stampede's tree spent the loop on each byte it passed on, and
+    # a copy's sender saw a slow reader: its link's share went to its pods.
     goes_on: bool = False
 
 
@@ -195,7 +198,7 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
     if (not body.from_peer and not body.from_parent and not body.delimited_by_close and body.rangeable
             and not body.callers_own):
         return Plan(How.PARALLEL, on_demand=body.client_ranged and not fill_on_range)
-    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small and not body.goes_on
+    return Plan(How.SPLICED if splice_fills and not body.from_parent and not body.small
                 else How.STREAM)
 
 

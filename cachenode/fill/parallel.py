@@ -47,7 +47,8 @@ import aiohttp
 import structlog
 
 from cachenode.kernel import splice
-from cachenode.fill.buffer import Fill, PartialDropped, RangesAbandoned
+from cachenode.fill.buffer import Fill, RangesAbandoned
+from cachenode.fill.unstored import PartialDropped
 from cachenode.fill.slices import Plan, Slice
 from nezha.errors import FillAborted, NezhaError
 

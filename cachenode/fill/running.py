@@ -52,6 +52,8 @@ log = structlog.get_logger("nezha.cachenode")
 # at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
 # direction (docs/benchmarks.md, "Cold fills in parallel ranges").
 FILL_READ = 1024 * 1024
+# What a body's source breaking off mid-body raises, read or spliced: a fill with a `rest` goes on from there.
+BROKE = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
 class Peers(Protocol):
@@ -346,7 +348,7 @@ class FillRuns:
         if plan.how is How.SPLICED and (taken := splice.take(response)) is not None:
             return await fill.run_spliced(taken, store=self.store, meta=meta,
                                           read_timeout=self.settings.origin_read_timeout,
-                                          on_bytes=on_bytes, superseded=superseded)
+                                          on_bytes=on_bytes, superseded=superseded, rest=rest, broke=BROKE)
 
         async def body() -> AsyncIterator[bytes]:
             got = 0
@@ -355,7 +357,7 @@ class FillRuns:
                     got += len(chunk)
                     yield chunk
                 return
-            except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+            except BROKE as e:
                 if rest is None:
                     raise
                 broke: BaseException = e

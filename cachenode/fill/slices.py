@@ -26,6 +26,7 @@ object (the head the dead leader took with it) is fetched once beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(eq=False)
@@ -148,3 +149,16 @@ class Plan:
 def _cut(start: int, end: int, slice_size: int) -> list[Slice]:
     """Bytes [start, end) as slices of `slice_size`, the last one shorter."""
     return [Slice(s, min(s + slice_size, end), s) for s in range(start, end, slice_size)]
+
+
+class Ranges(Protocol):
+    """A parallel fetch writing a fill's body in slices, as the fill's readers
+    see it (cachenode/fill/parallel.py `RangedFetch`; cachenode/fill/buffer.py)."""
+
+    on_demand: bool  # only the ranges readers ask for are fetched
+
+    def covered_until(self, offset: int) -> int:
+        """Where the run of bytes on disk from `offset` ends."""
+
+    def want(self, first: int, end: int) -> None:
+        """A reader waits for bytes [first, end): fetch their slices first."""

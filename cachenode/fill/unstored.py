@@ -1,7 +1,8 @@
 """Why a fill's bytes reached its clients but not the store: a body
 nothing proves whole, one the store could not write, one a write to its
-URL made stale. Raised by the fill buffer (cachenode/fill/buffer.py) and
-the fill's run (cachenode/fill/running.py); a flight (cachenode/fill/
+URL made stale, an on-demand fill's partial nobody read on. Raised by the
+fill buffer (cachenode/fill/buffer.py), the fill's run (cachenode/fill/
+running.py) and its parallel fetch (cachenode/fill/parallel.py); a flight (cachenode/fill/
 flights.py) logs them as not stored, not as failed: the clients were served.
 """
 
@@ -24,3 +25,9 @@ class Unprovable(NotStored):
 class StoreUnwritable(NotStored):
     """The store could not write the body (ENOSPC, EDQUOT, EIO...): it was
     streamed to its clients from memory and never stored."""
+
+
+class PartialDropped(NotStored):
+    """An on-demand fill (the origin's fill_on_range off) kept only the ranges
+    clients asked for, and nobody asked for more for a while: its slices are
+    dropped, never stored."""

@@ -20,6 +20,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from cachenode.front import copies_first
 from cachenode.front.access import access, break_connection
 from cachenode.front.exact_head import ExactResponse
 from cachenode.front.object_head import add_peer_fields, object_headers, stored_decision
@@ -321,23 +322,31 @@ class Responder:
         """Send the fill's body from `progress[0]` up to `end` (None: its end) as
         it lands, keeping `progress[0]` at the offset sent so far."""
         offset = progress[0]
-        while end is None or offset < end:
-            available = await fill.wait_beyond(offset, reader=f, end=end)
-            if end is not None:
-                available = min(available, end)
-            if available <= offset:
-                break  # unknown length and the body is complete
-            if fill.spilled and offset >= fill.on_disk:
-                # The store could not write: the fill hands these bytes over from memory.
-                data = fill.from_memory(f, offset, available)
-                await resp.write(data)
-                offset += len(data)
-                progress[0] = offset
-                continue
-            if fill.spilled:
-                available = min(available, fill.on_disk)
-            await self.send_file(request, resp, f, offset, available - offset)
-            offset = progress[0] = available
+        # Another node's copy first: this node's own clients keep within a lead of it (front/copies_first.py).
+        paced = copies_first.reader(fill, peer=is_peer_request(request, self.settings.cluster_token), offset=offset)
+        try:
+            while end is None or offset < end:
+                available = await fill.wait_beyond(offset, reader=f, end=end)
+                if end is not None:
+                    available = min(available, end)
+                if available <= offset:
+                    break  # unknown length and the body is complete
+                available = await paced.upto(offset, available)
+                if fill.spilled and offset >= fill.on_disk:
+                    # The store could not write: the fill hands these bytes over from memory.
+                    data = fill.from_memory(f, offset, available)
+                    await resp.write(data)
+                    offset += len(data)
+                    progress[0] = offset
+                    paced.sent(offset)
+                    continue
+                if fill.spilled:
+                    available = min(available, fill.on_disk)
+                await self.send_file(request, resp, f, offset, available - offset)
+                offset = progress[0] = available
+                paced.sent(offset)
+        finally:
+            paced.close()
 
     async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
                           error: FillAborted) -> web.StreamResponse:

@@ -71,19 +71,22 @@ def test_each_node_streams_from_a_node_ahead_of_it_in_a_heap_under_the_first_own
     assert feeds_from(position, owners=owners, fanout=fanout) == parent
 
 
-def test_no_copy_feeds_more_than_the_fanout_and_every_chain_ends_at_the_first_owner():
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 17, 64])
+def test_no_copy_feeds_more_than_the_fanout_and_every_chain_ends_at_the_first_owner(n):
+    """A chain (one copy fed per copy) up to 16 nodes, a heap of degree 2 beyond, whose depth is log2(N)."""
     from collections import Counter
 
-    from cachenode.cluster.streaming import feeds_from
+    from cachenode.cluster.streaming import fanout_for, feeds_from
 
-    for n in (4, 8, 16, 64):
-        parents = {p: feeds_from(p, owners=2) for p in range(n)}
-        fed_by_first = sum(1 for p in range(1, n) if parents[p] is None)
-        assert fed_by_first <= 2
-        assert max(Counter(v for v in parents.values() if v is not None).values(), default=0) <= 2
-        for p in range(n):
-            hops = 0
-            while parents[p] is not None:
-                assert parents[p] < p
-                p, hops = parents[p], hops + 1
-            assert hops <= n.bit_length()
+    fanout = fanout_for(n)
+    assert fanout == (1 if n <= 16 else 2)
+    parents = {p: feeds_from(p, owners=2, fanout=fanout) for p in range(n)}
+    fed_by_first = sum(1 for p in range(1, n) if parents[p] is None)
+    assert fed_by_first <= fanout
+    assert max(Counter(v for v in parents.values() if v is not None).values(), default=0) <= fanout
+    for p in range(n):
+        hops = 0
+        while parents[p] is not None:
+            assert parents[p] < p
+            p, hops = parents[p], hops + 1
+        assert hops <= (max(n - 2, 0) if fanout == 1 else n.bit_length())

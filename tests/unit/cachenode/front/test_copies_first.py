@@ -1,0 +1,73 @@
+"""Copies first (cachenode/front/copies_first.py): a client reading a fill keeps within LEAD of the slowest
+peer reading it, a peer that stood still for STALL is not waited for, and a peer's sends come in PIECEs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cachenode.front.copies_first import LEAD, PIECE, STALL, Pace, Paced, reader
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FillLike:
+    """Any object the readers of one fill share (a fill, in the node)."""
+
+
+async def test_a_client_with_no_peer_on_the_fill_sends_whatever_has_arrived_and_peers_are_per_fill():
+    fill, other = FillLike(), FillLike()
+    reader(other, peer=True, offset=0)
+    client = reader(fill, peer=False, offset=0)
+    assert await client.upto(0, 8 << 20) == 8 << 20
+    reader(fill, peer=True, offset=0)
+    assert await reader(fill, peer=False, offset=0).upto(0, 8 << 20) == LEAD
+
+
+async def test_a_client_sends_up_to_lead_past_the_slowest_peer_that_moved_lately():
+    clock = Clock()
+    pace = Pace(clock=clock)
+    slow, fast = Paced(pace, peer=True, offset=0), Paced(pace, peer=True, offset=0)
+    slow.sent(PIECE)
+    fast.sent(4 * PIECE)
+    client = Paced(pace, peer=False, offset=0)
+    assert await client.upto(0, 8 << 20) == PIECE + LEAD
+    slow.close()  # the slowest one left: the next sets the pace
+    assert await client.upto(0, 8 << 20) == 4 * PIECE + LEAD
+    clock.now += STALL  # the other stood still since: not waited for
+    assert await client.upto(0, 8 << 20) == 8 << 20
+
+
+async def test_a_client_lead_past_the_peers_waits_until_one_moves():
+    pace = Pace()
+    peer = Paced(pace, peer=True, offset=0)
+    client = Paced(pace, peer=False, offset=LEAD)
+    waiting = asyncio.ensure_future(client.upto(LEAD, 8 << 20))
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "a whole lead past the peer: it waits"
+    peer.sent(PIECE)
+    assert await asyncio.wait_for(waiting, 1) == PIECE + LEAD
+
+
+async def test_a_client_waits_at_most_stall_for_a_peer_that_stands_still():
+    pace = Pace()
+    Paced(pace, peer=True, offset=0)
+    client = Paced(pace, peer=False, offset=LEAD)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.wait_for(client.upto(LEAD, 8 << 20), 3 * STALL) == 8 << 20
+    assert loop.time() - started == pytest.approx(STALL, abs=0.5)
+
+
+async def test_a_peer_sends_in_pieces_and_is_never_paced():
+    pace = Pace()
+    Paced(pace, peer=True, offset=0)
+    other = Paced(pace, peer=True, offset=10 * LEAD)
+    assert await other.upto(10 * LEAD, 20 * LEAD) == 10 * LEAD + PIECE
