@@ -19,6 +19,7 @@ count as one list (RFC 9110 §5.3) everywhere.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -144,6 +145,9 @@ def imf_fixdate(timestamp: float) -> str:
             f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
 
 
+# Remembered: a fill judges its answer's Date several times (age, freshness),
+# and Date and Last-Modified repeat across answers (one Date per second).
+@functools.lru_cache(maxsize=1024)
 def http_date(value: str | None) -> float | None:
     """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
 
