@@ -177,7 +177,8 @@ class SealedWrites:
         cache). StoreError naming the file and the OS error when it cannot
         be created or written: nothing is left behind then."""
         meta = self.named(meta, len(body), sealed=True)
-        path = self.tmp / f"{secrets.token_hex(12)}.part"
+        # Named after its data file, whose nonce makes it unique already: no second random token.
+        path = self.tmp / f"{meta.data}.part"
         tail = seal(body, record_of(meta))
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
