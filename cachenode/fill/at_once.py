@@ -28,7 +28,7 @@ from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored
-from cachenode.store.writing import ObjectWrite
+from cachenode.store.small import SealedWrite
 from nezha.config import Origin
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
@@ -50,14 +50,17 @@ class AtOnce:
         self.flights = flights
         self.parts = parts
         self.replicate = replicate  # a fill from the origin completed: copy it to the key's replicas
+        # The histogram's children this path observes, looked up once, not per fill.
+        self._stored_seconds = metrics.fill_duration.labels(source="origin", outcome="stored")
+        self._failed_seconds = metrics.fill_duration.labels(source="origin", outcome="failed")
 
     async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, body: bytes, *, key: str,
                           url: str, host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
                           authorize: bool) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
-        event loop: one temp file written, sealed and renamed
-        (cachenode/store/small.py), checked against a published digest, counted
+        event loop: one temp file created, written with its seal in one go and
+        renamed (cachenode/store/small.py `SealedWrites`), checked against a published digest, counted
         and logged as any fill; the flight's clients are then answered from the
         stored file as a miss.
 
@@ -73,23 +76,22 @@ class AtOnce:
         length = len(body)
         self.metrics.fills_in_flight.inc()
         try:
-            write = self.store.writing(reserve=length)
             meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers,
                         stored_at=now, status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
                         age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
                         vary=vary, variant=variant_of(vary, source.headers) if vary else "", authorize=authorize)
-            stored: Meta | None = None
-            verified: str | None = None
             try:
-                await write.open()
-                if write.temp.unwritable is None:
-                    await self.store.write(write.temp, body)
-                    mismatch, verified = await self._check(write, response, length, key=key, target=target)
-                    if mismatch is not None:
-                        return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
-                                                started=started)
-                    if not flight.superseded:
-                        stored = await write.commit(meta)
+                write = self.store.write_sealed(meta, body)
+            except NezhaError:
+                return None  # the general fill meets the same failure and handles it (the caller's)
+            stored: Meta | None = None
+            try:
+                mismatch, verified = await self._check(write, response, length, key=key, target=target)
+                if mismatch is not None:
+                    return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
+                                            started=started)
+                if not flight.superseded:
+                    stored = self.store.commit_sealed(write)
             except NotStored as e:
                 # Refused or too large: the caller's fill streams it to its clients unstored and
                 # does not ask the store again (a second ask would count a second miss in the policy).
@@ -97,7 +99,7 @@ class AtOnce:
             except NezhaError:
                 stored = None  # the general fill meets the same failure and handles it (the caller's)
             finally:
-                await write.discard()  # nothing once committed
+                self.store.discard_sealed(write)  # nothing once committed
         finally:
             self.metrics.fills_in_flight.dec()
         if stored is None:
@@ -105,13 +107,12 @@ class AtOnce:
         return await self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
                                      verified=verified)
 
-    async def _check(self, write: ObjectWrite, response: aiohttp.ClientResponse, length: int, *, key: str,
+    async def _check(self, write: SealedWrite, response: aiohttp.ClientResponse, length: int, *, key: str,
                      target: Target) -> tuple[Mismatch | None, str | None]:
         """The written body checked against the digest its origin published
         (fill/verify.py), before it is committed: (what mismatched, None), or
         (None, the field that verified it; None when nothing was published)."""
-        check = self.digests.check(key=key, target=target, status=200, headers=response.headers,
-                                   fd=write.temp.read_fd)
+        check = self.digests.check(key=key, target=target, status=200, headers=response.headers, fd=write.fd)
         if check is None:
             return None, None
         try:
@@ -132,8 +133,7 @@ class AtOnce:
                                f"{mismatch}; nothing is stored", mismatch=mismatch)
         self.digests.mismatched(error, origin=host, key=key, source=url)
         self.counts.count(host, failed_fills=1)
-        self.metrics.fill_duration.labels(source="origin", outcome="failed").observe(
-            time.monotonic() - started)
+        self._failed_seconds.observe(time.monotonic() - started)
         self.flights.land(flight)
         return Outcome(Kind.FAILED, error=error)
 
@@ -142,7 +142,7 @@ class AtOnce:
         """Count, log and copy a body stored at once as any completed fill from
         the origin, and land its flight with the body its clients are answered from."""
         self._from_origin(host, len(body))
-        self.metrics.fill_duration.labels(source="origin", outcome="stored").observe(time.monotonic() - started)
+        self._stored_seconds.observe(time.monotonic() - started)
         self.counts.stored(stored, self.store.sizes())
         await self.parts.forget(key, why="stored whole by a fill")
         log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,

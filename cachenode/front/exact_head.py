@@ -25,7 +25,8 @@ def encode_head(status_line: str, fields: Iterable[tuple[str, str]]) -> bytes:
 
 
 def _carries_raw_bytes(text: str) -> bool:
-    return any("\udc80" <= ch <= "\udcff" for ch in text)
+    # An ASCII value (nearly every one) has no surrogate: no scan of it character by character.
+    return not text.isascii() and any("\udc80" <= ch <= "\udcff" for ch in text)
 
 
 class ExactResponse(web.StreamResponse):

@@ -181,11 +181,14 @@ class Responder:
         a client gone is counted, a data file shorter than its meta breaks the connection.
         Not `counted`: the bytes are the relaying handler's to count."""
         sent = 0
+        if body is not None and request.method != "HEAD" and decision.length:
+            # With the head, in one send: the head waits in aiohttp's buffer for the first write
+            # (a StreamResponse sends it at once by default, web.Response does not).
+            resp._send_headers_immediately = False
         try:
             await resp.prepare(request)
             if request.method != "HEAD" and decision.length:
                 if body is not None:
-                    # With the head, in one send: the head waits in aiohttp's buffer for the first write.
                     await resp.write(memoryview(body)[decision.start:decision.start + decision.length])
                 elif f is None:
                     await self.chunk_body.send(request, resp, meta, decision.start, decision.length)

@@ -19,6 +19,7 @@ count as one list (RFC 9110 §5.3) everywhere.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -144,6 +145,9 @@ def imf_fixdate(timestamp: float) -> str:
             f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
 
 
+# Remembered: a fill judges its answer's Date several times (age, freshness),
+# and Date and Last-Modified repeat across answers (one Date per second).
+@functools.lru_cache(maxsize=1024)
 def http_date(value: str | None) -> float | None:
     """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
 
@@ -181,6 +185,7 @@ def http_date(value: str | None) -> float | None:
 # the token headers of S3, OpenStack Swift, GitLab, Google and API gateways).
 CREDENTIAL_FIELDS = ("Authorization", "Cookie", "X-Amz-Security-Token", "X-Auth-Token", "X-Storage-Token",
                      "Private-Token", "Job-Token", "X-Api-Key", "X-Goog-Api-Key", "Api-Key")
+_CREDENTIALS_LOWER = frozenset(name.lower() for name in CREDENTIAL_FIELDS)
 
 
 def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
@@ -192,8 +197,11 @@ def request_bypasses_cache(headers: Mapping[str, str]) -> str | None:
     tokens in: a miss forwards the leading client's fields, so a token in
     one of them would otherwise fetch a response the cache then shares.
     """
+    # One pass over the request's fields, not one per credential field; the
+    # first of CREDENTIAL_FIELDS it carries is named, as before.
+    carried = {key.lower() for key in headers.keys()} & _CREDENTIALS_LOWER
     for name in CREDENTIAL_FIELDS:
-        if field_value(headers, name) is not None:
+        if name.lower() in carried:
             return f"request carries {name}"
     return None
 

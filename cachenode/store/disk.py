@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -50,9 +49,10 @@ from cachenode.store.loading import Loader
 from cachenode.store import pins_file
 from cachenode.store.pins import Pins
 from cachenode.store.removal import Removal
-from cachenode.store.objects import Meta, Refused, TempObject, TooLarge
+from cachenode.store.objects import Meta, TempObject
 from cachenode.store.steps import Steps
 from cachenode.store.temps import TempFiles
+from cachenode.store.small import SealedWrites
 from cachenode.store.syncer import SYNC_INTERVAL, GroupSync
 from cachenode.store.writing import ObjectWrite
 from nezha.errors import StoreError
@@ -60,7 +60,7 @@ from nezha.errors import StoreError
 log = structlog.get_logger("nezha.store")
 
 
-class Store(IndexView, TempFiles, Integrity, Removal):
+class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
     def __init__(self, root: Path, *, capacity: int | None = None, clock: Callable[[], float] = time.time,
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
                  pinned_capacity: int | None = None, extra: Callable[[str], bool] | None = None,
@@ -254,21 +254,10 @@ class Store(IndexView, TempFiles, Integrity, Removal):
         Raises TooLarge, before touching the disk, for bytes beyond the
         capacity: such an object would evict everything else and still not fit.
         """
-        if not self.fits(temp.written):
-            raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the capacity of {self.capacity} bytes")
-        if meta.hot and self.hot_capacity is not None and temp.written > self.hot_capacity:
-            raise TooLarge(f"{meta.key}: {temp.written} bytes exceed the hot copies' share of {self.hot_capacity} "
-                           f"bytes")
-        oid = object_id(meta.slot)
         sealed = temp.written <= self.small_max  # one sealed file (cachenode/store/small.py)
-        extra = not meta.hot and self._extra is not None and self._extra(meta.key)
-        meta = replace(meta, size=temp.written, extra=extra,
-                       data=f"{oid}.{secrets.token_hex(6)}{small.SUFFIX if sealed else '.data'}")
-        self._load(meta.key)
-        candidate = self._index.arrived(meta)
-        if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
-                                                                 reserved_here=temp.reserved):
-            raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
+        meta = self.named(meta, temp.written, sealed=sealed)
+        self.admission(meta, reserved=temp.reserved)  # TooLarge, Refused
+        oid = object_id(meta.slot)
         if sealed:
             return self._admit(await self._commit_small(temp, meta), temp)
         folder = self._dir_of(oid)

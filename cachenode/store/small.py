@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Callable
 
-from cachenode.store.objects import Meta
+from cachenode.store.objects import Meta, Refused, TooLarge
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
+from nezha.errors import StoreError
+from nezha.keys import object_id
 
 # Objects up to this many bytes take the small path. Measured with
 # bench/small_files.py (docs/benchmarks.md, "Small objects"): at 16, 64 and
@@ -118,6 +121,127 @@ def read_sealed(path: Path) -> Meta | None:
     return meta
 
 
+@dataclass
+class SealedWrite:
+    """A small body written whole, sealed, in a temp file not yet renamed into
+    place (`SealedWrites.write_sealed`): `meta` the object it will be, `fd`
+    open for reading and writing (a digest check reads the body back from it)."""
+
+    path: Path
+    fd: int
+    meta: Meta
+    reserved: int
+    ended: bool = False
+
+
+class SealedWrites:
+    """A small body that is whole in memory, stored in one go: one file created,
+    one write of body and seal, one rename. What a fill stored at once
+    (cachenode/fill/at_once.py) takes instead of a temp file it writes and
+    commits in steps (`Store.new_temp`, `Store.commit`): no second descriptor,
+    no copy of the body kept beside the file, no `Meta` built again at the
+    commit, no read of the body back to seal it.
+
+    A mixin of `Store`, as `TempFiles` is. Needs of the class it is mixed
+    into: `tmp`, `capacity`, `hot_capacity`, `group_sync`, `_index`,
+    `_extra`, `_folders`, `_dir_of`, `_load`, `_admit`, `reserve`, `release`, `fits`.
+    """
+
+    def named(self, meta: Meta, size: int, *, sealed: bool) -> Meta:
+        """`meta` as the store keeps it once committed with `size` bytes: its
+        size, whether it is an extra copy here, and its data file's name
+        (a nonce of its own, so a replaced object's file is never this one)."""
+        oid = object_id(meta.slot)
+        extra = not meta.hot and self._extra is not None and self._extra(meta.key)
+        return replace(meta, size=size, extra=extra,
+                       data=f"{oid}.{secrets.token_hex(6)}{SUFFIX if sealed else '.data'}")
+
+    def admission(self, meta: Meta, *, reserved: int) -> None:
+        """Whether the store keeps `meta` (named already) when committed: TooLarge
+        for bytes beyond the capacity or the hot copies' share, Refused when
+        the store is full of objects it keeps; counted by the policy as a miss."""
+        if not self.fits(meta.size):
+            raise TooLarge(f"{meta.key}: {meta.size} bytes exceed the capacity of {self.capacity} bytes")
+        if meta.hot and self.hot_capacity is not None and meta.size > self.hot_capacity:
+            raise TooLarge(f"{meta.key}: {meta.size} bytes exceed the hot copies' share of {self.hot_capacity} "
+                           f"bytes")
+        self._load(meta.key)
+        candidate = self._index.arrived(meta)
+        if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
+                                                                 reserved_here=reserved):
+            raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
+
+    def write_sealed(self, meta: Meta, body: bytes) -> SealedWrite:
+        """`body` and its seal for `meta` (`size` 0: named here) in a new temp
+        file, room for it reserved; on the event loop (a few pages to the page
+        cache). StoreError naming the file and the OS error when it cannot
+        be created or written: nothing is left behind then."""
+        meta = self.named(meta, len(body), sealed=True)
+        # Named after its data file, whose nonce makes it unique already: no second random token.
+        path = self.tmp / f"{meta.data}.part"
+        tail = seal(body, record_of(meta))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StoreError(f"create {path}: {e}") from e
+        try:
+            whole = memoryview(body + tail)  # one write: copying 16 KiB costs less than a second call
+            at = 0
+            while at < len(whole):
+                at += os.pwrite(fd, whole[at:], at)
+        except OSError as e:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise StoreError(f"write {path}: {e}") from e
+        self.reserve(len(body))
+        return SealedWrite(path=path, fd=fd, meta=meta, reserved=len(body))
+
+    def commit_sealed(self, write: SealedWrite) -> Meta:
+        """Make `write` the servable object its meta names: admitted (TooLarge,
+        Refused as `admission`), renamed into place, left to the group sync
+        to make durable (cachenode/store/syncer.py), and in the index. The
+        write is the caller's to `discard` when this raises."""
+        meta = write.meta
+        self.admission(meta, reserved=write.reserved)
+        folder = self._dir_of(object_id(meta.slot))
+        step = "close"
+        try:
+            fd, write.fd = write.fd, -1
+            os.close(fd)
+            step = "mkdir"
+            if folder not in self._folders:
+                folder.mkdir(parents=True, exist_ok=True)
+                self._folders.add(folder)
+            step = "rename"
+            os.rename(write.path, os.path.join(folder, meta.data))
+        except OSError as e:
+            raise StoreError(f"commit {meta.key}: {step}: {e}") from e
+        write.ended = True
+        self.group_sync.committed()
+        self.release(write.reserved)
+        return self._admit(meta)
+
+    def discard_sealed(self, write: SealedWrite) -> None:
+        """Drop a sealed write not committed, and give its room back; nothing once committed or discarded."""
+        if write.ended:
+            return
+        write.ended = True
+        self.release(write.reserved)
+        if write.fd >= 0:
+            fd, write.fd = write.fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        write.path.unlink(missing_ok=True)
+
+    # Provided by the class mixed into (`Store`).
+    tmp: Path
+    capacity: int | None
+    hot_capacity: int | None
+    _extra: Callable[[str], bool] | None
+
+
 def _pread_all(fd: int, size: int, at: int) -> bytes:
     parts = []
     while size > 0:
@@ -130,4 +254,4 @@ def _pread_all(fd: int, size: int, at: int) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]
+__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrite", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]

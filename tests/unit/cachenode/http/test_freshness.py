@@ -488,3 +488,14 @@ def test_rfc9110_5_6_7_a_date_the_cache_generates_is_an_imf_fixdate(stamp, text)
     from cachenode.http.freshness import imf_fixdate
 
     assert imf_fixdate(stamp) == text and http_date(text) == float(int(stamp))
+
+
+def test_a_request_carrying_several_credentials_names_the_first_in_the_fixed_order_whatever_its_own():
+    headers = multi(("X-Api-Key", "k"), ("cookie", "a=b"), ("Authorization", "Bearer t"))
+    assert request_bypasses_cache(headers) == "request carries Authorization"
+    assert request_bypasses_cache(multi(("X-Api-Key", "k"), ("COOKIE", "a=b"))) == "request carries Cookie"
+
+
+def test_an_http_date_read_again_is_the_same_timestamp_and_an_invalid_one_stays_none():
+    assert http_date(DATE) == http_date(DATE) == NOW
+    assert http_date("garbage") is None and http_date("garbage") is None
