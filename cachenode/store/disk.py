@@ -94,8 +94,8 @@ class Store(IndexView, TempFiles, Integrity, Removal):
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
         self._folders: set[Path] = set()  # object folders known to exist
-        # Told of every change to the index, in order: ("put", meta) and
-        # ("drop", meta). A node's other workers follow the index this way
+        # Told of every change to the index, in order: ("put", meta), ("load",
+        # meta) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = self._index.watchers
 
@@ -424,9 +424,7 @@ class Store(IndexView, TempFiles, Integrity, Removal):
 
         A follower only reads: it never writes, evicts or unlinks, so its
         usage figures are the writer's, not its own to act on."""
-        self._index.drop(meta.slot)
-        if event == "put":
-            self._index.add(meta)
+        self._index.mirror(event, meta)
 
 
 class CorruptCopy(StoreError):

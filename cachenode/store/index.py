@@ -48,6 +48,7 @@ from typing import Callable, Iterator
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
+from cachenode.store.following import Following
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.index_view import IndexView
 from cachenode.store.policy import Candidate, Policy
@@ -96,7 +97,7 @@ class Slots:
         return iter(dict.fromkeys(m.key for m in self._index.metas()))
 
 
-class Index(Records):
+class Index(Records, Following):
     """slot -> stored object, in eviction order, with the bytes they and running fills hold.
 
     `evicted(meta, reason)` is called for each object an eviction drops,
@@ -134,8 +135,8 @@ class Index(Records):
         # hashes of the slots dropped meanwhile, so that it adds none back, and how far it got.
         self.dropped: set[int] | None = None
         self.loaded = 1.0
-        # Told of every change to the index, in order: ("put", meta) and
-        # ("drop", meta). A node's other workers follow the index this way
+        # Told of every change to the index, in order: ("put", meta), ("load",
+        # meta) (added by the start-up scan, `recent=False`) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = []
 
@@ -253,13 +254,8 @@ class Index(Records):
         elif recent:
             self._remember(row, meta)
         for watch in self.watchers:
-            watch("put", meta)
-        self.usage.stored += meta.size
-        self.policies[kind].add(rows.hashes[row])
-        if kind == "hot":
-            self.usage.hot += meta.size
-        elif kind == "extra":
-            self.usage.extra += meta.size
+            watch("put" if recent else "load", meta)
+        self._held(row, kind, meta.size)
         if meta.vary:
             self._varying.setdefault(meta.key, set()).add(meta.slot)
         if (chunk := chunk_of(meta.key)) is not None:
@@ -268,6 +264,16 @@ class Index(Records):
             self._vary[meta.key] = meta.vary
         else:
             self._vary.pop(meta.key, None)
+
+    def _held(self, row: int, kind: str, size: int) -> None:
+        """Row `row`'s bytes into the usage, and the row into its kind's order, most recently used."""
+        u = self.usage
+        u.stored += size
+        self.policies[kind].add(self._rows.hashes[row])
+        if kind == "hot":
+            u.hot += size
+        elif kind == "extra":
+            u.extra += size
 
     def replace(self, new: Meta) -> None:
         """`new` in place of the meta in its slot (same bytes and kind: a refresh), keeping its place in the order."""
