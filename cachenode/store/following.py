@@ -85,7 +85,8 @@ class Following:
             if other != EMPTY:  # 64 bits of hash alike: the writer's row is the one it holds
                 self._unrow(other)
             row = rows.new(bytes(digest), size=size, nonce=nonce, flags=flags & _KIND)
-            self._held(row, "hot" if flags & HOT else "extra" if flags & EXTRA else "only", size)
+            # Outside the eviction order: a follower evicts nothing, and its order would cost it a third of a join.
+            self._held(row, "hot" if flags & HOT else "extra" if flags & EXTRA else "only", size, ordered=False)
             added += 1
         return added
 

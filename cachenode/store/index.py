@@ -265,11 +265,12 @@ class Index(Records, Following):
         else:
             self._vary.pop(meta.key, None)
 
-    def _held(self, row: int, kind: str, size: int) -> None:
-        """Row `row`'s bytes into the usage, and the row into its kind's order, most recently used."""
+    def _held(self, row: int, kind: str, size: int, *, ordered: bool = True) -> None:
+        """Row `row`'s bytes into the usage, and (`ordered`) the row into its kind's order, most recently used."""
         u = self.usage
         u.stored += size
-        self.policies[kind].add(self._rows.hashes[row])
+        if ordered:
+            self.policies[kind].add(self._rows.hashes[row])
         if kind == "hot":
             u.hot += size
         elif kind == "extra":
