@@ -87,7 +87,7 @@ class Store(IndexView, TempFiles, Integrity, Removal):
         self._pins_saving: asyncio.Task | None = None
         self._pins_dirty = False
         # The index keeps a compact row per object and reads the rest of its record from its file.
-        self._index = Index(evicted=self._evicted, protected=self.pins.holds,
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds, protected_hash=self.pins.holds_hash,
                             records=functools.partial(read_record, self.objects), lost=self._lost)
         self._loader: Loader | None = None
         self._steps = Steps()

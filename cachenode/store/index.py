@@ -44,13 +44,13 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
 from cachenode.store.following import Following
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
-from cachenode.store.index_view import IndexView
+from cachenode.store.index_view import IndexView, Slots
 from cachenode.store.policy import Candidate, Policy
 from cachenode.store.records import SEALED_SUFFIX, Records, digest_of
 from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, RowOrder, Rows, hash_of
@@ -84,19 +84,6 @@ class Usage:
     extra: int = 0  # of `stored`, bytes of extra copies
 
 
-class Slots:
-    """The keys stored (`key in index.slots`); iterating reads every record."""
-
-    def __init__(self, index: "Index") -> None:
-        self._index = index
-
-    def __contains__(self, key: str) -> bool:
-        return self._index.has(key) or key in self._index._varying
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys(m.key for m in self._index.metas()))
-
-
 class Index(Records, Following):
     """slot -> stored object, in eviction order, with the bytes they and running fills hold.
 
@@ -110,10 +97,13 @@ class Index(Records, Following):
 
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
                  protected: Callable[[str], bool] = lambda key: False,
+                 protected_hash: Callable[[int], bool] | None = None,
                  records: Callable[[str, str], Meta | None] | None = None,
                  lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
         self._evicted = evicted
         self._protected = protected  # a key eviction passes over (pinned by a workload, say)
+        # The same asked by a slot's hash, for a row whose slot is its key: no record read per candidate.
+        self._protected_hash = protected_hash
         self._records = records
         self._lost = lost
         self.census = census or Census()
@@ -387,11 +377,16 @@ class Index(Records, Following):
 
     def _candidates(self, kind: str, keep: int | None):
         """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
-        table, protected = self._rows.table, self._protected
+        table, protected, by_hash, kept = self._rows.table, self._protected, self._protected_hash, self._kept
         for h in self.policies[kind].victims():
             if h == keep:
                 continue
-            key = self._key(table.find(h))
+            row = table.find(h)
+            if by_hash is not None and row not in kept:  # not kept whole: its slot is its key
+                if not by_hash(h):
+                    yield h
+                continue
+            key = self._key(row)
             if key is None or not protected(key):
                 yield h
 

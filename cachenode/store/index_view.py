@@ -8,13 +8,26 @@ face, not the index's bookkeeping: a mixin of `Store`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from cachenode.store.objects import Meta
 from cachenode.store.rows import HOT
 
 if TYPE_CHECKING:
     from cachenode.store.index import Index
+
+
+class Slots:
+    """The keys stored (`key in index.slots`); iterating reads every record."""
+
+    def __init__(self, index: Index) -> None:
+        self._index = index
+
+    def __contains__(self, key: str) -> bool:
+        return self._index.has(key) or self._index.varies(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(m.key for m in self._index.metas()))
 
 
 class IndexView:

@@ -10,20 +10,16 @@ which owns the tables it reads (module docstring there, "Memory").
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from typing import AsyncIterator, Callable
 
 from cachenode.store.objects import Meta
-from cachenode.store.rows import EMPTY, SEALED, USED, Rows
+from cachenode.store.rows import EMPTY, SEALED, USED, Rows, digest_of
+
+__all__ = ["Records", "digest_of", "SEALED_SUFFIX", "DATA_SUFFIX"]
 from nezha.chunks import chunk_of
 
 SEALED_SUFFIX, DATA_SUFFIX = ".obj", ".data"  # cachenode/store/small.py SUFFIX; a large object's data file
-
-
-def digest_of(slot: str) -> bytes:
-    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
-    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
 
 
 def _read_all(read: Callable[[str, str], Meta | None], files: list[tuple[str, str]]) -> list[Meta | None]:

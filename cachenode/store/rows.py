@@ -26,6 +26,7 @@ the whole digest, and a newcomer takes the row of the other.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from typing import Iterator
 
@@ -38,6 +39,11 @@ EXTRA = 2
 SEALED = 4  # a small object's sealed file (`.obj`); else a `.data` beside its `.meta`
 LINKED = 8  # in its kind's order
 USED = 16  # the row holds an object
+
+
+def digest_of(slot: str) -> bytes:
+    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
+    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
 
 
 def hash_of(digest: bytes) -> int:
