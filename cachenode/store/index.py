@@ -378,16 +378,23 @@ class Index(Records, Following):
     def _candidates(self, kind: str, keep: int | None):
         """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
         table, protected, by_hash, kept = self._rows.table, self._protected, self._protected_hash, self._kept
-        for h in self.policies[kind].victims():
+        policy = self.policies[kind]
+        left = len(policy)  # a protected one goes to the back: the walk meets it again at the end
+        for h in policy.victims():
+            if left == 0:
+                return
+            left -= 1
             if h == keep:
                 continue
             row = table.find(h)
             if by_hash is not None and row not in kept:  # not kept whole: its slot is its key
-                if not by_hash(h):
-                    yield h
-                continue
-            key = self._key(row)
-            if key is None or not protected(key):
+                held = by_hash(h)
+            else:
+                key = self._key(row)
+                held = key is not None and protected(key)
+            if held:
+                policy.pass_over(h)
+            else:
                 yield h
 
     def _over(self, limit: int, headroom: int) -> bool:

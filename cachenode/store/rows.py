@@ -286,6 +286,15 @@ class RowOrder:
         if row != EMPTY:
             self._unlink(row)
 
+    def to_back(self, h: int) -> None:
+        """`h` to the end of the order, its last access kept (an iteration holding
+        the next row goes on from it, and meets `h` again at the end)."""
+        row = self._row(h)
+        if row != EMPTY and row != self.tail:
+            last = self._rows.last[row]
+            self._unlink(row)
+            self.put(h, last)
+
     def _unlink(self, row: int) -> None:
         rows = self._rows
         p, n = rows.prev[row], rows.next[row]

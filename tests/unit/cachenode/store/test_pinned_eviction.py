@@ -36,14 +36,25 @@ def test_an_eviction_passes_over_pinned_objects_without_reading_their_records():
         reads.append(data)
         return records.get(data)
 
+    asked: list[int] = []
+
+    def held(h: int) -> bool:
+        asked.append(h)
+        return pins.holds_hash(h)
+
     index = Index(evicted=lambda m, reason: gone.append(m.key), records=read, recent=0,
-                  protected=pins.holds, protected_hash=pins.holds_hash)
+                  protected=pins.holds, protected_hash=held)
     for m in records.values():
         index.add(m, recent=False)
     pins.pin("Job/ml/a", [stored(n).key for n in range(40)])  # the 40 least recently used
     index.evict_to(100 * 45)
     assert gone == [stored(n).key for n in range(40, 45)]
     assert len(reads) <= 2 * len(gone), "a pinned candidate's record was read to find its key"
+    # Passed over once, a pinned object waits at the back: the next evictions do not ask of it again.
+    assert len(asked) <= 40 + 2 * len(gone)
+    pins.release("Job/ml/a", 0)
+    index.evict_to(100 * 40)
+    assert len(gone) == 10, "released, the pinned objects go as any other"
 
 
 def test_pins_that_end_leave_the_running_sum_and_a_pin_again_counts_the_size_now():
