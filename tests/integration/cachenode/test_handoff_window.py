@@ -5,6 +5,8 @@ each still reaches its new owner, and objects that stay here are no work."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 
 from cachenode.cluster import handoff
 from nezha.ring import Membership
@@ -67,3 +69,33 @@ async def test_objects_whose_owners_are_this_node_alone_are_no_work_for_a_hand_o
     progress = nodes["n0"].node.handoff.progress
     assert (progress.total, progress.done, progress.copied, progress.present, progress.failed) == (len(mine), len(mine),
                                                                                                   0, 0, 0)
+
+
+def descriptors_under(folder) -> int:
+    """This process's open descriptors on files under `folder` (the in-process nodes share it)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder)):
+                count += 1
+    return count
+
+
+async def test_objects_received_in_batches_hold_no_descriptor_once_stored(origin, cluster, session):
+    """A node receiving a hand-off of a million small objects must not keep a descriptor per object."""
+    paths = [f"/fd/{i}.jpg" for i in range(40)]
+    for p in paths:
+        origin.put(p, p.encode() * 30)
+    nodes, members = await cluster(2)
+    leaving, staying = nodes["n1"], nodes["n0"]
+    leaving.node.cluster.update(Membership(2, {"n1": members.nodes["n1"]}))
+    for p in paths:
+        await leaving.get(session, p)
+    await leaving.node.settled()
+    before = descriptors_under(staying.node.store.root)
+    async with session.post(leaving.url + "/_nezha/handoff", json={"nodes": {"n0": members.nodes["n0"]}}) as r:
+        assert r.status == 202
+    await until(lambda: leaving.node.handoff.progress.state == "done", timeout=10.0)
+    assert leaving.node.handoff.progress.copied == 40
+    assert all(key_of(p) in staying.node.store for p in paths)
+    assert descriptors_under(staying.node.store.root) - before < 5
