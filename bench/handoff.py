@@ -93,8 +93,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     load_s = await loaded(a)
     say(f"  a's index loaded {load_s:.0f} s after start")
     ring = {"a": f"127.0.0.1:{a.port}", "b": f"127.0.0.1:{b.port}"}
-    moving = [k for k in (f"http://{HOST}{path_of(n)}" for n in range(count))
-              if Membership(1, ring).ring().owners(k, 1) == ["b"]]
+    placed = Membership(1, ring).ring()
+    moving = [k for k in (f"http://{HOST}{path_of(n)}" for n in range(count)) if placed.owners(k, 1) == ["b"]]
     say(f"  under the ring {{a, b}}, {len(moving)} of {count} objects move to b")
 
     until = asyncio.Event()
