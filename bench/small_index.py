@@ -1,6 +1,6 @@
-"""A million small objects on one node: memory per object and restart to the first hit.
+"""A million small objects on one node: memory per object, restart to the first hit, a worker's join.
 
-    python bench/small_index.py [--objects N] [--keep]
+    python bench/small_index.py [--objects N] [--keep] [--store DIR] [--join]
 
 An ImageNet-shaped dataset is a million files or more; a node that holds
 them must fit them in memory and come back at once after a restart. This
@@ -23,6 +23,22 @@ Printed as the last line:
     ratios: bytes_per_object=<RSS growth / objects> restart_ms=<spawn to first hit> load_s=<index loaded>
 
 Targets (docs/benchmarks.md): bytes_per_object <= 300, restart_ms < 1,000, at 1 M objects.
+
+`--join` measures instead what a follower worker joining the node costs
+its primary: the node runs `--workers 2` on the store; once its index is
+loaded and both workers listen, hits that only the primary serves (a
+header the fast path does not take sends them to the primary's handler)
+are asked at a fixed rate, each timed from when it was due (so a stalled
+loop shows in every request it held back), for `--window` seconds at rest,
+then from a SIGKILL of the follower until the supervisor's new follower
+listens again (it joins meanwhile) and a second more. Printed last:
+
+    ratios: join_p99_ratio=<p99 during the join / p99 at rest> join_max_ms=<slowest> join_s=<kill to listening>
+        primary_rss_mib=<the primary's RSS peak during the join less before it>
+
+`--store DIR` builds the store there once and reuses it in later runs (a
+million objects take minutes to write), e.g. for the same store measured
+with another checkout's code.
 """
 
 from __future__ import annotations
@@ -31,6 +47,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -114,14 +132,112 @@ async def loaded(node: Node, timeout: float = 3600) -> float:
     raise BenchError(f"the index was not loaded after {timeout:.0f} s")
 
 
+async def probing(url: str, count: int, *, rate: float, until: asyncio.Event) -> list[float]:
+    """Hits the primary serves, `rate` a second until `until` is set; ms each took from when it was due."""
+    loop = asyncio.get_running_loop()
+    took: list[float] = []
+    tasks = set()
+    connector = aiohttp.TCPConnector(limit=64)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as s:
+        async def one(due: float, n: int) -> None:
+            async with s.get(url + path_of(n), headers={"Host": HOST, "X-Bench": "primary"}) as r:
+                body = await r.read()
+            if r.status != 200 or r.headers.get(CACHE_HEADER) != "hit" or body != body_of(n):
+                raise BenchError(f"{path_of(n)}: {r.status} {r.headers.get(CACHE_HEADER)}: not the stored object")
+            took.append((loop.time() - due) * 1000)
+
+        due, i = loop.time(), 0
+        while not until.is_set():
+            task = asyncio.ensure_future(one(due, (i * 7919) % count))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+            due += 1 / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))
+        await asyncio.gather(*tasks)
+    return took
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else max(values, default=0.0)
+
+
+def worker_of(node: Node, role: str) -> int:
+    """The pid of the node's worker of `role` ("primary", "follower")."""
+    import psutil
+
+    assert node.proc is not None
+    for child in psutil.Process(node.proc.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get("NEZHA_WORKER_ROLE") == role:
+                return child.pid
+    raise BenchError(f"no {role} worker found under the node's supervisor")
+
+
+async def window(url: str, count: int, rate: float, seconds: float | None, done=None) -> list[float]:
+    """Probe for `seconds`, or until `done()` (awaited) returns, then one second more."""
+    until = asyncio.Event()
+    probe = asyncio.ensure_future(probing(url, count, rate=rate, until=until))
+    if done is not None:
+        await done()
+        await asyncio.sleep(1)
+    else:
+        await asyncio.sleep(seconds)
+    until.set()
+    return await probe
+
+
+async def join(args: argparse.Namespace, work: Path, children: Children, count: int) -> str:
+    node = Node(children, work, "node")
+    await node.start(origins=ORIGINS, args=["--workers", "2"], timeout=600)
+    load_s = await loaded(node)
+    await node.serving_workers(2, timeout=3600)
+    say(f"  --workers 2: index loaded {load_s:.0f} s after start, both workers listen")
+    rest = await window(node.url, count, args.rate, args.window)
+    say(f"  at rest: {len(rest)} primary hits, p99 {p99(rest):.1f} ms, max {max(rest):.1f} ms")
+    primary = Sampler(worker_of(node, "primary"), tree=False)
+    before = primary.tree_rss()
+    primary.start()
+    os.kill(worker_of(node, "follower"), signal.SIGKILL)
+    killed = time.monotonic()
+    joined = {}
+
+    async def listening() -> None:
+        await asyncio.sleep(0.5)  # the dead follower's socket is gone; the new one is not there yet
+        await node.serving_workers(2, timeout=3600)
+        joined["s"] = time.monotonic() - killed
+
+    during = await window(node.url, count, args.rate, None, done=listening)
+    primary.stop()
+    join_s = joined["s"]
+    grew = (primary.peak - before) / 2**20
+    say(f"  a follower killed and joined again in {join_s:.1f} s: {len(during)} primary hits meanwhile, "
+        f"p99 {p99(during):.1f} ms, max {max(during):.1f} ms; the primary's RSS peak {grew:+.1f} MiB")
+    say(f"small_index --join: code: {source_version()}")
+    return (f"ratios: join_p99_ratio={p99(during) / p99(rest):.2f} join_max_ms={max(during):.0f} "
+            f"join_s={join_s:.1f} primary_rss_mib={grew:.1f}")
+
+
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     count = args.objects
     say(f"small index: {count} objects of 224 bytes, {os.cpu_count()} CPUs, work dir {work}")
     loop = asyncio.get_running_loop()
     started = time.monotonic()
-    built = await loop.run_in_executor(None, build, work / "node" / "objects", count)
-    say(f"  built {built} sealed files in {time.monotonic() - started:.0f} s")
-    await loop.run_in_executor(None, os.sync)
+    if args.store is not None:  # one store for several runs: the node's data folder is a link to it
+        args.store.mkdir(parents=True, exist_ok=True)
+        (work / "node").symlink_to(args.store.resolve())
+    objects = work / "node" / "objects"
+    marker = None if args.store is None else args.store.with_name(args.store.name + ".built")
+    if marker is not None and marker.exists():
+        say(f"  the store in {args.store} was built before: reused")
+    else:
+        built = await loop.run_in_executor(None, build, objects, count)
+        say(f"  built {built} sealed files in {time.monotonic() - started:.0f} s")
+        await loop.run_in_executor(None, os.sync)
+        if marker is not None:
+            marker.write_text(f"{count}\n")
+    if args.join:
+        return await join(args, work, children, count)
 
     empty = Node(children, work, "empty")
     await empty.start(origins=ORIGINS)
@@ -159,6 +275,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--objects", type=int, default=1_000_000, help="small objects in the store")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--store", type=Path, help="build the store here once and reuse it in later runs")
+    ap.add_argument("--join", action="store_true", help="measure a follower worker's join instead")
+    ap.add_argument("--rate", type=float, default=200, help="--join: primary hits a second")
+    ap.add_argument("--window", type=float, default=10, help="--join: seconds of hits at rest")
     args = ap.parse_args()
     run_bench(lambda work, children: run(args, work, children), prefix="nezha-index-", keep=args.keep)
 

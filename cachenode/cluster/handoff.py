@@ -38,7 +38,7 @@ answer only to loopback clients (a local `nezha up`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import json
 import re
 import time
@@ -85,6 +85,9 @@ class Progress:
     finished: float = 0.0
     errors: list[str] = field(default_factory=list)
 
+    def add_bytes(self, n: int) -> None:
+        self.bytes += n
+
     def tally(self, key: str, results: list[str]) -> None:
         """Count what each owner answered when asked to copy `key`; only the
         first 20 failures are kept by name, so a hand-off of a whole store
@@ -102,6 +105,7 @@ class Progress:
 
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 HEARTBEAT = 1.0  # seconds between progress lines of a replicate call
+WINDOW = 1024  # objects a hand-off has on their way at once (cluster/replica_batches.py gathers 64 a request)
 
 
 class _Copy:
@@ -309,65 +313,98 @@ class Handoff:
         self.spawn(copy())
 
     async def run(self, view: ClusterView) -> Progress:
-        """Copy every object held here to each of its owners under `view`'s ring."""
-        # Every variant is an object of its own; hot copies are no one's to hand on.
-        metas = [m for m in self.store.metas() if not m.hot]
-        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=len(metas),
+        """Copy every object held here to each of its owners under `view`'s ring.
+
+        A store holds a million objects: their records are read a slice at a
+        time in the executor as the walk goes (`Store.each_meta`), hot copies
+        passed over unread, and at most `WINDOW` objects are on their way at
+        once (a small one waiting in its batch, a large one at the gate of
+        `parallel` copies), so neither a million tasks nor a million records
+        are ever held."""
+        self.progress = p = Progress(state="running", epoch=view.snapshot.epoch, total=self.store.count(hot=False),
                                      started=time.time())
-        log.info("handoff_started", objects=len(metas), nodes=sorted(view.snapshot.nodes))
+        log.info("handoff_started", objects=p.total, nodes=sorted(view.snapshot.nodes))
+        window = asyncio.Semaphore(WINDOW)
         gate = asyncio.Semaphore(self.parallel)
+        running: set[asyncio.Task] = set()
 
-        def moved(n: int) -> None:
-            p.bytes += n
+        def finished(task: asyncio.Task, *, key: str) -> None:
+            running.discard(task)
+            window.release()
+            p.done += 1
+            if not task.cancelled() and (e := task.exception()) is not None:
+                p.tally(key, [replicate_failed(f"{type(e).__name__}: {e}")])
 
-        async def one(listed: Meta) -> None:
-            key = listed.key
-            # A small object waits in its batch, not at the gate: the gate would let
-            # no more than `parallel` of them into a batch (cluster/replica_batches.py).
-            async with contextlib.nullcontext() if self.replicas.batches.takes(listed) else gate:
-                try:
-                    selecting = selecting_headers(listed.vary, listed.variant)
-                    meta = self.store.lookup(key, selecting or {})
-                    if meta is None or meta.slot != listed.slot:
-                        return  # evicted since the listing
-                    if meta.hot:
-                        return  # a cache of the cache: its owners hold the object, and it is never handed off
-                    if chunk_of(key) is not None:
-                        await self._hand_off_chunk(meta, view, p)
-                        return
-                    if selecting is None:
-                        p.failed += 1
-                        p.errors.append(f"{key}: its variant cannot be spelled as request fields")
-                        return
-                    if not meta.fresh(time.time()):
-                        # Copies are made only of fresh objects (only-if-cached);
-                        # a stale one is refetched or revalidated by its new
-                        # owner at the next miss, so it is no failed copy.
-                        p.skipped += 1
-                        return
-                    target = target_of(key)
-                    peers = [peer for peer in view.owners(key) if peer.id != self.node_id]
-                    if self.replicas.batches.takes(meta):
-                        results = await self._in_batches(meta, target, selecting, peers, p)
-                    else:
-                        results = [await self.replicas.ask_to_copy(peer, target, on_bytes=moved, headers=selecting)
-                                   for peer in peers]
-                    p.tally(key, results)
-                finally:
+        try:
+            # Every variant is an object of its own; hot copies are no one's to hand on.
+            async for meta in self.store.each_meta(hot=False):
+                await window.acquire()
+                work = self._hand_on(meta, view, p, gate)
+                if work is None:
+                    window.release()
                     p.done += 1
-
-        await asyncio.gather(*(one(m) for m in metas))
+                    continue
+                task = asyncio.ensure_future(work)
+                running.add(task)
+                task.add_done_callback(functools.partial(finished, key=meta.key))
+            while running:
+                await asyncio.wait(set(running))
+        finally:
+            for task in running:
+                task.cancel()
         p.state = "done"
         p.finished = time.time()
         log.info("handoff_finished", objects=p.total, copied=p.copied, present=p.present, skipped=p.skipped,
                  failed=p.failed, bytes=p.bytes, seconds=round(p.finished - p.started, 3))
         return p
 
+    def _hand_on(self, meta: Meta, view: ClusterView, p: Progress,
+                 gate: asyncio.Semaphore) -> Coroutine[Any, Any, None] | None:
+        """What handing `meta` on to its owners under `view` takes; None when
+        that is decided here: no owner but this node, stale, a variant that
+        cannot be asked for."""
+        key = meta.key
+        if meta.hot:
+            return None  # a cache of the cache: its owners hold the object, and it is never handed off
+        if chunk_of(key) is not None:
+            return self._gated(gate, self._hand_off_chunk(meta, view, p))
+        selecting = selecting_headers(meta.vary, meta.variant)
+        if selecting is None:
+            p.tally(key, [replicate_failed("its variant cannot be spelled as request fields")])
+            return None
+        if not meta.fresh(time.time()):
+            # Copies are made only of fresh objects (only-if-cached); a stale one is
+            # refetched or revalidated by its new owner at the next miss, so it is no failed copy.
+            p.skipped += 1
+            return None
+        peers = [peer for peer in view.owners(key) if peer.id != self.node_id]
+        if not peers:
+            return None
+        if self.replicas.batches.takes(meta):
+            # A small object waits in its batch, not at the gate: the gate would let
+            # no more than `parallel` of them into a batch (cluster/replica_batches.py).
+            return self._in_batches(meta, target_of(key), selecting, peers, p)
+        return self._gated(gate, self._one_by_one(meta, target_of(key), selecting, peers, p))
+
+    @staticmethod
+    async def _gated(gate: asyncio.Semaphore, work: Coroutine[Any, Any, None]) -> None:
+        async with gate:
+            await work
+
+    async def _one_by_one(self, meta: Meta, target: Target, selecting: dict[str, str], peers: list[Peer],
+                          p: Progress) -> None:
+        """A large object: each owner asked to copy it from here, one after another."""
+        if self.store.index.get(meta.slot) is None:
+            return  # evicted since the walk read it
+        results = [await self.replicas.ask_to_copy(peer, target, on_bytes=p.add_bytes, headers=selecting)
+                   for peer in peers]
+        p.tally(meta.key, results)
+
     async def _in_batches(self, meta: Meta, target: Target, selecting: dict[str, str], peers: list[Peer],
-                          p: Progress) -> list[str]:
+                          p: Progress) -> None:
         """A small object handed on with others bound for the same owner
-        (cluster/replica_batches.py); its results, an owner each. An object
-        evicted or replaced before its batch left is no failure: it is gone."""
+        (cluster/replica_batches.py), its results tallied, an owner each. An
+        object evicted or replaced before its batch left is no failure: it is gone."""
         results = []
         for result in await asyncio.gather(*(self.replicas.batches.add(peer, meta, target, selecting)
                                              for peer in peers)):
@@ -376,7 +413,7 @@ class Handoff:
             if result == ReplicateResult.COPIED:
                 p.bytes += meta.size
             results.append(result)
-        return results
+        p.tally(meta.key, results)
 
     async def _hand_off_chunk(self, meta: Meta, view: ClusterView, p: Progress) -> None:
         """A chunk goes to the owners of its own key (nezha/chunks.py `place`),

@@ -119,7 +119,9 @@ class ReplicaIntake:
         if held is not None and not held.hot and held.fresh(time.time()):
             return ReplicateResult.PRESENT
         try:
-            async with self.store.writing(reserve=len(body)) as write:
+            # Nobody reads a record's temp file while it is written: a reading descriptor
+            # would stay open for good, one per object received (a hand-off sends a million).
+            async with self.store.writing(reserve=len(body), readable=False) as write:
                 await self.store.write(write.temp, body)
                 stored = await write.commit(meta)
         except NotStored as e:

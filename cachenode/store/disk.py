@@ -87,15 +87,15 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self._pins_saving: asyncio.Task | None = None
         self._pins_dirty = False
         # The index keeps a compact row per object and reads the rest of its record from its file.
-        self._index = Index(evicted=self._evicted, protected=self.pins.holds,
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds, protected_hash=self.pins.holds_hash,
                             records=functools.partial(read_record, self.objects), lost=self._lost)
         self._loader: Loader | None = None
         self._steps = Steps()
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
         self._folders: set[Path] = set()  # object folders known to exist
-        # Told of every change to the index, in order: ("put", meta) and
-        # ("drop", meta). A node's other workers follow the index this way
+        # Told of every change to the index, in order: ("put", meta), ("load",
+        # meta) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = self._index.watchers
 
@@ -413,9 +413,7 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
 
         A follower only reads: it never writes, evicts or unlinks, so its
         usage figures are the writer's, not its own to act on."""
-        self._index.drop(meta.slot)
-        if event == "put":
-            self._index.add(meta)
+        self._index.mirror(event, meta)
 
 
 class CorruptCopy(StoreError):

@@ -44,12 +44,13 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from cachenode.http.vary import variant as variant_of
 from cachenode.store.census import Census
+from cachenode.store.following import Following
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
-from cachenode.store.index_view import IndexView
+from cachenode.store.index_view import IndexView, Slots
 from cachenode.store.policy import Candidate, Policy
 from cachenode.store.records import SEALED_SUFFIX, Records, digest_of
 from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, RowOrder, Rows, hash_of
@@ -83,20 +84,7 @@ class Usage:
     extra: int = 0  # of `stored`, bytes of extra copies
 
 
-class Slots:
-    """The keys stored (`key in index.slots`); iterating reads every record."""
-
-    def __init__(self, index: "Index") -> None:
-        self._index = index
-
-    def __contains__(self, key: str) -> bool:
-        return self._index.has(key) or key in self._index._varying
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys(m.key for m in self._index.metas()))
-
-
-class Index(Records):
+class Index(Records, Following):
     """slot -> stored object, in eviction order, with the bytes they and running fills hold.
 
     `evicted(meta, reason)` is called for each object an eviction drops,
@@ -109,10 +97,13 @@ class Index(Records):
 
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
                  protected: Callable[[str], bool] = lambda key: False,
+                 protected_hash: Callable[[int], bool] | None = None,
                  records: Callable[[str, str], Meta | None] | None = None,
                  lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
         self._evicted = evicted
         self._protected = protected  # a key eviction passes over (pinned by a workload, say)
+        # The same asked by a slot's hash, for a row whose slot is its key: no record read per candidate.
+        self._protected_hash = protected_hash
         self._records = records
         self._lost = lost
         self.census = census or Census()
@@ -134,8 +125,8 @@ class Index(Records):
         # hashes of the slots dropped meanwhile, so that it adds none back, and how far it got.
         self.dropped: set[int] | None = None
         self.loaded = 1.0
-        # Told of every change to the index, in order: ("put", meta) and
-        # ("drop", meta). A node's other workers follow the index this way
+        # Told of every change to the index, in order: ("put", meta), ("load",
+        # meta) (added by the start-up scan, `recent=False`) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = []
 
@@ -253,13 +244,8 @@ class Index(Records):
         elif recent:
             self._remember(row, meta)
         for watch in self.watchers:
-            watch("put", meta)
-        self.usage.stored += meta.size
-        self.policies[kind].add(rows.hashes[row])
-        if kind == "hot":
-            self.usage.hot += meta.size
-        elif kind == "extra":
-            self.usage.extra += meta.size
+            watch("put" if recent else "load", meta)
+        self._held(row, kind, meta.size)
         if meta.vary:
             self._varying.setdefault(meta.key, set()).add(meta.slot)
         if (chunk := chunk_of(meta.key)) is not None:
@@ -268,6 +254,17 @@ class Index(Records):
             self._vary[meta.key] = meta.vary
         else:
             self._vary.pop(meta.key, None)
+
+    def _held(self, row: int, kind: str, size: int, *, ordered: bool = True) -> None:
+        """Row `row`'s bytes into the usage, and (`ordered`) the row into its kind's order, most recently used."""
+        u = self.usage
+        u.stored += size
+        if ordered:
+            self.policies[kind].add(self._rows.hashes[row])
+        if kind == "hot":
+            u.hot += size
+        elif kind == "extra":
+            u.extra += size
 
     def replace(self, new: Meta) -> None:
         """`new` in place of the meta in its slot (same bytes and kind: a refresh), keeping its place in the order."""
@@ -380,12 +377,24 @@ class Index(Records):
 
     def _candidates(self, kind: str, keep: int | None):
         """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
-        table, protected = self._rows.table, self._protected
-        for h in self.policies[kind].victims():
+        table, protected, by_hash, kept = self._rows.table, self._protected, self._protected_hash, self._kept
+        policy = self.policies[kind]
+        left = len(policy)  # a protected one goes to the back: the walk meets it again at the end
+        for h in policy.victims():
+            if left == 0:
+                return
+            left -= 1
             if h == keep:
                 continue
-            key = self._key(table.find(h))
-            if key is None or not protected(key):
+            row = table.find(h)
+            if by_hash is not None and row not in kept:  # not kept whole: its slot is its key
+                held = by_hash(h)
+            else:
+                key = self._key(row)
+                held = key is not None and protected(key)
+            if held:
+                policy.pass_over(h)
+            else:
                 yield h
 
     def _over(self, limit: int, headroom: int) -> bool:

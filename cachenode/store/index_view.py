@@ -8,12 +8,26 @@ face, not the index's bookkeeping: a mixin of `Store`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from cachenode.store.objects import Meta
+from cachenode.store.rows import HOT
 
 if TYPE_CHECKING:
     from cachenode.store.index import Index
+
+
+class Slots:
+    """The keys stored (`key in index.slots`); iterating reads every record."""
+
+    def __init__(self, index: Index) -> None:
+        self._index = index
+
+    def __contains__(self, key: str) -> bool:
+        return self._index.has(key) or self._index.varies(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(m.key for m in self._index.metas()))
 
 
 class IndexView:
@@ -41,9 +55,14 @@ class IndexView:
         """Every stored response, variants included (the records of objects on disk are read)."""
         return self._index.metas()
 
-    def each_meta(self) -> AsyncIterator[Meta]:
-        """Every stored response, its record read in the executor: for a walk over all of them."""
-        return self._index.each_meta()
+    def each_meta(self, *, hot: bool = True) -> AsyncIterator[Meta]:
+        """Every stored response, its record read in the executor: for a walk over all of them.
+        `hot=False`: hot copies are passed over, their records not read."""
+        return self._index.each_meta(skip=0 if hot else HOT)
+
+    def count(self, *, hot: bool = True) -> int:
+        """Objects stored, from the index's rows alone; `hot=False`: hot copies not counted."""
+        return self._index.count(skip=0 if hot else HOT)
 
     @property
     def used_bytes(self) -> int:

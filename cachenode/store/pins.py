@@ -21,14 +21,26 @@ them is evicted by the start-up's fit to capacity and a node restarted while
 a workload runs keeps its objects without the controller asking again. The
 clock is the wall clock for that reason: a pin's end survives a restart.
 
+What a pin call costs is what its own keys cost, however many objects are
+pinned (a prefetch of a million-file dataset pins them a batch at a time):
+the bytes held are a running sum, each object counted at its size when it
+was last pinned (a pinned object replaced by a larger version counts its
+new size once pinned again); pins that end leave it through a heap of their
+ends; a workload's keys are found without a walk over every pin. Eviction
+asks by the index's hash of a slot (`holds_hash`), so passing over a
+pinned object reads no record from disk.
+
 No I/O: the store's sizes come through `size_of`, time through `clock`.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from cachenode.store.rows import digest_of, hash_of
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,11 @@ class Pinned:
     room: int | None = None  # bytes still free for pins after this request; None: no bound
 
 
+def slot_hash(key: str) -> int:
+    """The store's index's hash of the slot of `key`'s response that does not vary (its slot is its key)."""
+    return hash_of(digest_of(key))
+
+
 class Pins:
     def __init__(self, *, capacity: int | None, size_of: Callable[[str], int | None],
                  clock: Callable[[], float] = time.time, changed: Callable[[], None] = lambda: None) -> None:
@@ -51,6 +68,13 @@ class Pins:
         self._clock = clock
         self._changed = changed  # told after every pin and release: the store saves the pins
         self._until: dict[str, dict[str, float | None]] = {}  # key -> workload -> until (None: while it exists)
+        # What keeps a pin call's cost to the keys it names, however many are pinned:
+        self._keys_of: dict[str, set[str]] = {}  # workload -> the keys it pins
+        self._ends: list[tuple[float, str, str]] = []  # (until, key, workload), soonest first: pins that end
+        self._sizes: dict[str, int] = {}  # key -> the bytes counted for it: its size when last pinned
+        self._unmeasured: set[str] = set()  # keys restored and not measured yet (the store may still be loading)
+        self._used = 0  # the sum of `_sizes`
+        self._by_hash: dict[int, str] = {}  # the index's hash of a key's slot -> the key (`holds_hash`)
 
     def holds(self, key: str) -> bool:
         """Whether `key` is kept from eviction now; a pin past its time is dropped on the way."""
@@ -60,15 +84,61 @@ class Pins:
         now = self._clock()
         for workload, until in list(pins.items()):
             if until is not None and until <= now:
-                del pins[workload]
-        if not pins:
-            del self._until[key]
-            return False
-        return True
+                self._unpin(key, workload)
+        return key in self._until
+
+    def holds_hash(self, h: int) -> bool:
+        """`holds` for the key whose slot hashes to `h` in the store's index
+        (cachenode/store/rows.py `hash_of`): eviction asks it of a row without
+        reading the row's record for its key."""
+        key = self._by_hash.get(h)
+        return key is not None and self.holds(key)
 
     def used(self) -> int:
-        """Bytes held by pins now (an object pinned twice counts once)."""
-        return sum(self._size_of(key) or 0 for key in list(self._until) if self.holds(key))
+        """Bytes held by pins now (an object pinned twice counts once), each at its size when last pinned:
+        a running sum, so a pin call costs what its own keys do."""
+        now = self._clock()
+        ends = self._ends
+        while ends and ends[0][0] <= now:
+            until, key, workload = heapq.heappop(ends)
+            if self._until.get(key, {}).get(workload, -1.0) == until:
+                self._unpin(key, workload)
+        if self._unmeasured:
+            for key in self._unmeasured:
+                size = self._size_of(key) or 0
+                self._sizes[key] = size
+                self._used += size
+            self._unmeasured.clear()
+        return self._used
+
+    def _pinned(self, key: str, workload: str, until: float | None, size: int | None) -> None:
+        """`workload` pins `key` until `until`; `size`: its bytes now (None: measure it when asked)."""
+        if key not in self._until:
+            self._by_hash[slot_hash(key)] = key
+            if size is None:
+                self._unmeasured.add(key)
+        self._until.setdefault(key, {})[workload] = until
+        self._keys_of.setdefault(workload, set()).add(key)
+        if until is not None:
+            heapq.heappush(self._ends, (until, key, workload))
+        if size is not None:
+            self._used += size - self._sizes.get(key, 0)
+            self._sizes[key] = size
+            self._unmeasured.discard(key)
+
+    def _unpin(self, key: str, workload: str) -> None:
+        pins = self._until[key]
+        del pins[workload]
+        keys = self._keys_of.get(workload)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys_of[workload]
+        if not pins:
+            del self._until[key]
+            self._used -= self._sizes.pop(key, 0)
+            self._unmeasured.discard(key)
+            self._by_hash.pop(slot_hash(key), None)
 
     def pin(self, workload: str, keys: Iterable[str]) -> Pinned:
         """Pin `keys` for `workload` while it exists, within the capacity; see the module docstring."""
@@ -84,9 +154,8 @@ class Pins:
                 out["refused"] += 1
                 out["refused_bytes"] += size
                 continue
-            self._until.setdefault(key, {})[workload] = None
-            if not held:
-                used += size
+            self._pinned(key, workload, None, size)
+            used = self._used
             out["pinned"] += 1
             out["pinned_bytes"] += size
         if out["pinned"]:
@@ -97,9 +166,11 @@ class Pins:
         """`workload` is gone: its pins hold `keep` more seconds. Returns how many objects it had pinned."""
         until = self._clock() + keep
         released = 0
-        for pins in self._until.values():
-            if workload in pins and pins[workload] is None:
+        for key in self._keys_of.get(workload, ()):
+            pins = self._until[key]
+            if pins[workload] is None:
                 pins[workload] = until
+                heapq.heappush(self._ends, (until, key, workload))
                 released += 1
         if released:
             self._changed()
@@ -111,12 +182,12 @@ class Pins:
 
     def restore(self, saved: dict[str, dict[str, float | None]]) -> int:
         """Take back pins saved by `snapshot` (a node's start); those past their time are dropped. Returns
-        how many objects are pinned again."""
+        how many objects are pinned again. Their sizes are measured when first asked (`used`)."""
         now = self._clock()
         for key, pins in saved.items():
-            held = {w: until for w, until in pins.items() if until is None or until > now}
-            if held:
-                self._until.setdefault(key, {}).update(held)
+            for workload, until in pins.items():
+                if until is None or until > now:
+                    self._pinned(key, workload, until, None)
         return len(self._until)
 
     def by_workload(self) -> dict[str, int]:

@@ -10,21 +10,16 @@ which owns the tables it reads (module docstring there, "Memory").
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from array import array
 from collections import OrderedDict
 from typing import AsyncIterator, Callable
 
 from cachenode.store.objects import Meta
-from cachenode.store.rows import EMPTY, SEALED, USED, Rows
+from cachenode.store.rows import EMPTY, SEALED, USED, Rows, digest_of
+
+__all__ = ["Records", "digest_of", "SEALED_SUFFIX", "DATA_SUFFIX"]
 from nezha.chunks import chunk_of
 
 SEALED_SUFFIX, DATA_SUFFIX = ".obj", ".data"  # cachenode/store/small.py SUFFIX; a large object's data file
-
-
-def digest_of(slot: str) -> bytes:
-    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
-    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
 
 
 def _read_all(read: Callable[[str, str], Meta | None], files: list[tuple[str, str]]) -> list[Meta | None]:
@@ -66,23 +61,26 @@ class Records:
             return None  # another record in its place (or none): never served as this slot's
         return meta
 
-    async def each_meta(self, *, batch: int = 256) -> AsyncIterator[Meta]:
+    async def each_meta(self, *, batch: int = 256, skip: int = 0) -> AsyncIterator[Meta]:
         """Every stored response, as `metas()`, the records read from disk in the
-        executor a batch at a time: a walk over a million objects (the scrub)
-        that never holds the event loop for long. An object that left the
-        index meanwhile is not given; one added meanwhile may not be."""
+        executor a batch at a time: a walk over a million objects (the scrub, a
+        hand-off) that never holds the event loop for long, nor a list of them
+        all. Rows with any of the flags `skip` (cachenode/store/rows.py: HOT)
+        are passed over unread. An object that left the index meanwhile is not
+        given; one added meanwhile may not be."""
         loop = asyncio.get_running_loop()
         rows = self._rows
-        used = array("i", rows.used())
-        for at in range(0, len(used), batch):
+        at = 0
+        while at < len(rows.flags):  # read again each time: the arrays grow while the walk runs
             asked = []
-            for row in used[at:at + batch]:
-                if not rows.flags[row] & USED:
+            for row in range(at, min(at + batch, len(rows.flags))):
+                if not rows.flags[row] & USED or rows.flags[row] & skip:
                     continue
                 if (kept := self._kept.get(row)) is not None:
                     yield kept
                 else:
                     asked.append((row, rows.digest(row), self._data(row)))
+            at += batch
             read = self._records
             if not asked or read is None:
                 continue
@@ -91,6 +89,13 @@ class Records:
                 if rows.flags[row] & USED and rows.digest(row) == digest and self._data(row) == data:
                     if (meta := self._checked(row, digest, data, meta)) is not None:
                         yield meta
+
+    def count(self, *, skip: int = 0) -> int:
+        """Objects held whose rows have none of the flags `skip`, counted from the flags alone."""
+        if not skip:
+            return self._rows.count
+        wanted = bytes(1 if v & USED and not v & skip else 0 for v in range(256))
+        return self._rows.flags.translate(wanted).count(1)
 
     def _remember(self, row: int, meta: Meta) -> None:
         recent = self._recent

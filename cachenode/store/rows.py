@@ -26,6 +26,7 @@ the whole digest, and a newcomer takes the row of the other.
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from typing import Iterator
 
@@ -38,6 +39,11 @@ EXTRA = 2
 SEALED = 4  # a small object's sealed file (`.obj`); else a `.data` beside its `.meta`
 LINKED = 8  # in its kind's order
 USED = 16  # the row holds an object
+
+
+def digest_of(slot: str) -> bytes:
+    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
+    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
 
 
 def hash_of(digest: bytes) -> int:
@@ -189,6 +195,40 @@ class Rows:
         flags = self.flags
         return (r for r in range(len(flags)) if flags[r] & USED)
 
+    def pack(self, start: int, count: int) -> tuple[int, bytes]:
+        """Rows `start` to `start + count` (fewer at the end) as they are now, free
+        ones included: (how many, their digests, sizes, nonces and flags, array
+        after array). Slices of the arrays, no loop: a node's other workers get
+        a million rows this way (cachenode/workers/primary.py) at little cost."""
+        stop = min(start + count, len(self.flags))
+        if stop <= start:
+            return 0, b""
+        return stop - start, b"".join((self.digests[start * DIGEST:stop * DIGEST], self.sizes[start:stop].tobytes(),
+                                       self.nonces[start:stop].tobytes(), bytes(self.flags[start:stop])))
+
+    def pack_rows(self, rows: list[int]) -> bytes:
+        """Rows `rows` as `pack` gives a run of them: for rows that are not next to each other."""
+        sizes, nonces, flags = self.sizes, self.nonces, self.flags
+        return b"".join((b"".join(self.digests[r * DIGEST:(r + 1) * DIGEST] for r in rows),
+                         array("q", [sizes[r] for r in rows]).tobytes(),
+                         array("q", [nonces[r] for r in rows]).tobytes(), bytes(flags[r] for r in rows)))
+
+
+PACKED_ROW = DIGEST + 8 + 8 + 1  # bytes of one row as `Rows.pack` gives it
+
+
+def unpack(n: int, packed: bytes) -> Iterator[tuple[bytes, int, int, int]]:
+    """(digest, size, nonce, flags) of each row `Rows.pack` gave, free ones too;
+    ValueError when `packed` is not `n` rows."""
+    if len(packed) != n * PACKED_ROW:
+        raise ValueError(f"{len(packed)} bytes are not {n} packed rows of {PACKED_ROW} bytes")
+    sizes, nonces = array("q"), array("q")
+    at = n * DIGEST
+    sizes.frombytes(packed[at:at + 8 * n])
+    nonces.frombytes(packed[at + 8 * n:at + 16 * n])
+    flags = packed[at + 16 * n:]
+    return ((packed[i * DIGEST:(i + 1) * DIGEST], sizes[i], nonces[i], flags[i]) for i in range(n))
+
 
 class RowOrder:
     """One kind's least-recently-used order over the rows, as the eviction
@@ -245,6 +285,15 @@ class RowOrder:
         row = self._row(h)
         if row != EMPTY:
             self._unlink(row)
+
+    def to_back(self, h: int) -> None:
+        """`h` to the end of the order, its last access kept (an iteration holding
+        the next row goes on from it, and meets `h` again at the end)."""
+        row = self._row(h)
+        if row != EMPTY and row != self.tail:
+            last = self._rows.last[row]
+            self._unlink(row)
+            self.put(h, last)
 
     def _unlink(self, row: int) -> None:
         rows = self._rows

@@ -40,8 +40,8 @@ from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
-from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Synced,
-                                        TlsOutcome, Unknown)
+from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Rows,
+                                        Synced, TlsOutcome, Unknown)
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
@@ -113,6 +113,11 @@ class Follower:
         for fd in fds:
             os.close(fd)
         match message:
+            case Rows(n=n):
+                try:
+                    self.store.index.add_rows(n, tail)
+                except ValueError as e:  # the next change of each of its objects still comes
+                    log.error("worker_record_malformed", error=str(e), worker=self.worker)
             case Put() | Drop():
                 for raw in message.metas:
                     self.store.mirror(message.TAG, meta_from(raw))

@@ -11,7 +11,7 @@ Who sends what:
 
     supervisor -> primary   Follower (with the follower's end of a new link)
     primary -> supervisor   Ready (a worker serves: the primary, or a follower it relays)
-    primary -> follower     Put, Drop (the index, in order), Synced (all of it sent), Flush
+    primary -> follower     Rows, Put, Drop (the index, in order), Synced (all of it sent), Flush
     follower -> primary     Conn (with the connection), More (its further bytes), Hits, TlsOutcome,
                             Fallback, Flushed, Ready
 
@@ -43,6 +43,15 @@ class Ready:
     which); from the primary to the supervisor with it, its own (0) or a follower's."""
     TAG: ClassVar[str] = "ready"
     worker: int | None = None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """`n` rows of the store's index as they are now, packed in the tail
+    (cachenode/store/rows.py `Rows.pack`): objects whose record the follower
+    reads from their files, as the primary does."""
+    TAG: ClassVar[str] = "rows"
+    n: int
 
 
 @dataclass(frozen=True)
@@ -123,8 +132,8 @@ class Unknown:
     tag: str
 
 
-Message = Union[Follower, Ready, Put, Drop, Synced, Flush, Flushed, Conn, More, Hits, TlsOutcome, Fallback]
-_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Put, Drop, Synced, Flush, Flushed, Conn, More,
+Message = Union[Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, More, Hits, TlsOutcome, Fallback]
+_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, More,
                                                       Hits, TlsOutcome, Fallback)}
 _FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in fields(cls)) for cls in _BY_TAG.values()}
 

@@ -9,7 +9,9 @@ by the one process that holds the fills: coalescing, capacity and counting
 stay exact because there is one of each.
 
 What a follower needs to find hits is a copy of the store's index: it gets
-the whole index when it joins, then every change in order (`Store.watchers`).
+the whole index when it joins, in slices of rows that cost the primary's
+loop little however many objects it holds, then every change in order
+(`Store.watchers`; cachenode/workers/index_feed.py).
 What the primary needs of a follower is the connections it hands over and
 the hits it served, to count: batched every 50 ms, and flushed before
 `/metrics` answers (`counted`), so a scrape misses no hit answered before it
@@ -19,46 +21,21 @@ and counts none twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
-from dataclasses import asdict
 from typing import Callable
 
 import structlog
 
 from cachenode.store.disk import Store
-from cachenode.store.objects import Meta
-from cachenode.workers.channel import MAX_RECORD, Channel
-from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Follower, Hits, Message, More, Put,
-                                        Ready, Synced, TlsOutcome, Unknown)
+from cachenode.workers.channel import Channel
+from cachenode.workers.index_feed import IndexFeed, meta_records
+from cachenode.workers.messages import (Conn, Fallback, Flush, Flushed, Follower, Hits, Message, More, Ready,
+                                        TlsOutcome, Unknown)
+
+__all__ = ["FollowerLinks", "Followers", "Primary", "meta_records"]
 
 log = structlog.get_logger("nezha.workers")
-
-
-def meta_records(metas: list[Meta], event: str) -> list[Put | Drop]:
-    """`metas` as records of at most MAX_RECORD bytes each, Put or Drop as the
-    store's `event` ("put", "drop") says. A meta too large for any record goes
-    as a Drop: the follower then hands its requests here, which is slower and
-    still exact."""
-    kind = Put if event == "put" else Drop
-    records: list[Put | Drop] = []
-    batch: list[dict] = []
-    size = 0
-    for meta in metas:
-        raw = asdict(meta)
-        n = len(json.dumps(raw, separators=(",", ":")))
-        if n > MAX_RECORD - 256:
-            records.append(Drop(metas=[raw | {"headers": []}]))
-            continue
-        if batch and size + n > MAX_RECORD - 256:
-            records.append(kind(metas=batch))
-            batch, size = [], 0
-        batch.append(raw)
-        size += n + 1
-    if batch:
-        records.append(kind(metas=batch))
-    return records
 
 
 class FollowerLinks:
@@ -128,10 +105,11 @@ class Followers:
         self.follower_links = follower_links
         self.links = follower_links.links
         self._partial: dict[int, tuple[int, bytearray, bool, bool, int]] = {}  # follower -> (fd, bytes, eof, secure, parts left)
+        self.feed = IndexFeed(store, self.links)
 
     def start(self) -> None:
         self.control = Channel(self._control_sock, on_record=self._from_supervisor, on_closed=self._supervisor_gone)
-        self.store.watchers.append(self._changed)
+        self.store.watchers.append(self.feed.changed)
 
     def ready(self) -> None:
         """Tell the supervisor this worker serves."""
@@ -144,8 +122,9 @@ class Followers:
 
     def close(self) -> None:
         self.closing = True
-        if self._changed in self.store.watchers:
-            self.store.watchers.remove(self._changed)
+        if self.feed.changed in self.store.watchers:
+            self.store.watchers.remove(self.feed.changed)
+        self.feed.close()
         for link in list(self.links.values()):
             link.close()
         if self.control is not None:
@@ -167,23 +146,13 @@ class Followers:
         link = Channel(sock, on_record=lambda h, t, f: self._from_follower(worker, h, t, f),
                        on_closed=lambda: self._left(worker, link))
         self.links[worker] = link
-        for record in meta_records(self.store.metas(), "put"):
-            link.send(record)
-        link.send(Synced())
-        log.info("worker_joined", worker=worker, objects=len(self.store))
+        self.feed.join(worker, link)
 
     def _left(self, worker: int, link: Channel) -> None:
         self.follower_links.left(worker, link)
         partial = self._partial.pop(worker, None)
         if partial is not None:
             os.close(partial[0])
-
-    def _changed(self, event: str, meta: Meta) -> None:
-        if not self.links:
-            return
-        for record in meta_records([meta], event):
-            for link in self.links.values():
-                link.send(record)
 
     # -- a follower's link -------------------------------------------------------
     def _from_follower(self, worker: int, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:

@@ -8,7 +8,9 @@ import hashlib
 import random
 from array import array
 
-from cachenode.store.rows import EMPTY, HOT, RowOrder, Rows, Table, hash_of
+import pytest
+
+from cachenode.store.rows import EMPTY, HOT, PACKED_ROW, USED, RowOrder, Rows, Table, hash_of, unpack
 
 
 def digest(n: int) -> bytes:
@@ -69,3 +71,26 @@ def test_each_kind_keeps_its_own_least_recently_used_order():
     only.pop(hs[3])
     assert list(only) == [hs[1], hs[4], hs[0]] and len(only) == 3
     assert list(only.items()) == [(hs[1], 1), (hs[4], 4), (hs[0], 10)]
+
+
+def test_rows_packed_as_runs_or_one_by_one_come_back_as_they_were_free_ones_marked():
+    rows = Rows()
+    made = [rows.new(digest(n), size=100 + n, nonce=n * 7, flags=HOT if n % 3 == 0 else 0) for n in range(10)]
+    rows.free(made[4])
+    n, packed = rows.pack(2, 5)
+    assert n == 5 and len(packed) == 5 * PACKED_ROW
+    got = list(unpack(n, packed))
+    assert [(d, size, nonce) for d, size, nonce, _ in got] == [(digest(i), 100 + i, i * 7) for i in range(2, 7)]
+    assert [bool(f & USED) for *_, f in got] == [True, True, False, True, True]
+    assert [bool(f & HOT) for *_, f in got][:2] == [False, True]
+    assert list(unpack(3, rows.pack_rows([9, 0, 5]))) == [
+        (digest(9), 109, 63, rows.flags[9]), (digest(0), 100, 0, rows.flags[0]), (digest(5), 105, 35, rows.flags[5])]
+    assert rows.pack(10, 5) == (0, b"") and rows.pack(8, 5)[0] == 2
+
+
+def test_packed_rows_of_another_length_are_refused():
+    rows = Rows()
+    rows.new(digest(1), size=1, nonce=1, flags=0)
+    n, packed = rows.pack(0, 1)
+    with pytest.raises(ValueError, match="packed rows"):
+        list(unpack(n + 1, packed))
