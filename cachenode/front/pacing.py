@@ -25,6 +25,10 @@ few milliseconds of its commit instead of at its own next ask (a network
 round trip and a pause each), which cost a prefetch of small objects a
 quarter of its rate (docs/benchmarks.md, "Prefetch by manifest").
 
+The controller's batches of fills (`/_nezha/prefetch`, front/prefetch_fills.py)
+are no live traffic either: each of their objects takes a slot here as a
+`fill` does, and gives it back once stored.
+
 `admits` is the decision, pure; `Pacing` keeps the counts and the queue;
 `paced` is the middleware that marks every other request live. The fast
 path's hits never reach aiohttp: `Counts.plain_hit` marks them in a `LiveHits`
@@ -40,7 +44,7 @@ from typing import Callable
 from aiohttp import web
 
 from cachenode.counts import LiveHits
-from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_WAIT
+from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_PATH, PREFETCH_WAIT
 
 HOLD = 60.0  # seconds a fill's slot is held at most without a check saying it is stored
 WAIT = 20.0  # seconds a fill waits here at most (the controller reads for 60 s before it gives up)
@@ -144,6 +148,8 @@ def paced(pacing: Pacing):
 
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        if request.raw_path == PREFETCH_PATH:
+            return await handler(request)  # the controller's batch of fills: each waits for a slot itself
         mark = request.headers.get(PREFETCH_HEADER)
         if mark is None:
             pacing.live_began()
