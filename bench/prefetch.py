@@ -2,7 +2,7 @@
 and what the prefetch costs another client's warm reads.
 
     python bench/prefetch.py [--quick] [--objects 10000] [--size 4096] [--latency 0.02] [--fills 16]
-                             [--busy-fills N] [--rounds 3]
+                             [--busy-fills N] [--rounds 3] [--keep]
 
 Runs, all on 127.0.0.1: a real redis-server; the Kubernetes API double
 (testkit/kubeapi, in this process) holding the cache StatefulSet and its one
@@ -168,6 +168,8 @@ async def prefetched(core, name: str, timeout: float) -> float:
     """When the Job's PrefetchDone Event appeared (perf_counter), polling every 50 ms. The list is read as
     JSON, not into the client's models: their deserialization cost this process 0.3 ms of CPU per object
     prefetched, CPU the client phase it is compared with does not spend (the machine is CPU-bound)."""
+    from kubernetes_asyncio import client
+
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
         response = await core.list_namespaced_event(NS, _preload_content=False)
@@ -175,7 +177,10 @@ async def prefetched(core, name: str, timeout: float) -> float:
         done = [e for e in events if e["involvedObject"].get("name") == name and e.get("reason") == "PrefetchDone"]
         if done:
             if "failed" in done[0]["message"]:
-                raise RuntimeError(f"{name}: {done[0]['message']}")
+                job = await client.BatchV1Api(core.api_client).read_namespaced_job(name, NS)
+                status = json.loads(job.metadata.annotations.get("nezha.io/prefetch-status") or "{}")
+                reasons = sorted({f["reason"] for f in status.get("failed", [])})
+                raise RuntimeError(f"{name}: {done[0]['message']}; reasons: {reasons[:5]}")
             return time.perf_counter()
         await asyncio.sleep(0.05)
     raise RuntimeError(f"no PrefetchDone for {name} within {timeout:g} s")
@@ -293,7 +298,10 @@ async def run(args: argparse.Namespace) -> tuple[float, float]:
         await kube.close()
         await api.stop()
         redis.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work} (the node's and the controller's logs)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return prefetch_ratio, during / alone
 
 
@@ -309,6 +317,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of a client's cold read then a prefetch; prefetch_rate is their median ratio")
     p.add_argument("--live", type=float, default=8.0, help="seconds of warm reads, alone and during a prefetch")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, the node's data)")
     p.add_argument("--serve-origin", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_origin is not None:
