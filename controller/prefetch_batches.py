@@ -4,12 +4,17 @@ A prefetch of many small objects cost the controller two requests an
 object (the fill's ranged GET, a share of a `/_nezha/stored` batch) and
 the node as much work again as a client's read of it. Now every public
 object whose first owner is one node goes into that node's next batch:
-the objects asked for while a batch is being sent wait for the next one
-(or go at once while fewer than REQUESTS are in flight), and the node
-answers a line per object once it is stored, or why not
+what the workers ask for in one turn of the event loop goes in one
+request, sent at the end of that turn, and the node answers a line per
+object once it is stored, or why not
 (cachenode/front/pacing.py paces the fills; cachenode/front/prefetch_fills.py
-runs them). One request carries as many objects as are in flight for that
-node, and no "stored yet?" follows.
+runs them). No "stored yet?" follows, and nothing waits for a batch in
+flight to end: with 16 fills, lines come back a few at a time, and the
+objects the workers take up next go at once, a few to a request (about
+4 in bench/prefetch.py's runs). A cap on the batches in flight would make
+the objects behind it wait for a whole batch to end, its slowest object
+included; they are bounded all the same, each holding at least one of the
+`--prefetch-fills` objects in flight.
 
 `ask` gives the node's line for a URL, or None when the batch could not
 say (a node without the endpoint, one that went away, an object it hands
@@ -28,16 +33,12 @@ import structlog
 
 log = structlog.get_logger("nezha.controller.prefetch")
 
-REQUESTS = 4  # batches in flight to one node at most; the objects asked meanwhile wait for the next
-
 
 class FillBatches:
-    def __init__(self, *, url: str, session: Callable[[], aiohttp.ClientSession], headers: dict[str, str],
-                 requests: int = REQUESTS) -> None:
+    def __init__(self, *, url: str, session: Callable[[], aiohttp.ClientSession], headers: dict[str, str]) -> None:
         self.url = url
         self._session = session
         self._headers = headers
-        self._most = max(1, requests)
         self._pending: dict[str, asyncio.Future] = {}
         self._sending: set[asyncio.Task] = set()
         self._scheduled = False
@@ -64,8 +65,8 @@ class FillBatches:
 
     def _send_pending(self) -> None:
         self._scheduled = False
-        if not self._pending or len(self._sending) >= self._most:
-            return  # sent when a batch in flight ends
+        if not self._pending:
+            return
         batch, self._pending = self._pending, {}
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(task)
@@ -73,8 +74,6 @@ class FillBatches:
 
     def _sent(self, task: asyncio.Task) -> None:
         self._sending.discard(task)
-        if self._pending:
-            self._schedule()
 
     async def _send(self, batch: dict[str, asyncio.Future]) -> None:
         self.requests += 1

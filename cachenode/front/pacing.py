@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Callable
 
 from aiohttp import web
@@ -73,7 +74,7 @@ class Pacing:
         self._last_live = float("-inf")  # when a live request through the middleware last began or ended
         self.hits = hits or LiveHits(clock=clock)
         self._held: dict[str, float] = {}  # object (Host + path) -> when its slot is given back at the latest
-        self._changed: asyncio.Event | None = None
+        self._turns: deque[asyncio.Future] = deque()  # the fills waiting for a slot, in the order they came
         self.waiting = 0
         self.started = 0  # fills let through, ever (tests, logs)
         self.started_while_live = 0
@@ -106,18 +107,24 @@ class Pacing:
                                            since_live=now - self._latest_live(), busy=self.busy, idle=self.idle,
                                            quiet=self.quiet):
                 break
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            changed = self._changed
+            # Woken alone when a slot is given back (`_wake`): all of them woken at once, the many waiting
+            # behind live traffic looked, and all but one went back to wait, for every fill let through.
+            turn = asyncio.get_running_loop().create_future()
+            self._turns.append(turn)
             # Nothing tells the end of live traffic: it is a quiet `quiet` long, looked at again after it.
             timeout = min([self.quiet] + [at - now for at in self._held.values()])
             self.waiting += 1
             try:
-                await asyncio.wait_for(changed.wait(), timeout=max(timeout, 0.001))
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait((turn,), timeout=max(timeout, 0.001))
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._wake()  # given the turn, and gone (its request timed out): the next one takes it
+                raise
             finally:
                 self.waiting -= 1
+                if not turn.done():
+                    turn.cancel()
+                    self._turns.remove(turn)
         self.started += 1
         if self.is_live():
             self.started_while_live += 1
@@ -137,9 +144,12 @@ class Pacing:
             del self._held[obj]
 
     def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        """The longest waiting fill looks again: one slot was given back."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
 
 
 def paced(pacing: Pacing):

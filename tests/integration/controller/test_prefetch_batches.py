@@ -18,6 +18,7 @@ class FakeNode:
         self.bodies: list[dict] = []
         self.status = 200
         self.hang_up = False
+        self.slow: str | None = None  # a URL answered only after a second
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -27,6 +28,8 @@ class FakeNode:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
         for url in body["urls"]:
+            if url == self.slow:
+                await asyncio.sleep(1.0)
             if self.hang_up and url.endswith("/late"):
                 request.transport.close()
                 return resp
@@ -44,7 +47,7 @@ async def fake(aiohttp_server):
     server = await aiohttp_server(app, host="127.0.0.1")
     async with aiohttp.ClientSession() as session:
         node.batches = FillBatches(url=f"http://127.0.0.1:{server.port}/_nezha/prefetch", session=lambda: session,
-                                   headers={"X-Nezha-Token": "t"}, requests=1)
+                                   headers={"X-Nezha-Token": "t"})
         yield node
 
 
@@ -56,13 +59,16 @@ async def test_urls_asked_together_go_in_one_request_and_each_gets_its_own_line(
     assert (fake.batches.requests, fake.batches.objects) == (1, 10)
 
 
-async def test_urls_asked_while_a_batch_is_in_flight_go_in_the_next_one(fake):
+async def test_urls_asked_while_a_batch_is_in_flight_go_at_once_without_waiting_for_it_to_end(fake):
+    fake.slow = "http://data.example/a"
     first = asyncio.ensure_future(fake.batches.ask("http://data.example/a"))
-    await asyncio.sleep(0.001)
-    later = [asyncio.ensure_future(fake.batches.ask(f"http://data.example/b{n}")) for n in range(3)]
-    await asyncio.gather(first, *later)
+    await asyncio.sleep(0.05)
+    later = await asyncio.gather(*(fake.batches.ask(f"http://data.example/b{n}") for n in range(3)))
+    assert [line["stored"] for line in later] == [len("http://data.example/b0")] * 3
+    assert not first.done(), "answered while the first batch's object is still being filled"
     assert [b["urls"] for b in fake.bodies] == [["http://data.example/a"],
                                                 [f"http://data.example/b{n}" for n in range(3)]]
+    assert (await first)["stored"] == len("http://data.example/a")
 
 
 async def test_a_node_without_the_endpoint_is_asked_the_ordinary_way_from_then_on(fake):
