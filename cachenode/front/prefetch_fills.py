@@ -129,6 +129,9 @@ class PrefetchFills:
             return {"url": url, "wait": True}
         try:
             return {"url": url, **await self._fill(key, target=target, origin=origin)}
+        except Exception as e:  # noqa: BLE001 - this URL's line says it; the batch's other URLs go on
+            log.error("prefetch_fill_error", key=key, error=f"{type(e).__name__}: {e}")
+            return {"url": url, "status": 500, "failed": redact_text(f"filling {key} here: {type(e).__name__}: {e}")}
         finally:
             self._pacing.stored(key)
 

@@ -134,3 +134,25 @@ async def test_a_batchs_fills_go_one_at_a_time_behind_a_live_request_and_togethe
     assert [line["stored"] for line in lines.values()] == [100] * 5
     assert origin.most_in_flight == 5 and node.node.pacing.started_while_live == 5
     assert node.node.pacing.running == 0, "every slot given back once stored"
+
+
+async def test_a_fill_that_breaks_here_is_a_500_line_and_the_other_urls_are_answered(origin, node, session,
+                                                                                      monkeypatch):
+    from nezha.errors import StoreError
+
+    origin.put("/ok.bin", b"k" * 500, headers={"Cache-Control": "max-age=600"})
+    origin.put("/bad.bin", b"b" * 500, headers={"Cache-Control": "max-age=600"})
+    lead = node.node.engine.lead
+
+    async def failing(flight, **kw):
+        if kw["key"].endswith("/bad.bin"):
+            raise StoreError("disk on fire")
+        return await lead(flight, **kw)
+
+    monkeypatch.setattr(node.node.engine, "lead", failing)
+    status, lines = await batch(session, node, [f"http://{HOST}/bad.bin", f"http://{HOST}/ok.bin"])
+    assert status == 200
+    assert lines[f"http://{HOST}/ok.bin"]["stored"] == 500
+    bad = lines[f"http://{HOST}/bad.bin"]
+    assert bad["status"] == 500 and "StoreError: disk on fire" in bad["failed"]
+    assert node.node.pacing.running == 0, "its slot was given back"

@@ -81,6 +81,7 @@ async def test_a_node_without_the_endpoint_is_asked_the_ordinary_way_from_then_o
 
 async def test_a_node_that_hangs_up_leaves_only_the_unanswered_urls_to_the_ordinary_way(fake):
     fake.hang_up = True
-    lines = await asyncio.gather(fake.batches.ask("http://data.example/a"), fake.batches.ask("http://data.example/late"))
+    lines = await asyncio.gather(fake.batches.ask("http://data.example/a"),
+                                 fake.batches.ask("http://data.example/late"))
     assert lines[0] == {"url": "http://data.example/a", "stored": len("http://data.example/a")}
     assert lines[1] is None and not fake.batches.unsupported
