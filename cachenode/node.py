@@ -37,6 +37,7 @@ from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.streaming_copies import StreamingCopies
 from cachenode.front.pacing import Pacing
+from cachenode.front.prefetch_fills import PrefetchFills
 from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
@@ -169,11 +170,14 @@ class CacheNode:
         admin = Admin(metrics=self.metrics, status=self.status, before_metrics=before_metrics)
         table = settings.origin_table
         intake = ReplicaIntake(settings=settings, store=self.store, flights=self.engine.flights, counts=self.counts)
+        reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
+        prefetch = PrefetchFills(table=table, node_id=self.node_id, reads=reads, upstream=self.upstream,
+                                 owners=self.cluster.owners, pacing=self.pacing, clock=clock)
         routes = Routes(table=route_table(admin=admin, handoff=self.handoff, invalidation=self.invalidation,
                                           pinning=Pinning(pins=self.store.pins), intake=intake,
-                                          stored=StoredChecks(pacing=self.pacing, size_of=self.store.stored_size)),
+                                          stored=StoredChecks(pacing=self.pacing, size_of=self.store.stored_size),
+                                          prefetch=prefetch),
                         origin_table=table, cluster_token=settings.cluster_token)
-        reads = Reads(store=self.store, engine=self.engine, respond=self.respond, counts=self.counts, clock=clock)
         authorized = AuthorizedReads(store=self.store, upstream=self.upstream, reads=reads, respond=self.respond,
                                      counts=self.counts, from_peer=lambda r: is_peer_request(r, settings.cluster_token),
                                      node_id=self.node_id, peers_have_a_token=settings.cluster_token is not None)

@@ -58,6 +58,7 @@ from controller import workloads
 from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PREFETCH_SPREAD, PREFETCH_STATUS,
                                    parse_prefetch, read_keep, read_spread, secret_problem)
 from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
+from controller.prefetch_batches import FillBatches
 from controller.prefetch_fills import NodeFills, Result, StoredBatch, _Redirect
 from controller.prefetch_spread import Spreading
 from controller.sources import SecretUnreadable, read_credentials
@@ -144,6 +145,7 @@ class Prefetcher(NodeFills, Spreading):
         self.waiting = 0  # fills and copies waiting for one of the `fills` slots
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
         self._stored_batches: dict[str, StoredBatch] = {}  # node address -> its objects asked about together
+        self._fill_batches: dict[str, FillBatches] = {}  # node address -> its public objects' fills, sent together
         self.jobs: dict[str, JobProgress] = {}  # "Kind/ns/name" -> progress
         self._tasks: dict[str, asyncio.Task] = {}
         # "Kind/ns/name" -> (uid, annotation, secret annotation) followed
@@ -220,8 +222,10 @@ class Prefetcher(NodeFills, Spreading):
     async def close(self) -> None:
         """Stop following every Job (leadership lost, or shutdown); a new leader starts over."""
         tasks = list(self._tasks.values()) + list(self.fetches.values()) + list(self._releases) + \
-            [b.task for b in self._stored_batches.values() if b.task is not None]
+            [b.task for b in self._stored_batches.values() if b.task is not None] + \
+            [t for b in self._fill_batches.values() for t in b.cancel()]
         self._stored_batches.clear()
+        self._fill_batches.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,6 +1,10 @@
 """How the controller has a cache node fill one object, and learns that it is stored.
 
-The node is asked for the object's first byte (a public object) or for the
+A public object goes in its owner's next batch of fills (`/_nezha/prefetch`,
+controller/prefetch_batches.py): the node fills it and says when it is
+stored, in one line of one request for many. What the batch cannot say (a
+node without the endpoint, an object it hands back) goes the ordinary way:
+the node is asked for the object's first byte (a public object) or for the
 whole object, let go once its head is in (a signed one: a signed Range would
 be kept as a part, not filled); then asked until the object is stored: a
 public one together with the others that node filled meanwhile
@@ -11,8 +15,8 @@ the controller. What the answers mean, a redirect to follow or a refusal, is
 read here too.
 
 A mixin of `Prefetcher` (controller/prefetch.py), which gives it `_session`,
-`_clock`, `timeout`, `poll`, `_ring`, `_origins`, `_cluster_token` and
-`_stored_batches`.
+`_clock`, `timeout`, `poll`, `_ring`, `_origins`, `_cluster_token`,
+`_fill_batches` and `_stored_batches`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import structlog
 from yarl import URL
 
 from controller.expand import Auth
+from controller.prefetch_batches import FillBatches
 from nezha.keys import BadTarget, key_for, parse_target
 from nezha.wire import (CACHE_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, PREFETCH_CHECK, PREFETCH_FILL,
-                        PREFETCH_HEADER, PREFETCH_WAIT, SCHEME_HEADER, STORED_PATH, TOKEN_HEADER)
+                        PREFETCH_HEADER, PREFETCH_PATH, PREFETCH_WAIT, SCHEME_HEADER, STORED_PATH, TOKEN_HEADER)
 
 log = structlog.get_logger("nezha.controller.prefetch")
 
@@ -139,12 +144,42 @@ class NodeFills:
             if signed:
                 answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
             else:
-                answer = await self._fill(url, node, owner, headers, key=key, address=addresses[owner])
+                answer = await self._batched(url, owner, addresses[owner])
+                if answer is None:  # the batch could not say: the ordinary way, a request and its checks
+                    answer = await self._fill(url, node, owner, headers, key=key, address=addresses[owner])
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
         if isinstance(answer, Result) and answer.ok:
             answer.key, answer.owner = key, owner
         return answer
+
+    async def _batched(self, url: str, owner: str, address: str) -> Result | _Redirect | None:
+        """A public object filled in the owner's next batch (controller/prefetch_batches.py); None: the batch
+        could not say (an older node, one that went away, an object it hands back as not its to fill so)."""
+        batches = self._fill_batches.get(address)
+        if batches is None:
+            token = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
+            batches = self._fill_batches[address] = FillBatches(
+                url=f"http://{address}{PREFETCH_PATH}", session=self._session,
+                headers={PREFETCH_HEADER: PREFETCH_CHECK, **token})
+        deadline = self._clock() + self.timeout
+        while True:
+            line = await batches.ask(url)
+            if line is None or "not_here" in line:
+                if line is not None:
+                    log.debug("prefetch_fill_not_batched", url=url, node=owner, why=line["not_here"])
+                return None
+            if "stored" in line:
+                return Result(url, ok=True, bytes=int(line["stored"]))
+            if "location" in line:
+                return _Redirect(str(line["location"]))
+            if "passed" in line:
+                return Result(url, reason=f"{owner} passed it through ({line.get('status')}, pass): "
+                                          "the origin's answer may not be stored")
+            if "failed" in line:
+                return Result(url, reason=f"{owner} answered {line.get('status')}: {line['failed']}")
+            if not line.get("wait") or self._clock() >= deadline:
+                return None  # waited its longest behind live traffic until our own deadline: the ordinary way
 
     async def _fill(self, url: str, node: URL, owner: str, headers: dict[str, str], *, key: str,
                     address: str) -> Result | _Redirect:

@@ -86,6 +86,7 @@ HANDOFF_PATH = "/_nezha/handoff"  # POST: hand every object to its owners; GET: 
 INVALIDATE_PATH = "/_nezha/invalidate"  # POST: forget keys a write superseded
 PINS_PATH = "/_nezha/pins"  # POST: pin a workload's keys, or release them; GET: pinned bytes per workload
 STORED_PATH = "/_nezha/stored"  # POST: which of the prefetch fills the controller started here are stored
+PREFETCH_PATH = "/_nezha/prefetch"  # POST: fill these public objects here; a line per URL as each is stored
 # Probes and metrics, on any Host that is not an origin.
 ADMIN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 

@@ -25,6 +25,10 @@ few milliseconds of its commit instead of at its own next ask (a network
 round trip and a pause each), which cost a prefetch of small objects a
 quarter of its rate (docs/benchmarks.md, "Prefetch by manifest").
 
+The controller's batches of fills (`/_nezha/prefetch`, front/prefetch_fills.py)
+are no live traffic either: each of their objects takes a slot here as a
+`fill` does, and gives it back once stored.
+
 `admits` is the decision, pure; `Pacing` keeps the counts and the queue;
 `paced` is the middleware that marks every other request live. The fast
 path's hits never reach aiohttp: `Counts.plain_hit` marks them in a `LiveHits`
@@ -35,12 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Callable
 
 from aiohttp import web
 
 from cachenode.counts import LiveHits
-from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_WAIT
+from nezha.wire import PREFETCH_CHECK, PREFETCH_HEADER, PREFETCH_PATH, PREFETCH_WAIT
 
 HOLD = 60.0  # seconds a fill's slot is held at most without a check saying it is stored
 WAIT = 20.0  # seconds a fill waits here at most (the controller reads for 60 s before it gives up)
@@ -69,7 +74,7 @@ class Pacing:
         self._last_live = float("-inf")  # when a live request through the middleware last began or ended
         self.hits = hits or LiveHits(clock=clock)
         self._held: dict[str, float] = {}  # object (Host + path) -> when its slot is given back at the latest
-        self._changed: asyncio.Event | None = None
+        self._turns: deque[asyncio.Future] = deque()  # the fills waiting for a slot, in the order they came
         self.waiting = 0
         self.started = 0  # fills let through, ever (tests, logs)
         self.started_while_live = 0
@@ -102,18 +107,24 @@ class Pacing:
                                            since_live=now - self._latest_live(), busy=self.busy, idle=self.idle,
                                            quiet=self.quiet):
                 break
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            changed = self._changed
+            # Woken alone when a slot is given back (`_wake`): all of them woken at once, the many waiting
+            # behind live traffic looked, and all but one went back to wait, for every fill let through.
+            turn = asyncio.get_running_loop().create_future()
+            self._turns.append(turn)
             # Nothing tells the end of live traffic: it is a quiet `quiet` long, looked at again after it.
             timeout = min([self.quiet] + [at - now for at in self._held.values()])
             self.waiting += 1
             try:
-                await asyncio.wait_for(changed.wait(), timeout=max(timeout, 0.001))
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait((turn,), timeout=max(timeout, 0.001))
+            except BaseException:
+                if turn.done() and not turn.cancelled():
+                    self._wake()  # given the turn, and gone (its request timed out): the next one takes it
+                raise
             finally:
                 self.waiting -= 1
+                if not turn.done():
+                    turn.cancel()
+                    self._turns.remove(turn)
         self.started += 1
         if self.is_live():
             self.started_while_live += 1
@@ -133,9 +144,12 @@ class Pacing:
             del self._held[obj]
 
     def _wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        """The longest waiting fill looks again: one slot was given back."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
 
 
 def paced(pacing: Pacing):
@@ -144,6 +158,8 @@ def paced(pacing: Pacing):
 
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        if request.raw_path == PREFETCH_PATH:
+            return await handler(request)  # the controller's batch of fills: each waits for a slot itself
         mark = request.headers.get(PREFETCH_HEADER)
         if mark is None:
             pacing.live_began()

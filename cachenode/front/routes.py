@@ -25,13 +25,14 @@ from cachenode.cluster.invalidation import Invalidation
 from cachenode.peers.auth import refuse_internal
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.pinning import Pinning
+from cachenode.front.prefetch_fills import PrefetchFills
 from cachenode.front.stored_checks import StoredChecks
 from cachenode.front.access import access
 from cachenode.front.admin import Admin
 from cachenode.front.names import names_origin
 from nezha.origins import OriginTable
-from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, REPLICAS_PATH,
-                        REPLICATE_PATH, STORED_PATH, TOKEN_HEADER)
+from nezha.wire import (ADMIN_PATHS, HANDOFF_PATH, INTERNAL_PREFIX, INVALIDATE_PATH, PINS_PATH, PREFETCH_PATH,
+                        REPLICAS_PATH, REPLICATE_PATH, STORED_PATH, TOKEN_HEADER)
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ANY = "*"  # a row's method: every method goes to its answer, which refuses what it does not take
@@ -50,7 +51,7 @@ class Table:
 
 
 def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, pinning: Pinning,
-                intake: ReplicaIntake, stored: StoredChecks) -> Table:
+                intake: ReplicaIntake, stored: StoredChecks, prefetch: PrefetchFills) -> Table:
     return Table(
         admin={path: {ANY: admin.answer} for path in ADMIN_PATHS},
         internal={
@@ -60,6 +61,7 @@ def route_table(*, admin: Admin, handoff: Handoff, invalidation: Invalidation, p
             HANDOFF_PATH: {"POST": handoff.handoff_endpoint, "GET": handoff.progress_endpoint},
             PINS_PATH: {ANY: pinning.endpoint},  # 405 for another method than GET and POST
             STORED_PATH: {"POST": stored.endpoint},
+            PREFETCH_PATH: {"POST": prefetch.endpoint},  # the controller's fills, many in one request
         })
 
 

@@ -98,3 +98,43 @@ async def test_prefetch_of_a_url_with_a_volatile_parameter_asks_the_owner_of_the
     status, _ = await job_done(batch, cluster.core, ns, "train-3")
     assert status == {"total": 1, "done": 1, "failed": [], "bytes": 50_000, "pinned": 50_000}
     assert origin.requests[f"/d/c.bin?sig={sig}"] == 1
+
+
+async def test_each_url_a_batch_could_not_store_is_reported_with_the_nodes_reason_and_the_others_are_stored(
+        kube, ns, cluster, run_controller, index, origin, redis_server, tmp_path):
+    origin.put("/d/a.bin", b"a" * 5_000, headers={"Cache-Control": "max-age=3600"})
+    origin.put("/d/moved", b"", status=302, headers={"Location": f"http://{HOST}/d/a.bin"})
+    origin.put("/d/broken.bin", b"x" * 100_000, headers={"Cache-Control": "max-age=3600"}, die_after=1000)
+    table = [Origin(host=HOST, upstream=origin.url)]
+    node = build_node(CacheSettings(listen="127.0.0.1:0", data_dir=tmp_path / "n0", node_id=f"{STS}-0",
+                                    redis_url=redis_server.url, origins=table))
+    listener = Listener(node)
+    await listener.start("127.0.0.1", 0)
+    try:
+        await cluster.create(1)
+        cache_pod = pod(0)
+        cache_pod["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": listener.port}]
+        await cluster.core.create_namespaced_pod(ns, cache_pod)
+        await cluster.set_ready(0, True, ip="127.0.0.1")
+        controller = await run_controller(peer_address="pod-ip", origins=table)
+        await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"})
+
+        batch = client.BatchV1Api(kube)
+        names = ("a.bin", "moved", "missing.bin", "broken.bin")
+        await batch.create_namespaced_job(ns, training_job("train", ",".join(f"http://{HOST}/d/{n}" for n in names)))
+        status, events = await job_done(batch, cluster.core, ns, "train")
+        assert (status["total"], status["done"], status["bytes"]) == (4, 2, 10_000)
+        reasons = {f["url"].rsplit("/", 1)[1]: f["reason"] for f in status["failed"]}
+        assert reasons.keys() == {"missing.bin", "broken.bin"}
+        assert reasons["missing.bin"] == (f"{STS}-0 passed it through (404, pass): the origin's answer may not "
+                                          "be stored")
+        assert reasons["broken.bin"].startswith(f"{STS}-0 answered 502: the fill of http://{HOST}/d/broken.bin "
+                                                "ended unstored")
+        warned = [e.message for e in events if e.type == "Warning"]
+        assert all(any(name in w for w in warned) for name in ("missing.bin", "broken.bin"))
+        assert origin.requests["/d/a.bin"] == 1, "the redirect's target and the URL itself: one fill"
+        # All of it went in batches, each object's line saying stored or why not: no "stored yet?" asked.
+        [fills] = controller.prefetcher._fill_batches.values()
+        assert fills.objects == 4 and controller.prefetcher._stored_batches == {}
+    finally:
+        await listener.close()

@@ -180,9 +180,11 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     assert max(s["in_flight"] for s in seen) == 3
     assert max(s["queued"] for s in seen) >= 9
     assert fills_gauge(controller) == {"in_flight": 0, "queued": 0}
-    # Stored was learnt in batches (/_nezha/stored), not by a HEAD an object.
-    [batch] = controller.prefetcher._stored_batches.values()
-    assert not batch.unsupported and 1 <= batch.requests <= 12
+    # Filled in batches (/_nezha/prefetch) that said when each was stored: no ranged GET and no
+    # "stored yet?" an object (those go the ordinary way, and ask in /_nezha/stored batches).
+    [batch] = controller.prefetcher._fill_batches.values()
+    assert not batch.unsupported and batch.objects == 12 and 1 <= batch.requests <= 12
+    assert controller.prefetcher._stored_batches == {}
     assert listener.node.pacing.started_while_live == 0, "the prefetch's own requests are no live traffic"
 
 

@@ -96,3 +96,38 @@ async def test_a_fill_asked_again_while_it_runs_is_not_queued_behind_itself():
     await pacing.fill("h/a")
     await asyncio.wait_for(pacing.fill("h/a"), timeout=5)
     assert pacing.running == 1 and pacing.waiting == 0
+
+
+async def test_a_slot_given_back_wakes_only_the_longest_waiting_fill_and_the_others_do_not_look(monkeypatch):
+    import cachenode.front.pacing as module
+
+    looks = []
+    monkeypatch.setattr(module, "admits", lambda **facts: looks.append(facts) or admits(**facts))
+    pacing = Pacing(busy=1, idle=8, quiet=0.5, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    waiting = [asyncio.ensure_future(pacing.fill(f"h/{n}")) for n in range(10)]
+    await asyncio.sleep(0)
+    assert pacing.waiting == 10
+    looks.clear()
+    pacing.stored("h/a")
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    assert [w.done() for w in waiting] == [True] + [False] * 9, "the first to come, alone"
+    assert len(looks) == 1, "the nine others were not woken to look and wait again"
+    pacing.live_ended()
+    for w in waiting:
+        w.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_fill_that_gives_up_after_being_woken_passes_its_turn_to_the_next():
+    pacing = Pacing(busy=1, idle=8, quiet=0.5, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    first, second = (asyncio.ensure_future(pacing.fill(f"h/{n}")) for n in ("b", "c"))
+    await asyncio.sleep(0)
+    pacing.stored("h/a")  # first's turn...
+    first.cancel()  # ...and first's request gives up before it looks
+    await asyncio.wait_for(second, timeout=0.1)  # well before `quiet` would have woken it
+    assert pacing.filling("h/c") and not pacing.filling("h/b")
+    pacing.live_ended()
