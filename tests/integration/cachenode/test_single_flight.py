@@ -96,6 +96,19 @@ async def test_no_descriptor_on_the_data_dir_outlives_its_fill_and_readers(origi
     assert open_files_under(node.node.store.root) == []
 
 
+async def test_no_descriptor_outlives_a_small_object_stored_at_once(origin, make_node, session):
+    # A descriptor kept per object stored at once ran a node out of open files at 20,000 objects.
+    for i in range(40):
+        origin.put(f"/small/{i}", bytes([i]) * 4096, headers={"Cache-Control": "max-age=3600"})
+    node = await make_node()
+    answers = await asyncio.gather(*(node.get(session, f"/small/{i}") for i in range(40) for _ in range(2)))
+    assert all(got == bytes([i // 2]) * 4096 for i, (_, _, got) in enumerate(answers))
+    await node.node.settled()
+    assert len(node.node.store) == 40
+    await asyncio.sleep(0.05)
+    assert open_files_under(node.node.store.root) == []
+
+
 async def test_client_hanging_up_mid_fill_is_logged_once_as_client_gone_with_its_bytes(
         origin, make_node, session, caplog):
     """A disconnect is an ordinary outcome: one info line, its bytes counted, no 500 and no traceback."""
