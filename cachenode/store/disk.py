@@ -65,7 +65,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
                  on_evict: Callable[[Meta], None] | None = None, hot_capacity: int | None = None,
                  pinned_capacity: int | None = None, extra: Callable[[str], bool] | None = None,
                  small_max: int = small.SMALL_MAX, sync_interval: float = SYNC_INTERVAL,
-                 on_corrupt: Callable[[str], None] | None = None, verify_reads: bool = False) -> None:
+                 on_corrupt: Callable[[str], None] | None = None, verify_reads: bool = False,
+                 writer: bool = True) -> None:
         self.root = Path(root).resolve()
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
@@ -79,6 +80,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         # Told, by what found it ("copy", "read", "scrub"), of every object
         # whose bytes were not the ones its checksum names (nezha_corrupt_objects_total).
         self._on_corrupt = on_corrupt
+        # False in a follower worker (cachenode/workers/): one process writes and deletes; the others read.
+        self.writer = writer
         # Check a large object's blocks before any read sends them (`verify`).
         self.verify_reads = verify_reads
         # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py),

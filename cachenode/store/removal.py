@@ -27,7 +27,7 @@ log = structlog.get_logger("nezha.store")
 
 class Removal:
     """Needs of the class it is mixed into: `_index`, `_loader`, `_on_evict`,
-    `objects`, `tmp`, `_dir_of(oid)`, `_inside(path)`, `_step(oid, fn)` and `_load(key)`."""
+    `objects`, `tmp`, `_dir_of(oid)`, `_inside(path)`, `_step(oid, fn)`, `_load(key)` and `writer`."""
 
     _index: Index
     _loader: Loader | None
@@ -38,6 +38,7 @@ class Removal:
     _inside: Callable[[Path], Path]
     _step: Callable[[str, Callable[[], object]], asyncio.Future]
     _load: Callable[[str], None]
+    writer: bool
 
     def _evicted(self, meta: Meta, reason: str) -> None:
         """The index evicted `meta`: its files go, and whoever listens is told."""
@@ -49,9 +50,12 @@ class Removal:
 
     def _lost(self, oid: str, data: str) -> None:
         """The index found an object's record gone or unreadable (deleted or
-        damaged under the store): it left the index; its files go."""
-        log.warning("object_lost", oid=oid, data=data)
-        self._unlink_files(oid, data, final=True)
+        damaged under the store): it left the index; its files go, by the
+        writer's hand only. A follower's row may name a file the writer has
+        replaced or is judging itself: the writer's own index says what goes."""
+        log.warning("object_lost", oid=oid, data=data, **({} if self.writer else {"deleted": False}))
+        if self.writer:
+            self._unlink_files(oid, data, final=True)
 
     def _unlink_later(self, meta: Meta, *, final: bool) -> asyncio.Future:
         """Delete an evicted or replaced object's data (and, if `final`, its meta) soon;

@@ -94,7 +94,8 @@ class Follower:
         # mirrors the primary's records; it fills, writes and evicts nothing)
         # and the questions the fast path asks of it. No node is built.
         self.store = Store(settings.data_dir, capacity=settings.capacity, hot_capacity=settings.hot_capacity,
-                           small_max=settings.small_object_max, verify_reads=settings.verify_reads)
+                           small_max=settings.small_object_max, verify_reads=settings.verify_reads,
+                           writer=False)
         self.metrics = Metrics()
         self.finder = PlainHitFinder(table=settings.origin_table, store=self.store, via=via_of(settings.identity),
                                      node_id=settings.identity)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -62,3 +63,19 @@ async def test_a_hit_another_worker_served_makes_the_object_recently_used(tmp_pa
     store.touch(KEY + "a")  # a follower's hit of a, counted here
     store.reserve(500)  # beyond the capacity and its headroom: one object goes
     assert KEY + "a" in store and KEY + "b" not in store
+
+
+async def test_a_follower_that_finds_a_record_unreadable_deletes_nothing(tmp_path):
+    # Only the writer deletes: a follower's row may name a file the writer is replacing or judging itself.
+    writer = Store(tmp_path / "s", small_max=0)
+    await writer.open()
+    meta = await commit(writer, KEY, b"z" * 1000)
+    follower = Store(tmp_path / "s", small_max=0, writer=False)
+    n, packed = writer.index.packed(0, writer.index.row_span)
+    follower.index.add_rows(n, packed)  # a joining worker's copy: rows, no record read
+    [record] = Path(writer.data_path(meta)).parent.glob("*.meta")
+    record.write_bytes(b"{not json")
+    assert follower.lookup(KEY) is None
+    await follower.idle()
+    assert os.path.exists(writer.data_path(meta)) and record.exists(), "the follower left both files"
+    await writer.close()
