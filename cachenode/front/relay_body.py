@@ -39,14 +39,14 @@ from cachenode.http.digests import Expectations, Expected, Verifier, carried, ex
 from cachenode.http.freshness import http_date
 from nezha.keys import Target
 from cachenode.fill.origin import add_via, end_to_end, via_of
-from nezha.wire import (AUTHORIZE_HEADER, CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, SERVED_BY_HEADER, CacheOutcome,
+from nezha.wire import (AUTHORIZE_HEADER, BLOCKS_HEADER, CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, SERVED_BY_HEADER, CacheOutcome,
                         relayed)
 
 log = structlog.get_logger("nezha.peers")
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Fields an owner sends only to the node that relays: never to its client.
-_OWNER_ONLY = frozenset({EXPIRES_HEADER.lower(), AUTHORIZE_HEADER.lower(), DIGEST_HEADER.lower()})
+_OWNER_ONLY = frozenset(name.lower() for name in (EXPIRES_HEADER, AUTHORIZE_HEADER, DIGEST_HEADER, BLOCKS_HEADER))
 # An owner's answers from its disk: bytes its fill checked against the digest
 # before it stored them, so relayed by splice, unhashed (see the module's docstring).
 FROM_DISK = frozenset({CacheOutcome.HIT, CacheOutcome.HOT_HIT, CacheOutcome.STALE, CacheOutcome.REVALIDATED,

@@ -439,3 +439,16 @@ async def test_options_stops_here_only_at_its_last_hop_or_for_the_whole_server(o
         assert b"Allow: " in head and sum(origin.requests.values()) == 0
     else:
         assert {k.lower(): v for k, v in origin.raw_headers[-1]}["max-forwards"] == "2"
+
+
+async def test_what_an_owner_tells_the_relaying_node_of_a_large_object_stays_inside(origin, cluster, session):
+    """Block checksums and expiry are for a peer's copy: a client reading through a relay sees none of them."""
+    from tests.integration.cachenode.conftest import owner_and_other
+
+    origin.put(PATH, b"b" * 300_000, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(2)
+    _, others = owner_and_other(nodes, PATH)
+    for label in ("peer-miss", "peer-hit"):
+        _, headers, body = await nodes[others[0]].get(session, PATH)
+        assert headers["X-Nezha-Cache"] == label and body == b"b" * 300_000
+        assert not {"X-Nezha-Expires", "X-Nezha-Blocks", "X-Nezha-Authorize", "X-Nezha-Digest"} & set(headers)
