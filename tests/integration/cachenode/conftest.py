@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import resource
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from nezha.ring import Membership
 from nezha.config import CacheSettings, Origin
 from testkit.ports import free_port
 from testkit.waits import START_GUARD, until_http
+from testkit.logs import log_events
 
 HOST = "www.cs.toronto.edu"
 
@@ -354,7 +354,7 @@ class NodeProcess:
         return {p: p.read_bytes().decode("utf-8", "replace") for p in [self.out, self.err, *files]}
 
     def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
+        return log_events(self.out)
 
     def rss_kib(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

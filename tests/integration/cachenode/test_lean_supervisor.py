@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testkit.ports import free_port
 from testkit.waits import wait_for
+from testkit.logs import log_events
 
 ROOT = Path(__file__).resolve().parents[3]
 # Ours that the supervisor may import: everything else it imports is the standard library's.
@@ -47,8 +48,7 @@ async def test_a_running_supervisor_maps_no_third_party_extension_while_its_work
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def events(name: str) -> list[dict]:
-        return [e for e in (json.loads(x) for x in log.read_text().splitlines() if x.startswith("{"))
-                if e.get("event") == name]
+        return log_events(log, name)
 
     def third_party(pid: int) -> set[str]:
         maps = Path(f"/proc/{pid}/maps").read_text().splitlines()

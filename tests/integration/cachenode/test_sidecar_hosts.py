@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import random
 import shlex
 import ssl
@@ -34,6 +33,7 @@ from testkit.tools import require_tool
 from testkit.waits import until_http
 from tests.integration.cachenode.conftest import until
 from tests.pod_command import cover_for_hosts
+from testkit.logs import log_events
 from webhook.sidecar import HOSTS_FILE
 
 NAME = "dataset.test"
@@ -98,7 +98,7 @@ def pod_node(request, tmp_path, nameserver):
 
 
 def events(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return log_events(log)
 
 
 def settings(upstream_port: int, **more) -> dict:

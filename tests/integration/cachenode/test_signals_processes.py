@@ -9,7 +9,6 @@ got part of the body and a partial file stayed on disk.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from testkit.ports import free_port
 from testkit.waits import wait_for
+from testkit.logs import log_events
 
 HOST = "datasets.example"
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,15 +28,7 @@ BODY = (bytes(range(251)) * (6 * 1024 * 1024 // 251 + 1))[:6 * 1024 * 1024]
 
 
 def events(log: Path, name: str) -> list[dict]:
-    found = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(e, dict) and e.get("event") == name:
-            found.append(e)
-    return found
+    return log_events(log, name)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

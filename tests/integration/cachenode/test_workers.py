@@ -10,7 +10,6 @@ clients go on, nothing partial is ever served.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -23,6 +22,7 @@ import pytest
 
 from testkit.ports import free_port
 from testkit.waits import START_GUARD, wait_for
+from testkit.logs import log_events
 
 HOST = "datasets.example"
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,15 +48,7 @@ class WorkersNode:
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def events(self, name: str | None = None) -> list[dict]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(e, dict) and (name is None or e.get("event") == name):
-                found.append(e)
-        return found
+        return log_events(self.log, name)
 
     def pid(self, worker: int) -> int:
         """The pid of `worker`'s latest start."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import signal
 from datetime import datetime
@@ -22,6 +21,7 @@ from aiohttp import web
 
 from tests.integration.cachenode.conftest import RangedOrigin, until
 from tests.integration.cluster.conftest import HOST
+from testkit.logs import log_events
 
 MiB = 1 << 20
 SIZE = 12 * MiB
@@ -38,16 +38,7 @@ class SlowFirstByte(RangedOrigin):
 
 
 def events(cluster, node, name: str) -> list[dict]:
-    lines = cluster.log_of(node).read_text(errors="replace").splitlines()
-    found = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if entry.get("event") == name:
-            found.append(entry)
-    return found
+    return log_events(cluster.log_of(node), name)
 
 
 def at(entry: dict) -> float:

@@ -17,6 +17,7 @@ from testkit.ports import free_port
 from testkit.waits import until_http
 from tests.integration.webhook.registration import namespace
 from tests.integration.webhook.reviews import patched, pod, review
+from testkit.logs import log_events
 
 
 async def test_nezha_webhook_serves_reviews_from_files(tls, rules_file):
@@ -86,7 +87,7 @@ class Running:
         self.url = f"https://127.0.0.1:{self.port}"
 
     def events(self):
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return log_events(self.log)
 
     async def healthz(self, session):
         _, body = await until_http(f"{self.url}/healthz", timeout=15, proc=self.proc, log=self.log,
