@@ -194,7 +194,9 @@ class Supervisor:
             worker.control = None
         if self.stopping:
             if worker.index == 0:
-                self.exit_code = code
+                # Dead of the SIGTERM this stop sent it is stopped as asked: a primary that had
+                # already drained on the group's Ctrl-C and closed its loop takes it by default.
+                self.exit_code = 0 if code == -signal.SIGTERM else code
             return
         log.error("worker_exited", worker=worker.index, code=code, restart=worker.ever_ready)
         if not worker.ever_ready:
