@@ -110,6 +110,12 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
     def _dir_of(self, oid: str) -> Path:
         return self.objects / oid[:2]
 
+    def _make_folder(self, folder: Path) -> None:
+        """`folder` made if this process has not made or seen it yet (one mkdir per folder, not per commit)."""
+        if folder not in self._folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._folders.add(folder)
+
     def _inside(self, path: Path) -> Path:
         resolved = path.resolve()
         if resolved != self.root and self.root not in resolved.parents:
@@ -328,9 +334,7 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
                 fd, temp.fd = temp.fd, -1
                 os.close(fd)
                 step = "mkdir"
-                if folder not in self._folders:
-                    folder.mkdir(parents=True, exist_ok=True)
-                    self._folders.add(folder)
+                self._make_folder(folder)
                 step = "rename"
                 os.rename(temp.path, final)
             except OSError as e:

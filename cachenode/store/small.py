@@ -144,7 +144,7 @@ class SealedWrites:
 
     A mixin of `Store`, as `TempFiles` is. Needs of the class it is mixed
     into: `tmp`, `capacity`, `hot_capacity`, `group_sync`, `_index`,
-    `_extra`, `_folders`, `_dir_of`, `_load`, `_admit`, `reserve`, `release`, `fits`.
+    `_extra`, `_make_folder`, `_dir_of`, `_load`, `_admit`, `reserve`, `release`, `fits`.
     """
 
     def named(self, meta: Meta, size: int, *, sealed: bool) -> Meta:
@@ -209,9 +209,7 @@ class SealedWrites:
             fd, write.fd = write.fd, -1
             os.close(fd)
             step = "mkdir"
-            if folder not in self._folders:
-                folder.mkdir(parents=True, exist_ok=True)
-                self._folders.add(folder)
+            self._make_folder(folder)
             step = "rename"
             os.rename(write.path, os.path.join(folder, meta.data))
         except OSError as e:
