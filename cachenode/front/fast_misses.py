@@ -37,9 +37,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
-from cachenode.fill.engine import FillEngine, LeaderGone
-from cachenode.fill.flights import Flight, Kind, Outcome
-from cachenode.fill.origin import Interim
+from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
+from cachenode.fill.flights import Flight, Kind, Outcome, Source
+from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
 from cachenode.front.exact_head import encode_head
 from cachenode.front.names import names_origin, resolve
@@ -62,6 +62,9 @@ _FIELDS_MAX = 4096  # header blocks remembered (`_fields`); cleared when full
 _FIELDS_BLOCK_MAX = 1024  # longer blocks are parsed every time
 
 
+_Fields = tuple[CIMultiDictProxy[str], CIMultiDictProxy[str]]  # a request's fields, and the origin's
+
+
 @dataclass(frozen=True)
 class Miss:
     """A plain cold miss this node leads below aiohttp: what the handler's
@@ -72,6 +75,7 @@ class Miss:
     target: Target
     origin: Origin
     headers: CIMultiDictProxy[str]
+    forwarded: CIMultiDictProxy[str]  # the fields the origin is sent (`FillEngine.origin_source`'s)
     flight: Flight  # led from `take` on, so no second request for the key can lead one too
 
 
@@ -121,7 +125,7 @@ class FastMisses:
         self._miss_requests = metrics.requests.labels(cache=CacheOutcome.MISS)
         # A request head's fields (all but its request line) -> the fields, or
         # None: not a request this module leads. Clients send the same few blocks.
-        self._fields: dict[bytes, CIMultiDictProxy[str] | None] = {}
+        self._fields: dict[bytes, _Fields | None] = {}
 
     # -- before the origin is asked -------------------------------------------
     def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str) -> Miss | None:
@@ -132,9 +136,10 @@ class FastMisses:
             return None
         if self.upstream.parent is not None or not names_origin(self.table, req.host):
             return None  # a child tier's misses go to its parent (fill/upstream.py)
-        headers = self._headers(head)
-        if headers is None:
+        fields = self._headers(head)
+        if fields is None:
             return None
+        headers, forwarded = fields
         try:
             target, origin, key = resolve(self.table, req.target, req.host, scheme=scheme)
         except BadTarget:
@@ -149,12 +154,13 @@ class FastMisses:
         # Led from now: a request for the key that comes before the origin answers joins it.
         flight, _ = self.engine.flights.lead_or_join(key)
         return Miss(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
-                    origin=origin, headers=headers, flight=flight)
+                    origin=origin, headers=headers, forwarded=forwarded, flight=flight)
 
-    def _headers(self, head: bytes | bytearray) -> CIMultiDictProxy[str] | None:
-        """The fields of a plain request head, remembered by their bytes; None
-        when they make it anything but a plain read from the cache: a child
-        tier's or a loop's (Via), or one the cache must not answer (credentials)."""
+    def _headers(self, head: bytes | bytearray) -> _Fields | None:
+        """The fields of a plain request head and those the origin is sent for
+        it, remembered by their bytes; None when they make it anything but a
+        plain read from the cache: a child tier's or a loop's (Via), or one
+        the cache must not answer (credentials)."""
         start = head.find(b"\r\n") + 2
         block = bytes(head[start:])
         if len(block) <= _FIELDS_BLOCK_MAX and block in self._fields:
@@ -164,9 +170,10 @@ class FastMisses:
             if line:
                 name, _, value = line.partition(":")
                 fields.add(name, value.strip(" \t"))
-        judged: CIMultiDictProxy[str] | None = CIMultiDictProxy(fields)
-        if "Via" in fields or FROM_CHILD_HEADER in fields or request_bypasses_cache(fields) is not None:
-            judged = None
+        judged: _Fields | None = None
+        if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
+            judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
+                forwarded_request_headers(fields, via=self.engine.via, drop=NOT_FOR_FILLS)))
         if len(block) <= _FIELDS_BLOCK_MAX:
             if len(self._fields) >= _FIELDS_MAX:
                 self._fields.clear()
@@ -180,7 +187,8 @@ class FastMisses:
         Awaited at once after `take`: the flight is aborted however this ends early."""
         self.pacing.live_began()
         try:
-            source = self.engine.origin_source(miss.url, miss.headers, interim=interim)
+            # As `FillEngine.origin_source` makes it for a plain GET (no Range: no resume; no peer: nothing handed).
+            source = Source(url=miss.url, what=f"origin {miss.url}", headers=miss.forwarded, interim=interim)
             outcome, response = await self.engine.lead(miss.flight, key=miss.key, url=miss.url, origin=miss.origin,
                                                        stale=None, target=miss.target, source=source)
         except BaseException as e:

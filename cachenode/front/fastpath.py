@@ -173,6 +173,8 @@ class FastPath(LeadsMisses, asyncio.Protocol):
         self._buf += data
         if self._serving is None:
             self._next()
+        else:
+            self.backlog_full()
 
     def eof_received(self) -> bool:
         # Requests already received are still answered; the connection closes after them.

@@ -21,6 +21,9 @@ log = structlog.get_logger("nezha.cachenode")
 _FAILED = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
+LEADING_BACKLOG = 64 * 1024  # bytes of pipelined requests held while a miss is led
+
+
 class LeadsMisses:
     """What `FastPath` does with a miss `FastMisses.take` accepted."""
 
@@ -32,10 +35,16 @@ class LeadsMisses:
     _write_paused: bool
     waiting_since: float
 
+    def backlog_full(self) -> None:
+        """Called with each byte received: stop reading while a led miss has a backlog behind it."""
+        if self._leading and len(self._buf) > LEADING_BACKLOG and self.transport is not None:
+            self.transport.pause_reading()
+
     def _lead(self, req: PlainRequest, miss: Miss) -> None:
-        """Lead `miss`'s flight; pipelined requests wait in the socket meanwhile."""
+        """Lead `miss`'s flight. Reading goes on meanwhile (a pause and a resume
+        per miss were two epoll_ctl calls): pipelined requests wait in the
+        buffer, which stops reading once it holds LEADING_BACKLOG (`backlog_full`)."""
         self._disarm()
-        self.transport.pause_reading()
         self._leading = True
         self._serving = asyncio.get_running_loop().create_task(self._miss(req, miss))
 

@@ -211,3 +211,23 @@ async def test_fast_misses_move_the_counters_the_handler_moves(origin, make_node
     assert "nezha_cache_misses_total 3.0" in text
     assert f"nezha_bytes_served_total {3.0 * len(BODY)}" in text
     assert 'nezha_time_to_first_byte_seconds_count{cache="miss"} 3.0' in text
+
+
+async def test_requests_pipelined_behind_a_led_miss_are_held_to_a_bounded_backlog_then_answered(origin, make_node):
+    from cachenode.front.leading import LEADING_BACKLOG
+
+    origin.put("/slow.bin", BODY, delay=0.5, headers={"Cache-Control": "max-age=3600"})
+    node = await make_node()
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+    behind = request("/slow.bin")
+    writer.write(request("/slow.bin") + behind * (16 * LEADING_BACKLOG // len(behind)))
+    (conn,) = node.server._fast_connections()
+    await until(lambda: conn._leading and not conn.transport.is_reading())  # stopped reading while it leads
+    assert conn._leading and len(conn._buf) <= LEADING_BACKLOG + (1 << 18)  # at most a read's worth beyond
+    head, got = await asyncio.wait_for(_response(reader), 5)
+    assert field(head, "X-Nezha-Cache") == "miss" and got == BODY
+    for _ in range(3):  # the rest are hits of the object just stored, in order
+        head, got = await asyncio.wait_for(_response(reader), 5)
+        assert field(head, "X-Nezha-Cache") == "hit" and got == BODY
+    writer.close()
+    assert origin.requests["/slow.bin"] == 1
