@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 import aiohttp
 import structlog
 from aiohttp import web
@@ -41,20 +42,18 @@ from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome, Source
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
-from cachenode.front.exact_head import encode_head
 from cachenode.front.names import names_origin, resolve
 from cachenode.front.pacing import Pacing
-from cachenode.front.plain import PlainRequest
+from cachenode.front.plain import PlainRequest, response_head
 from cachenode.front.short_answers import origin_failure
 from cachenode.http.freshness import request_bypasses_cache
-from cachenode.http.headers import with_date
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.credentials import redact_url
 from nezha.keys import BadTarget, Target, credentials_kept
 from nezha.origins import Origin, OriginTable
-from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, CacheOutcome
+from nezha.wire import FROM_CHILD_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -205,16 +204,11 @@ class FastMisses:
     # -- the answer ---------------------------------------------------------------
     def head(self, meta: Meta) -> bytes:
         """The head of a fill's answer stored at once, as `Responder.hit` sends
-        it to the request that led it: the stored fields with their Date, the
-        origin's Age (none when 0), Via, X-Nezha-Cache: miss, Content-Length."""
-        fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
-        if meta.header("Accept-Ranges") is None:
-            fields.append(("Accept-Ranges", "bytes"))
-        if int(meta.age):
-            fields.append(("Age", str(int(meta.age))))
-        fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [self.via])),
-                   (CACHE_HEADER, CacheOutcome.MISS), ("Content-Length", str(meta.size))]
-        return encode_head("HTTP/1.1 200 OK", fields)
+        it to the request that led it: a stored object's head (front/plain.py
+        `response_head`) saying miss, with the origin's Age (none when 0)."""
+        age = int(meta.age)
+        return response_head(meta, via=self.via, label=CacheOutcome.MISS) + (
+            b"Age: %d\r\n\r\n" % age if age else b"\r\n")
 
     def answered(self, miss: Miss, meta: Meta, *, path: str, sent: int, ms: float, first_byte: float | None,
                  gone: bool = False) -> None:
