@@ -231,3 +231,17 @@ async def test_requests_pipelined_behind_a_led_miss_are_held_to_a_bounded_backlo
         assert field(head, "X-Nezha-Cache") == "hit" and got == BODY
     writer.close()
     assert origin.requests["/slow.bin"] == 1
+
+
+async def test_each_variant_a_plain_request_selects_is_led_and_stored_apart(origin, make_node):
+    """Accept-Encoding is a plain request's field: a response that varies on it is
+    looked up per variant before a miss is led, so each variant is asked once."""
+    origin.put("/v.bin", BODY, headers={"Cache-Control": "max-age=3600", "Vary": "Accept-Encoding"})
+    node = await make_node()
+    with capture_logs() as logs:
+        for encoding, cache in (("gzip", "miss"), ("br", "miss"), ("gzip", "hit"), ("br", "hit")):
+            [(head, got)] = await _exchange(node, request("/v.bin", f"Accept-Encoding: {encoding}"))
+            assert (field(head, "X-Nezha-Cache"), got) == (cache, BODY), encoding
+    assert origin.requests["/v.bin"] == 2
+    # Both misses led below aiohttp (a varying object's hits are the handler's: it selects the variant).
+    assert [e["cache"] for e in completed(logs) if e.get("fast")] == ["miss", "miss"]
