@@ -43,6 +43,7 @@ from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.handler import Handler
+from cachenode.front.fast_misses import FastMisses
 from cachenode.front.hits import PlainHitFinder
 from cachenode.front.reads import Reads
 from cachenode.front.relaying import RelayedReads
@@ -189,7 +190,10 @@ class CacheNode:
                                                      streaming=streaming),
                        reads=reads, authorized=authorized,
                        forwarding=Forwarding(table=table, respond=self.respond, invalidation=self.invalidation),
-                       respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock)
+                       respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock,
+                       misses=FastMisses(table=table, store=self.store, engine=self.engine, upstream=self.upstream,
+                                         cluster=self.cluster, node_id=self.node_id, via=self.respond.via,
+                                         pacing=self.pacing, counts=self.counts, metrics=self.metrics))
 
     @property
     def flights(self) -> Flights:

@@ -116,12 +116,27 @@ def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:
     return str(err)
 
 
-async def _queued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
-    ctx.trace_request_ctx.queued = True
+# Whether the request `OriginClient.request` is making in this task waits for
+# a free connection of the pool (`_Pool`), for the message of a timeout.
+_waiting: ContextVar[SimpleNamespace | None] = ContextVar("nezha_pool_wait", default=None)
 
 
-async def _dequeued(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
-    ctx.trace_request_ctx.queued = False
+class _Pool(aiohttp.TCPConnector):
+    """aiohttp's connector, telling the request waiting for one of its
+    connections that it waits. aiohttp's client tracing says the same, but
+    a `TraceConfig` makes every request build trace objects and await a
+    signal at each step of it (a tenth of the client's Python per small
+    fill, docs/benchmarks.md), for the one step this needs. The tests in
+    tests/integration/cachenode/test_failed_fills.py fail if a new aiohttp
+    moves that step."""
+
+    async def _wait_for_available_connection(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        waiting = _waiting.get()
+        if waiting is not None:
+            waiting.queued = True
+        await super()._wait_for_available_connection(*args, **kwargs)
+        if waiting is not None:
+            waiting.queued = False  # not when the wait timed out: that timeout is the pool's
 
 
 class OriginClient:
@@ -163,16 +178,12 @@ class OriginClient:
                        for where, bundle in (roots or {}).items()}
 
     async def start(self) -> None:
-        tracing = aiohttp.TraceConfig()
-        tracing.on_connection_queued_start.append(_queued)
-        tracing.on_connection_queued_end.append(_dequeued)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=60),
+            connector=_Pool(limit=self._limit, ttl_dns_cache=60),
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
-            trace_configs=[tracing],
             response_class=InterimResponse,
         )
 
@@ -205,6 +216,7 @@ class OriginClient:
             host, port = u.host or "", u.port or 443
             verify = self._roots.get((host, port)) or self._roots.get((f"*.{host.split('.', 1)[-1]}", port), True)
         heard = _interim.set(interim)
+        queue = _waiting.set(waiting)
         try:
             # encoded=True: the target goes out as the client spelt it. Parsed
             # as a plain string, yarl re-spells escapes (%27 as ', %28 as (),
@@ -212,7 +224,7 @@ class OriginClient:
             # from a direct read, and a signature over the exact URL breaks.
             return await self._session.request(
                 method, URL(url, encoded=True), headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
-                trace_request_ctx=waiting, ssl=verify)
+                ssl=verify)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             if waiting.queued:
                 raise OriginTimeout(
@@ -231,4 +243,5 @@ class OriginClient:
         except OSError as e:
             raise OriginError(f"{what}: {e}") from e
         finally:
+            _waiting.reset(queue)
             _interim.reset(heard)

@@ -38,6 +38,9 @@ class ClientConnection(RequestHandler):
     # the clear (cachenode/workers/): its requests are https, though this
     # process sees no TLS.
     secure = False
+    # The flight the fast path led for this connection's first request, which
+    # the handler answers (front/fast_misses.py `Led`, `take_led`).
+    led = None
 
     def __init__(self, manager, *, gate: Gate, head_timeout: float, **kwargs) -> None:
         super().__init__(manager, **kwargs)
@@ -73,6 +76,9 @@ class ClientConnection(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._gate.leave(self)
         self._disarm()
+        if self.led is not None:  # gone before its request reached the handler
+            self.led.release()
+            self.led = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

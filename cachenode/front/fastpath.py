@@ -42,6 +42,8 @@ from typing import IO, Callable, Protocol
 import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
+from cachenode.front.fast_misses import FastMisses, Led
+from cachenode.front.leading import LeadsMisses
 from cachenode.front.plain import PlainRequest, partial_head, plain_request, wanted_range
 from cachenode.kernel.sendfile import SendCut, sendfile_rest
 from cachenode.store.objects import Meta
@@ -88,7 +90,7 @@ def _head_of(head: bytes, meta: Meta, span: tuple[int, int] | None) -> tuple[byt
     return head + b"Age: %d\r\n\r\n" % meta.age_at(time.time()), offset, length, status
 
 
-class FastPath(asyncio.Protocol):
+class FastPath(LeadsMisses, asyncio.Protocol):
     """One client connection: plain hits here, the rest handed to aiohttp.
 
     Every client connection starts here, also with plain hits off
@@ -99,12 +101,13 @@ class FastPath(asyncio.Protocol):
     def __init__(self, *, finder: HitFinder, served: ServedHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
                  gate: Gate, head_timeout: float, serve_hits: bool = True,
                  hand_over: Callable[[asyncio.Transport, bytes, bool], None] | None = None,
-                 received: bytes = b"", eof: bool = False) -> None:
+                 received: bytes = b"", eof: bool = False, misses: FastMisses | None = None) -> None:
         """`hand_over`, in a node's follower worker (cachenode/workers/), takes
         what aiohttp would: the connection with its bytes not yet answered and
         whether the client has ended its side, to give to the primary.
         `received` and `eof`: what another worker read of this connection
-        before handing it here."""
+        before handing it here. `misses`: the plain cold misses led here
+        (front/fast_misses.py); None hands every miss to aiohttp."""
         self.finder = finder
         self.served = served
         self._aiohttp_protocol = aiohttp_protocol
@@ -126,6 +129,8 @@ class FastPath(asyncio.Protocol):
         # https, and bodies are read and written, since sendfile would bypass TLS.
         self._scheme = "http"
         self._writable: asyncio.Future | None = None
+        self._misses = misses
+        self._leading = False  # `_serving` leads a miss's flight
 
     # -- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -158,8 +163,8 @@ class FastPath(asyncio.Protocol):
         self._gate.leave(self)
         self._disarm()
         self.transport = None
-        if self._serving is not None:
-            self._serving.cancel()
+        if self._serving is not None and not self._leading:
+            self._serving.cancel()  # a flight led here goes on: it is every joiner's (fast_misses.py)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -168,6 +173,8 @@ class FastPath(asyncio.Protocol):
         self._buf += data
         if self._serving is None:
             self._next()
+        else:
+            self.backlog_full()
 
     def eof_received(self) -> bool:
         # Requests already received are still answered; the connection closes after them.
@@ -232,6 +239,11 @@ class FastPath(asyncio.Protocol):
                 break
             hit = self.finder.plain_hit(req.target, req.host, self._scheme) if req is not False else None
             span = None if hit is None else wanted_range(req, hit[0])
+            if hit is None and req is not False and self._misses is not None:
+                miss = self._misses.take(req, self._buf[:req.size], self._scheme)
+                if miss is not None:
+                    self._lead(req, miss)
+                    return
             if hit is None or span is False:
                 self._hand_off()
                 return
@@ -261,8 +273,10 @@ class FastPath(asyncio.Protocol):
         log.info("request_head_timeout", seconds=self._head_timeout, partial=len(self._buf), fast=True)
         self.transport.close()
 
-    def _hand_off(self) -> None:
-        """aiohttp takes the connection and every byte not yet answered, for good."""
+    def _hand_off(self, led: Led | None = None) -> None:
+        """aiohttp takes the connection and every byte not yet answered, for good;
+        `led`: the flight the fast path led for the first of them, which the
+        handler answers (front/fast_misses.py)."""
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
@@ -272,6 +286,8 @@ class FastPath(asyncio.Protocol):
             return
         assert self._aiohttp_protocol is not None
         protocol = self._aiohttp_protocol()
+        if led is not None:
+            protocol.led = led  # type: ignore[attr-defined]  # front/client_conn.py
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if self._buf:
@@ -394,3 +410,4 @@ class FastPath(asyncio.Protocol):
         if not self._write_paused and self.transport is not None:
             self.transport.resume_reading()  # if answers backed up during the send, it was left paused
         self._next()
+

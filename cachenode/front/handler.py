@@ -36,12 +36,13 @@ from cachenode.fill.parent import looped
 from cachenode.fill.upstream import Upstream
 from cachenode.front.access import PARENT_ROUTE, access
 from cachenode.front.authorized import AuthorizedReads
+from cachenode.front.fast_misses import FastMisses, Led, take_led
 from cachenode.front.forward import Forwarding
 from cachenode.front.hits import PlainHitFinder, hit_label
 from cachenode.front.interim import CONTINUE_DEFERRED, send_continue
 from cachenode.front.middleware import REFUSED_METHODS
 from cachenode.front.names import Asked, resolve
-from cachenode.front.reads import Reads
+from cachenode.front.reads import AGAIN, Reads
 from cachenode.front.relaying import RelayedReads
 from cachenode.front.respond import Responder
 from cachenode.front.short_answers import origin_failure
@@ -75,7 +76,7 @@ class Handler:
     def __init__(self, *, settings: CacheSettings, upstream: Upstream, cluster: ClusterView, routes: Routes,
                  plain: PlainHitFinder, hot: HotCopies, relayed: RelayedReads, reads: Reads,
                  authorized: AuthorizedReads, forwarding: Forwarding, respond: Responder, chunk_owner: ChunkOwner,
-                 counts: Counts, clock: Callable[[], float] = time.time) -> None:
+                 counts: Counts, clock: Callable[[], float] = time.time, misses: FastMisses | None = None) -> None:
         self.settings = settings
         self.node_id = settings.identity
         self.upstream = upstream
@@ -91,6 +92,7 @@ class Handler:
         # A chunk's owner serves (and fills) it for the peer reading its object (cachenode/chunks/).
         self.chunk_owner = chunk_owner
         self.counts = counts
+        self.misses = misses  # plain cold misses the fast path leads (front/fast_misses.py); None: none
         self._table = settings.origin_table
         self._clock = clock
 
@@ -99,6 +101,8 @@ class Handler:
         if (endpoint := self.routes.endpoint(request)) is not None:
             return await endpoint(request)
         asked = self._asked(request)
+        if (led := take_led(request)) is not None and (served := await self._led(request, asked, led)) is not None:
+            return served
         facts = Facts(method=request.method, chunk=CHUNK_HEADER in request.headers and self.from_peer(request),
                       looped=looped(request.headers.getall("Via", []), self.respond.via,
                                     from_child=FROM_CHILD_HEADER in request.headers),
@@ -142,6 +146,13 @@ class Handler:
         if way is Route.AUTHORIZE:
             return await self.authorized.get(request, asked, meta=look.meta, directives=look.directives)
         return await self.reads.get(request, asked, look.directives)
+
+    async def _led(self, request: web.Request, asked: Asked, led: Led) -> web.StreamResponse | None:
+        """The answer of a flight the fast path led for this request
+        (front/fast_misses.py), as the read loop answers the flight it leads;
+        None: look again, as the read loop would."""
+        served = await self.reads.led(request, asked, led.outcome, led.response, stale=None)
+        return None if served is AGAIN else served
 
     def _asked(self, request: web.Request) -> Asked:
         """What the request names; 400 for a target that cannot be parsed, 403 for a host that is no origin."""

@@ -125,7 +125,8 @@ class Listener:
     def _fast_path(self, received: bytes = b"", eof: bool = False) -> FastPath:
         return FastPath(finder=self.node.handler.plain, served=self.node.handler, aiohttp_protocol=self._handler,
                         gate=self.gate, head_timeout=self.node.settings.request_head_timeout,
-                        serve_hits=self.node.settings.fast_hits, received=received, eof=eof)
+                        serve_hits=self.node.settings.fast_hits, received=received, eof=eof,
+                        misses=self.node.handler.misses)
 
     def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False) -> None:
         """Serve a client connection another worker of this node accepted and

@@ -167,16 +167,17 @@ def wanted_range(req: PlainRequest, meta: Meta) -> tuple[int, int] | None | bool
     return parsed
 
 
-def response_head(meta: Meta, *, via: str, served_by: str | None = None) -> bytes:
+def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: CacheOutcome | None = None) -> bytes:
     """Status line and headers of a 200 for `meta`, as the handler would send
     them (cachenode/front/respond.py), without the Age line of each reuse.
     Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
-    A hot copy says so, and names the node whose disk serves it (`served_by`)."""
+    A hot copy says so, and names the node whose disk serves it (`served_by`).
+    `label`: its X-Nezha-Cache when not a hit's (a miss the fast path led, front/fast_misses.py)."""
     fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
-               (CACHE_HEADER, CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT),
+               (CACHE_HEADER, label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)),
                ("Content-Length", str(meta.size))]
     if meta.hot and served_by is not None:
         fields.append((SERVED_BY_HEADER, served_by))

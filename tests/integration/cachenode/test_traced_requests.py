@@ -112,6 +112,20 @@ async def test_a_cold_miss_and_a_warm_hit_enter_the_handler_once_and_the_fast_pa
         assert trace.up_calls() <= PROTOCOLS, sorted(trace.up_calls() - PROTOCOLS)
 
 
+async def test_a_small_cold_miss_on_a_fresh_connection_is_led_below_the_handler_and_never_enters_it(
+        make_node, origin):
+    """A plain cold miss whose answer is stored at once is the fast path's own
+    (front/fast_misses.py): one request, no pass through the handler."""
+    origin.put("/s.bin", b"s" * 16_384, headers={"Cache-Control": "max-age=3600"})
+    node = await make_node()
+    async with aiohttp.ClientSession() as fresh:
+        with Trace() as cold:
+            assert await get(fresh, node, "/s.bin") == (200, "miss", b"s" * 16_384)
+            await node.node.settled()
+    assert cold.handled == 0
+    assert cold.up_calls() <= PROTOCOLS, sorted(cold.up_calls() - PROTOCOLS)
+
+
 async def test_a_signed_hit_enters_the_handler_once(make_node, aiohttp_server, session):
     bearer = await serve_bearer(aiohttp_server)
     upstream = str(bearer.server.make_url("")).rstrip("/")

@@ -1,0 +1,255 @@
+"""Plain cold misses led below aiohttp (docs/cache-node.md, "Small objects").
+
+A dataset's first epoch is a miss per file, each on a keep-alive connection
+that asked for other files before: the fast path (front/fastpath.py) would
+hand every such connection to aiohttp at its first miss, and the server, the
+middlewares, the handler's routing and a `StreamResponse` would then cost
+more than the fill itself. So a miss the fast path fully understands is led
+here instead: a plain GET (no Range, no validators, no credentials, none of
+a child tier's or a peer's fields) for a configured origin asked directly
+(no parent tier), that this node is the first owner of, with nothing stored
+under its key and no flight of it under way.
+
+The flight is led by the same engine the handler's read loop leads with
+(`FillEngine.lead`): one origin request, judged, stored and counted as
+any fill. Its outcome is this module's to answer only when it is the plain
+one: a 200 stored at once whose body is in memory (`simple_body`), sent
+with its head in one write. Every other outcome (a fill that streams, an
+answer passed on, an origin's failure) goes to the handler with the
+connection, the answer in hand (`Led`), and the handler answers it as its
+read loop would have (`Handler.handle`, `take_led`): the origin is never
+asked twice. A request for the key while the flight is under way is the
+handler's to join, as any joiner.
+
+Each request still makes one `request_completed` line and moves the
+counters the middlewares and the handler's answer would have moved, and
+counts as live traffic for the prefetch pacing while it is answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from cachenode.cluster_view import ClusterView
+from cachenode.counts import Counts
+from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
+from cachenode.fill.flights import Flight, Kind, Outcome, Source
+from cachenode.fill.origin import Interim, forwarded_request_headers
+from cachenode.fill.upstream import Upstream
+from cachenode.front.names import names_origin, resolve
+from cachenode.front.pacing import Pacing
+from cachenode.front.plain import PlainRequest, response_head
+from cachenode.front.short_answers import origin_failure
+from cachenode.http.freshness import request_bypasses_cache
+from cachenode.metrics import Metrics
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.credentials import redact_url
+from nezha.keys import BadTarget, Target, credentials_kept
+from nezha.origins import Origin, OriginTable
+from nezha.wire import FROM_CHILD_HEADER, CacheOutcome
+
+log = structlog.get_logger("nezha.cachenode")
+
+_FIELDS_MAX = 4096  # header blocks remembered (`_fields`); cleared when full
+_FIELDS_BLOCK_MAX = 1024  # longer blocks are parsed every time
+
+
+_Fields = tuple[CIMultiDictProxy[str], CIMultiDictProxy[str]]  # a request's fields, and the origin's
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A plain cold miss this node leads below aiohttp: what the handler's
+    `_asked` would have resolved, and the client's fields."""
+
+    key: str
+    url: str  # where the origin is asked
+    target: Target
+    origin: Origin
+    headers: CIMultiDictProxy[str]
+    forwarded: CIMultiDictProxy[str]  # the fields the origin is sent (`FillEngine.origin_source`'s)
+    flight: Flight  # led from `take` on, so no second request for the key can lead one too
+
+
+@dataclass
+class Led:
+    """A flight the fast path led whose outcome the handler answers: the
+    outcome, and the origin's answer when it is passed on (still unread)."""
+
+    key: str
+    outcome: Outcome
+    response: aiohttp.ClientResponse | None
+
+    def release(self) -> None:
+        """Nobody will answer with it (the client went away): give its origin connection back."""
+        if self.response is not None:
+            self.response.release()
+            self.response = None
+
+
+def simple_body(outcome: Outcome) -> bytes | None:
+    """The body the fast path sends itself: a 200 stored at once and whole
+    in memory (`AtOnce.store_whole`), as `Responder.hit` would send it with
+    `body=`; None: the handler answers this outcome."""
+    meta, body = outcome.meta, outcome.body
+    if outcome.kind is not Kind.STORED or meta is None or body is None:
+        return None
+    if meta.status != 200 or len(body) != meta.size or meta.chunk_size or meta.hot:
+        return None
+    return body
+
+
+class FastMisses:
+    def __init__(self, *, table: OriginTable, store: Store, engine: FillEngine, upstream: Upstream,
+                 cluster: ClusterView, node_id: str, via: str, pacing: Pacing, counts: Counts,
+                 metrics: Metrics) -> None:
+        self.table = table
+        self.store = store
+        self.engine = engine
+        self.upstream = upstream
+        self.cluster = cluster
+        self.node_id = node_id
+        self.via = via
+        self.pacing = pacing
+        self.counts = counts
+        self.metrics = metrics
+        self._log = log.is_enabled_for(logging.INFO)  # set once before a node is made, as for fast hits
+        self._miss_requests = metrics.requests.labels(cache=CacheOutcome.MISS)
+        # A request head's fields (all but its request line) -> the fields, or
+        # None: not a request this module leads. Clients send the same few blocks.
+        self._fields: dict[bytes, _Fields | None] = {}
+
+    # -- before the origin is asked -------------------------------------------
+    def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str) -> Miss | None:
+        """The miss `req` (whose head is `head`) if this module leads it; None:
+        aiohttp and the handler serve it, nothing asked yet. As the handler
+        routes it: only a GET that would lead a fill here, from the origin."""
+        if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
+            return None
+        if self.upstream.parent is not None or not names_origin(self.table, req.host):
+            return None  # a child tier's misses go to its parent (fill/upstream.py)
+        fields = self._headers(head)
+        if fields is None:
+            return None
+        headers, forwarded = fields
+        try:
+            target, origin, key = resolve(self.table, req.target, req.host, scheme=scheme)
+        except BadTarget:
+            return None
+        if origin is None or key is None or origin.credentials == "authorize" or credentials_kept(target, origin):
+            return None
+        if self.engine.flights.get(key) is not None or self.store.lookup(key, headers) is not None:
+            return None  # a joiner, or a stored copy (stale, or a variant): the read loop's
+        owners = self.cluster.owners(key)
+        if owners and owners[0].id != self.node_id:
+            return None  # owners ahead of this node: relayed to them (front/relaying.py)
+        # Led from now: a request for the key that comes before the origin answers joins it.
+        flight, _ = self.engine.flights.lead_or_join(key)
+        return Miss(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
+                    origin=origin, headers=headers, forwarded=forwarded, flight=flight)
+
+    def _headers(self, head: bytes | bytearray) -> _Fields | None:
+        """The fields of a plain request head and those the origin is sent for
+        it, remembered by their bytes; None when they make it anything but a
+        plain read from the cache: a child tier's or a loop's (Via), or one
+        the cache must not answer (credentials)."""
+        start = head.find(b"\r\n") + 2
+        block = bytes(head[start:])
+        if len(block) <= _FIELDS_BLOCK_MAX and block in self._fields:
+            return self._fields[block]
+        fields: CIMultiDict[str] = CIMultiDict()
+        for line in block.decode("ascii").split("\r\n"):
+            if line:
+                name, _, value = line.partition(":")
+                fields.add(name, value.strip(" \t"))
+        judged: _Fields | None = None
+        if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
+            judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
+                forwarded_request_headers(fields, via=self.engine.via, drop=NOT_FOR_FILLS)))
+        if len(block) <= _FIELDS_BLOCK_MAX:
+            if len(self._fields) >= _FIELDS_MAX:
+                self._fields.clear()
+            self._fields[block] = judged
+        return judged
+
+    # -- the flight ---------------------------------------------------------------
+    async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:
+        """Lead the flight of `miss`: the outcome when `simple_body` has its
+        body, else a `Led` for the handler. Live traffic for the pacing meanwhile.
+        Awaited at once after `take`: the flight is aborted however this ends early."""
+        self.pacing.live_began()
+        try:
+            # As `FillEngine.origin_source` makes it for a plain GET (no Range: no resume; no peer: nothing handed).
+            source = Source(url=miss.url, what=f"origin {miss.url}", headers=miss.forwarded, interim=interim)
+            outcome, response = await self.engine.lead(miss.flight, key=miss.key, url=miss.url, origin=miss.origin,
+                                                       stale=None, target=miss.target, source=source)
+        except BaseException as e:
+            if not miss.flight.outcome.done():  # ended before the engine took it: its joiners look again
+                self.engine.flights.abort(miss.flight, LeaderGone(f"request leading the fetch of {miss.key} "
+                                                                  f"ended: {e!r}"))
+            raise
+        finally:
+            self.pacing.live_ended()
+        if response is None and simple_body(outcome) is not None:
+            return outcome
+        return Led(key=miss.key, outcome=outcome, response=response)
+
+    # -- the answer ---------------------------------------------------------------
+    def head(self, meta: Meta) -> bytes:
+        """The head of a fill's answer stored at once, as `Responder.hit` sends
+        it to the request that led it: a stored object's head (front/plain.py
+        `response_head`) saying miss, with the origin's Age (none when 0)."""
+        age = int(meta.age)
+        return response_head(meta, via=self.via, label=CacheOutcome.MISS) + (
+            b"Age: %d\r\n\r\n" % age if age else b"\r\n")
+
+    def answered(self, miss: Miss, meta: Meta, *, path: str, sent: int, ms: float, first_byte: float | None,
+                 gone: bool = False) -> None:
+        """Count and log a miss answered here, as the handler's answer and the
+        middlewares would: a miss, its bytes, the request and its first byte,
+        one `request_completed` line (and `client_gone` when it went away)."""
+        self.counts.count(meta.host, misses=1, bytes_served=sent)
+        self._miss_requests.inc()
+        self.metrics.served(CacheOutcome.MISS, sent, first_byte=first_byte)
+        if not self._log:
+            return
+        if gone:
+            log.info("client_gone", key=miss.key, bytes=sent)
+        log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300], status=200,
+                 cache=CacheOutcome.MISS, bytes=sent, ms=round(ms, 2), fast=True,
+                 **({"broken": True} if gone else {}))
+
+    def unanswered(self, miss: Miss, led: Led, *, path: str, ms: float) -> None:
+        """A client that went away before the handler could answer its led
+        miss: its answer released, one `client_gone` and one `request_completed` line."""
+        kind = led.outcome.kind
+        status, cache = 200, CacheOutcome.MISS
+        if kind is Kind.PASSED:
+            status, cache = (led.response.status if led.response is not None else 200), CacheOutcome.PASS
+        elif kind is Kind.FAILED:
+            status, cache = origin_failure(led.outcome.error).status, CacheOutcome.ERROR
+        led.release()
+        self.metrics.requests.labels(cache=cache).inc()
+        if self._log:
+            log.info("client_gone", key=miss.key, bytes=0)
+            log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300],
+                     status=status, cache=cache, bytes=0, ms=round(ms, 2), fast=True, broken=True)
+
+
+def take_led(request: web.Request) -> Led | None:
+    """The flight the fast path led for this request, handed over with its
+    connection (`ClientConnection.led`): taken once, by the connection's
+    first request, which is the one it was led for."""
+    protocol = request.protocol
+    led = getattr(protocol, "led", None)
+    if led is not None:
+        protocol.led = None  # type: ignore[union-attr]
+    return led
+
