@@ -32,8 +32,8 @@ says so, and the node holds the rest of what it was named until a slot is
 free. The controller names at most ASKED_PER_FILL × `fills` objects at once
 across every workload, so that a node always has the next one at hand: a
 fill stored there starts the next at once, not a round trip to the
-controller later (the node's 20 ms origin and 16 fills ran about 10 fills
-at a time with no more asked than fills; docs/benchmarks.md, "Every fill
+controller later (with no more named than may run, the benchmark's
+origin saw 7 to 10 of 16 fills in flight; docs/benchmarks.md, "Every fill
 slot kept busy"). Objects asked the ordinary way, and copies, hold one of
 `fills` slots here besides. Every request is marked `X-Nezha-Prefetch`
 (`fill`, then `check`): the node runs them behind its live traffic
