@@ -87,8 +87,9 @@ class ControllerMetrics:
         Gauge("nezha_controller_annotation_problems", "nezha.io/* annotations invalid now (the last valid value "
               "stays in force)", registry=r).set_function(lambda: float(len(controller.problems)))
         fills = Gauge("nezha_controller_prefetch_fills", "Prefetch fills now, by state: in_flight (asked of a "
-                      "node, until it stores the object; at most --prefetch-fills), queued (objects of the "
-                      "workloads followed that wait for one of those slots)", ["state"], registry=r)
+                      "node, until it stores the object; at most twice --prefetch-fills: the node runs --prefetch-fills of "
+                      "them at once, the rest wait there), queued (objects of the workloads followed that wait to "
+                      "be asked)", ["state"], registry=r)
         fills.labels("in_flight").set_function(lambda: float(controller.prefetcher.in_flight))
         fills.labels("queued").set_function(lambda: float(controller.prefetcher.queued()))
         Gauge("nezha_index_up", "1 while the shared index (Redis) answers, 0 while it fails",

@@ -27,10 +27,17 @@ redirects are not stored (docs/http-semantics.md), their targets are.
 
 Each object is fetched once however many workloads name it (one task per
 cache key, shared; two signed URLs of one object are one key). At most
-`fills` fetches are in flight across every workload (`--prefetch-fills`),
-and each request is marked `X-Nezha-Prefetch` (`fill`, then `check`): the
-node runs them behind its live traffic (cachenode/front/pacing.py), so a
-large expansion never starves the tier.
+`fills` fetches run at once on a node (`--prefetch-fills`): each batch
+says so, and the node holds the rest of what it was named until a slot is
+free. The controller names at most ASKED_PER_FILL × `fills` objects at once
+across every workload, so that a node always has the next one at hand: a
+fill stored there starts the next at once, not a round trip to the
+controller later (with no more named than may run, the benchmark's
+origin saw 7 to 10 of 16 fills in flight; docs/benchmarks.md, "Every fill
+slot kept busy"). Objects asked the ordinary way, and copies, hold one of
+`fills` slots here besides. Every request is marked `X-Nezha-Prefetch`
+(`fill`, then `check`): the node runs them behind its live traffic
+(cachenode/front/pacing.py), so a large expansion never starves the tier.
 Progress goes into the workload's `nezha.io/prefetch-status` annotation
 (JSON: `total`, `done`, `failed` [{url, reason}], `bytes` stored so far,
 `expanded_from` [{name, objects, ...}]), written at most every
@@ -60,12 +67,12 @@ from controller.annotations import (PREFETCH, PREFETCH_KEEP, PREFETCH_SECRET, PR
 from controller.expand import Auth, Expander, ExpandFailed, NotAnOrigin
 from controller.prefetch_batches import FillBatches
 from controller.prefetch_fills import NodeFills, Result, StoredBatch, _Redirect
+from controller.prefetch_pins import Pinning
 from controller.prefetch_spread import Spreading
 from controller.sources import SecretUnreadable, read_credentials
 from nezha.config import OriginTable
 from nezha.prefetch.names import BadName, ObjectUrl, parse_name
 from nezha.ring import Ring
-from nezha.wire import PINS_PATH, TOKEN_HEADER
 
 if TYPE_CHECKING:
     from controller.events import EventRecorder
@@ -74,6 +81,8 @@ log = structlog.get_logger("nezha.controller.prefetch")
 
 STATUS = PREFETCH_STATUS
 MAX_REDIRECTS = 5
+# URLs asked of the nodes at once, per fill that may run there: the next ones wait on the node for a slot.
+ASKED_PER_FILL = 2
 STATUS_EVERY = 1.0  # seconds between two status writes of one workload while it fills
 FAILED_SHOWN = 100  # failures listed in the status; the rest are counted in `failed_more`
 
@@ -90,6 +99,7 @@ class JobProgress:
     spread: bool = False  # nezha.io/prefetch-spread: all
     spread_done: dict | None = None  # {"objects", "copies", "failed"} once spread
     taken: int = 0  # URLs a worker has taken up (asked for, or waiting for a slot)
+    times: dict[str, float] = field(default_factory=dict)  # when each step was reached (the prefetch_done log)
 
     def status(self) -> dict:
         failed = self.bad + [{"url": r.url, "reason": r.reason} for r in self.results.values() if not r.ok]
@@ -110,7 +120,7 @@ class JobProgress:
         return not self.expanding and len(self.results) == len(self.urls)
 
 
-class Prefetcher(NodeFills, Spreading):
+class Prefetcher(NodeFills, Spreading, Pinning):
     def __init__(self, *, api: client.ApiClient, events: "EventRecorder", session: Callable[[], aiohttp.ClientSession],
                  ring: Callable[[], tuple[Ring | None, dict[str, str]]], origins: OriginTable,
                  timeout: float = 3600.0, poll: float = 0.2, clock: Callable[[], float] = time.monotonic,
@@ -139,10 +149,11 @@ class Prefetcher(NodeFills, Spreading):
         self._record_pins = record_pins  # nezha/index/pins.py: the account `nezha stats` shows
         self.spread_max = spread_max
         self._spread_over = spread_over  # told when a workload's spread is done: its pods may go (gates.py)
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: asyncio.Semaphore | None = None  # `fills`: the ordinary way's fills, copies
+        self._asks: asyncio.Semaphore | None = None  # ASKED_PER_FILL x `fills`: every object asked of a node
         self.in_flight = 0
         self.most_in_flight = 0
-        self.waiting = 0  # fills and copies waiting for one of the `fills` slots
+        self.waiting = 0  # objects waiting to be asked, copies waiting for a slot
         self.fetches: dict[str, asyncio.Task] = {}  # cache key -> the one fetch of it
         self._stored_batches: dict[str, StoredBatch] = {}  # node address -> its objects asked about together
         self._fill_batches: dict[str, FillBatches] = {}  # node address -> its public objects' fills, sent together
@@ -158,6 +169,17 @@ class Prefetcher(NodeFills, Spreading):
         """Objects of the workloads followed now that wait for a fill: not yet taken up by a worker, or
         waiting for a slot (the `nezha_controller_prefetch_fills{state="queued"}` gauge)."""
         return sum(max(0, len(p.urls) - p.taken) for p in self.jobs.values()) + self.waiting
+
+    @property
+    def asked_at_once(self) -> int:
+        """Objects asked of the nodes at once, at most: twice what may run, so none waits for a round trip."""
+        return ASKED_PER_FILL * max(1, self.fills)
+
+    def _fill_slot(self) -> asyncio.Semaphore:
+        """One of `fills`, held by a fill asked the ordinary way (whose node is told no bound)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.fills))
+        return self._slots
 
     @contextlib.asynccontextmanager
     async def _waiting_for(self, slots: asyncio.Semaphore):
@@ -238,6 +260,7 @@ class Prefetcher(NodeFills, Spreading):
     # -- one workload ----------------------------------------------------------
 
     async def _follow(self, key: str, job: dict, entries: list[str], progress: JobProgress) -> None:
+        began, progress.times["began_at"] = self._clock(), time.time()
         for bad in progress.bad:
             self._counted("refused")
             await self.events.emit(job, "Warning", "PrefetchRefused", bad["reason"])
@@ -253,6 +276,25 @@ class Prefetcher(NodeFills, Spreading):
             entries = []
         await self._expand(job, entries, progress, auth)
         progress.expanding = False
+        progress.times["expanded_s"] = self._clock() - began
+        await self._fill_all(job, progress, auth, began)
+        await self._pin(key, job, progress)
+        if progress.spread:
+            await self._spread(key, job, progress)
+            self._spread_over()
+        await self._write_status(job, progress)
+        status = progress.status()
+        failed = len(status["failed"]) + status.get("failed_more", 0)
+        await self.events.emit(job, "Normal", "PrefetchDone",
+                               f"prefetched {status['done']} of {status['total']} URLs, {status['bytes']} bytes"
+                               + (f"; {failed} failed" if failed else ""))
+        progress.times["done_s"] = self._clock() - began
+        log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
+                 failed=failed, **{k: round(v, 4) for k, v in progress.times.items()})
+
+    async def _fill_all(self, job: dict, progress: JobProgress, auth: Auth | None, began: float) -> None:
+        """Every URL of the workload fetched (or failed), `asked_at_once` at a time; the status written at
+        most every STATUS_EVERY seconds meanwhile."""
         written_at = -STATUS_EVERY
         await self._write_status(job, progress)
         queue = iter(progress.urls)
@@ -264,12 +306,14 @@ class Prefetcher(NodeFills, Spreading):
                 # Shielded: the fill may be another workload's too, and outlives this one's deletion.
                 result = await asyncio.shield(self._fetch_once(url, auth))
                 progress.results[url] = result
+                progress.times.setdefault("first_ended_s", self._clock() - began)
+                progress.times["last_ended_s"] = self._clock() - began
                 self._counted("fetched" if result.ok else "failed")
                 if not result.ok:
                     await self.events.emit(job, "Warning", "PrefetchFailed", f"{PREFETCH}: {url}: {result.reason}")
                 changed.set()
 
-        workers = [asyncio.get_running_loop().create_task(worker()) for _ in range(max(1, self.fills))]
+        workers = [asyncio.get_running_loop().create_task(worker()) for _ in range(self.asked_at_once)]
         try:
             while not all(w.done() for w in workers):
                 changed.clear()
@@ -284,89 +328,6 @@ class Prefetcher(NodeFills, Spreading):
         finally:
             for w in workers:
                 w.cancel()
-        await self._pin(key, job, progress)
-        if progress.spread:
-            await self._spread(key, job, progress)
-            self._spread_over()
-        await self._write_status(job, progress)
-        status = progress.status()
-        failed = len(status["failed"]) + status.get("failed_more", 0)
-        await self.events.emit(job, "Normal", "PrefetchDone",
-                               f"prefetched {status['done']} of {status['total']} URLs, {status['bytes']} bytes"
-                               + (f"; {failed} failed" if failed else ""))
-        log.info("prefetch_done", job=key, total=status["total"], done=status["done"], bytes=status["bytes"],
-                 failed=failed)
-
-    # -- kept while used (cachenode/store/pins.py) -------------------------------
-
-    async def _pin(self, key: str, job: dict, progress: JobProgress) -> None:
-        """Pin what the workload's prefetch stored on the nodes that store it; a Warning for what the
-        pinned share of those nodes had no room for, saying how much would have fit."""
-        owned: dict[str, list[str]] = {}
-        for result in progress.results.values():
-            if result.ok and result.key and result.owner:
-                owned.setdefault(result.owner, []).append(result.key)
-        if not owned or not self.events.allowed():
-            return
-        _, addresses = self._ring()
-        pinned = refused = room = 0
-        unasked: list[str] = []
-        for owner, keys in sorted(owned.items()):
-            answer = await self._ask_pins(addresses.get(owner), {"workload": key, "pin": keys})
-            if answer is None:
-                unasked.append(owner)
-                continue
-            pinned += answer.get("pinned_bytes", 0)
-            refused += answer.get("refused_bytes", 0)
-            room += answer.get("room") or 0
-        progress.pinned = pinned
-        self._pinned[key] = pinned
-        log.info("prefetch_pinned", job=key, bytes=pinned, refused_bytes=refused, nodes_unasked=unasked)
-        await self._account(key, pinned, None)
-        if refused:
-            await self.events.emit(job, "Warning", "PrefetchNotPinned", (
-                f"{PREFETCH}: {pinned} bytes are kept from eviction while this workload exists, {refused} more "
-                f"are not: the pinned share (--pinned-share) of the nodes that store them is full; "
-                f"{pinned + room} bytes would have fit"))
-        if unasked:
-            await self.events.emit(job, "Warning", "PrefetchNotPinned",
-                                   f"{PREFETCH}: {', '.join(unasked)} could not be asked to keep what it stores")
-
-    async def _release(self, key: str, keep: float) -> None:
-        """Tell every node that `key`'s pins end in `keep` seconds (it is gone, or asks for something else)."""
-        if not self.events.allowed():
-            return
-        _, addresses = self._ring()
-        for owner, address in sorted(addresses.items()):
-            if await self._ask_pins(address, {"workload": key, "release": keep}) is None:
-                log.warning("prefetch_pins_not_released", job=key, node=owner)
-        log.info("prefetch_pins_released", job=key, keep=keep, nodes=len(addresses))
-        pinned = self._pinned.pop(key, None)
-        if pinned is not None:
-            await self._account(key, pinned, time.time() + keep)
-
-    async def _account(self, key: str, pinned: int, until: float | None) -> None:
-        if self._record_pins is None:
-            return
-        try:
-            await self._record_pins(key, pinned, until)
-        except Exception as e:  # noqa: BLE001 - Redis away: the pins hold on the nodes all the same
-            log.warning("prefetch_pins_not_recorded", job=key, error=f"{type(e).__name__}: {str(e)[:200]}")
-
-    async def _ask_pins(self, address: str | None, body: dict) -> dict | None:
-        if address is None:
-            return None
-        headers = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
-        try:
-            async with self._session().post(f"http://{address}{PINS_PATH}", json=body, headers=headers) as r:
-                if r.status != 200:
-                    log.warning("prefetch_pins_refused", node=address, status=r.status,
-                                error=(await r.text())[:200].strip())
-                    return None
-                return await r.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            log.warning("prefetch_pins_unreachable", node=address, error=f"{type(e).__name__}: {e}")
-            return None
 
     async def _credentials(self, job: dict) -> tuple[Auth | None, str | None]:
         """The workload's `nezha.io/prefetch-secret` as an Auth (controller/sources.py), or why it cannot be."""
@@ -443,9 +404,9 @@ class Prefetcher(NodeFills, Spreading):
 
     async def _fetch(self, url: str, auth: Auth | None = None, chain: tuple[str, ...] = ()) -> Result:
         """Have the key's first owner fill `url` (following a redirect); Result says whether it is stored."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(max(1, self.fills))
-        async with self._waiting_for(self._slots):
+        if self._asks is None:
+            self._asks = asyncio.Semaphore(self.asked_at_once)
+        async with self._waiting_for(self._asks):
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             try:

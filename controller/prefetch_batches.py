@@ -14,7 +14,11 @@ objects the workers take up next go at once, a few to a request (about
 4 in bench/prefetch.py's runs). A cap on the batches in flight would make
 the objects behind it wait for a whole batch to end, its slowest object
 included; they are bounded all the same, each holding at least one of the
-`--prefetch-fills` objects in flight.
+objects the controller asks at once. Each batch says how many of the
+controller's fills may run on the node at once (`fills`): the controller
+names twice that many, and the node holds the rest until a slot is free
+(cachenode/front/pacing.py), so a line coming back is never what the next
+fill waits for.
 
 `ask` gives the node's line for a URL, or None when the batch could not
 say (a node without the endpoint, one that went away, an object it hands
@@ -35,8 +39,12 @@ log = structlog.get_logger("nezha.controller.prefetch")
 
 
 class FillBatches:
-    def __init__(self, *, url: str, session: Callable[[], aiohttp.ClientSession], headers: dict[str, str]) -> None:
+    def __init__(self, *, url: str, session: Callable[[], aiohttp.ClientSession], headers: dict[str, str],
+                 fills: int | None = None) -> None:
+        """`fills`: how many of the controller's fills may run on the node at once, sent with each batch;
+        the node holds the rest of what it was named until a slot is free."""
         self.url = url
+        self.fills = fills
         self._session = session
         self._headers = headers
         self._pending: dict[str, asyncio.Future] = {}
@@ -79,7 +87,8 @@ class FillBatches:
         self.requests += 1
         self.objects += len(batch)
         try:
-            async with self._session().post(self.url, json={"urls": list(batch)}, headers=self._headers) as r:
+            body = {"urls": list(batch), **({"fills": self.fills} if self.fills is not None else {})}
+            async with self._session().post(self.url, json=body, headers=self._headers) as r:
                 if r.status in (404, 405):
                     self.unsupported = True
                 elif r.status != 200:

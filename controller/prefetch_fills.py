@@ -15,8 +15,8 @@ the controller. What the answers mean, a redirect to follow or a refusal, is
 read here too.
 
 A mixin of `Prefetcher` (controller/prefetch.py), which gives it `_session`,
-`_clock`, `timeout`, `poll`, `_ring`, `_origins`, `_cluster_token`,
-`_fill_batches` and `_stored_batches`.
+`_clock`, `timeout`, `poll`, `_ring`, `_origins`, `_cluster_token`, `fills`,
+`_fill_slot`, `_fill_batches` and `_stored_batches`.
 """
 
 from __future__ import annotations
@@ -142,11 +142,13 @@ class NodeFills:
                 headers[TOKEN_HEADER] = self._cluster_token
         try:
             if signed:
-                answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
+                async with self._fill_slot():
+                    answer = await self._signed_fill(url, node, owner, {**headers, **credentials})
             else:
                 answer = await self._batched(url, owner, addresses[owner])
                 if answer is None:  # the batch could not say: the ordinary way, a request and its checks
-                    answer = await self._fill(url, node, owner, headers, key=key, address=addresses[owner])
+                    async with self._fill_slot():  # the node is told no bound for these: held here
+                        answer = await self._fill(url, node, owner, headers, key=key, address=addresses[owner])
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return Result(url, reason=f"{owner} could not be asked: {type(e).__name__}: {e}")
         if isinstance(answer, Result) and answer.ok:
@@ -160,7 +162,7 @@ class NodeFills:
         if batches is None:
             token = {TOKEN_HEADER: self._cluster_token} if self._cluster_token else {}
             batches = self._fill_batches[address] = FillBatches(
-                url=f"http://{address}{PREFETCH_PATH}", session=self._session,
+                url=f"http://{address}{PREFETCH_PATH}", session=self._session, fills=self.fills,
                 headers={PREFETCH_HEADER: PREFETCH_CHECK, **token})
         deadline = self._clock() + self.timeout
         while True:

@@ -1,6 +1,6 @@
 """`/_nezha/prefetch`: the controller's fills of public objects, many in one request, run here.
 
-    POST /_nezha/prefetch  {"urls": ["http://data.example/a.bin", ...]}
+    POST /_nezha/prefetch  {"urls": ["http://data.example/a.bin", ...], "fills": 16}
       -> 200, application/x-ndjson: one line per URL, as each ends (empty lines between: still working)
          {"url": U, "stored": SIZE}                   stored here (already, or by this fill)
          {"url": U, "status": 302, "location": L}     a redirect, not stored: the controller follows it
@@ -29,7 +29,11 @@ and passed on unstored.
 
 Each fill waits for a slot of the node's pacing (front/pacing.py) as a
 `fill` request does, and gives it back once stored, so live traffic still
-holds the prefetch to `--prefetch-busy-fills`. Internal, like every
+holds the prefetch to `--prefetch-busy-fills`. `fills` (optional) is the
+controller's bound on its fills running here at once: it names more URLs
+than that ahead of time, which wait here for a slot, so a slot given back
+starts the next fill at once instead of a round trip to the controller
+later. Internal, like every
 `/_nezha/` path: the cluster token (front/routes.py).
 """
 
@@ -61,6 +65,7 @@ from nezha.ring import Peer
 log = structlog.get_logger("nezha.cachenode")
 
 MAX_URLS = 10_000  # one request's URLs
+MAX_CAP = 1024  # the controller's --prefetch-fills at most
 ATTEMPTS = 5  # a flight whose leader vanished is looked at again, as a joiner's read does; bounded
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 NO_DIRECTIVES = request_directives({})
@@ -81,10 +86,11 @@ class PrefetchFills:
         self._pacing = pacing
 
     async def endpoint(self, request: web.Request) -> web.StreamResponse:
-        urls = _urls(await _body(request))
+        body = await _body(request)
+        urls, cap = _urls(body), _cap(body)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        running = {asyncio.ensure_future(self.one(url)) for url in dict.fromkeys(urls)}
+        running = {asyncio.ensure_future(self.one(url, cap)) for url in dict.fromkeys(urls)}
         try:
             while running:
                 done, running = await asyncio.wait(running, timeout=KEEPALIVE, return_when=asyncio.FIRST_COMPLETED)
@@ -98,8 +104,9 @@ class PrefetchFills:
         await resp.write_eof()
         return resp
 
-    async def one(self, url: str) -> dict:
-        """One URL's line: its checks, its slot of the pacing, its fill."""
+    async def one(self, url: str, cap: int | None = None) -> dict:
+        """One URL's line: its checks, its slot of the pacing (at most `cap` of the controller's at once), its
+        fill."""
         parts = urlsplit(url)
         try:
             target, origin, key = resolve(self._table, parts.path + (f"?{parts.query}" if parts.query else "")
@@ -123,8 +130,9 @@ class PrefetchFills:
         if meta is not None:
             return {"url": url, "stored": meta.size}
         try:
-            await asyncio.wait_for(self._pacing.fill(key), timeout=self._pacing.wait)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self._pacing.wait):  # not wait_for: no task between, no step of delay
+                await self._pacing.fill(key, cap)
+        except TimeoutError:
             self._pacing.told_to_wait += 1
             return {"url": url, "wait": True}
         try:
@@ -207,3 +215,11 @@ def _urls(body: object) -> list[str]:
         raise web.HTTPBadRequest(text=f'/_nezha/prefetch: "urls" is not a list of at most {MAX_URLS} strings\n')
     return urls
 
+
+def _cap(body: object) -> int | None:
+    cap = body.get("fills") if isinstance(body, dict) else None
+    if cap is None:
+        return None  # a controller that sends none: the node's own bounds alone
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= MAX_CAP:
+        raise web.HTTPBadRequest(text=f'/_nezha/prefetch: "fills" is not a whole number from 1 to {MAX_CAP}\n')
+    return cap

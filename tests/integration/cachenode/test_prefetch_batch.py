@@ -18,9 +18,10 @@ TOKEN = "cluster-s3cret"
 
 
 async def batch(session: aiohttp.ClientSession, node, urls: list[str], *, token: str | None = TOKEN,
-                host: str = "node.internal") -> tuple[int, dict[str, dict] | str]:
+                host: str = "node.internal", fills: int | None = None) -> tuple[int, dict[str, dict] | str]:
     headers = {"Host": host, **({TOKEN_HEADER: token} if token else {})}
-    async with session.post(node.url + PREFETCH_PATH, json={"urls": urls}, headers=headers) as r:
+    body = {"urls": urls, **({"fills": fills} if fills is not None else {})}
+    async with session.post(node.url + PREFETCH_PATH, json=body, headers=headers) as r:
         if r.status != 200:
             return r.status, await r.text()
         assert r.headers["Content-Type"].startswith("application/x-ndjson")
@@ -134,6 +135,34 @@ async def test_a_batchs_fills_go_one_at_a_time_behind_a_live_request_and_togethe
     assert [line["stored"] for line in lines.values()] == [100] * 5
     assert origin.most_in_flight == 5 and node.node.pacing.started_while_live == 5
     assert node.node.pacing.running == 0, "every slot given back once stored"
+
+
+async def test_a_batch_runs_at_most_the_controllers_fills_at_once_and_the_rest_wait_here_for_a_slot(
+        origin, node, session):
+    """The controller names twice its `fills` ahead of time; the node holds the rest until a slot is free."""
+    for n in range(6):
+        origin.put(f"/c/{n}.bin", b"c" * 100, headers={"Cache-Control": "max-age=600"}, delay=0.1)
+    seen: list[tuple[int, int]] = []
+
+    async def sample() -> None:
+        while True:
+            seen.append((node.node.pacing.running, node.node.pacing.waiting))
+            await asyncio.sleep(0.01)
+
+    sampler = asyncio.ensure_future(sample())
+    status, lines = await batch(session, node, [f"http://{HOST}/c/{n}.bin" for n in range(6)], fills=2)
+    sampler.cancel()
+    assert [line["stored"] for line in lines.values()] == [100] * 6
+    assert origin.most_in_flight == 2, "no more than the controller's fills at once"
+    assert max(waiting for _, waiting in seen) == 4 and max(running for running, _ in seen) == 2
+    assert node.node.pacing.running == 0 and node.node.pacing.waiting == 0
+
+
+@pytest.mark.parametrize("fills", [0, 2000, "4", True])
+async def test_a_fills_bound_that_is_no_whole_number_in_range_is_refused(origin, node, session, fills):
+    status, text = await batch(session, node, [f"http://{HOST}/a.bin"], fills=fills)
+    assert status == 400 and '"fills"' in text
+    assert origin.requests["/a.bin"] == 0
 
 
 async def test_a_fill_that_breaks_here_is_a_500_line_and_the_other_urls_are_answered(origin, node, session,

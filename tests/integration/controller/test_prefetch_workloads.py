@@ -162,9 +162,12 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
     seen: list[dict[str, float]] = []
 
+    at_node: list[int] = []  # fills waiting on the node for a slot
+
     async def sample() -> None:
         while True:
             seen.append(fills_gauge(controller))
+            at_node.append(listener.node.pacing.waiting)
             await asyncio.sleep(0.02)
 
     sampler = asyncio.get_running_loop().create_task(sample())
@@ -176,8 +179,10 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     assert all(origin.requests[p] == 1 for p in names)
     # Each fill takes 0.1 s at the origin's rate: with 12 of them, three at a time is what was asked for.
     assert origin.most_in_flight == 3
-    # The metric says so as it happens: three in flight at most, the rest queued, nothing left at the end.
-    assert max(s["in_flight"] for s in seen) == 3
+    # The metric says so as it happens: six asked of the node at most (three running there, the next
+    # three waiting there for a slot), the rest queued here, nothing left at the end.
+    assert max(s["in_flight"] for s in seen) == 6
+    assert max(at_node) == 3, "the node held the next three, to start each as a slot was given back"
     assert max(s["queued"] for s in seen) >= 9
     assert fills_gauge(controller) == {"in_flight": 0, "queued": 0}
     # Filled in batches (/_nezha/prefetch) that said when each was stored: no ranged GET and no
@@ -186,6 +191,36 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     assert not batch.unsupported and batch.objects == 12 and 1 <= batch.requests <= 12
     assert controller.prefetcher._stored_batches == {}
     assert listener.node.pacing.started_while_live == 0, "the prefetch's own requests are no live traffic"
+
+
+async def test_a_fill_that_fails_amid_the_others_leaves_every_other_object_stored_and_the_status_right(
+        kube_api, ns, run_controller, index, origin, one_node, kubectl):
+    names = [f"/mixed/{i}.bin" for i in range(9)]
+    for path in names:
+        origin.put(path, b"m" * 20_000, headers={"Cache-Control": "max-age=3600"}, delay=0.05,
+                   **({"die_after": 100} if path == "/mixed/4.bin" else {}))
+    origin.put("/mixed/files.txt", "\n".join(f"http://{HOST}{p}" for p in names).encode())
+    table = [Origin(host=HOST, upstream=origin.url)]
+    listener = await one_node(table)
+    controller = await run_controller(peer_address="pod-ip", origins=table, prefetch_fills=2)
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+    await kubectl.create(deployment("mixed", f"http://{HOST}/mixed/files.txt"))
+    status = await kubectl.prefetched("deployment", "mixed")
+    assert (status["total"], status["done"], status["bytes"]) == (9, 8, 8 * 20_000)
+    [failed] = status["failed"]
+    assert failed["url"] == f"http://{HOST}/mixed/4.bin" and "502" in failed["reason"]
+    assert origin.most_in_flight == 2
+    # Every other object stored once, read back as a hit; the broken one asked again by the ordinary way
+    # at most (a batch's `failed` line is final: no second ask).
+    assert all(origin.requests[p] == 1 for p in names if p != "/mixed/4.bin")
+    for path in names:
+        if path != "/mixed/4.bin":
+            assert listener.node.store.stored_size(f"http://{HOST}{path}") == 20_000
+    warnings = json.loads(await kubectl("get", "events", "-o", "json"))["items"]
+    assert [e["message"] for e in warnings if e["reason"] == "PrefetchFailed"] == [
+        f"nezha.io/prefetch: {failed['url']}: {failed['reason']}"]
+    assert listener.node.pacing.running == 0 and listener.node.pacing.waiting == 0, "every slot given back"
+    assert fills_gauge(controller) == {"in_flight": 0, "queued": 0}
 
 
 def fills_gauge(controller) -> dict[str, float]:

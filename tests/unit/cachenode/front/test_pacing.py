@@ -31,6 +31,20 @@ def test_a_fill_starts_only_below_the_bound_of_the_moment(running, live_in_fligh
                   busy=1, idle=4, quiet=0.5) is expected
 
 
+@pytest.mark.parametrize("running, live_in_flight, since_live, cap, expected", [
+    (2, 0, INF, 3, True),  # quiet: the controller's cap, under the idle bound of 4
+    (3, 0, INF, 3, False),
+    (3, 0, INF, 8, True),  # a cap above the node's bound: the node's (4) holds
+    (4, 0, INF, 8, False),
+    (0, 1, INF, 3, True),  # live: one at a time, whatever the cap
+    (1, 1, INF, 3, False),
+])
+def test_the_controllers_cap_bounds_the_fills_under_the_nodes_own_bound(running, live_in_flight, since_live, cap,
+                                                                       expected):
+    assert admits(running=running, live_in_flight=live_in_flight, since_live=since_live,
+                  busy=1, idle=4, quiet=0.5, cap=cap) is expected
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -54,6 +68,38 @@ async def test_while_a_live_request_is_in_flight_one_fill_runs_and_the_next_star
     pacing.live_ended()
     second.cancel(), third.cancel()
     await asyncio.gather(second, third, return_exceptions=True)
+
+
+async def test_a_slot_given_back_starts_the_longest_waiting_fill_one_step_of_the_loop_later():
+    """The waiter awaits its turn itself: through asyncio.wait it took two steps more, and with 16 fills of
+    20 ms one slot in six stood empty (docs/benchmarks.md, "Every fill slot kept busy")."""
+    pacing = Pacing(busy=1, idle=8, quiet=0.5, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    second = asyncio.ensure_future(pacing.fill("h/b"))
+    await asyncio.sleep(0)
+    assert pacing.waiting == 1
+    pacing.stored("h/a")
+    await asyncio.sleep(0)  # one step
+    assert pacing.filling("h/b") and pacing.waiting == 0
+    await second
+    pacing.live_ended()
+
+
+async def test_a_fill_that_waited_past_its_own_timeout_leaves_no_turn_behind():
+    pacing = Pacing(busy=1, idle=8, quiet=0.01, clock=Clock())
+    pacing.live_began()
+    await pacing.fill("h/a")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):  # several looks again after `quiet`, then given up
+            await pacing.fill("h/b")
+    assert pacing.waiting == 0 and not pacing._turns
+    third = asyncio.ensure_future(pacing.fill("h/c"))
+    await asyncio.sleep(0)
+    pacing.stored("h/a")
+    await asyncio.wait_for(third, timeout=1)
+    assert pacing.filling("h/c"), "the slot went to the one still waiting"
+    pacing.live_ended()
 
 
 async def test_when_live_traffic_has_been_quiet_the_waiting_fills_start_up_to_the_idle_bound():
