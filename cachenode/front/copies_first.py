@@ -22,11 +22,21 @@ cachenode/fill/pace.py, where the fill itself is held to its replica's.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+from typing import Any
+
 from cachenode.fill.pace import LEAD, STALL, Pace, pace_of
 
 __all__ = ["LEAD", "PIECE", "STALL", "Pace", "Paced", "reader"]
 
 PIECE = 256 * 1024
+# Bytes a peer's socket may hold not yet sent (TCP_NOTSENT_LOWAT): a send
+# returns once they are on their way, so a peer's place is what its link
+# carried, give or take what flies, not what its send buffer took (which
+# TCP's autotuning grew to megabytes: the clients paced to it ran that far
+# ahead of the copy actually sent, and the copy was the slowest stream of its link).
+UNSENT = 128 * 1024
 
 
 class Paced:
@@ -59,3 +69,12 @@ def reader(fill: object, *, peer: bool, offset: int, replica: bool = False) -> P
     other readers; `replica`: a peer that owns the key behind this node, whose
     place also holds the fill itself (cachenode/fill/pace.py)."""
     return Paced(pace_of(fill), peer=peer, offset=offset, replica=replica and peer)
+
+
+def unhurried(transport: Any) -> None:
+    """Keep at most UNSENT bytes unsent in a peer's socket (`transport`'s), so
+    that its place says what left this node."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT)

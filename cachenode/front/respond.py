@@ -331,9 +331,11 @@ class Responder:
         offset = progress[0]
         # Another node's copy first: this node's own clients keep within a lead of it (front/copies_first.py),
         # and the fill within a window of the key's replica (fill/pace.py).
-        asking = request.headers.get(PEER_HEADER)
-        paced = copies_first.reader(fill, peer=is_peer_request(request, self.settings.cluster_token), offset=offset,
+        asking, peer = request.headers.get(PEER_HEADER), is_peer_request(request, self.settings.cluster_token)
+        paced = copies_first.reader(fill, peer=peer, offset=offset,
                                     replica=asking is not None and any(p.id == asking for p in self._owners(fill.key)))
+        if peer:
+            copies_first.unhurried(request.transport)
         try:
             while end is None or offset < end:
                 available = await fill.wait_beyond(offset, reader=f, end=end)
