@@ -71,10 +71,12 @@ def reader(fill: object, *, peer: bool, offset: int, replica: bool = False) -> P
     return Paced(pace_of(fill), peer=peer, offset=offset, replica=replica and peer)
 
 
-def unhurried(transport: Any) -> None:
-    """Keep at most UNSENT bytes unsent in a peer's socket (`transport`'s), so
-    that its place says what left this node."""
+def unhurried(transport: Any, *, unsent: int = UNSENT) -> None:
+    """Keep at most `unsent` bytes unsent in a peer's socket (`transport`'s),
+    so that its place says what left this node, while it reads a fill; 0
+    gives the system's default back (no limit) once it is done: a stored
+    object relayed later on the same connection goes out in large sends."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is not None:
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, unsent)

@@ -359,6 +359,8 @@ class Responder:
                 paced.sent(offset)
         finally:
             paced.close()
+            if peer:
+                copies_first.unhurried(request.transport, unsent=0)
 
     async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
                           error: FillAborted) -> web.StreamResponse:

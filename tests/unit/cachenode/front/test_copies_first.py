@@ -73,7 +73,7 @@ async def test_a_peer_sends_in_pieces_and_is_never_paced():
     assert await other.upto(10 * LEAD, 20 * LEAD) == 10 * LEAD + PIECE
 
 
-def test_a_peers_socket_keeps_at_most_unsent_bytes_unsent_so_its_place_is_what_left():
+def test_a_peers_socket_keeps_at_most_unsent_bytes_unsent_while_it_reads_a_fill_so_its_place_is_what_left():
     import socket
 
     from cachenode.front.copies_first import UNSENT, unhurried
@@ -86,8 +86,11 @@ def test_a_peers_socket_keeps_at_most_unsent_bytes_unsent_so_its_place_is_what_l
             def get_extra_info(self, name):
                 return accepted if name == "socket" else None
 
+        default = accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
         unhurried(Transport())
         assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == UNSENT
+        unhurried(Transport(), unsent=0)  # the fill is sent: the system's default again
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == default
         unhurried(None)  # a transport already gone: nothing to do
     finally:
         for s in (server, client, accepted):
