@@ -7,8 +7,8 @@ owners reading it (`replica`: its replica's streaming copy, or a read the
 replica relays): when this node dies mid-fill, the replica's copy goes on
 from the origin at the byte it had reached (cluster/streaming_copies.py
 `_rest`), and whatever this node had fetched beyond it is fetched again. In
-a stampede the fill ran ahead of that copy by the link's whole share: the
-origin sends at O, the copy gets B over the pods' reads and itself, and a
+a stampede the fill ran ahead of that copy: the origin sends at O, the
+copy gets its share of this node's link beside its pods' reads, and a
 killed leader cost the origin 1.03-1.26 S (docs/benchmarks.md, "A fill
 kept within a window of its replica's copy").
 
@@ -21,10 +21,10 @@ waits for its replicas HOLD seconds in all at most, then runs free.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import struct
-import contextlib
 import time
 import weakref
 from typing import Any, AsyncIterator, Callable
