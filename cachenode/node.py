@@ -158,7 +158,8 @@ class CacheNode:
         self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
                                       send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
-                                 chunk_body=chunk_reads, count=self.counts.count, clock=clock)
+                                 chunk_body=chunk_reads, count=self.counts.count, clock=clock,
+                                 owners=self.cluster.owners)
 
     def _front(self, settings: CacheSettings, *, before_metrics, clock) -> Handler:
         """The front's answerers, each given the rooms below it, and the handler that routes to them."""

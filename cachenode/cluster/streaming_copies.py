@@ -62,6 +62,10 @@ log = structlog.get_logger("nezha.cachenode")
 # `peer_timeout`s a node waits for the copy of the node that feeds it (the
 # head read there is deciding on its own answer), and that node waits for it.
 PARENT_WAIT = 2
+# `peer_timeout`s a feeder asked before any read of its own came waits for
+# the first: a stampede's reads arrive together, and one that came a moment
+# late would send the node it feeds to the first owner's link for a whole copy.
+ARRIVAL_WAIT = 0.5
 
 
 class LeadAnswered(Protocol):
@@ -125,6 +129,7 @@ class StreamingCopies:
         self.via = via
         self._heads: dict[str, HeadRead] = {}
         self._copies: dict[str, Flight] = {}  # the copies streaming in now, by key
+        self._arriving: dict[str, asyncio.Event] = {}  # keys a node this one feeds waits for a first read of
 
     def shares(self, method: str, headers: Mapping[str, str]) -> bool:
         """Whether this read may be answered from another read's stream (hot copies on, a plain GET)."""
@@ -157,6 +162,8 @@ class StreamingCopies:
         if key in self._heads or key in self._copies:
             return None
         head = self._heads[key] = HeadRead(key=key)
+        if (arrived := self._arriving.pop(key, None)) is not None:
+            arrived.set()
         return head
 
     def settle(self, head: HeadRead, flight: Flight | ManifestAnswer | None = None) -> None:
@@ -269,9 +276,26 @@ class StreamingCopies:
     async def for_peer(self, key: str) -> Flight | None:
         """The copy of `key` streaming in here for a node this one feeds (its
         `only-if-cached` request): the copy, or the one this node's head read
-        is about to make, waited for a bounded time."""
-        found = await self.joinable(key, wait=PARENT_WAIT * self.settings.peer_timeout)
+        is about to make, waited for a bounded time; asked before any read
+        of the key came here, the one the first read to come makes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PARENT_WAIT * self.settings.peer_timeout
+        if key not in self._heads and key not in self._copies and not await self._arrival(key):
+            return None
+        found = await self.joinable(key, wait=max(0.0, deadline - loop.time()))
         return found if isinstance(found, Flight) else None
+
+    async def _arrival(self, key: str) -> bool:
+        """Whether a read of `key` comes here (a head) within ARRIVAL_WAIT."""
+        arrived = self._arriving.setdefault(key, asyncio.Event())
+        try:
+            async with asyncio.timeout(ARRIVAL_WAIT * self.settings.peer_timeout):
+                await arrived.wait()
+            return True
+        except TimeoutError:
+            if self._arriving.get(key) is arrived:
+                del self._arriving[key]
+            return False
 
     def _fields(self, target: Target) -> dict[str, str]:
         return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,

@@ -25,6 +25,7 @@ from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
 from cachenode.fill.origin import ends_at_close
+from cachenode.fill.pace import HeldBody, held, pace_of
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
 from cachenode.fill.upstream import Upstream
@@ -345,15 +346,17 @@ class FillRuns:
             fetch, fallback = ranged
             return await fill.run_ranged(fetch, fallback, store=self.store, meta=meta, on_bytes=on_bytes,
                                          superseded=superseded)
+        # Held within a window of the key's replica reading it, if one does (fill/pace.py).
+        pace = pace_of(fill)
         if plan.how is How.SPLICED and (taken := splice.take(response)) is not None:
-            return await fill.run_spliced(taken, store=self.store, meta=meta,
+            return await fill.run_spliced(HeldBody(taken, pace), store=self.store, meta=meta,
                                           read_timeout=self.settings.origin_read_timeout,
                                           on_bytes=on_bytes, superseded=superseded, rest=rest, broke=BROKE)
 
         async def body() -> AsyncIterator[bytes]:
             got = 0
             try:
-                async for chunk in response.content.iter_chunked(FILL_READ):
+                async for chunk in held(response.content.iter_chunked(FILL_READ), pace):
                     got += len(chunk)
                     yield chunk
                 return

@@ -16,69 +16,35 @@ here still end when the link has sent its bytes.
 A peer that has not moved for STALL seconds (dead, stuck, or slower than
 PIECE per STALL) is not waited for, so a slow peer costs a client here at
 most STALL at a time, never its read. A peer's sends are cut to PIECE, so
-its place moves often enough to pace by.
+its place moves often enough to pace by. The places are kept in
+cachenode/fill/pace.py, where the fill itself is held to its replica's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-import weakref
-from typing import Callable
+import socket
+from typing import Any
 
-LEAD = 512 * 1024
-STALL = 1.0
+from cachenode.fill.pace import LEAD, STALL, Pace, pace_of
+
+__all__ = ["LEAD", "PIECE", "STALL", "Pace", "Paced", "reader"]
+
 PIECE = 256 * 1024
-
-
-class Pace:
-    """The places of the peers reading one fill, and a wake-up for the clients waiting on them."""
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._at: dict[int, tuple[int, float]] = {}  # peer reader -> (bytes sent, when it last moved)
-        self._moved = asyncio.Event()
-        self._count = 0
-
-    def join(self, offset: int) -> int:
-        self._count += 1
-        self._at[self._count] = (offset, self._clock())
-        return self._count
-
-    def moved(self, peer: int, offset: int) -> None:
-        self._at[peer] = (offset, self._clock())
-        self._wake()
-
-    def left(self, peer: int) -> None:
-        self._at.pop(peer, None)
-        self._wake()
-
-    def allowed(self) -> int | None:
-        """Where a client's sending must stop for now: LEAD past the slowest
-        peer that moved within STALL; None: no peer to wait for."""
-        now = self._clock()
-        live = [offset for offset, at in self._at.values() if now - at < STALL]
-        return min(live) + LEAD if live else None
-
-    async def wait(self) -> None:
-        """Until a peer moves or leaves, or STALL has passed (a peer that did not move is then not waited for)."""
-        moved = self._moved
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(STALL):
-                await moved.wait()
-
-    def _wake(self) -> None:
-        self._moved.set()
-        self._moved = asyncio.Event()
+# Bytes a peer's socket may hold not yet sent (TCP_NOTSENT_LOWAT): a send
+# returns once they are on their way, so a peer's place is what its link
+# carried, give or take what flies, not what its send buffer took (which
+# TCP's autotuning grew to megabytes: the clients paced to it ran that far
+# ahead of the copy actually sent, and the copy was the slowest stream of its link).
+UNSENT = 128 * 1024
 
 
 class Paced:
     """One reader of a fill: a peer, whose place the clients pace to, or a client, paced."""
 
-    def __init__(self, pace: Pace, *, peer: bool, offset: int) -> None:
+    def __init__(self, pace: Pace, *, peer: bool, offset: int, replica: bool = False) -> None:
         self._pace = pace
-        self._peer = pace.join(offset) if peer else None
+        self._peer = pace.join(offset, replica=replica) if peer else None
 
     async def upto(self, offset: int, available: int) -> int:
         """Where this reader may send to from `offset`, of the bytes up to `available`."""
@@ -98,12 +64,19 @@ class Paced:
             self._peer = None
 
 
-_paces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def reader(fill: object, *, peer: bool, offset: int, replica: bool = False) -> Paced:
+    """A reader of `fill` (any object a fill's readers share), paced with its
+    other readers; `replica`: a peer that owns the key behind this node, whose
+    place also holds the fill itself (cachenode/fill/pace.py)."""
+    return Paced(pace_of(fill), peer=peer, offset=offset, replica=replica and peer)
 
 
-def reader(fill: object, *, peer: bool, offset: int) -> Paced:
-    """A reader of `fill` (any object a fill's readers share), paced with its other readers."""
-    pace = _paces.get(fill)
-    if pace is None:
-        pace = _paces[fill] = Pace()
-    return Paced(pace, peer=peer, offset=offset)
+def unhurried(transport: Any, *, unsent: int = UNSENT) -> None:
+    """Keep at most `unsent` bytes unsent in a peer's socket (`transport`'s),
+    so that its place says what left this node, while it reads a fill; 0
+    gives the system's default back (no limit) once it is done: a stored
+    object relayed later on the same connection goes out in large sends."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, unsent)

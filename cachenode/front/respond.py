@@ -44,7 +44,8 @@ from nezha.config import CacheSettings
 from nezha.errors import FillAborted
 from nezha.keys import host_of
 from nezha.wire import DIGEST_HEADER, EXPIRES_HEADER, CacheOutcome
-from nezha.wire import CHUNKED_HEADER, SERVED_BY_HEADER
+from nezha.wire import CHUNKED_HEADER, PEER_HEADER, SERVED_BY_HEADER
+from nezha.ring import Peer
 
 log = structlog.get_logger("nezha.serve")
 
@@ -58,8 +59,11 @@ class ChunkBody(Protocol):
 
 class Responder:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, files: FileSender,
-                 chunk_body: ChunkBody, count: Callable[..., None], clock: Callable[[], float] = time.time) -> None:
+                 chunk_body: ChunkBody, count: Callable[..., None], clock: Callable[[], float] = time.time,
+                 owners: Callable[[str], list[Peer]] = lambda key: []) -> None:
+        """`owners(key)`: the key's owners in ring order (a peer among them reads a fill as its replica)."""
         self.settings = settings
+        self._owners = owners
         self.store = store
         self.upstream = upstream
         self._count = count
@@ -325,8 +329,13 @@ class Responder:
         """Send the fill's body from `progress[0]` up to `end` (None: its end) as
         it lands, keeping `progress[0]` at the offset sent so far."""
         offset = progress[0]
-        # Another node's copy first: this node's own clients keep within a lead of it (front/copies_first.py).
-        paced = copies_first.reader(fill, peer=is_peer_request(request, self.settings.cluster_token), offset=offset)
+        # Another node's copy first: this node's own clients keep within a lead of it (front/copies_first.py),
+        # and the fill within a window of the key's replica (fill/pace.py).
+        asking, peer = request.headers.get(PEER_HEADER), is_peer_request(request, self.settings.cluster_token)
+        paced = copies_first.reader(fill, peer=peer, offset=offset,
+                                    replica=asking is not None and any(p.id == asking for p in self._owners(fill.key)))
+        if peer:
+            copies_first.unhurried(request.transport)
         try:
             while end is None or offset < end:
                 available = await fill.wait_beyond(offset, reader=f, end=end)
@@ -350,6 +359,8 @@ class Responder:
                 paced.sent(offset)
         finally:
             paced.close()
+            if peer:
+                copies_first.unhurried(request.transport, unsent=0)
 
     async def _fill_ended(self, request: web.Request, fill: Fill, *, label: str,
                           error: FillAborted) -> web.StreamResponse:

@@ -118,3 +118,29 @@ async def test_copies_feed_copies_in_a_chain_so_no_node_sends_more_than_one_stre
         assert await requests_answered(nodes[n], session) == {"hot-miss": 5.0}, "its four reads and one copy"
     assert await requests_answered(nodes[order[-1]], session) == {"hot-miss": 4.0}
     assert origin.requests[PATH] == 1
+
+
+async def test_a_feeder_asked_before_its_own_reads_came_feeds_the_copy_they_make(origin, cluster, session):
+    """Three nodes, R = 1: the third node in the key's order reads its copy from the second's. Its reads come
+    first, so the second is asked for its copy before any read of its own arrived; it waits for the first of
+    them (they come a moment later, as a stampede's do) and feeds the copy they make, rather than answering
+    504 and sending the third node to the owner's link for a whole copy of its own."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600", "ETag": '"v1"'})
+    nodes, _ = await cluster(3, replicas=1, hot_reads=2)
+    owner, feeder, fed = (p.id for p in nodes["n0"].node.cluster.owners(KEY, 3))
+
+    async def late() -> list:
+        await asyncio.sleep(0.1)
+        return list(await asyncio.gather(*(nodes[feeder].get(session, PATH) for _ in range(2))))
+
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(nodes[fed].get(session, PATH) for _ in range(2)), late())
+        for node in nodes.values():
+            await node.node.settled()
+    answers = [*results[:2], *results[2]]
+    assert [(status, body == BODY) for status, _, body in answers] == [(200, True)] * 4
+    assert sorted(e["source"] for e in logs if e["event"] == "streaming_copy_started") == sorted([owner, feeder]), \
+        "the feeder's copy from the owner, the fed node's from the feeder"
+    assert not [e for e in logs if e["event"] == "streaming_parent_missed"]
+    assert sum((await requests_answered(nodes[owner], session)).values()) == 2, "one answer per head read"
+    assert origin.requests[PATH] == 1

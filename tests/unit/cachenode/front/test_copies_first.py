@@ -71,3 +71,27 @@ async def test_a_peer_sends_in_pieces_and_is_never_paced():
     Paced(pace, peer=True, offset=0)
     other = Paced(pace, peer=True, offset=10 * LEAD)
     assert await other.upto(10 * LEAD, 20 * LEAD) == 10 * LEAD + PIECE
+
+
+def test_a_peers_socket_keeps_at_most_unsent_bytes_unsent_while_it_reads_a_fill_so_its_place_is_what_left():
+    import socket
+
+    from cachenode.front.copies_first import UNSENT, unhurried
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        class Transport:
+            def get_extra_info(self, name):
+                return accepted if name == "socket" else None
+
+        default = accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+        unhurried(Transport())
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == UNSENT
+        unhurried(Transport(), unsent=0)  # the fill is sent: the system's default again
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == default
+        unhurried(None)  # a transport already gone: nothing to do
+    finally:
+        for s in (server, client, accepted):
+            s.close()
