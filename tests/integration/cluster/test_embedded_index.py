@@ -8,7 +8,21 @@ import shutil
 
 import aiohttp
 
-from tests.integration.cluster.conftest import fetch, settle
+from tests.integration.cluster.conftest import fetch, node_status, settle
+
+
+async def flushed_stats(cluster, session, *, misses: int, timeout: float = 10.0) -> dict:
+    """The cluster's stats once `misses` have reached the index and no node
+    holds an update unsent: each node flushes every second, and a node
+    starved of CPU for a while flushes late, so a fixed sleep is a race."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stats = await cluster.index.read_stats()
+        pending = [(await node_status(session, n.url))["index"]["buffered"] for n in cluster.nodes.values()]
+        if stats["cluster"]["misses"] >= misses and not any(pending):
+            return stats
+        assert asyncio.get_running_loop().time() < deadline, f"stats never flushed: {stats['cluster']}, pending {pending}"
+        await asyncio.sleep(0.1)
 
 
 async def test_cluster_without_redis_server_installed_runs_on_fakeredis(origin, start_cluster, monkeypatch, capsys):
@@ -26,8 +40,7 @@ async def test_cluster_without_redis_server_installed_runs_on_fakeredis(origin, 
             status, headers, body = await fetch(s, u, "/e/x")
             assert status == 200 and body == b"x" * 30_000
             await settle(cluster)
-        await asyncio.sleep(1.5)
-    stats = await cluster.index.read_stats()
+        stats = await flushed_stats(cluster, s, misses=1)
     assert stats["cluster"]["misses"] == 1 and stats["cluster"]["bytes_from_origin"] == 30_000
     assert origin.requests["/e/x"] == 1
     assert "fakeredis" in capsys.readouterr().out
