@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from cachenode.store.objects import Meta, Refused, TooLarge
+from cachenode.store.objects import Meta, Refused, TooLarge, close_and_remove
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
@@ -225,13 +225,7 @@ class SealedWrites:
             return
         write.ended = True
         self.release(write.reserved)
-        if write.fd >= 0:
-            fd, write.fd = write.fd, -1
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        write.path.unlink(missing_ok=True)
+        close_and_remove(write)
 
     # Provided by the class mixed into (`Store`).
     tmp: Path

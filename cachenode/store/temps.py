@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
-from cachenode.store.objects import TempObject
+from cachenode.store.objects import TempObject, close_and_remove
 from nezha.errors import StoreError
 
 
@@ -120,19 +120,10 @@ class TempFiles:
         if temp.committing is not None:
             # A commit whose caller was cancelled still runs in its thread; let it finish first.
             await asyncio.wait([temp.committing])
-
-        def _discard() -> None:
-            if temp.fd >= 0:
-                fd, temp.fd = temp.fd, -1
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            temp.path.unlink(missing_ok=True)
         if temp.inline:
-            _discard()
+            close_and_remove(temp)
         else:
-            await asyncio.get_running_loop().run_in_executor(None, _discard)
+            await asyncio.get_running_loop().run_in_executor(None, close_and_remove, temp)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:
