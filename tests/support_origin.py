@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from aiohttp import web
 
@@ -48,6 +50,7 @@ class TestOrigin:
         self.connections: set[tuple] = set()  # the client (address, port) of every connection that asked
         self.in_flight = 0  # requests being answered now
         self.most_in_flight = 0  # the most answered at once
+        self.spans: list[tuple[str, float, float]] = []  # (path, began, ended) of every request answered
         self.url = ""
 
     def put(self, path: str, body: bytes, *, etag: str | None = None, **behaviour) -> None:
@@ -63,10 +66,23 @@ class TestOrigin:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        began = time.monotonic()
         try:
             return await self._answer(request)
         finally:
             self.in_flight -= 1
+            self.spans.append((request.path_qs, began, time.monotonic()))
+
+    def most_at_once(self, wanted: Callable[[str], bool]) -> int:
+        """The most requests for `wanted` paths answered at once: `most_in_flight` counts every request,
+        such as a manifest read while the fills it named ran."""
+        edges = sorted([(t, 1) for p, t, _ in self.spans if wanted(p)]
+                       + [(t, -1) for p, _, t in self.spans if wanted(p)])  # an end before a start at a tie
+        most = now = 0
+        for _, step in edges:
+            now += step
+            most = max(most, now)
+        return most
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.path_qs

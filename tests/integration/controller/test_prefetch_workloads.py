@@ -178,7 +178,8 @@ async def test_a_large_expansion_keeps_at_most_prefetch_fills_in_flight(
     sampler.cancel()
     assert all(origin.requests[p] == 1 for p in names)
     # Each fill takes 0.1 s at the origin's rate: with 12 of them, three at a time is what was asked for.
-    assert origin.most_in_flight == 3
+    # (Counted of the objects alone: a workload's manifest may be read while the other's fills run.)
+    assert origin.most_at_once(lambda path: path.endswith(".bin")) == 3
     # The metric says so as it happens: six asked of the node at most (three running there, the next
     # three waiting there for a slot), the rest queued here, nothing left at the end.
     assert max(s["in_flight"] for s in seen) == 6
