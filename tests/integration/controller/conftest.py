@@ -16,6 +16,7 @@ from nezha.index.handle import Index
 from nezha.index.connection import IndexUnavailable
 from controller.run import Controller
 from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F401  (fixtures)
+from tests.support_kubectl import Kubectl
 
 STS = "nezha-cache"
 LABELS = {"app.kubernetes.io/name": "nezha-cache"}
@@ -72,6 +73,12 @@ class Cluster:
 
     async def delete_pod(self, ordinal: int) -> None:
         await self.core.delete_namespaced_pod(f"{STS}-{ordinal}", self.ns)
+
+
+@pytest.fixture
+def kubectl(kube_api, tmp_path, ns):  # noqa: F811
+    """The real kubectl, for workloads made as a user makes them."""
+    return Kubectl(kube_api.url, tmp_path, ns)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ objects, each read a few times in a row: the eviction policy
 (docs/cache-node.md, "Eviction") gives room to what is read more often than
 what it would evict, so those reads evict everything else. The prefetched objects stay while the Job exists; once it
 is deleted and its keep has run out, the next such reads evict them like
-any other object.
+any other object. The Job is made and deleted with the real kubectl.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ async def pinned_workloads(listener) -> dict[str, int]:
 
 
 async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_their_job_exists_and_go_after_keep(
-        kube, ns, cluster, run_controller, index, origin, one_node, redis_server):
+        kube, ns, cluster, run_controller, index, origin, one_node, redis_server, kubectl):
     for prefix, count in (("/w/", 3), ("/scan/", 20), ("/again/", 20)):
         for i in range(count):
             origin.put(f"{prefix}{i}.bin", bytes([i]) * OBJECT, headers={"Cache-Control": "max-age=3600"})
@@ -73,7 +73,7 @@ async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_the
     batch = client.BatchV1Api(kube)
     job = training_job("epochs", ",".join(f"http://{HOST}/w/{i}.bin" for i in range(3)))
     job["metadata"]["annotations"]["nezha.io/prefetch-keep"] = "1"
-    await batch.create_namespaced_job(ns, job)
+    await kubectl.create(job)
     status, _ = await job_done(batch, cluster.core, ns, "epochs")
     assert (status["done"], status["pinned"]) == (3, 3 * OBJECT)
     assert await pinned_workloads(listener) == {f"Job/{ns}/epochs": 3 * OBJECT}
@@ -87,7 +87,7 @@ async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_the
     assert not await stored(listener, "/scan/0.bin"), "the scan did not evict: the test proves nothing"
     assert [origin.requests[f"/w/{i}.bin"] for i in range(3)] == [1, 1, 1]
 
-    await batch.delete_namespaced_job("epochs", ns)
+    await kubectl("delete", "job", "epochs")
     deadline = time.monotonic() + 10
     while await pinned_workloads(listener):  # released with a keep of 1 s, then expired
         assert time.monotonic() < deadline, "the deleted Job's pins did not end"
@@ -98,7 +98,7 @@ async def test_prefetched_objects_survive_a_scan_of_twice_the_capacity_while_the
 
 
 async def test_what_exceeds_the_pinned_share_is_refused_with_a_warning_saying_how_much_would_have_fit(
-        kube, ns, cluster, run_controller, index, origin, one_node):
+        kube, ns, cluster, run_controller, index, origin, one_node, kubectl):
     for i in range(3):
         origin.put(f"/w/{i}.bin", bytes([i]) * OBJECT, headers={"Cache-Control": "max-age=3600"})
     table = [Origin(host=HOST, upstream=origin.url)]
@@ -107,7 +107,7 @@ async def test_what_exceeds_the_pinned_share_is_refused_with_a_warning_saying_ho
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
-    await batch.create_namespaced_job(ns, training_job("big", ",".join(f"http://{HOST}/w/{i}.bin" for i in range(3))))
+    await kubectl.create(training_job("big", ",".join(f"http://{HOST}/w/{i}.bin" for i in range(3))))
     status, events = await job_done(batch, cluster.core, ns, "big")
     assert (status["done"], status["pinned"]) == (3, 2 * OBJECT)
     (warning,) = [e.message for e in events if e.reason == "PrefetchNotPinned"]

@@ -3,7 +3,8 @@
 One cache node (in-process) owns every key; the controller reads the
 listings from the origins' upstreams and asks the node to fill each object.
 Reads afterwards are made as a client of the node's TLS port reaches it (a
-peer relaying `https`), so they hit the keys those clients read.
+peer relaying `https`), so they hit the keys those clients read. Jobs and
+Secrets are made with the real kubectl.
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def origin_gets(hub: HubDouble) -> Counter:
 
 
 async def test_an_hf_model_is_listed_at_one_commit_and_every_file_is_filled_once_and_served_warm(
-        kube, ns, cluster, run_controller, index, hub, one_node):
+        kube, ns, cluster, run_controller, index, hub, one_node, kubectl):
     listener = await one_node(hub_origins(hub))
     await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
-    await batch.create_namespaced_job(ns, training_job("finetune-1", f"hf://{REPO}"))
-    await batch.create_namespaced_job(ns, training_job("finetune-2", f"hf://{REPO}@main"))
+    await kubectl.create(training_job("finetune-1", f"hf://{REPO}"))
+    await kubectl.create(training_job("finetune-2", f"hf://{REPO}@main"))
     first, events = await job_done(batch, cluster.core, ns, "finetune-1")
     second, _ = await job_done(batch, cluster.core, ns, "finetune-2")
     files = hub.repo.files
@@ -114,8 +115,44 @@ async def test_an_hf_model_is_listed_at_one_commit_and_every_file_is_filled_once
     assert origin_gets(hub) == fetched, "a warm read fetched an object from the origin again"
 
 
+@pytest.fixture
+async def dataset_hub():
+    """A public dataset repository: a card kept in git and two parquet shards in LFS, a folder among them."""
+    double = HubDouble(Repo("nezha-org/tiny-set", COMMIT, access="public", kind="dataset", tree_page=2,
+                            git_files={"README.md": b"# tiny-set\n"},
+                            lfs_files={"data/train-00000-of-00002.parquet": os.urandom(250_000),
+                                       "data/train-00001-of-00002.parquet": os.urandom(150_000)}),
+                       cdn_url=f"https://{CDN}")
+    async with served(double):
+        yield double
+
+
+async def test_an_hf_dataset_at_a_commit_is_filled_once_per_file_and_read_back_exact_at_that_commit(
+        kube, ns, cluster, run_controller, index, dataset_hub, one_node, kubectl):
+    hub = dataset_hub
+    listener = await one_node(hub_origins(hub))
+    await run_controller(peer_address="pod-ip", origins=hub_origins(hub))
+    await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
+
+    await kubectl.create(training_job("tokenize", f"hf://datasets/{hub.repo.name}@{COMMIT}"))
+    status, events = await job_done(client.BatchV1Api(kube), cluster.core, ns, "tokenize")
+    size = sum(len(b) for b in hub.repo.files.values())
+    assert (status["total"], status["done"], status["failed"], status["bytes"]) == (3, 3, [], size), status
+    [expanded] = status["expanded_from"]
+    assert (expanded["name"], expanded["objects"], expanded["commit"]) == (
+        f"hf://datasets/{hub.repo.name}@{COMMIT}", 3, COMMIT)
+    assert not [e for e in events if e.type == "Warning"]
+    fetched = origin_gets(hub)
+    assert len(fetched) == 3 and set(fetched.values()) == {1}, f"one fill per file: {fetched}"
+    assert all("/api/models" not in path for (_, _, path, _) in hub.answers), "a dataset was listed as a model"
+    for path, body in hub.repo.files.items():
+        got, _ = await read_as_a_tls_client(listener, f"https://{HUB}/datasets/{hub.repo.name}/resolve/{COMMIT}/{path}")
+        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(body).hexdigest(), path
+    assert origin_gets(hub) == fetched, "a warm read fetched an object from the origin again"
+
+
 async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
-        kube, ns, cluster, run_controller, index, origin, one_node):
+        kube, ns, cluster, run_controller, index, origin, one_node, kubectl):
     host = "data.example"
     for i in range(3):
         origin.put(f"/sets/a/{i}.bin", bytes([i]) * 10_000, headers={"Cache-Control": "max-age=3600"})
@@ -129,7 +166,7 @@ async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
-    await batch.create_namespaced_job(ns, training_job(
+    await kubectl.create(training_job(
         "by-list", f"http://{host}/sets/files.txt,http://{host}/sets/a/"))
     status, _ = await job_done(batch, cluster.core, ns, "by-list")
     assert status == {"total": 3, "done": 3, "failed": [], "bytes": 30_000, "pinned": 30_000, "expanded_from": [
@@ -138,7 +175,7 @@ async def test_a_manifest_and_an_index_page_expand_to_the_objects_they_list(
 
 
 async def test_a_name_that_expands_to_a_host_outside_the_origin_table_is_refused_with_a_warning_and_nothing_fetched(
-        kube, ns, cluster, run_controller, index, origin, one_node):
+        kube, ns, cluster, run_controller, index, origin, one_node, kubectl):
     host = "data.example"
     origin.put("/ok.bin", b"k" * 1000, headers={"Cache-Control": "max-age=3600"})
     origin.put("/m/files.txt", f"http://{host}/ok.bin\nhttps://evil.example/steal.bin\n".encode())
@@ -148,7 +185,7 @@ async def test_a_name_that_expands_to_a_host_outside_the_origin_table_is_refused
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
-    await batch.create_namespaced_job(ns, training_job("outside", f"http://{host}/m/files.txt,hf://org/model"))
+    await kubectl.create(training_job("outside", f"http://{host}/m/files.txt,hf://org/model"))
     status, events = await job_done(batch, cluster.core, ns, "outside")
     assert status["total"] == 2 and status["done"] == 0 and "expanded_from" not in status
     assert [f["url"] for f in status["failed"]] == [f"http://{host}/m/files.txt", "hf://org/model"]
@@ -173,7 +210,7 @@ async def private_hub():
 
 
 async def test_a_private_hf_model_is_prefetched_with_the_workloads_token_and_a_reader_without_one_is_denied(
-        kube, ns, cluster, run_controller, index, private_hub, one_node, tmp_path):
+        kube, ns, cluster, run_controller, index, private_hub, one_node, tmp_path, kubectl):
     hub = private_hub
     # docs/recipes/hugging-face.md's origins: credentials: authorize on the Hub and its CDN.
     table = [Origin(host=HUB, upstream=hub.hub_url, tls_upstream=hub.hub_url, credentials="authorize"),
@@ -182,13 +219,13 @@ async def test_a_private_hf_model_is_prefetched_with_the_workloads_token_and_a_r
     (tmp_path / "token").write_text(CLUSTER_TOKEN)
     await run_controller(peer_address="pod-ip", origins=table, cluster_token_file=tmp_path / "token")
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
-    await client.CoreV1Api(kube).create_namespaced_secret(ns, {
-        "metadata": {"name": "hf"}, "data": {"HF_TOKEN": base64.b64encode(HF_TOKEN.encode()).decode()}})
+    await kubectl.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"},
+                          "data": {"HF_TOKEN": base64.b64encode(HF_TOKEN.encode()).decode()}})
 
     batch = client.BatchV1Api(kube)
     job = training_job("private-model", f"hf://{hub.repo.name}")
     job["metadata"]["annotations"]["nezha.io/prefetch-secret"] = "hf"
-    await batch.create_namespaced_job(ns, job)
+    await kubectl.create(job)
     status, events = await job_done(batch, cluster.core, ns, "private-model")
     assert (status["done"], status["total"], status["failed"]) == (2, 2, []), (status, [e.message for e in events])
     assert status["expanded_from"][0]["commit"] == COMMIT
@@ -196,7 +233,7 @@ async def test_a_private_hf_model_is_prefetched_with_the_workloads_token_and_a_r
     assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched
 
     # Without the token the Hub does not even list it.
-    await batch.create_namespaced_job(ns, training_job("no-token", f"hf://{hub.repo.name}"))
+    await kubectl.create(training_job("no-token", f"hf://{hub.repo.name}"))
     status, _ = await job_done(batch, cluster.core, ns, "no-token")
     assert status["done"] == 0 and "401" in status["failed"][0]["reason"]
 

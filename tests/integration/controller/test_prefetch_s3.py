@@ -4,7 +4,8 @@ The controller lists the prefix with ListObjectsV2, path-style through the
 origin the table names for S3 (`s3.amazonaws.com`, whose upstream here is
 a counting relay in front of weed), page after page, and has the node fill
 every key under the https URL a boto3 client with `AWS_ENDPOINT_URL_S3`
-reads. The relay counts what the origin sent: each object once.
+reads. The relay counts what the origin sent: each object once. Jobs and
+Secrets are made with the real kubectl.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def s3_origins(s3) -> list[Origin]:
 
 
 async def test_an_s3_prefix_of_several_pages_is_listed_whole_and_each_key_filled_once(
-        kube, ns, cluster, run_controller, index, s3, one_node):
+        kube, ns, cluster, run_controller, index, s3, one_node, kubectl):
     bodies = {f"train/shard-{i:02d}.bin": os.urandom(100_000) for i in range(5)}
     for key, body in bodies.items():
         s3.admin.put_object(Bucket="public", Key=key, Body=body)
@@ -81,7 +82,7 @@ async def test_an_s3_prefix_of_several_pages_is_listed_whole_and_each_key_filled
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
 
     batch = client.BatchV1Api(kube)
-    await batch.create_namespaced_job(ns, training_job("imagenet", "s3://public/train/"))
+    await kubectl.create(training_job("imagenet", "s3://public/train/"))
     status, events = await job_done(batch, cluster.core, ns, "imagenet", timeout=20)
     assert status == {"total": 5, "done": 5, "failed": [], "bytes": 500_000, "pinned": 500_000,
                       "expanded_from": [{"name": "s3://public/train/", "objects": 5}]}
@@ -120,7 +121,7 @@ def signed_by(identity: S3Identity, url: str) -> dict[str, str]:
 
 
 async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_caller_without_credentials_is_denied_it(
-        kube, ns, cluster, run_controller, index, s3_private, one_node, tmp_path):
+        kube, ns, cluster, run_controller, index, s3_private, one_node, tmp_path, kubectl):
     s3 = s3_private
     bodies = {f"p/{i}.bin": os.urandom(200_000) for i in range(3)}
     for key, body in bodies.items():
@@ -132,21 +133,21 @@ async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_ca
     token_file.write_text(CLUSTER_TOKEN)
     await run_controller(peer_address="pod-ip", origins=table, cluster_token_file=token_file, s3_page_keys=2)
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
-    core, batch = client.CoreV1Api(kube), client.BatchV1Api(kube)
-    await core.create_namespaced_secret(ns, secret("s3-reader", AWS_ACCESS_KEY_ID=READER.access_key,
+    batch = client.BatchV1Api(kube)
+    await kubectl.create(secret("s3-reader", AWS_ACCESS_KEY_ID=READER.access_key,
                                                    AWS_SECRET_ACCESS_KEY=READER.secret_key))
 
     before = s3.relay.down
     private = training_job("private-train", "s3://private/p/")
     private["metadata"]["annotations"]["nezha.io/prefetch-secret"] = "s3-reader"
-    await batch.create_namespaced_job(ns, private)
+    await kubectl.create(private)
     status, events = await job_done(batch, cluster.core, ns, "private-train", timeout=20)
     assert status == {"total": 3, "done": 3, "failed": [], "bytes": 600_000, "pinned": 600_000,
                       "expanded_from": [{"name": "s3://private/p/", "objects": 3}]}, (status, events)
     assert 600_000 <= s3.relay.down - before < 640_000, "each object once"
 
     # Without the Secret the listing itself is refused by S3: nothing is asked for.
-    await batch.create_namespaced_job(ns, training_job("no-secret", "s3://private/p/"))
+    await kubectl.create(training_job("no-secret", "s3://private/p/"))
     status, events = await job_done(batch, cluster.core, ns, "no-secret", timeout=20)
     assert status["done"] == 0 and "403" in status["failed"][0]["reason"]
     assert any(e.type == "Warning" and "s3://private/p/" in e.message for e in events)
@@ -163,20 +164,20 @@ async def test_a_private_prefix_is_prefetched_with_the_workloads_secret_and_a_ca
 
 
 async def test_a_secret_that_is_missing_or_holds_no_known_key_fetches_nothing_and_says_why(
-        kube, ns, cluster, run_controller, index, s3_private, one_node):
+        kube, ns, cluster, run_controller, index, s3_private, one_node, kubectl):
     s3 = s3_private
     upstream = f"http://127.0.0.1:{s3.relay.port}"
     table = [Origin(host=S3, upstream=upstream, tls_upstream=upstream, credentials="authorize")]
     listener = await one_node(table)
     await run_controller(peer_address="pod-ip", origins=table)
     await ring_becomes(index, {f"{STS}-0": f"127.0.0.1:{listener.port}"}, timeout=10)
-    core, batch = client.CoreV1Api(kube), client.BatchV1Api(kube)
-    await core.create_namespaced_secret(ns, secret("wrong-keys", PASSWORD="hunter2"))
+    batch = client.BatchV1Api(kube)
+    await kubectl.create(secret("wrong-keys", PASSWORD="hunter2"))
     before = s3.relay.down
     for job, name in (("missing", "absent"), ("wrong", "wrong-keys"), ("bad-name", "Not_A_Name")):
         spec = training_job(job, "s3://private/p/")
         spec["metadata"]["annotations"]["nezha.io/prefetch-secret"] = name
-        await batch.create_namespaced_job(ns, spec)
+        await kubectl.create(spec)
     reasons = {}
     for job in ("missing", "wrong", "bad-name"):
         status, _ = await job_done(batch, cluster.core, ns, job)

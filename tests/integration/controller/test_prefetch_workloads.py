@@ -10,16 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import time
-
-import pytest
-import yaml
 
 from nezha.config import Origin
-from testkit.kubeapi.kubeconfig import kubeconfig
 from testkit.kubeapi.resources import JOB_SETS, LEADER_WORKER_SETS
-from testkit.tools import require_tool
 from tests.integration.controller.conftest import STS, ring_becomes
 from tests.integration.controller.test_prefetch_names import REPO, hub, hub_origins, origin_gets  # noqa: F401
 
@@ -56,45 +49,6 @@ def job_set(name: str, prefetch: str) -> dict:
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": name, "annotations": {"nezha.io/prefetch": prefetch}},
             "spec": {"replicatedJobs": [{"name": "workers", "replicas": 2, **job}]}}
-
-
-class Kubectl:
-    """The real kubectl against the API double, run without blocking the loop the double answers on."""
-
-    def __init__(self, kube_api, tmp_path, ns: str) -> None:
-        self.binary = require_tool("kubectl")
-        self.config = kubeconfig(tmp_path / "kubeconfig", kube_api.url)
-        self.ns = ns
-        self.tmp = tmp_path
-
-    async def __call__(self, *argv: str) -> str:
-        proc = await asyncio.create_subprocess_exec(self.binary, "--kubeconfig", str(self.config), "-n", self.ns,
-                                                    *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, f"kubectl {' '.join(argv)}: {err.decode()}"
-        return out.decode()
-
-    async def create(self, *objects: dict) -> str:
-        path = self.tmp / f"objects-{time.monotonic_ns()}.yaml"
-        path.write_text(yaml.safe_dump_all(objects))
-        # The double serves no OpenAPI documents (as in tests/integration/chart/test_chart.py).
-        return await self("create", "--validate=false", "-f", str(path))
-
-    async def prefetched(self, resource: str, name: str, timeout: float = 15.0) -> dict:
-        """The workload's prefetch-status once its PrefetchDone Event exists (read with kubectl)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            events = json.loads(await self("get", "events", "-o", "json"))["items"]
-            if any(e["reason"] == "PrefetchDone" and e["involvedObject"]["name"] == name for e in events):
-                obj = json.loads(await self("get", resource, name, "-o", "json"))
-                return json.loads(obj["metadata"]["annotations"]["nezha.io/prefetch-status"])
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"no PrefetchDone for {resource}/{name} within {timeout} s")
-
-
-@pytest.fixture
-def kubectl(kube_api, tmp_path, ns):
-    return Kubectl(kube_api, tmp_path, ns)
 
 
 async def test_two_deployments_naming_one_model_fill_each_file_once_and_both_carry_its_status(
