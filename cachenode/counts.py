@@ -117,7 +117,7 @@ class Counts:
         self.count(meta.host, **stored_counts(meta, +1))
         if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
             # A chunked object's manifest is indexed with the object's length; its chunks each with their own.
-            self.index.object_stored(meta.key, url=meta.url, host=meta.host, size=meta.body_size)
+            self.index.object_stored(meta.key, host=meta.host, size=meta.body_size)
 
     def gone(self, meta: Meta, sizes: StoreSizes, **extra: int) -> None:
         """An object left the store (evicted, invalidated, replaced, lost), now of `sizes`."""

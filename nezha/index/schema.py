@@ -47,7 +47,7 @@ def key_host_stats(host: str) -> str:
 
 
 def key_object(key: str) -> str:
-    """Hash of one object: url, host, size, stored_at, last_access, and one
+    """Hash of one object: size, stored_at, last_access, and one
     field per node that holds it (`node_field`). One key per object, not three:
     Redis spends most of an entry's bytes on the key itself (docs/redis-schema.md)."""
     return f"nezha:obj:{key}"

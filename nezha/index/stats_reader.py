@@ -32,7 +32,7 @@ class StatsReader:
             self.conn.unavailable(f"read locations of {key} from", e)
 
     async def object_info(self, key: str) -> dict | None:
-        """{"url", "host", "size", "stored_at", "last_access", "nodes"} of `key`, or None if no node holds it."""
+        """{"host", "size", "stored_at", "last_access", "nodes"} of `key`, or None if no node holds it."""
         if not self.conn.enabled:
             return None
         try:
@@ -45,7 +45,6 @@ class StatsReader:
             return None
         last_access = meta.get("last_access")
         return {
-            "url": meta.get("url"),
             "host": meta.get("host") or urlsplit(key).hostname,  # a record written before issue 35 has its own
             "size": int(meta["size"]) if "size" in meta else None,
             "stored_at": float(meta["stored_at"]) if "stored_at" in meta else None,

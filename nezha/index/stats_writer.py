@@ -97,10 +97,10 @@ class StatsWriter:
             if value:
                 pending[name] = pending.get(name, 0) + value
 
-    def object_stored(self, key: str, *, url: str, host: str, size: int) -> None:
-        """This node now holds `key` (fetched from `url` of `host`, `size` bytes)."""
+    def object_stored(self, key: str, *, host: str, size: int) -> None:
+        """This node now holds `key` (of `host`, `size` bytes)."""
         if self.conn.enabled and self.node_id:
-            self._ops.append(("stored", key, url, host.lower(), int(size), self._clock()))
+            self._ops.append(("stored", key, host.lower(), int(size), self._clock()))
             self._trim()
 
     def object_removed(self, key: str, *, host: str, size: int) -> None:
@@ -171,10 +171,12 @@ class StatsWriter:
         removed: list[str] = []
         for op in ops:
             if op[0] == "stored":
-                _, key, url, _host, size, at = op
-                # Whole seconds: Redis keeps an integer in a few bytes, a decimal as text. No host:
-                # the key names it (nezha/keys.py), and each field costs every object its bytes.
-                pipe.hset(key_object(key), mapping={"url": url, "size": size, "stored_at": int(at),
+                _, key, _host, size, at = op
+                # Whole seconds: Redis keeps an integer in a few bytes, a decimal as text. No host and no
+                # URL: the key names both (nezha/keys.py), each field costs every object its bytes, and a
+                # value over 64 bytes (Redis's hash-max-listpack-value; most dataset URLs are longer)
+                # turns the whole hash from a listpack into a table of more than twice its bytes.
+                pipe.hset(key_object(key), mapping={"size": size, "stored_at": int(at),
                                                     "last_access": int(at), node_field(node): "1"})
             else:
                 pipe.hdel(key_object(op[1]), node_field(node))

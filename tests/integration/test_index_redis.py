@@ -74,7 +74,7 @@ async def test_with_redis_killed_counting_goes_on_and_buffered_stats_arrive_afte
         for _ in range(10_000):
             node.count(HOST, hits=1, bytes_served=100)
         counting_s = time.perf_counter() - start
-        node.object_stored("http://www.cs.toronto.edu/a", url="http://www.cs.toronto.edu/a", host=HOST, size=5)
+        node.object_stored("http://www.cs.toronto.edu/a", host=HOST, size=5)
         await wait_for(lambda: node.status()["redis"] == "degraded", timeout=3)
         degraded = node.status()
         await asyncio.sleep(0.5)  # several failed flushes with backoff
@@ -261,7 +261,7 @@ async def test_a_burst_of_small_fills_reaches_redis_in_a_few_batches_long_before
     try:
         before = await execs()
         for n in range(5000):
-            node.object_stored(f"http://{HOST}/burst/{n}.jpg", url=f"http://{HOST}/burst/{n}.jpg", host=HOST, size=4096)
+            node.object_stored(f"http://{HOST}/burst/{n}.jpg", host=HOST, size=4096)
             if n % 100 == 99:
                 await asyncio.sleep(0.01)  # fills land over many turns of the loop, 10,000 a second
         took = await wait_for(lambda: _equals(stored(), 5000), timeout=10.0)

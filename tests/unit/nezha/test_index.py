@@ -104,22 +104,22 @@ async def test_counts_are_flushed_in_the_background_about_every_interval(make_in
 async def test_stored_object_is_located_on_every_node_that_holds_it(make_index):
     clock = Clock()
     a, b = make_index("nezha-cache-0", clock=clock), make_index("nezha-cache-1", clock=clock)
-    a.object_stored(KEY, url=URL, host=HOST, size=169_001_437)
+    a.object_stored(KEY, host=HOST, size=169_001_437)
     clock.now += 5
-    b.object_stored(KEY, url=URL, host=HOST, size=169_001_437)
+    b.object_stored(KEY, host=HOST, size=169_001_437)
     await a.flush()
     await b.flush()
     assert await a.locations(KEY) == {"nezha-cache-0", "nezha-cache-1"}
     assert await a.object_info(KEY) == {
-        "url": URL, "host": HOST, "size": 169_001_437, "stored_at": clock.now, "last_access": clock.now,
+        "host": HOST, "size": 169_001_437, "stored_at": clock.now, "last_access": clock.now,
         "nodes": {"nezha-cache-0", "nezha-cache-1"}}
     assert await a.locations("http://www.cs.toronto.edu/other") == set()
 
 
 async def test_removing_the_last_copy_forgets_the_object(make_index, redis):
     a, b = make_index("nezha-cache-0"), make_index("nezha-cache-1")
-    a.object_stored(KEY, url=URL, host=HOST, size=10)
-    b.object_stored(KEY, url=URL, host=HOST, size=10)
+    a.object_stored(KEY, host=HOST, size=10)
+    b.object_stored(KEY, host=HOST, size=10)
     await a.flush()
     await b.flush()
     a.object_removed(KEY, host=HOST, size=10)
@@ -135,9 +135,9 @@ async def test_removing_the_last_copy_forgets_the_object(make_index, redis):
 
 async def test_store_remove_store_in_one_batch_leaves_the_object_held(make_index):
     index = make_index()
-    index.object_stored(KEY, url=URL, host=HOST, size=10)
+    index.object_stored(KEY, host=HOST, size=10)
     index.object_removed(KEY, host=HOST, size=10)
-    index.object_stored(KEY, url=URL, host=HOST, size=11)
+    index.object_stored(KEY, host=HOST, size=11)
     await index.flush()
     info = await index.object_info(KEY)
     assert info["nodes"] == {"nezha-cache-0"} and info["size"] == 11
@@ -146,7 +146,7 @@ async def test_store_remove_store_in_one_batch_leaves_the_object_held(make_index
 async def test_access_moves_last_access_forward_but_never_resurrects_an_object(make_index, redis):
     clock = Clock()
     index = make_index(clock=clock)
-    index.object_stored(KEY, url=URL, host=HOST, size=10)
+    index.object_stored(KEY, host=HOST, size=10)
     await index.flush()
     clock.now += 60
     index.object_accessed(KEY)
@@ -167,7 +167,7 @@ async def test_a_failed_flush_keeps_every_update_and_sends_it_after_recovery(mak
     server.connected = False
     with capture_logs() as logs:
         index.count(HOST, hits=2, bytes_served=10)
-        index.object_stored(KEY, url=URL, host=HOST, size=10)
+        index.object_stored(KEY, host=HOST, size=10)
         assert not await index.flush()
         index.count(HOST, hits=4)
         assert not await index.flush()
@@ -188,12 +188,12 @@ async def test_a_full_buffer_drops_oldest_accesses_first_and_never_counters(make
     index = make_index(max_buffered=3)
     server.connected = False
     with capture_logs() as logs:
-        index.object_stored("k1", url=URL, host=HOST, size=1)
+        index.object_stored("k1", host=HOST, size=1)
         index.object_accessed("k1")
         index.object_accessed("k2")
-        index.object_stored("k3", url=URL, host=HOST, size=1)  # drops access k1
-        index.object_stored("k4", url=URL, host=HOST, size=1)  # drops access k2
-        index.object_stored("k5", url=URL, host=HOST, size=1)  # drops store k1
+        index.object_stored("k3", host=HOST, size=1)  # drops access k1
+        index.object_stored("k4", host=HOST, size=1)  # drops access k2
+        index.object_stored("k5", host=HOST, size=1)  # drops store k1
         for _ in range(1000):
             index.count(HOST, hits=1)
     assert index.status()["dropped"] == 3
@@ -270,7 +270,7 @@ async def test_without_redis_the_index_is_disabled_and_membership_is_local():
     index.on_membership(lambda m: seen.append(m.epoch))
     await index.start()
     index.count(HOST, hits=1)
-    index.object_stored(KEY, url=URL, host=HOST, size=1)
+    index.object_stored(KEY, host=HOST, size=1)
     assert await index.set_membership({"n": "127.0.0.1:8080"}) == 1
     assert await index.set_membership({"n": "127.0.0.1:8081"}) == 2
     assert (await index.get_membership()).nodes == {"n": "127.0.0.1:8081"}
@@ -312,7 +312,7 @@ async def test_close_sends_what_is_still_buffered(make_index, redis):
     index = make_index(flush_interval=60)
     await index.start()
     index.count(HOST, failed_fills=1)
-    index.object_stored(KEY, url=URL, host=HOST, size=3)
+    index.object_stored(KEY, host=HOST, size=3)
     await index.close()
     assert await redis.hget("nezha:stats:cluster", "failed_fills") == "1"
     assert await redis.hget(f"nezha:obj:{KEY}", "node:nezha-cache-0") == "1"
