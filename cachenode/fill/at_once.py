@@ -1,7 +1,7 @@
 """A small fill stored at once: an answer whose body aiohttp read whole with
-its head (`fill/lead.py` `stored_at_once`) is written, sealed and renamed on
-the event loop before any client is answered, then answered from memory as
-a miss. No background task, no buffer its clients follow.
+its head (`fill/lead.py` `stored_at_once`) is checked, written, sealed and
+renamed on the event loop before any client is answered, then answered
+from memory as a miss. No background task, no buffer its clients follow.
 
 `fill/running.py` decides which answers come here (`FillRuns.whole_and_small`)
 and takes back, as its general fill from memory, every body this path could
@@ -21,14 +21,13 @@ from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.verify import DigestMismatch, Digests
-from cachenode.http.digests import Mismatch
+from cachenode.http.digests import Mismatch, Verifier
 from cachenode.http.freshness import Policy, current_age
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta, NotStored
-from cachenode.store.small import SealedWrite
 from nezha.config import Origin
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
@@ -59,10 +58,11 @@ class AtOnce:
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
                           authorize: bool) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
-        event loop: one temp file created, written with its seal in one go and
-        renamed (cachenode/store/small.py `SealedWrites`), checked against a published digest, counted
-        and logged as any fill; the flight's clients are then answered from the
-        stored file as a miss.
+        event loop: checked in memory against a published digest, then one
+        temp file created, written with its seal in one go and renamed
+        (cachenode/store/small.py `SealedWrites.put_sealed`), counted and
+        logged as any fill; the flight's clients are then answered from the
+        bytes in memory as a miss.
 
         The store's refusal (NotStored) when it would not keep it: the caller
         streams it to its clients unstored without asking the store again.
@@ -76,52 +76,43 @@ class AtOnce:
         length = len(body)
         self.metrics.fills_in_flight.inc()
         try:
-            meta = Meta(key=key, url=redact_url(url, origin.credential_params), host=host, size=0, headers=headers,
-                        stored_at=now, status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                        age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
-                        vary=vary, variant=variant_of(vary, source.headers) if vary else "", authorize=authorize)
+            mismatch, verified = self._check(body, response, key=key, target=target)
+            if mismatch is not None:
+                return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
+                                        started=started)
+            if flight.superseded:
+                return None  # the general fill stores nothing of a superseded write (the caller's)
             try:
-                write = self.store.write_sealed(meta, body)
-            except NezhaError:
-                return None  # the general fill meets the same failure and handles it (the caller's)
-            stored: Meta | None = None
-            try:
-                mismatch, verified = await self._check(write, response, length, key=key, target=target)
-                if mismatch is not None:
-                    return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
-                                            started=started)
-                if not flight.superseded:
-                    stored = self.store.commit_sealed(write)
+                stored = self.store.put_sealed(
+                    body, key=key, vary=vary, variant=variant_of(vary, source.headers) if vary else "",
+                    url=redact_url(url, origin.credential_params), host=host, headers=headers, stored_at=now,
+                    status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                    age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
+                    authorize=authorize)
             except NotStored as e:
                 # Refused or too large: the caller's fill streams it to its clients unstored and
                 # does not ask the store again (a second ask would count a second miss in the policy).
                 return e
             except NezhaError:
-                stored = None  # the general fill meets the same failure and handles it (the caller's)
-            finally:
-                self.store.discard_sealed(write)  # nothing once committed
+                return None  # the general fill meets the same failure and handles it (the caller's)
         finally:
             self.metrics.fills_in_flight.dec()
-        if stored is None:
-            return None
         return await self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
                                      verified=verified)
 
-    async def _check(self, write: SealedWrite, response: aiohttp.ClientResponse, length: int, *, key: str,
-                     target: Target) -> tuple[Mismatch | None, str | None]:
-        """The written body checked against the digest its origin published
-        (fill/verify.py), before it is committed: (what mismatched, None), or
+    def _check(self, body: bytes, response: aiohttp.ClientResponse, *, key: str,
+               target: Target) -> tuple[Mismatch | None, str | None]:
+        """`body` checked against the digest its origin published
+        (fill/verify.py), in memory, before anything of it is written (no
+        descriptor kept open to read it back): (what mismatched, None), or
         (None, the field that verified it; None when nothing was published)."""
-        check = self.digests.check(key=key, target=target, status=200, headers=response.headers, fd=write.fd)
-        if check is None:
+        expected = self.digests.expected(key=key, target=target, status=200, headers=response.headers)
+        if expected is None:
             return None, None
-        try:
-            mismatch = await check.finish(length)
-        finally:
-            check.close()
-        if mismatch is not None:
-            return mismatch, None
-        return None, check.field
+        verifier = Verifier(expected)
+        verifier.update(body)
+        mismatch = verifier.mismatch()
+        return (mismatch, None) if mismatch is not None else (None, expected.field)
 
     def _mismatched(self, flight: Flight, mismatch: Mismatch, *, key: str, url: str, host: str, length: int,
                     started: float) -> Outcome:

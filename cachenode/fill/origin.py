@@ -185,6 +185,10 @@ class OriginClient:
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
             response_class=InterimResponse,
+            # No cookie jar: aiohttp's default keeps every Set-Cookie an origin sends and adds it to
+            # later requests to that origin, whichever client they are for: one job's session would
+            # go out with every other job's requests (tests/integration/cachenode/test_origin_cookies.py).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

@@ -194,6 +194,16 @@ class Digests:
         whole: its Repr-Digest (`of_the_whole_in_a_part`). `handed`: the
         digest a peer's request handed on (a relay's resume, nezha/wire.py
         DIGEST_HEADER), of the same version (the 206 answered its If-Range)."""
+        expected = self.expected(key=key, target=target, status=status, headers=headers, part=part, handed=handed)
+        if expected is None or fd < 0:
+            return None
+        return BodyCheck(Verifier(expected), fd=fd)
+
+    def expected(self, *, key: str, target: Target, status: int, headers: Mapping[str, str], part: bool = False,
+                 handed: Expected | None = None) -> Expected | None:
+        """The digest a fill of `target` checks its answer's body against (as
+        `check`), or None when nothing published of it can be checked: for a
+        body whole in memory, which is checked before it is written."""
         linked = self._linked.pop((target.host.lower(), target.path), None)
         known = of_the_whole_in_a_part(headers.items()) if part else \
             expectations(headers.items(), status=status, linked_etag=linked)
@@ -201,10 +211,7 @@ class Digests:
             log.info("digest_not_checked", key=key, field=ignored.field, reason=ignored.reason)
         if handed is not None:
             known = Expectations((*known.expected, handed), known.ignored)
-        expected = known.cheapest()
-        if expected is None or fd < 0:
-            return None
-        return BodyCheck(Verifier(expected), fd=fd)
+        return known.cheapest()
 
     def mismatched(self, error: DigestMismatch, *, origin: str, key: str, source: str) -> None:
         m = error.mismatch

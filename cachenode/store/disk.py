@@ -97,6 +97,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
         self._folders: set[Path] = set()  # object folders known to exist
+        self._folder_names: dict[str, str] = {}  # the same, by their 2 hex, as strings (`put_sealed`)
+        self._tmp_name = str(self.tmp)
         # Told of every change to the index, in order: ("put", meta), ("load",
         # meta) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.

@@ -39,6 +39,11 @@ class Refused(NotStored):
     them over this newcomer (docs/cache-node.md "Eviction"): streamed, not stored."""
 
 
+def slot_of(key: str, *, vary: tuple[str, ...], variant: str) -> str:
+    """A stored response's place in the store (`Meta.slot`), before its `Meta` is built."""
+    return f"{key}{VARIANT_SEPARATOR}{variant}" if vary else key
+
+
 @dataclass(frozen=True, slots=True)
 class Meta:
     """A stored response: where its bytes are, and what the origin said with them.
@@ -118,7 +123,7 @@ class Meta:
     @property
     def slot(self) -> str:
         """Its place in the store: the key, plus the variant for a response that varies."""
-        return f"{self.key}{VARIANT_SEPARATOR}{self.variant}" if self.vary else self.key
+        return slot_of(self.key, vary=self.vary, variant=self.variant)
 
     @property
     def etag(self) -> str | None:

@@ -13,13 +13,14 @@ Everything here blocks; the store calls it on the loop only for small files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from cachenode.store.objects import Meta, Refused, TooLarge, close_and_remove
+from cachenode.store.objects import Meta, Refused, TooLarge, close_and_remove, slot_of
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
@@ -196,6 +197,64 @@ class SealedWrites:
         self.reserve(len(body))
         return SealedWrite(path=path, fd=fd, meta=meta, reserved=len(body))
 
+    def put_sealed(self, body: bytes, *, key: str, vary: tuple[str, ...] = (), variant: str = "",
+                   hot: bool = False, **record: Any) -> Meta:
+        """`body` stored at once as the object of `key` (and `variant`), whose
+        record `record` gives (the other fields of its `Meta`; its size, data
+        file and extra flag are the store's), and in the index: room made for
+        it and admitted (TooLarge, Refused as `admission`), written with its
+        seal in one go to a temp file, renamed into place, left to the group
+        sync to make durable. What a fill whose body is whole in memory
+        (cachenode/fill/at_once.py), checked already, takes: `write_sealed`
+        and `commit_sealed` in one, without their steps' hand-over (a
+        `SealedWrite`, a descriptor kept open to read a digest back, the
+        `Meta` built twice). StoreError naming the file and the OS error when
+        it cannot be written or renamed: nothing is left behind then, and
+        nothing is in the index."""
+        oid = object_id(slot_of(key, vary=vary, variant=variant))
+        extra = not hot and self._extra is not None and self._extra(key)
+        size = len(body)
+        meta = Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
+                    data=f"{oid}.{secrets.token_hex(6)}{SUFFIX}", **record)
+        self.reserve(size)  # room made as `write_sealed` makes it: what it evicts goes before the admission
+        try:
+            self.admission(meta, reserved=size)
+            self._write_and_rename(meta, body, oid)
+        finally:
+            self.release(size)
+        self.group_sync.committed()
+        return self._admit(meta)
+
+    def _write_and_rename(self, meta: Meta, body: bytes, oid: str) -> None:
+        """`body` and its seal in a new temp file, in one write, renamed to
+        `meta.data` in its folder (made once per process). StoreError, and no
+        file left, when that fails."""
+        temp = f"{self._tmp_name}/{meta.data}.part"  # named after its data file, as in `write_sealed`
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StoreError(f"create {temp}: {e}") from e
+        step = "write"
+        try:
+            try:
+                whole = memoryview(body + seal(body, record_of(meta)))  # one write, as `write_sealed`
+                at = 0
+                while at < len(whole):
+                    at += os.pwrite(fd, whole[at:], at)
+            finally:
+                os.close(fd)
+            step = "rename"
+            folder = self._folder_names.get(oid[:2])
+            if folder is None:
+                made = self._dir_of(oid)
+                self._make_folder(made)
+                folder = self._folder_names[oid[:2]] = str(made)
+            os.rename(temp, f"{folder}/{meta.data}")
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise StoreError(f"{step} {temp}: {e}") from e
+
     def commit_sealed(self, write: SealedWrite) -> Meta:
         """Make `write` the servable object its meta names: admitted (TooLarge,
         Refused as `admission`), renamed into place, left to the group sync
@@ -232,6 +291,8 @@ class SealedWrites:
     capacity: int | None
     hot_capacity: int | None
     _extra: Callable[[str], bool] | None
+    _folder_names: dict[str, str]
+    _tmp_name: str
 
 
 def _pread_all(fd: int, size: int, at: int) -> bytes:
