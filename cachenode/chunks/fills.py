@@ -18,6 +18,11 @@ clients on N nodes had each owner send each chunk once per client, not
 once per node, and the wave's time grew with N (docs/benchmarks.md,
 "Stampede").
 
+A cold fill's first answer is chunk 0 (fill/chunking.py), whoever owns it:
+the node that asked stores it as it comes (`adopt`) and the chunk's owners
+copy it from there as it grows, before any reader learns of the manifest;
+the copy of a node that owns none of the chunk goes once they hold it.
+
 Readers of a fill (a peer's chunk request, this node's own client when
 it is the chunk's filling owner, a non-owner's clients of a chunk it passes
 on) join its flight. They are sent its bytes as they land
@@ -31,8 +36,9 @@ read leads a fill of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
 
 import aiohttp
@@ -53,9 +59,13 @@ from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import BLOCKS_HEADER
+from nezha.wire import BLOCKS_HEADER, ReplicateResult
 
 log = structlog.get_logger("nezha.chunks")
+
+# How long an adopted chunk 0 (`ChunkFills.adopt`) waits for its owners to ask for their copies before its
+# manifest is answered: a round trip or two on a live ring; an owner that does not come is not waited for.
+ADOPT_WAIT = 1.0
 
 
 @dataclass
@@ -67,6 +77,8 @@ class _ChunkFill:
     writing: asyncio.Event  # set once the fill's chunk file starts growing
     growing: Growing | None = None
     keep: bool = True  # False: a non-owner passing the chunk on, its temp file dropped once through
+    joined: int = 0  # readers that joined it (an adopted chunk's owners, asking for their copies)
+    join_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ChunkFills:
@@ -141,12 +153,66 @@ class ChunkFills:
                                           validator=validator, source=None, keep=False)
         await self._first_bytes(flight, fill)
         growing = fill.growing
-        if fill.keep or growing is None or growing.validator != validator:
+        # A kept fill here (the chunk a cold fill's first answer brought, `adopt`) is read as it grows too.
+        if growing is None or growing.validator != validator:
             outcome = flight.outcome.result() if flight.outcome.done() else None
             if outcome is not None and outcome.error is not None and isinstance(outcome.error, ChunkChanged):
                 raise outcome.error
             raise ChunkUnavailable(f"no shared read of {flight.key} to join here")
         return Tail(growing)
+
+    async def adopt(self, response: aiohttp.ClientResponse, *, key: str, url: str, target: Target, layout: Layout,
+                    validator: Validator) -> None:
+        """Chunk 0 of `key` from `response`: the origin's 206 to the first
+        request of the object's cold fill, which asked for the first chunk's
+        range (fill/chunking.py), so that the answer that told the object's
+        size is stored, not closed unread. Filled here as a chunk fill is,
+        whoever owns it: its other owners are asked at once to copy it from
+        this node as it grows (a copy here that no owner's place names goes
+        once they hold it). Returns once each has asked (at most
+        ADOPT_WAIT): a reader told of the manifest after that finds their
+        copy under way, where it would otherwise fill chunk 0 from the origin."""
+        address = self.members.snapshot.nodes.get(self.node_id)  # as the ring names this node to its peers
+        me = Peer(self.node_id, address) if address is not None else None
+        flight, leader = self.flights.lead_or_join(chunk_key(key, 0, layout.chunk_size))
+        if not leader:  # a fill of it runs here already (a peer's read came first): that one is its fill
+            response.release()
+            return
+        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
+        owners = owners_of(self.members, key, layout)[0]
+        spec = ChunkSpec(index=0, chunk_size=layout.chunk_size, length=layout.size, validator=validator, source=me)
+        copies = [self.spawn(self.peers.push(p, target, spec)) for p in owners
+                  if me is not None and p.id != self.node_id]
+        task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout,
+                                        copies=copies if self.node_id not in [p.id for p in owners] else []))
+        task.add_done_callback(lambda done: self._ended(flight, done))
+        deadline = time.monotonic() + ADOPT_WAIT
+        while fill.joined + sum(c.done() for c in copies) < len(copies) and time.monotonic() < deadline:
+            fill.join_seen.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(fill.join_seen.wait(), timeout=0.05)
+
+    async def _adopted(self, flight: Flight, fill: _ChunkFill, response: aiohttp.ClientResponse, *, url: str,
+                       target: Target, layout: Layout, copies: list[asyncio.Task]) -> Meta:
+        """Store chunk 0 from the first answer (`adopt`); `copies`: its owners'
+        copies, after which this node's goes (it owns none of the chunk)."""
+        started, size = time.monotonic(), layout.length_of(0)
+        stored = await self._store_chunk(fill, flight.key, response, source=f"origin {url}", url=url,
+                                         host=target.host, size=size, length=layout.size, origin=True)
+        assert stored is not None  # a kept fill
+        log.info("chunk_filled", key=flight.key, bytes=size, source="origin", first_answer=True,
+                 seconds=round(time.monotonic() - started, 3))
+        if copies:
+            self.spawn(self._leave_to_owners(stored, copies))
+        return stored
+
+    async def _leave_to_owners(self, stored: Meta, copies: list[asyncio.Task]) -> None:
+        """Remove this node's copy of an adopted chunk it does not own once an
+        owner holds it (kept when none could copy it: then it is the only one)."""
+        results = await asyncio.gather(*copies, return_exceptions=True)
+        if ReplicateResult.COPIED in results and await self.store.remove_one(stored):
+            self.counts.gone(stored, self.store.sizes())
+            log.info("chunk_dropped", key=stored.key, reason="its owners hold it")
 
     @staticmethod
     async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
@@ -176,7 +242,10 @@ class ChunkFills:
         ckey = chunk_key(key, index, layout.chunk_size)
         flight, leader = self.flights.lead_or_join(ckey)
         if not leader:
-            return flight, self._fills[flight]
+            fill = self._fills[flight]
+            fill.joined += 1
+            fill.join_seen.set()
+            return flight, fill
         fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event(), keep=keep)
         task = self.spawn(self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
                                      source=source))
