@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
@@ -167,52 +168,59 @@ class ChunkFills:
         request of the object's cold fill, which asked for the first chunk's
         range (fill/chunking.py), so that the answer that told the object's
         size is stored, not closed unread. Filled here as a chunk fill is,
-        whoever owns it: its other owners are asked at once to copy it from
-        this node as it grows (a copy here that no owner's place names goes
-        once they hold it). Returns once each has asked (at most
-        ADOPT_WAIT): a reader told of the manifest after that finds their
-        copy under way, where it would otherwise fill chunk 0 from the origin."""
+        whoever owns it: its first other owner is asked at once to copy it
+        from this node as it grows, the owners behind that one to copy it
+        from there once it holds it (this node's link sends one copy), and a
+        copy here that no owner's place names goes then. Returns once the
+        first has asked (at most ADOPT_WAIT): a reader told of the manifest
+        after that finds its copy under way, where it would otherwise fill
+        chunk 0 from the origin."""
         address = self.members.snapshot.nodes.get(self.node_id)  # as the ring names this node to its peers
-        me = Peer(self.node_id, address) if address is not None else None
         flight, leader = self.flights.lead_or_join(chunk_key(key, 0, layout.chunk_size))
         if not leader:  # a fill of it runs here already (a peer's read came first): that one is its fill
             response.release()
             return
         fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
         owners = owners_of(self.members, key, layout)[0]
-        spec = ChunkSpec(index=0, chunk_size=layout.chunk_size, length=layout.size, validator=validator, source=me)
-        copies = [self.spawn(self.peers.push(p, target, spec)) for p in owners
-                  if me is not None and p.id != self.node_id]
-        task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout,
-                                        copies=copies if self.node_id not in [p.id for p in owners] else []))
+        others = [p for p in owners if p.id != self.node_id] if address is not None else []
+        spec = ChunkSpec(index=0, chunk_size=layout.chunk_size, length=layout.size, validator=validator,
+                         source=Peer(self.node_id, address) if address is not None else None)
+        first = self.spawn(self.peers.push(others[0], target, spec)) if others else None
+        task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout))
         task.add_done_callback(lambda done: self._ended(flight, done))
+        if first is not None:
+            self.spawn(self._copied_behind(task, first, others, target, spec, drop=len(others) == len(owners)))
         deadline = time.monotonic() + ADOPT_WAIT
-        while fill.joined + sum(c.done() for c in copies) < len(copies) and time.monotonic() < deadline:
+        while first is not None and not fill.joined and not first.done() and time.monotonic() < deadline:
             fill.join_seen.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(fill.join_seen.wait(), timeout=0.05)
 
     async def _adopted(self, flight: Flight, fill: _ChunkFill, response: aiohttp.ClientResponse, *, url: str,
-                       target: Target, layout: Layout, copies: list[asyncio.Task]) -> Meta:
-        """Store chunk 0 from the first answer (`adopt`); `copies`: its owners'
-        copies, after which this node's goes (it owns none of the chunk)."""
+                       target: Target, layout: Layout) -> Meta:
+        """Store chunk 0 from the first answer (`adopt`)."""
         started, size = time.monotonic(), layout.length_of(0)
         stored = await self._store_chunk(fill, flight.key, response, source=f"origin {url}", url=url,
                                          host=target.host, size=size, length=layout.size, origin=True)
         assert stored is not None  # a kept fill
         log.info("chunk_filled", key=flight.key, bytes=size, source="origin", first_answer=True,
                  seconds=round(time.monotonic() - started, 3))
-        if copies:
-            self.spawn(self._leave_to_owners(stored, copies))
         return stored
 
-    async def _leave_to_owners(self, stored: Meta, copies: list[asyncio.Task]) -> None:
-        """Remove this node's copy of an adopted chunk it does not own once an
-        owner holds it (kept when none could copy it: then it is the only one)."""
-        results = await asyncio.gather(*copies, return_exceptions=True)
-        if ReplicateResult.COPIED in results and await self.store.remove_one(stored):
-            self.counts.gone(stored, self.store.sizes())
-            log.info("chunk_dropped", key=stored.key, reason="its owners hold it")
+    async def _copied_behind(self, adopted: asyncio.Task, first: asyncio.Task, others: list[Peer], target: Target,
+                             spec: ChunkSpec, *, drop: bool) -> None:
+        """Once the first other owner of an adopted chunk holds it, have the
+        owners behind it copy it from there (from here, if it could not);
+        then, `drop`: this node owns none of the chunk, its copy goes (kept
+        when no owner could copy it: then it is the only one)."""
+        copied = (await asyncio.gather(first, return_exceptions=True))[0] == ReplicateResult.COPIED
+        source = others[0] if copied else spec.source
+        behind = [await self.peers.push(p, target, dataclasses.replace(spec, source=source)) for p in others[1:]]
+        stored = (await asyncio.gather(adopted, return_exceptions=True))[0]  # an error: nothing stored here
+        if drop and isinstance(stored, Meta) and (copied or ReplicateResult.COPIED in behind):
+            if await self.store.remove_one(stored):
+                self.counts.gone(stored, self.store.sizes())
+                log.info("chunk_dropped", key=stored.key, reason="its owners hold it")
 
     @staticmethod
     async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
