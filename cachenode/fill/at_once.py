@@ -20,8 +20,8 @@ import structlog
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
-from cachenode.fill.verify import DigestMismatch, Digests
-from cachenode.http.digests import Mismatch, Verifier
+from cachenode.fill.verify import DigestMismatch, Digests, check_whole
+from cachenode.http.digests import Mismatch
 from cachenode.http.freshness import Policy, current_age
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
@@ -76,7 +76,7 @@ class AtOnce:
         length = len(body)
         self.metrics.fills_in_flight.inc()
         try:
-            mismatch, verified = self._check(body, response, key=key, target=target)
+            mismatch, verified = await self._check(body, response, key=key, target=target)
             if mismatch is not None:
                 return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
                                         started=started)
@@ -100,8 +100,8 @@ class AtOnce:
         return await self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
                                      verified=verified)
 
-    def _check(self, body: bytes, response: aiohttp.ClientResponse, *, key: str,
-               target: Target) -> tuple[Mismatch | None, str | None]:
+    async def _check(self, body: bytes, response: aiohttp.ClientResponse, *, key: str,
+                     target: Target) -> tuple[Mismatch | None, str | None]:
         """`body` checked against the digest its origin published
         (fill/verify.py), in memory, before anything of it is written (no
         descriptor kept open to read it back): (what mismatched, None), or
@@ -109,9 +109,7 @@ class AtOnce:
         expected = self.digests.expected(key=key, target=target, status=200, headers=response.headers)
         if expected is None:
             return None, None
-        verifier = Verifier(expected)
-        verifier.update(body)
-        mismatch = verifier.mismatch()
+        mismatch = await check_whole(expected, body)
         return (mismatch, None) if mismatch is not None else (None, expected.field)
 
     def _mismatched(self, flight: Flight, mismatch: Mismatch, *, key: str, url: str, host: str, length: int,

@@ -143,6 +143,18 @@ class BodyCheck:
             self._fd = -1
 
 
+async def check_whole(expected: Expected, body: bytes) -> Mismatch | None:
+    """`body`, whole in memory, against `expected`: None when it is what was
+    published. Hashed on the event loop up to INLINE bytes, beyond that on a
+    hashing thread, as `BodyCheck` hashes what is left of a file."""
+    verifier = Verifier(expected)
+    if len(body) <= INLINE:
+        verifier.update(body)
+    else:
+        await asyncio.get_running_loop().run_in_executor(_HASHERS, verifier.update, body)
+    return verifier.mismatch()
+
+
 # Redirect targets whose X-Linked-ETag is remembered, most recent last.
 LINKED_KEPT = 4096
 
