@@ -44,16 +44,23 @@ class FakeStore:
         self.metas_.remove(meta)
 
 
-async def one_pass(store, *, rate, interval):
+async def one_pass(store, *, rate, interval, tick=0.0):
+    """The pauses of one pass, on a clock that moves `tick` seconds each time it is read and by every pause
+    (so a read of an object seems to take one tick, whatever the machine's load)."""
     slept = []
-    scrub = Scrub(store, interval=interval, rate=rate)
+    now = [0.0]
+
+    def clock():
+        now[0] += tick
+        return now[0]
 
     async def sleep(seconds):
         slept.append(seconds)
+        now[0] += seconds
         if scrub.passes:
             raise asyncio.CancelledError  # after the pass's own pause
 
-    scrub._sleep = sleep
+    scrub = Scrub(store, interval=interval, rate=rate, sleep=sleep, clock=clock)
     with pytest.raises(asyncio.CancelledError):
         await scrub.run()
     return slept
@@ -63,15 +70,20 @@ async def test_a_pass_reads_no_faster_than_its_rate(tmp_path):
     store = FakeStore(tmp_path, [40_000, 80_000, 120_000])
     slept = await one_pass(store, rate=1_000_000, interval=0)
     # At 1 MB/s, 240 kB take at least 0.24 s, each object its own share.
-    assert sum(slept[:3]) == pytest.approx(0.24, abs=0.02)
-    assert slept[2] > slept[0]
+    assert slept[:3] == pytest.approx([0.04, 0.08, 0.12])
     assert store.damaged_ == []
+
+
+async def test_the_time_a_read_took_comes_off_its_pause(tmp_path):
+    store = FakeStore(tmp_path, [40_000, 80_000, 120_000])
+    slept = await one_pass(store, rate=1_000_000, interval=0, tick=0.01)
+    assert slept[:3] == pytest.approx([0.03, 0.07, 0.11])
 
 
 async def test_a_pass_spreads_over_its_interval_when_that_is_slower(tmp_path):
     store = FakeStore(tmp_path, [50_000, 50_000])
     slept = await one_pass(store, rate=10**12, interval=10)
-    assert sum(slept[:2]) == pytest.approx(10, abs=0.1)
+    assert slept[:2] == pytest.approx([5, 5])
 
 
 async def test_a_changed_byte_is_removed_as_found_by_the_scrub(tmp_path):
