@@ -5,6 +5,7 @@ object is still there, exact."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -34,6 +35,13 @@ def large_store(tmp_path_factory):
     return root
 
 
+async def loaded_metric(session, node) -> float:
+    async with session.get(node.url + "/metrics") as r:
+        found = re.search(r"^nezha_store_loaded_ratio (\S+)$", await r.text(), re.MULTILINE)
+    assert found, "no nezha_store_loaded_ratio in /metrics"
+    return float(found.group(1))
+
+
 async def test_a_node_with_100k_objects_answers_its_first_hit_within_a_second(large_store, make_node, session,
                                                                                origin):
     started = time.monotonic()
@@ -45,10 +53,13 @@ async def test_a_node_with_100k_objects_answers_its_first_hit_within_a_second(la
     assert sum(origin.requests.values()) == 0
     async with session.get(node.url + "/readyz") as r:
         loading = (await r.json())["store_loaded"]
+    metric_loading = await loaded_metric(session, node)
     await node.node.store.loaded()
     async with session.get(node.url + "/readyz") as r:
         assert (await r.json())["store_loaded"] == 1.0
     assert loading < 1.0, "the index was loaded before the node answered: nothing shows it loads in the background"
+    # An operator sees it too: the metric moves from under 1 to 1 as /readyz does.
+    assert 0.0 <= metric_loading < 1.0 and await loaded_metric(session, node) == 1.0
     assert len(node.node.store) == COUNT
 
 
