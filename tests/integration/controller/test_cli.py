@@ -71,7 +71,7 @@ async def test_the_process_writes_the_ring_and_stops_on_sigterm(cluster, index, 
                 assert r.status == 200 and ready["leading"] is True, ready
                 assert ready["members"] == ["nezha-cache-0", "nezha-cache-1"]
         await cluster.set_ready(0, False)
-        await ring_becomes(index, {"nezha-cache-1": dns(1, ns)})
+        await ring_becomes(index, {"nezha-cache-1": dns(1, ns)}, timeout=10.0)  # a wait, not a claim of speed
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 10)
