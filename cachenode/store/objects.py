@@ -143,7 +143,7 @@ class Meta:
 
 def close_and_remove(file: Any) -> None:
     """Close a file not committed (its `fd`, if still open, set to -1) and unlink its `path`:
-    a fill's temp file (`Store.discard`) and a sealed write (`SealedWrites.discard_sealed`)."""
+    a fill's temp file (`Store.discard`)."""
     if file.fd >= 0:
         fd, file.fd = file.fd, -1
         try:

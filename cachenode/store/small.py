@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cachenode.store.objects import Meta, Refused, TooLarge, close_and_remove, slot_of
+from cachenode.store.objects import Meta, Refused, TooLarge, slot_of
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
@@ -122,19 +122,6 @@ def read_sealed(path: Path) -> Meta | None:
     return meta
 
 
-@dataclass
-class SealedWrite:
-    """A small body written whole, sealed, in a temp file not yet renamed into
-    place (`SealedWrites.write_sealed`): `meta` the object it will be, `fd`
-    open for reading and writing (a digest check reads the body back from it)."""
-
-    path: Path
-    fd: int
-    meta: Meta
-    reserved: int
-    ended: bool = False
-
-
 class SealedWrites:
     """A small body that is whole in memory, stored in one go: one file created,
     one write of body and seal, one rename. What a fill stored at once
@@ -172,31 +159,6 @@ class SealedWrites:
                                                                  reserved_here=reserved):
             raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
 
-    def write_sealed(self, meta: Meta, body: bytes) -> SealedWrite:
-        """`body` and its seal for `meta` (`size` 0: named here) in a new temp
-        file, room for it reserved; on the event loop (a few pages to the page
-        cache). StoreError naming the file and the OS error when it cannot
-        be created or written: nothing is left behind then."""
-        meta = self.named(meta, len(body), sealed=True)
-        # Named after its data file, whose nonce makes it unique already: no second random token.
-        path = self.tmp / f"{meta.data}.part"
-        tail = seal(body, record_of(meta))
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise StoreError(f"create {path}: {e}") from e
-        try:
-            whole = memoryview(body + tail)  # one write: copying 16 KiB costs less than a second call
-            at = 0
-            while at < len(whole):
-                at += os.pwrite(fd, whole[at:], at)
-        except OSError as e:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise StoreError(f"write {path}: {e}") from e
-        self.reserve(len(body))
-        return SealedWrite(path=path, fd=fd, meta=meta, reserved=len(body))
-
     def put_sealed(self, body: bytes, *, key: str, vary: tuple[str, ...] = (), variant: str = "",
                    hot: bool = False, **record: Any) -> Meta:
         """`body` stored at once as the object of `key` (and `variant`), whose
@@ -205,10 +167,8 @@ class SealedWrites:
         it and admitted (TooLarge, Refused as `admission`), written with its
         seal in one go to a temp file, renamed into place, left to the group
         sync to make durable. What a fill whose body is whole in memory
-        (cachenode/fill/at_once.py), checked already, takes: `write_sealed`
-        and `commit_sealed` in one, without their steps' hand-over (a
-        `SealedWrite`, a descriptor kept open to read a digest back, the
-        `Meta` built twice). StoreError naming the file and the OS error when
+        (cachenode/fill/at_once.py), checked already, takes: one call, no
+        descriptor kept open, the `Meta` built once. StoreError naming the file and the OS error when
         it cannot be written or renamed: nothing is left behind then, and
         nothing is in the index."""
         oid = object_id(slot_of(key, vary=vary, variant=variant))
@@ -216,7 +176,7 @@ class SealedWrites:
         size = len(body)
         meta = Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
                     data=f"{oid}.{secrets.token_hex(6)}{SUFFIX}", **record)
-        self.reserve(size)  # room made as `write_sealed` makes it: what it evicts goes before the admission
+        self.reserve(size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=size)
             self._write_and_rename(meta, body, oid)
@@ -229,7 +189,8 @@ class SealedWrites:
         """`body` and its seal in a new temp file, in one write, renamed to
         `meta.data` in its folder (made once per process). StoreError, and no
         file left, when that fails."""
-        temp = f"{self._tmp_name}/{meta.data}.part"  # named after its data file, as in `write_sealed`
+        # Named after its data file, whose nonce makes it unique already: no second random token.
+        temp = f"{self._tmp_name}/{meta.data}.part"
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
@@ -237,7 +198,8 @@ class SealedWrites:
         step = "write"
         try:
             try:
-                whole = memoryview(body + seal(body, record_of(meta)))  # one write, as `write_sealed`
+                # One write: copying 16 KiB costs less than a second call.
+                whole = memoryview(body + seal(body, record_of(meta)))
                 at = 0
                 while at < len(whole):
                     at += os.pwrite(fd, whole[at:], at)
@@ -254,37 +216,6 @@ class SealedWrites:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise StoreError(f"{step} {temp}: {e}") from e
-
-    def commit_sealed(self, write: SealedWrite) -> Meta:
-        """Make `write` the servable object its meta names: admitted (TooLarge,
-        Refused as `admission`), renamed into place, left to the group sync
-        to make durable (cachenode/store/syncer.py), and in the index. The
-        write is the caller's to `discard` when this raises."""
-        meta = write.meta
-        self.admission(meta, reserved=write.reserved)
-        folder = self._dir_of(object_id(meta.slot))
-        step = "close"
-        try:
-            fd, write.fd = write.fd, -1
-            os.close(fd)
-            step = "mkdir"
-            self._make_folder(folder)
-            step = "rename"
-            os.rename(write.path, os.path.join(folder, meta.data))
-        except OSError as e:
-            raise StoreError(f"commit {meta.key}: {step}: {e}") from e
-        write.ended = True
-        self.group_sync.committed()
-        self.release(write.reserved)
-        return self._admit(meta)
-
-    def discard_sealed(self, write: SealedWrite) -> None:
-        """Drop a sealed write not committed, and give its room back; nothing once committed or discarded."""
-        if write.ended:
-            return
-        write.ended = True
-        self.release(write.reserved)
-        close_and_remove(write)
 
     # Provided by the class mixed into (`Store`).
     tmp: Path
@@ -307,4 +238,4 @@ def _pread_all(fd: int, size: int, at: int) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrite", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]
+__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]
