@@ -65,6 +65,7 @@ class StatsWriter:
         self._clock = clock
         self._counters: dict[str, dict[str, int]] = {}
         self._ops: deque[tuple] = deque()
+        self._sending = 0  # updates of the batch on its way to Redis (`buffered`)
         self._accesses: dict[str, float] = {}
         self.dropped = 0
         self._dropped_logged = False
@@ -133,8 +134,10 @@ class StatsWriter:
 
     @property
     def buffered(self) -> int:
-        """Pending object updates plus origin hosts with pending counters."""
-        return len(self._ops) + len(self._accesses) + sum(1 for c in self._counters.values() if c)
+        """Pending object updates plus origin hosts with pending counters, those of a batch being sent
+        included: a reader told 0 finds in Redis everything counted so far."""
+        return (len(self._ops) + len(self._accesses) + sum(1 for c in self._counters.values() if c)
+                + self._sending)
 
     # -- flushing ---------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class StatsWriter:
         async with self._flush_lock:
             counters, ops, accesses = self._counters, list(self._ops), self._accesses
             self._counters, self._ops, self._accesses = {}, deque(), {}
+            self._sending = len(ops) + len(accesses) + sum(1 for c in counters.values() if c)
             try:
                 removed = await self._send(counters, ops, accesses)
             except REDIS_ERRORS as e:
@@ -158,6 +162,8 @@ class StatsWriter:
             except asyncio.CancelledError:
                 self._restore(counters, ops, accesses)  # close() sends them in its last flush
                 raise
+            finally:
+                self._sending = 0
             self.conn.ok("flush")
             self.conn.ok("refresh")  # Redis answers again; the next re-read would only confirm it
             await self._forget_unheld(removed)

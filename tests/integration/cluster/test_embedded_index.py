@@ -14,11 +14,14 @@ from tests.integration.cluster.conftest import fetch, node_status, settle
 async def flushed_stats(cluster, session, *, misses: int, timeout: float = 10.0) -> dict:
     """The cluster's stats once `misses` have reached the index and no node
     holds an update unsent: each node flushes every second, and a node
-    starved of CPU for a while flushes late, so a fixed sleep is a race."""
+    starved of CPU for a while flushes late, so a fixed sleep is a race.
+    Nothing unsent is asked first, then the stats: read the other way round,
+    stats read before a flush landed passed once the flush had emptied the
+    buffers (a miss counted, its bytes from the origin not yet)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        stats = await cluster.index.read_stats()
         pending = [(await node_status(session, n.url))["index"]["buffered"] for n in cluster.nodes.values()]
+        stats = await cluster.index.read_stats()
         if stats["cluster"]["misses"] >= misses and not any(pending):
             return stats
         assert asyncio.get_running_loop().time() < deadline, f"stats never flushed: {stats['cluster']}, pending {pending}"
