@@ -96,8 +96,7 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self._steps = Steps()
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
-        self._folders: set[Path] = set()  # object folders known to exist
-        self._folder_names: dict[str, str] = {}  # the same, by their 2 hex, as strings (`put_sealed`)
+        self._folders: dict[str, str] = {}  # object folders known to exist, by their 2 hex
         self._tmp_name = str(self.tmp)
         # Told of every change to the index, in order: ("put", meta), ("load",
         # meta) and ("drop", meta). A node's other workers follow the index this way
@@ -112,11 +111,15 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
     def _dir_of(self, oid: str) -> Path:
         return self.objects / oid[:2]
 
-    def _make_folder(self, folder: Path) -> None:
-        """`folder` made if this process has not made or seen it yet (one mkdir per folder, not per commit)."""
-        if folder not in self._folders:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._folders.add(folder)
+    def _folder(self, oid: str) -> str:
+        """The folder of `oid`'s files, made if this process has not made or seen it yet (one mkdir per
+        folder, not per commit)."""
+        folder = self._folders.get(oid[:2])
+        if folder is None:
+            made = self._dir_of(oid)
+            made.mkdir(parents=True, exist_ok=True)
+            folder = self._folders[oid[:2]] = str(made)
+        return folder
 
     def _inside(self, path: Path) -> Path:
         resolved = path.resolve()
@@ -336,7 +339,7 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
                 fd, temp.fd = temp.fd, -1
                 os.close(fd)
                 step = "mkdir"
-                self._make_folder(folder)
+                self._folder(oid)
                 step = "rename"
                 os.rename(temp.path, final)
             except OSError as e:

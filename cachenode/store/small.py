@@ -129,17 +129,19 @@ class SealedWrites:
 
     A mixin of `Store`, as `TempFiles` is. Needs of the class it is mixed
     into: `tmp`, `capacity`, `hot_capacity`, `group_sync`, `_index`,
-    `_extra`, `_make_folder`, `_dir_of`, `_load`, `_admit`, `reserve`, `release`, `fits`.
+    `_extra`, `_folder`, `_load`, `_admit`, `reserve`, `release`, `fits`.
     """
 
     def named(self, meta: Meta, size: int, *, sealed: bool) -> Meta:
         """`meta` as the store keeps it once committed with `size` bytes: its
         size, whether it is an extra copy here, and its data file's name
         (a nonce of its own, so a replaced object's file is never this one)."""
-        oid = object_id(meta.slot)
-        extra = not meta.hot and self._extra is not None and self._extra(meta.key)
-        return replace(meta, size=size, extra=extra,
-                       data=f"{oid}.{secrets.token_hex(6)}{SUFFIX if sealed else '.data'}")
+        return replace(meta, size=size, extra=self._extra_copy(meta.key, hot=meta.hot),
+                       data=_data_name(object_id(meta.slot), sealed=sealed))
+
+    def _extra_copy(self, key: str, *, hot: bool) -> bool:
+        """Whether a copy of `key` stored here is an extra copy (a hot copy is not: it is counted apart)."""
+        return not hot and self._extra is not None and self._extra(key)
 
     def admission(self, meta: Meta, *, reserved: int) -> None:
         """Whether the store keeps `meta` (named already) when committed: TooLarge
@@ -169,10 +171,9 @@ class SealedWrites:
         it cannot be written or renamed: nothing is left behind then, and
         nothing is in the index."""
         oid = object_id(slot_of(key, vary=vary, variant=variant))
-        extra = not hot and self._extra is not None and self._extra(key)
         size = len(body)
-        meta = Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
-                    data=f"{oid}.{secrets.token_hex(6)}{SUFFIX}", **record)
+        meta = Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=self._extra_copy(key, hot=hot),
+                    data=_data_name(oid, sealed=True), **record)
         self.reserve(size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=size)
@@ -184,7 +185,7 @@ class SealedWrites:
 
     def _write_and_rename(self, meta: Meta, body: bytes, oid: str) -> None:
         """`body` and its seal in a new temp file, in one write, renamed to
-        `meta.data` in its folder (made once per process). StoreError, and no
+        `meta.data` in its folder (made once per process, `_folder`). StoreError, and no
         file left, when that fails."""
         # Named after its data file, whose nonce makes it unique already: no second random token.
         temp = f"{self._tmp_name}/{meta.data}.part"
@@ -199,12 +200,7 @@ class SealedWrites:
             finally:
                 os.close(fd)
             step = "rename"
-            folder = self._folder_names.get(oid[:2])
-            if folder is None:
-                made = self._dir_of(oid)
-                self._make_folder(made)
-                folder = self._folder_names[oid[:2]] = str(made)
-            os.rename(temp, f"{folder}/{meta.data}")
+            os.rename(temp, f"{self._folder(oid)}/{meta.data}")
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -215,8 +211,12 @@ class SealedWrites:
     capacity: int | None
     hot_capacity: int | None
     _extra: Callable[[str], bool] | None
-    _folder_names: dict[str, str]
     _tmp_name: str
+
+
+def _data_name(oid: str, *, sealed: bool) -> str:
+    """A stored object's data file: a nonce of its own, so a replaced object's file is never this one."""
+    return f"{oid}.{secrets.token_hex(6)}{SUFFIX if sealed else '.data'}"
 
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:
