@@ -33,7 +33,7 @@ import contextlib
 import json
 import random
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import structlog
@@ -136,8 +136,7 @@ class StatsWriter:
     def buffered(self) -> int:
         """Pending object updates plus origin hosts with pending counters, those of a batch being sent
         included: a reader told 0 finds in Redis everything counted so far."""
-        return (len(self._ops) + len(self._accesses) + sum(1 for c in self._counters.values() if c)
-                + self._sending)
+        return _updates(self._counters, self._ops, self._accesses) + self._sending
 
     # -- flushing ---------------------------------------------------------------
 
@@ -152,7 +151,7 @@ class StatsWriter:
         async with self._flush_lock:
             counters, ops, accesses = self._counters, list(self._ops), self._accesses
             self._counters, self._ops, self._accesses = {}, deque(), {}
-            self._sending = len(ops) + len(accesses) + sum(1 for c in counters.values() if c)
+            self._sending = _updates(counters, ops, accesses)
             try:
                 removed = await self._send(counters, ops, accesses)
             except REDIS_ERRORS as e:
@@ -297,3 +296,9 @@ class StatsWriter:
             await asyncio.wait_for(pipe.execute(), timeout=2.0)
         except REDIS_ERRORS as e:
             log.warning("drain_not_recorded", error=f"{type(e).__name__}: {e}")
+
+
+def _updates(counters: Mapping[str, Mapping[str, int]], ops: Collection[tuple],
+             accesses: Mapping[str, float]) -> int:
+    """Object updates, plus origin hosts with counters to send: what `buffered` counts."""
+    return len(ops) + len(accesses) + sum(1 for c in counters.values() if c)
