@@ -14,7 +14,6 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cachenode.http.headers import Pairs, first
 from cachenode.store.writeback import WriteBehind
@@ -139,18 +138,6 @@ class Meta:
 
     def fresh(self, now: float) -> bool:
         return now < self.expires_at
-
-
-def close_and_remove(file: Any) -> None:
-    """Close a file not committed (its `fd`, if still open, set to -1) and unlink its `path`:
-    a fill's temp file (`Store.discard`)."""
-    if file.fd >= 0:
-        fd, file.fd = file.fd, -1
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    file.path.unlink(missing_ok=True)
 
 
 @dataclass

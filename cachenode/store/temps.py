@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from cachenode.kernel.splice import FileWriteFailed, SocketBody
-from cachenode.store.objects import TempObject, close_and_remove
+from cachenode.store.objects import TempObject
 from nezha.errors import StoreError
 
 
@@ -121,9 +121,20 @@ class TempFiles:
             # A commit whose caller was cancelled still runs in its thread; let it finish first.
             await asyncio.wait([temp.committing])
         if temp.inline:
-            close_and_remove(temp)
+            _close_and_remove(temp)
         else:
-            await asyncio.get_running_loop().run_in_executor(None, close_and_remove, temp)
+            await asyncio.get_running_loop().run_in_executor(None, _close_and_remove, temp)
+
+
+def _close_and_remove(temp: TempObject) -> None:
+    """Close a temp file not committed (its `fd`, if still open, set to -1) and unlink it."""
+    if temp.fd >= 0:
+        fd, temp.fd = temp.fd, -1
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    temp.path.unlink(missing_ok=True)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, at: int, wrote: Callable[[int], None] | None = None) -> None:
