@@ -179,9 +179,6 @@ async def get(session: aiohttp.ClientSession, url: str, path: str) -> tuple[int,
         return r.status, r.headers.get(CACHE_HEADER), await r.read()
 
 
-node_origins: dict[str, str] = {}
-
-
 async def redis_footprint(work: Path, p: Plan, origin_url: str) -> tuple[float, int]:
     """Redis bytes per object per copy in a three-node cluster, two copies each; and the objects counted."""
     import redis.asyncio as aioredis
@@ -250,9 +247,8 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     await origin.start(nginx_conf(StaticFiles(root=root), **sizes))
     proxy = Nginx(children, work, "nginx")
     await proxy.start(nginx_conf(ProxyCache(upstream=origin.url, keys_zone="64m", keepalive=CONNECTIONS), **sizes))
-    node_origins[HOST] = origin.url
     node = Node(children, work)
-    await node.start(origins=node_origins)
+    await node.start(origins={HOST: origin.url})
     assert node.proc is not None
 
     # Warm every process's code path and connections on paths outside the measured run.
