@@ -34,6 +34,7 @@ class Behaviour:
     claim_length: int | None = None  # Content-Length to announce instead of the real one
     chunked: bool = False
     fields: list[tuple[str, str]] = field(default_factory=list)  # added after `headers`, repeats kept
+    ranges: bool = True  # False: Range is ignored, the whole object answered 200
 
 
 class TestOrigin:
@@ -45,6 +46,7 @@ class TestOrigin:
         self.etags: dict[str, str] = {}
         self.requests: Counter[str] = Counter()
         self.request_headers: list[dict[str, str]] = []
+        self.methods: list[str] = []  # of each request, in the order of `request_headers`
         self.raw_headers: list[list[tuple[str, str]]] = []
         self.uploads: dict[str, tuple[int, str]] = {}  # path -> (bytes, sha256 hex) of the last write
         self.connections: set[tuple] = set()  # the client (address, port) of every connection that asked
@@ -90,6 +92,7 @@ class TestOrigin:
         if request.transport is not None:
             self.connections.add(request.transport.get_extra_info("peername"))
         self.request_headers.append(dict(request.headers))
+        self.methods.append(request.method)
         self.raw_headers.append(list(request.headers.items()))
         if request.method not in ("GET", "HEAD"):
             return await self.write(request, path)
@@ -105,7 +108,7 @@ class TestOrigin:
         if request.headers.get("If-Match", etag) != etag:
             return web.Response(status=412, headers={"ETag": etag})
         wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
-        if wanted and b.status == 200 and not b.chunked and b.claim_length is None:
+        if wanted and b.ranges and b.status == 200 and not b.chunked and b.claim_length is None:
             start, end = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1)
             return web.Response(status=206, body=body[start:end + 1], headers={
                 "ETag": etag, "Content-Range": f"bytes {start}-{end}/{len(body)}", **b.headers})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Coroutine, Protocol
 
+import aiohttp
 import structlog
 
 from cachenode.chunks.fills import ChunkFills
@@ -24,7 +25,7 @@ from cachenode.fill.parallel import Validator
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.chunks import Layout, chunk_of, place
-from nezha.keys import target_of
+from nezha.keys import Target, target_of
 from nezha.ring import Peer
 from nezha.wire import replicate_failed
 
@@ -129,6 +130,15 @@ class ChunkCopies:
             return
 
         self.spawn(self.drop_everywhere(old.key, old.chunk_size, validator, why="a new version replaced it"))
+
+    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target) -> None:
+        """`response`, the origin's 206 of the first chunk of the object whose
+        manifest `meta` this node just stored (fill/chunking.py), filled as
+        that chunk here and copied by its owners (`ChunkFills.adopt`); returns
+        once they have asked for their copies."""
+        await self.fills.adopt(response, key=meta.key, url=meta.url, target=target,
+                               layout=Layout(size=meta.length, chunk_size=meta.chunk_size),
+                               validator=manifest_validator(meta))
 
     async def drop_everywhere(self, key: str, chunk_size: int, validator: Validator, *, why: str) -> None:
         """Remove `key`'s chunks cut `chunk_size` long of the version `validator`

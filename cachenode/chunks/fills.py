@@ -18,6 +18,11 @@ clients on N nodes had each owner send each chunk once per client, not
 once per node, and the wave's time grew with N (docs/benchmarks.md,
 "Stampede").
 
+A cold fill's first answer is chunk 0 (fill/chunking.py), whoever owns it:
+the node that asked stores it as it comes (`adopt`) and the chunk's owners
+copy it from there as it grows, before any reader learns of the manifest;
+the copy of a node that owns none of the chunk goes once they hold it.
+
 Readers of a fill (a peer's chunk request, this node's own client when
 it is the chunk's filling owner, a non-owner's clients of a chunk it passes
 on) join its flight. They are sent its bytes as they land
@@ -31,8 +36,10 @@ read leads a fill of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
 
 import aiohttp
@@ -53,9 +60,13 @@ from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import BLOCKS_HEADER
+from nezha.wire import BLOCKS_HEADER, ReplicateResult
 
 log = structlog.get_logger("nezha.chunks")
+
+# How long an adopted chunk 0 (`ChunkFills.adopt`) waits for its owners to ask for their copies before its
+# manifest is answered: a round trip or two on a live ring; an owner that does not come is not waited for.
+ADOPT_WAIT = 1.0
 
 
 @dataclass
@@ -67,6 +78,8 @@ class _ChunkFill:
     writing: asyncio.Event  # set once the fill's chunk file starts growing
     growing: Growing | None = None
     keep: bool = True  # False: a non-owner passing the chunk on, its temp file dropped once through
+    joined: int = 0  # readers that joined it (an adopted chunk's owners, asking for their copies)
+    join_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ChunkFills:
@@ -141,12 +154,73 @@ class ChunkFills:
                                           validator=validator, source=None, keep=False)
         await self._first_bytes(flight, fill)
         growing = fill.growing
-        if fill.keep or growing is None or growing.validator != validator:
+        # A kept fill here (the chunk a cold fill's first answer brought, `adopt`) is read as it grows too.
+        if growing is None or growing.validator != validator:
             outcome = flight.outcome.result() if flight.outcome.done() else None
             if outcome is not None and outcome.error is not None and isinstance(outcome.error, ChunkChanged):
                 raise outcome.error
             raise ChunkUnavailable(f"no shared read of {flight.key} to join here")
         return Tail(growing)
+
+    async def adopt(self, response: aiohttp.ClientResponse, *, key: str, url: str, target: Target, layout: Layout,
+                    validator: Validator) -> None:
+        """Chunk 0 of `key` from `response`: the origin's 206 to the first
+        request of the object's cold fill, which asked for the first chunk's
+        range (fill/chunking.py), so that the answer that told the object's
+        size is stored, not closed unread. Filled here as a chunk fill is,
+        whoever owns it: its first other owner is asked at once to copy it
+        from this node as it grows, the owners behind that one to copy it
+        from there once it holds it (this node's link sends one copy), and a
+        copy here that no owner's place names goes then. Returns once the
+        first has asked (at most ADOPT_WAIT): a reader told of the manifest
+        after that finds its copy under way, where it would otherwise fill
+        chunk 0 from the origin."""
+        address = self.members.snapshot.nodes.get(self.node_id)  # as the ring names this node to its peers
+        flight, leader = self.flights.lead_or_join(chunk_key(key, 0, layout.chunk_size))
+        if not leader:  # a fill of it runs here already (a peer's read came first): that one is its fill
+            response.release()
+            return
+        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
+        owners = owners_of(self.members, key, layout)[0]
+        others = [p for p in owners if p.id != self.node_id] if address is not None else []
+        spec = ChunkSpec(index=0, chunk_size=layout.chunk_size, length=layout.size, validator=validator,
+                         source=Peer(self.node_id, address) if address is not None else None)
+        first = self.spawn(self.peers.push(others[0], target, spec)) if others else None
+        task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout))
+        task.add_done_callback(lambda done: self._ended(flight, done))
+        if first is not None:
+            self.spawn(self._copied_behind(task, first, others, target, spec, drop=len(others) == len(owners)))
+        deadline = time.monotonic() + ADOPT_WAIT
+        while first is not None and not fill.joined and not first.done() and time.monotonic() < deadline:
+            fill.join_seen.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(fill.join_seen.wait(), timeout=0.05)
+
+    async def _adopted(self, flight: Flight, fill: _ChunkFill, response: aiohttp.ClientResponse, *, url: str,
+                       target: Target, layout: Layout) -> Meta:
+        """Store chunk 0 from the first answer (`adopt`)."""
+        started, size = time.monotonic(), layout.length_of(0)
+        stored = await self._store_chunk(fill, flight.key, response, source=f"origin {url}", url=url,
+                                         host=target.host, size=size, length=layout.size, origin=True)
+        assert stored is not None  # a kept fill
+        log.info("chunk_filled", key=flight.key, bytes=size, source="origin", first_answer=True,
+                 seconds=round(time.monotonic() - started, 3))
+        return stored
+
+    async def _copied_behind(self, adopted: asyncio.Task, first: asyncio.Task, others: list[Peer], target: Target,
+                             spec: ChunkSpec, *, drop: bool) -> None:
+        """Once the first other owner of an adopted chunk holds it, have the
+        owners behind it copy it from there (from here, if it could not);
+        then, `drop`: this node owns none of the chunk, its copy goes (kept
+        when no owner could copy it: then it is the only one)."""
+        copied = (await asyncio.gather(first, return_exceptions=True))[0] == ReplicateResult.COPIED
+        source = others[0] if copied else spec.source
+        behind = [await self.peers.push(p, target, dataclasses.replace(spec, source=source)) for p in others[1:]]
+        stored = (await asyncio.gather(adopted, return_exceptions=True))[0]  # an error: nothing stored here
+        if drop and isinstance(stored, Meta) and (copied or ReplicateResult.COPIED in behind):
+            if await self.store.remove_one(stored):
+                self.counts.gone(stored, self.store.sizes())
+                log.info("chunk_dropped", key=stored.key, reason="its owners hold it")
 
     @staticmethod
     async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
@@ -176,7 +250,10 @@ class ChunkFills:
         ckey = chunk_key(key, index, layout.chunk_size)
         flight, leader = self.flights.lead_or_join(ckey)
         if not leader:
-            return flight, self._fills[flight]
+            fill = self._fills[flight]
+            fill.joined += 1
+            fill.join_seen.set()
+            return flight, fill
         fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event(), keep=keep)
         task = self.spawn(self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
                                      source=source))

@@ -25,9 +25,10 @@ from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.judged import Judged, answer_of
-from cachenode.fill.lead import Step, answered_span, decide, resume_of
+from cachenode.fill.chunking import chunked_as, first_chunk_range, first_chunk_span, resumed_span, whole_fields
+from cachenode.fill.lead import Step, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
-from cachenode.fill.parallel import close_unread, if_range_validator, parallel_validator
+from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
@@ -38,12 +39,12 @@ from cachenode.http.vary import vary_names
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
-from nezha.chunks import Layout, Manifest, chunks_on
+from nezha.chunks import Layout, chunks_on
 from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import Target
-from nezha.wire import AUTHORIZE_HEADER, CHUNKED_HEADER, EXPIRES_HEADER
+from nezha.wire import AUTHORIZE_HEADER, EXPIRES_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -71,6 +72,10 @@ class ChunkedObjects(Protocol):
     def replaced(self, old: Meta, new: Meta | None) -> None:
         """A fill from the origin replaced the stored manifest `old` (`new`:
         the new manifest, or None when stored whole): the old version's chunks go."""
+
+    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target) -> None:
+        """`response`, the origin's 206 of the first chunk of the object the manifest `meta` describes,
+        filled as that chunk; returns once its owners are copying it (chunks/fills.py `adopt`)."""
 
 
 class FillEngine:
@@ -242,10 +247,18 @@ class FillEngine:
         one to start from (not the range asked, a weak validator, a chunked
         object's size) is asked again as any fill, for the whole object (a 200
         is the whole object already: If-Range found another version)."""
-        response: aiohttp.ClientResponse | None = answer if answer is not None else await self._ask(source, stale)
+        first = first_chunk_range(source, stale, origin, chunking=self.settings.chunking(origin),
+                                  spread=self.chunks.spread()) if answer is None else None
+        response: aiohttp.ClientResponse | None = answer if answer is not None else await self._ask(
+            source, stale, first=first)
         try:
             answered = self._answered(response, source=source, stale=stale, origin=origin)
-            if source.resume is not None and answered is None and response.status == 206:
+            if first is not None:
+                answered = first_chunk_span(first, response.status, response.headers)
+                if answered is None and response.status in (206, 416):  # not the range asked: the whole, plainly
+                    response.release()  # (released again, harmlessly, if the new ask raises)
+                    response = await self._ask(source, stale)
+            elif source.resume is not None and answered is None and response.status == 206:
                 response.release()
                 source, response = dataclasses.replace(source, resume=None), None
                 response = await self._ask(source, stale)
@@ -311,35 +324,10 @@ class FillEngine:
 
     def _chunking(self, response: aiohttp.ClientResponse, *, origin: Origin, source: Source,
                   vary: tuple[str, ...] | None, authorize: bool) -> tuple[int | None, int]:
-        """The chunk size to store `response`'s object in across the ring
-        (nezha/chunks.py) and the object's length, or (None, 0) to store it whole.
-
-        From the origin: a 200 at least the origin's chunk_threshold long,
-        with byte ranges and a strong validator (each chunk is a Range +
-        If-Range under it, as a parallel fill's slices are), not varying,
-        not an `authorize` origin's (each read is the origin's to allow), not
-        the parent tier's, and only on a node with others in its ring. From a peer: its answer says it is a manifest
-        (CHUNKED_HEADER; a replica or a hand-off copies the manifest alone).
-        """
-        if source.peer is not None:
-            said = response.headers.get(CHUNKED_HEADER)
-            if said is None or response.status != 200:
-                return None, 0
-            try:
-                manifest = Manifest.decode(said)
-            except ValueError:
-                return None, 0
-            return manifest.chunk_size, manifest.length
-        if authorize or vary != () or self.origins.answered_by_parent(response) or not self.chunks.spread():
-            return None, 0
-        threshold, chunk_size = self.settings.chunking(origin)
-        length = response.content_length
-        if not chunks_on(threshold, length):
-            return None, 0
-        # streams=2: a chunked object is fetched in ranges whatever the node's fill_streams.
-        if parallel_validator(response.status, response.headers, length, streams=2, threshold=threshold) is None:
-            return None, 0
-        return chunk_size, length or 0
+        """The chunk size to store `response`'s object in across the ring and its length (fill/chunking.py)."""
+        return chunked_as(response.status, response.headers, response.content_length, peer=source.peer is not None,
+                          chunking=self.settings.chunking(origin), spread=self.chunks.spread(),
+                          plain=not authorize and vary == () and not self.origins.answered_by_parent(response))
 
     async def _store_manifest(self, *, key: str, url: str, origin: Origin, target: Target, headers: Pairs,
                               now: float, expires_at: float, policy: Policy, length: int, chunk_size: int,
@@ -360,24 +348,16 @@ class FillEngine:
     def _answered(self, response: aiohttp.ClientResponse, *, source: Source, stale: Meta | None,
                   origin: Origin) -> tuple[int, int, int] | None:
         """The span a resume's answer brings (first, end, object length), when the fill
-        can start from it: the range asked, of a version with a strong validator,
-        not varying, of an object not stored as chunks across the ring; else None."""
+        can start from it (fill/chunking.py `resumed_span`); else None."""
         if source.resume is None or stale is not None or source.peer is not None or origin.credentials == "authorize":
             return None
-        span = answered_span(source.resume, response.status, response.headers.get("Content-Range"))
-        if span is None or if_range_validator(response.headers) is None:
-            return None
-        if response.headers.get("ETag", "").startswith("W/") or "Vary" in response.headers:
-            return None
-        threshold, _ = self.settings.chunking(origin)
-        if self.chunks.spread() and chunks_on(threshold, span[2]):
-            return None
-        return span
+        return resumed_span(source.resume, response.status, response.headers, chunking=self.settings.chunking(origin),
+                            spread=self.chunks.spread())
 
     async def _resumed_fill(self, flight: Flight, response: aiohttp.ClientResponse, span: tuple[int, int, int], *,
                             key: str, url: str, origin: Origin, target: Target, source: Source) -> Outcome:
-        """The fill of the object a resume's 206 (`span`: first, end, length) is part
-        of: that answer read into its place, the rest fetched around it in ranges."""
+        """The fill of the object a resume's 206 (`span`: first, end, length) is part of: that answer read into
+        its place, the rest fetched around it in ranges; a chunked object's first chunk: its manifest."""
         now = self._clock()
         policy = response_policy(200, response.headers, now=now, policy_ttl=origin.default_ttl,
                                  targeted=origin.targeted_cache_control)
@@ -385,23 +365,39 @@ class FillEngine:
         # (Content-Range, and the part's own Content-MD5, Content-Digest, checksums).
         kept = tuple((n, v) for n, v in with_date(stored_pairs(response.headers), now)
                      if n.lower() != "content-range" and not describes_whole_body(n))
-        decision = decide(answer_of(response, policy=policy, vary=(), kept=kept, source=source, fits=self.store.fits,
-                                    status=200, length=span[2]),
+        threshold, chunk_size = self.settings.chunking(origin)
+        # A first chunk's 206 of an object stored as chunks (fill/chunking.py), which fits whatever its size.
+        chunked = span[0] == 0 and chunks_on(threshold, span[2]) and not self.origins.answered_by_parent(response)
+        decision = decide(answer_of(response, policy=policy, vary=(), kept=kept, source=source, status=200,
+                                    fits=(lambda _: True) if chunked else self.store.fits, length=span[2]),
                           stale_held=False, stale_usable_on_error=False)
         if decision.step is not Step.FILL:
             # Not storable: the leading request asks again as it asked; nobody else joins.
             log.info("response_not_stored", key=key, reason=decision.reason)
             response.release()
             return self._landed(flight, Outcome(Kind.PASSED))
+        if chunked:  # the manifest here (with the whole object's fields, when a HEAD has them), this answer chunk 0
+            whole = await whole_fields(self.origins, source, response.headers)
+            kept = kept if whole is None else with_date(stored_pairs(whole), now)
+            judged = Judged(now=now, authorize=False, policy=policy, expires_at=now + policy.ttl, kept=kept, vary=(),
+                            chunk_size=chunk_size, length=span[2], age=current_age(response.headers, now),
+                            decision=decision)
+            meta = await self._chunked(judged, key=key, url=url, origin=origin, target=target, source=source,
+                                       stale=None)
+            await self.chunks.adopt(meta, response, target)
+            self.flights.land(flight)
+            return Outcome(Kind.STORED, meta=meta)
         fill = await self.runs.start(flight, response, key=key, url=url, host=target.host, headers=kept,
                                      expires_at=now + policy.ttl, policy=policy, now=now, target=target,
                                      source=source, vary=(), origin=origin, authorize=False, answered=span)
         log.info("fill_resumed", key=key, first=span[0], bytes=span[2])
         return Outcome(Kind.STREAMING, fill=fill)
 
-    async def _ask(self, source: Source, stale: Meta | None) -> aiohttp.ClientResponse:
-        """The source's answer to the fill's request, made conditional on what is stored."""
+    async def _ask(self, source: Source, stale: Meta | None, *, first: str | None = None) -> aiohttp.ClientResponse:
+        """The source's answer to the fill's request, made conditional on what is stored (`first`: fill/chunking.py)."""
         headers = CIMultiDict(source.headers)
+        if first is not None:
+            headers["Range"] = first
         if source.resume is not None and stale is None and source.peer is None:
             headers["Range"] = source.resume.range
             headers["If-Range"] = source.resume.if_range

@@ -99,9 +99,10 @@ async def test_a_large_object_is_chunked_over_four_nodes_with_one_origin_fetch_p
     layout = Layout(size=SIZE, chunk_size=CHUNK)
     spans = sorted(f"bytes={a}-{b}" for a, b in map(layout.span, range(layout.count)))
     ranges = [h.get("Range") for h in origin.request_headers]
-    assert ranges[0] is None, "the first answer is the whole object's, closed unread once it shows its size"
-    assert sorted(ranges[1:]) == spans, "then one ranged fetch per chunk, each once"
-    assert all(h.get("If-Range") == origin.etags[PATH] for h in origin.request_headers[1:])
+    assert ranges[:2] == [f"bytes=0-{CHUNK - 1}", None], \
+        "the first answer is chunk 0, which shows the size; then a HEAD for the whole object's fields"
+    assert sorted(ranges[:1] + ranges[2:]) == spans, "one ranged fetch per chunk, each once"
+    assert all(h.get("If-Range") == origin.etags[PATH] for h in origin.request_headers[2:])
     await settled(nodes)
     held = chunk_bytes(nodes)
     assert sum(held.values()) == SIZE and len(held) == 4
@@ -201,7 +202,7 @@ async def test_concurrent_cold_reads_through_every_node_fetch_each_chunk_once(or
     results = await asyncio.gather(*(read(node, session) for node in nodes.values() for _ in range(2)))
     assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
     assert origin.requests[PATH] == 1 + SIZE // CHUNK
-    ranges = [h.get("Range") for h in origin.request_headers[1:]]
+    ranges = [h["Range"] for h in origin.request_headers if "Range" in h]  # and one HEAD
     assert len(set(ranges)) == len(ranges) == SIZE // CHUNK
 
 
@@ -570,7 +571,10 @@ async def test_after_a_scale_up_chunks_are_treated_as_whole_objects_are(origin, 
     status, _, digest, n = await read(nodes[reader], session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
     manifest_moved = three.ring().owners(KEY, 1) != four.ring().owners(KEY, 1)
-    assert origin.requests[PATH] - fetched == len(moved) - len(kept) + manifest_moved
+    # The manifest's new owner asks for the first chunk's range and HEADs the object; that answer is chunk 0,
+    # which the chunk's owner copies from there when it moved away from the reader.
+    chunk0_with_manifest = manifest_moved and 0 in moved and 0 not in kept
+    assert origin.requests[PATH] - fetched == len(moved) - len(kept) + 2 * manifest_moved - chunk0_with_manifest
     await settled(nodes)
     for i in moved:  # the reader still holds (and served) its old ones; the others are on their new owners
         assert chunk_key(KEY, i, CHUNK) in nodes[reader if i in kept else after[i][0]].node.store
