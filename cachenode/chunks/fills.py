@@ -302,7 +302,8 @@ class ChunkFills:
                     index: int, source: Peer | None = None) -> Meta | None:
         """Fill chunk `index` here: from a live owner ahead of this node in
         ring order when one holds it (a replica copies the first owner's
-        chunk; one that breaks off is marked down and the next source tried),
+        chunk; one that breaks off is marked down, unless its own fill failed,
+        and the next source tried),
         else from the origin, which makes this node the chunk's first live
         owner: it then asks the owners behind it to copy the chunk from it."""
         ckey, validator = flight.key, fill.validator
@@ -330,7 +331,7 @@ class ChunkFills:
                 # origin); a chunk passed on only while owners are left, else its readers go on alone.
                 log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
                             resume=fill.keep or n < len(ahead))
-                self.relay.mark_down(peer, str(e))
+                await self.peers.broke_off(peer, target, spec, str(e))  # down unless its own fill failed
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
                      seconds=round(time.monotonic() - started, 3))

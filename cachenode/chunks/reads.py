@@ -136,6 +136,7 @@ class ChunkReads:
                                                               owners[piece.index])))
 
         reopen = functools.partial(self._reopen, meta, target, layout, validator, owners)
+        broke_off = functools.partial(self._broke_off, target, layout, validator)
 
         try:
             top_up()
@@ -143,7 +144,8 @@ class ChunkReads:
                 try:
                     opened = await ahead.popleft()
                     top_up()
-                    await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file)
+                    await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file,
+                                      broke_off=broke_off)
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
                     raise BrokenStream(str(e)) from e
@@ -194,9 +196,11 @@ class ChunkReads:
 
     async def _write(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened, *,
                      host: str, reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]],
-                     send_file: SendFile) -> None:
+                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
-        mid-piece (a peer killed, a connection reset) is marked down and the
+        mid-piece (a peer killed, a connection reset) is marked down (unless
+        its own fill failed: `broke_off`; a chunk passed on here was judged
+        by the fill that passed it, chunks/fills.py `_fill`) and the
         rest of the piece is asked again, of the chunk's other owners or
         the origin (`reopen`), at most RESUMES times: the client's body goes
         on where it was, never short."""
@@ -233,8 +237,8 @@ class ChunkReads:
                     broke, origin_only = opened.peer, False
                 log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
                             reason=why, resume=attempt < RESUMES)
-                if broke is not None:
-                    self.relay.mark_down(broke, f"chunk {piece.index} {why}")
+                if broke is not None and not opened.passed:
+                    await broke_off(broke, piece.index, f"chunk {piece.index} {why}")
                 opened.close()
                 if attempt == RESUMES:
                     raise BrokenStream(gave_up)
@@ -242,6 +246,12 @@ class ChunkReads:
                                             length=piece.length - sent), broke, origin_only)
         finally:
             opened.close()
+
+    async def _broke_off(self, target: Target, layout: Layout, validator: Validator, peer: Peer, index: int,
+                         why: str) -> None:
+        """`peer`'s answer for chunk `index` broke off: marked down unless its own fill failed (`ChunkPeers.broke_off`)."""
+        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        await self.peers.broke_off(peer, target, spec, why)
 
     async def _relay(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened,
                      piece: Piece, *, sent: int, host: str) -> tuple[int, str | None]:
