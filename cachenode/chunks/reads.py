@@ -249,7 +249,8 @@ class ChunkReads:
 
     async def _broke_off(self, target: Target, layout: Layout, validator: Validator, peer: Peer, index: int,
                          why: str) -> None:
-        """`peer`'s answer for chunk `index` broke off: marked down unless its own fill failed (`ChunkPeers.broke_off`)."""
+        """`peer`'s answer for chunk `index` broke off: marked down unless its
+        own fill failed (`ChunkPeers.broke_off`)."""
         spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
         await self.peers.broke_off(peer, target, spec, why)
 
