@@ -318,6 +318,11 @@ class ChunkReads:
             except ChunkChanged:
                 raise
             except NezhaError as e:  # no owner answered the shared request: this read asks on its own
+                held = self.store.lookup(ckey)
+                if held is not None and validator.mismatch(dict(held.headers)) is None:
+                    # The fill it joined was this node's first answer (`ChunkFills.adopt`), and it ended
+                    # stored as this reader came: from here, not one more copy across a link.
+                    return Opened(piece, meta=held, source=f"chunk {ckey} here")
                 log.info("chunk_pass_missed", key=ckey, reason=str(e))
             else:
                 return Opened(piece, growing=tail, passed=True, source=f"chunk {ckey} passed on here")
