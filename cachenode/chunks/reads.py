@@ -35,6 +35,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.chunks.fills import ChunkFills
+from cachenode.chunks.kept import Reading
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
@@ -128,6 +129,9 @@ class ChunkReads:
         checked = CheckedBody(resp, expected, length=length) if expected is not None else None
         out = checked if checked is not None else resp
         send_file = checked.send_file if checked is not None else self.send_file
+        # A copy of chunk 0 this node adopted but owns none of stays until this read passed it (chunks/kept.py).
+        first = (self.fills.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
+                 else Reading(None))
 
         def top_up() -> None:
             while pieces and len(ahead) < WINDOW:
@@ -146,6 +150,7 @@ class ChunkReads:
                     top_up()
                     await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file,
                                       broke_off=broke_off)
+                    first.done()  # chunk 0 is written first, if at all
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
                     raise BrokenStream(str(e)) from e
@@ -157,6 +162,7 @@ class ChunkReads:
                     await self._mismatched(meta, layout, validator, mismatch)
                     raise BrokenStream(f"{meta.key}: its chunks are not what the origin published: {mismatch}")
         finally:
+            first.done()
             for task in ahead:
                 task.cancel()
             for result in await asyncio.gather(*ahead, return_exceptions=True):
