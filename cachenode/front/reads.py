@@ -189,11 +189,12 @@ class Reads:
         # A relay resuming a body hands on the digest of the head it began with (nezha/wire.py DIGEST_HEADER).
         peer = is_peer_request(request, self.respond.settings.cluster_token)
         handed = request.headers.get(DIGEST_HEADER) if peer else None
+        reads = request.method == "GET" and not peer  # a peer's read of a chunked object is answered its manifest
         source = self.engine.origin_source(asked.url, request.headers, route=parent_route(request), drop=drop,
                                            interim=interim, handed=handed)
         try:
             return await self.engine.lead(flight, key=asked.key, url=asked.url, origin=asked.origin, stale=stale,
-                                          target=asked.target, source=dataclasses.replace(source, read_here=not peer))
+                                          target=asked.target, source=dataclasses.replace(source, read_here=reads))
         finally:
             interim.close()
 
