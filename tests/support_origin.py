@@ -2,7 +2,7 @@
 
 It serves `files` (path -> bytes) and counts every request, so a test can
 prove how often the cache went to the origin. Knobs: throttle, delay before
-headers, die after N bytes, lie about Content-Length, omit it (chunked),
+headers, die after N bytes (of a whole answer, or of a 206), lie about Content-Length, omit it (chunked),
 custom status and headers per path (`fields`: repeated ones, in order),
 ETag/Last-Modified, 304 and 412 handling, and one `bytes=a-b` range. Writes (PUT, POST, DELETE, PATCH, any
 other method) are read as a stream and hashed, never held whole: PUT stores
@@ -35,6 +35,8 @@ class Behaviour:
     chunked: bool = False
     fields: list[tuple[str, str]] = field(default_factory=list)  # added after `headers`, repeats kept
     ranges: bool = True  # False: Range is ignored, the whole object answered 200
+    range_die_after: int | None = None  # a 206 drops its connection after this many body bytes (at `rate`)
+    range_cuts: int | None = None  # how many 206s `range_die_after` cuts, the first ones; None: every one
 
 
 class TestOrigin:
@@ -110,8 +112,11 @@ class TestOrigin:
         wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", request.headers.get("Range", ""))
         if wanted and b.ranges and b.status == 200 and not b.chunked and b.claim_length is None:
             start, end = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1)
-            return web.Response(status=206, body=body[start:end + 1], headers={
-                "ETag": etag, "Content-Range": f"bytes {start}-{end}/{len(body)}", **b.headers})
+            fields = {"ETag": etag, "Content-Range": f"bytes {start}-{end}/{len(body)}", **b.headers}
+            if b.range_die_after is not None and b.range_cuts != 0:
+                b.range_cuts = None if b.range_cuts is None else b.range_cuts - 1
+                return await self._cut_range(request, body[start:end + 1], fields, b)
+            return web.Response(status=206, body=body[start:end + 1], headers=fields)
         resp = web.StreamResponse(status=b.status)
         resp.headers["ETag"] = etag
         resp.headers["Content-Type"] = "application/octet-stream"
@@ -138,6 +143,24 @@ class TestOrigin:
             request.transport.close()
             return resp
         await resp.write_eof()
+        return resp
+
+    @staticmethod
+    async def _cut_range(request: web.Request, part: bytes, fields: dict[str, str],
+                         b: Behaviour) -> web.StreamResponse:
+        """A 206 of `part` that drops its connection after `b.range_die_after` body bytes: an origin
+        dying mid-range."""
+        resp = web.StreamResponse(status=206, headers=fields)
+        resp.content_length = len(part)
+        await resp.prepare(request)
+        limit = min(b.range_die_after or 0, len(part))
+        step = max(1024, int(b.rate / 20)) if b.rate else 64 * 1024
+        for i in range(0, limit, step):
+            await resp.write(part[i:min(i + step, limit)])
+            if b.rate:
+                await asyncio.sleep(step / b.rate)
+        await asyncio.sleep(0.05)
+        request.transport.close()
         return resp
 
     async def write(self, request: web.Request, path: str) -> web.StreamResponse:

@@ -131,14 +131,15 @@ class ChunkCopies:
 
         self.spawn(self.drop_everywhere(old.key, old.chunk_size, validator, why="a new version replaced it"))
 
-    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target) -> None:
+    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target, *, read_here: bool) -> None:
         """`response`, the origin's 206 of the first chunk of the object whose
         manifest `meta` this node just stored (fill/chunking.py), filled as
         that chunk here and copied by its owners (`ChunkFills.adopt`); returns
-        once they have asked for their copies."""
+        once they have asked for their copies. `read_here`: the request that
+        led the fill reads the object here (a client's, not a peer's)."""
         await self.fills.adopt(response, key=meta.key, url=meta.url, target=target,
                                layout=Layout(size=meta.length, chunk_size=meta.chunk_size),
-                               validator=manifest_validator(meta))
+                               validator=manifest_validator(meta), read_here=read_here)
 
     async def drop_everywhere(self, key: str, chunk_size: int, validator: Validator, *, why: str) -> None:
         """Remove `key`'s chunks cut `chunk_size` long of the version `validator`

@@ -10,27 +10,23 @@ An origin answer that is not exactly those bytes of that version is
 `ChunkChanged`: nothing is stored.
 
 A node that does not own a chunk passes it on (`passing`): its clients
-reading the chunk at once share one request to the chunk's owners, on the
-same registry, read as it grows from a temp file that is dropped once the
-chunk is through (never committed: a chunk stays on its owners only, so
-an object's bytes stay spread over the ring). Without it a wave of K
-clients on N nodes had each owner send each chunk once per client, not
-once per node, and the wave's time grew with N (docs/benchmarks.md,
-"Stampede").
+reading it at once share one request to its owners, read as it grows from
+a temp file dropped once through (a chunk stays on its owners only).
+Without it each owner sent each chunk once per client, not once per node,
+and a stampede's time grew with N (docs/benchmarks.md, "Stampede").
 
 A cold fill's first answer is chunk 0 (fill/chunking.py), whoever owns it:
 the node that asked stores it as it comes (`adopt`) and the chunk's owners
 copy it from there as it grows, before any reader learns of the manifest;
-the copy of a node that owns none of the chunk goes once they hold it.
+the copy of a node that owns none of the chunk goes once they hold it and
+the reads of its object here have passed it (chunks/kept.py).
 
-Readers of a fill (a peer's chunk request, this node's own client when
-it is the chunk's filling owner, a non-owner's clients of a chunk it passes
-on) join its flight. They are sent its bytes as they land
+Readers of a fill join its flight and are sent its bytes as they land
 (`stored_or_growing`, `passing`: a `Tail` of the growing file); later ones
-read the committed file. A fill whose chunk nothing will name
-any more (its object invalidated or replaced meanwhile) is superseded: it
-finishes for whoever reads it now, what it commits is removed, and the next
-read leads a fill of its own.
+read the committed file. A fill whose chunk nothing will name any more
+(its object invalidated or replaced meanwhile) is superseded: it finishes
+for whoever reads it now, what it commits is removed, and the next read
+leads a fill of its own.
 """
 
 from __future__ import annotations
@@ -45,6 +41,7 @@ from typing import Any, Callable, Coroutine
 import aiohttp
 import structlog
 
+from cachenode.chunks.kept import Kept, KeptChunks
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Growing, Tail
 from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec, ChunkUnavailable
@@ -64,8 +61,8 @@ from nezha.wire import BLOCKS_HEADER, ReplicateResult
 
 log = structlog.get_logger("nezha.chunks")
 
-# How long an adopted chunk 0 (`ChunkFills.adopt`) waits for its owners to ask for their copies before its
-# manifest is answered: a round trip or two on a live ring; an owner that does not come is not waited for.
+# How long an adopted chunk 0 (`ChunkFills.adopt`) waits for its first owner to ask for its copy before
+# its manifest is answered: a round trip or two on a live ring.
 ADOPT_WAIT = 1.0
 
 
@@ -102,6 +99,7 @@ class ChunkFills:
         # flight (/readyz, the cluster's settling) stay whole objects' fills.
         self.flights = Flights()
         self._fills: dict[Flight, _ChunkFill] = {}  # every chunk fill running here, superseded ones too
+        self.kept = KeptChunks()  # adopted chunks 0 this node owns none of, kept for the reads here
 
     def running(self, key: str, index: int, layout: Layout) -> bool:
         """Whether a flight of chunk `index` of `key` runs here: a fill whose
@@ -163,7 +161,7 @@ class ChunkFills:
         return Tail(growing)
 
     async def adopt(self, response: aiohttp.ClientResponse, *, key: str, url: str, target: Target, layout: Layout,
-                    validator: Validator) -> None:
+                    validator: Validator, read_here: bool) -> None:
         """Chunk 0 of `key` from `response`: the origin's 206 to the first
         request of the object's cold fill, which asked for the first chunk's
         range (fill/chunking.py), so that the answer that told the object's
@@ -171,7 +169,9 @@ class ChunkFills:
         whoever owns it: its first other owner is asked at once to copy it
         from this node as it grows, the owners behind that one to copy it
         from there once it holds it (this node's link sends one copy), and a
-        copy here that no owner's place names goes then. Returns once the
+        copy here that no owner's place names goes then, once the reads here
+        from now on have passed it, the leading request's first when it is
+        `read_here` (chunks/kept.py). Returns once the
         first has asked (at most ADOPT_WAIT): a reader told of the manifest
         after that finds its copy under way, where it would otherwise fill
         chunk 0 from the origin."""
@@ -189,7 +189,8 @@ class ChunkFills:
         task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout))
         task.add_done_callback(lambda done: self._ended(flight, done))
         if first is not None:
-            self.spawn(self._copied_behind(task, first, others, target, spec, drop=len(others) == len(owners)))
+            drop = self.kept.keep(flight.key, read_here=read_here) if len(others) == len(owners) else None
+            self.spawn(self._copied_behind(task, first, others, target, spec, drop=drop))
         deadline = time.monotonic() + ADOPT_WAIT
         while first is not None and not fill.joined and not first.done() and time.monotonic() < deadline:
             fill.join_seen.clear()
@@ -208,19 +209,23 @@ class ChunkFills:
         return stored
 
     async def _copied_behind(self, adopted: asyncio.Task, first: asyncio.Task, others: list[Peer], target: Target,
-                             spec: ChunkSpec, *, drop: bool) -> None:
+                             spec: ChunkSpec, *, drop: Kept | None) -> None:
         """Once the first other owner of an adopted chunk holds it, have the
         owners behind it copy it from there (from here, if it could not);
-        then, `drop`: this node owns none of the chunk, its copy goes (kept
-        when no owner could copy it: then it is the only one)."""
+        then, `drop`: this node owns none of the chunk, its copy goes once
+        the reads here passed it (kept when no owner could copy it: then
+        it is the only one)."""
         copied = (await asyncio.gather(first, return_exceptions=True))[0] == ReplicateResult.COPIED
         source = others[0] if copied else spec.source
         behind = [await self.peers.push(p, target, dataclasses.replace(spec, source=source)) for p in others[1:]]
         stored = (await asyncio.gather(adopted, return_exceptions=True))[0]  # an error: nothing stored here
-        if drop and isinstance(stored, Meta) and (copied or ReplicateResult.COPIED in behind):
+        if drop is not None and isinstance(stored, Meta) and (copied or ReplicateResult.COPIED in behind):
+            read = await self.kept.read(drop)
             if await self.store.remove_one(stored):
                 self.counts.gone(stored, self.store.sizes())
-                log.info("chunk_dropped", key=stored.key, reason="its owners hold it")
+                log.info("chunk_dropped", key=stored.key, reason="its owners hold it", reads_through=read)
+        if drop is not None:
+            self.kept.release(drop)
 
     @staticmethod
     async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
@@ -300,11 +305,9 @@ class ChunkFills:
 
     async def _fill(self, flight: Flight, fill: _ChunkFill, *, key: str, url: str, target: Target, layout: Layout,
                     index: int, source: Peer | None = None) -> Meta | None:
-        """Fill chunk `index` here: from a live owner ahead of this node in
-        ring order when one holds it (a replica copies the first owner's
-        chunk; one that breaks off is marked down and the next source tried),
-        else from the origin, which makes this node the chunk's first live
-        owner: it then asks the owners behind it to copy the chunk from it."""
+        """Fill chunk `index` here: from a live owner ahead of this node in ring order that holds it
+        (one that breaks off is marked down unless its own fill failed, and the next tried), else from
+        the origin (this node then its first live owner, which has the owners behind it copy it)."""
         ckey, validator = flight.key, fill.validator
         size = layout.length_of(index)
         started = time.monotonic()
@@ -330,7 +333,7 @@ class ChunkFills:
                 # origin); a chunk passed on only while owners are left, else its readers go on alone.
                 log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
                             resume=fill.keep or n < len(ahead))
-                self.relay.mark_down(peer, str(e))
+                await self.peers.broke_off(peer, target, spec, str(e))  # down unless its own fill failed
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
                      seconds=round(time.monotonic() - started, 3))
@@ -439,8 +442,7 @@ class ChunkFills:
 
     @staticmethod
     def _stop_growing(fill: _ChunkFill, growing: Growing) -> None:
-        """A chunk file's growth ended (whole or not): its readers are woken to
-        see it, and later readers no longer find it."""
+        """A chunk file's growth ended (whole or not): its readers are woken, later ones no longer find it."""
         growing.ended = True
         growing.moved.set()
         if fill.growing is growing:

@@ -11,7 +11,8 @@ chunk. HEAD only makes sure this node holds the chunk (a replica's copy,
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import time
+from typing import Callable, Protocol
 
 import structlog
 from aiohttp import web
@@ -23,9 +24,12 @@ from cachenode.counts import Counts
 from cachenode.http.conditionals import parse_range
 from cachenode.store.blocks import summary
 from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from nezha.chunks import chunk_key
 from nezha.errors import NezhaError, OriginError
 from nezha.keys import Target
-from nezha.wire import BLOCKS_HEADER, CHUNK_HEADER, SERVED_BY_HEADER
+from nezha.wire import (BLOCKS_HEADER, CHUNK_CUT_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, SERVED_BY_HEADER,
+                        origin_error_value)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -38,14 +42,40 @@ class Record(Protocol):
     bytes: int
 
 
+# How long a cut is remembered (`Cuts`): the peer asks why at once, one round trip after the cut.
+CUT_NOTED = 10.0
+
+
+class Cuts:
+    """The chunk answers this node cut mid-body because its own fill of the
+    chunk failed, and why, each for CUT_NOTED seconds: a peer whose answer
+    broke off asks, and is told this node is alive (`ChunkOwner.serve`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._cut: dict[str, tuple[float, str]] = {}  # chunk key -> (when, why)
+
+    def note(self, ckey: str, why: str) -> None:
+        now = self._clock()
+        for old in [k for k, (at, _) in self._cut.items() if now - at > CUT_NOTED]:
+            del self._cut[old]
+        self._cut[ckey] = (now, why)
+
+    def why(self, ckey: str) -> str | None:
+        """Why this node cut its answer for `ckey` within CUT_NOTED seconds; None: it did not."""
+        noted = self._cut.get(ckey)
+        return noted[1] if noted is not None and self._clock() - noted[0] <= CUT_NOTED else None
+
+
 class ChunkOwner:
     def __init__(self, *, node_id: str, store: Store, fills: ChunkFills, counts: Counts,
-                 send_file: SendFile) -> None:
+                 send_file: SendFile, clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
         self.store = store
         self.fills = fills
         self.counts = counts
         self.send_file = send_file  # sendfile from a stored file to the asking peer
+        self.cuts = Cuts(clock)
 
     async def serve(self, request: web.Request, record: Record, *, key: str, url: str,
                     target: Target) -> web.StreamResponse:
@@ -60,6 +90,8 @@ class ChunkOwner:
             raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
         layout = spec.layout
         size = layout.length_of(spec.index)
+        if CHUNK_CUT_HEADER in request.headers:
+            return self._why_cut(chunk_key(key, spec.index, layout.chunk_size))
         asked = parse_range(request.headers.get("Range", ""), size)
         if asked is False:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
@@ -74,15 +106,23 @@ class ChunkOwner:
                                               validator=spec.validator, source=spec.source)
             if isinstance(here, Tail):
                 return await self._send_growing(request, record, here, host=target.host, start=start,
-                                                count=count, size=size, ranged=bool(asked))
-            stored = here
+                                                count=count, size=size, ranged=bool(asked),
+                                                ckey=chunk_key(key, spec.index, layout.chunk_size))
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError:
             raise
         except NezhaError as e:  # a copy or a fill that broke off: the asker tries the next source
             log.warning("chunk_unavailable", key=key, index=spec.index, error=str(e))
-            raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n")
+            raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n",
+                                             headers={FILL_FAILED_HEADER: origin_error_value(str(e))})
+        return await self._send_stored(request, record, here, host=target.host, start=start, count=count,
+                                       size=size, ranged=bool(asked))
+
+    async def _send_stored(self, request: web.Request, record: Record, stored: Meta, *, host: str, start: int,
+                           count: int, size: int, ranged: bool) -> web.StreamResponse:
+        """Bytes [start, start + count) of the chunk `stored` here, by sendfile (none for HEAD), its
+        blocks checked first when reads are verified."""
         try:
             f = open(self.store.data_path(stored), "rb")
         except FileNotFoundError:
@@ -95,7 +135,7 @@ class ChunkOwner:
                     self.store.damaged(stored, found_by="read", why=why)
                     raise web.HTTPServiceUnavailable(text=f"chunk {stored.key} was corrupt here and is removed; "
                                                           f"ask again\n")
-            resp = self._answer(start=start, count=count, size=size, ranged=bool(asked))
+            resp = self._answer(start=start, count=count, size=size, ranged=ranged)
             if stored.blocks and start == 0 and count == size:  # a whole copy: checked by the receiver
                 resp.headers[BLOCKS_HEADER] = summary(stored.blocks)
             await resp.prepare(request)
@@ -103,7 +143,7 @@ class ChunkOwner:
                 await self.send_file(request, resp, f, start, count)
             await resp.write_eof()
         record.bytes = count if request.method == "GET" else 0
-        self._sent(request, target.host, record.bytes)
+        self._sent(request, host, record.bytes)
         self.counts.accessed(stored.key)
         return resp
 
@@ -125,11 +165,20 @@ class ChunkOwner:
         counts (cachenode/counts.py drops it from a peer's request)."""
         self.counts.count(host, request=request, bytes_served=sent)
 
+    def _why_cut(self, ckey: str) -> web.Response:
+        """A peer's question (CHUNK_CUT_HEADER): did this node cut its answer for `ckey` because its fill failed?"""
+        why = self.cuts.why(ckey)
+        if why is None:
+            return web.Response(status=404, text=f"no answer for {ckey} was cut here for a failed fill\n")
+        return web.Response(status=200, headers={FILL_FAILED_HEADER: origin_error_value(why)},
+                            text=f"the fill of {ckey} here failed: {why}\n")
+
     async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, host: str, start: int,
-                            count: int, size: int, ranged: bool) -> web.StreamResponse:
+                            count: int, size: int, ranged: bool, ckey: str) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
-        sent as they land. If its fill fails first, the connection is cut:
-        the asking node resumes from that byte elsewhere (cachenode/chunks/reads.py `_write`)."""
+        sent as they land. If its fill fails first, the cut is noted (`Cuts`)
+        and the connection is cut: the asking node resumes from that byte
+        elsewhere (cachenode/chunks/reads.py `_write`, chunks/fills.py `_fill`)."""
         with tail:
             resp = self._answer(start=start, count=count, size=size, ranged=ranged)
             await resp.prepare(request)
@@ -138,6 +187,7 @@ class ChunkOwner:
             self._sent(request, host, sent)
             if sent < count:
                 log.warning("chunk_fill_broke", key=record.key, sent=sent, wanted=count)
+                self.cuts.note(ckey, f"its fill ended after {tail.growing.temp.written} of {size} bytes")
                 if request.transport is not None:
                     request.transport.close()
                 return resp

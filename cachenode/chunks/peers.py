@@ -21,7 +21,8 @@ from nezha.chunks import Layout, Piece, place
 from nezha.errors import OriginError
 from nezha.keys import Target
 from nezha.ring import Membership, Peer
-from nezha.wire import CHUNK_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER, ReplicateResult, replicate_failed
+from nezha.wire import (CHUNK_CUT_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER,
+                        SCHEME_HEADER, ReplicateResult, replicate_failed)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -89,13 +90,33 @@ class ChunkPeers:
             r.release()
             raise ChunkUnavailable(f"{source}: the origin failed: {why}")
         if r.status not in (200, 206) or r.content_length != piece.length:
+            failed = r.headers.get(FILL_FAILED_HEADER)
             log.warning("chunk_peer_refused", peer=peer.id, status=r.status, length=r.content_length,
-                        wanted=piece.length)
+                        wanted=piece.length, fill_failed=failed)
             r.release()
-            if r.status >= 500:
+            if r.status >= 500 and failed is None:
                 self.relay.mark_down(peer, f"answered {r.status} for a chunk")
             return None
         return Opened(piece, response=r, source=source, peer=peer)
+
+    async def broke_off(self, peer: Peer, target: Target, spec: ChunkSpec, why: str) -> None:
+        """`peer`'s answer for chunk `spec` broke off mid-body (`why`): asked
+        whether it cut the answer because its own fill failed. Marked down
+        unless it answers so: a peer that does not answer, or broke off for
+        another reason, is routed around as any peer that breaks off."""
+        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                   CHUNK_HEADER: spec.header(), CHUNK_CUT_HEADER: "1", **self.auth}
+        try:
+            r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
+        except OriginError as e:
+            self.relay.mark_down(peer, f"{why}; then did not answer: {e}")
+            return
+        failed = r.headers.get(FILL_FAILED_HEADER) if r.status == 200 else None
+        r.release()
+        if failed is None:
+            self.relay.mark_down(peer, why)
+            return
+        log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
 
     async def push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
         """Have `peer`, an owner of the chunk behind this node, hold it too:

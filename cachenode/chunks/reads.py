@@ -35,6 +35,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.chunks.fills import ChunkFills
+from cachenode.chunks.kept import Reading
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
@@ -128,6 +129,9 @@ class ChunkReads:
         checked = CheckedBody(resp, expected, length=length) if expected is not None else None
         out = checked if checked is not None else resp
         send_file = checked.send_file if checked is not None else self.send_file
+        # A copy of chunk 0 this node adopted but owns none of stays until this read passed it (chunks/kept.py).
+        first = (self.fills.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
+                 else Reading(None))
 
         def top_up() -> None:
             while pieces and len(ahead) < WINDOW:
@@ -136,6 +140,7 @@ class ChunkReads:
                                                               owners[piece.index])))
 
         reopen = functools.partial(self._reopen, meta, target, layout, validator, owners)
+        broke_off = functools.partial(self._broke_off, target, layout, validator)
 
         try:
             top_up()
@@ -143,7 +148,9 @@ class ChunkReads:
                 try:
                     opened = await ahead.popleft()
                     top_up()
-                    await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file)
+                    await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file,
+                                      broke_off=broke_off)
+                    first.done()  # chunk 0 is written first, if at all
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
                     raise BrokenStream(str(e)) from e
@@ -155,6 +162,7 @@ class ChunkReads:
                     await self._mismatched(meta, layout, validator, mismatch)
                     raise BrokenStream(f"{meta.key}: its chunks are not what the origin published: {mismatch}")
         finally:
+            first.done()
             for task in ahead:
                 task.cancel()
             for result in await asyncio.gather(*ahead, return_exceptions=True):
@@ -194,9 +202,11 @@ class ChunkReads:
 
     async def _write(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened, *,
                      host: str, reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]],
-                     send_file: SendFile) -> None:
+                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
-        mid-piece (a peer killed, a connection reset) is marked down and the
+        mid-piece (a peer killed, a connection reset) is marked down (unless
+        its own fill failed: `broke_off`; a chunk passed on here was judged
+        by the fill that passed it, chunks/fills.py `_fill`) and the
         rest of the piece is asked again, of the chunk's other owners or
         the origin (`reopen`), at most RESUMES times: the client's body goes
         on where it was, never short."""
@@ -233,8 +243,8 @@ class ChunkReads:
                     broke, origin_only = opened.peer, False
                 log.warning("chunk_source_broke", source=opened.source, index=piece.index, sent=sent,
                             reason=why, resume=attempt < RESUMES)
-                if broke is not None:
-                    self.relay.mark_down(broke, f"chunk {piece.index} {why}")
+                if broke is not None and not opened.passed:
+                    await broke_off(broke, piece.index, f"chunk {piece.index} {why}")
                 opened.close()
                 if attempt == RESUMES:
                     raise BrokenStream(gave_up)
@@ -242,6 +252,13 @@ class ChunkReads:
                                             length=piece.length - sent), broke, origin_only)
         finally:
             opened.close()
+
+    async def _broke_off(self, target: Target, layout: Layout, validator: Validator, peer: Peer, index: int,
+                         why: str) -> None:
+        """`peer`'s answer for chunk `index` broke off: marked down unless its
+        own fill failed (`ChunkPeers.broke_off`)."""
+        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        await self.peers.broke_off(peer, target, spec, why)
 
     async def _relay(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened,
                      piece: Piece, *, sent: int, host: str) -> tuple[int, str | None]:
@@ -307,6 +324,11 @@ class ChunkReads:
             except ChunkChanged:
                 raise
             except NezhaError as e:  # no owner answered the shared request: this read asks on its own
+                held = self.store.lookup(ckey)
+                if held is not None and validator.mismatch(dict(held.headers)) is None:
+                    # The fill it joined was this node's first answer (`ChunkFills.adopt`), and it ended
+                    # stored as this reader came: from here, not one more copy across a link.
+                    return Opened(piece, meta=held, source=f"chunk {ckey} here")
                 log.info("chunk_pass_missed", key=ckey, reason=str(e))
             else:
                 return Opened(piece, growing=tail, passed=True, source=f"chunk {ckey} passed on here")

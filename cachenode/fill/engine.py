@@ -73,9 +73,10 @@ class ChunkedObjects(Protocol):
         """A fill from the origin replaced the stored manifest `old` (`new`:
         the new manifest, or None when stored whole): the old version's chunks go."""
 
-    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target) -> None:
+    async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target, *, read_here: bool) -> None:
         """`response`, the origin's 206 of the first chunk of the object the manifest `meta` describes,
-        filled as that chunk; returns once its owners are copying it (chunks/fills.py `adopt`)."""
+        filled as that chunk; returns once its owners are copying it (chunks/fills.py `adopt`). `read_here`:
+        the request that led the fill reads the object here (a client's; a peer's is answered the manifest)."""
 
 
 class FillEngine:
@@ -384,7 +385,7 @@ class FillEngine:
                             decision=decision)
             meta = await self._chunked(judged, key=key, url=url, origin=origin, target=target, source=source,
                                        stale=None)
-            await self.chunks.adopt(meta, response, target)
+            await self.chunks.adopt(meta, response, target, read_here=source.read_here)
             self.flights.land(flight)
             return Outcome(Kind.STORED, meta=meta)
         fill = await self.runs.start(flight, response, key=key, url=url, host=target.host, headers=kept,

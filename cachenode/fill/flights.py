@@ -59,6 +59,9 @@ class Source:
     # copy: the next owner, else the origin; cachenode/cluster/streaming_copies.py).
     # None: the fill fails with its source.
     rest: Callable[[int, BaseException], AsyncIterator[bytes]] | None = None
+    # The leading request reads the object's bytes here: a client's GET; not a peer's (answered a chunked
+    # object's manifest, it reads the chunks itself), a HEAD or a prefetch (cachenode/chunks/kept.py).
+    read_here: bool = False
 
 
 class Kind(enum.Enum):

@@ -187,7 +187,8 @@ class FastMisses:
         self.pacing.live_began()
         try:
             # As `FillEngine.origin_source` makes it for a plain GET (no Range: no resume; no peer: nothing handed).
-            source = Source(url=miss.url, what=f"origin {miss.url}", headers=miss.forwarded, interim=interim)
+            source = Source(url=miss.url, what=f"origin {miss.url}", headers=miss.forwarded, interim=interim,
+                            read_here=True)
             outcome, response = await self.engine.lead(miss.flight, key=miss.key, url=miss.url, origin=miss.origin,
                                                        stale=None, target=miss.target, source=source)
         except BaseException as e:

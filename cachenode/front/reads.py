@@ -12,6 +12,7 @@ origin cannot keep a request looping.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Callable, Protocol
 
@@ -186,13 +187,14 @@ class Reads:
         drops none, every field may be signed)."""
         interim = InterimRelay(request)
         # A relay resuming a body hands on the digest of the head it began with (nezha/wire.py DIGEST_HEADER).
-        handed = request.headers.get(DIGEST_HEADER) \
-            if is_peer_request(request, self.respond.settings.cluster_token) else None
+        peer = is_peer_request(request, self.respond.settings.cluster_token)
+        handed = request.headers.get(DIGEST_HEADER) if peer else None
+        reads = request.method == "GET" and not peer  # a peer's read of a chunked object is answered its manifest
+        source = self.engine.origin_source(asked.url, request.headers, route=parent_route(request), drop=drop,
+                                           interim=interim, handed=handed)
         try:
-            return await self.engine.lead(
-                flight, key=asked.key, url=asked.url, origin=asked.origin, stale=stale, target=asked.target,
-                source=self.engine.origin_source(asked.url, request.headers, route=parent_route(request),
-                                                 drop=drop, interim=interim, handed=handed))
+            return await self.engine.lead(flight, key=asked.key, url=asked.url, origin=asked.origin, stale=stale,
+                                          target=asked.target, source=dataclasses.replace(source, read_here=reads))
         finally:
             interim.close()
 

@@ -9,13 +9,22 @@ In-process nodes on 127.0.0.1 sharing one ring (the `cluster` fixture).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import re
+import socket
+from collections import Counter
 
 import aiohttp
+from structlog.testing import capture_logs
 
+from cachenode.chunks.spec import ChunkSpec
+from cachenode.fill.parallel import Validator
 from nezha.chunks import Layout, chunk_key, place
+from nezha.keys import target_of
+from nezha.ring import Peer
 
-from tests.integration.cachenode.conftest import owner_and_other
+from tests.integration.cachenode.conftest import HOST, owner_and_other
 from tests.integration.cachenode.test_chunks import CHUNK, CHUNKED, KEY, PATH, SIZE, body_of, read, settled, sha
 
 MiB = 1 << 20
@@ -120,3 +129,76 @@ async def test_an_origin_that_ignores_range_is_filled_from_its_200_and_stored_wh
     await settled(nodes)
     meta = nodes[owner].node.store.lookup(KEY)
     assert meta is not None and meta.chunk_size == 0 and meta.size == SIZE
+
+
+async def cut_or_exact(node, session, body: bytes) -> str:
+    """GET PATH through `node`, streamed: "exact" (every byte, right), "error" (a status that is no 200, and
+    no byte of the object), or "cut" (a 200 whose connection ended early, every byte before it right)."""
+    digest, n = hashlib.sha256(), 0
+    try:
+        async with session.get(node.url + PATH, headers={"Host": HOST}) as r:
+            if r.status != 200:
+                return "error"
+            async for data in r.content.iter_chunked(1 << 20):
+                digest.update(data)
+                n += len(data)
+    except aiohttp.ClientPayloadError:
+        pass
+    assert digest.hexdigest() == sha(body[:n]), f"a wrong byte within the first {n} through {node.url}"
+    return "exact" if n == len(body) else "cut"
+
+
+async def test_an_origin_dying_mid_chunk_0_marks_no_node_down_and_the_object_is_filled_at_its_next_read(
+        origin, cluster, session):
+    """R = 3 on four nodes: chunk 0 has owners copying it one behind the other from the key's owner, which
+    stores the first answer as chunk 0. The origin drops that answer halfway: every client read through
+    every node gets exact bytes, an error or a cut, and no node counts the key's owner (nor any other) as
+    down, for it answers: only its fill failed. The next read through every node is exact, and the origin
+    was asked for no byte more than three times (the answer that died, an owner's fill of chunk 0 in its
+    place, the next read's)."""
+    body = body_of(SIZE)
+    origin.put(PATH, body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"},
+               range_die_after=CHUNK // 2, range_cuts=1, rate=8 * MiB)
+    nodes, _ = await cluster(4, replicas=3, **CHUNKED)
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(cut_or_exact(node, session, body) for node in nodes.values()))
+        await settled(nodes)
+    assert set(results) <= {"exact", "error", "cut"}
+    assert asked_spans(origin)[0] == (0, CHUNK - 1)
+    downs = [(e.get("peer"), e.get("reason")) for e in logs if e["event"] == "peer_marked_down"]
+    assert downs == [], f"a node marked a live peer down for the origin's failure: {downs}"
+    for nid, nd in nodes.items():
+        assert not [p for p in nd.node.cluster.owners(KEY, 4) if nd.node.relay.is_down(p)], nid
+    origin.behaviour[PATH].rate = None
+    for node in nodes.values():
+        assert await cut_or_exact(node, session, body) == "exact"
+    await settled(nodes)
+    asked = Counter()
+    for first, last in asked_spans(origin):
+        asked[(first, last)] += 1
+    most = max(sum(n for (a, b), n in asked.items() if a <= at <= b) for at in range(0, SIZE, CHUNK))
+    assert most <= 3, f"a byte asked of the origin {most} times: {sorted(asked.items())}"
+
+
+async def test_a_peer_whose_chunk_answer_broke_off_is_marked_down_unless_it_says_its_own_fill_failed(cluster):
+    """The question a node asks after a peer's chunk answer broke off (chunks/peers.py `broke_off`): a peer
+    that cut it because its fill failed says so and stays up; one that cut nothing, and an address where
+    nothing answers (connection refused), are marked down as any peer that breaks off."""
+    nodes, _ = await cluster(2)
+    asker, peer = nodes["n0"].node, nodes["n1"].node
+    me = Peer("n1", f"127.0.0.1:{nodes['n1'].server.port}")
+    spec = ChunkSpec(index=0, chunk_size=CHUNK, length=SIZE, validator=Validator(etag='"v1"', last_modified=None))
+    peer.chunk_owner.cuts.note(chunk_key(KEY, 0, CHUNK), "its fill ended after 7 of 4194304 bytes")
+    with capture_logs() as logs:
+        await asker.chunk_owner.fills.peers.broke_off(me, target_of(KEY), spec, "broke off after 7 bytes")
+    assert not asker.relay.is_down(me)
+    assert [e["reason"] for e in logs if e["event"] == "chunk_peer_fill_failed"] == [
+        "its fill ended after 7 of 4194304 bytes"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = Peer("gone", f"127.0.0.1:{s.getsockname()[1]}")  # bound, never listening: refused
+        await asker.chunk_owner.fills.peers.broke_off(gone, target_of(KEY), spec, "broke off after 7 bytes")
+    assert asker.relay.is_down(gone)
+    other = dataclasses.replace(spec, index=1)  # no answer of chunk 1 was cut there
+    await asker.chunk_owner.fills.peers.broke_off(me, target_of(KEY), other, "broke off after 7 bytes")
+    assert asker.relay.is_down(me)
