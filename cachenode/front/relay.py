@@ -33,7 +33,11 @@ Failover, in the order a request meets it:
   older than the response's Date, RFC 9110 §13.1.5), and when no owner is
   left, from the origin with the same two headers, so the client sees one
   unbroken response. Only when neither is possible is the client's
-  connection cut: never a short body.
+  connection cut: never a short body. An owner that broke off is marked
+  down, unless it says it cut the body because its own fill failed (the
+  origin died mid-body; `peer_fill_failed`): the relay asks it at once
+  (peers/cuts.py), and a node that does not answer, or cut nothing, is
+  down. A live owner is not routed around for its origin's failure.
 - **The filling owner dies under a stampede.** Every client relayed from it
   breaks at once. Those relayed through a non-owner resume from the next
   owner, whose flight serves them all. Those relayed through that next
@@ -83,7 +87,8 @@ from aiohttp import web
 from cachenode.kernel import splice
 from nezha.ring import Peer
 from cachenode.front.interim import InterimRelay
-from cachenode.peers.asks import PeerAsks, from_origin
+from cachenode.peers.asks import PeerAsks, PeerSilent, from_origin
+from cachenode.peers.cuts import asked_why_cut
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, start_body, stream_body
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target
@@ -165,6 +170,13 @@ class PeerRelay(PeerAsks):
             self.mark_down(peer, str(e))
             return None
 
+    async def _broke_off(self, peer: Peer, target: Target, why: str) -> None:
+        """`peer`'s answer broke off mid-body (`why`): marked down unless it says
+        it cut the answer because its own fill failed (peers/cuts.py)."""
+        failed = await asked_why_cut(self, peer, peer.url + target.path_qs, headers=self.own_fields(target), why=why)
+        if failed is not None:
+            log.info("peer_fill_failed", peer=peer.id, path=target.path, reason=failed, broke=why)
+
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
                      interim: InterimRelay, on_manifest: OnManifest | None = None,
                      validators: dict[str, str] | None = None,
@@ -210,8 +222,11 @@ class PeerRelay(PeerAsks):
                     return body.out
                 try:
                     await stream_body(self, request, r, body, peer=peer)
+                except PeerSilent as e:  # it failed its liveness probe: down, nothing to ask it
+                    self.mark_down(peer, f"broke mid-body: {e}")
+                    continue
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    self.mark_down(peer, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
+                    await self._broke_off(peer, target, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
                     continue
                 except splice.ClientGone as e:
                     return client_gone(request, body, peer.id, e)

@@ -38,8 +38,8 @@ from nezha.keys import Target
 from cachenode.http.headers import end_to_end_pairs
 from cachenode.peers.auth import peer_auth
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
-                        TOKEN_HEADER)
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CUT_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON,
+                        PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -123,6 +123,11 @@ class PeerAsks:
         """Owners in ring order, those recently failed last (still tried: they may be back)."""
         return [p for p in owners if not self.is_down(p)] + [p for p in owners if self.is_down(p)]
 
+    def own_fields(self, target: Target) -> dict[str, str]:
+        """The fields of this node's own request to a peer about `target`: none of a client's."""
+        return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                **peer_auth(self.cluster_token)}
+
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
         headers = CIMultiDict(end_to_end_pairs(request.headers))  # fill/origin.py's `end_to_end`, sent on
         headers["Host"] = target.host
@@ -132,6 +137,8 @@ class PeerAsks:
         headers.popall(CHUNK_HEADER, None)
         # A client's digest would be believed as this node's: a wrong one would make the owner refuse right bytes.
         headers.popall(DIGEST_HEADER, None)
+        # A client's question of why a cut happened would be answered in place of its object (peers/cuts.py).
+        headers.popall(CUT_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))
@@ -203,10 +210,12 @@ class PeerAsks:
             elif response is None and not task.cancelled() and task.exception() is None:
                 task.result().release()
 
-    def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
+    def guard(self, peer: Peer, response: aiohttp.ClientResponse,
+              progress: Callable[[], int]) -> asyncio.Task[str]:
         """Watch a body from `peer`: when `progress()` stands still for `peer_timeout`
         and `peer` then fails a probe, cut the connection so the reader fails
-        now (and can resume elsewhere) rather than after `read_timeout`.
+        now (and can resume elsewhere) rather than after `read_timeout`; the
+        task's result is then why (a task that was cancelled did not cut).
 
         A client that reads slowly, or an owner waiting on a slow origin,
         stands still too; they pass the probe and are left alone.
@@ -214,7 +223,7 @@ class PeerAsks:
         conn = response.connection
         sock = conn.transport.get_extra_info("socket") if conn is not None and conn.transport is not None else None
 
-        async def watch() -> None:
+        async def watch() -> str:
             loop = asyncio.get_running_loop()
             last, moved_at = progress(), loop.time()
             while True:
@@ -235,6 +244,6 @@ class PeerAsks:
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
                 response.close()
-                return
+                return why
 
         return asyncio.get_running_loop().create_task(watch())
