@@ -87,8 +87,7 @@ from aiohttp import web
 from cachenode.kernel import splice
 from nezha.ring import Peer
 from cachenode.front.interim import InterimRelay
-from cachenode.peers.asks import PeerAsks, PeerSilent, from_origin
-from cachenode.peers.cuts import asked_why_cut
+from cachenode.peers.asks import PeerAsks, from_origin
 from cachenode.front.relay_body import RelayedBody, client_gone, finish_body, start_body, stream_body
 from cachenode.front.relay_resume import headers_for, unfinished
 from nezha.keys import Target
@@ -170,13 +169,6 @@ class PeerRelay(PeerAsks):
             self.mark_down(peer, str(e))
             return None
 
-    async def _broke_off(self, peer: Peer, target: Target, why: str) -> None:
-        """`peer`'s answer broke off mid-body (`why`): marked down unless it says
-        it cut the answer because its own fill failed (peers/cuts.py)."""
-        failed = await asked_why_cut(self, peer, peer.url + target.path_qs, headers=self.own_fields(target), why=why)
-        if failed is not None:
-            log.info("peer_fill_failed", peer=peer.id, path=target.path, reason=failed, broke=why)
-
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,
                      interim: InterimRelay, on_manifest: OnManifest | None = None,
                      validators: dict[str, str] | None = None,
@@ -222,11 +214,8 @@ class PeerRelay(PeerAsks):
                     return body.out
                 try:
                     await stream_body(self, request, r, body, peer=peer)
-                except PeerSilent as e:  # it failed its liveness probe: down, nothing to ask it
-                    self.mark_down(peer, f"broke mid-body: {e}")
-                    continue
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    await self._broke_off(peer, target, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # down, unless its own fill failed
+                    await self.broke_off(peer, target, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
                     continue
                 except splice.ClientGone as e:
                     return client_gone(request, body, peer.id, e)

@@ -22,7 +22,6 @@ goes with every resume, whose source checks the whole.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from cachenode.kernel import splice
 from cachenode.front.access import access, break_connection
 from nezha.ring import Peer
 from cachenode.front.exact_head import ExactResponse
-from cachenode.peers.asks import PeerAsks, PeerSilent
+from cachenode.peers.asks import PeerAsks
 from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Expectations, Expected, Verifier, carried, expectations
 from cachenode.http.freshness import http_date
@@ -120,9 +119,7 @@ async def start_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientResp
 
 async def stream_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientResponse, body: RelayedBody, *,
                       peer: Peer | None) -> None:
-    """The rest of `r`'s body to the client; raises ClientError or TimeoutError
-    if `r` breaks, PeerSilent if `peer` stalled and failed its liveness probe
-    (`PeerAsks.guard` cut it: no question of why is worth asking it)."""
+    """The rest of `r`'s body to the client; raises ClientError or TimeoutError if `r` breaks."""
     def count(n: int) -> None:
         body.sent += n
 
@@ -146,10 +143,6 @@ async def stream_body(asks: PeerAsks, request: web.Request, r: aiohttp.ClientRes
                 except ConnectionError as e:  # aiohttp's reset error is a ClientError too: not the owner's
                     raise splice.ClientGone(f"client socket: {e}") from e
                 count(taken)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        if watch is not None and watch.done() and not watch.cancelled():
-            raise PeerSilent(f"stalled after {body.sent} bytes, and {watch.result()}") from e
-        raise
     finally:
         if watch is not None:
             watch.cancel()

@@ -18,6 +18,8 @@ three (cachenode/peers/): what they call of it goes down the layers.
   for the origin before it sends its headers, a frozen one never will; after
   each `peer_timeout` of silence the owner's `/healthz` tells the two apart
   (`ask` before the headers, `guard` mid-body).
+- **A body that breaks is asked why** (`broke_off`): an owner whose own
+  fill failed says so and is not marked down (peers/cuts.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from nezha.ring import Peer
 from nezha.keys import Target
 from cachenode.http.headers import end_to_end_pairs
 from cachenode.peers.auth import peer_auth
+from cachenode.peers.cuts import asked_why_cut
 from nezha.errors import OriginError, OriginTimeout
 from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CUT_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON,
                         PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER)
@@ -98,6 +101,7 @@ class PeerAsks:
         self._clock = clock
         self._down_until: dict[str, float] = {}
         self._answered_at: dict[str, float] = {}  # when each peer last answered (its headers, or a probe)
+        self._stalled: dict[str, float] = {}  # when `guard` last cut each peer off: it failed its probe mid-body
         # Hugging Face's digests of redirect targets (fill/verify.py `Digests`): noted
         # as the relay passes redirects on, handed to a target's owner when relaying it.
         self.linked = linked
@@ -107,6 +111,20 @@ class PeerAsks:
         self._down_until[peer.id] = self._clock() + self.down_for
         self._answered_at.pop(peer.id, None)  # its next connect is given `peer_timeout` again
         log.warning("peer_marked_down", peer=peer.id, address=peer.address, reason=why, seconds=self.down_for)
+
+    async def broke_off(self, peer: Peer, target: Target, why: str) -> None:
+        """`peer`'s answer for `target` broke off mid-body (`why`): marked down
+        unless it says it cut the answer because its own fill failed (its
+        origin died mid-body: peers/cuts.py). One `guard` cut off for failing
+        its liveness probe within `down_for` seconds is not asked: it would
+        only fail the question's probe too, seconds later."""
+        stalled = self._stalled.get(peer.id)
+        if stalled is not None and self._clock() - stalled < self.down_for:
+            self.mark_down(peer, f"{why}; it failed its liveness probe")
+            return
+        failed = await asked_why_cut(self, peer, peer.url + target.path_qs, headers=self.own_fields(target), why=why)
+        if failed is not None:
+            log.info("peer_fill_failed", peer=peer.id, path=target.path, reason=failed, broke=why)
 
     def connect_budget(self, peer: Peer) -> float:
         """How long a connect to `peer` may take: `peer_timeout`, or
@@ -210,12 +228,11 @@ class PeerAsks:
             elif response is None and not task.cancelled() and task.exception() is None:
                 task.result().release()
 
-    def guard(self, peer: Peer, response: aiohttp.ClientResponse,
-              progress: Callable[[], int]) -> asyncio.Task[str]:
+    def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
         """Watch a body from `peer`: when `progress()` stands still for `peer_timeout`
         and `peer` then fails a probe, cut the connection so the reader fails
-        now (and can resume elsewhere) rather than after `read_timeout`; the
-        task's result is then why (a task that was cancelled did not cut).
+        now (and can resume elsewhere) rather than after `read_timeout`, and
+        note it (`broke_off` then asks it nothing).
 
         A client that reads slowly, or an owner waiting on a slow origin,
         stands still too; they pass the probe and are left alone.
@@ -223,7 +240,7 @@ class PeerAsks:
         conn = response.connection
         sock = conn.transport.get_extra_info("socket") if conn is not None and conn.transport is not None else None
 
-        async def watch() -> str:
+        async def watch() -> None:
             loop = asyncio.get_running_loop()
             last, moved_at = progress(), loop.time()
             while True:
@@ -243,7 +260,8 @@ class PeerAsks:
                     # splice's duplicate included; closing the transport would not.
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
+                self._stalled[peer.id] = self._clock()
                 response.close()
-                return why
+                return
 
         return asyncio.get_running_loop().create_task(watch())

@@ -14,7 +14,9 @@ fetches, ring churn, alerts), so each side keeps one half of a contract:
   alive and only its fill failed; anything else (404: no cut noted; no
   answer at all: killed, refused, reset, silent) marks it down as before.
 
-Whole objects (front/relay.py) and chunks (chunks/owner.py, chunks/peers.py)
+Whole objects (the owner's side in front/respond.py and front/handler.py;
+the asker's in peers/asks.py `PeerAsks.broke_off`, for front/relay.py and
+cluster/streaming_copies.py) and chunks (chunks/owner.py, chunks/peers.py)
 share it; what the asker does next (resume from the next owner, else the
 origin, else cut its client) is its own and the same either way.
 """
