@@ -172,6 +172,20 @@ def flush_repeats() -> None:
         _collapse.flush()
 
 
+def reset() -> None:
+    """Logging as a fresh process has it, before any `configure()`: structlog's
+    defaults (each event printed to the sys.stdout of the moment) and no
+    repeats pending. For a process that runs commands in-process one after
+    another, as the test suite does: `configure()` binds the stream it was
+    given, or the sys.stdout of that moment (a test's captured output), and
+    every later event would otherwise go there."""
+    import structlog
+
+    global _collapse, _credential_params
+    _collapse, _credential_params = None, frozenset()
+    structlog.reset_defaults()
+
+
 def configure(*, level: str = "info", json: bool = True, stream=None, cache_loggers: bool = False,
               repeat_window: float = 1.0, clock: Callable[[], float] = time.monotonic,
               credential_params: Iterable[str] = ()) -> None:

@@ -61,15 +61,16 @@ FROM_CHILD_HEADER = "X-Nezha-From-Child"
 # owner answers the Range asked of that chunk from its disk, or fills the
 # chunk from the origin under those validators first. Believed only from a peer.
 CHUNK_HEADER = "X-Nezha-Chunk"
-# On a node's answer to a chunk request: its own fill of that chunk failed
-# (its source, the origin or an owner ahead of it, broke off), and why. The
-# node is alive: the asker takes the chunk from its next source and does not
+# On a node's answer to a chunk request, or to CUT_HEADER's question: its own
+# fill failed (its source, the origin or an owner ahead of it, broke off), and
+# why. The node is alive: the asker goes on from its next source and does not
 # count the node down, as it does a peer that does not answer.
 FILL_FAILED_HEADER = "X-Nezha-Fill-Failed"
-# With CHUNK_HEADER, a peer's question after the node's answer for that chunk
-# broke off mid-body: why? The node answers 200 with FILL_FAILED_HEADER when
-# it cut the answer because its own fill failed, 404 when it knows of no such cut.
-CHUNK_CUT_HEADER = "X-Nezha-Chunk-Cut"
+# A peer's question after the node's answer for an object (with CHUNK_HEADER:
+# for that chunk) broke off mid-body: why? The node answers 200 with
+# FILL_FAILED_HEADER when it cut the answer because its own fill failed, 404
+# when it knows of no such cut (cachenode/peers/cuts.py). Believed only from a peer.
+CUT_HEADER = "X-Nezha-Cut"
 # On a response to a peer: the object is chunked, answered by the node that
 # holds its manifest; such an answer is never copied whole (a hot copy, a replica).
 CHUNKED_HEADER = "X-Nezha-Chunked"

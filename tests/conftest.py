@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nezha import logs
 from testkit.bytecode import compile_project
 from testkit.redis_server import RedisServer
 from testkit.tools import require_tool
@@ -20,6 +21,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The project's byte code, once, so that the node processes the tests start
     do not each compile it from source (testkit/bytecode.py)."""
     compile_project(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture(autouse=True)
+def logging_as_a_fresh_process():
+    """Every test starts with logging as a fresh process has it (nezha/logs.py `reset`). A test that
+    configures it, directly or through a command run in-process, binds structlog to its own output (a
+    StringIO, or the stdout capsys held for it), and a later test's events went there instead of to its
+    own capture: run after tests/unit, tests/integration/cluster/test_embedded_index.py read nothing."""
+    yield
+    logs.reset()
 
 
 @pytest.fixture

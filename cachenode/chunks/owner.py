@@ -22,14 +22,14 @@ from cachenode.chunks.sources import SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec
 from cachenode.counts import Counts
 from cachenode.http.conditionals import parse_range
+from cachenode.peers.cuts import Cuts, answer_cut
 from cachenode.store.blocks import summary
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.chunks import chunk_key
 from nezha.errors import NezhaError, OriginError
 from nezha.keys import Target
-from nezha.wire import (BLOCKS_HEADER, CHUNK_CUT_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, SERVED_BY_HEADER,
-                        origin_error_value)
+from nezha.wire import BLOCKS_HEADER, CHUNK_HEADER, CUT_HEADER, FILL_FAILED_HEADER, SERVED_BY_HEADER, origin_error_value
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -42,31 +42,6 @@ class Record(Protocol):
     bytes: int
 
 
-# How long a cut is remembered (`Cuts`): the peer asks why at once, one round trip after the cut.
-CUT_NOTED = 10.0
-
-
-class Cuts:
-    """The chunk answers this node cut mid-body because its own fill of the
-    chunk failed, and why, each for CUT_NOTED seconds: a peer whose answer
-    broke off asks, and is told this node is alive (`ChunkOwner.serve`)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._cut: dict[str, tuple[float, str]] = {}  # chunk key -> (when, why)
-
-    def note(self, ckey: str, why: str) -> None:
-        now = self._clock()
-        for old in [k for k, (at, _) in self._cut.items() if now - at > CUT_NOTED]:
-            del self._cut[old]
-        self._cut[ckey] = (now, why)
-
-    def why(self, ckey: str) -> str | None:
-        """Why this node cut its answer for `ckey` within CUT_NOTED seconds; None: it did not."""
-        noted = self._cut.get(ckey)
-        return noted[1] if noted is not None and self._clock() - noted[0] <= CUT_NOTED else None
-
-
 class ChunkOwner:
     def __init__(self, *, node_id: str, store: Store, fills: ChunkFills, counts: Counts,
                  send_file: SendFile, clock: Callable[[], float] = time.monotonic) -> None:
@@ -75,7 +50,7 @@ class ChunkOwner:
         self.fills = fills
         self.counts = counts
         self.send_file = send_file  # sendfile from a stored file to the asking peer
-        self.cuts = Cuts(clock)
+        self.cuts = Cuts(clock)  # the chunk answers it cut for a failed fill, for the peers that ask why
 
     async def serve(self, request: web.Request, record: Record, *, key: str, url: str,
                     target: Target) -> web.StreamResponse:
@@ -90,8 +65,8 @@ class ChunkOwner:
             raise web.HTTPBadRequest(text=f"bad chunk request for {key}: {e}\n")
         layout = spec.layout
         size = layout.length_of(spec.index)
-        if CHUNK_CUT_HEADER in request.headers:
-            return self._why_cut(chunk_key(key, spec.index, layout.chunk_size))
+        if CUT_HEADER in request.headers:  # a peer asks why this node cut its answer (cachenode/peers/cuts.py)
+            return answer_cut(self.cuts, chunk_key(key, spec.index, layout.chunk_size))
         asked = parse_range(request.headers.get("Range", ""), size)
         if asked is False:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
@@ -164,14 +139,6 @@ class ChunkOwner:
         and not in the index's `bytes_served`, which the node the client reached
         counts (cachenode/counts.py drops it from a peer's request)."""
         self.counts.count(host, request=request, bytes_served=sent)
-
-    def _why_cut(self, ckey: str) -> web.Response:
-        """A peer's question (CHUNK_CUT_HEADER): did this node cut its answer for `ckey` because its fill failed?"""
-        why = self.cuts.why(ckey)
-        if why is None:
-            return web.Response(status=404, text=f"no answer for {ckey} was cut here for a failed fill\n")
-        return web.Response(status=200, headers={FILL_FAILED_HEADER: origin_error_value(why)},
-                            text=f"the fill of {ckey} here failed: {why}\n")
 
     async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, host: str, start: int,
                             count: int, size: int, ranged: bool, ckey: str) -> web.StreamResponse:

@@ -17,12 +17,13 @@ import structlog
 
 from cachenode.chunks.sources import Opened
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable
+from cachenode.peers.cuts import asked_why_cut
 from nezha.chunks import Layout, Piece, place
 from nezha.errors import OriginError
 from nezha.keys import Target
 from nezha.ring import Membership, Peer
-from nezha.wire import (CHUNK_CUT_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER,
-                        SCHEME_HEADER, ReplicateResult, replicate_failed)
+from nezha.wire import (CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER,
+                        ReplicateResult, replicate_failed)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -105,18 +106,10 @@ class ChunkPeers:
         unless it answers so: a peer that does not answer, or broke off for
         another reason, is routed around as any peer that breaks off."""
         headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
-                   CHUNK_HEADER: spec.header(), CHUNK_CUT_HEADER: "1", **self.auth}
-        try:
-            r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
-        except OriginError as e:
-            self.relay.mark_down(peer, f"{why}; then did not answer: {e}")
-            return
-        failed = r.headers.get(FILL_FAILED_HEADER) if r.status == 200 else None
-        r.release()
-        if failed is None:
-            self.relay.mark_down(peer, why)
-            return
-        log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
+                   CHUNK_HEADER: spec.header(), **self.auth}
+        failed = await asked_why_cut(self.relay, peer, peer.url + target.path_qs, headers=headers, why=why)
+        if failed is not None:
+            log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
 
     async def push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
         """Have `peer`, an owner of the chunk behind this node, hold it too:

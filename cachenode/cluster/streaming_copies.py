@@ -87,6 +87,9 @@ class Owners(Protocol):
 
     def mark_down(self, peer: Peer, why: str) -> None: ...
 
+    async def broke_off(self, peer: Peer, target: Target, why: str) -> None:
+        """Marked down unless it says its own fill failed (cachenode/peers/asks.py `PeerAsks.broke_off`)."""
+
 
 class OriginRequest(Protocol):
     """The origin, asked for the rest when no owner is left (`Upstream.request`)."""
@@ -317,7 +320,9 @@ class StreamingCopies:
         async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
             if offset >= length:
                 return
-            self.owners.mark_down(broke, f"broke off a streaming copy after {offset} bytes: {type(error).__name__}")
+            # Down, unless it cut the copy because its own fill failed (its origin died mid-body).
+            await self.owners.broke_off(broke, target,
+                                        f"broke off a streaming copy after {offset} bytes: {type(error).__name__}")
             log.warning("streaming_copy_resumed", key=key, source=broke.id, offset=offset,
                         error=f"{type(error).__name__}: {error}")
             for peer in self.owners.order(others):

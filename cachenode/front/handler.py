@@ -5,7 +5,8 @@ Request path, in order: CONNECT and TRACE (405, a middleware); the node's
 own endpoints, admin and internal (`front/routes.py`, one table); target
 parsing (400); origin allow-list (403, the origin never contacted); then
 `front/route.py` (pure) picks the way from facts about the request: a
-chunk for a peer (cachenode/chunks/owner.py), a loop (508), another method
+chunk for a peer (cachenode/chunks/owner.py), a peer's question of why an
+answer was cut (cachenode/peers/cuts.py), a loop (508), another method
 (forwarded, `front/forward.py`), a bypass (credentials, never stored), and
 once the store is looked up a hit, a relay to the key's owners
 (`front/relaying.py`), a signed read (`front/authorized.py`), or the read
@@ -30,6 +31,7 @@ from aiohttp import web
 from cachenode.chunks.owner import ChunkOwner
 from cachenode.cluster.hot_copies import HotCheck, HotCopies
 from cachenode.peers.auth import is_peer_request
+from cachenode.peers.cuts import answer_cut
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.parent import looped
@@ -55,7 +57,7 @@ from nezha.config import CacheSettings
 from nezha.errors import OriginError
 from nezha.keys import BadHost, BadTarget, credentials_kept
 from nezha.ring import Peer
-from nezha.wire import CHUNK_HEADER, FROM_CHILD_HEADER, SCHEME_HEADER, CacheOutcome
+from nezha.wire import CHUNK_HEADER, CUT_HEADER, FROM_CHILD_HEADER, SCHEME_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -104,12 +106,15 @@ class Handler:
         if (led := take_led(request)) is not None and (served := await self._led(request, asked, led)) is not None:
             return served
         facts = Facts(method=request.method, chunk=CHUNK_HEADER in request.headers and self.from_peer(request),
+                      cut=CUT_HEADER in request.headers and self.from_peer(request),
                       looped=looped(request.headers.getall("Via", []), self.respond.via,
                                     from_child=FROM_CHILD_HEADER in request.headers),
                       bypass=_bypass_reason(request, asked))
         way = route(facts)
         if way is Route.CHUNK:
             return await self._chunk(request, asked)
+        if way is Route.CUT:
+            return self._why_cut(request, asked)
         if way is Route.LOOP:
             return self._looped(request, asked)
         # Every origin request this one makes goes the same way: a child's
@@ -178,6 +183,11 @@ class Handler:
                                                 target=asked.target)
         except OriginError as e:
             raise origin_failure(e)
+
+    def _why_cut(self, request: web.Request, asked: Asked) -> web.Response:
+        """A peer whose answer for the key broke off asks why: a fill of it here failed, or nothing was cut."""
+        access(request).cache = "cut"
+        return answer_cut(self.respond.cuts, asked.key)
 
     def _looped(self, request: web.Request, asked: Asked) -> web.Response:
         access(request).cache = CacheOutcome.REFUSED

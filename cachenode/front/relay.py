@@ -33,7 +33,11 @@ Failover, in the order a request meets it:
   older than the response's Date, RFC 9110 §13.1.5), and when no owner is
   left, from the origin with the same two headers, so the client sees one
   unbroken response. Only when neither is possible is the client's
-  connection cut: never a short body.
+  connection cut: never a short body. An owner that broke off is marked
+  down, unless it says it cut the body because its own fill failed (the
+  origin died mid-body; `peer_fill_failed`): the relay asks it at once
+  (peers/cuts.py), and a node that does not answer, or cut nothing, is
+  down. A live owner is not routed around for its origin's failure.
 - **The filling owner dies under a stampede.** Every client relayed from it
   breaks at once. Those relayed through a non-owner resume from the next
   owner, whose flight serves them all. Those relayed through that next
@@ -210,8 +214,8 @@ class PeerRelay(PeerAsks):
                     return body.out
                 try:
                     await stream_body(self, request, r, body, peer=peer)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    self.mark_down(peer, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # down, unless its own fill failed
+                    await self.broke_off(peer, target, f"broke mid-body after {body.sent} bytes: {type(e).__name__}")
                     continue
                 except splice.ClientGone as e:
                     return client_gone(request, body, peer.id, e)

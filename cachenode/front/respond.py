@@ -36,6 +36,7 @@ from cachenode.http.headers import drop_whole_body_fields, first, with_date
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.origin import via_of
 from cachenode.peers.auth import is_peer_request
+from cachenode.peers.cuts import Cuts
 from cachenode.http.conditionals import Outcome as RangeOutcome
 from cachenode.http.conditionals import Decision, evaluate, preconditions
 from cachenode.store.disk import Store
@@ -71,6 +72,7 @@ class Responder:
         self.via = via_of(settings.identity)
         self._files = files
         self.chunk_body = chunk_body  # a chunked object's bytes, read from its chunks' owners
+        self.cuts = Cuts()  # the answers cut because their fill failed, for the peers that ask why (peers/cuts.py)
 
     def via_for(self, request: web.Request) -> str | None:
         """This node's Via entry for a response to `request`; none to a peer:
@@ -280,6 +282,7 @@ class Responder:
                 offset = progress[0]
                 access(request).cache = f"{label}-aborted"
                 log.warning("stream_aborted", key=fill.key, sent=offset - start, error=str(e))
+                self.cuts.note(fill.key, str(e))
                 break_connection(request)
                 return resp
             access(request).bytes = offset - start

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 class Route(enum.Enum):
     CHUNK = "chunk"  # a peer asks this node, a chunk's owner, for one chunk (cachenode/chunks/owner.py)
+    CUT = "cut"  # a peer asks why this node cut its answer for the key mid-body (cachenode/peers/cuts.py)
     LOOP = "loop"  # it passed through this node already: 508, never fetched again
     FORWARD = "forward"  # a method other than GET and HEAD: to the origin, body streamed; a success invalidates
     BYPASS = "bypass"  # to the origin untouched, nothing stored or served from disk (`Facts.bypass` says why)
@@ -47,6 +48,7 @@ class Read:
 class Facts:
     method: str
     chunk: bool = False  # X-Nezha-Chunk on a GET or HEAD from a peer proven by the cluster token
+    cut: bool = False  # X-Nezha-Cut from such a peer (with X-Nezha-Chunk, the chunk's owner answers it)
     looped: bool = False  # its Via names this node (fill/parent.py, `looped`)
     bypass: str | None = None  # why it may not be answered from the cache; None: it may
     read: Read | None = None  # None: not looked up yet
@@ -63,6 +65,8 @@ def route(facts: Facts) -> Route:
     safe = f.method in ("GET", "HEAD")
     if f.chunk and safe:
         return Route.CHUNK
+    if f.cut and f.method == "GET":
+        return Route.CUT
     if f.looped:
         return Route.LOOP
     if not safe:

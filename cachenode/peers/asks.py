@@ -18,6 +18,8 @@ three (cachenode/peers/): what they call of it goes down the layers.
   for the origin before it sends its headers, a frozen one never will; after
   each `peer_timeout` of silence the owner's `/healthz` tells the two apart
   (`ask` before the headers, `guard` mid-body).
+- **A body that breaks is asked why** (`broke_off`): an owner whose own
+  fill failed says so and is not marked down (peers/cuts.py).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from nezha.ring import Peer
 from nezha.keys import Target
 from cachenode.http.headers import end_to_end_pairs
 from cachenode.peers.auth import peer_auth
+from cachenode.peers.cuts import asked_why_cut
 from nezha.errors import OriginError, OriginTimeout
-from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON, PEER_HEADER, SCHEME_HEADER,
-                        TOKEN_HEADER)
+from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CUT_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON,
+                        PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER)
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -98,6 +101,7 @@ class PeerAsks:
         self._clock = clock
         self._down_until: dict[str, float] = {}
         self._answered_at: dict[str, float] = {}  # when each peer last answered (its headers, or a probe)
+        self._stalled: dict[str, float] = {}  # when `guard` last cut each peer off: it failed its probe mid-body
         # Hugging Face's digests of redirect targets (fill/verify.py `Digests`): noted
         # as the relay passes redirects on, handed to a target's owner when relaying it.
         self.linked = linked
@@ -107,6 +111,20 @@ class PeerAsks:
         self._down_until[peer.id] = self._clock() + self.down_for
         self._answered_at.pop(peer.id, None)  # its next connect is given `peer_timeout` again
         log.warning("peer_marked_down", peer=peer.id, address=peer.address, reason=why, seconds=self.down_for)
+
+    async def broke_off(self, peer: Peer, target: Target, why: str) -> None:
+        """`peer`'s answer for `target` broke off mid-body (`why`): marked down
+        unless it says it cut the answer because its own fill failed (its
+        origin died mid-body: peers/cuts.py). One `guard` cut off for failing
+        its liveness probe within `down_for` seconds is not asked: it would
+        only fail the question's probe too, seconds later."""
+        stalled = self._stalled.get(peer.id)
+        if stalled is not None and self._clock() - stalled < self.down_for:
+            self.mark_down(peer, f"{why}; it failed its liveness probe")
+            return
+        failed = await asked_why_cut(self, peer, peer.url + target.path_qs, headers=self.own_fields(target), why=why)
+        if failed is not None:
+            log.info("peer_fill_failed", peer=peer.id, path=target.path, reason=failed, broke=why)
 
     def connect_budget(self, peer: Peer) -> float:
         """How long a connect to `peer` may take: `peer_timeout`, or
@@ -123,6 +141,11 @@ class PeerAsks:
         """Owners in ring order, those recently failed last (still tried: they may be back)."""
         return [p for p in owners if not self.is_down(p)] + [p for p in owners if self.is_down(p)]
 
+    def own_fields(self, target: Target) -> dict[str, str]:
+        """The fields of this node's own request to a peer about `target`: none of a client's."""
+        return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
+                **peer_auth(self.cluster_token)}
+
     def peer_headers(self, request: web.Request, target: Target) -> dict[str, str]:
         headers = CIMultiDict(end_to_end_pairs(request.headers))  # fill/origin.py's `end_to_end`, sent on
         headers["Host"] = target.host
@@ -132,6 +155,8 @@ class PeerAsks:
         headers.popall(CHUNK_HEADER, None)
         # A client's digest would be believed as this node's: a wrong one would make the owner refuse right bytes.
         headers.popall(DIGEST_HEADER, None)
+        # A client's question of why a cut happened would be answered in place of its object (peers/cuts.py).
+        headers.popall(CUT_HEADER, None)
         headers[PEER_HEADER] = self.node_id
         headers[SCHEME_HEADER] = target.scheme
         headers.update(peer_auth(self.cluster_token))
@@ -206,7 +231,8 @@ class PeerAsks:
     def guard(self, peer: Peer, response: aiohttp.ClientResponse, progress: Callable[[], int]) -> asyncio.Task:
         """Watch a body from `peer`: when `progress()` stands still for `peer_timeout`
         and `peer` then fails a probe, cut the connection so the reader fails
-        now (and can resume elsewhere) rather than after `read_timeout`.
+        now (and can resume elsewhere) rather than after `read_timeout`, and
+        note it (`broke_off` then asks it nothing).
 
         A client that reads slowly, or an owner waiting on a slow origin,
         stands still too; they pass the probe and are left alone.
@@ -234,6 +260,7 @@ class PeerAsks:
                     # splice's duplicate included; closing the transport would not.
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
+                self._stalled[peer.id] = self._clock()
                 response.close()
                 return
 

@@ -373,6 +373,7 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
             if other.vary != meta.vary:
                 self._index.drop(slot, reason="replaced")
                 self._unlink_later(other, final=True)
+        self._index.arrived(meta)  # its miss, counted once it is kept (`admission`)
         self._index.add(meta)
         if meta.vary:  # also when unchanged: an unlink queued above may have deleted the note
             self._note_vary(meta.key, meta.vary)

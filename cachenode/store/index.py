@@ -217,12 +217,14 @@ class Index(Records, Following):
         return self._rows.count
 
     # -- changes -----------------------------------------------------------
-    def arrived(self, meta: Meta) -> Candidate:
-        """A newcomer about to be added by a commit: a miss, as its kind's policy records it."""
+    def candidate(self, meta: Meta) -> Candidate:
+        """What `arrived` would record of `meta`, recorded nowhere: a newcomer judged before its write may fail."""
+        return self.policies[kind_of(meta)].candidate(hash_of(digest_of(meta.slot)))
+
+    def arrived(self, meta: Meta) -> None:
+        """A newcomer the store kept or refused (not one whose write failed): a miss, as its kind's policy has it."""
         kind = kind_of(meta)
-        candidate = self.policies[kind].missed(hash_of(digest_of(meta.slot)))
-        self.census.read(kind, meta.size, candidate.gap, hit=False)
-        return candidate
+        self.census.read(kind, meta.size, self.policies[kind].missed(hash_of(digest_of(meta.slot))).gap, hit=False)
 
     def add(self, meta: Meta, *, recent: bool = True) -> None:
         """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).

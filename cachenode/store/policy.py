@@ -61,6 +61,7 @@ class Candidate:
     slot: Hashable  # as the order names it: a slot, or (the store's index) its hash
     count: int  # reads counted before this one
     gap: int | None  # accesses since its previous read; None: none remembered
+    at: int = 0  # the access this read is (a victim's idle time is counted up to it)
 
 
 class _History:
@@ -240,10 +241,19 @@ class Policy:
     def missed(self, slot: str) -> Candidate:
         """A read of `slot`, not stored: what the history says of it, then counted."""
         self._tick()
-        last, count = self._history.read(slot)
-        candidate = Candidate(slot=slot, count=count, gap=None if last == _NEVER else self._now - last)
+        candidate = self._seen(slot, self._now)
         self._history.write(slot, self._now)
         return candidate
+
+    def candidate(self, slot: str) -> Candidate:
+        """What `missed` would say of a read of `slot` now, counted nowhere: a
+        newcomer judged before its write, which may yet fail (and leave the
+        policy as it was) or be retried (and must not be counted twice)."""
+        return self._seen(slot, self._now + 1)
+
+    def _seen(self, slot: str, now: int) -> Candidate:
+        last, count = self._history.read(slot)
+        return Candidate(slot=slot, count=count, gap=None if last == _NEVER else now - last, at=now)
 
     # -- decisions -------------------------------------------------------------
     def displaces(self, candidate: Candidate, victim: str) -> bool:
@@ -254,7 +264,7 @@ class Policy:
         if gap is None or gap > max(1, len(self._order)):
             return False
         last = self._order.get(victim)
-        idle = self._now - (self._now if last is None else last)
+        idle = candidate.at - (candidate.at if last is None else last)
         return idle > gap and idle > self._margin * self._recent_hit_gap()
 
     # -- internals -------------------------------------------------------------

@@ -146,16 +146,21 @@ class SealedWrites:
     def admission(self, meta: Meta, *, reserved: int) -> None:
         """Whether the store keeps `meta` (named already) when committed: TooLarge
         for bytes beyond the capacity or the hot copies' share, Refused when
-        the store is full of objects it keeps; counted by the policy as a miss."""
+        the store is full of objects it keeps. A refusal is counted by the
+        policy as a miss; a newcomer kept is counted when it is added
+        (`_admit`), so a write that fails in between (ENOSPC, a failed rename,
+        a copy whose checksum differs) leaves the policy and its census as
+        they were, and the fill that tries the write again counts it once."""
         if not self.fits(meta.size):
             raise TooLarge(f"{meta.key}: {meta.size} bytes exceed the capacity of {self.capacity} bytes")
         if meta.hot and self.hot_capacity is not None and meta.size > self.hot_capacity:
             raise TooLarge(f"{meta.key}: {meta.size} bytes exceed the hot copies' share of {self.hot_capacity} "
                            f"bytes")
         self._load(meta.key)
-        candidate = self._index.arrived(meta)
+        candidate = self._index.candidate(meta)
         if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
                                                                  reserved_here=reserved):
+            self._index.arrived(meta)
             raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
 
     def put_sealed(self, body: bytes, *, key: str, vary: tuple[str, ...] = (), variant: str = "",

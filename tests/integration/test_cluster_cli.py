@@ -6,7 +6,6 @@ import asyncio
 import json
 
 import pytest
-import structlog
 
 from nezha.index.handle import Index
 from nezha.cli import main
@@ -14,14 +13,6 @@ from testkit.ports import free_port
 
 HOST = "www.cs.toronto.edu"
 CIFAR = 169_001_437
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging():
-    # The commands configure structlog to print to the sys.stdout of the
-    # moment, which capsys replaces; later tests must not log into it.
-    yield
-    structlog.reset_defaults()
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

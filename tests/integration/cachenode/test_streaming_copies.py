@@ -55,6 +55,28 @@ async def test_readers_of_a_cold_object_on_a_non_owner_share_one_stream_from_the
     assert (status, headers["X-Nezha-Cache"], body == BODY) == (200, "hot-hit", True)
 
 
+async def test_a_copy_the_owner_cut_because_its_origin_died_goes_on_from_the_origin_and_the_owner_stays_up(
+        origin, cluster, session):
+    """The origin drops the owner's fill halfway, so the owner cuts the stream the non-owner's copy reads from.
+    The non-owner asks why, is told the owner's fill failed, and does not mark it down (it is alive); its copy
+    goes on from the origin under If-Range, and every reader gets exact bytes."""
+    origin.put(PATH, BODY, rate=MiB, die_after=MiB // 2, headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, hot_reads=3)
+    (owner,), (reader, _) = owner_and_other(nodes, PATH)
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(nodes[reader].get(session, PATH) for _ in range(6)))
+        await nodes[reader].node.settled()
+    assert [(status, headers["X-Nezha-Cache"], body == BODY) for status, headers, body in results] == \
+        [(200, "hot-miss", True)] * 6
+    assert [e["source"] for e in logs if e["event"] == "streaming_copy_resumed"] == [owner]
+    downs = [(e["peer"], e["reason"]) for e in logs if e["event"] == "peer_marked_down"]
+    assert downs == [], f"a live owner was marked down for its origin's failure: {downs}"
+    assert [e["peer"] for e in logs if e["event"] == "peer_fill_failed"] == [owner]
+    assert not nodes[reader].node.relay.is_down(nodes[reader].node.cluster.peer(owner))
+    ranges = [h.get("Range") for h in origin.request_headers]
+    assert ranges[0] is None and len(ranges) == 2 and ranges[1].endswith(f"-{MiB - 1}"), ranges
+
+
 async def test_a_read_alone_is_relayed_as_before_and_makes_no_copy(origin, cluster, session):
     """One read of a cold object through a non-owner: nothing waits on its answer, so it is relayed
     (`peer-miss`) and no copy is kept (a key read once is not copied)."""

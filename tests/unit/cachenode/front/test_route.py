@@ -17,6 +17,12 @@ def read(**changes) -> Read:
     (Facts("GET", chunk=True, looped=True, bypass="Authorization"), Route.CHUNK),
     (Facts("HEAD", chunk=True), Route.CHUNK),
     (Facts("POST", chunk=True), Route.FORWARD),
+    # A peer's question of why an answer was cut: about a chunk, the chunk owner's; else the node's own, before
+    # anything that could fill or relay; only a GET asks it.
+    (Facts("GET", chunk=True, cut=True), Route.CHUNK),
+    (Facts("GET", cut=True, looped=True, bypass="Authorization", read=read(owners_ahead=True)), Route.CUT),
+    (Facts("HEAD", cut=True), Route.LOOK),
+    (Facts("POST", cut=True), Route.FORWARD),
     # A loop is refused whatever the method.
     (Facts("GET", looped=True), Route.LOOP),
     (Facts("PUT", looped=True), Route.LOOP),
@@ -63,9 +69,9 @@ def test_owners_that_did_not_answer_leave_the_read_to_this_node():
 
 def test_every_way_is_some_row():
     """No way of the enum is left without a row that reaches it."""
-    reached = {route(Facts(method, chunk=c, looped=lo, bypass=b, read=r))
+    reached = {route(Facts(method, chunk=c, cut=cut, looped=lo, bypass=b, read=r))
                for method in ("GET", "HEAD", "POST")
-               for c in (False, True) for lo in (False, True) for b in (None, "why")
+               for c in (False, True) for cut in (False, True) for lo in (False, True) for b in (None, "why")
                for r in [None] + [read(authorize=a, fresh=f, only_if_cached=o, owners_ahead=w)
                                   for a in (False, True) for f in (False, True)
                                   for o in (False, True) for w in (False, True)]}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from cachenode.store.census import Census
 from cachenode.store.index import Index
 from cachenode.store.objects import Meta
@@ -26,9 +28,11 @@ def indexed(clock=lambda: 0.0) -> tuple[Index, list[tuple[str, str]]]:
 
 
 def commit(index: Index, m: Meta, limit: int) -> bool:
-    """As Store.commit does: judged, then added and room made; False when refused."""
-    candidate = index.arrived(m)
-    if not index.admits(m, candidate, limit):
+    """As Store.commit does: judged, then counted as a miss and added and room made; False when refused (a miss
+    counted too)."""
+    admitted = index.admits(m, index.candidate(m), limit)
+    index.arrived(m)
+    if not admitted:
         return False
     index.add(m)
     index.evict_to(limit, keep=m.slot)
@@ -163,3 +167,26 @@ async def test_a_walk_over_every_object_reads_records_in_batches_and_skips_what_
         if m.key == metas[0].key:
             index.drop(metas[4].slot)  # in a later batch: not given
     assert sorted(walked) == sorted([m.key for m in metas if m is not metas[4]] + ["http://h/kept"])
+
+
+def test_a_newcomer_whose_write_fails_after_admission_leaves_the_policy_and_the_census_as_they_were():
+    """The store judges a newcomer before its write, counts its miss only once it is added or refused
+    (cachenode/store/small.py `admission`): a small body written at once, failed, then judged again by the fill
+    that retried the write, which failed too, counted nothing; the write that lands counts one miss."""
+    index, _ = indexed()
+    assert commit(index, meta("a"), 1000)
+    assert index.lookup("http://h/a") is not None  # a hit
+    b = meta("b")
+
+    def figures():
+        return (index.census.hit_ratio(), index.census.working_set(), index.candidate(b),
+                index.candidate(meta("c")), len(index), index.usage)
+
+    before = figures()
+    for _ in range(2):
+        assert index.admits(b, index.candidate(b), 1000)  # admitted; then its write fails
+    assert figures() == before
+    assert commit(index, b, 1000)
+    assert index.census.hit_ratio() == pytest.approx(1 / 3)  # a's miss and hit, b's one miss
+    assert index.census.working_set() == 200
+    assert index.candidate(b).count == 1

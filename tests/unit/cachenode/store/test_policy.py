@@ -170,3 +170,33 @@ def test_the_history_grows_with_the_objects_stored_and_keeps_their_last_reads():
     assert p._history.size >= 40_000
     remembered = sum(p.missed(f"a/{i}").gap is not None for i in range(10_000))
     assert remembered >= 9_500
+
+
+def test_a_newcomer_judged_before_its_write_is_counted_nowhere_and_judged_as_its_miss_would_be():
+    """`candidate` says what `missed` would (but for the halving of every count that the miss's own tick may
+    bring) and changes nothing: a write that then fails leaves the policy as it was, and the fill that retries
+    it is judged the same. Two policies fed the same reads, one of them judging every newcomer three times
+    first, end alike."""
+    rng = random.Random(7)
+    judged, counted = Policy(min_history=64), Policy(min_history=64)
+    for i in range(3000):
+        slot = f"s/{int(rng.paretovariate(1.2)) % 300}" if i % 3 else f"n/{i % 200}"
+        if slot in counted:
+            judged.hit(slot)
+            counted.hit(slot)
+            continue
+        peeked = [judged.candidate(slot) for _ in range(3)]
+        assert peeked == [peeked[0]] * 3
+        victim = judged.victim()
+        if victim is not None:
+            judged.displaces(peeked[0], victim)
+        missed = counted.missed(slot)
+        assert (peeked[0].gap, peeked[0].at) == (missed.gap, missed.at)
+        assert missed.count in (peeked[0].count, peeked[0].count >> 1)
+        judged.missed(slot)
+        for p in (judged, counted):
+            if len(p) < 50:
+                p.add(slot)
+    assert list(judged.victims()) == list(counted.victims())
+    for i in range(300):
+        assert judged.candidate(f"s/{i}") == counted.candidate(f"s/{i}")
