@@ -35,7 +35,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.chunks.fills import ChunkFills
-from cachenode.chunks.kept import Reading
+from cachenode.chunks.kept import KeptChunks, Reading
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
@@ -90,8 +90,8 @@ def origin_url(settings: CacheSettings, target: Target) -> str:
 
 class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, members: Members,
-                 fills: ChunkFills, peers: ChunkPeers, relay: Relay, via: str, send_file: SendFile,
-                 forget: Forget, counts: Counts, drop: DropChunks | None = None,
+                 fills: ChunkFills, kept: KeptChunks, peers: ChunkPeers, relay: Relay, via: str,
+                 send_file: SendFile, forget: Forget, counts: Counts, drop: DropChunks | None = None,
                  mismatches: "Counter | None" = None) -> None:
         self.settings = settings
         self.node_id = settings.identity
@@ -99,6 +99,7 @@ class ChunkReads:
         self.upstream = upstream
         self.members = members
         self.fills = fills
+        self.kept = kept  # adopted chunks 0 this node owns none of (chunks/adopted.py)
         self.peers = peers
         self.relay = relay
         self.via = via
@@ -130,7 +131,7 @@ class ChunkReads:
         out = checked if checked is not None else resp
         send_file = checked.send_file if checked is not None else self.send_file
         # A copy of chunk 0 this node adopted but owns none of stays until this read passed it (chunks/kept.py).
-        first = (self.fills.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
+        first = (self.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
                  else Reading(None))
 
         def top_up() -> None:
@@ -326,7 +327,7 @@ class ChunkReads:
             except NezhaError as e:  # no owner answered the shared request: this read asks on its own
                 held = self.store.lookup(ckey)
                 if held is not None and validator.mismatch(dict(held.headers)) is None:
-                    # The fill it joined was this node's first answer (`ChunkFills.adopt`), and it ended
+                    # The fill it joined was this node's first answer (chunks/adopted.py `AdoptedChunks.adopt`), and it ended
                     # stored as this reader came: from here, not one more copy across a link.
                     return Opened(piece, meta=held, source=f"chunk {ckey} here")
                 log.info("chunk_pass_missed", key=ckey, reason=str(e))
