@@ -159,8 +159,8 @@ class CacheNode:
                                  fills=chunk_fills, kept=adopted.kept, peers=chunk_peers, relay=self.relay, via=via,
                                  send_file=files, forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
                                  mismatches=self.metrics.digest_mismatches)
-        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
-                                      send_file=files)
+        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, members=self.cluster,
+                                      counts=self.counts, send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
                                  chunk_body=chunk_reads, count=self.counts.count, clock=clock,
                                  owners=self.cluster.owners)

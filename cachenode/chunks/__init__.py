@@ -15,6 +15,8 @@ The room's modules, one job each:
   adopted  chunk 0 from a cold fill's first answer, stored where it landed, copied by its owners
   reads    a chunked object read for a client, chunk by chunk: the body source
   owner    the owner's side: answering a peer's request for one chunk
+  peers_first  this node's clients of an object kept behind the peers reading its chunks from here
+  feeders  which node a peer passing a chunk on reads it from: a chain of those reading it at once
   copies   hand-off of chunks when a node leaves, and dropping chunks no manifest names
 
 It sits between `cluster` and `fill` (pyproject.toml's layers): the fill

@@ -31,6 +31,7 @@ leads a fill of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine
@@ -39,7 +40,8 @@ import aiohttp
 import structlog
 
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
-from cachenode.chunks.sources import Growing, Tail
+from cachenode.chunks.peers_first import PeersFirst
+from cachenode.chunks.sources import Growing, Opened, Tail
 from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec, ChunkUnavailable
 from cachenode.counts import Counts
 from cachenode.fill.running import FILL_READ
@@ -90,6 +92,7 @@ class ChunkFills:
         # flight (/readyz, the cluster's settling) stay whole objects' fills.
         self.flights = Flights()
         self._fills: dict[Flight, ChunkFill] = {}  # every chunk fill running here, superseded ones too
+        self.peers_first = PeersFirst()  # this node's clients of an object kept behind the peers reading it here
 
     def running(self, key: str, index: int, layout: Layout) -> bool:
         """Whether a flight of chunk `index` of `key` runs here: a fill whose
@@ -255,11 +258,13 @@ class ChunkFills:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
-        for n, peer in enumerate(ahead, 1):
-            opened = await self.peers.ask(peer, target, spec, Piece(index=index, offset=0, length=size))
+        asked = dataclasses.replace(spec, role="fill" if fill.keep else "pass")
+        for n, owner in enumerate(ahead, 1):
+            opened = await self._ask(owner, target, asked, Piece(index=index, offset=0, length=size))
             if opened is None:
                 continue
             assert opened.response is not None
+            peer = opened.peer or owner  # a node of the chunk's wave the owner sent this node to, or the owner
             try:
                 stored = await self.store_chunk(fill, ckey, opened.response, source=opened.source, peer=peer,
                                                  url=url, host=target.host, size=size, length=layout.size,
@@ -272,7 +277,7 @@ class ChunkFills:
                 await self.peers.broke_off(peer, target, spec, str(e))  # down unless its own fill failed
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
-                     seconds=round(time.monotonic() - started, 3))
+                     sent_on_by=owner.id if peer is not owner else None, seconds=round(time.monotonic() - started, 3))
             return stored
         if not fill.keep:  # a non-owner never fills a chunk from the origin: its readers ask on their own
             raise ChunkUnavailable(f"no owner of {ckey} answered")
@@ -282,6 +287,36 @@ class ChunkFills:
             for behind in owners[mine + 1:]:
                 self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
         return stored
+
+    async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
+        """`owner`'s answer for a whole chunk. A pass may be sent on to a node of the chunk's wave there
+        (chunks/feeders.py): then that node's, or, when it has no flight of the chunk any more, the
+        owner's again, asked to answer it itself."""
+        answer = await self.peers.ask(owner, target, spec, piece)
+        if not isinstance(answer, Peer):
+            return answer
+        fed = await self.peers.ask(answer, target, dataclasses.replace(spec, role="fed"), piece)
+        if isinstance(fed, Opened):
+            return fed
+        answer = await self.peers.ask(owner, target, dataclasses.replace(spec, role="pass-direct"), piece)
+        return answer if isinstance(answer, Opened) else None
+
+    async def feeding(self, *, key: str, layout: Layout, index: int, validator: Validator) -> Meta | Tail | None:
+        """Chunk `index` of `key` for a node its owner sent here (chunks/feeders.py): as stored here, or
+        as this node's flight of it (a pass or a fill) writes it, once it writes; None when this node has
+        neither (its flight ended), and the asker goes back to the owner. Never starts a flight."""
+        stored = self.held(key, index, layout, validator)
+        if stored is not None:
+            return stored
+        flight = self.flights.get(chunk_key(key, index, layout.chunk_size))
+        fill = self._fills.get(flight) if flight is not None else None
+        if flight is None or fill is None or fill.validator != validator:
+            return None
+        await self._first_bytes(flight, fill)
+        growing = fill.growing
+        if growing is not None and growing.validator == validator:
+            return Tail(growing)
+        return self.held(key, index, layout, validator)
 
     async def _from_origin(self, fill: ChunkFill, ckey: str, *, url: str, target: Target, layout: Layout,
                            index: int) -> Meta:

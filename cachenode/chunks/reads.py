@@ -37,7 +37,8 @@ from aiohttp import web
 from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.kept import KeptChunks, Reading
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
-from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
+from cachenode.chunks.peers_first import Paced
+from cachenode.chunks.sources import Opened, SendFile, Tail, send_held, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
 from cachenode.chunks.whole import CheckedBody, whole_digest
 from cachenode.counts import Counts
@@ -119,9 +120,7 @@ class ChunkReads:
         """
         manifest = meta.manifest
         assert manifest is not None, f"{meta.key} is no chunked object"
-        target = target_of(meta.key)
-        validator = manifest_validator(meta)
-        layout = manifest.layout
+        target, validator, layout = target_of(meta.key), manifest_validator(meta), manifest.layout
         owners = owners_of(self.members, meta.key, layout)
         pieces = collections.deque(layout.pieces(start, length))
         ahead: collections.deque[asyncio.Task] = collections.deque()
@@ -142,6 +141,7 @@ class ChunkReads:
 
         reopen = functools.partial(self._reopen, meta, target, layout, validator, owners)
         broke_off = functools.partial(self._broke_off, target, layout, validator)
+        paced = functools.partial(self._client, meta.key, layout.chunk_size)  # behind peers here: peers_first.py
 
         try:
             top_up()
@@ -150,7 +150,7 @@ class ChunkReads:
                     opened = await ahead.popleft()
                     top_up()
                     await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file,
-                                      broke_off=broke_off)
+                                      broke_off=broke_off, paced=paced)
                     first.done()  # chunk 0 is written first, if at all
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
@@ -203,7 +203,8 @@ class ChunkReads:
 
     async def _write(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened, *,
                      host: str, reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]],
-                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]]) -> None:
+                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]],
+                     paced: Callable[[Piece], Paced]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down (unless
         its own fill failed: `broke_off`; a chunk passed on here was judged
@@ -220,13 +221,14 @@ class ChunkReads:
                         f = open(self.store.data_path(opened.meta), "rb")
                     except FileNotFoundError as e:
                         raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
-                    with f:
-                        await send_file(request, resp, f, piece.offset + sent, piece.length - sent)
+                    with f, paced(piece) as pace:
+                        await send_held(send_file, request, resp, f, piece.offset + sent, piece.length - sent, pace)
                     return
                 if opened.growing is not None:
                     # This node is filling the chunk: its bytes go out as they land, not once it is whole.
-                    sent += await send_tail(send_file, request, resp, opened.growing, piece.offset + sent,
-                                            piece.length - sent)
+                    with paced(piece) as pace:
+                        sent += await send_tail(send_file, request, resp, opened.growing, piece.offset + sent,
+                                                piece.length - sent, pace)
                     if sent == piece.length:
                         return
                     why = f"its fill here ended after {sent} of {piece.length} bytes"
@@ -253,6 +255,10 @@ class ChunkReads:
                                             length=piece.length - sent), broke, origin_only)
         finally:
             opened.close()
+
+    def _client(self, key: str, chunk_size: int, piece: Piece) -> Paced:
+        """A client's sender of `piece` of `key`'s chunks, kept behind the peers reading them here."""
+        return self.fills.peers_first.sender(key, base=piece.index * chunk_size, at=piece.offset, peer=False)
 
     async def _broke_off(self, target: Target, layout: Layout, validator: Validator, peer: Peer, index: int,
                          why: str) -> None:
@@ -339,7 +345,7 @@ class ChunkReads:
         joined = mine and (whole or self.fills.running(meta.key, piece.index, layout))
         for peer in [] if joined else self.relay.order(ahead):
             opened = await self.peers.ask(peer, target, spec, piece)
-            if opened is not None:
+            if isinstance(opened, Opened):  # a reader's own request is never sent on (no role)
                 return opened
         if mine:
             try:
