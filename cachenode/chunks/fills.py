@@ -258,8 +258,9 @@ class ChunkFills:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
-        asked = dataclasses.replace(spec, role="fill" if fill.keep else "pass")
-        for n, owner in enumerate(ahead, 1):
+        asked, again = dataclasses.replace(spec, role="fill" if fill.keep else "pass"), set()
+        while ahead:
+            owner = ahead.pop(0)
             opened = await self._ask(owner, target, asked, Piece(index=index, offset=0, length=size))
             if opened is None:
                 continue
@@ -273,8 +274,14 @@ class ChunkFills:
                 # The chunk is asked again of the next source, whole: an owner's fill always has one (the
                 # origin); a chunk passed on only while owners are left, else its readers go on alone.
                 log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
-                            resume=fill.keep or n < len(ahead))
-                await self.peers.broke_off(peer, target, spec, str(e))  # down unless its own fill failed
+                            resume=fill.keep or bool(ahead))
+                # Down unless its own fill failed: then an owner ahead's flight goes on from its next source
+                # (the origin, for a first owner), and this fill follows it there once more rather than ask
+                # the origin itself: one origin request for the chunk, not one per owner behind.
+                if await self.peers.broke_off(peer, target, spec, str(e)) and fill.keep and peer is owner \
+                        and owner.id not in again:
+                    again.add(owner.id)
+                    ahead.insert(0, owner)
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
                      sent_on_by=owner.id if peer is not owner else None, seconds=round(time.monotonic() - started, 3))

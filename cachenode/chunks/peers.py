@@ -110,24 +110,25 @@ class ChunkPeers:
             return None
         return Opened(piece, response=r, source=source, peer=peer)
 
-    async def broke_off(self, peer: Peer, target: Target, spec: ChunkSpec, why: str) -> None:
+    async def broke_off(self, peer: Peer, target: Target, spec: ChunkSpec, why: str) -> bool:
         """`peer`'s answer for chunk `spec` broke off mid-body (`why`): asked
-        whether it cut the answer because its own fill failed. Marked down
-        unless it answers so: a peer that does not answer, or broke off for
-        another reason, is routed around as any peer that breaks off."""
+        whether it cut the answer because its own fill failed (True). Marked
+        down unless it answers so: a peer that does not answer, or broke off
+        for another reason, is routed around as any peer that breaks off."""
         headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
                    CHUNK_HEADER: spec.header(), CHUNK_CUT_HEADER: "1", **self.auth}
         try:
             r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
         except OriginError as e:
             self.relay.mark_down(peer, f"{why}; then did not answer: {e}")
-            return
+            return False
         failed = r.headers.get(FILL_FAILED_HEADER) if r.status == 200 else None
         r.release()
         if failed is None:
             self.relay.mark_down(peer, why)
-            return
+            return False
         log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
+        return True
 
     async def push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
         """Have `peer`, an owner of the chunk behind this node, hold it too:

@@ -859,3 +859,67 @@ async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_ea
     second = next((asker for asker, server in chain.items() if server == first), None)
     third = next((asker for asker in chain if asker != second), None)
     assert chain == {second: first, third: second}, f"not a chain from {first}: {chain}"
+
+
+async def test_an_owner_behind_cut_by_the_first_owners_failed_source_follows_that_fill_not_the_origin(
+        origin, cluster, session):
+    """R = 2. A chunk's first owner copies it from a node handing it over (its `source`), which sends half and
+    breaks off; the first owner goes on from the origin in the same flight. Its second owner, copying the chunk
+    from that fill meanwhile, is cut at the same byte and told the first owner's own fill failed: it follows that
+    fill as it goes on, so the origin is asked for the chunk once, not once by each owner (the stampede's
+    `killed-chunks`: the key's owner, killed while holding the only copy of chunk 0, cost 1.25 S)."""
+    from cachenode.chunks.reads import origin_url
+    from cachenode.chunks.spec import manifest_validator
+    from nezha.keys import target_of
+    from nezha.ring import Peer
+
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    await read(next(iter(nodes.values())), session)  # the manifest and every chunk on its owners
+    await settled(nodes)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    source = next(nid for nid in nodes if nid not in (first, behind))
+    ckey, a, b = chunk_key(KEY, index, CHUNK), index * CHUNK, (index + 1) * CHUNK - 1
+    for nid in (first, behind):
+        assert await nodes[nid].node.store.remove_one(nodes[nid].node.store.lookup(ckey))
+    asked_by_behind = asyncio.Event()
+
+    def watching(serve=nodes[first].node.chunk_owner.serve):
+        async def serve_watched(request, record, **kw):
+            if request.headers.get("X-Nezha-Peer") == behind and request.method == "GET":
+                asked_by_behind.set()
+            return await serve(request, record, **kw)
+        return serve_watched
+
+    def half_then_gone(serve=nodes[source].node.chunk_owner.serve):
+        async def serve_half(request, record, **kw):
+            if "X-Nezha-Chunk-Cut" in request.headers or request.method != "GET":
+                return await serve(request, record, **kw)
+            resp = web.StreamResponse(status=206, headers={"Content-Range": f"bytes 0-{CHUNK - 1}/{CHUNK}"})
+            resp.content_length = CHUNK
+            await resp.prepare(request)
+            await resp.write(BODY[a:a + CHUNK // 2])
+            await asyncio.wait_for(asked_by_behind.wait(), 30)
+            await asyncio.sleep(0.2)  # the owner behind reads the first half from the first owner's fill
+            request.transport.close()
+            return resp
+        return serve_half
+
+    nodes[first].node.chunk_owner.serve = watching()
+    nodes[source].node.chunk_owner.serve = half_then_gone()
+    holder = next(nid for nid, nd in nodes.items() if KEY in nd.node.store)
+    manifest = nodes[holder].node.store.lookup(KEY)
+    fills, target = nodes[first].node.chunk_owner.fills, target_of(KEY)
+    before = len(origin.request_headers)
+    handing = asyncio.ensure_future(fills.local(
+        key=KEY, url=origin_url(nodes[first].node.settings, target), target=target,
+        layout=Layout(size=SIZE, chunk_size=CHUNK), index=index, validator=manifest_validator(manifest),
+        source=Peer(source, members.nodes[source])))
+    status, _, digest, n = await read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"})
+    await handing
+    assert (status, n, digest) == (206, CHUNK, sha(BODY[a:b + 1]))
+    ranges = [h.get("Range") for h in origin.request_headers[before:]]
+    assert ranges == [f"bytes={a}-{b}"], f"the origin was asked for {ranges}"
+    await settled(nodes)
+    assert ckey in nodes[first].node.store and ckey in nodes[behind].node.store
