@@ -7,7 +7,7 @@ owner by every node at once, the owner's link carried the chunk once per
 reading node, N − 1 times, and the node owning the most chunks first set a
 stampede's time: (K/N + f·(N − 1))·S on its link, f its share of the
 chunks, 0.375 on 8 nodes in the stampede benchmark (docs/benchmarks.md,
-"Stampede", the chunk chains' section). So an owner sends a chunk to the
+"Chunk stampedes: where the time goes"). So an owner sends a chunk to the
 first node asking for it and sends each node asking while that answer
 runs (a wave) to a node already reading it there, the earliest that feeds
 fewer than `fanout` others: a chain for a fanout of 1, and every link
