@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import REPO, BenchError, source_version  # noqa: E402
+from cachenode.chunks.feeders import fanout_for as chunk_fanout_for  # noqa: E402
 from cachenode.cluster.streaming import fanout_for  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
 from testkit.stampede import Outcome, Scene, run  # noqa: E402
@@ -77,10 +78,12 @@ def model(config: str, sc: Scene) -> float:
     node's pods share one stream, kept as its copy as it arrives (cluster/streaming_copies.py), and the
     copies feed each other in a tree under the first owner (cluster/streaming.py `feeds_from`), of degree
     F = `fanout_for(N)`: 1 (a chain) up to 16 nodes, else 2: the busiest link sends its own pods' K/N reads
-    and at most F copies, (K/N + min(F, N − 1))·S. chunks: node i sends its own pods the object and each other node, once however
-    many pods read there (chunks/fills.py `passing`), the chunks it owns first: (K/N + f·(N − 1))·S, f the
-    largest share of chunks one node owns first on this run's ring (nezha/chunks.py `place`; the even share
-    is 1/min(C, N))."""
+    and at most F copies, (K/N + min(F, N − 1))·S. chunks: each node passes each chunk it does not own on to
+    its pods once however many read there (chunks/fills.py `passing`), and the nodes asking a chunk's owner
+    while it sends it read it from each other in a chain of the same degree F (chunks/feeders.py), so a
+    node's link sends its pods' K/N reads and each chunk at most F times, and never more than when every
+    node read each chunk from its first owner (before the chains), f·(N − 1)·S, f the largest share of
+    chunks one node owns first on the ring (`first_owner_share`, printed as `f`): (K/N + min(F, f·(N − 1)))·S."""
     K, S, N, B, O = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate
     if config == "direct":
         return K * S / O
@@ -88,7 +91,7 @@ def model(config: str, sc: Scene) -> float:
         return max(S / O, K * S / B)
     if sc.chunk_threshold is None:
         return max(S / O, (K / N + min(fanout_for(N), N - 1)) * S / B)
-    return max(S / O, (K / N + first_owner_share(sc) * (N - 1)) * S / B)
+    return max(S / O, (K / N + min(chunk_fanout_for(N), first_owner_share(sc) * (N - 1))) * S / B)
 
 
 def first_owner_share(sc: Scene) -> float:
@@ -113,10 +116,16 @@ def line(config: str, o: Outcome) -> str:
             if busiest else "no link samples")
     return (f"{config:15s} N={o.scene.nodes:2d} K={o.scene.clients:2d}  p50 {s['p50']:6.2f}  p95 {s['p95']:6.2f}  "
             f"p99 {s['p99']:6.2f}  max {s['max']:6.2f}  ideal {s['ideal']:5.2f}  model {model(config, o.scene):5.2f}  "
-            f"origin_bytes {o.origin_bytes} "
+            f"{_share(o.scene)}origin_bytes {o.origin_bytes} "
             f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
             f"{len(o.clients)}  first byte: {dict(labels)}  {link}{_first_link(o)}  node CPU {sum(o.node_cpu.values()):.1f} s, "
             f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s")
+
+
+def _share(sc: Scene) -> str:
+    """f, the largest share of the chunks one node owns first, for a chunked scene: what the first owners'
+    links carried before the chunk chains (`model`)."""
+    return f"f {first_owner_share(sc):.3f}  " if sc.chunk_threshold is not None else ""
 
 
 def _first_link(o: Outcome) -> str:

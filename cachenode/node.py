@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 import structlog
 
+from cachenode.chunks.adopted import AdoptedChunks
 from cachenode.chunks.copies import ChunkCopies
 from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.owner import ChunkOwner
@@ -139,8 +140,11 @@ class CacheNode:
         chunk_fills = ChunkFills(node_id=self.node_id, store=self.store, upstream=self.upstream, members=self.cluster,
                                  peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
                                  via=via, spawn=self.tasks.spawn, clock=clock)
+        adopted = AdoptedChunks(node_id=self.node_id, fills=chunk_fills, store=self.store, members=self.cluster,
+                                peers=chunk_peers, counts=self.counts, spawn=self.tasks.spawn)
         self.chunk_copies = ChunkCopies(me=Peer(self.node_id, settings.advertise or settings.listen),
-                                        store=self.store, members=self.cluster, fills=chunk_fills, peers=chunk_peers,
+                                        store=self.store, members=self.cluster, fills=chunk_fills, adopted=adopted,
+                                        peers=chunk_peers,
                                         tell=broadcast, counts=self.counts, spawn=self.tasks.spawn)
         self.engine = FillEngine(settings=settings, store=self.store, origins=self.upstream, peers=self.relay,
                                  counts=self.counts, metrics=self.metrics, via=via, spawn=self.tasks.spawn,
@@ -152,11 +156,11 @@ class CacheNode:
         self.invalidation = Invalidation(broadcast=broadcast, forget=self.engine.forget,
                                          old_chunks=self.chunk_copies)
         chunk_reads = ChunkReads(settings=settings, store=self.store, upstream=self.upstream, members=self.cluster,
-                                 fills=chunk_fills, peers=chunk_peers, relay=self.relay, via=via, send_file=files,
-                                 forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
+                                 fills=chunk_fills, kept=adopted.kept, peers=chunk_peers, relay=self.relay, via=via,
+                                 send_file=files, forget=self.invalidation, counts=self.counts, drop=self.chunk_copies,
                                  mismatches=self.metrics.digest_mismatches)
-        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, counts=self.counts,
-                                      send_file=files)
+        self.chunk_owner = ChunkOwner(node_id=self.node_id, store=self.store, fills=chunk_fills, members=self.cluster,
+                                      counts=self.counts, send_file=files)
         self.respond = Responder(settings=settings, store=self.store, upstream=self.upstream, files=files,
                                  chunk_body=chunk_reads, count=self.counts.count, clock=clock,
                                  owners=self.cluster.owners)

@@ -71,6 +71,9 @@ FILL_FAILED_HEADER = "X-Nezha-Fill-Failed"
 # FILL_FAILED_HEADER when it cut the answer because its own fill failed, 404
 # when it knows of no such cut (cachenode/peers/cuts.py). Believed only from a peer.
 CUT_HEADER = "X-Nezha-Cut"
+# On a chunk owner's 421 to a peer passing the chunk on: read it from this
+# node instead ("<id> <host:port>"), which reads it now (cachenode/chunks/feeders.py).
+CHUNK_FEEDER_HEADER = "X-Nezha-Chunk-Feeder"
 # On a response to a peer: the object is chunked, answered by the node that
 # holds its manifest; such an answer is never copied whole (a hot copy, a replica).
 CHUNKED_HEADER = "X-Nezha-Chunked"

@@ -12,8 +12,11 @@ The room's modules, one job each:
   sources  where one piece of a read comes from; a chunk read as it is written
   peers    a chunk's owners, and the two chunk requests a node makes of them (ask, push)
   fills    one fill per chunk per node, on the single-flight of every fill (fill/flights.py)
+  adopted  chunk 0 from a cold fill's first answer, stored where it landed, copied by its owners
   reads    a chunked object read for a client, chunk by chunk: the body source
   owner    the owner's side: answering a peer's request for one chunk
+  peers_first  this node's clients of an object kept behind the peers reading its chunks from here
+  feeders  which node a peer passing a chunk on reads it from: a chain of those reading it at once
   copies   hand-off of chunks when a node leaves, and dropping chunks no manifest names
 
 It sits between `cluster` and `fill` (pyproject.toml's layers): the fill

@@ -17,6 +17,7 @@ from typing import Any, Callable, Coroutine, Protocol
 import aiohttp
 import structlog
 
+from cachenode.chunks.adopted import AdoptedChunks
 from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.peers import ChunkPeers, Members
 from cachenode.chunks.spec import ChunkSpec, manifest_validator
@@ -42,12 +43,13 @@ class Tell(Protocol):
 class ChunkCopies:
     """`me`: this node as its peers reach it (the address a hand-off names as the chunk's source)."""
 
-    def __init__(self, *, me: Peer, store: Store, members: Members, fills: ChunkFills, peers: ChunkPeers,
-                 tell: Tell, counts: Counts, spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]) -> None:
+    def __init__(self, *, me: Peer, store: Store, members: Members, fills: ChunkFills, adopted: AdoptedChunks,
+                 peers: ChunkPeers, tell: Tell, counts: Counts, spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]) -> None:
         self.me = me
         self.store = store
         self.members = members
         self.fills = fills
+        self.adopted = adopted  # chunks 0 from the first answers of cold fills led here
         self.peers = peers
         self.tell = tell
         self.counts = counts
@@ -134,10 +136,10 @@ class ChunkCopies:
     async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target, *, read_here: bool) -> None:
         """`response`, the origin's 206 of the first chunk of the object whose
         manifest `meta` this node just stored (fill/chunking.py), filled as
-        that chunk here and copied by its owners (`ChunkFills.adopt`); returns
+        that chunk here and copied by its owners (chunks/adopted.py `AdoptedChunks.adopt`); returns
         once they have asked for their copies. `read_here`: the request that
         led the fill reads the object here (a client's, not a peer's)."""
-        await self.fills.adopt(response, key=meta.key, url=meta.url, target=target,
+        await self.adopted.adopt(response, key=meta.key, url=meta.url, target=target,
                                layout=Layout(size=meta.length, chunk_size=meta.chunk_size),
                                validator=manifest_validator(meta), read_here=read_here)
 

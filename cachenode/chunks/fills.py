@@ -16,10 +16,9 @@ Without it each owner sent each chunk once per client, not once per node,
 and a stampede's time grew with N (docs/benchmarks.md, "Stampede").
 
 A cold fill's first answer is chunk 0 (fill/chunking.py), whoever owns it:
-the node that asked stores it as it comes (`adopt`) and the chunk's owners
-copy it from there as it grows, before any reader learns of the manifest;
-the copy of a node that owns none of the chunk goes once they hold it and
-the reads of its object here have passed it (chunks/kept.py).
+the node that asked stores it as it comes, a fill on these same flights led
+from that answer (chunks/adopted.py `AdoptedChunks.adopt`, through `lead`,
+`run` and `store_chunk`).
 
 Readers of a fill join its flight and are sent its bytes as they land
 (`stored_or_growing`, `passing`: a `Tail` of the growing file); later ones
@@ -32,7 +31,6 @@ leads a fill of its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -41,9 +39,9 @@ from typing import Any, Callable, Coroutine
 import aiohttp
 import structlog
 
-from cachenode.chunks.kept import Kept, KeptChunks
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
-from cachenode.chunks.sources import Growing, Tail
+from cachenode.chunks.peers_first import PeersFirst
+from cachenode.chunks.sources import Growing, Opened, Tail
 from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec, ChunkUnavailable
 from cachenode.counts import Counts
 from cachenode.fill.running import FILL_READ
@@ -57,17 +55,12 @@ from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import BLOCKS_HEADER, ReplicateResult
+from nezha.wire import BLOCKS_HEADER
 
 log = structlog.get_logger("nezha.chunks")
 
-# How long an adopted chunk 0 (`ChunkFills.adopt`) waits for its first owner to ask for its copy before
-# its manifest is answered: a round trip or two on a live ring.
-ADOPT_WAIT = 1.0
-
-
 @dataclass
-class _ChunkFill:
+class ChunkFill:
     """What a chunk fill's readers need besides its flight: the version it
     fetches, whether its file has started to grow, and the file while it grows."""
 
@@ -98,8 +91,8 @@ class ChunkFills:
         # Chunk keys only: a registry of their own, so the node's fills in
         # flight (/readyz, the cluster's settling) stay whole objects' fills.
         self.flights = Flights()
-        self._fills: dict[Flight, _ChunkFill] = {}  # every chunk fill running here, superseded ones too
-        self.kept = KeptChunks()  # adopted chunks 0 this node owns none of, kept for the reads here
+        self._fills: dict[Flight, ChunkFill] = {}  # every chunk fill running here, superseded ones too
+        self.peers_first = PeersFirst()  # this node's clients of an object kept behind the peers reading it here
 
     def running(self, key: str, index: int, layout: Layout) -> bool:
         """Whether a flight of chunk `index` of `key` runs here: a fill whose
@@ -152,7 +145,7 @@ class ChunkFills:
                                           validator=validator, source=None, keep=False)
         await self._first_bytes(flight, fill)
         growing = fill.growing
-        # A kept fill here (the chunk a cold fill's first answer brought, `adopt`) is read as it grows too.
+        # A kept fill here (the chunk a cold fill's first answer brought, chunks/adopted.py) is read as it grows too.
         if growing is None or growing.validator != validator:
             outcome = flight.outcome.result() if flight.outcome.done() else None
             if outcome is not None and outcome.error is not None and isinstance(outcome.error, ChunkChanged):
@@ -160,75 +153,8 @@ class ChunkFills:
             raise ChunkUnavailable(f"no shared read of {flight.key} to join here")
         return Tail(growing)
 
-    async def adopt(self, response: aiohttp.ClientResponse, *, key: str, url: str, target: Target, layout: Layout,
-                    validator: Validator, read_here: bool) -> None:
-        """Chunk 0 of `key` from `response`: the origin's 206 to the first
-        request of the object's cold fill, which asked for the first chunk's
-        range (fill/chunking.py), so that the answer that told the object's
-        size is stored, not closed unread. Filled here as a chunk fill is,
-        whoever owns it: its first other owner is asked at once to copy it
-        from this node as it grows, the owners behind that one to copy it
-        from there once it holds it (this node's link sends one copy), and a
-        copy here that no owner's place names goes then, once the reads here
-        from now on have passed it, the leading request's first when it is
-        `read_here` (chunks/kept.py). Returns once the
-        first has asked (at most ADOPT_WAIT): a reader told of the manifest
-        after that finds its copy under way, where it would otherwise fill
-        chunk 0 from the origin."""
-        address = self.members.snapshot.nodes.get(self.node_id)  # as the ring names this node to its peers
-        flight, leader = self.flights.lead_or_join(chunk_key(key, 0, layout.chunk_size))
-        if not leader:  # a fill of it runs here already (a peer's read came first): that one is its fill
-            response.release()
-            return
-        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event())
-        owners = owners_of(self.members, key, layout)[0]
-        others = [p for p in owners if p.id != self.node_id] if address is not None else []
-        spec = ChunkSpec(index=0, chunk_size=layout.chunk_size, length=layout.size, validator=validator,
-                         source=Peer(self.node_id, address) if address is not None else None)
-        first = self.spawn(self.peers.push(others[0], target, spec)) if others else None
-        task = self.spawn(self._adopted(flight, fill, response, url=url, target=target, layout=layout))
-        task.add_done_callback(lambda done: self._ended(flight, done))
-        if first is not None:
-            drop = self.kept.keep(flight.key, read_here=read_here) if len(others) == len(owners) else None
-            self.spawn(self._copied_behind(task, first, others, target, spec, drop=drop))
-        deadline = time.monotonic() + ADOPT_WAIT
-        while first is not None and not fill.joined and not first.done() and time.monotonic() < deadline:
-            fill.join_seen.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(fill.join_seen.wait(), timeout=0.05)
-
-    async def _adopted(self, flight: Flight, fill: _ChunkFill, response: aiohttp.ClientResponse, *, url: str,
-                       target: Target, layout: Layout) -> Meta:
-        """Store chunk 0 from the first answer (`adopt`)."""
-        started, size = time.monotonic(), layout.length_of(0)
-        stored = await self._store_chunk(fill, flight.key, response, source=f"origin {url}", url=url,
-                                         host=target.host, size=size, length=layout.size, origin=True)
-        assert stored is not None  # a kept fill
-        log.info("chunk_filled", key=flight.key, bytes=size, source="origin", first_answer=True,
-                 seconds=round(time.monotonic() - started, 3))
-        return stored
-
-    async def _copied_behind(self, adopted: asyncio.Task, first: asyncio.Task, others: list[Peer], target: Target,
-                             spec: ChunkSpec, *, drop: Kept | None) -> None:
-        """Once the first other owner of an adopted chunk holds it, have the
-        owners behind it copy it from there (from here, if it could not);
-        then, `drop`: this node owns none of the chunk, its copy goes once
-        the reads here passed it (kept when no owner could copy it: then
-        it is the only one)."""
-        copied = (await asyncio.gather(first, return_exceptions=True))[0] == ReplicateResult.COPIED
-        source = others[0] if copied else spec.source
-        behind = [await self.peers.push(p, target, dataclasses.replace(spec, source=source)) for p in others[1:]]
-        stored = (await asyncio.gather(adopted, return_exceptions=True))[0]  # an error: nothing stored here
-        if drop is not None and isinstance(stored, Meta) and (copied or ReplicateResult.COPIED in behind):
-            read = await self.kept.read(drop)
-            if await self.store.remove_one(stored):
-                self.counts.gone(stored, self.store.sizes())
-                log.info("chunk_dropped", key=stored.key, reason="its owners hold it", reads_through=read)
-        if drop is not None:
-            self.kept.release(drop)
-
     @staticmethod
-    async def _first_bytes(flight: Flight, fill: _ChunkFill) -> None:
+    async def _first_bytes(flight: Flight, fill: ChunkFill) -> None:
         """Until `fill`'s file starts growing, or its flight ends first."""
         waiter = asyncio.ensure_future(fill.writing.wait())
         try:
@@ -247,9 +173,23 @@ class ChunkFills:
         assert outcome.meta is not None
         return outcome.meta
 
+    def lead(self, ckey: str, validator: Validator) -> tuple[Flight, ChunkFill] | None:
+        """A flight of chunk `ckey` led here and its fill (kept), to `run`; None when one runs already."""
+        flight, leader = self.flights.lead_or_join(ckey)
+        if not leader:
+            return None
+        fill = self._fills[flight] = ChunkFill(validator=validator, writing=asyncio.Event())
+        return flight, fill
+
+    def run(self, flight: Flight, work: Coroutine[Any, Any, Meta | None]) -> asyncio.Task:
+        """`work`, the fill of `flight`, in the background: the flight lands with what it returns or raises."""
+        task = self.spawn(work)
+        task.add_done_callback(lambda done: self._ended(flight, done))
+        return task
+
     def _lead_or_join(self, *, key: str, url: str, target: Target, layout: Layout, index: int,
                       validator: Validator, source: Peer | None,
-                      keep: bool = True) -> tuple[Flight, _ChunkFill]:
+                      keep: bool = True) -> tuple[Flight, ChunkFill]:
         """The flight of chunk `index` here, and its fill, started if none runs
         (`keep`: stored here, else passed on from an owner, see `passing`)."""
         ckey = chunk_key(key, index, layout.chunk_size)
@@ -259,10 +199,9 @@ class ChunkFills:
             fill.joined += 1
             fill.join_seen.set()
             return flight, fill
-        fill = self._fills[flight] = _ChunkFill(validator=validator, writing=asyncio.Event(), keep=keep)
-        task = self.spawn(self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
-                                     source=source))
-        task.add_done_callback(lambda done: self._ended(flight, done))
+        fill = self._fills[flight] = ChunkFill(validator=validator, writing=asyncio.Event(), keep=keep)
+        self.run(flight, self._fill(flight, fill, key=key, url=url, target=target, layout=layout, index=index,
+                                    source=source))
         return flight, fill
 
     def _ended(self, flight: Flight, task: asyncio.Task) -> None:
@@ -303,7 +242,7 @@ class ChunkFills:
             if self.flights.get(flight.key) is flight and matches(flight.key, fill.validator):
                 self.flights.supersede(flight.key)
 
-    async def _fill(self, flight: Flight, fill: _ChunkFill, *, key: str, url: str, target: Target, layout: Layout,
+    async def _fill(self, flight: Flight, fill: ChunkFill, *, key: str, url: str, target: Target, layout: Layout,
                     index: int, source: Peer | None = None) -> Meta | None:
         """Fill chunk `index` here: from a live owner ahead of this node in ring order that holds it
         (one that breaks off is marked down unless its own fill failed, and the next tried), else from
@@ -319,24 +258,33 @@ class ChunkFills:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
-        for n, peer in enumerate(ahead, 1):
-            opened = await self.peers.ask(peer, target, spec, Piece(index=index, offset=0, length=size))
+        asked, again = dataclasses.replace(spec, role="fill" if fill.keep else "pass"), set()
+        while ahead:
+            owner = ahead.pop(0)
+            opened = await self._ask(owner, target, asked, Piece(index=index, offset=0, length=size))
             if opened is None:
                 continue
             assert opened.response is not None
+            peer = opened.peer or owner  # a node of the chunk's wave the owner sent this node to, or the owner
             try:
-                stored = await self._store_chunk(fill, ckey, opened.response, source=opened.source, peer=peer,
+                stored = await self.store_chunk(fill, ckey, opened.response, source=opened.source, peer=peer,
                                                  url=url, host=target.host, size=size, length=layout.size,
                                                  origin=False)
             except FillAborted as e:
                 # The chunk is asked again of the next source, whole: an owner's fill always has one (the
                 # origin); a chunk passed on only while owners are left, else its readers go on alone.
                 log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
-                            resume=fill.keep or n < len(ahead))
-                await self.peers.broke_off(peer, target, spec, str(e))  # down unless its own fill failed
+                            resume=fill.keep or bool(ahead))
+                # Down unless its own fill failed: then an owner ahead's flight goes on from its next source
+                # (the origin, for a first owner), and this fill follows it there once more rather than ask
+                # the origin itself: one origin request for the chunk, not one per owner behind.
+                if await self.peers.broke_off(peer, target, spec, str(e)) and fill.keep and peer is owner \
+                        and owner.id not in again:
+                    again.add(owner.id)
+                    ahead.insert(0, owner)
                 continue
             log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
-                     seconds=round(time.monotonic() - started, 3))
+                     sent_on_by=owner.id if peer is not owner else None, seconds=round(time.monotonic() - started, 3))
             return stored
         if not fill.keep:  # a non-owner never fills a chunk from the origin: its readers ask on their own
             raise ChunkUnavailable(f"no owner of {ckey} answered")
@@ -347,7 +295,37 @@ class ChunkFills:
                 self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
         return stored
 
-    async def _from_origin(self, fill: _ChunkFill, ckey: str, *, url: str, target: Target, layout: Layout,
+    async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
+        """`owner`'s answer for a whole chunk. A pass may be sent on to a node of the chunk's wave there
+        (chunks/feeders.py): then that node's, or, when it has no flight of the chunk any more, the
+        owner's again, asked to answer it itself."""
+        answer = await self.peers.ask(owner, target, spec, piece)
+        if not isinstance(answer, Peer):
+            return answer
+        fed = await self.peers.ask(answer, target, dataclasses.replace(spec, role="fed"), piece)
+        if isinstance(fed, Opened):
+            return fed
+        answer = await self.peers.ask(owner, target, dataclasses.replace(spec, role="pass-direct"), piece)
+        return answer if isinstance(answer, Opened) else None
+
+    async def feeding(self, *, key: str, layout: Layout, index: int, validator: Validator) -> Meta | Tail | None:
+        """Chunk `index` of `key` for a node its owner sent here (chunks/feeders.py): as stored here, or
+        as this node's flight of it (a pass or a fill) writes it, once it writes; None when this node has
+        neither (its flight ended), and the asker goes back to the owner. Never starts a flight."""
+        stored = self.held(key, index, layout, validator)
+        if stored is not None:
+            return stored
+        flight = self.flights.get(chunk_key(key, index, layout.chunk_size))
+        fill = self._fills.get(flight) if flight is not None else None
+        if flight is None or fill is None or fill.validator != validator:
+            return None
+        await self._first_bytes(flight, fill)
+        growing = fill.growing
+        if growing is not None and growing.validator == validator:
+            return Tail(growing)
+        return self.held(key, index, layout, validator)
+
+    async def _from_origin(self, fill: ChunkFill, ckey: str, *, url: str, target: Target, layout: Layout,
                            index: int) -> Meta:
         """Chunk `index` from the origin, pinned to the manifest's version by
         `If-Range`: ChunkChanged (nothing stored) when the answer is not exactly
@@ -367,12 +345,12 @@ class ChunkFills:
             log.warning("chunk_changed", key=ckey, url=url, reason=why)
             raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
                                f"changed since it was chunked; nothing stored")
-        stored = await self._store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
+        stored = await self.store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
                                          size=size, length=layout.size, origin=True)
         assert stored is not None  # an owner's fill keeps what it fetched
         return stored
 
-    async def _store_chunk(self, fill: _ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
+    async def store_chunk(self, fill: ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
                            peer: Peer | None = None,
                            url: str, host: str, size: int, length: int, origin: bool) -> Meta | None:
         """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it (None, and
@@ -441,7 +419,7 @@ class ChunkFills:
             raise FillAborted(f"{source}: {e}") from e
 
     @staticmethod
-    def _stop_growing(fill: _ChunkFill, growing: Growing) -> None:
+    def _stop_growing(fill: ChunkFill, growing: Growing) -> None:
         """A chunk file's growth ended (whole or not): its readers are woken, later ones no longer find it."""
         growing.ended = True
         growing.moved.set()

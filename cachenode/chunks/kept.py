@@ -1,7 +1,7 @@
 """An adopted chunk 0 kept for the reads of its object here.
 
 A cold fill's first answer is chunk 0, stored by the node that asked
-whether it owns the chunk or not (chunks/fills.py `ChunkFills.adopt`);
+whether it owns the chunk or not (chunks/adopted.py `AdoptedChunks.adopt`);
 the copy of a node that owns none of it goes once the chunk's owners
 hold theirs. The request that led the fill reads the object here only
 after its manifest is answered (a hand-off from the fast path to the

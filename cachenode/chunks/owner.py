@@ -11,14 +11,18 @@ chunk. HEAD only makes sure this node holds the chunk (a replica's copy,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import structlog
 from aiohttp import web
 
+from cachenode.chunks.feeders import FEEDS, Feeders, fanout_for
 from cachenode.chunks.fills import ChunkFills
-from cachenode.chunks.sources import SendFile, Tail, send_tail
+from cachenode.chunks.peers import Members
+from cachenode.chunks.peers_first import Paced, unhurried
+from cachenode.chunks.sources import SendFile, Tail, send_held, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec
 from cachenode.counts import Counts
 from cachenode.http.conditionals import parse_range
@@ -26,10 +30,11 @@ from cachenode.peers.cuts import Cuts, answer_cut
 from cachenode.store.blocks import summary
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
-from nezha.chunks import chunk_key
+from nezha.chunks import chunk_key, chunk_of
 from nezha.errors import NezhaError, OriginError
 from nezha.keys import Target
-from nezha.wire import BLOCKS_HEADER, CHUNK_HEADER, CUT_HEADER, FILL_FAILED_HEADER, SERVED_BY_HEADER, origin_error_value
+from nezha.wire import (BLOCKS_HEADER, CHUNK_FEEDER_HEADER, CHUNK_HEADER, CUT_HEADER, FILL_FAILED_HEADER, PEER_HEADER,
+                        SERVED_BY_HEADER, origin_error_value)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -43,9 +48,11 @@ class Record(Protocol):
 
 
 class ChunkOwner:
-    def __init__(self, *, node_id: str, store: Store, fills: ChunkFills, counts: Counts,
+    def __init__(self, *, node_id: str, store: Store, fills: ChunkFills, members: Members, counts: Counts,
                  send_file: SendFile, clock: Callable[[], float] = time.monotonic) -> None:
         self.node_id = node_id
+        self.members = members  # the ring: how a node of a chunk's wave is reached
+        self.feeders = Feeders()
         self.store = store
         self.fills = fills
         self.counts = counts
@@ -71,18 +78,33 @@ class ChunkOwner:
         if asked is False:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"})
         start, count = asked if asked else (0, size)
+        ckey, asker = chunk_key(key, spec.index, layout.chunk_size), request.headers.get(PEER_HEADER)
+        # A node reading the whole chunk in one flight: a node of this chunk's wave here (chunks/feeders.py).
+        feeds = request.method == "GET" and spec.role in FEEDS and asker is not None and (start, count) == (0, size)
+        if feeds and spec.role == "pass":
+            sent_on = self._sent_on(ckey, asker, spec.index)
+            if sent_on is not None:
+                return sent_on
+        if feeds:
+            self.feeders.sending(ckey, asker)
         try:
-            if request.method == "GET":
-                here = await self.fills.stored_or_growing(key=key, url=url, target=target, layout=layout,
-                                                          index=spec.index, validator=spec.validator,
-                                                          source=spec.source)
-            else:  # HEAD: a replica's copy, answered once it is whole here
-                here = await self.fills.local(key=key, url=url, target=target, layout=layout, index=spec.index,
-                                              validator=spec.validator, source=spec.source)
+            return await self._send(request, record, key=key, url=url, target=target, spec=spec, start=start,
+                                    count=count, ranged=bool(asked), ckey=ckey)
+        finally:
+            if feeds:
+                self.feeders.sent(ckey)
+
+    async def _send(self, request: web.Request, record: Record, *, key: str, url: str, target: Target,
+                    spec: ChunkSpec, start: int, count: int, ranged: bool, ckey: str) -> web.StreamResponse:
+        """Bytes [start, start + count) of the chunk `spec` names, as stored here or as it grows."""
+        size = spec.layout.length_of(spec.index)
+        try:
+            here = await self._here(request, key=key, url=url, target=target, spec=spec)
+            if here is None:  # asked as a node of a wave ("fed") that has no flight of the chunk any more
+                return web.Response(status=404, text=f"no flight of {ckey} here to feed from\n")
             if isinstance(here, Tail):
                 return await self._send_growing(request, record, here, host=target.host, start=start,
-                                                count=count, size=size, ranged=bool(asked),
-                                                ckey=chunk_key(key, spec.index, layout.chunk_size))
+                                                count=count, size=size, ranged=ranged, ckey=ckey)
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError:
@@ -92,7 +114,32 @@ class ChunkOwner:
             raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n",
                                              headers={FILL_FAILED_HEADER: origin_error_value(str(e))})
         return await self._send_stored(request, record, here, host=target.host, start=start, count=count,
-                                       size=size, ranged=bool(asked))
+                                       size=size, ranged=ranged)
+
+    async def _here(self, request: web.Request, *, key: str, url: str, target: Target,
+                    spec: ChunkSpec) -> Meta | Tail | None:
+        """The chunk a peer asked for, as stored here or as this node's flight writes it: filled first
+        if need be (HEAD: once whole here, a replica's copy); for a node of its wave ("fed"), from a
+        flight here or nothing (None)."""
+        layout, validator = spec.layout, spec.validator
+        if spec.role == "fed":
+            return await self.fills.feeding(key=key, layout=layout, index=spec.index, validator=validator)
+        if request.method == "GET":
+            return await self.fills.stored_or_growing(key=key, url=url, target=target, layout=layout,
+                                                      index=spec.index, validator=validator, source=spec.source)
+        return await self.fills.local(key=key, url=url, target=target, layout=layout, index=spec.index,
+                                      validator=validator, source=spec.source)
+
+    def _sent_on(self, ckey: str, asker: str, index: int) -> web.Response | None:
+        """A 421 sending `asker`, which passes chunk `ckey` on, to the node of the chunk's wave here it
+        reads it from (chunks/feeders.py); None: this node answers it."""
+        feeder = self.feeders.feeder_for(ckey, asker, fanout=fanout_for(len(self.members.snapshot.nodes)))
+        address = self.members.snapshot.nodes.get(feeder) if feeder is not None else None
+        if feeder is None or address is None:
+            return None
+        log.info("chunk_sent_on", key=ckey, index=index, asker=asker, feeder=feeder)
+        return web.Response(status=421, headers={CHUNK_FEEDER_HEADER: f"{feeder} {address}"},
+                            text=f"read {ckey} from {feeder}, which reads it now\n")
 
     async def _send_stored(self, request: web.Request, record: Record, stored: Meta, *, host: str, start: int,
                            count: int, size: int, ranged: bool) -> web.StreamResponse:
@@ -115,12 +162,27 @@ class ChunkOwner:
                 resp.headers[BLOCKS_HEADER] = summary(stored.blocks)
             await resp.prepare(request)
             if request.method == "GET":
-                await self.send_file(request, resp, f, start, count)
+                with self._paced(request, stored.key, start) as paced:
+                    await send_held(self.send_file, request, resp, f, start, count, paced)
             await resp.write_eof()
         record.bytes = count if request.method == "GET" else 0
         self._sent(request, host, record.bytes)
         self.counts.accessed(stored.key)
         return resp
+
+    @contextlib.contextmanager
+    def _paced(self, request: web.Request, ckey: str, start: int) -> Iterator[Paced]:
+        """This answer to a peer as a sender its object's clients here keep behind (chunks/peers_first.py),
+        its socket keeping little unsent meanwhile."""
+        found = chunk_of(ckey)
+        assert found is not None, f"{ckey} is no chunk key"
+        key, chunk_size, index = found
+        unhurried(request.transport)
+        try:
+            with self.fills.peers_first.sender(key, base=index * chunk_size, at=start, peer=True) as paced:
+                yield paced
+        finally:
+            unhurried(request.transport, unsent=0)
 
     def _answer(self, *, start: int, count: int, size: int, ranged: bool) -> web.StreamResponse:
         """The head of this node's answer with bytes [start, start + count) of
@@ -149,7 +211,8 @@ class ChunkOwner:
         with tail:
             resp = self._answer(start=start, count=count, size=size, ranged=ranged)
             await resp.prepare(request)
-            sent = await send_tail(self.send_file, request, resp, tail, start, count)
+            with self._paced(request, ckey, start) as paced:
+                sent = await send_tail(self.send_file, request, resp, tail, start, count, paced)
             record.bytes = sent
             self._sent(request, host, sent)
             if sent < count:

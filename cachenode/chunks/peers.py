@@ -22,8 +22,8 @@ from nezha.chunks import Layout, Piece, place
 from nezha.errors import OriginError
 from nezha.keys import Target
 from nezha.ring import Membership, Peer
-from nezha.wire import (CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER, SCHEME_HEADER,
-                        ReplicateResult, replicate_failed)
+from nezha.wire import (CHUNK_FEEDER_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER,
+                        SCHEME_HEADER, ReplicateResult, replicate_failed)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -71,8 +71,10 @@ class ChunkPeers:
         self.relay = relay
         self.auth = dict(auth)
 
-    async def ask(self, peer: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
-        """`peer`'s answer for `piece`; None when it cannot be used and the next source should be tried."""
+    async def ask(self, peer: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | Peer | None:
+        """`peer`'s answer for `piece`; None when it cannot be used and the next source should be tried.
+        A Peer: for a chunk passed on (`spec.role` "pass"), the node of the chunk's wave to read it from
+        (chunks/feeders.py)."""
         headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
                    CHUNK_HEADER: spec.header(),
                    "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}", **self.auth}
@@ -82,6 +84,15 @@ class ChunkPeers:
             self.relay.mark_down(peer, str(e))
             return None
         source = f"peer {peer.id} (chunk {spec.index})"
+        if r.status == 421 and CHUNK_FEEDER_HEADER in r.headers and spec.role == "pass":
+            feeder = r.headers[CHUNK_FEEDER_HEADER]
+            r.release()
+            node, _, address = feeder.partition(" ")
+            return Peer(node, address) if node and address else None
+        if r.status == 404 and spec.role == "fed":  # its flight of the chunk ended: the asker goes back to the owner
+            r.release()
+            log.info("chunk_not_fed", peer=peer.id, index=spec.index)
+            return None
         if r.status == 412:
             why = (await r.text())[:300].strip()
             r.release()
@@ -100,16 +111,18 @@ class ChunkPeers:
             return None
         return Opened(piece, response=r, source=source, peer=peer)
 
-    async def broke_off(self, peer: Peer, target: Target, spec: ChunkSpec, why: str) -> None:
+    async def broke_off(self, peer: Peer, target: Target, spec: ChunkSpec, why: str) -> bool:
         """`peer`'s answer for chunk `spec` broke off mid-body (`why`): asked
-        whether it cut the answer because its own fill failed. Marked down
-        unless it answers so: a peer that does not answer, or broke off for
-        another reason, is routed around as any peer that breaks off."""
+        whether it cut the answer because its own fill failed (True). Marked
+        down unless it answers so: a peer that does not answer, or broke off
+        for another reason, is routed around as any peer that breaks off."""
         headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
                    CHUNK_HEADER: spec.header(), **self.auth}
         failed = await asked_why_cut(self.relay, peer, peer.url + target.path_qs, headers=headers, why=why)
-        if failed is not None:
-            log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
+        if failed is None:
+            return False
+        log.info("chunk_peer_fill_failed", peer=peer.id, index=spec.index, reason=failed, broke=why)
+        return True
 
     async def push(self, peer: Peer, target: Target, spec: ChunkSpec) -> str:
         """Have `peer`, an owner of the chunk behind this node, hold it too:

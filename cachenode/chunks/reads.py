@@ -35,9 +35,10 @@ import structlog
 from aiohttp import web
 
 from cachenode.chunks.fills import ChunkFills
-from cachenode.chunks.kept import Reading
+from cachenode.chunks.kept import KeptChunks, Reading
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
-from cachenode.chunks.sources import Opened, SendFile, Tail, send_tail
+from cachenode.chunks.peers_first import Paced
+from cachenode.chunks.sources import Opened, SendFile, Tail, send_held, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable, manifest_validator
 from cachenode.chunks.whole import CheckedBody, whole_digest
 from cachenode.counts import Counts
@@ -90,8 +91,8 @@ def origin_url(settings: CacheSettings, target: Target) -> str:
 
 class ChunkReads:
     def __init__(self, *, settings: CacheSettings, store: Store, upstream: Upstream, members: Members,
-                 fills: ChunkFills, peers: ChunkPeers, relay: Relay, via: str, send_file: SendFile,
-                 forget: Forget, counts: Counts, drop: DropChunks | None = None,
+                 fills: ChunkFills, kept: KeptChunks, peers: ChunkPeers, relay: Relay, via: str,
+                 send_file: SendFile, forget: Forget, counts: Counts, drop: DropChunks | None = None,
                  mismatches: "Counter | None" = None) -> None:
         self.settings = settings
         self.node_id = settings.identity
@@ -99,6 +100,7 @@ class ChunkReads:
         self.upstream = upstream
         self.members = members
         self.fills = fills
+        self.kept = kept  # adopted chunks 0 this node owns none of (chunks/adopted.py)
         self.peers = peers
         self.relay = relay
         self.via = via
@@ -118,9 +120,7 @@ class ChunkReads:
         """
         manifest = meta.manifest
         assert manifest is not None, f"{meta.key} is no chunked object"
-        target = target_of(meta.key)
-        validator = manifest_validator(meta)
-        layout = manifest.layout
+        target, validator, layout = target_of(meta.key), manifest_validator(meta), manifest.layout
         owners = owners_of(self.members, meta.key, layout)
         pieces = collections.deque(layout.pieces(start, length))
         ahead: collections.deque[asyncio.Task] = collections.deque()
@@ -130,7 +130,7 @@ class ChunkReads:
         out = checked if checked is not None else resp
         send_file = checked.send_file if checked is not None else self.send_file
         # A copy of chunk 0 this node adopted but owns none of stays until this read passed it (chunks/kept.py).
-        first = (self.fills.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
+        first = (self.kept.reading(chunk_key(meta.key, 0, layout.chunk_size)) if start < layout.length_of(0)
                  else Reading(None))
 
         def top_up() -> None:
@@ -141,6 +141,7 @@ class ChunkReads:
 
         reopen = functools.partial(self._reopen, meta, target, layout, validator, owners)
         broke_off = functools.partial(self._broke_off, target, layout, validator)
+        paced = functools.partial(self._client, meta.key, layout.chunk_size)  # behind peers here: peers_first.py
 
         try:
             top_up()
@@ -149,7 +150,7 @@ class ChunkReads:
                     opened = await ahead.popleft()
                     top_up()
                     await self._write(request, out, opened, host=meta.host, reopen=reopen, send_file=send_file,
-                                      broke_off=broke_off)
+                                      broke_off=broke_off, paced=paced)
                     first.done()  # chunk 0 is written first, if at all
                 except ChunkChanged as e:
                     await self.forget.everywhere([meta.key], why=str(e))
@@ -202,7 +203,8 @@ class ChunkReads:
 
     async def _write(self, request: web.Request, resp: web.StreamResponse | CheckedBody, opened: Opened, *,
                      host: str, reopen: Callable[[Piece, Peer | None, bool], Awaitable[Opened]],
-                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]]) -> None:
+                     send_file: SendFile, broke_off: Callable[[Peer, int, str], Awaitable[None]],
+                     paced: Callable[[Piece], Paced]) -> None:
         """Write `opened`'s piece to the client. A source that breaks off
         mid-piece (a peer killed, a connection reset) is marked down (unless
         its own fill failed: `broke_off`; a chunk passed on here was judged
@@ -219,13 +221,14 @@ class ChunkReads:
                         f = open(self.store.data_path(opened.meta), "rb")
                     except FileNotFoundError as e:
                         raise BrokenStream(f"chunk {opened.meta.key} vanished before it was read") from e
-                    with f:
-                        await send_file(request, resp, f, piece.offset + sent, piece.length - sent)
+                    with f, paced(piece) as pace:
+                        await send_held(send_file, request, resp, f, piece.offset + sent, piece.length - sent, pace)
                     return
                 if opened.growing is not None:
                     # This node is filling the chunk: its bytes go out as they land, not once it is whole.
-                    sent += await send_tail(send_file, request, resp, opened.growing, piece.offset + sent,
-                                            piece.length - sent)
+                    with paced(piece) as pace:
+                        sent += await send_tail(send_file, request, resp, opened.growing, piece.offset + sent,
+                                                piece.length - sent, pace)
                     if sent == piece.length:
                         return
                     why = f"its fill here ended after {sent} of {piece.length} bytes"
@@ -252,6 +255,10 @@ class ChunkReads:
                                             length=piece.length - sent), broke, origin_only)
         finally:
             opened.close()
+
+    def _client(self, key: str, chunk_size: int, piece: Piece) -> Paced:
+        """A client's sender of `piece` of `key`'s chunks, kept behind the peers reading them here."""
+        return self.fills.peers_first.sender(key, base=piece.index * chunk_size, at=piece.offset, peer=False)
 
     async def _broke_off(self, target: Target, layout: Layout, validator: Validator, peer: Peer, index: int,
                          why: str) -> None:
@@ -326,7 +333,7 @@ class ChunkReads:
             except NezhaError as e:  # no owner answered the shared request: this read asks on its own
                 held = self.store.lookup(ckey)
                 if held is not None and validator.mismatch(dict(held.headers)) is None:
-                    # The fill it joined was this node's first answer (`ChunkFills.adopt`), and it ended
+                    # The fill it joined was this node's first answer (chunks/adopted.py `AdoptedChunks.adopt`), and it ended
                     # stored as this reader came: from here, not one more copy across a link.
                     return Opened(piece, meta=held, source=f"chunk {ckey} here")
                 log.info("chunk_pass_missed", key=ckey, reason=str(e))
@@ -338,7 +345,7 @@ class ChunkReads:
         joined = mine and (whole or self.fills.running(meta.key, piece.index, layout))
         for peer in [] if joined else self.relay.order(ahead):
             opened = await self.peers.ask(peer, target, spec, piece)
-            if opened is not None:
+            if isinstance(opened, Opened):  # a reader's own request is never sent on (no role)
                 return opened
         if mine:
             try:

@@ -16,6 +16,7 @@ from typing import IO, Protocol
 import aiohttp
 from aiohttp import web
 
+from cachenode.chunks.peers_first import Paced
 from cachenode.fill.parallel import Validator
 from cachenode.store.objects import Meta, TempObject
 from nezha.chunks import Piece
@@ -86,20 +87,35 @@ class Opened:
 
 
 async def send_tail(send_file: SendFile, request: web.Request, resp: web.StreamResponse, tail: Tail, start: int,
-                    count: int) -> int:
+                    count: int, paced: Paced) -> int:
     """Write bytes [start, start + count) of a chunk being filled here to
     `resp` as the fill writes them (by sendfile from its temp file, as a
-    joiner of a whole object's fill is sent its bytes); how many went:
-    fewer than `count` when the fill ended first, having failed."""
+    joiner of a whole object's fill is sent its bytes), as fast as `paced`
+    lets them go (chunks/peers_first.py); how many went: fewer than `count`
+    when the fill ended first, having failed."""
     growing, sent = tail.growing, 0
     while sent < count:
-        ready = min(growing.temp.written - (start + sent), count - sent)
+        at = start + sent
+        ready = min(growing.temp.written - at, count - sent)
         if ready <= 0:
             if growing.ended:
                 break  # the fill failed (or was cut) before these bytes
             growing.moved.clear()
             await growing.moved.wait()
             continue
-        await send_file(request, resp, tail.file, start + sent, ready)
+        ready = await paced.upto(at, at + ready) - at
+        await send_file(request, resp, tail.file, at, ready)
         sent += ready
+        paced.sent(start + sent)
     return sent
+
+
+async def send_held(send_file: SendFile, request: web.Request, resp: web.StreamResponse, f: IO[bytes], start: int,
+                    count: int, paced: Paced) -> None:
+    """Write bytes [start, start + count) of a chunk stored here, as fast as `paced` lets them go."""
+    at, end = start, start + count
+    while at < end:
+        upto = await paced.upto(at, end)
+        await send_file(request, resp, f, at, upto - at)
+        at = upto
+        paced.sent(at)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from cachenode.chunks.feeders import ROLES
 from cachenode.fill.parallel import Validator
 from cachenode.store.objects import Meta
 from nezha.chunks import Layout
@@ -45,12 +46,17 @@ class ChunkSpec:
     # A node that holds the chunk but is no longer in the ring (one handing
     # its chunks off on scale-down): asked first when the chunk is filled.
     source: Peer | None = None
+    # Why the asker wants the chunk, when it reads it whole in one flight (chunks/feeders.py ROLES):
+    # a node passing it on may be sent to another node reading it now. None: a reader's own request.
+    role: str | None = None
 
     def header(self) -> str:
-        spec = {"index": self.index, "chunk_size": self.chunk_size, "length": self.length,
-                "etag": self.validator.etag, "last_modified": self.validator.last_modified}
+        spec: dict = {"index": self.index, "chunk_size": self.chunk_size, "length": self.length,
+                      "etag": self.validator.etag, "last_modified": self.validator.last_modified}
         if self.source is not None:
             spec["from"] = {"id": self.source.id, "address": self.source.address}
+        if self.role is not None:
+            spec["role"] = self.role
         return json.dumps(spec)
 
     @classmethod
@@ -59,7 +65,7 @@ class ChunkSpec:
         try:
             raw = json.loads(value)
             index, chunk_size, length = int(raw["index"]), int(raw["chunk_size"]), int(raw["length"])
-            etag, last_modified = raw.get("etag"), raw.get("last_modified")
+            etag, last_modified, role = raw.get("etag"), raw.get("last_modified"), raw.get("role")
             source = None
             if "from" in raw:
                 address = str(raw["from"]["address"])
@@ -67,13 +73,15 @@ class ChunkSpec:
                 source = Peer(str(raw["from"]["id"]), address)
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"{CHUNK_HEADER} {value[:200]!r} is not a chunk request: {e}") from e
+        if role is not None and role not in ROLES:
+            raise ValueError(f"{CHUNK_HEADER} names role {role!r}, none of {', '.join(ROLES)}")
         if etag is None and last_modified is None:
             raise ValueError(f"{CHUNK_HEADER} names no validator: a chunk is only ever of one version")
         layout = Layout(size=length, chunk_size=chunk_size)  # ValueError for nonsense sizes
         if not 0 <= index < layout.count:
             raise ValueError(f"chunk {index} of an object of {layout.count} chunks")
         return cls(index=index, chunk_size=chunk_size, length=length,
-                   validator=Validator(etag=etag, last_modified=last_modified), source=source)
+                   validator=Validator(etag=etag, last_modified=last_modified), source=source, role=role)
 
     @property
     def layout(self) -> Layout:

@@ -11,7 +11,7 @@ held by then: up to 0.03 of an 8 MiB object in the stampede benchmark
 (docs/benchmarks.md, "Stampede"). Asked for the first chunk's range
 (`first_chunk_range`), the origin's 206 says the length in its
 Content-Range and its body is chunk 0, which the node stores
-(cachenode/chunks/fills.py `adopt`): no byte of it is thrown away. An
+(cachenode/chunks/adopted.py `AdoptedChunks.adopt`): no byte of it is thrown away. An
 object below the threshold comes in the same 206 when it is no longer than
 a chunk, else with the rest fetched after it in ranges (a resumed fill's
 path, fill/engine.py); an origin that ignores Range answers 200, the whole

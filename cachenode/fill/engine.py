@@ -75,7 +75,7 @@ class ChunkedObjects(Protocol):
 
     async def adopt(self, meta: Meta, response: aiohttp.ClientResponse, target: Target, *, read_here: bool) -> None:
         """`response`, the origin's 206 of the first chunk of the object the manifest `meta` describes,
-        filled as that chunk; returns once its owners are copying it (chunks/fills.py `adopt`). `read_here`:
+        filled as that chunk; returns once its owners are copying it (chunks/adopted.py `AdoptedChunks.adopt`). `read_here`:
         the request that led the fill reads the object here (a client's; a peer's is answered the manifest)."""
 
 

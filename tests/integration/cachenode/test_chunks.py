@@ -23,6 +23,7 @@ from multidict import CIMultiDict
 from nezha.chunks import Layout, chunk_key, chunk_of, place
 from nezha.config import Origin
 from nezha.ring import Membership
+from nezha.wire import CUT_HEADER
 from structlog.testing import capture_logs
 
 from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
@@ -727,7 +728,8 @@ async def test_in_a_cold_wave_a_node_asks_each_chunk_it_does_not_own_first_once_
         origin, cluster, session):
     """R = 2, cold. Six clients read the object at once through one node: the chunks it owns behind another
     node are copied once by its fill (kept), those it does not own are passed on once (not kept), each
-    asked of the chunk's first owner by one GET from that node; the origin sends each chunk once."""
+    asked of the chunk's first owner by one GET from that node (and at most one more of the node that
+    owner sent it on to, a node reading the chunk then: chunks/feeders.py); the origin sends each chunk once."""
     put(origin)
     nodes, members = await cluster(4, replicas=2, **CHUNKED)
     table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
@@ -737,7 +739,10 @@ async def test_in_a_cold_wave_a_node_asks_each_chunk_it_does_not_own_first_once_
     assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
     assert origin.requests[PATH] == 1 + SIZE // CHUNK
     behind = {i: owners[0] for i, owners in enumerate(table) if owners[0] != reader}
-    assert asked == Counter({(owner, i): 1 for i, owner in behind.items()}), f"asked {asked}"
+    firsts = Counter({(node, i): n for (node, i), n in asked.items() if behind.get(i) == node})
+    assert firsts == Counter({(owner, i): 1 for i, owner in behind.items()}), f"asked {asked}"
+    sent_on = Counter(i for (node, i), n in asked.items() if behind.get(i) != node for _ in range(n))
+    assert set(sent_on) <= set(behind) and set(sent_on.values()) <= {1}, f"asked {asked}"
     await settled(nodes)
     for i, owners in enumerate(table):
         assert (chunk_key(KEY, i, CHUNK) in nodes[reader].node.store) == (reader in owners), i
@@ -810,3 +815,112 @@ async def test_readers_that_reach_a_broken_off_chunk_after_its_fill_ended_read_t
     assert {(status, n, digest) for status, _, digest, n in results} == {(206, CHUNK, sha(BODY[a:b + 1]))}
     ranges = [h["Range"] for h in origin.request_headers[1:]]
     assert ranges == [f"bytes={a}-{b}"] * 2, f"origin asked for {ranges}"
+
+
+async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_each_other_in_a_chain(
+        ranged_origin, make_node, tmp_path, session):
+    """A client on each of four nodes reads the object at once, cold. The origin holds one chunk's answer
+    halfway until all three other nodes have asked its owner for that chunk: the owner sends it to the first
+    and sends each later one on to the node that asked before it (a chain, chunks/feeders.py), so its link
+    carries the chunk once, not three times. Every client gets exact bytes; the origin sends the chunk once."""
+    url, state = ranged_origin
+    nodes, table = await four_nodes(make_node, tmp_path, url, origin_read_timeout=600)
+    index = next(i for i in range(1, len(table)) if table[i][0] != "n0")
+    owner = table[index][0]
+    state["hold"] = index * CHUNK
+    answered: list[tuple[str, str, str | None, int]] = []  # (server, asker, role, status) for chunk `index`
+    for nid, nd in nodes.items():
+        def recording(serve=nd.node.chunk_owner.serve, nid=nid):
+            async def serve_recorded(request, record, **kw):
+                spec = json.loads(request.headers["X-Nezha-Chunk"])
+                resp = await serve(request, record, **kw)
+                if spec["index"] == index and request.method == "GET":
+                    answered.append((nid, request.headers["X-Nezha-Peer"], spec.get("role"), resp.status))
+                return resp
+            return serve_recorded
+        nd.node.chunk_owner.serve = recording()
+    reads = [asyncio.ensure_future(read(nd, session)) for nd in nodes.values()]
+    try:
+        await asyncio.wait_for(state["holding"].wait(), timeout=60)
+        others, wave = {nid for nid in nodes if nid != owner}, nodes[owner].node.chunk_owner.feeders
+        deadline = asyncio.get_running_loop().time() + 30
+        while set(wave.running(chunk_key(KEY, index, CHUNK))) != others:  # every other node has asked the owner
+            assert asyncio.get_running_loop().time() < deadline, f"not every node asked for chunk {index}"
+            await asyncio.sleep(0.02)
+    finally:
+        state["release"].set()
+    results = await asyncio.gather(*reads)
+    assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
+    assert state["ranges"].count(index * CHUNK) == 1, "the origin sent the chunk once"
+    from_owner = [asker for server, asker, role, status in answered if server == owner and status in (200, 206)]
+    fed = [(server, asker) for server, asker, role, status in answered if role == "fed" and status in (200, 206)]
+    assert len(from_owner) == 1, f"the owner sent the chunk to {from_owner}: {answered}"
+    assert len(fed) == 2 and all(server != owner for server, _ in fed), f"{answered}"
+    (first,), chain = from_owner, {asker: server for server, asker in fed}
+    second = next((asker for asker, server in chain.items() if server == first), None)
+    third = next((asker for asker in chain if asker != second), None)
+    assert chain == {second: first, third: second}, f"not a chain from {first}: {chain}"
+
+
+async def test_an_owner_behind_cut_by_the_first_owners_failed_source_follows_that_fill_not_the_origin(
+        origin, cluster, session):
+    """R = 2. A chunk's first owner copies it from a node handing it over (its `source`), which sends half and
+    breaks off; the first owner goes on from the origin in the same flight. Its second owner, copying the chunk
+    from that fill meanwhile, is cut at the same byte and told the first owner's own fill failed: it follows that
+    fill as it goes on, so the origin is asked for the chunk once, not once by each owner (the stampede's
+    `killed-chunks`: the key's owner, killed while holding the only copy of chunk 0, cost 1.25 S)."""
+    from cachenode.chunks.reads import origin_url
+    from cachenode.chunks.spec import manifest_validator
+    from nezha.keys import target_of
+    from nezha.ring import Peer
+
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    await read(next(iter(nodes.values())), session)  # the manifest and every chunk on its owners
+    await settled(nodes)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    source = next(nid for nid in nodes if nid not in (first, behind))
+    ckey, a, b = chunk_key(KEY, index, CHUNK), index * CHUNK, (index + 1) * CHUNK - 1
+    for nid in (first, behind):
+        assert await nodes[nid].node.store.remove_one(nodes[nid].node.store.lookup(ckey))
+    asked_by_behind = asyncio.Event()
+
+    def watching(serve=nodes[first].node.chunk_owner.serve):
+        async def serve_watched(request, record, **kw):
+            if request.headers.get("X-Nezha-Peer") == behind and request.method == "GET":
+                asked_by_behind.set()
+            return await serve(request, record, **kw)
+        return serve_watched
+
+    def half_then_gone(serve=nodes[source].node.chunk_owner.serve):
+        async def serve_half(request, record, **kw):
+            if CUT_HEADER in request.headers or request.method != "GET":
+                return await serve(request, record, **kw)
+            resp = web.StreamResponse(status=206, headers={"Content-Range": f"bytes 0-{CHUNK - 1}/{CHUNK}"})
+            resp.content_length = CHUNK
+            await resp.prepare(request)
+            await resp.write(BODY[a:a + CHUNK // 2])
+            await asyncio.wait_for(asked_by_behind.wait(), 30)
+            await asyncio.sleep(0.2)  # the owner behind reads the first half from the first owner's fill
+            request.transport.close()
+            return resp
+        return serve_half
+
+    nodes[first].node.chunk_owner.serve = watching()
+    nodes[source].node.chunk_owner.serve = half_then_gone()
+    holder = next(nid for nid, nd in nodes.items() if KEY in nd.node.store)
+    manifest = nodes[holder].node.store.lookup(KEY)
+    fills, target = nodes[first].node.chunk_owner.fills, target_of(KEY)
+    before = len(origin.request_headers)
+    handing = asyncio.ensure_future(fills.local(
+        key=KEY, url=origin_url(nodes[first].node.settings, target), target=target,
+        layout=Layout(size=SIZE, chunk_size=CHUNK), index=index, validator=manifest_validator(manifest),
+        source=Peer(source, members.nodes[source])))
+    status, _, digest, n = await read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"})
+    await handing
+    assert (status, n, digest) == (206, CHUNK, sha(BODY[a:b + 1]))
+    ranges = [h.get("Range") for h in origin.request_headers[before:]]
+    assert ranges == [f"bytes={a}-{b}"], f"the origin was asked for {ranges}"
+    await settled(nodes)
+    assert ckey in nodes[first].node.store and ckey in nodes[behind].node.store
