@@ -157,6 +157,16 @@ async def test_a_kept_alive_connection_the_origin_closed_is_retried_once_on_a_ne
     assert [(conn, head.split(b" ")[1]) for conn, head in origin.heads] == [(1, b"/a"), (1, b"/b"), (2, b"/b")]
 
 
+async def test_a_kept_alive_connection_the_origin_closed_while_idle_is_not_used_again(raw, client,
+                                                                                    no_session_requests):
+    # The origin closes each connection once it has answered, saying nothing (its idle timeout).
+    origin = await raw(lambda conn, n, head: Cut(OK))
+    assert await get(client, origin.url + "/a") == (200, b"ok")
+    await asyncio.sleep(0.1)  # its close has reached the node
+    assert await get(client, origin.url + "/b") == (200, b"ok")
+    assert [(conn, head.split(b" ")[1]) for conn, head in origin.heads] == [(1, b"/a"), (2, b"/b")]
+
+
 async def test_a_get_whose_retry_breaks_too_is_not_retried_again_and_names_the_error(raw, client,
                                                                                  no_session_requests):
     origin = await raw(lambda conn, n, head: None)
