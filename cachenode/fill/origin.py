@@ -210,7 +210,9 @@ class OriginClient:
         `what` names the thing being fetched in error messages ("origin
         http://host/path"). `interim` hears each 1xx answer but 100 and 101
         before the final one (InterimResponse). The caller must release the
-        response.
+        response. A GET without a body goes out through `PlainGets` on the
+        session's connector (fill/plain_get.py), anything else through the
+        session; the answer, its errors and their messages are the same.
         """
         assert self._session is not None, "OriginClient.start() was not awaited"
         if timeout is None:

@@ -119,7 +119,7 @@ class PlainGets:
             if len(self._templates) >= _TEMPLATES_MAX:
                 self._templates.clear()
             template = ClientRequest("GET", url.origin(), loop=asyncio.get_running_loop(), session=self._session,
-                                     ssl=verify, skip_auto_headers=(hdrs.ACCEPT_ENCODING, hdrs.USER_AGENT))
+                                     ssl=verify)
             self._templates[where] = template
         return template
 

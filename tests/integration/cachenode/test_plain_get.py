@@ -126,10 +126,9 @@ def no_session_requests(monkeypatch):
 async def test_a_plain_get_sends_the_bytes_a_session_would_send(raw, client, headers, target):
     origin = await raw()
     url = origin.url + target
-    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent"),
-                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
-        async with session.request("GET", URL(url, encoded=True), headers=headers, allow_redirects=False) as r:
-            assert r.status == 200
+    # The client's own session, as it sent every GET before (its settings: no cookie jar, no User-Agent, ...).
+    async with client._session.request("GET", URL(url, encoded=True), headers=headers, allow_redirects=False) as r:
+        assert r.status == 200
     assert await get(client, url, headers) == (200, b"ok")
     (_, by_session), (_, by_node) = origin.heads
     assert by_node == by_session
