@@ -25,7 +25,10 @@ the request head byte for byte (`request_head`), one retry on a new
 connection when the one used turns out closed or broken (RFC 9112 §9.3.1: a
 GET is idempotent and has no body to resend; never after a failed connect),
 and the same exceptions for the same failures. Anything else (a body,
-credentials in the URL, a total timeout) goes through the session.
+credentials in the URL, a total timeout) goes through the session. It leans
+on aiohttp's internals (`ClientResponse`'s constructor, `ClientRequest` as the
+connector's key, `set_response_params`, the header serialiser): those tests
+fail if a new aiohttp moves them.
 """
 
 from __future__ import annotations
