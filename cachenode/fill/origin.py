@@ -23,6 +23,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from cachenode.fill.plain_get import PlainGets, plain
 from cachenode.http.headers import delimited_by_close, end_to_end_pairs
 from nezha.wire import OWN_PREFIX
 from nezha.errors import OriginError, OriginTimeout
@@ -139,6 +140,9 @@ class _Pool(aiohttp.TCPConnector):
             waiting.queued = False  # not when the wait timed out: that timeout is the pool's
 
 
+_READ_BUFSIZE = 1 << 20
+
+
 class OriginClient:
     def __init__(self, *, connect_timeout: float, read_timeout: float, limit: int = 256,
                  pool_timeout: float | None = None, roots: Mapping[tuple[str, int], Path] | None = None) -> None:
@@ -172,6 +176,7 @@ class OriginClient:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=pool_timeout,
                                               sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._gets: PlainGets | None = None
         self._limit = limit
         contexts: dict[Path, ssl.SSLContext] = {}
         self._roots = {where: contexts.setdefault(Path(bundle), ssl.create_default_context(cafile=str(bundle)))
@@ -183,13 +188,15 @@ class OriginClient:
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            read_bufsize=1 << 20,  # fewer, larger reads from origins and peers
+            read_bufsize=_READ_BUFSIZE,  # fewer, larger reads from origins and peers
             response_class=InterimResponse,
             # No cookie jar: aiohttp's default keeps every Set-Cookie an origin sends and adds it to
             # later requests to that origin, whichever client they are for: one job's session would
             # go out with every other job's requests (tests/integration/cachenode/test_origin_cookies.py).
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        # Body-less GETs skip the session's per-request machinery, on its connector (fill/plain_get.py).
+        self._gets = PlainGets(self._session, response_class=InterimResponse, read_bufsize=_READ_BUFSIZE)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -203,7 +210,9 @@ class OriginClient:
         `what` names the thing being fetched in error messages ("origin
         http://host/path"). `interim` hears each 1xx answer but 100 and 101
         before the final one (InterimResponse). The caller must release the
-        response.
+        response. A GET without a body goes out through `PlainGets` on the
+        session's connector (fill/plain_get.py), anything else through the
+        session; the answer, its errors and their messages are the same.
         """
         assert self._session is not None, "OriginClient.start() was not awaited"
         if timeout is None:
@@ -226,8 +235,11 @@ class OriginClient:
             # as a plain string, yarl re-spells escapes (%27 as ', %28 as (),
             # so an owner asked through a relay would key the object apart
             # from a direct read, and a signature over the exact URL breaks.
+            target = URL(url, encoded=True)
+            if method == "GET" and data is None and json is None and self._gets is not None and plain(target, timeout):
+                return await self._gets.get(target, headers, timeout=timeout, verify=verify)
             return await self._session.request(
-                method, URL(url, encoded=True), headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
+                method, target, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
                 ssl=verify)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             if waiting.queued:

@@ -1,0 +1,67 @@
+"""The head of a body-less GET the origin client writes itself
+(cachenode/fill/plain_get.py): the fields a session would send, in its
+order, and which requests may be written that way."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import ClientTimeout
+from multidict import CIMultiDict
+from yarl import URL
+
+from cachenode.fill.plain_get import plain, request_fields, request_head
+
+
+def fields_of(url: str, headers) -> list[tuple[str, str]]:
+    return list(request_fields(URL(url, encoded=True), headers).items())
+
+
+def test_host_comes_first_then_the_callers_fields_in_order_then_accept():
+    got = fields_of("http://origin.example:8080/a", CIMultiDict([("Via", "1.1 n"), ("X-B", "2"), ("X-A", "1")]))
+    assert got == [("Host", "origin.example:8080"), ("Via", "1.1 n"), ("X-B", "2"), ("X-A", "1"), ("Accept", "*/*")]
+
+
+def test_a_default_port_is_left_out_of_host():
+    assert fields_of("http://origin.example/a", {})[0] == ("Host", "origin.example")
+    assert fields_of("https://origin.example:443/a", {})[0] == ("Host", "origin.example")
+    assert fields_of("https://[::1]:8443/a", {})[0] == ("Host", "[::1]:8443")
+
+
+def test_a_callers_accept_replaces_the_default_one_and_no_agent_or_encoding_is_added():
+    got = fields_of("http://o/a", {"accept": "image/*"})
+    assert got == [("Host", "o"), ("accept", "image/*")]
+    assert not any(n.lower() in ("user-agent", "accept-encoding", "cookie", "connection") for n, _ in got)
+
+
+def test_a_callers_host_takes_the_place_of_the_urls():
+    assert fields_of("http://parent:8080/a", CIMultiDict([("X-A", "1"), ("Host", "images.example")])) == [
+        ("Host", "images.example"), ("X-A", "1"), ("Accept", "*/*")]
+
+
+def test_repeated_fields_are_all_sent_in_order():
+    got = fields_of("http://o/a", CIMultiDict([("X-A", "1"), ("X-B", "b"), ("X-A", "2")]))
+    assert got == [("Host", "o"), ("X-A", "1"), ("X-B", "b"), ("X-A", "2"), ("Accept", "*/*")]
+
+
+def test_the_target_goes_out_as_the_client_spelt_it():
+    url = URL("http://o/a%27b/%28c%29?x=%2F&y=1", encoded=True)
+    head = request_head(url, request_fields(url, {}))
+    assert head == b"GET /a%27b/%28c%29?x=%2F&y=1 HTTP/1.1\r\nHost: o\r\nAccept: */*\r\n\r\n"
+
+
+def test_a_control_character_in_a_field_is_refused_before_anything_is_sent():
+    url = URL("http://o/a", encoded=True)
+    with pytest.raises(ValueError, match="Forbidden control character"):
+        request_head(url, request_fields(url, {"X-A": "1\r\nX-Injected: 2"}))
+
+
+@pytest.mark.parametrize("url, timeout, expected", [
+    ("http://o/a", ClientTimeout(total=None, sock_read=5), True),
+    ("https://o:8443/a?b", ClientTimeout(total=None, connect=3), True),
+    ("http://user:secret@o/a", ClientTimeout(total=None), False),  # a session sends it as Authorization
+    ("http://user@o/a", ClientTimeout(total=None), False),
+    ("http://o/a", ClientTimeout(total=30), False),  # a session bounds the whole exchange
+    ("ftp://o/a", ClientTimeout(total=None), False),
+])
+def test_only_a_url_without_credentials_and_no_total_timeout_is_written_plainly(url, timeout, expected):
+    assert plain(URL(url, encoded=True), timeout) is expected
