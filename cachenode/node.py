@@ -196,7 +196,7 @@ class CacheNode:
                        reads=reads, authorized=authorized,
                        forwarding=Forwarding(table=table, respond=self.respond, invalidation=self.invalidation),
                        respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock,
-                       misses=FastMisses(table=table, store=self.store, engine=self.engine, upstream=self.upstream,
+                       misses=FastMisses(store=self.store, engine=self.engine, upstream=self.upstream,
                                          cluster=self.cluster, node_id=self.node_id, via=self.respond.via,
                                          pacing=self.pacing, counts=self.counts, metrics=self.metrics))
 

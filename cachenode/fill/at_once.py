@@ -22,7 +22,7 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.verify import DigestMismatch, Digests, check_whole
 from cachenode.http.digests import Mismatch
-from cachenode.http.freshness import Policy, current_age
+from cachenode.http.freshness import Policy
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
@@ -56,13 +56,14 @@ class AtOnce:
     async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, body: bytes, *, key: str,
                           url: str, host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                           target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                          authorize: bool) -> Outcome | NotStored | None:
+                          authorize: bool, age: float) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
         event loop: checked in memory against a published digest, then one
         temp file created, written with its seal in one go and renamed
         (cachenode/store/small.py `SealedWrites.put_sealed`), counted and
         logged as any fill; the flight's clients are then answered from the
-        bytes in memory as a miss.
+        bytes in memory as a miss. `age`: its Age as the leader judged it
+        (`Judged.age`), stored as it is rather than worked out again.
 
         The store's refusal (NotStored) when it would not keep it: the caller
         streams it to its clients unstored without asking the store again.
@@ -87,7 +88,7 @@ class AtOnce:
                     body, key=key, vary=vary, variant=variant_of(vary, source.headers) if vary else "",
                     url=redact_url(url, origin.credential_params), host=host, headers=headers, stored_at=now,
                     status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                    age=current_age(response.headers, now), stale_while_revalidate=policy.stale_while_revalidate,
+                    age=age, stale_while_revalidate=policy.stale_while_revalidate,
                     authorize=authorize)
             except NotStored as e:
                 # Refused or too large: the caller's fill streams it to its clients unstored and

@@ -202,7 +202,7 @@ class FillEngine:
             outcome = await self.runs.fill(flight, response, key=key, url=url, host=target.host, headers=judged.kept,
                                            expires_at=judged.expires_at, policy=judged.policy, now=judged.now,
                                            target=target, source=source, vary=judged.vary, origin=origin,
-                                           authorize=judged.authorize)
+                                           authorize=judged.authorize, age=judged.age)
             response = None  # the fill owns it now, or it was read whole (its connection back in the pool)
             if source.peer is None and stale is not None and stale.chunk_size and outcome.kind is not Kind.FAILED:
                 self.chunks.replaced(stale, None)  # its new answer is stored whole

@@ -144,11 +144,12 @@ class FillRuns:
                     host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
                     target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
                     authorize: bool, answered: tuple[int, int, int] | None = None, body: bytes | None = None,
-                    refused: NotStored | None = None) -> Fill:
+                    refused: NotStored | None = None, age: float | None = None) -> Fill:
         """Start the fill of `response`'s body in the background; the fill its clients read.
         `answered`: `response` is a resume's 206 for bytes [first, end) of an object of `length`.
         `body`: the whole body, read already (`AtOnce.store_whole` could not store it): streamed from memory;
-        `refused`: why the store refused it there, its clients then get it unstored."""
+        `refused`: why the store refused it there, its clients then get it unstored.
+        `age`: its Age as the leader judged it (`Judged.age`), not worked out again."""
         length = response.content_length if answered is None else answered[2]
         status = response.status if answered is None else 200
         # The parent tier's answer (not the origin's after a fallback): one
@@ -158,7 +159,8 @@ class FillRuns:
                                               from_parent=from_parent, resumed=answered is not None)
         write, discarded = await self._open_write(response, length, plan=plan, resumed=answered is not None)
         # A peer's copy carries the owner's expiry (EXPIRES_HEADER) instead of an age.
-        age = current_age(response.headers, now) if source.peer is None else 0.0
+        if age is None:
+            age = current_age(response.headers, now) if source.peer is None else 0.0
         # Stored per variant: under the values the fill's own request had
         # for the fields the response varies on (RFC 9111 §4.1).
         variant = variant_of(vary, source.headers) if vary else ""
@@ -239,24 +241,26 @@ class FillRuns:
 
     async def fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str, host: str,
                    headers: Pairs, expires_at: float, policy: Policy, now: float, target: Target, source: Source,
-                   vary: tuple[str, ...], origin: Origin, authorize: bool) -> Outcome:
+                   vary: tuple[str, ...], origin: Origin, authorize: bool, age: float) -> Outcome:
         """Store the answer `fill/engine.py` decided to store: at once when it
         is small and came whole with its head (`whole_and_small`,
         fill/at_once.py), answered as a hit; else, and when the at-once path
-        could not store it plainly, by `start`'s fill that its clients follow."""
+        could not store it plainly, by `start`'s fill that its clients follow.
+        `age`: its Age as judged (`Judged.age`), stored with it."""
         body: bytes | None = None
         refused: NotStored | None = None
         if self.whole_and_small(response, source=source, origin=origin, authorize=authorize):
             body = await response.read()  # in memory already: no wait on the network
             outcome = await self.at_once.store_whole(
                 flight, response, body, key=key, url=url, host=host, headers=headers, expires_at=expires_at,
-                policy=policy, now=now, target=target, source=source, vary=vary, origin=origin, authorize=authorize)
+                policy=policy, now=now, target=target, source=source, vary=vary, origin=origin, authorize=authorize,
+                age=age)
             if isinstance(outcome, Outcome):
                 return outcome
             refused = outcome
         fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
                                 expires_at=expires_at, policy=policy, now=now, target=target, source=source,
-                                vary=vary, origin=origin, authorize=authorize, body=body, refused=refused)
+                                vary=vary, origin=origin, authorize=authorize, body=body, refused=refused, age=age)
         return Outcome(Kind.STREAMING, fill=fill)
 
     async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,

@@ -42,7 +42,7 @@ from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome, Source
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.upstream import Upstream
-from cachenode.front.names import names_origin, resolve
+from cachenode.front.hits import Named
 from cachenode.front.pacing import Pacing
 from cachenode.front.plain import PlainRequest, response_head
 from cachenode.front.short_answers import origin_failure
@@ -51,8 +51,8 @@ from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.credentials import redact_url
-from nezha.keys import BadTarget, Target, credentials_kept
-from nezha.origins import Origin, OriginTable
+from nezha.keys import Target, credentials_kept
+from nezha.origins import Origin
 from nezha.wire import FROM_CHILD_HEADER, CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
@@ -107,10 +107,8 @@ def simple_body(outcome: Outcome) -> bytes | None:
 
 
 class FastMisses:
-    def __init__(self, *, table: OriginTable, store: Store, engine: FillEngine, upstream: Upstream,
-                 cluster: ClusterView, node_id: str, via: str, pacing: Pacing, counts: Counts,
-                 metrics: Metrics) -> None:
-        self.table = table
+    def __init__(self, *, store: Store, engine: FillEngine, upstream: Upstream, cluster: ClusterView, node_id: str,
+                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics) -> None:
         self.store = store
         self.engine = engine
         self.upstream = upstream
@@ -127,23 +125,23 @@ class FastMisses:
         self._fields: dict[bytes, _Fields | None] = {}
 
     # -- before the origin is asked -------------------------------------------
-    def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str) -> Miss | None:
+    def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Miss | None:
         """The miss `req` (whose head is `head`) if this module leads it; None:
         aiohttp and the handler serve it, nothing asked yet. As the handler
-        routes it: only a GET that would lead a fill here, from the origin."""
+        routes it: only a GET that would lead a fill here, from the origin.
+        `named`: what it names, as the hit lookup resolved it (front/hits.py
+        `PlainHitFinder.named`: None for a Host naming no origin, a bad target
+        or an `authorize` origin), so it is not resolved twice."""
         if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
             return None
-        if self.upstream.parent is not None or not names_origin(self.table, req.host):
+        if self.upstream.parent is not None or named is None:
             return None  # a child tier's misses go to its parent (fill/upstream.py)
         fields = self._headers(head)
         if fields is None:
             return None
         headers, forwarded = fields
-        try:
-            target, origin, key = resolve(self.table, req.target, req.host, scheme=scheme)
-        except BadTarget:
-            return None
-        if origin is None or key is None or origin.credentials == "authorize" or credentials_kept(target, origin):
+        target, origin, key = named
+        if credentials_kept(target, origin):
             return None
         if self.engine.flights.get(key) is not None or self.store.lookup(key, headers) is not None:
             return None  # a joiner, or a stored copy (stale, or a variant): the read loop's

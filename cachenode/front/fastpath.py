@@ -43,6 +43,7 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.fast_misses import FastMisses, Led
+from cachenode.front.hits import Named
 from cachenode.front.leading import LeadsMisses
 from cachenode.front.plain import PlainRequest, partial_head, plain_request, wanted_range
 from cachenode.kernel.sendfile import SendCut, sendfile_rest
@@ -66,6 +67,9 @@ class HitFinder(Protocol):
 
     def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
+
+    def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
+        """Its target, origin and key, as `plain_hit` resolved them; None: never a plain hit."""
 
 
 class ServedHits(Protocol):
@@ -240,7 +244,8 @@ class FastPath(LeadsMisses, asyncio.Protocol):
             hit = self.finder.plain_hit(req.target, req.host, self._scheme) if req is not False else None
             span = None if hit is None else wanted_range(req, hit[0])
             if hit is None and req is not False and self._misses is not None:
-                miss = self._misses.take(req, self._buf[:req.size], self._scheme)
+                named = self.finder.named(req.target, req.host, self._scheme)  # as `plain_hit` memoised it
+                miss = self._misses.take(req, self._buf[:req.size], self._scheme, named)
                 if miss is not None:
                     self._lead(req, miss)
                     return

@@ -21,13 +21,15 @@ from cachenode.front.names import names_origin, resolve
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.credentials import redact_url
-from nezha.keys import BadTarget
-from nezha.origins import OriginTable
+from nezha.keys import BadTarget, Target
+from nezha.origins import Origin, OriginTable
 from nezha.wire import CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
 _PLAIN_CACHE = 4096  # entries in each memo; cleared when full
+
+Named = tuple[Target, Origin, str]  # a request's target, the origin configured for it, its key
 
 
 def hit_label(meta: Meta) -> CacheOutcome:
@@ -46,8 +48,8 @@ class PlainHitFinder:
         # The log level is set once, before a node is made (nezha.logs.configure):
         # below info, a plain hit skips building its request_completed line.
         self._log_hits = log.is_enabled_for(logging.INFO)
-        # Request line and Host -> key, key -> (meta, head, path).
-        self._keys: dict[tuple[str, str, str], str] = {}
+        # Request line and Host -> what it names (`named`), key -> (meta, head, path).
+        self._names: dict[tuple[str, str, str], Named] = {}
         self._heads: dict[str, tuple[Meta, bytes, str]] = {}
 
     def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
@@ -56,11 +58,10 @@ class PlainHitFinder:
         fresh local copy is served whoever owns the key). None sends the request
         through the full handler. `scheme`: https for a connection whose TLS
         this process ended (a follower worker's, cachenode/workers/)."""
-        key = self._keys.get((scheme, raw_target, host_header))
-        if key is None:
-            key = self._key(raw_target, host_header, scheme)
-            if key is None:
-                return None
+        named = self.named(raw_target, host_header, scheme)
+        if named is None:
+            return None
+        key = named[2]
         meta = self.store.lookup(key)
         if meta is None or meta.status != 200 or meta.authorize or meta.chunk_size or not meta.fresh(self._clock()):
             return None  # a chunked object is read from its chunks' owners, not sent from one file
@@ -74,20 +75,24 @@ class PlainHitFinder:
                                            self.store.data_path(meta))
         return prepared
 
-    def _key(self, raw_target: str, host_header: str, scheme: str) -> str | None:
-        """The key a plain hit may be found under, memoised; None: never a plain hit."""
-        if not names_origin(self.table, host_header):
-            return None
+    def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
+        """What a plain request names (front/names.py `resolve`): its target,
+        origin and the key a plain hit may be found under, memoised, so a miss
+        the fast path leads next (front/fast_misses.py) does not resolve it
+        again; None: never a plain hit, nor a miss the fast path leads."""
+        named = self._names.get((scheme, raw_target, host_header))
+        if named is not None or not names_origin(self.table, host_header):
+            return named
         try:
-            _, origin, key = resolve(self.table, raw_target, host_header, scheme=scheme)
+            target, origin, key = resolve(self.table, raw_target, host_header, scheme=scheme)
         except BadTarget:
             return None
         if key is None or origin is None or origin.credentials == "authorize":
             return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
-        if len(self._keys) >= _PLAIN_CACHE:
-            self._keys.clear()
-        self._keys[(scheme, raw_target, host_header)] = key
-        return key
+        if len(self._names) >= _PLAIN_CACHE:
+            self._names.clear()
+        named = self._names[(scheme, raw_target, host_header)] = (target, origin, key)
+        return named
 
     def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,
                      status: int = 200) -> None:
