@@ -24,7 +24,7 @@ from cachenode.chunks.peers import ChunkPeers
 from cachenode.chunks.reads import ChunkReads
 from cachenode.cluster.handoff import Handoff
 from cachenode.cluster.invalidation import Broadcast, Invalidation
-from cachenode.peers.auth import is_peer_request, peer_auth
+from cachenode.peers.auth import is_peer_request
 from cachenode.cluster.pinning import Pinning
 from cachenode.cluster.replicas import Replicas
 from cachenode.cluster_view import ClusterView
@@ -136,7 +136,7 @@ class CacheNode:
         broadcast = Broadcast(node_id=self.node_id, settings=settings, cluster=self.cluster, client=self.origins)
         # Chunked objects (cachenode/chunks/): read from their chunks' owners by
         # whichever node answers the client; a chunk's owner serves and fills it.
-        chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay, auth=peer_auth(settings.cluster_token))
+        chunk_peers = ChunkPeers(node_id=self.node_id, relay=self.relay)
         chunk_fills = ChunkFills(node_id=self.node_id, store=self.store, upstream=self.upstream, members=self.cluster,
                                  peers=chunk_peers, relay=self.relay, counts=self.counts, metrics=self.metrics,
                                  via=via, spawn=self.tasks.spawn, clock=clock)

@@ -10,7 +10,7 @@ has copied it). Both go through the node's peer client, handed in as a
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Protocol
 
 import aiohttp
 import structlog
@@ -22,8 +22,8 @@ from nezha.chunks import Layout, Piece, place
 from nezha.errors import OriginError
 from nezha.keys import Target
 from nezha.ring import Membership, Peer
-from nezha.wire import (CHUNK_FEEDER_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, PEER_HEADER,
-                        SCHEME_HEADER, ReplicateResult, replicate_failed)
+from nezha.wire import (CHUNK_FEEDER_HEADER, CHUNK_HEADER, FILL_FAILED_HEADER, ORIGIN_ERROR_HEADER, ReplicateResult,
+                        replicate_failed)
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -37,6 +37,9 @@ class Relay(Protocol):
         """`peer`'s response; OriginError when it could not be had."""
 
     def mark_down(self, peer: Peer, why: str) -> None: ...
+
+    def own_fields(self, target: Target) -> dict[str, str]:
+        """The fields that make a request about `target` this node's own, a peer's."""
 
     def is_down(self, peer: Peer) -> bool: ...
 
@@ -63,21 +66,21 @@ def owners_of(members: Members, key: str, layout: Layout) -> list[list[Peer]]:
 
 
 class ChunkPeers:
-    """This node's chunk requests to other nodes. `auth`: the headers that
-    say a request is a peer's (cachenode/peers/auth.py `peer_auth`)."""
+    """This node's chunk requests to other nodes."""
 
-    def __init__(self, *, node_id: str, relay: Relay, auth: Mapping[str, str]) -> None:
+    def __init__(self, *, node_id: str, relay: Relay) -> None:
         self.node_id = node_id
         self.relay = relay
-        self.auth = dict(auth)
+
+    def _fields(self, target: Target, spec: ChunkSpec) -> dict[str, str]:
+        """A chunk request's fields: this node's own, as a peer (peers/asks.py `own_fields`), and the chunk."""
+        return {**self.relay.own_fields(target), CHUNK_HEADER: spec.header()}
 
     async def ask(self, peer: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | Peer | None:
         """`peer`'s answer for `piece`; None when it cannot be used and the next source should be tried.
         A Peer: for a chunk passed on (`spec.role` "pass"), the node of the chunk's wave to read it from
         (chunks/feeders.py)."""
-        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
-                   CHUNK_HEADER: spec.header(),
-                   "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}", **self.auth}
+        headers = {**self._fields(target, spec), "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}"}
         try:
             r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
         except OriginError as e:
@@ -116,8 +119,7 @@ class ChunkPeers:
         whether it cut the answer because its own fill failed (True). Marked
         down unless it answers so: a peer that does not answer, or broke off
         for another reason, is routed around as any peer that breaks off."""
-        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
-                   CHUNK_HEADER: spec.header(), **self.auth}
+        headers = self._fields(target, spec)
         failed = await asked_why_cut(self.relay, peer, peer.url + target.path_qs, headers=headers, why=why)
         if failed is None:
             return False
@@ -129,8 +131,7 @@ class ChunkPeers:
         a HEAD chunk request, which it answers once it has copied the chunk
         (from this node, the owner ahead of it). A failure only logs: the
         chunk stays on this node, and `peer` fills it at its next read."""
-        headers = {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
-                   CHUNK_HEADER: spec.header(), **self.auth}
+        headers = self._fields(target, spec)
         try:
             r = await self.relay.ask(peer, "HEAD", peer.url + target.path_qs, headers=headers)
         except OriginError as e:

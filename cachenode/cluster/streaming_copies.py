@@ -41,7 +41,6 @@ from typing import AsyncIterator, Callable, Mapping, Protocol
 import aiohttp
 import structlog
 
-from cachenode.peers.auth import peer_auth
 from cachenode.cluster.streaming import Head, fanout_for, feeds_from, may_share, streams
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
@@ -55,7 +54,7 @@ from nezha.config import CacheSettings, Origin
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER, PEER_HEADER, SCHEME_HEADER
+from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -86,6 +85,9 @@ class Owners(Protocol):
     def order(self, owners: list[Peer]) -> list[Peer]: ...
 
     def mark_down(self, peer: Peer, why: str) -> None: ...
+
+    def own_fields(self, target: Target) -> dict[str, str]:
+        """The fields that make a request about `target` this node's own, a peer's."""
 
     async def broke_off(self, peer: Peer, target: Target, why: str) -> None:
         """Marked down unless it says its own fill failed (cachenode/peers/asks.py `PeerAsks.broke_off`)."""
@@ -208,7 +210,7 @@ class StreamingCopies:
                 del self._copies[key]
         self._copies[head.key] = flight
         source = Source(url=sender.url + target.path_qs, what=f"peer {sender.id} ({sender.address})",
-                        headers=self._fields(target), peer=sender, hot=not replica,
+                        headers=self.owners.own_fields(target), peer=sender, hot=not replica,
                         rest=self._rest(fed, key=head.key, target=target, url=url, broke=sender,
                                         others=[p for p in ahead if p.id != sender.id]))
         try:
@@ -262,7 +264,7 @@ class StreamingCopies:
         etag = like.headers.get("ETag")
         if etag is None or etag.startswith("W/"):
             return None
-        fields = {**self._fields(target), "Cache-Control": "only-if-cached"}
+        fields = {**self.owners.own_fields(target), "Cache-Control": "only-if-cached"}
         try:
             r = await self.owners.ask(parent, "GET", parent.url + target.path_qs, headers=fields,
                                       header_timeout=PARENT_WAIT * self.settings.peer_timeout)
@@ -299,10 +301,6 @@ class StreamingCopies:
             if self._arriving.get(key) is arrived:
                 del self._arriving[key]
             return False
-
-    def _fields(self, target: Target) -> dict[str, str]:
-        return {"Host": target.host, PEER_HEADER: self.node_id, SCHEME_HEADER: target.scheme,
-                **peer_auth(self.settings.cluster_token)}
 
     def _rest(self, answer: aiohttp.ClientResponse, *, key: str, target: Target, url: str, broke: Peer,
               others: list[Peer]) -> Callable[[int, BaseException], AsyncIterator[bytes]] | None:
@@ -347,7 +345,8 @@ class StreamingCopies:
         pinned = {"Range": f"bytes={offset}-{length - 1}", "If-Range": validator.if_range}
         if peer is not None:
             where = f"peer {peer.id}"
-            r = await self.owners.ask(peer, "GET", peer.url + target.path_qs, headers={**self._fields(target), **pinned})
+            r = await self.owners.ask(peer, "GET", peer.url + target.path_qs,
+                                      headers={**self.owners.own_fields(target), **pinned})
         else:
             where = f"origin {url}"
             r = await self.origin("GET", url, headers={**pinned, "Via": self.via}, what=where)
