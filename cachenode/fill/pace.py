@@ -118,6 +118,62 @@ def pace_of(fill: Any) -> Pace:
     return pace
 
 
+PIECE = 256 * 1024  # a peer's bytes per send, so its place moves often enough to pace by
+# Bytes a peer's socket may hold not yet sent (TCP_NOTSENT_LOWAT): a send
+# returns once they are on their way, so a peer's place is what its link
+# carried, give or take what flies, not what its send buffer took (which
+# TCP's autotuning grew to megabytes: the clients paced to it ran that far
+# ahead of the copy actually sent, and the copy was the slowest stream of its link).
+UNSENT = 128 * 1024
+
+
+class Paced:
+    """One sender of a fill's bytes: a peer, whose place the clients pace to,
+    or a client, paced. Offsets are the sender's; `base` is where they start
+    in what the pace counts (a chunk's first byte in its object, for
+    chunks/peers_first.py; 0 for a whole object's fill, front/copies_first.py)."""
+
+    def __init__(self, pace: Pace, *, peer: bool, offset: int, base: int = 0, replica: bool = False) -> None:
+        self._pace = pace  # held: a pace kept by weak reference lives while one of its senders does
+        self._base = base
+        self._peer = pace.join(base + offset, replica=replica) if peer else None
+
+    async def upto(self, offset: int, available: int) -> int:
+        """Where this sender may send to from `offset`, of the bytes up to `available`."""
+        if self._peer is not None:
+            return min(available, offset + PIECE)
+        while (allowed := self._pace.allowed()) is not None and allowed <= self._base + offset:
+            await self._pace.wait()
+        return available if allowed is None else min(available, allowed - self._base)
+
+    def sent(self, offset: int) -> None:
+        """This sender's bytes went up to `offset`."""
+        if self._peer is not None:
+            self._pace.moved(self._peer, self._base + offset)
+
+    def close(self) -> None:
+        if self._peer is not None:
+            self._pace.left(self._peer)
+            self._peer = None
+
+    def __enter__(self) -> "Paced":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def unhurried(transport: Any, *, unsent: int = UNSENT) -> None:
+    """Keep at most `unsent` bytes unsent in a peer's socket (`transport`'s),
+    so that its place says what left this node, while it is sent a fill or
+    a chunk; 0 gives the system's default back (no limit) once it is done:
+    a stored object relayed later on the same connection goes out in large sends."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, unsent)
+
+
 class HeldBody:
     """A spliced body (kernel/splice.py `SocketBody`) whose pump stops where
     its fill's pace says (`Pace.fill_end`, read on the pump's thread) and
