@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, MutableMapping
 
-from cachenode.http.freshness import Policy, imf_fixdate, response_policy
+from cachenode.http.fields import imf_fixdate
+from cachenode.http.freshness import Policy, response_policy
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
 Pairs = tuple[tuple[str, str], ...]
@@ -174,7 +175,7 @@ def renewed_by_304(status: int, stored: Pairs, answer: Iterable[tuple[str, str]]
 
 class _Lines(Mapping[str, str]):
     """Field lines as the pure readers take a message's fields: `items()`
-    yields every line, repeated names too (freshness.field_value)."""
+    yields every line, repeated names too (fields.field_value)."""
 
     def __init__(self, pairs: Pairs) -> None:
         self._pairs = pairs

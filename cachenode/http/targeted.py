@@ -17,7 +17,7 @@ Display Strings) are refused here as an RFC 8941 parser refuses them.
 
 A targeted field that is not a valid Dictionary is ignored as if absent
 (§2.1): a typo must not turn `no-store` into anything. Its members become
-the same `{directive: argument}` shape `freshness.parse_cache_control`
+the same `{directive: argument}` shape `fields.parse_cache_control`
 gives, so one set of rules applies to both: an Integer is its digits, a
 Token or String its text, a bare member None. A delta-seconds directive
 whose value is not an Integer (`max-age="60"`) keeps an argument that is no
