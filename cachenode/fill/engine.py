@@ -33,6 +33,7 @@ from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
+from cachenode.http.fields import FieldLines
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, describes_whole_body, renewed_by_304, stored_pairs, with_date
 from cachenode.http.vary import vary_names
@@ -285,11 +286,12 @@ class FillEngine:
         # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
         authorize = origin.credentials == "authorize" or (
             source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
-        policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
+        fields = FieldLines(response.headers.items())  # its names lowercased once, for every reading below
+        policy = response_policy(response.status, fields, now=now, policy_ttl=origin.default_ttl,
                                  private_ok=authorize, targeted=origin.targeted_cache_control)
         expires_at = now + policy.ttl
-        kept = with_date(stored_pairs(response.headers), now)
-        names = vary_names(response.headers)
+        kept = with_date(stored_pairs(fields), now)
+        names = vary_names(fields)
         chunk_size, length = self._chunking(response, origin=origin, source=source, vary=names,
                                             authorize=authorize)
         decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=source,
@@ -304,7 +306,7 @@ class FillEngine:
                 expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
             except ValueError:
                 pass
-        age = current_age(response.headers, now) if source.peer is None else 0.0
+        age = current_age(fields, now) if source.peer is None else 0.0
         return Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
                        chunk_size=chunk_size, length=length, age=age, decision=decision)
 

@@ -16,10 +16,54 @@ import functools
 import math
 import re
 from datetime import datetime, timezone
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 # RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
 _DELTA_MAX = 2**31
+
+
+class FieldLines(Mapping[str, str]):
+    """A message's field lines, read once: `items()` yields every line in
+    order, repeated names too, and every name is lowercased once, here.
+
+    Why: a fill judges its answer by a dozen lookups (freshness, Age, Date,
+    Vary, targeted fields, what is stored), and `field_value` over any other
+    mapping lowercases every name of the message again for each of them.
+    A lookup by name (`lines`, `[]`, `in`) ignores case, as a
+    case-insensitive multidict's does; `[]` gives the first line."""
+
+    __slots__ = ("pairs", "lowered", "_index")
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.pairs = tuple(pairs)
+        self.lowered = tuple(name.lower() for name, _ in self.pairs)  # each line's name, lowercased
+        index: dict[str, list[str]] = {}
+        for lname, (_, value) in zip(self.lowered, self.pairs):
+            values = index.get(lname)
+            if values is None:
+                index[lname] = [value]
+            else:
+                values.append(value)
+        self._index = index
+
+    def lines(self, name: str) -> list[str] | None:
+        """Every value of field `name` (any case), in order; None when absent. Not to be changed."""
+        return self._index.get(name.lower())
+
+    def items(self):  # type: ignore[override]
+        return iter(self.pairs)
+
+    def __getitem__(self, name: str) -> str:
+        values = self._index.get(name.lower())
+        if values is None:
+            raise KeyError(name)
+        return values[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
 
 def field_value(headers: Mapping[str, str], name: str) -> str | None:
@@ -32,8 +76,11 @@ def field_value(headers: Mapping[str, str], name: str) -> str | None:
     capitalisation (field names are case-insensitive, RFC 9110 §5.1).
     An empty field is "" and stays distinct from an absent one.
     """
-    wanted = name.lower()
-    values = [value for key, value in headers.items() if key.lower() == wanted]
+    if type(headers) is FieldLines:
+        values = headers.lines(name)
+    else:
+        wanted = name.lower()
+        values = [value for key, value in headers.items() if key.lower() == wanted]
     return ", ".join(values) if values else None
 
 

@@ -32,6 +32,8 @@ from typing import Mapping
 
 import http_sf
 
+from cachenode.http.fields import field_value
+
 # Directives whose argument is delta-seconds (RFC 9111 §1.2.2, RFC 5861):
 # in a targeted field they must be Integers (RFC 9213 §2.1).
 _DELTA_DIRECTIVES = frozenset({"max-age", "s-maxage", "stale-if-error", "stale-while-revalidate"})
@@ -87,12 +89,11 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
     and Cache-Control rules (RFC 9213 §2.1). Repeated lines of a field are
     one Dictionary (RFC 8941 §4.2)."""
     for name in names:
-        wanted = name.lower()
-        lines = [v for k, v in headers.items() if k.lower() == wanted]
-        if not lines:
+        value = field_value(headers, name)
+        if value is None:
             continue
         try:
-            members = parse_dictionary(", ".join(lines))
+            members = parse_dictionary(value)
         except InvalidField:
             continue
         directives = {k: _argument(k, v) for k, v in members.items() if v is not False}
