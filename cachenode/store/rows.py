@@ -42,8 +42,21 @@ USED = 16  # the row holds an object
 
 
 def digest_of(slot: str) -> bytes:
-    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
-    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash.
+
+    The last slot's digest is remembered: a store's commit asks for the same
+    slot's about seven times in a row (is it held, its candidate, its arrival,
+    its add, what it replaces), each a hash of the whole key."""
+    global _last
+    last = _last  # one read: a (slot, digest) pair is replaced whole, never changed
+    if last[0] == slot:
+        return last[1]
+    digest = hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+    _last = (slot, digest)
+    return digest
+
+
+_last: tuple[str | None, bytes] = (None, b"")
 
 
 def hash_of(digest: bytes) -> int:
