@@ -36,14 +36,17 @@ class FieldLines(Mapping[str, str]):
 
     def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
         self.pairs = tuple(pairs)
-        self.lowered = tuple(name.lower() for name, _ in self.pairs)  # each line's name, lowercased
+        lowered = []
         index: dict[str, list[str]] = {}
-        for lname, (_, value) in zip(self.lowered, self.pairs):
+        for name, value in self.pairs:
+            lname = name.lower()
+            lowered.append(lname)
             values = index.get(lname)
             if values is None:
                 index[lname] = [value]
             else:
                 values.append(value)
+        self.lowered = tuple(lowered)  # each line's name, lowercased
         self._index = index
 
     def lines(self, name: str) -> list[str] | None:
