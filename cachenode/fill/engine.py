@@ -27,13 +27,12 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.judged import Judged, answer_of
 from cachenode.fill.chunking import chunked_as, first_chunk_range, first_chunk_span, resumed_span, whole_fields
 from cachenode.fill.lead import Step, decide, resume_of
-from cachenode.fill.origin import Interim, forwarded_request_headers
+from cachenode.fill.origin import Interim, fields_of, forwarded_request_headers
 from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
-from cachenode.http.fields import FieldLines
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, describes_whole_body, renewed_by_304, stored_pairs, with_date
 from cachenode.http.vary import vary_names
@@ -286,7 +285,7 @@ class FillEngine:
         # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
         authorize = origin.credentials == "authorize" or (
             source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
-        fields = FieldLines(response.headers.items())  # its names lowercased once, for every reading below
+        fields = fields_of(response)  # its names lowercased once, for every reading below and its digest check
         policy = response_policy(response.status, fields, now=now, policy_ttl=origin.default_ttl,
                                  private_ok=authorize, targeted=origin.targeted_cache_control)
         expires_at = now + policy.ttl

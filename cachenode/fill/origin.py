@@ -13,6 +13,7 @@ one; that wait is bounded too (`pool_timeout`), so a saturated node answers
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from contextvars import ContextVar
 from pathlib import Path
@@ -24,6 +25,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from cachenode.fill.plain_get import PlainGets, plain
+from cachenode.http.fields import FieldLines
 from cachenode.http.headers import delimited_by_close, end_to_end_pairs
 from nezha.wire import OWN_PREFIX
 from nezha.errors import OriginError, OriginTimeout
@@ -107,6 +109,20 @@ class InterimResponse(aiohttp.ClientResponse):
             return await super().start(connection)
         finally:
             del protocol.read
+
+    @functools.cached_property
+    def field_lines(self) -> FieldLines:
+        """Its fields read once (`fields_of`); asked only once its head is in, whose fields never change."""
+        return FieldLines(self.headers.items())
+
+
+def fields_of(response: aiohttp.ClientResponse) -> FieldLines:
+    """`response`'s fields read once (http/fields.py `FieldLines`): kept with
+    an origin's answer (`InterimResponse`), whose judging and digest check
+    both read them; made anew for any other."""
+    if isinstance(response, InterimResponse):
+        return response.field_lines
+    return FieldLines(response.headers.items())
 
 
 def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:

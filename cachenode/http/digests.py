@@ -43,6 +43,8 @@ from typing import Iterable, Mapping
 
 import http_sf
 
+from cachenode.http.fields import FieldLines
+
 
 class Algorithm(enum.Enum):
     CRC32 = "crc32"
@@ -143,8 +145,11 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     if status != 200:
         return Expectations()
     found = _Found()
-    for name, value in _items(headers):
-        found.fields.setdefault(name.lower(), []).append(value)
+    if type(headers) is FieldLines:
+        found.fields = headers.by_name()  # lowercased once already (the leader's judging read them)
+    else:
+        for name, value in _items(headers):
+            found.fields.setdefault(name.lower(), []).append(value)
     if linked_etag is None and _PUBLISHING.isdisjoint(found.fields) and not any(
             name.startswith(_AMZ_PREFIX) for name in found.fields):
         return _NOTHING  # most answers publish no digest: none of the readers below would find one

@@ -49,6 +49,10 @@ class FieldLines(Mapping[str, str]):
         self.lowered = tuple(lowered)  # each line's name, lowercased
         self._index = index
 
+    def by_name(self) -> dict[str, list[str]]:
+        """Every field's values, in order, by its lowercased name. Not to be changed."""
+        return self._index
+
     def lines(self, name: str) -> list[str] | None:
         """Every value of field `name` (any case), in order; None when absent. Not to be changed."""
         return self._index.get(name.lower())

@@ -3,6 +3,7 @@
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from cachenode.http.digests import expectations
 from cachenode.http.fields import FieldLines, field_value
 from cachenode.http.freshness import current_age, response_policy
 from cachenode.http.headers import connection_listed, end_to_end_pairs, stored_pairs
@@ -51,3 +52,20 @@ def test_a_field_lines_lookup_ignores_case_and_gives_the_first_line():
     assert lines["age"] == "7" and lines.lines("aGe") == ["7", "9"] and lines.lines("Date") is None
     with pytest.raises(KeyError):
         lines["Date"]
+
+
+MD5 = "XUFAKrxLKna5cZ2REBfFkg=="  # base64 of MD5("hello")
+PUBLISHED = [
+    [],
+    [("Content-MD5", MD5), ("ETag", '"e"')],
+    [("content-md5", "not base64"), ("X-Amz-Checksum-CRC32", "AAAAAA==-3")],
+    [("X-Goog-Hash", f"md5={MD5}"), ("Content-Encoding", "gzip")],
+    [("Repr-Digest", "sha-256=:AAAA:"), ("Content-Digest", "sha-512=:AAAA:")],
+]
+
+
+@pytest.mark.parametrize("pairs", PUBLISHED)
+def test_the_digests_an_answer_publishes_read_the_same_from_field_lines(pairs):
+    for linked in (None, "a" * 64):
+        assert expectations(FieldLines(pairs), status=200, linked_etag=linked) == \
+            expectations(pairs, status=200, linked_etag=linked)
