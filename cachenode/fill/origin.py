@@ -13,7 +13,6 @@ one; that wait is bounded too (`pool_timeout`), so a saturated node answers
 from __future__ import annotations
 
 import asyncio
-import functools
 import ssl
 from contextvars import ContextVar
 from pathlib import Path
@@ -110,10 +109,15 @@ class InterimResponse(aiohttp.ClientResponse):
         finally:
             del protocol.read
 
-    @functools.cached_property
+    _field_lines: FieldLines | None = None
+
     def field_lines(self) -> FieldLines:
-        """Its fields read once (`fields_of`); asked only once its head is in, whose fields never change."""
-        return FieldLines(self.headers.items())
+        """Its fields read once (`fields_of`); asked only once its head is in, whose fields never change.
+        Not a `functools.cached_property`, whose first read takes a lock (Python 3.11)."""
+        lines = self._field_lines
+        if lines is None:
+            lines = self._field_lines = FieldLines(self.headers.items())
+        return lines
 
 
 def fields_of(response: aiohttp.ClientResponse) -> FieldLines:
@@ -121,7 +125,7 @@ def fields_of(response: aiohttp.ClientResponse) -> FieldLines:
     an origin's answer (`InterimResponse`), whose judging and digest check
     both read them; made anew for any other."""
     if isinstance(response, InterimResponse):
-        return response.field_lines
+        return response.field_lines()
     return FieldLines(response.headers.items())
 
 
