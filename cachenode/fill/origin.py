@@ -39,7 +39,7 @@ def ends_at_close(response: aiohttp.ClientResponse) -> bool:
     """Whether this response's body is delimited only by its connection closing
     (cachenode/http/headers.py `delimited_by_close`): it can be streamed, never
     proven whole, so never stored."""
-    return delimited_by_close(response.status, response.headers, method=response.method)
+    return delimited_by_close(response.status, fields_of(response), method=response.method)
 
 
 def via_of(node_id: str) -> str:

@@ -141,12 +141,16 @@ def delimited_by_close(status: int, headers: Mapping[str, str] | Iterable[tuple[
     """
     if method.upper() == "HEAD" or 100 <= status < 200 or status in (204, 304):
         return False
-    pairs = list(_items(headers))
-    te = joined(pairs, "Transfer-Encoding")
-    if te is not None:
-        first_line = first(pairs, "Transfer-Encoding") or ""
-        return not (_last_coding(te) == "chunked" and _last_coding(first_line) == "chunked")
-    return first(pairs, "Content-Length") is None
+    if type(headers) is FieldLines:
+        codings = headers.lines("Transfer-Encoding")
+        length_given = headers.lines("Content-Length") is not None
+    else:
+        pairs = list(_items(headers))
+        codings = [v for n, v in pairs if n.lower() == "transfer-encoding"]
+        length_given = first(pairs, "Content-Length") is not None
+    if codings:
+        return not (_last_coding(", ".join(codings)) == "chunked" and _last_coding(codings[0]) == "chunked")
+    return not length_given
 
 
 # Fields of a 304 that do not replace the stored ones (RFC 9111 §3.2): they

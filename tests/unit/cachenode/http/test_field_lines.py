@@ -6,7 +6,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from cachenode.http.digests import expectations
 from cachenode.http.fields import FieldLines, field_value
 from cachenode.http.freshness import current_age, response_policy
-from cachenode.http.headers import connection_listed, end_to_end_pairs, stored_pairs
+from cachenode.http.headers import connection_listed, delimited_by_close, end_to_end_pairs, stored_pairs
 from cachenode.http.vary import vary_names
 
 NOW = 1_000_000.0
@@ -69,3 +69,20 @@ def test_the_digests_an_answer_publishes_read_the_same_from_field_lines(pairs):
     for linked in (None, "a" * 64):
         assert expectations(FieldLines(pairs), status=200, linked_etag=linked) == \
             expectations(pairs, status=200, linked_etag=linked)
+
+
+FRAMINGS = [
+    [],
+    [("Content-Length", "3")],
+    [("Transfer-Encoding", "chunked")],
+    [("transfer-encoding", "gzip"), ("Transfer-Encoding", "chunked"), ("Content-Length", "3")],
+    [("Transfer-Encoding", "gzip, chunked"), ("TRANSFER-ENCODING", "")],
+    [("Transfer-Encoding", ""), ("Content-Length", "3")],
+]
+
+
+@pytest.mark.parametrize("pairs", FRAMINGS)
+def test_whether_a_body_ends_only_at_close_reads_the_same_from_field_lines(pairs):
+    for status, method in ((200, "GET"), (200, "HEAD"), (204, "GET"), (500, "GET")):
+        assert delimited_by_close(status, FieldLines(pairs), method=method) == \
+            delimited_by_close(status, pairs, method=method)
