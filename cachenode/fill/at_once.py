@@ -20,6 +20,7 @@ import structlog
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
+from cachenode.fill.origin import fields_of
 from cachenode.fill.verify import DigestMismatch, Digests, check_whole
 from cachenode.http.digests import Mismatch
 from cachenode.http.freshness import Policy
@@ -107,7 +108,7 @@ class AtOnce:
         (fill/verify.py), in memory, before anything of it is written (no
         descriptor kept open to read it back): (what mismatched, None), or
         (None, the field that verified it; None when nothing was published)."""
-        expected = self.digests.expected(key=key, target=target, status=200, headers=response.headers)
+        expected = self.digests.expected(key=key, target=target, status=200, headers=fields_of(response))
         if expected is None:
             return None, None
         mismatch = await check_whole(expected, body)

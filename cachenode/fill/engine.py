@@ -27,7 +27,7 @@ from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.judged import Judged, answer_of
 from cachenode.fill.chunking import chunked_as, first_chunk_range, first_chunk_span, resumed_span, whole_fields
 from cachenode.fill.lead import Step, decide, resume_of
-from cachenode.fill.origin import Interim, forwarded_request_headers
+from cachenode.fill.origin import Interim, fields_of, forwarded_request_headers
 from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.verify import Digests
@@ -285,11 +285,12 @@ class FillEngine:
         # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
         authorize = origin.credentials == "authorize" or (
             source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
-        policy = response_policy(response.status, response.headers, now=now, policy_ttl=origin.default_ttl,
+        fields = fields_of(response)  # its names lowercased once, for every reading below and its digest check
+        policy = response_policy(response.status, fields, now=now, policy_ttl=origin.default_ttl,
                                  private_ok=authorize, targeted=origin.targeted_cache_control)
         expires_at = now + policy.ttl
-        kept = with_date(stored_pairs(response.headers), now)
-        names = vary_names(response.headers)
+        kept = with_date(stored_pairs(fields), now)
+        names = vary_names(fields)
         chunk_size, length = self._chunking(response, origin=origin, source=source, vary=names,
                                             authorize=authorize)
         decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=source,
@@ -304,7 +305,7 @@ class FillEngine:
                 expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
             except ValueError:
                 pass
-        age = current_age(response.headers, now) if source.peer is None else 0.0
+        age = current_age(fields, now) if source.peer is None else 0.0
         return Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
                        chunk_size=chunk_size, length=length, age=age, decision=decision)
 

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from cachenode.fill.plain_get import PlainGets, plain
+from cachenode.http.fields import FieldLines
 from cachenode.http.headers import delimited_by_close, end_to_end_pairs
 from nezha.wire import OWN_PREFIX
 from nezha.errors import OriginError, OriginTimeout
@@ -38,7 +39,7 @@ def ends_at_close(response: aiohttp.ClientResponse) -> bool:
     """Whether this response's body is delimited only by its connection closing
     (cachenode/http/headers.py `delimited_by_close`): it can be streamed, never
     proven whole, so never stored."""
-    return delimited_by_close(response.status, response.headers, method=response.method)
+    return delimited_by_close(response.status, fields_of(response), method=response.method)
 
 
 def via_of(node_id: str) -> str:
@@ -107,6 +108,25 @@ class InterimResponse(aiohttp.ClientResponse):
             return await super().start(connection)
         finally:
             del protocol.read
+
+    _field_lines: FieldLines | None = None
+
+    def field_lines(self) -> FieldLines:
+        """Its fields read once (`fields_of`); asked only once its head is in, whose fields never change.
+        Not a `functools.cached_property`, whose first read takes a lock (Python 3.11)."""
+        lines = self._field_lines
+        if lines is None:
+            lines = self._field_lines = FieldLines(self.headers.items())
+        return lines
+
+
+def fields_of(response: aiohttp.ClientResponse) -> FieldLines:
+    """`response`'s fields read once (http/fields.py `FieldLines`): kept with
+    an origin's answer (`InterimResponse`), whose judging and digest check
+    both read them; made anew for any other."""
+    if isinstance(response, InterimResponse):
+        return response.field_lines()
+    return FieldLines(response.headers.items())
 
 
 def certificate_problem(e: aiohttp.ClientConnectorCertificateError) -> str:

@@ -218,7 +218,7 @@ class Digests:
         body whole in memory, which is checked before it is written."""
         linked = self._linked.pop((target.host.lower(), target.path), None)
         known = of_the_whole_in_a_part(headers.items()) if part else \
-            expectations(headers.items(), status=status, linked_etag=linked)
+            expectations(headers, status=status, linked_etag=linked)
         for ignored in known.ignored:
             log.info("digest_not_checked", key=key, field=ignored.field, reason=ignored.reason)
         if handed is not None:

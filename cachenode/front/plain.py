@@ -173,10 +173,16 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
     Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
     A hot copy says so, and names the node whose disk serves it (`served_by`).
     `label`: its X-Nezha-Cache when not a hit's (a miss the fast path led, front/fast_misses.py)."""
-    fields = [(k, v) for k, v in with_date(meta.headers, meta.stored_at) if k.lower() != "via"]
+    fields: list[tuple[str, str]] = []
+    vias: list[str] = []
+    for k, v in with_date(meta.headers, meta.stored_at):  # one pass: each name lowercased once
+        if k.lower() == "via":
+            vias.append(v)
+        else:
+            fields.append((k, v))
     if meta.header("Accept-Ranges") is None:
         fields.append(("Accept-Ranges", "bytes"))
-    fields += [("Via", ", ".join([v for k, v in meta.headers if k.lower() == "via"] + [via])),
+    fields += [("Via", ", ".join(vias + [via])),
                (CACHE_HEADER, label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)),
                ("Content-Length", str(meta.size))]
     if meta.hot and served_by is not None:

@@ -36,7 +36,7 @@ from cachenode.front.exact_head import ExactResponse
 from cachenode.peers.asks import PeerAsks
 from cachenode.fill.streamed_digest import StreamedDigest
 from cachenode.http.digests import Expectations, Expected, Verifier, carried, expectations
-from cachenode.http.freshness import http_date
+from cachenode.http.fields import http_date
 from nezha.keys import Target
 from cachenode.fill.origin import add_via, end_to_end, via_of
 from nezha.wire import (AUTHORIZE_HEADER, BLOCKS_HEADER, CACHE_HEADER, DIGEST_HEADER, EXPIRES_HEADER, SERVED_BY_HEADER, CacheOutcome,

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from cachenode.http.freshness import http_date
+from cachenode.http.fields import http_date
 
 
 class Outcome(enum.Enum):

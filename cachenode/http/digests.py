@@ -43,6 +43,8 @@ from typing import Iterable, Mapping
 
 import http_sf
 
+from cachenode.http.fields import FieldLines
+
 
 class Algorithm(enum.Enum):
     CRC32 = "crc32"
@@ -68,6 +70,8 @@ _AMZ_PREFIX = "x-amz-checksum-"
 _AMZ = {"crc32": Algorithm.CRC32, "crc32c": Algorithm.CRC32C, "crc64nvme": Algorithm.CRC64NVME,
         "sha1": Algorithm.SHA1, "sha256": Algorithm.SHA256}
 _GOOG = {"crc32c": Algorithm.CRC32C, "md5": Algorithm.MD5}
+# The fields any reader of `expectations` takes a digest from, or sets one aside from (with x-amz-checksum-*).
+_PUBLISHING = frozenset({"x-goog-hash", "content-md5", "repr-digest", "content-digest"})
 # RFC 9530 §5 / the IANA registry's non-deprecated algorithms.
 _SF = {"sha-256": Algorithm.SHA256, "sha-512": Algorithm.SHA512}
 _SF_NAME = {v: k for k, v in _SF.items()}
@@ -112,6 +116,9 @@ class Expectations:
         return next((e for e in self.expected if e.algorithm is algorithm), None)
 
 
+_NOTHING = Expectations()  # immutable: one for every answer that publishes nothing
+
+
 def show(algorithm: Algorithm, value: bytes) -> str:
     """A digest as a log line shows it: `sha256:<base64>` (the encoding the headers above use)."""
     return f"{algorithm.value}:{base64.b64encode(value).decode('ascii')}"
@@ -138,8 +145,14 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     if status != 200:
         return Expectations()
     found = _Found()
-    for name, value in _items(headers):
-        found.fields.setdefault(name.lower(), []).append(value)
+    if type(headers) is FieldLines:
+        found.fields = headers.by_name()  # lowercased once already (the leader's judging read them)
+    else:
+        for name, value in _items(headers):
+            found.fields.setdefault(name.lower(), []).append(value)
+    if linked_etag is None and _PUBLISHING.isdisjoint(found.fields) and not any(
+            name.startswith(_AMZ_PREFIX) for name in found.fields):
+        return _NOTHING  # most answers publish no digest: none of the readers below would find one
     # One dialect at a time, in this order (the order of `expected`).
     _read_amz(found)
     _read_goog(found)

@@ -12,20 +12,18 @@ and weighs that stored policy against the request's own directives
 
 Header arguments are any `Mapping[str, str]`: a plain dict in any
 capitalisation, or a case-insensitive multidict carrying repeated fields.
-Every lookup goes through `field_value()`, so two `Cache-Control` lines
+Every lookup goes through `field_value()` (http/fields.py), so two `Cache-Control` lines
 count as one list (RFC 9110 §5.3) everywhere.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import math
-import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Mapping
 
+from cachenode.http.fields import delta_seconds, field_value, http_date, parse_cache_control, split_list
 from cachenode.http.targeted import targeted_directives
 
 HEURISTIC_STATUSES: frozenset[int] = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
@@ -39,147 +37,6 @@ HEURISTIC_TTL: float = 3600.0
 # 206 never: this cache keeps only complete responses (RFC 9111 §3.3 lets it
 # decline to combine partial ones), and serves ranges from them itself.
 STORED_STATUSES: frozenset[int] = HEURISTIC_STATUSES
-
-# RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
-_DELTA_MAX = 2**31
-
-
-def field_value(headers: Mapping[str, str], name: str) -> str | None:
-    """All lines of the field `name`, combined as one comma-separated list; None when absent.
-
-    RFC 9110 §5.3: repeated lines of a list field mean the same as one line
-    joining them with commas, so `Cache-Control: no-cache` plus
-    `Cache-Control: max-age=60` must not lose either. A multidict yields
-    every line from `items()`; a plain dict yields its one key, whatever its
-    capitalisation (field names are case-insensitive, RFC 9110 §5.1).
-    An empty field is "" and stays distinct from an absent one.
-    """
-    wanted = name.lower()
-    values = [value for key, value in headers.items() if key.lower() == wanted]
-    return ", ".join(values) if values else None
-
-
-def _split_list(value: str) -> list[str]:
-    """Members of a comma-separated list; commas inside a quoted string don't split (RFC 9110 §5.6.1, §5.6.4)."""
-    members, start, quoted, escaped = [], 0, False, False
-    for i, ch in enumerate(value):
-        if escaped:
-            escaped = False
-        elif quoted and ch == "\\":
-            escaped = True
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == "," and not quoted:
-            members.append(value[start:i])
-            start = i + 1
-    members.append(value[start:])
-    return [m.strip(" \t") for m in members if m.strip(" \t")]
-
-
-def _unquote(arg: str) -> str:
-    if len(arg) >= 2 and arg[0] == arg[-1] == '"':
-        body, out, i = arg[1:-1], [], 0
-        while i < len(body):
-            if body[i] == "\\" and i + 1 < len(body):
-                i += 1
-            out.append(body[i])
-            i += 1
-        return "".join(out)
-    return arg
-
-
-def parse_cache_control(value: str | None) -> dict[str, str | None]:
-    """`max-age=60, no-cache="set-cookie, x", private` -> {directive: argument}.
-
-    Names are lowercased; arguments are unquoted but keep their case. The
-    first occurrence of a directive wins (RFC 9111 §4.2.1 lets a cache use
-    the first of conflicting values). Both the token and the quoted form of
-    an argument are accepted (RFC 9111 §5.2).
-    """
-    out: dict[str, str | None] = {}
-    for member in _split_list(value or ""):
-        name, sep, arg = member.partition("=")
-        name = name.strip(" \t").lower()
-        if name and name not in out:
-            out[name] = _unquote(arg.strip(" \t")) if sep else None
-    return out
-
-
-def _delta_seconds(arg: str | None) -> float | None:
-    """A delta-seconds argument (RFC 9111 §1.2.2), or None when it is not a non-negative integer."""
-    if arg is None:
-        return None
-    arg = arg.strip(" \t")
-    if not (arg.isascii() and arg.isdigit()):
-        return None
-    # A long digit string is beyond 2^31 anyway; don't make int() parse it.
-    return float(_DELTA_MAX if len(arg) > 10 else min(int(arg), _DELTA_MAX))
-
-
-_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
-_TIME = r"(?P<H>\d\d):(?P<M>\d\d):(?P<S>\d\d)"
-# RFC 9110 §5.6.7: IMF-fixdate, and the obsolete rfc850-date and asctime-date
-# a recipient must still accept, by their grammar: one space between parts
-# (asctime pads a one-digit day with a second), the zone spelt GMT. A
-# near-miss ("UTC", two spaces, no comma) is no date: for Expires that means
-# already expired (RFC 9111 §5.3), the one safe reading of a date the cache
-# cannot be sure of. Case is not checked (the month still has to be one), nor
-# are day names.
-_HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
-    rf"[a-z]{{3}}, (?P<d>\d\d) (?P<b>[a-z]{{3}}) (?P<Y>\d{{4}}) {_TIME} GMT",
-    rf"[a-z]{{6,9}}, (?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d) {_TIME} GMT",
-    rf"[a-z]{{3}} (?P<b>[a-z]{{3}}) (?P<d>\d\d| \d) {_TIME} (?P<Y>\d{{4}})",
-)]
-
-
-_DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTH_NAMES = tuple(m.capitalize() for m in _MONTHS)
-
-
-def imf_fixdate(timestamp: float) -> str:
-    """`timestamp` as an IMF-fixdate (RFC 9110 §5.6.7), the one form an HTTP
-    sender may generate. Spelt here rather than by email.utils.formatdate,
-    whose module imports socket, or strftime, whose names follow the locale."""
-    t = datetime.fromtimestamp(math.floor(timestamp), tz=timezone.utc)
-    return (f"{_DAY_NAMES[t.weekday()]}, {t.day:02d} {_MONTH_NAMES[t.month - 1]} {t.year:04d} "
-            f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
-
-
-# Remembered: a fill judges its answer's Date several times (age, freshness),
-# and Date and Last-Modified repeat across answers (one Date per second).
-@functools.lru_cache(maxsize=1024)
-def http_date(value: str | None) -> float | None:
-    """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
-
-    HTTP dates are always GMT; the asctime form names no zone and is read as
-    UTC. An rfc850 two-digit year is 19yy from 70 up and 20yy below, a fixed
-    pivot rather than the RFC's 50-years-ahead rule, which would need a clock.
-    Anything else, including a second date after a comma (two Expires lines
-    combined), is invalid, which for Expires means already expired (RFC 9111 §5.3).
-    """
-    if not value:
-        return None
-    text = value.strip(" \t")
-    for pattern in _HTTP_DATES:
-        m = pattern.fullmatch(text)
-        if m is None:
-            continue
-        month = _MONTHS.get(m["b"].lower())
-        if month is None:
-            return None
-        if "Y" in pattern.groupindex:
-            year = int(m["Y"])
-        else:
-            year = int(m["y"]) + (1900 if int(m["y"]) >= 70 else 2000)
-        try:
-            # A leap second (60) is allowed on the wire but not by datetime.
-            stamp = datetime(year, month, int(m["d"]), int(m["H"]), int(m["M"]), min(int(m["S"]), 59),
-                             tzinfo=timezone.utc)
-        except ValueError:
-            return None
-        return stamp.timestamp()
-    return None
-
 
 # Request fields that carry a client's credentials (RFC 9110 §11.6.2 and
 # the token headers of S3, OpenStack Swift, GitLab, Google and API gateways).
@@ -216,7 +73,7 @@ def current_age(headers: Mapping[str, str], now: float | None = None) -> float:
     invalid value is ignored (§5.1).
     """
     value = field_value(headers, "Age")
-    age = 0.0 if value is None else (_delta_seconds(value.split(",", 1)[0]) or 0.0)
+    age = 0.0 if value is None else (delta_seconds(value.split(",", 1)[0]) or 0.0)
     if now is not None:
         date = http_date(field_value(headers, "Date"))
         if date is not None:
@@ -266,7 +123,7 @@ def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], no
     """
     for directive in ("s-maxage", "max-age"):
         if directive in cc:
-            lifetime = _delta_seconds(cc[directive])
+            lifetime = delta_seconds(cc[directive])
             return 0.0 if lifetime is None else lifetime
     if not use_expires:
         return None
@@ -349,7 +206,7 @@ def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None
         # Qualified or not: storing the rest while dropping the named fields
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, f"{field}: private")
-    if "*" in _split_list(field_value(headers, "Vary") or ""):
+    if "*" in split_list(field_value(headers, "Vary") or ""):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
@@ -366,8 +223,8 @@ def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:
     # RFC 5861 §4. Without the directive this cache still answers from a
     # stale copy while its origin is down: §4.2.4 allows it when no
     # directive forbids it, and a dataset a training job can read beats a 502.
-    sie = _delta_seconds(cc.get("stale-if-error"))
-    return (math.inf if sie is None else sie), (_delta_seconds(cc.get("stale-while-revalidate")) or 0.0)
+    sie = delta_seconds(cc.get("stale-if-error"))
+    return (math.inf if sie is None else sie), (delta_seconds(cc.get("stale-while-revalidate")) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -389,14 +246,14 @@ def request_directives(headers: Mapping[str, str]) -> RequestDirectives:
     pragma_no_cache = cc_value is None and "no-cache" in parse_cache_control(field_value(headers, "Pragma"))
     if "max-stale" in cc:
         # §5.2.1.2: without a value the client accepts any staleness.
-        max_stale = math.inf if cc["max-stale"] is None else _delta_seconds(cc["max-stale"])
+        max_stale = math.inf if cc["max-stale"] is None else delta_seconds(cc["max-stale"])
     else:
         max_stale = None
     return RequestDirectives(
         no_cache="no-cache" in cc or pragma_no_cache,
-        max_age=_delta_seconds(cc.get("max-age")),
+        max_age=delta_seconds(cc.get("max-age")),
         max_stale=max_stale,
-        min_fresh=_delta_seconds(cc.get("min-fresh")),
+        min_fresh=delta_seconds(cc.get("min-fresh")),
         only_if_cached="only-if-cached" in cc,
         no_store="no-store" in cc,
     )

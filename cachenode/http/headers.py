@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, MutableMapping
 
-from cachenode.http.freshness import Policy, imf_fixdate, response_policy
+from cachenode.http.fields import FieldLines, imf_fixdate
+from cachenode.http.freshness import Policy, response_policy
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
 Pairs = tuple[tuple[str, str], ...]
@@ -46,9 +47,12 @@ def _items(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Iterable[t
 def connection_listed(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[str]:
     """The field names a message's `Connection` fields name: hop-by-hop too (§7.6.1)."""
     listed: set[str] = set()
-    for name, value in _items(headers):
-        if name.lower() == "connection":
-            listed.update(t.strip().lower() for t in value.split(",") if t.strip())
+    if type(headers) is FieldLines:
+        values = headers.lines("connection") or ()
+    else:
+        values = [value for name, value in _items(headers) if name.lower() == "connection"]
+    for value in values:
+        listed.update(t.strip().lower() for t in value.split(",") if t.strip())
     return frozenset(listed)
 
 
@@ -61,22 +65,28 @@ def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
     """Every end-to-end field of a message, in order, repeats kept; without the
     hop-by-hop fields, the framing (Content-Length, Host) and the lowercased
     names in `drop`."""
-    pairs = list(_items(headers))
-    listed = connection_listed(pairs)
-    out = []
-    for name, value in pairs:
-        lname = name.lower()
-        if is_hop_by_hop(lname, listed) or lname in FRAMING or lname in drop:
-            continue
-        out.append((name, value))
-    return out
+    return [pair for pair, _ in _end_to_end(headers, drop)]
+
+
+def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]],
+                drop: frozenset[str]) -> list[tuple[tuple[str, str], str]]:
+    """`end_to_end_pairs`, each line with its name lowercased (once, by
+    `FieldLines` when that is what `headers` is)."""
+    if type(headers) is FieldLines:
+        pairs, lowered = headers.pairs, headers.lowered
+        listed = connection_listed(headers)
+    else:
+        pairs = tuple(_items(headers))
+        lowered = tuple(name.lower() for name, _ in pairs)
+        listed = connection_listed(pairs)
+    return [(pair, lname) for pair, lname in zip(pairs, lowered)
+            if not (is_hop_by_hop(lname, listed) or lname in FRAMING or lname in drop)]
 
 
 def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
     """What is kept with a stored object: the end-to-end fields minus Age,
     Set-Cookie and the cache's own X-Nezha-* fields (a peer's copy carries them)."""
-    return tuple((n, v) for n, v in end_to_end_pairs(headers, drop=NOT_STORED)
-                 if not n.lower().startswith(OWN_PREFIX))
+    return tuple(pair for pair, lname in _end_to_end(headers, NOT_STORED) if not lname.startswith(OWN_PREFIX))
 
 
 def with_date(pairs: Pairs, received_at: float) -> Pairs:
@@ -131,12 +141,16 @@ def delimited_by_close(status: int, headers: Mapping[str, str] | Iterable[tuple[
     """
     if method.upper() == "HEAD" or 100 <= status < 200 or status in (204, 304):
         return False
-    pairs = list(_items(headers))
-    te = joined(pairs, "Transfer-Encoding")
-    if te is not None:
-        first_line = first(pairs, "Transfer-Encoding") or ""
-        return not (_last_coding(te) == "chunked" and _last_coding(first_line) == "chunked")
-    return first(pairs, "Content-Length") is None
+    if type(headers) is FieldLines:
+        codings = headers.lines("Transfer-Encoding")
+        length_given = headers.lines("Content-Length") is not None
+    else:
+        pairs = list(_items(headers))
+        codings = [v for n, v in pairs if n.lower() == "transfer-encoding"]
+        length_given = first(pairs, "Content-Length") is not None
+    if codings:
+        return not (_last_coding(", ".join(codings)) == "chunked" and _last_coding(codings[0]) == "chunked")
+    return not length_given
 
 
 # Fields of a 304 that do not replace the stored ones (RFC 9111 §3.2): they
@@ -166,33 +180,10 @@ def renewed_by_304(status: int, stored: Pairs, answer: Iterable[tuple[str, str]]
     answer = tuple(answer)
     merged = updated_by_304(stored, with_date(answer, now))
     dating = {n.lower() for n, _ in answer} & {"age", "date"}
-    judged = _Lines(tuple((n, v) for n, v in merged if n.lower() not in dating)
+    judged = FieldLines(tuple((n, v) for n, v in merged if n.lower() not in dating)
                     + tuple((n, v) for n, v in answer if n.lower() in dating))
     return merged, response_policy(status, judged, now=now, policy_ttl=policy_ttl, private_ok=private_ok,
                                    targeted=targeted)
-
-
-class _Lines(Mapping[str, str]):
-    """Field lines as the pure readers take a message's fields: `items()`
-    yields every line, repeated names too (freshness.field_value)."""
-
-    def __init__(self, pairs: Pairs) -> None:
-        self._pairs = pairs
-
-    def items(self):  # type: ignore[override]
-        return iter(self._pairs)
-
-    def __getitem__(self, name: str) -> str:
-        for n, v in self._pairs:
-            if n.lower() == name.lower():
-                return v
-        raise KeyError(name)
-
-    def __iter__(self):
-        return (n for n, _ in self._pairs)
-
-    def __len__(self) -> int:
-        return len(self._pairs)
 
 
 # Fields that describe a whole body: true of a 200, false of any range of

@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from cachenode.http.freshness import CREDENTIAL_FIELDS, field_value, response_directives
+from cachenode.http.fields import field_value
+from cachenode.http.freshness import CREDENTIAL_FIELDS, response_directives
 from cachenode.http.vary import variant, vary_names
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+)\s*$", re.IGNORECASE)

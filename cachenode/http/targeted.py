@@ -17,7 +17,7 @@ Display Strings) are refused here as an RFC 8941 parser refuses them.
 
 A targeted field that is not a valid Dictionary is ignored as if absent
 (§2.1): a typo must not turn `no-store` into anything. Its members become
-the same `{directive: argument}` shape `freshness.parse_cache_control`
+the same `{directive: argument}` shape `fields.parse_cache_control`
 gives, so one set of rules applies to both: an Integer is its digits, a
 Token or String its text, a bare member None. A delta-seconds directive
 whose value is not an Integer (`max-age="60"`) keeps an argument that is no
@@ -31,6 +31,8 @@ from decimal import Decimal
 from typing import Mapping
 
 import http_sf
+
+from cachenode.http.fields import field_value
 
 # Directives whose argument is delta-seconds (RFC 9111 §1.2.2, RFC 5861):
 # in a targeted field they must be Integers (RFC 9213 §2.1).
@@ -87,12 +89,11 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
     and Cache-Control rules (RFC 9213 §2.1). Repeated lines of a field are
     one Dictionary (RFC 8941 §4.2)."""
     for name in names:
-        wanted = name.lower()
-        lines = [v for k, v in headers.items() if k.lower() == wanted]
-        if not lines:
+        value = field_value(headers, name)
+        if value is None:
             continue
         try:
-            members = parse_dictionary(", ".join(lines))
+            members = parse_dictionary(value)
         except InvalidField:
             continue
         directives = {k: _argument(k, v) for k, v in members.items() if v is not False}

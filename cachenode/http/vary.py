@@ -16,7 +16,7 @@ import hashlib
 import re
 from typing import Mapping
 
-from cachenode.http.freshness import field_value
+from cachenode.http.fields import field_value
 
 VARIANT_MAX_BYTES = 4096
 

@@ -42,13 +42,28 @@ USED = 16  # the row holds an object
 
 
 def digest_of(slot: str) -> bytes:
-    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash."""
-    return hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+    """The SHA-256 of a slot: its files' names (nezha/keys.py `object_id` is its hex) and its row's hash.
+
+    The last slot's digest is remembered: a store's commit asks for the same
+    slot's about seven times in a row (is it held, its candidate, its arrival,
+    its add, what it replaces), each a hash of the whole key."""
+    global _last
+    last = _last  # one read: a (slot, digest, hash) triple is replaced whole, never changed
+    if last[0] == slot:
+        return last[1]
+    digest = hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+    _last = (slot, digest, int.from_bytes(digest[:8], "little", signed=True))
+    return digest
 
 
 def hash_of(digest: bytes) -> int:
-    """A slot's hash in the table: the first 8 bytes of its digest, as a signed 64-bit int."""
-    return int.from_bytes(digest[:8], "little", signed=True)
+    """A slot's hash in the table: the first 8 bytes of its digest, as a signed 64-bit int
+    (the last slot's remembered with its digest: a commit asks for it about eight times)."""
+    last = _last
+    return last[2] if last[1] is digest else int.from_bytes(digest[:8], "little", signed=True)
+
+
+_last: tuple[str | None, bytes, int] = (None, b"", 0)
 
 
 class Table:

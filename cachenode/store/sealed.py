@@ -36,6 +36,8 @@ TRAILER_SIZE = _TRAILER.size
 # A record is an object's metadata (cachenode/store/objects.py `Meta`):
 # headers the origin sent, kept whole. Beyond this, it is not one.
 MAX_RECORD = 1 << 20
+# `json.dumps(record, separators=(",", ":"))`, its encoder made once rather than on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 class Unsealed(ValueError):
@@ -44,7 +46,7 @@ class Unsealed(ValueError):
 
 def seal(body: bytes | memoryview, record: dict) -> bytes:
     """The bytes that follow `body` in its file: its record and the trailer over both."""
-    raw = json.dumps(record, separators=(",", ":")).encode()
+    raw = _ENCODER.encode(record).encode()
     crc = google_crc32c.extend(google_crc32c.value(bytes(body)), raw)
     return raw + _TRAILER.pack(MAGIC, len(raw), crc)
 

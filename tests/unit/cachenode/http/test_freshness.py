@@ -3,9 +3,10 @@ import math
 import pytest
 from multidict import CIMultiDict
 
+from cachenode.http.fields import field_value, http_date, parse_cache_control
 from cachenode.http.freshness import (
-    HEURISTIC_TTL, STORED_STATUSES, Policy, RequestDirectives, Use, age_of, current_age, field_value, http_date, judge,
-    may_serve_stale_on_error, parse_cache_control, request_bypasses_cache, request_directives, response_policy,
+    HEURISTIC_TTL, STORED_STATUSES, Policy, RequestDirectives, Use, age_of, current_age, judge,
+    may_serve_stale_on_error, request_bypasses_cache, request_directives, response_policy,
 )
 
 NOW = 1_000_000.0
@@ -485,7 +486,7 @@ def test_rfc9213_2_1_repeated_lines_of_a_targeted_field_are_one_dictionary():
     (0.0, "Thu, 01 Jan 1970 00:00:00 GMT"),
 ])
 def test_rfc9110_5_6_7_a_date_the_cache_generates_is_an_imf_fixdate(stamp, text):
-    from cachenode.http.freshness import imf_fixdate
+    from cachenode.http.fields import imf_fixdate
 
     assert imf_fixdate(stamp) == text and http_date(text) == float(int(stamp))
 

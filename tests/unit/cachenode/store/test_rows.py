@@ -10,7 +10,7 @@ from array import array
 
 import pytest
 
-from cachenode.store.rows import EMPTY, HOT, PACKED_ROW, USED, RowOrder, Rows, Table, hash_of, unpack
+from cachenode.store.rows import EMPTY, HOT, PACKED_ROW, USED, RowOrder, Rows, Table, digest_of, hash_of, unpack
 
 
 def digest(n: int) -> bytes:
@@ -94,3 +94,11 @@ def test_packed_rows_of_another_length_are_refused():
     n, packed = rows.pack(0, 1)
     with pytest.raises(ValueError, match="packed rows"):
         list(unpack(n + 1, packed))
+
+
+def test_a_slot_digest_is_its_sha256_and_its_hash_its_first_8_bytes_whichever_slot_was_asked_before():
+    slots = ["http://a/x", "http://a/x", "http://a/y", "http://a/x", "http://a/\udcff", "http://a/y"]
+    for slot in slots:
+        digest = digest_of(slot)
+        assert digest == hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
+        assert hash_of(digest) == hash_of(bytes(bytearray(digest))) == int.from_bytes(digest[:8], "little", signed=True)

@@ -1,0 +1,213 @@
+"""Field values as HTTP spells them (RFC 9110 §5, §5.6; RFC 9111 §1.2.2, §5.2):
+a field's lines combined, lists split, Cache-Control's directives,
+delta-seconds and HTTP dates. Pure: no I/O.
+
+Apart from `freshness.py`, which decides with them what is stored and for
+how long, because the other rules of `http/` (Vary, conditionals, parts)
+read the same syntax and nothing of freshness.
+
+Header arguments are any `Mapping[str, str]`: a plain dict in any
+capitalisation, or a case-insensitive multidict carrying repeated fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from datetime import datetime, timezone
+from typing import Iterable, Iterator, Mapping
+
+# RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
+_DELTA_MAX = 2**31
+
+
+class FieldLines(Mapping[str, str]):
+    """A message's field lines, read once: `items()` yields every line in
+    order, repeated names too, and every name is lowercased once, here.
+
+    Why: a fill judges its answer by a dozen lookups (freshness, Age, Date,
+    Vary, targeted fields, what is stored), and `field_value` over any other
+    mapping lowercases every name of the message again for each of them.
+    A lookup by name (`lines`, `[]`, `in`) ignores case, as a
+    case-insensitive multidict's does; `[]` gives the first line."""
+
+    __slots__ = ("pairs", "lowered", "_index")
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.pairs = tuple(pairs)
+        lowered = []
+        index: dict[str, list[str]] = {}
+        for name, value in self.pairs:
+            lname = name.lower()
+            lowered.append(lname)
+            values = index.get(lname)
+            if values is None:
+                index[lname] = [value]
+            else:
+                values.append(value)
+        self.lowered = tuple(lowered)  # each line's name, lowercased
+        self._index = index
+
+    def by_name(self) -> dict[str, list[str]]:
+        """Every field's values, in order, by its lowercased name. Not to be changed."""
+        return self._index
+
+    def lines(self, name: str) -> list[str] | None:
+        """Every value of field `name` (any case), in order; None when absent. Not to be changed."""
+        return self._index.get(name.lower())
+
+    def items(self):  # type: ignore[override]
+        return iter(self.pairs)
+
+    def __getitem__(self, name: str) -> str:
+        values = self._index.get(name.lower())
+        if values is None:
+            raise KeyError(name)
+        return values[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def field_value(headers: Mapping[str, str], name: str) -> str | None:
+    """All lines of the field `name`, combined as one comma-separated list; None when absent.
+
+    RFC 9110 §5.3: repeated lines of a list field mean the same as one line
+    joining them with commas, so `Cache-Control: no-cache` plus
+    `Cache-Control: max-age=60` must not lose either. A multidict yields
+    every line from `items()`; a plain dict yields its one key, whatever its
+    capitalisation (field names are case-insensitive, RFC 9110 §5.1).
+    An empty field is "" and stays distinct from an absent one.
+    """
+    if type(headers) is FieldLines:
+        values = headers.lines(name)
+    else:
+        wanted = name.lower()
+        values = [value for key, value in headers.items() if key.lower() == wanted]
+    return ", ".join(values) if values else None
+
+
+def split_list(value: str) -> list[str]:
+    """Members of a comma-separated list; commas inside a quoted string don't split (RFC 9110 §5.6.1, §5.6.4)."""
+    members, start, quoted, escaped = [], 0, False, False
+    for i, ch in enumerate(value):
+        if escaped:
+            escaped = False
+        elif quoted and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            members.append(value[start:i])
+            start = i + 1
+    members.append(value[start:])
+    return [m.strip(" \t") for m in members if m.strip(" \t")]
+
+
+def _unquote(arg: str) -> str:
+    if len(arg) >= 2 and arg[0] == arg[-1] == '"':
+        body, out, i = arg[1:-1], [], 0
+        while i < len(body):
+            if body[i] == "\\" and i + 1 < len(body):
+                i += 1
+            out.append(body[i])
+            i += 1
+        return "".join(out)
+    return arg
+
+
+def parse_cache_control(value: str | None) -> dict[str, str | None]:
+    """`max-age=60, no-cache="set-cookie, x", private` -> {directive: argument}.
+
+    Names are lowercased; arguments are unquoted but keep their case. The
+    first occurrence of a directive wins (RFC 9111 §4.2.1 lets a cache use
+    the first of conflicting values). Both the token and the quoted form of
+    an argument are accepted (RFC 9111 §5.2).
+    """
+    out: dict[str, str | None] = {}
+    for member in split_list(value or ""):
+        name, sep, arg = member.partition("=")
+        name = name.strip(" \t").lower()
+        if name and name not in out:
+            out[name] = _unquote(arg.strip(" \t")) if sep else None
+    return out
+
+
+def delta_seconds(arg: str | None) -> float | None:
+    """A delta-seconds argument (RFC 9111 §1.2.2), or None when it is not a non-negative integer."""
+    if arg is None:
+        return None
+    arg = arg.strip(" \t")
+    if not (arg.isascii() and arg.isdigit()):
+        return None
+    # A long digit string is beyond 2^31 anyway; don't make int() parse it.
+    return float(_DELTA_MAX if len(arg) > 10 else min(int(arg), _DELTA_MAX))
+
+
+_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_TIME = r"(?P<H>\d\d):(?P<M>\d\d):(?P<S>\d\d)"
+# RFC 9110 §5.6.7: IMF-fixdate, and the obsolete rfc850-date and asctime-date
+# a recipient must still accept, by their grammar: one space between parts
+# (asctime pads a one-digit day with a second), the zone spelt GMT. A
+# near-miss ("UTC", two spaces, no comma) is no date: for Expires that means
+# already expired (RFC 9111 §5.3), the one safe reading of a date the cache
+# cannot be sure of. Case is not checked (the month still has to be one), nor
+# are day names.
+_HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
+    rf"[a-z]{{3}}, (?P<d>\d\d) (?P<b>[a-z]{{3}}) (?P<Y>\d{{4}}) {_TIME} GMT",
+    rf"[a-z]{{6,9}}, (?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d) {_TIME} GMT",
+    rf"[a-z]{{3}} (?P<b>[a-z]{{3}}) (?P<d>\d\d| \d) {_TIME} (?P<Y>\d{{4}})",
+)]
+
+
+_DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTH_NAMES = tuple(m.capitalize() for m in _MONTHS)
+
+
+def imf_fixdate(timestamp: float) -> str:
+    """`timestamp` as an IMF-fixdate (RFC 9110 §5.6.7), the one form an HTTP
+    sender may generate. Spelt here rather than by email.utils.formatdate,
+    whose module imports socket, or strftime, whose names follow the locale."""
+    t = datetime.fromtimestamp(math.floor(timestamp), tz=timezone.utc)
+    return (f"{_DAY_NAMES[t.weekday()]}, {t.day:02d} {_MONTH_NAMES[t.month - 1]} {t.year:04d} "
+            f"{t.hour:02d}:{t.minute:02d}:{t.second:02d} GMT")
+
+
+# Remembered: a fill judges its answer's Date several times (age, freshness),
+# and Date and Last-Modified repeat across answers (one Date per second).
+@functools.lru_cache(maxsize=1024)
+def http_date(value: str | None) -> float | None:
+    """An HTTP-date (RFC 9110 §5.6.7) as a timestamp; None when absent or invalid.
+
+    HTTP dates are always GMT; the asctime form names no zone and is read as
+    UTC. An rfc850 two-digit year is 19yy from 70 up and 20yy below, a fixed
+    pivot rather than the RFC's 50-years-ahead rule, which would need a clock.
+    Anything else, including a second date after a comma (two Expires lines
+    combined), is invalid, which for Expires means already expired (RFC 9111 §5.3).
+    """
+    if not value:
+        return None
+    text = value.strip(" \t")
+    for pattern in _HTTP_DATES:
+        m = pattern.fullmatch(text)
+        if m is None:
+            continue
+        month = _MONTHS.get(m["b"].lower())
+        if month is None:
+            return None
+        if "Y" in pattern.groupindex:
+            year = int(m["Y"])
+        else:
+            year = int(m["y"]) + (1900 if int(m["y"]) >= 70 else 2000)
+        try:
+            # A leap second (60) is allowed on the wire but not by datetime.
+            stamp = datetime(year, month, int(m["d"]), int(m["H"]), int(m["M"]), min(int(m["S"]), 59),
+                             tzinfo=timezone.utc)
+        except ValueError:
+            return None
+        return stamp.timestamp()
+    return None
