@@ -315,11 +315,12 @@ class ChunkFills:
         asked, again = dataclasses.replace(spec, role="fill" if fill.keep else "pass"), set()
         while ahead:
             owner, at = ahead.pop(0), landing.written
-            opened = await self._ask(owner, target, asked, Piece(index=spec.index, offset=at, length=landing.size - at))
+            piece = Piece(index=spec.index, offset=at, length=landing.size - at)  # the whole chunk, or its rest
+            opened = await self._ask(owner, target, asked, piece)
             if opened is None:
                 continue
             assert opened.response is not None
-            peer = opened.peer or owner
+            peer = opened.peer or owner  # a node of the chunk's wave the owner sent this node to, or the owner
             try:
                 await landing.take(opened.response, source=opened.source, peer=peer)
             except FillAborted as e:
@@ -341,9 +342,9 @@ class ChunkFills:
         return None
 
     async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
-        """`owner`'s answer for a whole chunk. A pass may be sent on to a node of the chunk's wave there
-        (chunks/feeders.py): then that node's, or, when it has no flight of the chunk any more, the
-        owner's again, asked to answer it itself."""
+        """`owner`'s answer for a whole chunk, or its rest. A whole pass may be sent on to a node of the
+        chunk's wave there (chunks/feeders.py): then that node's, or, when it has no flight of the chunk
+        any more, the owner's again, asked to answer it itself."""
         answer = await self.peers.ask(owner, target, spec, piece)
         if not isinstance(answer, Peer):
             return answer

@@ -22,7 +22,8 @@ from cachenode.chunks.reads import origin_url
 from cachenode.chunks.spec import manifest_validator
 from nezha.chunks import Layout, chunk_key, place
 from nezha.keys import target_of
-from tests.integration.cachenode.test_chunks import BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of, put, read, settled, sha
+from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of, put, read, settled,
+                                                     sha)
 
 
 async def a_chunk_whose_first_owner_sends_half(origin, cluster, session):
