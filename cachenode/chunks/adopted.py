@@ -99,8 +99,7 @@ class AdoptedChunks:
         """Store chunk 0 from the first answer (`adopt`)."""
         started, size = time.monotonic(), layout.length_of(0)
         stored = await self.fills.store_chunk(fill, flight.key, response, source=f"origin {url}", url=url,
-                                              host=target.host, size=size, length=layout.size, origin=True)
-        assert stored is not None  # a kept fill
+                                              host=target.host, size=size, length=layout.size)
         log.info("chunk_filled", key=flight.key, bytes=size, source="origin", first_answer=True,
                  seconds=round(time.monotonic() - started, 3))
         return stored

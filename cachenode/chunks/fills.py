@@ -7,7 +7,11 @@ owner's chunk), else from the origin with `Range` + `If-Range` on the
 manifest's validator, which makes this node the chunk's first live owner:
 it then has the owners behind it copy the chunk from it (`ChunkPeers.push`).
 An origin answer that is not exactly those bytes of that version is
-`ChunkChanged`: nothing is stored.
+`ChunkChanged`: nothing is stored. A source that breaks off mid-chunk (an
+owner killed while it sent) leaves what it sent: the next is asked for the
+rest only, from the byte reached, into the same file its readers follow
+(chunks/landing.py), so an owner's death mid-chunk costs the origin one
+request for the missing range, however many wait on the chunk.
 
 A node that does not own a chunk passes it on (`passing`): its clients
 reading it at once share one request to its owners, read as it grows from
@@ -39,23 +43,22 @@ from typing import Any, Callable, Coroutine
 import aiohttp
 import structlog
 
+from cachenode.chunks.landing import Landing
 from cachenode.chunks.peers import ChunkPeers, Members, Relay, owners_of
 from cachenode.chunks.peers_first import PeersFirst
 from cachenode.chunks.sources import Growing, Opened, Tail
-from cachenode.chunks.spec import CHUNK_LIFETIME, ChunkChanged, ChunkSpec, ChunkUnavailable
+from cachenode.chunks.spec import ChunkChanged, ChunkSpec, ChunkUnavailable
 from cachenode.counts import Counts
-from cachenode.fill.running import FILL_READ
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome
 from cachenode.fill.parallel import Validator, partial_mismatch
 from cachenode.fill.upstream import Upstream
 from cachenode.metrics import Metrics
 from cachenode.store.disk import CorruptCopy, Store
-from cachenode.store.objects import Meta, NotStored, close_reader
+from cachenode.store.objects import Meta
 from nezha.chunks import Layout, Piece, chunk_key
 from nezha.errors import FillAborted, NezhaError
 from nezha.keys import Target
 from nezha.ring import Peer
-from nezha.wire import BLOCKS_HEADER
 
 log = structlog.get_logger("nezha.chunks")
 
@@ -246,35 +249,87 @@ class ChunkFills:
                     index: int, source: Peer | None = None) -> Meta | None:
         """Fill chunk `index` here: from a live owner ahead of this node in ring order that holds it
         (one that breaks off is marked down unless its own fill failed, and the next tried), else from
-        the origin (this node then its first live owner, which has the owners behind it copy it)."""
-        ckey, validator = flight.key, fill.validator
-        size = layout.length_of(index)
-        started = time.monotonic()
+        the origin (this node then its first live owner, which has the owners behind it copy it).
+        Every source writes one file (chunks/landing.py): one that breaks off leaves what it sent,
+        and the next is asked for the rest of the chunk only."""
+        ckey, size, started = flight.key, layout.length_of(index), time.monotonic()
         owners = owners_of(self.members, key, layout)[index]
         mine = next((i for i, p in enumerate(owners) if p.id == self.node_id), None)
-        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=validator)
+        spec = ChunkSpec(index=index, chunk_size=layout.chunk_size, length=layout.size, validator=fill.validator)
         ahead = [p for p in owners[:mine] if not self.relay.is_down(p)] if mine is not None else []
         if not fill.keep:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
+        for attempt in (1, 2):
+            try:
+                stored, sent, began = await self._land(fill, ahead, spec, ckey=ckey, url=url, target=target,
+                                                       layout=layout)
+                break
+            except CorruptCopy as e:
+                # A whole copy whose bytes are not its sender's block checksums: nothing of it is kept, and
+                # the chunk is asked once more, whole, of the next source (the origin after the owners ahead).
+                log.warning("chunk_source_broke", source="copy refused", index=index, reason=str(e),
+                            resume=attempt == 1)
+                if attempt == 2:
+                    raise FillAborted(f"{ckey}: {e}") from e
+        owner, peer = sent if sent is not None else (None, None)
+        log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size,
+                 source=peer.id if peer is not None else "origin", seconds=round(time.monotonic() - started, 3),
+                 sent_on_by=owner.id if owner is not peer else None, **({"resumed_at": began} if began else {}))
+        if sent is None and mine is not None:
+            for behind in owners[mine + 1:]:
+                self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
+        return stored
+
+    async def _land(self, fill: ChunkFill, ahead: list[Peer], spec: ChunkSpec, *, ckey: str, url: str,
+                    target: Target, layout: Layout) -> tuple[Meta | None, tuple[Peer, Peer] | None, int]:
+        """The chunk into one file from the owners `ahead`, each asked for the rest from the byte the
+        last reached, else the origin (for a fill, never a pass); committed for a fill. What was
+        stored (None: passed on), the owner and node that sent the last bytes (None: the origin), and
+        the byte the last source began at. CorruptCopy when a whole copy's checksums refuse it."""
+        landing = self._landing(fill, size=layout.length_of(spec.index), host=target.host)
+        try:
+            sent = await self._from_owners(landing, ahead, spec, target=target)
+            if sent is None and not fill.keep:  # a non-owner never fills a chunk from the origin: its readers
+                raise ChunkUnavailable(f"no owner of {ckey} answered"  # ask on their own
+                                       + (f" for the rest after {landing.written} bytes" if landing.written else ""))
+            if sent is None:
+                await self._from_origin(landing, ckey, url=url, target=target, layout=layout, index=spec.index)
+            stored = await landing.commit(ckey, url=url, length=layout.size) if fill.keep else landing.passed()
+            return stored, sent, landing.began
+        finally:
+            await landing.end()
+
+    def _landing(self, fill: ChunkFill, *, size: int, host: str) -> Landing:
+        """The file `fill`'s sources write in turn (chunks/landing.py)."""
+        return Landing(fill=fill, size=size, host=host, store=self.store, metrics=self.metrics, counts=self.counts,
+                       clock=self._clock)
+
+    async def _from_owners(self, landing: Landing, ahead: list[Peer], spec: ChunkSpec, *,
+                           target: Target) -> tuple[Peer, Peer] | None:
+        """The rest of the chunk, from the byte `landing` reached, from the first of `ahead` that sends
+        it: that owner, and the node that sent it (a node of the chunk's wave it sent this node to, or
+        itself); None when none did."""
+        fill = landing.fill
         asked, again = dataclasses.replace(spec, role="fill" if fill.keep else "pass"), set()
         while ahead:
-            owner = ahead.pop(0)
-            opened = await self._ask(owner, target, asked, Piece(index=index, offset=0, length=size))
+            owner, at = ahead.pop(0), landing.written
+            piece = Piece(index=spec.index, offset=at, length=landing.size - at)  # the whole chunk, or its rest
+            opened = await self._ask(owner, target, asked, piece)
             if opened is None:
                 continue
             assert opened.response is not None
             peer = opened.peer or owner  # a node of the chunk's wave the owner sent this node to, or the owner
             try:
-                stored = await self.store_chunk(fill, ckey, opened.response, source=opened.source, peer=peer,
-                                                 url=url, host=target.host, size=size, length=layout.size,
-                                                 origin=False)
+                await landing.take(opened.response, source=opened.source, peer=peer)
             except FillAborted as e:
-                # The chunk is asked again of the next source, whole: an owner's fill always has one (the
-                # origin); a chunk passed on only while owners are left, else its readers go on alone.
-                log.warning("chunk_source_broke", source=opened.source, index=index, reason=str(e),
-                            resume=fill.keep or bool(ahead))
+                if landing.spoiled:
+                    raise
+                # The rest is asked of the next source, from the byte reached: an owner's fill always has
+                # one (the origin); a chunk passed on only while owners are left, else its readers go on alone.
+                log.warning("chunk_source_broke", source=opened.source, index=spec.index, reason=str(e),
+                            kept=landing.written, resume=fill.keep or bool(ahead))
                 # Down unless its own fill failed: then an owner ahead's flight goes on from its next source
                 # (the origin, for a first owner), and this fill follows it there once more rather than ask
                 # the origin itself: one origin request for the chunk, not one per owner behind.
@@ -283,22 +338,13 @@ class ChunkFills:
                     again.add(owner.id)
                     ahead.insert(0, owner)
                 continue
-            log.info("chunk_passed" if stored is None else "chunk_filled", key=ckey, bytes=size, source=peer.id,
-                     sent_on_by=owner.id if peer is not owner else None, seconds=round(time.monotonic() - started, 3))
-            return stored
-        if not fill.keep:  # a non-owner never fills a chunk from the origin: its readers ask on their own
-            raise ChunkUnavailable(f"no owner of {ckey} answered")
-        stored = await self._from_origin(fill, ckey, url=url, target=target, layout=layout, index=index)
-        log.info("chunk_filled", key=ckey, bytes=size, source="origin", seconds=round(time.monotonic() - started, 3))
-        if mine is not None:
-            for behind in owners[mine + 1:]:
-                self.spawn(self.peers.push(behind, target, spec))  # its result is logged there
-        return stored
+            return owner, peer
+        return None
 
     async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
-        """`owner`'s answer for a whole chunk. A pass may be sent on to a node of the chunk's wave there
-        (chunks/feeders.py): then that node's, or, when it has no flight of the chunk any more, the
-        owner's again, asked to answer it itself."""
+        """`owner`'s answer for a whole chunk, or its rest. A whole pass may be sent on to a node of the
+        chunk's wave there (chunks/feeders.py): then that node's, or, when it has no flight of the chunk
+        any more, the owner's again, asked to answer it itself."""
         answer = await self.peers.ask(owner, target, spec, piece)
         if not isinstance(answer, Peer):
             return answer
@@ -325,104 +371,40 @@ class ChunkFills:
             return Tail(growing)
         return self.held(key, index, layout, validator)
 
-    async def _from_origin(self, fill: ChunkFill, ckey: str, *, url: str, target: Target, layout: Layout,
-                           index: int) -> Meta:
-        """Chunk `index` from the origin, pinned to the manifest's version by
-        `If-Range`: ChunkChanged (nothing stored) when the answer is not exactly
-        those bytes of that version."""
-        validator, size = fill.validator, layout.length_of(index)
+    async def _from_origin(self, landing: Landing, ckey: str, *, url: str, target: Target, layout: Layout,
+                           index: int) -> None:
+        """The rest of chunk `index` from the origin, from the byte `landing` reached (all of it when
+        no owner sent any), pinned to the manifest's version by `If-Range`: ChunkChanged when the
+        answer is not exactly those bytes of that version, and nothing is stored, the bytes kept
+        from the owners thrown away with the rest."""
+        validator, at = landing.fill.validator, landing.written
         first, last = layout.span(index)
-        headers = {"Range": f"bytes={first}-{last}", "If-Range": validator.if_range, "Via": self.via}
+        headers = {"Range": f"bytes={first + at}-{last}", "If-Range": validator.if_range, "Via": self.via}
         try:
             response = await self.upstream.request("GET", url, headers=headers, what=f"origin {url}")
         except NezhaError:
-            self.counts.count(target.host, failed_fills=1)  # as a whole object's fill whose origin did not answer
+            if not landing.opened:  # else counted as the fill ends, failed
+                self.counts.count(target.host, failed_fills=1)  # as a whole object's fill whose origin did not answer
             raise
-        why = partial_mismatch(response.status, response.headers, first=first, last=last, total=layout.size,
+        why = partial_mismatch(response.status, response.headers, first=first + at, last=last, total=layout.size,
                                validator=validator)
         if why is not None:
             response.release()
-            log.warning("chunk_changed", key=ckey, url=url, reason=why)
-            raise ChunkChanged(f"origin {url} for chunk {index} ({first}-{last}) {why}: the object "
-                               f"changed since it was chunked; nothing stored")
-        stored = await self.store_chunk(fill, ckey, response, source=f"origin {url}", url=url, host=target.host,
-                                         size=size, length=layout.size, origin=True)
-        assert stored is not None  # an owner's fill keeps what it fetched
-        return stored
+            log.warning("chunk_changed", key=ckey, url=url, reason=why, thrown_away=at)
+            kept = f", and the {at} bytes its owners had sent are thrown away" if at else ""
+            raise ChunkChanged(f"origin {url} for chunk {index} ({first + at}-{last}) {why}: the object "
+                               f"changed since it was chunked; nothing stored{kept}")
+        if at:
+            log.info("chunk_resumed", key=ckey, source="origin", at=at, bytes=last + 1 - first - at)
+        await landing.take(response, source=f"origin {url}", origin=True)
 
     async def store_chunk(self, fill: ChunkFill, ckey: str, response: aiohttp.ClientResponse, *, source: str,
-                           peer: Peer | None = None,
-                           url: str, host: str, size: int, length: int, origin: bool) -> Meta | None:
-        """Write `response`'s body, exactly `size` bytes, as chunk `ckey` and commit it (None, and
-        nothing committed, for a chunk passed on: `fill.keep` False); FillAborted (nothing stored)
-        when it breaks off, runs short or long."""
-        growing: Growing | None = None
-        validator = fill.validator
-        # Counted as every fill is (fill/running.py): in flight, its duration by source and outcome, a failure.
-        # A chunk passed on is a relay, not a fill: not counted.
-        started, outcome, counted = time.monotonic(), "failed", fill.keep
-        if counted:
-            self.metrics.fills_in_flight.inc()
+                          url: str, host: str, size: int, length: int) -> Meta:
+        """Chunk `ckey` from `response`, the origin's answer for all of its `size` bytes (chunks/adopted.py),
+        committed; FillAborted (nothing stored) when it breaks off, runs short or long."""
+        landing = self._landing(fill, size=size, host=host)
         try:
-            async with self.store.writing(reserve=size) as write:
-                temp = write.temp
-                # Readers of the chunk meanwhile read it as it grows (`stored_or_growing`).
-                growing = fill.growing = Growing(temp=temp, validator=validator, peer=peer)
-                fill.writing.set()  # whoever waits for the fill's first byte
-                async for data in response.content.iter_chunked(FILL_READ):
-                    if temp.written + len(data) > size:
-                        raise FillAborted(f"{source} sent more than the {size} bytes of {ckey}")
-                    await self.store.write(temp, data)
-                    growing.moved.set()
-                    if origin:
-                        self.metrics.bytes_from_origin.inc(len(data))
-                        self.counts.count(host, bytes_from_origin=len(data), metrics=False)
-                if temp.written != size:
-                    raise FillAborted(f"{source} sent {temp.written} of the {size} bytes of {ckey}")
-                if not fill.keep:
-                    outcome = "passed"  # through to its readers, who hold descriptors of their own
-                    return None
-                stored = await self._commit(write, validator, ckey, url=url, host=host, length=length, source=source,
-                                            expect=None if origin else response.headers.get(BLOCKS_HEADER))
-                outcome = "stored"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise FillAborted(f"{source} broke off {ckey}: {type(e).__name__}: {e}") from e
-        except NotStored:
-            outcome = "not_stored"  # whole, but not kept (larger than the store): no failed fill, as in fill/running.py
-            raise
+            await landing.take(response, source=source, origin=True)
+            return await landing.commit(ckey, url=url, length=length)
         finally:
-            if counted:
-                self.metrics.fills_in_flight.dec()
-                self.metrics.fill_duration.labels(source="origin" if origin else "peer",
-                                                  outcome=outcome).observe(time.monotonic() - started)
-            if counted and outcome == "failed":
-                self.counts.count(host, failed_fills=1)
-            response.release()
-            if growing is not None:
-                self._stop_growing(fill, growing)
-        self.counts.stored(stored, self.store.sizes())
-        return stored
-
-    async def _commit(self, write, validator: Validator, ckey: str, *, url: str, host: str, length: int, source: str,
-                      expect: str | None) -> Meta:
-        """Commit a whole chunk's temp file as `ckey`. `length`: the whole
-        object's, so a hand-off can place the chunk without the manifest.
-        A peer's copy (`expect`: the sender's block checksums) is committed
-        only if its bytes give them; FillAborted when they do not."""
-        now = self._clock()
-        pairs = tuple((n, v) for n, v in (("ETag", validator.etag), ("Last-Modified", validator.last_modified))
-                      if v is not None)
-        try:
-            return await write.commit(Meta(key=ckey, url=url, host=host, size=0, headers=pairs, stored_at=now,
-                                           expires_at=now + CHUNK_LIFETIME, length=length), expect=expect)
-        except CorruptCopy as e:
-            raise FillAborted(f"{source}: {e}") from e
-
-    @staticmethod
-    def _stop_growing(fill: ChunkFill, growing: Growing) -> None:
-        """A chunk file's growth ended (whole or not): its readers are woken, later ones no longer find it."""
-        growing.ended = True
-        growing.moved.set()
-        if fill.growing is growing:
-            fill.growing = None
-        close_reader(growing.temp)  # readers hold duplicates of their own
+            await landing.end()

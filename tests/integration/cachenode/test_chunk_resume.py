@@ -1,0 +1,108 @@
+"""A chunk copy that breaks off mid-chunk goes on from the byte it reached, and is still checked whole
+(chunks/landing.py): the copy of a stored chunk carries its sender's block checksums, and the chunk its fill
+commits, written by the sender and then by the origin, must give them. A mix that does not (an origin that
+changed its bytes under the same ETag) is refused, and the chunk is fetched once more, whole.
+
+In-process nodes on 127.0.0.1 sharing one ring (R = 2), the object of test_chunks.py: a 64 MiB object in
+4 MiB chunks. The chunk's first owner holds it and sends half of any answer, then drops the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from unittest import mock
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from cachenode.chunks.landing import unread
+from cachenode.chunks.reads import origin_url
+from cachenode.chunks.spec import manifest_validator
+from nezha.chunks import Layout, chunk_key, place
+from nezha.keys import target_of
+from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of, put, read, settled,
+                                                     sha)
+
+
+async def a_chunk_whose_first_owner_sends_half(origin, cluster, session):
+    """Four nodes, every chunk on both its owners; then one chunk (past the first) removed from its
+    second owner, whose first owner sends half of its answers for it and hangs up. The nodes, the
+    chunk's index, its first and second owner, and its block checksums there."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    await read(nodes["n0"], session)
+    await settled(nodes)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    ckey = chunk_key(KEY, index, CHUNK)
+    blocks = nodes[first].node.store.lookup(ckey).blocks
+    assert await nodes[behind].node.store.remove_one(nodes[behind].node.store.lookup(ckey))
+
+    async def half_then_hang_up(request, resp, f, offset, count):
+        if offset + count <= CHUNK // 2:
+            await resp.write(os.pread(f.fileno(), count, offset))
+            return
+        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
+        request.transport.close()
+        raise ConnectionResetError("killed mid-chunk")
+
+    nodes[first].node.chunk_owner.send_file = half_then_hang_up
+    return nodes, index, first, behind, blocks
+
+
+async def test_a_copy_broken_off_mid_chunk_goes_on_from_the_origin_and_gives_its_senders_checksums(
+        origin, cluster, session):
+    """A client reads the chunk through its second owner, whose fill copies it from the first owner (a whole
+    copy, with the sender's block checksums): cut at half, the fill asks the origin for the rest only, the
+    client's bytes are exact, and the chunk committed is the one the sender holds, block for block."""
+    nodes, index, first, behind, blocks = await a_chunk_whose_first_owner_sends_half(origin, cluster, session)
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    before = len(origin.request_headers)
+    status, _, digest, n = await read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"})
+    assert (status, n, digest) == (206, CHUNK, sha(BODY[a:b + 1]))
+    await settled(nodes)
+    ranges = [h.get("Range") for h in origin.request_headers[before:]]
+    assert ranges == [f"bytes={a + CHUNK // 2}-{b}"], f"the origin was asked for {ranges}"
+    stored = nodes[behind].node.store.lookup(chunk_key(KEY, index, CHUNK))
+    assert stored is not None and stored.blocks == blocks
+
+
+async def test_a_copy_finished_by_an_origin_whose_bytes_changed_under_the_same_etag_is_refused_and_fetched_whole(
+        origin, cluster, session):
+    """The origin's bytes change but its ETag does not (it breaks its validator's promise): the first
+    owner's half and the origin's rest do not give the sender's block checksums, so that file is refused
+    (never stored torn), and the chunk is fetched once more, whole, from the origin: what is stored is one
+    version's bytes, all of them."""
+    nodes, index, first, behind, _ = await a_chunk_whose_first_owner_sends_half(origin, cluster, session)
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    other = body_of(SIZE, b"other")
+    origin.files[PATH] = other  # the same ETag (origin.etags), other bytes
+    holder = next(nid for nid, nd in nodes.items() if KEY in nd.node.store)
+    target = target_of(KEY)
+    before = len(origin.request_headers)
+    with capture_logs() as logs:
+        stored = await nodes[behind].node.chunk_owner.fills.local(
+            key=KEY, url=origin_url(nodes[behind].node.settings, target), target=target,
+            layout=Layout(size=SIZE, chunk_size=CHUNK), index=index,
+            validator=manifest_validator(nodes[holder].node.store.lookup(KEY)))
+    assert [e["key"] for e in logs if e["event"] == "corrupt_copy"] == [chunk_key(KEY, index, CHUNK)]
+    ranges = [h.get("Range") for h in origin.request_headers[before:]]
+    assert ranges == [f"bytes={a + CHUNK // 2}-{b}", f"bytes={a}-{b}"], f"the origin was asked for {ranges}"
+    with open(nodes[behind].node.store.data_path(stored), "rb") as f:
+        assert sha(f.read()) == sha(other[a:b + 1])
+
+
+async def test_the_bytes_aiohttp_held_when_a_body_broke_off_are_taken_from_its_buffer():
+    """Once a body's reader holds an exception its reads raise it, and the bytes it had received are
+    dropped; `unread` takes them from its buffer, from where the last read stopped (aiohttp's private
+    fields: this fails if a new aiohttp moves them)."""
+    reader = aiohttp.StreamReader(mock.Mock(_reading_paused=False), 2**16, loop=asyncio.get_running_loop())
+    reader.feed_data(b"abc")
+    reader.feed_data(b"defg")
+    assert await reader.readexactly(2) == b"ab"
+    reader.set_exception(aiohttp.ClientPayloadError("cut"))
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await reader.read(10)
+    assert unread(reader) == b"cdefg"
