@@ -39,11 +39,14 @@ class Head:
     chunked: bool  # a chunked object's manifest (CHUNKED_HEADER): its bytes are read from its chunks' owners
     varies: bool  # Vary: one variant per copy; not shared
     authorize: bool  # an `authorize` origin's object: each read is the origin's to allow
-    waiting: int  # other reads here waiting on this answer
+    waiting: int  # this node's other readers waiting on this answer
     replica: bool  # this node owns the key behind the one that answered (its copy is a replica, not hot)
     hot_reads: int  # reads that make a key hot (`--hot-reads`)
     hot_room: int | None  # bytes hot copies may hold (None: unbounded)
     fits: bool  # the store can take `length` bytes
+    # Copy requests of nodes this one feeds waiting on this answer: each
+    # stands for a node's readers behind it, so it counts as a read too.
+    peers: int = 0
 
 
 def streams(head: Head) -> str | None:
@@ -51,7 +54,7 @@ def streams(head: Head) -> str | None:
     it streams in; else why not (the answer is relayed as before)."""
     # As many reads at once as make a key hot (a replica keeps its copy
     # anyway: the owner's fill pushes it there once stored, so two will do).
-    reads, needed = 1 + head.waiting, 2 if head.replica else max(2, head.hot_reads)
+    reads, needed = 1 + head.waiting + head.peers, 2 if head.replica else max(2, head.hot_reads)
     if reads < needed:
         return "read alone" if reads == 1 else f"{reads} reads at once, fewer than {needed}"
     if head.status != 200 or head.length is None or head.length <= 0:

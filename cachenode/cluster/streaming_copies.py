@@ -115,7 +115,12 @@ class HeadRead:
 
     key: str
     decided: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    waiting: int = 0
+    waiting: int = 0  # this node's other readers of the key waiting on it
+    # Copy requests of nodes this one feeds (`for_peer`) waiting on it: not
+    # readers here. One comes only once its node's own head has the owner's
+    # answer, before or after this head has it as the machine's load orders
+    # them, so it is kept apart from `waiting`.
+    peers: int = 0
     taken: bool = False  # its answer became this node's copy, and served it
 
 
@@ -144,7 +149,11 @@ class StreamingCopies:
         """The copy of `key` streaming in here, if any; else, while another
         read's answer is on the way, that answer's copy once it comes, or the
         manifest it was (None: it was relayed, not copied, or `wait` seconds
-        went by first)."""
+        went by first). For a reader of `key` here."""
+        return await self._join(key, wait=wait, peer=False)
+
+    async def _join(self, key: str, *, wait: float | None, peer: bool) -> Flight | ManifestAnswer | None:
+        """`joinable`, counted on the head as a reader here or as a peer's copy request (`peer`)."""
         flight = self._copies.get(key)
         if flight is not None:
             if self.flights.get(key) is flight:
@@ -153,14 +162,20 @@ class StreamingCopies:
         head = self._heads.get(key)
         if head is None:
             return None
-        head.waiting += 1
+        if peer:
+            head.peers += 1
+        else:
+            head.waiting += 1
         try:
             async with asyncio.timeout(wait):
                 return await asyncio.shield(head.decided)
         except TimeoutError:
             return None
         finally:
-            head.waiting -= 1
+            if peer:
+                head.peers -= 1
+            else:
+                head.waiting -= 1
 
     def head(self, key: str) -> HeadRead | None:
         """Make this read the head of `key` here; None when another read is."""
@@ -190,7 +205,7 @@ class StreamingCopies:
         facts = Head(status=answer.status, cache=answer.headers.get(CACHE_HEADER, ""), length=length,
                      chunked=CHUNKED_HEADER in answer.headers, varies="Vary" in answer.headers,
                      authorize=origin.credentials == "authorize" or answer.headers.get(AUTHORIZE_HEADER) == "1",
-                     waiting=head.waiting, replica=replica, hot_reads=self.settings.hot_reads,
+                     waiting=head.waiting, peers=head.peers, replica=replica, hot_reads=self.settings.hot_reads,
                      hot_room=self.settings.hot_capacity,
                      fits=length is not None and self.store.fits(length))
         why = streams(facts)
@@ -223,7 +238,7 @@ class StreamingCopies:
             head.taken = True
             self.settle(head, flight)
             log.info("streaming_copy_started", key=head.key, source=sender.id, bytes=length, waiting=facts.waiting,
-                     hot=not replica)
+                     peers=facts.peers, hot=not replica)
             return outcome.fill
         self.settle(head)
         if passed is answer:
@@ -287,7 +302,7 @@ class StreamingCopies:
         deadline = loop.time() + PARENT_WAIT * self.settings.peer_timeout
         if key not in self._heads and key not in self._copies and not await self._arrival(key):
             return None
-        found = await self.joinable(key, wait=max(0.0, deadline - loop.time()))
+        found = await self._join(key, wait=max(0.0, deadline - loop.time()), peer=True)
         return found if isinstance(found, Flight) else None
 
     async def _arrival(self, key: str) -> bool:

@@ -11,11 +11,21 @@ gets `IndexUnavailable` naming the step and the server.
 The connection also keeps the index's health for /readyz: each part
 reports its trouble and recovery under its own name ("flush", "watch", ...),
 and the index is "degraded" while any of them is failing.
+
+A trouble report also drops the client's idle pooled connections. Those
+made before Redis went away are dead once it returns, and redis-py 8.1
+hands them out unchecked under RESP3 (its pool skips the stale-socket test
+while maintenance notifications are "auto", redis/redis-py#4252); a peer
+gone without a FIN or with a RST passes that test anyway. Each would fail
+its first command after the outage, and the part that drew one (the
+watch's new subscription, a flush) would report a second outage that never
+was: `index_degraded` and `index_recovered` twice for one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -120,12 +130,24 @@ class Connection:
     def reason(self) -> str | None:
         return next(iter(self._problems.values()), None)
 
-    def trouble(self, where: str, error: BaseException) -> None:
+    async def trouble(self, where: str, error: BaseException) -> None:
+        """`where` failed: the index is degraded, and no connection pooled now is used again."""
         first = not self._problems or set(self._problems) == {"connect"}
         self._problems.pop("connect", None)
         self._problems[where] = f"{where} via {self.where}: {type(error).__name__}: {error}"
         if first:
             log.warning("index_degraded", reason=self._problems[where], buffered=self.backlog())
+        await self._drop_idle_connections()
+
+    async def _drop_idle_connections(self) -> None:
+        """Close the pool's idle connections (the module docstring says why); the
+        next command on each connects anew. Connections in use are left to their
+        users, whose commands fail on their own if Redis is gone."""
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is None:
+            return
+        with contextlib.suppress(*REDIS_ERRORS):
+            await pool.disconnect(inuse_connections=False)
 
     def ok(self, where: str) -> None:
         """`where` works again; the index is healthy once no part is failing."""

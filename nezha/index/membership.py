@@ -164,7 +164,7 @@ class MembershipWatch:
             await asyncio.wait_for(self.refresh(), timeout=timeout)
             self.conn.ok("refresh")
         except REDIS_ERRORS as e:
-            self.conn.trouble("refresh", e)
+            await self.conn.trouble("refresh", e)
 
     def _backoff(self, delay: float) -> float:
         return min(delay * 2, self._backoff_max)
@@ -188,7 +188,7 @@ class MembershipWatch:
             except REDIS_ERRORS as e:
                 if conn.closing:
                     return
-                conn.trouble("watch", e)
+                await conn.trouble("watch", e)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
@@ -202,7 +202,7 @@ class MembershipWatch:
                 await self.refresh()
                 self.conn.ok("refresh")
             except REDIS_ERRORS as e:
-                self.conn.trouble("refresh", e)
+                await self.conn.trouble("refresh", e)
 
 
 class MembershipWriter:

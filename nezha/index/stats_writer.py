@@ -156,7 +156,7 @@ class StatsWriter:
                 removed = await self._send(counters, ops, accesses)
             except REDIS_ERRORS as e:
                 self._restore(counters, ops, accesses)
-                self.conn.trouble("flush", e)
+                await self.conn.trouble("flush", e)
                 return False
             except asyncio.CancelledError:
                 self._restore(counters, ops, accesses)  # close() sends them in its last flush

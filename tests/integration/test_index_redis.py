@@ -101,6 +101,30 @@ async def test_with_redis_killed_counting_goes_on_and_buffered_stats_arrive_afte
     await observer.aclose()
 
 
+async def test_after_redis_returns_no_command_runs_on_a_connection_pooled_before_it_went_away(
+        redis_server, indexes):
+    """Four reads at once leave four connections in the pool; Redis is killed and a flush fails on one.
+    Once Redis is back, four reads at once must all succeed: the other three pooled connections are dead,
+    and had one been drawn (by the watch's new subscription, or a flush) its part would report a second
+    outage right after the recovery, `index_degraded` and `index_recovered` twice for one."""
+    node = indexes(redis_server.url, "nezha-cache-0")
+    epoch = await node.set_membership({"nezha-cache-0": "127.0.0.1:8080"})
+    await asyncio.gather(*(node.get_membership() for _ in range(4)))
+    assert len(node.conn.client.connection_pool._available_connections) == 4, "four connections pooled"
+
+    with capture_logs() as logs:
+        redis_server.stop(kill=True)
+        node.count(HOST, hits=1)
+        assert not await node.flush()
+        redis_server.start()  # same port, empty
+        read = await asyncio.gather(*(node.get_membership() for _ in range(4)), return_exceptions=True)
+        assert await node.flush()
+
+    assert read == [None] * 4, "every read after the outage answered (the new Redis holds no ring)"
+    assert [e["event"] for e in logs] == ["index_degraded", "index_recovered"]
+    assert node.membership.epoch == epoch
+
+
 async def test_password_in_the_url_opens_a_protected_redis(tmp_path, indexes):
     server = RedisServer(require_tool("redis-server"), tmp_path, password="s3cr3t-pw")
     server.start()

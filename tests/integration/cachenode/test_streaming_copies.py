@@ -166,3 +166,53 @@ async def test_a_feeder_asked_before_its_own_reads_came_feeds_the_copy_they_make
     assert not [e for e in logs if e["event"] == "streaming_parent_missed"]
     assert sum((await requests_answered(nodes[owner], session)).values()) == 2, "one answer per head read"
     assert origin.requests[PATH] == 1
+
+
+async def test_a_copy_request_that_waits_on_a_feeders_head_is_not_counted_among_the_feeders_readers(
+        origin, cluster, session, monkeypatch):
+    """Three nodes, R = 2, three reads at once through the second owner and three through the third node,
+    whose copy streams from the second owner's. The third node's head can have the first owner's answer
+    before the second owner's head has it (a loaded machine orders them either way), and then asks the
+    second owner for its copy while that head still waits. Held in that order here: the second owner's
+    answer is taken only once the third node's request waits on its head. That request is a node asking
+    for a copy, not a reader of the second owner: its `streaming_copy_started` counts two readers waiting,
+    as in the other order, and the request apart."""
+    origin.put(PATH, BODY, rate=MiB, headers={"Cache-Control": "max-age=3600", "ETag": '"v1"'})
+    nodes, _ = await cluster(3, replicas=2, hot_reads=3)
+    first, second, third = (p.id for p in nodes["n0"].node.cluster.owners(KEY, 3))
+    copies = {n: nodes[n].node.handler.relayed.streaming for n in (second, third)}
+
+    def readers_waiting(n: str) -> int:
+        head = copies[n]._heads.get(KEY)
+        return 0 if head is None else head.waiting
+
+    answer = origin._answer
+
+    async def once_every_reader_waits(request):
+        # Every read here before the owner answers: each node's head and its two others.
+        await until(lambda: readers_waiting(second) == readers_waiting(third) == 2)
+        return await answer(request)
+
+    asked = asyncio.Event()
+    for_peer, take = copies[second].for_peer, copies[second].take
+
+    async def asked_for_its_copy(key: str):
+        asked.set()
+        return await for_peer(key)  # waits on the head at once, before this task yields
+
+    async def taken_once_asked(*args, **kwargs):
+        await asked.wait()
+        return await take(*args, **kwargs)
+
+    monkeypatch.setattr(origin, "_answer", once_every_reader_waits)
+    monkeypatch.setattr(copies[second], "for_peer", asked_for_its_copy)
+    monkeypatch.setattr(copies[second], "take", taken_once_asked)
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(nodes[n].get(session, PATH) for n in (second, third) for _ in range(3)))
+        for node in nodes.values():
+            await node.node.settled()
+    assert [(status, headers["X-Nezha-Cache"], body == BODY) for status, headers, body in results] == \
+        [(200, "hot-miss", True)] * 6
+    started = sorted((e["source"], e["waiting"], e["peers"]) for e in logs if e["event"] == "streaming_copy_started")
+    assert started == sorted([(first, 2, 1), (second, 2, 0)]), "the second owner's copy, then the third's from it"
+    assert origin.requests[PATH] == 1

@@ -93,6 +93,8 @@ async def test_each_nodes_readers_share_one_stream_that_begins_while_the_owner_f
     filled = from_origin()
     assert len(filled) == 1
     for node, source, hot in ((second, "node-0", False), (other, "node-1", True)):  # a chain of copies
+        # `waiting`: the node's two other readers. The third node's copy request to the second owner is
+        # logged apart (`peers`): it comes before or after that owner's answer as the load orders them.
         started = events(cluster, node, "streaming_copy_started")
         assert [(e["source"], e["hot"], e["waiting"]) for e in started] == [(source, hot, 2)], started
         assert at(started[0]) < at(filled[0]), "the copy began before the owner's fill ended"

@@ -42,6 +42,8 @@ FILLING = Head(status=200, cache="miss", length=8 * MiB, chunked=False, varies=F
     ({"waiting": 0, "replica": True}, "read alone"),
     ({"waiting": 0, "hot_reads": 1}, "read alone"),  # a key read once is not copied
     ({"waiting": 0}, "read alone"),
+    ({"waiting": 1, "peers": 1}, None),  # a copy request of a node this one feeds counts as a read
+    ({"waiting": 0, "peers": 1}, "2 reads at once, fewer than 3"),
     ({"cache": "hit"}, "owner answered hit"),
     ({"cache": ""}, "owner answered without X-Nezha-Cache"),
     ({"status": 206}, "answer 206 of length 8388608"),
