@@ -1,7 +1,7 @@
 """Stampede benchmark (issue 38): K = 4·N clients read one cold object at the same moment through N cache nodes,
 each node behind a network link of its own, as a curve in N against the ideal.
 
-    sudo python bench/stampede.py [--quick] [--size MIB] [--rate MBPS] [--origin-rate MBPS]
+    sudo python bench/stampede.py [--quick] [--size MIB] [--rate MBPS] [--origin-rate MBPS] [--trace]
 
 Needs root (network namespaces, tc), iproute2, redis-server, and matplotlib for the plot (pip install
 matplotlib). Each run is testkit/stampede.py's scene: every cache node, the origin, Redis and each client group
@@ -135,6 +135,52 @@ def _first_link(o: Outcome) -> str:
     return f"  {o.owner} sent {sent / o.scene.size:.2f} S" if sent else ""
 
 
+def trace(o: Outcome, *, step: float = 0.5) -> str:
+    """Where a run's time went (`--trace`): what each node's link (and the origin's) sent in each `step`
+    seconds, in MB/s, from the release on; each client group's first and last byte; and, from the nodes' logs
+    at info, which node sent each chunk to which (a chunk's fill or pass names its source: one line per
+    sender, its total beside it; N − 1 sends per chunk in all, (N − 1)/N of them per node when they even out)."""
+    hosts = sorted((h for h in (o.link_series[0][1] if o.link_series else {}) if h.startswith("node")),
+                   key=lambda h: int(h[4:])) + ["origin"]
+    out = ["    t    " + " ".join(f"{h:>7s}" for h in hosts) + "   (MB/s sent)"]
+    series, at = o.link_series, 0
+    while at + 1 < len(series):
+        end = next((j for j in range(at + 1, len(series)) if series[j][0] - series[at][0] >= step), None)
+        if end is None:
+            break
+        (t0, c0), (t1, c1) = series[at], series[end]
+        out.append(f"  {t0:5.1f}  " + " ".join(f"{(c1[h][0] - c0[h][0]) / (t1 - t0) / 1e6:7.1f}" for h in hosts))
+        at = end
+    groups: dict[int, list[dict]] = {}
+    for c in o.clients:
+        groups.setdefault(c["group"], []).append(c)
+    out.append("  clients, first and last byte by group: " + "  ".join(
+        f"{g}: {min(c['first'] or 0 for c in cs):.2f}-{max(c['first'] or 0 for c in cs):.2f} / "
+        f"{min(c['last'] for c in cs):.2f}-{max(c['last'] for c in cs):.2f}" for g, cs in sorted(groups.items())))
+    sends = chunk_sends(o.work) if o.work is not None else {}
+    for source, chunks in sorted(sends.items()):
+        out.append(f"  {source:7s} sent {sum(len(v) for v in chunks.values()):2d} chunks: " + "  ".join(
+            f"{i}->{','.join(to)}" for i, to in sorted(chunks.items())))
+    return "\n".join(out)
+
+
+def chunk_sends(work: Path) -> dict[str, dict[int, list[str]]]:
+    """From the nodes' logs (at info): source node (or "origin") -> chunk index -> the nodes it sent it to."""
+    import json
+
+    sends: dict[str, dict[int, list[str]]] = {}
+    for f in sorted(work.glob("node*.log")):
+        for raw in f.read_text(errors="replace").splitlines():
+            try:
+                e = json.loads(raw)
+            except ValueError:
+                continue
+            if e.get("event") in ("chunk_filled", "chunk_passed") and "#chunk/" in e.get("key", ""):
+                index = int(e["key"].rsplit("/", 1)[1])
+                sends.setdefault(e["source"], {}).setdefault(index, []).append(f.stem)
+    return sends
+
+
 def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
     try:
         import matplotlib
@@ -198,6 +244,8 @@ def main(args: argparse.Namespace) -> None:
                 _keep(o, args.keep_logs, f"{config}-{n}")
                 results[config][n] = o
                 print(line(config, o) + f"  ({time.monotonic() - started:.0f} s)", flush=True)
+                if args.trace:
+                    print(trace(o), flush=True)
                 if o.exact != len(o.clients):
                     raise BenchError(f"{config} N={n}: {len(o.clients) - o.exact} clients got wrong bytes")
         middle = ns[len(ns) // 2]
@@ -269,6 +317,9 @@ if __name__ == "__main__":
                         "(default: all; the killed ones at the middle N)")
     parser.add_argument("--log-level", default="warning", help="the nodes' log level (default warning)")
     parser.add_argument("--keep-logs", type=Path, help="copy each run's node logs under this folder")
+    parser.add_argument("--trace", action="store_true", help="after each run, where its time went: each link's rate "
+                        "per 0.5 s, each client group's first and last byte, and (with --log-level info) which "
+                        "node sent each chunk to which")
     try:
         main(parser.parse_args())
     except BenchError as e:

@@ -117,6 +117,8 @@ class Outcome:
     origin_log: list[dict] = field(default_factory=list)
     link_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # host: (sent, received) during the run
     link_peak: dict[str, float] = field(default_factory=dict)  # host: fastest 1 s of sending or receiving, bytes/s
+    # The links' byte counters as sampled (about every 0.1 s): (seconds from the release, {host: (sent, received)}).
+    link_series: list[tuple[float, dict[str, tuple[int, int]]]] = field(default_factory=list)
     node_cpu: dict[str, float] = field(default_factory=dict)  # node: CPU seconds it used from the release to the last byte
     owner: str | None = None
     killed: str | None = None
@@ -178,6 +180,7 @@ def run(scene: Scene, work: Path) -> Outcome:
                       work=work, node_cpu=found.get("node_cpu", {}))
     started, ended = found["window"]
     outcome.link_bytes, outcome.link_peak = _links(samples, started, ended)
+    outcome.link_series = [(t - started, c) for t, c in samples if started - 0.2 <= t <= ended + 0.2]
     return outcome
 
 

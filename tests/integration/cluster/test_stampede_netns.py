@@ -34,3 +34,7 @@ def test_six_clients_at_once_through_three_nodes_get_exact_bytes_and_the_origin_
     assert outcome.origin_bytes <= 1.02 * size, (outcome.origin_bytes, outcome.origin_requests)
     # The links carried it: the key's owner sent the object to others, not just loopback inside one host.
     assert outcome.link_bytes[outcome.owner][0] >= 2 * size
+    # The samples behind those counts are kept, from the release on, for a trace of where the time went.
+    (first_at, first), (last_at, last) = outcome.link_series[0], outcome.link_series[-1]
+    assert first_at < last_at
+    assert last[outcome.owner][0] - first[outcome.owner][0] == outcome.link_bytes[outcome.owner][0]
