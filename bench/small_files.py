@@ -24,15 +24,20 @@ script wraps around (the origin caches nothing, so nothing changes).
 Printed as the last line:
 
     ratios: small_fill=<cache/nginx cold fills/s> small_fill_direct=<cache/direct>
-            bytes_per_object=<node RSS growth / objects stored> restart_ms=<SIGTERM'd node
-            started again: spawn to first hit> redis_bytes_per_object=<Redis bytes per
-            object per copy, three nodes, two copies each>
+            bytes_per_object=<node RSS growth / objects stored> restart_ms=<a fresh
+            node process on a store of that many objects: spawn to first hit>
+            redis_bytes_per_object=<Redis bytes per object per copy, three nodes,
+            two copies each>
 
 bytes_per_object and restart_ms are measured at a million small objects
 (`--index-objects`; 100,000 with --quick), on a store built with the
 store's own writer, as bench/small_index.py measures them (its
 `measure`): a cold run stores far too few objects for a node's RSS per
-object to be more than its buffers' noise. redis_bytes_per_object: a three-node cluster (`nezha up`'s
+object to be more than its buffers' noise. restart_ms is not a node
+stopped and started again: no node ran on that store before; a new node
+process is spawned on its folder and asked stored objects until one is a
+hit, which is what a restart's start-up does with a store it finds (the
+same scan of the folder in the background, `/readyz` saying how far). redis_bytes_per_object: a three-node cluster (`nezha up`'s
 LocalCluster) on a real redis-server, M objects filled through one node
 with two owners per key; the sum of `MEMORY USAGE key SAMPLES 0` over every
 key in Redis, less the same sum before the fills, divided by objects x 2.

@@ -1,18 +1,22 @@
 """A node holding 100,000 objects serves at once after a restart: its index
 loads in the background (cachenode/store/loading.py), a request for an
 object not loaded yet finds it by its hashed path, and once loaded every
-object is still there, exact."""
+object is still there, exact; `/readyz`, the metric and `nezha stats` say
+how far the load got."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
 import pytest
+import redis.asyncio as aioredis
 
 from cachenode.store.disk import Store
 from cachenode.store.layout import place
 from cachenode.store.objects import Meta
+from nezha.cli import main
 
 HOST = "www.cs.toronto.edu"
 COUNT = 100_000
@@ -95,3 +99,50 @@ async def test_an_object_removed_while_the_index_loads_does_not_come_back(large_
     assert [m.key for m in gone] == [keys[1]]
     await store.loaded()
     assert keys[1] not in store and keys[0] in store
+
+
+async def test_nezha_stats_shows_how_far_a_nodes_store_has_loaded(large_store, make_node, session, redis_server,
+                                                                   capsys):
+    """`nezha stats` LOADED: a node's start-up scan as its stats hash reports it, under 100% while the
+    index loads in the background and 100.0% once it is done (docs/redis-schema.md, `store_loaded`)."""
+    r = aioredis.from_url(redis_server.url, decode_responses=True)
+
+    async def reported() -> float | None:
+        raw = await r.hget("nezha:stats:node:nezha-cache-0", "store_loaded")
+        return None if raw is None else float(raw)
+
+    async def loaded_column() -> str:
+        code = await asyncio.to_thread(main, ["stats", "--redis-url", redis_server.url])
+        out, _ = capsys.readouterr()
+        lines = out.splitlines()
+        # The node runs in this process: its log lines share the captured stdout. The table starts at its header.
+        lines = lines[next(i for i, line in enumerate(lines) if line.startswith("SCOPE ")):]
+        assert code == 0 and lines[0].split()[-1] == "LOADED", out
+        rows = {tuple(line.split()[:2]): line.split()[-1] for line in lines[1:] if line.startswith(("cluster", "node"))}
+        assert rows[("cluster", "-")] == "-", out  # a node's own figure, not summed over the cluster
+        return rows[("node", "nezha-cache-0")]
+
+    try:
+        node = await make_node(data_dir=large_store, redis_url=redis_server.url, node_id="nezha-cache-0")
+        for _ in range(500):  # the node's first flush, about a second after it starts
+            if await reported() is not None:
+                break
+            await asyncio.sleep(0.01)
+        before = await reported()
+        shown = await loaded_column()
+        after = await reported()
+        assert before is not None and after is not None
+        assert before < 1.0, "the index was loaded before the node first reported: nothing shows it loading"
+        assert shown.endswith("%"), shown
+        # What the node reported between the two reads, as a percentage: not 0-1, not 100%, not "-".
+        assert 100 * before - 0.05 <= float(shown[:-1]) <= 100 * after + 0.05, (before, shown, after)
+        assert float(shown[:-1]) < 100.0
+
+        await node.node.store.loaded()
+        for _ in range(500):
+            if await reported() == 1.0:
+                break
+            await asyncio.sleep(0.01)
+        assert await loaded_column() == "100.0%"
+    finally:
+        await r.aclose()

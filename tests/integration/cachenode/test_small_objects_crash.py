@@ -1,7 +1,8 @@
 """A node process killed (-9) in the middle of thousands of small fills, then
 started again on its folder: every object is served exact, from disk if it
 was stored whole, fetched again if not; nothing torn or wrong is served
-(docs/cache-node.md, "Crash safety")."""
+(docs/cache-node.md, "Nothing partial is ever servable", its "Small
+objects")."""
 
 from __future__ import annotations
 
