@@ -135,8 +135,9 @@ def _measured(o: Outcome) -> str:
     tx = ",".join(f"{o.link_bytes[h][0] / o.scene.size:.2f}" if h in o.link_bytes else "?" for h in nodes)
     rx = ",".join(f"{o.link_bytes[h][1] / o.scene.size:.2f}" if h in o.link_bytes else "?" for h in nodes)
     worst = max(o.link_above, key=lambda h: o.link_above[h]) if o.link_above else None
-    above = (f"above_cap_s {o.link_above[worst]:.1f} ({worst}; >{links.ABOVE_FACTOR:g}x cap over "
-             f"{links.ABOVE_WINDOW:g} s windows)" if worst else "above_cap_s ?")
+    rule = f">{links.ABOVE_FACTOR:g}x cap over {links.ABOVE_WINDOW:g} s windows"
+    above = ("above_cap_s ?" if worst is None else f"above_cap_s 0.0 (no link; {rule})" if not o.link_above[worst]
+             else f"above_cap_s {o.link_above[worst]:.1f} ({worst}; {rule})")
     return (f"  groups {o.scene.groups}  first_byte p50 {o.percentile(50, 'first'):.2f} p95 "
             f"{o.percentile(95, 'first'):.2f}  links_S tx=[{tx}] rx=[{rx}]  {above}")
 
