@@ -20,7 +20,10 @@ benchmark made is deleted on exit, Ctrl-C and failure. Configurations side by si
 For each it prints per N: p50 p95 p99 max of the clients' time to last byte, the ideal (the larger of S / O,
 one origin fetch, and K·S / (N·B), every node link busy), origin bytes, the first byte's path (the
 X-Nezha-Cache labels clients saw), docs/capacity.md's model for the configuration (`model`, see `model()`)
-and the busiest link's fastest second against its cap. Its last line:
+and the busiest link's fastest second against its cap; then the clients per node (`groups`, from --spread), the
+first byte's time (p50, p95), the bytes each node's link sent and received in S (`links_S tx=[node0,..]
+rx=[node0,..]`) and the most seconds any capped link ran above 1.05 x its cap (0.5 s windows;
+testkit/links.py). Its last line:
 
     ratios: stampede_p95_vs_ideal=<worst N, shipped> stampede_flatness=<p95 at largest N / p95 at N=2,
             shipped> stampede_origin=<origin bytes / S, shipped> stampede_killed_origin=<killed run>
@@ -50,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import REPO, BenchError, source_version  # noqa: E402
 from cachenode.chunks.feeders import fanout_for as chunk_fanout_for  # noqa: E402
 from cachenode.cluster.streaming import fanout_for  # noqa: E402
+from testkit import links  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
 from testkit.stampede import Outcome, Scene, run  # noqa: E402
 
@@ -60,12 +64,12 @@ PLOT = REPO / "docs" / "img" / "stampede.png"
 
 
 def scene(config: str, n: int, *, size: int, rate: int, origin_rate: int, kill_at: float | None = None,
-          log_level: str = "warning") -> Scene:
+          log_level: str = "warning", spread: str = "even", seed: int = 0) -> Scene:
     chunked = config in ("shipped-chunks", "killed-chunks")
     return Scene(config="shipped" if config.startswith(("shipped", "killed")) else config, nodes=n, clients=4 * n,
                  size=size, node_rate=rate, origin_rate=origin_rate, kill_at=kill_at,
                  chunk_threshold=size if chunked else None, chunk_size=max(MiB, size // 8) if chunked else None,
-                 log_level=log_level)
+                 log_level=log_level, spread=spread, seed=seed)
 
 
 def model(config: str, sc: Scene) -> float:
@@ -119,7 +123,23 @@ def line(config: str, o: Outcome) -> str:
             f"{_share(o.scene)}origin_bytes {o.origin_bytes} "
             f"({o.origin_bytes / o.scene.size:.3f} S, {len(o.origin_requests)} requests)  exact {o.exact}/"
             f"{len(o.clients)}  first byte: {dict(labels)}  {link}{_first_link(o)}  node CPU {sum(o.node_cpu.values()):.1f} s, "
-            f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s")
+            f"clients' {sum({c['group']: c.get('group_cpu', 0.0) for c in o.clients}.values()):.1f} s"
+            f"{_measured(o)}")
+
+
+def _measured(o: Outcome) -> str:
+    """The columns after the first ones: clients per node (the spread), the first byte's time (p50, p95), what
+    each node's link sent and received in S (node0, node1, ...), and the seconds each capped link ran above
+    links.ABOVE_FACTOR × its cap (the most of any link, and which)."""
+    nodes = [f"node{i}" for i in range(o.scene.nodes)]
+    tx = ",".join(f"{o.link_bytes[h][0] / o.scene.size:.2f}" if h in o.link_bytes else "?" for h in nodes)
+    rx = ",".join(f"{o.link_bytes[h][1] / o.scene.size:.2f}" if h in o.link_bytes else "?" for h in nodes)
+    worst = max(o.link_above, key=lambda h: o.link_above[h]) if o.link_above else None
+    rule = f">{links.ABOVE_FACTOR:g}x cap over {links.ABOVE_WINDOW:g} s windows"
+    above = ("above_cap_s ?" if worst is None else f"above_cap_s 0.0 (no link; {rule})" if not o.link_above[worst]
+             else f"above_cap_s {o.link_above[worst]:.1f} ({worst}; {rule})")
+    return (f"  groups {o.scene.groups}  first_byte p50 {o.percentile(50, 'first'):.2f} p95 "
+            f"{o.percentile(95, 'first'):.2f}  links_S tx=[{tx}] rx=[{rx}]  {above}")
 
 
 def _share(sc: Scene) -> str:
@@ -231,7 +251,8 @@ def main(args: argparse.Namespace) -> None:
     size, rate, origin_rate = args.size * MiB, int(args.rate * 1e6), int(args.origin_rate * 1e6)
     work = Path(tempfile.mkdtemp(prefix="nezha-bench-stampede-"))
     print(f"stampede: S = {args.size} MiB, B = {rate / 1e6:g} MB/s per node link each way, O = "
-          f"{origin_rate / 1e6:g} MB/s, tbf burst 64 KiB latency 50 ms; {source_version()}", flush=True)
+          f"{origin_rate / 1e6:g} MB/s, tbf burst 64 KiB latency 50 ms; clients spread {args.spread}"
+          f"{f' (seed {args.seed})' if args.spread == 'random' else ''}; {source_version()}", flush=True)
     chosen = args.configs or list(CONFIGS + KILLED)
     results: dict[str, dict[int, Outcome]] = {c: {} for c in CONFIGS if c in chosen}
     killed: dict[str, Outcome] = {}
@@ -239,8 +260,8 @@ def main(args: argparse.Namespace) -> None:
         for n in ns:
             for config in results:
                 started = time.monotonic()
-                o = run(scene(config, n, size=size, rate=rate, origin_rate=origin_rate, log_level=args.log_level),
-                        work / f"{config}-{n}")
+                o = run(scene(config, n, size=size, rate=rate, origin_rate=origin_rate, log_level=args.log_level,
+                              spread=args.spread, seed=args.seed), work / f"{config}-{n}")
                 _keep(o, args.keep_logs, f"{config}-{n}")
                 results[config][n] = o
                 print(line(config, o) + f"  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -251,7 +272,8 @@ def main(args: argparse.Namespace) -> None:
         middle = ns[len(ns) // 2]
         for config in (c for c in KILLED if c in chosen):
             killed[config] = k = run(scene(config, middle, size=size, rate=rate, origin_rate=origin_rate, kill_at=0.5,
-                                           log_level=args.log_level), work / config)
+                                           log_level=args.log_level, spread=args.spread, seed=args.seed),
+                                     work / config)
             _keep(k, args.keep_logs, config)
             print(line(config, k) + f"  (killed {k.killed} mid-fill; {k.cut} clients reading through it were cut, "
                   f"{k.exact} exact; origin requests (by, range, bytes sent): "
@@ -316,6 +338,12 @@ if __name__ == "__main__":
     parser.add_argument("--configs", nargs="+", choices=CONFIGS + KILLED, help="run only these configurations "
                         "(default: all; the killed ones at the middle N)")
     parser.add_argument("--log-level", default="warning", help="the nodes' log level (default warning)")
+    parser.add_argument("--spread", choices=("even", "random"), default="even", help="how clients pick a node: "
+                        "even (round-robin, K/N each: what the ideal assumes; default) or random (each client's "
+                        "connection to a node picked at random, as kube-proxy's iptables mode picks a Service's "
+                        "endpoint)")
+    parser.add_argument("--seed", type=int, default=0, help="--spread random: the choices' seed (default 0; "
+                        "printed, so a run can be repeated)")
     parser.add_argument("--keep-logs", type=Path, help="copy each run's node logs under this folder")
     parser.add_argument("--trace", action="store_true", help="after each run, where its time went: each link's rate "
                         "per 0.5 s, each client group's first and last byte, and (with --log-level info) which "

@@ -14,8 +14,9 @@ cache` processes in their namespaces, writes their ring, starts the client
 groups (`read`, one process per group, in the group's namespace) and lets
 them all go at one moment. Each client reads the whole object and reports
 when its first and last byte came and the SHA-256 of what it got. While the
-scene runs, the caller samples each link's byte counters to find the
-fastest second it carried. Everything is deleted afterwards (testkit.netns).
+scene runs, the caller samples each link's byte counters (testkit.links)
+for what it carried, its fastest second and its time above its cap.
+Everything is deleted afterwards (testkit.netns).
 
 Configurations: `direct` (the clients read from the origin; no cache),
 `plain` (Nezha with hot copies and chunks off) and `shipped` (Nezha's
@@ -24,8 +25,9 @@ SIGKILLs the key's first owner once the origin has sent that share of the
 object (a leader dying mid-fill); clients reading through it are cut, and
 only the others count as exact.
 
-Client group i reads through node i (the Service spreading K = clients
-pods over the nodes round-robin); its link is not shaped (a group stands
+Client group i reads through node i (`Scene.groups`: K = clients pods
+spread over the nodes round-robin, or at random as a Service's kube-proxy
+picks an endpoint per connection); its link is not shaped (a group stands
 for pods on many machines), so node links are the bottleneck the ideal
 assumes: max(S / O, K·S / (N·B)).
 """
@@ -38,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import re
 import secrets
 import signal
@@ -45,11 +48,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testkit import links
+from testkit.links import Sampler
 from testkit.netns import Host, Network
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +62,7 @@ PATH = "/cold.bin"
 ETAG = '"stampede-1"'
 NODE_PORT = 8080
 CONFIGS = ("direct", "plain", "shipped")
+SPREADS = ("even", "random")
 
 
 @dataclass(frozen=True)
@@ -76,17 +81,34 @@ class Scene:
     chunk_size: int | None = None
     timeout: float = 300.0
     log_level: str = "warning"  # the nodes' (their logs stay in the run's folder: `Outcome.work`)
+    spread: str = "even"  # how clients pick a node: one of SPREADS (`groups`)
+    seed: int = 0  # `random` spread: the choices', so a run can be repeated
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
             raise ValueError(f"config {self.config!r}: one of {', '.join(CONFIGS)}")
         if self.nodes < 1 or self.clients < 1 or self.size < 1:
             raise ValueError("nodes, clients and size must be positive")
+        if self.spread not in SPREADS:
+            raise ValueError(f"spread {self.spread!r}: one of {', '.join(SPREADS)}")
 
     @property
     def ideal(self) -> float:
         """Seconds: one origin fetch at O, or every node link busy sending K·S / N at B, whichever is longer."""
         return max(self.size / self.origin_rate, self.clients * self.size / (self.nodes * self.node_rate))
+
+    @property
+    def groups(self) -> list[int]:
+        """Clients per node. `even`: round-robin, K/N each (what the ideal assumes). `random`: each client's
+        one connection to a node picked at random, as a ClusterIP Service under kube-proxy (iptables mode)
+        picks an endpoint per connection; seeded by `seed`, so the same seed is the same split."""
+        if self.spread == "even":
+            return [self.clients // self.nodes + (1 if i < self.clients % self.nodes else 0)
+                    for i in range(self.nodes)]
+        pick, counts = random.Random(self.seed), [0] * self.nodes
+        for _ in range(self.clients):
+            counts[pick.randrange(self.nodes)] += 1
+        return counts
 
     def hosts(self) -> list[Host]:
         return ([Host("origin", self.origin_rate), Host("redis")]
@@ -119,16 +141,19 @@ class Outcome:
     link_peak: dict[str, float] = field(default_factory=dict)  # host: fastest 1 s of sending or receiving, bytes/s
     # The links' byte counters as sampled (about every 0.1 s): (seconds from the release, {host: (sent, received)}).
     link_series: list[tuple[float, dict[str, tuple[int, int]]]] = field(default_factory=list)
+    # host: seconds its link ran above links.ABOVE_FACTOR × its cap (in windows of links.ABOVE_WINDOW s)
+    link_above: dict[str, float] = field(default_factory=dict)
     node_cpu: dict[str, float] = field(default_factory=dict)  # node: CPU seconds it used from the release to the last byte
     owner: str | None = None
     killed: str | None = None
     work: Path | None = None  # the run's folder: the nodes' logs (<node>.log), their stores
 
-    def times(self) -> list[float]:
-        return sorted(c["last"] for c in self.clients if c.get("exact"))
+    def times(self, which: str = "last") -> list[float]:
+        """The exact clients' times to their last byte (or `which="first"`: to their first), sorted."""
+        return sorted(c[which] for c in self.clients if c.get("exact") and c[which] is not None)
 
-    def percentile(self, p: float) -> float:
-        t = self.times()
+    def percentile(self, p: float, which: str = "last") -> float:
+        t = self.times(which)
         if not t:
             return float("nan")
         return t[min(len(t) - 1, max(0, round(p / 100 * len(t) + 0.5) - 1))]
@@ -152,24 +177,10 @@ def run(scene: Scene, work: Path) -> Outcome:
                 "addresses": {h.name: net.address(h.name) for h in scene.hosts()},
                 "exec": {h.name: net.argv(h.name) for h in scene.hosts()}}
         (work / "spec.json").write_text(json.dumps(spec))
-        samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(Exception):
-                    samples.append((time.monotonic(), net.counters()))
-                stop.wait(0.1)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
+        with Sampler(net.counters) as sampler:
             done = subprocess.run(net.argv("origin", sys.executable, "-m", "testkit.stampede", "drive",
                                            str(work / "spec.json")),
                                   cwd=REPO, env=_env(), capture_output=True, text=True, timeout=scene.timeout + 120)
-        finally:
-            stop.set()
-            sampler.join()
     if done.returncode != 0:
         raise RuntimeError(f"stampede {scene.config} N={scene.nodes}: the scene failed ({done.returncode}): "
                            f"{done.stderr.strip()[-2000:]}")
@@ -178,28 +189,11 @@ def run(scene: Scene, work: Path) -> Outcome:
                       origin_requests=found["origin_requests"], exact=found["exact"], cut=found["cut"],
                       owner=found.get("owner"), killed=found.get("killed"), origin_log=found.get("origin_log", []),
                       work=work, node_cpu=found.get("node_cpu", {}))
-    started, ended = found["window"]
-    outcome.link_bytes, outcome.link_peak = _links(samples, started, ended)
-    outcome.link_series = [(t - started, c) for t, c in samples if started - 0.2 <= t <= ended + 0.2]
+    inside = links.within(sampler.samples, *found["window"])
+    outcome.link_bytes, outcome.link_peak = links.carried(inside), links.peak(inside)
+    outcome.link_above = links.above(inside, {h.name: h.rate for h in scene.hosts() if h.rate})
+    outcome.link_series = [(sample.middle - found["window"][0], sample.counters) for sample in inside]
     return outcome
-
-
-def _links(samples, started: float, ended: float) -> tuple[dict, dict]:
-    """Bytes each link carried between `started` and `ended` (monotonic), and its fastest second either way."""
-    inside = [(t, c) for t, c in samples if started - 0.2 <= t <= ended + 0.2]
-    if len(inside) < 2:
-        return {}, {}
-    first, last = inside[0][1], inside[-1][1]
-    carried = {h: (last[h][0] - first[h][0], last[h][1] - first[h][1]) for h in first}
-    peak: dict[str, float] = {}
-    for i, (t0, c0) in enumerate(inside):
-        for t1, c1 in inside[i + 1:]:
-            if t1 - t0 >= 1.0:
-                for h in c0:
-                    rate = max(c1[h][0] - c0[h][0], c1[h][1] - c0[h][1]) / (t1 - t0)
-                    peak[h] = max(peak.get(h, 0.0), rate)
-                break
-    return carried, peak
 
 
 def _env() -> dict[str, str]:
@@ -308,7 +302,7 @@ def _start_readers(scene: Scene, urls: list[str], exec_in: dict, *,
     """One reader process per client group, reading through its node's URL;
     added to `procs` (so the caller stops them whatever follows)."""
     readers = []
-    for i, count in enumerate(_groups(scene.clients, scene.nodes)):
+    for i, count in enumerate(scene.groups):
         if count:
             readers.append(subprocess.Popen(
                 exec_in[f"clients{i}"] + [sys.executable, "-m", "testkit.stampede", "read", urls[i], str(count),
@@ -382,11 +376,6 @@ def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used (`ip netns exec` execs into the node: the same pid)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _groups(clients: int, nodes: int) -> list[int]:
-    """Clients per node, round-robin: the Service spreads pods' connections evenly."""
-    return [clients // nodes + (1 if i < clients % nodes else 0) for i in range(nodes)]
 
 
 async def _ring(redis_url: str, nodes: dict[str, subprocess.Popen], urls: list[str], work: Path) -> str:
