@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from nezha import trust_bundle
 from nezha.informer import Informer
+from controller.cancels import stop_if_cancelled
 
 log = structlog.get_logger("nezha.controller.trust")
 
@@ -99,6 +100,7 @@ class TrustPublisher:
         tasks = [asyncio.get_running_loop().create_task(i.run()) for i in (self.namespaces, self.configmaps)]
         try:
             while True:
+                stop_if_cancelled()
                 await self._wake.wait()
                 self._wake.clear()
                 if not (self.leading() and self.namespaces.synced.is_set() and self.configmaps.synced.is_set()):

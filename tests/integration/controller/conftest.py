@@ -19,6 +19,7 @@ from testkit.kubeapi.fixtures import kube, kube_api, kube_target, ns  # noqa: F4
 from tests.support_kubectl import Kubectl
 
 STS = "nezha-cache"
+STOP_WAIT = 30.0  # seconds a cancelled controller may take to stop before its teardown fails
 LABELS = {"app.kubernetes.io/name": "nezha-cache"}
 
 
@@ -75,6 +76,17 @@ class Cluster:
         await self.core.delete_namespaced_pod(f"{STS}-{ordinal}", self.ns)
 
 
+def _stack_of(task: asyncio.Task) -> list[str]:
+    """Where `task` waits, innermost last, down its chain of awaits (Task.get_stack shows only the outer frame)."""
+    lines, coro = [], task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None)
+        if frame is not None:
+            lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None)
+    return lines
+
+
 @pytest.fixture
 def kubectl(kube_api, tmp_path, ns):  # noqa: F811
     """The real kubectl, for workloads made as a user makes them."""
@@ -123,8 +135,14 @@ async def run_controller(kube, ns, redis_server):  # noqa: F811
     yield start
     for controller, task, idx in running:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        # Bounded: pytest-timeout's one alarm may already have fired in the test's call, and a controller
+        # that does not stop would then hang the whole run (a killed controller pod must stop).
+        done, _ = await asyncio.wait([task], timeout=STOP_WAIT)
         await idx.close()
+        if not done:
+            stack = "".join(f"\n  {line}" for line in _stack_of(task))
+            raise AssertionError(f"controller {controller.settings.holder} still runs {STOP_WAIT} s after its "
+                                 f"task was cancelled; it waits at:{stack}")
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ async def two_nodes_under_load(cluster, run_controller, index, ns: str, redis_ur
     await cluster.add_pod(0)
     await cluster.add_pod(1)
     await run_controller()
-    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)})
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=30.0)  # a wait, not a claim
     stop = asyncio.Event()
     load = asyncio.get_running_loop().create_task(serve_load(redis_url, ["nezha-cache-0", "nezha-cache-1"], 10e6, stop))
     return stop, load
@@ -76,7 +76,7 @@ async def test_a_users_scale_outside_the_bounds_is_clamped_with_an_event(cluster
     await cluster.create(2)
     await cluster.add_pod(0)
     await run_controller()
-    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)})
+    await ring_becomes(index, {"nezha-cache-0": dns(0, ns)}, timeout=30.0)  # a wait, not a claim of speed
     await annotate(cluster, {**FAST, "nezha.io/min-replicas": "2", "nezha.io/max-replicas": "3",
                              "nezha.io/target-bytes-per-second": "1G", "nezha.io/scale-down-delay": "300"})
     await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 5}})

@@ -172,7 +172,19 @@ async def test_health_fails_when_the_reconcile_loop_stops_going_round(cluster, r
             await asyncio.sleep(0.05)
         assert (await http.get("/healthz")).status == 200
         assert (await http.get("/readyz")).status == 200
-        controller.loop_at -= 61.0  # as if the loop had not come back for a minute
+        # Wedge the loop for real (a pass that never returns), then let a minute pass on its clock: moving
+        # loop_at back alone raced with the loop going round, which set it again.
+        wedged = asyncio.Event()
+
+        async def never_returns() -> None:
+            wedged.set()
+            await asyncio.Event().wait()
+
+        controller.reconcile = never_returns
+        controller._wake.set()
+        await asyncio.wait_for(wedged.wait(), 30.0)
+        clock = controller._clock
+        controller._clock = lambda: clock() + 61.0
         r = await http.get("/healthz")
         assert r.status == 503 and "has not run for" in (await r.json())["why"]
 
