@@ -117,11 +117,7 @@ class Landing:
                 if temp.written + len(data) > self.size:
                     self.spoiled = True
                     raise FillAborted(f"{source} sent more than the {self.size} bytes of the chunk")
-                await self.store.write(temp, data)
-                self.growing.moved.set()
-                if origin:
-                    self.metrics.bytes_from_origin.inc(len(data))
-                    self.counts.count(self.host, bytes_from_origin=len(data), metrics=False)
+                await self._append(data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             await self._keep_unread(response)
             if self.written != self.size:  # else whatever broke came after the last byte
@@ -136,12 +132,18 @@ class Landing:
         """Write what aiohttp had received of the body but not handed out when
         it broke off: good bytes, in order, that the next source need not send."""
         data = unread(response.content)[:self.size - self.written]
-        if data and self._write is not None and self.growing is not None:
-            await self.store.write(self._write.temp, data)
-            self.growing.moved.set()
-            if self.origin:
-                self.metrics.bytes_from_origin.inc(len(data))
-                self.counts.count(self.host, bytes_from_origin=len(data), metrics=False)
+        if data and self._write is not None:
+            await self._append(data)
+
+    async def _append(self, data: bytes) -> None:
+        """`data` written at the end of the file, its readers woken, and counted as the origin's when the
+        source sending now is the origin."""
+        assert self._write is not None and self.growing is not None
+        await self.store.write(self._write.temp, data)
+        self.growing.moved.set()
+        if self.origin:
+            self.metrics.bytes_from_origin.inc(len(data))
+            self.counts.count(self.host, bytes_from_origin=len(data), metrics=False)
 
     async def commit(self, ckey: str, *, url: str, length: int) -> Meta:
         """The whole chunk committed as `ckey`. `length`: the whole object's,
