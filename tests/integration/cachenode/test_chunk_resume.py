@@ -10,7 +10,6 @@ In-process nodes on 127.0.0.1 sharing one ring (R = 2), the object of test_chunk
 from __future__ import annotations
 
 import asyncio
-import os
 from unittest import mock
 
 import aiohttp
@@ -22,8 +21,8 @@ from cachenode.chunks.reads import origin_url
 from cachenode.chunks.spec import manifest_validator
 from nezha.chunks import Layout, chunk_key, place
 from nezha.keys import target_of
-from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of, put, read, settled,
-                                                     sha)
+from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of,
+                                                     half_then_hang_up, put, read, settled, sha)
 
 
 async def a_chunk_whose_first_owner_sends_half(origin, cluster, session):
@@ -39,15 +38,6 @@ async def a_chunk_whose_first_owner_sends_half(origin, cluster, session):
     ckey = chunk_key(KEY, index, CHUNK)
     blocks = nodes[first].node.store.lookup(ckey).blocks
     assert await nodes[behind].node.store.remove_one(nodes[behind].node.store.lookup(ckey))
-
-    async def half_then_hang_up(request, resp, f, offset, count):
-        if offset + count <= CHUNK // 2:
-            await resp.write(os.pread(f.fileno(), count, offset))
-            return
-        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
-        request.transport.close()
-        raise ConnectionResetError("killed mid-chunk")
-
     nodes[first].node.chunk_owner.send_file = half_then_hang_up
     return nodes, index, first, behind, blocks
 

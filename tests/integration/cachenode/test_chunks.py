@@ -86,6 +86,17 @@ async def read(node, session, headers=None) -> tuple[int, CIMultiDict, str, int]
         return r.status, r.headers.copy(), digest.hexdigest(), n
 
 
+async def half_then_hang_up(request, resp, f, offset, count):
+    """A chunk owner's `send_file` that sends the first half of the chunk and drops the connection,
+    as a node killed mid-chunk does."""
+    if offset + count <= CHUNK // 2:
+        await resp.write(os.pread(f.fileno(), count, offset))
+        return
+    await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
+    request.transport.close()
+    raise ConnectionResetError("killed mid-chunk")
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -239,13 +250,13 @@ async def test_an_owner_that_breaks_off_mid_chunk_is_resumed_from_the_other_owne
     fetched = origin.requests[PATH]
     broken = []
 
-    async def half_then_hang_up(request, resp, f, offset, count):
+    async def half_of_any_answer_then_hang_up(request, resp, f, offset, count):
         await resp.write(os.pread(f.fileno(), count // 2, offset))
         broken.append(count)
         request.transport.close()
         raise ConnectionResetError("killed mid-chunk")
 
-    victim.node.chunk_owner.send_file = half_then_hang_up
+    victim.node.chunk_owner.send_file = half_of_any_answer_then_hang_up
     with capture_logs() as logs:
         status, _, digest, n = await read(reader, session)
     assert (status, n, digest) == (200, SIZE, sha(BODY))
@@ -762,14 +773,6 @@ async def test_readers_of_a_replicas_fill_whose_source_breaks_off_go_on_with_its
     index, (victim, reader) = next((i, owners) for i, owners in enumerate(table) if len(owners) == 2)
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
 
-    async def half_then_hang_up(request, resp, f, offset, count):
-        if offset + count <= CHUNK // 2:
-            await resp.write(os.pread(f.fileno(), count, offset))
-            return
-        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
-        request.transport.close()
-        raise ConnectionResetError("killed mid-chunk")
-
     nodes[victim].node.chunk_owner.send_file = half_then_hang_up
     results = await asyncio.gather(*(read(nodes[reader], session, headers={"Range": f"bytes={a}-{b}"})
                                      for _ in range(6)))
@@ -791,14 +794,6 @@ async def test_readers_that_reach_a_broken_off_chunk_after_its_fill_ended_read_t
     table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
     index, (victim, reader) = next((i, owners) for i, owners in enumerate(table) if len(owners) == 2)
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
-
-    async def half_then_hang_up(request, resp, f, offset, count):
-        if offset + count <= CHUNK // 2:
-            await resp.write(os.pread(f.fileno(), count, offset))
-            return
-        await resp.write(os.pread(f.fileno(), CHUNK // 2 - offset, offset))
-        request.transport.close()
-        raise ConnectionResetError("killed mid-chunk")
 
     nodes[victim].node.chunk_owner.send_file = half_then_hang_up
     reads = nodes[reader].node.respond.chunk_body
