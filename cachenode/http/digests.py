@@ -43,7 +43,7 @@ from typing import Iterable, Mapping
 
 import http_sf
 
-from cachenode.http.fields import FieldLines
+from cachenode.http.fields import lines_of
 
 
 class Algorithm(enum.Enum):
@@ -144,12 +144,7 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     redirected here (Hugging Face), if any."""
     if status != 200:
         return Expectations()
-    found = _Found()
-    if type(headers) is FieldLines:
-        found.fields = headers.by_name()  # lowercased once already (the leader's judging read them)
-    else:
-        for name, value in _items(headers):
-            found.fields.setdefault(name.lower(), []).append(value)
+    found = _Found(fields=lines_of(headers).by_name())  # a fill's: lowercased once already, by its judging
     if linked_etag is None and _PUBLISHING.isdisjoint(found.fields) and not any(
             name.startswith(_AMZ_PREFIX) for name in found.fields):
         return _NOTHING  # most answers publish no digest: none of the readers below would find one
@@ -268,9 +263,7 @@ def of_the_whole_in_a_part(headers: Mapping[str, str] | Iterable[tuple[str, str]
     the message carries. The others are set aside: `Content-MD5` and
     `Content-Digest` digest the part, and no store documents that its
     checksums on a ranged answer are of the whole (S3 sends none there)."""
-    found = _Found()
-    for name, value in _items(headers):
-        found.fields.setdefault(name.lower(), []).append(value)
+    found = _Found(fields=lines_of(headers).by_name())
     _read_structured(found, names=("Repr-Digest",))
     return Expectations(tuple(found.expected), tuple(found.ignored))
 

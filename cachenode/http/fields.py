@@ -73,6 +73,16 @@ class FieldLines(Mapping[str, str]):
         return len(self.pairs)
 
 
+def lines_of(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> FieldLines:
+    """`headers` as `FieldLines`: itself when it is one (a fill's answer, its
+    names lowercased once already), else its lines read once now. For readers
+    that go over every line anyway, so that each has one way to read them."""
+    if type(headers) is FieldLines:
+        return headers
+    items = getattr(headers, "items", None)
+    return FieldLines(items() if items is not None else headers)
+
+
 def field_value(headers: Mapping[str, str], name: str) -> str | None:
     """All lines of the field `name`, combined as one comma-separated list; None when absent.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, MutableMapping
 
-from cachenode.http.fields import FieldLines, imf_fixdate
+from cachenode.http.fields import FieldLines, imf_fixdate, lines_of
 from cachenode.http.freshness import Policy, response_policy
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
@@ -39,19 +39,10 @@ NOT_STORED = frozenset({"age", "set-cookie"})
 MAX_STORED_HEADER_BYTES = 64 * 1024
 
 
-def _items(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
-    items = getattr(headers, "items", None)
-    return items() if items is not None else headers
-
-
 def connection_listed(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[str]:
     """The field names a message's `Connection` fields name: hop-by-hop too (§7.6.1)."""
     listed: set[str] = set()
-    if type(headers) is FieldLines:
-        values = headers.lines("connection") or ()
-    else:
-        values = [value for name, value in _items(headers) if name.lower() == "connection"]
-    for value in values:
+    for value in lines_of(headers).lines("connection") or ():
         listed.update(t.strip().lower() for t in value.split(",") if t.strip())
     return frozenset(listed)
 
@@ -70,16 +61,10 @@ def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
 
 def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]],
                 drop: frozenset[str]) -> list[tuple[tuple[str, str], str]]:
-    """`end_to_end_pairs`, each line with its name lowercased (once, by
-    `FieldLines` when that is what `headers` is)."""
-    if type(headers) is FieldLines:
-        pairs, lowered = headers.pairs, headers.lowered
-        listed = connection_listed(headers)
-    else:
-        pairs = tuple(_items(headers))
-        lowered = tuple(name.lower() for name, _ in pairs)
-        listed = connection_listed(pairs)
-    return [(pair, lname) for pair, lname in zip(pairs, lowered)
+    """`end_to_end_pairs`, each line with its name lowercased (once, by `FieldLines`)."""
+    lines = lines_of(headers)
+    listed = connection_listed(lines)
+    return [(pair, lname) for pair, lname in zip(lines.pairs, lines.lowered)
             if not (is_hop_by_hop(lname, listed) or lname in FRAMING or lname in drop)]
 
 
@@ -141,16 +126,11 @@ def delimited_by_close(status: int, headers: Mapping[str, str] | Iterable[tuple[
     """
     if method.upper() == "HEAD" or 100 <= status < 200 or status in (204, 304):
         return False
-    if type(headers) is FieldLines:
-        codings = headers.lines("Transfer-Encoding")
-        length_given = headers.lines("Content-Length") is not None
-    else:
-        pairs = list(_items(headers))
-        codings = [v for n, v in pairs if n.lower() == "transfer-encoding"]
-        length_given = first(pairs, "Content-Length") is not None
+    lines = lines_of(headers)
+    codings = lines.lines("Transfer-Encoding")
     if codings:
         return not (_last_coding(", ".join(codings)) == "chunked" and _last_coding(codings[0]) == "chunked")
-    return not length_given
+    return lines.lines("Content-Length") is None
 
 
 # Fields of a 304 that do not replace the stored ones (RFC 9111 §3.2): they
