@@ -15,6 +15,7 @@ from hypothesis import settings
 from nezha import logs
 from testkit.bytecode import compile_project
 from testkit.redis_server import RedisServer
+from testkit.timeouts import pytest_exception_interact, pytest_timeout_set_timer  # noqa: F401  (hooks)
 from testkit.tools import require_tool
 
 # Hypothesis fails an example that takes over 200 ms by default: a timing bound inside unit tests, which a
