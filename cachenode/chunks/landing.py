@@ -137,17 +137,23 @@ class Landing:
         (`Growing.pace`, fill/pace.py `Pace.room`: bounded, a copy that stalls
         is not waited for), its socket's receive buffer capped meanwhile
         (`Window`), so what the origin has sent a first owner that dies is
-        at most that window and what flies past what its copies hold."""
+        at most that window and what flies past what its copies hold. A
+        connection whose buffer was capped is closed once its body is in,
+        never pooled: its buffer stays fixed (fill/pace.py `Window`), and
+        every later request on it would be held to that."""
         pace = self.growing.pace if held and self.growing is not None else None
         sock = response.connection.transport.get_extra_info("socket") \
             if pace is not None and response.connection is not None and response.connection.transport else None
         window = Window(sock.fileno()) if sock is not None else None
+        protocol = response.connection.protocol if window is not None and response.connection else None
         try:
             while True:
                 if pace is not None:
                     at = self.written
                     if window is not None and at >= pace.fill_end:
                         window.held(at)
+                        if window.capped and protocol is not None:
+                            protocol.force_close()  # closed once its body is in: never pooled again
                     elif window is not None and pace.fill_end == FREE:
                         window.free()
                     await pace.room(at)
