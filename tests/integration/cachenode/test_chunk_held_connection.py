@@ -68,7 +68,10 @@ async def test_an_origin_connection_whose_buffer_a_held_chunk_fill_capped_is_clo
         reading = asyncio.ensure_future(read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"}))
         try:
             await asyncio.wait_for(frozen.wait(), 30)
-            await asyncio.sleep(0.5)  # the fill reaches the window past P and waits there
+            for _ in range(3000):  # until the fill, a window past P, waits with its buffer capped: 30 s at most
+                if caps:
+                    break
+                await asyncio.sleep(0.01)
         finally:
             go.set()
         status, _, digest, n = await reading
