@@ -16,6 +16,7 @@ the drawing is the tree the code defines.
     │   │       └── PeerSilent  cachenode.peers.asks: a peer took the connection, then stopped answering
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
+    │   │   │   └── PeerSourceFailed  cachenode.fill.engine: a copy from a peer failed; who joined it asks the origin
     │   │   ├── ChunkChanged  cachenode.chunks.spec: a chunk's origin answer is not of its manifest's version
     │   │   └── DigestMismatch  cachenode.fill.verify: the bytes differ from the digest the origin published
     │   ├── ChunkUnavailable  cachenode.chunks.spec: no owner of a chunk, nor the origin, could send it

@@ -30,14 +30,16 @@ its duration by the source that finished it, a failure only when none did.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Callable, Protocol
+from typing import AsyncIterator, Callable, Protocol
 
 import aiohttp
 
 from cachenode.chunks.sources import Growing
 from cachenode.chunks.spec import CHUNK_LIFETIME
 from cachenode.counts import Counts
+from cachenode.fill.pace import FREE, Window
 from cachenode.fill.parallel import Validator
 from cachenode.fill.running import FILL_READ
 from cachenode.metrics import Metrics
@@ -113,11 +115,12 @@ class Landing:
             self.origin, self.began = origin, temp.written
             if temp.written == 0 and not origin:
                 self.expect = response.headers.get(BLOCKS_HEADER)  # only a whole copy's answer carries it
-            async for data in response.content.iter_chunked(FILL_READ):
-                if temp.written + len(data) > self.size:
-                    self.spoiled = True
-                    raise FillAborted(f"{source} sent more than the {self.size} bytes of the chunk")
-                await self._append(data)
+            async with contextlib.aclosing(self._body(response, held=origin and self.fill.keep)) as body:
+                async for data in body:
+                    if temp.written + len(data) > self.size:
+                        self.spoiled = True
+                        raise FillAborted(f"{source} sent more than the {self.size} bytes of the chunk")
+                    await self._append(data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             await self._keep_unread(response)
             if self.written != self.size:  # else whatever broke came after the last byte
@@ -127,6 +130,40 @@ class Landing:
             response.release()
         if self.written != self.size:
             raise FillAborted(f"{source} ended after {self.written} of the {self.size} bytes of the chunk")
+
+    async def _body(self, response: aiohttp.ClientResponse, *, held: bool) -> AsyncIterator[bytes]:
+        """`response`'s body, FILL_READ at a time. `held` (an origin fill): each
+        read waits while the file is a window past the owners behind copying it
+        (`Growing.pace`, fill/pace.py `Pace.room`: bounded, a copy that stalls
+        is not waited for), its socket's receive buffer capped meanwhile
+        (`Window`), so what the origin has sent a first owner that dies is
+        at most that window and what flies past what its copies hold. A
+        connection whose buffer was capped is closed once its body is in,
+        never pooled: its buffer stays fixed (fill/pace.py `Window`), and
+        every later request on it would be held to that."""
+        pace = self.growing.pace if held and self.growing is not None else None
+        sock = response.connection.transport.get_extra_info("socket") \
+            if pace is not None and response.connection is not None and response.connection.transport else None
+        window = Window(sock.fileno()) if sock is not None else None
+        protocol = response.connection.protocol if window is not None and response.connection else None
+        try:
+            while True:
+                if pace is not None:
+                    at = self.written
+                    if window is not None and at >= pace.fill_end:
+                        window.held(at)
+                        if window.capped and protocol is not None:
+                            protocol.force_close()  # closed once its body is in: never pooled again
+                    elif window is not None and pace.fill_end == FREE:
+                        window.free()
+                    await pace.room(at)
+                data = await response.content.read(FILL_READ)
+                if not data:
+                    return
+                yield data
+        finally:
+            if window is not None:
+                window.free()
 
     async def _keep_unread(self, response: aiohttp.ClientResponse) -> None:
         """Write what aiohttp had received of the body but not handed out when

@@ -104,7 +104,8 @@ class ChunkOwner:
                 return web.Response(status=404, text=f"no flight of {ckey} here to feed from\n")
             if isinstance(here, Tail):
                 return await self._send_growing(request, record, here, host=target.host, start=start,
-                                                count=count, size=size, ranged=ranged, ckey=ckey)
+                                                count=count, size=size, ranged=ranged, ckey=ckey,
+                                                copy=spec.role == "fill")
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError:
@@ -203,16 +204,19 @@ class ChunkOwner:
         self.counts.count(host, request=request, bytes_served=sent)
 
     async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, host: str, start: int,
-                            count: int, size: int, ranged: bool, ckey: str) -> web.StreamResponse:
+                            count: int, size: int, ranged: bool, ckey: str, copy: bool) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
-        sent as they land. If its fill fails first, the cut is noted (`Cuts`)
+        sent as they land; `copy`: to an owner behind this one, copying the
+        chunk, whose place the fill keeps within a window of (chunks/landing.py). If its fill fails first, the cut is noted (`Cuts`)
         and the connection is cut: the asking node resumes from that byte
         elsewhere (cachenode/chunks/reads.py `_write`, chunks/fills.py `_fill`)."""
         with tail:
             resp = self._answer(start=start, count=count, size=size, ranged=ranged)
             await resp.prepare(request)
-            with self._paced(request, ckey, start) as paced:
-                sent = await send_tail(self.send_file, request, resp, tail, start, count, paced)
+            with self._paced(request, ckey, start) as paced, \
+                    Paced(tail.growing.pace, peer=copy, offset=start, replica=True) as behind:
+                sent = await send_tail(self.send_file, request, resp, tail, start, count, paced,
+                                       copy=behind if copy else None)
             record.bytes = sent
             self._sent(request, host, sent)
             if sent < count:

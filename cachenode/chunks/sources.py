@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from cachenode.chunks.peers_first import Paced
+from cachenode.fill.pace import Pace
 from cachenode.fill.parallel import Validator
 from cachenode.store.objects import Meta, TempObject
 from nezha.chunks import Piece
@@ -43,6 +44,9 @@ class Growing:
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
     peer: Peer | None = None  # the owner it comes from, for a chunk passed on (chunks/fills.py `passing`)
+    # The owners behind this one copying it as it grows: an origin fill keeps within a window of them
+    # (chunks/landing.py `Landing.take`), so a killed first owner takes few bytes they lack with it.
+    pace: Pace = field(default_factory=Pace)
 
 
 class Tail:
@@ -87,12 +91,13 @@ class Opened:
 
 
 async def send_tail(send_file: SendFile, request: web.Request, resp: web.StreamResponse, tail: Tail, start: int,
-                    count: int, paced: Paced) -> int:
+                    count: int, paced: Paced, copy: Paced | None = None) -> int:
     """Write bytes [start, start + count) of a chunk being filled here to
     `resp` as the fill writes them (by sendfile from its temp file, as a
     joiner of a whole object's fill is sent its bytes), as fast as `paced`
     lets them go (chunks/peers_first.py); how many went: fewer than `count`
-    when the fill ended first, having failed."""
+    when the fill ended first, having failed. `copy`: an owner behind this
+    one copying the chunk, whose place the fill keeps within a window of."""
     growing, sent = tail.growing, 0
     while sent < count:
         at = start + sent
@@ -107,6 +112,8 @@ async def send_tail(send_file: SendFile, request: web.Request, resp: web.StreamR
         await send_file(request, resp, tail.file, at, ready)
         sent += ready
         paced.sent(start + sent)
+        if copy is not None:
+            copy.sent(start + sent)
     return sent
 
 

@@ -53,6 +53,10 @@ class LeaderGone(FillAborted):
     """The request leading a flight ended before the origin answered."""
 
 
+class PeerSourceFailed(LeaderGone):
+    """A flight led here from a peer failed there: a read that joined it looks again (the origin), never a 502."""
+
+
 # A fill asks for the whole object whatever one client asked: its own
 # validators replace the client's, and Range is applied to the stored bytes.
 NOT_FOR_FILLS = frozenset({"range", "if-range", "if-match", "if-none-match", "if-modified-since",
@@ -110,8 +114,7 @@ class FillEngine:
         return self.runs.at_rest(task)
 
     async def forget(self, keys: list[str], *, why: str) -> int:
-        """Remove what this node stores for `keys`, and let no fill in
-        progress store them; how many objects went."""
+        """Remove what this node stores for `keys`, and let no fill in progress store them; how many objects went."""
         removed = 0
         for key in keys:
             self.flights.supersede(key)
@@ -178,7 +181,8 @@ class FillEngine:
             except OriginError as e:
                 self.flights.land(flight)
                 self.counts.count(target.host, failed_fills=1)
-                return self._resolve_flight(flight, Outcome(Kind.FAILED, error=e)), None
+                error = e if source.peer is None else PeerSourceFailed(str(e))  # a peer's: joiners go on
+                return self._resolve_flight(flight, Outcome(Kind.FAILED, error=error)), None
             self.runs.digests.noted(target, response.status, response.headers)  # Hugging Face's, for later fills
             if answered is not None:
                 # The resume's 206 stands for the object it is part of: judged and stored as its 200.
@@ -223,8 +227,8 @@ class FillEngine:
         outcome for the leading request to send."""
         step = judged.decision.step
         if step is Step.PEER_REFUSED:
-            # A peer copy is all or nothing: a replica never falls back to the origin.
-            error = OriginError(f"{source.what} answered {response.status} for {key}")
+            # A peer copy is all or nothing: a replica never falls back to the origin (a read that joined does).
+            error = PeerSourceFailed(f"{source.what} answered {response.status} for {key}")
             response.release()
             return self._landed(flight, Outcome(Kind.FAILED, error=error)), None
         if step is Step.REVALIDATED:
@@ -279,8 +283,7 @@ class FillEngine:
 
     def _judge(self, response: aiohttp.ClientResponse, *, origin: Origin, source: Source,
                stale: Meta | None) -> Judged:
-        """What the leader makes of the source's answer: the facts about it and
-        `fill/lead.py`'s decision on them."""
+        """What the leader makes of the source's answer: the facts about it and `fill/lead.py`'s decision on them."""
         now = self._clock()
         # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
         authorize = origin.credentials == "authorize" or (

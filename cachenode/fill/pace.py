@@ -210,7 +210,15 @@ class Window:
     """The receive buffer of a held fill's socket, which bounds what its
     source has in flight: capped at twice what the fill takes in a round
     trip at the pace it is held to (never below WINDOW), and given back
-    (SO_RCVBUF as it was) once the fill runs free."""
+    (SO_RCVBUF as it was) once the fill runs free.
+
+    Given back is not as before: once SO_RCVBUF is set, the kernel no longer
+    grows the buffer with the connection's rate (receive autotuning is off
+    for the socket's life), and what is given back is clamped to
+    net.core.rmem_max (208 KiB by default: 416 KiB of buffer). A connection
+    whose buffer was ever capped (`capped`) must not carry another answer:
+    a pooled origin connection would carry every later fill on it at that
+    buffer per round trip."""
 
     def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW) -> None:
         self._fd = fd
@@ -219,6 +227,7 @@ class Window:
         self._was: int | None = None  # the buffer before the first cap
         self._cap = 0
         self._mark: tuple[int, float] | None = None  # where and when the fill was last held
+        self.capped = False  # SO_RCVBUF was set: the socket's buffer no longer follows its rate
 
     def held(self, pos: int) -> None:
         """The fill, at `pos`, reached its limit: cap the buffer to its pace since it was last held."""
@@ -255,6 +264,7 @@ class Window:
         return buffer, (rcv_rtt or rtt) / 1e6
 
     def _set(self, size: int) -> None:
+        self.capped = True
         with socket.socket(fileno=os.dup(self._fd)) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 

@@ -19,9 +19,11 @@ from structlog.testing import capture_logs
 from cachenode.chunks.landing import unread
 from cachenode.chunks.reads import origin_url
 from cachenode.chunks.spec import manifest_validator
+from cachenode.fill.pace import WINDOW
+from cachenode.fill.running import FILL_READ
 from nezha.chunks import Layout, chunk_key, place
 from nezha.keys import target_of
-from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, body_of,
+from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, PATH, SIZE, MiB, body_of,
                                                      half_then_hang_up, put, read, settled, sha)
 
 
@@ -96,3 +98,50 @@ async def test_the_bytes_aiohttp_held_when_a_body_broke_off_are_taken_from_its_b
     with pytest.raises(aiohttp.ClientPayloadError):
         await reader.read(10)
     assert unread(reader) == b"cdefg"
+
+
+async def test_a_first_owners_origin_fill_keeps_within_a_window_of_the_owner_copying_it(origin, cluster, session):
+    """A chunk's first owner fills it from the origin while its second owner copies it as it grows: when
+    that copy stops at byte P (its sends held there), the fill stops reading the origin a window past P
+    (fill/pace.py WINDOW, give or take one read), where it ran to the chunk's end before, so a first owner
+    killed then takes with it only the bytes within that window that the copy lacks. Released, the copy
+    goes on, and the client reading through the second owner gets the chunk's exact bytes, the origin
+    asked for it once."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    assert (await read(nodes["n0"], session, headers={"Range": f"bytes=0-{CHUNK - 1}"}))[0] == 206
+    await settled(nodes)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    at, frozen, go = MiB, asyncio.Event(), asyncio.Event()
+    send_file = nodes[first].node.chunk_owner.send_file
+
+    async def held_at_p(request, resp, f, offset, count):
+        """The first owner's sends of the chunk to the owner copying it, held at byte P until `go`."""
+        if offset + count > at:
+            if offset < at:
+                await send_file(request, resp, f, offset, at - offset)
+                count, offset = count - (at - offset), at
+            frozen.set()
+            await go.wait()
+        await send_file(request, resp, f, offset, count)
+
+    nodes[first].node.chunk_owner.send_file = held_at_p
+    fills = nodes[first].node.chunk_owner.fills
+    a, b = index * CHUNK, (index + 1) * CHUNK - 1
+    before = len(origin.request_headers)
+    with mock.patch("cachenode.fill.pace.STALL", 3600.0):  # the held copy is waited for, however long the test takes
+        reading = asyncio.ensure_future(read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"}))
+        try:
+            await asyncio.wait_for(frozen.wait(), 30)
+            growing = next(f.growing for f in fills._fills.values() if f.growing is not None)
+            while growing.temp.written < at + WINDOW:  # the window past P is filled at once ...
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # ... and nothing past it while the copy is held
+            assert growing.temp.written <= at + WINDOW + FILL_READ < CHUNK, \
+                f"the fill read {growing.temp.written} bytes while the copy was held at {at}"
+        finally:
+            go.set()
+        status, _, digest, n = await reading
+    assert (status, n, digest) == (206, CHUNK, sha(BODY[a:b + 1]))
+    assert [h.get("Range") for h in origin.request_headers[before:]] == [f"bytes={a}-{b}"]
