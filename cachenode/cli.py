@@ -120,7 +120,7 @@ def run_cache(args: argparse.Namespace) -> int:
 # generation; Python's default is 700. At 700 a node under cold small fills ran a
 # young pass every 20 or so fills (about 200 us each) and a full pass over every
 # object it holds every few seconds (30 ms at 74,000 objects): about 26 us per fill
-# timed in the collector, 40 us less CPU per fill in paired runs at 20,000
+# timed in the collector, 15 to 40 us less CPU per fill in paired runs at 20,000
 # (bench/small_fills_ab.py; docs/benchmarks.md, "A cold small fill's garbage
 # collected less often").
 YOUNG_THRESHOLD = 20_000
