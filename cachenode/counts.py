@@ -25,6 +25,7 @@ _REQUEST_FIELDS = frozenset({"hits", "misses", "peer_hits", "bytes_served"})
 # Answers a fill from the origin stored before they were sent (a manifest, a
 # fill that was whole first): sent from the store, needed the origin all the same.
 _MISSES = frozenset({CacheOutcome.MISS, CacheOutcome.MISS_JOINED})
+_UNSET = object()
 
 
 def answer_counts(label: str) -> dict[str, int]:
@@ -75,6 +76,7 @@ class Counts:
         self.metrics = metrics
         self.index = index
         self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/peers/auth.py)?
+        self._capacity: int | None | object = _UNSET  # the capacity gauge's last value: set again only when it changes
         self.live = LiveHits()  # marked by each fast hit; the pacing reads it (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
@@ -131,4 +133,6 @@ class Counts:
     def store_sizes(self, sizes: StoreSizes) -> None:
         self.metrics.stored_bytes.set(sizes.used_bytes)
         self.metrics.stored_objects.set(sizes.objects)
-        self.metrics.set_capacity(sizes.capacity)
+        if sizes.capacity != self._capacity:  # it changes only on a reload: one gauge set the less per fill
+            self._capacity = sizes.capacity
+            self.metrics.set_capacity(sizes.capacity)

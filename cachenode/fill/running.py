@@ -47,11 +47,9 @@ from nezha.wire import BLOCKS_HEADER, CACHE_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
-# A fill reads its origin (or peer) in pieces of up to this size: one per
-# object however many clients wait, so larger than a client stream's
-# read_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled
-# at 1 MiB against 1.32-1.52 at 256 KiB: single runs, noisy, in the same
-# direction (docs/benchmarks.md, "Cold fills in parallel ranges").
+# A fill reads its origin (or peer) in pieces of up to this size, one per object however many clients wait, so
+# larger than a client stream's read_size. Quick benches gave 1.12-1.32 node CPU seconds per GiB filled at 1 MiB
+# against 1.32-1.52 at 256 KiB: single runs, noisy, one way (docs/benchmarks.md, "Cold fills in parallel ranges").
 FILL_READ = 1024 * 1024
 # What a body's source breaking off mid-body raises, read or spliced: a fill with a `rest` goes on from there.
 BROKE = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -106,10 +104,7 @@ class FillRuns:
         the validator its ranges are checked by, and how many streams it may use;
         `resumed`: `response` is a resume's 206, and the rest is fetched around it."""
         streams = origin.fill_streams or self.settings.fill_streams
-        validator = parallel_validator(
-            response.status, response.headers, response.content_length, streams=streams,
-            threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold
-        ) if not resumed else if_range_validator(response.headers)
+        validator = self._validator(response, origin) if not resumed else if_range_validator(response.headers)
         plan = plan_fill(Body(from_peer=source.peer is not None, from_parent=from_parent,
                               delimited_by_close=ends_at_close(response),
                               rangeable=validator is not None, client_ranged=source.ranged,
@@ -121,6 +116,11 @@ class FillRuns:
                          fill_on_range=origin.fill_on_range if origin.fill_on_range is not None
                          else self.settings.fill_on_range)
         return plan, validator, streams
+
+    def _validator(self, response: aiohttp.ClientResponse, origin: Origin) -> Validator | None:
+        return parallel_validator(response.status, response.headers, response.content_length,
+                                  streams=origin.fill_streams or self.settings.fill_streams,
+                                  threshold=origin.parallel_fill_threshold or self.settings.parallel_fill_threshold)
 
     def _counter(self, *, host: str, source: Source, from_parent: bool) -> tuple[Callable[[int], None],
                                                                                   dict[str, bool]]:
@@ -233,11 +233,14 @@ class FillRuns:
         if length is None or length > self.store.small_max or source.peer is not None:
             return False  # the common no, before any work
         from_parent = self.origins.answered_by_parent(response)
-        plan, _, _ = self._plan(response, source=source, origin=origin, authorize=authorize, from_parent=from_parent)
-        return stored_at_once(Arrived(status=response.status, method=response.method, length=length,
+        if not stored_at_once(Arrived(status=response.status, method=response.method, length=length,
                                       buffered=response.content.total_bytes, complete=response.content.is_eof(),
-                                      from_parent=from_parent),
-                              small_max=self.store.small_max, how=plan.how)
+                                      from_parent=from_parent), small_max=self.store.small_max, how=How.STREAM):
+            return False
+        if self._validator(response, origin) is None:
+            return True  # never in parallel ranges (`plan_fill`): the one thing the plan would tell
+        plan, _, _ = self._plan(response, source=source, origin=origin, authorize=authorize, from_parent=from_parent)
+        return plan.how is not How.PARALLEL
 
     async def fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str, host: str,
                    headers: Pairs, expires_at: float, policy: Policy, now: float, target: Target, source: Source,

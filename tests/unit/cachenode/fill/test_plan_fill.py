@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from cachenode.fill.lead import Body, How, Plan, plan_fill
@@ -54,3 +56,14 @@ def test_a_copy_that_goes_on_from_another_source_is_spliced_as_any_peers_copy(sp
     (`Fill.run_spliced`'s `rest`), so going on no longer costs the loop every byte."""
     plan = plan_fill(body(from_peer=True, goes_on=True), splice_fills=splice_fills, fill_on_range=True)
     assert plan == Plan(How.SPLICED if splice_fills else How.STREAM)
+
+
+@pytest.mark.parametrize("splice_fills", [False, True])
+@pytest.mark.parametrize("fill_on_range", [False, True])
+def test_a_body_not_worth_ranges_is_never_planned_in_ranges_whatever_else_holds(splice_fills, fill_on_range):
+    # `FillRuns.whole_and_small` builds no plan for a small answer without a
+    # parallel validator (fill/running.py): it rests on this.
+    flags = ("from_peer", "delimited_by_close", "client_ranged", "callers_own", "from_parent", "small", "goes_on")
+    for values in itertools.product([False, True], repeat=len(flags)):
+        body = Body(rangeable=False, resumed=False, **dict(zip(flags, values)))
+        assert plan_fill(body, splice_fills=splice_fills, fill_on_range=fill_on_range).how is not How.PARALLEL, body

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Cold small fills of two or more checkouts of the node, paired, in the same minutes.
+
+`bench/small_files.py` measures `small_fill` against nginx with one node;
+on a shared 2-core machine its ratios move with the box's load and file
+creation far more than with the code. A change to a cold fill's CPU is
+measured here instead: every checkout given with --tree runs one node
+(`--workers 1`), all in front of one origin (Debian's nginx serving N
+files of 16 KiB), and each round runs the same wrk command (64
+connections, small_files.py's Lua: every path asked once, so every request
+is a cold fill) against each node in turn on paths no node has seen,
+reversing the order every other round, with `os.sync()` and a second's
+pause before each run. Reported per run: fills per second and the node's
+own user and system CPU per fill from /proc/<pid>/stat, and per round
+which node used less CPU per fill than the first tree's.
+
+    python bench/small_fills_ab.py --tree main=/tmp/main-copy --tree new=. --rounds 8
+
+A tree is NAME=DIR[:ENV=VALUE,...] (as bench/small_hits_ab.py's). The work
+folder (origin files and node stores) is on /dev/shm unless --work says
+otherwise, so the box's file creation (docs/benchmarks.md) stays out of the
+figures. Everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+
+from bench.harness import KiB, Children, Nginx, StaticFiles, nginx_conf, run_bench  # noqa: E402
+from bench.small_files import HOST, cold, get, make_dataset, path_of, say  # noqa: E402
+from bench.small_hits_ab import TreeNode, parse_tree  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """User and system clock ticks of one process (fields 14 and 15 of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
+    trees = [parse_tree(t) for t in args.tree]
+    loop = asyncio.get_running_loop()
+    root = work / "origin-files"
+    say(f"small fills A/B: {len(trees)} nodes, {args.objects} objects of 16 KiB, {args.rounds} rounds of "
+        f"{args.seconds} s, work dir {work}")
+    await loop.run_in_executor(None, make_dataset, root, args.objects, 16 * KiB)
+    origin = Nginx(children, work, "origin")
+    await origin.start(nginx_conf(StaticFiles(root=root), by="bench/small_fills_ab.py", worker_connections=4096,
+                                  nofile=65536))
+    nodes = []
+    for name, tree, env in trees:
+        node = TreeNode(children, work, name=name, tree=tree, env=env)
+        await node.start(origins={HOST: origin.url})
+        nodes.append(node)
+    warm = 64 * len(nodes)
+    async with aiohttp.ClientSession() as s:  # every node's code path and origin connections, on paths of its own
+        for i, node in enumerate(nodes):
+            for n in range(args.objects - warm + 64 * i, args.objects - warm + 64 * (i + 1)):
+                await get(s, node.url, path_of(n))
+    runs = args.rounds * len(nodes)
+    per_run = (args.objects - warm) // runs
+    cpu: dict[str, list[float]] = {n.name: [] for n in nodes}
+    user: dict[str, list[float]] = {n.name: [] for n in nodes}
+    system: dict[str, list[float]] = {n.name: [] for n in nodes}
+    rps: dict[str, list[float]] = {n.name: [] for n in nodes}
+    slot = 0
+    for r in range(args.rounds):
+        for node in (nodes if r % 2 == 0 else nodes[::-1]):
+            await loop.run_in_executor(None, os.sync)
+            await asyncio.sleep(1.0)
+            assert node.proc is not None
+            u0, s0 = cpu_ticks(node.proc.pid)
+            done = await cold(children, node.url, work, slot * per_run, per_run, args.seconds, f"{node.name}{r}")
+            u1, s1 = cpu_ticks(node.proc.pid)
+            slot += 1
+            fills = max(1, done.requests)
+            us = 1e6 / TICK / fills
+            user[node.name].append((u1 - u0) * us)
+            system[node.name].append((s1 - s0) * us)
+            cpu[node.name].append((u1 - u0 + s1 - s0) * us)
+            rps[node.name].append(done.rps)
+            say(f"  round {r} {node.name}: {done.rps:.0f} fills/s, {user[node.name][-1]:.0f} + "
+                f"{system[node.name][-1]:.0f} = {cpu[node.name][-1]:.0f} CPU us per fill")
+    ref = nodes[0].name
+    lines = []
+    for node in nodes:
+        n = node.name
+        less = sum(a < b for a, b in zip(cpu[n], cpu[ref]))
+        lines.append(f"{n}: {statistics.median(rps[n]):.0f} fills/s, {statistics.median(user[n]):.0f} + "
+                     f"{statistics.median(system[n]):.0f} = {statistics.median(cpu[n]):.0f} us per fill "
+                     f"(median; {min(cpu[n]):.0f} to {max(cpu[n]):.0f})"
+                     + ("" if n == ref else f", less CPU than {ref} in {less} of {len(cpu[n])} pairs"))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", action="append", required=True, help="NAME=DIR[:ENV=VALUE,...], the first the reference")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument("--objects", type=int, default=200_000)
+    ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
+    args = ap.parse_args()
+    if len(args.tree) < 2:
+        raise SystemExit("give two trees or more")
+    run_bench(lambda work, children: run(args, work, children), prefix=f"{args.work}/nezha-fills-ab-", keep=False)
+
+if __name__ == "__main__":
+    main()
