@@ -40,7 +40,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from nezha.index.membership import Fence
-from controller.cancels import stop_if_cancelled
+from nezha.cancels import stop_if_cancelled
 
 log = structlog.get_logger("nezha.controller.leader")
 
@@ -90,7 +90,7 @@ class LeaderElector:
     async def run(self) -> None:
         """Forever: try to take or renew the Lease every retry period."""
         while True:
-            stop_if_cancelled()  # claiming the fence in Redis may have swallowed it (controller/cancels.py)
+            stop_if_cancelled()  # claiming the fence in Redis may have swallowed it (nezha/cancels.py)
             try:
                 async with asyncio.timeout(self.retry_period * 2):  # not wait_for: it can swallow a cancel
                     await self.try_once()

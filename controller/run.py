@@ -28,7 +28,7 @@ from nezha.index.connection import IndexUnavailable
 from nezha.index.membership import Deposed
 from nezha.index.schema import hit_ratio
 from controller import status as status_annotation
-from controller.cancels import stop_if_cancelled
+from nezha.cancels import stop_if_cancelled
 from controller.annotations import DEFAULT, PREFETCH, PREFETCH_SPREAD, Problem, Spec, read_spec, read_spread
 from controller.events import EventRecorder
 from controller.leader import LeaderElector
@@ -201,7 +201,7 @@ class Controller:
     async def _autoscale_forever(self) -> None:
         """Sample and decide while leading with autoscaling on (controller/scaler.py)."""
         while True:
-            stop_if_cancelled()  # a Redis read in the last tick may have swallowed it (controller/cancels.py)
+            stop_if_cancelled()  # a Redis read in the last tick may have swallowed it (nezha/cancels.py)
             await asyncio.sleep(self.scaler.sample_interval())
             sts = self.statefulset
             if not self.leading or sts is None or self.written is None:
@@ -242,7 +242,7 @@ class Controller:
     async def _reconcile_forever(self) -> None:
         delay = 0.2
         while True:
-            stop_if_cancelled()  # a Redis call in the last pass may have swallowed it (controller/cancels.py)
+            stop_if_cancelled()  # a Redis call in the last pass may have swallowed it (nezha/cancels.py)
             self.loop_at = self._clock()
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a

@@ -28,7 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from nezha import trust_bundle
 from nezha.informer import Informer
-from controller.cancels import stop_if_cancelled
+from nezha.cancels import stop_if_cancelled
 
 log = structlog.get_logger("nezha.controller.trust")
 

@@ -42,6 +42,7 @@ from cachenode.store import small
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.sealed import Unsealed, unseal
+from nezha.cancels import stop_if_cancelled
 from nezha.chunks import chunk_of
 from nezha.config import CacheSettings
 from nezha.keys import Target
@@ -135,10 +136,14 @@ class ReplicaBatches:
         try:
             loop = asyncio.get_running_loop()
             while queue.items:
+                stop_if_cancelled()  # a send in the last round may have swallowed it (nezha/cancels.py)
                 wait = queue.items[0].at + self.delay - loop.time()  # the oldest waits `delay` at most
                 if wait > 0 and not queue.full.is_set():
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(queue.full.wait(), wait)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+                    # cancellation that lands as the queue fills (nezha/cancels.py).
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            await queue.full.wait()
                 batch = self._take(queue)
                 try:
                     await self._send(peer, batch)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import structlog
 from redis.exceptions import WatchError
 
+from nezha.cancels import stop_if_cancelled
 from nezha.config import parse_hostport
 from nezha.errors import ConfigError, NezhaError
 from nezha.index.connection import REDIS_ERRORS, Connection, text
@@ -173,6 +174,7 @@ class MembershipWatch:
         delay = 0.05
         conn = self.conn
         while not conn.closing:
+            stop_if_cancelled()  # a Redis call in the last round may have swallowed it (nezha/cancels.py)
             pubsub = conn.client.pubsub()
             try:
                 await pubsub.subscribe(CHANNEL_RING)
@@ -182,10 +184,12 @@ class MembershipWatch:
                 conn.ok("refresh")
                 delay = 0.05
                 while not conn.closing:
+                    stop_if_cancelled()
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
                         await self.refresh()
             except REDIS_ERRORS as e:
+                stop_if_cancelled()  # redis-py may have turned the cancellation into a ConnectionError
                 if conn.closing:
                     return
                 await conn.trouble("watch", e)
@@ -197,6 +201,7 @@ class MembershipWatch:
 
     async def refresh_loop(self) -> None:
         while not self.conn.closing:
+            stop_if_cancelled()  # the last refresh may have swallowed it (nezha/cancels.py)
             await asyncio.sleep(self._refresh_interval * random.uniform(0.8, 1.0))
             try:
                 await self.refresh()

@@ -39,6 +39,7 @@ from typing import Any
 import structlog
 from redis.exceptions import WatchError
 
+from nezha.cancels import stop_if_cancelled
 from nezha.index.connection import REDIS_ERRORS, Connection
 from nezha.index.schema import (DRAIN_TTL, FIELDS, KEY_CLUSTER_STATS, holders, key_drain, key_host_stats,
                                 key_node_stats, key_object, node_field)
@@ -269,11 +270,15 @@ class StatsWriter:
         delay = self._flush_interval
         failing = False
         while not self.conn.closing:
+            stop_if_cancelled()  # the last flush may have swallowed it (nezha/cancels.py)
             if failing:  # backing off: a burst does not hurry a Redis that fails
                 await asyncio.sleep(delay * random.uniform(0.8, 1.0))
             else:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._due.wait(), delay * random.uniform(0.8, 1.0))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+                # cancellation that lands as the event is set (nezha/cancels.py).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay * random.uniform(0.8, 1.0)):
+                        await self._due.wait()
             self._due.clear()
             failing = not await self.flush()
             if not failing:

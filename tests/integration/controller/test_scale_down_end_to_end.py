@@ -84,7 +84,7 @@ async def cache_pods(cluster, run_controller, index, ns, origin, redis_server, t
             await cluster.set_ready(i, True, ip=f"127.0.0.{11 + i}")
         await run_controller(peer_address="pod-ip")
         ring = {f"{STS}-{i}": f"127.0.0.{11 + i}:{ports[i]}" for i in range(n)}
-        await ring_becomes(index, ring, timeout=2.0)
+        await ring_becomes(index, ring)  # RING_WAIT, a guard: 2 s was a speed claim on a setup step
         # Every node routes by that ring (it reads it from the watch): as each reports, not after a clock.
         await asyncio.gather(*(until_reported(u + "/readyz", lambda st: sorted(st["ring_nodes"]) == sorted(ring),
                                               proc=p, what="nezha cache") for u, p in zip(urls, procs)))

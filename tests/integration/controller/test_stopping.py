@@ -1,4 +1,4 @@
-"""A cancelled controller stops, also when a Redis call swallowed the cancellation (controller/cancels.py)."""
+"""A cancelled controller stops, also when a Redis call swallowed the cancellation (nezha/cancels.py)."""
 
 from __future__ import annotations
 
