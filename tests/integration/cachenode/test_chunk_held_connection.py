@@ -16,9 +16,8 @@ import asyncio
 from unittest import mock
 
 from cachenode.fill.pace import Window
-from nezha.chunks import Layout, place
-from tests.integration.cachenode.test_chunks import (BODY, CHUNK, CHUNKED, KEY, SIZE, MiB, put, read, settled,
-                                                     sha)
+from tests.integration.cachenode.test_chunk_resume import a_chunk_with_an_owner_behind, copy_held_at
+from tests.integration.cachenode.test_chunks import BODY, CHUNK, MiB, read, settled, sha
 
 
 async def test_an_origin_connection_whose_buffer_a_held_chunk_fill_capped_is_closed_not_pooled(
@@ -27,25 +26,8 @@ async def test_an_origin_connection_whose_buffer_a_held_chunk_fill_capped_is_clo
     while and then let go: the fill is held (its socket's buffer capped at least once), then runs to the
     end, and the client reading through the second owner gets the chunk's exact bytes. The origin's side
     of the connection that carried the fill then sees it closed; pooled, it stayed open (keep-alive)."""
-    put(origin)
-    nodes, members = await cluster(4, replicas=2, **CHUNKED)
-    assert (await read(nodes["n0"], session, headers={"Range": f"bytes=0-{CHUNK - 1}"}))[0] == 206
-    await settled(nodes)
-    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
-    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    nodes, index, first, behind = await a_chunk_with_an_owner_behind(origin, cluster, session)
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
-    at, frozen, go = MiB, asyncio.Event(), asyncio.Event()
-    send_file = nodes[first].node.chunk_owner.send_file
-
-    async def held_at_p(request, resp, f, offset, count):
-        """The first owner's sends of the chunk to the owner copying it, held at byte P until `go`."""
-        if offset + count > at and not go.is_set():
-            if offset < at:
-                await send_file(request, resp, f, offset, at - offset)
-                count, offset = count - (at - offset), at
-            frozen.set()
-            await go.wait()
-        await send_file(request, resp, f, offset, count)
 
     carried: list = []  # the origin's side of each connection a Range for the chunk came on
     answer = origin._answer
@@ -56,7 +38,7 @@ async def test_an_origin_connection_whose_buffer_a_held_chunk_fill_capped_is_clo
         return await answer(request)
 
     origin._answer = noted
-    nodes[first].node.chunk_owner.send_file = held_at_p
+    frozen, go = copy_held_at(nodes[first], MiB)
     caps: list[int] = []
     set_buffer = Window._set
 

@@ -44,6 +44,37 @@ async def a_chunk_whose_first_owner_sends_half(origin, cluster, session):
     return nodes, index, first, behind, blocks
 
 
+async def a_chunk_with_an_owner_behind(origin, cluster, session):
+    """Four in-process nodes (R = 2) holding the object's manifest and chunk 0, and a later chunk with two
+    owners, still cold: (nodes, its index, its first owner, the owner behind it that copies it)."""
+    put(origin)
+    nodes, members = await cluster(4, replicas=2, **CHUNKED)
+    assert (await read(nodes["n0"], session, headers={"Range": f"bytes=0-{CHUNK - 1}"}))[0] == 206
+    await settled(nodes)
+    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
+    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
+    return nodes, index, first, behind
+
+
+def copy_held_at(node, at: int) -> tuple[asyncio.Event, asyncio.Event]:
+    """`node`'s sends of a chunk to the owner copying it, held at byte `at` of the chunk until `go` is set:
+    (frozen, set once a send reached `at`; go)."""
+    frozen, go = asyncio.Event(), asyncio.Event()
+    send_file = node.node.chunk_owner.send_file
+
+    async def held(request, resp, f, offset, count):
+        if offset + count > at and not go.is_set():
+            if offset < at:
+                await send_file(request, resp, f, offset, at - offset)
+                count, offset = count - (at - offset), at
+            frozen.set()
+            await go.wait()
+        await send_file(request, resp, f, offset, count)
+
+    node.node.chunk_owner.send_file = held
+    return frozen, go
+
+
 async def test_a_copy_broken_off_mid_chunk_goes_on_from_the_origin_and_gives_its_senders_checksums(
         origin, cluster, session):
     """A client reads the chunk through its second owner, whose fill copies it from the first owner (a whole
@@ -107,26 +138,9 @@ async def test_a_first_owners_origin_fill_keeps_within_a_window_of_the_owner_cop
     killed then takes with it only the bytes within that window that the copy lacks. Released, the copy
     goes on, and the client reading through the second owner gets the chunk's exact bytes, the origin
     asked for it once."""
-    put(origin)
-    nodes, members = await cluster(4, replicas=2, **CHUNKED)
-    assert (await read(nodes["n0"], session, headers={"Range": f"bytes=0-{CHUNK - 1}"}))[0] == 206
-    await settled(nodes)
-    table = place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 2)
-    index, (first, behind) = next((i, owners) for i, owners in enumerate(table) if i > 0 and len(owners) == 2)
-    at, frozen, go = MiB, asyncio.Event(), asyncio.Event()
-    send_file = nodes[first].node.chunk_owner.send_file
-
-    async def held_at_p(request, resp, f, offset, count):
-        """The first owner's sends of the chunk to the owner copying it, held at byte P until `go`."""
-        if offset + count > at:
-            if offset < at:
-                await send_file(request, resp, f, offset, at - offset)
-                count, offset = count - (at - offset), at
-            frozen.set()
-            await go.wait()
-        await send_file(request, resp, f, offset, count)
-
-    nodes[first].node.chunk_owner.send_file = held_at_p
+    nodes, index, first, behind = await a_chunk_with_an_owner_behind(origin, cluster, session)
+    at = MiB
+    frozen, go = copy_held_at(nodes[first], at)
     fills = nodes[first].node.chunk_owner.fills
     a, b = index * CHUNK, (index + 1) * CHUNK - 1
     before = len(origin.request_headers)
