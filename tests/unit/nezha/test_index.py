@@ -237,10 +237,10 @@ async def test_membership_write_bumps_the_epoch_and_reaches_another_node_by_pubs
     first = await writer.set_membership({"nezha-cache-0": "127.0.0.1:8080"})
     second = await writer.set_membership({"nezha-cache-0": "127.0.0.1:8080", "nezha-cache-1": "127.0.0.1:8081"},
                                          {"nezha-cache-1": 2})
-    took = await wait_for(lambda: reader.membership and reader.membership.epoch == second, timeout=1.0)
+    # The re-read is a minute away and the wait gives up at 30 s: only pub/sub delivers in time.
+    await wait_for(lambda: reader.membership and reader.membership.epoch == second, timeout=30)
     await reader.close()
     assert (first, second) == (1, 2)
-    assert took < 1.0
     assert seen[-1] == Membership(epoch=2, nodes={"nezha-cache-0": "127.0.0.1:8080",
                                                   "nezha-cache-1": "127.0.0.1:8081"},
                                   weights={"nezha-cache-0": 1, "nezha-cache-1": 2})
