@@ -154,8 +154,10 @@ async def test_a_client_that_says_nothing_is_closed_after_the_hello_timeout(rela
     r = await relay(hello_timeout=0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
     started = time.monotonic()
-    assert await asyncio.wait_for(reader.read(), 3) == b""
-    assert 0.25 < time.monotonic() - started < 2.5
+    # The relay's timer closes it, not the test's guard (which would raise).
+    assert await asyncio.wait_for(reader.read(), 60) == b""
+    assert time.monotonic() - started > 0.25
+    assert r.counts["refused"] == 1
     writer.close()
 
 
@@ -174,9 +176,11 @@ async def test_stalled_hellos_leave_room_for_a_real_client(relay, tls_origin, ca
         reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
         writer.write(bytes([22, 3, 1, 2, 0]) + b"\x01\x00")  # half a ClientHello, then nothing
         stalled.append(writer)
-    started = time.monotonic()
     head, body, _ = await https_get(r.port, ctx)
-    assert body == BODY and time.monotonic() - started < 1.0
+    # Served while all 100 hellos are still held (their timer is 30 s away):
+    # the real client waited on none of them.
+    assert body == BODY
+    assert r.counts["refused"] == 0
     for w in stalled:
         w.close()
 

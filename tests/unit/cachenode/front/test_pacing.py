@@ -167,13 +167,15 @@ async def test_a_slot_given_back_wakes_only_the_longest_waiting_fill_and_the_oth
 
 
 async def test_a_fill_that_gives_up_after_being_woken_passes_its_turn_to_the_next():
-    pacing = Pacing(busy=1, idle=8, quiet=0.5, clock=Clock())
+    # `quiet` a minute: a waiter looks again on its own only after it, so within the 30 s below only the
+    # turn passed on can have let the second in.
+    pacing = Pacing(busy=1, idle=8, quiet=60, clock=Clock())
     pacing.live_began()
     await pacing.fill("h/a")
     first, second = (asyncio.ensure_future(pacing.fill(f"h/{n}")) for n in ("b", "c"))
     await asyncio.sleep(0)
     pacing.stored("h/a")  # first's turn...
     first.cancel()  # ...and first's request gives up before it looks
-    await asyncio.wait_for(second, timeout=0.1)  # well before `quiet` would have woken it
+    await asyncio.wait_for(second, timeout=30)
     assert pacing.filling("h/c") and not pacing.filling("h/b")
     pacing.live_ended()
