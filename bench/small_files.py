@@ -251,11 +251,13 @@ class Point:
     nginx: float
     cpu_cache: float  # CPU seconds per fill, the node's own
     cpu_nginx: float
+    waited: float  # the share of a node run's seconds its process was ready to run but waited for a CPU
 
     def line(self) -> str:
         return (f"  {self.where:>14}: direct {self.direct:7.0f}/s  node {self.cache:7.0f}/s  nginx {self.nginx:7.0f}/s"
                 f"  node/direct {self.cache / self.direct:5.3f}  nginx/direct {self.nginx / self.direct:5.3f}"
-                f"  node/nginx {self.cache / self.nginx:5.3f}  node {self.cpu_cache * 1e6:.0f} CPU us per fill")
+                f"  node/nginx {self.cache / self.nginx:5.3f}  node {self.cpu_cache * 1e6:.0f} CPU us per fill, "
+                f"waited for a CPU {self.waited:.0%} of its runs")
 
 
 SIZES = dict(by="bench/small_files.py", worker_connections=4096, nofile=65536)
@@ -290,6 +292,7 @@ async def side_by_side(children: Children, work: Path, origin_url: str, p: Plan,
     # CPU per fill, each server's own: what a loaded shared machine changes least.
     cpu_cache: list[float] = []
     cpu_nginx: list[float] = []
+    waited: list[float] = []
     for r in range(rounds):
         start = r * per_round
         # Alternate which goes first, so drift on a shared machine hits both.
@@ -297,18 +300,30 @@ async def side_by_side(children: Children, work: Path, origin_url: str, p: Plan,
             await quiet()
             server, runs, cpus = (node, caches, cpu_cache) if what == "cache" else (proxy, nginxes, cpu_nginx)
             assert server.proc is not None
+            queued = run_queue_seconds(server.proc.pid)
             with Sampler(server.proc.pid, tree=what == "nginx") as sampled:
                 run_ = await cold(children, server.url, work, start, per_round, p.seconds, f"{what}-{tag}-{r}")
+            queued = run_queue_seconds(server.proc.pid) - queued
             runs.append(run_)
             cpus.append(sampled.cpu_seconds / max(1, run_.requests))
+            if what == "cache":
+                waited.append(queued / p.seconds)
             say(f"  {where}: round {r}: cold through {'the node' if what == 'cache' else 'nginx proxy_cache'}: "
                 f"{run_.rps:.0f} fills/s ({run_.requests} objects), CPU {sampled.cpu_percent:.0f}%, "
-                f"{cpus[-1] * 1e6:.0f} CPU us per fill")
+                f"{cpus[-1] * 1e6:.0f} CPU us per fill"
+                + (f", ready but waiting for a CPU {queued / p.seconds:.0%} of the run" if what == "cache" else ""))
     await children.stop(node.proc)
     await children.stop(proxy.proc)
     return Point(where=where, direct=direct.rps, cache=statistics.median(c.rps for c in caches),
                  nginx=statistics.median(n.rps for n in nginxes), cpu_cache=statistics.median(cpu_cache),
-                 cpu_nginx=statistics.median(cpu_nginx))
+                 cpu_nginx=statistics.median(cpu_nginx), waited=statistics.median(waited))
+
+
+def run_queue_seconds(pid: int) -> float:
+    """Seconds the process's main thread has been ready to run and waited for a CPU (/proc/PID/schedstat):
+    on a shared two-core machine, what tells a node held back by the others' load from one that idles."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
 
 
 async def curve(children: Children, work: Path, root: Path, p: Plan, rounds: int, rtts: list[float]) -> list[Point]:
