@@ -1,4 +1,4 @@
-"""Many small misses at once are all in flight to the origin at once (issue 35, item 5): with 64 clients
+"""Many small misses at once are all in flight to the origin at once (a first epoch limited by the origin, not the node): with 64 clients
 asking 64 distinct cold objects, the origin is answering all 64 together, not one after another, and a
 second wave goes out on the same keep-alive connections. Counted at the origin, never timed: the origin
 holds every answer until it has as many requests in flight as the test asks, so the count is exact on a
