@@ -314,7 +314,8 @@ class StaticFiles:
 
 def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, worker_connections: int = 1024,
                nofile: int = 0, sendfile: bool = True) -> str:
-    """One nginx config, as `Nginx.start` takes it: `%(user)s`, `%(prefix)s` and `%(port)d` left for it to fill.
+    """One nginx config, as `Nginx.start` takes it: `%(user)s`, `%(prefix)s`, `%(address)s` and `%(port)d` left
+    for it to fill.
 
     Every benchmark compares the node with the same nginx, so its settings
     live here once: `tcp_nopush` stays off (nginx's default; Debian's
@@ -355,7 +356,7 @@ def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, wor
                       "    }"]
             target = "http://origin"
         lines += ["    server {",
-                  "        listen 127.0.0.1:%(port)d;",
+                  "        listen %(address)s:%(port)d;",
                   "        server_name _;",
                   "        location / {",
                   f"            proxy_pass {target};",
@@ -371,7 +372,7 @@ def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, wor
     else:
         tls = site.cert is not None and site.key is not None
         lines += ["    server {",
-                  f"        listen 127.0.0.1:%(port)d{' ssl' if tls else ''};",
+                  f"        listen %(address)s:%(port)d{' ssl' if tls else ''};",
                   f"        server_name {lit(site.name)};"]
         if tls:
             lines += [f"        ssl_certificate {lit(site.cert)};", f"        ssl_certificate_key {lit(site.key)};"]
@@ -383,29 +384,31 @@ def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, wor
 class Nginx:
     """Debian's nginx as a child process, from a config `nginx_conf` built.
 
-    The config is %-formatted with `user`, `prefix` and `port` (set here);
-    everything nginx writes stays under WORK/NAME.
+    The config is %-formatted with `user`, `prefix`, `address` and `port`
+    (set here); everything nginx writes stays under WORK/NAME. It listens on
+    `address` (127.0.0.1 unless a benchmark puts it on a namespace's link).
     As root nginx would drop its workers to `nobody`, who cannot write into
     the private temp dir: `user` keeps them as the caller.
     """
 
-    def __init__(self, children: Children, work: Path, name: str = "nginx") -> None:
+    def __init__(self, children: Children, work: Path, name: str = "nginx", address: str = "127.0.0.1") -> None:
         self.children = children
         self.prefix = work / name
         self.prefix.mkdir(parents=True, exist_ok=True)
+        self.address = address
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{address}:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, template: str) -> None:
         conf = self.prefix / "nginx.conf"
         user = "user root root;" if os.geteuid() == 0 else ""
-        conf.write_text(template % {"user": user, "prefix": self.prefix, "port": self.port})
+        conf.write_text(template % {"user": user, "prefix": self.prefix, "address": self.address, "port": self.port})
         self.proc = await self.children.spawn(
             NGINX, "-p", str(self.prefix), "-c", str(conf), "-e", str(self.prefix / "error.log"),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            await until_port("127.0.0.1", self.port, timeout=15, proc=self.proc, log=self.prefix / "error.log",
+            await until_port(self.address, self.port, timeout=15, proc=self.proc, log=self.prefix / "error.log",
                              what="nginx", interval=0.1)
         except NotAnswering as e:
             raise BenchError(str(e)) from None

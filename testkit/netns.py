@@ -8,6 +8,9 @@ joined by a veth pair to a bridge that lives in a namespace of its own
 directions: on `eth0` for what the host sends, on the bridge's end of the
 pair for what it receives, at `rate` bytes/s with a stated burst and
 latency (the longest a packet may queue before the bucket drops it).
+There is no delay on a link: this machine's kernel has no `netem`
+(CONFIG_NET_SCH_NETEM is not set); testkit/delayline.py puts a distance
+in front of a server instead.
 
 Nothing touches the host's own network: addresses exist only inside the
 namespaces made here (one /24, the hosts' link route and no other: no
@@ -20,11 +23,15 @@ next `Network` deletes those of runs that are no longer alive.
 
 Namespaces need root and iproute2 (`ip`, `tc`); without them `Network`
 refuses to start with `NetnsUnavailable`, one line naming what is missing.
-Processes run inside a host with `net.argv(host, *argv)` (`ip netns exec`).
+Processes run inside a host with `net.argv(host, *argv)` (`ip netns exec`),
+or the calling thread steps into a host's namespace with `net.inside(host)`:
+what it starts and the sockets it opens there are that host's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -34,9 +41,10 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 SUBNET = "10.77.0"  # inside the namespaces only; two runs never share a bridge
+CLONE_NEWNET = 0x40000000  # <linux/sched.h>: setns(2) into a network namespace
 _OURS = re.compile(r"^nz(\d+)x[0-9a-f]{4}-")
 
 
@@ -154,6 +162,34 @@ class Network:
         # tc's "bps" means bytes per second; bits are spelt out to leave no doubt.
         return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate * 8}bit",
                 "burst", str(self.burst), "latency", f"{self.latency * 1000:g}ms"]
+
+    @contextlib.contextmanager
+    def inside(self, host: str) -> Iterator[None]:
+        """The calling thread in `host`'s namespace for the block, then back where it was.
+
+        Only this thread moves (setns(2)): processes it starts and sockets it
+        opens meanwhile belong to `host`, and stay there after the block. An
+        asyncio program calls it from its loop's thread, whose sockets then
+        open inside.
+        """
+        libc = ctypes.CDLL(None, use_errno=True)
+        back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            there = os.open(f"/run/netns/{self.namespace(host)}", os.O_RDONLY)
+            try:
+                if libc.setns(there, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise NetnsError(f"setns into {self.namespace(host)}: {os.strerror(err)}")
+            finally:
+                os.close(there)
+            try:
+                yield
+            finally:
+                if libc.setns(back, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise NetnsError(f"setns back from {self.namespace(host)}: {os.strerror(err)}")
+        finally:
+            os.close(back)
 
     def _run(self, *argv: str) -> None:
         if self.before_step is not None:

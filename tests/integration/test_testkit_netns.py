@@ -3,6 +3,7 @@ the set-up fails half-way. Runs as root (CI is root); elsewhere it skips, and in
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -137,3 +138,27 @@ def test_a_machine_without_iproute2_is_refused_naming_the_package(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(NetnsUnavailable, match="ip and tc not found: install Debian's iproute2"):
         Network(hosts=[Host("node")]).build()
+
+
+@needs_netns
+def test_the_calling_thread_steps_inside_a_host_and_back_out():
+    import socket
+
+    def bind(address: str) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind((address, 0))
+            except OSError:
+                return False
+            return True
+
+    mine = os.stat("/proc/thread-self/ns/net").st_ino
+    with Network(hosts=[Host("node")]) as net:
+        assert not bind(net.address("node"))
+        with net.inside("node"):
+            assert os.stat("/proc/thread-self/ns/net").st_ino == os.stat(f"/run/netns/{net.namespace('node')}").st_ino
+            assert bind(net.address("node"))
+            inner = subprocess.run(["ip", "-o", "addr", "show", "dev", "eth0"], capture_output=True, text=True)
+            assert net.address("node") in inner.stdout, "a process started inside is not inside"
+        assert os.stat("/proc/thread-self/ns/net").st_ino == mine
+        assert not bind(net.address("node"))
