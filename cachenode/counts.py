@@ -77,6 +77,8 @@ class Counts:
         self.index = index
         self._from_peer = from_peer  # is this aiohttp request a peer's (cachenode/peers/auth.py)?
         self._capacity: int | None | object = _UNSET  # the capacity gauge's last value: set again only when it changes
+        self._sizes: StoreSizes | None = None  # the store's last sizes, not yet in its gauges
+        metrics.registry.before_collect.append(self._settle_sizes)
         self.live = LiveHits()  # marked by each fast hit; the pacing reads it (cachenode/front/pacing.py)
         m = metrics
         self._counters = (("hits", m.hits), ("misses", m.misses), ("bytes_served", m.bytes_served),
@@ -108,6 +110,14 @@ class Counts:
             self.index.count(host, hits=1, bytes_served=sent)
             self.index.object_accessed(key)
 
+    def plain_miss(self, host: str, sent: int, first_byte: float | None) -> None:
+        """A plain miss the fast path answered (a client's, never a peer's):
+        what `count(misses=1, bytes_served=sent)` and the request's metrics
+        count, in plain ints until a scrape (`Metrics.plain_miss`), as `plain_hit`."""
+        self.metrics.plain_miss(sent, first_byte)
+        if self.index is not None:
+            self.index.count(host, misses=1, bytes_served=sent)
+
     def accessed(self, key: str) -> None:
         """A stored object answered a request (the index's last-access time)."""
         if self.index is not None:
@@ -131,8 +141,15 @@ class Counts:
         self.store_sizes(sizes)
 
     def store_sizes(self, sizes: StoreSizes) -> None:
-        self.metrics.stored_bytes.set(sizes.used_bytes)
-        self.metrics.stored_objects.set(sizes.objects)
+        """The store's gauges, set when the registry is next read (`_settle_sizes`): a fill changes them
+        thousands of times a second, a scrape reads them every few seconds."""
+        self._sizes = sizes
         if sizes.capacity != self._capacity:  # it changes only on a reload: one gauge set the less per fill
             self._capacity = sizes.capacity
             self.metrics.set_capacity(sizes.capacity)
+
+    def _settle_sizes(self) -> None:
+        sizes, self._sizes = self._sizes, None
+        if sizes is not None:
+            self.metrics.stored_bytes.set(sizes.used_bytes)
+            self.metrics.stored_objects.set(sizes.objects)

@@ -124,6 +124,10 @@ class Metrics:
         self._hit_requests = self.requests.labels(cache=CacheOutcome.HIT)
         self._hot_hit_requests = self.requests.labels(cache=CacheOutcome.HOT_HIT)
         r.before_collect.append(self._settle_hits)
+        # The same for plain misses the fast path answered (cachenode/front/fast_misses.py).
+        self._misses = self._miss_bytes = 0
+        self._miss_requests = self.requests.labels(cache=CacheOutcome.MISS)
+        r.before_collect.append(self._settle_misses)
         self._add_store(r)
         self._add_connections(r)
 
@@ -244,6 +248,25 @@ class Metrics:
         self._hit_bytes += nbytes
         if first_byte is not None:
             self.first_byte.observe("hit", first_byte)
+
+    def plain_miss(self, nbytes: int, first_byte: float | None) -> None:
+        """One plain miss the fast path answered from a fill stored at once:
+        what `requests`, `misses`, `bytes_served`, `served()` and the
+        first-byte histogram count for it, in plain ints as `plain_hit`'s."""
+        self._misses += 1
+        self._miss_bytes += nbytes
+        if first_byte is not None:
+            self.first_byte.observe("miss", first_byte)
+
+    def _settle_misses(self) -> None:
+        misses, nbytes = self._misses, self._miss_bytes
+        self._misses = self._miss_bytes = 0
+        if misses:
+            self._miss_requests.inc(misses)
+            self.misses.inc(misses)
+        if nbytes:
+            self.bytes_served.inc(nbytes)
+            self._by_source["fill"].inc(nbytes)
 
     def _settle_hits(self) -> None:
         hits, hot, nbytes = self._hits, self._hot_hits, self._hit_bytes

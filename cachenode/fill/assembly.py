@@ -196,6 +196,10 @@ class Assemblies:
         self.replicate(stored, a.target)
         return stored
 
+    def holds(self, key: str) -> bool:
+        """Whether parts of `key` are held (a fill stored whole asks before it awaits `forget`)."""
+        return key in self._by_key
+
     async def forget(self, key: str, *, why: str) -> None:
         """Parts of `key` are of no use any more: a write superseded it, or a fill stored it whole."""
         a = self._by_key.get(key)

@@ -22,7 +22,7 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
 from cachenode.fill.origin import fields_of
 from cachenode.fill.verify import DigestMismatch, Digests, check_whole
-from cachenode.http.digests import Mismatch
+from cachenode.http.digests import Expected, Mismatch
 from cachenode.http.freshness import Policy
 from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
@@ -76,43 +76,46 @@ class AtOnce:
         the mismatch: no byte of it leaves)."""
         started = time.monotonic()
         length = len(body)
-        self.metrics.fills_in_flight.inc()
-        try:
-            mismatch, verified = await self._check(body, response, key=key, target=target)
+        verified: str | None = None
+        expected = self.digests.expected(key=key, target=target, status=200, headers=fields_of(response))
+        if expected is not None:
+            mismatch = await self._check(expected, body)
             if mismatch is not None:
                 return self._mismatched(flight, mismatch, key=key, url=url, host=host, length=length,
                                         started=started)
-            if flight.superseded:
-                return None  # the general fill stores nothing of a superseded write (the caller's)
-            try:
-                stored = self.store.put_sealed(
-                    body, key=key, vary=vary, variant=variant_of(vary, source.headers) if vary else "",
-                    url=redact_url(url, origin.credential_params), host=host, headers=headers, stored_at=now,
-                    status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                    age=age, stale_while_revalidate=policy.stale_while_revalidate,
-                    authorize=authorize)
-            except NotStored as e:
-                # Refused or too large: the caller's fill streams it to its clients unstored and
-                # does not ask the store again (a second ask would count a second miss in the policy).
-                return e
-            except NezhaError:
-                return None  # the general fill meets the same failure and handles it (the caller's)
+            verified = expected.field
+        if flight.superseded:
+            return None  # the general fill stores nothing of a superseded write (the caller's)
+        try:
+            stored = self.store.put_sealed(
+                body, key=key, vary=vary, variant=variant_of(vary, source.headers) if vary else "",
+                url=redact_url(url, origin.credential_params), host=host, headers=headers, stored_at=now,
+                status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
+                age=age, stale_while_revalidate=policy.stale_while_revalidate,
+                authorize=authorize)
+        except NotStored as e:
+            # Refused or too large: the caller's fill streams it to its clients unstored and
+            # does not ask the store again (a second ask would count a second miss in the policy).
+            return e
+        except NezhaError:
+            return None  # the general fill meets the same failure and handles it (the caller's)
+        if self.parts.holds(key):  # parts a signed ranged read brought: of no use now
+            await self.parts.forget(key, why="stored whole by a fill")
+        return self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
+                               verified=verified)
+
+    async def _check(self, expected: Expected, body: bytes) -> Mismatch | None:
+        """`body` checked against the digest its origin published (fill/verify.py),
+        in memory, before anything of it is written (no descriptor kept open to
+        read it back): what mismatched, or None. In flight for the gauge while
+        it is checked, the one wait of this path (a large body's hash, on a
+        thread); the rest runs on the loop at once, where no scrape can see the
+        gauge between a rise and its fall, so it is not moved for it."""
+        self.metrics.fills_in_flight.inc()
+        try:
+            return await check_whole(expected, body)
         finally:
             self.metrics.fills_in_flight.dec()
-        return await self._completed(flight, stored, body, key=key, host=host, target=target, started=started,
-                                     verified=verified)
-
-    async def _check(self, body: bytes, response: aiohttp.ClientResponse, *, key: str,
-                     target: Target) -> tuple[Mismatch | None, str | None]:
-        """`body` checked against the digest its origin published
-        (fill/verify.py), in memory, before anything of it is written (no
-        descriptor kept open to read it back): (what mismatched, None), or
-        (None, the field that verified it; None when nothing was published)."""
-        expected = self.digests.expected(key=key, target=target, status=200, headers=fields_of(response))
-        if expected is None:
-            return None, None
-        mismatch = await check_whole(expected, body)
-        return (mismatch, None) if mismatch is not None else (None, expected.field)
 
     def _mismatched(self, flight: Flight, mismatch: Mismatch, *, key: str, url: str, host: str, length: int,
                     started: float) -> Outcome:
@@ -128,14 +131,13 @@ class AtOnce:
         self.flights.land(flight)
         return Outcome(Kind.FAILED, error=error)
 
-    async def _completed(self, flight: Flight, stored: Meta, body: bytes, *, key: str, host: str, target: Target,
-                         started: float, verified: str | None) -> Outcome:
+    def _completed(self, flight: Flight, stored: Meta, body: bytes, *, key: str, host: str, target: Target,
+                   started: float, verified: str | None) -> Outcome:
         """Count, log and copy a body stored at once as any completed fill from
         the origin, and land its flight with the body its clients are answered from."""
         self._from_origin(host, len(body))
         self._stored_seconds.observe(time.monotonic() - started)
         self.counts.stored(stored, self.store.sizes())
-        await self.parts.forget(key, why="stored whole by a fill")
         log.info("fill_completed", key=key, bytes=stored.size, source="origin", at_once=True,
                  seconds=round(time.monotonic() - started, 3), **({"verified": verified} if verified else {}))
         self.flights.land(flight)

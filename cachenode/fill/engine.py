@@ -289,8 +289,9 @@ class FillEngine:
         authorize = origin.credentials == "authorize" or (
             source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
         fields = fields_of(response)  # its names lowercased once, for every reading below and its digest check
+        age = current_age(fields, now) if source.peer is None else None  # a peer's copy is stored with Age 0
         policy = response_policy(response.status, fields, now=now, policy_ttl=origin.default_ttl,
-                                 private_ok=authorize, targeted=origin.targeted_cache_control)
+                                 private_ok=authorize, targeted=origin.targeted_cache_control, age=age)
         expires_at = now + policy.ttl
         kept = with_date(stored_pairs(fields), now)
         names = vary_names(fields)
@@ -308,9 +309,8 @@ class FillEngine:
                 expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
             except ValueError:
                 pass
-        age = current_age(fields, now) if source.peer is None else 0.0
         return Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
-                       chunk_size=chunk_size, length=length, age=age, decision=decision)
+                       chunk_size=chunk_size, length=length, age=0.0 if age is None else age, decision=decision)
 
     async def _chunked(self, judged: Judged, *, key: str, url: str, origin: Origin, target: Target,
                        source: Source, stale: Meta | None) -> Meta:

@@ -119,7 +119,6 @@ class FastMisses:
         self.counts = counts
         self.metrics = metrics
         self._log = log.is_enabled_for(logging.INFO)  # set once before a node is made, as for fast hits
-        self._miss_requests = metrics.requests.labels(cache=CacheOutcome.MISS)
         # A request head's fields (all but its request line) -> the fields, or
         # None: not a request this module leads. Clients send the same few blocks.
         self._fields: dict[bytes, _Fields | None] = {}
@@ -214,9 +213,7 @@ class FastMisses:
         """Count and log a miss answered here, as the handler's answer and the
         middlewares would: a miss, its bytes, the request and its first byte,
         one `request_completed` line (and `client_gone` when it went away)."""
-        self.counts.count(meta.host, misses=1, bytes_served=sent)
-        self._miss_requests.inc()
-        self.metrics.served(CacheOutcome.MISS, sent, first_byte=first_byte)
+        self.counts.plain_miss(meta.host, sent, first_byte)
         if not self._log:
             return
         if gone:

@@ -143,7 +143,7 @@ def _date(headers: Mapping[str, str], now: float) -> float:
 
 
 def response_policy(status: int, headers: Mapping[str, str], *, now: float, policy_ttl: float | None,
-                    private_ok: bool = False, targeted: tuple[str, ...] = ()) -> Policy:
+                    private_ok: bool = False, targeted: tuple[str, ...] = (), age: float | None = None) -> Policy:
     """Storable? For how long? How stale may it be served? From the origin's status and headers.
 
     `policy_ttl` is the operator's per-origin lifetime for responses that
@@ -159,6 +159,9 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
     `targeted`: the fields that address this cache (RFC 9213, the origin's
     `targeted_cache_control`), in order of precedence. The first present
     with a valid value replaces Cache-Control and Expires here.
+
+    `age`: `current_age(headers, now)` when the caller has it already (a
+    fill's leader stores it with the object): not worked out twice.
     """
     if status not in STORED_STATUSES:
         return Policy(False, f"status {status}")
@@ -178,7 +181,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
 
     lifetime = _explicit_lifetime(cc, headers, now, use_expires=field == "Cache-Control")
     if lifetime is not None:
-        return policy(lifetime - current_age(headers, now))
+        return policy(lifetime - (current_age(headers, now) if age is None else age))
     if status not in HEURISTIC_STATUSES:
         return policy(0.0)
     # §4.2.2. `public` would only widen this to responses to authenticated
@@ -190,7 +193,7 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
         return policy(0.0, heuristic=True)
     # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
     # it up), not a reason to distrust the file.
-    return policy(HEURISTIC_TTL - current_age(headers, now), heuristic=True)
+    return policy(HEURISTIC_TTL - (current_age(headers, now) if age is None else age), heuristic=True)
 
 
 def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None], *,

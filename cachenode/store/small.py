@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 from dataclasses import fields, replace
 from pathlib import Path
@@ -220,8 +221,13 @@ class SealedWrites:
 
 
 def _data_name(oid: str, *, sealed: bool) -> str:
-    """A stored object's data file: a nonce of its own, so a replaced object's file is never this one."""
-    return f"{oid}.{secrets.token_hex(6)}{SUFFIX if sealed else '.data'}"
+    """A stored object's data file: a nonce of its own, so a replaced object's file is never this one.
+
+    48 bits of `random`'s generator (seeded from the OS at start and again in
+    each forked process), not `secrets`': the nonce must differ from the file
+    it replaces, not be unguessable, and `secrets` asks the kernel (a
+    `getrandom` call) for every file."""
+    return f"{oid}.{random.getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
 
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:

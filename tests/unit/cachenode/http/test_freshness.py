@@ -500,3 +500,15 @@ def test_a_request_carrying_several_credentials_names_the_first_in_the_fixed_ord
 def test_an_http_date_read_again_is_the_same_timestamp_and_an_invalid_one_stays_none():
     assert http_date(DATE) == http_date(DATE) == NOW
     assert http_date("garbage") is None and http_date("garbage") is None
+
+
+def test_an_age_the_caller_worked_out_is_the_one_taken_off_the_lifetime():
+    """A fill's leader works out the answer's Age once (fill/engine.py `_judge`) and hands it in:
+    the same policy as the one working it out itself, and the age given is what counts."""
+    now = 1_700_000_000.0
+    for headers in ({"Cache-Control": "max-age=600", "Age": "100"},
+                    {"Last-Modified": "Sun, 06 Nov 1994 08:49:37 GMT", "Age": "30"}):
+        itself = response_policy(200, headers, now=now, policy_ttl=None)
+        assert response_policy(200, headers, now=now, policy_ttl=None, age=current_age(headers, now)) == itself
+        assert response_policy(200, headers, now=now, policy_ttl=None, age=0.0).ttl == itself.ttl + float(
+            headers["Age"])
