@@ -44,7 +44,7 @@ from cachenode.front.hits import PlainHitFinder, hit_label
 from cachenode.front.interim import CONTINUE_DEFERRED, send_continue
 from cachenode.front.middleware import REFUSED_METHODS
 from cachenode.front.names import Asked, resolve
-from cachenode.front.reads import AGAIN, Reads
+from cachenode.front.reads import AGAIN, UNSEEN, Reads
 from cachenode.front.relaying import RelayedReads
 from cachenode.front.respond import Responder
 from cachenode.front.short_answers import origin_failure
@@ -134,6 +134,7 @@ class Handler:
                 return answer
             await self._owners_unreachable(request, asked, look.ahead)
             way = route(facts.owners_silent())
+            look = replace(look, meta=None)  # the owners were asked meanwhile: look again
         return await self._answer(way, request, asked, look)
 
     async def _answer(self, way: Route, request: web.Request, asked: Asked, look: _Look) -> web.StreamResponse:
@@ -150,7 +151,8 @@ class Handler:
             return await self.respond.passthrough(request, asked.url, label=CacheOutcome.PASS)
         if way is Route.AUTHORIZE:
             return await self.authorized.get(request, asked, meta=look.meta, directives=look.directives)
-        return await self.reads.get(request, asked, look.directives)
+        # The copy found is passed on: a second lookup would count this one read as two uses of it.
+        return await self.reads.get(request, asked, look.directives, meta=UNSEEN if look.meta is None else look.meta)
 
     async def _led(self, request: web.Request, asked: Asked, led: Led) -> web.StreamResponse | None:
         """The answer of a flight the fast path led for this request

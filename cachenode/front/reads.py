@@ -40,7 +40,7 @@ log = structlog.get_logger("nezha.cachenode")
 
 AGAIN = object()  # look again: the loop's next turn
 GIVE_UP = object()  # leave the loop: the way's last answer (`give_up`)
-_UNSEEN = object()  # nothing looked up yet
+UNSEEN = object()  # nothing looked up yet
 Step = web.StreamResponse | object  # an answer, AGAIN or GIVE_UP
 
 
@@ -94,18 +94,20 @@ class Reads:
                      stale_if_error=meta.stale_if_error, stale_while_revalidate=meta.stale_while_revalidate,
                      request=directives)
 
-    async def get(self, request: web.Request, asked: Asked, directives: RequestDirectives) -> web.StreamResponse:
-        """A plain read: a fresh copy, else a flight (joined or led)."""
-        return await self.loop(request, asked, directives, way=self)
+    async def get(self, request: web.Request, asked: Asked, directives: RequestDirectives, *,
+                  meta: Meta | None | object = UNSEEN) -> web.StreamResponse:
+        """A plain read: a fresh copy, else a flight (joined or led). `meta`: the
+        copy the handler found, passed on so the store counts one read as one use."""
+        return await self.loop(request, asked, directives, way=self, meta=meta)
 
     async def loop(self, request: web.Request, asked: Asked, directives: RequestDirectives, *, way: Way,
-                   meta: Meta | None | object = _UNSEEN) -> web.StreamResponse:
+                   meta: Meta | None | object = UNSEEN) -> web.StreamResponse:
         """The read loop of every read, plain and signed: what is stored, then
         the flight, until one answers; `way` says what each step does (a signed
         read asks the origin before a stored copy or a fill reaches its caller,
         front/authorized.py). `meta`: the copy the handler looked up already."""
         for attempt in range(way.attempts):
-            if attempt or meta is _UNSEEN:
+            if attempt or meta is UNSEEN:
                 meta = self.store.lookup(asked.key, request.headers)
             assert meta is None or isinstance(meta, Meta)
             answer = await way.stored(request, asked, meta, directives)
