@@ -261,10 +261,14 @@ class ChunkFills:
             ahead = self.relay.order(owners)  # every owner, those marked down last: they may be back
         if source is not None and source.id != self.node_id:
             ahead = [source] + [p for p in ahead if p.id != source.id]
+        # No owner ahead to copy chunk 0 from: the node whose cold fill's first answer it may be comes
+        # first, as a node of a wave (its flight or stored copy, or nothing), then the origin.
+        adopted = self._first_answer_at(key) if fill.keep and index == 0 and not ahead else None
+        ahead = [adopted] if adopted is not None else ahead
         for attempt in (1, 2):
-            try:
+            try:  # `_land` takes the sources it asked off `ahead`: a second attempt asks the next
                 stored, sent, began = await self._land(fill, ahead, spec, ckey=ckey, url=url, target=target,
-                                                       layout=layout)
+                                                       layout=layout, fed=adopted)
                 break
             except CorruptCopy as e:
                 # A whole copy whose bytes are not its sender's block checksums: nothing of it is kept, and
@@ -283,14 +287,15 @@ class ChunkFills:
         return stored
 
     async def _land(self, fill: ChunkFill, ahead: list[Peer], spec: ChunkSpec, *, ckey: str, url: str,
-                    target: Target, layout: Layout) -> tuple[Meta | None, tuple[Peer, Peer] | None, int]:
+                    target: Target, layout: Layout,
+                    fed: Peer | None = None) -> tuple[Meta | None, tuple[Peer, Peer] | None, int]:
         """The chunk into one file from the owners `ahead`, each asked for the rest from the byte the
         last reached, else the origin (for a fill, never a pass); committed for a fill. What was
         stored (None: passed on), the owner and node that sent the last bytes (None: the origin), and
         the byte the last source began at. CorruptCopy when a whole copy's checksums refuse it."""
         landing = self._landing(fill, size=layout.length_of(spec.index), host=target.host)
         try:
-            sent = await self._from_owners(landing, ahead, spec, target=target)
+            sent = await self._from_owners(landing, ahead, spec, target=target, fed=fed)
             if sent is None and not fill.keep:  # a non-owner never fills a chunk from the origin: its readers
                 raise ChunkUnavailable(f"no owner of {ckey} answered"  # ask on their own
                                        + (f" for the rest after {landing.written} bytes" if landing.written else ""))
@@ -306,8 +311,8 @@ class ChunkFills:
         return Landing(fill=fill, size=size, host=host, store=self.store, metrics=self.metrics, counts=self.counts,
                        clock=self._clock)
 
-    async def _from_owners(self, landing: Landing, ahead: list[Peer], spec: ChunkSpec, *,
-                           target: Target) -> tuple[Peer, Peer] | None:
+    async def _from_owners(self, landing: Landing, ahead: list[Peer], spec: ChunkSpec, *, target: Target,
+                           fed: Peer | None = None) -> tuple[Peer, Peer] | None:
         """The rest of the chunk, from the byte `landing` reached, from the first of `ahead` that sends
         it: that owner, and the node that sent it (a node of the chunk's wave it sent this node to, or
         itself); None when none did."""
@@ -316,7 +321,9 @@ class ChunkFills:
         while ahead:
             owner, at = ahead.pop(0), landing.written
             piece = Piece(index=spec.index, offset=at, length=landing.size - at)  # the whole chunk, or its rest
-            opened = await self._ask(owner, target, asked, piece)
+            # `fed`: no owner, asked for its flight of the chunk or its stored copy, never to start one.
+            opened = await self._ask(owner, target, dataclasses.replace(spec, role="fed") if owner is fed else asked,
+                                     piece)
             if opened is None:
                 continue
             assert opened.response is not None
@@ -340,6 +347,24 @@ class ChunkFills:
                 continue
             return owner, peer
         return None
+
+    def _first_answer_at(self, key: str) -> Peer | None:
+        """The node that holds chunk 0 of `key` when a cold fill's first answer brought it there
+        (chunks/adopted.py): the key's first owner in the ring, which leads its fills, unless that is
+        this node or marked down. Its copy reaches chunk 0's first owner by a push (`ChunkPeers.push`)
+        before the manifest is answered; but the manifest is stored, and replicated to the key's other
+        owners, before that push is sent, and a reader that learned of it there meanwhile had chunk 0's
+        first owner fill the chunk from the origin while the key's owner held it (1.125 S, one run in
+        about ten of the stampede benchmark's `shipped-chunks`)."""
+        snap = self.members.snapshot
+        if not snap.nodes:
+            return None
+        first = snap.ring().owners(key, 1)[0]
+        address = snap.nodes.get(first)
+        if first == self.node_id or address is None:
+            return None
+        peer = Peer(first, address)
+        return None if self.relay.is_down(peer) else peer
 
     async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
         """`owner`'s answer for a whole chunk, or its rest. A whole pass may be sent on to a node of the

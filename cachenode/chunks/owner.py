@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Callable, Iterator, Protocol
+from typing import IO, Callable, Iterator, Protocol
 
 import structlog
 from aiohttp import web
@@ -26,6 +26,7 @@ from cachenode.chunks.sources import SendFile, Tail, send_held, send_tail
 from cachenode.chunks.spec import ChunkChanged, ChunkSpec
 from cachenode.counts import Counts
 from cachenode.http.conditionals import parse_range
+from cachenode.kernel.splice import ClientGone
 from cachenode.peers.cuts import Cuts, answer_cut
 from cachenode.store.blocks import summary
 from cachenode.store.disk import Store
@@ -45,6 +46,25 @@ class Record(Protocol):
     key: str | None
     cache: str | None
     bytes: int
+
+
+class Counted:
+    """The send_file of one answer to a peer, counting the bytes that left:
+    what a reader that went away mid-answer was sent (`ChunkOwner.serve`)."""
+
+    def __init__(self, send_file: SendFile) -> None:
+        self._send_file = send_file
+        self.sent = 0
+        self.resp: web.StreamResponse | None = None  # the answer, once prepared
+
+    async def __call__(self, request: web.Request, resp: web.StreamResponse, f: IO[bytes], offset: int,
+                       count: int) -> None:
+        try:
+            await self._send_file(request, resp, f, offset, count)
+        except ClientGone as e:
+            self.sent += e.sent
+            raise
+        self.sent += count
 
 
 class ChunkOwner:
@@ -87,15 +107,27 @@ class ChunkOwner:
                 return sent_on
         if feeds:
             self.feeders.sending(ckey, asker)
+        counted = Counted(self.send_file)
         try:
             return await self._send(request, record, key=key, url=url, target=target, spec=spec, start=start,
-                                    count=count, ranged=bool(asked), ckey=ckey)
+                                    count=count, ranged=bool(asked), ckey=ckey, send_file=counted)
+        except ConnectionError as e:  # ClientGone, or the answer's end written to a socket that went
+            if counted.resp is None:
+                raise
+            # The reader went away mid-answer (a killed node, a pass that gave up): its own business,
+            # not this node's failure, so one line and the answer as it went, no 500 and no traceback.
+            record.bytes = counted.sent
+            self._sent(request, target.host, counted.sent)
+            log.info("chunk_reader_gone", key=ckey, chunk=spec.index, asker=asker, bytes=counted.sent,
+                     wanted=count, error=str(e))
+            return counted.resp
         finally:
             if feeds:
                 self.feeders.sent(ckey)
 
     async def _send(self, request: web.Request, record: Record, *, key: str, url: str, target: Target,
-                    spec: ChunkSpec, start: int, count: int, ranged: bool, ckey: str) -> web.StreamResponse:
+                    spec: ChunkSpec, start: int, count: int, ranged: bool, ckey: str,
+                    send_file: Counted) -> web.StreamResponse:
         """Bytes [start, start + count) of the chunk `spec` names, as stored here or as it grows."""
         size = spec.layout.length_of(spec.index)
         try:
@@ -105,7 +137,7 @@ class ChunkOwner:
             if isinstance(here, Tail):
                 return await self._send_growing(request, record, here, host=target.host, start=start,
                                                 count=count, size=size, ranged=ranged, ckey=ckey,
-                                                copy=spec.role == "fill")
+                                                copy=spec.role == "fill", send_file=send_file)
         except ChunkChanged as e:
             raise web.HTTPPreconditionFailed(text=f"{e}\n")
         except OriginError:
@@ -115,7 +147,7 @@ class ChunkOwner:
             raise web.HTTPServiceUnavailable(text=f"chunk {spec.index} of {key} could not be had here: {e}\n",
                                              headers={FILL_FAILED_HEADER: origin_error_value(str(e))})
         return await self._send_stored(request, record, here, host=target.host, start=start, count=count,
-                                       size=size, ranged=ranged)
+                                       size=size, ranged=ranged, send_file=send_file)
 
     async def _here(self, request: web.Request, *, key: str, url: str, target: Target,
                     spec: ChunkSpec) -> Meta | Tail | None:
@@ -143,7 +175,7 @@ class ChunkOwner:
                             text=f"read {ckey} from {feeder}, which reads it now\n")
 
     async def _send_stored(self, request: web.Request, record: Record, stored: Meta, *, host: str, start: int,
-                           count: int, size: int, ranged: bool) -> web.StreamResponse:
+                           count: int, size: int, ranged: bool, send_file: Counted) -> web.StreamResponse:
         """Bytes [start, start + count) of the chunk `stored` here, by sendfile (none for HEAD), its
         blocks checked first when reads are verified."""
         try:
@@ -162,9 +194,10 @@ class ChunkOwner:
             if stored.blocks and start == 0 and count == size:  # a whole copy: checked by the receiver
                 resp.headers[BLOCKS_HEADER] = summary(stored.blocks)
             await resp.prepare(request)
+            send_file.resp = resp
             if request.method == "GET":
                 with self._paced(request, stored.key, start) as paced:
-                    await send_held(self.send_file, request, resp, f, start, count, paced)
+                    await send_held(send_file, request, resp, f, start, count, paced)
             await resp.write_eof()
         record.bytes = count if request.method == "GET" else 0
         self._sent(request, host, record.bytes)
@@ -204,7 +237,8 @@ class ChunkOwner:
         self.counts.count(host, request=request, bytes_served=sent)
 
     async def _send_growing(self, request: web.Request, record: Record, tail: Tail, *, host: str, start: int,
-                            count: int, size: int, ranged: bool, ckey: str, copy: bool) -> web.StreamResponse:
+                            count: int, size: int, ranged: bool, ckey: str, copy: bool,
+                            send_file: Counted) -> web.StreamResponse:
         """Bytes [start, start + count) of a chunk still being written here,
         sent as they land; `copy`: to an owner behind this one, copying the
         chunk, whose place the fill keeps within a window of (chunks/landing.py). If its fill fails first, the cut is noted (`Cuts`)
@@ -213,9 +247,10 @@ class ChunkOwner:
         with tail:
             resp = self._answer(start=start, count=count, size=size, ranged=ranged)
             await resp.prepare(request)
+            send_file.resp = resp
             with self._paced(request, ckey, start) as paced, \
                     Paced(tail.growing.pace, peer=copy, offset=start, replica=True) as behind:
-                sent = await send_tail(self.send_file, request, resp, tail, start, count, paced,
+                sent = await send_tail(send_file, request, resp, tail, start, count, paced,
                                        copy=behind if copy else None)
             record.bytes = sent
             self._sent(request, host, sent)

@@ -62,8 +62,15 @@ log = structlog.get_logger("nezha.chunks")
 
 # Chunks asked of their owners ahead of the one being written to the client:
 # enough to keep several owners filling (or sending) at once, few enough that
-# a client that stops reading holds only this many open answers.
-WINDOW = 4
+# a client that stops reading holds only this many open answers. In a stampede
+# a later chunk reaches the other nodes through a chain whose first hop leaves
+# its owner beside that owner's clients' long-running reads, and on a link they
+# fill such a new stream gets a small share (0.3-0.4 MB/s of 10 in the traced
+# runs): every node down the chain then waited for it when its clients got
+# there. Asked 6 ahead rather than 4, chunks 5 and 6 of the first reads start
+# with the wave, not a second into it (docs/benchmarks.md, "Chunk stampedes:
+# the chains' first hops", 2026-11-28).
+WINDOW = 6
 # Times the rest of one piece is asked again after its source broke off mid-piece.
 RESUMES = 3
 
