@@ -172,22 +172,17 @@ class Network:
         asyncio program calls it from its loop's thread, whose sockets then
         open inside.
         """
-        libc = ctypes.CDLL(None, use_errno=True)
         back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         try:
             there = os.open(f"/run/netns/{self.namespace(host)}", os.O_RDONLY)
             try:
-                if libc.setns(there, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise NetnsError(f"setns into {self.namespace(host)}: {os.strerror(err)}")
+                _setns(there, f"into {self.namespace(host)}")
             finally:
                 os.close(there)
             try:
                 yield
             finally:
-                if libc.setns(back, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise NetnsError(f"setns back from {self.namespace(host)}: {os.strerror(err)}")
+                _setns(back, f"back from {self.namespace(host)}")
         finally:
             os.close(back)
 
@@ -222,6 +217,12 @@ class Network:
         theirs = subprocess.run(["tc", "-n", self.bridge_ns, "qdisc", "show", "dev", f"h{i}"],
                                 capture_output=True, text=True, check=True).stdout.strip()
         return mine, theirs
+
+
+def _setns(fd: int, what: str) -> None:
+    """The calling thread into the network namespace open at `fd`; NetnsError saying `what` failed."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+        raise NetnsError(f"setns {what}: {os.strerror(ctypes.get_errno())}")
 
 
 def check_available() -> None:
