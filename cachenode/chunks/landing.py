@@ -154,6 +154,7 @@ class Landing:
                         window.held(at)
                         if window.capped and protocol is not None:
                             protocol.force_close()  # closed once its body is in: never pooled again
+                            protocol = None  # once is enough
                     elif window is not None and pace.fill_end == FREE:
                         window.free()
                     await pace.room(at)
