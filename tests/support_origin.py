@@ -2,7 +2,7 @@
 
 It serves `files` (path -> bytes) and counts every request, so a test can
 prove how often the cache went to the origin. Knobs: throttle, delay before
-headers, die after N bytes (of a whole answer, or of a 206), lie about Content-Length, omit it (chunked),
+headers (or held until the test lets them go), die after N bytes (of a whole answer, or of a 206), lie about Content-Length, omit it (chunked),
 custom status and headers per path (`fields`: repeated ones, in order),
 ETag/Last-Modified, 304 and 412 handling, and one `bytes=a-b` range. Writes (PUT, POST, DELETE, PATCH, any
 other method) are read as a stream and hashed, never held whole: PUT stores
@@ -29,6 +29,7 @@ class Behaviour:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # before the headers
+    held: asyncio.Event | None = None  # the headers wait until the test sets it (after any `delay`)
     rate: float | None = None  # bytes per second
     die_after: int | None = None  # drop the connection after this many body bytes
     claim_length: int | None = None  # Content-Length to announce instead of the real one
@@ -104,6 +105,8 @@ class TestOrigin:
         b = self.behaviour[path]
         if b.delay:
             await asyncio.sleep(b.delay)
+        if b.held is not None:
+            await b.held.wait()
         etag = self.etags[path]
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag, **b.headers})
