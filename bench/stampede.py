@@ -159,7 +159,8 @@ def trace(o: Outcome, *, step: float = 0.5) -> str:
     """Where a run's time went (`--trace`): what each node's link (and the origin's) sent in each `step`
     seconds, in MB/s, from the release on; each client group's first and last byte; and, from the nodes' logs
     at info, which node sent each chunk to which (a chunk's fill or pass names its source: one line per
-    sender, its total beside it; N − 1 sends per chunk in all, (N − 1)/N of them per node when they even out)."""
+    sender, its total beside it; N − 1 sends per chunk in all, (N − 1)/N of them per node when they even out)
+    and when each of those sends started and ended (`hop_lines`)."""
     hosts = sorted((h for h in (o.link_series[0][1] if o.link_series else {}) if h.startswith("node")),
                    key=lambda h: int(h[4:])) + ["origin"]
     out = ["    t    " + " ".join(f"{h:>7s}" for h in hosts) + "   (MB/s sent)"]
@@ -181,14 +182,18 @@ def trace(o: Outcome, *, step: float = 0.5) -> str:
     for source, chunks in sorted(sends.items()):
         out.append(f"  {source:7s} sent {sum(len(v) for v in chunks.values()):2d} chunks: " + "  ".join(
             f"{i}->{','.join(to)}" for i, to in sorted(chunks.items())))
+    if o.work is not None:
+        out.extend(hop_lines(o.work))
     return "\n".join(out)
 
 
-def chunk_sends(work: Path) -> dict[str, dict[int, list[str]]]:
-    """From the nodes' logs (at info): source node (or "origin") -> chunk index -> the nodes it sent it to."""
+def chunk_hops(work: Path) -> list[tuple[int, str, str, float, float]]:
+    """From the nodes' logs (at info), each chunk's fill or pass: (chunk index, node, its source: a node or
+    "origin", start, end), in seconds from the first one's start (the logs' clocks, not the release's)."""
+    import datetime
     import json
 
-    sends: dict[str, dict[int, list[str]]] = {}
+    hops = []
     for f in sorted(work.glob("node*.log")):
         for raw in f.read_text(errors="replace").splitlines():
             try:
@@ -196,9 +201,29 @@ def chunk_sends(work: Path) -> dict[str, dict[int, list[str]]]:
             except ValueError:
                 continue
             if e.get("event") in ("chunk_filled", "chunk_passed") and "#chunk/" in e.get("key", ""):
-                index = int(e["key"].rsplit("/", 1)[1])
-                sends.setdefault(e["source"], {}).setdefault(index, []).append(f.stem)
+                end = datetime.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+                hops.append((int(e["key"].rsplit("/", 1)[1]), f.stem, e["source"], end - e["seconds"], end))
+    first = min((h[3] for h in hops), default=0.0)
+    return [(i, node, source, start - first, end - first) for i, node, source, start, end in hops]
+
+
+def chunk_sends(work: Path) -> dict[str, dict[int, list[str]]]:
+    """From the nodes' logs (at info): source node (or "origin") -> chunk index -> the nodes it sent it to."""
+    sends: dict[str, dict[int, list[str]]] = {}
+    for index, node, source, _, _ in chunk_hops(work):
+        sends.setdefault(source, {}).setdefault(index, []).append(node)
     return sends
+
+
+def hop_lines(work: Path) -> list[str]:
+    """Each chunk's fills and passes in the order they ended: node<-source start-end (seconds), so a hop
+    that crawled (a new stream beside a link's long ones) and the nodes waiting behind it show."""
+    by_chunk: dict[int, list[tuple[int, str, str, float, float]]] = {}
+    for hop in chunk_hops(work):
+        by_chunk.setdefault(hop[0], []).append(hop)
+    return [f"  chunk {i}: " + "  ".join(f"{node}<-{source} {start:.2f}-{end:.2f}"
+                                         for _, node, source, start, end in sorted(hops, key=lambda h: h[4]))
+            for i, hops in sorted(by_chunk.items())]
 
 
 def plot(results: dict[str, dict[int, Outcome]], ns: list[int], path: Path, title: str) -> None:
