@@ -26,7 +26,6 @@ flipped bit on disk), not against someone who writes the disk on purpose.
 from __future__ import annotations
 
 import json
-import json.encoder
 import struct
 
 import google_crc32c
@@ -39,20 +38,6 @@ TRAILER_SIZE = _TRAILER.size
 MAX_RECORD = 1 << 20
 # `json.dumps(record, separators=(",", ":"))`, its encoder made once rather than on every call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
-# The same bytes from the C encoder `_ENCODER.encode` builds on every call
-# (its arguments are `_ENCODER`'s settings: ASCII, no indent, no key sort,
-# no circular check, as a record is a tree of plain values), made once:
-# building it was most of what encoding a record cost (docs/benchmarks.md,
-# "A cold small fill written under its final name").
-_C_ENCODE = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
-    None, _ENCODER.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
-
-
-def encode_record(record: dict) -> bytes:
-    """`record` as a sealed file holds it: compact JSON, ASCII."""
-    if _C_ENCODE is None:
-        return _ENCODER.encode(record).encode()
-    return "".join(_C_ENCODE(record, 0)).encode()
 
 
 class Unsealed(ValueError):
@@ -61,7 +46,7 @@ class Unsealed(ValueError):
 
 def seal(body: bytes | memoryview, record: dict) -> bytes:
     """The bytes that follow `body` in its file: its record and the trailer over both."""
-    raw = encode_record(record)
+    raw = _ENCODER.encode(record).encode()
     crc = google_crc32c.extend(google_crc32c.value(bytes(body)), raw)
     return raw + _TRAILER.pack(MAGIC, len(raw), crc)
 

@@ -1,11 +1,10 @@
 """A small object's file seals its body and record: any torn or flipped byte is told apart."""
 
-import json
 import os
 
 import pytest
 
-from cachenode.store.sealed import MAGIC, TRAILER_SIZE, Unsealed, encode_record, record_length, seal, unseal
+from cachenode.store.sealed import MAGIC, TRAILER_SIZE, Unsealed, record_length, seal, unseal
 
 BODY = os.urandom(5000)
 RECORD = {"key": "http://h/a.jpg", "size": 5000, "headers": [["ETag", '"x"']]}
@@ -54,15 +53,3 @@ def test_a_file_of_another_format_has_no_trailer():
     with pytest.raises(Unsealed):
         record_length(b"\0" * TRAILER_SIZE)
     assert MAGIC not in b"\0" * TRAILER_SIZE
-
-
-def test_a_record_is_encoded_as_compact_json_the_same_bytes_every_reader_parses():
-    """The encoder made once (`encode_record`) writes what `json.dumps` with the
-    format's separators writes, for every kind of value a record holds; two
-    calls in a row give the same bytes (nothing is kept between them)."""
-    record = {"key": "http://h/caf\u00e9 \u2028.jpg", "size": 5000, "stored_at": 1796000000.123456,
-              "expires_at": float("inf"), "age": 0.0, "length": None, "hot": False, "vary": ("Accept",),
-              "headers": (("ETag", '"x\\y"'), ("X-Tab", "a\tb")), "blocks": None}
-    expected = json.dumps(record, separators=(",", ":")).encode()
-    assert encode_record(record) == expected == encode_record(record)
-    assert unseal(BODY + seal(BODY, record))[1] == json.loads(expected)
