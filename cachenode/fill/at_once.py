@@ -1,6 +1,6 @@
 """A small fill stored at once: an answer whose body aiohttp read whole with
-its head (`fill/lead.py` `stored_at_once`) is checked, written, sealed and
-renamed on the event loop before any client is answered, then answered
+its head (`fill/lead.py` `stored_at_once`) is checked, written and sealed
+under its final name on the event loop before any client is answered, then answered
 from memory as a miss. No background task, no buffer its clients follow.
 
 `fill/running.py` decides which answers come here (`FillRuns.whole_and_small`)
@@ -60,7 +60,7 @@ class AtOnce:
                           authorize: bool, age: float) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
         event loop: checked in memory against a published digest, then one
-        temp file created, written with its seal in one go and renamed
+        file created under its final name and written with its seal in one go
         (cachenode/store/small.py `SealedWrites.put_sealed`), counted and
         logged as any fill; the flight's clients are then answered from the
         bytes in memory as a miss. `age`: its Age as the leader judged it

@@ -13,7 +13,7 @@ A large object becomes servable only by the rename of its `.meta`, which
 happens after its data file is complete, verified against the origin's
 length, fsynced and renamed into place. A small one (at most `small_max`
 bytes, cachenode/store/small.py) is one sealed file, renamed into place
-without an fsync and made durable with others by a group sync
+(or, stored at once, written under its final name) without an fsync and made durable with others by a group sync
 (cachenode/store/syncer.py); its checksum is checked at start-up and on
 every read (`intact`). Either way a crash leaves the old object or no
 object, never a partial one; start-up deletes orphans and torn files.
@@ -97,7 +97,6 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
         self._folders: dict[str, str] = {}  # object folders known to exist, by their 2 hex
-        self._tmp_name = str(self.tmp)
         # Told of every change to the index, in order: ("put", meta), ("load",
         # meta) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.

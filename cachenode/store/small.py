@@ -121,8 +121,8 @@ def read_sealed(path: Path) -> Meta | None:
 
 
 class SealedWrites:
-    """A small body that is whole in memory, stored in one go: one file created,
-    one write of body and seal, one rename. What a fill stored at once
+    """A small body that is whole in memory, stored in one go: one file created
+    under its final name, one write of body and seal, no rename. What a fill stored at once
     (cachenode/fill/at_once.py) takes instead of a temp file it writes and
     commits in steps (`Store.new_temp`, `Store.commit`): no second descriptor,
     no copy of the body kept beside the file, no `Meta` built again at the
@@ -170,11 +170,11 @@ class SealedWrites:
         record `record` gives (the other fields of its `Meta`; its size, data
         file and extra flag are the store's), and in the index: room made for
         it and admitted (TooLarge, Refused as `admission`), written with its
-        seal in one go to a temp file, renamed into place, left to the group
+        seal in one go to a new file under its final name, left to the group
         sync to make durable. What a fill whose body is whole in memory
         (cachenode/fill/at_once.py), checked already, takes: one call, no
         descriptor kept open, the `Meta` built once. StoreError naming the file and the OS error when
-        it cannot be written or renamed: nothing is left behind then, and
+        it cannot be created or written: nothing is left behind then, and
         nothing is in the index."""
         oid = object_id(slot_of(key, vary=vary, variant=variant))
         size = len(body)
@@ -183,41 +183,41 @@ class SealedWrites:
         self.reserve(size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=size)
-            self._write_and_rename(meta, body, oid)
+            self._write_in_place(meta, body, oid)
         finally:
             self.release(size)
         self.group_sync.committed()
         return self._admit(meta)
 
-    def _write_and_rename(self, meta: Meta, body: bytes, oid: str) -> None:
-        """`body` and its seal in a new temp file, in one write, renamed to
-        `meta.data` in its folder (made once per process, `_folder`). StoreError, and no
-        file left, when that fails."""
-        # Named after its data file, whose nonce makes it unique already: no second random token.
-        temp = f"{self._tmp_name}/{meta.data}.part"
+    def _write_in_place(self, meta: Meta, body: bytes, oid: str) -> None:
+        """`body` and its seal written in one go to a new file at `meta.data` in
+        its folder (made once per process, `_folder`): no temp file and no
+        rename. Its name's nonce makes it a file no one else writes or reads
+        until `_admit` puts it in the index, and its seal is what makes it whole:
+        a file a crash leaves short, empty or zero-filled fails the seal and is
+        removed by the start-up scan (`layout.scan_folder`) before anything
+        could serve it (docs/cache-node.md, "Small objects"). StoreError, and
+        no file left, when the create or the write fails."""
+        path = f"{self._folder(oid)}/{meta.data}"
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as e:
-            raise StoreError(f"create {temp}: {e}") from e
-        step = "write"
+            raise StoreError(f"create {path}: {e}") from e
         try:
             try:
                 _write_sealed(fd, body, meta)
             finally:
                 os.close(fd)
-            step = "rename"
-            os.rename(temp, f"{self._folder(oid)}/{meta.data}")
         except OSError as e:
             with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise StoreError(f"{step} {temp}: {e}") from e
+                os.unlink(path)
+            raise StoreError(f"write {path}: {e}") from e
 
     # Provided by the class mixed into (`Store`).
     tmp: Path
     capacity: int | None
     hot_capacity: int | None
     _extra: Callable[[str], bool] | None
-    _tmp_name: str
 
 
 def _data_name(oid: str, *, sealed: bool) -> str:

@@ -37,7 +37,7 @@ def same(a: dict[str, float], b: dict[str, float]) -> bool:
     return all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
 
 
-@pytest.mark.parametrize("fault", ["rename", "enospc"])
+@pytest.mark.parametrize("fault", ["into-place", "enospc"])
 @pytest.mark.parametrize("size", list(SIZES))
 async def test_a_write_that_fails_after_admission_leaves_the_stores_figures_as_they_were(
         origin, make_node, session, monkeypatch, size, fault):
@@ -52,13 +52,18 @@ async def test_a_write_that_fails_after_admission_leaves_the_stores_figures_as_t
     before = await figures(node, session)
     assert before["nezha_stored_objects"] == 1 and before["nezha_hit_ratio_last_hour"] == 0.5
 
-    tmp = str(store.tmp)
-    real_rename, real_fsync, real_pwrite = os.rename, os.fsync, os.pwrite
+    tmp, objects = str(store.tmp), str(store.objects)
+    real_rename, real_fsync, real_pwrite, real_open = os.rename, os.fsync, os.pwrite, os.open
 
     def rename(src, dst, *args, **kwargs):
         if str(src).startswith(tmp):  # a commit's rename into place
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real_rename(src, dst, *args, **kwargs)
+
+    def create(path, flags, *args, **kwargs):  # a small body stored at once: created under its final name
+        if flags & os.O_CREAT and str(path).startswith(objects):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_open(path, flags, *args, **kwargs)
 
     def fsync(fd):  # a large commit's fsync: the disk is full
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -67,8 +72,9 @@ async def test_a_write_that_fails_after_admission_leaves_the_stores_figures_as_t
         real_pwrite(fd, bytes(data)[:100], offset)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    if fault == "rename":
+    if fault == "into-place":  # the step that puts the file where it is served fails, on every path
         monkeypatch.setattr(os, "rename", rename)
+        monkeypatch.setattr(os, "open", create)
     else:
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "pwrite", pwrite)

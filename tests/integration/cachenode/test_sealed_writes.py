@@ -1,6 +1,6 @@
 """A small body whole in memory stored in one go (cachenode/store/small.py
-`SealedWrites.put_sealed`): one temp file holding body and seal, renamed into
-place, or no file at all and its reserved room given back when the store
+`SealedWrites.put_sealed`): one file holding body and seal, created under its
+final name, or no file at all and its reserved room given back when the store
 refuses it or the disk does."""
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ async def test_a_sealed_write_the_disk_refuses_raises_a_store_error_naming_it_an
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "pwrite", full)
-    with pytest.raises(StoreError, match=r"write .*\.part: .*No space left"):
+    with pytest.raises(StoreError, match=r"write .*\.obj: .*No space left"):
         put(store, "a")
     assert list(store.tmp.iterdir()) == [] and store.index.usage.reserved == 0
+    assert list(store.objects.rglob(f"*{small.SUFFIX}")) == []
     assert "http://images.example/a" not in store
 
 

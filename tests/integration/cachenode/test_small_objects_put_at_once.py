@@ -1,7 +1,8 @@
 """A small body whole in memory stored in one go (`SealedWrites.put_sealed`): one
-temp file created, one write, one rename, nothing left when the disk refuses
-it. What keeps it crash-safe is the seal: the rename is not synced, so a
-crash can leave its file short, empty or zero-filled under its own name; such
+file created under its final name, one write, no temp file and no rename,
+nothing left when the disk refuses it. What keeps it crash-safe is the seal:
+a crash (`kill -9` between the create and the write, a power loss before the
+group sync) can leave its file short, empty or zero-filled under that name; such
 a file is never served after a restart, whether the scan or a lookup before
 it finds it, and the object it would have replaced is served instead
 (docs/cache-node.md, "Small objects")."""
@@ -45,8 +46,8 @@ def objects_in(store: Store) -> list[Path]:
 
 async def replaced_beside(root: Path, key: str, *, keep: str) -> tuple:
     """The old object stored in `root`, and its replacement's file as `put_sealed` writes it (made in another
-    folder) left beside it under its own name, `keep` of it: the rename went, the unlink of the old one and
-    maybe the new one's pages did not (a crash before the group sync). The old Meta, the new one, its path."""
+    folder) left beside it under its own name, `keep` of it: its file was created, the unlink of the old one
+    and maybe the new one's pages did not happen (a crash before the group sync). The old Meta, the new one, its path."""
     now = time.time()
     store = await opened(root / "store", background=False)
     old = store.put_sealed(OLD, **record(key, at=now))
@@ -60,7 +61,7 @@ async def replaced_beside(root: Path, key: str, *, keep: str) -> tuple:
     return old, new, beside
 
 
-async def test_a_small_cold_fill_is_one_file_created_one_write_and_one_rename_into_place(
+async def test_a_small_cold_fill_is_one_file_created_under_its_final_name_and_one_write(
         origin, make_node, session, monkeypatch):
     origin.put(PATH, NEW, headers={"Cache-Control": "max-age=3600"})
     node = await make_node()
@@ -74,9 +75,7 @@ async def test_a_small_cold_fill_is_one_file_created_one_write_and_one_rename_in
     store = node.node.store
     meta = store.lookup(key_of(PATH))
     assert meta is not None and small.is_sealed(meta)
-    temp = str(store.tmp / f"{meta.data}.part")
-    assert calls == [("open", temp), ("pwrite", os.path.getsize(store.data_path(meta))),
-                     ("rename", temp, store.data_path(meta))]
+    assert calls == [("open", store.data_path(meta)), ("pwrite", os.path.getsize(store.data_path(meta)))]
     assert list(store.tmp.iterdir()) == []
     with open(store.data_path(meta), "rb") as f:
         assert f.read(len(NEW)) == NEW and small.check(f.fileno(), meta)
