@@ -153,8 +153,16 @@ def place(ring: Ring, key: str, layout: Layout, replicas: int, *, slack: float =
 
     Chunk i takes the first `replicas` nodes on the ring's walk from its own
     chunk key that hold fewer than `ceil(slack * chunks * replicas / nodes)`
-    of this object's chunk copies, chunks taken in index order. So no node
-    holds more than that share of one object, every node computes the same
+    of this object's chunk copies, chunks taken in index order, after its
+    first owner: the first node on that walk that leads fewer than
+    `ceil(chunks / nodes)` of the object's chunks (all first owners are
+    chosen before any other copy). The first owner fills a chunk and starts its copies to every
+    other reading node, so its link carries the most: with the bound on
+    copies alone, one node of eight led 3 of an 8-chunk object's chunks and
+    one of four led 4 (bench/stampede.py's `f`), and every chain behind its
+    busy link waited (docs/benchmarks.md, "Chunk stampedes: each hop
+    timed"). So no node holds more than that share of one object, nor leads
+    more than an even share of its chunks, every node computes the same
     table from the same ring, and a change of members moves about the chunks
     the ring itself moves (plus those the bound pushes on). Raises nothing:
     an empty ring gives no owners.
@@ -164,13 +172,21 @@ def place(ring: Ring, key: str, layout: Layout, replicas: int, *, slack: float =
         return [[] for _ in range(layout.count)]
     r = min(replicas, walk_all)
     cap = max(1, math.ceil(slack * layout.count * r / walk_all))
-    load: dict[str, int] = {}
+    lead_cap = max(1, math.ceil(layout.count / walk_all))
+    walks = [ring.owners(chunk_key(key, index, layout.chunk_size), walk_all) for index in range(layout.count)]
+    leads: dict[str, int] = {}
+    firsts = []
+    for walk in walks:  # the first owners first, every node below its even share of them
+        first = next(n for n in walk if leads.get(n, 0) < lead_cap)
+        leads[first] = leads.get(first, 0) + 1
+        firsts.append(first)
+    load = dict(leads)
     table = []
-    for index in range(layout.count):
-        walk = ring.owners(chunk_key(key, index, layout.chunk_size), walk_all)
-        chosen = [n for n in walk if load.get(n, 0) < cap][:r]
-        chosen += [n for n in walk if n not in chosen][:r - len(chosen)]
+    for first, walk in zip(firsts, walks):  # then the other copies, below the bound on copies
+        others = [n for n in walk if n != first]
+        chosen = [n for n in others if load.get(n, 0) < cap][:r - 1]
+        chosen += [n for n in others if n not in chosen][:r - 1 - len(chosen)]
         for n in chosen:
             load[n] = load.get(n, 0) + 1
-        table.append(chosen)
+        table.append([first, *chosen])
     return table

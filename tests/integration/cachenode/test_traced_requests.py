@@ -25,7 +25,8 @@ from collections import Counter
 import aiohttp
 
 from cachenode.front.handler import Handler
-from nezha.chunks import chunk_key
+from cachenode.chunks.peers import owners_of
+from nezha.chunks import Layout
 from nezha.config import Origin
 from tests.integration.cachenode.conftest import HOST, key_of, owner_and_other
 from tests.support_bearer import BODY as PRIVATE, GOOD, PATH as PRIVATE_PATH, serve_bearer
@@ -139,9 +140,10 @@ async def test_a_signed_hit_enters_the_handler_once(make_node, aiohttp_server, s
     assert signed.up_calls() <= PROTOCOLS, sorted(signed.up_calls() - PROTOCOLS)
 
 
-def chunk_owner(nodes, path, index) -> str:
+def chunk_owner(nodes, path, index, size=8 * MiB) -> str:
+    """The first owner of chunk `index` as the nodes place it (nezha/chunks.py `place`: the ring, loads bounded)."""
     anyone = next(iter(nodes.values())).node
-    return anyone.cluster.owners(chunk_key(key_of(path), index, MiB), 1)[0].id
+    return owners_of(anyone.cluster, key_of(path), Layout(size=size, chunk_size=MiB))[index][0].id
 
 
 async def test_a_chunked_read_enters_each_nodes_handler_once(cluster, origin, session):

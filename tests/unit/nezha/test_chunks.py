@@ -114,6 +114,19 @@ def test_no_node_owns_more_than_its_bounded_share_of_any_object(count, replicas)
             assert max(shares(table).values()) <= 0.4 * count
 
 
+@pytest.mark.parametrize(("nodes", "count", "replicas"), [(4, 32, 1), (4, 8, 2), (8, 8, 2), (3, 8, 2), (5, 32, 2)])
+def test_no_node_leads_more_than_an_even_share_of_an_objects_chunks(nodes, count, replicas):
+    """The first owner fills its chunk and starts every copy of it: its link carries the most, so a
+    node leads at most ceil(chunks / nodes) of one object's chunks (the ring alone gave one node of
+    eight 3 of 8, and one of four 4 of 8, in bench/stampede.py)."""
+    ring = Ring({f"node-{i}": 1 for i in range(nodes)})
+    layout = Layout(size=count * MiB, chunk_size=MiB)
+    for key in KEYS:
+        table = place(ring, key, layout, replicas)
+        assert max(Counter(owners[0] for owners in table).values()) <= math.ceil(count / nodes)
+        assert all(len(set(owners)) == replicas for owners in table)
+
+
 def test_placement_starts_from_the_ring_owner_of_each_chunk_key():
     layout = Layout(size=32 * 32 * MiB, chunk_size=32 * MiB)
     key = KEYS[0]
