@@ -92,16 +92,18 @@ import statistics
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (KiB, WRK, BenchError, Children, run_bench, Nginx, Node, ProxyCache, Sampler,  # noqa: E402
+from bench.harness import (KiB, WRK, BenchError, Children, run_bench, Nginx, Node, ProxyCache,  # noqa: E402
                            StaticFiles, ensure_tool, nginx_conf, nginx_version, settled, source_version)
 from bench.small_index import measure  # noqa: E402
+from cachenode.cli import worker_count  # noqa: E402
+from cachenode.workers.supervisor import ROLE_ENV  # noqa: E402
 from testkit import delayline  # noqa: E402
 from testkit.netns import Host, NetnsUnavailable, Network, check_available  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
@@ -149,7 +151,7 @@ class Plan:
 
 def plan(args: argparse.Namespace) -> Plan:
     if args.quick:
-        p = Plan(objects=60000, seconds=3, redis_objects=2000, index_objects=100_000)
+        p = Plan(objects=100_000, seconds=3, redis_objects=2000, index_objects=100_000)
     else:
         p = Plan(objects=150000, seconds=8, redis_objects=20000, index_objects=1_000_000)
     if args.objects:
@@ -281,88 +283,148 @@ async def redis_footprint(work: Path, p: Plan, origin_url: str) -> tuple[float, 
 
 
 @dataclass
+class Cache:
+    """One cache in a side-by-side run, and what its rounds measured."""
+
+    name: str  # "node", "nginx" (one worker each), "node auto", "nginx auto" (as shipped: a worker per CPU)
+    url: str
+    pids: list[int]  # the processes that serve: the node's one, or its workers; nginx's master and workers
+    label: dict[int, str]  # pid -> what it is, for the CPU shares printed ("primary", "follower", ...)
+    rps: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # CPU seconds per fill, its processes' sum
+    waited: list[float] = field(default_factory=list)  # the share of a run its processes were ready but waited
+
+    def median(self) -> "Measured":
+        return Measured(rps=statistics.median(self.rps), cpu=statistics.median(self.cpu),
+                        waited=statistics.median(self.waited))
+
+
+@dataclass
+class Measured:
+    rps: float  # cold fills/s, the median of the rounds
+    cpu: float  # CPU seconds per fill
+    waited: float  # the share of a run's seconds its serving processes were ready to run but waited for a CPU
+
+
+@dataclass
 class Point:
-    """One origin, the three ways to it side by side: the origin direct, through nginx, through the node."""
+    """One origin, the ways to it side by side: the origin direct, and through each cache (`CACHES`)."""
 
     where: str
     direct: float
-    cache: float
-    nginx: float
-    cpu_cache: float  # CPU seconds per fill, the node's own
-    cpu_nginx: float
-    waited: float  # the share of a node run's seconds its process was ready to run but waited for a CPU
+    caches: dict[str, Measured]
+
+    def ratio(self, name: str) -> float:
+        return self.caches[name].rps / self.direct
 
     def line(self) -> str:
-        return (f"  {self.where:>14}: direct {self.direct:7.0f}/s  node {self.cache:7.0f}/s  nginx {self.nginx:7.0f}/s"
-                f"  node/direct {self.cache / self.direct:5.3f}  nginx/direct {self.nginx / self.direct:5.3f}"
-                f"  node/nginx {self.cache / self.nginx:5.3f}  node {self.cpu_cache * 1e6:.0f} CPU us per fill, "
-                f"waited for a CPU {self.waited:.0%} of its runs")
+        c = self.caches
+        one = "  ".join(f"{name} {c[name].rps:6.0f}/s ({self.ratio(name):5.3f})" for name in CACHES)
+        return (f"  {self.where:>14}: direct {self.direct:7.0f}/s  {one}  node/nginx {c['node'].rps / c['nginx'].rps:5.3f}"
+                f"  auto {c['node auto'].rps / c['nginx auto'].rps:5.3f}  CPU us per fill: node "
+                f"{c['node'].cpu * 1e6:.0f}, auto {c['node auto'].cpu * 1e6:.0f}; waited for a CPU: node "
+                f"{c['node'].waited:.0%}, auto {c['node auto'].waited:.0%}")
 
 
 SIZES = dict(by="bench/small_files.py", worker_connections=4096, nofile=65536)
+# Each cache at one worker (the figures of earlier runs) and as shipped: nginx's `worker_processes auto` and the
+# node's default `workers: auto`, a worker per usable CPU on both.
+CACHES = ("node", "nginx", "node auto", "nginx auto")
+
+
+async def start_caches(children: Children, work: Path, origin_url: str, tag: str) -> list[tuple[Cache, object]]:
+    """A fresh nginx `proxy_cache` and a fresh node, each at one worker and as shipped, on 127.0.0.1 of the
+    caller's namespace: each cache with its server object."""
+    import psutil
+
+    started: list[tuple[Cache, object]] = []
+    for name in CACHES:
+        auto = name.endswith("auto")
+        if name.startswith("nginx"):
+            proxy = Nginx(children, work, f"{name.replace(' ', '-')}-{tag}")
+            await proxy.start(nginx_conf(ProxyCache(upstream=origin_url, keys_zone="64m", keepalive=CONNECTIONS),
+                                         **{**SIZES, "workers": "auto" if auto else 1}))
+            assert proxy.proc is not None
+            root = psutil.Process(proxy.proc.pid)
+            kids = root.children()
+            label = {root.pid: "master", **{k.pid: "worker" for k in kids}}
+            started.append((Cache(name, proxy.url, [root.pid, *(k.pid for k in kids)], label), proxy))
+            continue
+        node = Node(children, work, f"{name.replace(' ', '-')}-{tag}")
+        await node.start(origins={HOST: origin_url}, workers=None if auto else 1)
+        assert node.proc is not None
+        if auto:
+            await node.serving_workers(worker_count("auto"))
+            kids = psutil.Process(node.proc.pid).children()
+            label = {node.proc.pid: "supervisor", **{k.pid: k.environ().get(ROLE_ENV, "worker") for k in kids}}
+            pids = [node.proc.pid, *(k.pid for k in kids)]
+        else:
+            pids, label = [node.proc.pid], {node.proc.pid: "node"}
+        started.append((Cache(name, node.url, pids, label), node))
+    return started
 
 
 async def side_by_side(children: Children, work: Path, origin_url: str, p: Plan, rounds: int, where: str) -> Point:
-    """Cold fills/s from `origin_url` direct, through a fresh nginx `proxy_cache` and a fresh node (both on
-    127.0.0.1 of the caller's namespace, one worker each), rounds alternating which goes first."""
+    """Cold fills/s from `origin_url` direct and through each of `CACHES`, fresh, rounds turning the order
+    about so drift on a shared machine hits all alike."""
     loop = asyncio.get_running_loop()
     tag = re.sub(r"[^a-z0-9]+", "-", where.lower()).strip("-")
-    proxy = Nginx(children, work, f"nginx-{tag}")
-    await proxy.start(nginx_conf(ProxyCache(upstream=origin_url, keys_zone="64m", keepalive=CONNECTIONS), **SIZES))
-    node = Node(children, work, f"node-{tag}")
-    await node.start(origins={HOST: origin_url})
-    assert node.proc is not None and proxy.proc is not None
+    started = await start_caches(children, work, origin_url, tag)
+    nodes = [server for _, server in started if isinstance(server, Node)]
     # Warm every process's code path and connections on paths outside the measured run.
     async with aiohttp.ClientSession() as s:
-        for url in (origin_url, proxy.url, node.url):
+        for url in (origin_url, *(cache.url for cache, _ in started)):
             await asyncio.gather(*(get(s, url, path_of(n)) for n in range(p.objects - 64, p.objects)))
     per_round = (p.objects - 64) // rounds
 
     async def quiet() -> None:
         """Fills committed and the disk's writeback done: a run does not pay for the one before it."""
-        await node.settled()
+        for node in nodes:
+            await node.settled()
         await loop.run_in_executor(None, os.sync)
 
     await quiet()
     direct = await wrk(children, origin_url, script(work, f"direct-{tag}", 0, p.objects - 64, wrap=True), p.seconds)
     say(f"  {where}: origin direct: {direct.rps:.0f} req/s ({direct.requests} requests)")
-    caches: list[WrkRun] = []
-    nginxes: list[WrkRun] = []
-    # CPU per fill, each server's own: what a loaded shared machine changes least.
-    cpu_cache: list[float] = []
-    cpu_nginx: list[float] = []
-    waited: list[float] = []
     for r in range(rounds):
-        start = r * per_round
-        # Alternate which goes first, so drift on a shared machine hits both.
-        for what in (("cache", "nginx") if r % 2 == 0 else ("nginx", "cache")):
+        start = r * per_round  # every cache is fresh and its own: each asks the same paths
+        for cache, _ in (started if r % 2 == 0 else started[::-1]):
             await quiet()
-            server, runs, cpus = (node, caches, cpu_cache) if what == "cache" else (proxy, nginxes, cpu_nginx)
-            assert server.proc is not None
-            queued = run_queue_seconds(server.proc.pid)
-            with Sampler(server.proc.pid, tree=what == "nginx") as sampled:
-                run_ = await cold(children, server.url, work, start, per_round, p.seconds, f"{what}-{tag}-{r}")
-            queued = run_queue_seconds(server.proc.pid) - queued
-            runs.append(run_)
-            cpus.append(sampled.cpu_seconds / max(1, run_.requests))
-            if what == "cache":
-                waited.append(queued / p.seconds)
-            say(f"  {where}: round {r}: cold through {'the node' if what == 'cache' else 'nginx proxy_cache'}: "
-                f"{run_.rps:.0f} fills/s ({run_.requests} objects), CPU {sampled.cpu_percent:.0f}%, "
-                f"{cpus[-1] * 1e6:.0f} CPU us per fill"
-                + (f", ready but waiting for a CPU {queued / p.seconds:.0%} of the run" if what == "cache" else ""))
-    await children.stop(node.proc)
-    await children.stop(proxy.proc)
-    return Point(where=where, direct=direct.rps, cache=statistics.median(c.rps for c in caches),
-                 nginx=statistics.median(n.rps for n in nginxes), cpu_cache=statistics.median(cpu_cache),
-                 cpu_nginx=statistics.median(cpu_nginx), waited=statistics.median(waited))
+            before = usage(cache.pids)
+            run_ = await cold(children, cache.url, work, start, per_round, p.seconds,
+                              f"{cache.name.replace(' ', '-')}-{tag}-{r}")
+            after = usage(cache.pids)
+            cpu = {pid: after[pid][0] - before[pid][0] for pid in cache.pids}
+            waited = sum(after[pid][1] - before[pid][1] for pid in cache.pids) / p.seconds
+            cache.rps.append(run_.rps)
+            cache.cpu.append(sum(cpu.values()) / max(1, run_.requests))
+            cache.waited.append(waited)
+            shares = ", ".join(f"{cache.label[pid]} {cpu[pid] / p.seconds:.0%}" for pid in cache.pids
+                               if len(cache.pids) > 1 and cpu[pid] / p.seconds >= 0.005)
+            say(f"  {where}: round {r}: cold through {cache.name}: {run_.rps:.0f} fills/s ({run_.requests} objects), "
+                f"CPU {sum(cpu.values()) / p.seconds:.0%}{f' ({shares})' if shares else ''}, "
+                f"{cache.cpu[-1] * 1e6:.0f} CPU us per fill, ready but waiting for a CPU {waited:.0%} of the run")
+    for _, server in started:
+        assert server.proc is not None
+        await children.stop(server.proc)
+    return Point(where=where, direct=direct.rps, caches={cache.name: cache.median() for cache, _ in started})
 
 
-def run_queue_seconds(pid: int) -> float:
-    """Seconds the process's main thread has been ready to run and waited for a CPU (/proc/PID/schedstat):
-    on a shared two-core machine, what tells a node held back by the others' load from one that idles."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[1]) / 1e9
+def usage(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """Per process: its CPU seconds (/proc/PID/stat), and the seconds its main thread has been ready to run
+    and waited for a CPU (/proc/PID/schedstat): on a shared two-core machine, what tells a cache held back by
+    the others' load from one that idles."""
+    found = {}
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/schedstat") as f:
+            queued = int(f.read().split()[1]) / 1e9
+        found[pid] = ((int(fields[11]) + int(fields[12])) / TICKS, queued)
+    return found
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 async def curve(children: Children, work: Path, root: Path, p: Plan, rounds: int, rtts: list[float]) -> list[Point]:
@@ -415,22 +477,26 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
 
     say(f"small_files: {time.monotonic() - started:.0f} s so far; code: {source_version()}; nginx: {nginx_version()}; "
         f"load {os.getloadavg()}")
-    say(f"  cold fills/s of {args.size} KiB objects, {CONNECTIONS} wrk connections, one node worker, "
-        f"median of {rounds} rounds:")
+    say(f"  cold fills/s of {args.size} KiB objects, {CONNECTIONS} wrk connections, median of {rounds} rounds; "
+        f"each cache at one worker and as shipped (auto: {worker_count('auto')} here), (its fills/s / direct):")
     for point in [loopback, *points]:
         say(point.line())
     head = next(pt for pt, rtt in zip(points, rtts) if rtt == args.headline_rtt_ms)
-    small_fill = loopback.cache / loopback.nginx
-    small_direct = head.cache / head.direct
-    fill_cpu = loopback.cpu_cache / loopback.cpu_nginx
-    curve_ratios = " ".join(f"small_fill_direct_rtt{rtt:g}={pt.cache / pt.direct:.3f}" for pt, rtt in zip(points, rtts))
+    small_fill = loopback.caches["node"].rps / loopback.caches["nginx"].rps
+    fill_cpu = loopback.caches["node"].cpu / loopback.caches["nginx"].cpu
+    curve_ratios = " ".join(f"small_fill_direct_rtt{rtt:g}={pt.ratio('node'):.3f}" for pt, rtt in zip(points, rtts))
+    auto_ratios = " ".join(f"small_fill_direct_auto_rtt{rtt:g}={pt.ratio('node auto'):.3f}"
+                           for pt, rtt in zip(points, rtts))
     say(f"  small_fill        cache / nginx cold (loopback)            {small_fill:6.3f}  target >= 1.0")
     say(f"  small_fill_direct cache / direct, origin {args.headline_rtt_ms:g} ms away        "
-        f"{small_direct:6.3f}  target >= 0.8")
-    say(f"  small_fill_direct_loopback cache / direct, origin on loopback {loopback.cache / loopback.direct:6.3f}"
+        f"{head.ratio('node'):6.3f}  target >= 0.8 (--workers 1)")
+    say(f"  small_fill_direct_auto the same, the node as shipped       {head.ratio('node auto'):6.3f}  target >= 0.8 "
+        f"(nginx as shipped: {head.ratio('nginx auto'):.3f})")
+    say(f"  small_fill_direct_loopback cache / direct, origin on loopback {loopback.ratio('node'):6.3f}"
         "  (the node's CPU against nginx's static files: no network)")
-    ratios = (f"ratios: small_fill={small_fill:.3f} small_fill_direct={small_direct:.3f} "
-              f"small_fill_direct_loopback={loopback.cache / loopback.direct:.3f} {curve_ratios}")
+    ratios = (f"ratios: small_fill={small_fill:.3f} small_fill_direct={head.ratio('node'):.3f} "
+              f"small_fill_direct_auto={head.ratio('node auto'):.3f} "
+              f"small_fill_direct_loopback={loopback.ratio('node'):.3f} {curve_ratios} {auto_ratios}")
     if not args.fills_only:
         say(f"  a store of {p.index_objects} small objects, for memory per object and restart:")
         (work / "index").mkdir()
