@@ -172,7 +172,8 @@ async def start_caches(children: Children, work: Path, origin_url: str, tag: str
             root = psutil.Process(proxy.proc.pid)
             kids = root.children()
             # Its workers, and the cache manager and the cache loader (which exits once it has read the zone).
-            label = {root.pid: "master", **{k.pid: " ".join(k.cmdline()).removeprefix("nginx: ").removesuffix(" process")
+            label = {root.pid: "master", **{k.pid: " ".join(" ".join(k.cmdline()).split()).removeprefix("nginx: ")
+                                            .removesuffix(" process")
                                             for k in kids}}
             started.append((Cache(name, proxy.url, [root.pid, *(k.pid for k in kids)], label), proxy))
             continue

@@ -16,13 +16,13 @@ the loop turns; any other change first sends the rows gathered before it,
 so the link stays in order.
 
 And for every object the node stores ("put": a row added): a burst of
-small cold fills is one change per fill, and a record each (the Meta made
-a dict, measured for size and encoded as JSON, one send per fill) cost the
-primary, which alone fills, about a sixth of its CPU per small fill and
-the follower as much again to decode and apply (bench/small_files.py, the
-node as shipped; docs/benchmarks.md, 2026-11-28). A row is 50 bytes
-packed with the others of the same loop turn; the follower reads the
-record from the object's file on its first hit, as after a join. A record
+small cold fills is one change per fill, all of them the primary's, and a
+record each (the Meta made a dict, measured for size and encoded as JSON,
+one send per fill) was 12% of the primary's samples in a profile of cold
+16 KiB fills and cost the follower 45 to 150 us a fill to decode and apply
+(docs/benchmarks.md, "Small files through the node as shipped"). A row is
+50 bytes, packed with the others of the same loop turn; the follower reads
+the record from the object's file on its first hit, as after a join. A record
 changed in place ("refresh": a 304's new headers and expiry, the same row
 and file) still goes as a record: the follower may hold the old one in
 memory, and a row the same as the one it holds changes nothing there.
