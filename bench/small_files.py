@@ -46,8 +46,9 @@ way, and a new connection's handshake paid; testkit/delayline.py says why a
 relay and not netem: this kernel has none), the node, nginx `proxy_cache`
 and wrk together in a second namespace (in-cluster: nothing between them),
 at each `--origin-rtt-ms` (default 0 5 20 50): fills/s direct, through the
-node and through nginx (each at one worker and as shipped), and their ratios. The 0 ms point differs from
-loopback by the relay and the namespaces' link only.
+node and through nginx (each at one worker and as shipped), and their
+ratios. The 0 ms point differs from loopback by the relay and the
+namespaces' link only.
 
 The headline `small_fill_direct` is read at 20 ms (`--headline-rtt-ms`).
 Why 20: AWS's S3 performance whitepaper ("Timeouts and Retries for
@@ -72,7 +73,10 @@ for the rate: pass a larger --objects). Against the origin direct the
 script wraps around (the origin caches nothing, so nothing changes). Each
 point has fresh caches (empty), and each cache's rounds ask the paths
 after those it asked in its earlier rounds, so the fastest (nginx `auto`
-on loopback, 10,000 fills/s) has the whole dataset for its rounds. Beside
+on loopback, 16,000 fills/s on a quiet box) has the whole dataset for
+its rounds: 150,000 objects with --quick (2 rounds of 3 s), 300,000
+otherwise, enough for 12,000 fills/s at the default 8 s a run, 20,000
+at --seconds 5; a faster cache needs a larger --objects. Beside
 each cache's CPU per fill (its processes' sum), the share of its run they
 were ready to run but waited for a CPU (/proc/PID/schedstat): on this
 shared two-core machine that tells the others' load from a cache's own
@@ -153,9 +157,9 @@ class Plan:
 
 def plan(args: argparse.Namespace) -> Plan:
     if args.quick:
-        p = Plan(objects=100_000, seconds=3, redis_objects=2000, index_objects=100_000)
+        p = Plan(objects=150_000, seconds=3, redis_objects=2000, index_objects=100_000)
     else:
-        p = Plan(objects=200_000, seconds=8, redis_objects=20000, index_objects=1_000_000)
+        p = Plan(objects=300_000, seconds=8, redis_objects=20000, index_objects=1_000_000)
     if args.objects:
         p.objects = args.objects
     if args.seconds:
@@ -326,7 +330,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer objects, shorter runs (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="fewer objects, shorter runs (a few minutes)")
     ap.add_argument("--objects", type=int, default=0, help="objects in the dataset (a cold run must not outlast it)")
     ap.add_argument("--seconds", type=int, default=0, help="length of each wrk run")
     ap.add_argument("--redis-objects", type=int, default=0, help="objects filled into the three-node cluster")
