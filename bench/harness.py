@@ -216,14 +216,16 @@ class Node:
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, *, origins: dict[str, str] | None = None, args: Sequence[str] = (),
-                    timeout: float = 30) -> None:
+                    timeout: float = 30, workers: int | None = 1) -> None:
+        """Spawn the node and wait for /readyz. `workers` None passes no --workers: the node as shipped
+        (`auto`, a worker per usable CPU); a number, or --workers in `args`, is passed as given."""
         argv = [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", str(self.work / self.name), "--log-level", "warning"]
         for host, upstream in (origins or {}).items():
             argv += ["--origin", f"{host}={upstream}"]
         argv += args
-        if "--workers" not in args:
-            argv += ["--workers", "1"]  # the figures are per process unless a benchmark asks for more
+        if workers is not None and "--workers" not in args:
+            argv += ["--workers", str(workers)]  # the figures are per process unless a benchmark asks for more
         self.log = open(self.work / f"{self.name}.log", "wb")
         self.proc = await self.children.spawn(*argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
                                               env=repo_env())
@@ -312,7 +314,7 @@ class StaticFiles:
     key: Path | None = None
 
 
-def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int = 1, worker_connections: int = 1024,
+def nginx_conf(site: ProxyCache | StaticFiles, *, by: str, workers: int | str = 1, worker_connections: int = 1024,
                nofile: int = 0, sendfile: bool = True) -> str:
     """One nginx config, as `Nginx.start` takes it: `%(user)s`, `%(prefix)s`, `%(address)s` and `%(port)d` left
     for it to fill.

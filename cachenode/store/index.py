@@ -125,8 +125,9 @@ class Index(Records, Following):
         # hashes of the slots dropped meanwhile, so that it adds none back, and how far it got.
         self.dropped: set[int] | None = None
         self.loaded = 1.0
-        # Told of every change to the index, in order: ("put", meta), ("load",
-        # meta) (added by the start-up scan, `recent=False`) and ("drop", meta). A node's other workers follow the index this way
+        # Told of every change to the index, in order: ("put", meta) (a row added), ("load",
+        # meta) (added by the start-up scan, `recent=False`), ("refresh", meta) (the same row's record
+        # replaced: `replace`) and ("drop", meta). A node's other workers follow the index this way
         # (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = []
 
@@ -278,7 +279,7 @@ class Index(Records, Following):
         else:
             self._remember(row, new)
         for watch in self.watchers:
-            watch("put", new)
+            watch("refresh", new)
 
     def drop(self, slot: str, *, reason: str | None = None) -> Meta | None:
         """Forget `slot`; `reason` counts it among the evictions (REASONS)."""

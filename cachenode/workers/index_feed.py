@@ -15,6 +15,18 @@ The same holds for the start-up scan of a restarted node: what it loads
 the loop turns; any other change first sends the rows gathered before it,
 so the link stays in order.
 
+And for every object the node stores ("put": a row added): a burst of
+small cold fills is one change per fill, all of them the primary's, and a
+record each (the Meta made a dict, measured for size and encoded as JSON,
+one send per fill) was 12% of the primary's samples in a profile of cold
+16 KiB fills and cost the follower 45 to 150 us a fill to decode and apply
+(docs/benchmarks.md, "Small files through the node as shipped"). A row is
+50 bytes, packed with the others of the same loop turn; the follower reads
+the record from the object's file on its first hit, as after a join. A record
+changed in place ("refresh": a 304's new headers and expiry, the same row
+and file) still goes as a record: the follower may hold the old one in
+memory, and a row the same as the one it holds changes nothing there.
+
 Changes made while a join runs go to the joining link as to the others; a
 slice is packed when it is sent, so it holds the index as it is at that
 point of the link's stream, and a follower applying the stream in order
@@ -73,13 +85,13 @@ class IndexFeed:
     def __init__(self, store: Store, links: dict[int, Channel]) -> None:
         self.store = store
         self.links = links
-        self._loaded: list[int] = []  # rows the start-up scan added, not sent yet
+        self._added: list[int] = []  # rows added (stored, or loaded by the start-up scan), not sent yet
         self._flushing: asyncio.Handle | None = None
         self._joins: set[asyncio.Task] = set()
 
     def join(self, worker: int, link: Channel) -> asyncio.Task:
         """Send the whole index to `link`, then Synced, in the background."""
-        self._send_loaded()  # rows gathered before the join go to the others first
+        self._send_added()  # rows gathered before the join go to the others first
         task = asyncio.get_running_loop().create_task(self._join(worker, link))
         self._joins.add(task)
         task.add_done_callback(self._joins.discard)
@@ -114,26 +126,26 @@ class IndexFeed:
         if not self.links:
             return
         index = self.store.index
-        if event == "load" and (row := index.row_of(meta.slot)) != EMPTY:
-            self._loaded.append(row)
-            if len(self._loaded) >= ROWS_PER_RECORD:
-                self._send_loaded()
+        if event in ("load", "put") and (row := index.row_of(meta.slot)) != EMPTY:
+            self._added.append(row)
+            if len(self._added) >= ROWS_PER_RECORD:
+                self._send_added()
             elif self._flushing is None:
-                self._flushing = asyncio.get_running_loop().call_soon(self._send_loaded)
+                self._flushing = asyncio.get_running_loop().call_soon(self._send_added)
             return
-        self._send_loaded()
+        self._send_added()
         for record in meta_records([meta], "drop" if event == "drop" else "put"):
             for link in self.links.values():
                 link.send(record)
 
-    def _send_loaded(self) -> None:
-        """The rows the start-up scan added, as they are now: any change to one since came after its load."""
+    def _send_added(self) -> None:
+        """The rows added, as they are now: any change to one since came after its addition."""
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
-        if not self._loaded:
+        if not self._added:
             return
-        rows, self._loaded = self._loaded, []
+        rows, self._added = self._added, []
         packed = self.store.index.packed_rows(rows)
         for link in self.links.values():
             link.send(Rows(n=len(rows)), packed)

@@ -143,3 +143,30 @@ async def test_the_start_up_scans_objects_go_to_followers_as_rows_and_leave_them
     assert "put" not in link.records[:link.records.index("synced")]
     assert held(follower) == held(restarted) and len(held(follower)) == 20
     assert follower.lookup(f"{KEY}0").size == 3
+
+
+async def test_stored_objects_go_as_rows_gathered_per_loop_turn_and_a_refresh_as_its_record(tmp_path):
+    """A burst of fills costs the primary a row each, not a record (index_feed.py); a refresh changes a
+    record the follower may already hold in memory, so it goes whole and the follower serves the new one."""
+    writer = Store(tmp_path / "s")
+    await writer.open()
+    follower = Store(tmp_path / "s")
+    link = Link(follower)
+    feed = IndexFeed(writer, {1: link})
+    writer.watchers.append(feed.changed)
+    await feed.join(1, link)
+    stored = await asyncio.gather(*(commit(writer, f"{KEY}{i}", b"x" * (3 + i)) for i in range(40)))
+    await asyncio.sleep(0)  # the loop turns: the rows gathered go
+    after = link.records[link.records.index(Synced.TAG) + 1:]
+    assert set(after) == {"rows"} and len(after) < 40, after
+    old = follower.lookup(f"{KEY}0")  # read from its file, and held in the follower's memory since
+    assert old is not None and old.expires_at == stored[0].expires_at
+    now = time.time()
+    await writer.refresh(stored[0], headers=[("x-refreshed", "1")], stored_at=now, expires_at=now + 9000,
+                         stale_if_error=0, stale_while_revalidate=0)
+    await writer.remove(f"{KEY}1")
+    await link.drained()
+    assert link.records[-2:] == ["put", "drop"]
+    assert held(follower) == held(writer) and len(held(follower)) == 39
+    got = follower.lookup(f"{KEY}0")
+    assert got is not None and got.expires_at == now + 9000 and ("x-refreshed", "1") in [tuple(h) for h in got.headers]
