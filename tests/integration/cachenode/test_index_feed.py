@@ -61,9 +61,13 @@ class Link:
                     for raw in message.metas:
                         self.follower.mirror(message.TAG, meta_from(raw))
 
-    async def drained(self) -> None:
+    async def applied(self) -> None:
+        """Every record sent so far applied by the follower (the reader goes on)."""
         while self.pending:
             await asyncio.sleep(0.001)
+
+    async def drained(self) -> None:
+        await self.applied()
         self.reader.cancel()
 
 
@@ -159,6 +163,7 @@ async def test_stored_objects_go_as_rows_gathered_per_loop_turn_and_a_refresh_as
     await asyncio.sleep(0)  # the loop turns: the rows gathered go
     after = link.records[link.records.index(Synced.TAG) + 1:]
     assert set(after) == {"rows"} and len(after) < 40, after
+    await link.applied()  # the link reads a record a millisecond
     old = follower.lookup(f"{KEY}0")  # read from its file, and held in the follower's memory since
     assert old is not None and old.expires_at == stored[0].expires_at
     now = time.time()
