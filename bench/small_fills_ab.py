@@ -5,7 +5,8 @@
 on a shared 2-core machine its ratios move with the box's load and file
 creation far more than with the code. A change to a cold fill's CPU is
 measured here instead: every checkout given with --tree runs one node
-(`--workers 1`), all in front of one origin (Debian's nginx serving N
+(`--workers 1`, or --workers: a number or auto, the node as shipped; CPU
+per fill then summed over the node's processes), all in front of one origin (Debian's nginx serving N
 files of 16 KiB), and each round runs the same wrk command (64
 connections, small_files.py's Lua: every path asked once, so every request
 is a cold fill) against each node in turn on paths no node has seen,
@@ -36,6 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
+import psutil  # noqa: E402
 
 from bench.harness import KiB, Children, Nginx, StaticFiles, nginx_conf, run_bench  # noqa: E402
 from bench.small_files import HOST, cold, get, make_dataset, path_of, say  # noqa: E402
@@ -51,6 +53,22 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+def node_pids(pid: int) -> list[int]:
+    """A node's processes: the one started and, with workers, every process under it."""
+    return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+
+
+def tree_ticks(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """`cpu_ticks` of each of `pids` still alive."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = cpu_ticks(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     trees = [parse_tree(t) for t in args.tree]
     loop = asyncio.get_running_loop()
@@ -64,7 +82,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     nodes = []
     for name, tree, env in trees:
         node = TreeNode(children, work, name=name, tree=tree, env=env)
-        await node.start(origins={HOST: origin.url})
+        await node.start(origins={HOST: origin.url}, workers=None if args.workers == "auto" else int(args.workers))
         nodes.append(node)
     warm = 64 * len(nodes)
     async with aiohttp.ClientSession() as s:  # every node's code path and origin connections, on paths of its own
@@ -83,9 +101,13 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             await loop.run_in_executor(None, os.sync)
             await asyncio.sleep(1.0)
             assert node.proc is not None
-            u0, s0 = cpu_ticks(node.proc.pid)
+            pids = node_pids(node.proc.pid)
+            before = tree_ticks(pids)
             done = await cold(children, node.url, work, slot * per_run, per_run, args.seconds, f"{node.name}{r}")
-            u1, s1 = cpu_ticks(node.proc.pid)
+            after = tree_ticks(pids)
+            alive = before.keys() & after.keys()
+            u0, s0 = sum(before[p][0] for p in alive), sum(before[p][1] for p in alive)
+            u1, s1 = sum(after[p][0] for p in alive), sum(after[p][1] for p in alive)
             slot += 1
             fills = max(1, done.requests)
             us = 1e6 / TICK / fills
@@ -94,7 +116,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             cpu[node.name].append((u1 - u0 + s1 - s0) * us)
             rps[node.name].append(done.rps)
             say(f"  round {r} {node.name}: {done.rps:.0f} fills/s, {user[node.name][-1]:.0f} + "
-                f"{system[node.name][-1]:.0f} = {cpu[node.name][-1]:.0f} CPU us per fill")
+                f"{system[node.name][-1]:.0f} = {cpu[node.name][-1]:.0f} CPU us per fill ({len(alive)} processes)")
     ref = nodes[0].name
     lines = []
     for node in nodes:
@@ -113,6 +135,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--objects", type=int, default=200_000)
+    ap.add_argument("--workers", default="1", help="each node's --workers: a number, or auto (the node as shipped, "
+                    "no flag); CPU per fill is then the sum over the node's processes (default 1)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
     args = ap.parse_args()
     if len(args.tree) < 2:
