@@ -41,32 +41,7 @@ import psutil  # noqa: E402
 
 from bench.harness import KiB, Children, Nginx, StaticFiles, nginx_conf, run_bench  # noqa: E402
 from bench.small_files import HOST, cold, get, make_dataset, path_of, say  # noqa: E402
-from bench.small_hits_ab import TreeNode, parse_tree  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ticks(pid: int) -> tuple[int, int]:
-    """User and system clock ticks of one process (fields 14 and 15 of /proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
-
-
-def node_pids(pid: int) -> list[int]:
-    """A node's processes: the one started and, with workers, every process under it."""
-    return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-
-
-def tree_ticks(pids: list[int]) -> dict[int, tuple[int, int]]:
-    """`cpu_ticks` of each of `pids` still alive."""
-    out = {}
-    for pid in pids:
-        try:
-            out[pid] = cpu_ticks(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return out
+from bench.small_hits_ab import TreeNode, cpu_times, parse_tree  # noqa: E402
 
 
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
@@ -101,16 +76,17 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
             await loop.run_in_executor(None, os.sync)
             await asyncio.sleep(1.0)
             assert node.proc is not None
-            pids = node_pids(node.proc.pid)
-            before = tree_ticks(pids)
+            started = psutil.Process(node.proc.pid)  # with workers, every process under it too
+            procs = [started, *started.children(recursive=True)]
+            before = cpu_times(procs)
             done = await cold(children, node.url, work, slot * per_run, per_run, args.seconds, f"{node.name}{r}")
-            after = tree_ticks(pids)
+            after = cpu_times(procs)
             alive = before.keys() & after.keys()
             u0, s0 = sum(before[p][0] for p in alive), sum(before[p][1] for p in alive)
             u1, s1 = sum(after[p][0] for p in alive), sum(after[p][1] for p in alive)
             slot += 1
             fills = max(1, done.requests)
-            us = 1e6 / TICK / fills
+            us = 1e6 / fills
             user[node.name].append((u1 - u0) * us)
             system[node.name].append((s1 - s0) * us)
             cpu[node.name].append((u1 - u0 + s1 - s0) * us)

@@ -83,16 +83,21 @@ def parse_tree(spec: str) -> tuple[str, Path, dict[str, str]]:
     return name, path, env
 
 
-def cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
-    """User + system seconds of each process still alive (nginx's cache loader exits on its own)."""
+def cpu_times(procs: list[psutil.Process]) -> dict[int, tuple[float, float]]:
+    """User and system seconds of each process still alive (nginx's cache loader exits on its own)."""
     out = {}
     for proc in procs:
         try:
             t = proc.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        out[proc.pid] = t.user + t.system
+        out[proc.pid] = (t.user, t.system)
     return out
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    """User + system seconds of each process still alive (`cpu_times`)."""
+    return {pid: user + system for pid, (user, system) in cpu_times(procs).items()}
 
 
 async def measure(children: Children, url: str, pid: int, script: Path, p: Plan) -> tuple[float, float]:
