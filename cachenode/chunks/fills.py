@@ -356,15 +356,10 @@ class ChunkFills:
         owners, before that push is sent, and a reader that learned of it there meanwhile had chunk 0's
         first owner fill the chunk from the origin while the key's owner held it (1.125 S, one run in
         about ten of the stampede benchmark's `shipped-chunks`)."""
-        snap = self.members.snapshot
-        if not snap.nodes:
+        first = self.members.owners(key, 1)
+        if not first or first[0].id == self.node_id or self.relay.is_down(first[0]):
             return None
-        first = snap.ring().owners(key, 1)[0]
-        address = snap.nodes.get(first)
-        if first == self.node_id or address is None:
-            return None
-        peer = Peer(first, address)
-        return None if self.relay.is_down(peer) else peer
+        return first[0]
 
     async def _ask(self, owner: Peer, target: Target, spec: ChunkSpec, piece: Piece) -> Opened | None:
         """`owner`'s answer for a whole chunk, or its rest. A whole pass may be sent on to a node of the

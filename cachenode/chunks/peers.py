@@ -55,6 +55,8 @@ class Members(Protocol):
     @property
     def replicas(self) -> int: ...
 
+    def owners(self, key: str, n: int | None = None) -> list[Peer]: ...
+
 
 def owners_of(members: Members, key: str, layout: Layout) -> list[list[Peer]]:
     """The owners of every chunk of `key` under `members`' ring (nezha/chunks.py `place`)."""
