@@ -97,9 +97,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self.small_max = small_max  # objects up to this size are sealed small files (cachenode/store/small.py)
         self.group_sync = GroupSync(self.root, interval=sync_interval)
         self._folders: dict[str, str] = {}  # object folders known to exist, by their 2 hex
-        # Told of every change to the index, in order: ("put", meta), ("load",
-        # meta) and ("drop", meta). A node's other workers follow the index this way
-        # (cachenode/workers/), since only this process writes the store.
+        # The index's own watchers (what each is told: `Index.watchers`). A node's other
+        # workers follow the index this way (cachenode/workers/), since only this process writes the store.
         self.watchers: list[Callable[[str, Meta], None]] = self._index.watchers
 
     # -- paths -------------------------------------------------------------
