@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import REPO, BenchError, source_version  # noqa: E402
 from cachenode.chunks.feeders import fanout_for as chunk_fanout_for  # noqa: E402
+from cachenode.chunks.feeders import star as chunk_star  # noqa: E402
 from cachenode.cluster.streaming import fanout_for  # noqa: E402
 from testkit import links  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
@@ -83,11 +84,12 @@ def model(config: str, sc: Scene) -> float:
     copies feed each other in a tree under the first owner (cluster/streaming.py `feeds_from`), of degree
     F = `fanout_for(N)`: 1 (a chain) up to 16 nodes, else 2: the busiest link sends its own pods' K/N reads
     and at most F copies, (K/N + min(F, N − 1))·S. chunks: each node passes each chunk it does not own on to
-    its pods once however many read there (chunks/fills.py `passing`), and the nodes asking a chunk's owner
-    while it sends it read it from each other in a chain of the same degree F (chunks/feeders.py), so a
-    node's link sends its pods' K/N reads and each chunk at most F times, and never more than when every
-    node read each chunk from its first owner (before the chains), f·(N − 1)·S, f the largest share of
-    chunks one node owns first on the ring (`first_owner_share`, printed as `f`): (K/N + min(F, f·(N − 1)))·S."""
+    its pods once however many read there (chunks/fills.py `passing`). Where the first owners' leads are even
+    within a slack (chunks/feeders.py `star`: at every N of this benchmark), each owner sends its chunks to
+    every other node itself: the busiest link sends its pods' K/N reads and its leads N − 1 times,
+    f·(N − 1)·S, f the largest share of chunks one node owns first (`first_owner_share`, printed as `f`).
+    Elsewhere the nodes asking a chunk's owner while it sends it read it from each other in a chain of the
+    same degree F, so a link sends each chunk at most F times: (K/N + min(F, f·(N − 1)))·S."""
     K, S, N, B, O = sc.clients, sc.size, sc.nodes, sc.node_rate, sc.origin_rate
     if config == "direct":
         return K * S / O
@@ -95,7 +97,9 @@ def model(config: str, sc: Scene) -> float:
         return max(S / O, K * S / B)
     if sc.chunk_threshold is None:
         return max(S / O, (K / N + min(fanout_for(N), N - 1)) * S / B)
-    return max(S / O, (K / N + min(chunk_fanout_for(N), first_owner_share(sc) * (N - 1))) * S / B)
+    f, chunks = first_owner_share(sc), -(-S // (sc.chunk_size or S))
+    passes = f * (N - 1) if chunk_star(chunks, N) else min(chunk_fanout_for(N), f * (N - 1))
+    return max(S / O, (K / N + passes) * S / B)
 
 
 def first_owner_share(sc: Scene) -> float:

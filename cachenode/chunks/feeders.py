@@ -14,6 +14,21 @@ fewer than `fanout` others: a chain for a fanout of 1, and every link
 carries each chunk at most `fanout` times, whatever N is, as the copies
 of a whole object do (cachenode/cluster/streaming.py `feeds_from`).
 
+A wave is worth its depth only where the first owners' links are uneven.
+When every node leads about its even share of the object's chunks
+(`nezha/chunks.py` `place` bounds the leads at ceil(C / N)), an owner
+sending its chunks to every asker itself (a star) already spreads the
+passes evenly: each link sends its ceil(C / N) chunks N − 1 times, the
+even share when N divides C, and each chunk is one hop from every node, so
+no node's clients wait on a hop two nodes away. Chains put the passes
+where the asking order falls instead: in a stampede at N = 8 with 8 chunks,
+the nodes that asked first stood early in every chain and sent 9 to 11
+chunks where 7 is even, and a hop out of such a link crawled with every
+node behind it waiting (docs/benchmarks.md, "Chunk stampedes: a star where
+the leads are even"). So an owner keeps its waves for objects whose leads
+cannot be even (fewer chunks than nodes, or a remainder that leaves the
+busiest lead more than STAR_SLACK over the even share: `star`).
+
 A node sent on is asked with the chunk spec's role "fed" and answers from
 its own flight of the chunk, a pass or a fill, as it grows; when it has
 none any more it says so, and the asker asks the owner again, this time
@@ -39,6 +54,20 @@ FEEDS = frozenset({"fill", "pass", "pass-direct"})  # whoever asks with these re
 # Ring sizes up to which a wave is a chain (one feed per node); a tree of
 # degree 2 beyond, as a whole object's copies (cluster/streaming.py CHAIN_NODES).
 CHAIN_NODES = 16
+
+
+# How far over the even share of passes (C·(N − 1)/N chunks) a star may load its busiest link.
+STAR_SLACK = 1.25
+
+
+def star(chunks: int, nodes: int) -> bool:
+    """Whether the owners of an object of `chunks` chunks in a ring of
+    `nodes` answer every node passing a chunk on themselves (no wave): when
+    the bounded leads, ceil(chunks / nodes) each at most, keep the busiest
+    owner's passes within STAR_SLACK of the even share."""
+    if nodes <= 1 or chunks <= 0:
+        return True
+    return -(-chunks // nodes) * nodes <= STAR_SLACK * chunks
 
 
 def fanout_for(nodes: int) -> int:

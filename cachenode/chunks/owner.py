@@ -18,7 +18,7 @@ from typing import IO, Callable, Iterator, Protocol
 import structlog
 from aiohttp import web
 
-from cachenode.chunks.feeders import FEEDS, Feeders, fanout_for
+from cachenode.chunks.feeders import FEEDS, Feeders, fanout_for, star
 from cachenode.chunks.fills import ChunkFills
 from cachenode.chunks.peers import Members
 from cachenode.chunks.peers_first import Paced, unhurried
@@ -101,7 +101,7 @@ class ChunkOwner:
         ckey, asker = chunk_key(key, spec.index, layout.chunk_size), request.headers.get(PEER_HEADER)
         # A node reading the whole chunk in one flight: a node of this chunk's wave here (chunks/feeders.py).
         feeds = request.method == "GET" and spec.role in FEEDS and asker is not None and (start, count) == (0, size)
-        if feeds and spec.role == "pass":
+        if feeds and spec.role == "pass" and not star(layout.count, len(self.members.snapshot.nodes)):
             sent_on = self._sent_on(ckey, asker, spec.index)
             if sent_on is not None:
                 return sent_on

@@ -309,17 +309,18 @@ async def ranged_origin(aiohttp_server):
     return f"http://127.0.0.1:{server.port}", state
 
 
-async def four_nodes(make_node, tmp_path, url: str, **settings) -> tuple[dict, list]:
-    """Four in-process nodes n0-n3 of `url` (the ranged origin) chunking KEY, in one ring; with the
-    table of the owners of each of its chunks."""
+async def four_nodes(make_node, tmp_path, url: str, *, chunk: int = CHUNK, **settings) -> tuple[dict, list]:
+    """Four in-process nodes n0-n3 of `url` (the ranged origin) chunking KEY in chunks of `chunk`, in
+    one ring; with the table of the owners of each of its chunks."""
     nodes = {}
     for i in range(4):
         nodes[f"n{i}"] = await make_node(data_dir=tmp_path / f"n{i}", node_id=f"n{i}",
-                                         origins=[Origin(host=HOST, upstream=url)], **CHUNKED, **settings)
+                                         origins=[Origin(host=HOST, upstream=url)],
+                                         **{**CHUNKED, "chunk_size": chunk}, **settings)
     members = Membership(1, {nid: f"127.0.0.1:{nd.server.port}" for nid, nd in nodes.items()})
     for nd in nodes.values():
         nd.node.cluster.update(members)
-    return nodes, place(members.ring(), KEY, Layout(size=SIZE, chunk_size=CHUNK), 1)
+    return nodes, place(members.ring(), KEY, Layout(size=SIZE, chunk_size=chunk), 1)
 
 
 @pytest.mark.parametrize("owned_by_reader", [False, True], ids=["peer-owns-it", "reader-owns-it"])
@@ -818,17 +819,16 @@ async def test_readers_that_reach_a_broken_off_chunk_after_its_fill_ended_read_t
     assert ranges == [f"bytes={a}-{b}", f"bytes={a + CHUNK // 2}-{b}"], f"origin asked for {ranges}"
 
 
-async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_each_other_in_a_chain(
-        ranged_origin, make_node, tmp_path, session):
-    """A client on each of four nodes reads the object at once, cold. The origin holds one chunk's answer
-    halfway until all three other nodes have asked its owner for that chunk: the owner sends it to the first
-    and sends each later one on to the node that asked before it (a chain, chunks/feeders.py), so its link
-    carries the chunk once, not three times. Every client gets exact bytes; the origin sends the chunk once."""
+async def asked_by_every_node_at_once(ranged_origin, make_node, tmp_path, session, *, chunk: int):
+    """A client on each of four nodes reads the object (in chunks of `chunk`) at once, cold, while the
+    origin holds one chunk's answer halfway until all three other nodes have asked that chunk's owner for
+    it. Every client's bytes are checked exact and the origin's sending the chunk once. Returns the owner
+    and every answer to a GET of that chunk: (answering node, asker, role, status)."""
     url, state = ranged_origin
-    nodes, table = await four_nodes(make_node, tmp_path, url, origin_read_timeout=600)
+    nodes, table = await four_nodes(make_node, tmp_path, url, chunk=chunk, origin_read_timeout=600)
     index = next(i for i in range(1, len(table)) if table[i][0] != "n0")
     owner = table[index][0]
-    state["hold"] = index * CHUNK
+    state["hold"] = index * chunk
     answered: list[tuple[str, str, str | None, int]] = []  # (server, asker, role, status) for chunk `index`
     for nid, nd in nodes.items():
         def recording(serve=nd.node.chunk_owner.serve, nid=nid):
@@ -845,14 +845,24 @@ async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_ea
         await asyncio.wait_for(state["holding"].wait(), timeout=60)
         others, wave = {nid for nid in nodes if nid != owner}, nodes[owner].node.chunk_owner.feeders
         deadline = asyncio.get_running_loop().time() + 30
-        while set(wave.running(chunk_key(KEY, index, CHUNK))) != others:  # every other node has asked the owner
+        while set(wave.running(chunk_key(KEY, index, chunk))) != others:  # every other node has asked the owner
             assert asyncio.get_running_loop().time() < deadline, f"not every node asked for chunk {index}"
             await asyncio.sleep(0.02)
     finally:
         state["release"].set()
     results = await asyncio.gather(*reads)
     assert {(status, n, digest) for status, _, digest, n in results} == {(200, SIZE, sha(BODY))}
-    assert state["ranges"].count(index * CHUNK) == 1, "the origin sent the chunk once"
+    assert state["ranges"].count(index * chunk) == 1, "the origin sent the chunk once"
+    return owner, answered
+
+
+async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_each_other_in_a_chain(
+        ranged_origin, make_node, tmp_path, session):
+    """An object of three chunks on four nodes: the leads cannot be even (one node leads none), so the owner
+    sends the chunk to the first node asking and sends each later one on to the node that asked before it (a
+    chain, chunks/feeders.py), so its link carries the chunk once, not three times."""
+    owner, answered = await asked_by_every_node_at_once(ranged_origin, make_node, tmp_path, session,
+                                                        chunk=22 * MiB)
     from_owner = [asker for server, asker, role, status in answered if server == owner and status in (200, 206)]
     fed = [(server, asker) for server, asker, role, status in answered if role == "fed" and status in (200, 206)]
     assert len(from_owner) == 1, f"the owner sent the chunk to {from_owner}: {answered}"
@@ -861,6 +871,17 @@ async def test_nodes_asking_for_a_chunk_while_its_owner_sends_it_read_it_from_ea
     second = next((asker for asker, server in chain.items() if server == first), None)
     third = next((asker for asker in chain if asker != second), None)
     assert chain == {second: first, third: second}, f"not a chain from {first}: {chain}"
+
+
+async def test_where_every_node_leads_its_even_share_of_the_chunks_an_owner_sends_each_asker_a_chunk_itself(
+        ranged_origin, make_node, tmp_path, session):
+    """Sixteen chunks on four nodes, four led by each: every node asking the owner for a chunk while it
+    sends it is answered by the owner (a star, chunks/feeders.py `star`), none sent on to another node."""
+    owner, answered = await asked_by_every_node_at_once(ranged_origin, make_node, tmp_path, session, chunk=CHUNK)
+    from_owner = {asker for server, asker, role, status in answered if server == owner and status in (200, 206)}
+    assert from_owner == {f"n{i}" for i in range(4)} - {owner}, f"{answered}"
+    assert [status for *_, status in answered if status not in (200, 206)] == [], f"none sent on: {answered}"
+    assert all(role != "fed" for _, _, role, _ in answered), f"{answered}"
 
 
 async def test_an_owner_behind_cut_by_the_first_owners_failed_source_follows_that_fill_not_the_origin(

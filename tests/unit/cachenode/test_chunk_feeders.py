@@ -1,11 +1,12 @@
 """Which node a peer passing a chunk on reads it from (cachenode/chunks/feeders.py): the nodes asking an
-owner for a chunk while it sends it form a chain (a heap of degree `fanout`) in the order they came."""
+owner for a chunk while it sends it form a chain (a heap of degree `fanout`) in the order they came, unless
+the object's leads are even enough that each owner answers every asker itself (a star)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cachenode.chunks.feeders import Feeders, fanout_for
+from cachenode.chunks.feeders import Feeders, fanout_for, star
 
 CKEY = "http://h/x#chunk/1048576/3"
 
@@ -57,3 +58,17 @@ def test_waves_of_different_chunks_are_apart():
 @pytest.mark.parametrize("nodes, fanout", [(2, 1), (8, 1), (16, 1), (17, 2), (64, 2)])
 def test_a_wave_is_a_chain_up_to_sixteen_nodes_and_a_heap_of_degree_two_beyond(nodes, fanout):
     assert fanout_for(nodes) == fanout
+
+
+@pytest.mark.parametrize("chunks, nodes", [(8, 8), (8, 4), (8, 2), (16, 16), (64, 8), (16, 4), (8, 3), (8, 5),
+                                           (16, 17), (1, 1)])
+def test_an_object_whose_leads_are_even_within_the_slack_is_sent_by_each_owner_to_every_asker(chunks, nodes):
+    """ceil(C / N) leads on a node, each sent to N - 1 others, is within 1.25 x the even C·(N - 1)/N."""
+    assert star(chunks, nodes)
+
+
+@pytest.mark.parametrize("chunks, nodes", [(8, 16), (16, 32), (2, 4), (3, 4), (8, 6), (8, 7), (1, 2)])
+def test_an_object_with_fewer_chunks_than_nodes_or_a_lopsided_remainder_is_passed_in_waves(chunks, nodes):
+    """A star there would load the busiest owner's link more than 1.25 x the even share: a node leading
+    one chunk of 8 on 16 nodes sends it 15 times where the even share is 7.5."""
+    assert not star(chunks, nodes)
