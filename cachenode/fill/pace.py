@@ -187,7 +187,7 @@ class HeldBody:
     def __init__(self, body: Any, pace: Pace) -> None:
         self._body = body
         self._pace = pace
-        self._window = Window(body.src)
+        self._window = Window(body.src, shut_first=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._body, name)
@@ -198,7 +198,7 @@ class HeldBody:
             while pos < end() and self._body.remaining > 0:
                 if pos >= pace.fill_end:
                     self._window.held(pos)
-                    await self._room(pos)
+                    await room_held(pace, pos, self._window)
                 else:
                     if pace.fill_end == FREE:
                         self._window.free()
@@ -208,16 +208,17 @@ class HeldBody:
             self._window.free()
         return pos - offset
 
-    async def _room(self, pos: int) -> None:
-        """`Pace.room`, the window asked every SHUT_POLL seconds meanwhile to
-        lower the buffer, until it has (or the fill has room again)."""
-        room = asyncio.ensure_future(self._pace.room(pos))
-        try:
-            while self._window.shut() and not room.done():
-                await asyncio.wait({room}, timeout=SHUT_POLL)
-            await room
-        finally:
-            room.cancel()
+async def room_held(pace: Pace, pos: int, window: "Window") -> None:
+    """`pace.room(pos)` for a fill held at `pos`, `window` asked every
+    SHUT_POLL seconds meanwhile to lower its buffer, until it has (or the
+    fill has room again): it may only once the socket's window is shut."""
+    room = asyncio.ensure_future(pace.room(pos))
+    try:
+        while window.shut() and not room.done():
+            await asyncio.wait({room}, timeout=SHUT_POLL)
+        await room
+    finally:
+        room.cancel()
 
 
 class Window:
@@ -234,8 +235,9 @@ class Window:
     a pooled origin connection would carry every later fill on it at that
     buffer per round trip.
 
-    Lowered only once the socket owes its source nothing (`shut`: the
-    window it advertised is used up): TCP never takes back a window, so a
+    A spliced fill's (`HeldBody`, `shut_first`) is lowered only once the
+    socket owes its source nothing (`shut`: the window it advertised is
+    used up): TCP never takes back a window, so a
     buffer cut below the bytes already allowed in flight makes the kernel
     prune, dropping the origin's segments (its out-of-order queue too)
     while the fill is held. The origin then retransmitted on its timer,
@@ -246,11 +248,17 @@ class Window:
     for a dead origin and cut its clients (docs/benchmarks.md, "A held
     fill's origin silenced by its own buffer"). Lowered with the window
     shut, the kernel keeps every queued byte and keeps the window shut
-    until the fill has read below the new size: nothing is dropped.
+    until the fill has read below the new size: nothing is dropped. A
+    chunk's origin fill, read through aiohttp (chunks/landing.py), is
+    still lowered at once: aiohttp drains the socket into its own buffer,
+    and with a 4 MiB chunk on 127.0.0.1 the window never shut before the
+    whole chunk was in (tests/integration/cachenode/test_chunk_held_connection.py).
     """
 
-    def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW) -> None:
+    def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW,
+                 shut_first: bool = False) -> None:
         self._fd = fd
+        self._shut_first = shut_first  # lowered only once the window is shut (`shut`); else at once, as before
         self._clock = clock
         self._floor = floor
         self._was: int | None = None  # the buffer before the first cap
@@ -284,7 +292,7 @@ class Window:
         if not self._want or self._want == self._cap:
             return False
         try:
-            if not owes_nothing(self._fd):
+            if self._shut_first and not owes_nothing(self._fd):
                 return True
             self._set(self._want)
             self._cap = self._want

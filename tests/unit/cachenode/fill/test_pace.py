@@ -124,7 +124,7 @@ def test_a_held_fill_caps_its_receive_buffer_to_its_pace_once_its_window_is_shut
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 * 1024)  # within any rmem_max
         before = client.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         clock = Clock()
-        window = Window(client.fileno(), clock=clock, floor=16 * 1024)
+        window = Window(client.fileno(), clock=clock, floor=16 * 1024, shut_first=True)
         window.held(0)
         assert client.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == before, "no pace known yet"
         clock.now += 1.0
