@@ -34,7 +34,6 @@ STALL = 1.0  # seconds a peer that has not moved is still waited for
 WINDOW = 256 * 1024  # the fill's bytes past the slowest replica
 HOLD = 10.0  # seconds a fill waits for its replicas in all
 FREE = 1 << 62  # no limit
-SHUT_POLL = 0.05  # seconds between a held fill's looks at whether its window is shut (`Window.shut`)
 
 
 class Pace:
@@ -187,7 +186,7 @@ class HeldBody:
     def __init__(self, body: Any, pace: Pace) -> None:
         self._body = body
         self._pace = pace
-        self._window = Window(body.src, shut_first=True)
+        self._window = Window(body.src)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._body, name)
@@ -198,27 +197,13 @@ class HeldBody:
             while pos < end() and self._body.remaining > 0:
                 if pos >= pace.fill_end:
                     self._window.held(pos)
-                    await room_held(pace, pos, self._window)
-                else:
-                    if pace.fill_end == FREE:
-                        self._window.free()
-                    await pace.room(pos)
+                elif pace.fill_end == FREE:
+                    self._window.free()
+                await pace.room(pos)
                 pos += await self._body.pump_into(fd, pos, end=lambda: min(end(), pace.fill_end), **kwargs)
         finally:
             self._window.free()
         return pos - offset
-
-async def room_held(pace: Pace, pos: int, window: "Window") -> None:
-    """`pace.room(pos)` for a fill held at `pos`, `window` asked every
-    SHUT_POLL seconds meanwhile to lower its buffer, until it has (or the
-    fill has room again): it may only once the socket's window is shut."""
-    room = asyncio.ensure_future(pace.room(pos))
-    try:
-        while window.shut() and not room.done():
-            await asyncio.wait({room}, timeout=SHUT_POLL)
-        await room
-    finally:
-        room.cancel()
 
 
 class Window:
@@ -233,43 +218,19 @@ class Window:
     net.core.rmem_max (208 KiB by default: 416 KiB of buffer). A connection
     whose buffer was ever capped (`capped`) must not carry another answer:
     a pooled origin connection would carry every later fill on it at that
-    buffer per round trip.
+    buffer per round trip."""
 
-    A spliced fill's (`HeldBody`, `shut_first`) is lowered only once the
-    socket owes its source nothing (`shut`: the window it advertised is
-    used up): TCP never takes back a window, so a
-    buffer cut below the bytes already allowed in flight makes the kernel
-    prune, dropping the origin's segments (its out-of-order queue too)
-    while the fill is held. The origin then retransmitted on its timer,
-    each retransmission dropped until the fill moved, the timer doubling
-    every time: in a stampede at N = 8 the first owner's origin stood
-    silent 2-14 s after its fill was let go, and once past 30 s, when the
-    fill's read timeout (`origin_read_timeout`) took the held, healthy fill
-    for a dead origin and cut its clients (docs/benchmarks.md, "A held
-    fill's origin silenced by its own buffer"). Lowered with the window
-    shut, the kernel keeps every queued byte and keeps the window shut
-    until the fill has read below the new size: nothing is dropped. A
-    chunk's origin fill, read through aiohttp (chunks/landing.py), is
-    still lowered at once: aiohttp drains the socket into its own buffer,
-    and with a 4 MiB chunk on 127.0.0.1 the window never shut before the
-    whole chunk was in (tests/integration/cachenode/test_chunk_held_connection.py).
-    """
-
-    def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW,
-                 shut_first: bool = False) -> None:
+    def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW) -> None:
         self._fd = fd
-        self._shut_first = shut_first  # lowered only once the window is shut (`shut`); else at once, as before
         self._clock = clock
         self._floor = floor
         self._was: int | None = None  # the buffer before the first cap
-        self._cap = 0  # what SO_RCVBUF was last set to
-        self._want = 0  # what the pace calls for, set once the window is shut
+        self._cap = 0
         self._mark: tuple[int, float] | None = None  # where and when the fill was last held
         self.capped = False  # SO_RCVBUF was set: the socket's buffer no longer follows its rate
 
     def held(self, pos: int) -> None:
-        """The fill, at `pos`, reached its limit: the buffer its pace since it was last held calls for,
-        set once the window is shut (`shut`)."""
+        """The fill, at `pos`, reached its limit: cap the buffer to its pace since it was last held."""
         now = self._clock()
         mark, self._mark = self._mark, (pos, now)
         if mark is None or now <= mark[1]:
@@ -280,34 +241,18 @@ class Window:
             if self._was is None:
                 self._was = buffer
             # SO_RCVBUF is doubled by the kernel, half of it a window: given n, n is about what flies.
-            self._want = min(max(self._floor, int(2 * rate * rtt)), self._was // 2)
-        except OSError:
-            return  # a closed socket: the pump finds out
-        self.shut()
-
-    def shut(self) -> bool:
-        """Lower the buffer to what the pace calls for if the socket owes its
-        source nothing now; whether a lower buffer is still to be set (the
-        held pump asks again while it waits)."""
-        if not self._want or self._want == self._cap:
-            return False
-        try:
-            if self._shut_first and not owes_nothing(self._fd):
-                return True
-            self._set(self._want)
-            self._cap = self._want
+            cap = min(max(self._floor, int(2 * rate * rtt)), self._was // 2)
+            if cap != self._cap:
+                self._set(cap)
+                self._cap = cap
         except OSError:
             pass  # a closed socket: the pump finds out
-        return False
 
     def free(self) -> None:
-        self._mark, self._want = None, 0
+        self._mark = None
         if self._was is not None:
             with contextlib.suppress(OSError):
-                # The kernel doubles what it is given, clamped to rmem_max: never below the buffer it has now.
-                given = min(self._was // 2, rmem_max())
-                if self._cap and given > self._cap:
-                    self._set(given)
+                self._set(self._was // 2)  # the kernel doubles what it is given
             self._was, self._cap = None, 0
 
     def _get(self) -> tuple[int, float]:
@@ -335,29 +280,3 @@ async def held(chunks: AsyncIterator[bytes], pace: Pace) -> AsyncIterator[bytes]
             return
         taken += len(chunk)
         yield chunk
-
-
-_RCV_WND = 232  # tcp_info's tcpi_rcv_wnd: the window last advertised
-
-
-def owes_nothing(fd: int) -> bool:
-    """Whether the socket `fd` advertised its source no window it has not
-    filled (tcpi_rcv_wnd 0): a lower buffer then drops nothing. False where
-    the kernel does not say (a TCP_INFO without tcpi_rcv_wnd): never lowered there."""
-    with socket.socket(fileno=os.dup(fd)) as s:
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _RCV_WND + 4)
-    return len(info) >= _RCV_WND + 4 and struct.unpack_from("I", info, _RCV_WND)[0] == 0
-
-
-_rmem_max: int | None = None
-
-
-def rmem_max() -> int:
-    """net.core.rmem_max, which SO_RCVBUF is clamped to (Linux's default where it cannot be read)."""
-    global _rmem_max
-    if _rmem_max is None:
-        try:
-            _rmem_max = int(open("/proc/sys/net/core/rmem_max").read())
-        except (OSError, ValueError):
-            _rmem_max = 212992
-    return _rmem_max
