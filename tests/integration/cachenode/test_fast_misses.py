@@ -245,3 +245,45 @@ async def test_each_variant_a_plain_request_selects_is_led_and_stored_apart(orig
     assert origin.requests["/v.bin"] == 2
     # Both misses led below aiohttp (a varying object's hits are the handler's: it selects the variant).
     assert [e["cache"] for e in completed(logs) if e.get("fast")] == ["miss", "miss"]
+
+
+async def test_a_small_body_a_moment_behind_its_head_is_stored_at_once_and_its_connection_stays_fast(make_node):
+    """An origin at a distance sends a small file's head and body apart now and
+    then: the fill gives the body the read after its head (fill/at_once.py
+    `rest_in_next_read`) and stores it at once, so the fast path answers it and
+    keeps the client's connection, rather than streaming the fill and handing
+    the connection to aiohttp for good."""
+    bodies = {f"/apart/{n}.bin": os.urandom(16 * 1024 + n) for n in range(3)}
+
+    async def head_then_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = bodies[head.split(b" ")[1].decode()]
+                writer.write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: %d\r\n\r\n"
+                             % len(body))
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the head is read alone: the body comes in a later read
+                writer.write(body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(head_then_body, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        node = await make_node(origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{port}")])
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        with capture_logs() as logs:
+            for path, body in bodies.items():
+                writer.write(request(path))
+                head, got = await asyncio.wait_for(_response(reader), 5)
+                assert head.startswith(b"HTTP/1.1 200 OK\r\n") and got == body
+                assert field(head, "X-Nezha-Cache") == "miss"
+            assert len(node.server._fast_connections()) == 1  # never handed to aiohttp
+        writer.close()
+    finally:
+        server.close()
+    fills = [e for e in logs if e["event"] == "fill_completed"]
+    assert len(fills) == 3 and all(e.get("at_once") for e in fills)
+    assert all(e.get("fast") for e in completed(logs)) and len(completed(logs)) == 3
