@@ -15,7 +15,7 @@ import struct
 from structlog.testing import capture_logs
 
 from nezha.config import Origin
-from tests.integration.cachenode.conftest import HOST, key_of, until
+from tests.integration.cachenode.conftest import HOST, until
 
 BODY = os.urandom(16 * 1024)
 
@@ -287,34 +287,3 @@ async def test_a_small_body_a_moment_behind_its_head_is_stored_at_once_and_its_c
     fills = [e for e in logs if e["event"] == "fill_completed"]
     assert len(fills) == 3 and all(e.get("at_once") for e in fills)
     assert all(e.get("fast") for e in completed(logs)) and len(completed(logs)) == 3
-
-
-async def test_a_small_body_whose_rest_never_comes_is_a_502_naming_the_silence_and_nothing_is_stored(make_node):
-    """The read after the head (`rest_in_next_read`) is the fill's own read: an
-    origin that goes silent after part of a small body fails the fill at the
-    read timeout, before any byte is sent, and the client learns why."""
-    body = os.urandom(16 * 1024)
-
-    async def part_then_silence(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nContent-Length: %d\r\n\r\n" % len(body)
-                         + body[:5000])
-            await writer.drain()
-            await asyncio.sleep(30)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(part_then_silence, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        node = await make_node(origins=[Origin(host=HOST, upstream=f"http://127.0.0.1:{port}")],
-                               origin_read_timeout=0.3)
-        [(head, got)] = await _exchange(node, request("/silent.bin"))
-    finally:
-        server.close()
-    assert head.startswith(b"HTTP/1.1 502 ") and b"Timeout on reading" in head + got
-    assert body[:5000] not in got
-    assert key_of("/silent.bin") not in node.node.store
