@@ -11,7 +11,6 @@ background fill's reading, splicing or ranges applies to it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Callable
 
@@ -36,33 +35,6 @@ from nezha.errors import NezhaError
 from nezha.keys import Target
 
 log = structlog.get_logger("nezha.cachenode")
-
-
-async def rest_in_next_read(response: aiohttp.ClientResponse, *, small_max: int) -> None:
-    """Give a small 200 whose head came without all of its body one more read
-    before `FillRuns.whole_and_small` judges whether it came whole.
-
-    An origin at a distance sends a small file's head and body microseconds
-    apart, and a node that reads between them found the body short: the fill
-    streamed, and the fast path, which sends only a body stored at once,
-    handed the client's connection to aiohttp for good, so every later fill
-    on it paid aiohttp's server (docs/benchmarks.md, "A cold small fill with
-    the origin 20 ms away, profiled"). One read, never more: a body the
-    origin trickles still streams, from its next piece on. Not for a peer's
-    or the parent tier's copy, which always stream (`stored_at_once`). A
-    failure of that read (a silent origin's read timeout, a reset) is left in
-    the reader, where the fill meets it as before."""
-    length = response.content_length
-    content = response.content
-    if (length is None or not 0 < length <= small_max or response.status != 200 or response.method != "GET"
-            or content.is_eof() or content.exception() is not None):
-        return
-    try:
-        # aiohttp's reader has no public wait that leaves the bytes in it; this one
-        # returns at its next bytes or end (tests/integration/cachenode/test_small_fills_at_once.py).
-        await content._wait("rest_in_next_read")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError):
-        return  # set on the reader (or its connection closed): the fill's own read meets it
 
 
 class AtOnce:

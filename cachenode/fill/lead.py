@@ -223,8 +223,7 @@ def stored_at_once(body: Arrived, *, small_max: int, how: How) -> bool:
     At once: a 200 to a GET from the origin itself, of a known length up to
     the store's small objects' size (cachenode/store/small.py), whose whole
     body came with its head (a small answer from a near origin comes in one
-    segment) or in the read after it (fill/at_once.py `rest_in_next_read`),
-    and that the plan reads as one stream. Nothing is then left to
+    segment), and that the plan reads as one stream. Nothing is then left to
     stream: the fill's buffer, background task and followers would cost a
     small fill more than it costs to store (docs/benchmarks.md, "Small
     objects"). A slow origin's small body, a peer's or the parent tier's

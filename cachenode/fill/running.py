@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
-from cachenode.fill.at_once import AtOnce, rest_in_next_read
+from cachenode.fill.at_once import AtOnce
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
@@ -218,15 +218,17 @@ class FillRuns:
         A resume's 206 is checked against the whole object's digest its
         Repr-Digest or the relay resuming names."""
         return self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
-                                  fd=write.temp.read_fd if write.temp.fd >= 0 else -1, part=resumed,
+                                  fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
+                                  part=resumed,
                                   # A resume's: of the version its 206 answered If-Range for, never of
                                   # another's 200. Else a relay's (a Hugging Face redirect it saw).
-                                  handed=source.handed if resumed or source.resume is None else None)
+                                  handed=source.handed if resumed or source.resume is None
+                                  else None)
 
     def whole_and_small(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin,
                         authorize: bool) -> bool:
         """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`):
-        a small answer whose body aiohttp read whole with its head (or in the read after, `fill`'s)."""
+        a small answer whose body aiohttp read whole with its head."""
         length = response.content_length
         if length is None or length > self.store.small_max or source.peer is not None:
             return False  # the common no, before any work
@@ -244,14 +246,12 @@ class FillRuns:
                    headers: Pairs, expires_at: float, policy: Policy, now: float, target: Target, source: Source,
                    vary: tuple[str, ...], origin: Origin, authorize: bool, age: float) -> Outcome:
         """Store the answer `fill/engine.py` decided to store: at once when it
-        is small and came whole with its head or the read after (`whole_and_small`,
+        is small and came whole with its head (`whole_and_small`,
         fill/at_once.py), answered as a hit; else, and when the at-once path
         could not store it plainly, by `start`'s fill that its clients follow.
         `age`: its Age as judged (`Judged.age`), stored with it."""
         body: bytes | None = None
         refused: NotStored | None = None
-        if not response.content.is_eof() and source.peer is None and not self.origins.answered_by_parent(response):
-            await rest_in_next_read(response, small_max=self.store.small_max)  # a small body a moment behind
         if self.whole_and_small(response, source=source, origin=origin, authorize=authorize):
             body = await response.read()  # in memory already: no wait on the network
             outcome = await self.at_once.store_whole(
