@@ -21,6 +21,17 @@ A tree is NAME=DIR[:ENV=VALUE,...] (as bench/small_hits_ab.py's). The work
 folder (origin files and node stores) is on /dev/shm unless --work says
 otherwise, so the box's file creation (docs/benchmarks.md) stays out of the
 figures. Everything listens on 127.0.0.1.
+
+--origin-rtt-ms MS puts the origin at a distance, as bench/small_files.py
+does for its curve (its docstring and testkit/delayline.py say why a relay
+and not netem): the origin in a network namespace of its own behind the
+delay line (MS/2 each way, a new connection's handshake paid), the nodes and
+wrk together in a second namespace. Needs root and a C compiler. A node's
+CPU per fill is not the same there as on loopback (docs/benchmarks.md, "A
+cold small fill with the origin 20 ms away, profiled"): with 64 fills
+waiting on the origin the node is not always busy, and what it pays per fill
+follows how busy it is, so a change meant for a distant origin is paired
+there. The origin direct is not run: the ratio to it is small_files.py's.
 """
 
 from __future__ import annotations
@@ -42,22 +53,50 @@ import psutil  # noqa: E402
 from bench.harness import KiB, Children, Nginx, StaticFiles, nginx_conf, run_bench  # noqa: E402
 from bench.small_files import HOST, cold, get, make_dataset, path_of, say  # noqa: E402
 from bench.small_hits_ab import TreeNode, cpu_times, parse_tree  # noqa: E402
+from testkit import delayline  # noqa: E402
+from testkit.netns import Host, NetnsUnavailable, Network, check_available  # noqa: E402
+from testkit.ports import free_port  # noqa: E402
+
+CONF = dict(by="bench/small_fills_ab.py", worker_connections=4096, nofile=65536)
 
 
 async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
-    trees = [parse_tree(t) for t in args.tree]
     loop = asyncio.get_running_loop()
     root = work / "origin-files"
-    say(f"small fills A/B: {len(trees)} nodes, {args.objects} objects of 16 KiB, {args.rounds} rounds of "
-        f"{args.seconds} s, work dir {work}")
+    say(f"small fills A/B: {len(args.tree)} nodes, {args.objects} objects of 16 KiB, {args.rounds} rounds of "
+        f"{args.seconds} s, origin {'on loopback' if args.origin_rtt_ms is None else f'{args.origin_rtt_ms:g} ms away'}"
+        f", work dir {work}")
     await loop.run_in_executor(None, make_dataset, root, args.objects, 16 * KiB)
-    origin = Nginx(children, work, "origin")
-    await origin.start(nginx_conf(StaticFiles(root=root), by="bench/small_fills_ab.py", worker_connections=4096,
-                                  nofile=65536))
+    if args.origin_rtt_ms is None:
+        origin = Nginx(children, work, "origin")
+        await origin.start(nginx_conf(StaticFiles(root=root), **CONF))
+        return await paired(args, work, children, origin.url)
+    net = Network(hosts=[Host("origin"), Host("client")])
+    with net:
+        at = net.address("origin")
+        with net.inside("origin"):
+            origin = Nginx(children, work, "wan-origin", address=at)
+            await origin.start(nginx_conf(StaticFiles(root=root), **CONF))
+            port = free_port()
+            line = await children.spawn(*delayline.argv((at, port), (at, origin.port), args.origin_rtt_ms / 2000),
+                                        stdout=asyncio.subprocess.PIPE)
+            assert line.stdout is not None
+            if (await asyncio.wait_for(line.stdout.readline(), 30)).strip() != b"listening":
+                raise SystemExit("the delay line did not start")
+        try:
+            with net.inside("client"):  # the nodes, their origin connections and wrk: in-cluster, together
+                return await paired(args, work, children, f"http://{at}:{port}")
+        finally:
+            await children.stop_all()  # before the namespaces go
+
+
+async def paired(args: argparse.Namespace, work: Path, children: Children, origin_url: str) -> str:
+    trees = [parse_tree(t) for t in args.tree]
+    loop = asyncio.get_running_loop()
     nodes = []
     for name, tree, env in trees:
         node = TreeNode(children, work, name=name, tree=tree, env=env)
-        await node.start(origins={HOST: origin.url}, workers=None if args.workers == "auto" else int(args.workers))
+        await node.start(origins={HOST: origin_url}, workers=None if args.workers == "auto" else int(args.workers))
         nodes.append(node)
     warm = 64 * len(nodes)
     async with aiohttp.ClientSession() as s:  # every node's code path and origin connections, on paths of its own
@@ -114,9 +153,17 @@ def main() -> None:
     ap.add_argument("--workers", default="1", help="each node's --workers: a number, or auto (the node as shipped, "
                     "no flag); CPU per fill is then the sum over the node's processes (default 1)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
+    ap.add_argument("--origin-rtt-ms", type=float, help="the origin this far away, behind the delay line in a "
+                    "namespace of its own (root; see the docstring); default: on loopback")
     args = ap.parse_args()
     if len(args.tree) < 2:
         raise SystemExit("give two trees or more")
+    if args.origin_rtt_ms is not None:
+        try:
+            check_available()
+            delayline.binary()
+        except (NetnsUnavailable, delayline.DelayLineUnavailable) as e:
+            raise SystemExit(f"small_fills_ab: {e}")
     run_bench(lambda work, children: run(args, work, children), prefix=f"{args.work}/nezha-fills-ab-", keep=False)
 
 if __name__ == "__main__":
