@@ -1,0 +1,178 @@
+"""A peer is marked down only when a liveness probe confirms it (cachenode/peers/asks.py `PeerAsks.ask`).
+
+One connect that failed (a SYN dropped on a loaded box, a stampede's full accept queue) once marked a live
+owner down for five seconds, and a stampede at N = 8 read its chunks from the origin meanwhile. Here the
+failure is injected by a test double around the node's real client, so each test names its cause: the first
+connect is dropped (as a timed-out connect is reported), and the probe then answers or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
+
+from cachenode.fill.origin import OriginClient
+from cachenode.front.relay import PeerRelay
+from cachenode.peers.asks import PeerLate
+from nezha.errors import OriginError, OriginTimeout
+from nezha.ring import Peer
+from tests.integration.cachenode.conftest import key_of
+
+PEER_TIMEOUT = 0.5
+HOST = "www.cs.toronto.edu"
+
+
+class DroppingClient:
+    """The node's client, but the first `drops` requests that are not a probe fail as a connect that timed out
+    would, and every probe fails so too when `probes_fail`. It records the path of each request it was given."""
+
+    def __init__(self, real: OriginClient, *, drops: int, probes_fail: bool = False) -> None:
+        self.real, self.drops, self.probes_fail = real, drops, probes_fail
+        self.asked: list[str] = []
+
+    async def request(self, method: str, url: str, **kwargs):
+        path = "/" + url.split("/", 3)[3]
+        self.asked.append(path)
+        probe = path == "/healthz"
+        if (probe and self.probes_fail) or (not probe and self.drops > 0):
+            if not probe:
+                self.drops -= 1
+            raise OriginTimeout(f"{kwargs['what']}: no answer within the timeout (a dropped SYN, injected)")
+        return await self.real.request(method, url, **kwargs)
+
+
+def answering() -> web.Application:
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(text=f"answered {request.path}\n")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+@pytest.fixture
+async def client():
+    real = OriginClient(connect_timeout=PEER_TIMEOUT, read_timeout=5)
+    await real.start()
+    yield real
+    await real.close()
+
+
+def relay_over(client) -> PeerRelay:
+    return PeerRelay(node_id="n0", client=client, peer_timeout=PEER_TIMEOUT, read_timeout=5, header_timeout=10,
+                     read_size=1 << 16)
+
+
+@pytest.fixture
+async def owner(aiohttp_server):
+    server = await aiohttp_server(answering(), host="127.0.0.1")
+    return Peer("n1", f"127.0.0.1:{server.port}")
+
+
+async def test_a_peer_whose_first_connect_is_dropped_but_answers_its_probe_stays_up_and_serves(client, owner):
+    double = DroppingClient(client, drops=1)
+    relay = relay_over(double)
+    with capture_logs() as logs:
+        r = await relay.ask(owner, "GET", owner.url + "/x", headers={})
+    try:
+        assert r.status == 200 and await r.text() == "answered /x\n"
+    finally:
+        r.release()
+    assert double.asked == ["/x", "/healthz", "/x"], "probed after the dropped connect, then asked once more"
+    assert not relay.is_down(owner)
+    assert [e["event"] for e in logs if e["event"].startswith("peer_")] == ["peer_failed_probe_passed"]
+
+
+async def test_a_peer_that_refuses_and_fails_its_probe_is_marked_down(client):
+    with socket.socket() as s:  # a port nothing listens on: every connect to it is refused
+        s.bind(("127.0.0.1", 0))
+        gone = Peer("n1", f"127.0.0.1:{s.getsockname()[1]}")
+    double = DroppingClient(client, drops=0)
+    relay = relay_over(double)
+    with capture_logs() as logs, pytest.raises(OriginError, match="Errno 111"):
+        await relay.ask(gone, "GET", gone.url + "/x", headers={})
+    assert double.asked == ["/x", "/healthz"]
+    assert relay.is_down(gone)
+    [down] = [e for e in logs if e["event"] == "peer_marked_down"]
+    assert "cannot connect" in down["reason"] and "liveness probe failed" in down["reason"]
+
+
+async def test_a_dropped_connect_whose_probe_fails_too_marks_the_peer_down(client, owner):
+    double = DroppingClient(client, drops=1, probes_fail=True)
+    relay = relay_over(double)
+    with pytest.raises(OriginTimeout):
+        await relay.ask(owner, "GET", owner.url + "/x", headers={})
+    assert double.asked == ["/x", "/healthz"], "not asked again once the probe failed"
+    assert relay.is_down(owner)
+
+
+async def test_a_peer_that_fails_twice_but_passes_both_probes_stays_up_and_is_not_asked_a_third_time(
+        client, owner):
+    double = DroppingClient(client, drops=2)
+    relay = relay_over(double)
+    with pytest.raises(OriginTimeout):
+        await relay.ask(owner, "GET", owner.url + "/x", headers={})
+    assert double.asked == ["/x", "/healthz", "/x", "/healthz"]
+    assert not relay.is_down(owner), "alive by its probes: the caller moves on for this request alone"
+
+
+async def test_a_request_that_is_not_safe_to_repeat_is_not_asked_again(client, owner):
+    double = DroppingClient(client, drops=1)
+    relay = relay_over(double)
+    with pytest.raises(OriginTimeout):
+        await relay.ask(owner, "POST", owner.url + "/x", headers={})
+    assert double.asked == ["/x", "/healthz"]
+    assert not relay.is_down(owner)
+
+
+async def test_a_peer_that_passes_its_probes_but_sends_no_headers_in_time_is_late_not_down(
+        client, aiohttp_server):
+    async def hold(request: web.Request) -> web.Response:
+        if request.path == "/healthz":
+            return web.Response(text="ok\n")
+        await never.wait()
+        return web.Response()
+
+    never = asyncio.Event()
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", hold)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    cold = Peer("n1", f"127.0.0.1:{server.port}")
+    relay = PeerRelay(node_id="n0", client=client, peer_timeout=0.05, read_timeout=5, header_timeout=0.1,
+                      read_size=1 << 16)
+    with pytest.raises(PeerLate):
+        await relay.ask(cold, "GET", cold.url + "/x", headers={})
+    assert not relay.is_down(cold)
+
+
+async def test_a_relay_whose_first_connect_to_the_owner_is_dropped_is_served_by_that_owner(
+        origin, cluster, session):
+    """The owner fills the key: passing it over would have the next owner fetch it from the origin too."""
+    origin.put("/d/drop.bin", b"d" * 50_000)
+    nodes, _ = await cluster(3, replicas=2)
+    owners = [p.id for p in nodes["n0"].node.cluster.owners(key_of("/d/drop.bin"))]
+    entry = nodes[next(n for n in nodes if n not in owners)]
+    double = DroppingClient(entry.node.relay.client, drops=1)
+    entry.node.relay.client = double
+    status, headers, got = await entry.get(session, "/d/drop.bin")
+    assert status == 200 and got == b"d" * 50_000
+    assert headers["X-Nezha-Served-By"] == owners[0]
+    assert double.asked == ["/d/drop.bin", "/healthz", "/d/drop.bin"]
+    assert not entry.node.relay.is_down(entry.node.cluster.peer(owners[0]))
+    assert origin.requests["/d/drop.bin"] == 1
+
+
+async def test_a_relay_to_an_owner_that_refuses_and_fails_its_probe_fails_over_and_marks_it_down(
+        origin, cluster, session):
+    origin.put("/d/gone.bin", b"g" * 50_000)
+    nodes, members = await cluster(3, replicas=2)
+    owners = [p.id for p in nodes["n0"].node.cluster.owners(key_of("/d/gone.bin"))]
+    entry = nodes[next(n for n in nodes if n not in owners)]
+    await nodes[owners[0]].server.close()
+    status, headers, got = await entry.get(session, "/d/gone.bin")
+    assert status == 200 and got == b"g" * 50_000 and headers["X-Nezha-Served-By"] == owners[1]
+    assert entry.node.relay.is_down(Peer(owners[0], members.nodes[owners[0]]))
