@@ -44,7 +44,7 @@ from nezha.keys import Target
 from cachenode.http.headers import end_to_end_pairs
 from cachenode.peers.auth import peer_auth
 from cachenode.peers.cuts import asked_why_cut
-from nezha.errors import OriginError, OriginTimeout
+from nezha.errors import OriginError, OriginTimeout, PoolBusy
 from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CUT_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON,
                         PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER)
 
@@ -176,13 +176,18 @@ class PeerAsks:
 
     async def probe(self, peer: Peer) -> str | None:
         """None when `peer` answers `/healthz` within `peer_timeout` (its connect
-        within `connect_budget`), else why it did not."""
+        within `connect_budget`), else why it did not. None too when no
+        connection of this node's own pool came free to ask with (a stampede
+        here): that is no verdict on the peer."""
         budget = self.connect_budget(peer)
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout) if budget == self.peer_timeout else \
             aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=self.peer_timeout)
         try:
             r = await self.client.request("GET", peer.url + "/healthz", headers={}, what=f"peer {peer.id} /healthz",
                                           timeout=timeout)
+        except PoolBusy as e:
+            log.info("peer_probe_pool_busy", peer=peer.id, address=peer.address, error=str(e))
+            return None
         except OriginTimeout:
             return f"it did not answer /healthz within {self.peer_timeout:g}s"
         except OriginError as e:
@@ -209,7 +214,9 @@ class PeerAsks:
         headers) is probed afterwards. A peer that passes that probe is alive
         and a GET or HEAD is asked once more; raised again, it stays up (the
         caller moves on for this request alone). PeerLate: it kept passing
-        probes but sent nothing within `header_timeout`, not down either.
+        probes but sent nothing within `header_timeout`, not down either;
+        PoolBusy: no connection of this node's own pool came free, so it was
+        never asked, nor probed.
         """
         again = method in SAFE_AGAIN
         while True:
@@ -219,7 +226,7 @@ class PeerAsks:
             except PeerSilent as e:
                 self.mark_down(peer, str(e) if after is None else f"{after}; then did not answer: {e}")
                 raise
-            except PeerLate:
+            except (PeerLate, PoolBusy):  # alive by its probes; or never asked: this node's pool was full
                 raise
             except OriginError as e:
                 why = await self.probe(peer)

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 from cachenode.fill.origin import OriginClient
 from cachenode.front.relay import PeerRelay
 from cachenode.peers.asks import PeerLate
-from nezha.errors import OriginError, OriginTimeout
+from nezha.errors import OriginError, OriginTimeout, PoolBusy
 from nezha.ring import Peer
 from tests.integration.cachenode.conftest import key_of
 
@@ -176,3 +176,40 @@ async def test_a_relay_to_an_owner_that_refuses_and_fails_its_probe_fails_over_a
     status, headers, got = await entry.get(session, "/d/gone.bin")
     assert status == 200 and got == b"g" * 50_000 and headers["X-Nezha-Served-By"] == owners[1]
     assert entry.node.relay.is_down(Peer(owners[0], members.nodes[owners[0]]))
+
+
+async def test_a_probe_that_finds_this_nodes_own_pool_full_marks_no_peer_down(aiohttp_server):
+    """The peers are asked through the node's one client pool. When every connection of it is busy (a
+    stampede's), a probe that waited for one said nothing of the peer: no verdict, and the peer stays up."""
+    release = asyncio.Event()
+
+    async def hold(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(text="late\n")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", hold)
+    busy = await aiohttp_server(app, host="127.0.0.1")
+    alive = await aiohttp_server(answering(), host="127.0.0.1")
+    peer = Peer("n1", f"127.0.0.1:{alive.port}")
+    client = OriginClient(connect_timeout=PEER_TIMEOUT, read_timeout=30, limit=1, pool_timeout=PEER_TIMEOUT)
+    await client.start()
+    relay = PeerRelay(node_id="n0", client=client, peer_timeout=0.05, read_timeout=5, header_timeout=10,
+                      read_size=1 << 16)
+    holding = asyncio.ensure_future(client.request("GET", f"http://127.0.0.1:{busy.port}/x", headers={},
+                                                   what="the one connection"))
+    try:
+        await asyncio.sleep(0)  # the one connection is taken
+        while not client._session.connector._acquired:  # noqa: SLF001 - until the holder has it
+            await asyncio.sleep(0.01)
+        with capture_logs() as logs:
+            assert await relay.probe(peer) is None, "no verdict on the peer"
+            with pytest.raises(PoolBusy):
+                await relay.ask(peer, "GET", peer.url + "/x", headers={})
+        assert not relay.is_down(peer)
+        # The ask waited for the pool until pool_timeout, probing each peer_timeout: no verdict each time.
+        assert {e["event"] for e in logs} == {"peer_probe_pool_busy"}
+    finally:
+        release.set()
+        (await holding).release()
+        await client.close()
