@@ -9,6 +9,7 @@ connect is dropped (as a timed-out connect is reported), and the probe then answ
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import pytest
@@ -27,20 +28,23 @@ HOST = "www.cs.toronto.edu"
 
 
 class DroppingClient:
-    """The node's client, but the first `drops` requests that are not a probe fail as a connect that timed out
-    would, and every probe fails so too when `probes_fail`. It records the path of each request it was given."""
+    """The node's client, but the first `drops` requests to each peer that are not a probe fail as a connect
+    that timed out would, and every probe fails so too when `probes_fail`. It records the path of each
+    request it was given, and how many it dropped."""
 
     def __init__(self, real: OriginClient, *, drops: int, probes_fail: bool = False) -> None:
         self.real, self.drops, self.probes_fail = real, drops, probes_fail
         self.asked: list[str] = []
+        self.dropped: dict[str, int] = {}  # by peer address
 
     async def request(self, method: str, url: str, **kwargs):
-        path = "/" + url.split("/", 3)[3]
+        _, _, address, path = url.split("/", 3)
+        path = "/" + path
         self.asked.append(path)
         probe = path == "/healthz"
-        if (probe and self.probes_fail) or (not probe and self.drops > 0):
+        if (probe and self.probes_fail) or (not probe and self.dropped.get(address, 0) < self.drops):
             if not probe:
-                self.drops -= 1
+                self.dropped[address] = self.dropped.get(address, 0) + 1
             raise OriginTimeout(f"{kwargs['what']}: no answer within the timeout (a dropped SYN, injected)")
         return await self.real.request(method, url, **kwargs)
 
@@ -213,3 +217,27 @@ async def test_a_probe_that_finds_this_nodes_own_pool_full_marks_no_peer_down(ai
         release.set()
         (await holding).release()
         await client.close()
+
+
+async def test_a_chunked_read_whose_connects_to_chunk_owners_are_dropped_reads_every_chunk_from_its_owner(
+        origin, cluster, session):
+    """The incident: a stampede's reading node lost a connect to a live chunk owner, marked it down and read
+    its chunks from the origin. Here the reading node's first connects to its peers are dropped: each owner
+    is probed, found alive and asked again, so none is marked down and the origin is asked nothing more."""
+    size, chunk = 16 << 20, 2 << 20
+    body = os.urandom(size)
+    origin.put("/d/chunked.bin", body, headers={"Accept-Ranges": "bytes", "Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(4, chunk_threshold=8 << 20, chunk_size=chunk)
+    first, entry = list(nodes.values())[:2]
+    assert (await first.get(session, "/d/chunked.bin"))[2] == body  # every chunk filled on its owner
+    for nd in nodes.values():
+        await nd.node.settled()
+    fetched = origin.requests["/d/chunked.bin"]
+    double = DroppingClient(entry.node.relay.client, drops=1)
+    entry.node.relay.client = double
+    status, _, got = await entry.get(session, "/d/chunked.bin")
+    assert status == 200 and got == body
+    assert len(double.dropped) >= 2, "it read from several peers (it holds 3 of the 8 chunks at most)"
+    assert double.asked.count("/healthz") == len(double.dropped), "each peer's dropped first connect was probed"
+    assert not any(entry.node.relay.is_down(entry.node.cluster.peer(n)) for n in nodes if n != entry.node.node_id)
+    assert origin.requests["/d/chunked.bin"] == fetched, "no chunk read from the origin"
