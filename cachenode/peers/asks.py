@@ -10,8 +10,10 @@ three (cachenode/peers/): what they call of it goes down the layers.
   refused, or a connection dropped before the headers, is followed by a
   liveness probe (`ask`): an owner that fails it too is marked down for a
   few seconds (tried last, not skipped); one that answers it is alive (a
-  SYN lost on a loaded box) and is asked once more. An owner's own 5xx
-  marks it down at once: that is its answer, not silence.
+  SYN lost on a loaded box) and is asked once more. A request or probe
+  that found this node's own client pool full (`PoolBusy`) asked the peer
+  nothing and is no verdict. An owner's own 5xx marks it down at once:
+  that is its answer, not silence.
 - **The connect budget.** An owner that answered within the last
   `ANSWERED_WITHIN` seconds is given `RECENT_CONNECT` times `peer_timeout`
   to connect (and to be probed): on a saturated link a new connection's SYN
