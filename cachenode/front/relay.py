@@ -14,11 +14,12 @@ Failover, in the order a request meets it:
   seconds (tried last, not skipped) and the loop moves on to the next; one
   that answers it is asked once more, and moved on from for this request
   alone if that fails too (peers/asks.py `ask`). An owner's own 5xx moves
-  on and marks it down at once. An owner that answered within the last `ANSWERED_WITHIN` seconds is given
-  `RECENT_CONNECT` times `peer_timeout` to connect (and to be probed): on a
-  saturated link a new connection's SYN is dropped and sent again a second
-  later, and a stampede marked busy owners down for it and read their
-  chunks from the origin (docs/benchmarks.md, "Stampede"). A 5xx the owner
+  on and marks it down at once. An owner that answered within the last
+  `ANSWERED_WITHIN` seconds is given `RECENT_CONNECT` times `peer_timeout`
+  to connect (and to be probed): on a saturated link a new connection's
+  SYN is dropped and sent again a second later, and a stampede marked busy
+  owners down for it and read their chunks from the origin
+  (docs/benchmarks.md, "Stampede"). A 5xx the owner
   passes on from the origin (`X-Nezha-Cache: pass`, or `X-Nezha-Origin-Error`
   on the owner's own 502/504) goes to the client as it is: asking another
   owner would only ask the same origin again.
