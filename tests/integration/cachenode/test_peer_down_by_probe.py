@@ -241,3 +241,48 @@ async def test_a_chunked_read_whose_connects_to_chunk_owners_are_dropped_reads_e
     assert double.asked.count("/healthz") == len(double.dropped), "each peer's dropped first connect was probed"
     assert not any(entry.node.relay.is_down(entry.node.cluster.peer(n)) for n in nodes if n != entry.node.node_id)
     assert origin.requests["/d/chunked.bin"] == fetched, "no chunk read from the origin"
+
+
+async def test_a_peer_that_closes_the_first_connection_before_its_headers_is_probed_and_asked_again(client):
+    """A real socket, no double: the first two connections are closed once the request is read (a worker
+    restarting; the client's own retry on a closed connection, fill/plain_get.py, takes the second), then
+    every request is answered: the probe finds the peer alive, and it is asked again."""
+    connections = 0
+    answered: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections <= 2
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if first:
+                    return  # closed with nothing sent
+                path = head.split(b" ", 2)[1]
+                answered.append(path)
+                body = b"answered " + path + b"\n"
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    peer = Peer("n1", f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    relay = relay_over(client)
+    try:
+        with capture_logs() as logs:
+            r = await relay.ask(peer, "GET", peer.url + "/x", headers={})
+        try:
+            assert r.status == 200 and await r.text() == "answered /x\n"
+        finally:
+            r.release()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert not relay.is_down(peer)
+    [failed] = [e for e in logs if e["event"] == "peer_failed_probe_passed"]
+    assert failed["again"] is True and "ServerDisconnected" in failed["error"]
+    assert answered == [b"/healthz", b"/x"], "the probe, then the request asked again"
