@@ -13,7 +13,9 @@ the drawing is the tree the code defines.
     │   ├── RunError  nezha.errors: a run-time failure a user can act on, such as a port in use (exit 1)
     │   ├── OriginError  nezha.errors: the origin could not be reached or answered badly
     │   │   └── OriginTimeout  nezha.errors: the origin did not answer in time
-    │   │       └── PeerSilent  cachenode.peers.asks: a peer took the connection, then stopped answering
+    │   │       ├── PoolBusy  nezha.errors: no connection of this node's own pool came free in time
+    │   │       ├── PeerSilent  cachenode.peers.asks: a peer took the connection, then stopped answering
+    │   │       └── PeerLate  cachenode.peers.asks: a peer passed its probes but sent no headers in time
     │   ├── FillAborted  nezha.errors: a fill stopped before the object was complete
     │   │   ├── LeaderGone  cachenode.fill.engine: the request leading a flight ended before the origin answered
     │   │   │   └── PeerSourceFailed  cachenode.fill.engine: a copy from a peer failed; who joined it asks the origin
@@ -88,6 +90,11 @@ class OriginError(NezhaError):
 
 class OriginTimeout(OriginError):
     pass
+
+
+class PoolBusy(OriginTimeout):
+    """No connection of this node's own client pool came free in time: nothing was asked of the far end,
+    so nothing is known of it (a peer is not marked down for it)."""
 
 
 class FillAborted(NezhaError):

@@ -33,8 +33,10 @@ class Relay(Protocol):
 
     splice: bool  # peers' bodies may be spliced socket to socket
 
-    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """`peer`'s response; OriginError when it could not be had."""
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                  after: str | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response; OriginError when it could not be had, `peer`
+        marked down (its reason `after` and why) if its liveness probe failed too."""
 
     def mark_down(self, peer: Peer, why: str) -> None: ...
 
@@ -85,8 +87,7 @@ class ChunkPeers:
         headers = {**self._fields(target, spec), "Range": f"bytes={piece.offset}-{piece.offset + piece.length - 1}"}
         try:
             r = await self.relay.ask(peer, "GET", peer.url + target.path_qs, headers=headers)
-        except OriginError as e:
-            self.relay.mark_down(peer, str(e))
+        except OriginError:  # marked down by `ask` when its liveness probe failed too
             return None
         source = f"peer {peer.id} (chunk {spec.index})"
         if r.status == 421 and CHUNK_FEEDER_HEADER in r.headers and spec.role == "pass":

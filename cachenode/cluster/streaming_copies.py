@@ -51,7 +51,7 @@ from cachenode.fill.running import FILL_READ
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.config import CacheSettings, Origin
-from nezha.errors import FillAborted, NezhaError
+from nezha.errors import FillAborted, NezhaError, OriginError
 from nezha.keys import Target
 from nezha.ring import Peer
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, CHUNKED_HEADER
@@ -343,6 +343,8 @@ class StreamingCopies:
                     async for data in self._range(peer, target, validator, offset, length):
                         offset += len(data)
                         yield data
+                except OriginError:  # not had: `ask` marked it down when its liveness probe failed too
+                    continue
                 except (NezhaError, aiohttp.ClientError, asyncio.TimeoutError) as e:
                     self.owners.mark_down(peer, f"broke off a streaming copy's rest: {type(e).__name__}")
                     continue

@@ -27,7 +27,7 @@ from cachenode.fill.plain_get import PlainGets, plain
 from cachenode.http.fields import FieldLines
 from cachenode.http.headers import delimited_by_close, end_to_end_pairs
 from nezha.wire import OWN_PREFIX
-from nezha.errors import OriginError, OriginTimeout
+from nezha.errors import OriginError, OriginTimeout, PoolBusy
 
 
 def end_to_end(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
@@ -262,9 +262,10 @@ class OriginClient:
                 method, target, headers=headers, allow_redirects=False, timeout=timeout, json=json, data=data,
                 ssl=verify)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-            if waiting.queued:
-                raise OriginTimeout(
-                    f"{what}: no free connection within {timeout.connect:g}s: all {self._limit} connections "
+            if waiting.queued:  # the bound is `connect` (pool wait and connect), or `total` for a probe's
+                bound = timeout.connect if timeout.connect is not None else timeout.total
+                raise PoolBusy(
+                    f"{what}: no free connection within {bound:g}s: all {self._limit} connections "
                     f"of this node's origin pool are busy") from e
             raise OriginTimeout(f"{what}: no answer within the timeout "
                                 f"(connect {self._connect_timeout:g}s, read {self._read_timeout:g}s)") from e

@@ -9,13 +9,17 @@ order becomes the filler when the first is down.
 Failover, in the order a request meets it:
 
 - **No answer.** A refused connection, a connect that takes longer than
-  `peer_timeout`, or an owner's own 5xx moves on to the next owner and marks
-  this one down for a few seconds (tried last, not skipped). An owner that
-  answered within the last `ANSWERED_WITHIN` seconds is given
-  `RECENT_CONNECT` times `peer_timeout` to connect (and to be probed): on a
-  saturated link a new connection's SYN is dropped and sent again a second
-  later, and a stampede marked busy owners down for it and read their
-  chunks from the origin (docs/benchmarks.md, "Stampede"). A 5xx the owner
+  its budget, or a connection closed before the headers is followed by a
+  liveness probe: an owner that fails it too is marked down for a few
+  seconds (tried last, not skipped) and the loop moves on to the next; one
+  that answers it is asked once more, and moved on from for this request
+  alone if that fails too (peers/asks.py `ask`). An owner's own 5xx moves
+  on and marks it down at once. An owner that answered within the last
+  `ANSWERED_WITHIN` seconds is given `RECENT_CONNECT` times `peer_timeout`
+  to connect (and to be probed): on a saturated link a new connection's
+  SYN is dropped and sent again a second later, and a stampede marked busy
+  owners down for it and read their chunks from the origin
+  (docs/benchmarks.md, "Stampede"). A 5xx the owner
   passes on from the origin (`X-Nezha-Cache: pass`, or `X-Nezha-Origin-Error`
   on the owner's own 502/504) goes to the client as it is: asking another
   owner would only ask the same origin again.
@@ -155,8 +159,8 @@ class PeerRelay(PeerAsks):
                          validators: dict[str, str] | None, body: RelayedBody | None,
                          interim: InterimRelay) -> aiohttp.ClientResponse | None:
         """`peer` asked for the relayed request, or for the rest of `body` once one
-        is under way; None when it did not answer, marked down so the loop over
-        owners goes on to the next."""
+        is under way; None when it did not answer, so the loop over owners goes
+        on to the next (`ask` marked it down if its liveness probe failed too)."""
         headers = headers_for(self, request, target, validators=validators, body=body)
         handed = self.linked.linked(target) if body is None and self.linked is not None else None
         if handed is not None:
@@ -166,7 +170,7 @@ class PeerRelay(PeerAsks):
             return await self.ask(peer, request.method, peer.url + target.path_qs, headers=headers,
                                   interim=interim if body is None else None)
         except OriginError as e:
-            self.mark_down(peer, str(e))
+            log.info("peer_passed_over", peer=peer.id, path=target.path, reason=str(e), down=self.is_down(peer))
             return None
 
     async def _relay(self, request: web.Request, owners: list[Peer], *, target: Target, origin_url: str | None,

@@ -6,9 +6,15 @@ and a fill led through a peer (fill/running.py) share, kept apart from the
 relay's loop over owners so each can be read alone, in a room below all
 three (cachenode/peers/): what they call of it goes down the layers.
 
-- **The connect budget.** A refused connection, a connect slower than
-  `peer_timeout`, or an owner's own 5xx marks the owner down for a few
-  seconds (tried last, not skipped). An owner that answered within the last
+- **One failed attempt is not a verdict.** A connect that fails or is
+  refused, or a connection dropped before the headers, is followed by a
+  liveness probe (`ask`): an owner that fails it too is marked down for a
+  few seconds (tried last, not skipped); one that answers it is alive (a
+  SYN lost on a loaded box) and is asked once more. A request or probe
+  that found this node's own client pool full (`PoolBusy`) asked the peer
+  nothing and is no verdict. An owner's own 5xx marks it down at once:
+  that is its answer, not silence.
+- **The connect budget.** An owner that answered within the last
   `ANSWERED_WITHIN` seconds is given `RECENT_CONNECT` times `peer_timeout`
   to connect (and to be probed): on a saturated link a new connection's SYN
   is dropped and sent again a second later, and a stampede marked busy
@@ -40,7 +46,7 @@ from nezha.keys import Target
 from cachenode.http.headers import end_to_end_pairs
 from cachenode.peers.auth import peer_auth
 from cachenode.peers.cuts import asked_why_cut
-from nezha.errors import OriginError, OriginTimeout
+from nezha.errors import OriginError, OriginTimeout, PoolBusy
 from nezha.wire import (CACHE_HEADER, CHUNK_HEADER, CUT_HEADER, DIGEST_HEADER, ORIGIN_ERROR_HEADER, PASSED_ON,
                         PEER_HEADER, SCHEME_HEADER, TOKEN_HEADER)
 
@@ -63,6 +69,14 @@ RECENT_CONNECT = 4
 
 class PeerSilent(OriginTimeout):
     """A peer took the connection but stopped answering, and failed its liveness probe."""
+
+
+class PeerLate(OriginTimeout):
+    """A peer kept passing its liveness probes but sent no headers within `header_timeout`: alive, not down."""
+
+
+# Asked once more when the first attempt failed but the peer passed its probe: nothing changes on the peer.
+SAFE_AGAIN = frozenset({"GET", "HEAD"})
 
 
 def from_origin(response: aiohttp.ClientResponse) -> bool:
@@ -164,13 +178,18 @@ class PeerAsks:
 
     async def probe(self, peer: Peer) -> str | None:
         """None when `peer` answers `/healthz` within `peer_timeout` (its connect
-        within `connect_budget`), else why it did not."""
+        within `connect_budget`), else why it did not. None too when no
+        connection of this node's own pool came free to ask with (a stampede
+        here): that is no verdict on the peer."""
         budget = self.connect_budget(peer)
         timeout = aiohttp.ClientTimeout(total=self.peer_timeout) if budget == self.peer_timeout else \
             aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=self.peer_timeout)
         try:
             r = await self.client.request("GET", peer.url + "/healthz", headers={}, what=f"peer {peer.id} /healthz",
                                           timeout=timeout)
+        except PoolBusy as e:
+            log.info("peer_probe_pool_busy", peer=peer.id, address=peer.address, error=str(e))
+            return None
         except OriginTimeout:
             return f"it did not answer /healthz within {self.peer_timeout:g}s"
         except OriginError as e:
@@ -184,14 +203,48 @@ class PeerAsks:
             r.release()
 
     async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
-                  header_timeout: float | None = None, interim: Interim | None = None) -> aiohttp.ClientResponse:
+                  header_timeout: float | None = None, interim: Interim | None = None,
+                  after: str | None = None) -> aiohttp.ClientResponse:
         """`peer`'s response, once its headers are in; `interim` hears its 1xx
-        answers (the origin's, passed on by the owner) before it.
+        answers (the origin's, passed on by the owner) before it. `after`:
+        what led to asking, said first in the reason `peer` is marked down.
 
-        Raises OriginError if it cannot be reached, PeerSilent if it stays
-        silent for `peer_timeout` and then fails a probe, OriginTimeout if it
-        keeps passing probes but sends nothing within `header_timeout`.
+        Raises OriginError when it could not be had, having marked `peer`
+        down only if a liveness probe confirmed it: PeerSilent when it went
+        silent and failed the probe then; any other failure (a refused,
+        dropped or timed-out connect, a connection closed before the
+        headers) is probed afterwards. A peer that passes that probe is alive
+        and a GET or HEAD is asked once more; raised again, it stays up (the
+        caller moves on for this request alone). PeerLate: it kept passing
+        probes but sent nothing within `header_timeout`, not down either;
+        PoolBusy: no connection of this node's own pool came free, so it was
+        never asked, nor probed.
         """
+        again = method in SAFE_AGAIN
+        while True:
+            try:
+                return await self._ask_once(peer, method, url, headers=headers, header_timeout=header_timeout,
+                                            interim=interim)
+            except PeerSilent as e:
+                self.mark_down(peer, str(e) if after is None else f"{after}; then did not answer: {e}")
+                raise
+            except (PeerLate, PoolBusy):  # alive by its probes; or never asked: this node's pool was full
+                raise
+            except OriginError as e:
+                why = await self.probe(peer)
+                if why is not None:
+                    self.mark_down(peer, f"{e}; then {why}" if after is None else
+                                   f"{after}; then did not answer: {e}; then {why}")
+                    raise
+                log.info("peer_failed_probe_passed", peer=peer.id, address=peer.address, error=str(e),
+                         again=again)
+                if not again:
+                    raise
+                again = False
+
+    async def _ask_once(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                        header_timeout: float | None, interim: Interim | None) -> aiohttp.ClientResponse:
+        """One attempt of `ask`: PeerSilent, PeerLate, or the client's OriginError as it came."""
         loop = asyncio.get_running_loop()
         budget = self.header_timeout if header_timeout is None else header_timeout
         what = f"peer {peer.id} ({peer.address})"
@@ -210,7 +263,7 @@ class PeerAsks:
                     return response
                 waited = loop.time() - started
                 if waited >= budget:
-                    raise OriginTimeout(f"{what}: no response headers within {budget:g}s")
+                    raise PeerLate(f"{what}: no response headers within {budget:g}s")
                 why = await self.probe(peer)
                 if task.done():
                     response = task.result()

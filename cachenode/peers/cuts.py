@@ -69,10 +69,14 @@ def answer_cut(cuts: Cuts, key: str) -> web.Response:
 class Asker(Protocol):
     """How the question is asked, and a peer marked down (peers/asks.py `PeerAsks`)."""
 
-    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """`peer`'s response; OriginError when it could not be had."""
+    async def ask(self, peer: Peer, method: str, url: str, *, headers: dict[str, str],
+                  after: str | None = None) -> aiohttp.ClientResponse:
+        """`peer`'s response; OriginError when it could not be had, `peer`
+        marked down (its reason `after` and why) if its liveness probe failed too."""
 
     def mark_down(self, peer: Peer, why: str) -> None: ...
+
+    def is_down(self, peer: Peer) -> bool: ...
 
 
 async def asked_why_cut(asker: Asker, peer: Peer, url: str, *, headers: dict[str, str], why: str) -> str | None:
@@ -81,9 +85,10 @@ async def asked_why_cut(asker: Asker, peer: Peer, url: str, *, headers: dict[str
     marked down: it did not answer, or knows of no such cut. `headers`: the
     peer fields of the question (and CHUNK_HEADER, for a chunk)."""
     try:
-        r = await asker.ask(peer, "GET", url, headers={**headers, CUT_HEADER: "1"})
+        r = await asker.ask(peer, "GET", url, headers={**headers, CUT_HEADER: "1"}, after=why)
     except OriginError as e:
-        asker.mark_down(peer, f"{why}; then did not answer: {e}")
+        if not asker.is_down(peer):  # else `ask` marked it, with `why`: its liveness probe failed too
+            asker.mark_down(peer, f"{why}; then did not answer: {e}")
         return None
     failed = r.headers.get(FILL_FAILED_HEADER) if r.status == 200 else None
     r.release()

@@ -46,6 +46,7 @@ class Call:
     outcome: str  # patched | unchanged | denied | failed-open | failed-closed
     error: str | None = None
     review: dict[str, Any] = field(default_factory=dict)
+    deadline: float = 10.0  # the timeoutSeconds the call was given: the one timer on it
 
 
 def rule_matches(rule: dict[str, Any], res: Resource, operation: str) -> bool:
@@ -86,7 +87,7 @@ def _endpoint(api: "KubeAPI", config: dict[str, Any]) -> tuple[str, str | None]:
     return f"https://{address}{svc.get('path') or '/'}", f"{name}.{ns}.svc"
 
 
-async def _call(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any]) -> dict[str, Any]:
+async def _call(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any], *, deadline: float) -> dict[str, Any]:
     config = hook.get("clientConfig") or {}
     url, server_name = _endpoint(api, config)
     if URL(url).scheme != "https":
@@ -94,7 +95,7 @@ async def _call(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any]) ->
     ctx = ssl.create_default_context()
     if config.get("caBundle"):
         ctx = ssl.create_default_context(cadata=base64.b64decode(config["caBundle"]).decode())
-    timeout = aiohttp.ClientTimeout(total=hook.get("timeoutSeconds", 10))
+    timeout = aiohttp.ClientTimeout(total=deadline)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.post(url, json=review, ssl=ctx, server_hostname=server_name) as r:
             text = await r.text()
@@ -169,11 +170,12 @@ async def _call_one(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any]
     """Send `review` to one webhook and apply its answer: the object after its
     patch, and whether the patch changed it. Its warnings are added to
     `warnings`; a denial, or a failure under failurePolicy Fail, raises Refused."""
+    deadline = hook.get("timeoutSeconds", 10)
     try:
-        resp = _parse_response(await _call(api, hook, review), review["request"]["uid"])
+        resp = _parse_response(await _call(api, hook, review, deadline=deadline), review["request"]["uid"])
         if not resp["allowed"]:
             status = resp.get("status") or {}
-            api.admission_calls.append(Call(name, "denied", review=review))
+            api.admission_calls.append(Call(name, "denied", review=review, deadline=deadline))
             raise Refused(status.get("code") or 403, status.get("reason") or "Forbidden",
                           f'admission webhook "{name}" denied the request: '
                           f'{status.get("message") or "without explanation"}')
@@ -186,7 +188,8 @@ async def _call_one(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any]
             new = jsonpatch.apply_patch(obj, ops)
             changed = new != obj
             obj = new
-        api.admission_calls.append(Call(name, "patched" if changed else "unchanged", review=review))
+        api.admission_calls.append(Call(name, "patched" if changed else "unchanged", review=review,
+                                        deadline=deadline))
         return obj, changed
     except Refused:
         raise
@@ -195,8 +198,8 @@ async def _call_one(api: "KubeAPI", hook: dict[str, Any], review: dict[str, Any]
         reason = "context deadline exceeded" if isinstance(e, asyncio.TimeoutError) else \
             (str(e) or type(e).__name__)
         if hook.get("failurePolicy", "Fail") == "Ignore":
-            api.admission_calls.append(Call(name, "failed-open", error=reason, review=review))
+            api.admission_calls.append(Call(name, "failed-open", error=reason, review=review, deadline=deadline))
             return obj, False
-        api.admission_calls.append(Call(name, "failed-closed", error=reason, review=review))
+        api.admission_calls.append(Call(name, "failed-closed", error=reason, review=review, deadline=deadline))
         raise Refused(500, "InternalError",
                       f'Internal error occurred: failed calling webhook "{name}": {reason}') from e

@@ -68,6 +68,9 @@ class KubeAPI(Watches, Writes):
         self.store: dict[tuple[str, str], dict[Key, dict]] = {}
         self.history: list[tuple[int, Resource, str, dict]] = []
         self.watchers: set[Watcher] = set()
+        # Why each watch ended, in order: timeoutSeconds, dropped (drop_watches, or stop), expired (410),
+        # client gone (a stalled watch's client gave up), cut (its connection failed).
+        self.watch_ends: list[str] = []
         self.service_addresses: dict[tuple[str, str, int], str] = {}
         # Who set which fields (server-side apply), by (group, plural, namespace, name).
         self.field_owners: dict[tuple[str, str, str | None, str], Owners] = {}

@@ -4,7 +4,7 @@ lists and watch streams over label and field selectors, a watch's backlog
 compacted), BOOKMARK events, timeoutSeconds, and a stalled watch.
 
 A mixin of `KubeAPI`: it needs `objects_of`, `rv`, `history`, `compacted`,
-`watchers` and `bookmark_interval` of the class it is mixed into.
+`watchers`, `watch_ends` and `bookmark_interval` of the class it is mixed into.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class Watches:
         self.watchers.add(watcher)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
+        ended = "cut"  # by the client going away, or a connection error
         try:
             await response.prepare(request)
             if too_old:
@@ -86,6 +87,7 @@ class Watches:
                     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": f"too old resource version: {rv_param} ({self.compacted})", "reason": "Expired",
                     "code": 410})
+                ended = "expired"
                 return response
             for kind, obj in backlog:
                 await self._send(response, kind, obj)
@@ -93,12 +95,13 @@ class Watches:
             deadline = loop.time() + timeout if timeout else None
             while True:
                 if watcher.stalled:
-                    await self._hold(request, watcher)
+                    ended = await self._hold(request, watcher)
                     break
                 wait = self.bookmark_interval if bookmarks else None
                 if deadline is not None:
                     left = deadline - loop.time()
                     if left <= 0:
+                        ended = "timeoutSeconds"
                         break
                     wait = left if wait is None else min(wait, left)
                 try:
@@ -114,6 +117,7 @@ class Watches:
                             "metadata": {"resourceVersion": str(self.rv)}})
                     continue
                 if item is None:
+                    ended = "dropped"
                     break
                 await self._send(response, *item)
             await response.write_eof()
@@ -121,6 +125,7 @@ class Watches:
             pass
         finally:
             self.watchers.discard(watcher)
+            self.watch_ends.append(ended)
         return response
 
     def _backlog(self, watcher: Watcher, res: Resource, rv_param: str | None) -> tuple[list[tuple[str, dict]], bool]:
@@ -139,16 +144,17 @@ class Watches:
         return [(kind, o) for rv, r, kind, o in self.history if rv > since and watcher.wants(r, o)], False
 
     @staticmethod
-    async def _hold(request: web.Request, watcher: Watcher) -> None:
-        """Send nothing until the client goes away or the double ends the watch; swallow its events."""
+    async def _hold(request: web.Request, watcher: Watcher) -> str:
+        """Send nothing until the client goes away ("client gone") or the double
+        ends the watch ("dropped"); swallow its events."""
         while True:
             try:
                 if await asyncio.wait_for(watcher.queue.get(), 0.1) is None:
-                    return
+                    return "dropped"
             except asyncio.TimeoutError:
                 pass
             if request.transport is None or request.transport.is_closing():
-                return
+                return "client gone"
 
     @staticmethod
     async def _send(response: web.StreamResponse, kind: str, obj: dict) -> None:

@@ -1,7 +1,8 @@
 """An owner's link saturated by a stampede drops the SYN of a new connection to it; the kernel sends it again a
 second later. An owner that answered moments ago is given that second (cachenode/peers/asks.py
-`connect_budget`) instead of being marked down after `peer_timeout`, which had a stampede read its chunks from
-the origin (docs/benchmarks.md, "Stampede").
+`connect_budget`) instead of its connect failing after `peer_timeout`, which had a stampede read its chunks from
+the origin (docs/benchmarks.md, "Stampede"). An owner never heard from gets `peer_timeout`; its connect failing
+then is probed, and the owner asked once more, rather than marked down (test_peer_down_by_probe.py).
 
 The dropped SYN is real: a listening socket whose accept queue is full (backlog 0, one connection waiting)
 drops every new SYN (Linux, tcp_abort_on_overflow = 0) until the queue is drained, here 0.3 s later, so the
@@ -16,10 +17,10 @@ import time
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from cachenode.fill.origin import OriginClient
 from cachenode.front.relay import PeerRelay
-from nezha.errors import OriginError
 from nezha.ring import Peer
 
 PEER_TIMEOUT = 0.5
@@ -92,15 +93,22 @@ async def ask(relay: PeerRelay, peer: Peer) -> float:
 async def test_an_owner_that_answered_recently_is_waited_for_past_a_dropped_syn(relay, running, saturated):
     await ask(relay, Peer("n1", running))
     assert relay.connect_budget(Peer("n1", saturated)) > PEER_TIMEOUT
-    took = await ask(relay, Peer("n1", saturated))
+    with capture_logs() as logs:
+        took = await ask(relay, Peer("n1", saturated))
     assert took > PEER_TIMEOUT, "the connect waited for the SYN sent again"
+    assert not [e for e in logs if e["event"] == "peer_failed_probe_passed"], "one connect, not a failed one and a retry"
     assert not relay.is_down(Peer("n1", saturated))
 
 
-async def test_an_owner_never_heard_from_is_given_up_after_peer_timeout(relay, saturated):
+async def test_an_owner_never_heard_from_has_its_connect_given_up_after_peer_timeout_then_probed(relay, saturated):
+    """Its dropped SYN would be sent again only after 1 s: the connect fails at `peer_timeout` (0.5 s), by
+    which time the owner accepts again, so the probe finds it alive and it is asked once more, not marked down."""
     assert relay.connect_budget(Peer("n1", saturated)) == PEER_TIMEOUT
-    with pytest.raises(OriginError):
+    with capture_logs() as logs:
         await ask(relay, Peer("n1", saturated))
+    [failed] = [e for e in logs if e["event"] == "peer_failed_probe_passed"]
+    assert "no answer within the timeout" in failed["error"]
+    assert not relay.is_down(Peer("n1", saturated))
 
 
 async def test_an_owner_marked_down_is_given_only_peer_timeout_again(relay, running):

@@ -8,6 +8,7 @@ import time
 from kubernetes_asyncio import client
 
 from nezha.index.membership import Deposed, Fence
+from testkit.waits import START_GUARD
 from tests.integration.controller.conftest import dns, ring_becomes
 
 FAST = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.2}
@@ -45,7 +46,9 @@ async def test_two_controllers_one_holds_the_lease_and_only_it_writes(cluster, r
 
 
 async def test_the_standby_takes_over_when_the_leader_dies_and_acts(cluster, run_controller, index, kube, ns):
-    """The leader's task is cancelled, as SIGKILL would end it: the Lease is not released."""
+    """The leader's task is cancelled, as SIGKILL would end it: the Lease is not released. The standby takes
+    it once lease_duration passed without a renewal (its acquireTime no sooner than that after the last one),
+    and writes the next ring change; the seconds that took on a loaded machine are not what is checked."""
     await cluster.create(3)
     await cluster.add_pod(0)
     a = await run_controller(elected=True, identity="controller-a", **FAST)
@@ -54,13 +57,16 @@ async def test_the_standby_takes_over_when_the_leader_dies_and_acts(cluster, run
     b = await run_controller(elected=True, identity="controller-b", **FAST)
     await asyncio.sleep(0.5)
     assert not b.leading
-    killed_at = time.monotonic()
     _kill(a)
+    last = (await client.CoordinationV1Api(kube).read_namespaced_lease("nezha-controller", ns)).spec
+    assert last.holder_identity == "controller-a"
     await cluster.add_pod(1)  # only a live leader can write this
-    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=5.0)
-    took = time.monotonic() - killed_at
-    assert b.leading and took < FAST["lease_duration"] + 3 * FAST["retry_period"] + 1.0, took
+    await ring_becomes(index, {f"nezha-cache-{i}": dns(i, ns) for i in (0, 1)}, timeout=START_GUARD)
+    assert b.leading
     assert await holder(kube, ns) == ("controller-b", 1)
+    taken = (await client.CoordinationV1Api(kube).read_namespaced_lease("nezha-controller", ns)).spec
+    assert (taken.acquire_time - last.renew_time).total_seconds() >= last.lease_duration_seconds, \
+        "taken once the Lease ran out, not before"
 
 
 async def test_a_deposed_leader_cannot_write_the_ring_even_late(index, redis_server):

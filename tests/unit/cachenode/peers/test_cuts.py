@@ -64,14 +64,18 @@ class Asker:
         self.asked: list[tuple[str, str, dict[str, str]]] = []
         self.down: list[tuple[str, str]] = []
 
-    async def ask(self, peer, method, url, *, headers):
+    async def ask(self, peer, method, url, *, headers, after=None):
         self.asked.append((method, url, headers))
+        self.after = after
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
     def mark_down(self, peer, why):
         self.down.append((peer.id, why))
+
+    def is_down(self, peer):
+        return any(who == peer.id for who, _ in self.down)
 
 
 async def test_a_peer_that_says_its_fill_failed_is_not_marked_down():
@@ -81,6 +85,7 @@ async def test_a_peer_that_says_its_fill_failed_is_not_marked_down():
     assert failed == "origin died after 7 bytes"
     assert asker.down == [] and answer.released
     assert asker.asked == [("GET", "http://n1/x", {"Host": "h", CUT_HEADER: "1"})]
+    assert asker.after == "broke after 7 bytes", "the break is said first if the question marks it down"
 
 
 async def test_a_peer_that_cut_nothing_or_does_not_answer_is_marked_down_with_the_break():
@@ -92,3 +97,11 @@ async def test_a_peer_that_cut_nothing_or_does_not_answer_is_marked_down_with_th
         asker = Asker(answer)
         assert await asked_why_cut(asker, PEER, "http://n1/x", headers={}, why="broke after 7 bytes") is None
         assert asker.down == [("n1", reason)], answer
+
+
+async def test_a_peer_the_question_already_found_down_is_not_marked_twice():
+    """`ask` marks a peer down itself when the question fails and so does its liveness probe."""
+    asker = Asker(OriginError("connection refused; then its liveness probe failed"))
+    asker.down.append(("n1", "marked by ask"))
+    assert await asked_why_cut(asker, PEER, "http://n1/x", headers={}, why="broke after 7 bytes") is None
+    assert asker.down == [("n1", "marked by ask")]
