@@ -21,7 +21,7 @@ from cachenode.front.relay import PeerRelay
 from cachenode.peers.asks import PeerLate
 from nezha.errors import OriginError, OriginTimeout, PoolBusy
 from nezha.ring import Peer
-from tests.integration.cachenode.conftest import key_of
+from tests.integration.cachenode.conftest import owner_and_other
 
 PEER_TIMEOUT = 0.5
 HOST = "www.cs.toronto.edu"
@@ -158,8 +158,8 @@ async def test_a_relay_whose_first_connect_to_the_owner_is_dropped_is_served_by_
     """The owner fills the key: passing it over would have the next owner fetch it from the origin too."""
     origin.put("/d/drop.bin", b"d" * 50_000)
     nodes, _ = await cluster(3, replicas=2)
-    owners = [p.id for p in nodes["n0"].node.cluster.owners(key_of("/d/drop.bin"))]
-    entry = nodes[next(n for n in nodes if n not in owners)]
+    owners, others = owner_and_other(nodes, "/d/drop.bin", replicas=2)
+    entry = nodes[others[0]]
     double = DroppingClient(entry.node.relay.client, drops=1)
     entry.node.relay.client = double
     status, headers, got = await entry.get(session, "/d/drop.bin")
@@ -174,8 +174,8 @@ async def test_a_relay_to_an_owner_that_refuses_and_fails_its_probe_fails_over_a
         origin, cluster, session):
     origin.put("/d/gone.bin", b"g" * 50_000)
     nodes, members = await cluster(3, replicas=2)
-    owners = [p.id for p in nodes["n0"].node.cluster.owners(key_of("/d/gone.bin"))]
-    entry = nodes[next(n for n in nodes if n not in owners)]
+    owners, others = owner_and_other(nodes, "/d/gone.bin", replicas=2)
+    entry = nodes[others[0]]
     await nodes[owners[0]].server.close()
     status, headers, got = await entry.get(session, "/d/gone.bin")
     assert status == 200 and got == b"g" * 50_000 and headers["X-Nezha-Served-By"] == owners[1]
