@@ -54,6 +54,7 @@ from bench.harness import REPO, BenchError, source_version  # noqa: E402
 from cachenode.chunks.feeders import fanout_for as chunk_fanout_for  # noqa: E402
 from cachenode.chunks.feeders import star as chunk_star  # noqa: E402
 from cachenode.cluster.streaming import fanout_for  # noqa: E402
+from nezha.chunks import Layout, place  # noqa: E402
 from testkit import links  # noqa: E402
 from testkit.netns import NetnsUnavailable, check_available  # noqa: E402
 from testkit.stampede import Outcome, Scene, run  # noqa: E402
@@ -97,14 +98,13 @@ def model(config: str, sc: Scene) -> float:
         return max(S / O, K * S / B)
     if sc.chunk_threshold is None:
         return max(S / O, (K / N + min(fanout_for(N), N - 1)) * S / B)
-    f, chunks = first_owner_share(sc), -(-S // (sc.chunk_size or S))
+    f, chunks = first_owner_share(sc), Layout(size=S, chunk_size=sc.chunk_size or S).count
     passes = f * (N - 1) if chunk_star(chunks, N) else min(chunk_fanout_for(N), f * (N - 1))
     return max(S / O, (K / N + passes) * S / B)
 
 
 def first_owner_share(sc: Scene) -> float:
     """f: the largest share of the object's chunks whose first owner is one node, on the scene's ring."""
-    from nezha.chunks import Layout, place
     from nezha.ring import Ring
     from testkit.stampede import HOST, PATH
 
