@@ -101,8 +101,8 @@ class ChunkOwner:
         ckey, asker = chunk_key(key, spec.index, layout.chunk_size), request.headers.get(PEER_HEADER)
         # A node reading the whole chunk in one flight: a node of this chunk's wave here (chunks/feeders.py).
         feeds = request.method == "GET" and spec.role in FEEDS and asker is not None and (start, count) == (0, size)
-        if feeds and spec.role == "pass" and not star(layout.count, len(self.members.snapshot.nodes)):
-            sent_on = self._sent_on(ckey, asker, spec.index)
+        if feeds and spec.role == "pass":
+            sent_on = self._sent_on(ckey, asker, spec.index, chunks=layout.count)
             if sent_on is not None:
                 return sent_on
         if feeds:
@@ -163,10 +163,14 @@ class ChunkOwner:
         return await self.fills.local(key=key, url=url, target=target, layout=layout, index=spec.index,
                                       validator=validator, source=spec.source)
 
-    def _sent_on(self, ckey: str, asker: str, index: int) -> web.Response | None:
-        """A 421 sending `asker`, which passes chunk `ckey` on, to the node of the chunk's wave here it
-        reads it from (chunks/feeders.py); None: this node answers it."""
-        feeder = self.feeders.feeder_for(ckey, asker, fanout=fanout_for(len(self.members.snapshot.nodes)))
+    def _sent_on(self, ckey: str, asker: str, index: int, *, chunks: int) -> web.Response | None:
+        """A 421 sending `asker`, which passes chunk `ckey` (of an object of `chunks`) on, to the node of the
+        chunk's wave here it reads it from (chunks/feeders.py); None: this node answers it, as it answers
+        every asker where the object's leads are even (`star`)."""
+        nodes = len(self.members.snapshot.nodes)
+        if star(chunks, nodes):
+            return None
+        feeder = self.feeders.feeder_for(ckey, asker, fanout=fanout_for(nodes))
         address = self.members.snapshot.nodes.get(feeder) if feeder is not None else None
         if feeder is None or address is None:
             return None
