@@ -121,10 +121,12 @@ async def test_a_replica_that_stops_reading_holds_the_fill_stall_at_most(
     recorded is which timer ended each wait, not how long a loaded machine took to run it."""
     nodes, _ = await _two(cluster, counting_origin)
     first, second = (p.id for p in next(iter(nodes.values())).node.cluster.owners(key_of(PATH), 2))
+    # Recorded from before the replica reads: the wait that its last move starts, the one it then holds
+    # the fill in, may begin before its read returns.
+    ended, paces = every_wait_ends(monkeypatch)
     replica = Replica(nodes[first].url, second)
     try:
         await replica.read(MiB, rate=8 * MiB)  # then it reads nothing more, its connection open
-        ended, paces = every_wait_ends(monkeypatch)
         status, _, body = await nodes[first].get(session, PATH)
         assert (status, hashlib.sha256(body).digest()) == (200, hashlib.sha256(BODY).digest())
         await until(lambda: nodes[first].node.store.lookup(key_of(PATH)) is not None, timeout=60)
