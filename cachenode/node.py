@@ -258,12 +258,15 @@ class CacheNode:
             return DrainOutcome.STANDALONE
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.shutdown_grace
-        settle = loop.time() + min(s.leave_settle, s.shutdown_grace)
+        settle_seconds = min(s.leave_settle, s.shutdown_grace)
+        settle = loop.time() + settle_seconds
         while self._in_ring() and not self._named_leaving() and loop.time() < settle:
             await asyncio.sleep(0.05)
         if not self._named_leaving() or not self.cluster.clustered:
+            # in_ring: the wait for a ring without this node ended by its timer, of settle_seconds, the one
+            # wait on the way out of a restart (why a pod kept in the ring takes that long to stop).
             log.info("node_leaving", reason="not leaving for good: a restart keeps its disk", handoff=False,
-                     in_ring=self._in_ring())
+                     in_ring=self._in_ring(), settle_seconds=settle_seconds)
             return DrainOutcome.RESTART
         if len(self.store) == 0:
             log.info("node_leaving", reason="out of the ring, nothing stored", handoff=False)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 
 import aiohttp
@@ -12,6 +14,10 @@ from nezha.dev.local_cluster import LocalCluster
 from testkit.ports import free_run
 
 HOST = "www.cs.toronto.edu"
+# Seconds a node given SIGTERM has before `terminate` kills it: a hang guard, never what a test passes by.
+# Past a node's longest way out (leave_settle, then a hand-off cut at shutdown_grace, 25 s by default),
+# under the tests' own timeout (pyproject.toml), so a hung node shows as killed, not as a test timed out.
+EXIT_GUARD = 60.0
 
 
 @pytest.fixture
@@ -81,3 +87,20 @@ async def settle(cluster: LocalCluster, timeout: float = 10.0) -> None:
 async def fetch(session: aiohttp.ClientSession, url: str, path: str, **headers) -> tuple[int, dict, bytes]:
     async with session.get(url + path, headers={"Host": HOST, **headers}) as r:
         return r.status, dict(r.headers), await r.read()
+
+
+async def terminate(node) -> None:
+    """SIGTERM, as the kubelet sends it, and wait until the node exits; SIGKILL only after EXIT_GUARD.
+
+    Kubernetes kills a pod after its terminationGracePeriodSeconds. A node keeps within that by its own
+    timers (a hand-off bounded by `shutdown_grace`, a restart's wait for the ring by `leave_settle`), and
+    its log says which ended each wait (`node_leaving`, `handoff_finished` or `handoff_unfinished`): tests
+    check that, not the seconds a loaded machine takes to get there. A kill here stops a node that hangs."""
+    os.kill(node.proc.pid, signal.SIGTERM)
+    guard = time.monotonic() + EXIT_GUARD
+    while node.proc.poll() is None:
+        if time.monotonic() > guard:
+            node.proc.kill()
+            node.proc.wait(5)
+            return
+        await asyncio.sleep(0.02)

@@ -1,6 +1,11 @@
 """kubectl scale 5 -> 2 with everything real but the API server: the controller, five `nezha cache`
 processes on their own loopback addresses, a real redis-server, and the test doing what the
-StatefulSet controller and the kubelet do (graceful delete, SIGTERM, SIGKILL after the grace period)."""
+StatefulSet controller and the kubelet do (graceful delete, SIGTERM, the zero-grace delete).
+
+The kubelet's SIGKILL after the grace period is not done by the clock here: a node keeps within
+that period by its own timers (`shutdown_grace` under it, `leave_settle`), and the tests check what
+ended each of its waits (the drain's Events, its `node_leaving` line), not the seconds a loaded
+machine takes; `kubelet_stops` kills only a node that hangs."""
 
 from __future__ import annotations
 
@@ -15,18 +20,23 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from testkit.logs import log_events
 from testkit.ports import free_port
 from testkit.waits import START_GUARD, until_http, until_reported
 from tests.integration.controller.conftest import STS, events_about, pod, ring_becomes
 
 HOST = "www.cs.toronto.edu"
 GRACE = 20  # terminationGracePeriodSeconds of the cache pods in this test
+LEAVE_SETTLE = 2.0  # seconds a node given SIGTERM waits for a ring without it
+# Seconds a node given SIGTERM has before `kubelet_stops` kills it: a hang guard, never what a test passes
+# by. Past a node's longest way out (a hand-off cut at GRACE - 5), under the tests' own timeout.
+EXIT_GUARD = 60
 TOKEN = "e2e-cluster-token"
 
 
 def start_node(i: int, *, port: int, redis_url: str, origin_url: str, data: Path) -> subprocess.Popen:
     ip = f"127.0.0.{11 + i}"
-    env = {**os.environ, "NEZHA_CLUSTER_TOKEN": TOKEN, "NEZHA_LEAVE_SETTLE": "2",
+    env = {**os.environ, "NEZHA_CLUSTER_TOKEN": TOKEN, "NEZHA_LEAVE_SETTLE": str(LEAVE_SETTLE),
            "NEZHA_SHUTDOWN_GRACE": str(GRACE - 5)}
     log = open(data / f"node-{i}.log", "wb")
     return subprocess.Popen(
@@ -39,18 +49,17 @@ def start_node(i: int, *, port: int, redis_url: str, origin_url: str, data: Path
         stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-async def kubelet_stops(cluster, ns: str, i: int, proc: subprocess.Popen) -> float:
-    """Graceful delete, SIGTERM, SIGKILL after GRACE, then the kubelet's zero-grace delete."""
-    started = time.monotonic()
+async def kubelet_stops(cluster, ns: str, i: int, proc: subprocess.Popen) -> None:
+    """Graceful delete, SIGTERM, the exit (SIGKILL only after EXIT_GUARD), then the kubelet's zero-grace delete."""
+    guard = time.monotonic() + EXIT_GUARD
     await cluster.core.delete_namespaced_pod(f"{STS}-{i}", ns)  # deletionTimestamp, MODIFIED
     proc.send_signal(signal.SIGTERM)
-    while proc.poll() is None and time.monotonic() - started < GRACE:
+    while proc.poll() is None and time.monotonic() < guard:
         await asyncio.sleep(0.05)
     if proc.poll() is None:
         proc.kill()
         proc.wait(5)
     await cluster.core.delete_namespaced_pod(f"{STS}-{i}", ns, grace_period_seconds=0)
-    return time.monotonic() - started
 
 
 class CachePods:
@@ -120,9 +129,10 @@ async def test_scale_from_five_to_two_serves_everything_cached_with_zero_origin_
 
     # kubectl scale statefulset nezha-cache --replicas=2
     await cluster.apps.patch_namespaced_stateful_set_scale(STS, ns, {"spec": {"replicas": 2}})
-    took = await asyncio.gather(*(kubelet_stops(cluster, ns, i, pods.procs[i]) for i in (4, 3, 2)))
+    await asyncio.gather(*(kubelet_stops(cluster, ns, i, pods.procs[i]) for i in (4, 3, 2)))
     assert all(pods.procs[i].returncode == 0 for i in (2, 3, 4)), "each leaving node exited by itself"
-    assert max(took) < GRACE
+    # Each within its grace period: its hand-off ended by finishing, not by its shutdown_grace timer (GRACE - 5),
+    # which the DrainFinished Events below say, three of them and no DrainFailed ("hand-off timed out").
     await ring_becomes(index, {f"{STS}-{i}": pods.urls[i].removeprefix("http://") for i in range(2)})
     await asyncio.gather(*(until_reported(pods.urls[i] + "/readyz",
                                           lambda st: st["ring_nodes"] == [f"{STS}-0", f"{STS}-1"],
@@ -148,8 +158,13 @@ async def test_a_rolling_restart_of_one_pod_hands_nothing_off_and_keeps_its_data
     pods = await cache_pods(3, [f"/train/r-{n:02d}" for n in range(15)])
     held = sorted(q.name for q in (tmp_path / "node-1").rglob("*") if q.suffix in (".data", ".obj"))
     assert held, "node-1 owns some of them"
-    took = await kubelet_stops(cluster, ns, 1, pods.procs[1])
-    assert pods.procs[1].returncode == 0 and took < 5.0, took
-    log = (tmp_path / "node-1.log").read_text()
-    assert "a restart keeps its disk" in log and "handing objects off" not in log
+    await kubelet_stops(cluster, ns, 1, pods.procs[1])
+    assert pods.procs[1].returncode == 0, "it exited by itself"
+    # Promptly: its one wait on the way out, for a ring without it, was bounded by leave_settle (not by
+    # shutdown_grace) and ended by that ring (the controller's, not naming it leaving) or that timer; no
+    # hand-off followed.
+    [leaving] = log_events(tmp_path / "node-1.log", "node_leaving")
+    assert leaving["reason"] == "not leaving for good: a restart keeps its disk", leaving
+    assert (leaving["handoff"], leaving["settle_seconds"]) == (False, LEAVE_SETTLE), leaving
+    assert log_events(tmp_path / "node-1.log", "handoff_started") == []
     assert sorted(q.name for q in (tmp_path / "node-1").rglob("*") if q.suffix in (".data", ".obj")) == held
