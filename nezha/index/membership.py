@@ -36,6 +36,11 @@ log = structlog.get_logger("nezha.index")
 
 UNCHANGED = object()  # set_membership(replicas=UNCHANGED): leave nezha:ring:replicas as it is
 
+# The reads that bring a node a new membership, named in its `membership_changed` line (`via`): a message on
+# the channel (the fast path), the catch-up read on (re)subscribing, the periodic re-read (the fallback:
+# a change arriving this way means its message was lost), the read at start, and this process's own write.
+VIA = ("published", "subscribed", "reread", "first_read", "written")
+
 
 class Deposed(NezhaError):
     """A ring write or claim by a controller that no longer leads: refused by the fence."""
@@ -105,11 +110,12 @@ class MembershipWatch:
         except Exception:
             log.exception("membership_callback_failed", epoch=membership.epoch)
 
-    def adopt(self, membership: Membership) -> None:
+    def adopt(self, membership: Membership, *, via: str) -> None:
+        """Make `membership` the known one, if it differs; `via` names the read that brought it (VIA)."""
         if membership == self.membership:
             return
         self.membership = membership
-        log.info("membership_changed", epoch=membership.epoch, nodes=sorted(membership.nodes))
+        log.info("membership_changed", epoch=membership.epoch, nodes=sorted(membership.nodes), via=via)
         for callback in list(self._callbacks):
             self._notify(callback, membership)
 
@@ -144,11 +150,11 @@ class MembershipWatch:
         return Membership(epoch=int(text(epoch)), nodes=nodes, weights=clean, replicas=replicas,
                           leaving=frozenset(text(n) for n in leaving or ()))
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, via: str) -> None:
         async with self.lock:
             membership = await self._read()
             if membership is not None:
-                self.adopt(membership)
+                self.adopt(membership, via=via)
 
     async def get_membership(self) -> Membership | None:
         """Membership as Redis holds it now (None if never written); the local one when disabled."""
@@ -162,7 +168,7 @@ class MembershipWatch:
     async def first_read(self, timeout: float) -> None:
         """One read before serving, bounded: a dead Redis only marks the index degraded."""
         try:
-            await asyncio.wait_for(self.refresh(), timeout=timeout)
+            await asyncio.wait_for(self.refresh(via="first_read"), timeout=timeout)
             self.conn.ok("refresh")
         except REDIS_ERRORS as e:
             await self.conn.trouble("refresh", e)
@@ -179,7 +185,7 @@ class MembershipWatch:
             try:
                 await pubsub.subscribe(CHANNEL_RING)
                 # Catch up on changes published while we were not subscribed.
-                await self.refresh()
+                await self.refresh(via="subscribed")
                 conn.ok("watch")
                 conn.ok("refresh")
                 delay = 0.05
@@ -187,7 +193,7 @@ class MembershipWatch:
                     stop_if_cancelled()
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None:
-                        await self.refresh()
+                        await self.refresh(via="published")
             except REDIS_ERRORS as e:
                 stop_if_cancelled()  # redis-py may have turned the cancellation into a ConnectionError
                 if conn.closing:
@@ -204,7 +210,7 @@ class MembershipWatch:
             stop_if_cancelled()  # the last refresh may have swallowed it (nezha/cancels.py)
             await asyncio.sleep(self._refresh_interval * random.uniform(0.8, 1.0))
             try:
-                await self.refresh()
+                await self.refresh(via="reread")
                 self.conn.ok("refresh")
             except REDIS_ERRORS as e:
                 await self.conn.trouble("refresh", e)
@@ -250,7 +256,7 @@ class MembershipWriter:
         gone = held.leaving if held else frozenset()
         self.watch.adopt(Membership(epoch=epoch, nodes=nodes, weights=weights,
                                     replicas=kept if replicas is UNCHANGED else replicas,
-                                    leaving=gone if leaving is UNCHANGED else frozenset(leaving)))
+                                    leaving=gone if leaving is UNCHANGED else frozenset(leaving)), via="written")
 
     async def set_membership(self, nodes: dict[str, str], weights: dict[str, int] | None = None, *,
                              replicas: int | None | object = UNCHANGED, fence: Fence | None = None,

@@ -246,16 +246,18 @@ async def test_a_range_in_the_middle_of_a_cold_object_is_answered_before_the_res
     origin = await parallel_origin(body, rate=32 * MiB)  # the whole object: 4 s with 8 streams
     node = await node_for(make_node, origin)
     first, last = 700 * MiB + 12345, 701 * MiB
-    started = time.monotonic()
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         async with s.get(node.url + "/big.bin", headers={"Host": HOST, "Range": f"bytes={first}-{last}"}) as r:
             got = await r.read()
+            sent = origin.sent  # what the origin had sent when the range was answered
             assert r.status == 206 and r.headers["Content-Range"] == f"bytes {first}-{last}/{len(body)}"
-    answered = time.monotonic() - started
     assert got == body[first:last + 1]
+    # Before the rest arrives: what ends the range's wait is its own slice landing, not the fill (however
+    # long a loaded machine takes over either).
+    size = len(body)
+    assert sent < size, f"the origin had sent {sent} bytes of {size}: the range waited for the rest"
     fill = node.node.flights.get(f"http://{HOST}/big.bin")
     assert fill is not None, "the fill is still running: the range did not wait for it"
-    assert answered < 2.0, answered
     start = first // SLICE * SLICE
     wanted_slice = f"bytes={start}-{start + SLICE - 1}"
     # Fetched next to the front's first streams, not after 690 MiB of them.

@@ -26,13 +26,14 @@ async def start_cluster(origin, tmp_path):
     started: list[LocalCluster] = []
 
     async def start(nodes: int = 3, *, replicas: int = 1, redis_url: str | None = None,
-                    upstream: str | None = None, leave_settle: float = 0.0, **origin_fields) -> LocalCluster:
+                    upstream: str | None = None, leave_settle: float = 0.0, node_settings: dict | None = None,
+                    **origin_fields) -> LocalCluster:
         base = free_run(nodes)
         served = Origin(host=HOST, upstream=upstream or origin.url, **origin_fields)
         cluster = LocalCluster(nodes=nodes, origins=[served],
                                data_dir=tmp_path / f"cluster{len(started)}", base_port=base,
                                replicas=replicas, redis_url=redis_url, log_level="info",
-                               leave_settle=leave_settle)
+                               leave_settle=leave_settle, node_settings=node_settings)
         started.append(cluster)
         await cluster.start()
         await wait_epoch(cluster, await cluster.index.get_membership())

@@ -4,14 +4,21 @@ The patch is computed on the server's event loop, so a review that took
 seconds stalled `/healthz` and every other review with it (the API server
 gives up after 5 s and admits the pod unpatched). Each case posts one huge
 review several times on one connection while a probe, on fresh connections as
-kubelet's are, gets `/healthz` over and over: every probe must be served
-within a second, and every review answered.
+kubelet's are, gets `/healthz` over and over: every review is answered, and
+between two probe answers the event loop never worked for as long as kubelet
+waits for a probe.
+
+That work is counted in the loop thread's CPU time, not wall-clock time:
+webhook, probe and flood all run on this one thread, so the CPU it spent
+between two answers is what held `/healthz` back; the seconds a loaded
+machine takes to give it that CPU are not the webhook's doing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -31,7 +38,9 @@ RULES = """\
 """
 MAX_BODY = 3 * 1024 * 1024  # the default, and the API server's own request limit
 ROUNDS = 3
-SERVED_WITHIN = 1.0  # seconds; the API server's timeout is 5 s, kubelet's probe timeout 1 s by default
+# CPU seconds the loop may work between two /healthz answers: kubelet's probe timeout (1 s by default; the
+# API server's is 5 s). A review built as issue 14 found it (8,000 containers, 2.4 s) is far over it.
+HELD_UNDER = 1.0
 
 
 @pytest.fixture
@@ -72,20 +81,20 @@ async def flood(url: str, tls, body: bytes) -> list[dict]:
 
 
 async def probe_while(url: str, tls, flooding: asyncio.Task) -> list[float]:
-    """Get `/healthz`, each time on a new connection, until the flood is over; the seconds between answers.
+    """Get `/healthz`, each time on a new connection, until the flood is over; the loop thread's CPU
+    seconds between answers.
 
     Gaps between answers, not each request's own time: a loop blocked while
     the probe sleeps between requests would not show in the latter.
     """
-    loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(ssl=tls.client_context(), force_close=True)
     gaps = []
-    last = loop.time()
+    last = time.thread_time()
     async with aiohttp.ClientSession(connector=connector) as session:
         while True:
             async with session.get(f"{url}/healthz") as r:
                 assert r.status == 200 and (await r.json())["ok"] is True
-            now = loop.time()
+            now = time.thread_time()
             gaps.append(now - last)
             last = now
             if flooding.done():
@@ -101,7 +110,7 @@ def declined(containers: int) -> str:
 @pytest.mark.parametrize("containers", [
     MAX_CONTAINERS, 8_000, 16_000, filling(MAX_BODY),
 ], ids=["at-the-bound", "8000", "16000", "a-body-at-max-body-bytes"])
-async def test_a_flood_of_huge_env_reviews_is_answered_while_healthz_is_served_within_a_second(url, tls, containers):
+async def test_a_flood_of_huge_env_reviews_is_answered_while_healthz_is_never_held_a_second(url, tls, containers):
     obj = pod_with(containers)
     sent = review(obj)
     body = json.dumps(sent).encode()
@@ -111,7 +120,8 @@ async def test_a_flood_of_huge_env_reviews_is_answered_while_healthz_is_served_w
     gaps = await probe_while(url, tls, flooding)
     answers = await flooding
 
-    assert max(gaps) < SERVED_WITHIN, f"/healthz went {max(gaps):.3f}s unanswered during the flood ({len(gaps)} probes)"
+    assert max(gaps) < HELD_UNDER, (f"the loop worked {max(gaps):.3f} CPU seconds with /healthz unanswered during "
+                                    f"the flood ({len(gaps)} probes)")
     assert len(answers) == ROUNDS
     for answer in answers:
         if containers <= MAX_CONTAINERS:
