@@ -178,6 +178,9 @@ class ClientConnection(RequestHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return  # the client went away meanwhile: connection_lost has it
+        if self._close:
+            self.force_close()  # the server is shutting down (aiohttp's pre_shutdown): not given back to close
+            return
         self._task_handler = None  # ended: aiohttp's Server forgets this handler at once
         self.transport = None  # so aiohttp's cleanup below closes nothing
         self.connection_lost(None)
