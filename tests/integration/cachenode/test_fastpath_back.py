@@ -97,6 +97,41 @@ async def test_a_connection_whose_fills_stream_comes_back_to_the_fast_path_after
     assert [(e["cache"], bool(e.get("fast"))) for e in completed(logs)] == [("miss", False), ("hit", True)] * 3
     assert sorted(origin.asked) == sorted(bodies)  # each asked once: the second and third misses were led fast
     assert not node.server.runner.server.connections  # aiohttp's handlers all ended and forgotten
+    assert len(node.server.gate.open) == 1  # the connection counted once, by the fast path
+
+
+async def test_what_comes_while_the_connection_goes_back_is_answered_by_the_fast_path(make_node, monkeypatch):
+    """Bytes and the client's end that arrive after aiohttp's answer, before its
+    read loop has ended, are held and given to the fast path with the connection."""
+    from cachenode.front.client_conn import ClientConnection
+
+    give_back = ClientConnection._give_back
+    monkeypatch.setattr(ClientConnection, "_give_back",  # a moment between aiohttp's end and the fast path's start
+                        lambda self: asyncio.get_running_loop().call_later(0.2, give_back, self))
+    bodies = _bodies(1)
+    origin = HeadFirstOrigin(bodies)
+    [path] = bodies
+    try:
+        node = await make_node(origins=[Origin(host=HOST, upstream=await origin.start())])
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        with capture_logs() as logs:
+            writer.write(request(path))
+            head, got = await asyncio.wait_for(_response(reader), 5)
+            assert field(head, "X-Nezha-Cache") == "miss" and got == bodies[path]
+            [conn] = node.server.runner.server.connections
+            await until(lambda: conn._returning)  # answered whole: aiohttp's read loop is ending
+            assert not node.server._fast_connections()
+            writer.write(request(path) * 2)
+            writer.write_eof()
+            for _ in range(2):
+                head, got = await asyncio.wait_for(_response(reader), 5)
+                assert field(head, "X-Nezha-Cache") == "hit" and got == bodies[path]
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # then closed, as the client ended
+        writer.close()
+    finally:
+        origin.close()
+    assert [(e["cache"], bool(e.get("fast"))) for e in completed(logs)] == [
+        ("miss", False), ("hit", True), ("hit", True)]
 
 
 async def test_a_request_pipelined_behind_an_unfinished_answer_keeps_the_connection_with_aiohttp(make_node):
