@@ -174,6 +174,8 @@ class ClientConnection(RequestHandler):
             self._give_back()
 
     def _give_back(self) -> None:
+        """aiohttp's own cleanup of a connection gone (out of its server, the
+        gate, its timers), with no transport for it to close; then the fast path's."""
         fast, self.back, self._returning = self.back, None, False
         transport = self.transport
         if transport is None or transport.is_closing():
