@@ -32,12 +32,20 @@ cold small fill with the origin 20 ms away, profiled"): with 64 fills
 waiting on the origin the node is not always busy, and what it pays per fill
 follows how busy it is, so a change meant for a distant origin is paired
 there. The origin direct is not run: the ratio to it is small_files.py's.
+
+--count-handled runs the nodes at --log-level info and counts, per run,
+the requests the handler answered (a `request_completed` line without
+`fast`) and the fills that streamed (`fill_completed` without `at_once`),
+from each node's log: how many requests left the fast path. Logging
+costs CPU, so the CPU per fill of such a run is not comparable with a run
+without it; pair the CPU without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -96,13 +104,15 @@ async def paired(args: argparse.Namespace, work: Path, children: Children, origi
     nodes = []
     for name, tree, env in trees:
         node = TreeNode(children, work, name=name, tree=tree, env=env)
-        await node.start(origins={HOST: origin_url}, workers=None if args.workers == "auto" else int(args.workers))
+        await node.start(origins={HOST: origin_url}, workers=None if args.workers == "auto" else int(args.workers),
+                         args=("--log-level", "info") if args.count_handled else ())
         nodes.append(node)
     warm = 64 * len(nodes)
     async with aiohttp.ClientSession() as s:  # every node's code path and origin connections, on paths of its own
         for i, node in enumerate(nodes):
             for n in range(args.objects - warm + 64 * i, args.objects - warm + 64 * (i + 1)):
                 await get(s, node.url, path_of(n))
+    counted = {n.name: Handled(work / f"{n.name}.log") for n in nodes}  # from here: the warming is not counted
     runs = args.rounds * len(nodes)
     per_run = (args.objects - warm) // runs
     cpu: dict[str, list[float]] = {n.name: [] for n in nodes}
@@ -131,7 +141,8 @@ async def paired(args: argparse.Namespace, work: Path, children: Children, origi
             cpu[node.name].append((u1 - u0 + s1 - s0) * us)
             rps[node.name].append(done.rps)
             say(f"  round {r} {node.name}: {done.rps:.0f} fills/s, {user[node.name][-1]:.0f} + "
-                f"{system[node.name][-1]:.0f} = {cpu[node.name][-1]:.0f} CPU us per fill ({len(alive)} processes)")
+                f"{system[node.name][-1]:.0f} = {cpu[node.name][-1]:.0f} CPU us per fill ({len(alive)} processes)"
+                + (f"; {counted[node.name].since_last()}" if args.count_handled else ""))
     ref = nodes[0].name
     lines = []
     for node in nodes:
@@ -140,8 +151,58 @@ async def paired(args: argparse.Namespace, work: Path, children: Children, origi
         lines.append(f"{n}: {statistics.median(rps[n]):.0f} fills/s, {statistics.median(user[n]):.0f} + "
                      f"{statistics.median(system[n]):.0f} = {statistics.median(cpu[n]):.0f} us per fill "
                      f"(median; {min(cpu[n]):.0f} to {max(cpu[n]):.0f})"
-                     + ("" if n == ref else f", less CPU than {ref} in {less} of {len(cpu[n])} pairs"))
+                     + ("" if n == ref else f", less CPU than {ref} in {less} of {len(cpu[n])} pairs")
+                     + (f"; over every run {counted[n].total()}" if args.count_handled else ""))
     return "\n".join(lines)
+
+
+class Handled:
+    """What a node's log (at info level) says of its requests: how many the
+    handler answered rather than the fast path, and how many fills streamed."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.offset = 0
+        self.requests = self.handled = self.fills = self.streamed = 0
+        self._read()  # what is logged so far is not counted
+        self.requests = self.handled = self.fills = self.streamed = 0
+        self._last = (0, 0, 0, 0)
+
+    def _read(self) -> None:
+        with open(self.log, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        for line in data[:end].splitlines():
+            if b"request_completed" not in line and b"fill_completed" not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") == "request_completed":
+                self.requests += 1
+                self.handled += not e.get("fast")
+            elif e.get("event") == "fill_completed":
+                self.fills += 1
+                self.streamed += not e.get("at_once")
+
+    @staticmethod
+    def _say(requests: int, handled: int, fills: int, streamed: int) -> str:
+        return (f"{handled} of {requests} requests answered by the handler ({100 * handled / max(1, requests):.1f}%), "
+                f"{streamed} of {fills} fills streamed")
+
+    def since_last(self) -> str:
+        self._read()
+        now = (self.requests, self.handled, self.fills, self.streamed)
+        delta = [a - b for a, b in zip(now, self._last)]
+        self._last = now
+        return self._say(*delta)
+
+    def total(self) -> str:
+        self._read()
+        return self._say(self.requests, self.handled, self.fills, self.streamed)
 
 
 def main() -> None:
@@ -155,6 +216,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
     ap.add_argument("--origin-rtt-ms", type=float, help="the origin this far away, behind the delay line in a "
                     "namespace of its own (root; see the docstring); default: on loopback")
+    ap.add_argument("--count-handled", action="store_true", help="nodes at --log-level info: count the requests "
+                    "the handler answered and the fills that streamed (their CPU then includes logging)")
     args = ap.parse_args()
     if len(args.tree) < 2:
         raise SystemExit("give two trees or more")

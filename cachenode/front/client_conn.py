@@ -1,4 +1,4 @@
-"""aiohttp's per-connection handler, taught three things a cache must do.
+"""aiohttp's per-connection handler, taught four things a cache must do.
 
 - A client that half-closes (`shutdown(SHUT_WR)` after its last request, as
   HTTP/1.0-style tools and some proxies do) still gets every answer: aiohttp
@@ -11,12 +11,21 @@
   connection may stay open.
 - A malformed request is one structured log line, not a traceback on
   stderr per bad client.
+- A connection the fast path handed over for one plain request goes back
+  to it once that request is answered at a clean boundary (`back`), so a
+  keep-alive client's next requests are the fast path's again (aiohttp's
+  server, middlewares and handler cost about 270 us more a request,
+  docs/benchmarks.md "Cold misses led on the fast path"). Clean
+  means aiohttp's parser never read a byte past the request (no body, no
+  request behind it) and the answer is whole, so no byte is read by both
+  parsers (front/fastpath.py).
 
 It also registers with the node's connection `Gate`, which may reclaim it
 while it only waits for a request. What aiohttp does not expose is read from
-its handler's state (`_waiter`, `_messages`, `_current_request`); the tests
-in tests/integration/cachenode/test_connections.py fail if a new aiohttp
-changes them.
+its handler's state (`_waiter`, `_messages`, `_current_request`, and for
+going back `_force_close`, `_task_handler`, `_paused`, `_upgraded`); the tests
+in tests/integration/cachenode/test_connections.py and test_fastpath_back.py
+fail if a new aiohttp changes them.
 """
 
 from __future__ import annotations
@@ -41,6 +50,10 @@ class ClientConnection(RequestHandler):
     # The flight the fast path led for this connection's first request, which
     # the handler answers (front/fast_misses.py `Led`, `take_led`).
     led = None
+    # The fast path (front/fastpath.py `FastPath`) this connection goes back to
+    # once its one request is answered, while that request is all it has
+    # received; dropped at any byte or end after it.
+    back = None
 
     def __init__(self, manager, *, gate: Gate, head_timeout: float, **kwargs) -> None:
         super().__init__(manager, **kwargs)
@@ -50,6 +63,9 @@ class ClientConnection(RequestHandler):
         self._eof_seen = False
         self._partial = False  # bytes received since the last complete request head
         self._since = time.monotonic()
+        self._returning = False  # going `back`: aiohttp's task is ending, what comes meanwhile is held
+        self._held = bytearray()
+        self._held_eof = False
 
     # -- what the gate asks ----------------------------------------------------
     @property
@@ -82,6 +98,11 @@ class ClientConnection(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._returning:
+            self._held += data
+            return
+        if data:
+            self.back = None  # a byte beyond the request handed here: aiohttp's to parse, for good
         queued = len(self._messages)
         super().data_received(data)
         if len(self._messages) > queued:
@@ -92,6 +113,10 @@ class ClientConnection(RequestHandler):
             self._arm()
 
     def eof_received(self) -> bool:
+        if self._returning:
+            self._held_eof = True
+            return True  # the fast path answers what was held, then closes
+        self.back = None
         self._eof_seen = True
         # After the handler of a request already popped has taken its first
         # step (FIFO callbacks): only then is that request visible here.
@@ -119,7 +144,49 @@ class ClientConnection(RequestHandler):
         self._since = time.monotonic()
         if self._eof_seen and not self._messages:
             self.close()  # the client sends nothing more: close once this answer is out
+        elif self.back is not None and self._answered_whole(request, *result):
+            # start() leaves its loop after this answer without closing the
+            # transport (aiohttp's own way out once it has been given one) and
+            # the connection goes back (`start`).
+            self._returning = self._force_close = True
         return result
+
+    def _answered_whole(self, request, resp, reset: bool) -> bool:
+        """The request the fast path handed here is answered at a clean
+        boundary: the whole answer written with keep-alive, no body left to
+        read, nothing queued or half-parsed behind it, nothing paused."""
+        transport = self.transport
+        return (not reset and resp.keep_alive and not self._close and not self._force_close
+                and not self._messages and not self._upgraded and self._payload_parser is None
+                and not self._paused and self.led is None and request.content.is_eof()
+                and transport is not None and not transport.is_closing() and transport.is_reading())
+
+    async def start(self) -> None:
+        """aiohttp's read loop; then, for a connection answered whole
+        (`_answered_whole`), back to the fast path, once the loop has ended."""
+        try:
+            await super().start()
+        except BaseException:
+            if self._returning:
+                self.force_close()  # cancelled at shutdown: nobody takes it back
+            raise
+        if self._returning:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        """aiohttp's own cleanup of a connection gone (out of its server, the
+        gate, its timers), with no transport for it to close; then the fast path's."""
+        fast, self.back, self._returning = self.back, None, False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # the client went away meanwhile: connection_lost has it
+        if self._close:
+            self.force_close()  # the server is shutting down (aiohttp's pre_shutdown): not given back to close
+            return
+        self._task_handler = None  # ended: aiohttp's Server forgets this handler at once
+        self.transport = None  # so aiohttp's cleanup below closes nothing
+        self.connection_lost(None)
+        fast.take_back(transport, bytes(self._held), self._held_eof)
 
     # -- the head timer ----------------------------------------------------------
     def _arm(self) -> None:

@@ -13,11 +13,19 @@ Only what `parse_plain` (front/plain.py) accepts comes here, and it accepts litt
 GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a
 header not on the list, a miss, a peer or internal request, an error, TLS
 in the primary) hands the connection, with every byte received so far, to
-aiohttp's own protocol, which serves it and the rest of that connection. A
-handed-off connection never comes back, so the fast path cannot change the
-meaning of any request it does not fully understand, and a request with a
-body (Content-Length, Transfer-Encoding) can never be split differently by
-the two parsers.
+aiohttp's own protocol, which serves it. So the fast path cannot change
+the meaning of any request it does not fully understand.
+
+No byte is ever read by both parsers, so a request with a body
+(Content-Length, Transfer-Encoding) can never be split differently by
+them: a connection comes back from aiohttp only when what it handed was
+one whole plain request head and nothing more (which has no body), aiohttp
+received nothing after it, and answered it whole with keep-alive
+(front/client_conn.py `ClientConnection.back`); aiohttp's parser then holds
+nothing. A miss whose fill streams, say, goes to the handler and its
+connection comes back for the next request. A hand-off of anything else
+(bytes the fast path could not judge, pipelined requests behind it, the
+client's end) is for good.
 
 One byte range (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`) is a plain hit
 too: multipart downloads (`aws s3 cp`, s5cmd, dataset loaders) read large
@@ -45,7 +53,7 @@ from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_tim
 from cachenode.front.fast_misses import FastMisses, Led
 from cachenode.front.hits import Named
 from cachenode.front.leading import LeadsMisses
-from cachenode.front.plain import PlainRequest, partial_head, plain_request, wanted_range
+from cachenode.front.plain import PlainRequest, one_plain_request, partial_head, plain_request, wanted_range
 from cachenode.kernel.sendfile import SendCut, sendfile_rest
 from cachenode.store.objects import Meta
 from cachenode.store.small import check as check_sealed, is_sealed
@@ -279,9 +287,11 @@ class FastPath(LeadsMisses, asyncio.Protocol):
         self.transport.close()
 
     def _hand_off(self, led: Led | None = None) -> None:
-        """aiohttp takes the connection and every byte not yet answered, for good;
-        `led`: the flight the fast path led for the first of them, which the
-        handler answers (front/fast_misses.py)."""
+        """aiohttp takes the connection and every byte not yet answered; `led`:
+        the flight the fast path led for the first of them, which the handler
+        answers (front/fast_misses.py). Handed one plain request and nothing
+        more, it may give the connection back once it has answered it
+        (`take_back`); any other hand-off is for good."""
         transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
@@ -293,6 +303,7 @@ class FastPath(LeadsMisses, asyncio.Protocol):
         protocol = self._aiohttp_protocol()
         if led is not None:
             protocol.led = led  # type: ignore[attr-defined]  # front/client_conn.py
+        returnable = self._fd >= 0 and not self._eof and not self._write_paused and one_plain_request(self._buf)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if self._buf:
@@ -300,6 +311,21 @@ class FastPath(LeadsMisses, asyncio.Protocol):
         self._buf = bytearray()
         if self._eof and not protocol.eof_received():
             transport.close()
+        elif returnable:
+            protocol.back = self  # type: ignore[attr-defined]  # front/client_conn.py `ClientConnection.back`
+
+    def take_back(self, transport: asyncio.Transport, received: bytes, eof: bool) -> None:
+        """The connection this fast path handed to aiohttp, given back at a
+        clean request boundary (front/client_conn.py `ClientConnection.back`),
+        with the bytes (`received`) and the end (`eof`) that came after it:
+        served here again, as if it had never left."""
+        self.transport = transport
+        transport.set_protocol(self)
+        self._gate.enter(self)  # admitted when it connected; aiohttp's handler has left the gate
+        self._buf, self._eof, self._write_paused = bytearray(received), eof, False
+        self.last_active = self.waiting_since = time.monotonic()
+        if self._buf or self._eof:
+            self._next()
 
     # -- one hit ---------------------------------------------------------------
     def _serve(self, req: PlainRequest, meta: Meta, head: bytes, path: str, *,

@@ -150,6 +150,14 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
                         ranged.group(1).decode("ascii"), verdict.if_range)
 
 
+def one_plain_request(buf: bytearray) -> bool:
+    """Whether `buf` holds one whole plain request head and not a byte more.
+    Such a request has no body (`parse_plain` lets no Content-Length or
+    Transfer-Encoding through), so a parser that has read it holds nothing."""
+    req = plain_request(buf)
+    return isinstance(req, PlainRequest) and req.size == len(buf)
+
+
 def wanted_range(req: PlainRequest, meta: Meta) -> tuple[int, int] | None | bool:
     """(offset, length) of the one range a plain request asks of `meta`; None
     for the whole object (no Range, or an If-Range that does not apply); False
