@@ -29,10 +29,6 @@ import time
 import weakref
 from typing import Any, AsyncIterator, Callable
 
-import structlog
-
-log = structlog.get_logger("nezha.cachenode")
-
 LEAD = 512 * 1024  # a client's bytes past the slowest peer
 STALL = 1.0  # seconds a peer that has not moved is still waited for
 WINDOW = 256 * 1024  # the fill's bytes past the slowest replica
@@ -52,7 +48,6 @@ class Pace:
         self._moved = asyncio.Event()
         self._count = 0
         self._budget = hold  # seconds the fill may still be held
-        self._joined: list[Callable[[], None]] = []  # told when a replica joins (`watch`)
         # Where the fill may read to now: the one number a pump's thread reads (`HeldBody`).
         self.fill_end = FREE
 
@@ -61,21 +56,8 @@ class Pace:
         self._at[self._count] = (offset, self._clock())
         if replica:
             self._replicas.add(self._count)
-            for call in list(self._joined):
-                call()
         self._reckon()
         return self._count
-
-    def watch(self, call: Callable[[], None]) -> None:
-        """`call()` whenever a replica joins the fill's pace, and now if one reads it already
-        (`Window.joined`: a held fill's buffer is fixed before its window grows)."""
-        self._joined.append(call)
-        if self._replicas:
-            call()
-
-    def unwatch(self, call: Callable[[], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._joined.remove(call)
 
     def moved(self, peer: int, offset: int) -> None:
         self._at[peer] = (offset, self._clock())
@@ -197,10 +179,9 @@ class HeldBody:
     its fill's pace says (`Pace.fill_end`, read on the pump's thread) and
     waits there for room; everything else is the body's own.
 
-    From a replica's joining on, its socket's receive buffer is fixed and
-    then set to the held pace (`Window`): else the origin keeps what TCP's
-    autotuning gave the window, up to megabytes, ahead of the fill, and a
-    dead leader takes those with it too."""
+    While held, its socket's receive buffer is capped (`Window`): else the
+    origin keeps what TCP's autotuning gave the window, up to megabytes, in
+    flight ahead of the fill, and a dead leader takes those with it too."""
 
     def __init__(self, body: Any, pace: Pace) -> None:
         self._body = body
@@ -212,7 +193,6 @@ class HeldBody:
 
     async def pump_into(self, fd: int, offset: int, *, end: Callable[[], int], **kwargs: Any) -> int:
         pace, pos = self._pace, offset
-        pace.watch(self._window.joined)
         try:
             while pos < end() and self._body.remaining > 0:
                 if pos >= pace.fill_end:
@@ -222,127 +202,71 @@ class HeldBody:
                 await pace.room(pos)
                 pos += await self._body.pump_into(fd, pos, end=lambda: min(end(), pace.fill_end), **kwargs)
         finally:
-            pace.unwatch(self._window.joined)
             self._window.free()
         return pos - offset
 
 
 class Window:
     """The receive buffer of a held fill's socket, which bounds what its
-    source has ahead of the fill (in flight and queued unread): fixed when
-    a replica first joins the fill's pace (`joined`), before TCP's
-    autotuning grows it to megabytes the origin may fill ahead of a leader
-    that dies, then set to twice what the fill takes in a round trip at
-    the pace it is held to (never below WINDOW), and raised to the most the
-    system gives (net.core.rmem_max) once the fill runs free.
+    source has in flight: capped at twice what the fill takes in a round
+    trip at the pace it is held to (never below WINDOW), and given back
+    (SO_RCVBUF as it was) once the fill runs free.
 
-    Never lowered below what the socket owes its source (`_owed`: what it
-    holds, and the window it last advertised): TCP never takes back a
-    window, so a buffer cut below the bytes already allowed in flight makes
-    the kernel prune, dropping the origin's segments while the fill is
-    held, and the origin's retransmission timer doubled with every drop:
-    in a stampede at N = 8 the first owner's origin stood silent 2-14 s,
-    and once past `origin_read_timeout`, cutting its clients
-    (docs/benchmarks.md, "A held fill's origin silenced by its own
-    buffer"). With the buffer fixed early the window never grew past it,
-    so what is owed is small and the pace's buffer is reached at once.
-
-    Once SO_RCVBUF is set the kernel no longer grows the buffer with the
-    connection's rate (receive autotuning is off for the socket's life). A
-    connection whose buffer was set (`capped`) must not carry another
-    answer: a pooled origin connection would carry every later fill on it
-    at that buffer per round trip."""
+    Given back is not as before: once SO_RCVBUF is set, the kernel no longer
+    grows the buffer with the connection's rate (receive autotuning is off
+    for the socket's life), and what is given back is clamped to
+    net.core.rmem_max (208 KiB by default: 416 KiB of buffer). A connection
+    whose buffer was ever capped (`capped`) must not carry another answer:
+    a pooled origin connection would carry every later fill on it at that
+    buffer per round trip."""
 
     def __init__(self, fd: int, *, clock: Callable[[], float] = time.monotonic, floor: int = WINDOW) -> None:
         self._fd = fd
         self._clock = clock
         self._floor = floor
-        self._cap = 0  # what SO_RCVBUF was last set to (the kernel doubles it)
+        self._was: int | None = None  # the buffer before the first cap
+        self._cap = 0
         self._mark: tuple[int, float] | None = None  # where and when the fill was last held
         self.capped = False  # SO_RCVBUF was set: the socket's buffer no longer follows its rate
 
-    def joined(self) -> None:
-        """A replica joined the fill's pace: fix the buffer now, at WINDOW (or what the socket owes, if more)."""
-        if not self.capped:
-            self._fix(self._floor)
-
     def held(self, pos: int) -> None:
-        """The fill, at `pos`, reached its limit: set the buffer to its pace since it was last held."""
+        """The fill, at `pos`, reached its limit: cap the buffer to its pace since it was last held."""
         now = self._clock()
         mark, self._mark = self._mark, (pos, now)
         if mark is None or now <= mark[1]:
-            if not self.capped:
-                self._fix(self._floor)
             return
         rate = (pos - mark[0]) / (now - mark[1])
-        with contextlib.suppress(OSError):  # a closed socket: the pump finds out
-            # SO_RCVBUF is doubled by the kernel, half of it a window: given n, n is about what flies.
-            self._fix(max(self._floor, int(2 * rate * self._rtt())))
-
-    def free(self) -> None:
-        self._mark = None
-        if self.capped:
-            with contextlib.suppress(OSError):
-                given = rmem_max()
-                if given > self._cap:
-                    self._set(given)
-
-    def _fix(self, want: int) -> None:
-        """SO_RCVBUF to `want`, lowered no further than what the socket owes its source."""
         try:
-            if not self.capped:
-                self._cap = self._get(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # where the kernel has it now
-            owed = 0 if want >= self._cap else self._owed()
-            size = want if want >= self._cap else max(want, min(self._cap, owed))
-            if size != self._cap or not self.capped:
-                log.debug("fill_window_set", was=self._cap, want=want, owed=owed, set=size)
-                self._set(size)
+            buffer, rtt = self._get()
+            if self._was is None:
+                self._was = buffer
+            # SO_RCVBUF is doubled by the kernel, half of it a window: given n, n is about what flies.
+            cap = min(max(self._floor, int(2 * rate * rtt)), self._was // 2)
+            if cap != self._cap:
+                self._set(cap)
+                self._cap = cap
         except OSError:
             pass  # a closed socket: the pump finds out
 
-    def _owed(self) -> int:
-        """What SO_RCVBUF must keep so the kernel drops nothing: the memory its
-        queues hold, and the window it last advertised (at most half payload
-        in memory), of which the kernel's buffer is twice SO_RCVBUF."""
-        with socket.socket(fileno=os.dup(self._fd)) as s:
-            held = struct.unpack_from("I", s.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, 4 * 9))[0]
-            window = struct.unpack_from("I", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO), _RCV_WND)[0]
-        # A shut window owes nothing: what is queued stays, and the window
-        # stays shut until the fill has read below the new buffer.
-        return held // 2 + window if window else 0
+    def free(self) -> None:
+        self._mark = None
+        if self._was is not None:
+            with contextlib.suppress(OSError):
+                self._set(self._was // 2)  # the kernel doubles what it is given
+            self._was, self._cap = None, 0
 
-    def _rtt(self) -> float:
-        """The socket's round trip in seconds (the receiver's estimate, else the sender's)."""
+    def _get(self) -> tuple[int, float]:
+        """The socket's receive buffer, and its round trip in seconds (the receiver's estimate, else the sender's)."""
         with socket.socket(fileno=os.dup(self._fd)) as s:
+            buffer = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
             info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         rtt, rcv_rtt = struct.unpack_from("I", info, 68)[0], struct.unpack_from("I", info, 92)[0]
-        return (rcv_rtt or rtt) / 1e6
-
-    def _get(self, level: int, option: int) -> int:
-        with socket.socket(fileno=os.dup(self._fd)) as s:
-            return s.getsockopt(level, option)
+        return buffer, (rcv_rtt or rtt) / 1e6
 
     def _set(self, size: int) -> None:
         self.capped = True
         with socket.socket(fileno=os.dup(self._fd)) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-            buffer = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # doubled, and clamped to rmem_max
-            self._cap = buffer // 2
-            # The window's bound (TCP_WINDOW_CLAMP) follows the buffer only
-            # while autotuning grows it: fixed early, it stays at the first
-            # buffer's (~100 KiB) unless raised with it.
-            if s.getsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP) < buffer:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, buffer)
-
-
-SO_MEMINFO = 55  # socket(7): the socket's memory, first what its receive queues hold
-_RCV_WND, _INFO = 232, 236  # tcp_info's tcpi_rcv_wnd (Linux 6.2): the window last advertised
-
-
-def rmem_max() -> int:
-    """The most SO_RCVBUF may be set to (net.core.rmem_max)."""
-    with open("/proc/sys/net/core/rmem_max") as f:
-        return int(f.read())
 
 
 async def held(chunks: AsyncIterator[bytes], pace: Pace) -> AsyncIterator[bytes]:
