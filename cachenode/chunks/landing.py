@@ -135,10 +135,9 @@ class Landing:
         """`response`'s body, FILL_READ at a time. `held` (an origin fill): each
         read waits while the file is a window past the owners behind copying it
         (`Growing.pace`, fill/pace.py `Pace.room`: bounded, a copy that stalls
-        is not waited for), its socket's receive buffer fixed from a copy's
-        joining and capped meanwhile (`Window`), so what the origin has sent
-        a first owner that dies is at most that window and what flies past
-        what its copies hold. A
+        is not waited for), its socket's receive buffer capped meanwhile
+        (`Window`), so what the origin has sent a first owner that dies is
+        at most that window and what flies past what its copies hold. A
         connection whose buffer was capped is closed once its body is in,
         never pooled: its buffer stays fixed (fill/pace.py `Window`), and
         every later request on it would be held to that."""
@@ -147,19 +146,17 @@ class Landing:
             if pace is not None and response.connection is not None and response.connection.transport else None
         window = Window(sock.fileno()) if sock is not None else None
         protocol = response.connection.protocol if window is not None and response.connection else None
-        if pace is not None and window is not None:
-            pace.watch(window.joined)
         try:
             while True:
                 if pace is not None:
                     at = self.written
                     if window is not None and at >= pace.fill_end:
                         window.held(at)
+                        if window.capped and protocol is not None:
+                            protocol.force_close()  # closed once its body is in: never pooled again
+                            protocol = None  # once is enough
                     elif window is not None and pace.fill_end == FREE:
                         window.free()
-                    if window is not None and window.capped and protocol is not None:
-                        protocol.force_close()  # closed once its body is in: never pooled again
-                        protocol = None  # once is enough
                     await pace.room(at)
                 data = await response.content.read(FILL_READ)
                 if not data:
@@ -167,8 +164,6 @@ class Landing:
                 yield data
         finally:
             if window is not None:
-                if pace is not None:
-                    pace.unwatch(window.joined)
                 window.free()
 
     async def _keep_unread(self, response: aiohttp.ClientResponse) -> None:

@@ -42,9 +42,9 @@ async def test_an_origin_connection_whose_buffer_a_held_chunk_fill_capped_is_clo
     caps: list[int] = []
     set_buffer = Window._set
 
-    def capped(window, size, *bound):
+    def capped(window, size):
         caps.append(size)
-        set_buffer(window, size, *bound)
+        set_buffer(window, size)
 
     with mock.patch("cachenode.fill.pace.STALL", 3600.0), mock.patch.object(Window, "_set", capped):
         reading = asyncio.ensure_future(read(nodes[behind], session, headers={"Range": f"bytes={a}-{b}"}))
