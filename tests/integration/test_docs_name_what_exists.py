@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import json
 import os
 import re
@@ -316,6 +317,8 @@ def test_the_cap_is_stated_once_and_the_others_point_to_it():
     assert "`docs/cache-node.md`, \"What a connection may cost\"" in operations
 
 
+HANG_GUARD = 120.0  # stops a node that never listens; what the test waits for is its line
+
 async def test_a_node_caps_connections_as_documented_for_the_limit_it_runs_with(origin, tmp_path):
     """The figure the node itself logs in node_listening, under a lowered open-files limit."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -325,16 +328,26 @@ async def test_a_node_caps_connections_as_documented_for_the_limit_it_runs_with(
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "n"),
-         "--origin", f"www.cs.toronto.edu={origin.url}"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=lower_limit, text=True)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "n"),
+        "--origin", f"www.cs.toronto.edu={origin.url}",
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=lower_limit)
+
+    async def listening_line() -> dict[str, Any]:
+        # The figure is in the line the node logs once it listens: wait for that
+        # line, not for a time (a node's workers start slowly on a loaded box).
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            event = json.loads(line)
+            if event.get("event") == "node_listening":
+                return event
+        raise AssertionError(f"nezha cache exited ({await proc.wait()}) without logging node_listening")
+
     try:
-        await until_http(f"http://127.0.0.1:{port}/healthz", timeout=20, proc=proc, what="nezha cache")
+        listening = await asyncio.wait_for(listening_line(), timeout=HANG_GUARD)
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=10)
-    (listening,) = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "node_listening"]
+        await proc.wait()
     assert listening["open_files"] == limit
     assert listening["max_connections"] == documented_cap(limit)
 
