@@ -319,6 +319,7 @@ def test_the_cap_is_stated_once_and_the_others_point_to_it():
 
 HANG_GUARD = 120.0  # stops a node that never listens; what the test waits for is its line
 
+
 async def test_a_node_caps_connections_as_documented_for_the_limit_it_runs_with(origin, tmp_path):
     """The figure the node itself logs in node_listening, under a lowered open-files limit."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
