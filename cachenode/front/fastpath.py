@@ -306,6 +306,10 @@ class FastPath(LeadsMisses, asyncio.Protocol):
         returnable = self._fd >= 0 and not self._eof and not self._write_paused and one_plain_request(self._buf)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
+        if self._write_paused:
+            # The transport will call its resume_writing, which asserts a pause it was
+            # told of; untold, aiohttp would write on without waiting for the client.
+            protocol.pause_writing()
         if self._buf:
             protocol.data_received(bytes(self._buf))
         self._buf = bytearray()
