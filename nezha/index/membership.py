@@ -20,6 +20,7 @@ import contextlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import structlog
 from redis.exceptions import WatchError
@@ -39,7 +40,8 @@ UNCHANGED = object()  # set_membership(replicas=UNCHANGED): leave nezha:ring:rep
 # The reads that bring a node a new membership, named in its `membership_changed` line (`via`): a message on
 # the channel (the fast path), the catch-up read on (re)subscribing, the periodic re-read (the fallback:
 # a change arriving this way means its message was lost), the read at start, and this process's own write.
-VIA = ("published", "subscribed", "reread", "first_read", "written")
+Via = Literal["published", "subscribed", "reread", "first_read", "written"]
+VIA: tuple[str, ...] = get_args(Via)
 
 
 class Deposed(NezhaError):
@@ -110,8 +112,11 @@ class MembershipWatch:
         except Exception:
             log.exception("membership_callback_failed", epoch=membership.epoch)
 
-    def adopt(self, membership: Membership, *, via: str) -> None:
-        """Make `membership` the known one, if it differs; `via` names the read that brought it (VIA)."""
+    def adopt(self, membership: Membership, *, via: Via) -> None:
+        """Make `membership` the known one, if it differs; `via` names the read that brought it (VIA).
+        Checked: an operator reads `via=reread` as a lost ring message, so a misspelt value would mislead."""
+        if via not in VIA:
+            raise ValueError(f"membership_changed via={via!r} is none of {', '.join(VIA)}")
         if membership == self.membership:
             return
         self.membership = membership
@@ -150,7 +155,7 @@ class MembershipWatch:
         return Membership(epoch=int(text(epoch)), nodes=nodes, weights=clean, replicas=replicas,
                           leaving=frozenset(text(n) for n in leaving or ()))
 
-    async def refresh(self, *, via: str) -> None:
+    async def refresh(self, *, via: Via) -> None:
         async with self.lock:
             membership = await self._read()
             if membership is not None:
