@@ -346,7 +346,9 @@ class StreamingCopies:
                 except OriginError:  # not had: `ask` marked it down when its liveness probe failed too
                     continue
                 except (NezhaError, aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    self.owners.mark_down(peer, f"broke off a streaming copy's rest: {type(e).__name__}")
+                    # Asked, as `broke` was: a live peer whose own fill failed stays up.
+                    await self.owners.broke_off(peer, target, f"broke off a streaming copy's rest after {offset} "
+                                                              f"bytes: {type(e).__name__}")
                     continue
                 if offset >= length:
                     return

@@ -77,6 +77,28 @@ async def test_a_copy_the_owner_cut_because_its_origin_died_goes_on_from_the_ori
     assert ranges[0] is None and len(ranges) == 2 and ranges[1].endswith(f"-{MiB - 1}"), ranges
 
 
+async def test_a_second_owner_whose_own_fill_failed_under_the_copys_rest_is_asked_and_stays_up(
+        origin, cluster, session):
+    """Two owners; the origin drops the first owner's fill halfway and cuts the second owner's first ranged
+    answer too, so the copy's rest, read from the second owner, breaks off as well. The non-owner asks the
+    second owner why, as it asked the first, is told its fill failed, and marks neither down (both are
+    alive); the rest comes from the origin and every reader gets exact bytes."""
+    origin.put(PATH, BODY, rate=MiB, die_after=MiB // 2, range_die_after=MiB // 8, range_cuts=1,
+               headers={"Cache-Control": "max-age=3600"})
+    nodes, _ = await cluster(3, replicas=2, hot_reads=3)
+    (first, second), (reader,) = owner_and_other(nodes, PATH, replicas=2)
+    with capture_logs() as logs:
+        results = await asyncio.gather(*(nodes[reader].get(session, PATH) for _ in range(6)))
+        await nodes[reader].node.settled()
+    assert [(status, headers["X-Nezha-Cache"], body == BODY) for status, headers, body in results] == \
+        [(200, "hot-miss", True)] * 6
+    assert [e["peer"] for e in logs if e["event"] == "peer_fill_failed"] == [first, second]
+    downs = [(e["peer"], e["reason"]) for e in logs if e["event"] == "peer_marked_down"]
+    assert downs == [], f"a live owner was marked down for its origin's failure: {downs}"
+    for owner in (first, second):
+        assert not nodes[reader].node.relay.is_down(nodes[reader].node.cluster.peer(owner))
+
+
 async def test_a_read_alone_is_relayed_as_before_and_makes_no_copy(origin, cluster, session):
     """One read of a cold object through a non-owner: nothing waits on its answer, so it is relayed
     (`peer-miss`) and no copy is kept (a key read once is not copied)."""
