@@ -27,7 +27,8 @@ the same count (one worker, and `auto`), never across. What a second
 worker does for cold fills (docs/cache-node.md, "Workers"): every fill is
 the primary's. A follower answers plain hits only; a connection whose
 request it cannot answer (a miss) it hands to the primary with its
-descriptor, and the primary serves that connection from then on. So
+descriptor, and the primary serves that connection until it reads hits
+again (after 8 hits answered there it goes back to the follower). So
 coalescing is exact across workers (a miss arriving at each worker for one
 key is one origin fetch, the primary's), and a cold run's fills all go
 through one process whatever the count: here, with wrk's keep-alive

@@ -10,11 +10,10 @@ stored object) with one `write(2)`, the body with one `sendfile(2)`, and a
 task only when the socket does not take the whole body at once.
 
 Only what `parse_plain` (front/plain.py) accepts comes here, and it accepts little: HTTP/1.1,
-GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a
-header not on the list, a miss, a peer or internal request, an error, TLS
-in the primary) hands the connection, with every byte received so far, to
-aiohttp's own protocol, which serves it. So the fast path cannot change
-the meaning of any request it does not fully understand.
+GET or HEAD, a short allow-list of headers, keep-alive. Anything else (a header not on the
+list, a miss, a peer or internal request, an error, TLS in the primary) hands the connection,
+with every byte received so far, to aiohttp's own protocol, which serves it. So the fast
+path cannot change the meaning of any request it does not fully understand.
 
 No byte is ever read by both parsers, so a request with a body
 (Content-Length, Transfer-Encoding) can never be split differently by
@@ -25,18 +24,17 @@ received nothing after it, and answered it whole with keep-alive
 nothing. A miss whose fill streams, say, goes to the handler and its
 connection comes back for the next request. A hand-off of anything else
 (bytes the fast path could not judge, pipelined requests behind it, the
-client's end) is for good.
+client's end) is for good. With workers, a connection a follower handed the primary goes
+back to it once it reads hits again (front/giving_back.py).
 
-One byte range (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`) is a plain hit
-too: multipart downloads (`aws s3 cp`, s5cmd, dataset loaders) read large
-objects as ranges, and with `--workers` a ranged read a follower handed over
-would leave all of its work to the primary. It gets the 206 the handler
-gives (`Responder.hit`): the stored head with the fields that describe the
-whole body left off, Content-Range, and the range by sendfile from its
-offset. If-Range follows the handler's rule (`conditionals.if_range_applies`):
-when it does not apply, the answer is the whole object, as there. What the
-handler answers otherwise is left to it: several ranges, a range no byte
-satisfies (416), a syntax it ignores.
+One byte range (`Range: bytes=a-b`, `bytes=a-`, `bytes=-n`) is a plain hit too: multipart
+downloads (`aws s3 cp`, s5cmd, dataset loaders) read large objects as ranges, and with
+`--workers` a ranged read a follower handed over would leave all of its work to the primary.
+It gets the 206 the handler gives (`Responder.hit`): the stored head with the fields that
+describe the whole body left off, Content-Range, and the range by sendfile from its offset.
+If-Range follows the handler's rule (`conditionals.if_range_applies`): when it does not
+apply, the answer is the whole object, as there. What the handler answers otherwise is left
+to it: several ranges, a range no byte satisfies (416), a syntax it ignores.
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ import structlog
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.fast_misses import FastMisses, Led
 from cachenode.front.hits import Named
+from cachenode.front.giving_back import GivesBack
 from cachenode.front.leading import LeadsMisses
 from cachenode.front.plain import PlainRequest, one_plain_request, partial_head, plain_request, wanted_range
 from cachenode.kernel.sendfile import SendCut, sendfile_rest
@@ -102,7 +101,7 @@ def _head_of(head: bytes, meta: Meta, span: tuple[int, int] | None) -> tuple[byt
     return head + b"Age: %d\r\n\r\n" % meta.age_at(time.time()), offset, length, status
 
 
-class FastPath(LeadsMisses, asyncio.Protocol):
+class FastPath(LeadsMisses, GivesBack, asyncio.Protocol):
     """One client connection: plain hits here, the rest handed to aiohttp.
 
     Every client connection starts here, also with plain hits off
@@ -113,17 +112,19 @@ class FastPath(LeadsMisses, asyncio.Protocol):
     def __init__(self, *, finder: HitFinder, served: ServedHits, aiohttp_protocol: Callable[[], asyncio.Protocol] | None,
                  gate: Gate, head_timeout: float, serve_hits: bool = True,
                  hand_over: Callable[[asyncio.Transport, bytes, bool], None] | None = None,
-                 received: bytes = b"", eof: bool = False, misses: FastMisses | None = None) -> None:
+                 received: bytes = b"", eof: bool = False, misses: FastMisses | None = None,
+                 give_back: Callable[[asyncio.Transport], bool] | None = None) -> None:
         """`hand_over`, in a node's follower worker (cachenode/workers/), takes
         what aiohttp would: the connection with its bytes not yet answered and
-        whether the client has ended its side, to give to the primary.
+        whether the client has ended its side, to give to the primary; `give_back`
+        (the primary's) returns it to that follower (front/giving_back.py).
         `received` and `eof`: what another worker read of this connection
         before handing it here. `misses`: the plain cold misses led here
         (front/fast_misses.py); None hands every miss to aiohttp."""
         self.finder = finder
         self.served = served
         self._aiohttp_protocol = aiohttp_protocol
-        self._hand_over = hand_over
+        self._hand_over, self._give_back = hand_over, give_back
         self._gate = gate
         self._head_timeout = head_timeout
         self._serve_hits = serve_hits
@@ -158,12 +159,11 @@ class FastPath(LeadsMisses, asyncio.Protocol):
             self._scheme = "https"
         elif sock is not None:
             self._fd = sock.fileno()
-            # asyncio hands out a TransportSocket, which has no send(); the
-            # socket.socket inside it takes flags (MSG_MORE) that os.write
-            # cannot pass. Where it is not there (uvloop's pseudo-socket, a
-            # later Python), heads go by os.write: correct, one packet more.
-            # Not a dup: that would cost a descriptor per connection beyond
-            # the two the connection cap counts (connections.PER_CONNECTION).
+            # asyncio hands out a TransportSocket, which has no send(); the socket.socket
+            # inside it takes flags (MSG_MORE) that os.write cannot pass. Where it is not
+            # there (uvloop's pseudo-socket, a later Python), heads go by os.write: correct,
+            # one packet more. Not a dup: that would cost a descriptor per connection
+            # beyond the two the connection cap counts (connections.PER_CONNECTION).
             raw = getattr(sock, "_sock", None)
             if isinstance(raw, socket.socket) and raw.fileno() == self._fd:
                 self._sock = raw
@@ -264,6 +264,8 @@ class FastPath(LeadsMisses, asyncio.Protocol):
                 return
             self.waiting_since = time.monotonic()
             self._disarm()
+            if self._gave_back():
+                return
         if self.transport is None or self._serving is not None:
             return
         if self._eof and not self._write_paused:

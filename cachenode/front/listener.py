@@ -13,7 +13,7 @@ import resource
 import socket
 import ssl
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 import structlog
 from aiohttp import web
@@ -122,19 +122,22 @@ class Listener:
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
 
-    def _fast_path(self, received: bytes = b"", eof: bool = False) -> FastPath:
+    def _fast_path(self, received: bytes = b"", eof: bool = False,
+                   give_back: Callable[[asyncio.Transport], bool] | None = None) -> FastPath:
         return FastPath(finder=self.node.handler.plain, served=self.node.handler, aiohttp_protocol=self._handler,
                         gate=self.gate, head_timeout=self.node.settings.request_head_timeout,
                         serve_hits=self.node.settings.fast_hits, received=received, eof=eof,
-                        misses=self.node.handler.misses)
+                        misses=self.node.handler.misses, give_back=give_back)
 
-    def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False) -> None:
+    def adopt_handed(self, fd: int, received: bytes, eof: bool, *, secure: bool = False,
+                     give_back: Callable[[asyncio.Transport], bool] | None = None) -> None:
         """Serve a client connection another worker of this node accepted and
         handed here (cachenode/workers/), with the bytes it had read of it:
         it enters the fast path as if accepted here. `secure`: the other
         worker ended the client's TLS and passes its requests on in the
         clear; they are https requests, served by aiohttp as the TLS port's
-        are (the fast path serves plain http only)."""
+        are (the fast path serves plain http only). `give_back`: how a plain
+        one goes back to that worker once it reads hits (front/giving_back.py)."""
         sock = socket.socket(fileno=fd)
         if self._closed:
             sock.close()
@@ -143,7 +146,7 @@ class Listener:
 
         def protocol() -> asyncio.Protocol:
             if not secure:
-                return self._fast_path(received, eof)
+                return self._fast_path(received, eof, give_back)
             conn = self._handler()
             conn.secure = True
             return conn

@@ -40,7 +40,7 @@ from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
-from cachenode.workers.messages import (Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Rows,
+from cachenode.workers.messages import (Back, Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Rows,
                                         Synced, TlsOutcome, Unknown)
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
@@ -109,8 +109,12 @@ class Follower:
         self.tls: TlsPort | None = None
         self.hits: _Hits | None = None
         self._bridges: set[asyncio.Future] = set()
+        self._taken_back: set[asyncio.Task] = set()
 
     def _record(self, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:
+        if isinstance(message, Back) and len(fds) == 1:
+            self._take_back(fds[0])
+            return
         for fd in fds:
             os.close(fd)
         match message:
@@ -133,6 +137,31 @@ class Follower:
             case _:
                 tag = message.tag if isinstance(message, Unknown) else message.TAG
                 log.error("worker_record_unknown", record=tag, worker=self.worker)
+
+    def _take_back(self, fd: int) -> None:
+        """A connection this worker handed to the primary, given back at a clean
+        request boundary (front/giving_back.py): served here again, as if
+        accepted here; handed over again at its next miss. Closed if this
+        worker no longer serves (it stops, or does not listen yet)."""
+        if len(self.gate.open) >= self.gate.limit and self.link is not None and not self.link.closed:
+            self.link.send(Conn(), b"", fds=(fd,))  # no room here: the primary keeps it rather than a 503
+            return
+        sock = socket.socket(fileno=fd)
+        if self.server is None or not self.server.is_serving():
+            sock.close()
+            return
+        loop = asyncio.get_running_loop()
+
+        async def serve() -> None:
+            try:
+                await loop.connect_accepted_socket(lambda: self._connection(self.hand_over), sock)
+            except OSError as e:
+                sock.close()
+                log.info("given_back_connection_lost", error=str(e), worker=self.worker)
+
+        task = loop.create_task(serve())
+        self._taken_back.add(task)
+        task.add_done_callback(self._taken_back.discard)
 
     def _lost(self) -> None:
         self.lost.set()

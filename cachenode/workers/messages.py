@@ -11,7 +11,8 @@ Who sends what:
 
     supervisor -> primary   Follower (with the follower's end of a new link)
     primary -> supervisor   Ready (a worker serves: the primary, or a follower it relays)
-    primary -> follower     Rows, Put, Drop (the index, in order), Synced (all of it sent), Flush
+    primary -> follower     Rows, Put, Drop (the index, in order), Synced (all of it sent), Flush,
+                            Back (with a connection the follower handed over, given back)
     follower -> primary     Conn (with the connection), More (its further bytes), Hits, TlsOutcome,
                             Fallback, Flushed, Ready
 
@@ -99,6 +100,14 @@ class Conn:
 
 
 @dataclass(frozen=True)
+class Back:
+    """A plain connection a follower handed to the primary, given back to it (its
+    descriptor with this record) at a clean request boundary: nothing read of it
+    is unanswered, nothing written is still queued."""
+    TAG: ClassVar[str] = "back"
+
+
+@dataclass(frozen=True)
 class More:
     """More bytes (the tail) of the connection handed last."""
     TAG: ClassVar[str] = "more"
@@ -132,9 +141,10 @@ class Unknown:
     tag: str
 
 
-Message = Union[Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, More, Hits, TlsOutcome, Fallback]
-_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, More,
-                                                      Hits, TlsOutcome, Fallback)}
+Message = Union[Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, Back, More, Hits, TlsOutcome,
+                Fallback]
+_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, Back,
+                                                      More, Hits, TlsOutcome, Fallback)}
 _FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in fields(cls)) for cls in _BY_TAG.values()}
 
 

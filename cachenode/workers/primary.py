@@ -30,7 +30,7 @@ import structlog
 from cachenode.store.disk import Store
 from cachenode.workers.channel import Channel
 from cachenode.workers.index_feed import IndexFeed, meta_records
-from cachenode.workers.messages import (Conn, Fallback, Flush, Flushed, Follower, Hits, Message, More, Ready,
+from cachenode.workers.messages import (Back, Conn, Fallback, Flush, Flushed, Follower, Hits, Message, More, Ready,
                                         TlsOutcome, Unknown)
 
 __all__ = ["FollowerLinks", "Followers", "Primary", "meta_records"]
@@ -148,6 +148,23 @@ class Followers:
         self.links[worker] = link
         self.feed.join(worker, link)
 
+    def _back_to(self, worker: int) -> Callable[[asyncio.Transport], bool]:
+        """How a plain connection `worker` handed here goes back to it
+        (front/giving_back.py): its descriptor over their link, this worker's
+        closed. False, and nothing done, when the link is gone or closing."""
+        def give_back(transport: asyncio.Transport) -> bool:
+            link = self.links.get(worker)
+            sock = transport.get_extra_info("socket")
+            if self.closing or link is None or link.closed or sock is None:
+                return False
+            transport.pause_reading()
+            link.send(Back(), b"", fds=(os.dup(sock.fileno()),))
+            transport.close()  # this worker's descriptor only: the connection lives on in the follower
+            log.debug("connection_given_back", worker=worker)
+            return True
+
+        return give_back
+
     def _left(self, worker: int, link: Channel) -> None:
         self.follower_links.left(worker, link)
         partial = self._partial.pop(worker, None)
@@ -164,7 +181,7 @@ class Followers:
             if message.more:
                 self._partial[worker] = (fds[0], bytearray(tail), message.eof, message.secure, message.more)
             else:
-                self._adopt(fds[0], tail, message.eof, secure=message.secure)
+                self._adopt(fds[0], tail, message.eof, secure=message.secure, give_back=self._back_to(worker))
             return
         for fd in fds:
             os.close(fd)
@@ -175,7 +192,7 @@ class Followers:
                 if left > 1:
                     self._partial[worker] = (fd, data, eof, secure, left - 1)
                 else:
-                    self._adopt(fd, bytes(data), eof, secure=secure)
+                    self._adopt(fd, bytes(data), eof, secure=secure, give_back=self._back_to(worker))
             case Hits(hits=hits):
                 for host, key, slot, hot, sent, first_byte in hits:
                     self.store.touch(slot)
