@@ -95,7 +95,8 @@ async def run(args: argparse.Namespace, work: Path) -> str:
     with open(log, "w") as out:
         node = subprocess.Popen(
             [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{port}", "--data-dir", str(work / "data"),
-             "--workers", str(args.workers), "--log-level", "info", "--origin", f"{HOST}=http://127.0.0.1:{origin_port}"],
+             "--workers", str(args.workers), "--log-level", "info",
+             "--origin", f"{HOST}=http://127.0.0.1:{origin_port}"],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         await until_http(f"{url}/healthz", timeout=120, proc=node, what="nezha cache")

@@ -49,8 +49,8 @@ import structlog
 
 from cachenode.front.connections import BUSY_RESPONSE, Gate, HeadTimer, head_timeout_response
 from cachenode.front.fast_misses import FastMisses, Led
-from cachenode.front.hits import Named
 from cachenode.front.giving_back import GivesBack
+from cachenode.front.hits import Named
 from cachenode.front.leading import LeadsMisses
 from cachenode.front.plain import PlainRequest, one_plain_request, partial_head, plain_request, wanted_range
 from cachenode.kernel.sendfile import SendCut, sendfile_rest

@@ -40,8 +40,8 @@ from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
-from cachenode.workers.messages import (Back, Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready, Rows,
-                                        Synced, TlsOutcome, Unknown)
+from cachenode.workers.messages import (Back, Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready,
+                                        Rows, Synced, TlsOutcome, Unknown)
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals

@@ -143,8 +143,8 @@ class Unknown:
 
 Message = Union[Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, Back, More, Hits, TlsOutcome,
                 Fallback]
-_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, Back,
-                                                      More, Hits, TlsOutcome, Fallback)}
+_BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn,
+                                                      Back, More, Hits, TlsOutcome, Fallback)}
 _FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in fields(cls)) for cls in _BY_TAG.values()}
 
 

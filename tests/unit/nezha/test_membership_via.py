@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_a_via_that_is_none_of_the_named_reads_is_refused_by_name():
     watch = MembershipWatch(None, refresh_interval=1.0, backoff_max=1.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="via='pubished' is none of published, subscribed"):
-        watch.adopt(Membership(epoch=1, nodes={"a": "127.0.0.1:1"}, weights={"a": 1}), via="pubished")  # type: ignore[arg-type]
+        membership = Membership(epoch=1, nodes={"a": "127.0.0.1:1"}, weights={"a": 1})
+        watch.adopt(membership, via="pubished")  # type: ignore[arg-type]
     assert watch.membership is None, "nothing adopted"
 
 
