@@ -115,6 +115,8 @@ class Metrics:
         self.worker_handovers = Counter("nezha_worker_handovers", "Client connections a follower worker "
                                         "(--workers) handed to the primary, which serves what the followers' fast "
                                         "path does not: misses, ranges, peers, probes", registry=r)
+        self.worker_givebacks = Counter("nezha_worker_givebacks", "Client connections a follower handed to the "
+                                        "primary that went back to it once they read hits again", registry=r)
         self._add_fills(r)
         self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
         r.register(self.first_byte)

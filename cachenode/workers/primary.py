@@ -91,10 +91,11 @@ class Followers:
                  adopt: Callable[..., None],
                  count_hit: Callable[[str, str, bool, int, float | None], None],
                  handed: Callable[[], None] = lambda: None,
+                 gave_back: Callable[[], None] = lambda: None,
                  tls_outcome: Callable[[str], None] = lambda outcome: None,
                  tls_fallback: Callable[[str], None] = lambda reason: None) -> None:
         self.store = store
-        self._handed = handed
+        self._handed, self._gave_back = handed, gave_back
         self._tls_outcome = tls_outcome
         self._tls_fallback = tls_fallback
         self._adopt = adopt
@@ -160,7 +161,7 @@ class Followers:
             transport.pause_reading()
             link.send(Back(), b"", fds=(os.dup(sock.fileno()),))
             transport.close()  # this worker's descriptor only: the connection lives on in the follower
-            log.debug("connection_given_back", worker=worker)
+            self._gave_back()
             return True
 
         return give_back
@@ -229,7 +230,7 @@ class Primary:
         metrics = node.metrics
         followers = Followers(control=self.control, store=node.store, follower_links=self.follower_links,
                               adopt=listener.adopt_handed, count_hit=node.handler.count_fast_hit,
-                              handed=metrics.worker_handovers.inc,
+                              handed=metrics.worker_handovers.inc, gave_back=metrics.worker_givebacks.inc,
                               tls_outcome=lambda outcome: metrics.tls_connections.labels(outcome).inc(),
                               tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc())
         followers.start()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+import aiohttp
+
 from testkit.waits import START_GUARD, wait_for
 from tests.integration.cachenode.test_workers import HOST, serving_pid, workers_node  # noqa: F401  (a fixture)
 
@@ -61,6 +63,8 @@ async def test_a_connection_handed_over_at_a_miss_goes_back_to_its_follower_for_
         answered = {e["path"] for e in node.events("request_completed")
                     if e.get("worker") == 1 and e.get("fast") and e.get("cache") == "hit"}
         assert set(BODIES) <= answered
+        async with aiohttp.ClientSession() as session:
+            assert await node.metric(session, "nezha_worker_givebacks_total") >= len(conns)
     finally:
         for _, writer, _ in conns:
             writer.close()
