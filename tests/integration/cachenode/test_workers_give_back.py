@@ -71,3 +71,46 @@ async def test_a_connection_handed_over_at_a_miss_goes_back_to_its_follower_for_
         for writer in spare:
             writer.close()
     assert origin.requests == {path: 1 for path in BODIES}
+
+
+async def test_a_connection_its_follower_has_no_room_for_stays_with_the_primary_and_is_answered(workers_node, origin):
+    """--max-connections 3 per worker: the follower holds three idle connections when the primary would give the
+    fourth back, so it sends it straight back (never a 503 for having moved) and keeps its own three."""
+    (path, body), = list(BODIES.items())[:1]
+    origin.put(path, body, headers={"Cache-Control": "max-age=3600"})
+    node = workers_node("--max-connections", "3")
+    await node.wait_serving()
+    follower = node.pid(1)
+
+    async def on_the_follower() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+        """A new connection the kernel gave the follower; those it gave the primary closed one by one, so the
+        primary's gate never fills with them."""
+        for _ in range(200):
+            reader, writer = await asyncio.open_connection("127.0.0.1", node.port)
+            port = writer.get_extra_info("sockname")[1]
+            await wait_for(lambda: serving_pid(node.port, port) is not None, timeout=START_GUARD)
+            if serving_pid(node.port, port) == follower:
+                return reader, writer, port
+            writer.close()
+            await wait_for(lambda: serving_pid(node.port, port) is None, timeout=START_GUARD)
+        raise AssertionError("the kernel never gave the follower a connection")
+
+    reader, writer, port = await on_the_follower()
+    held = []
+    try:
+        head, got = await ask(reader, writer, path)
+        assert b"X-Nezha-Cache: miss" in head and got == body
+        held = [await on_the_follower() for _ in range(3)]  # the follower's gate is full now
+        for _ in range(REREADS):
+            head, got = await ask(reader, writer, path)
+            assert head.startswith(b"HTTP/1.1 200 ") and got == body
+        assert serving_pid(node.port, port) == node.pid(0)
+        for r, w, p in held:  # none was reclaimed to make room for it
+            head, got = await ask(r, w, path)
+            assert head.startswith(b"HTTP/1.1 200 ") and got == body
+            assert serving_pid(node.port, p) == follower
+    finally:
+        writer.close()
+        for _, w, _ in held:
+            w.close()
+    assert not node.events("connection_refused") and not node.events("connection_reclaimed")
