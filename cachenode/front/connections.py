@@ -87,6 +87,25 @@ def default_max_connections(open_files: int, *, listeners: int = 2) -> int:
     return max(8, spare // PER_CONNECTION)
 
 
+def serve_handed(sock, protocol: Callable[[], asyncio.Protocol], tasks: set, *, lost: str, **fields) -> None:
+    """Serve `sock`, a client connection another worker of the node accepted
+    and passed here, with `protocol` as if accepted here: attached by a task
+    kept in `tasks` meanwhile. A connection gone before it is attached is
+    closed and logged as `lost` (with `fields`)."""
+    loop = asyncio.get_running_loop()
+
+    async def attach() -> None:
+        try:
+            await loop.connect_accepted_socket(protocol, sock)
+        except OSError as e:
+            sock.close()
+            log.info(lost, error=str(e), **fields)
+
+    task = loop.create_task(attach())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
 def node_gate(max_connections: int | None, open_files: int, *, metrics=None) -> "Gate":
     """A node process's connection gate: `max_connections` (the setting), or
     what its descriptors leave room for. Each worker of a node has its own."""

@@ -264,7 +264,7 @@ class FastPath(LeadsMisses, GivesBack, asyncio.Protocol):
                 return
             self.waiting_since = time.monotonic()
             self._disarm()
-            if self._gave_back():
+            if self._give_back is not None and self._gave_back():  # only a connection a follower handed here
                 return
         if self.transport is None or self._serving is not None:
             return

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from cachenode.front.client_conn import ClientConnection
-from cachenode.front.connections import listen_backlog, node_gate
+from cachenode.front.connections import listen_backlog, node_gate, serve_handed
 from cachenode.front.fastpath import FastPath
 from cachenode.front.handler import Handler
 from cachenode.front.middleware import FROM_PEER, METRICS, access_log, head_prepared, refuse_methods
@@ -142,7 +142,6 @@ class Listener:
         if self._closed:
             sock.close()
             return
-        loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.Protocol:
             if not secure:
@@ -151,16 +150,7 @@ class Listener:
             conn.secure = True
             return conn
 
-        async def adopt() -> None:
-            try:
-                await loop.connect_accepted_socket(protocol, sock)
-            except OSError as e:
-                sock.close()
-                log.info("handed_connection_lost", error=str(e))
-
-        task = loop.create_task(adopt())
-        self._adopting.add(task)
-        task.add_done_callback(self._adopting.discard)
+        serve_handed(sock, protocol, self._adopting, lost="handed_connection_lost")
 
     async def adopt(self, sock: socket.socket, context: ssl.SSLContext) -> None:
         """Make the TLS handshake on a socket the TLS port accepted, then serve

@@ -31,7 +31,7 @@ import structlog
 
 from cachenode.app import build_tls_port, hangup_stops, leaves_for, read_ca
 from cachenode.fill.origin import via_of
-from cachenode.front.connections import listen_backlog, node_gate
+from cachenode.front.connections import listen_backlog, node_gate, serve_handed
 from cachenode.front.fastpath import FastPath
 from cachenode.front.hits import PlainHitFinder
 from cachenode.metrics import Metrics
@@ -150,18 +150,8 @@ class Follower:
         if self.server is None or not self.server.is_serving():
             sock.close()
             return
-        loop = asyncio.get_running_loop()
-
-        async def serve() -> None:
-            try:
-                await loop.connect_accepted_socket(lambda: self._connection(self.hand_over), sock)
-            except OSError as e:
-                sock.close()
-                log.info("given_back_connection_lost", error=str(e), worker=self.worker)
-
-        task = loop.create_task(serve())
-        self._taken_back.add(task)
-        task.add_done_callback(self._taken_back.discard)
+        serve_handed(sock, lambda: self._connection(self.hand_over), self._taken_back,
+                     lost="given_back_connection_lost", worker=self.worker)
 
     def _lost(self) -> None:
         self.lost.set()
