@@ -294,9 +294,7 @@ class FastPath(LeadsMisses, GivesBack, asyncio.Protocol):
         answers (front/fast_misses.py). Handed one plain request and nothing
         more, it may give the connection back once it has answered it
         (`take_back`); any other hand-off is for good."""
-        transport, self.transport = self.transport, None
-        self._gate.leave(self)
-        self._disarm()
+        transport = self._let_go()
         if self._hand_over is not None:
             received, self._buf = bytes(self._buf), bytearray()
             self._hand_over(transport, received, self._eof)

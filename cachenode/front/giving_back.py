@@ -26,7 +26,8 @@ GIVE_BACK_AFTER = 8  # hits answered here before a handed connection goes back t
 
 
 class GivesBack:
-    """What `FastPath` does after each hit it answered whole."""
+    """What `FastPath` does after each hit it answered whole, and how it lets a
+    connection go (`_let_go`), here or when it hands one over."""
 
     transport: asyncio.Transport | None
     _give_back: Callable[[asyncio.Transport], bool] | None
@@ -48,7 +49,14 @@ class GivesBack:
             return False
         if not self._give_back(transport):
             return False
-        self.transport = None
+        self._let_go()
+        return True
+
+    def _let_go(self) -> asyncio.Transport:
+        """The transport this fast path no longer serves (given back here, or
+        handed to aiohttp or the primary by `FastPath._hand_off`): out of the
+        gate, its head timer off."""
+        transport, self.transport = self.transport, None
         self._gate.leave(self)
         self._disarm()
-        return True
+        return transport  # type: ignore[return-value]  # called only while it serves one
