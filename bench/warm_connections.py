@@ -77,6 +77,11 @@ async def one_pass(session: aiohttp.ClientSession, url: str, objects: int, conne
     return rate, answers, workers
 
 
+def followers_share(workers: collections.Counter) -> float:
+    """The share of a pass's requests the followers (every worker but 0, the primary) answered."""
+    return sum(c for w, c in workers.items() if w != 0) / max(1, sum(workers.values()))
+
+
 async def run(args: argparse.Namespace, work: Path) -> str:
     body = os.urandom(SIZE)
     app = web.Application()
@@ -109,7 +114,7 @@ async def run(args: argparse.Namespace, work: Path) -> str:
             for n in range(args.passes + 1):
                 rate, answers, workers = await one_pass(session, url, args.objects, args.connections, log)
                 name = "cold" if n == 0 else f"warm {n}"
-                followers = sum(c for w, c in workers.items() if w != 0) / max(1, sum(workers.values()))
+                followers = followers_share(workers)
                 print(f"  {name:>7} (same connections): {rate:7.0f} req/s  {dict(answers)}  "
                       f"by worker {dict(sorted(workers.items()))}  followers {followers:.1%}", flush=True)
                 if n:
@@ -117,7 +122,7 @@ async def run(args: argparse.Namespace, work: Path) -> str:
                     shares.append(followers)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.connections)) as session:
             rate, answers, workers = await one_pass(session, url, args.objects, args.connections, log)
-        fresh = sum(c for w, c in workers.items() if w != 0) / max(1, sum(workers.values()))
+        fresh = followers_share(workers)
         print(f"  {'fresh':>7} (new connections):  {rate:7.0f} req/s  {dict(answers)}  "
               f"by worker {dict(sorted(workers.items()))}  followers {fresh:.1%}", flush=True)
         share = sum(shares) / len(shares) / fresh if fresh else 0.0
