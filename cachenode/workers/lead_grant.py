@@ -17,36 +17,7 @@ and those waiting lead themselves.
 
 from __future__ import annotations
 
-from collections import deque
-
-WINDOW = 32  # an origin's last fills remembered
-SEEN_MIN = 16  # fills of an origin seen before it is granted a lead
-NOT_AT_ONCE_MAX = 1  # fills in the window not stored at once, at most
-
-
-class RecentFills:
-    """Each origin's last `WINDOW` fills: stored at once or not."""
-
-    def __init__(self, *, window: int = WINDOW) -> None:
-        self._window = window
-        self._fills: dict[str, deque[bool]] = {}
-        self._not_at_once: dict[str, int] = {}
-
-    def record(self, origin: str, *, at_once: bool) -> None:
-        fills = self._fills.get(origin)
-        if fills is None:
-            fills = self._fills[origin] = deque(maxlen=self._window)
-            self._not_at_once[origin] = 0
-        if len(fills) == self._window and not fills[0]:
-            self._not_at_once[origin] -= 1
-        fills.append(at_once)
-        if not at_once:
-            self._not_at_once[origin] += 1
-
-    def small(self, origin: str, *, seen_min: int = SEEN_MIN, not_at_once_max: int = NOT_AT_ONCE_MAX) -> bool:
-        """Whether `origin`'s recent fills were small: enough of them seen, nearly all stored at once."""
-        fills = self._fills.get(origin)
-        return fills is not None and len(fills) >= seen_min and self._not_at_once[origin] <= not_at_once_max
+from cachenode.fill.recent_fills import RecentFills
 
 
 def may_grant(recent: RecentFills, origin: str, *, in_flight: bool, stored: bool) -> bool:

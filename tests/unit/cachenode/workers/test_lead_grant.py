@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from cachenode.workers.lead_grant import SEEN_MIN, WINDOW, Leads, RecentFills, may_grant
+from cachenode.fill.recent_fills import SEEN_MIN, WINDOW, RecentFills
+from cachenode.workers.lead_grant import Leads, may_grant
 
 ORIGIN = "datasets"
 
 
-def filled(n: int, *, at_once: bool, recent: RecentFills | None = None, origin: str = ORIGIN) -> RecentFills:
+def filled(n: int, *, small: bool, recent: RecentFills | None = None, origin: str = ORIGIN) -> RecentFills:
     recent = recent or RecentFills()
     for _ in range(n):
-        recent.record(origin, at_once=at_once)
+        recent.record(origin, small=small)
     return recent
 
 
@@ -19,38 +20,38 @@ def test_an_origin_never_filled_is_granted_no_lead() -> None:
 
 
 def test_too_few_fills_seen_grant_no_lead() -> None:
-    assert not may_grant(filled(SEEN_MIN - 1, at_once=True), ORIGIN, in_flight=False, stored=False)
-    assert may_grant(filled(SEEN_MIN, at_once=True), ORIGIN, in_flight=False, stored=False)
+    assert not may_grant(filled(SEEN_MIN - 1, small=True), ORIGIN, in_flight=False, stored=False)
+    assert may_grant(filled(SEEN_MIN, small=True), ORIGIN, in_flight=False, stored=False)
 
 
 def test_no_lead_while_a_flight_is_under_way_or_an_object_is_stored() -> None:
-    recent = filled(WINDOW, at_once=True)
+    recent = filled(WINDOW, small=True)
     assert not may_grant(recent, ORIGIN, in_flight=True, stored=False)
     assert not may_grant(recent, ORIGIN, in_flight=False, stored=True)
 
 
 def test_one_large_fill_in_the_window_is_tolerated_two_are_not() -> None:
-    recent = filled(WINDOW - 1, at_once=True)
-    recent.record(ORIGIN, at_once=False)
+    recent = filled(WINDOW - 1, small=True)
+    recent.record(ORIGIN, small=False)
     assert may_grant(recent, ORIGIN, in_flight=False, stored=False)
-    recent.record(ORIGIN, at_once=False)
+    recent.record(ORIGIN, small=False)
     assert not may_grant(recent, ORIGIN, in_flight=False, stored=False)
 
 
 def test_a_dataset_of_large_files_stops_being_granted_and_small_ones_win_it_back() -> None:
-    recent = filled(WINDOW, at_once=True)
-    filled(2, at_once=False, recent=recent)
+    recent = filled(WINDOW, small=True)
+    filled(2, small=False, recent=recent)
     assert not recent.small(ORIGIN)
     # The large fills leave the window only after WINDOW small ones followed them.
-    filled(WINDOW - 2, at_once=True, recent=recent)
+    filled(WINDOW - 2, small=True, recent=recent)
     assert not recent.small(ORIGIN)
-    filled(1, at_once=True, recent=recent)
+    filled(1, small=True, recent=recent)
     assert recent.small(ORIGIN)
 
 
 def test_origins_are_judged_apart() -> None:
-    recent = filled(WINDOW, at_once=True)
-    filled(WINDOW, at_once=False, recent=recent, origin="videos")
+    recent = filled(WINDOW, small=True)
+    filled(WINDOW, small=False, recent=recent, origin="videos")
     assert recent.small(ORIGIN)
     assert not recent.small("videos")
 
