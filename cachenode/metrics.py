@@ -117,6 +117,10 @@ class Metrics:
                                         "path does not: misses, ranges, peers, probes", registry=r)
         self.worker_givebacks = Counter("nezha_worker_givebacks", "Client connections a follower handed to the "
                                         "primary that went back to it once they read hits again", registry=r)
+        self.worker_leads = Counter("nezha_worker_leads", "Followers' asks to lead a small cold fill themselves, "
+                                    "by how each ended", ("outcome",), registry=r)
+        for outcome in ("denied", "stored", "declined", "refused", "lost"):
+            self.worker_leads.labels(outcome)
         self._add_fills(r)
         self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
         r.register(self.first_byte)

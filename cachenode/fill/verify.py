@@ -188,6 +188,10 @@ class Digests:
         while len(self._linked) > LINKED_KEPT:
             self._linked.popitem(last=False)
 
+    def has_linked(self, host: str, path: str) -> bool:
+        """Whether a redirect named a digest for the target at `host` `path` (`noted`)."""
+        return (host.lower(), path) in self._linked
+
     def linked(self, target: Target) -> Expected | None:
         """The sha256 a redirect this node fetched or relayed named for `target`
         (kept for the fill of it here): what a relay hands the target's owner

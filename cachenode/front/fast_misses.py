@@ -41,6 +41,7 @@ from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome, Source
 from cachenode.fill.origin import Interim, forwarded_request_headers
+from cachenode.fill.recent_fills import RecentFills
 from cachenode.fill.upstream import Upstream
 from cachenode.front.hits import Named
 from cachenode.front.pacing import Pacing
@@ -106,6 +107,50 @@ def simple_body(outcome: Outcome) -> bytes | None:
     return body
 
 
+class PlainFields:
+    """The fields of plain request heads and those the origin is sent for them,
+    remembered by their bytes: clients send the same few blocks. Shared by the
+    primary's fast misses and a follower's leads (cachenode/workers/follower_leads.py)."""
+
+    def __init__(self, via: str) -> None:
+        self._via = via
+        # A request head's fields (all but its request line) -> the fields, or
+        # None: not a request a fast miss leads.
+        self._fields: dict[bytes, _Fields | None] = {}
+
+    def of(self, head: bytes | bytearray) -> _Fields | None:
+        """The fields of a plain request head and those the origin is sent for
+        it; None when they make it anything but a plain read from the cache:
+        a child tier's or a loop's (Via), or one the cache must not answer
+        (credentials)."""
+        start = head.find(b"\r\n") + 2
+        block = bytes(head[start:])
+        if len(block) <= _FIELDS_BLOCK_MAX and block in self._fields:
+            return self._fields[block]
+        fields: CIMultiDict[str] = CIMultiDict()
+        for line in block.decode("ascii").split("\r\n"):
+            if line:
+                name, _, value = line.partition(":")
+                fields.add(name, value.strip(" \t"))
+        judged: _Fields | None = None
+        if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
+            judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
+                forwarded_request_headers(fields, via=self._via, drop=NOT_FOR_FILLS)))
+        if len(block) <= _FIELDS_BLOCK_MAX:
+            if len(self._fields) >= _FIELDS_MAX:
+                self._fields.clear()
+            self._fields[block] = judged
+        return judged
+
+
+def miss_head(meta: Meta, via: str) -> bytes:
+    """The head of a fill's answer stored at once, as `Responder.hit` sends
+    it to the request that led it: a stored object's head (front/plain.py
+    `response_head`) saying miss, with the origin's Age (none when 0)."""
+    age = int(meta.age)
+    return response_head(meta, via=via, label=CacheOutcome.MISS) + (b"Age: %d\r\n\r\n" % age if age else b"\r\n")
+
+
 class FastMisses:
     def __init__(self, *, store: Store, engine: FillEngine, upstream: Upstream, cluster: ClusterView, node_id: str,
                  via: str, pacing: Pacing, counts: Counts, metrics: Metrics) -> None:
@@ -119,9 +164,10 @@ class FastMisses:
         self.counts = counts
         self.metrics = metrics
         self._log = log.is_enabled_for(logging.INFO)  # set once before a node is made, as for fast hits
-        # A request head's fields (all but its request line) -> the fields, or
-        # None: not a request this module leads. Clients send the same few blocks.
-        self._fields: dict[bytes, _Fields | None] = {}
+        self._fields = PlainFields(engine.via)
+        # Each origin's last fills led here, stored at once or not: whether a
+        # follower may lead that origin's fills, as the primary judges it (workers/lead_desk.py).
+        self.recent = RecentFills()
 
     # -- before the origin is asked -------------------------------------------
     def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Miss | None:
@@ -135,7 +181,7 @@ class FastMisses:
             return None
         if self.upstream.parent is not None or named is None:
             return None  # a child tier's misses go to its parent (fill/upstream.py)
-        fields = self._headers(head)
+        fields = self._fields.of(head)
         if fields is None:
             return None
         headers, forwarded = fields
@@ -151,30 +197,6 @@ class FastMisses:
         flight, _ = self.engine.flights.lead_or_join(key)
         return Miss(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
                     origin=origin, headers=headers, forwarded=forwarded, flight=flight)
-
-    def _headers(self, head: bytes | bytearray) -> _Fields | None:
-        """The fields of a plain request head and those the origin is sent for
-        it, remembered by their bytes; None when they make it anything but a
-        plain read from the cache: a child tier's or a loop's (Via), or one
-        the cache must not answer (credentials)."""
-        start = head.find(b"\r\n") + 2
-        block = bytes(head[start:])
-        if len(block) <= _FIELDS_BLOCK_MAX and block in self._fields:
-            return self._fields[block]
-        fields: CIMultiDict[str] = CIMultiDict()
-        for line in block.decode("ascii").split("\r\n"):
-            if line:
-                name, _, value = line.partition(":")
-                fields.add(name, value.strip(" \t"))
-        judged: _Fields | None = None
-        if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
-            judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
-                forwarded_request_headers(fields, via=self.engine.via, drop=NOT_FOR_FILLS)))
-        if len(block) <= _FIELDS_BLOCK_MAX:
-            if len(self._fields) >= _FIELDS_MAX:
-                self._fields.clear()
-            self._fields[block] = judged
-        return judged
 
     # -- the flight ---------------------------------------------------------------
     async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:
@@ -195,18 +217,24 @@ class FastMisses:
             raise
         finally:
             self.pacing.live_ended()
-        if response is None and simple_body(outcome) is not None:
+        at_once = response is None and simple_body(outcome) is not None
+        if outcome.kind is not Kind.FAILED:
+            self.recent.record(miss.target.host, small=at_once or self._small(outcome))
+        if at_once:
             return outcome
         return Led(key=miss.key, outcome=outcome, response=response)
 
+    def _small(self, outcome: Outcome) -> bool:
+        """Whether a fill that streams is of an object a follower's lead would
+        have stored (workers/follower_leads.py): its body came after its head,
+        which a follower waits for."""
+        fill = outcome.fill
+        return (outcome.kind is Kind.STREAMING and fill is not None and fill.status == 200 and not fill.vary
+                and fill.length is not None and 0 < fill.length <= self.store.small_max)
+
     # -- the answer ---------------------------------------------------------------
     def head(self, meta: Meta) -> bytes:
-        """The head of a fill's answer stored at once, as `Responder.hit` sends
-        it to the request that led it: a stored object's head (front/plain.py
-        `response_head`) saying miss, with the origin's Age (none when 0)."""
-        age = int(meta.age)
-        return response_head(meta, via=self.via, label=CacheOutcome.MISS) + (
-            b"Age: %d\r\n\r\n" % age if age else b"\r\n")
+        return miss_head(meta, self.via)
 
     def answered(self, miss: Miss, meta: Meta, *, path: str, sent: int, ms: float, first_byte: float | None,
                  gone: bool = False) -> None:

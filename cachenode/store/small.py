@@ -176,42 +176,46 @@ class SealedWrites:
         descriptor kept open, the `Meta` built once. StoreError naming the file and the OS error when
         it cannot be created or written: nothing is left behind then, and
         nothing is in the index."""
-        oid = object_id(slot_of(key, vary=vary, variant=variant))
-        size = len(body)
-        meta = Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=self._extra_copy(key, hot=hot),
-                    data=_data_name(oid, sealed=True), **record)
-        self.reserve(size)  # room made first: what it evicts goes before the admission
+        meta = sealed_meta(len(body), key=key, vary=vary, variant=variant, hot=hot,
+                           extra=self._extra_copy(key, hot=hot), **record)
+        self.reserve(meta.size)  # room made first: what it evicts goes before the admission
         try:
-            self.admission(meta, reserved=size)
-            self._write_in_place(meta, body, oid)
+            self.admission(meta, reserved=meta.size)
+            write_sealed_file(self._folder(_oid_of(meta)), meta, body)
         finally:
-            self.release(size)
+            self.release(meta.size)
         self.group_sync.committed()
         return self._admit(meta)
 
-    def _write_in_place(self, meta: Meta, body: bytes, oid: str) -> None:
-        """`body` and its seal written in one go to a new file at `meta.data` in
-        its folder (made once per process, `_folder`): no temp file and no
-        rename. Its name's nonce makes it a file no one else writes or reads
-        until `_admit` puts it in the index, and its seal is what makes it whole:
-        a file a crash leaves short, empty or zero-filled fails the seal and is
-        removed by the start-up scan (`layout.scan_folder`) before anything
-        could serve it (docs/cache-node.md, "Small objects"). StoreError, and
-        no file left, when the create or the write fails."""
-        path = f"{self._folder(oid)}/{meta.data}"
+    def admit_sealed(self, meta: Meta) -> Meta:
+        """A sealed file another worker of this node wrote whole under its final
+        name (`write_sealed_file`: a follower's lead, cachenode/workers/lead_desk.py)
+        admitted as `put_sealed` admits its own: room made, kept or refused,
+        left to the group sync, indexed. TooLarge or Refused as `admission`,
+        and the file is then deleted: nothing names it."""
+        meta = replace(meta, extra=self._extra_copy(meta.key, hot=meta.hot))
+        self.reserve(meta.size)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise StoreError(f"create {path}: {e}") from e
-        try:
-            try:
-                _write_sealed(fd, body, meta)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            raise StoreError(f"write {path}: {e}") from e
+            self.admission(meta, reserved=meta.size)
+        except (TooLarge, Refused):
+            self.drop_sealed(meta)
+            raise
+        finally:
+            self.release(meta.size)
+        self.group_sync.committed()
+        return self._admit(meta)
+
+    def write_unadmitted(self, meta: Meta, body: bytes) -> None:
+        """Write `meta`'s sealed file (`sealed_meta`, `write_sealed_file`) and
+        nothing else: what a follower leading a fill does, whose primary
+        alone admits it (`admit_sealed`). StoreError as `write_sealed_file`."""
+        write_sealed_file(self._folder(_oid_of(meta)), meta, body)
+
+    def drop_sealed(self, meta: Meta) -> None:
+        """Delete the sealed file of `meta`, which the index does not name (a
+        follower's lead whose end came after its lead was released)."""
+        with contextlib.suppress(OSError):
+            os.unlink(f"{self._folder(_oid_of(meta))}/{meta.data}")
 
     # Provided by the class mixed into (`Store`).
     tmp: Path
@@ -228,6 +232,46 @@ def _data_name(oid: str, *, sealed: bool) -> str:
     it replaces, not be unguessable, and `secrets` asks the kernel (a
     `getrandom` call) for every file."""
     return f"{oid}.{random.getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
+
+
+def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str = "", hot: bool = False,
+                extra: bool = False, **record: Any) -> Meta:
+    """The `Meta` of a small object of `size` bytes about to be written at once:
+    its data file a new sealed file's name in its slot's folder."""
+    oid = object_id(slot_of(key, vary=vary, variant=variant))
+    return Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
+                data=_data_name(oid, sealed=True), **record)
+
+
+def _oid_of(meta: Meta) -> str:
+    """The object id a sealed file's name begins with (`_data_name`): its folder's, without hashing the slot again."""
+    return meta.data.partition(".")[0]
+
+
+def write_sealed_file(folder: str, meta: Meta, body: bytes) -> None:
+    """`body` and its seal written in one go to a new file at `meta.data` in
+    `folder` (its slot's: `Store._folder`): no temp file and no rename. Its
+    name's nonce makes it a file no one else writes or reads until it is
+    admitted to the index, and its seal is what makes it whole: a file a crash
+    leaves short, empty or zero-filled fails the seal and is removed by the
+    start-up scan (`layout.scan_folder`) before anything could serve it
+    (docs/cache-node.md, "Small objects"). Safe in any worker of the node: the
+    nonce comes from `random`, seeded anew in each process. StoreError, and no
+    file left, when the create or the write fails."""
+    path = f"{folder}/{meta.data}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise StoreError(f"create {path}: {e}") from e
+    try:
+        try:
+            _write_sealed(fd, body, meta)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise StoreError(f"write {path}: {e}") from e
 
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:
@@ -250,4 +294,5 @@ def _pread_all(fd: int, size: int, at: int) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal"]
+__all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal",
+           "sealed_meta", "write_sealed_file"]

@@ -25,7 +25,6 @@ import asyncio
 import os
 import socket
 import time
-from dataclasses import fields
 
 import structlog
 
@@ -40,8 +39,10 @@ from cachenode.store.objects import Meta
 from cachenode.tls.port import TlsPort
 from cachenode.workers import bridge
 from cachenode.workers.channel import MAX_RECORD, Channel
-from cachenode.workers.messages import (Back, Conn, Drop, Fallback, Flush, Flushed, Hits, Message, More, Put, Ready,
-                                        Rows, Synced, TlsOutcome, Unknown)
+from cachenode.workers.index_feed import meta_from
+from cachenode.workers.follower_leads import FollowerLeads
+from cachenode.workers.messages import (Back, Conn, Drop, Fallback, Flush, Flushed, Granted, Hits, Message, Missed, More,
+                                        Put, Ready, Rows, Synced, TlsOutcome, Unknown)
 from nezha.config import CacheSettings, parse_hostport
 from nezha.errors import RunError
 from nezha.lifecycle import stop_on_signals
@@ -50,13 +51,6 @@ log = structlog.get_logger("nezha.workers")
 
 _FLUSH_SECONDS = 0.05
 _FLUSH_HITS = 200
-_META_FIELDS = {f.name for f in fields(Meta)}
-
-
-def meta_from(raw: dict) -> Meta:
-    return Meta(**{k: v for k, v in raw.items() if k in _META_FIELDS})
-
-
 class _Hits:
     """The fast path's hits served on this worker (its finder answers the
     first question over this worker's copy of the index, cachenode/front/hits.py):
@@ -66,13 +60,21 @@ class _Hits:
         self._finder = finder
         self._link = link
         self._queued: list[list] = []
+        self._missed: list[list] = []  # misses answered from this worker's leads (follower_leads.py)
         self._flush_at: asyncio.TimerHandle | None = None
 
     def fast_hit_done(self, meta: Meta, *, method: str, path: str, sent: int, ms: float,
                       gone: bool = False, first_byte: float | None = None, status: int = 200) -> None:
         self._finder.log_fast_hit(meta, method=method, path=path, sent=sent, ms=ms, gone=gone, status=status)
         self._queued.append([meta.host, meta.key, meta.slot, meta.hot, sent, first_byte])
-        if len(self._queued) >= _FLUSH_HITS:
+        self._soon(len(self._queued))
+
+    def missed(self, host: str, sent: int, first_byte: float | None) -> None:
+        self._missed.append([host, sent, first_byte])
+        self._soon(len(self._missed))
+
+    def _soon(self, queued: int) -> None:
+        if queued >= _FLUSH_HITS:
             self.flush()
         elif self._flush_at is None:
             self._flush_at = asyncio.get_running_loop().call_later(_FLUSH_SECONDS, self.flush)
@@ -84,6 +86,9 @@ class _Hits:
         while self._queued:
             batch, self._queued = self._queued[:_FLUSH_HITS], self._queued[_FLUSH_HITS:]
             self._link.send(Hits(hits=batch))
+        while self._missed:
+            batch, self._missed = self._missed[:_FLUSH_HITS], self._missed[_FLUSH_HITS:]
+            self._link.send(Missed(misses=batch))
 
 
 class Follower:
@@ -108,8 +113,19 @@ class Follower:
         self.server: asyncio.AbstractServer | None = None
         self.tls: TlsPort | None = None
         self.hits: _Hits | None = None
+        # Its own leads of small cold fills (follower_leads.py), on its own origin pool.
+        self.leads = FollowerLeads(settings, store=self.store, via=via_of(settings.identity), send=self._send,
+                                   missed=self._missed)
         self._bridges: set[asyncio.Future] = set()
         self._taken_back: set[asyncio.Task] = set()
+
+    def _send(self, message: Message) -> None:
+        if self.link is not None and not self.link.closed:
+            self.link.send(message)
+
+    def _missed(self, host: str, sent: int, first_byte: float | None) -> None:
+        if self.hits is not None:
+            self.hits.missed(host, sent, first_byte)
 
     def _record(self, message: Message | Unknown, tail: bytes, fds: list[int]) -> None:
         if isinstance(message, Back) and len(fds) == 1:
@@ -126,6 +142,8 @@ class Follower:
             case Put() | Drop():
                 for raw in message.metas:
                     self.store.mirror(message.TAG, meta_from(raw))
+            case Granted(n=n, ok=ok):
+                self.leads.granted(n, bool(ok))
             case Synced():
                 self.synced.set()
             case Flush(n=n):
@@ -154,6 +172,7 @@ class Follower:
                      lost="given_back_connection_lost", worker=self.worker)
 
     def _lost(self) -> None:
+        self.leads.lost()
         self.lost.set()
 
     def hand_over(self, transport: asyncio.Transport, received: bytes, eof: bool) -> None:
@@ -188,7 +207,8 @@ class Follower:
         """A client connection on this worker: the fast path, with what it does
         not answer handed to the primary by `hand_over`."""
         return FastPath(finder=self.finder, served=self.hits, aiohttp_protocol=None, gate=self.gate,
-                        head_timeout=self.settings.request_head_timeout, hand_over=hand_over)
+                        head_timeout=self.settings.request_head_timeout, hand_over=hand_over,
+                        misses=self.leads)  # a TLS connection's requests are https: never led here
 
     async def run(self, stop: asyncio.Event) -> None:
         self.link = Channel(self._link_sock, on_record=self._record, on_closed=self._lost)
@@ -201,6 +221,7 @@ class Follower:
             for f in (waiting, gone, stopping):
                 f.cancel()
             return
+        await self.leads.origins.start()
         host, port = self.settings.listen_addr
         loop = asyncio.get_running_loop()
         try:
@@ -297,6 +318,7 @@ class Follower:
             await asyncio.sleep(0.05)
         if self.hits is not None:
             self.hits.flush()
+        await self.leads.origins.close()
         # What is queued for the primary (counts, a connection) is sent if it can be.
         while self.link is not None and not self.link.closed and self.link.queued and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

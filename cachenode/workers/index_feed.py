@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import structlog
 
@@ -52,6 +52,14 @@ log = structlog.get_logger("nezha.workers")
 ROWS_PER_RECORD = (MAX_RECORD - 1024) // PACKED_ROW
 METAS_PER_SLICE = 256  # records kept whole, sent per slice of a join
 QUEUED = 8  # records a joining link may hold before the join waits for it to drain
+
+
+_META_FIELDS = frozenset(f.name for f in fields(Meta))
+
+
+def meta_from(raw: dict) -> Meta:
+    """A `Meta` from its record on a link (`meta_records`, `LeadDone`): fields this version does not know are left out."""
+    return Meta(**{k: v for k, v in raw.items() if k in _META_FIELDS})
 
 
 def meta_records(metas: list[Meta], event: str) -> list[Put | Drop]:

@@ -12,9 +12,9 @@ Who sends what:
     supervisor -> primary   Follower (with the follower's end of a new link)
     primary -> supervisor   Ready (a worker serves: the primary, or a follower it relays)
     primary -> follower     Rows, Put, Drop (the index, in order), Synced (all of it sent), Flush,
-                            Back (with a connection the follower handed over, given back)
+                            Back (with a connection the follower handed over, given back), Granted
     follower -> primary     Conn (with the connection), More (its further bytes), Hits, TlsOutcome,
-                            Fallback, Flushed, Ready
+                            Fallback, Flushed, Ready, Lead, LeadDone, Missed
 
 A record of a tag this version does not know decodes as Unknown, which
 each receiver logs (`worker_record_unknown`); a record that is not one at
@@ -136,15 +136,54 @@ class Fallback:
 
 
 @dataclass(frozen=True)
+class Lead:
+    """May this follower lead the fill of `key` (a plain cold miss of `host` `path`)?
+    Answered by Granted with the same `n` (cachenode/workers/lead_desk.py)."""
+    TAG: ClassVar[str] = "lead"
+    n: int
+    key: str
+    host: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Granted:
+    """The primary's answer to the Lead numbered `n`."""
+    TAG: ClassVar[str] = "granted"
+    n: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class LeadDone:
+    """How a follower's lead of `key` ended: `meta`, the object whose sealed file it
+    wrote, for the primary to admit; None: declined (the primary leads it itself).
+    `seconds`: the fill's time from the origin's answer on, as a fill's duration."""
+    TAG: ClassVar[str] = "done"
+    key: str
+    meta: dict | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Missed:
+    """Misses a follower answered from its own leads, for the primary to count: each
+    [host, bytes sent, seconds to first byte or None], as Hits."""
+    TAG: ClassVar[str] = "missed"
+    misses: list[list] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Unknown:
     """A record of a tag this version does not know."""
     tag: str
 
 
 Message = Union[Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn, Back, More, Hits, TlsOutcome,
-                Fallback]
+                Fallback, Lead, Granted, LeadDone, Missed]
 _BY_TAG: dict[str, type] = {cls.TAG: cls for cls in (Follower, Ready, Rows, Put, Drop, Synced, Flush, Flushed, Conn,
-                                                      Back, More, Hits, TlsOutcome, Fallback)}
+                                                      Back, More, Hits, TlsOutcome, Fallback, Lead, Granted, LeadDone,
+                                                      Missed)}
 _FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in fields(cls)) for cls in _BY_TAG.values()}
 
 

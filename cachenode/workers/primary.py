@@ -30,8 +30,9 @@ import structlog
 from cachenode.store.disk import Store
 from cachenode.workers.channel import Channel
 from cachenode.workers.index_feed import IndexFeed, meta_records
-from cachenode.workers.messages import (Back, Conn, Fallback, Flush, Flushed, Follower, Hits, Message, More, Ready,
-                                        TlsOutcome, Unknown)
+from cachenode.workers.lead_desk import LeadDesk
+from cachenode.workers.messages import (Back, Conn, Fallback, Flush, Flushed, Follower, Granted, Hits, Lead, LeadDone,
+                                        Message, Missed, More, Ready, TlsOutcome, Unknown)
 
 __all__ = ["FollowerLinks", "Followers", "Primary", "meta_records"]
 
@@ -93,8 +94,14 @@ class Followers:
                  handed: Callable[[], None] = lambda: None,
                  gave_back: Callable[[], None] = lambda: None,
                  tls_outcome: Callable[[str], None] = lambda outcome: None,
-                 tls_fallback: Callable[[str], None] = lambda reason: None) -> None:
+                 tls_fallback: Callable[[str], None] = lambda reason: None,
+                 desk: LeadDesk | None = None,
+                 count_miss: Callable[[str, int, float | None], None] = lambda host, sent, first_byte: None) -> None:
+        """`desk`: the leads of small cold fills followers ask for (workers/lead_desk.py);
+        None: every ask is denied. `count_miss`: a miss a follower answered from its lead."""
         self.store = store
+        self.desk = desk
+        self._count_miss = count_miss
         self._handed, self._gave_back = handed, gave_back
         self._tls_outcome = tls_outcome
         self._tls_fallback = tls_fallback
@@ -168,6 +175,8 @@ class Followers:
 
     def _left(self, worker: int, link: Channel) -> None:
         self.follower_links.left(worker, link)
+        if self.desk is not None:
+            self.desk.gone(worker)
         partial = self._partial.pop(worker, None)
         if partial is not None:
             os.close(partial[0])
@@ -198,6 +207,17 @@ class Followers:
                 for host, key, slot, hot, sent, first_byte in hits:
                     self.store.touch(slot)
                     self._count_hit(host, key, bool(hot), int(sent), first_byte)
+            case Lead(n=n, key=key, host=host, path=path):
+                ok = self.desk is not None and self.desk.asked(worker, str(key), str(host), str(path))
+                link = self.links.get(worker)
+                if link is not None:
+                    link.send(Granted(n=n, ok=ok))
+            case LeadDone(key=key, meta=meta, seconds=seconds):
+                if self.desk is not None:
+                    self.desk.done(worker, str(key), meta, float(seconds))
+            case Missed(misses=misses):
+                for host, sent, first_byte in misses:
+                    self._count_miss(host, int(sent), first_byte)
             case TlsOutcome(outcome=outcome):
                 self._tls_outcome(str(outcome))
             case Fallback(reason=reason):
@@ -228,11 +248,13 @@ class Primary:
 
     def attach(self, node, listener) -> Callable[[], None]:
         metrics = node.metrics
+        desk = LeadDesk(node, outcome=lambda outcome: metrics.worker_leads.labels(outcome).inc())
         followers = Followers(control=self.control, store=node.store, follower_links=self.follower_links,
                               adopt=listener.adopt_handed, count_hit=node.handler.count_fast_hit,
                               handed=metrics.worker_handovers.inc, gave_back=metrics.worker_givebacks.inc,
                               tls_outcome=lambda outcome: metrics.tls_connections.labels(outcome).inc(),
-                              tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc())
+                              tls_fallback=lambda reason: metrics.parent_fallbacks.labels(reason=reason).inc(),
+                              desk=desk, count_miss=node.counts.plain_miss)
         followers.start()
         node.supervisor = os.getppid()  # /readyz names it: the node's process, to whoever started it
         followers.ready()

@@ -1,0 +1,253 @@
+"""A follower's side of leading small cold fills (docs/cache-node.md, "Workers",
+"Followers lead small cold fills"; the primary's: cachenode/workers/lead_desk.py).
+
+A plain cold miss the fast path fully understands (the requests the
+primary's `FastMisses.take` leads, less what only the primary can tell: a
+flight under way, the ring) is not handed over at once: the follower asks
+the primary for its lead. Denied, the connection goes to the primary as
+before, nothing asked of the origin. Granted, the follower asks the origin
+itself, on its own pool, and stores the answer only where that is exactly
+what the primary would have stored at once: a 200 of a known length up to
+the store's small objects' size, storable as `fill/lead.py` decides, not
+varying, its published digest (if any) checked. It writes the sealed file
+under its final name (`store/small.py` `write_sealed_file`), tells the
+primary (`LeadDone`), which alone admits it to the index, and answers its
+client from memory as a miss; the connection stays here.
+
+Any other answer is declined: the origin's response is closed, the primary
+told, and the connection handed over, so the primary asks the origin again
+and answers as it always did. That second request is a declined lead's
+cost; the primary grants leads only for origins whose recent fills were
+small (cachenode/workers/lead_grant.py), so a dataset of large files stops
+paying it after a few fills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import aiohttp
+import structlog
+from multidict import CIMultiDictProxy
+
+from cachenode.app import origin_roots
+from cachenode.fill.chunking import FIRST_CHUNK_UP_TO
+from cachenode.fill.flights import Kind, Outcome, Source
+from cachenode.fill.judged import answer_of
+from cachenode.fill.lead import Step, decide
+from cachenode.fill.origin import Interim, OriginClient, fields_of
+from cachenode.fill.verify import check_whole
+from cachenode.front.fast_misses import Led, PlainFields, miss_head
+from cachenode.front.hits import Named
+from cachenode.front.plain import PlainRequest
+from cachenode.http.digests import expectations
+from cachenode.http.freshness import current_age, response_policy
+from cachenode.http.headers import stored_pairs, with_date
+from cachenode.http.vary import vary_names
+from cachenode.store.disk import Store
+from cachenode.store.objects import Meta
+from cachenode.store.small import sealed_meta
+from cachenode.workers.messages import Lead, LeadDone
+from nezha.config import CacheSettings
+from nezha.credentials import redact_url
+from nezha.errors import NezhaError
+from nezha.keys import Target, credentials_kept
+from nezha.origins import Origin
+from nezha.wire import CacheOutcome
+
+log = structlog.get_logger("nezha.cachenode")
+
+_DECLINED = Outcome(Kind.PASSED)  # what a declined lead hands over with: nothing, the primary asks again
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A plain cold miss this follower asks the lead of."""
+
+    key: str
+    url: str
+    target: Target
+    origin: Origin
+    forwarded: CIMultiDictProxy[str]
+
+
+class FollowerLeads:
+    """The misses a follower's fast path leads (its `misses`, as the primary's `FastMisses`)."""
+
+    def __init__(self, settings: CacheSettings, *, store: Store, via: str, send: Callable[..., None],
+                 missed: Callable[[str, int, float | None], None]) -> None:
+        """`send`: a record to the primary; `missed`: a miss answered here, to count there."""
+        self.settings = settings
+        self.store = store
+        self.via = via
+        self._send = send
+        self._missed = missed
+        self.origins = OriginClient(connect_timeout=settings.origin_connect_timeout,
+                                    read_timeout=settings.origin_read_timeout, roots=origin_roots(settings))
+        self._fields = PlainFields(via)
+        self._asks: dict[int, tuple[asyncio.Future[bool], str]] = {}  # an ask's number -> its answer, its key
+        self._n = 0
+        self._leading: set[str] = set()  # keys asked or led here: a second request for one is handed over
+        self._log = log.is_enabled_for(logging.INFO)
+
+    # -- before anything is asked ------------------------------------------------
+    def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Asked | None:
+        """The miss `req` if this follower asks its lead; None: handed over as before."""
+        if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
+            return None
+        if self.settings.parent is not None or named is None:
+            return None
+        fields = self._fields.of(head)
+        if fields is None:
+            return None
+        headers, forwarded = fields
+        target, origin, key = named
+        if credentials_kept(target, origin) or key in self._leading or self.store.lookup(key, headers) is not None:
+            return None
+        threshold, _ = self.settings.chunking(origin)
+        if 0 < threshold <= max(FIRST_CHUNK_UP_TO, self.store.small_max):
+            return None  # the primary may ask such an origin for a first chunk: its fill, not this one
+        self._leading.add(key)
+        return Asked(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
+                     origin=origin, forwarded=forwarded)
+
+    # -- the lead ------------------------------------------------------------------
+    async def lead(self, miss: Asked, *, interim: Interim) -> Outcome | Led:
+        """The stored object and its body to answer with, or a `Led` whose
+        connection the fast path hands to the primary (denied, or declined)."""
+        try:
+            if not await self._granted(miss):
+                return Led(key=miss.key, outcome=_DECLINED, response=None)
+            stored = await self._fill(miss, interim)
+        finally:
+            self._leading.discard(miss.key)
+        if stored is None:
+            return Led(key=miss.key, outcome=_DECLINED, response=None)
+        return stored
+
+    async def _granted(self, miss: Asked) -> bool:
+        self._n += 1
+        n = self._n
+        answer = asyncio.get_running_loop().create_future()
+        self._asks[n] = (answer, miss.key)
+        try:
+            self._send(Lead(n=n, key=miss.key, host=miss.target.host, path=miss.target.path))
+            return await answer
+        finally:
+            if not answer.cancelled():  # cancelled: kept until the answer comes, which `granted` gives back
+                self._asks.pop(n, None)
+
+    def granted(self, n: int, ok: bool) -> None:
+        """The primary's answer to ask `n`. A grant nobody waits for any more
+        (its request ended meanwhile) is given straight back: the primary
+        would otherwise hold the key in flight for good."""
+        asked = self._asks.pop(n, None)
+        if asked is None:
+            return
+        answer, key = asked
+        if not answer.done():
+            answer.set_result(ok)
+        elif ok:
+            self._send(LeadDone(key=key))
+
+    def lost(self) -> None:
+        """The primary is gone: no ask will be answered, none is granted."""
+        for answer, _ in self._asks.values():
+            if not answer.done():
+                answer.set_result(False)
+
+    async def _fill(self, miss: Asked, interim: Interim) -> Outcome | None:
+        """Ask the origin and store its answer if it is small and whole; None:
+        declined. However it ends, the primary is told (`LeadDone`): with the
+        object's record, or without (it leads the key itself)."""
+        done = LeadDone(key=miss.key)
+        try:
+            try:
+                response = await self.origins.request("GET", miss.url, headers=miss.forwarded,
+                                                      what=f"origin {miss.url}", interim=interim)
+            except NezhaError as e:
+                return self._declined(miss, str(e))
+            started = time.monotonic()
+            stored: Outcome | None = None
+            try:
+                stored = await self._stored(miss, response)
+            finally:
+                if stored is None:
+                    response.close()  # not wanted: never back in the pool half read
+                else:
+                    response.release()  # read whole: its connection back in the pool
+            if stored is not None:
+                assert stored.meta is not None
+                done = LeadDone(key=miss.key, meta=asdict(stored.meta), seconds=time.monotonic() - started)
+            return stored
+        finally:
+            self._send(done)
+
+    async def _stored(self, miss: Asked, response: aiohttp.ClientResponse) -> Outcome | None:
+        """`response` stored as the primary would store it at once, or None."""
+        length = response.content_length
+        if response.status != 200 or length is None or not 0 < length <= self.store.small_max:
+            return self._declined(miss, f"answered {response.status}, {length} bytes: not a small object")
+        now = time.time()
+        fields = fields_of(response)
+        age = current_age(fields, now)
+        origin = miss.origin
+        policy = response_policy(200, fields, now=now, policy_ttl=origin.default_ttl, private_ok=False,
+                                 targeted=origin.targeted_cache_control, age=age)
+        kept = with_date(stored_pairs(fields), now)
+        names = vary_names(fields)
+        decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=_SOURCE,
+                                    fits=self.store.fits), stale_held=False, stale_usable_on_error=False)
+        if decision.step is not Step.FILL or names != ():
+            return self._declined(miss, decision.reason or "it varies")
+        body = await response.read()
+        if len(body) != length:
+            return self._declined(miss, f"{len(body)} bytes of {length}")
+        known = expectations(fields, status=200)
+        expected = known.cheapest()
+        if expected is not None and await check_whole(expected, body) is not None:
+            return self._declined(miss, f"its body is not what {expected.field} says: the primary's fill reports it")
+        meta = sealed_meta(length, key=miss.key, url=redact_url(miss.url, origin.credential_params),
+                           host=miss.target.host, headers=kept, stored_at=now, status=200,
+                           expires_at=now + policy.ttl, stale_if_error=policy.stale_if_error, age=age,
+                           stale_while_revalidate=policy.stale_while_revalidate)
+        try:
+            self.store.write_unadmitted(meta, body)
+        except NezhaError as e:
+            return self._declined(miss, str(e))
+        if self._log:
+            log.info("fill_completed", key=miss.key, bytes=length, source="origin", at_once=True, lead=True,
+                     **({"verified": expected.field} if expected is not None else {}))
+        return Outcome(Kind.STORED, meta=meta, body=body)
+
+    def _declined(self, miss: Asked, reason: str) -> None:
+        log.info("lead_declined", key=miss.key, reason=reason)
+        return None
+
+    # -- the answer ------------------------------------------------------------------
+    def head(self, meta: Meta) -> bytes:
+        return miss_head(meta, self.via)
+
+    def answered(self, miss: Asked, meta: Meta, *, path: str, sent: int, ms: float, first_byte: float | None,
+                 gone: bool = False) -> None:
+        """Count (at the primary) and log a miss answered here, as the primary's fast misses do."""
+        self._missed(meta.host, sent, first_byte)
+        if not self._log:
+            return
+        if gone:
+            log.info("client_gone", key=miss.key, bytes=sent)
+        log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300], status=200,
+                 cache=CacheOutcome.MISS, bytes=sent, ms=round(ms, 2), fast=True,
+                 **({"broken": True} if gone else {}))
+
+    def unanswered(self, miss: Asked, led: Led, *, path: str, ms: float) -> None:
+        """A client gone before its denied or declined miss was handed over: nobody answers it."""
+        if self._log:
+            log.info("client_gone", key=miss.key, bytes=0)
+
+
+_SOURCE = Source(url="", what="origin", headers={})  # a plain origin's answer, to `answer_of`: not a peer's

@@ -1,0 +1,132 @@
+"""The primary's side of followers leading small cold fills (docs/cache-node.md,
+"Workers", "Followers lead small cold fills").
+
+With every fill the primary's, a first epoch of small files runs at what one
+process's CPU buys, whatever the node's worker count. So a follower meeting
+a plain cold miss asks here for the lead of its key (`Lead`), and this desk
+grants it (`Granted`) only where the follower's fill can be exact
+(`lead_grant.may_grant`): no flight of the key under way, nothing stored
+under it, this node its first owner, no digest a redirect named for it
+(kept here, where the redirect was fetched), and the origin's recent fills
+small.
+
+A granted key is in flight here, as if the primary led it: a request for it
+that reaches the primary (its own, or one a follower hands over) joins that
+flight and waits. The follower's outcome lands it (`LeadDone`): an object
+whose sealed file the follower wrote is admitted to the store here, where
+capacity, eviction, Redis and replication are decided, and the flight's
+joiners are answered from it as a hit; a declined lead (an answer that is
+not small and cacheable, an origin's failure) aborts the flight, and its
+joiners lead a fill of their own. A follower whose link closes loses its
+leads the same way (`gone`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import structlog
+
+from cachenode.fill.engine import LeaderGone
+from cachenode.fill.flights import Flight, Kind, Outcome
+from cachenode.store.objects import Meta, NotStored
+from cachenode.workers.index_feed import meta_from
+from cachenode.workers.lead_grant import Leads, may_grant
+from nezha.keys import target_of
+
+log = structlog.get_logger("nezha.workers")
+
+
+class LeadDesk:
+    """Grants, holds and lands the leads followers ask for; one per primary."""
+
+    def __init__(self, node, *, outcome: Callable[[str], None] = lambda outcome: None) -> None:
+        """`node`: the primary's (cachenode/node.py). `outcome`: told how each
+        ask ended (denied, stored, declined, refused, lost), for the metric."""
+        self.engine = node.engine
+        self.store = node.store
+        self.cluster = node.cluster
+        self.node_id = node.node_id
+        self.counts = node.counts
+        self.metrics = node.metrics
+        self.parent = node.upstream.parent
+        # Each origin's last fills, the primary's own (kept by its fast misses) and its followers'.
+        self.recent = node.handler.misses.recent
+        self.leads = Leads()
+        self._flights: dict[str, tuple[Flight, str]] = {}  # a granted key -> its flight here, its origin's host
+        self._outcome = outcome
+        self._stored_seconds = node.metrics.fill_duration.labels(source="origin", outcome="stored")
+
+    # -- an ask --------------------------------------------------------------------
+    def asked(self, worker: int, key: str, host: str, path: str) -> bool:
+        """Whether `worker` may lead the fill of `key`; granted, the key is in flight here from now."""
+        owners = self.cluster.owners(key)
+        first_owner = not owners or owners[0].id == self.node_id
+        granted = (first_owner and self.parent is None and self._unlinked(host, path) and may_grant(
+            self.recent, host, in_flight=self.engine.flights.get(key) is not None, stored=self._stored(key)))
+        if not granted or not self.leads.take(key, worker):
+            self._outcome("denied")
+            return False
+        flight, _ = self.engine.flights.lead_or_join(key)
+        self._flights[key] = (flight, host)
+        return True
+
+    def _stored(self, key: str) -> bool:
+        """Whether anything is stored under `key`: a response that does not vary, or variants."""
+        return self.store.lookup(key) is not None or self.store.index.varies(key)
+
+    def _unlinked(self, host: str, path: str) -> bool:
+        """No redirect fetched here named a digest for this target (fill/verify.py `Digests.linked`):
+        the follower could not check it, so the primary's own fill does."""
+        digests = self.engine.runs.digests
+        return digests is None or not digests.has_linked(host, path)
+
+    # -- its end -------------------------------------------------------------------
+    def done(self, worker: int, key: str, raw: dict | None, seconds: float) -> None:
+        """`worker`'s lead of `key` ended: `raw`, the record of the object it
+        wrote, admitted and its flight's joiners answered from it; None,
+        declined: the flight aborted, its joiners lead. An end from a lead
+        released already (its link closed meanwhile) is not obeyed, and its
+        file is deleted: nothing will name it."""
+        meta = meta_from(raw) if raw is not None else None
+        if not self.leads.release(key, worker):
+            if meta is not None:
+                self.store.drop_sealed(meta)
+            return
+        flight, host = self._flights.pop(key)
+        if meta is None:
+            self.recent.record(host, small=False)
+            self._outcome("declined")
+            self.engine.flights.abort(flight, LeaderGone(f"worker {worker} declined the lead of {key}"))
+            return
+        try:
+            stored = self.store.admit_sealed(meta)
+        except NotStored as e:
+            log.info("lead_not_admitted", key=key, worker=worker, reason=str(e))
+            self._outcome("refused")
+            self.engine.flights.abort(flight, LeaderGone(f"the store did not keep {key} from worker {worker}: {e}"))
+            return
+        self.recent.record(stored.host, small=True)
+        self._outcome("stored")
+        self._completed(flight, stored, seconds)
+
+    def _completed(self, flight: Flight, stored: Meta, seconds: float) -> None:
+        """Count a follower's fill as the primary counts one stored at once
+        (fill/at_once.py `AtOnce._completed`), land its flight for its joiners,
+        and have the key's other owners copy it."""
+        self.metrics.bytes_from_origin.inc(stored.size)
+        self.counts.count(stored.host, bytes_from_origin=stored.size, metrics=False)
+        self._stored_seconds.observe(seconds)
+        self.counts.stored(stored, self.store.sizes())
+        self.engine.flights.land(flight)
+        flight.resolve(Outcome(Kind.STORED, meta=stored))
+        self.engine.replicate(stored, target_of(stored.key))
+
+    def gone(self, worker: int) -> None:
+        """`worker`'s link closed: every lead it held is lost, and their joiners lead."""
+        for key in self.leads.release_worker(worker):
+            flight = self._flights.pop(key, None)
+            self._outcome("lost")
+            if flight is not None:
+                self.engine.flights.abort(flight, LeaderGone(f"worker {worker} leading {key} is gone"))
+
