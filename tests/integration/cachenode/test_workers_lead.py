@@ -225,7 +225,10 @@ async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_orig
         assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
         for conn in others:
             fields, got = await answer(conn)
-            assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "hit", body)
+            assert (fields["status"], got) == ("200", body)
+            # A joiner of the follower's flight, as a joiner of a fill stored at once is; a hit when a handed
+            # connection reached the primary only after the follower's record.
+            assert fields["x-nezha-cache"] in ("miss-joined", "hit")
         assert serving_pid(node.port, leader.port) == follower
     finally:
         close(*conns[follower], *conns[primary])
