@@ -2,7 +2,7 @@
 
 It serves `files` (path -> bytes) and counts every request, so a test can
 prove how often the cache went to the origin. Knobs: throttle, delay before
-headers (or held until the test lets them go), head and body in one write, die after N bytes (of a whole answer, or of a 206), lie about Content-Length, omit it (chunked),
+headers (or held until the test lets them go), die after N bytes (of a whole answer, or of a 206), lie about Content-Length, omit it (chunked),
 custom status and headers per path (`fields`: repeated ones, in order),
 ETag/Last-Modified, 304 and 412 handling, and one `bytes=a-b` range. Writes (PUT, POST, DELETE, PATCH, any
 other method) are read as a stream and hashed, never held whole: PUT stores
@@ -38,7 +38,6 @@ class Behaviour:
     ranges: bool = True  # False: Range is ignored, the whole object answered 200
     range_die_after: int | None = None  # a 206 drops its connection after this many body bytes (at `rate`)
     range_cuts: int | None = None  # how many 206s `range_die_after` cuts, the first ones; None: every one
-    whole: bool = False  # a 200's head and body sent in one write, never apart (the streaming knobs unused)
 
 
 class TestOrigin:
@@ -121,14 +120,12 @@ class TestOrigin:
                 b.range_cuts = None if b.range_cuts is None else b.range_cuts - 1
                 return await self._cut_range(request, body[start:end + 1], fields, b)
             return web.Response(status=206, body=body[start:end + 1], headers=fields)
-        resp = web.Response(status=b.status, body=body) if b.whole else web.StreamResponse(status=b.status)
+        resp = web.StreamResponse(status=b.status)
         resp.headers["ETag"] = etag
         resp.headers["Content-Type"] = "application/octet-stream"
         resp.headers["Last-Modified"] = "Wed, 01 Jan 2025 00:00:00 GMT"
         resp.headers.update(b.headers)
         resp.headers.extend(b.fields)
-        if b.whole:  # aiohttp's Response writes its head with its body; a StreamResponse sends the head first
-            return resp
         if b.chunked:
             resp.enable_chunked_encoding()
         else:

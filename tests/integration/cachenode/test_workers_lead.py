@@ -33,14 +33,6 @@ SMALL_MAX = CacheSettings.model_fields["small_object_max"].default  # the node r
 WARM = 24  # small fills through the node before a lead is asked for: past the 16 the primary wants seen
 
 
-def put_small(origin, path: str, body: bytes, **behaviour) -> None:
-    """`body` at `path`, its head and body sent in one write, as a near origin's small answer comes: what
-    the node stores at once (`fill/lead.py` `stored_at_once`). A head sent apart from its body, as the test
-    origin's streamed answers are, is read alone now and then and the fill streamed: on this machine 1 small
-    fill in 5, and two in an origin's last 32 close its leads."""
-    origin.put(path, body, headers=CACHE, whole=True, **behaviour)
-
-
 def small(i: int) -> bytes:
     """A 4-20 KiB body, distinct for each `i` (an ImageNet JPEG's order of size)."""
     return os.urandom(4096 + (i * 2731) % (16 * 1024))
@@ -132,13 +124,12 @@ async def warmed(session: aiohttp.ClientSession, node, origin, count: int = WARM
     take it): the fills the primary's gate counts for the origin."""
     for i in range(count):
         path, body = f"/warm/{i}.jpg", small(i)
-        put_small(origin, path, body)
+        origin.put(path, body, headers=CACHE)
         status, got, _ = await get(session, node, path)
         assert (status, got) == (200, body)
     # A follower that led one logs its fill_completed a moment after its client has the answer.
     await wait_for(lambda: len(node.events("fill_completed")) >= count, timeout=START_GUARD)
-    fills = node.events("fill_completed")
-    assert len(fills) == count and all(e.get("at_once") is True for e in fills), fills
+    assert len(node.events("fill_completed")) == count
 
 
 def close(*conns: Conn) -> None:
@@ -154,7 +145,7 @@ async def test_a_follower_fills_small_cold_objects_itself_once_the_origin_proved
     stored = await leads(session, node, "stored")  # warm fills the follower led once the gate opened
     fresh = {f"/train/{i}.jpg": small(100 + i) for i in range(8)}
     for path, body in fresh.items():
-        put_small(origin, path, body)
+        origin.put(path, body, headers=CACHE)
     conns = (await pinned(node, {follower: 4}))[follower]
     try:
         paths = iter(fresh.items())
@@ -186,7 +177,7 @@ async def test_before_the_origin_proved_small_a_followers_miss_is_handed_to_the_
     await warmed(session, node, origin, count=15)  # one fill short of the 16 the primary wants seen
     follower = node.pid(1)
     path, body = "/train/cold.jpg", small(7)
-    put_small(origin, path, body)
+    origin.put(path, body, headers=CACHE)
     denied = await leads(session, node, "denied")  # the warm misses that landed on the follower
     [conn] = (await pinned(node, {follower: 1}))[follower]
     try:
@@ -207,7 +198,7 @@ async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_orig
     await warmed(session, node, origin)
     primary, follower = node.pid(0), node.pid(1)
     path, body, held = "/train/stampede.jpg", small(11), asyncio.Event()
-    put_small(origin, path, body, held=held)
+    origin.put(path, body, headers=CACHE, held=held)
     stored = await leads(session, node, "stored")
     conns = await pinned(node, {follower: 4, primary: 4})
     leader, *others = conns[follower] + conns[primary]
@@ -261,7 +252,7 @@ async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_re
     await warmed(session, node, origin)
     primary, follower = node.pid(0), node.pid(1)
     path, body, held = "/train/orphan.jpg", small(13), asyncio.Event()
-    put_small(origin, path, body, held=held)
+    origin.put(path, body, headers=CACHE, held=held)
     conns = await pinned(node, {follower: 1, primary: 1})
     [leading], [waiting] = conns[follower], conns[primary]
     try:
@@ -272,7 +263,11 @@ async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_re
         await wait_for(lambda: read_by_the_node(node.port, waiting), timeout=START_GUARD)
         os.kill(follower, signal.SIGKILL)
         held.set()
-        fields, got = await answer(waiting)
+        try:
+            fields, got = await answer(waiting)
+        except asyncio.TimeoutError:
+            raise AssertionError("the request waiting on the dead follower's lead was never answered:\n"
+                                 + node.log.read_text()[-4000:]) from None
         assert (fields["status"], got) == ("200", body)
     finally:
         close(leading, waiting)
