@@ -98,12 +98,9 @@ def read_by_the_node(server_port: int, conn: Conn) -> bool:
 
 
 async def leads(session: aiohttp.ClientSession, node, outcome: str) -> float:
-    """The primary's count of followers' leads that ended in `outcome`; 0 while none has (a labelled
-    counter shows no series for a label never counted)."""
-    async with session.get(node.url + "/metrics") as r:
-        text = await r.text()
-    wanted = f'nezha_worker_leads_total{{outcome="{outcome}"}} '
-    return next((float(line[len(wanted):]) for line in text.splitlines() if line.startswith(wanted)), 0.0)
+    """The primary's count of followers' leads that ended in `outcome` (every outcome's series is there
+    from the start, at 0)."""
+    return await node.metric(session, f'nezha_worker_leads_total{{outcome="{outcome}"}}')
 
 
 async def until_counted(session: aiohttp.ClientSession, node, outcome: str, at_least: int) -> None:
