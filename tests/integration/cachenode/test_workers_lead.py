@@ -4,8 +4,8 @@ key (docs/cache-node.md, "Workers", followers' leads; cachenode/workers/lead_gra
 Before, every cold fill was the primary's: a follower handed each miss over,
 and a first epoch of small files ran at what one process's CPU buys. The
 primary grants a lead only for an origin whose recent fills were small (16 of
-its last 32 seen, at most one not stored at once), and only for a key no one
-fills and nothing is stored under; a key a follower leads is in flight for the
+its last 32 seen, at most one of them not a small 200), and only for a key no
+one fills and nothing is stored under; a key a follower leads is in flight for the
 primary, so a stampede across workers still asks the origin once. An answer
 the follower cannot store at once it declines, handing the client over (a
 second origin request); a follower's death releases its leads.
