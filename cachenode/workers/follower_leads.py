@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import aiohttp
@@ -50,7 +50,7 @@ from cachenode.http.headers import stored_pairs, with_date
 from cachenode.http.vary import vary_names
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
-from cachenode.store.small import sealed_meta
+from cachenode.store.small import record_of, sealed_meta
 from cachenode.workers.messages import Lead, LeadDone
 from nezha.config import CacheSettings
 from nezha.credentials import redact_url
@@ -182,7 +182,7 @@ class FollowerLeads:
                     response.release()  # read whole: its connection back in the pool
             if stored is not None:
                 assert stored.meta is not None
-                done = LeadDone(key=miss.key, meta=asdict(stored.meta), seconds=time.monotonic() - started)
+                done = LeadDone(key=miss.key, meta=record_of(stored.meta), seconds=time.monotonic() - started)
             return stored
         finally:
             self._send(done)

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import structlog
 
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.rows import EMPTY, PACKED_ROW
+from cachenode.store.small import record_of
 from cachenode.workers.channel import MAX_RECORD, Channel
 from cachenode.workers.messages import Drop, Put, Rows, Synced
 
@@ -72,7 +73,7 @@ def meta_records(metas: list[Meta], event: str) -> list[Put | Drop]:
     batch: list[dict] = []
     size = 0
     for meta in metas:
-        raw = asdict(meta)
+        raw = record_of(meta)  # shallow: every value is immutable, and JSON writes a tuple as a list
         n = len(json.dumps(raw, separators=(",", ":")))
         if n > MAX_RECORD - 256:
             records.append(Drop(metas=[raw | {"headers": []}]))

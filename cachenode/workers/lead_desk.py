@@ -125,8 +125,7 @@ class LeadDesk:
     def gone(self, worker: int) -> None:
         """`worker`'s link closed: every lead it held is lost, and their joiners lead."""
         for key in self.leads.release_worker(worker):
-            flight = self._flights.pop(key, None)
+            flight, _ = self._flights.pop(key)
             self._outcome("lost")
-            if flight is not None:
-                self.engine.flights.abort(flight, LeaderGone(f"worker {worker} leading {key} is gone"))
+            self.engine.flights.abort(flight, LeaderGone(f"worker {worker} leading {key} is gone"))
 
