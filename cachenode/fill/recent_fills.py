@@ -1,6 +1,12 @@
 """Each origin's last fills, small or not: how the primary tells an
 origin of small objects from one of large ones (cachenode/workers/lead_grant.py,
 which grants followers the lead of a small cold fill only for the first).
+
+An origin is small once a fill of it was seen and at most one in `WINDOW`
+of its fills were not small (none until `WINDOW` were seen): a lead
+granted for an origin of large objects would be declined and its object
+asked of the origin twice. An origin not seen yet is the desk's to probe
+(cachenode/workers/lead_desk.py).
 Kept by the primary's fast misses (front/fast_misses.py), which lead nearly
 every cold fill of a plain read, and by the primary's desk of followers'
 leads (cachenode/workers/lead_desk.py). Pure.
@@ -11,7 +17,6 @@ from __future__ import annotations
 from collections import deque
 
 WINDOW = 32  # an origin's last fills remembered
-SEEN_MIN = 16  # fills of an origin seen before it is granted a lead
 NOT_SMALL_MAX = 1  # fills in the window not small, at most
 
 
@@ -36,7 +41,11 @@ class RecentFills:
         if not small:
             self._not_small[origin] += 1
 
-    def small(self, origin: str, *, seen_min: int = SEEN_MIN, not_small_max: int = NOT_SMALL_MAX) -> bool:
-        """Whether `origin`'s recent fills were small: enough of them seen, nearly all small."""
+    def seen(self, origin: str) -> bool:
+        return origin in self._fills
+
+    def small(self, origin: str, *, not_small_max: int = NOT_SMALL_MAX) -> bool:
+        """Whether `origin`'s recent fills were small: seen, and at most
+        `not_small_max` of its last `WINDOW` not small (none while fewer were seen)."""
         fills = self._fills.get(origin)
-        return fills is not None and len(fills) >= seen_min and self._not_small[origin] <= not_small_max
+        return fills is not None and self._not_small[origin] * self._window <= not_small_max * len(fills)

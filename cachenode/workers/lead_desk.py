@@ -19,10 +19,21 @@ joiners are answered from it as a hit; a declined lead (an answer that is
 not small and cacheable, an origin's failure) aborts the flight, and its
 joiners lead a fill of their own. A follower whose link closes loses its
 leads the same way (`gone`).
+
+An origin no fill has shown yet is probed, not guessed: the first ask for
+it is denied, so its connection goes to the primary, whose fill shows
+whether the origin's objects are small; asks that come meanwhile are held
+(`HOLD_SECONDS` at most) and answered once one has. A dataset's first
+epoch starts with every loader connection asking at once on every worker:
+denied, each follower's connection would stay with the primary for the
+whole epoch (a cold connection reads no hits to come back for), and
+granted blindly, a lead of a large object would ask the origin for it twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Callable
 
 import structlog
@@ -32,17 +43,29 @@ from cachenode.fill.flights import Flight, Kind, Outcome
 from cachenode.store.objects import Meta, NotStored
 from cachenode.workers.index_feed import meta_from
 from cachenode.workers.lead_grant import Leads, may_grant
+from cachenode.workers.messages import Granted, Message
 from nezha.keys import target_of
 
 log = structlog.get_logger("nezha.workers")
+
+HOLD_SECONDS = 1.0  # an ask held for an origin being probed; denied if no fill of it has shown by then
+_RECHECK_SECONDS = 0.005
 
 
 class LeadDesk:
     """Grants, holds and lands the leads followers ask for; one per primary."""
 
-    def __init__(self, node, *, outcome: Callable[[str], None] = lambda outcome: None) -> None:
-        """`node`: the primary's (cachenode/node.py). `outcome`: told how each
+    def __init__(self, node, *, send: Callable[[int, Message], None],
+                 outcome: Callable[[str], None] = lambda outcome: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`node`: the primary's (cachenode/node.py). `send`: a record to a
+        follower (its answer to an ask held a while). `outcome`: told how each
         ask ended (denied, stored, declined, refused, lost), for the metric."""
+        self._send = send
+        self._clock = clock
+        self._probed: dict[str, float] = {}  # an origin being probed -> since when
+        self._held: dict[str, list[tuple[int, int, str, str]]] = {}  # its held asks: (worker, n, key, path)
+        self._recheck: asyncio.TimerHandle | None = None
         self.engine = node.engine
         self.store = node.store
         self.cluster = node.cluster
@@ -58,18 +81,54 @@ class LeadDesk:
         self._stored_seconds = node.metrics.fill_duration.labels(source="origin", outcome="stored")
 
     # -- an ask --------------------------------------------------------------------
-    def asked(self, worker: int, key: str, host: str, path: str) -> bool:
-        """Whether `worker` may lead the fill of `key`; granted, the key is in flight here from now."""
-        owners = self.cluster.owners(key)
-        first_owner = not owners or owners[0].id == self.node_id
-        granted = (first_owner and self.parent is None and self._unlinked(host, path) and may_grant(
-            self.recent, host, in_flight=self.engine.flights.get(key) is not None, stored=self._stored(key)))
+    def asked(self, worker: int, n: int, key: str, host: str, path: str) -> bool | None:
+        """Whether `worker` may lead the fill of `key` (granted, the key is in
+        flight here from now); None: held while its origin is probed, answered later."""
+        if not self.recent.seen(host) and self._eligible(key, host, path):
+            if host in self._probed:
+                self._held.setdefault(host, []).append((worker, n, key, path))
+                self._soon()
+                return None
+            self._probed[host] = self._clock()  # denied: the primary's fill of it shows what the origin holds
+        return self._decide(worker, key, host, path)
+
+    def _decide(self, worker: int, key: str, host: str, path: str) -> bool:
+        granted = self._eligible(key, host, path) and may_grant(
+            self.recent, host, in_flight=self.engine.flights.get(key) is not None, stored=self._stored(key))
         if not granted or not self.leads.take(key, worker):
             self._outcome("denied")
             return False
         flight, _ = self.engine.flights.lead_or_join(key)
         self._flights[key] = (flight, host)
         return True
+
+    def _eligible(self, key: str, host: str, path: str) -> bool:
+        """What of the grant does not depend on the origin's recent fills: this
+        node the key's first owner, no parent tier, no digest a redirect named for it."""
+        owners = self.cluster.owners(key)
+        return (not owners or owners[0].id == self.node_id) and self.parent is None and self._unlinked(host, path)
+
+    def _soon(self) -> None:
+        if self._recheck is None:
+            self._recheck = asyncio.get_running_loop().call_later(_RECHECK_SECONDS, self._answer_held)
+
+    def _answer_held(self) -> None:
+        """Answer the asks held for each origin a fill has shown since, or
+        probed for too long (denied then; its next ask probes again)."""
+        self._recheck = None
+        now = self._clock()
+        for host in list(self._held):
+            seen = self.recent.seen(host)
+            if not seen and now - self._probed.get(host, now) < HOLD_SECONDS:
+                continue
+            self._probed.pop(host, None)
+            for worker, n, key, path in self._held.pop(host):
+                ok = seen and self._decide(worker, key, host, path)
+                if not seen:
+                    self._outcome("denied")
+                self._send(worker, Granted(n=n, ok=ok))
+        if self._held:
+            self._soon()
 
     def _stored(self, key: str) -> bool:
         """Whether anything is stored under `key`: a response that does not vary, or variants."""
@@ -123,7 +182,11 @@ class LeadDesk:
         self.engine.replicate(stored, target_of(stored.key))
 
     def gone(self, worker: int) -> None:
-        """`worker`'s link closed: every lead it held is lost, and their joiners lead."""
+        """`worker`'s link closed: every lead it held is lost, and their joiners lead; its held asks are dropped."""
+        for host, asks in list(self._held.items()):
+            asks[:] = [ask for ask in asks if ask[0] != worker]
+            if not asks:
+                del self._held[host]
         for key in self.leads.release_worker(worker):
             flight, _ = self._flights.pop(key)
             self._outcome("lost")

@@ -76,6 +76,12 @@ class FollowerLinks:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def send(self, worker: int, message: Message) -> None:
+        """A record to `worker`, if its link is up."""
+        link = self.links.get(worker)
+        if link is not None and not link.closed:
+            link.send(message)
+
     def left(self, worker: int, link: Channel) -> None:
         for (who, n), waiter in list(self._flushes.items()):
             if who == worker and not waiter.done():
@@ -208,10 +214,9 @@ class Followers:
                     self.store.touch(slot)
                     self._count_hit(host, key, bool(hot), int(sent), first_byte)
             case Lead(n=n, key=key, host=host, path=path):
-                ok = self.desk is not None and self.desk.asked(worker, str(key), str(host), str(path))
-                link = self.links.get(worker)
-                if link is not None:
-                    link.send(Granted(n=n, ok=ok))
+                ok = self.desk.asked(worker, int(n), str(key), str(host), str(path)) if self.desk is not None else False
+                if ok is not None:  # None: held, answered by the desk once the origin is known
+                    self.follower_links.send(worker, Granted(n=n, ok=ok))
             case LeadDone(key=key, meta=meta, seconds=seconds):
                 if self.desk is not None:
                     self.desk.done(worker, str(key), meta, float(seconds))
@@ -248,7 +253,8 @@ class Primary:
 
     def attach(self, node, listener) -> Callable[[], None]:
         metrics = node.metrics
-        desk = LeadDesk(node, outcome=lambda outcome: metrics.worker_leads.labels(outcome).inc())
+        desk = LeadDesk(node, send=self.follower_links.send,
+                        outcome=lambda outcome: metrics.worker_leads.labels(outcome).inc())
         followers = Followers(control=self.control, store=node.store, follower_links=self.follower_links,
                               adopt=listener.adopt_handed, count_hit=node.handler.count_fast_hit,
                               handed=metrics.worker_handovers.inc, gave_back=metrics.worker_givebacks.inc,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cachenode.fill.recent_fills import SEEN_MIN, WINDOW, RecentFills
+from cachenode.fill.recent_fills import WINDOW, RecentFills
 from cachenode.workers.lead_grant import Leads, may_grant
 
 ORIGIN = "datasets"
@@ -19,9 +19,18 @@ def test_an_origin_never_filled_is_granted_no_lead() -> None:
     assert not may_grant(RecentFills(), ORIGIN, in_flight=False, stored=False)
 
 
-def test_too_few_fills_seen_grant_no_lead() -> None:
-    assert not may_grant(filled(SEEN_MIN - 1, small=True), ORIGIN, in_flight=False, stored=False)
-    assert may_grant(filled(SEEN_MIN, small=True), ORIGIN, in_flight=False, stored=False)
+def test_one_small_fill_seen_grants_and_one_large_one_does_not() -> None:
+    assert may_grant(filled(1, small=True), ORIGIN, in_flight=False, stored=False)
+    assert not may_grant(filled(1, small=False), ORIGIN, in_flight=False, stored=False)
+
+
+def test_a_large_fill_among_the_first_is_not_tolerated_until_a_window_follows() -> None:
+    recent = filled(1, small=True)
+    filled(1, small=False, recent=recent)
+    filled(WINDOW - 3, small=True, recent=recent)
+    assert not may_grant(recent, ORIGIN, in_flight=False, stored=False)
+    filled(1, small=True, recent=recent)
+    assert may_grant(recent, ORIGIN, in_flight=False, stored=False)
 
 
 def test_no_lead_while_a_flight_is_under_way_or_an_object_is_stored() -> None:
