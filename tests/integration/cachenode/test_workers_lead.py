@@ -168,14 +168,15 @@ async def test_a_follower_fills_small_cold_objects_itself_once_the_origin_proved
     assert {path: origin.requests[path] for path in fresh} == {path: 1 for path in fresh}
 
 
-async def test_before_the_origin_proved_small_a_followers_miss_is_handed_to_the_primary(workers_node, origin, session):
+async def test_before_a_fill_showed_the_origins_sizes_a_followers_miss_is_handed_to_the_primary(
+        workers_node, origin, session):
+    """An origin no fill has shown yet is probed: the first ask is denied, and the primary's fill shows
+    whether its objects are small."""
     node = workers_node()
     await node.wait_serving()
-    await warmed(session, node, origin, count=15)  # one fill short of the 16 the primary wants seen
     follower = node.pid(1)
     path, body = "/train/cold.jpg", small(7)
     origin.put(path, body, headers=CACHE)
-    denied = await leads(session, node, "denied")  # the warm misses that landed on the follower
     [conn] = (await pinned(node, {follower: 1}))[follower]
     try:
         fields, got = await ask(conn, path)
@@ -183,10 +184,40 @@ async def test_before_the_origin_proved_small_a_followers_miss_is_handed_to_the_
         assert serving_pid(node.port, conn.port) == node.pid(0), "a miss not led hands the connection over"
     finally:
         close(conn)
-    await until_counted(session, node, "denied", denied + 1)
+    await until_counted(session, node, "denied", 1)
     assert await leads(session, node, "stored") == 0
     assert origin.requests[path] == 1
     assert not [e for e in node.events("fill_completed") if e.get("worker") == 1 or e.get("lead")]
+
+
+async def test_an_origin_that_sent_a_large_object_among_its_first_fills_grants_no_lead(
+        workers_node, origin, session):
+    """A lead of a large object is declined and the object asked of the origin twice: one large fill among
+    an origin's last 32 stops its grants."""
+    node = workers_node()
+    await node.wait_serving()
+    await warmed(session, node, origin, count=4)
+    primary, follower = node.pid(0), node.pid(1)
+    large = "/train/large.bin"
+    origin.put(large, os.urandom(4 * SMALL_MAX), headers=CACHE)
+    path, body = "/train/after.jpg", small(9)
+    origin.put(path, body, headers=CACHE)
+    conns = await pinned(node, {primary: 1, follower: 1})
+    [on_primary], [on_follower] = conns[primary], conns[follower]
+    try:
+        fields, got = await ask(on_primary, large)  # the primary's fill, streamed
+        assert (fields["status"], got) == ("200", origin.files[large])
+        await wait_for(lambda: any(e.get("key", "").endswith(large) for e in node.events("fill_completed")),
+                       timeout=START_GUARD)
+        stored, denied = await leads(session, node, "stored"), await leads(session, node, "denied")
+        fields, got = await ask(on_follower, path)
+        assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
+        assert serving_pid(node.port, on_follower.port) == primary, "a miss not led hands the connection over"
+    finally:
+        close(on_primary, on_follower)
+    await until_counted(session, node, "denied", denied + 1)
+    assert await leads(session, node, "stored") == stored
+    assert origin.requests[path] == 1 and origin.requests[large] == 1
 
 
 async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_origin_once(workers_node, origin, session):
