@@ -162,6 +162,11 @@ class LeadDesk:
             self._outcome("declined")
             self.engine.flights.abort(flight, LeaderGone(f"worker {worker} declined the lead of {key}"))
             return
+        if flight.superseded:  # a write to the URL succeeded meanwhile: what the lead got is not stored
+            self.store.drop_sealed(meta)
+            self._outcome("refused")
+            self.engine.flights.abort(flight, LeaderGone(f"{key} was written while worker {worker} led its fill"))
+            return
         try:
             stored = self.store.admit_sealed(meta)
         except NotStored as e:
