@@ -44,6 +44,7 @@ from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.handler import Handler
+from cachenode.fill.recent_fills import RecentFills
 from cachenode.front.fast_misses import FastMisses
 from cachenode.front.hits import PlainHitFinder
 from cachenode.front.reads import Reads
@@ -198,7 +199,8 @@ class CacheNode:
                        respond=self.respond, chunk_owner=self.chunk_owner, counts=self.counts, clock=clock,
                        misses=FastMisses(store=self.store, engine=self.engine, upstream=self.upstream,
                                          cluster=self.cluster, node_id=self.node_id, via=self.respond.via,
-                                         pacing=self.pacing, counts=self.counts, metrics=self.metrics))
+                                         pacing=self.pacing, counts=self.counts, metrics=self.metrics,
+                                         recent=RecentFills() if settings.follower_leads else None))
 
     @property
     def flights(self) -> Flights:

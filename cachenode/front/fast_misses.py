@@ -153,7 +153,7 @@ def miss_head(meta: Meta, via: str) -> bytes:
 
 class FastMisses:
     def __init__(self, *, store: Store, engine: FillEngine, upstream: Upstream, cluster: ClusterView, node_id: str,
-                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics) -> None:
+                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics, recent: RecentFills | None = None) -> None:
         self.store = store
         self.engine = engine
         self.upstream = upstream
@@ -165,9 +165,10 @@ class FastMisses:
         self.metrics = metrics
         self._log = log.is_enabled_for(logging.INFO)  # set once before a node is made, as for fast hits
         self._fields = PlainFields(engine.via)
-        # Each origin's last fills led here, stored at once or not: whether a
-        # follower may lead that origin's fills, as the primary judges it (workers/lead_desk.py).
-        self.recent = RecentFills()
+        # Each origin's last fills led here, small or not: whether a follower
+        # may lead that origin's fills, as the primary judges it
+        # (workers/lead_desk.py); None: no follower leads (`follower_leads`).
+        self.recent = recent
 
     # -- before the origin is asked -------------------------------------------
     def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Miss | None:
@@ -218,7 +219,7 @@ class FastMisses:
         finally:
             self.pacing.live_ended()
         at_once = response is None and simple_body(outcome) is not None
-        if outcome.kind is not Kind.FAILED:
+        if self.recent is not None and outcome.kind is not Kind.FAILED:
             self.recent.record(miss.target.host, small=at_once or self._small(outcome))
         if at_once:
             return outcome

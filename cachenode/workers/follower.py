@@ -113,9 +113,9 @@ class Follower:
         self.server: asyncio.AbstractServer | None = None
         self.tls: TlsPort | None = None
         self.hits: _Hits | None = None
-        # Its own leads of small cold fills (follower_leads.py), on its own origin pool.
+        # Its own leads of small cold fills (follower_leads.py, `follower_leads`), on its own origin pool.
         self.leads = FollowerLeads(settings, store=self.store, via=via_of(settings.identity), send=self._send,
-                                   missed=self._missed)
+                                   missed=self._missed) if settings.follower_leads else None
         self._bridges: set[asyncio.Future] = set()
         self._taken_back: set[asyncio.Task] = set()
 
@@ -143,7 +143,8 @@ class Follower:
                 for raw in message.metas:
                     self.store.mirror(message.TAG, meta_from(raw))
             case Granted(n=n, ok=ok):
-                self.leads.granted(n, bool(ok))
+                if self.leads is not None:
+                    self.leads.granted(n, bool(ok))
             case Synced():
                 self.synced.set()
             case Flush(n=n):
@@ -172,7 +173,8 @@ class Follower:
                      lost="given_back_connection_lost", worker=self.worker)
 
     def _lost(self) -> None:
-        self.leads.lost()
+        if self.leads is not None:
+            self.leads.lost()
         self.lost.set()
 
     def hand_over(self, transport: asyncio.Transport, received: bytes, eof: bool) -> None:
@@ -221,7 +223,8 @@ class Follower:
             for f in (waiting, gone, stopping):
                 f.cancel()
             return
-        await self.leads.origins.start()
+        if self.leads is not None:
+            await self.leads.origins.start()
         host, port = self.settings.listen_addr
         loop = asyncio.get_running_loop()
         try:
@@ -318,7 +321,8 @@ class Follower:
             await asyncio.sleep(0.05)
         if self.hits is not None:
             self.hits.flush()
-        await self.leads.origins.close()
+        if self.leads is not None:
+            await self.leads.origins.close()
         # What is queued for the primary (counts, a connection) is sent if it can be.
         while self.link is not None and not self.link.closed and self.link.queued and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

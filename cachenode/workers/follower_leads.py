@@ -204,7 +204,10 @@ class FollowerLeads:
                                     fits=self.store.fits), stale_held=False, stale_usable_on_error=False)
         if decision.step is not Step.FILL or names != ():
             return self._declined(miss, decision.reason or "it varies")
-        body = await response.read()
+        try:
+            body = await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return self._declined(miss, f"its body broke off: {e!r}")  # the primary asks again, and answers as ever
         if len(body) != length:
             return self._declined(miss, f"{len(body)} bytes of {length}")
         known = expectations(fields, status=200)

@@ -73,7 +73,8 @@ class LeadDesk:
         self.counts = node.counts
         self.metrics = node.metrics
         self.parent = node.upstream.parent
-        # Each origin's last fills, the primary's own (kept by its fast misses) and its followers'.
+        # Each origin's last fills, the primary's own (kept by its fast misses) and its followers';
+        # None with `follower_leads` off, when no follower asks.
         self.recent = node.handler.misses.recent
         self.leads = Leads()
         self._flights: dict[str, tuple[Flight, str]] = {}  # a granted key -> its flight here, its origin's host
@@ -84,6 +85,9 @@ class LeadDesk:
     def asked(self, worker: int, n: int, key: str, host: str, path: str) -> bool | None:
         """Whether `worker` may lead the fill of `key` (granted, the key is in
         flight here from now); None: held while its origin is probed, answered later."""
+        if self.recent is None:
+            self._outcome("denied")
+            return False
         if not self.recent.seen(host) and self._eligible(key, host, path):
             if host in self._probed:
                 self._held.setdefault(host, []).append((worker, n, key, path))
@@ -157,6 +161,11 @@ class LeadDesk:
             self.recent.record(host, small=False)
             self._outcome("declined")
             self.engine.flights.abort(flight, LeaderGone(f"worker {worker} declined the lead of {key}"))
+            return
+        if flight.superseded:  # a write to the URL succeeded meanwhile: what the lead got is not stored
+            self.store.drop_sealed(meta)
+            self._outcome("refused")
+            self.engine.flights.abort(flight, LeaderGone(f"{key} was written while worker {worker} led its fill"))
             return
         try:
             stored = self.store.admit_sealed(meta)

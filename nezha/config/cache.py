@@ -212,6 +212,16 @@ class CacheSettings(NezhaSettings):
     verify_reads: Annotated[bool, Flag()] = Field(False, description=(
         "check every read from disk against the node's own checksum before its bytes leave; a corrupt object is "
         "removed and fetched again (default: off; docs/benchmarks.md gives its cost)"))
+    # With --workers, a follower leads a plain small cold miss itself, on the
+    # primary's grant (cachenode/workers/follower_leads.py), instead of
+    # handing it to the primary, which otherwise does every fill. Off by
+    # default: it costs a grant's round trip between the two processes and
+    # about 30 us of CPU a fill, which pays where the primary's CPU limits
+    # cold fills and not on a box whose cores the load shares
+    # (docs/benchmarks.md, "Followers leading small cold fills").
+    follower_leads: Annotated[bool, Flag(only=("cache",))] = Field(False, description=(
+        "with --workers, followers fill plain small cold misses themselves on the primary's grant instead of "
+        "handing them over; pays where the primary's CPU limits cold fills (default: off; docs/benchmarks.md)"))
     scrub_interval: Annotated[float, Flag()] = Field(7 * 24 * 3600.0, ge=0, description=(
         "seconds in which a background scrub re-reads every stored object once and removes the corrupt ones; "
         "0 turns it off (default: a week)"))

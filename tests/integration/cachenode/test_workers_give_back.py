@@ -13,14 +13,10 @@ import os
 
 import aiohttp
 
-from cachenode.store.small import SMALL_MAX
-
 from testkit.waits import START_GUARD, wait_for
 from tests.integration.cachenode.test_workers import HOST, serving_pid, workers_node  # noqa: F401  (a fixture)
 
-# Larger than the store's small objects (store/small.py SMALL_MAX): a follower leads no fill of them
-# (workers/follower_leads.py), so each miss hands its connection to the primary.
-BODIES = {f"/epoch/{i}.jpg": os.urandom(SMALL_MAX + 20_000 + i) for i in range(3)}
+BODIES = {f"/epoch/{i}.jpg": os.urandom(20_000 + i) for i in range(3)}
 REREADS = 30  # hits per connection after its miss: well past what the primary answers before giving it back
 
 
