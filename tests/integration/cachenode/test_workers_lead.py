@@ -10,7 +10,7 @@ primary, so a stampede across workers still asks the origin once. An answer
 the follower cannot store at once it declines, handing the client over (a
 second origin request); a follower's death releases its leads.
 
-Real processes (`nezha cache --workers 2`), raw keep-alive connections pinned
+Real processes (`nezha cache --workers 2 --follower-leads`), raw keep-alive connections pinned
 to a worker (the worker holding each read from /proc), the origin's answer
 held where a test needs a request to wait."""
 
@@ -30,6 +30,7 @@ from tests.integration.cachenode.test_workers import HOST, get, serving_pid, wor
 
 CACHE = {"Cache-Control": "max-age=3600"}
 SMALL_MAX = CacheSettings.model_fields["small_object_max"].default  # the node runs with the default
+LEADS = "--follower-leads"  # the feature is opt-in: off, a node does as before (the last test)
 WARM = 24  # small fills through the node before a lead is asked for: past the 16 the primary wants seen
 
 
@@ -140,7 +141,7 @@ def close(*conns: Conn) -> None:
 
 
 async def test_a_follower_fills_small_cold_objects_itself_once_the_origin_proved_small(workers_node, origin, session):
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     await warmed(session, node, origin)
     follower = node.pid(1)
@@ -177,7 +178,7 @@ async def test_before_a_fill_showed_the_origins_sizes_a_followers_miss_is_handed
         workers_node, origin, session):
     """An origin no fill has shown yet is probed: the first ask is denied, and the primary's fill shows
     whether its objects are small."""
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     follower = node.pid(1)
     path, body = "/train/cold.jpg", small(7)
@@ -199,7 +200,7 @@ async def test_an_origin_that_sent_a_large_object_among_its_first_fills_grants_n
         workers_node, origin, session):
     """A lead of a large object is declined and the object asked of the origin twice: one large fill among
     an origin's last 32 stops its grants."""
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     await warmed(session, node, origin, count=4)
     primary, follower = node.pid(0), node.pid(1)
@@ -226,7 +227,7 @@ async def test_an_origin_that_sent_a_large_object_among_its_first_fills_grants_n
 
 
 async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_origin_once(workers_node, origin, session):
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     await warmed(session, node, origin)
     primary, follower = node.pid(0), node.pid(1)
@@ -261,7 +262,7 @@ async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_orig
 
 
 async def test_a_large_answer_on_a_followers_lead_is_declined_and_the_primary_fills_it(workers_node, origin, session):
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     await warmed(session, node, origin)
     follower = node.pid(1)
@@ -280,7 +281,7 @@ async def test_a_large_answer_on_a_followers_lead_is_declined_and_the_primary_fi
 
 
 async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_request(workers_node, origin, session):
-    node = workers_node()
+    node = workers_node(LEADS)
     await node.wait_serving()
     await warmed(session, node, origin)
     primary, follower = node.pid(0), node.pid(1)
@@ -306,3 +307,28 @@ async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_re
         close(leading, waiting)
     assert origin.requests[path] == 2, "the dead follower's request, and the waiting one's once it led"
     await until_counted(session, node, "lost", 1)
+
+
+async def test_without_the_flag_a_follower_asks_no_lead_and_hands_its_miss_to_the_primary(
+        workers_node, origin, session):
+    """Follower leads are opt-in (`--follower-leads`): without it every fill is the primary's, as before,
+    even for an origin of small objects."""
+    node = workers_node()
+    await node.wait_serving()
+    await warmed(session, node, origin)
+    follower = node.pid(1)
+    path, body = "/train/unled.jpg", small(17)
+    origin.put(path, body, headers=CACHE)
+    [conn] = (await pinned(node, {follower: 1}))[follower]
+    try:
+        fields, got = await ask(conn, path)
+        assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
+        assert serving_pid(node.port, conn.port) == node.pid(0), "a miss not led hands the connection over"
+    finally:
+        close(conn)
+    assert origin.requests[path] == 1
+    assert not [e for e in node.events("fill_completed") if e.get("worker") == 1 or e.get("lead")]
+    handed = {e["path"] for e in node.events("request_completed") if e.get("worker") == 0 and e.get("cache") == "miss"}
+    assert path in handed
+    for outcome in ("denied", "stored"):
+        assert await leads(session, node, outcome) == 0, outcome
