@@ -1,11 +1,13 @@
 """A follower leads a small cold fill itself once the primary grants it the
-key (docs/cache-node.md, "Workers", followers' leads; cachenode/workers/lead_grant.py).
+key (docs/cache-node.md, "Followers leading small cold fills"; cachenode/workers/lead_desk.py).
 
 Before, every cold fill was the primary's: a follower handed each miss over,
 and a first epoch of small files ran at what one process's CPU buys. The
-primary grants a lead only for an origin whose recent fills were small (16 of
-its last 32 seen, at most one of them not a small 200), and only for a key no
-one fills and nothing is stored under; a key a follower leads is in flight for the
+primary grants a lead only for an origin whose recent fills were small (a
+fill of it seen, and at most one in its last 32 not a small 200, none while
+fewer were seen; the first ask for an origin no fill has shown is denied, so
+the primary's fill shows it), and only for a key no one fills and nothing is
+stored under; a key a follower leads is in flight for the
 primary, so a stampede across workers still asks the origin once. An answer
 the follower cannot store at once it declines, handing the client over (a
 second origin request); a follower's death releases its leads.
@@ -31,7 +33,7 @@ from tests.integration.cachenode.test_workers import HOST, get, serving_pid, wor
 CACHE = {"Cache-Control": "max-age=3600"}
 SMALL_MAX = CacheSettings.model_fields["small_object_max"].default  # the node runs with the default
 LEADS = "--follower-leads"  # the feature is opt-in: off, a node does as before (the last test)
-WARM = 24  # small fills through the node before a lead is asked for: past the 16 the primary wants seen
+WARM = 24  # small fills through the node before a lead is asked for: the origin shown small, whichever worker fills
 
 
 def small(i: int) -> bytes:
