@@ -243,13 +243,8 @@ class FastMisses:
         middlewares would: a miss, its bytes, the request and its first byte,
         one `request_completed` line (and `client_gone` when it went away)."""
         self.counts.plain_miss(meta.host, sent, first_byte)
-        if not self._log:
-            return
-        if gone:
-            log.info("client_gone", key=miss.key, bytes=sent)
-        log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300], status=200,
-                 cache=CacheOutcome.MISS, bytes=sent, ms=round(ms, 2), fast=True,
-                 **({"broken": True} if gone else {}))
+        if self._log:
+            log_answered(miss.key, miss.target.host, path, sent=sent, ms=ms, gone=gone)
 
     def unanswered(self, miss: Miss, led: Led, *, path: str, ms: float) -> None:
         """A client that went away before the handler could answer its led
@@ -266,6 +261,15 @@ class FastMisses:
             log.info("client_gone", key=miss.key, bytes=0)
             log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300],
                      status=status, cache=cache, bytes=0, ms=round(ms, 2), fast=True, broken=True)
+
+
+def log_answered(key: str, host: str, path: str, *, sent: int, ms: float, gone: bool) -> None:
+    """The lines of a miss the fast path answered (the primary's, or a
+    follower's lead): one `request_completed`, and `client_gone` when it went away."""
+    if gone:
+        log.info("client_gone", key=key, bytes=sent)
+    log.info("request_completed", method="GET", host=host, path=redact_url(path)[:300], status=200,
+             cache=CacheOutcome.MISS, bytes=sent, ms=round(ms, 2), fast=True, **({"broken": True} if gone else {}))
 
 
 def take_led(request: web.Request) -> Led | None:

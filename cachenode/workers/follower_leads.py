@@ -41,7 +41,7 @@ from cachenode.fill.judged import answer_of
 from cachenode.fill.lead import Step, decide
 from cachenode.fill.origin import Interim, OriginClient, fields_of
 from cachenode.fill.verify import check_whole
-from cachenode.front.fast_misses import Led, PlainFields, miss_head
+from cachenode.front.fast_misses import Led, PlainFields, log_answered, miss_head
 from cachenode.front.hits import Named
 from cachenode.front.plain import PlainRequest
 from cachenode.http.digests import expectations
@@ -57,7 +57,6 @@ from nezha.credentials import redact_url
 from nezha.errors import NezhaError
 from nezha.keys import Target, credentials_kept
 from nezha.origins import Origin
-from nezha.wire import CacheOutcome
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -239,13 +238,8 @@ class FollowerLeads:
                  gone: bool = False) -> None:
         """Count (at the primary) and log a miss answered here, as the primary's fast misses do."""
         self._missed(meta.host, sent, first_byte)
-        if not self._log:
-            return
-        if gone:
-            log.info("client_gone", key=miss.key, bytes=sent)
-        log.info("request_completed", method="GET", host=miss.target.host, path=redact_url(path)[:300], status=200,
-                 cache=CacheOutcome.MISS, bytes=sent, ms=round(ms, 2), fast=True,
-                 **({"broken": True} if gone else {}))
+        if self._log:
+            log_answered(miss.key, miss.target.host, path, sent=sent, ms=ms, gone=gone)
 
     def unanswered(self, miss: Asked, led: Led, *, path: str, ms: float) -> None:
         """A client gone before its denied or declined miss was handed over: nobody answers it."""

@@ -137,6 +137,18 @@ async def warmed(session: aiohttp.ClientSession, node, origin, count: int = WARM
     assert len(node.events("fill_completed")) == count
 
 
+async def handed_over(node, follower: int, path: str, body: bytes) -> None:
+    """`path` asked on a connection the kernel gave `follower`: answered whole as a miss, by the primary,
+    which holds the connection afterwards."""
+    [conn] = (await pinned(node, {follower: 1}))[follower]
+    try:
+        fields, got = await ask(conn, path)
+        assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
+        assert serving_pid(node.port, conn.port) == node.pid(0), "a miss not led hands the connection over"
+    finally:
+        close(conn)
+
+
 def close(*conns: Conn) -> None:
     for conn in conns:
         conn.writer.close()
@@ -185,13 +197,7 @@ async def test_before_a_fill_showed_the_origins_sizes_a_followers_miss_is_handed
     follower = node.pid(1)
     path, body = "/train/cold.jpg", small(7)
     origin.put(path, body, headers=CACHE)
-    [conn] = (await pinned(node, {follower: 1}))[follower]
-    try:
-        fields, got = await ask(conn, path)
-        assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
-        assert serving_pid(node.port, conn.port) == node.pid(0), "a miss not led hands the connection over"
-    finally:
-        close(conn)
+    await handed_over(node, follower, path, body)
     await until_counted(session, node, "denied", 1)
     assert await leads(session, node, "stored") == 0
     assert origin.requests[path] == 1
@@ -321,13 +327,7 @@ async def test_without_the_flag_a_follower_asks_no_lead_and_hands_its_miss_to_th
     follower = node.pid(1)
     path, body = "/train/unled.jpg", small(17)
     origin.put(path, body, headers=CACHE)
-    [conn] = (await pinned(node, {follower: 1}))[follower]
-    try:
-        fields, got = await ask(conn, path)
-        assert (fields["status"], fields["x-nezha-cache"], got) == ("200", "miss", body)
-        assert serving_pid(node.port, conn.port) == node.pid(0), "a miss not led hands the connection over"
-    finally:
-        close(conn)
+    await handed_over(node, follower, path, body)
     assert origin.requests[path] == 1
     assert not [e for e in node.events("fill_completed") if e.get("worker") == 1 or e.get("lead")]
     handed = {e["path"] for e in node.events("request_completed") if e.get("worker") == 0 and e.get("cache") == "miss"}
