@@ -243,6 +243,14 @@ def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str
                 data=_data_name(oid, sealed=True), **record)
 
 
+def well_named(meta: Meta) -> bool:
+    """Whether `meta` names a sealed file of its own slot, in its slot's folder
+    (`_data_name`): what a record from another process must show before the
+    store admits, or deletes, the file it names."""
+    oid, dot, rest = meta.data.partition(".")
+    return bool(dot) and "/" not in meta.data and oid == object_id(meta.slot) and rest.endswith(SUFFIX)
+
+
 def _oid_of(meta: Meta) -> str:
     """The object id a sealed file's name begins with (`_data_name`): its folder's, without hashing the slot again."""
     return meta.data.partition(".")[0]
@@ -295,4 +303,4 @@ def _pread_all(fd: int, size: int, at: int) -> bytes:
 
 
 __all__ = ["SMALL_MAX", "SUFFIX", "TRAILER_SIZE", "SealedWrites", "check", "finish", "is_sealed", "read_back", "read_sealed", "record_of", "reseal",
-           "sealed_meta", "write_sealed_file"]
+           "sealed_meta", "well_named", "write_sealed_file"]

@@ -5,8 +5,10 @@ It listens on the node's port beside the primary (SO_REUSEPORT), keeps a
 copy of the primary's store index from the records it sends, and answers
 through the same fast path (cachenode/front/fastpath.py) what the fast path
 answers. A request it does not answer goes, with the connection and the
-bytes read of it, to the primary: it never fills, writes, evicts, relays or
-talks to Redis, so nothing it does needs to agree with another process.
+bytes read of it, to the primary: it never evicts, relays or talks to
+Redis, and fills nothing but the small cold misses the primary grants it
+with `--follower-leads` (cachenode/workers/follower_leads.py), whose files
+only the primary admits to the index.
 
 Its copy of the index can be a moment behind. That is safe because the
 data file an entry names is opened for each hit, and the primary unlinks a

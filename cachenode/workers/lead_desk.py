@@ -41,6 +41,7 @@ import structlog
 from cachenode.fill.engine import LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome
 from cachenode.store.objects import Meta, NotStored
+from cachenode.store.small import well_named
 from cachenode.workers.index_feed import meta_from
 from cachenode.workers.lead_grant import Leads, may_grant
 from cachenode.workers.messages import Granted, Message
@@ -151,7 +152,13 @@ class LeadDesk:
         declined: the flight aborted, its joiners lead. An end from a lead
         released already (its link closed meanwhile) is not obeyed, and its
         file is deleted: nothing will name it."""
-        meta = meta_from(raw) if raw is not None else None
+        try:
+            meta = meta_from(raw) if raw is not None else None
+            if meta is not None and (meta.key != key or not well_named(meta)):
+                raise ValueError(f"its record names {meta.data!r} for {meta.key!r}: not a sealed file of {key}")
+        except (TypeError, ValueError) as e:  # not a record this version reads: declined, its joiners lead
+            log.error("worker_record_malformed", worker=worker, key=key, error=str(e))
+            meta = None
         if not self.leads.release(key, worker):
             if meta is not None:
                 self.store.drop_sealed(meta)
@@ -169,8 +176,11 @@ class LeadDesk:
             return
         try:
             stored = self.store.admit_sealed(meta)
-        except NotStored as e:
-            log.info("lead_not_admitted", key=key, worker=worker, reason=str(e))
+        except Exception as e:  # refused (NotStored), or a fault: never a flight left for its joiners to wait on
+            if not isinstance(e, NotStored):
+                log.exception("lead_not_admitted", key=key, worker=worker)
+            else:
+                log.info("lead_not_admitted", key=key, worker=worker, reason=str(e))
             self._outcome("refused")
             self.engine.flights.abort(flight, LeaderGone(f"the store did not keep {key} from worker {worker}: {e}"))
             return

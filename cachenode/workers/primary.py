@@ -1,12 +1,15 @@
 """The writing worker's side of a node's workers (docs/cache-node.md, "Workers").
 
-One worker, the primary, is the node as it always was: it alone fills,
-writes and evicts the store, keeps the node's counters and its place in the
-ring. The other workers (followers, cachenode/workers/follower.py) answer
-plain hits from the same disk, and hand every other connection here with
-its file descriptor, so each request the fast path cannot answer is served
-by the one process that holds the fills: coalescing, capacity and counting
-stay exact because there is one of each.
+One worker, the primary, is the node as it always was: it fills, writes
+and evicts the store, keeps the node's counters and its place in the ring.
+The other workers (followers, cachenode/workers/follower.py) answer plain
+hits from the same disk, and hand every other connection here with its file
+descriptor, so each request the fast path cannot answer is served by the
+one process that holds the fills: coalescing, capacity and counting stay
+exact because there is one of each. With `--follower-leads` a follower may
+fill a small cold miss itself, on a grant from here that keeps the key in
+flight here meanwhile, and only this worker admits what it wrote
+(cachenode/workers/lead_desk.py).
 
 What a follower needs to find hits is a copy of the store's index: it gets
 the whole index when it joins, in slices of rows that cost the primary's

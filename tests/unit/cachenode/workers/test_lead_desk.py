@@ -5,13 +5,16 @@ follower's death releasing what it led and asked."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 from cachenode.fill.engine import LeaderGone
 from cachenode.fill.flights import Flights, Kind
-from cachenode.fill.recent_fills import RecentFills
+from cachenode.fill.recent_fills import WINDOW, RecentFills
+from cachenode.store.small import record_of, sealed_meta, well_named
 from cachenode.workers.lead_desk import HOLD_SECONDS, LeadDesk
 from cachenode.workers.messages import Granted
+from nezha.keys import object_id
 
 HOST = "datasets.example"
 
@@ -103,3 +106,33 @@ async def test_a_followers_death_aborts_the_flights_it_led_and_drops_its_held_as
     assert outcomes == ["denied", "lost"]
     desk.done(1, f"{HOST}/a", None, 0.0)  # an end after the lead was released: not obeyed
     assert outcomes == ["denied", "lost"]
+
+
+async def test_a_record_this_version_cannot_read_declines_the_lead_and_its_joiners_lead():
+    now = [100.0]
+    desk, recent, node, sent, outcomes = desk_of(now=now)
+    recent.record(HOST, small=True)
+    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is True
+    flight = node.engine.flights.get(f"{HOST}/a")
+    desk.done(1, f"{HOST}/a", {"not": "a meta"}, 0.0)
+    outcome = flight.outcome.result()
+    assert outcome.kind is Kind.FAILED and isinstance(outcome.error, LeaderGone)
+    assert outcomes == ["declined"] and node.engine.flights.get(f"{HOST}/a") is None
+
+
+async def test_a_record_naming_a_file_outside_its_slot_is_never_admitted_nor_deleted():
+    """The store admits, or deletes, only a sealed file of the key's own slot: a record naming another
+    path (a fault in a follower) declines the lead and touches no file (the fake store has no admit_sealed
+    or drop_sealed: any call would fail the test)."""
+    now = [100.0]
+    desk, recent, node, sent, outcomes = desk_of(now=now)
+    recent.record(HOST, small=True)
+    key = f"{HOST}/a"
+    meta = sealed_meta(10, key=key, url=key, host=HOST, headers=(), stored_at=1.0, expires_at=2.0)
+    assert well_named(meta)
+    for data in ("../../etc/passwd", f"{object_id(f'{HOST}/b')}.00000000000a.obj", f"{meta.data}.data"):
+        for _ in range(WINDOW):  # a declined lead counts as a fill not small: the origin shown small again
+            recent.record(HOST, small=True)
+        assert desk.asked(1, 1, key, HOST, "/a") is True
+        desk.done(1, key, record_of(replace(meta, data=data)), 0.0)
+        assert outcomes[-1] == "declined" and node.engine.flights.get(key) is None
