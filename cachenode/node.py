@@ -34,6 +34,7 @@ from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.verify import Digests
+from cachenode.fill.recent_fills import RecentFills
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.streaming_copies import StreamingCopies
@@ -44,7 +45,6 @@ from cachenode.front.admin import Admin
 from cachenode.front.authorized import AuthorizedReads
 from cachenode.front.forward import Forwarding
 from cachenode.front.handler import Handler
-from cachenode.fill.recent_fills import RecentFills
 from cachenode.front.fast_misses import FastMisses
 from cachenode.front.hits import PlainHitFinder
 from cachenode.front.reads import Reads

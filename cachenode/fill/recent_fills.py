@@ -7,6 +7,7 @@ of its fills were not small (none until `WINDOW` were seen): a lead
 granted for an origin of large objects would be declined and its object
 asked of the origin twice. An origin not seen yet is the desk's to probe
 (cachenode/workers/lead_desk.py).
+
 Kept by the primary's fast misses (front/fast_misses.py), which lead nearly
 every cold fill of a plain read, and by the primary's desk of followers'
 leads (cachenode/workers/lead_desk.py). Pure.

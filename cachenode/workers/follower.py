@@ -53,6 +53,8 @@ log = structlog.get_logger("nezha.workers")
 
 _FLUSH_SECONDS = 0.05
 _FLUSH_HITS = 200
+
+
 class _Hits:
     """The fast path's hits served on this worker (its finder answers the
     first question over this worker's copy of the index, cachenode/front/hits.py):

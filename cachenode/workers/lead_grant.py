@@ -1,13 +1,14 @@
 """Whether the primary lets a follower lead a small cold fill itself, and the
-leads followers hold (docs/cache-node.md, "Workers", "Follower leads"). Pure.
+leads followers hold (docs/cache-node.md, "Followers leading small cold
+fills"). Pure.
 
-A follower that leads a fill whose answer turns out not to be one stored at
-once (too large, streamed, not cacheable, an error) declines: it drops its
+A follower that leads a fill whose answer turns out not to be one it stores
+at once (too large, not cacheable, varying, an error) declines: it drops its
 origin connection and hands the client to the primary, which asks the
 origin again. That second request is the price of a lead gone wrong, so a
-lead is granted only for an origin whose recent fills were small and stored
-at once: a dataset of large files stops being granted leads after a handful
-of its fills, and never pays the price again while it stays large.
+lead is granted only for an origin whose recent fills were small
+(cachenode/fill/recent_fills.py): a dataset of large files is granted none
+once a fill of it has shown one.
 
 A key a follower leads is in flight for the primary: a request for it that
 reaches the primary waits for the follower's outcome. The leads are kept
