@@ -32,9 +32,9 @@ from cachenode.counts import Counts
 from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
+from cachenode.fill.recent_fills import RecentFills
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.verify import Digests
-from cachenode.fill.recent_fills import RecentFills
 from cachenode.cluster.hot_copies import HotCopies
 from cachenode.cluster.replica_intake import ReplicaIntake
 from cachenode.cluster.streaming_copies import StreamingCopies
