@@ -113,7 +113,10 @@ class Counts:
     def plain_miss(self, host: str, sent: int, first_byte: float | None) -> None:
         """A plain miss the fast path answered (a client's, never a peer's):
         what `count(misses=1, bytes_served=sent)` and the request's metrics
-        count, in plain ints until a scrape (`Metrics.plain_miss`), as `plain_hit`."""
+        count, in plain ints until a scrape (`Metrics.plain_miss`), as `plain_hit`;
+        live traffic for the prefetch pacing, as a hit is (a follower's lead's
+        miss passes no pacing of its own: cachenode/workers/lead_desk.py)."""
+        self.live.seen()
         self.metrics.plain_miss(sent, first_byte)
         if self.index is not None:
             self.index.count(host, misses=1, bytes_served=sent)

@@ -205,6 +205,11 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self._index.release(size)
 
     @property
+    def loading(self) -> bool:
+        """Whether the start-up scan still loads the index in the background (cachenode/store/loading.py)."""
+        return self._loader is not None and self._loader.loading
+
+    @property
     def index(self) -> Index:
         """The in-memory index: its usage by kind of copy, evictions by reason, census (cachenode/store/index.py)."""
         return self._index
@@ -422,8 +427,9 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
     def mirror(self, event: str, meta: Meta) -> None:
         """Apply one change the writing worker's store announced (`watchers`).
 
-        A follower only reads: it never writes, evicts or unlinks, so its
-        usage figures are the writer's, not its own to act on."""
+        A follower never evicts or unlinks, and writes nothing but the sealed
+        files of the leads the primary grants it (`write_unadmitted`), which
+        the primary admits: its usage figures are the writer's, not its own to act on."""
         self._index.mirror(event, meta)
 
 

@@ -194,6 +194,10 @@ class SealedWrites:
         left to the group sync, indexed. TooLarge or Refused as `admission`,
         and the file is then deleted: nothing names it."""
         meta = replace(meta, extra=self._extra_copy(meta.key, hot=meta.hot))
+        self._load(meta.key)
+        held = self._index.get(meta.slot)
+        if held is not None and held.data == meta.data:
+            return held  # the start-up scan found the file first and loaded it: admitted already
         self.reserve(meta.size)
         try:
             self.admission(meta, reserved=meta.size)

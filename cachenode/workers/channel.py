@@ -29,6 +29,7 @@ from cachenode.workers.messages import Message, Unknown, decode, encode
 log = structlog.get_logger("nezha.workers")
 
 MAX_RECORD = 60 * 1024
+RECORD_LIMIT = MAX_RECORD + 4096  # a record's bytes at most, its head included: a larger one is refused
 # Records waiting for a peer that reads nothing: beyond this the peer is
 # taken for stuck and the link is closed (a follower then exits and is
 # started again with a fresh copy of the index), rather than holding memory
@@ -59,7 +60,7 @@ class Channel:
     def send(self, message: Message, tail: bytes = b"", fds: tuple[int, ...] = ()) -> None:
         """Queue a record; `fds` are the channel's to close once sent (pass dups)."""
         record = encode(message, tail)
-        if len(record) > MAX_RECORD + 4096:
+        if len(record) > RECORD_LIMIT:
             raise ValueError(f"record of {len(record)} bytes: split it below {MAX_RECORD}")
         if self.closed:
             for fd in fds:
@@ -104,7 +105,7 @@ class Channel:
         while not self.closed:
             try:
                 data, ancdata, _flags, _addr = self.sock.recvmsg(
-                    MAX_RECORD + 4096, socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize))
+                    RECORD_LIMIT, socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

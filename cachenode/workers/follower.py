@@ -123,9 +123,11 @@ class Follower:
         self._bridges: set[asyncio.Future] = set()
         self._taken_back: set[asyncio.Task] = set()
 
-    def _send(self, message: Message) -> None:
-        if self.link is not None and not self.link.closed:
-            self.link.send(message)
+    def _send(self, message: Message) -> bool:
+        if self.link is None or self.link.closed:
+            return False
+        self.link.send(message)
+        return True
 
     def _missed(self, host: str, sent: int, first_byte: float | None) -> None:
         if self.hits is not None:

@@ -1,5 +1,5 @@
 """A follower's side of leading small cold fills (docs/cache-node.md, "Workers",
-"Followers lead small cold fills"; the primary's: cachenode/workers/lead_desk.py).
+"Followers leading small cold fills"; the primary's: cachenode/workers/lead_desk.py).
 
 A plain cold miss the fast path fully understands (the requests the
 primary's `FastMisses.take` leads, less what only the primary can tell: a
@@ -51,7 +51,8 @@ from cachenode.http.vary import vary_names
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.small import record_of, sealed_meta
-from cachenode.workers.messages import Lead, LeadDone
+from cachenode.workers.channel import RECORD_LIMIT
+from cachenode.workers.messages import Lead, LeadDone, encode
 from nezha.config import CacheSettings
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
@@ -77,9 +78,10 @@ class Asked:
 class FollowerLeads:
     """The misses a follower's fast path leads (its `misses`, as the primary's `FastMisses`)."""
 
-    def __init__(self, settings: CacheSettings, *, store: Store, via: str, send: Callable[..., None],
+    def __init__(self, settings: CacheSettings, *, store: Store, via: str, send: Callable[..., bool],
                  missed: Callable[[str, int, float | None], None]) -> None:
-        """`send`: a record to the primary; `missed`: a miss answered here, to count there."""
+        """`send`: a record to the primary (False: the link is gone); `missed`:
+        a miss answered here, to count there."""
         self.settings = settings
         self.store = store
         self.via = via
@@ -134,8 +136,13 @@ class FollowerLeads:
         answer = asyncio.get_running_loop().create_future()
         self._asks[n] = (answer, miss.key)
         try:
-            self._send(Lead(n=n, key=miss.key, host=miss.target.host, path=miss.target.path))
+            if not self._send(Lead(n=n, key=miss.key, host=miss.target.host, path=miss.target.path)):
+                return False  # the link is gone: nobody will answer
             return await answer
+        except asyncio.CancelledError:
+            if answer.done() and not answer.cancelled() and answer.result():
+                self._send(LeadDone(key=miss.key))  # granted, then cancelled before it could lead: given back
+            raise
         finally:
             if not answer.cancelled():  # cancelled: kept until the answer comes, which `granted` gives back
                 self._asks.pop(n, None)
@@ -171,26 +178,31 @@ class FollowerLeads:
             except NezhaError as e:
                 return self._declined(miss, str(e))
             started = time.monotonic()
-            stored: Outcome | None = None
+            stored: Outcome | LeadDone | None = None
             try:
                 stored = await self._stored(miss, response)
             finally:
-                if stored is None:
+                if not isinstance(stored, Outcome):
                     response.close()  # not wanted: never back in the pool half read
                 else:
                     response.release()  # read whole: its connection back in the pool
-            if stored is not None:
+            if isinstance(stored, LeadDone):  # declined for what the answer is: the origin's objects are not small
+                done, stored = stored, None
+            elif stored is not None:
                 assert stored.meta is not None
                 done = LeadDone(key=miss.key, meta=record_of(stored.meta), seconds=time.monotonic() - started)
             return stored
         finally:
             self._send(done)
 
-    async def _stored(self, miss: Asked, response: aiohttp.ClientResponse) -> Outcome | None:
-        """`response` stored as the primary would store it at once, or None."""
+    async def _stored(self, miss: Asked, response: aiohttp.ClientResponse) -> Outcome | LeadDone | None:
+        """`response` stored as the primary would store it at once; else
+        declined: None, or the `LeadDone` saying the answer is no small object
+        (which counts against its origin's grants, where a failure does not)."""
         length = response.content_length
         if response.status != 200 or length is None or not 0 < length <= self.store.small_max:
-            return self._declined(miss, f"answered {response.status}, {length} bytes: not a small object")
+            self._declined(miss, f"answered {response.status}, {length} bytes: not a small object")
+            return LeadDone(key=miss.key, large=True)
         now = time.time()
         fields = fields_of(response)
         age = current_age(fields, now)
@@ -202,7 +214,8 @@ class FollowerLeads:
         decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=_SOURCE,
                                     fits=self.store.fits), stale_held=False, stale_usable_on_error=False)
         if decision.step is not Step.FILL or names != ():
-            return self._declined(miss, decision.reason or "it varies")
+            self._declined(miss, decision.reason or "it varies")
+            return LeadDone(key=miss.key, large=True)
         try:
             body = await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -217,6 +230,8 @@ class FollowerLeads:
                            host=miss.target.host, headers=kept, stored_at=now, status=200,
                            expires_at=now + policy.ttl, stale_if_error=policy.stale_if_error, age=age,
                            stale_while_revalidate=policy.stale_while_revalidate)
+        if len(encode(LeadDone(key=miss.key, meta=record_of(meta), seconds=0.0))) > RECORD_LIMIT:
+            return self._declined(miss, "its record is larger than a link's record")  # the primary's fill sends none
         try:
             self.store.write_unadmitted(meta, body)
         except NezhaError as e:

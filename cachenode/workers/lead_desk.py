@@ -1,5 +1,5 @@
 """The primary's side of followers leading small cold fills (docs/cache-node.md,
-"Workers", "Followers lead small cold fills").
+"Followers leading small cold fills").
 
 With every fill the primary's, a first epoch of small files runs at what one
 process's CPU buys, whatever the node's worker count. So a follower meeting
@@ -15,7 +15,7 @@ that reaches the primary (its own, or one a follower hands over) joins that
 flight and waits. The follower's outcome lands it (`LeadDone`): an object
 whose sealed file the follower wrote is admitted to the store here, where
 capacity, eviction, Redis and replication are decided, and the flight's
-joiners are answered from it as a hit; a declined lead (an answer that is
+joiners are answered from it (`miss-joined`, as a fill stored at once); a declined lead (an answer that is
 not small and cacheable, an origin's failure) aborts the flight, and its
 joiners lead a fill of their own. A follower whose link closes loses its
 leads the same way (`gone`).
@@ -86,7 +86,10 @@ class LeadDesk:
     def asked(self, worker: int, n: int, key: str, host: str, path: str) -> bool | None:
         """Whether `worker` may lead the fill of `key` (granted, the key is in
         flight here from now); None: held while its origin is probed, answered later."""
-        if self.recent is None:
+        self.counts.live.seen()  # a client's miss, on a follower: live traffic for the prefetch pacing
+        if self.recent is None or self.store.loading:
+            # Without the flag; or while the start-up scan loads the index, where
+            # a variant or a copy on disk not loaded yet is the primary's to find.
             self._outcome("denied")
             return False
         if not self.recent.seen(host) and self._eligible(key, host, path):
@@ -146,10 +149,12 @@ class LeadDesk:
         return digests is None or not digests.has_linked(host, path)
 
     # -- its end -------------------------------------------------------------------
-    def done(self, worker: int, key: str, raw: dict | None, seconds: float) -> None:
+    def done(self, worker: int, key: str, raw: dict | None, seconds: float, *, large: bool = False) -> None:
         """`worker`'s lead of `key` ended: `raw`, the record of the object it
         wrote, admitted and its flight's joiners answered from it; None,
-        declined: the flight aborted, its joiners lead. An end from a lead
+        declined: the flight aborted, its joiners lead (`large`: declined for
+        what the answer was, which counts against its origin's grants; a
+        failure does not, as the primary's own failed fills do not). An end from a lead
         released already (its link closed meanwhile) is not obeyed, and its
         file is deleted: nothing will name it."""
         try:
@@ -165,7 +170,8 @@ class LeadDesk:
             return
         flight, host = self._flights.pop(key)
         if meta is None:
-            self.recent.record(host, small=False)
+            if large:
+                self.recent.record(host, small=False)
             self._outcome("declined")
             self.engine.flights.abort(flight, LeaderGone(f"worker {worker} declined the lead of {key}"))
             return
@@ -177,8 +183,9 @@ class LeadDesk:
         try:
             stored = self.store.admit_sealed(meta)
         except Exception as e:  # refused (NotStored), or a fault: never a flight left for its joiners to wait on
-            if not isinstance(e, NotStored):
+            if not isinstance(e, NotStored):  # a fault: its file goes (a refusal's went already)
                 log.exception("lead_not_admitted", key=key, worker=worker)
+                self.store.drop_sealed(meta)
             else:
                 log.info("lead_not_admitted", key=key, worker=worker, reason=str(e))
             self._outcome("refused")

@@ -157,12 +157,14 @@ class Granted:
 @dataclass(frozen=True)
 class LeadDone:
     """How a follower's lead of `key` ended: `meta`, the object whose sealed file it
-    wrote, for the primary to admit; None: declined (the primary leads it itself).
+    wrote, for the primary to admit; None: declined (the primary leads it itself;
+    `large`: for what the answer is, not for a failure).
     `seconds`: the fill's time from the origin's answer on, as a fill's duration."""
     TAG: ClassVar[str] = "done"
     key: str
     meta: dict | None = None
     seconds: float = 0.0
+    large: bool = False  # declined for what the answer is (not a small object): counts against its origin
 
 
 @dataclass(frozen=True)

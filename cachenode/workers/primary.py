@@ -220,9 +220,9 @@ class Followers:
                 ok = self.desk.asked(worker, int(n), str(key), str(host), str(path)) if self.desk is not None else False
                 if ok is not None:  # None: held, answered by the desk once the origin is known
                     self.follower_links.send(worker, Granted(n=n, ok=ok))
-            case LeadDone(key=key, meta=meta, seconds=seconds):
+            case LeadDone(key=key, meta=meta, seconds=seconds, large=large):
                 if self.desk is not None:
-                    self.desk.done(worker, str(key), meta, float(seconds))
+                    self.desk.done(worker, str(key), meta, float(seconds), large=bool(large))
             case Missed(misses=misses):
                 for host, sent, first_byte in misses:
                     self._count_miss(host, int(sent), first_byte)

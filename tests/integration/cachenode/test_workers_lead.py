@@ -288,6 +288,34 @@ async def test_a_large_answer_on_a_followers_lead_is_declined_and_the_primary_fi
     await until_counted(session, node, "declined", 1)
 
 
+async def test_a_small_answer_whose_record_is_too_large_for_the_link_is_declined_never_left_in_flight(
+        workers_node, origin, session):
+    """Header fields the store keeps (under 64 KiB) can make a record larger than a link takes. The
+    follower declines such a lead before it writes anything; before, its record failed to send, its
+    client got a 500, and the key stayed in flight at the primary, every later request for it waiting."""
+    node = workers_node(LEADS)
+    await node.wait_serving()
+    await warmed(session, node, origin)
+    follower = node.pid(1)
+    path, body = "/train/annotated.jpg", small(21)
+    # Each field under aiohttp's 8190 bytes; 32,000 characters kept in all, half the store's bound, but
+    # JSON writes each one as \u00e9: a record of about 200,000 bytes.
+    fields_kept = {f"X-Amz-Meta-Note-{i}": "\u00e9" * 4000 for i in range(8)}
+    origin.put(path, body, headers={**CACHE, **fields_kept})
+    [conn] = (await pinned(node, {follower: 1}))[follower]
+    try:
+        fields, got = await ask(conn, path)
+        assert (fields["status"], got) == ("200", body)
+        assert serving_pid(node.port, conn.port) == node.pid(0), "a declined lead hands the connection over"
+    finally:
+        close(conn)
+    await until_counted(session, node, "declined", 1)
+    assert origin.requests[path] == 2, "the follower's request, declined, and the primary's"
+    status, got, _ = await get(session, node, path)  # stored by the primary: the key is no flight left open
+    assert (status, got) == (200, body)
+    assert origin.requests[path] == 2
+
+
 async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_request(workers_node, origin, session):
     node = workers_node(LEADS)
     await node.wait_serving()

@@ -36,8 +36,9 @@ def desk_of(*, now: list[float]):
     recent = RecentFills()
     node = SimpleNamespace(
         engine=SimpleNamespace(flights=Flights(), runs=SimpleNamespace(digests=None), replicate=lambda m, t: None),
-        store=SimpleNamespace(lookup=lambda key: None, index=SimpleNamespace(varies=lambda key: False)),
-        cluster=SimpleNamespace(owners=lambda key: []), node_id="node0", counts=None,
+        store=SimpleNamespace(lookup=lambda key: None, index=SimpleNamespace(varies=lambda key: False), loading=False),
+        cluster=SimpleNamespace(owners=lambda key: []), node_id="node0",
+        counts=SimpleNamespace(live=SimpleNamespace(seen=lambda: None)),
         metrics=SimpleNamespace(fill_duration=_Counter(), bytes_from_origin=_Counter()),
         upstream=SimpleNamespace(parent=None), handler=SimpleNamespace(misses=SimpleNamespace(recent=recent)))
     desk = LeadDesk(node, send=lambda worker, message: sent.append((worker, message)), outcome=outcomes.append,
@@ -118,6 +119,27 @@ async def test_a_record_this_version_cannot_read_declines_the_lead_and_its_joine
     outcome = flight.outcome.result()
     assert outcome.kind is Kind.FAILED and isinstance(outcome.error, LeaderGone)
     assert outcomes == ["declined"] and node.engine.flights.get(f"{HOST}/a") is None
+    assert recent.small(HOST), "a lead that failed is no sign the origin's objects are large"
+
+
+async def test_a_lead_declined_for_a_large_answer_stops_the_origins_grants():
+    now = [100.0]
+    desk, recent, node, sent, outcomes = desk_of(now=now)
+    recent.record(HOST, small=True)
+    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is True
+    desk.done(1, f"{HOST}/a", None, 0.0, large=True)
+    assert outcomes == ["declined"] and not recent.small(HOST)
+    assert desk.asked(1, 2, f"{HOST}/b", HOST, "/b") is False
+
+
+async def test_no_lead_is_granted_while_the_index_loads():
+    now = [100.0]
+    desk, recent, node, sent, outcomes = desk_of(now=now)
+    recent.record(HOST, small=True)
+    node.store.loading = True
+    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is False
+    node.store.loading = False
+    assert desk.asked(1, 2, f"{HOST}/a", HOST, "/a") is True
 
 
 async def test_a_record_naming_a_file_outside_its_slot_is_never_admitted_nor_deleted():
