@@ -137,6 +137,14 @@ async def warmed(session: aiohttp.ClientSession, node, origin, count: int = WARM
     assert len(node.events("fill_completed")) == count
 
 
+async def warm_node(workers_node, origin, session: aiohttp.ClientSession):
+    """A node with follower leads, serving, its origin shown small (`warmed`)."""
+    node = workers_node(LEADS)
+    await node.wait_serving()
+    await warmed(session, node, origin)
+    return node
+
+
 async def handed_over(node, follower: int, path: str, body: bytes) -> None:
     """`path` asked on a connection the kernel gave `follower`: answered whole as a miss, by the primary,
     which holds the connection afterwards."""
@@ -155,9 +163,7 @@ def close(*conns: Conn) -> None:
 
 
 async def test_a_follower_fills_small_cold_objects_itself_once_the_origin_proved_small(workers_node, origin, session):
-    node = workers_node(LEADS)
-    await node.wait_serving()
-    await warmed(session, node, origin)
+    node = await warm_node(workers_node, origin, session)
     follower = node.pid(1)
     stored = await leads(session, node, "stored")  # warm fills the follower led once the gate opened
     fresh = {f"/train/{i}.jpg": small(100 + i) for i in range(8)}
@@ -235,9 +241,7 @@ async def test_an_origin_that_sent_a_large_object_among_its_first_fills_grants_n
 
 
 async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_origin_once(workers_node, origin, session):
-    node = workers_node(LEADS)
-    await node.wait_serving()
-    await warmed(session, node, origin)
+    node = await warm_node(workers_node, origin, session)
     primary, follower = node.pid(0), node.pid(1)
     path, body, held = "/train/stampede.jpg", small(11), asyncio.Event()
     origin.put(path, body, headers=CACHE, held=held)
@@ -270,9 +274,7 @@ async def test_a_stampede_across_workers_on_a_key_a_follower_leads_asks_the_orig
 
 
 async def test_a_large_answer_on_a_followers_lead_is_declined_and_the_primary_fills_it(workers_node, origin, session):
-    node = workers_node(LEADS)
-    await node.wait_serving()
-    await warmed(session, node, origin)
+    node = await warm_node(workers_node, origin, session)
     follower = node.pid(1)
     path = "/train/large.bin"
     body = os.urandom(4 * SMALL_MAX)
@@ -293,9 +295,7 @@ async def test_a_small_answer_whose_record_is_too_large_for_the_link_is_declined
     """Header fields the store keeps (under 64 KiB) can make a record larger than a link takes. The
     follower declines such a lead before it writes anything; before, its record failed to send, its
     client got a 500, and the key stayed in flight at the primary, every later request for it waiting."""
-    node = workers_node(LEADS)
-    await node.wait_serving()
-    await warmed(session, node, origin)
+    node = await warm_node(workers_node, origin, session)
     follower = node.pid(1)
     path, body = "/train/annotated.jpg", small(21)
     # Each field under aiohttp's 8190 bytes; 32,000 characters kept in all, half the store's bound, but
@@ -317,9 +317,7 @@ async def test_a_small_answer_whose_record_is_too_large_for_the_link_is_declined
 
 
 async def test_a_follower_killed_while_leading_releases_its_lead_to_a_waiting_request(workers_node, origin, session):
-    node = workers_node(LEADS)
-    await node.wait_serving()
-    await warmed(session, node, origin)
+    node = await warm_node(workers_node, origin, session)
     primary, follower = node.pid(0), node.pid(1)
     path, body, held = "/train/orphan.jpg", small(13), asyncio.Event()
     origin.put(path, body, headers=CACHE, held=held)
