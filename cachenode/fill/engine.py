@@ -24,18 +24,17 @@ from multidict import CIMultiDict
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
-from cachenode.fill.judged import Judged, answer_of
+from cachenode.fill.judged import Judged, answer_of, judge
 from cachenode.fill.chunking import chunked_as, first_chunk_range, first_chunk_span, resumed_span, whole_fields
 from cachenode.fill.lead import Step, decide, resume_of
-from cachenode.fill.origin import Interim, fields_of, forwarded_request_headers
+from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
-from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
+from cachenode.http.freshness import Policy, current_age, response_policy
 from cachenode.http.headers import Pairs, describes_whole_body, renewed_by_304, stored_pairs, with_date
-from cachenode.http.vary import vary_names
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
@@ -44,7 +43,6 @@ from nezha.config import CacheSettings, Origin
 from nezha.credentials import redact_url
 from nezha.errors import FillAborted, OriginError
 from nezha.keys import Target
-from nezha.wire import AUTHORIZE_HEADER, EXPIRES_HEADER
 
 log = structlog.get_logger("nezha.cachenode")
 
@@ -283,34 +281,10 @@ class FillEngine:
 
     def _judge(self, response: aiohttp.ClientResponse, *, origin: Origin, source: Source,
                stale: Meta | None) -> Judged:
-        """What the leader makes of the source's answer: the facts about it and `fill/lead.py`'s decision on them."""
-        now = self._clock()
-        # A peer's copy of an `authorize` origin's object stays one, whatever this node's table says.
-        authorize = origin.credentials == "authorize" or (
-            source.peer is not None and response.headers.get(AUTHORIZE_HEADER) == "1")
-        fields = fields_of(response)  # its names lowercased once, for every reading below and its digest check
-        age = current_age(fields, now) if source.peer is None else None  # a peer's copy is stored with Age 0
-        policy = response_policy(response.status, fields, now=now, policy_ttl=origin.default_ttl,
-                                 private_ok=authorize, targeted=origin.targeted_cache_control, age=age)
-        expires_at = now + policy.ttl
-        kept = with_date(stored_pairs(fields), now)
-        names = vary_names(fields)
-        chunk_size, length = self._chunking(response, origin=origin, source=source, vary=names,
-                                            authorize=authorize)
-        decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=source,
-                                    # Capacity is per chunk: a chunked object fits whatever its size.
-                                    fits=self.store.fits if chunk_size is None else lambda _: True,
-                                    authorize=authorize),
-                          stale_held=stale is not None, stale_usable_on_error=stale is not None and (
-                              may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
-                                                       stale_if_error=stale.stale_if_error)))
-        if source.peer is not None:
-            try:
-                expires_at = float(response.headers.get(EXPIRES_HEADER, expires_at))
-            except ValueError:
-                pass
-        return Judged(now=now, authorize=authorize, policy=policy, expires_at=expires_at, kept=kept, vary=names,
-                       chunk_size=chunk_size, length=length, age=0.0 if age is None else age, decision=decision)
+        """What the leader makes of the source's answer (fill/judged.py `judge`), at this node's clock."""
+        return judge(response, origin=origin, source=source, stale=stale, now=self._clock(), fits=self.store.fits,
+                     chunking=lambda vary, authorize: self._chunking(response, origin=origin, source=source,
+                                                                     vary=vary, authorize=authorize))
 
     async def _chunked(self, judged: Judged, *, key: str, url: str, origin: Origin, target: Target,
                        source: Source, stale: Meta | None) -> Meta:

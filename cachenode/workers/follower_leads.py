@@ -37,17 +37,14 @@ from multidict import CIMultiDictProxy
 from cachenode.app import origin_roots
 from cachenode.fill.chunking import FIRST_CHUNK_UP_TO
 from cachenode.fill.flights import Kind, Outcome, Source
-from cachenode.fill.judged import answer_of
-from cachenode.fill.lead import Step, decide
+from cachenode.fill.judged import judge
+from cachenode.fill.lead import Step
 from cachenode.fill.origin import Interim, OriginClient, fields_of
 from cachenode.fill.verify import check_whole
 from cachenode.front.fast_misses import Led, PlainFields, log_answered, miss_head
 from cachenode.front.hits import Named
 from cachenode.front.plain import PlainRequest
 from cachenode.http.digests import expectations
-from cachenode.http.freshness import current_age, response_policy
-from cachenode.http.headers import stored_pairs, with_date
-from cachenode.http.vary import vary_names
 from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from cachenode.store.small import record_of, sealed_meta
@@ -203,18 +200,10 @@ class FollowerLeads:
         if response.status != 200 or length is None or not 0 < length <= self.store.small_max:
             self._declined(miss, f"answered {response.status}, {length} bytes: not a small object")
             return LeadDone(key=miss.key, large=True)
-        now = time.time()
-        fields = fields_of(response)
-        age = current_age(fields, now)
-        origin = miss.origin
-        policy = response_policy(200, fields, now=now, policy_ttl=origin.default_ttl, private_ok=False,
-                                 targeted=origin.targeted_cache_control, age=age)
-        kept = with_date(stored_pairs(fields), now)
-        names = vary_names(fields)
-        decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=_SOURCE,
-                                    fits=self.store.fits), stale_held=False, stale_usable_on_error=False)
-        if decision.step is not Step.FILL or names != ():
-            self._declined(miss, decision.reason or "it varies")
+        judged = judge(response, origin=miss.origin, source=_SOURCE, stale=None, now=time.time(), fits=self.store.fits,
+                       chunking=_never_chunked)
+        if judged.decision.step is not Step.FILL or judged.vary != ():
+            self._declined(miss, judged.decision.reason or "it varies")
             return LeadDone(key=miss.key, large=True)
         try:
             body = await response.read()
@@ -222,13 +211,14 @@ class FollowerLeads:
             return self._declined(miss, f"its body broke off: {e!r}")  # the primary asks again, and answers as ever
         if len(body) != length:
             return self._declined(miss, f"{len(body)} bytes of {length}")
-        known = expectations(fields, status=200)
+        known = expectations(fields_of(response), status=200)
         expected = known.cheapest()
         if expected is not None and await check_whole(expected, body) is not None:
             return self._declined(miss, f"its body is not what {expected.field} says: the primary's fill reports it")
-        meta = sealed_meta(length, key=miss.key, url=redact_url(miss.url, origin.credential_params),
-                           host=miss.target.host, headers=kept, stored_at=now, status=200,
-                           expires_at=now + policy.ttl, stale_if_error=policy.stale_if_error, age=age,
+        policy = judged.policy
+        meta = sealed_meta(length, key=miss.key, url=redact_url(miss.url, miss.origin.credential_params),
+                           host=miss.target.host, headers=judged.kept, stored_at=judged.now, status=200,
+                           expires_at=judged.expires_at, stale_if_error=policy.stale_if_error, age=judged.age,
                            stale_while_revalidate=policy.stale_while_revalidate)
         if len(encode(LeadDone(key=miss.key, meta=record_of(meta), seconds=0.0))) > RECORD_LIMIT:
             return self._declined(miss, "its record is larger than a link's record")  # the primary's fill sends none
@@ -262,4 +252,9 @@ class FollowerLeads:
             log.info("client_gone", key=miss.key, bytes=0)
 
 
-_SOURCE = Source(url="", what="origin", headers={})  # a plain origin's answer, to `answer_of`: not a peer's
+_SOURCE = Source(url="", what="origin", headers={})  # a plain origin's answer, to `judge`: not a peer's
+
+
+def _never_chunked(vary: tuple[str, ...] | None, authorize: bool) -> tuple[None, int]:
+    """Never chunked: `FollowerLeads.take` leads no miss of an origin that chunks at a small object's size."""
+    return None, 0
