@@ -181,7 +181,7 @@ class SealedWrites:
         self.reserve(meta.size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=meta.size)
-            write_sealed_file(self._folder(_oid_of(meta)), meta, body)
+            self.write_unadmitted(meta, body)
         finally:
             self.release(meta.size)
         self.group_sync.committed()
@@ -211,13 +211,14 @@ class SealedWrites:
 
     def write_unadmitted(self, meta: Meta, body: bytes) -> None:
         """Write `meta`'s sealed file (`sealed_meta`, `write_sealed_file`) and
-        nothing else: what a follower leading a fill does, whose primary
-        alone admits it (`admit_sealed`). StoreError as `write_sealed_file`."""
+        nothing else: what `put_sealed` does between its admission and its
+        index, and all a follower leading a fill does, whose primary alone
+        admits it (`admit_sealed`). StoreError as `write_sealed_file`."""
         write_sealed_file(self._folder(_oid_of(meta)), meta, body)
 
     def drop_sealed(self, meta: Meta) -> None:
-        """Delete the sealed file of `meta`, which the index does not name (a
-        follower's lead whose end came after its lead was released)."""
+        """Delete the sealed file of `meta`, which the index does not name: a
+        follower's lead the primary refused, could not admit, or had released."""
         with contextlib.suppress(OSError):
             os.unlink(f"{self._folder(_oid_of(meta))}/{meta.data}")
 
