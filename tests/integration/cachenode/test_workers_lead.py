@@ -279,13 +279,7 @@ async def test_a_large_answer_on_a_followers_lead_is_declined_and_the_primary_fi
     path = "/train/large.bin"
     body = os.urandom(4 * SMALL_MAX)
     origin.put(path, body, headers=CACHE)
-    [conn] = (await pinned(node, {follower: 1}))[follower]
-    try:
-        fields, got = await ask(conn, path)
-        assert (fields["status"], got) == ("200", body)
-        assert serving_pid(node.port, conn.port) == node.pid(0), "a declined lead hands the connection over"
-    finally:
-        close(conn)
+    await handed_over(node, follower, path, body)
     assert origin.requests[path] == 2, "the follower's request, declined, and the primary's"
     await until_counted(session, node, "declined", 1)
 
@@ -302,13 +296,7 @@ async def test_a_small_answer_whose_record_is_too_large_for_the_link_is_declined
     # JSON writes each one as \u00e9: a record of about 200,000 bytes.
     fields_kept = {f"X-Amz-Meta-Note-{i}": "\u00e9" * 4000 for i in range(8)}
     origin.put(path, body, headers={**CACHE, **fields_kept})
-    [conn] = (await pinned(node, {follower: 1}))[follower]
-    try:
-        fields, got = await ask(conn, path)
-        assert (fields["status"], got) == ("200", body)
-        assert serving_pid(node.port, conn.port) == node.pid(0), "a declined lead hands the connection over"
-    finally:
-        close(conn)
+    await handed_over(node, follower, path, body)
     await until_counted(session, node, "declined", 1)
     assert origin.requests[path] == 2, "the follower's request, declined, and the primary's"
     status, got, _ = await get(session, node, path)  # stored by the primary: the key is no flight left open

@@ -46,6 +46,20 @@ def desk_of(*, now: list[float]):
     return desk, recent, node, sent, outcomes
 
 
+def granted(desk, recent, node):
+    """Worker 1 granted the lead of HOST/a, its origin shown small: the flight the primary holds for it."""
+    recent.record(HOST, small=True)
+    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is True
+    return node.engine.flights.get(f"{HOST}/a")
+
+
+def left_to_its_joiners(flight, node) -> bool:
+    """Whether `flight` ended with the leader gone (its joiners lead) and the key is no flight any more."""
+    outcome = flight.outcome.result()
+    return (outcome.kind is Kind.FAILED and isinstance(outcome.error, LeaderGone)
+            and node.engine.flights.get(flight.key) is None)
+
+
 async def test_an_origin_no_fill_has_shown_is_probed_and_the_asks_meanwhile_are_held_then_granted():
     now = [100.0]
     desk, recent, node, sent, outcomes = desk_of(now=now)
@@ -96,14 +110,10 @@ async def test_an_origin_whose_fill_was_large_is_denied_and_the_held_asks_with_i
 async def test_a_followers_death_aborts_the_flights_it_led_and_drops_its_held_asks():
     now = [100.0]
     desk, recent, node, sent, outcomes = desk_of(now=now)
-    recent.record(HOST, small=True)
-    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is True
-    flight = node.engine.flights.get(f"{HOST}/a")
+    flight = granted(desk, recent, node)
     assert desk.asked(2, 1, f"{HOST}/a", HOST, "/a") is False  # one leader per key
     desk.gone(1)
-    outcome = flight.outcome.result()
-    assert outcome.kind is Kind.FAILED and isinstance(outcome.error, LeaderGone)
-    assert node.engine.flights.get(f"{HOST}/a") is None
+    assert left_to_its_joiners(flight, node)
     assert outcomes == ["denied", "lost"]
     desk.done(1, f"{HOST}/a", None, 0.0)  # an end after the lead was released: not obeyed
     assert outcomes == ["denied", "lost"]
@@ -112,13 +122,10 @@ async def test_a_followers_death_aborts_the_flights_it_led_and_drops_its_held_as
 async def test_a_record_this_version_cannot_read_declines_the_lead_and_its_joiners_lead():
     now = [100.0]
     desk, recent, node, sent, outcomes = desk_of(now=now)
-    recent.record(HOST, small=True)
-    assert desk.asked(1, 1, f"{HOST}/a", HOST, "/a") is True
-    flight = node.engine.flights.get(f"{HOST}/a")
+    flight = granted(desk, recent, node)
     desk.done(1, f"{HOST}/a", {"not": "a meta"}, 0.0)
-    outcome = flight.outcome.result()
-    assert outcome.kind is Kind.FAILED and isinstance(outcome.error, LeaderGone)
-    assert outcomes == ["declined"] and node.engine.flights.get(f"{HOST}/a") is None
+    assert left_to_its_joiners(flight, node)
+    assert outcomes == ["declined"]
     assert recent.small(HOST), "a lead that failed is no sign the origin's objects are large"
 
 
