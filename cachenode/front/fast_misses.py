@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import aiohttp
 import structlog
@@ -143,6 +144,42 @@ class PlainFields:
         return judged
 
 
+class Plain(NamedTuple):
+    """A plain request a fast miss may lead: what it names, and its fields."""
+
+    target: Target
+    origin: Origin
+    key: str
+    headers: CIMultiDictProxy[str]
+    forwarded: CIMultiDictProxy[str]  # the fields the origin is sent
+
+    @property
+    def url(self) -> str:
+        """Where the origin is asked."""
+        return self.origin.upstream_for(self.target.scheme, self.target.host) + self.target.path_qs
+
+
+def plain_cold(req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None, fields: PlainFields,
+               *, parent: object) -> Plain | None:
+    """`req` (whose head is `head`) as a miss the fast path may lead, the
+    primary's (`FastMisses.take`) or a follower's (workers/follower_leads.py):
+    a plain GET, no Range, over plain HTTP, for a configured origin asked
+    directly (no `parent` tier), whose fields ask nothing of the cache
+    (`PlainFields`) and whose target keeps no credential. None: not one;
+    whether anything is stored or in flight under its key is the caller's."""
+    if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
+        return None
+    if parent is not None or named is None:
+        return None  # a child tier's misses go to its parent (fill/upstream.py)
+    got = fields.of(head)
+    if got is None:
+        return None
+    target, origin, key = named
+    if credentials_kept(target, origin):
+        return None
+    return Plain(target, origin, key, *got)
+
+
 def miss_head(meta: Meta, via: str) -> bytes:
     """The head of a fill's answer stored at once, as `Responder.hit` sends
     it to the request that led it: a stored object's head (front/plain.py
@@ -178,26 +215,19 @@ class FastMisses:
         `named`: what it names, as the hit lookup resolved it (front/hits.py
         `PlainHitFinder.named`: None for a Host naming no origin, a bad target
         or an `authorize` origin), so it is not resolved twice."""
-        if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
+        plain = plain_cold(req, head, scheme, named, self._fields, parent=self.upstream.parent)
+        if plain is None:
             return None
-        if self.upstream.parent is not None or named is None:
-            return None  # a child tier's misses go to its parent (fill/upstream.py)
-        fields = self._fields.of(head)
-        if fields is None:
-            return None
-        headers, forwarded = fields
-        target, origin, key = named
-        if credentials_kept(target, origin):
-            return None
-        if self.engine.flights.get(key) is not None or self.store.lookup(key, headers) is not None:
+        key = plain.key
+        if self.engine.flights.get(key) is not None or self.store.lookup(key, plain.headers) is not None:
             return None  # a joiner, or a stored copy (stale, or a variant): the read loop's
         owners = self.cluster.owners(key)
         if owners and owners[0].id != self.node_id:
             return None  # owners ahead of this node: relayed to them (front/relaying.py)
         # Led from now: a request for the key that comes before the origin answers joins it.
         flight, _ = self.engine.flights.lead_or_join(key)
-        return Miss(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
-                    origin=origin, headers=headers, forwarded=forwarded, flight=flight)
+        return Miss(key=key, url=plain.url, target=plain.target, origin=plain.origin, headers=plain.headers,
+                    forwarded=plain.forwarded, flight=flight)
 
     # -- the flight ---------------------------------------------------------------
     async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:

@@ -41,7 +41,7 @@ from cachenode.fill.judged import judge
 from cachenode.fill.lead import Step
 from cachenode.fill.origin import Interim, OriginClient, fields_of
 from cachenode.fill.verify import check_whole
-from cachenode.front.fast_misses import Led, PlainFields, log_answered, miss_head
+from cachenode.front.fast_misses import Led, PlainFields, log_answered, miss_head, plain_cold
 from cachenode.front.hits import Named
 from cachenode.front.plain import PlainRequest
 from cachenode.http.digests import expectations
@@ -53,7 +53,7 @@ from cachenode.workers.messages import Lead, LeadDone, encode
 from nezha.config import CacheSettings
 from nezha.credentials import redact_url
 from nezha.errors import NezhaError
-from nezha.keys import Target, credentials_kept
+from nezha.keys import Target
 from nezha.origins import Origin
 
 log = structlog.get_logger("nezha.cachenode")
@@ -95,23 +95,14 @@ class FollowerLeads:
     # -- before anything is asked ------------------------------------------------
     def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Asked | None:
         """The miss `req` if this follower asks its lead; None: handed over as before."""
-        if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
+        plain = plain_cold(req, head, scheme, named, self._fields, parent=self.settings.parent)
+        if plain is None or plain.key in self._leading or self.store.lookup(plain.key, plain.headers) is not None:
             return None
-        if self.settings.parent is not None or named is None:
-            return None
-        fields = self._fields.of(head)
-        if fields is None:
-            return None
-        headers, forwarded = fields
-        target, origin, key = named
-        if credentials_kept(target, origin) or key in self._leading or self.store.lookup(key, headers) is not None:
-            return None
-        threshold, _ = self.settings.chunking(origin)
+        threshold, _ = self.settings.chunking(plain.origin)
         if 0 < threshold <= max(FIRST_CHUNK_UP_TO, self.store.small_max):
             return None  # the primary may ask such an origin for a first chunk: its fill, not this one
-        self._leading.add(key)
-        return Asked(key=key, url=origin.upstream_for(target.scheme, target.host) + target.path_qs, target=target,
-                     origin=origin, forwarded=forwarded)
+        self._leading.add(plain.key)
+        return Asked(key=plain.key, url=plain.url, target=plain.target, origin=plain.origin, forwarded=plain.forwarded)
 
     # -- the lead ------------------------------------------------------------------
     async def lead(self, miss: Asked, *, interim: Interim) -> Outcome | Led:
