@@ -207,10 +207,11 @@ class Node:
     passed as they are (--tls-listen, --config, ...).
     """
 
-    def __init__(self, children: Children, work: Path, name: str = "node") -> None:
+    def __init__(self, children: Children, work: Path, name: str = "node", python: str = sys.executable) -> None:
         self.children = children
         self.work = work
         self.name = name
+        self.python = python  # the interpreter it runs on (docs/benchmarks.md, "The interpreter")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
@@ -219,7 +220,7 @@ class Node:
                     timeout: float = 30, workers: int | None = 1) -> None:
         """Spawn the node and wait for /readyz. `workers` None passes no --workers: the node as shipped
         (`auto`, a worker per usable CPU); a number, or --workers in `args`, is passed as given."""
-        argv = [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
+        argv = [self.python, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", str(self.work / self.name), "--log-level", "warning"]
         for host, upstream in (origins or {}).items():
             argv += ["--origin", f"{host}={upstream}"]
