@@ -172,6 +172,19 @@ def source_version() -> str:
     return f"commit {head}" + (" + uncommitted changes in cachenode/ or nezha/" if dirty else "")
 
 
+def interpreter(python: str) -> str:
+    """Which Python a node runs on: its version and where, since a build with
+    PGO and LTO runs this code faster (docs/benchmarks.md, "The interpreter")."""
+    try:
+        done = subprocess.run([python, "-c", "import platform, nezha.cli, cachenode.node; print(platform.python_implementation(), "
+                               "platform.python_version())"], capture_output=True, text=True, env=repo_env())
+    except OSError as e:
+        raise BenchError(f"{python}: cannot run it: {e}") from None
+    if done.returncode != 0:
+        raise BenchError(f"{python}: cannot run this checkout's nezha: {done.stderr.strip()[-300:]}")
+    return f"{done.stdout.strip()} ({python})"
+
+
 def nginx_version() -> str:
     done = subprocess.run([NGINX, "-v"], capture_output=True, text=True)
     return done.stderr.strip().removeprefix("nginx version: ")
