@@ -172,6 +172,19 @@ def source_version() -> str:
     return f"commit {head}" + (" + uncommitted changes in cachenode/ or nezha/" if dirty else "")
 
 
+def interpreter(python: str) -> str:
+    """Which Python a node runs on: its version and where, since a build with
+    PGO and LTO runs this code faster (docs/benchmarks.md, "The interpreter")."""
+    try:
+        done = subprocess.run([python, "-c", "import platform, nezha.cli, cachenode.node; print(platform.python_implementation(), "
+                               "platform.python_version())"], capture_output=True, text=True, env=repo_env())
+    except OSError as e:
+        raise BenchError(f"{python}: cannot run it: {e}") from None
+    if done.returncode != 0:
+        raise BenchError(f"{python}: cannot run this checkout's nezha: {done.stderr.strip()[-300:]}")
+    return f"{done.stdout.strip()} ({python})"
+
+
 def nginx_version() -> str:
     done = subprocess.run([NGINX, "-v"], capture_output=True, text=True)
     return done.stderr.strip().removeprefix("nginx version: ")
@@ -207,10 +220,11 @@ class Node:
     passed as they are (--tls-listen, --config, ...).
     """
 
-    def __init__(self, children: Children, work: Path, name: str = "node") -> None:
+    def __init__(self, children: Children, work: Path, name: str = "node", python: str = sys.executable) -> None:
         self.children = children
         self.work = work
         self.name = name
+        self.python = python  # the interpreter it runs on (docs/benchmarks.md, "The interpreter")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: asyncio.subprocess.Process | None = None
@@ -219,7 +233,7 @@ class Node:
                     timeout: float = 30, workers: int | None = 1) -> None:
         """Spawn the node and wait for /readyz. `workers` None passes no --workers: the node as shipped
         (`auto`, a worker per usable CPU); a number, or --workers in `args`, is passed as given."""
-        argv = [sys.executable, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
+        argv = [self.python, "-m", "nezha", "cache", "--listen", f"127.0.0.1:{self.port}",
                 "--data-dir", str(self.work / self.name), "--log-level", "warning"]
         for host, upstream in (origins or {}).items():
             argv += ["--origin", f"{host}={upstream}"]

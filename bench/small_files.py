@@ -128,7 +128,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (KiB, WRK, BenchError, Children, run_bench, Nginx, StaticFiles,  # noqa: E402
-                           ensure_tool, nginx_conf, nginx_version, settled, source_version)
+                           ensure_tool, interpreter, nginx_conf, nginx_version, settled, source_version)
 from bench.small_index import measure  # noqa: E402
 from bench.small_side_by_side import (CONNECTIONS, HOST, SIZES, Point, cold, get, path_of, say,  # noqa: E402
                                       side_by_side)
@@ -243,7 +243,8 @@ async def redis_footprint(work: Path, p: Plan, origin_url: str) -> tuple[float, 
 
 
 
-async def curve(children: Children, work: Path, root: Path, p: Plan, rounds: int, rtts: list[float]) -> list[Point]:
+async def curve(children: Children, work: Path, root: Path, p: Plan, rounds: int, rtts: list[float],
+                python: str) -> list[Point]:
     """`side_by_side` at each origin round trip: the origin in a namespace of its own behind a delay line
     (testkit/delayline.py, `rtt`/2 each way), the node, nginx and wrk together in another (in-cluster:
     nothing between them)."""
@@ -264,7 +265,7 @@ async def curve(children: Children, work: Path, root: Path, p: Plan, rounds: int
                     raise BenchError("the delay line did not start")
             with net.inside("client"):
                 points.append(await side_by_side(children, work, f"http://{at}:{port}", p.objects, p.seconds, rounds,
-                                                 f"rtt {rtt:g} ms"))
+                                                 f"rtt {rtt:g} ms", python))
             await children.stop(line)
         assert origin.proc is not None
         await children.stop(origin.proc)
@@ -276,6 +277,7 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     rtts = sorted(set(args.origin_rtt_ms))
     if args.headline_rtt_ms not in rtts:
         raise BenchError(f"--headline-rtt-ms {args.headline_rtt_ms:g} is not among --origin-rtt-ms {rtts}")
+    python = interpreter(args.node_python)  # refused at once when it cannot run the node
     say(f"small files ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, load {os.getloadavg()}, "
         f"{p.objects} objects of {args.size} KiB, {p.seconds} s per run, origin RTTs {rtts} ms, work dir {work}")
     started = time.monotonic()
@@ -288,11 +290,12 @@ async def run(args: argparse.Namespace, work: Path, children: Children) -> str:
     # The origin on loopback, no network between: the node's own cost, and the origin the rest uses.
     origin = Nginx(children, work, "origin")
     await origin.start(nginx_conf(StaticFiles(root=root), **SIZES))
-    loopback = await side_by_side(children, work, origin.url, p.objects, p.seconds, rounds, "loopback")
-    points = await curve(children, work, root, p, rounds, rtts)
+    loopback = await side_by_side(children, work, origin.url, p.objects, p.seconds, rounds, "loopback",
+                                  args.node_python)
+    points = await curve(children, work, root, p, rounds, rtts, args.node_python)
 
     say(f"small_files: {time.monotonic() - started:.0f} s so far; code: {source_version()}; nginx: {nginx_version()}; "
-        f"load {os.getloadavg()}")
+        f"nodes on {python}; load {os.getloadavg()}")
     say(f"  cold fills/s of {args.size} KiB objects, {CONNECTIONS} wrk connections, median of {rounds} rounds; "
         f"each cache at one worker and as shipped (auto: {worker_count('auto')} here), (its fills/s / direct):")
     for point in [loopback, *points]:
@@ -346,6 +349,8 @@ def main() -> None:
                     f"is read at (default {HEADLINE_RTT_MS:g}; see the docstring)")
     ap.add_argument("--fills-only", action="store_true", help="the cold fill figures only: skip bytes_per_object, "
                     "restart_ms and redis_bytes_per_object")
+    ap.add_argument("--node-python", default=sys.executable, help="the interpreter the nodes run on (default: "
+                    "this one); a venv's python with the project installed (docs/benchmarks.md, \"The interpreter\")")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     try:

@@ -17,7 +17,8 @@ which node used less CPU per fill than the first tree's.
 
     python bench/small_fills_ab.py --tree main=/tmp/main-copy --tree new=. --rounds 8
 
-A tree is NAME=DIR[:ENV=VALUE,...] (as bench/small_hits_ab.py's). The work
+A tree is NAME=DIR[:ENV=VALUE,...] (as bench/small_hits_ab.py's; PYTHON=PATH
+runs its node on another interpreter). The work
 folder (origin files and node stores) is on /dev/shm unless --work says
 otherwise, so the box's file creation (docs/benchmarks.md) stays out of the
 figures. Everything listens on 127.0.0.1.

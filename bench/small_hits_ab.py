@@ -18,7 +18,9 @@ what per-core efficiency means.
 
 A tree is NAME=DIR[:ENV=VALUE,...]; DIR is put first on the node's
 PYTHONPATH (a `git worktree` or `git archive` copy of another commit), ENV
-is added to its environment. The first tree is the reference of the
+is added to its environment, but for PYTHON=PATH: the interpreter the node
+runs on (a venv's python with the project's dependencies; docs/benchmarks.md,
+"The interpreter"). The first tree is the reference of the
 per-round ratios. Everything listens on 127.0.0.1.
 """
 
@@ -49,10 +51,12 @@ COUNT, SIZE = 200, 100 * KiB  # as bench/throughput.py's small objects
 
 
 class TreeNode(Node):
-    """A node run from another checkout (`tree`), with extra environment."""
+    """A node run from another checkout (`tree`), with extra environment; its
+    PYTHON, when given, is the interpreter it runs on, not a variable."""
 
     def __init__(self, children: Children, work: Path, *, name: str, tree: Path, env: dict[str, str]) -> None:
-        super().__init__(children, work, name=name)
+        env = dict(env)
+        super().__init__(children, work, name=name, python=env.pop("PYTHON", sys.executable))
         self.tree, self.env = tree, env
 
     async def start(self, **kw) -> None:

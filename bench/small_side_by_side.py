@@ -156,9 +156,10 @@ SIZES = dict(by="bench/small_files.py", worker_connections=4096, nofile=65536)
 CACHES = ("node", "nginx", "node auto", "nginx auto")
 
 
-async def start_caches(children: Children, work: Path, origin_url: str, tag: str) -> list[tuple[Cache, object]]:
+async def start_caches(children: Children, work: Path, origin_url: str, tag: str,
+                       python: str = sys.executable) -> list[tuple[Cache, object]]:
     """A fresh nginx `proxy_cache` and a fresh node, each at one worker and as shipped, on 127.0.0.1 of the
-    caller's namespace: each cache with its server object."""
+    caller's namespace: each cache with its server object; the nodes on `python`."""
     import psutil
 
     started: list[tuple[Cache, object]] = []
@@ -177,7 +178,7 @@ async def start_caches(children: Children, work: Path, origin_url: str, tag: str
                                             for k in kids}}
             started.append((Cache(name, proxy.url, [root.pid, *(k.pid for k in kids)], label), proxy))
             continue
-        node = Node(children, work, f"{name.replace(' ', '-')}-{tag}")
+        node = Node(children, work, f"{name.replace(' ', '-')}-{tag}", python=python)
         await node.start(origins={HOST: origin_url}, workers=None if auto else 1)
         assert node.proc is not None
         if auto:
@@ -192,12 +193,12 @@ async def start_caches(children: Children, work: Path, origin_url: str, tag: str
 
 
 async def side_by_side(children: Children, work: Path, origin_url: str, objects: int, seconds: int,
-                       rounds: int, where: str) -> Point:
+                       rounds: int, where: str, python: str = sys.executable) -> Point:
     """Cold fills/s from `origin_url` direct and through each of `CACHES`, fresh, rounds turning the order
     about so drift on a shared machine hits all alike."""
     loop = asyncio.get_running_loop()
     tag = re.sub(r"[^a-z0-9]+", "-", where.lower()).strip("-")
-    started = await start_caches(children, work, origin_url, tag)
+    started = await start_caches(children, work, origin_url, tag, python)
     nodes = [server for _, server in started if isinstance(server, Node)]
     # Warm every process's code path and connections on paths outside the measured run.
     async with aiohttp.ClientSession() as s:
