@@ -209,7 +209,8 @@ def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None
         # Qualified or not: storing the rest while dropping the named fields
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, f"{field}: private")
-    if "*" in split_list(field_value(headers, "Vary") or ""):
+    vary = field_value(headers, "Vary")
+    if vary is not None and "*" in split_list(vary):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
