@@ -221,6 +221,8 @@ def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:
     """(stale_if_error, stale_while_revalidate) in seconds: how long past its
     lifetime a stored response may be served while its origin fails, and
     while it is revalidated."""
+    if not cc:
+        return math.inf, 0.0  # no directive: most answers
     if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
         # §5.2.2.2, §5.2.2.8; s-maxage implies proxy-revalidate (§5.2.2.10).
         return 0.0, 0.0
