@@ -16,6 +16,7 @@ import aiohttp
 from cachenode.fill.flights import Source
 from cachenode.fill.lead import Answer, Decision, decide
 from cachenode.fill.origin import fields_of
+from cachenode.http.fields import FieldLines, field_value
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, with_date
 from cachenode.http.vary import vary_names
@@ -42,17 +43,20 @@ class Judged:
 
 def answer_of(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
               source: Source, fits: Callable[[int], bool], authorize: bool = False, status: int | None = None,
-              length: int | None = None) -> Answer:
+              length: int | None = None, fields: FieldLines | None = None) -> Answer:
     """The facts about `response` that `fill/lead.py` decides on; `status` and
-    `length`: those of the whole object a 206 is part of, in its stead."""
+    `length`: those of the whole object a 206 is part of, in its stead.
+    `fields`: its fields as `fields_of` reads them, when the caller has them."""
+    fields = fields_of(response) if fields is None else fields
     length = response.content_length if length is None else length
+    has_etag = "ETag" in fields
     return Answer(status=response.status if status is None else status, policy=policy, vary=vary,
-                  vary_listed=", ".join(response.headers.getall("Vary", [])),
-                  has_validator="ETag" in response.headers or "Last-Modified" in response.headers,
+                  vary_listed=field_value(fields, "Vary") or "",
+                  has_validator=has_etag or "Last-Modified" in fields,
                   fits=length is None or fits(length), length=length,
                   header_bytes=header_bytes(kept), from_peer=source.peer is not None,
-                  peer_says_hit=response.headers.get(CACHE_HEADER) == CacheOutcome.HIT,
-                  authorized_reads=authorize, has_etag="ETag" in response.headers)
+                  peer_says_hit=fields.get(CACHE_HEADER) == CacheOutcome.HIT,
+                  authorized_reads=authorize, has_etag=has_etag)
 
 
 def judge(response: aiohttp.ClientResponse, *, origin: Origin, source: Source, stale: Meta | None, now: float,
@@ -75,7 +79,7 @@ def judge(response: aiohttp.ClientResponse, *, origin: Origin, source: Source, s
     decision = decide(answer_of(response, policy=policy, vary=names, kept=kept, source=source,
                                 # Capacity is per chunk: a chunked object fits whatever its size.
                                 fits=fits if chunk_size is None else lambda _: True,
-                                authorize=authorize),
+                                authorize=authorize, fields=fields),
                       stale_held=stale is not None, stale_usable_on_error=stale is not None and (
                           may_serve_stale_on_error(now=now, expires_at=stale.expires_at,
                                                    stale_if_error=stale.stale_if_error)))

@@ -64,7 +64,10 @@ def decide(answer: Answer, *, stale_held: bool, stale_usable_on_error: bool) -> 
     if a.status >= 500 and stale_held and stale_usable_on_error:
         return Decision(Step.STALE_ON_ERROR)
     reason = _not_stored_because(a)
-    return Decision(Step.PASS, reason) if reason is not None else Decision(Step.FILL)
+    return Decision(Step.PASS, reason) if reason is not None else _FILL
+
+
+_FILL = Decision(Step.FILL)  # most answers' decision, one for all (a Decision never changes)
 
 
 _CREDENTIALS = frozenset(name.lower() for name in CREDENTIAL_FIELDS)

@@ -175,8 +175,10 @@ class Digests:
 
     def noted(self, asked: Target, status: int, headers: Mapping[str, str]) -> None:
         """Remember a redirect's X-Linked-ETag for the fill of the target it sends its client to."""
+        if not 300 <= status < 400:
+            return  # most answers: no field of theirs is read
         linked, location = headers.get("X-Linked-ETag"), headers.get("Location")
-        if not 300 <= status < 400 or linked is None or location is None:
+        if linked is None or location is None:
             return
         try:
             there = URL(f"{asked.scheme}://{asked.host}{asked.path}", encoded=True).join(URL(location))
@@ -220,8 +222,8 @@ class Digests:
         """The digest a fill of `target` checks its answer's body against (as
         `check`), or None when nothing published of it can be checked: for a
         body whole in memory, which is checked before it is written."""
-        linked = self._linked.pop((target.host.lower(), target.path), None)
-        known = of_the_whole_in_a_part(headers.items()) if part else \
+        linked = self._linked.pop((target.host.lower(), target.path), None) if self._linked else None
+        known = of_the_whole_in_a_part(headers) if part else \
             expectations(headers, status=status, linked_etag=linked)
         for ignored in known.ignored:
             log.info("digest_not_checked", key=key, field=ignored.field, reason=ignored.reason)

@@ -37,6 +37,7 @@ import base64
 import binascii
 import enum
 import hashlib
+import operator
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -72,6 +73,7 @@ _AMZ = {"crc32": Algorithm.CRC32, "crc32c": Algorithm.CRC32C, "crc64nvme": Algor
 _GOOG = {"crc32c": Algorithm.CRC32C, "md5": Algorithm.MD5}
 # The fields any reader of `expectations` takes a digest from, or sets one aside from (with x-amz-checksum-*).
 _PUBLISHING = frozenset({"x-goog-hash", "content-md5", "repr-digest", "content-digest"})
+_amz = operator.methodcaller("startswith", _AMZ_PREFIX)  # whether a lowercased name is an x-amz-checksum-* one
 # RFC 9530 §5 / the IANA registry's non-deprecated algorithms.
 _SF = {"sha-256": Algorithm.SHA256, "sha-512": Algorithm.SHA512}
 _SF_NAME = {v: k for k, v in _SF.items()}
@@ -106,6 +108,8 @@ class Expectations:
 
     def cheapest(self) -> Expected | None:
         """The one digest a fill checks (every published digest names the same bytes)."""
+        if not self.expected:
+            return None  # most answers publish none
         for algorithm in CHEAPEST_FIRST:
             for e in self.expected:
                 if e.algorithm is algorithm:
@@ -144,10 +148,10 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     redirected here (Hugging Face), if any."""
     if status != 200:
         return Expectations()
-    found = _Found(fields=lines_of(headers).by_name())  # a fill's: lowercased once already, by its judging
-    if linked_etag is None and _PUBLISHING.isdisjoint(found.fields) and not any(
-            name.startswith(_AMZ_PREFIX) for name in found.fields):
+    fields = lines_of(headers).by_name()  # a fill's: lowercased once already, by its judging
+    if linked_etag is None and _PUBLISHING.isdisjoint(fields) and not any(map(_amz, fields)):
         return _NOTHING  # most answers publish no digest: none of the readers below would find one
+    found = _Found(fields=fields)
     # One dialect at a time, in this order (the order of `expected`).
     _read_amz(found)
     _read_goog(found)

@@ -66,6 +66,15 @@ class FieldLines(Mapping[str, str]):
             raise KeyError(name)
         return values[0]
 
+    # `in` and `get` by the index, not by Mapping's, which go through a
+    # KeyError for every absent field: most of a fill's lookups miss.
+    def __contains__(self, name: object) -> bool:
+        return name.lower() in self._index  # type: ignore[attr-defined]
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        values = self._index.get(name.lower())
+        return default if values is None else values[0]
+
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self.pairs)
 
@@ -94,7 +103,7 @@ def field_value(headers: Mapping[str, str], name: str) -> str | None:
     An empty field is "" and stays distinct from an absent one.
     """
     if type(headers) is FieldLines:
-        values = headers.lines(name)
+        values = headers._index.get(name.lower())
     else:
         wanted = name.lower()
         values = [value for key, value in headers.items() if key.lower() == wanted]
@@ -139,7 +148,9 @@ def parse_cache_control(value: str | None) -> dict[str, str | None]:
     an argument are accepted (RFC 9111 §5.2).
     """
     out: dict[str, str | None] = {}
-    for member in split_list(value or ""):
+    if not value:
+        return out  # most answers have no Cache-Control
+    for member in split_list(value):
         name, sep, arg = member.partition("=")
         name = name.strip(" \t").lower()
         if name and name not in out:

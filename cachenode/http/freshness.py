@@ -209,7 +209,8 @@ def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None
         # Qualified or not: storing the rest while dropping the named fields
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, f"{field}: private")
-    if "*" in split_list(field_value(headers, "Vary") or ""):
+    vary = field_value(headers, "Vary")
+    if vary is not None and "*" in split_list(vary):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
@@ -220,6 +221,8 @@ def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:
     """(stale_if_error, stale_while_revalidate) in seconds: how long past its
     lifetime a stored response may be served while its origin fails, and
     while it is revalidated."""
+    if not cc:
+        return math.inf, 0.0  # no directive: most answers
     if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
         # §5.2.2.2, §5.2.2.8; s-maxage implies proxy-revalidate (§5.2.2.10).
         return 0.0, 0.0

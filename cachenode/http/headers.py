@@ -13,6 +13,7 @@ fields (`Link`, `x-amz-meta-*` pairs, `Vary`) and their order.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping, MutableMapping
 
 from cachenode.http.fields import FieldLines, imf_fixdate, lines_of
@@ -24,6 +25,7 @@ Pairs = tuple[tuple[str, str], ...]
 # RFC 9110 §7.6.1, plus Proxy-* (Proxy-Authorization, Proxy-Authenticate and
 # the non-standard Proxy-Connection all speak to the next hop, not the origin).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"})
+_HOP_PREFIXES = ("proxy-",)
 # Framing the cache writes itself for each message it sends.
 FRAMING = frozenset({"content-length", "host"})
 # Never stored with an object (RFC 9111 §3.1, §5.1): Age describes one
@@ -39,16 +41,34 @@ NOT_STORED = frozenset({"age", "set-cookie"})
 MAX_STORED_HEADER_BYTES = 64 * 1024
 
 
+_NONE_LISTED: frozenset[str] = frozenset()
+
+
 def connection_listed(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[str]:
     """The field names a message's `Connection` fields name: hop-by-hop too (§7.6.1)."""
-    listed: set[str] = set()
-    for value in lines_of(headers).lines("connection") or ():
-        listed.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return frozenset(listed)
+    values = lines_of(headers).lines("connection")
+    if not values:
+        return _NONE_LISTED
+    if len(values) == 1:
+        return _listed(values[0])
+    return _NONE_LISTED.union(*map(_listed, values))
 
 
-def is_hop_by_hop(lname: str, listed: frozenset[str] = frozenset()) -> bool:
-    return lname in HOP_BY_HOP or lname.startswith("proxy-") or lname in listed
+# Remembered: an origin sends the same Connection on every answer ("keep-alive", "close").
+@functools.lru_cache(maxsize=64)
+def _listed(value: str) -> frozenset[str]:
+    """The names one `Connection` line lists, lowercased."""
+    return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
+
+
+# A message's fields are many, the sets they are checked against few (what
+# its Connection lists, what the reader drops): each line is looked up in one
+# set made of them all, remembered, and its name checked against the prefixes.
+@functools.lru_cache(maxsize=64)
+def _left_out(listed: frozenset[str], drop: frozenset[str]) -> frozenset[str]:
+    """The names a message's end-to-end fields leave out: hop-by-hop
+    (HOP_BY_HOP and the names its Connection lists), framing, and `drop`."""
+    return HOP_BY_HOP | FRAMING | listed | drop
 
 
 def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
@@ -56,22 +76,23 @@ def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
     """Every end-to-end field of a message, in order, repeats kept; without the
     hop-by-hop fields, the framing (Content-Length, Host) and the lowercased
     names in `drop`."""
-    return [pair for pair, _ in _end_to_end(headers, drop)]
+    return _end_to_end(headers, drop, _HOP_PREFIXES)
 
 
-def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]],
-                drop: frozenset[str]) -> list[tuple[tuple[str, str], str]]:
-    """`end_to_end_pairs`, each line with its name lowercased (once, by `FieldLines`)."""
+def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]], drop: frozenset[str],
+                prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
+    """`end_to_end_pairs` without, too, the names that start with one of
+    `prefixes` (which name Proxy-*); each name lowercased once, by `FieldLines`."""
     lines = lines_of(headers)
-    listed = connection_listed(lines)
-    return [(pair, lname) for pair, lname in zip(lines.pairs, lines.lowered)
-            if not (is_hop_by_hop(lname, listed) or lname in FRAMING or lname in drop)]
+    left_out = _left_out(connection_listed(lines), drop if type(drop) is frozenset else frozenset(drop))
+    return [pair for pair, lname in zip(lines.pairs, lines.lowered)
+            if not (lname in left_out or lname.startswith(prefixes))]
 
 
 def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
     """What is kept with a stored object: the end-to-end fields minus Age,
     Set-Cookie and the cache's own X-Nezha-* fields (a peer's copy carries them)."""
-    return tuple(pair for pair, lname in _end_to_end(headers, NOT_STORED) if not lname.startswith(OWN_PREFIX))
+    return tuple(_end_to_end(headers, NOT_STORED, (*_HOP_PREFIXES, OWN_PREFIX)))
 
 
 def with_date(pairs: Pairs, received_at: float) -> Pairs:
@@ -87,7 +108,10 @@ def with_date(pairs: Pairs, received_at: float) -> Pairs:
 
 def header_bytes(pairs: Iterable[tuple[str, str]]) -> int:
     """Size of the fields as they go on the wire (`Name: value\\r\\n`)."""
-    return sum(len(n) + len(v) + 4 for n, v in pairs)
+    size = 0
+    for name, value in pairs:  # a loop, not sum() over a generator: a third less time per fill
+        size += len(name) + len(value) + 4
+    return size
 
 
 def first(pairs: Iterable[tuple[str, str]], name: str) -> str | None:

@@ -32,8 +32,11 @@ def vary_names(headers: Mapping[str, str]) -> tuple[str, ...] | None:
     reused: a member is "*" (RFC 9110 §12.5.5), or a member is not a field
     name, which no request could carry and this cache cannot match safely.
     """
+    listed = field_value(headers, "Vary")
+    if listed is None:
+        return ()  # most answers vary on nothing
     names = set()
-    for member in (field_value(headers, "Vary") or "").split(","):
+    for member in listed.split(","):
         member = member.strip(" \t")
         if not member:
             continue  # RFC 9110 §5.6.1: empty list members are ignored

@@ -54,3 +54,21 @@ def test_a_304_that_makes_the_response_private_leaves_it_unstorable():
     stored = (("Cache-Control", "max-age=60"), ("ETag", '"v1"'))
     _, policy = renewed_by_304(200, stored, (("Cache-Control", "private"),), now=1_780_000_000.0, policy_ttl=None)
     assert not policy.storable
+
+
+def test_the_fields_left_out_are_each_messages_own_though_the_sets_are_remembered():
+    """end_to_end_pairs and stored_pairs remember the set of names a message
+    leaves out, by its Connection and the reader's drop: one message's
+    Connection or drop must never leave out another's fields."""
+    from cachenode.http.headers import end_to_end_pairs
+
+    first = [("Connection", "X-Hop"), ("X-Hop", "1"), ("X-Kept", "2"), ("Proxy-Authenticate", "Basic"),
+             ("X-Nezha-Cache", "hit"), ("Age", "3")]
+    second = [("Connection", "X-Kept"), ("X-Hop", "1"), ("X-Kept", "2")]
+    assert stored_pairs(first) == (("X-Kept", "2"),)
+    assert stored_pairs(second) == (("X-Hop", "1"),)
+    assert stored_pairs(first) == (("X-Kept", "2"),)
+    assert end_to_end_pairs(first) == [("X-Kept", "2"), ("X-Nezha-Cache", "hit"), ("Age", "3")]
+    assert end_to_end_pairs(first, drop=frozenset({"age"})) == [("X-Kept", "2"), ("X-Nezha-Cache", "hit")]
+    assert end_to_end_pairs(first, drop={"x-kept"}) == [("X-Nezha-Cache", "hit"), ("Age", "3")]  # any set
+    assert end_to_end_pairs(first) == [("X-Kept", "2"), ("X-Nezha-Cache", "hit"), ("Age", "3")]
