@@ -24,14 +24,15 @@ stored; one without a Content-Length gets a 502. Prints "listening".
     python bench/bare_small_fill.py --serve --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT --dir DIR [--loop uvloop]
 
 The benchmark (no --serve): an origin (Debian's nginx serving N files of
-16 KiB) and in front of it, each fresh: nginx `proxy_cache` at one worker
-(small_files.py's settings), the bare server on asyncio and on uvloop (when
-the interpreter has it), and `nezha cache --workers 1`. Each first fills
-and rereads 64 objects, checked byte for byte against the origin's files;
-then each round runs small_files.py's wrk command (64 connections, every
-path asked once: every request a cold fill) against each in turn on paths
-it has not seen, the order reversed every other round, after `os.sync()`
-and a second's pause. Per run: fills/s and CPU per fill (the server's
+16 KiB) and in front of it, in turn, the order reversed every other round:
+nginx `proxy_cache` at one worker (small_files.py's settings), the bare
+server on asyncio and on uvloop (when the interpreter has it), and `nezha
+cache --workers 1`, each fresh for each run (so only one run's objects are
+stored at a time). Each fills and rereads 64 objects, checked byte for
+byte against the origin's files, then, after `os.sync()` and a second's
+pause, takes small_files.py's wrk command (64 connections, every path
+asked once: every request a cold fill); the run's first 64 objects are
+checked after it. Per run: fills/s and CPU per fill (the server's
 processes' user + system, /proc/PID/stat). Last line: `ratios:
 bare_small_fill=<bare/nginx> bare_uvloop_small_fill=... node_small_fill=...
 node_over_bare=<node/bare> bare_cpu_us=... node_cpu_us=... nginx_cpu_us=...`
@@ -359,92 +360,91 @@ async def checked(server, root: Path, paths: list[str]) -> None:
 
 async def run(args: argparse.Namespace, work: Path, children) -> str:
     from bench.harness import BenchError, KiB, Nginx, StaticFiles, nginx_conf, nginx_version, source_version
-    from bench.small_files import make_dataset, path_of, say
+    from bench.small_files import make_dataset, say
 
     version, has_uvloop = interpreter(args.python, "uvloop")
     if not interpreter(args.python, "google_crc32c")[1]:
         raise BenchError(f"{args.python} cannot import google_crc32c: pip install -e '.[test]' into it")
     say(f"bare small fill: {args.objects} objects of 16 KiB, {args.rounds} rounds of {args.seconds} s, work dir "
         f"{work}, load {os.getloadavg()}; bare server on {version}; code {source_version()}; nginx {nginx_version()}")
+    kinds = ["nginx", "bare", "bare_uvloop", "node"]
+    if not has_uvloop:
+        kinds.remove("bare_uvloop")
+        say(f"  {args.python} has no uvloop: the bare server runs on asyncio only")
     root = work / "origin-files"
     await asyncio.get_running_loop().run_in_executor(None, make_dataset, root, args.objects, 16 * KiB)
     origin = Nginx(children, work, "origin")
     await origin.start(nginx_conf(StaticFiles(root=root), **CONF))
-    servers = await start_servers(args, work, children, origin.url, has_uvloop)
-    warm = [path_of(n) for n in range(args.objects - 64, args.objects)]  # outside every measured run
-    for server in servers:
-        await checked(server, root, warm)
-    rps, cpu = await rounds(args, work, children, servers)
-    for server in servers:  # what the rounds stored is still served exact
-        await checked(server, root, [path_of(n) for n in range(0, 64)])
+    rps: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in range(args.rounds):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+            fills, us = await one_run(args, work, children, root, origin.url, kind, f"{kind}-{r}")
+            rps[kind].append(fills)
+            cpu[kind].append(us)
     return report(args, rps, cpu)
 
 
-async def start_servers(args: argparse.Namespace, work: Path, children, origin_url: str, has_uvloop: bool) -> list:
-    """nginx proxy_cache at one worker (small_files.py's settings), the bare server on each loop, the node."""
+async def start(args: argparse.Namespace, work: Path, children, origin_url: str, kind: str, name: str):
+    """A fresh server of `kind`: nginx proxy_cache at one worker (small_files.py's settings), the bare server
+    on asyncio or uvloop, or the node at --workers 1; its folder is WORK/NAME."""
     import inspect
 
     from bench.harness import Nginx, Node, ProxyCache, nginx_conf
     from bench.small_files import HOST, say
     from bench.small_side_by_side import CONNECTIONS
 
-    servers = []
-    proxy = Nginx(children, work, "nginx")
-    proxy.name = "nginx"
-    await proxy.start(nginx_conf(ProxyCache(upstream=origin_url, keys_zone="64m", keepalive=CONNECTIONS),
-                                 **{**CONF, "workers": 1}))
-    servers.append(proxy)
-    for name, kind in (("bare", "asyncio"), ("bare_uvloop", "uvloop")):
-        if kind == "uvloop" and not has_uvloop:
-            say(f"  {args.python} has no uvloop: the bare server runs on asyncio only")
-            continue
-        bare = BareServer(children, work, name, args.python, kind)
-        await bare.start(upstream=origin_url)
-        servers.append(bare)
-    if "python" in inspect.signature(Node.__init__).parameters:
-        node = Node(children, work, "node", python=args.python)
+    if kind == "nginx":
+        server = Nginx(children, work, name)
+        await server.start(nginx_conf(ProxyCache(upstream=origin_url, keys_zone="64m", keepalive=CONNECTIONS),
+                                      **{**CONF, "workers": 1}))
+        server.name = name
+    elif kind.startswith("bare"):
+        server = BareServer(children, work, name, args.python, "uvloop" if kind == "bare_uvloop" else "asyncio")
+        await server.start(upstream=origin_url)
     else:
-        node = Node(children, work, "node")
-        say(f"  the node runs on {interpreter(sys.executable)[0]} (bench/harness.py's Node takes no interpreter)")
-    await node.start(origins={HOST: origin_url}, workers=1)
-    servers.append(node)
-    return servers
+        took = "python" in inspect.signature(Node.__init__).parameters
+        server = Node(children, work, name, **({"python": args.python} if took else {}))
+        if not took and name.endswith("-0"):
+            say(f"  the node runs on {interpreter(sys.executable)[0]} (bench/harness.py's Node takes no interpreter)")
+        await server.start(origins={HOST: origin_url}, workers=1)
+    return server
 
 
-async def rounds(args: argparse.Namespace, work: Path, children, servers: list) -> tuple[dict, dict]:
-    """Cold runs of each server in turn, on paths it has not seen; fills/s and CPU us per fill of each run."""
+async def one_run(args: argparse.Namespace, work: Path, children, root: Path, origin_url: str, kind: str,
+                  name: str) -> tuple[float, float]:
+    """A fresh server's cold run: its fills/s and CPU us per fill. Fresh for each run, so every run asks the
+    same paths and no more than one run's objects are stored at a time (the bare server fills 20,000 a
+    second on /dev/shm); its 64 warming fills, and the run's first 64 objects after it, checked exact."""
+    import shutil
+
     import psutil
 
     from bench.harness import Node
-    from bench.small_files import cold, say
-    from bench.small_side_by_side import CONNECTIONS, usage
+    from bench.small_files import cold, path_of, say
+    from bench.small_side_by_side import usage
 
     loop = asyncio.get_running_loop()
-    pids = {}
-    for server in servers:
-        top = psutil.Process(server.proc.pid)
-        pids[server.name] = [top.pid, *(c.pid for c in top.children(recursive=True))]
-    rps: dict[str, list[float]] = {s.name: [] for s in servers}
-    cpu: dict[str, list[float]] = {s.name: [] for s in servers}
-    asked = {s.name: 0 for s in servers}
-    for r in range(args.rounds):
-        for server in (servers if r % 2 == 0 else servers[::-1]):
-            if isinstance(server, Node):
-                await server.settled()
-            await loop.run_in_executor(None, os.sync)
-            await asyncio.sleep(1.0)
-            before = usage(pids[server.name])
-            done = await cold(children, server.url, work, asked[server.name], args.objects - 64 - asked[server.name],
-                              args.seconds, f"{server.name}-{r}")
-            after = usage(pids[server.name])
-            alive = before.keys() & after.keys()  # nginx's cache loader exits on its own
-            asked[server.name] += done.requests + CONNECTIONS  # and what wrk left in flight
-            rps[server.name].append(done.rps)
-            cpu[server.name].append(sum(after[p][0] - before[p][0] for p in alive) / max(1, done.requests) * 1e6)
-            waited = sum(after[p][1] - before[p][1] for p in alive) / args.seconds
-            say(f"  round {r} {server.name:>11}: {done.rps:6.0f} fills/s, {cpu[server.name][-1]:4.0f} CPU us per "
-                f"fill, ready but waiting for a CPU {waited:.0%} of the run")
-    return rps, cpu
+    server = await start(args, work, children, origin_url, kind, name)
+    await checked(server, root, [path_of(n) for n in range(args.objects - 64, args.objects)])  # outside the run
+    if isinstance(server, Node):
+        await server.settled()
+    await loop.run_in_executor(None, os.sync)
+    await asyncio.sleep(1.0)
+    top = psutil.Process(server.proc.pid)
+    pids = [top.pid, *(c.pid for c in top.children(recursive=True))]
+    before = usage(pids)
+    done = await cold(children, server.url, work, 0, args.objects - 64, args.seconds, name)
+    after = usage(pids)
+    alive = before.keys() & after.keys()  # nginx's cache loader exits on its own
+    us = sum(after[p][0] - before[p][0] for p in alive) / max(1, done.requests) * 1e6
+    waited = sum(after[p][1] - before[p][1] for p in alive) / args.seconds
+    say(f"  {name:>13}: {done.rps:6.0f} fills/s, {us:4.0f} CPU us per fill, ready but waiting for a CPU "
+        f"{waited:.0%} of the run")
+    await checked(server, root, [path_of(n) for n in range(64)])
+    await children.stop(server.proc)
+    await loop.run_in_executor(None, shutil.rmtree, work / name)
+    return done.rps, us
 
 
 def report(args: argparse.Namespace, rps: dict, cpu: dict) -> str:
@@ -474,8 +474,8 @@ def main() -> None:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--serve: the event loop")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
-    ap.add_argument("--objects", type=int, default=150_000, help="16 KiB files at the origin; every server's "
-                    "rounds take fresh ones, so the fastest needs its fills/s x seconds x rounds")
+    ap.add_argument("--objects", type=int, default=150_000, help="16 KiB files at the origin; a run may not "
+                    "fill more (each run has a fresh server asking them from the first)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the bare server, and of the node "
                     "when bench/harness.py's Node takes one (default: this one)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
