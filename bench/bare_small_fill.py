@@ -16,7 +16,7 @@ writev of a small header and the body, close; no fsync: the node leaves
 durability to a group sync), records it in the dict and answers with a
 status line, a few headers and the body in one `transport.write`. The
 header holds the body's CRC32C (google-crc32c, about a microsecond), as
-issue 35 asks of every small object. A request for a path being fetched
+the node's sealed small files do. A request for a path being fetched
 waits for that fetch. No Host in the key, no freshness, validators,
 metrics, logs or eviction. Another answer than a 200 is passed on, not
 stored; one without a Content-Length gets a 502. Prints "listening".
