@@ -39,8 +39,7 @@ node_over_bare=<node/bare> bare_cpu_us=... node_cpu_us=... nginx_cpu_us=...`
 
     python bench/bare_small_fill.py [--rounds 3] [--seconds 5] [--objects 150000] [--python PATH]
 
---python: the bare server's interpreter (and the node's, once
-bench/harness.py's Node takes one). Work folder on /dev/shm unless --work
+--python: the interpreter of the bare server and of the node. Work folder on /dev/shm unless --work
 says otherwise (the box's file creation kept out, as in
 bench/small_fills_ab.py). Needs wrk, nginx and `pip install -e '.[test]'`.
 """
@@ -388,10 +387,8 @@ async def run(args: argparse.Namespace, work: Path, children) -> str:
 async def start(args: argparse.Namespace, work: Path, children, origin_url: str, kind: str, name: str):
     """A fresh server of `kind`: nginx proxy_cache at one worker (small_files.py's settings), the bare server
     on asyncio or uvloop, or the node at --workers 1; its folder is WORK/NAME."""
-    import inspect
-
     from bench.harness import Nginx, Node, ProxyCache, nginx_conf
-    from bench.small_files import HOST, say
+    from bench.small_files import HOST
     from bench.small_side_by_side import CONNECTIONS
 
     if kind == "nginx":
@@ -403,10 +400,7 @@ async def start(args: argparse.Namespace, work: Path, children, origin_url: str,
         server = BareServer(children, work, name, args.python, "uvloop" if kind == "bare_uvloop" else "asyncio")
         await server.start(upstream=origin_url)
     else:
-        took = "python" in inspect.signature(Node.__init__).parameters
-        server = Node(children, work, name, **({"python": args.python} if took else {}))
-        if not took and name.endswith("-0"):
-            say(f"  the node runs on {interpreter(sys.executable)[0]} (bench/harness.py's Node takes no interpreter)")
+        server = Node(children, work, name, python=args.python)
         await server.start(origins={HOST: origin_url}, workers=1)
     return server
 
@@ -476,8 +470,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--objects", type=int, default=150_000, help="16 KiB files at the origin; a run may not "
                     "fill more (each run has a fresh server asking them from the first)")
-    ap.add_argument("--python", default=sys.executable, help="the interpreter of the bare server, and of the node "
-                    "when bench/harness.py's Node takes one (default: this one)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the bare server and of the node "
+                    "(default: this one)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
     args = ap.parse_args()
     if args.serve:
