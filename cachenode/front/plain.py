@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from cachenode.front.exact_head import encode_head
 from cachenode.http.conditionals import if_range_applies, parse_range
-from cachenode.http.headers import describes_whole_body, with_date
+from cachenode.http.fields import imf_fixdate
+from cachenode.http.headers import describes_whole_body
 from cachenode.store.objects import Meta
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
@@ -183,12 +184,20 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
     `label`: its X-Nezha-Cache when not a hit's (a miss the fast path led, front/fast_misses.py)."""
     fields: list[tuple[str, str]] = []
     vias: list[str] = []
-    for k, v in with_date(meta.headers, meta.stored_at):  # one pass: each name lowercased once
-        if k.lower() == "via":
+    dated = ranges = False
+    for k, v in meta.headers:  # one pass: each name lowercased once
+        name = k.lower()
+        if name == "via":
             vias.append(v)
-        else:
-            fields.append((k, v))
-    if meta.header("Accept-Ranges") is None:
+            continue
+        fields.append((k, v))
+        if name == "date":
+            dated = True
+        elif name == "accept-ranges":
+            ranges = True
+    if not dated:  # dated as `with_date` dates a stored answer (RFC 9110 §6.6.1)
+        fields.append(("Date", imf_fixdate(meta.stored_at)))
+    if not ranges:
         fields.append(("Accept-Ranges", "bytes"))
     fields += [("Via", ", ".join(vias + [via])),
                (CACHE_HEADER, label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)),

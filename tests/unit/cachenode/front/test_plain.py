@@ -3,7 +3,7 @@
 import pytest
 
 from cachenode.front import plain
-from cachenode.front.plain import PlainRequest, parse_plain, partial_head, plain_request, wanted_range
+from cachenode.front.plain import PlainRequest, parse_plain, partial_head, plain_request, response_head, wanted_range
 from cachenode.store.objects import Meta
 
 GET = b"GET /~kriz/c.tar.gz HTTP/1.1\r\nHost: www.cs.toronto.edu\r\n"
@@ -165,3 +165,23 @@ def test_a_partial_head_leaves_off_the_whole_bodys_length_and_digests_and_keeps_
     assert partial_head(head) == (b"HTTP/1.1 206 Partial Content\r\nETag: \"v1\"\r\nRepr-Digest: r\r\n"
                                   b"Via: 1.1 n\r\nX-Nezha-Cache: hit\r\n")
     assert partial_head(head) is partial_head(head)  # made once per stored head
+
+
+def _head_of(headers, *, hot=False, served_by=None, label=None) -> bytes:
+    meta = Meta(key="k", url="u", host="h", size=5, headers=headers, stored_at=784111777.0, expires_at=0.0, hot=hot)
+    return response_head(meta, via="1.1 node-0 (nezha)", served_by=served_by, label=label)
+
+
+def test_a_stored_head_without_a_date_is_dated_when_stored_and_told_it_takes_ranges():
+    assert _head_of((("ETag", '"v1"'),)) == (
+        b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nAccept-Ranges: bytes\r\n'
+        b"Via: 1.1 node-0 (nezha)\r\nX-Nezha-Cache: hit\r\nContent-Length: 5\r\n")
+
+
+def test_a_stored_heads_own_date_accept_ranges_and_vias_are_kept_once_in_their_place():
+    stored = (("date", "Sat, 05 Nov 1994 08:49:37 GMT"), ("VIA", "1.1 origin-lb"), ("Accept-Ranges", "none"),
+              ("Via", "1.0 squid"), ("X-Y", "z"))
+    assert _head_of(stored, hot=True, served_by="node-2", label=None) == (
+        b"HTTP/1.1 200 OK\r\ndate: Sat, 05 Nov 1994 08:49:37 GMT\r\nAccept-Ranges: none\r\nX-Y: z\r\n"
+        b"Via: 1.1 origin-lb, 1.0 squid, 1.1 node-0 (nezha)\r\nX-Nezha-Cache: hot-hit\r\nContent-Length: 5\r\n"
+        b"X-Nezha-Served-By: node-2\r\n")
