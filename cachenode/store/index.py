@@ -72,10 +72,6 @@ def _kind(flags: int) -> str:
     return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
 
 
-def _same(h: int) -> int:
-    return h
-
-
 @dataclass
 class Usage:
     stored: int = 0
@@ -117,7 +113,8 @@ class Index(Records, Following):
         # object key -> the keys of its chunks stored here (nezha/chunks.py): an
         # invalidated object's chunks are found without a manifest or a scan.
         self._chunks: dict[str, set[str]] = {}
-        self.policies = {kind: Policy(hash_fn=_same, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
+        # A slot's hash is the int its row's order names it by already (`int`: no Python call per look).
+        self.policies = {kind: Policy(hash_fn=int, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
         self.usage = Usage()
         self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
         self.slots = Slots(self)
@@ -339,10 +336,11 @@ class Index(Records, Following):
     def release(self, size: int) -> None:
         self.usage.reserved = max(0, self.usage.reserved - size)
 
-    def admits(self, meta: Meta, candidate: Candidate, limit: int, *, reserved_here: int = 0) -> bool:
+    def admits(self, meta: Meta, candidate: Candidate | None, limit: int, *, reserved_here: int = 0) -> bool:
         """Is `meta` kept when committed? Yes if it fits without giving up an
         only copy (hot and extra copies go first); else only an only copy
-        may, and only if the policy lets it displace the victim."""
+        may, and only if the policy lets it displace the victim. `candidate`
+        None: worked out only if a victim is weighed (a newcomer that fits needs none)."""
         u = self.usage
         freed = 0
         digest = digest_of(meta.slot)
@@ -355,8 +353,9 @@ class Index(Records, Following):
             return True
         only = self.policies["only"]
         if kind_of(meta) == "only":
-            victim = next(self._candidates("only", hash_of(digest)), None)
-            if victim is not None and only.displaces(candidate, victim):
+            h = hash_of(digest)
+            victim = next(self._candidates("only", h), None)
+            if victim is not None and only.displaces(candidate if candidate else only.candidate(h), victim):
                 return True
         self.evictions["refused"] += 1
         return False

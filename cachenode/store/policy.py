@@ -104,14 +104,19 @@ class _History:
             return _NEVER, 0
         return self.last[i], self.counts[i]
 
-    def write(self, slot: str, now: int) -> None:
+    def write(self, slot: str, now: int) -> tuple[int, int]:
+        """A read of `slot` at `now` recorded; what `read` gave before it (one look-up for both)."""
         i, free, tag = self._find(slot)
         if i < 0:  # the entry read longer ago gives way
+            before = _NEVER, 0
             i = free
             self.tags[i], self.counts[i] = tag, 0
+        else:
+            before = self.last[i], self.counts[i]
         self.last[i] = now
         if self.counts[i] < _MAX_COUNT:
             self.counts[i] += 1
+        return before
 
     def halve(self) -> None:
         self.counts = self.counts.translate(_HALVE)
@@ -241,9 +246,9 @@ class Policy:
     def missed(self, slot: str) -> Candidate:
         """A read of `slot`, not stored: what the history says of it, then counted."""
         self._tick()
-        candidate = self._seen(slot, self._now)
-        self._history.write(slot, self._now)
-        return candidate
+        now = self._now
+        last, count = self._history.write(slot, now)
+        return Candidate(slot=slot, count=count, gap=None if last == _NEVER else now - last, at=now)
 
     def candidate(self, slot: str) -> Candidate:
         """What `missed` would say of a read of `slot` now, counted nowhere: a
