@@ -235,7 +235,8 @@ class Index(Records, Following):
             self.drop(meta.slot)  # already held: the caller meant a replacement
         elif other != EMPTY:  # 64 bits of hash alike, another slot: the newcomer takes its row
             self._evict(other, "replaced")
-        nonce = self._nonce(meta, digest)
+        chunk = chunk_of(meta.key)
+        nonce = self._nonce(meta, digest, chunk)
         kind = kind_of(meta)
         flags = _MEMBER[kind] | (SEALED if meta.data.endswith(SEALED_SUFFIX) else 0)
         row = rows.new(digest, size=meta.size, nonce=nonce, flags=flags)
@@ -248,7 +249,7 @@ class Index(Records, Following):
         self._held(row, kind, meta.size)
         if meta.vary:
             self._varying.setdefault(meta.key, set()).add(meta.slot)
-        if (chunk := chunk_of(meta.key)) is not None:
+        if chunk is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:
             self._vary[meta.key] = meta.vary

@@ -74,15 +74,12 @@ class _History:
 
     def __init__(self, size: int, hash_fn: Callable[[str], int]) -> None:
         self._hash = hash_fn
+        self.size = size
         self._mask = size - 1
         self._bits = size.bit_length() - 1
         self.last = array("q", [_NEVER]) * size
         self.counts = bytearray(size)
         self.tags = array("H", [0]) * size  # 16 more bits of the hash: whose history an entry holds
-
-    @property
-    def size(self) -> int:
-        return self._mask + 1
 
     def _entries(self, slot: str) -> tuple[int, int, int]:
         h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF

@@ -98,8 +98,8 @@ class Table:
             i = (i + 1) & mask
 
     def insert(self, h: int, row: int) -> None:
-        """`row` as the row of hash `h`, which the table must not hold yet."""
-        self._memo = (None, EMPTY)
+        """`row` as the row of hash `h`, which the table must not hold yet (and
+        its answer to the next look: its policy's order finds it next)."""
         if (self._count + 1) * 2 > len(self._rows):
             self._grow()
         rows, mask = self._rows, self._mask
@@ -108,6 +108,7 @@ class Table:
             i = (i + 1) & mask
         rows[i] = row
         self._count += 1
+        self._memo = (h, row)
 
     def delete(self, h: int) -> None:
         """Forget hash `h` (nothing if absent): later entries of its probe run shift back into its place."""
