@@ -228,11 +228,11 @@ class Index(Records, Following):
         """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).
         `recent`: keep its record among those read last (a commit's, soon read;
         not the start-up scan's million, read when asked)."""
-        digest = digest_of(meta.slot)
+        digest = digest_of(slot := meta.slot)
         rows = self._rows
         other = rows.holder(digest)
         if other != EMPTY and rows.digest(other) == digest:
-            self.drop(meta.slot)  # already held: the caller meant a replacement
+            self.drop(slot)  # already held: the caller meant a replacement
         elif other != EMPTY:  # 64 bits of hash alike, another slot: the newcomer takes its row
             self._evict(other, "replaced")
         chunk = chunk_of(meta.key)
@@ -248,7 +248,7 @@ class Index(Records, Following):
             watch("put" if recent else "load", meta)
         self._held(row, kind, meta.size)
         if meta.vary:
-            self._varying.setdefault(meta.key, set()).add(meta.slot)
+            self._varying.setdefault(meta.key, set()).add(slot)
         if chunk is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:

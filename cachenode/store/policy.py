@@ -81,18 +81,17 @@ class _History:
         self.counts = bytearray(size)
         self.tags = array("H", [0]) * size  # 16 more bits of the hash: whose history an entry holds
 
-    def _entries(self, slot: str) -> tuple[int, int, int]:
-        h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF
-        return h & self._mask, (h >> 40) & self._mask, (h >> 24) & 0xFFFF
-
     def _find(self, slot: str) -> tuple[int, int, int]:
-        """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag)."""
-        a, b, tag = self._entries(slot)
-        if self.tags[a] == tag and self.last[a] != _NEVER:
+        """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag).
+        Its two entries and tag are bits of its hash (asked on every read: no call of its own)."""
+        h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF
+        mask, tags, last = self._mask, self.tags, self.last
+        a, b, tag = h & mask, (h >> 40) & mask, (h >> 24) & 0xFFFF
+        if tags[a] == tag and last[a] != _NEVER:
             return a, a, tag
-        if self.tags[b] == tag and self.last[b] != _NEVER:
+        if tags[b] == tag and last[b] != _NEVER:
             return b, b, tag
-        return -1, (a if self.last[a] <= self.last[b] else b), tag
+        return -1, (a if last[a] <= last[b] else b), tag
 
     def read(self, slot: str) -> tuple[int, int]:
         """(last access, count) of `slot`; (_NEVER, 0) when no entry holds its history."""
