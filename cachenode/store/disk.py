@@ -362,8 +362,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         if temp is not None:
             self.release(temp.reserved)
             temp.reserved = 0
-        varied = self._index.vary_of(meta.key)
-        old = self._index.drop(meta.slot, reason="replaced")
+        varied, slot = self._index.vary_of(meta.key), meta.slot
+        old = self._index.drop(slot, reason="replaced")
         if old is not None:
             # Another file: a small object's name has a nonce of its own, as a
             # large one's data file has. A large one's meta goes with it when a
@@ -371,10 +371,10 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
             self._unlink_later(old, final=small.is_sealed(meta) and not small.is_sealed(old))
         # Responses stored under other Vary names (or none) no longer say how
         # this key varies: the newest response does (RFC 9111 §4.1).
-        for slot in self._index.slots_of(meta.key):
-            other = self._index.get(slot)
+        for other_slot in self._index.slots_of(meta.key):
+            other = self._index.get(other_slot)
             if other.vary != meta.vary:
-                self._index.drop(slot, reason="replaced")
+                self._index.drop(other_slot, reason="replaced")
                 self._unlink_later(other, final=True)
         self._index.arrived(meta)  # its miss, counted once it is kept (`admission`)
         self._index.add(meta)
@@ -383,9 +383,9 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         elif varied:
             self._note_vary(meta.key, None)
         if meta.hot and self.hot_capacity is not None:
-            self._index.evict_hot_to(self.hot_capacity, keep=meta.slot)
+            self._index.evict_hot_to(self.hot_capacity, keep=slot)
         if self.capacity is not None:
-            self._index.evict_to(self.capacity, keep=meta.slot)
+            self._index.evict_to(self.capacity, keep=slot)
         return meta
 
     def _write_meta(self, meta_path: Path, meta: Meta) -> None:

@@ -72,10 +72,6 @@ def _kind(flags: int) -> str:
     return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
 
 
-def _same(h: int) -> int:
-    return h
-
-
 @dataclass
 class Usage:
     stored: int = 0
@@ -117,7 +113,8 @@ class Index(Records, Following):
         # object key -> the keys of its chunks stored here (nezha/chunks.py): an
         # invalidated object's chunks are found without a manifest or a scan.
         self._chunks: dict[str, set[str]] = {}
-        self.policies = {kind: Policy(hash_fn=_same, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
+        # A slot's hash is the int its row's order names it by already (`int`: no Python call per look).
+        self.policies = {kind: Policy(hash_fn=int, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
         self.usage = Usage()
         self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
         self.slots = Slots(self)
@@ -231,14 +228,15 @@ class Index(Records, Following):
         """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).
         `recent`: keep its record among those read last (a commit's, soon read;
         not the start-up scan's million, read when asked)."""
-        digest = digest_of(meta.slot)
+        digest = digest_of(slot := meta.slot)
         rows = self._rows
         other = rows.holder(digest)
         if other != EMPTY and rows.digest(other) == digest:
-            self.drop(meta.slot)  # already held: the caller meant a replacement
+            self.drop(slot)  # already held: the caller meant a replacement
         elif other != EMPTY:  # 64 bits of hash alike, another slot: the newcomer takes its row
             self._evict(other, "replaced")
-        nonce = self._nonce(meta, digest)
+        chunk = chunk_of(meta.key)
+        nonce = self._nonce(meta, digest, chunk)
         kind = kind_of(meta)
         flags = _MEMBER[kind] | (SEALED if meta.data.endswith(SEALED_SUFFIX) else 0)
         row = rows.new(digest, size=meta.size, nonce=nonce, flags=flags)
@@ -250,8 +248,8 @@ class Index(Records, Following):
             watch("put" if recent else "load", meta)
         self._held(row, kind, meta.size)
         if meta.vary:
-            self._varying.setdefault(meta.key, set()).add(meta.slot)
-        if (chunk := chunk_of(meta.key)) is not None:
+            self._varying.setdefault(meta.key, set()).add(slot)
+        if chunk is not None:
             self._chunks.setdefault(chunk[0], set()).add(meta.key)
         if meta.vary:
             self._vary[meta.key] = meta.vary
@@ -339,10 +337,11 @@ class Index(Records, Following):
     def release(self, size: int) -> None:
         self.usage.reserved = max(0, self.usage.reserved - size)
 
-    def admits(self, meta: Meta, candidate: Candidate, limit: int, *, reserved_here: int = 0) -> bool:
+    def admits(self, meta: Meta, candidate: Candidate | None, limit: int, *, reserved_here: int = 0) -> bool:
         """Is `meta` kept when committed? Yes if it fits without giving up an
         only copy (hot and extra copies go first); else only an only copy
-        may, and only if the policy lets it displace the victim."""
+        may, and only if the policy lets it displace the victim. `candidate`
+        None: worked out only if a victim is weighed (a newcomer that fits needs none)."""
         u = self.usage
         freed = 0
         digest = digest_of(meta.slot)
@@ -355,8 +354,9 @@ class Index(Records, Following):
             return True
         only = self.policies["only"]
         if kind_of(meta) == "only":
-            victim = next(self._candidates("only", hash_of(digest)), None)
-            if victim is not None and only.displaces(candidate, victim):
+            h = hash_of(digest)
+            victim = next(self._candidates("only", h), None)
+            if victim is not None and only.displaces(candidate if candidate else only.candidate(h), victim):
                 return True
         self.evictions["refused"] += 1
         return False

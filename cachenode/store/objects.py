@@ -21,6 +21,7 @@ from nezha.chunks import Manifest
 from nezha.errors import NezhaError
 
 
+_intern = sys.intern  # a module's global, not an attribute looked up per header of every `Meta`
 # Between a key and a variant in a slot: keys never hold control characters.
 VARIANT_SEPARATOR = "\n"
 
@@ -97,10 +98,10 @@ class Meta:
         # repeats is shared (slots, no __dict__; header names and hosts interned; a URL
         # equal to the key is the key).
         h = self.headers
-        pairs = tuple(h.items()) if isinstance(h, dict) else tuple((sys.intern(str(n)), str(v)) for n, v in h)
+        pairs = tuple(h.items()) if isinstance(h, dict) else tuple([(_intern(str(n)), str(v)) for n, v in h])
         object.__setattr__(self, "headers", pairs)
         object.__setattr__(self, "vary", tuple(self.vary))
-        object.__setattr__(self, "host", sys.intern(self.host))
+        object.__setattr__(self, "host", _intern(self.host))
         if self.url == self.key:
             object.__setattr__(self, "url", self.key)
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no

@@ -74,28 +74,24 @@ class _History:
 
     def __init__(self, size: int, hash_fn: Callable[[str], int]) -> None:
         self._hash = hash_fn
+        self.size = size
         self._mask = size - 1
         self._bits = size.bit_length() - 1
         self.last = array("q", [_NEVER]) * size
         self.counts = bytearray(size)
         self.tags = array("H", [0]) * size  # 16 more bits of the hash: whose history an entry holds
 
-    @property
-    def size(self) -> int:
-        return self._mask + 1
-
-    def _entries(self, slot: str) -> tuple[int, int, int]:
-        h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF
-        return h & self._mask, (h >> 40) & self._mask, (h >> 24) & 0xFFFF
-
     def _find(self, slot: str) -> tuple[int, int, int]:
-        """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag)."""
-        a, b, tag = self._entries(slot)
-        if self.tags[a] == tag and self.last[a] != _NEVER:
+        """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag).
+        Its two entries and tag are bits of its hash (asked on every read: no call of its own)."""
+        h = self._hash(slot) & 0xFFFFFFFFFFFFFFFF
+        mask, tags, last = self._mask, self.tags, self.last
+        a, b, tag = h & mask, (h >> 40) & mask, (h >> 24) & 0xFFFF
+        if tags[a] == tag and last[a] != _NEVER:
             return a, a, tag
-        if self.tags[b] == tag and self.last[b] != _NEVER:
+        if tags[b] == tag and last[b] != _NEVER:
             return b, b, tag
-        return -1, (a if self.last[a] <= self.last[b] else b), tag
+        return -1, (a if last[a] <= last[b] else b), tag
 
     def read(self, slot: str) -> tuple[int, int]:
         """(last access, count) of `slot`; (_NEVER, 0) when no entry holds its history."""
@@ -104,14 +100,19 @@ class _History:
             return _NEVER, 0
         return self.last[i], self.counts[i]
 
-    def write(self, slot: str, now: int) -> None:
+    def write(self, slot: str, now: int) -> tuple[int, int]:
+        """A read of `slot` at `now` recorded; what `read` gave before it (one look-up for both)."""
         i, free, tag = self._find(slot)
         if i < 0:  # the entry read longer ago gives way
+            before = _NEVER, 0
             i = free
             self.tags[i], self.counts[i] = tag, 0
+        else:
+            before = self.last[i], self.counts[i]
         self.last[i] = now
         if self.counts[i] < _MAX_COUNT:
             self.counts[i] += 1
+        return before
 
     def halve(self) -> None:
         self.counts = self.counts.translate(_HALVE)
@@ -241,9 +242,9 @@ class Policy:
     def missed(self, slot: str) -> Candidate:
         """A read of `slot`, not stored: what the history says of it, then counted."""
         self._tick()
-        candidate = self._seen(slot, self._now)
-        self._history.write(slot, self._now)
-        return candidate
+        now = self._now
+        last, count = self._history.write(slot, now)
+        return Candidate(slot=slot, count=count, gap=None if last == _NEVER else now - last, at=now)
 
     def candidate(self, slot: str) -> Candidate:
         """What `missed` would say of a read of `slot` now, counted nowhere: a

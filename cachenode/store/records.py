@@ -17,7 +17,6 @@ from cachenode.store.objects import Meta
 from cachenode.store.rows import EMPTY, SEALED, USED, Rows, digest_of
 
 __all__ = ["Records", "digest_of", "SEALED_SUFFIX", "DATA_SUFFIX"]
-from nezha.chunks import chunk_of
 
 SEALED_SUFFIX, DATA_SUFFIX = ".obj", ".data"  # cachenode/store/small.py SUFFIX; a large object's data file
 
@@ -104,10 +103,11 @@ class Records:
         if len(recent) > self._recent_max:
             recent.popitem(last=False)
 
-    def _nonce(self, meta: Meta, digest: bytes) -> int:
+    def _nonce(self, meta: Meta, digest: bytes, chunk: tuple[str, int, int] | None) -> int:
         """The nonce of `meta`'s data file when its record can be read again from
-        it (`{oid}.{12 hex}.obj|.data`, no variant, no chunk); EMPTY: keep it in memory."""
-        if self._records is None or meta.vary or chunk_of(meta.key) is not None:
+        it (`{oid}.{12 hex}.obj|.data`, no variant, no chunk: `chunk_of(meta.key)`
+        is `chunk`); EMPTY: keep it in memory."""
+        if self._records is None or meta.vary or chunk is not None:
             return EMPTY
         parts = meta.data.split(".")
         if len(parts) != 3 or parts[0] != digest.hex() or len(parts[1]) != 12 \

@@ -74,9 +74,11 @@ class Table:
         self._rows = array("i", [EMPTY]) * size
         self._mask = size - 1
         self._count = 0
-        # The last hash found and its row: a hit finds its row once for the
-        # index and twice more for its policy's order.
-        self._memo = (0, EMPTY)
+        # The last hash looked for and its row (EMPTY: not held), until the
+        # next insert or delete: a hit finds its row once for the index and
+        # twice more for its policy's order, and a newcomer is looked for
+        # about four times before its insert (admitted, replacing, held, added).
+        self._memo: tuple[int | None, int] = (None, EMPTY)
 
     def __len__(self) -> int:
         return self._count
@@ -84,22 +86,20 @@ class Table:
     def find(self, h: int) -> int:
         """The row of hash `h`, or EMPTY."""
         memo = self._memo
-        if memo[0] == h and memo[1] != EMPTY:
+        if memo[0] == h:
             return memo[1]
         rows, hashes, mask = self._rows, self._hashes, self._mask
         i = h & mask
         while True:
             r = rows[i]
-            if r == EMPTY:
-                return r
-            if hashes[r] == h:
+            if r == EMPTY or hashes[r] == h:
                 self._memo = (h, r)
                 return r
             i = (i + 1) & mask
 
     def insert(self, h: int, row: int) -> None:
-        """`row` as the row of hash `h`, which the table must not hold yet."""
-        self._memo = (0, EMPTY)
+        """`row` as the row of hash `h`, which the table must not hold yet (and
+        its answer to the next look: its policy's order finds it next)."""
         if (self._count + 1) * 2 > len(self._rows):
             self._grow()
         rows, mask = self._rows, self._mask
@@ -108,10 +108,11 @@ class Table:
             i = (i + 1) & mask
         rows[i] = row
         self._count += 1
+        self._memo = (h, row)
 
     def delete(self, h: int) -> None:
         """Forget hash `h` (nothing if absent): later entries of its probe run shift back into its place."""
-        self._memo = (0, EMPTY)
+        self._memo = (None, EMPTY)
         rows, hashes, mask = self._rows, self._hashes, self._mask
         i = h & mask
         while True:

@@ -36,8 +36,10 @@ TRAILER_SIZE = _TRAILER.size
 # A record is an object's metadata (cachenode/store/objects.py `Meta`):
 # headers the origin sent, kept whole. Beyond this, it is not one.
 MAX_RECORD = 1 << 20
-# `json.dumps(record, separators=(",", ":"))`, its encoder made once rather than on every call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+# `json.dumps(record, separators=(",", ":"))`, its encoder made once rather than on every call,
+# and without the check for a record that holds itself (its values are a `Meta`'s: immutable,
+# none holds another): the same bytes, a tenth less time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 class Unsealed(ValueError):

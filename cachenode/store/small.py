@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cachenode.store.objects import Meta, Refused, TooLarge, slot_of
+from cachenode.store.rows import digest_of
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
@@ -158,8 +159,7 @@ class SealedWrites:
             raise TooLarge(f"{meta.key}: {meta.size} bytes exceed the hot copies' share of {self.hot_capacity} "
                            f"bytes")
         self._load(meta.key)
-        candidate = self._index.candidate(meta)
-        if self.capacity is not None and not self._index.admits(meta, candidate, self.capacity,
+        if self.capacity is not None and not self._index.admits(meta, None, self.capacity,
                                                                  reserved_here=reserved):
             self._index.arrived(meta)
             raise Refused(f"{meta.key}: the store is full of objects still read, and keeps them")
@@ -242,8 +242,11 @@ def _data_name(oid: str, *, sealed: bool) -> str:
 def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str = "", hot: bool = False,
                 extra: bool = False, **record: Any) -> Meta:
     """The `Meta` of a small object of `size` bytes about to be written at once:
-    its data file a new sealed file's name in its slot's folder."""
-    oid = object_id(slot_of(key, vary=vary, variant=variant))
+    its data file a new sealed file's name in its slot's folder. Its slot is
+    hashed by the index's `digest_of` (`object_id` is its hex), which
+    remembers it: the admission and the index ask for the same slot's digest
+    next, and get it without hashing the key again."""
+    oid = digest_of(slot_of(key, vary=vary, variant=variant)).hex()
     return Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
                 data=_data_name(oid, sealed=True), **record)
 

@@ -3,6 +3,7 @@ goes first, why each object left, and what the last hour's reads say."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -190,3 +191,28 @@ def test_a_newcomer_whose_write_fails_after_admission_leaves_the_policy_and_the_
     assert index.census.hit_ratio() == pytest.approx(1 / 3)  # a's miss and hit, b's one miss
     assert index.census.working_set() == 200
     assert index.candidate(b).count == 1
+
+
+def test_a_newcomer_admitted_without_its_candidate_is_judged_as_with_it():
+    """`admits(meta, None, ...)` (a sealed put's admission) works the candidate out only when a victim is
+    weighed: two indexes fed the same misses under pressure, one given each candidate and one not, keep,
+    refuse and evict alike."""
+    rng = random.Random(11)
+    given, worked_out = indexed(), indexed()
+    for i in range(3000):
+        m = meta(f"s{int(rng.paretovariate(1.1)) % 120}", size=rng.choice((50, 100, 150)), extra=i % 17 == 0)
+        decisions = []
+        for (index, _), judged in ((given, True), (worked_out, False)):
+            if index.lookup(m.key) is not None:
+                decisions.append("hit")
+                continue
+            admitted = index.admits(m, index.candidate(m) if judged else None, 2000)
+            index.arrived(m)
+            if admitted:
+                index.add(m)
+                index.evict_to(2000, keep=m.slot)
+            decisions.append(admitted)
+        assert decisions[0] == decisions[1]
+    assert given[1] == worked_out[1] and given[1]
+    assert given[0].evictions == worked_out[0].evictions and given[0].evictions["refused"] > 0
+    assert list(given[0].policies["only"].victims()) == list(worked_out[0].policies["only"].victims())

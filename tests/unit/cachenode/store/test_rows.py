@@ -102,3 +102,18 @@ def test_a_slot_digest_is_its_sha256_and_its_hash_its_first_8_bytes_whichever_sl
         digest = digest_of(slot)
         assert digest == hashlib.sha256(slot.encode("utf-8", "surrogateescape")).digest()
         assert hash_of(digest) == hash_of(bytes(bytearray(digest))) == int.from_bytes(digest[:8], "little", signed=True)
+
+
+def test_a_hash_looked_for_in_vain_is_found_once_inserted_and_not_once_deleted():
+    """The table remembers its last answer, a miss too, until the next insert or delete."""
+    hashes = array("q", [5, 13])
+    table = Table(hashes, size=8)  # 5 and 13 share a home: 13 probes past 5
+    assert table.find(13) == EMPTY and table.find(13) == EMPTY
+    table.insert(5, 0)
+    assert table.find(13) == EMPTY
+    table.insert(13, 1)
+    assert table.find(13) == 1 and table.find(13) == 1
+    table.delete(5)
+    assert table.find(5) == EMPTY and table.find(13) == 1
+    table.delete(13)
+    assert table.find(13) == EMPTY and table.find(5) == EMPTY

@@ -1,5 +1,6 @@
 """A small object's file seals its body and record: any torn or flipped byte is told apart."""
 
+import json
 import os
 
 import pytest
@@ -53,3 +54,16 @@ def test_a_file_of_another_format_has_no_trailer():
     with pytest.raises(Unsealed):
         record_length(b"\0" * TRAILER_SIZE)
     assert MAGIC not in b"\0" * TRAILER_SIZE
+
+
+def test_a_record_is_sealed_as_json_dumps_writes_it_compact():
+    """The record's bytes are what every node before this one wrote and reads:
+    `json.dumps(record, separators=(",", ":"))`, non-ASCII and lone surrogates
+    escaped, an unbounded allowance as `Infinity`."""
+    record = {"key": "http://h/\u00e9t\u00e9/\udcff.jpg", "size": 5000, "stale_if_error": float("inf"),
+              "stored_at": 1795922793.3171613, "headers": (("ETag", '"x"'), ("X-Note", "caf\u00e9")), "vary": (),
+              "hot": False, "status": 200}
+    tail = seal(BODY, record)
+    raw = tail[:record_length(tail[-TRAILER_SIZE:])]
+    assert raw == json.dumps(record, separators=(",", ":")).encode()
+    assert unseal(BODY + tail)[1]["stale_if_error"] == float("inf")
