@@ -30,6 +30,7 @@ from cachenode.fill.lead import Step, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
+from cachenode.fill.small_gets import SmallAnswer
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
@@ -215,6 +216,28 @@ class FillEngine:
             if not flight.outcome.done():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
+
+    def asks_plainly(self, source: Source, origin: Origin) -> bool:
+        """Whether `lead` would ask the origin `source` names with the source's fields alone (no Range of a
+        first chunk, no resume, no parent tier, no peer): what fill/small_gets.py may ask in its place."""
+        return source.peer is None and source.route is None and source.resume is None and first_chunk_range(
+            source, None, origin, chunking=self.settings.chunking(origin), spread=self.chunks.spread()) is None
+
+    async def lead_small(self, flight: Flight, answer: SmallAnswer, *, key: str, url: str, origin: Origin,
+                         target: Target, source: Source) -> Outcome | None:
+        """Lead `flight` with the origin's small whole 200 in hand (fill/small_gets.py) as `lead` leads it
+        when it stores it at once: judged, then `AtOnce.store_whole`. None: `lead` would do anything else
+        with it (or the store refused it); nothing was stored, the flight is still led, `lead` asks again."""
+        self.runs.digests.noted(target, answer.status, answer.headers)
+        judged = self._judge(answer, origin=origin, source=source, stale=None)
+        if judged.decision.step is not Step.FILL or judged.chunk_size is not None or not self.runs.whole_and_small(
+                answer, source=source, origin=origin, authorize=judged.authorize, read=True):
+            return None
+        outcome = await self.runs.at_once.store_whole(
+            flight, answer, answer.body, key=key, url=url, host=target.host, headers=judged.kept,
+            expires_at=judged.expires_at, policy=judged.policy, now=judged.now, target=target, source=source,
+            vary=judged.vary, origin=origin, authorize=judged.authorize, age=judged.age)
+        return self._resolve_flight(flight, outcome) if isinstance(outcome, Outcome) else None
 
     async def _not_stored(self, flight: Flight, response: aiohttp.ClientResponse, judged: Judged, *, key: str,
                           origin: Origin, stale: Meta | None,

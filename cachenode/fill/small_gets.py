@@ -36,8 +36,8 @@ from __future__ import annotations
 import asyncio
 import re
 
-from aiohttp import HttpVersion
-from multidict import CIMultiDict, CIMultiDictProxy
+from aiohttp import HttpVersion, hdrs
+from multidict import CIMultiDict, CIMultiDictProxy, istr
 
 from cachenode.http.fields import FieldLines
 
@@ -47,12 +47,15 @@ HEAD_MAX = 64 * 1024  # an answer's head, longer: declined
 _STATUS = re.compile(rb"HTTP/1\.([01]) (\d\d\d)(?: ([\t\x20-\x7e]*))?")
 _FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?)[ \t]*")
 _VERSIONS = {b"0": HttpVersion(1, 0), b"1": HttpVersion(1, 1)}
+# aiohttp's parser names a field it knows as `hdrs` spells it ("Etag" for "ETag"), which is what is stored.
+_KNOWN = {str(name).lower().encode("ascii"): name for name in vars(hdrs).values() if isinstance(name, istr)}
 
 
 class SmallAnswer:
     """A final 200 read whole: read by `fill/judged.py` as an origin client's answer is."""
 
-    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "_lines")
+    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "url", "_lines")
+    method = "GET"  # what it answers, as `fill/origin.py` `ends_at_close` reads it
 
     def __init__(self, *, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], content_length: int,
                  body: bytes) -> None:
@@ -62,6 +65,7 @@ class SmallAnswer:
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(pairs))
         self.content_length = content_length
         self.body = body
+        self.url: object = None  # the URL asked, the caller's (fill/upstream.py `answered_by_parent` reads it)
         self._lines: FieldLines | None = None
 
     def field_lines(self) -> FieldLines:
@@ -105,7 +109,7 @@ def read_head(head: bytes, small_max: int) -> _Head | None:
             return None
         elif lname == b"connection":
             connection.extend(t.strip(b" \t").lower() for t in value.split(b","))
-        pairs.append((name.decode("ascii"), value.decode("ascii")))
+        pairs.append((_KNOWN.get(lname) or name.decode("ascii"), value.decode("ascii")))
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18 or int(lengths[0]) > small_max:
         return None
     version = _VERSIONS[status.group(1)]
@@ -208,8 +212,8 @@ class SmallGets:
         """Connections to (host, port) open now, idle and busy."""
         return self._open.get((host, port), 0)
 
-    async def get(self, host: str, port: int, head: bytes, *, small_max: int,
-                  timeout: float) -> SmallAnswer | None:
+    async def get(self, host: str, port: int, head: bytes, *, small_max: int, timeout: float,
+                  url: object = None) -> SmallAnswer | None:
         """The answer to the request `head` (a body-less GET) when it is a
         final 200 of at most `small_max` bytes read whole within `timeout`;
         None: anything else, nothing kept of it (see the module's docstring)."""
@@ -224,6 +228,8 @@ class SmallGets:
             got = await answer
         finally:
             timer.cancel()
+            if got is not None:
+                got.url = url
             read = conn._head
             if got is not None and read is not None and read.keep and not conn.closed:
                 self._idle.setdefault(where, []).append(conn)
