@@ -203,7 +203,8 @@ class CacheNode:
                        misses=FastMisses(store=self.store, engine=self.engine, upstream=self.upstream,
                                          cluster=self.cluster, node_id=self.node_id, via=self.respond.via,
                                          pacing=self.pacing, counts=self.counts, metrics=self.metrics,
-                                         recent=RecentFills(), small_gets=self.small_gets))
+                                         recent=RecentFills() if settings.follower_leads or self.small_gets
+                                         else None, small_gets=self.small_gets))
 
     @property
     def flights(self) -> Flights:

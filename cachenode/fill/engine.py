@@ -228,6 +228,8 @@ class FillEngine:
         """Lead `flight` with the origin's small whole 200 in hand (fill/small_gets.py) as `lead` leads it
         when it stores it at once: judged, then `AtOnce.store_whole`. None: `lead` would do anything else
         with it (or the store refused it); nothing was stored, the flight is still led, `lead` asks again."""
+        if len(answer.body) != answer.content_length:
+            return None  # never a torn body: its client's bytes are the length its head says
         self.runs.digests.noted(target, answer.status, answer.headers)
         judged = self._judge(answer, origin=origin, source=source, stale=None)
         if judged.decision.step is not Step.FILL or judged.chunk_size is not None or not self.runs.whole_and_small(

@@ -59,8 +59,8 @@ def answer_of(response: aiohttp.ClientResponse | Answered, *, policy: Policy, va
                   authorized_reads=authorize, has_etag=has_etag)
 
 
-def judge(response: aiohttp.ClientResponse | Answered, *, origin: Origin, source: Source, stale: Meta | None, now: float,
-          fits: Callable[[int], bool],
+def judge(response: aiohttp.ClientResponse | Answered, *, origin: Origin, source: Source, stale: Meta | None,
+          now: float, fits: Callable[[int], bool],
           chunking: Callable[[tuple[str, ...] | None, bool], tuple[int | None, int]]) -> Judged:
     """What a leader makes of the source's answer: the facts about it and
     `fill/lead.py`'s decision on them. `chunking(vary, authorize)`: the chunk

@@ -45,7 +45,8 @@ POOL_MAX = 64  # connections per origin, idle and busy
 HEAD_MAX = 64 * 1024  # an answer's head, longer: declined
 
 _STATUS = re.compile(rb"HTTP/1\.([01]) (\d\d\d)(?: ([\t\x20-\x7e]*))?")
-_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?)[ \t]*")
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*"
+                    rb"[\x21-\x7e\x80-\xff])?)?)[ \t]*")
 _VERSIONS = {b"0": HttpVersion(1, 0), b"1": HttpVersion(1, 1)}
 # aiohttp's parser names a field it knows as `hdrs` spells it ("Etag" for "ETag"), which is what is stored.
 _KNOWN = {str(name).lower().encode("ascii"): name for name in vars(hdrs).values() if isinstance(name, istr)}
@@ -89,7 +90,7 @@ def read_head(head: bytes, small_max: int) -> _Head | None:
     """The head of a final 200 this client answers (without its blank line),
     with its Content-Length and whether its connection may be reused; None:
     any other answer, or a head not read plainly (obsolete line folding, a
-    byte outside printable ASCII, a field line without a name)."""
+    control character, a field line without a name)."""
     lines = head.split(b"\r\n")
     status = _STATUS.fullmatch(lines[0])
     if status is None or status.group(2) != b"200":
@@ -109,7 +110,8 @@ def read_head(head: bytes, small_max: int) -> _Head | None:
             return None
         elif lname == b"connection":
             connection.extend(t.strip(b" \t").lower() for t in value.split(b","))
-        pairs.append((_KNOWN.get(lname) or name.decode("ascii"), value.decode("ascii")))
+        # A value's bytes past ASCII (obs-text) as aiohttp's parser decodes them.
+        pairs.append((_KNOWN.get(lname) or name.decode("ascii"), value.decode("utf-8", "surrogateescape")))
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18 or int(lengths[0]) > small_max:
         return None
     version = _VERSIONS[status.group(1)]

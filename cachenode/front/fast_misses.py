@@ -193,7 +193,7 @@ def miss_head(meta: Meta, via: str) -> bytes:
 
 class FastMisses:
     def __init__(self, *, store: Store, engine: FillEngine, upstream: Upstream, cluster: ClusterView, node_id: str,
-                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics, recent: RecentFills,
+                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics, recent: RecentFills | None = None,
                  small_gets: SmallGets | None = None) -> None:
         self.store = store
         self.engine = engine
@@ -208,8 +208,10 @@ class FastMisses:
         self._fields = PlainFields(engine.via)
         # Each origin's last fills led here, small or not: whether its next is
         # asked on the node's own connections (`small_gets`), and whether a
-        # follower may lead that origin's fills (workers/lead_desk.py).
+        # follower may lead that origin's fills (workers/lead_desk.py); None:
+        # neither (kept only for them: it costs a few us a fill).
         self.recent = recent
+        assert small_gets is None or recent is not None
         self.small_gets = small_gets  # None: every fill asked through the engine (`--no-small-gets`)
         self._small_gets = (metrics.small_gets.labels("stored"), metrics.small_gets.labels("fallback"))
         self._timeout = aiohttp.ClientTimeout(total=None)
@@ -261,7 +263,7 @@ class FastMisses:
         finally:
             self.pacing.live_ended()
         at_once = response is None and simple_body(outcome) is not None
-        if outcome.kind is not Kind.FAILED:
+        if self.recent is not None and outcome.kind is not Kind.FAILED:
             self.recent.record(miss.target.host, small=at_once or self._small(outcome))
         if at_once:
             return outcome
@@ -271,7 +273,7 @@ class FastMisses:
         """The flight of `miss` led with the origin's answer read on the node's own connections
         (fill/small_gets.py), for a plain http:// origin whose recent fills were small; None: not asked
         that way, or anything but a small whole 200 stored at once, nothing stored: `FillEngine.lead` asks."""
-        assert self.small_gets is not None
+        assert self.small_gets is not None and self.recent is not None
         small_max = self.store.small_max
         url = miss.url
         if small_max <= 0 or not url.startswith("http://") or not self.recent.small(miss.target.host):

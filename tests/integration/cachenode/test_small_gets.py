@@ -268,3 +268,12 @@ async def test_the_request_bytes_are_those_plain_gets_sends(origin_with) -> None
     gets.close()
     assert len(origin.heads) == 2
     assert origin.heads[0][1] == origin.heads[1][1] == head
+
+
+async def test_a_value_past_ascii_is_read_as_aiohttp_reads_it(origin_with) -> None:
+    origin = await origin_with(answering(OK.replace(b"\r\n\r\n", "\r\nX-Note: caf\u00e9 \xff\r\n\r\n".encode(
+        "utf-8").replace("\u00ff".encode("utf-8"), b"\xff"), 1)))
+    gets = SmallGets()
+    answer = await get(gets, origin)
+    assert answer is not None and answer.headers["X-Note"] == "caf\u00e9 " + b"\xff".decode("utf-8", "surrogateescape")
+    gets.close()

@@ -148,3 +148,73 @@ async def test_without_small_gets_every_fill_goes_through_the_engine(origin, mak
     answers = await fill_all(node, PATHS)
     assert [body for _, body in answers] == [BODIES[p] for p in PATHS]
     assert small_gets(node, "stored") == small_gets(node, "fallback") == 0
+
+
+async def test_many_small_misses_at_once_reuse_the_node_s_own_connections(origin, make_node):
+    count, clients = 300, 16
+    for n in range(count):
+        origin.put(f"/img/{n}.jpg", bytes([n % 251]) * (3000 + n), headers={"Cache-Control": "max-age=600"})
+    node = await make_node(small_gets=True)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(count):
+        queue.put_nowait(n)
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", node.server.port)
+        try:
+            while not queue.empty():
+                n = queue.get_nowait()
+                writer.write(request(f"/img/{n}.jpg"))
+                head, got = await asyncio.wait_for(_response(reader), 10)
+                assert got == bytes([n % 251]) * (3000 + n) and field(head, "X-Nezha-Cache") == "miss"
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    assert sum(origin.requests.values()) == count
+    assert small_gets(node, "stored") >= count - clients and small_gets(node, "fallback") == 0
+    # The engine's pool for the fills before the origin was seen small, then at most one of the node's own
+    # per fill in flight (and a few closed and reopened meanwhile).
+    assert len(origin.connections) <= 2 * clients + 4, len(origin.connections)
+    assert node.node.small_gets.opened("127.0.0.1", int(origin.url.rsplit(":", 1)[1])) <= clients
+
+
+async def test_64_small_misses_at_once_are_all_at_the_origin_and_a_later_wave_reuses_the_node_s_connections(
+        origin, make_node):
+    """As test_misses_in_flight.py's for the engine's pool: the origin holds each answer until 64 requests
+    are in flight, so a node that asked one after another would leave it waiting and fail here."""
+    clients = 64
+    bodies = {f"/w/{n}.bin": os.urandom(16 * 1024) for n in range(3 * clients)}
+    for path, body in bodies.items():
+        origin.put(path, body, headers={"Cache-Control": "max-age=3600"})
+    answer = origin._answer
+    full = asyncio.Event()
+
+    async def held(request):
+        if origin.in_flight >= clients:
+            full.set()
+        try:
+            await asyncio.wait_for(full.wait(), 10)
+        except asyncio.TimeoutError:
+            pass  # answered anyway: the count below tells
+        return await answer(request)
+
+    origin._answer = held
+    node = await make_node(small_gets=True)
+    paths = list(bodies)
+
+    async def wave(part: list[str]) -> set:
+        full.clear()
+        origin.most_in_flight = 0
+        before = set(origin.connections)
+        got = await asyncio.gather(*(_exchange(node, request(p)) for p in part))
+        assert [body for [(_, body)] in got] == [bodies[p] for p in part]
+        assert origin.most_in_flight == clients, f"at most {origin.most_in_flight} of {clients} at the origin"
+        return set(origin.connections) - before
+
+    await wave(paths[:clients])  # through the engine: the origin not seen yet
+    second = await wave(paths[clients:2 * clients])  # the node's own connections, one per fill in flight
+    assert small_gets(node, "stored") == clients and len(second) == clients
+    assert await wave(paths[2 * clients:]) == set(), "the third wave on the second's connections"
+    assert small_gets(node, "stored") == 2 * clients and small_gets(node, "fallback") == 0
+    assert all(origin.requests[p] == 1 for p in bodies)
