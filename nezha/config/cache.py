@@ -226,8 +226,9 @@ class CacheSettings(NezhaSettings):
     # an origin whose recent fills were small on the node's own connections
     # (cachenode/fill/small_gets.py) rather than through aiohttp; anything but
     # a small whole 200 is asked again the usual way (docs/cache-node.md,
-    # "Small gets"). On by default: 8% less node CPU per cold small fill in
-    # 4 of 4 pairs (docs/benchmarks.md, 2026-11-29); --no-small-gets turns it off.
+    # "Small gets"). On by default: 5-8% less node CPU per cold small fill,
+    # 7 of 8 pairs over two runs (docs/benchmarks.md, 2026-11-29);
+    # --no-small-gets turns it off.
     small_gets: Annotated[bool, Flag(only=("cache",))] = Field(True, description=(
         "ask plain http:// origins whose recent fills were small on the node's own connections, asking again "
         "through the general client for anything but a small whole 200 (default: on; docs/benchmarks.md)"))
