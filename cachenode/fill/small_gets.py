@@ -209,6 +209,7 @@ class SmallGets:
         self._connect_timeout = connect_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: dict[tuple[str, int], int] = {}  # connections per origin, idle and busy
+        self._closed = False  # the node stops: a connection whose exchange ends then is closed, not kept
 
     def opened(self, host: str, port: int) -> int:
         """Connections to (host, port) open now, idle and busy."""
@@ -233,11 +234,11 @@ class SmallGets:
             if got is not None:
                 got.url = url
             read = conn._head
-            if got is not None and read is not None and read.keep and not conn.closed:
+            if got is not None and read is not None and read.keep and not conn.closed and not self._closed:
                 self._idle.setdefault(where, []).append(conn)
             else:
                 conn.close()  # declined, cancelled, or not to be reused: never again
-                self._open[where] -= 1
+                self._dropped(where)
         return got
 
     async def _connection(self, where: tuple[str, int]) -> _Connection | None:
@@ -246,7 +247,7 @@ class SmallGets:
             conn = idle.pop()
             if not conn.closed:
                 return conn
-            self._open[where] -= 1  # closed by the origin while idle: dropped, never written to
+            self._dropped(where)  # closed by the origin while idle: dropped, never written to
         opened = self._open.get(where, 0)
         if opened >= self._pool_max:
             return None
@@ -256,15 +257,24 @@ class SmallGets:
                 asyncio.get_running_loop().create_connection(_Connection, where[0], where[1]),
                 self._connect_timeout)
         except (OSError, asyncio.TimeoutError):
-            self._open[where] -= 1
+            self._dropped(where)
             return None
         except BaseException:
-            self._open[where] -= 1
+            self._dropped(where)
             raise
         return conn
 
+    def _dropped(self, where: tuple[str, int]) -> None:
+        """One connection to `where` fewer (none counted after `close`, whose busy ones end later)."""
+        n = self._open.get(where, 0)
+        if n > 1:
+            self._open[where] = n - 1
+        else:
+            self._open.pop(where, None)
+
     def close(self) -> None:
-        """Close every idle connection (the node stops)."""
+        """Close every idle connection, and each busy one once its exchange ends (the node stops)."""
+        self._closed = True
         for conns in self._idle.values():
             for conn in conns:
                 conn.close()

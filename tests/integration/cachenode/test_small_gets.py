@@ -277,3 +277,24 @@ async def test_a_value_past_ascii_is_read_as_aiohttp_reads_it(origin_with) -> No
     answer = await get(gets, origin)
     assert answer is not None and answer.headers["X-Note"] == "caf\u00e9 " + b"\xff".decode("utf-8", "surrogateescape")
     gets.close()
+
+
+async def test_closing_with_a_get_in_flight_lets_it_end_and_keeps_nothing(origin_with) -> None:
+    gate = asyncio.Event()
+
+    async def held(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        await gate.wait()
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    origin = await origin_with(held)
+    gets = SmallGets()
+    in_flight = asyncio.create_task(get(gets, origin))
+    while not origin.heads:
+        await asyncio.sleep(0.01)
+    gets.close()
+    gate.set()
+    answer = await in_flight
+    assert answer is not None and answer.body == BODY
+    assert gets.opened("127.0.0.1", origin.port) == 0 and not gets._idle  # closed once it ended, not kept
