@@ -69,6 +69,9 @@ class SmallAnswer:
         self.url: object = None  # the URL asked, the caller's (fill/upstream.py `answered_by_parent` reads it)
         self._lines: FieldLines | None = None
 
+    def release(self) -> None:
+        """Nothing to give back: its connection went back to its pool, or was closed, once it was read."""
+
     def field_lines(self) -> FieldLines:
         lines = self._lines
         if lines is None:

@@ -218,3 +218,20 @@ async def test_64_small_misses_at_once_are_all_at_the_origin_and_a_later_wave_re
     assert await wave(paths[2 * clients:]) == set(), "the third wave on the second's connections"
     assert small_gets(node, "stored") == 2 * clients and small_gets(node, "fallback") == 0
     assert all(origin.requests[p] == 1 for p in bodies)
+
+
+async def test_a_full_store_s_refusals_are_streamed_from_memory_never_asked_twice(origin, make_node):
+    """A dataset larger than the cache: what the store will not keep goes to its client from the answer in
+    hand, as the engine's at-once path streams it, and the origin is asked once per request."""
+    size = 4096
+    paths = [f"/full/{n}.bin" for n in range(60)]
+    bodies = {p: os.urandom(size) for p in paths}
+    for path, body in bodies.items():
+        origin.put(path, body, headers={"Cache-Control": "max-age=3600"})
+    node = await make_node(small_gets=True, capacity=20 * size, hot_reads=0)
+    answers = await fill_all(node, paths)
+    assert [body for _, body in answers] == [bodies[p] for p in paths]
+    assert all(origin.requests[p] == 1 for p in paths)
+    assert small_gets(node, "fallback") == 0 and small_gets(node, "stored") == len(paths) - 1
+    await node.node.settled()
+    assert sum(node.node.store.lookup(key_of(p)) is not None for p in paths) < len(paths)  # some refused
