@@ -121,6 +121,10 @@ class Metrics:
                                     "by how each ended", ("outcome",), registry=r)
         for outcome in ("denied", "stored", "declined", "refused", "lost"):
             self.worker_leads.labels(outcome)
+        self.small_gets = Counter("nezha_small_gets", "Cold small fills the fast path asked on the node's own "
+                                  "connections, by outcome", ("outcome",), registry=r)
+        for outcome in ("stored", "fallback"):
+            self.small_gets.labels(outcome)
         self._add_fills(r)
         self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
         r.register(self.first_byte)

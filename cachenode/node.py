@@ -33,6 +33,7 @@ from cachenode.fill.engine import FillEngine
 from cachenode.fill.flights import Flights
 from cachenode.fill.origin import OriginClient, via_of
 from cachenode.fill.recent_fills import RecentFills
+from cachenode.fill.small_gets import SmallGets
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.verify import Digests
 from cachenode.cluster.hot_copies import HotCopies
@@ -121,6 +122,8 @@ class CacheNode:
                                  connect_timeout=settings.origin_connect_timeout,
                                  read_timeout=settings.origin_connect_timeout + settings.origin_read_timeout
                                  + settings.peer_timeout)
+        # Cold small fills of plain http:// origins asked on the node's own connections (fill/small_gets.py).
+        self.small_gets = SmallGets(connect_timeout=settings.origin_connect_timeout) if settings.small_gets else None
 
     def _rooms(self, settings: CacheSettings, clock: Callable[[], float]) -> None:
         """The rooms below the front: replication, chunks, the fill engine,
@@ -200,7 +203,8 @@ class CacheNode:
                        misses=FastMisses(store=self.store, engine=self.engine, upstream=self.upstream,
                                          cluster=self.cluster, node_id=self.node_id, via=self.respond.via,
                                          pacing=self.pacing, counts=self.counts, metrics=self.metrics,
-                                         recent=RecentFills() if settings.follower_leads else None))
+                                         recent=RecentFills() if settings.follower_leads or self.small_gets
+                                         else None, small_gets=self.small_gets))
 
     @property
     def flights(self) -> Flights:
@@ -232,6 +236,8 @@ class CacheNode:
         if self.index is not None:
             await self.index.close()
         await self.origins.close()
+        if self.small_gets is not None:
+            self.small_gets.close()
         await self.store.close()  # the last group sync of small objects
 
     async def settled(self) -> None:

@@ -30,6 +30,7 @@ from cachenode.fill.lead import Step, decide, resume_of
 from cachenode.fill.origin import Interim, forwarded_request_headers
 from cachenode.fill.parallel import close_unread
 from cachenode.fill.running import FillRuns, Peers
+from cachenode.fill.small_gets import SmallAnswer
 from cachenode.fill.verify import Digests
 from cachenode.fill.upstream import Upstream
 from cachenode.http.digests import carried
@@ -215,6 +216,32 @@ class FillEngine:
             if not flight.outcome.done():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
+
+    def asks_plainly(self, source: Source, origin: Origin) -> bool:
+        """Whether `lead` would ask the origin with `source`'s fields alone: fill/small_gets.py may then."""
+        return source.peer is None and source.route is None and source.resume is None and first_chunk_range(
+            source, None, origin, chunking=self.settings.chunking(origin), spread=self.chunks.spread()) is None
+
+    async def lead_small(self, flight: Flight, answer: SmallAnswer, *, key: str, url: str, origin: Origin,
+                         target: Target, source: Source) -> Outcome | None:
+        """Lead `flight` with the origin's small whole 200 in hand (fill/small_gets.py) as `lead` and
+        `FillRuns.fill` lead it when they would store it at once: `store_whole`, or from memory what it could
+        not store. None: `lead` would do anything else with it; nothing stored, the flight still led."""
+        if len(answer.body) != answer.content_length:
+            return None  # never a torn body: its client's bytes are the length its head says
+        self.runs.digests.noted(target, answer.status, answer.headers)
+        judged = self._judge(answer, origin=origin, source=source, stale=None)
+        if judged.decision.step is not Step.FILL or judged.chunk_size is not None or not self.runs.whole_and_small(
+                answer, source=source, origin=origin, authorize=judged.authorize, read=True):
+            return None
+        how = dict(key=key, url=url, host=target.host, headers=judged.kept, expires_at=judged.expires_at,
+                   policy=judged.policy, now=judged.now, target=target, source=source, vary=judged.vary,
+                   origin=origin, authorize=judged.authorize, age=judged.age)
+        outcome = await self.runs.at_once.store_whole(flight, answer, answer.body, **how)  # type: ignore[arg-type]
+        if not isinstance(outcome, Outcome):  # as `FillRuns.fill`: the store refused it, or anything else
+            outcome = Outcome(Kind.STREAMING, fill=await self.runs.start(
+                flight, answer, body=answer.body, refused=outcome, **how))  # type: ignore[arg-type]
+        return self._resolve_flight(flight, outcome)
 
     async def _not_stored(self, flight: Flight, response: aiohttp.ClientResponse, judged: Judged, *, key: str,
                           origin: Origin, stale: Meta | None,

@@ -15,7 +15,7 @@ import aiohttp
 
 from cachenode.fill.flights import Source
 from cachenode.fill.lead import Answer, Decision, decide
-from cachenode.fill.origin import fields_of
+from cachenode.fill.origin import Answered, fields_of
 from cachenode.http.fields import FieldLines, field_value
 from cachenode.http.freshness import Policy, current_age, may_serve_stale_on_error, response_policy
 from cachenode.http.headers import Pairs, header_bytes, stored_pairs, with_date
@@ -41,7 +41,7 @@ class Judged:
     decision: Decision
 
 
-def answer_of(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
+def answer_of(response: aiohttp.ClientResponse | Answered, *, policy: Policy, vary: tuple[str, ...] | None, kept: Pairs,
               source: Source, fits: Callable[[int], bool], authorize: bool = False, status: int | None = None,
               length: int | None = None, fields: FieldLines | None = None) -> Answer:
     """The facts about `response` that `fill/lead.py` decides on; `status` and
@@ -59,8 +59,8 @@ def answer_of(response: aiohttp.ClientResponse, *, policy: Policy, vary: tuple[s
                   authorized_reads=authorize, has_etag=has_etag)
 
 
-def judge(response: aiohttp.ClientResponse, *, origin: Origin, source: Source, stale: Meta | None, now: float,
-          fits: Callable[[int], bool],
+def judge(response: aiohttp.ClientResponse | Answered, *, origin: Origin, source: Source, stale: Meta | None,
+          now: float, fits: Callable[[int], bool],
           chunking: Callable[[tuple[str, ...] | None, bool], tuple[int | None, int]]) -> Judged:
     """What a leader makes of the source's answer: the facts about it and
     `fill/lead.py`'s decision on them. `chunking(vary, authorize)`: the chunk

@@ -17,13 +17,14 @@ import ssl
 from contextvars import ContextVar
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import aiohttp
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from cachenode.fill.plain_get import PlainGets, plain
+from cachenode.fill.small_gets import SmallAnswer
 from cachenode.http.fields import FieldLines
 from cachenode.http.headers import delimited_by_close, end_to_end_pairs
 from nezha.wire import OWN_PREFIX
@@ -120,11 +121,22 @@ class InterimResponse(aiohttp.ClientResponse):
         return lines
 
 
-def fields_of(response: aiohttp.ClientResponse) -> FieldLines:
+class Answered(Protocol):
+    """What a leader reads of a source's answer: aiohttp's (`InterimResponse`) or a small one read whole
+    (fill/small_gets.py `SmallAnswer`)."""
+
+    status: int
+    headers: CIMultiDictProxy[str]
+    content_length: int | None
+
+    def field_lines(self) -> FieldLines: ...
+
+
+def fields_of(response: aiohttp.ClientResponse | Answered) -> FieldLines:
     """`response`'s fields read once (http/fields.py `FieldLines`): kept with
-    an origin's answer (`InterimResponse`), whose judging and digest check
-    both read them; made anew for any other."""
-    if isinstance(response, InterimResponse):
+    an origin's answer (`InterimResponse`, `SmallAnswer`), whose judging and
+    digest check both read them; made anew for any other."""
+    if isinstance(response, (InterimResponse, SmallAnswer)):
         return response.field_lines()
     return FieldLines(response.headers.items())
 

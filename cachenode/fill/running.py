@@ -213,10 +213,9 @@ class FillRuns:
 
     def _check(self, response: aiohttp.ClientResponse, write: ObjectWrite, *, key: str, target: Target,
                source: Source, resumed: bool) -> BodyCheck | None:
-        """What checks the fill's bytes against the digest its source published
-        as they land (fill/verify.py `Digests.check`); None: nothing to check by.
-        A resume's 206 is checked against the whole object's digest its
-        Repr-Digest or the relay resuming names."""
+        """What checks the fill's bytes against the digest its source published as they land (fill/verify.py
+        `Digests.check`); None: nothing to check by. A resume's 206 is checked against the whole object's
+        digest its Repr-Digest or the relay resuming names."""
         return self.digests.check(key=key, target=target, status=response.status, headers=response.headers,
                                   fd=write.temp.read_fd if write.temp.fd >= 0 else -1,
                                   part=resumed,
@@ -225,16 +224,17 @@ class FillRuns:
                                   handed=source.handed if resumed or source.resume is None
                                   else None)
 
-    def whole_and_small(self, response: aiohttp.ClientResponse, *, source: Source, origin: Origin,
-                        authorize: bool) -> bool:
-        """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`):
-        a small answer whose body aiohttp read whole with its head."""
+    def whole_and_small(self, response: Any, *, source: Source, origin: Origin, authorize: bool,
+                        read: bool = False) -> bool:
+        """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`): a small answer
+        whose body aiohttp read whole with its head; `read`: read whole already (fill/small_gets.py's)."""
         length = response.content_length
         if length is None or length > self.store.small_max or source.peer is not None:
             return False  # the common no, before any work
         from_parent = self.origins.answered_by_parent(response)
         if not stored_at_once(Arrived(status=response.status, method=response.method, length=length,
-                                      buffered=response.content.total_bytes, complete=response.content.is_eof(),
+                                      buffered=length if read else response.content.total_bytes,
+                                      complete=read or response.content.is_eof(),
                                       from_parent=from_parent), small_max=self.store.small_max, how=How.STREAM):
             return False
         if self._validator(response, origin) is None:

@@ -36,12 +36,15 @@ import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome, Source
 from cachenode.fill.origin import Interim, forwarded_request_headers
+from cachenode.fill.plain_get import plain, request_fields, request_head
+from cachenode.fill.small_gets import SmallGets
 from cachenode.fill.recent_fills import RecentFills
 from cachenode.fill.upstream import Upstream
 from cachenode.front.hits import Named
@@ -190,7 +193,8 @@ def miss_head(meta: Meta, via: str) -> bytes:
 
 class FastMisses:
     def __init__(self, *, store: Store, engine: FillEngine, upstream: Upstream, cluster: ClusterView, node_id: str,
-                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics, recent: RecentFills | None = None) -> None:
+                 via: str, pacing: Pacing, counts: Counts, metrics: Metrics, recent: RecentFills | None = None,
+                 small_gets: SmallGets | None = None) -> None:
         self.store = store
         self.engine = engine
         self.upstream = upstream
@@ -202,10 +206,15 @@ class FastMisses:
         self.metrics = metrics
         self._log = log.is_enabled_for(logging.INFO)  # set once before a node is made, as for fast hits
         self._fields = PlainFields(engine.via)
-        # Each origin's last fills led here, small or not: whether a follower
-        # may lead that origin's fills, as the primary judges it
-        # (workers/lead_desk.py); None: no follower leads (`follower_leads`).
+        # Each origin's last fills led here, small or not: whether its next is
+        # asked on the node's own connections (`small_gets`), and whether a
+        # follower may lead that origin's fills (workers/lead_desk.py); None:
+        # neither (kept only for them: it costs a few us a fill).
         self.recent = recent
+        assert small_gets is None or recent is not None
+        self.small_gets = small_gets  # None: every fill asked through the engine (`--no-small-gets`)
+        self._small_gets = (metrics.small_gets.labels("stored"), metrics.small_gets.labels("fallback"))
+        self._timeout = aiohttp.ClientTimeout(total=None)
 
     # -- before the origin is asked -------------------------------------------
     def take(self, req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None) -> Miss | None:
@@ -239,8 +248,13 @@ class FastMisses:
             # As `FillEngine.origin_source` makes it for a plain GET (no Range: no resume; no peer: nothing handed).
             source = Source(url=miss.url, what=f"origin {miss.url}", headers=miss.forwarded, interim=interim,
                             read_here=True)
-            outcome, response = await self.engine.lead(miss.flight, key=miss.key, url=miss.url, origin=miss.origin,
-                                                       stale=None, target=miss.target, source=source)
+            small = await self._small_get(miss, source) if self.small_gets is not None else None
+            if small is not None:
+                outcome, response = small, None
+            else:
+                outcome, response = await self.engine.lead(miss.flight, key=miss.key, url=miss.url,
+                                                           origin=miss.origin, stale=None, target=miss.target,
+                                                           source=source)
         except BaseException as e:
             if not miss.flight.outcome.done():  # ended before the engine took it: its joiners look again
                 self.engine.flights.abort(miss.flight, LeaderGone(f"request leading the fetch of {miss.key} "
@@ -254,6 +268,28 @@ class FastMisses:
         if at_once:
             return outcome
         return Led(key=miss.key, outcome=outcome, response=response)
+
+    async def _small_get(self, miss: Miss, source: Source) -> Outcome | None:
+        """The flight of `miss` led with the origin's answer read on the node's own connections
+        (fill/small_gets.py), for a plain http:// origin whose recent fills were small; None: not asked
+        that way, or anything but a small whole 200 stored at once, nothing stored: `FillEngine.lead` asks."""
+        assert self.small_gets is not None and self.recent is not None
+        small_max = self.store.small_max
+        url = miss.url
+        if small_max <= 0 or not url.startswith("http://") or not self.recent.small(miss.target.host):
+            return None
+        if not self.engine.asks_plainly(source, miss.origin):
+            return None
+        target = URL(url, encoded=True)
+        if not plain(target, self._timeout) or target.raw_host is None or target.port is None:
+            return None
+        head = request_head(target, request_fields(target, CIMultiDict(miss.forwarded)))
+        answer = await self.small_gets.get(target.raw_host, target.port, head, small_max=small_max,
+                                           timeout=self.engine.settings.origin_read_timeout, url=target)
+        outcome = None if answer is None else await self.engine.lead_small(
+            miss.flight, answer, key=miss.key, url=url, origin=miss.origin, target=miss.target, source=source)
+        self._small_gets[outcome is None].inc()
+        return outcome
 
     def _small(self, outcome: Outcome) -> bool:
         """Whether a fill that streams is of an object a follower's lead would

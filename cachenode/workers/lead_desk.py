@@ -76,7 +76,7 @@ class LeadDesk:
         self.parent = node.upstream.parent
         # Each origin's last fills, the primary's own (kept by its fast misses) and its followers';
         # None with `follower_leads` off, when no follower asks.
-        self.recent = node.handler.misses.recent
+        self.recent = node.handler.misses.recent if node.settings.follower_leads else None
         self.leads = Leads()
         self._flights: dict[str, tuple[Flight, str]] = {}  # a granted key -> its flight here, its origin's host
         self._outcome = outcome

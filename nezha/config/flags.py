@@ -93,7 +93,8 @@ def _argument(cls: type[NezhaSettings], field: str, flag: Flag) -> dict[str, Any
     kwargs: dict[str, Any] = {"dest": field, "default": None, "help": _help(cls, field, info, flag)}
     kind = _kind(info.annotation)
     if kind is bool:
-        kwargs["action"] = "store_true"
+        # A setting on by default is turned off by its --no- form.
+        kwargs["action"] = argparse.BooleanOptionalAction if info.default is True else "store_true"
         return kwargs
     if kind is list:
         kwargs["action"] = "append"

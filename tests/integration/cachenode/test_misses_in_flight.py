@@ -32,7 +32,9 @@ async def test_64_cold_misses_are_all_at_the_origin_at_once_and_a_second_wave_re
         return await answer(request)
 
     origin._answer = held
-    node = await make_node()
+    # The engine's pool alone: --small-gets asks the second wave on connections of its own
+    # (test_small_gets_led.py holds the same of those).
+    node = await make_node(small_gets=False)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def wave(paths: list[str]) -> None:
             got = await asyncio.gather(*(node.get(session, p) for p in paths))

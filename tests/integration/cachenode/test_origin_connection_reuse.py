@@ -15,7 +15,7 @@ CLIENTS = 16
 async def test_small_misses_reuse_keep_alive_connections_to_the_origin(origin, make_node):
     for n in range(COUNT):
         origin.put(f"/img/{n}.jpg", bytes([n % 251]) * (3000 + n), headers={"Cache-Control": "max-age=600"})
-    node = await make_node()
+    node = await make_node(small_gets=False)  # its own pool: test_small_gets_led.py counts its connections
     queue: asyncio.Queue[int] = asyncio.Queue()
     for n in range(COUNT):
         queue.put_nowait(n)

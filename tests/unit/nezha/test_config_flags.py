@@ -94,3 +94,13 @@ def test_a_flag_not_given_leaves_the_environment_in_charge(flags, env, expected,
                                           (169_001_437, "169001437")])
 def test_a_size_default_is_shown_in_the_unit_a_user_would_type(value, shown):
     assert _shown(value, size=True) == shown
+
+
+def test_a_setting_on_by_default_is_turned_off_by_its_no_flag_and_one_off_by_default_has_none():
+    parser = build_parser()
+    assert given(parser.parse_args(["cache"]))["small_gets"] is None  # not given: the model's default (on)
+    assert CacheSettings.model_fields["small_gets"].default is True
+    assert given(parser.parse_args(["cache", "--no-small-gets"]))["small_gets"] is False
+    assert given(parser.parse_args(["cache", "--small-gets"]))["small_gets"] is True
+    with pytest.raises(SystemExit):
+        parser.parse_args(["cache", "--no-follower-leads"])

@@ -40,7 +40,8 @@ def desk_of(*, now: list[float]):
         cluster=SimpleNamespace(owners=lambda key: []), node_id="node0",
         counts=SimpleNamespace(live=SimpleNamespace(seen=lambda: None)),
         metrics=SimpleNamespace(fill_duration=_Counter(), bytes_from_origin=_Counter()),
-        upstream=SimpleNamespace(parent=None), handler=SimpleNamespace(misses=SimpleNamespace(recent=recent)))
+        upstream=SimpleNamespace(parent=None), settings=SimpleNamespace(follower_leads=True),
+        handler=SimpleNamespace(misses=SimpleNamespace(recent=recent)))
     desk = LeadDesk(node, send=lambda worker, message: sent.append((worker, message)), outcome=outcomes.append,
                     clock=lambda: now[0])
     return desk, recent, node, sent, outcomes
