@@ -43,6 +43,10 @@ from cachenode.http.fields import FieldLines
 
 POOL_MAX = 64  # connections per origin, idle and busy
 HEAD_MAX = 64 * 1024  # an answer's head, longer: declined
+# A line of the head, longer: declined, as aiohttp's parser refuses it (its
+# max_line_size and max_field_size), so no answer the engine would fail is stored here.
+LINE_MAX = 8190
+IDLE_MAX = 15.0  # seconds a connection waits idle before it is closed, as aiohttp's pool's keepalive_timeout
 
 _STATUS = re.compile(rb"HTTP/1\.([01]) (\d\d\d)(?: ([\t\x20-\x7e]*))?")
 _FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*"
@@ -95,6 +99,8 @@ def read_head(head: bytes, small_max: int) -> _Head | None:
     any other answer, or a head not read plainly (obsolete line folding, a
     control character, a field line without a name)."""
     lines = head.split(b"\r\n")
+    if max(map(len, lines)) > LINE_MAX:
+        return None
     status = _STATUS.fullmatch(lines[0])
     if status is None or status.group(2) != b"200":
         return None
@@ -118,7 +124,8 @@ def read_head(head: bytes, small_max: int) -> _Head | None:
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18 or int(lengths[0]) > small_max:
         return None
     version = _VERSIONS[status.group(1)]
-    keep = b"close" not in connection if version == HttpVersion(1, 1) else b"keep-alive" in connection
+    # RFC 9112 §9.3: "close" ends it whatever the version; HTTP/1.0 persists only when asked to.
+    keep = b"close" not in connection and (version == HttpVersion(1, 1) or b"keep-alive" in connection)
     reason = (status.group(3) or b"").decode("ascii")
     return _Head(reason, version, pairs, int(lengths[0]), keep)
 
@@ -133,6 +140,7 @@ class _Connection(asyncio.Protocol):
         self._head: _Head | None = None
         self._small_max = 0
         self._answer: asyncio.Future[SmallAnswer | None] | None = None
+        self.expiry: asyncio.TimerHandle | None = None  # while idle: its close after IDLE_MAX
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -207,8 +215,10 @@ class _Connection(asyncio.Protocol):
 class SmallGets:
     """Keep-alive connections to plain http:// origins, at most `pool_max` per origin."""
 
-    def __init__(self, *, pool_max: int = POOL_MAX, connect_timeout: float = 10.0) -> None:
+    def __init__(self, *, pool_max: int = POOL_MAX, connect_timeout: float = 10.0,
+                 idle_max: float = IDLE_MAX) -> None:
         self._pool_max = pool_max
+        self._idle_max = idle_max
         self._connect_timeout = connect_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: dict[tuple[str, int], int] = {}  # connections per origin, idle and busy
@@ -238,6 +248,9 @@ class SmallGets:
                 got.url = url
             read = conn._head
             if got is not None and read is not None and read.keep and not conn.closed and not self._closed:
+                # Closed if nobody asks within IDLE_MAX: a connection a middlebox dropped silently would
+                # otherwise cost its next fill the whole read timeout before the engine asks again.
+                conn.expiry = asyncio.get_running_loop().call_later(self._idle_max, conn.close)
                 self._idle.setdefault(where, []).append(conn)
             else:
                 conn.close()  # declined, cancelled, or not to be reused: never again
@@ -248,6 +261,9 @@ class SmallGets:
         idle = self._idle.get(where)
         while idle:
             conn = idle.pop()
+            if conn.expiry is not None:
+                conn.expiry.cancel()
+                conn.expiry = None
             if not conn.closed:
                 return conn
             self._dropped(where)  # closed by the origin while idle: dropped, never written to
@@ -280,6 +296,8 @@ class SmallGets:
         self._closed = True
         for conns in self._idle.values():
             for conn in conns:
+                if conn.expiry is not None:
+                    conn.expiry.cancel()
                 conn.close()
         self._idle.clear()
         self._open.clear()
