@@ -37,6 +37,18 @@ def answering(*answers: bytes, close: bool = False) -> Script:
     return script
 
 
+def held_until(gate: asyncio.Event) -> Script:
+    """Answer OK once `gate` is set: an exchange kept busy for as long as a test needs."""
+
+    async def script(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        await gate.wait()
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    return script
+
+
 class RawOrigin:
     def __init__(self, script: Script = answering(OK)) -> None:
         self.script = script
@@ -265,14 +277,7 @@ async def test_a_refused_connect_and_a_full_pool_are_declined(origin_with) -> No
     assert await gets.get("127.0.0.1", 1, HEAD, small_max=65536, timeout=5) is None
 
     gate = asyncio.Event()
-
-    async def held(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
-        await gate.wait()
-        writer.write(OK)
-        await writer.drain()
-        return True
-
-    origin = await origin_with(held)
+    origin = await origin_with(held_until(gate))
     first = asyncio.create_task(get(gets, origin))
     while not origin.heads:
         await asyncio.sleep(0.01)
@@ -314,14 +319,7 @@ async def test_a_value_past_ascii_is_read_as_aiohttp_reads_it(origin_with) -> No
 
 async def test_closing_with_a_get_in_flight_lets_it_end_and_keeps_nothing(origin_with) -> None:
     gate = asyncio.Event()
-
-    async def held(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
-        await gate.wait()
-        writer.write(OK)
-        await writer.drain()
-        return True
-
-    origin = await origin_with(held)
+    origin = await origin_with(held_until(gate))
     gets = SmallGets()
     in_flight = asyncio.create_task(get(gets, origin))
     while not origin.heads:
