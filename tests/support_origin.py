@@ -78,6 +78,25 @@ class TestOrigin:
             self.in_flight -= 1
             self.spans.append((request.path_qs, began, time.monotonic()))
 
+    def hold_until_in_flight(self, count: int, *, wait: float = 10) -> asyncio.Event:
+        """Hold every answer until `count` requests are being answered at once (at most `wait` seconds,
+        then answer anyway: a test's count of what reached the origin at once tells). The event set
+        then is returned: cleared, the next answers are held again (a second wave)."""
+        answer = self._answer
+        full = asyncio.Event()
+
+        async def held(request: web.Request) -> web.StreamResponse:
+            if self.in_flight >= count:
+                full.set()
+            try:
+                await asyncio.wait_for(full.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            return await answer(request)
+
+        self._answer = held  # type: ignore[method-assign]
+        return full
+
     def most_at_once(self, wanted: Callable[[str], bool]) -> int:
         """The most requests for `wanted` paths answered at once: `most_in_flight` counts every request,
         such as a manifest read while the fills it named ran."""

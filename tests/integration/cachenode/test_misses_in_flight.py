@@ -19,19 +19,7 @@ async def test_64_cold_misses_are_all_at_the_origin_at_once_and_a_second_wave_re
     bodies = {f"/d/{n}.bin": os.urandom(16 * 1024) for n in range(2 * CLIENTS)}
     for path, body in bodies.items():
         origin.put(path, body, headers={"Cache-Control": "max-age=3600"})
-    answer = origin._answer
-    full = asyncio.Event()
-
-    async def held(request):
-        if origin.in_flight >= CLIENTS:
-            full.set()
-        try:
-            await asyncio.wait_for(full.wait(), 10)
-        except asyncio.TimeoutError:
-            pass  # answered anyway: the count below tells
-        return await answer(request)
-
-    origin._answer = held
+    full = origin.hold_until_in_flight(CLIENTS)
     # The engine's pool alone: --small-gets asks the second wave on connections of its own
     # (test_small_gets_led.py holds the same of those).
     node = await make_node(small_gets=False)

@@ -187,19 +187,7 @@ async def test_64_small_misses_at_once_are_all_at_the_origin_and_a_later_wave_re
     bodies = {f"/w/{n}.bin": os.urandom(16 * 1024) for n in range(3 * clients)}
     for path, body in bodies.items():
         origin.put(path, body, headers={"Cache-Control": "max-age=3600"})
-    answer = origin._answer
-    full = asyncio.Event()
-
-    async def held(request):
-        if origin.in_flight >= clients:
-            full.set()
-        try:
-            await asyncio.wait_for(full.wait(), 10)
-        except asyncio.TimeoutError:
-            pass  # answered anyway: the count below tells
-        return await answer(request)
-
-    origin._answer = held
+    full = origin.hold_until_in_flight(clients)
     node = await make_node(small_gets=True)
     paths = list(bodies)
 
