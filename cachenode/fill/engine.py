@@ -232,7 +232,7 @@ class FillEngine:
         self.runs.digests.noted(target, answer.status, answer.headers)
         judged = self._judge(answer, origin=origin, source=source, stale=None)
         if judged.decision.step is not Step.FILL or judged.chunk_size is not None or not self.runs.whole_and_small(
-                answer, source=source, origin=origin, authorize=judged.authorize, read=True):
+                answer, source=source, origin=origin, authorize=judged.authorize):
             return None
         how = dict(key=key, url=url, host=target.host, headers=judged.kept, expires_at=judged.expires_at,
                    policy=judged.policy, now=judged.now, target=target, source=source, vary=judged.vary,

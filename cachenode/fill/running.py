@@ -24,7 +24,7 @@ from cachenode.fill.at_once import AtOnce
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
 from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
-from cachenode.fill.origin import ends_at_close
+from cachenode.fill.origin import Answered, ends_at_close
 from cachenode.fill.pace import HeldBody, held, pace_of
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
                                      partial_mismatch, plain_rest, skip_first)
@@ -224,11 +224,11 @@ class FillRuns:
                                   handed=source.handed if resumed or source.resume is None
                                   else None)
 
-    def whole_and_small(self, response: Any, *, source: Source, origin: Origin, authorize: bool,
-                        read: bool = False) -> bool:
-        """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`): a small answer
-        whose body aiohttp read whole with its head; `read`: read whole already (fill/small_gets.py's)."""
-        length = response.content_length
+    def whole_and_small(self, response: aiohttp.ClientResponse | Answered, *, source: Source, origin: Origin,
+                        authorize: bool) -> bool:
+        """Whether `AtOnce.store_whole` stores `response` (`fill/lead.py` `stored_at_once`): small, and its body
+        in hand with its head (read by aiohttp, or read whole already: `read`, fill/small_gets.py's)."""
+        length, read = response.content_length, not isinstance(response, aiohttp.ClientResponse)
         if length is None or length > self.store.small_max or source.peer is not None:
             return False  # the common no, before any work
         from_parent = self.origins.answered_by_parent(response)
