@@ -33,9 +33,13 @@ byte against the origin's files, then, after `os.sync()` and a second's
 pause, takes small_files.py's wrk command (64 connections, every path
 asked once: every request a cold fill); the run's first 64 objects are
 checked after it. Per run: fills/s and CPU per fill (the server's
-processes' user + system, /proc/PID/stat). Last line: `ratios:
+processes' user + system, /proc/PID/stat), and its user part: nginx and the
+bare server spend most of theirs in the kernel (the socket and file calls
+every cache makes), the node in its own Python, so the user part is what a
+change to the node's code moves. Last line: `ratios:
 bare_small_fill=<bare/nginx> bare_uvloop_small_fill=... node_small_fill=...
-node_over_bare=<node/bare> bare_cpu_us=... node_cpu_us=... nginx_cpu_us=...`
+node_over_bare=<node/bare> bare_cpu_us=... node_cpu_us=... nginx_cpu_us=...
+nginx_user_us=... bare_user_us=... node_user_us=...`
 
     python bench/bare_small_fill.py [--rounds 3] [--seconds 5] [--objects 150000] [--python PATH]
 
@@ -376,12 +380,14 @@ async def run(args: argparse.Namespace, work: Path, children) -> str:
     await origin.start(nginx_conf(StaticFiles(root=root), **CONF))
     rps: dict[str, list[float]] = {k: [] for k in kinds}
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    user: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(args.rounds):
         for kind in (kinds if r % 2 == 0 else kinds[::-1]):
-            fills, us = await one_run(args, work, children, root, origin.url, kind, f"{kind}-{r}")
+            fills, us, user_us = await one_run(args, work, children, root, origin.url, kind, f"{kind}-{r}")
             rps[kind].append(fills)
             cpu[kind].append(us)
-    return report(args, rps, cpu)
+            user[kind].append(user_us)
+    return report(args, rps, cpu, user)
 
 
 async def start(args: argparse.Namespace, work: Path, children, origin_url: str, kind: str, name: str):
@@ -406,8 +412,8 @@ async def start(args: argparse.Namespace, work: Path, children, origin_url: str,
 
 
 async def one_run(args: argparse.Namespace, work: Path, children, root: Path, origin_url: str, kind: str,
-                  name: str) -> tuple[float, float]:
-    """A fresh server's cold run: its fills/s and CPU us per fill. Fresh for each run, so every run asks the
+                  name: str) -> tuple[float, float, float]:
+    """A fresh server's cold run: its fills/s, CPU us per fill, and the user part of those. Fresh for each run, so every run asks the
     same paths and no more than one run's objects are stored at a time (the bare server fills 20,000 a
     second on /dev/shm); its 64 warming fills, and the run's first 64 objects after it, checked exact."""
     import shutil
@@ -432,31 +438,33 @@ async def one_run(args: argparse.Namespace, work: Path, children, root: Path, or
     after = usage(pids)
     alive = before.keys() & after.keys()  # nginx's cache loader exits on its own
     us = sum(after[p][0] - before[p][0] for p in alive) / max(1, done.requests) * 1e6
+    user = sum(after[p][2] - before[p][2] for p in alive) / max(1, done.requests) * 1e6
     waited = sum(after[p][1] - before[p][1] for p in alive) / args.seconds
-    say(f"  {name:>13}: {done.rps:6.0f} fills/s, {us:4.0f} CPU us per fill, ready but waiting for a CPU "
-        f"{waited:.0%} of the run")
+    say(f"  {name:>13}: {done.rps:6.0f} fills/s, {us:4.0f} CPU us per fill ({user:.0f} user + {us - user:.0f} "
+        f"system), ready but waiting for a CPU {waited:.0%} of the run")
     await checked(server, root, [path_of(n) for n in range(64)])
     await children.stop(server.proc)
     await loop.run_in_executor(None, shutil.rmtree, work / name)
-    return done.rps, us
+    return done.rps, us, user
 
 
-def report(args: argparse.Namespace, rps: dict, cpu: dict) -> str:
+def report(args: argparse.Namespace, rps: dict, cpu: dict, user: dict) -> str:
     import statistics
 
     from bench.small_files import say
 
     med = {n: (statistics.median(rps[n]), statistics.median(cpu[n])) for n in rps}
-    say(f"  medians of {args.rounds} rounds (fills/s, CPU us per fill):")
+    say(f"  medians of {args.rounds} rounds (fills/s, CPU us per fill, its user part):")
     for n, (f, c) in med.items():
-        say(f"    {n:>11}: {f:6.0f} fills/s  {c:4.0f} us  ({f / med['nginx'][0]:.3f} of nginx's fills/s, "
-            f"{c / med['nginx'][1]:.2f} of its CPU per fill)")
+        say(f"    {n:>11}: {f:6.0f} fills/s  {c:4.0f} us  {statistics.median(user[n]):4.0f} user  "
+            f"({f / med['nginx'][0]:.3f} of nginx's fills/s, {c / med['nginx'][1]:.2f} of its CPU per fill)")
     line = f"ratios: bare_small_fill={med['bare'][0] / med['nginx'][0]:.3f}"
     if "bare_uvloop" in med:
         line += f" bare_uvloop_small_fill={med['bare_uvloop'][0] / med['nginx'][0]:.3f}"
     line += (f" node_small_fill={med['node'][0] / med['nginx'][0]:.3f} "
              f"node_over_bare={med['node'][0] / med['bare'][0]:.3f}")
-    return line + "".join(f" {n}_cpu_us={c:.0f}" for n, (_, c) in med.items())
+    line += "".join(f" {n}_cpu_us={c:.0f}" for n, (_, c) in med.items())
+    return line + "".join(f" {n}_user_us={statistics.median(user[n]):.0f}" for n in med)
 
 
 def main() -> None:

@@ -241,10 +241,11 @@ async def side_by_side(children: Children, work: Path, origin_url: str, objects:
     return Point(where=where, direct=direct.rps, caches={cache.name: cache.median() for cache, _ in started})
 
 
-def usage(pids: list[int]) -> dict[int, tuple[float, float]]:
-    """Per process: its CPU seconds (/proc/PID/stat), and the seconds its main thread has been ready to run
+def usage(pids: list[int]) -> dict[int, tuple[float, float, float]]:
+    """Per process: its CPU seconds (/proc/PID/stat), the seconds its main thread has been ready to run
     and waited for a CPU (/proc/PID/schedstat): on a shared two-core machine, what tells a cache held back by
-    the others' load from one that idles."""
+    the others' load from one that idles; and the user share of its CPU seconds, which tells the server's own
+    code from the kernel's work (system calls, page faults) it asked for."""
     found = {}
     for pid in pids:
         try:
@@ -254,7 +255,7 @@ def usage(pids: list[int]) -> dict[int, tuple[float, float]]:
                 queued = int(f.read().split()[1]) / 1e9
         except FileNotFoundError:
             continue  # gone (nginx's cache loader, once it has loaded): left out of the run it left
-        found[pid] = ((int(fields[11]) + int(fields[12])) / TICKS, queued)
+        found[pid] = ((int(fields[11]) + int(fields[12])) / TICKS, queued, int(fields[11]) / TICKS)
     return found
 
 
