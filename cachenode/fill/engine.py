@@ -13,7 +13,6 @@ object, never the node.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any, Callable, Coroutine, Mapping, Protocol
 
@@ -135,7 +134,7 @@ class FillEngine:
         if self.flights.get(key) is not None:
             return
         # Its client is answered from disk already: no interim answer is its.
-        source = dataclasses.replace(source, interim=None)
+        source = source._replace(interim=None)
 
         async def revalidate() -> None:
             flight, leader = self.flights.lead_or_join(key)
@@ -290,7 +289,7 @@ class FillEngine:
                     response = await self._ask(source, stale)
             elif source.resume is not None and answered is None and response.status == 206:
                 response.release()
-                source, response = dataclasses.replace(source, resume=None), None
+                source, response = source._replace(resume=None), None
                 response = await self._ask(source, stale)
         except BaseException:
             if response is not None:

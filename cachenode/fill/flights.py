@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NamedTuple
 
 import structlog
 
@@ -30,9 +29,13 @@ from nezha.ring import Peer
 log = structlog.get_logger("nezha.fill")
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where a fill reads from: the origin, or (for replicas) a peer's disk."""
+class Source(NamedTuple):
+    """Where a fill reads from: the origin, or (for replicas) a peer's disk.
+
+    A named tuple, as `Outcome`: a cold small fill makes one of each, and a
+    frozen dataclass of twelve fields costs three times as much to build
+    (each field set through `object.__setattr__`); immutable all the same
+    (`_replace` makes a changed copy)."""
 
     url: str
     what: str
@@ -72,8 +75,7 @@ class Kind(enum.Enum):
     FAILED = "failed"  # the origin could not be used
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     kind: Kind
     fill: Fill | None = None
     meta: Meta | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cachenode.http.freshness import CREDENTIAL_FIELDS, STORED_STATUSES, Policy
 from cachenode.http.headers import MAX_STORED_HEADER_BYTES
@@ -25,9 +26,12 @@ class Step(enum.Enum):
     FILL = "fill"  # store it while streaming it to every client of the flight
 
 
-@dataclass(frozen=True)
-class Answer:
-    """What the origin or peer answered, and what this node knows about storing it."""
+class Answer(NamedTuple):
+    """What the origin or peer answered, and what this node knows about storing it.
+
+    A named tuple, as `Decision` and `Arrived`: every fill makes one, and a
+    frozen dataclass of this many fields costs three times as much to build
+    (each field set through `object.__setattr__`), as immutable all the same."""
 
     status: int
     policy: Policy  # freshness.response_policy of the answer
@@ -46,8 +50,7 @@ class Answer:
     has_etag: bool = False
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     step: Step
     reason: str | None = None
 
@@ -205,8 +208,7 @@ def plan_fill(body: Body, *, splice_fills: bool, fill_on_range: bool) -> Plan:
                 else How.STREAM)
 
 
-@dataclass(frozen=True)
-class Arrived:
+class Arrived(NamedTuple):
     """What a leader knows of an answer's body the moment its head is read."""
 
     status: int

@@ -12,7 +12,6 @@ origin cannot keep a request looping.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Callable, Protocol
 
@@ -196,7 +195,7 @@ class Reads:
                                            interim=interim, handed=handed)
         try:
             return await self.engine.lead(flight, key=asked.key, url=asked.url, origin=asked.origin, stale=stale,
-                                          target=asked.target, source=dataclasses.replace(source, read_here=reads))
+                                          target=asked.target, source=source._replace(read_here=reads))
         finally:
             interim.close()
 
