@@ -127,10 +127,15 @@ class Counts:
             self.index.object_accessed(key)
 
     def stored(self, meta: Meta, sizes: StoreSizes) -> None:
-        """A fill committed `meta` to the store, now of `sizes`."""
+        """A fill committed `meta` to the store, now of `sizes`. Its deltas are
+        the index's alone (no Prometheus counter counts objects or bytes stored:
+        the gauges do), so a node without an index counts only its sizes: this
+        runs for every fill."""
         self.store_sizes(sizes)
+        if self.index is None:
+            return
         self.count(meta.host, **stored_counts(meta, +1))
-        if self.index is not None and not meta.hot:  # a hot copy is no holder the index names
+        if not meta.hot:  # a hot copy is no holder the index names
             # A chunked object's manifest is indexed with the object's length; its chunks each with their own.
             self.index.object_stored(meta.key, host=meta.host, size=meta.body_size)
 
