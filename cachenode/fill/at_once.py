@@ -21,11 +21,10 @@ import structlog
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source
-from cachenode.fill.origin import fields_of
+from cachenode.fill.judged import Judged
+from cachenode.fill.origin import Answered, fields_of
 from cachenode.fill.verify import DigestMismatch, Digests, check_whole
 from cachenode.http.digests import Expected, Mismatch
-from cachenode.http.freshness import Policy
-from cachenode.http.headers import Pairs
 from cachenode.http.vary import variant as variant_of
 from cachenode.metrics import Metrics
 from cachenode.store.disk import Store
@@ -58,17 +57,17 @@ class AtOnce:
         # otherwise for nothing. Set once before a node is made, as for fast hits (front/hits.py).
         self._log = log.is_enabled_for(logging.INFO)
 
-    async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse, body: bytes, *, key: str,
-                          url: str, host: str, headers: Pairs, expires_at: float, policy: Policy, now: float,
-                          target: Target, source: Source, vary: tuple[str, ...], origin: Origin,
-                          authorize: bool, age: float) -> Outcome | NotStored | None:
+    async def store_whole(self, flight: Flight, response: aiohttp.ClientResponse | Answered, body: bytes,
+                          judged: Judged, *, key: str, url: str, target: Target, source: Source,
+                          origin: Origin) -> Outcome | NotStored | None:
         """Store `body`, `response`'s whole body read already, at once, on the
         event loop: checked in memory against a published digest, then one
         file created under its final name and written with its seal in one go
         (cachenode/store/small.py `SealedWrites.put_sealed`), counted and
         logged as any fill; the flight's clients are then answered from the
-        bytes in memory as a miss. `age`: its Age as the leader judged it
-        (`Judged.age`), stored as it is rather than worked out again.
+        bytes in memory as a miss. `judged`: what the leader made of the
+        answer (fill/judged.py): the fields stored, expiry, policy, Vary and
+        Age, stored as they are rather than worked out again.
 
         The store's refusal (NotStored) when it would not keep it: the caller
         streams it to its clients unstored without asking the store again.
@@ -79,6 +78,7 @@ class AtOnce:
         that fails its digest is not stored and fails the flight (502 naming
         the mismatch: no byte of it leaves)."""
         started = time.monotonic()
+        host, vary, policy = target.host, judged.vary, judged.policy
         length = len(body)
         verified: str | None = None
         expected = self.digests.expected(key=key, target=target, status=200, headers=fields_of(response))
@@ -93,10 +93,10 @@ class AtOnce:
         try:
             stored = self.store.put_sealed(
                 body, key=key, vary=vary, variant=variant_of(vary, source.headers) if vary else "",
-                url=redact_url(url, origin.credential_params), host=host, headers=headers, stored_at=now,
-                status=200, expires_at=expires_at, stale_if_error=policy.stale_if_error,
-                age=age, stale_while_revalidate=policy.stale_while_revalidate,
-                authorize=authorize)
+                url=redact_url(url, origin.credential_params), host=host, headers=judged.kept, stored_at=judged.now,
+                status=200, expires_at=judged.expires_at, stale_if_error=policy.stale_if_error,
+                age=judged.age, stale_while_revalidate=policy.stale_while_revalidate,
+                authorize=judged.authorize)
         except NotStored as e:
             # Refused or too large: the caller's fill streams it to its clients unstored and
             # does not ask the store again (a second ask would count a second miss in the policy).

@@ -201,10 +201,8 @@ class FillEngine:
                                            stale=stale)
                 return self._landed(flight, Outcome(Kind.STORED, meta=meta)), None
             # Stored at once when small and whole in memory (answered as a hit), else by a fill (running.py).
-            outcome = await self.runs.fill(flight, response, key=key, url=url, host=target.host, headers=judged.kept,
-                                           expires_at=judged.expires_at, policy=judged.policy, now=judged.now,
-                                           target=target, source=source, vary=judged.vary, origin=origin,
-                                           authorize=judged.authorize, age=judged.age)
+            outcome = await self.runs.fill(flight, response, judged, key=key, url=url, target=target, source=source,
+                                           origin=origin)
             response = None  # the fill owns it now, or it was read whole (its connection back in the pool)
             if source.peer is None and stale is not None and stale.chunk_size and outcome.kind is not Kind.FAILED:
                 self.chunks.replaced(stale, None)  # its new answer is stored whole
@@ -233,14 +231,9 @@ class FillEngine:
         if judged.decision.step is not Step.FILL or judged.chunk_size is not None or not self.runs.whole_and_small(
                 answer, source=source, origin=origin, authorize=judged.authorize):
             return None
-        how = dict(key=key, url=url, host=target.host, headers=judged.kept, expires_at=judged.expires_at,
-                   policy=judged.policy, now=judged.now, target=target, source=source, vary=judged.vary,
-                   origin=origin, authorize=judged.authorize, age=judged.age)
-        outcome = await self.runs.at_once.store_whole(flight, answer, answer.body, **how)  # type: ignore[arg-type]
-        if not isinstance(outcome, Outcome):  # as `FillRuns.fill`: the store refused it, or anything else
-            outcome = Outcome(Kind.STREAMING, fill=await self.runs.start(
-                flight, answer, body=answer.body, refused=outcome, **how))  # type: ignore[arg-type]
-        return self._resolve_flight(flight, outcome)
+        return self._resolve_flight(flight, await self.runs.fill(flight, answer, judged, key=key, url=url,
+                                                                 target=target, source=source, origin=origin,
+                                                                 whole=answer.body))
 
     async def _not_stored(self, flight: Flight, response: aiohttp.ClientResponse, judged: Judged, *, key: str,
                           origin: Origin, stale: Meta | None,

@@ -23,6 +23,7 @@ from cachenode.fill.assembly import Assemblies
 from cachenode.fill.at_once import AtOnce
 from cachenode.fill.buffer import Fill, Superseded
 from cachenode.fill.flights import Flight, Flights, Kind, Outcome, Source, flight_fill, run_fill_in_background
+from cachenode.fill.judged import Judged
 from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_once
 from cachenode.fill.origin import Answered, ends_at_close
 from cachenode.fill.pace import HeldBody, held, pace_of
@@ -242,28 +243,27 @@ class FillRuns:
         plan, _, _ = self._plan(response, source=source, origin=origin, authorize=authorize, from_parent=from_parent)
         return plan.how is not How.PARALLEL
 
-    async def fill(self, flight: Flight, response: aiohttp.ClientResponse, *, key: str, url: str, host: str,
-                   headers: Pairs, expires_at: float, policy: Policy, now: float, target: Target, source: Source,
-                   vary: tuple[str, ...], origin: Origin, authorize: bool, age: float) -> Outcome:
-        """Store the answer `fill/engine.py` decided to store: at once when it
-        is small and came whole with its head (`whole_and_small`,
-        fill/at_once.py), answered as a hit; else, and when the at-once path
-        could not store it plainly, by `start`'s fill that its clients follow.
-        `age`: its Age as judged (`Judged.age`), stored with it."""
-        body: bytes | None = None
-        refused: NotStored | None = None
-        if self.whole_and_small(response, source=source, origin=origin, authorize=authorize):
-            body = await response.read()  # in memory already: no wait on the network
-            outcome = await self.at_once.store_whole(
-                flight, response, body, key=key, url=url, host=host, headers=headers, expires_at=expires_at,
-                policy=policy, now=now, target=target, source=source, vary=vary, origin=origin, authorize=authorize,
-                age=age)
+    async def fill(self, flight: Flight, response: aiohttp.ClientResponse | Answered, judged: Judged, *, key: str,
+                   url: str, target: Target, source: Source, origin: Origin, whole: bytes | None = None) -> Outcome:
+        """Store the answer `fill/engine.py` decided to store (`judged`: what it
+        made of it): at once when it is small and came whole with its head
+        (`whole_and_small`, fill/at_once.py), answered as a hit; else, and when
+        the at-once path could not store it plainly, by `start`'s fill that its
+        clients follow. `whole`: its body, read whole already (fill/small_gets.py's
+        answer, which `whole_and_small` took)."""
+        body, refused = whole, None
+        if body is not None or self.whole_and_small(response, source=source, origin=origin, authorize=judged.authorize):
+            if body is None:
+                body = await response.read()  # type: ignore[union-attr]  # in memory already: no wait on the network
+            outcome = await self.at_once.store_whole(flight, response, body, judged, key=key, url=url, target=target,
+                                                     source=source, origin=origin)
             if isinstance(outcome, Outcome):
                 return outcome
             refused = outcome
-        fill = await self.start(flight, response, key=key, url=url, host=host, headers=headers,
-                                expires_at=expires_at, policy=policy, now=now, target=target, source=source,
-                                vary=vary, origin=origin, authorize=authorize, body=body, refused=refused, age=age)
+        fill = await self.start(flight, response, key=key, url=url, host=target.host,  # type: ignore[arg-type]
+                                headers=judged.kept, expires_at=judged.expires_at, policy=judged.policy,
+                                now=judged.now, target=target, source=source, vary=judged.vary, origin=origin,
+                                authorize=judged.authorize, body=body, refused=refused, age=judged.age)
         return Outcome(Kind.STREAMING, fill=fill)
 
     async def _work(self, flight: Flight, fill: Fill, response: aiohttp.ClientResponse, *, meta: Meta,
