@@ -42,6 +42,7 @@ import asyncio
 
 from aiohttp import HttpVersion
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from cachenode.fill.small_head import Head, read_head
 from cachenode.http.fields import FieldLines
@@ -54,7 +55,8 @@ IDLE_MAX = 15.0  # seconds a connection waits idle before it is closed, as aioht
 class SmallAnswer:
     """A final 200 read whole: read by `fill/judged.py` as an origin client's answer is."""
 
-    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "url", "_pairs", "_lines")
+    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "asked", "_url", "_pairs",
+                 "_lines")
     method = "GET"  # what it answers, as `fill/origin.py` `ends_at_close` reads it
 
     def __init__(self, *, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], content_length: int,
@@ -65,12 +67,20 @@ class SmallAnswer:
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(pairs))
         self.content_length = content_length
         self.body = body
-        self.url: object = None  # the URL asked, the caller's (fill/upstream.py `answered_by_parent` reads it)
+        self.asked: str | None = None  # the URL asked, as the caller spelt it
+        self._url: URL | None = None
         self._pairs = pairs  # `headers`' lines in order, as its items() gives them
         self._lines: FieldLines | None = None
 
     def release(self) -> None:
         """Nothing to give back: its connection went back to its pool, or was closed, once it was read."""
+
+    @property
+    def url(self) -> URL | None:
+        """The URL asked (fill/upstream.py `answered_by_parent` reads it), read by yarl only when asked for."""
+        if self._url is None and self.asked is not None:
+            self._url = URL(self.asked, encoded=True)
+        return self._url
 
     def field_lines(self) -> FieldLines:
         lines = self._lines
@@ -232,7 +242,7 @@ class SmallGets:
         return self._open.get((host, port), 0)
 
     async def get(self, host: str, port: int, head: bytes, *, small_max: int, timeout: float,
-                  url: object = None) -> SmallAnswer | None:
+                  url: str | None = None) -> SmallAnswer | None:
         """The answer to the request `head` (a body-less GET) when it is a
         final 200 of at most `small_max` bytes read whole within `timeout`;
         None: anything else, nothing kept of it (see the module's docstring)."""
@@ -246,7 +256,7 @@ class SmallGets:
             got = await answer
         finally:
             if got is not None:
-                got.url = url
+                got.asked = url
             read = conn.head
             if got is not None and read is not None and read.keep and not conn.closed and not self._closed:
                 # Closed if nobody asks within IDLE_MAX: a connection a middlebox dropped silently would

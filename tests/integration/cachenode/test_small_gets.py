@@ -413,3 +413,13 @@ async def test_an_exchange_longer_than_the_idle_time_is_answered_and_its_connect
         await asyncio.sleep(0.02)
     assert origin.closed == 1 and gets.opened("127.0.0.1", origin.port) == 1
     gets.close()
+
+
+async def test_an_answers_url_is_the_url_asked_as_yarl_reads_it(origin_with) -> None:
+    origin = await origin_with()
+    gets = SmallGets()
+    asked = f"http://127.0.0.1:{origin.port}/data/a%27b.bin?x=1"
+    answer = await gets.get("127.0.0.1", origin.port, HEAD, small_max=65536, timeout=5, url=asked)
+    assert answer is not None and answer.url == URL(asked, encoded=True) and answer.url is answer.url
+    assert (await get(gets, origin)).url is None  # type: ignore[union-attr]
+    gets.close()
