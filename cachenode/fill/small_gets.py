@@ -60,14 +60,14 @@ class SmallAnswer:
     method = "GET"  # what it answers, as `fill/origin.py` `ends_at_close` reads it
 
     def __init__(self, *, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], content_length: int,
-                 body: bytes) -> None:
+                 body: bytes, asked: str | None) -> None:
         self.status = 200
         self.reason = reason
         self.version = version
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(pairs))
         self.content_length = content_length
         self.body = body
-        self.asked: str | None = None  # the URL asked, as the caller spelt it
+        self.asked = asked  # the URL asked, as the caller spelt it (None: not told)
         self._url: URL | None = None
         self._pairs = pairs  # `headers`' lines in order, as its items() gives them
         self._lines: FieldLines | None = None
@@ -109,6 +109,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self.head: Head | None = None  # the head of the answer being read, once read
         self._small_max = 0
+        self._asked: str | None = None
         self._answer: asyncio.Future[SmallAnswer | None] | None = None
         self._due: float | None = None  # loop time the exchange or the idle wait ends, None: neither
         self._alarm: asyncio.TimerHandle | None = None
@@ -126,13 +127,14 @@ class _Connection(asyncio.Protocol):
         self._end(None)
         return False
 
-    def ask(self, head: bytes, small_max: int, timeout: float) -> asyncio.Future[SmallAnswer | None]:
-        """Write `head` and return the future of its answer, declined (None,
-        this connection closed) unless it is whole within `timeout` seconds."""
+    def ask(self, head: bytes, small_max: int, timeout: float, url: str | None) -> asyncio.Future[SmallAnswer | None]:
+        """Write `head` (a GET of `url`) and return the future of its answer,
+        declined (None, this connection closed) unless whole within `timeout` seconds."""
         assert self.transport is not None and self._answer is None
         self._buffer.clear()
         self.head = None
         self._small_max = small_max
+        self._asked = url
         self._answer = answer = self._loop.create_future()
         self._wait(timeout)
         self.transport.write(head)
@@ -204,7 +206,7 @@ class _Connection(asyncio.Protocol):
         body = bytes(seen[start:start + head.length])
         buffer.clear()
         self._end(SmallAnswer(reason=head.reason, version=head.version, pairs=head.pairs,
-                              content_length=head.length, body=body))
+                              content_length=head.length, body=body, asked=self._asked))
 
     def _end(self, answer: SmallAnswer | None) -> None:
         """The exchange ends with `answer`; a decline closes the connection."""
@@ -250,13 +252,11 @@ class SmallGets:
         conn = self._idle_one(where) or await self._connected(where)
         if conn is None:
             return None
-        answer = conn.ask(head, small_max, timeout)
+        answer = conn.ask(head, small_max, timeout, url)
         got: SmallAnswer | None = None
         try:
             got = await answer
         finally:
-            if got is not None:
-                got.asked = url
             read = conn.head
             if got is not None and read is not None and read.keep and not conn.closed and not self._closed:
                 # Closed if nobody asks within IDLE_MAX: a connection a middlebox dropped silently would
