@@ -136,8 +136,8 @@ class _Connection(asyncio.Protocol):
         self._small_max = small_max
         self._asked = url
         self._answer = answer = self._loop.create_future()
-        self._wait(timeout)
         self.transport.write(head)
+        self._wait(timeout)  # counted from the write, as a timer of its own made after it would count
         return answer
 
     def idle(self, idle_max: float) -> None:
@@ -197,7 +197,7 @@ class _Connection(asyncio.Protocol):
         got = len(seen) - start
         if got < head.length:
             if seen is data:
-                buffer += data[start:]
+                buffer += memoryview(data)[start:]
             elif start:
                 del buffer[:start]
             return
