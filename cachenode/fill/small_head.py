@@ -106,8 +106,10 @@ def read_head(head: bytes, small_max: int) -> Head | None:
 
 
 def _tokens(value: str) -> list[str]:
-    """The members of a list field's value, lowercased as its bytes would be: only ASCII ones
-    ("\u212a".lower() is "k")."""
+    """The members of a list field's value (stripped of its spaces and tabs), lowercased as its bytes
+    would be: only ASCII ones ("\u212a".lower() is "k")."""
     if value.isascii():
+        if "," not in value:
+            return [value.lower()]  # one member, nginx's "keep-alive"
         return [token.strip(" \t") for token in value.lower().split(",")]
     return [token.lower() if token.isascii() else token for token in (t.strip(" \t") for t in value.split(","))]
