@@ -31,9 +31,10 @@ never written to. The bytes sent are the caller's (`head`), the same
 `PlainGets` sends (fill/plain_get.py `request_head`).
 
 The answer's head is read by fill/small_head.py. Per exchange this client
-makes one future and no timer (`_Connection`'s one alarm serves both the
-exchange's timeout and the idle wait), and reads an answer that came in one
-read from that read's bytes, without copying it into a buffer first.
+makes one future and, on a connection in steady use, no timer
+(`_Connection`'s one alarm serves both the exchange's timeout and the idle
+wait), and reads an answer that came in one read from that read's bytes,
+without copying it into a buffer first.
 """
 
 from __future__ import annotations
