@@ -31,16 +31,18 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from multidict import CIMultiDict  # noqa: E402
-from yarl import URL  # noqa: E402
+from aiohttp import ClientTimeout  # noqa: E402
+from multidict import CIMultiDict, CIMultiDictProxy  # noqa: E402
 
 from bench.harness import KiB, Children, Nginx, StaticFiles, nginx_conf, run_bench  # noqa: E402
 from bench.small_files import make_dataset, path_of, say  # noqa: E402
 from cachenode.fill.origin import OriginClient  # noqa: E402
-from cachenode.fill.plain_get import request_fields, request_head  # noqa: E402
+from cachenode.fill.plain_get import plain_request  # noqa: E402
 from cachenode.fill.small_gets import SmallGets  # noqa: E402
 
 FORWARDED = CIMultiDict([("Via", "1.1 bench-node")])
+FORWARDED_PROXY = CIMultiDictProxy(FORWARDED)  # a miss's forwarded fields, as front/fast_misses.py holds them
+NO_TOTAL = ClientTimeout(total=None)
 
 
 async def through_aiohttp(client: OriginClient, urls: list[str], in_flight: int, sizes: int) -> None:
@@ -62,9 +64,11 @@ async def through_small_gets(gets: SmallGets, urls: list[str], in_flight: int, s
 
     async def worker() -> None:
         for url in queue:
-            target = URL(url, encoded=True)
-            head = request_head(target, request_fields(target, CIMultiDict(FORWARDED)))
-            answer = await gets.get(target.raw_host or "", target.port or 80, head, small_max=1 << 20, timeout=30)
+            # As the node's fast misses ask (front/fast_misses.py `FastMisses._small_get`).
+            asked = plain_request(url, FORWARDED_PROXY, NO_TOTAL)
+            assert asked is not None
+            host, port, head = asked
+            answer = await gets.get(host, port, head, small_max=1 << 20, timeout=30, url=url)
             if answer is None or len(answer.body) != sizes:
                 raise SystemExit(f"small gets: {url} not answered whole")
 

@@ -53,8 +53,12 @@ def plain(url: URL, timeout: ClientTimeout) -> bool:
     URL with a host and no credentials in it (a session turns those into
     Authorization), of http or https, and no total timeout (a session
     bounds the whole exchange with it)."""
-    return (timeout.total is None and url.scheme in ("http", "https") and bool(url.raw_host)
-            and url.raw_user is None and url.raw_password is None)
+    return timeout.total is None and _plain_where(url)
+
+
+def _plain_where(url: URL) -> bool:
+    """`plain`'s part that only the URL's scheme and authority decide."""
+    return url.scheme in ("http", "https") and bool(url.raw_host) and url.raw_user is None and url.raw_password is None
 
 
 def request_fields(url: URL, headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -93,6 +97,61 @@ def request_head(url: URL, fields: CIMultiDict[str]) -> bytes:
     (which refuses a control character in any of them): the target as the
     URL spells it, HTTP/1.1."""
     return _serialize_headers(f"GET {url.raw_path_qs} HTTP/1.1", fields)
+
+
+# (authority, fields) -> what a body-less GET of an http:// URL with that
+# authority and those fields sends besides its request line (`plain_request`):
+# (host, port, the fields' bytes), or None when it is not `plain`.
+_WHERE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, int, bytes] | None] = {}
+_WHERE_MAX = 1024  # remembered; cleared when full
+
+
+def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -> tuple[str, int, bytes] | None:
+    """(host, port, head) of a GET of `url` (as `URL(url, encoded=True)`
+    reads it) with `fields`, the head `request_head` writes with
+    `request_fields`, when `plain` holds and the URL names a port; None
+    otherwise. Raises what they raise.
+
+    Why: a cold small fill's request differs from the last one to its
+    origin only in its target, yet yarl's parse of the URL and the fields'
+    merge and serialisation cost a few microseconds each time. So what an
+    http:// URL's authority and the fields decide is remembered, and a
+    target yarl keeps as it is spelt (`_as_spelt`) is written as the
+    request line itself. Any other URL is read by yarl each time."""
+    slash = url.find("/", 7)
+    authority, target = url[7:slash], url[slash:]
+    if (timeout.total is not None or slash <= 7 or not url.startswith("http://") or "?" in authority
+            or "#" in authority or not _as_spelt(target)):
+        asked = URL(url, encoded=True)
+        if not plain(asked, timeout) or asked.raw_host is None or asked.port is None:
+            return None
+        return asked.raw_host, asked.port, request_head(asked, request_fields(asked, fields))
+    key = (authority, tuple(fields.items()))
+    if key in _WHERE:
+        where = _WHERE[key]
+    else:
+        asked = URL(url, encoded=True)  # its authority's parse is that of any URL with it: yarl splits it off first
+        where = None
+        if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
+            # The fields as `request_head` writes them after its request line (whose CRLF is left out).
+            where = asked.raw_host, asked.port, _serialize_headers("", request_fields(asked, fields))[2:]
+        if len(_WHERE) >= _WHERE_MAX:
+            _WHERE.clear()
+        _WHERE[key] = where
+    if where is None:
+        return None
+    host, port, written = where
+    return host, port, b"GET %b HTTP/1.1\r\n%b" % (target.encode("ascii"), written)
+
+
+def _as_spelt(target: str) -> bool:
+    """Whether yarl reads an http:// URL ending in the path and query
+    `target` to the `raw_path_qs` `target`, which `_serialize_headers`
+    writes as its ASCII bytes: with `encoded=True` it neither quotes nor
+    normalises a path, but it drops a fragment, a query's lone "?" and
+    tabs, and aiohttp refuses a control character."""
+    return target[:1] == "/" and target.isascii() and target.isprintable() and "#" not in target and (
+        not target.endswith("?"))
 
 
 class _Written:

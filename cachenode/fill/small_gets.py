@@ -29,118 +29,92 @@ no connection is ever reused in the middle of a message. An idle one the
 origin closed is dropped when the loop hears it (`connection_lost`) and is
 never written to. The bytes sent are the caller's (`head`), the same
 `PlainGets` sends (fill/plain_get.py `request_head`).
+
+The answer's head is read by fill/small_head.py. Per exchange this client
+makes one future and, on a connection in steady use, no timer
+(`_Connection`'s one alarm serves both the exchange's timeout and the idle
+wait), and reads an answer that came in one read from that read's bytes,
+without copying it into a buffer first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 
-from aiohttp import HttpVersion, hdrs
-from multidict import CIMultiDict, CIMultiDictProxy, istr
+from aiohttp import HttpVersion
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
+from cachenode.fill.small_head import Head, read_head
 from cachenode.http.fields import FieldLines
 
 POOL_MAX = 64  # connections per origin, idle and busy
 HEAD_MAX = 64 * 1024  # an answer's head, longer: declined
-# A line of the head, longer: declined, as aiohttp's parser refuses it (its
-# max_line_size and max_field_size), so no answer the engine would fail is stored here.
-LINE_MAX = 8190
 IDLE_MAX = 15.0  # seconds a connection waits idle before it is closed, as aiohttp's pool's keepalive_timeout
-
-_STATUS = re.compile(rb"HTTP/1\.([01]) (\d\d\d)(?: ([\t\x20-\x7e]*))?")
-_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*"
-                    rb"[\x21-\x7e\x80-\xff])?)?)[ \t]*")
-_VERSIONS = {b"0": HttpVersion(1, 0), b"1": HttpVersion(1, 1)}
-# aiohttp's parser names a field it knows as `hdrs` spells it ("Etag" for "ETag"), which is what is stored.
-_KNOWN = {str(name).lower().encode("ascii"): name for name in vars(hdrs).values() if isinstance(name, istr)}
 
 
 class SmallAnswer:
     """A final 200 read whole: read by `fill/judged.py` as an origin client's answer is."""
 
-    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "url", "_lines")
+    __slots__ = ("status", "reason", "version", "headers", "content_length", "body", "asked", "_url", "_pairs",
+                 "_lines")
     method = "GET"  # what it answers, as `fill/origin.py` `ends_at_close` reads it
 
     def __init__(self, *, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], content_length: int,
-                 body: bytes) -> None:
+                 body: bytes, asked: str | None) -> None:
         self.status = 200
         self.reason = reason
         self.version = version
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict(pairs))
         self.content_length = content_length
         self.body = body
-        self.url: object = None  # the URL asked, the caller's (fill/upstream.py `answered_by_parent` reads it)
+        self.asked = asked  # the URL asked, as the caller spelt it (None: not told)
+        self._url: URL | None = None
+        self._pairs = pairs  # `headers`' lines in order, as its items() gives them
         self._lines: FieldLines | None = None
 
     def release(self) -> None:
         """Nothing to give back: its connection went back to its pool, or was closed, once it was read."""
 
+    @property
+    def url(self) -> URL | None:
+        """The URL asked (fill/upstream.py `answered_by_parent` reads it), read by yarl only when asked for."""
+        if self._url is None and self.asked is not None:
+            self._url = URL(self.asked, encoded=True)
+        return self._url
+
     def field_lines(self) -> FieldLines:
         lines = self._lines
         if lines is None:
-            lines = self._lines = FieldLines(self.headers.items())
+            lines = self._lines = FieldLines(self._pairs)
         return lines
 
 
-class _Head:
-    """An answer's head as far as this client reads it; `length` None: declined."""
-
-    __slots__ = ("reason", "version", "pairs", "length", "keep")
-
-    def __init__(self, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], length: int | None,
-                 keep: bool) -> None:
-        self.reason, self.version, self.pairs, self.length, self.keep = reason, version, pairs, length, keep
-
-
-def read_head(head: bytes, small_max: int) -> _Head | None:
-    """The head of a final 200 this client answers (without its blank line),
-    with its Content-Length and whether its connection may be reused; None:
-    any other answer, or a head not read plainly (obsolete line folding, a
-    control character, a field line without a name)."""
-    lines = head.split(b"\r\n")
-    if max(map(len, lines)) > LINE_MAX:
-        return None
-    status = _STATUS.fullmatch(lines[0])
-    if status is None or status.group(2) != b"200":
-        return None
-    pairs: list[tuple[str, str]] = []
-    lengths: list[bytes] = []
-    connection: list[bytes] = []
-    for line in lines[1:]:
-        field = _FIELD.fullmatch(line)
-        if field is None:
-            return None
-        name, value = field.group(1), field.group(2)
-        lname = name.lower()
-        if lname == b"content-length":
-            lengths.append(value)
-        elif lname == b"transfer-encoding":
-            return None
-        elif lname == b"connection":
-            connection.extend(t.strip(b" \t").lower() for t in value.split(b","))
-        # A value's bytes past ASCII (obs-text) as aiohttp's parser decodes them.
-        pairs.append((_KNOWN.get(lname) or name.decode("ascii"), value.decode("utf-8", "surrogateescape")))
-    if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18 or int(lengths[0]) > small_max:
-        return None
-    version = _VERSIONS[status.group(1)]
-    # RFC 9112 §9.3: "close" ends it whatever the version; HTTP/1.0 persists only when asked to.
-    keep = b"close" not in connection and (version == HttpVersion(1, 1) or b"keep-alive" in connection)
-    reason = (status.group(3) or b"").decode("ascii")
-    return _Head(reason, version, pairs, int(lengths[0]), keep)
-
-
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection to an origin, reading one answer at a time."""
+    """One keep-alive connection to an origin, reading one answer at a time.
+
+    Its one alarm (`_alarm`) ends whatever the connection waits for when its
+    deadline (`_due`) passes: the answer of its exchange (`ask`'s timeout),
+    or its next exchange (`idle`: it is then closed). The alarm is not moved
+    each time the deadline is: it rings no later than the deadline, and when
+    the deadline has moved past the time it rang for, it is set again for the
+    new one. A connection asked again and again within its idle time thus
+    keeps one timer that rings about every `IDLE_MAX` seconds, instead of
+    making and cancelling two for every exchange; each deadline is kept to
+    the same loop time a timer of its own would have had."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
-        self._head: _Head | None = None
+        self.head: Head | None = None  # the head of the answer being read, once read
         self._small_max = 0
+        self._asked: str | None = None
         self._answer: asyncio.Future[SmallAnswer | None] | None = None
-        self.expiry: asyncio.TimerHandle | None = None  # while idle: its close after IDLE_MAX
+        self._due: float | None = None  # loop time the exchange or the idle wait ends, None: neither
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at = 0.0  # the loop time `_alarm` rings at
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -154,60 +128,102 @@ class _Connection(asyncio.Protocol):
         self._end(None)
         return False
 
-    def ask(self, head: bytes, small_max: int) -> asyncio.Future[SmallAnswer | None]:
-        """Write `head` and return the future of its answer (None: declined, this connection closed)."""
+    def ask(self, head: bytes, small_max: int, timeout: float, url: str | None) -> asyncio.Future[SmallAnswer | None]:
+        """Write `head` (a GET of `url`) and return the future of its answer,
+        declined (None, this connection closed) unless whole within `timeout` seconds."""
         assert self.transport is not None and self._answer is None
         self._buffer.clear()
-        self._head = None
+        self.head = None
         self._small_max = small_max
-        self._answer = asyncio.get_running_loop().create_future()
+        self._asked = url
+        self._answer = answer = self._loop.create_future()
         self.transport.write(head)
-        return self._answer
+        self._wait(timeout)  # counted from the write, as a timer of its own made after it would count
+        return answer
+
+    def idle(self, idle_max: float) -> None:
+        """Wait for the next exchange, closed unless it comes within `idle_max` seconds."""
+        self._wait(idle_max)
+
+    def _wait(self, seconds: float) -> None:
+        due = self._due = self._loop.time() + seconds
+        if self._alarm is None or self._alarm_at > due:
+            if self._alarm is not None:
+                self._alarm.cancel()
+            self._alarm_at = due
+            self._alarm = self._loop.call_at(due, self._rang)
+
+    def _rang(self) -> None:
+        self._alarm = None
+        due = self._due
+        if due is None:
+            return
+        if due <= self._alarm_at:
+            self._end(None)  # the answer is late (declined), or the connection idle too long (closed)
+        else:
+            self._alarm_at = due
+            self._alarm = self._loop.call_at(due, self._rang)
 
     def data_received(self, data: bytes) -> None:
         if self._answer is None:
             self.close()  # bytes nobody asked for: this connection cannot be trusted again
             return
         buffer = self._buffer
-        buffer += data
-        head = self._head
+        head = self.head
         if head is None:
-            end = buffer.find(b"\r\n\r\n")
+            # Most answers come whole in one read: read from `data`, copied only when more must come.
+            if buffer:
+                buffer += data
+                seen: bytes | bytearray = buffer
+            else:
+                seen = data
+            end = seen.find(b"\r\n\r\n")
             if end < 0:
-                if len(buffer) > HEAD_MAX:
+                if len(seen) > HEAD_MAX:
                     self._end(None)
+                elif seen is data:
+                    buffer += data
                 return
             if end > HEAD_MAX:
                 self._end(None)
                 return
-            head = self._head = read_head(bytes(buffer[:end]), self._small_max)
+            head = self.head = read_head(bytes(seen[:end]), self._small_max)
             if head is None:
                 self._end(None)
                 return
-            del buffer[:end + 4]
-        assert head.length is not None
-        if len(buffer) < head.length:
+            start = end + 4
+        else:
+            buffer += data
+            seen, start = buffer, 0
+        got = len(seen) - start
+        if got < head.length:
+            if seen is data:
+                buffer += memoryview(data)[start:]
+            elif start:
+                del buffer[:start]
             return
-        if len(buffer) > head.length:
+        if got > head.length:
             head.keep = False  # more than the answer: never reused
-        body = bytes(buffer[:head.length])
+        body = bytes(seen[start:start + head.length])
         buffer.clear()
         self._end(SmallAnswer(reason=head.reason, version=head.version, pairs=head.pairs,
-                              content_length=head.length, body=body))
+                              content_length=head.length, body=body, asked=self._asked))
 
     def _end(self, answer: SmallAnswer | None) -> None:
         """The exchange ends with `answer`; a decline closes the connection."""
         waiting, self._answer = self._answer, None
+        self._due = None
         if answer is None:
             self.close()
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)
 
-    def timed_out(self) -> None:
-        self._end(None)
-
     def close(self) -> None:
         self.closed = True
+        self._due = None
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
         if self.transport is not None:
             self.transport.close()
 
@@ -229,44 +245,42 @@ class SmallGets:
         return self._open.get((host, port), 0)
 
     async def get(self, host: str, port: int, head: bytes, *, small_max: int, timeout: float,
-                  url: object = None) -> SmallAnswer | None:
+                  url: str | None = None) -> SmallAnswer | None:
         """The answer to the request `head` (a body-less GET) when it is a
         final 200 of at most `small_max` bytes read whole within `timeout`;
         None: anything else, nothing kept of it (see the module's docstring)."""
         where = (host, port)
-        conn = await self._connection(where)
+        conn = self._idle_one(where) or await self._connected(where)
         if conn is None:
             return None
-        answer = conn.ask(head, small_max)
-        timer = asyncio.get_running_loop().call_later(timeout, conn.timed_out)
+        answer = conn.ask(head, small_max, timeout, url)
         got: SmallAnswer | None = None
         try:
             got = await answer
         finally:
-            timer.cancel()
-            if got is not None:
-                got.url = url
-            read = conn._head
+            read = conn.head
             if got is not None and read is not None and read.keep and not conn.closed and not self._closed:
                 # Closed if nobody asks within IDLE_MAX: a connection a middlebox dropped silently would
                 # otherwise cost its next fill the whole read timeout before the engine asks again.
-                conn.expiry = asyncio.get_running_loop().call_later(self._idle_max, conn.close)
+                conn.idle(self._idle_max)
                 self._idle.setdefault(where, []).append(conn)
             else:
                 conn.close()  # declined, cancelled, or not to be reused: never again
                 self._dropped(where)
         return got
 
-    async def _connection(self, where: tuple[str, int]) -> _Connection | None:
+    def _idle_one(self, where: tuple[str, int]) -> _Connection | None:
+        """An idle connection to `where` (its idle wait ends once it is asked), or None."""
         idle = self._idle.get(where)
         while idle:
             conn = idle.pop()
-            if conn.expiry is not None:
-                conn.expiry.cancel()
-                conn.expiry = None
             if not conn.closed:
                 return conn
             self._dropped(where)  # closed by the origin while idle: dropped, never written to
+        return None
+
+    async def _connected(self, where: tuple[str, int]) -> _Connection | None:
+        """A new connection to `where`, or None: the pool is full, or the connect failed."""
         opened = self._open.get(where, 0)
         if opened >= self._pool_max:
             return None
@@ -296,8 +310,6 @@ class SmallGets:
         self._closed = True
         for conns in self._idle.values():
             for conn in conns:
-                if conn.expiry is not None:
-                    conn.expiry.cancel()
                 conn.close()
         self._idle.clear()
         self._open.clear()

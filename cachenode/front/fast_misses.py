@@ -36,14 +36,13 @@ import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from cachenode.cluster_view import ClusterView
 from cachenode.counts import Counts
 from cachenode.fill.engine import NOT_FOR_FILLS, FillEngine, LeaderGone
 from cachenode.fill.flights import Flight, Kind, Outcome, Source
 from cachenode.fill.origin import Interim, forwarded_request_headers
-from cachenode.fill.plain_get import plain, request_fields, request_head
+from cachenode.fill.plain_get import plain_request
 from cachenode.fill.small_gets import SmallGets
 from cachenode.fill.recent_fills import RecentFills
 from cachenode.fill.upstream import Upstream
@@ -280,12 +279,12 @@ class FastMisses:
             return None
         if not self.engine.asks_plainly(source, miss.origin):
             return None
-        target = URL(url, encoded=True)
-        if not plain(target, self._timeout) or target.raw_host is None or target.port is None:
+        asked = plain_request(url, miss.forwarded, self._timeout)
+        if asked is None:
             return None
-        head = request_head(target, request_fields(target, CIMultiDict(miss.forwarded)))
-        answer = await self.small_gets.get(target.raw_host, target.port, head, small_max=small_max,
-                                           timeout=self.engine.settings.origin_read_timeout, url=target)
+        host, port, head = asked
+        answer = await self.small_gets.get(host, port, head, small_max=small_max,
+                                           timeout=self.engine.settings.origin_read_timeout, url=url)
         outcome = None if answer is None else await self.engine.lead_small(
             miss.flight, answer, key=miss.key, url=url, origin=miss.origin, target=miss.target, source=source)
         self._small_gets[outcome is None].inc()

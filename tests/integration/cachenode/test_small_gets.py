@@ -329,3 +329,97 @@ async def test_closing_with_a_get_in_flight_lets_it_end_and_keeps_nothing(origin
     answer = await in_flight
     assert answer is not None and answer.body == BODY
     assert gets.opened("127.0.0.1", origin.port) == 0 and not gets._idle  # closed once it ended, not kept
+
+
+async def test_a_head_and_part_of_its_body_in_one_read_then_the_rest_is_read_whole(origin_with) -> None:
+    origin = await origin_with(answering(OK[:1000], OK[1000:9000], OK[9000:]))
+    gets = SmallGets()
+    for _ in range(2):
+        answer = await get(gets, origin)
+        assert answer is not None and answer.body == BODY
+    assert origin.connections == 1
+    gets.close()
+
+
+async def test_bytes_past_the_answer_in_its_last_read_end_its_connection(origin_with) -> None:
+    for pieces in ([OK + b"HTTP/1.1"], [OK[:50], OK[50:] + b"HTTP/1.1"]):
+        origin = await origin_with(answering(*pieces))
+        gets = SmallGets()
+        for _ in range(2):
+            answer = await get(gets, origin)
+            assert answer is not None and answer.body == BODY
+        assert origin.connections == 2  # never reused: the bytes past the answer belong to no exchange
+        gets.close()
+
+
+async def test_an_answers_field_lines_are_its_headers_lines(origin_with) -> None:
+    origin = await origin_with(answering(
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-A: 1\r\nx-a: 2\r\netag: \"e\"\r\n\r\n" % len(BODY) + BODY))
+    gets = SmallGets()
+    answer = await get(gets, origin)
+    assert answer is not None
+    assert answer.field_lines().pairs == tuple(answer.headers.items())
+    assert answer.field_lines().by_name() == {"content-length": [str(len(BODY))], "x-a": ["1", "2"], "etag": ['"e"']}
+    gets.close()
+
+
+def answered_then_silent(after: int) -> Script:
+    """Answer OK to the first `after` requests of a connection, then never again."""
+
+    async def script(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if n > after:
+            await asyncio.sleep(30)
+            return False
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    return script
+
+
+@pytest.mark.parametrize("idle_max, timeout", [(0.2, 0.6), (2.0, 0.3)])
+async def test_a_reused_connection_is_declined_after_its_own_timeout_whatever_its_idle_time(
+        origin_with, idle_max: float, timeout: float) -> None:
+    """The exchange's timeout counts from its request, on a connection that waited idle before it."""
+    origin = await origin_with(answered_then_silent(2))
+    gets = SmallGets(idle_max=idle_max)
+    loop = asyncio.get_running_loop()
+    for _ in range(2):
+        assert await get(gets, origin, timeout=timeout) is not None
+        await asyncio.sleep(0.05)
+    began = loop.time()
+    assert await get(gets, origin, timeout=timeout) is None
+    assert timeout <= loop.time() - began < timeout + 0.15
+    assert origin.connections == 1 and gets.opened("127.0.0.1", origin.port) == 0
+    gets.close()
+
+
+async def test_an_exchange_longer_than_the_idle_time_is_answered_and_its_connection_kept(origin_with) -> None:
+    async def slow(conn: int, n: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(0.5)
+        writer.write(OK)
+        await writer.drain()
+        return True
+
+    origin = await origin_with(slow)
+    gets = SmallGets(idle_max=0.2)
+    for _ in range(2):
+        answer = await get(gets, origin, timeout=2)
+        assert answer is not None and answer.body == BODY
+    assert origin.connections == 1
+    for _ in range(100):  # and once idle, closed after its idle time
+        if origin.closed == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert origin.closed == 1 and gets.opened("127.0.0.1", origin.port) == 1
+    gets.close()
+
+
+async def test_an_answers_url_is_the_url_asked_as_yarl_reads_it(origin_with) -> None:
+    origin = await origin_with()
+    gets = SmallGets()
+    asked = f"http://127.0.0.1:{origin.port}/data/a%27b.bin?x=1"
+    answer = await gets.get("127.0.0.1", origin.port, HEAD, small_max=65536, timeout=5, url=asked)
+    assert answer is not None and answer.url == URL(asked, encoded=True) and answer.url is answer.url
+    assert (await get(gets, origin)).url is None  # type: ignore[union-attr]
+    gets.close()

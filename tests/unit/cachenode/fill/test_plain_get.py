@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 from aiohttp import ClientTimeout
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from cachenode.fill.plain_get import plain, request_fields, request_head
+from cachenode.fill import plain_get
+from cachenode.fill.plain_get import plain, plain_request, request_fields, request_head
 
 
 def fields_of(url: str, headers) -> list[tuple[str, str]]:
@@ -65,3 +66,56 @@ def test_a_control_character_in_a_field_is_refused_before_anything_is_sent():
 ])
 def test_only_a_url_without_credentials_and_no_total_timeout_is_written_plainly(url, timeout, expected):
     assert plain(URL(url, encoded=True), timeout) is expected
+
+
+def written_as_before(url: str, fields, timeout: ClientTimeout):
+    """What the small gets' caller sent before `plain_request`: yarl's URL, `plain`, `request_head` of a copy
+    of the fields (front/fast_misses.py `FastMisses._small_get`)."""
+    asked = URL(url, encoded=True)
+    if not plain(asked, timeout) or asked.raw_host is None or asked.port is None:
+        return None
+    return asked.raw_host, asked.port, request_head(asked, request_fields(asked, CIMultiDict(fields)))
+
+
+def outcome(call, *args):
+    try:
+        return call(*args)
+    except Exception as e:  # noqa: BLE001 - the error is what is compared
+        return type(e), str(e)
+
+
+URLS = [f"http://{authority}{target}" for authority in (
+    "origin.example", "origin.example:8080", "Origin.Example:80", "127.0.0.1:9000", "[::1]:8443", "user@o",
+    "user:pw@o:81", "o:99999", "o:x", "o?q", "o#f", "o\tx:81", "") for target in (
+    "/", "/a/b.bin", "/a?x=1&y", "/p?", "/p??", "/a/../b", "//x", "/a%27b/%28c%29", "/a b", "/a#frag",
+    "/caf\u00e9", "/a\tb", "/a\x01b", "/a\x7fb", "/?", "/x?y?z", "/\\x", "")] + [
+    "http://o", "http://o?x", "https://o/a", "HTTP://o/a", "http:/o/a", "ftp://o/a"]
+FIELDS = [{}, CIMultiDict([("Via", "1.1 n")]), CIMultiDict([("Via", "1.1 n"), ("X-A", "1"), ("x-a", "2")]),
+          CIMultiDict([("Host", "images.example"), ("Accept", "image/*")]), {"X-A": "1\r\nX-Injected: 2"},
+          CIMultiDictProxy(CIMultiDict([("Via", "1.1 n"), ("accept", "a/b"), ("X-A", "1"), ("x-A", "2")]))]
+
+
+@pytest.mark.parametrize("fields", FIELDS)
+@pytest.mark.parametrize("timeout", [ClientTimeout(total=None, sock_read=5), ClientTimeout(total=30)])
+def test_a_plain_request_is_what_yarl_and_request_head_make_of_it_every_time(fields, timeout, monkeypatch):
+    """Host, port and head byte for byte, or None, or the same error: asked first and again, remembered."""
+    monkeypatch.setattr(plain_get, "_WHERE", {})
+    for url in URLS + URLS:
+        assert outcome(plain_request, url, fields, timeout) == outcome(written_as_before, url, fields, timeout), url
+
+
+def test_an_origins_fields_are_written_once_for_its_targets(monkeypatch):
+    monkeypatch.setattr(plain_get, "_WHERE", {})
+    via = CIMultiDict([("Via", "1.1 n")])
+    for n in range(3):
+        assert plain_request(f"http://o:81/f/{n}", via, ClientTimeout(total=None)) == (
+            "o", 81, b"GET /f/%d HTTP/1.1\r\nHost: o:81\r\nVia: 1.1 n\r\nAccept: */*\r\n\r\n" % n)
+    assert list(plain_get._WHERE) == [("o:81", (("Via", "1.1 n"),))]
+
+
+def test_the_origins_remembered_stay_bounded(monkeypatch):
+    monkeypatch.setattr(plain_get, "_WHERE", {})
+    for n in range(3 * plain_get._WHERE_MAX):
+        assert plain_request(f"http://o{n}/a", {}, ClientTimeout(total=None)) == (
+            f"o{n}", 80, b"GET /a HTTP/1.1\r\nHost: o%d\r\nAccept: */*\r\n\r\n" % n)
+        assert len(plain_get._WHERE) <= plain_get._WHERE_MAX

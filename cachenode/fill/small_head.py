@@ -1,0 +1,115 @@
+"""The head of an origin's answer as fill/small_gets.py reads it: a final
+200 with one Content-Length, its fields named and decoded as aiohttp's
+parser gives them, or nothing (that client then declines the answer). No
+I/O: aiohttp lends only the names it gives known fields (`hdrs`) and the
+`HttpVersion` an answer carries.
+
+Why a module: the head is the single most expensive step of a small gets'
+exchange (a cProfile of a node under bench/small_fills_ab.py put it first
+among its functions per fill), so it is read in one pass: one regular
+expression checks the whole head at once (status line, and every field line
+a name, a colon and a value of visible characters, spaces and tabs: RFC 9112
+§4 and §5, no obsolete line folding, no control character), the head is
+decoded once, and each line is then only split at its first colon. A field
+name seen before is not lowercased or looked up again (`_NAMES`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import HttpVersion, hdrs
+from multidict import istr
+
+# A line of the head, longer: declined, as aiohttp's parser refuses it (its
+# max_line_size and max_field_size), so no answer the engine would fail is stored here.
+LINE_MAX = 8190
+
+# The whole head but its blank line, lines joined by CRLF. A field's name
+# ends at its first colon (a colon is no tchar), and a value of these
+# characters is, stripped of its spaces and tabs, RFC 9112's field-value
+# between optional whitespace: so splitting a line at its first colon and
+# stripping reads what a per-line match of name, OWS, value, OWS would.
+_HEAD = re.compile(rb"HTTP/1\.([01]) 200(?: ([\t\x20-\x7e]*+))?"
+                   rb"((?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]++:[\t\x20-\x7e\x80-\xff]*+)*+)")
+_VERSIONS = {b"0": HttpVersion(1, 0), b"1": HttpVersion(1, 1)}
+# aiohttp's parser names a field it knows as `hdrs` spells it ("Etag" for "ETag"), which is what is stored.
+_KNOWN = {str(name).lower(): name for name in vars(hdrs).values() if isinstance(name, istr)}
+
+_OTHER, _LENGTH, _CODING, _CONNECTION = range(4)  # what a field is to this reader
+_ROLES = {"content-length": _LENGTH, "transfer-encoding": _CODING, "connection": _CONNECTION}
+_NAMES_MAX = 1024  # field names remembered; cleared when full (an origin chooses them)
+_NAMES: dict[str, tuple[str, int]] = {}  # a name as sent -> as stored, and its role
+
+
+class Head:
+    """An answer's head as far as small gets read it: its reason, version,
+    fields (as stored), Content-Length, and whether its connection may be
+    reused (`keep`, which the reader clears when more than the body came)."""
+
+    __slots__ = ("reason", "version", "pairs", "length", "keep")
+
+    def __init__(self, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], length: int,
+                 keep: bool) -> None:
+        self.reason, self.version, self.pairs, self.length, self.keep = reason, version, pairs, length, keep
+
+
+def _named(name: str) -> tuple[str, int]:
+    lname = name.lower()
+    named = (_KNOWN.get(lname) or name, _ROLES.get(lname, _OTHER))
+    if len(_NAMES) >= _NAMES_MAX:
+        _NAMES.clear()
+    _NAMES[name] = named
+    return named
+
+
+def read_head(head: bytes, small_max: int) -> Head | None:
+    """The head of a final 200 this client answers (without its blank line),
+    with its Content-Length and whether its connection may be reused; None:
+    any other answer, or a head not read plainly (obsolete line folding, a
+    control character, a field line without a name, a line over `LINE_MAX`)."""
+    if len(head) > LINE_MAX and max(map(len, head.split(b"\r\n"))) > LINE_MAX:
+        return None
+    status = _HEAD.fullmatch(head)
+    if status is None:
+        return None
+    pairs: list[tuple[str, str]] = []
+    lengths: list[str] = []
+    connection: list[str] = []
+    start = status.start(3)
+    if start == len(head):
+        return None  # no field, so no Content-Length
+    # A value's bytes past ASCII (obs-text) as aiohttp's parser decodes them; the rest of the head is ASCII.
+    for line in head[start + 2:].decode("utf-8", "surrogateescape").split("\r\n"):
+        name, _, value = line.partition(":")
+        value = value.strip(" \t")
+        stored, role = _NAMES.get(name) or _named(name)
+        if role:
+            if role == _LENGTH:
+                lengths.append(value)
+            elif role == _CODING:
+                return None
+            else:
+                connection += _tokens(value)
+        pairs.append((stored, value))
+    if len(lengths) != 1:
+        return None
+    length = lengths[0]
+    # Only ASCII digits: "\u0661".isdigit() holds too, and int() reads it.
+    if not (length.isascii() and length.isdigit()) or len(length) > 18 or int(length) > small_max:
+        return None
+    minor = status.group(1)
+    # RFC 9112 §9.3: "close" ends it whatever the version; HTTP/1.0 persists only when asked to.
+    keep = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
+    reason = (status.group(2) or b"").decode("ascii")
+    return Head(reason, _VERSIONS[minor], pairs, int(length), keep)
+
+
+def _tokens(value: str) -> list[str]:
+    """The members of a list field's value (stripped of its spaces and tabs), lowercased as its bytes
+    would be: only ASCII ones ("\u212a".lower() is "k")."""
+    if value.isascii():
+        if "," not in value:
+            return [value.lower()]  # one member, nginx's "keep-alive"
+        return [token.strip(" \t") for token in value.lower().split(",")]
+    return [token.lower() if token.isascii() else token for token in (t.strip(" \t") for t in value.split(","))]
