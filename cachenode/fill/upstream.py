@@ -62,10 +62,12 @@ class Upstream:
         return None
 
     def answered_by_parent(self, response: aiohttp.ClientResponse) -> bool:
-        """Whether `response` came from the parent (and not from the origin after a fallback)."""
+        """Whether `response` came from the parent (and not from the origin after a fallback).
+        A node without a parent never reads the answer's URL (a small gets' answer parses it when read)."""
+        if self.parent is None:
+            return False
         u = response.url  # compared by parts: yarl tells "http://h" from "http://h:80"
-        return self.parent is not None and (u.scheme, u.host, u.port) == (
-            self.parent.scheme, self.parent.host, self.parent.port)
+        return (u.scheme, u.host, u.port) == (self.parent.scheme, self.parent.host, self.parent.port)
 
     async def request(self, method: str, url: str, *, headers: Mapping[str, str], what: str,
                       route: Target | None = None, data: object = None,
