@@ -17,13 +17,14 @@ import contextlib
 import os
 import random
 import secrets
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from cachenode.store.objects import Meta, Refused, TooLarge, slot_of
 from cachenode.store.rows import digest_of
-from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
+from cachenode.store.record_json import record_json, record_of
+from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal_encoded, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
 
@@ -50,17 +51,9 @@ def read_back(path: Path, size: int) -> bytes:
         os.close(fd)
 
 
-_FIELDS = tuple(f.name for f in fields(Meta))
-
-
-def record_of(meta: Meta) -> dict:
-    """`meta` as its file's record: `asdict` without its deep copy (every value is immutable)."""
-    return {name: getattr(meta, name) for name in _FIELDS}
-
-
 def finish(fd: int, body: bytes, meta: Meta) -> None:
     """Append the record and trailer sealing `body` (already at the start of `fd`)."""
-    tail = seal(body, record_of(meta))
+    tail = seal_encoded(body, record_json(meta))
     view = memoryview(tail)
     at = meta.size
     while view:
@@ -292,7 +285,7 @@ def write_sealed_file(folder: str, meta: Meta, body: bytes) -> None:
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:
     """`body` and its seal from offset 0 of `fd`, in one write (copying 16 KiB costs less than a second call)."""
-    whole = memoryview(body + seal(body, record_of(meta)))
+    whole = memoryview(body + seal_encoded(body, record_json(meta)))
     at = 0
     while at < len(whole):
         at += os.pwrite(fd, whole[at:], at)
