@@ -169,8 +169,7 @@ class SealedWrites:
         descriptor kept open, the `Meta` built once. StoreError naming the file and the OS error when
         it cannot be created or written: nothing is left behind then, and
         nothing is in the index."""
-        meta = sealed_meta(len(body), key=key, vary=vary, variant=variant, hot=hot,
-                           extra=self._extra_copy(key, hot=hot), **record)
+        meta = _sealed_meta(len(body), key, vary, variant, hot, self._extra_copy(key, hot=hot), record)
         self.reserve(meta.size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=meta.size)
@@ -229,7 +228,11 @@ def _data_name(oid: str, *, sealed: bool) -> str:
     each forked process), not `secrets`': the nonce must differ from the file
     it replaces, not be unguessable, and `secrets` asks the kernel (a
     `getrandom` call) for every file."""
-    return f"{oid}.{random.getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
+    return f"{oid}.{_getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
+
+
+# The module's generator's own method (what `random.getrandbits` is), found once rather than per file.
+_getrandbits = random.getrandbits
 
 
 def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str = "", hot: bool = False,
@@ -239,6 +242,13 @@ def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str
     hashed by the index's `digest_of` (`object_id` is its hex), which
     remembers it: the admission and the index ask for the same slot's digest
     next, and get it without hashing the key again."""
+    return _sealed_meta(size, key, vary, variant, hot, extra, record)
+
+
+def _sealed_meta(size: int, key: str, vary: tuple[str, ...], variant: str, hot: bool, extra: bool,
+                 record: dict[str, Any]) -> Meta:
+    """`sealed_meta`, its record's other fields a dict taken as it is: `put_sealed`'s own
+    keywords are not gathered into a dict once more (a microsecond a put)."""
     oid = digest_of(slot_of(key, vary=vary, variant=variant)).hex()
     return Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
                 data=_data_name(oid, sealed=True), **record)
