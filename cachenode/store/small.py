@@ -294,11 +294,14 @@ def write_sealed_file(folder: str, meta: Meta, body: bytes) -> None:
 
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:
-    """`body` and its seal from offset 0 of `fd`, in one write (copying 16 KiB costs less than a second call)."""
-    whole = memoryview(body + seal_encoded(body, record_json(meta)))
-    at = 0
-    while at < len(whole):
-        at += os.pwrite(fd, whole[at:], at)
+    """`body` and its seal from offset 0 of `fd`, in one write (copying 16 KiB costs less than a second call);
+    a view of them is made only for what a short write left."""
+    whole = body + seal_encoded(body, record_json(meta))
+    at = os.pwrite(fd, whole, 0)
+    if at < len(whole):
+        view = memoryview(whole)
+        while at < len(whole):
+            at += os.pwrite(fd, view[at:], at)
 
 
 def _pread_all(fd: int, size: int, at: int) -> bytes:

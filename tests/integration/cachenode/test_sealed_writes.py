@@ -69,6 +69,24 @@ async def test_a_sealed_write_the_disk_refuses_raises_a_store_error_naming_it_an
     assert "http://images.example/a" not in store
 
 
+async def test_a_sealed_write_the_disk_takes_in_short_writes_goes_on_until_the_file_is_whole(store, monkeypatch):
+    """Each write taking at most 1000 bytes (a file system that writes less than asked) still
+    leaves the whole file: body and seal, each write from where the last one stopped."""
+    real_pwrite, asked = os.pwrite, []
+
+    def short(fd, data, offset):
+        asked.append((len(data), offset))
+        return real_pwrite(fd, bytes(data)[:1000], offset)
+
+    monkeypatch.setattr(os, "pwrite", short)
+    stored = put(store, "a")
+    monkeypatch.undo()
+    size = os.path.getsize(store.data_path(stored))
+    assert asked == [(size - at, at) for at in range(0, size, 1000)]
+    with open(store.data_path(stored), "rb") as f:
+        assert f.read(len(BODY)) == BODY and small.check(f.fileno(), stored)
+
+
 async def test_a_sealed_write_replacing_an_object_leaves_only_the_new_one_served(store):
     first = put(store, "a")
     second = put(store, "a", BODY[::-1])
