@@ -9,6 +9,7 @@ import pytest
 
 from cachenode.store.objects import Meta
 from cachenode.store.record_json import _NotPlain, _plain, record_json, record_of
+from cachenode.store.sealed import seal, seal_encoded
 
 NOW = 1795922793.3171613
 BASE = Meta(key="http://images.example/train/n01.JPEG", url="http://images.example/train/n01.JPEG",
@@ -55,6 +56,13 @@ ODD = [
 def test_a_record_is_the_bytes_json_dumps_gives(meta):
     """Every record is written as `json.dumps(record, separators=(",", ":"))` writes it."""
     assert record_json(meta) == dumps(meta)
+
+
+@pytest.mark.parametrize("meta", PLAIN + ODD)
+def test_a_seal_of_the_record_json_is_the_seal_of_the_record(meta):
+    """What follows a body in its file is the same whether the record is encoded here or by `seal`."""
+    body = bytes(range(256)) * 3
+    assert seal_encoded(body, record_json(meta)) == seal(body, record_of(meta))
 
 
 @pytest.mark.parametrize("meta", PLAIN)
