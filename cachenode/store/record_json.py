@@ -34,10 +34,6 @@ _INTS = (int, int, int, int)
 _FLAGS = (bool, bool, bool)
 
 
-class _NotPlain(Exception):
-    """A field `_plain` does not spell: the encoder writes the record."""
-
-
 def record_of(meta: Meta) -> dict:
     """`meta` as its file's record: `asdict` without its deep copy (every value is immutable)."""
     return {name: getattr(meta, name) for name in _FIELDS}
@@ -48,8 +44,8 @@ def record_json(meta: Meta) -> bytes:
     if _SPELLED:
         try:
             return _plain(meta).encode()
-        except (_NotPlain, TypeError, ValueError):
-            pass  # the encoder writes it, or raises what it raises for it
+        except (TypeError, ValueError):
+            pass  # a value `_plain` does not spell: the encoder writes it, or raises what it raises for it
     return encode_record(record_of(meta))
 
 
@@ -61,21 +57,21 @@ def _number(x: object) -> str:
         return "NaN" if x != x else "Infinity" if x > 0 else "-Infinity"
     if type(x) is int:
         return int.__repr__(x)
-    raise _NotPlain
+    raise TypeError(f"{type(x).__name__} is not a plain number")
 
 
 def _plain(m: Meta) -> str:
-    """The record's JSON for the types a `Meta` usually holds (_NotPlain, TypeError, ValueError otherwise).
+    """The record's JSON for the types a `Meta` usually holds; TypeError or ValueError for any other.
     `encode_basestring_ascii` is what the encoder calls for every str, and raises TypeError for anything else."""
     s = encode_basestring_ascii
     headers, vary = m.headers, m.vary
     if (type(m.size), type(m.status), type(m.chunk_size), type(m.length)) != _INTS \
             or (type(m.authorize), type(m.hot), type(m.extra)) != _FLAGS \
             or type(headers) is not tuple or type(vary) is not tuple:
-        raise _NotPlain
+        raise TypeError("a field of another type than a fill's")
     for pair in headers:
         if type(pair) is not tuple:  # a list, or a str of two letters, is spelled another way
-            raise _NotPlain
+            raise TypeError(f"a header pair of type {type(pair).__name__}")
     pairs = ",".join([f"[{s(name)},{s(value)}]" for name, value in headers])  # ValueError: not a pair
     varies = ",".join([s(name) for name in vary])
     return (f'{{"key":{s(m.key)},"url":{s(m.url)},"host":{s(m.host)},"size":{m.size},"headers":[{pairs}],'
