@@ -222,7 +222,7 @@ class Index(Records, Following):
     def arrived(self, meta: Meta) -> None:
         """A newcomer the store kept or refused (not one whose write failed): a miss, as its kind's policy has it."""
         kind = kind_of(meta)
-        self.census.read(kind, meta.size, self.policies[kind].missed(hash_of(digest_of(meta.slot))).gap, hit=False)
+        self.census.read(kind, meta.size, self.policies[kind].missed_gap(hash_of(digest_of(meta.slot)))[1], hit=False)
 
     def add(self, meta: Meta, *, recent: bool = True) -> None:
         """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).

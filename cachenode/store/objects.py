@@ -100,9 +100,12 @@ class Meta:
         h = self.headers
         pairs = tuple(h.items()) if isinstance(h, dict) else tuple([(_intern(str(n)), str(v)) for n, v in h])
         object.__setattr__(self, "headers", pairs)
-        object.__setattr__(self, "vary", tuple(self.vary))
-        object.__setattr__(self, "host", _intern(self.host))
-        if self.url == self.key:
+        # A field set again only when it changes (an exact tuple is its own tuple; an interned host is itself).
+        if type(self.vary) is not tuple:
+            object.__setattr__(self, "vary", tuple(self.vary))
+        if (host := _intern(self.host)) is not self.host:
+            object.__setattr__(self, "host", host)
+        if self.url is not self.key and self.url == self.key:
             object.__setattr__(self, "url", self.key)
         if isinstance(self.stale_if_error, bool):  # a meta written when this was yes or no
             object.__setattr__(self, "stale_if_error", math.inf if self.stale_if_error else 0.0)

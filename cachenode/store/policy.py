@@ -241,10 +241,16 @@ class Policy:
 
     def missed(self, slot: str) -> Candidate:
         """A read of `slot`, not stored: what the history says of it, then counted."""
+        count, gap = self.missed_gap(slot)
+        return Candidate(slot=slot, count=count, gap=gap, at=self._now)
+
+    def missed_gap(self, slot: str) -> tuple[int, int | None]:
+        """`missed`, its count and gap alone: what the census asks of every newcomer
+        stored, without a `Candidate` built and thrown away."""
         self._tick()
         now = self._now
         last, count = self._history.write(slot, now)
-        return Candidate(slot=slot, count=count, gap=None if last == _NEVER else now - last, at=now)
+        return count, None if last == _NEVER else now - last
 
     def candidate(self, slot: str) -> Candidate:
         """What `missed` would say of a read of `slot` now, counted nowhere: a

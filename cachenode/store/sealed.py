@@ -46,9 +46,18 @@ class Unsealed(ValueError):
     """A file that is not a whole sealed object: short, torn, or not the format."""
 
 
+def encode_record(record: dict) -> bytes:
+    """`record` as a sealed file holds it: `json.dumps(record, separators=(",", ":"))`."""
+    return _ENCODER.encode(record).encode()
+
+
 def seal(body: bytes | memoryview, record: dict) -> bytes:
     """The bytes that follow `body` in its file: its record and the trailer over both."""
-    raw = _ENCODER.encode(record).encode()
+    return seal_encoded(body, encode_record(record))
+
+
+def seal_encoded(body: bytes | memoryview, raw: bytes) -> bytes:
+    """`seal` of the record whose JSON (`encode_record`'s) is `raw`."""
     crc = google_crc32c.extend(google_crc32c.value(bytes(body)), raw)
     return raw + _TRAILER.pack(MAGIC, len(raw), crc)
 

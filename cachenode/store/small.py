@@ -17,13 +17,14 @@ import contextlib
 import os
 import random
 import secrets
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from cachenode.store.objects import Meta, Refused, TooLarge, slot_of
 from cachenode.store.rows import digest_of
-from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal, unseal
+from cachenode.store.record_json import record_json, record_of
+from cachenode.store.sealed import TRAILER_SIZE, Unsealed, seal_encoded, unseal
 from nezha.errors import StoreError
 from nezha.keys import object_id
 
@@ -50,17 +51,9 @@ def read_back(path: Path, size: int) -> bytes:
         os.close(fd)
 
 
-_FIELDS = tuple(f.name for f in fields(Meta))
-
-
-def record_of(meta: Meta) -> dict:
-    """`meta` as its file's record: `asdict` without its deep copy (every value is immutable)."""
-    return {name: getattr(meta, name) for name in _FIELDS}
-
-
 def finish(fd: int, body: bytes, meta: Meta) -> None:
     """Append the record and trailer sealing `body` (already at the start of `fd`)."""
-    tail = seal(body, record_of(meta))
+    tail = seal_encoded(body, record_json(meta))
     view = memoryview(tail)
     at = meta.size
     while view:
@@ -176,8 +169,7 @@ class SealedWrites:
         descriptor kept open, the `Meta` built once. StoreError naming the file and the OS error when
         it cannot be created or written: nothing is left behind then, and
         nothing is in the index."""
-        meta = sealed_meta(len(body), key=key, vary=vary, variant=variant, hot=hot,
-                           extra=self._extra_copy(key, hot=hot), **record)
+        meta = _sealed_meta(len(body), key, vary, variant, hot, self._extra_copy(key, hot=hot), record)
         self.reserve(meta.size)  # room made first: what it evicts goes before the admission
         try:
             self.admission(meta, reserved=meta.size)
@@ -236,7 +228,11 @@ def _data_name(oid: str, *, sealed: bool) -> str:
     each forked process), not `secrets`': the nonce must differ from the file
     it replaces, not be unguessable, and `secrets` asks the kernel (a
     `getrandom` call) for every file."""
-    return f"{oid}.{random.getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
+    return f"{oid}.{_getrandbits(48):012x}{SUFFIX if sealed else '.data'}"
+
+
+# The module's generator's own method (what `random.getrandbits` is), found once rather than per file.
+_getrandbits = random.getrandbits
 
 
 def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str = "", hot: bool = False,
@@ -246,6 +242,13 @@ def sealed_meta(size: int, *, key: str, vary: tuple[str, ...] = (), variant: str
     hashed by the index's `digest_of` (`object_id` is its hex), which
     remembers it: the admission and the index ask for the same slot's digest
     next, and get it without hashing the key again."""
+    return _sealed_meta(size, key, vary, variant, hot, extra, record)
+
+
+def _sealed_meta(size: int, key: str, vary: tuple[str, ...], variant: str, hot: bool, extra: bool,
+                 record: dict[str, Any]) -> Meta:
+    """`sealed_meta`, its record's other fields a dict taken as it is: `put_sealed`'s own
+    keywords are not gathered into a dict once more (a microsecond a put)."""
     oid = digest_of(slot_of(key, vary=vary, variant=variant)).hex()
     return Meta(key=key, vary=vary, variant=variant, hot=hot, size=size, extra=extra,
                 data=_data_name(oid, sealed=True), **record)
@@ -291,11 +294,14 @@ def write_sealed_file(folder: str, meta: Meta, body: bytes) -> None:
 
 
 def _write_sealed(fd: int, body: bytes, meta: Meta) -> None:
-    """`body` and its seal from offset 0 of `fd`, in one write (copying 16 KiB costs less than a second call)."""
-    whole = memoryview(body + seal(body, record_of(meta)))
-    at = 0
-    while at < len(whole):
-        at += os.pwrite(fd, whole[at:], at)
+    """`body` and its seal from offset 0 of `fd`, in one write (copying 16 KiB costs less than a second call);
+    a view of them is made only for what a short write left."""
+    whole = body + seal_encoded(body, record_json(meta))
+    at = os.pwrite(fd, whole, 0)
+    if at < len(whole):
+        view = memoryview(whole)
+        while at < len(whole):
+            at += os.pwrite(fd, view[at:], at)
 
 
 def _pread_all(fd: int, size: int, at: int) -> bytes:

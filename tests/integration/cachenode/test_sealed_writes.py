@@ -6,7 +6,9 @@ refuses it or the disk does."""
 from __future__ import annotations
 
 import errno
+import math
 import os
+import random
 import time
 
 import pytest
@@ -67,6 +69,38 @@ async def test_a_sealed_write_the_disk_refuses_raises_a_store_error_naming_it_an
     assert list(store.tmp.iterdir()) == [] and store.index.usage.reserved == 0
     assert list(store.objects.rglob(f"*{small.SUFFIX}")) == []
     assert "http://images.example/a" not in store
+
+
+async def test_a_sealed_write_the_disk_takes_in_short_writes_goes_on_until_the_file_is_whole(store, monkeypatch):
+    """Each write taking at most 1000 bytes (a file system that writes less than asked) still
+    leaves the whole file: body and seal, each write from where the last one stopped."""
+    real_pwrite, asked = os.pwrite, []
+
+    def short(fd, data, offset):
+        asked.append((len(data), offset))
+        return real_pwrite(fd, bytes(data)[:1000], offset)
+
+    monkeypatch.setattr(os, "pwrite", short)
+    stored = put(store, "a")
+    monkeypatch.undo()
+    size = os.path.getsize(store.data_path(stored))
+    assert asked == [(size - at, at) for at in range(0, size, 1000)]
+    with open(store.data_path(stored), "rb") as f:
+        assert f.read(len(BODY)) == BODY and small.check(f.fileno(), stored)
+
+
+async def test_a_sealed_write_stores_the_meta_sealed_meta_names_for_its_record(store):
+    """`put_sealed` builds its Meta from its keywords as they came (`_sealed_meta`), which must be what
+    `sealed_meta` gives for them: the same fields, the same nonce from the same generator state."""
+    now = 1795922793.3171613
+    record = dict(url=f"http://{HOST}/v?x", host=HOST, headers=(("ETag", '"x"'), ("X-Caf\u00e9", "\u00e9")),
+                  stored_at=now, expires_at=now + 60, stale_if_error=math.inf, age=3, status=404, authorize=True)
+    for vary, variant, hot in (((), "", False), (("accept",), "image/webp", False), ((), "", True)):
+        state = random.getstate()
+        expected = small.sealed_meta(len(BODY), key=f"http://{HOST}/v", vary=vary, variant=variant, hot=hot,
+                                     extra=False, **record)
+        random.setstate(state)
+        assert store.put_sealed(BODY, key=f"http://{HOST}/v", vary=vary, variant=variant, hot=hot, **record) == expected
 
 
 async def test_a_sealed_write_replacing_an_object_leaves_only_the_new_one_served(store):

@@ -200,3 +200,29 @@ def test_a_newcomer_judged_before_its_write_is_counted_nowhere_and_judged_as_its
     assert list(judged.victims()) == list(counted.victims())
     for i in range(300):
         assert judged.candidate(f"s/{i}") == counted.candidate(f"s/{i}")
+
+
+def test_a_miss_counted_for_its_gap_alone_is_the_miss_counted_whole():
+    """`missed_gap` (what the index's census asks of every newcomer stored) gives the count and gap
+    `missed` gives and changes the policy as `missed` does: two policies fed the same reads, one
+    counting each miss whole and one its gap alone, answer alike and end alike."""
+    rng = random.Random(11)
+    whole, gaps = Policy(min_history=64), Policy(min_history=64)
+    for i in range(3000):
+        slot = f"s/{int(rng.paretovariate(1.2)) % 300}" if i % 3 else f"n/{i % 200}"
+        if slot in whole:
+            assert whole.hit(slot) == gaps.hit(slot)
+            continue
+        candidate = whole.missed(slot)
+        assert gaps.missed_gap(slot) == (candidate.count, candidate.gap)
+        assert candidate.at == gaps._now
+        for p in (whole, gaps):
+            if len(p) < 50:
+                p.add(slot)
+            elif p.displaces(candidate, victim := p.victim()):
+                p.remove(victim)
+                p.add(slot)
+    assert list(whole._order.items()) == list(gaps._order.items())
+    assert (whole._history.last, whole._history.counts, whole._history.tags) == \
+        (gaps._history.last, gaps._history.counts, gaps._history.tags)
+    assert (whole._now, whole._since_halving) == (gaps._now, gaps._since_halving)
