@@ -16,7 +16,7 @@ import functools
 import math
 import re
 from datetime import datetime, timezone
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Hashable, Iterable, Iterator, Mapping, TypeVar
 
 # RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
 _DELTA_MAX = 2**31
@@ -30,56 +30,107 @@ class FieldLines(Mapping[str, str]):
     Vary, targeted fields, what is stored), and `field_value` over any other
     mapping lowercases every name of the message again for each of them.
     A lookup by name (`lines`, `[]`, `in`) ignores case, as a
-    case-insensitive multidict's does; `[]` gives the first line."""
+    case-insensitive multidict's does; `[]` gives the first line.
 
-    __slots__ = ("pairs", "lowered", "_index")
+    What the names alone tell (each lowercased, where each name's lines
+    are, `of_names`) is worked out once for every message that names the
+    same fields in the same order: an origin answers each object with the
+    same names, so a fill's answer finds them worked out already."""
+
+    __slots__ = ("pairs", "lowered", "_where", "_names")
 
     def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
-        self.pairs = tuple(pairs)
-        lowered = []
-        index: dict[str, list[str]] = {}
-        for name, value in self.pairs:
-            lname = name.lower()
-            lowered.append(lname)
-            values = index.get(lname)
-            if values is None:
-                index[lname] = [value]
-            else:
-                values.append(value)
-        self.lowered = tuple(lowered)  # each line's name, lowercased
-        self._index = index
+        self.pairs = pairs = tuple(pairs)
+        names = _names_of(tuple([name for name, _ in pairs]))
+        self._names = names
+        self._where = names.where  # lowercased name -> the positions of its lines
+        self.lowered = names.lowered  # each line's name, lowercased
 
     def by_name(self) -> dict[str, list[str]]:
-        """Every field's values, in order, by its lowercased name. Not to be changed."""
-        return self._index
+        """Every field's values, in order, by its lowercased name."""
+        pairs = self.pairs
+        return {lname: [pairs[i][1] for i in at] for lname, at in self._where.items()}
 
     def lines(self, name: str) -> list[str] | None:
-        """Every value of field `name` (any case), in order; None when absent. Not to be changed."""
-        return self._index.get(name.lower())
+        """Every value of field `name` (any case), in order; None when absent."""
+        at = self._where.get(name.lower())
+        if at is None:
+            return None
+        pairs = self.pairs
+        return [pairs[i][1] for i in at]
+
+    def of_names(self, derive: Callable[..., _T], *args: Hashable) -> _T:
+        """`derive(lowered, *args)`, of the lowercased names of this message's
+        lines (`lowered`) and `args` alone, worked out once for all messages
+        with these names. `derive` must read nothing else."""
+        derived = self._names.derived
+        key = (derive, *args)
+        value = derived.get(key, _ABSENT)
+        if value is _ABSENT:
+            if len(derived) >= _DERIVED_KEPT:
+                derived.clear()
+            value = derived[key] = derive(self.lowered, *args)
+        return value  # type: ignore[return-value]
 
     def items(self):  # type: ignore[override]
         return iter(self.pairs)
 
     def __getitem__(self, name: str) -> str:
-        values = self._index.get(name.lower())
-        if values is None:
+        at = self._where.get(name.lower())
+        if at is None:
             raise KeyError(name)
-        return values[0]
+        return self.pairs[at[0]][1]
 
     # `in` and `get` by the index, not by Mapping's, which go through a
     # KeyError for every absent field: most of a fill's lookups miss.
     def __contains__(self, name: object) -> bool:
-        return name.lower() in self._index  # type: ignore[attr-defined]
+        return name.lower() in self._where  # type: ignore[attr-defined]
 
     def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        values = self._index.get(name.lower())
-        return default if values is None else values[0]
+        at = self._where.get(name.lower())
+        return default if at is None else self.pairs[at[0]][1]
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self.pairs)
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+
+class _Names:
+    """What the names of a message's lines alone tell, the same for every
+    message naming the same fields in the same order."""
+
+    __slots__ = ("lowered", "where", "derived")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.lowered = tuple([name.lower() for name in names])
+        where: dict[str, tuple[int, ...]] = {}
+        for i, lname in enumerate(self.lowered):
+            where[lname] = where.get(lname, ()) + (i,)
+        self.where = where
+        self.derived: dict[tuple, object] = {}  # FieldLines.of_names
+
+
+_T = TypeVar("_T")
+_ABSENT = object()
+# The names of the messages read lately, by their names as sent: an origin
+# sends the same on every answer (nginx's eight, S3's dozen), so a handful
+# are met again and again. Forgotten at this many, the bound on what
+# messages naming ever new fields make the node keep; and so are a names'
+# derived facts, of which a few readers keep one or two each.
+_NAMES: dict[tuple[str, ...], _Names] = {}
+_NAMES_KEPT = 512
+_DERIVED_KEPT = 32
+
+
+def _names_of(names: tuple[str, ...]) -> _Names:
+    known = _NAMES.get(names)
+    if known is None:
+        if len(_NAMES) >= _NAMES_KEPT:
+            _NAMES.clear()
+        known = _NAMES[names] = _Names(names)
+    return known
 
 
 def lines_of(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> FieldLines:
@@ -103,7 +154,12 @@ def field_value(headers: Mapping[str, str], name: str) -> str | None:
     An empty field is "" and stays distinct from an absent one.
     """
     if type(headers) is FieldLines:
-        values = headers._index.get(name.lower())
+        at = headers._where.get(name.lower())
+        if at is None:
+            return None
+        pairs = headers.pairs
+        # One line, most fields: its value as it is, not joined anew.
+        return pairs[at[0]][1] if len(at) == 1 else ", ".join([pairs[i][1] for i in at])
     else:
         wanted = name.lower()
         values = [value for key, value in headers.items() if key.lower() == wanted]

@@ -85,8 +85,13 @@ def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]], drop: fr
     `prefixes` (which name Proxy-*); each name lowercased once, by `FieldLines`."""
     lines = lines_of(headers)
     left_out = _left_out(connection_listed(lines), drop if type(drop) is frozenset else frozenset(drop))
-    return [pair for pair, lname in zip(lines.pairs, lines.lowered)
-            if not (lname in left_out or lname.startswith(prefixes))]
+    pairs = lines.pairs
+    return [pairs[i] for i in lines.of_names(_kept_at, left_out, prefixes)]
+
+
+def _kept_at(lowered: tuple[str, ...], left_out: frozenset[str], prefixes: tuple[str, ...]) -> tuple[int, ...]:
+    """The positions of the lines `_end_to_end` keeps, of a message whose names are `lowered`."""
+    return tuple([i for i, lname in enumerate(lowered) if not (lname in left_out or lname.startswith(prefixes))])
 
 
 def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
