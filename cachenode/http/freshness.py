@@ -25,6 +25,7 @@ from typing import Mapping
 
 from cachenode.http.fields import delta_seconds, field_value, http_date, parse_cache_control, split_list
 from cachenode.http.targeted import targeted_directives
+from nezha.frozen import quick_init
 
 HEURISTIC_STATUSES: frozenset[int] = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
 # The lifetime given a response with Last-Modified but no explicit one, when
@@ -81,6 +82,7 @@ def current_age(headers: Mapping[str, str], now: float | None = None) -> float:
     return age
 
 
+@quick_init
 @dataclass(frozen=True)
 class Policy:
     storable: bool
