@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from cachenode.http.freshness import CREDENTIAL_FIELDS, STORED_STATUSES, Policy
 from cachenode.http.headers import MAX_STORED_HEADER_BYTES
-from nezha.frozen import quick_init
 
 
 class Step(enum.Enum):
@@ -26,7 +25,6 @@ class Step(enum.Enum):
     FILL = "fill"  # store it while streaming it to every client of the flight
 
 
-@quick_init
 @dataclass(frozen=True)
 class Answer:
     """What the origin or peer answered, and what this node knows about storing it."""

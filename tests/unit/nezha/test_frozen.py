@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cachenode.fill.judged import Judged
-from cachenode.fill.lead import Answer, Decision, Step
+from cachenode.fill.lead import Decision, Step
 from cachenode.http.freshness import Policy
 from nezha.frozen import quick_init
 
@@ -23,8 +23,6 @@ CALLS = [
     (Policy, (True, "ok"), {}),
     (Policy, (False, "status 206"), {"ttl": -3.0}),
     (Policy, (True, "ok", 3599.0, math.inf, 30.0, True), {}),
-    (Answer, (), {"status": 200, "policy": POLICY, "vary": ()}),
-    (Answer, (404, POLICY, None, "*", True, False, 12, 40, True, True, True, True), {}),
     (Judged, (), {"now": 5.0, "authorize": False, "policy": POLICY, "expires_at": 65.0, "kept": (("ETag", '"e"'),),
                   "vary": ("accept",), "chunk_size": None, "length": 3, "age": 0.0,
                   "decision": Decision(Step.PASS, "why")}),
@@ -41,7 +39,7 @@ def test_the_quick_init_makes_what_the_generated_one_makes(cls, args, kwargs):
     assert inspect.signature(cls) == inspect.signature(twin)
 
 
-@pytest.mark.parametrize("cls", [Policy, Answer, Judged])
+@pytest.mark.parametrize("cls", [Policy, Judged])
 def test_a_quick_inits_class_stays_frozen(cls):
     args, kwargs = next((args, kwargs) for c, args, kwargs in CALLS if c is cls)
     instance = cls(*args, **kwargs)
