@@ -37,14 +37,26 @@ class FieldLines(Mapping[str, str]):
     same fields in the same order: an origin answers each object with the
     same names, so a fill's answer finds them worked out already."""
 
-    __slots__ = ("pairs", "lowered", "_where", "_names")
+    __slots__ = ("pairs", "lowered", "_where", "_asked", "_names")
 
     def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
         self.pairs = pairs = tuple(pairs)
         names = _names_of(tuple([name for name, _ in pairs]))
         self._names = names
         self._where = names.where  # lowercased name -> the positions of its lines
+        self._asked = names.asked
         self.lowered = names.lowered  # each line's name, lowercased
+
+    def _at(self, name: str) -> tuple[int, ...] | None:
+        """The positions of field `name`'s lines (any case), or None when absent.
+        Remembered by the name as asked (`_Names.asked`): the rules ask by
+        the same few names, so a lookup is one dict's, not a lowercasing too."""
+        at = self._asked.get(name, _ABSENT)
+        if at is _ABSENT:
+            at = self._where.get(name.lower())
+            if len(self._asked) < _ASKED_KEPT:
+                self._asked[name] = at
+        return at  # type: ignore[return-value]
 
     def by_name(self) -> dict[str, list[str]]:
         """Every field's values, in order, by its lowercased name."""
@@ -53,7 +65,7 @@ class FieldLines(Mapping[str, str]):
 
     def lines(self, name: str) -> list[str] | None:
         """Every value of field `name` (any case), in order; None when absent."""
-        at = self._where.get(name.lower())
+        at = self._at(name)
         if at is None:
             return None
         pairs = self.pairs
@@ -76,7 +88,7 @@ class FieldLines(Mapping[str, str]):
         return iter(self.pairs)
 
     def __getitem__(self, name: str) -> str:
-        at = self._where.get(name.lower())
+        at = self._at(name)
         if at is None:
             raise KeyError(name)
         return self.pairs[at[0]][1]
@@ -84,10 +96,10 @@ class FieldLines(Mapping[str, str]):
     # `in` and `get` by the index, not by Mapping's, which go through a
     # KeyError for every absent field: most of a fill's lookups miss.
     def __contains__(self, name: object) -> bool:
-        return name.lower() in self._where  # type: ignore[attr-defined]
+        return self._at(name) is not None  # type: ignore[arg-type]
 
     def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        at = self._where.get(name.lower())
+        at = self._at(name)
         return default if at is None else self.pairs[at[0]][1]
 
     def __iter__(self) -> Iterator[str]:
@@ -101,7 +113,7 @@ class _Names:
     """What the names of a message's lines alone tell, the same for every
     message naming the same fields in the same order."""
 
-    __slots__ = ("lowered", "where", "derived")
+    __slots__ = ("lowered", "where", "asked", "derived")
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.lowered = tuple([name.lower() for name in names])
@@ -109,6 +121,7 @@ class _Names:
         for i, lname in enumerate(self.lowered):
             where[lname] = where.get(lname, ()) + (i,)
         self.where = where
+        self.asked: dict[str, tuple[int, ...] | None] = {}  # FieldLines._at
         self.derived: dict[tuple, object] = {}  # FieldLines.of_names
 
 
@@ -122,6 +135,7 @@ _ABSENT = object()
 _NAMES: dict[tuple[str, ...], _Names] = {}
 _NAMES_KEPT = 512
 _DERIVED_KEPT = 32
+_ASKED_KEPT = 64
 
 
 def _names_of(names: tuple[str, ...]) -> _Names:
@@ -154,7 +168,9 @@ def field_value(headers: Mapping[str, str], name: str) -> str | None:
     An empty field is "" and stays distinct from an absent one.
     """
     if type(headers) is FieldLines:
-        at = headers._where.get(name.lower())
+        at = headers._asked.get(name, _ABSENT)  # FieldLines._at, inlined: a dozen calls per fill
+        if at is _ABSENT:
+            at = headers._at(name)
         if at is None:
             return None
         pairs = headers.pairs
