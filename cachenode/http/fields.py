@@ -219,15 +219,28 @@ def parse_cache_control(value: str | None) -> dict[str, str | None]:
     the first of conflicting values). Both the token and the quoted form of
     an argument are accepted (RFC 9111 §5.2).
     """
-    out: dict[str, str | None] = {}
     if not value:
-        return out  # most answers have no Cache-Control
-    for member in split_list(value):
-        name, sep, arg = member.partition("=")
-        name = name.strip(" \t").lower()
-        if name and name not in out:
-            out[name] = _unquote(arg.strip(" \t")) if sep else None
-    return out
+        return {}  # most answers have no Cache-Control
+    known = _DIRECTIVES.get(value)
+    if known is None:
+        known = {}
+        for member in split_list(value):
+            name, sep, arg = member.partition("=")
+            name = name.strip(" \t").lower()
+            if name and name not in known:
+                known[name] = _unquote(arg.strip(" \t")) if sep else None
+        if len(_DIRECTIVES) >= _DIRECTIVES_KEPT:
+            _DIRECTIVES.clear()
+        _DIRECTIVES[value] = known
+    return dict(known)  # the caller's own: the remembered one is never handed out
+
+
+# The Cache-Control values read lately, as `parse_cache_control` read them:
+# an origin sends one or two on all its answers ("public, max-age=86400"),
+# and reading one through `split_list` costs a fill more than its copy.
+# Forgotten at this many, the bound on what ever new values make the node keep.
+_DIRECTIVES: dict[str, dict[str, str | None]] = {}
+_DIRECTIVES_KEPT = 256
 
 
 def delta_seconds(arg: str | None) -> float | None:
