@@ -19,6 +19,7 @@ count as one list (RFC 9110 §5.3) everywhere.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -212,11 +213,19 @@ def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, f"{field}: private")
     vary = field_value(headers, "Vary")
-    if vary is not None and "*" in split_list(vary):
+    if vary is not None and _lists_star(vary):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
     return None
+
+
+# Remembered: an origin that varies sends the same Vary on every answer, and
+# `split_list` reads it a character at a time.
+@functools.lru_cache(maxsize=256)
+def _lists_star(vary: str) -> bool:
+    """Whether a Vary value lists "*"."""
+    return "*" in split_list(vary)
 
 
 def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:
