@@ -20,7 +20,12 @@ the order reversed every other round. A child reports the minimum over
 slowed does not count. Both checkouts must judge the answer the same: the
 script stops if their `Judged` or their expected digest differ.
 
-    python bench/judge_cost.py [--reference main] [--rounds 4] [--repeats 20]
+`--distinct-dates`: each answer's Last-Modified a second apart from the
+one before (as the files of a dataset are), not one for all: a node
+remembers the dates it read lately, and an origin's answers for many
+objects bring ever new ones, each read anew.
+
+    python bench/judge_cost.py [--reference main] [--rounds 4] [--repeats 20] [--distinct-dates]
 
 Prints microseconds per fill of each checkout and, last,
 `ratios: fill=... judge=...` (this checkout's time over the reference's);
@@ -31,6 +36,8 @@ judging alone.
 from __future__ import annotations
 
 import argparse
+import email.utils
+import itertools
 import json
 import os
 import subprocess
@@ -46,9 +53,10 @@ HEAD = [("Server", "nginx/1.22.1"), ("Date", "Sun, 29 Nov 2026 03:20:11 GMT"),
         ("Last-Modified", "Sun, 29 Nov 2026 02:58:40 GMT"), ("Connection", "keep-alive"),
         ("ETag", '"6a6b2d40-4000"'), ("Accept-Ranges", "bytes")]
 BATCH = 2000
+LAST_MODIFIED = 1_795_921_120  # Sun, 29 Nov 2026 02:58:40 GMT, HEAD's
 
 
-def child(repeats: int) -> None:
+def child(repeats: int, distinct_dates: bool) -> None:
     """Time the checkout first on sys.path (PYTHONPATH); one JSON line out."""
     from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -75,10 +83,16 @@ def child(repeats: int) -> None:
     def chunking(_vary: object, _authorize: bool) -> tuple[None, int]:
         return None, 16384
 
+    made = itertools.count()
+
     def response() -> InterimResponse:
         # The node's own response class, its head as aiohttp sets it once read.
         r = object.__new__(InterimResponse)
-        r._headers = CIMultiDictProxy(CIMultiDict(HEAD))
+        head = HEAD
+        if distinct_dates:  # a date a second earlier for each answer, none met again in a run
+            modified = email.utils.formatdate(LAST_MODIFIED - next(made) % 10_000_000, usegmt=True)
+            head = [(n, modified if n == "Last-Modified" else v) for n, v in HEAD]
+        r._headers = CIMultiDictProxy(CIMultiDict(head))
         r.status = 200
         r._cache = {}
         return r
@@ -106,8 +120,9 @@ def child(repeats: int) -> None:
                       "judged": repr(judged), "expected": repr(expected)}))
 
 
-def run(tree: Path, repeats: int) -> dict:
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--repeats", str(repeats)],
+def run(tree: Path, repeats: int, distinct_dates: bool) -> dict:
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--repeats", str(repeats),
+                          *(["--distinct-dates"] if distinct_dates else [])],
                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"{tree}: {out.stderr.strip()}")
@@ -119,10 +134,12 @@ def main() -> None:
     parser.add_argument("--reference", default="main", help="the git revision to compare against (default main)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20, help="batches of 2,000 fills per child; the minimum counts")
+    parser.add_argument("--distinct-dates", action="store_true",
+                        help="each answer's Last-Modified a second apart, none met twice")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.repeats)
+        child(args.repeats, args.distinct_dates)
         return
     with tempfile.TemporaryDirectory(prefix="nezha-judge-cost-") as ref:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", args.reference], capture_output=True, check=True)
@@ -131,7 +148,7 @@ def main() -> None:
         got: dict[str, list[dict]] = {name: [] for name in trees}
         for n in range(args.rounds):
             for name in (list(trees) if n % 2 == 0 else list(reversed(trees))):
-                got[name].append(run(trees[name], args.repeats))
+                got[name].append(run(trees[name], args.repeats, args.distinct_dates))
     if {r["judged"] for r in got["reference"] + got["this"]} != {got["this"][0]["judged"]} or \
             {r["expected"] for r in got["reference"] + got["this"]} != {got["this"][0]["expected"]}:
         sys.exit(f"the checkouts judge the answer differently:\n{got['reference'][0]}\n{got['this'][0]}")

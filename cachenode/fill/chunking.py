@@ -96,9 +96,11 @@ def first_chunk_range(source: Source, stale: Meta | None, origin: Origin, *, chu
     a whole read (a range may need no byte of chunk 0), no resume, not
     through the parent tier, not signed."""
     threshold, chunk_size = chunking
-    if (source.peer is not None or source.route is not None or source.resume is not None or stale is not None
-            or source.ranged or "Range" in CIMultiDict(source.headers) or origin.credentials == "authorize"
-            or not spread or not 0 < threshold <= FIRST_CHUNK_UP_TO):
+    # The request's fields last: a multidict of them is built for the one test
+    # the others (a lone node, the default threshold: most fills) make moot.
+    if (not spread or not 0 < threshold <= FIRST_CHUNK_UP_TO or source.peer is not None or source.route is not None
+            or source.resume is not None or stale is not None or source.ranged or origin.credentials == "authorize"
+            or "Range" in CIMultiDict(source.headers)):
         return None
     return f"bytes=0-{chunk_size - 1}"
 

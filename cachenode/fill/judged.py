@@ -22,9 +22,11 @@ from cachenode.http.headers import Pairs, header_bytes, stored_pairs, with_date
 from cachenode.http.vary import vary_names
 from cachenode.store.objects import Meta
 from nezha.config import Origin
+from nezha.frozen import quick_init
 from nezha.wire import AUTHORIZE_HEADER, CACHE_HEADER, EXPIRES_HEADER, CacheOutcome
 
 
+@quick_init
 @dataclasses.dataclass(frozen=True)
 class Judged:
     """The facts about a source's answer that the leader acts on, and `fill/lead.py`'s decision."""

@@ -148,10 +148,10 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     redirected here (Hugging Face), if any."""
     if status != 200:
         return Expectations()
-    fields = lines_of(headers).by_name()  # a fill's: lowercased once already, by its judging
-    if linked_etag is None and _PUBLISHING.isdisjoint(fields) and not any(map(_amz, fields)):
+    lines = lines_of(headers)  # a fill's: lowercased once already, by its judging
+    if linked_etag is None and not lines.of_names(_publishing):
         return _NOTHING  # most answers publish no digest: none of the readers below would find one
-    found = _Found(fields=fields)
+    found = _Found(fields=lines.by_name())
     # One dialect at a time, in this order (the order of `expected`).
     _read_amz(found)
     _read_goog(found)
@@ -162,6 +162,12 @@ def expectations(headers: Mapping[str, str] | Iterable[tuple[str, str]], *, stat
     if linked_etag is not None:
         _read_linked(found, linked_etag)
     return Expectations(tuple(found.expected), tuple(found.ignored))
+
+
+def _publishing(lowered: tuple[str, ...]) -> bool:
+    """Whether a message whose lowercased field names are `lowered` has a
+    field any reader of `expectations` takes a digest from or sets one aside from."""
+    return not _PUBLISHING.isdisjoint(lowered) or any(map(_amz, lowered))
 
 
 @dataclass

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from datetime import datetime, timezone
-from typing import Iterable, Iterator, Mapping
+from datetime import date, datetime, timezone
+from typing import Callable, Hashable, Iterable, Iterator, Mapping, TypeVar
 
 # RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
 _DELTA_MAX = 2**31
@@ -30,56 +30,121 @@ class FieldLines(Mapping[str, str]):
     Vary, targeted fields, what is stored), and `field_value` over any other
     mapping lowercases every name of the message again for each of them.
     A lookup by name (`lines`, `[]`, `in`) ignores case, as a
-    case-insensitive multidict's does; `[]` gives the first line."""
+    case-insensitive multidict's does; `[]` gives the first line.
 
-    __slots__ = ("pairs", "lowered", "_index")
+    What the names alone tell (each lowercased, where each name's lines
+    are, `of_names`) is worked out once for every message that names the
+    same fields in the same order: an origin answers each object with the
+    same names, so a fill's answer finds them worked out already."""
+
+    __slots__ = ("pairs", "lowered", "_where", "_asked", "_names")
 
     def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
-        self.pairs = tuple(pairs)
-        lowered = []
-        index: dict[str, list[str]] = {}
-        for name, value in self.pairs:
-            lname = name.lower()
-            lowered.append(lname)
-            values = index.get(lname)
-            if values is None:
-                index[lname] = [value]
-            else:
-                values.append(value)
-        self.lowered = tuple(lowered)  # each line's name, lowercased
-        self._index = index
+        self.pairs = pairs = tuple(pairs)
+        names = _names_of(tuple([name for name, _ in pairs]))
+        self._names = names
+        self._where = names.where  # lowercased name -> the positions of its lines
+        self._asked = names.asked
+        self.lowered = names.lowered  # each line's name, lowercased
+
+    def _at(self, name: str) -> tuple[int, ...] | None:
+        """The positions of field `name`'s lines (any case), or None when absent.
+        Remembered by the name as asked (`_Names.asked`): the rules ask by
+        the same few names, so a lookup is one dict's, not a lowercasing too."""
+        at = self._asked.get(name, _ABSENT)
+        if at is _ABSENT:
+            at = self._where.get(name.lower())
+            if len(self._asked) < _ASKED_KEPT:
+                self._asked[name] = at
+        return at  # type: ignore[return-value]
 
     def by_name(self) -> dict[str, list[str]]:
-        """Every field's values, in order, by its lowercased name. Not to be changed."""
-        return self._index
+        """Every field's values, in order, by its lowercased name."""
+        pairs = self.pairs
+        return {lname: [pairs[i][1] for i in at] for lname, at in self._where.items()}
 
     def lines(self, name: str) -> list[str] | None:
-        """Every value of field `name` (any case), in order; None when absent. Not to be changed."""
-        return self._index.get(name.lower())
+        """Every value of field `name` (any case), in order; None when absent."""
+        at = self._at(name)
+        if at is None:
+            return None
+        pairs = self.pairs
+        return [pairs[i][1] for i in at]
+
+    def of_names(self, derive: Callable[..., _T], *args: Hashable) -> _T:
+        """`derive(lowered, *args)`, of the lowercased names of this message's
+        lines (`lowered`) and `args` alone, worked out once for all messages
+        with these names. `derive` must read nothing else."""
+        derived = self._names.derived
+        key = (derive, *args)
+        value = derived.get(key, _ABSENT)
+        if value is _ABSENT:
+            if len(derived) >= _DERIVED_KEPT:
+                derived.clear()
+            value = derived[key] = derive(self.lowered, *args)
+        return value  # type: ignore[return-value]
 
     def items(self):  # type: ignore[override]
         return iter(self.pairs)
 
     def __getitem__(self, name: str) -> str:
-        values = self._index.get(name.lower())
-        if values is None:
+        at = self._at(name)
+        if at is None:
             raise KeyError(name)
-        return values[0]
+        return self.pairs[at[0]][1]
 
     # `in` and `get` by the index, not by Mapping's, which go through a
     # KeyError for every absent field: most of a fill's lookups miss.
     def __contains__(self, name: object) -> bool:
-        return name.lower() in self._index  # type: ignore[attr-defined]
+        return self._at(name) is not None  # type: ignore[arg-type]
 
     def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        values = self._index.get(name.lower())
-        return default if values is None else values[0]
+        at = self._at(name)
+        return default if at is None else self.pairs[at[0]][1]
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self.pairs)
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+
+class _Names:
+    """What the names of a message's lines alone tell, the same for every
+    message naming the same fields in the same order."""
+
+    __slots__ = ("lowered", "where", "asked", "derived")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.lowered = tuple([name.lower() for name in names])
+        where: dict[str, tuple[int, ...]] = {}
+        for i, lname in enumerate(self.lowered):
+            where[lname] = where.get(lname, ()) + (i,)
+        self.where = where
+        self.asked: dict[str, tuple[int, ...] | None] = {}  # FieldLines._at
+        self.derived: dict[tuple, object] = {}  # FieldLines.of_names
+
+
+_T = TypeVar("_T")
+_ABSENT = object()
+# The names of the messages read lately, by their names as sent: an origin
+# sends the same on every answer (nginx's eight, S3's dozen), so a handful
+# are met again and again. Forgotten at this many, the bound on what
+# messages naming ever new fields make the node keep; and so are a names'
+# derived facts, of which a few readers keep one or two each.
+_NAMES: dict[tuple[str, ...], _Names] = {}
+_NAMES_KEPT = 512
+_DERIVED_KEPT = 32
+_ASKED_KEPT = 64
+
+
+def _names_of(names: tuple[str, ...]) -> _Names:
+    known = _NAMES.get(names)
+    if known is None:
+        if len(_NAMES) >= _NAMES_KEPT:
+            _NAMES.clear()
+        known = _NAMES[names] = _Names(names)
+    return known
 
 
 def lines_of(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> FieldLines:
@@ -103,7 +168,14 @@ def field_value(headers: Mapping[str, str], name: str) -> str | None:
     An empty field is "" and stays distinct from an absent one.
     """
     if type(headers) is FieldLines:
-        values = headers._index.get(name.lower())
+        at = headers._asked.get(name, _ABSENT)  # FieldLines._at, inlined: a dozen calls per fill
+        if at is _ABSENT:
+            at = headers._at(name)
+        if at is None:
+            return None
+        pairs = headers.pairs
+        # One line, most fields: its value as it is, not joined anew.
+        return pairs[at[0]][1] if len(at) == 1 else ", ".join([pairs[i][1] for i in at])
     else:
         wanted = name.lower()
         values = [value for key, value in headers.items() if key.lower() == wanted]
@@ -147,15 +219,28 @@ def parse_cache_control(value: str | None) -> dict[str, str | None]:
     the first of conflicting values). Both the token and the quoted form of
     an argument are accepted (RFC 9111 §5.2).
     """
-    out: dict[str, str | None] = {}
     if not value:
-        return out  # most answers have no Cache-Control
-    for member in split_list(value):
-        name, sep, arg = member.partition("=")
-        name = name.strip(" \t").lower()
-        if name and name not in out:
-            out[name] = _unquote(arg.strip(" \t")) if sep else None
-    return out
+        return {}  # most answers have no Cache-Control
+    known = _DIRECTIVES.get(value)
+    if known is None:
+        known = {}
+        for member in split_list(value):
+            name, sep, arg = member.partition("=")
+            name = name.strip(" \t").lower()
+            if name and name not in known:
+                known[name] = _unquote(arg.strip(" \t")) if sep else None
+        if len(_DIRECTIVES) >= _DIRECTIVES_KEPT:
+            _DIRECTIVES.clear()
+        _DIRECTIVES[value] = known
+    return dict(known)  # the caller's own: the remembered one is never handed out
+
+
+# The Cache-Control values read lately, as `parse_cache_control` read them:
+# an origin sends one or two on all its answers ("public, max-age=86400"),
+# and reading one through `split_list` costs a fill more than its copy.
+# Forgotten at this many, the bound on what ever new values make the node keep.
+_DIRECTIVES: dict[str, dict[str, str | None]] = {}
+_DIRECTIVES_KEPT = 256
 
 
 def delta_seconds(arg: str | None) -> float | None:
@@ -183,6 +268,10 @@ _HTTP_DATES = [re.compile(p, re.IGNORECASE | re.ASCII) for p in (
     rf"[a-z]{{6,9}}, (?P<d>\d\d)-(?P<b>[a-z]{{3}})-(?P<y>\d\d) {_TIME} GMT",
     rf"[a-z]{{3}} (?P<b>[a-z]{{3}}) (?P<d>\d\d| \d) {_TIME} (?P<Y>\d{{4}})",
 )]
+# Each form's groups, read at once, and whether its year has all four digits (rfc850's has two).
+_DATE_GROUPS = [(p, ("b", "d", "Y", "H", "M", "S") if "Y" in p.groupindex else ("b", "d", "y", "H", "M", "S"),
+                 "Y" in p.groupindex) for p in _HTTP_DATES]
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
 
 
 _DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -213,22 +302,26 @@ def http_date(value: str | None) -> float | None:
     if not value:
         return None
     text = value.strip(" \t")
-    for pattern in _HTTP_DATES:
+    for pattern, groups, four_digits in _DATE_GROUPS:
         m = pattern.fullmatch(text)
         if m is None:
             continue
-        month = _MONTHS.get(m["b"].lower())
+        month_name, day, year, hour, minute, second = m.group(*groups)
+        month = _MONTHS.get(month_name.lower())
         if month is None:
             return None
-        if "Y" in pattern.groupindex:
-            year = int(m["Y"])
-        else:
-            year = int(m["y"]) + (1900 if int(m["y"]) >= 70 else 2000)
+        year = int(year) if four_digits else int(year) + (1900 if int(year) >= 70 else 2000)
+        # The seconds since the epoch a UTC datetime of these fields has, as
+        # datetime's bounds allow them (a leap second, 60, is allowed on the
+        # wire but not by datetime: 59), without making one: every answer's
+        # Last-Modified is read anew, and a datetime and its timestamp() cost
+        # twice this (tests/unit/cachenode/http/test_http_dates.py).
+        hour, minute = int(hour), int(minute)
+        if hour > 23 or minute > 59:
+            return None
         try:
-            # A leap second (60) is allowed on the wire but not by datetime.
-            stamp = datetime(year, month, int(m["d"]), int(m["H"]), int(m["M"]), min(int(m["S"]), 59),
-                             tzinfo=timezone.utc)
+            days = date(year, month, int(day)).toordinal() - _EPOCH_DAY
         except ValueError:
             return None
-        return stamp.timestamp()
+        return float(days * 86400 + hour * 3600 + minute * 60 + min(int(second), 59))
     return None

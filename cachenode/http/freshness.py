@@ -19,12 +19,14 @@ count as one list (RFC 9110 §5.3) everywhere.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping
 
 from cachenode.http.fields import delta_seconds, field_value, http_date, parse_cache_control, split_list
 from cachenode.http.targeted import targeted_directives
+from nezha.frozen import quick_init
 
 HEURISTIC_STATUSES: frozenset[int] = frozenset({200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501})
 # The lifetime given a response with Last-Modified but no explicit one, when
@@ -81,6 +83,7 @@ def current_age(headers: Mapping[str, str], now: float | None = None) -> float:
     return age
 
 
+@quick_init
 @dataclass(frozen=True)
 class Policy:
     storable: bool
@@ -121,7 +124,7 @@ def _explicit_lifetime(cc: dict[str, str | None], headers: Mapping[str, str], no
     `use_expires` off: the directives came from a targeted field, under
     which Expires is ignored (RFC 9213 §2.1).
     """
-    for directive in ("s-maxage", "max-age"):
+    for directive in ("s-maxage", "max-age") if cc else ():  # most answers: no directive
         if directive in cc:
             lifetime = delta_seconds(cc[directive])
             return 0.0 if lifetime is None else lifetime
@@ -175,25 +178,25 @@ def response_policy(status: int, headers: Mapping[str, str], *, now: float, poli
         # the same: stricter than required, never wrong.
         return Policy(True, "ok", 0.0, stale_if_error=0.0, stale_while_revalidate=0.0)
     stale_if_error, stale_while_revalidate = _stale_windows(cc)
-
-    def policy(ttl: float, heuristic: bool = False) -> Policy:
-        return Policy(True, "ok", ttl, stale_if_error, stale_while_revalidate, heuristic)
-
+    # The lifetime, as one Policy made at the end rather than a closure
+    # made on every call: this runs for every cold fill.
     lifetime = _explicit_lifetime(cc, headers, now, use_expires=field == "Cache-Control")
+    heuristic = lifetime is None and status in HEURISTIC_STATUSES
     if lifetime is not None:
-        return policy(lifetime - (current_age(headers, now) if age is None else age))
-    if status not in HEURISTIC_STATUSES:
-        return policy(0.0)
+        ttl = lifetime - (current_age(headers, now) if age is None else age)
+    elif not heuristic:
+        ttl = 0.0
     # §4.2.2. `public` would only widen this to responses to authenticated
     # requests, which this cache never stores.
-    if policy_ttl is not None:
-        return policy(max(0.0, policy_ttl), heuristic=True)
-    last_modified = http_date(field_value(headers, "Last-Modified"))
-    if last_modified is None:
-        return policy(0.0, heuristic=True)
-    # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
-    # it up), not a reason to distrust the file.
-    return policy(HEURISTIC_TTL - (current_age(headers, now) if age is None else age), heuristic=True)
+    elif policy_ttl is not None:
+        ttl = max(0.0, policy_ttl)
+    elif http_date(field_value(headers, "Last-Modified")) is None:
+        ttl = 0.0
+    else:
+        # A Last-Modified after Date is the origin's clock skew (aiohttp rounds
+        # it up), not a reason to distrust the file.
+        ttl = HEURISTIC_TTL - (current_age(headers, now) if age is None else age)
+    return Policy(True, "ok", ttl, stale_if_error, stale_while_revalidate, heuristic)
 
 
 def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None], *,
@@ -210,11 +213,19 @@ def _refusal(headers: Mapping[str, str], field: str, cc: Mapping[str, str | None
         # is allowed (§5.2.2.7) but not worth the risk of getting it wrong.
         return Policy(False, f"{field}: private")
     vary = field_value(headers, "Vary")
-    if vary is not None and "*" in split_list(vary):
+    if vary is not None and _lists_star(vary):
         return Policy(False, "Vary: *")  # RFC 9111 §4.1: never matches a later request
     if field_value(headers, "Set-Cookie") is not None:
         return Policy(False, "response sets a cookie")
     return None
+
+
+# Remembered: an origin that varies sends the same Vary on every answer, and
+# `split_list` reads it a character at a time.
+@functools.lru_cache(maxsize=256)
+def _lists_star(vary: str) -> bool:
+    """Whether a Vary value lists "*"."""
+    return "*" in split_list(vary)
 
 
 def _stale_windows(cc: Mapping[str, str | None]) -> tuple[float, float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Mapping, MutableMapping
 
-from cachenode.http.fields import FieldLines, imf_fixdate, lines_of
+from cachenode.http.fields import FieldLines, field_value, imf_fixdate, lines_of
 from cachenode.http.freshness import Policy, response_policy
 from nezha.wire import OWN_PREFIX  # the cache's own fields: never taken from a sender (a peer's copy carries them)
 
@@ -26,6 +26,7 @@ Pairs = tuple[tuple[str, str], ...]
 # the non-standard Proxy-Connection all speak to the next hop, not the origin).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"})
 _HOP_PREFIXES = ("proxy-",)
+_STORED_PREFIXES = (*_HOP_PREFIXES, OWN_PREFIX)
 # Framing the cache writes itself for each message it sends.
 FRAMING = frozenset({"content-length", "host"})
 # Never stored with an object (RFC 9111 §3.1, §5.1): Age describes one
@@ -46,29 +47,19 @@ _NONE_LISTED: frozenset[str] = frozenset()
 
 def connection_listed(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> frozenset[str]:
     """The field names a message's `Connection` fields name: hop-by-hop too (§7.6.1)."""
-    values = lines_of(headers).lines("connection")
-    if not values:
-        return _NONE_LISTED
-    if len(values) == 1:
-        return _listed(values[0])
-    return _NONE_LISTED.union(*map(_listed, values))
+    return _listed_in(field_value(lines_of(headers), "Connection"))
+
+
+def _listed_in(connection: str | None) -> frozenset[str]:
+    """The names a message's `Connection` lines (`connection`, combined) list, lowercased."""
+    return _NONE_LISTED if connection is None else _listed(connection)
 
 
 # Remembered: an origin sends the same Connection on every answer ("keep-alive", "close").
 @functools.lru_cache(maxsize=64)
 def _listed(value: str) -> frozenset[str]:
-    """The names one `Connection` line lists, lowercased."""
+    """The names a `Connection` value lists, lowercased."""
     return frozenset(t.strip().lower() for t in value.split(",") if t.strip())
-
-
-# A message's fields are many, the sets they are checked against few (what
-# its Connection lists, what the reader drops): each line is looked up in one
-# set made of them all, remembered, and its name checked against the prefixes.
-@functools.lru_cache(maxsize=64)
-def _left_out(listed: frozenset[str], drop: frozenset[str]) -> frozenset[str]:
-    """The names a message's end-to-end fields leave out: hop-by-hop
-    (HOP_BY_HOP and the names its Connection lists), framing, and `drop`."""
-    return HOP_BY_HOP | FRAMING | listed | drop
 
 
 def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
@@ -82,17 +73,29 @@ def end_to_end_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]], *,
 def _end_to_end(headers: Mapping[str, str] | Iterable[tuple[str, str]], drop: frozenset[str],
                 prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
     """`end_to_end_pairs` without, too, the names that start with one of
-    `prefixes` (which name Proxy-*); each name lowercased once, by `FieldLines`."""
+    `prefixes` (which name Proxy-*). Which lines those are depends on the
+    message's names and its Connection alone: worked out once for all
+    messages alike (`FieldLines.of_names`), an origin's answers all are."""
     lines = lines_of(headers)
-    left_out = _left_out(connection_listed(lines), drop if type(drop) is frozenset else frozenset(drop))
-    return [pair for pair, lname in zip(lines.pairs, lines.lowered)
-            if not (lname in left_out or lname.startswith(prefixes))]
+    pairs = lines.pairs
+    return [pairs[i] for i in lines.of_names(_kept_at, field_value(lines, "Connection"),
+                                             drop if type(drop) is frozenset else frozenset(drop), prefixes)]
+
+
+def _kept_at(lowered: tuple[str, ...], connection: str | None, drop: frozenset[str],
+             prefixes: tuple[str, ...]) -> tuple[int, ...]:
+    """The positions of the lines `_end_to_end` keeps of a message whose
+    names are `lowered` and whose Connection lines combined are `connection`:
+    not hop-by-hop (HOP_BY_HOP, the names its Connection lists and those
+    starting with one of `prefixes`), framing, nor in `drop`."""
+    left_out = HOP_BY_HOP | FRAMING | _listed_in(connection) | drop
+    return tuple([i for i, lname in enumerate(lowered) if not (lname in left_out or lname.startswith(prefixes))])
 
 
 def stored_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Pairs:
     """What is kept with a stored object: the end-to-end fields minus Age,
     Set-Cookie and the cache's own X-Nezha-* fields (a peer's copy carries them)."""
-    return tuple(_end_to_end(headers, NOT_STORED, (*_HOP_PREFIXES, OWN_PREFIX)))
+    return tuple(_end_to_end(headers, NOT_STORED, _STORED_PREFIXES))
 
 
 def with_date(pairs: Pairs, received_at: float) -> Pairs:

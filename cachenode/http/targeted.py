@@ -92,11 +92,30 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
         value = field_value(headers, name)
         if value is None:
             continue
-        try:
-            members = parse_dictionary(value)
-        except InvalidField:
-            continue
-        directives = {k: _argument(k, v) for k, v in members.items() if v is not False}
+        directives = _directives.get(value, _UNREAD)
+        if directives is _UNREAD:
+            directives = _directives_of(value)
+            if len(_directives) >= _DIRECTIVES_KEPT:
+                _directives.clear()
+            _directives[value] = directives
         if directives:
-            return name, directives
+            return name, dict(directives)  # the caller's own: the remembered one is never handed out
     return None
+
+
+def _directives_of(value: str) -> dict[str, str | None] | None:
+    """A targeted field's value as directives; None when it is no Dictionary."""
+    try:
+        members = parse_dictionary(value)
+    except InvalidField:
+        return None
+    return {k: _argument(k, v) for k, v in members.items() if v is not False}
+
+
+# The targeted values read lately, as `_directives_of` read them: an origin
+# sends the same on all its answers, and http-sf's parsing of one costs a
+# fill more than its copy. Forgotten at this many, the bound on what ever
+# new values make the node keep.
+_directives: dict[str, dict[str, str | None] | None] = {}
+_DIRECTIVES_KEPT = 256
+_UNREAD = object()

@@ -12,6 +12,7 @@ equivalent would get each other's responses.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Mapping
@@ -35,6 +36,13 @@ def vary_names(headers: Mapping[str, str]) -> tuple[str, ...] | None:
     listed = field_value(headers, "Vary")
     if listed is None:
         return ()  # most answers vary on nothing
+    return _names_listed(listed)
+
+
+# Remembered: an origin that varies sends the same Vary on every answer ("Accept-Encoding").
+@functools.lru_cache(maxsize=256)
+def _names_listed(listed: str) -> tuple[str, ...] | None:
+    """`vary_names` of a response whose Vary lines combined are `listed`."""
     names = set()
     for member in listed.split(","):
         member = member.strip(" \t")
