@@ -80,3 +80,34 @@ def test_classes_quick_init_cannot_make_whole_are_refused():
     for cls in (Thawed, Factory, Posted, Slotted, int):
         with pytest.raises(TypeError):
             quick_init(cls)
+
+
+def test_fields_named_as_the_quick_inits_own_locals_are_set_as_given():
+    """A field may be named as any local the quick __init__ uses (its
+    instance's, its __dict__'s): the generated init takes `self` and `d`
+    as fields like any other, and so must the quick one."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Named:
+        d: int
+        self: str = "s"
+
+    twin = plain_twin(Named)
+    quick = quick_init(Named)(7, "me")
+    assert dataclasses.astuple(quick) == dataclasses.astuple(twin(7, "me")) == (7, "me")
+    assert repr(quick) == repr(twin(7, "me")).replace(twin.__qualname__, Named.__qualname__)
+
+
+def test_a_class_whose_init_takes_more_than_its_fields_is_refused():
+    """An InitVar is an argument of the generated __init__ but no field
+    (`dataclasses.fields` leaves it out): a quick __init__ of the fields
+    alone would refuse every call that passes it, so the class is refused."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Passed:
+        x: int
+        extra: dataclasses.InitVar[int] = 0
+
+    assert Passed(1, extra=2) == Passed(1)  # what its own __init__ takes
+    with pytest.raises(TypeError):
+        quick_init(Passed)
