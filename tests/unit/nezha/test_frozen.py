@@ -111,3 +111,18 @@ def test_a_class_whose_init_takes_more_than_its_fields_is_refused():
     assert Passed(1, extra=2) == Passed(1)  # what its own __init__ takes
     with pytest.raises(TypeError):
         quick_init(Passed)
+
+
+def test_a_class_with_its_own_init_is_refused():
+    """`init=False`: the class's own __init__, which a quick one of its fields would silently replace."""
+
+    @dataclasses.dataclass(frozen=True, init=False)
+    class Own:
+        x: int
+
+        def __init__(self, x: int) -> None:  # the fields' signature, another instance
+            object.__setattr__(self, "x", x * 2)
+
+    with pytest.raises(TypeError):
+        quick_init(Own)
+    assert Own(3).x == 6
