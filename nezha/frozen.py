@@ -23,11 +23,13 @@ _C = TypeVar("_C", bound=type)
 def quick_init(cls: _C) -> _C:
     """`cls`, a frozen dataclass, with an `__init__` that writes its fields
     into `__dict__`. Only for the plain kind whose instances that init makes
-    whole: no slots, no `__post_init__`, every field an init argument
+    whole: a generated `__init__` (not `init=False`'s own), no slots, no
+    `__post_init__`, every field an init argument
     without a default factory and not keyword-only, and no other argument
     (an InitVar); TypeError otherwise."""
     params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" in vars(cls) or hasattr(cls, "__post_init__"):
+    if (params is None or not params.frozen or not params.init or "__slots__" in vars(cls)
+            or hasattr(cls, "__post_init__")):
         raise TypeError(f"{cls.__qualname__} is not a frozen dataclass with a __dict__ and no __post_init__")
     names, defaults = [], {}
     for f in dataclasses.fields(cls):
