@@ -104,6 +104,9 @@ def request_head(url: URL, fields: CIMultiDict[str]) -> bytes:
 # (host, port, the fields' bytes), or None when it is not `plain`.
 _WHERE: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, int, bytes] | None] = {}
 _WHERE_MAX = 1024  # remembered; cleared when full
+# Longer (authority and fields) are worked out every time: with the bound above, at most
+# about 2 MiB remembered whatever clients send (a User-Agent new on every request).
+_WHERE_ENTRY_MAX = 2048
 
 
 def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -> tuple[str, int, bytes] | None:
@@ -135,9 +138,10 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
         if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
             # The fields as `request_head` writes them after its request line (whose CRLF is left out).
             where = asked.raw_host, asked.port, _serialize_headers("", request_fields(asked, fields))[2:]
-        if len(_WHERE) >= _WHERE_MAX:
-            _WHERE.clear()
-        _WHERE[key] = where
+        if len(authority) + sum(len(n) + len(v) for n, v in key[1]) <= _WHERE_ENTRY_MAX:
+            if len(_WHERE) >= _WHERE_MAX:
+                _WHERE.clear()
+            _WHERE[key] = where
     if where is None:
         return None
     host, port, written = where

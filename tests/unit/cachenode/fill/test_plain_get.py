@@ -119,3 +119,15 @@ def test_the_origins_remembered_stay_bounded(monkeypatch):
         assert plain_request(f"http://o{n}/a", {}, ClientTimeout(total=None)) == (
             f"o{n}", 80, b"GET /a HTTP/1.1\r\nHost: o%d\r\nAccept: */*\r\n\r\n" % n)
         assert len(plain_get._WHERE) <= plain_get._WHERE_MAX
+
+
+def test_fields_too_long_to_remember_are_written_every_time_all_the_same(monkeypatch):
+    """A client whose User-Agent is new on every request and kilobytes long pins nothing: each such
+    request is written as yarl and request_head write it, and none is remembered."""
+    monkeypatch.setattr(plain_get, "_WHERE", {})
+    for n in range(20):
+        fields = CIMultiDict([("Via", "1.1 n"), ("User-Agent", f"{n}" + "x" * plain_get._WHERE_ENTRY_MAX)])
+        url = f"http://o:81/f/{n}"
+        got = plain_request(url, fields, ClientTimeout(total=None))
+        assert got == outcome(written_as_before, url, fields, ClientTimeout(total=None))
+    assert plain_get._WHERE == {}
