@@ -79,9 +79,11 @@ class FieldLines(Mapping[str, str]):
         key = (derive, *args)
         value = derived.get(key, _ABSENT)
         if value is _ABSENT:
-            if len(derived) >= _DERIVED_KEPT:
-                derived.clear()
-            value = derived[key] = derive(self.lowered, *args)
+            value = derive(self.lowered, *args)
+            if not any(type(a) is str and len(a) > _ARG_KEPT_MAX for a in args):
+                if len(derived) >= _DERIVED_KEPT:
+                    derived.clear()
+                derived[key] = value
         return value  # type: ignore[return-value]
 
     def items(self):  # type: ignore[override]
@@ -132,18 +134,25 @@ _ABSENT = object()
 # are met again and again. Forgotten at this many, the bound on what
 # messages naming ever new fields make the node keep; and so are a names'
 # derived facts, of which a few readers keep one or two each.
+# Names longer in all, and derived facts of a longer argument (a Connection
+# value), are worked out for each message and not kept: what is kept stays
+# within a few MiB whatever an origin sends.
 _NAMES: dict[tuple[str, ...], _Names] = {}
 _NAMES_KEPT = 512
+_NAMES_LENGTH_MAX = 2048
 _DERIVED_KEPT = 32
+_ARG_KEPT_MAX = 256
 _ASKED_KEPT = 64
 
 
 def _names_of(names: tuple[str, ...]) -> _Names:
     known = _NAMES.get(names)
     if known is None:
-        if len(_NAMES) >= _NAMES_KEPT:
-            _NAMES.clear()
-        known = _NAMES[names] = _Names(names)
+        known = _Names(names)
+        if sum(map(len, names)) <= _NAMES_LENGTH_MAX:
+            if len(_NAMES) >= _NAMES_KEPT:
+                _NAMES.clear()
+            _NAMES[names] = known
     return known
 
 

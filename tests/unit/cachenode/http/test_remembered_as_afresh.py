@@ -93,3 +93,23 @@ def test_one_set_of_names_asked_and_connected_past_its_bounds():
     asked = [[cased(rng, rng.choice(names + ["Nowhere"])) for _ in range(3)] for _ in sent]
     assert len({a for names_asked in asked for a in names_asked}) > fields._ASKED_KEPT
     warm_and_cold(sent, asked)
+
+
+def test_long_names_and_connection_values_are_read_and_never_kept():
+    """What an origin's ever new long names or Connection values would make the node keep is bounded
+    by length too, not only by count: such messages read as any other and nothing of them stays."""
+    forget_everything()
+    rng = random.Random(3)
+    for i in range(40):
+        long_name = f"X-{i}-" + "n" * fields._NAMES_LENGTH_MAX
+        connection = f"x-hop, {i}-" + "c" * fields._ARG_KEPT_MAX
+        pairs = [("Server", "s"), (long_name, "v"), ("Connection", connection), ("X-Hop", "1"), ("ETag", '"e"')]
+        asked = [cased(rng, n) for n in ("Server", long_name, "X-Hop", "Nowhere")]
+        warm = readings(pairs, asked)
+        assert not any(len(name) > 1000 for names in fields._NAMES for name in names)
+        short = [("Server", "s"), ("Connection", connection), ("X-Hop", "1")]
+        assert readings(short, ["x-hop"]) == readings(short, ["x-hop"])
+        held = fields._NAMES.get(("Server", "Connection", "X-Hop"))
+        assert held is not None and not any(connection in key for key in held.derived)
+        forget_everything()
+        assert warm == readings(pairs, asked)
