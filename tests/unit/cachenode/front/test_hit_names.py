@@ -48,4 +48,4 @@ def test_a_request_named_once_is_not_resolved_again(finder, monkeypatch):
     first = finder.named("/d/3.bin", "data.example", "http")
     monkeypatch.setattr(hits, "resolve", lambda *a, **k: pytest.fail("resolved a second time"))
     assert finder.named("/d/3.bin", "data.example", "http") is first
-    assert finder.plain_hit("/d/3.bin", "data.example", "http") is None  # not stored: a miss, named from the memo
+    assert finder.plain_hit(first) is None  # not stored: a miss
