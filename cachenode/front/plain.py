@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from cachenode.front.exact_head import encode_head
+from cachenode.front.exact_head import encode_lines
 from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.fields import imf_fixdate
 from cachenode.http.headers import describes_whole_body
@@ -230,7 +230,7 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
     Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
     A hot copy says so, and names the node whose disk serves it (`served_by`).
     `label`: its X-Nezha-Cache when not a hit's (a miss the fast path led, front/fast_misses.py)."""
-    fields: list[tuple[str, str]] = []
+    lines = ["HTTP/1.1 200 OK"]
     vias: list[str] = []
     dated = ranges = False
     for k, v in meta.headers:  # one pass: each name lowercased once
@@ -238,22 +238,22 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
         if name == "via":
             vias.append(v)
             continue
-        fields.append((k, v))
+        lines.append(f"{k}: {v}")
         if name == "date":
             dated = True
         elif name == "accept-ranges":
             ranges = True
     if not dated:  # dated as `with_date` dates a stored answer (RFC 9110 §6.6.1)
-        fields.append(("Date", imf_fixdate(meta.stored_at)))
+        lines.append(f"Date: {imf_fixdate(meta.stored_at)}")
     if not ranges:
-        fields.append(("Accept-Ranges", "bytes"))
-    fields += [("Via", ", ".join(vias + [via])),
-               (CACHE_HEADER, label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)),
-               ("Content-Length", str(meta.size))]
+        lines.append("Accept-Ranges: bytes")
+    vias.append(via)
+    lines.append(f"Via: {', '.join(vias)}\r\n{CACHE_HEADER}: "
+                 f"{label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)}\r\nContent-Length: {meta.size}")
     if meta.hot and served_by is not None:
-        fields.append((SERVED_BY_HEADER, served_by))
-    # Without the closing blank line: Age follows on each reuse.
-    return encode_head("HTTP/1.1 200 OK", fields)[:-2]
+        lines.append(f"{SERVED_BY_HEADER}: {served_by}")
+    lines.append("")  # each line ended; the closing blank line is left off: Age follows on each reuse
+    return encode_lines(lines)
 
 
 # 206 heads made from 200 heads (`partial_head`), by the 200 head: the handler

@@ -3,6 +3,7 @@
 import pytest
 
 from cachenode.front import plain
+from cachenode.front.exact_head import encode_head
 from cachenode.front.plain import PlainRequest, parse_plain, partial_head, plain_request, response_head, wanted_range
 from cachenode.store.objects import Meta
 
@@ -205,3 +206,17 @@ def test_a_stored_heads_own_date_accept_ranges_and_vias_are_kept_once_in_their_p
         b"HTTP/1.1 200 OK\r\ndate: Sat, 05 Nov 1994 08:49:37 GMT\r\nAccept-Ranges: none\r\nX-Y: z\r\n"
         b"Via: 1.1 origin-lb, 1.0 squid, 1.1 node-0 (nezha)\r\nX-Nezha-Cache: hot-hit\r\nContent-Length: 5\r\n"
         b"X-Nezha-Served-By: node-2\r\n")
+
+
+@pytest.mark.parametrize("hot, served_by, label", [(False, None, None), (True, "node-2", None), (True, None, None),
+                                                   (False, "node-2", "miss")])
+def test_a_stored_heads_raw_octets_reach_the_client_as_the_origin_sent_them(hot, served_by, label):
+    """Written out line by line, the head is the one `encode_head` makes of the same fields in the same order."""
+    raw = b"attachment; filename=\xff\xc3\xa9.bin".decode("utf-8", "surrogateescape")
+    stored = (("Content-Disposition", raw), ("Via", "1.1 o\u00e9"), ("ETag", '"v1"'), ("Date", "Sat, 05 Nov 1994"))
+    pairs = [("Content-Disposition", raw), ("ETag", '"v1"'), ("Date", "Sat, 05 Nov 1994"), ("Accept-Ranges", "bytes"),
+             ("Via", "1.1 o\u00e9, 1.1 node-0 (nezha)"), ("X-Nezha-Cache", label or ("hot-hit" if hot else "hit")),
+             ("Content-Length", "5"), *([("X-Nezha-Served-By", served_by)] if hot and served_by else [])]
+    head = _head_of(stored, hot=hot, served_by=served_by, label=label)
+    assert head == encode_head("HTTP/1.1 200 OK", pairs)[:-2]
+    assert b"filename=\xff\xc3\xa9.bin\r\n" in head
