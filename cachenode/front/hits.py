@@ -51,6 +51,9 @@ class PlainHitFinder:
         # Request line and Host -> what it names (`named`), key -> (meta, head, path).
         self._names: dict[tuple[str, str, str], Named] = {}
         self._heads: dict[str, tuple[Meta, bytes, str]] = {}
+        # Host field -> whether it names an origin (`names_origin`): each new path
+        # of a cold epoch comes with one of a few Host fields.
+        self._hosts: dict[str, bool] = {}
 
     def plain_hit(self, named: Named) -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD asks for, with its response
@@ -81,8 +84,15 @@ class PlainHitFinder:
         request comes again and again. None: never a plain hit, nor a miss the
         fast path leads."""
         named = self._names.get((scheme, raw_target, host_header))
-        if named is not None or not names_origin(self.table, host_header):
+        if named is not None:
             return named
+        for_origin = self._hosts.get(host_header)
+        if for_origin is None:
+            if len(self._hosts) >= _PLAIN_CACHE:
+                self._hosts.clear()
+            for_origin = self._hosts[host_header] = names_origin(self.table, host_header)
+        if not for_origin:
+            return None
         try:
             target, origin, key = resolve(self.table, raw_target, host_header, scheme=scheme)
         except BadTarget:
