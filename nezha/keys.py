@@ -34,7 +34,7 @@ _HOST = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 # characters and slashes only (RFC 3986 §2.3: nothing to unquote, no
 # backslash), a query with no control character, space or fragment. Such a
 # target is read as `_parse_any` reads it without going through its steps
-# (tests/unit/nezha/test_keys.py compares the two), once its path is known
+# (tests/unit/nezha/test_plain_targets.py compares the two), once its path is known
 # to hold no "/." (a dot segment follows a slash).
 _PLAIN_TARGET = re.compile(r"(/[A-Za-z0-9._~/-]*)(?:\?([^\x00-\x20\x7f#]*))?")
 # Host fields already read (`_split_host`), by their text: clients name a few
