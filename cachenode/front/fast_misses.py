@@ -234,8 +234,8 @@ class FastMisses:
             return None  # owners ahead of this node: relayed to them (front/relaying.py)
         # Led from now: a request for the key that comes before the origin answers joins it.
         flight, _ = self.engine.flights.lead_or_join(key)
-        return Miss(key=key, url=plain.url, target=plain.target, origin=plain.origin, headers=plain.headers,
-                    forwarded=plain.forwarded, flight=flight)
+        # By position (the names are Miss's own, in its order): keywords cost a quarter more per miss.
+        return Miss(key, plain.url, plain.target, plain.origin, plain.headers, plain.forwarded, flight)
 
     # -- the flight ---------------------------------------------------------------
     async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:

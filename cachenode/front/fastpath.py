@@ -72,11 +72,11 @@ _MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux; elsewhere the head is simpl
 class HitFinder(Protocol):
     """The fast path's first question, over a store's index (cachenode/front/hits.py `PlainHitFinder`)."""
 
-    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
-        """The fresh stored object a plain GET/HEAD names, its response head and data path; None: not here."""
-
     def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
-        """Its target, origin and key, as `plain_hit` resolved them; None: never a plain hit."""
+        """A plain GET/HEAD's target, origin and key; None: never a plain hit, nor a miss led here."""
+
+    def plain_hit(self, named: Named) -> tuple[Meta, bytes, str] | None:
+        """The fresh stored object a request `named` named, its response head and data path; None: not here."""
 
 
 class ServedHits(Protocol):
@@ -249,10 +249,10 @@ class FastPath(LeadsMisses, GivesBack, asyncio.Protocol):
             req = plain_request(self._buf)
             if req is None:
                 break
-            hit = self.finder.plain_hit(req.target, req.host, self._scheme) if req is not False else None
+            named = self.finder.named(req.target, req.host, self._scheme) if req is not False else None
+            hit = None if named is None else self.finder.plain_hit(named)
             span = None if hit is None else wanted_range(req, hit[0])
-            if hit is None and req is not False and self._misses is not None:
-                named = self.finder.named(req.target, req.host, self._scheme)  # as `plain_hit` memoised it
+            if hit is None and named is not None and self._misses is not None:
                 miss = self._misses.take(req, self._buf[:req.size], self._scheme, named)
                 if miss is not None:
                     self._lead(req, miss)

@@ -51,16 +51,18 @@ class PlainHitFinder:
         # Request line and Host -> what it names (`named`), key -> (meta, head, path).
         self._names: dict[tuple[str, str, str], Named] = {}
         self._heads: dict[str, tuple[Meta, bytes, str]] = {}
+        # Host field -> whether it names an origin (`names_origin`): each new path
+        # of a cold epoch comes with one of a few Host fields.
+        self._hosts: dict[str, bool] = {}
 
-    def plain_hit(self, raw_target: str, host_header: str, scheme: str = "http") -> tuple[Meta, bytes, str] | None:
+    def plain_hit(self, named: Named) -> tuple[Meta, bytes, str] | None:
         """The fresh stored object a plain GET/HEAD asks for, with its response
         head and data path, if this node serves it itself as the handler would (a
         fresh local copy is served whoever owns the key). None sends the request
-        through the full handler. `scheme`: https for a connection whose TLS
-        this process ended (a follower worker's, cachenode/workers/)."""
-        named = self.named(raw_target, host_header, scheme)
-        if named is None:
-            return None
+        through the full handler, or to a fast miss (front/fast_misses.py).
+        `named`: what the request names (`named`, with https for a connection
+        whose TLS this process ended, a follower worker's, cachenode/workers/),
+        asked once for the hit and the miss."""
         key = named[2]
         meta = self.store.lookup(key)
         if meta is None or meta.status != 200 or meta.authorize or meta.chunk_size or not meta.fresh(self._clock()):
@@ -77,12 +79,20 @@ class PlainHitFinder:
 
     def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
         """What a plain request names (front/names.py `resolve`): its target,
-        origin and the key a plain hit may be found under, memoised, so a miss
-        the fast path leads next (front/fast_misses.py) does not resolve it
-        again; None: never a plain hit, nor a miss the fast path leads."""
+        origin and the key a plain hit may be found under (`plain_hit`), or a
+        miss the fast path leads (front/fast_misses.py); memoised, as a hit's
+        request comes again and again. None: never a plain hit, nor a miss the
+        fast path leads."""
         named = self._names.get((scheme, raw_target, host_header))
-        if named is not None or not names_origin(self.table, host_header):
+        if named is not None:
             return named
+        for_origin = self._hosts.get(host_header)
+        if for_origin is None:
+            if len(self._hosts) >= _PLAIN_CACHE:
+                self._hosts.clear()
+            for_origin = self._hosts[host_header] = names_origin(self.table, host_header)
+        if not for_origin:
+            return None
         try:
             target, origin, key = resolve(self.table, raw_target, host_header, scheme=scheme)
         except BadTarget:

@@ -5,10 +5,10 @@ that uses it).
 A plain request is HTTP/1.1 GET or HEAD with a short allow-list of
 headers, keep-alive, at most one byte range (`parse_plain`); anything else
 is aiohttp's to parse. The verdict on a head depends on its bytes alone, so
-heads seen before are remembered (`plain_request`), bounded in count and
-size. The 200 head of a stored object (`response_head`) and the 206 head
-made from it (`partial_head`) are built once per object, as the handler
-would send them.
+heads seen before are remembered (`plain_request`), and the field lines of
+heads not seen before, bounded in count and size. The 200 head of a stored
+object (`response_head`) and the 206 head made from it (`partial_head`) are
+built once per object, as the handler would send them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cachenode.front.exact_head import encode_head
+from cachenode.front.exact_head import encode_lines
 from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.fields import imf_fixdate
 from cachenode.http.headers import describes_whole_body
@@ -58,8 +58,7 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     never comes held such clients for an hour, while aiohttp answers them 400
     at once (RFC 9112 §2.2 lets a server refuse bare LF)."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-    head = buf[:end] if end >= 0 else buf[:MAX_HEAD]
-    if head.count(b"\n") != head.count(b"\r\n"):
+    if _bare_lf(buf[:end] if end >= 0 else buf[:MAX_HEAD]):
         return False
     if end < 0:
         return None if len(buf) < MAX_HEAD else False
@@ -67,13 +66,32 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
         head = buf[:end].decode("ascii")
     except UnicodeDecodeError:
         return False
-    lines = head.split("\r\n")
-    parts = lines[0].split(" ")
+    line, _, fields = head.partition("\r\n")
+    asked = _request_line(line)
+    judged = _fields(fields) if asked is not False else False
+    if asked is False or judged is False:
+        return False
+    return PlainRequest(*asked, judged[0], end + 4, judged[1], judged[2])
+
+
+def _bare_lf(raw: bytes | bytearray) -> bool:
+    return raw.count(b"\n") != raw.count(b"\r\n")
+
+
+def _request_line(line: str) -> tuple[str, str] | bool:
+    """The method and target of a plain request line; False: not plain."""
+    parts = line.split(" ")
     if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
         return False
+    return parts[0], parts[1]
+
+
+def _fields(fields: str) -> tuple[str, str | None, str | None] | bool:
+    """The Host, Range and If-Range of a plain request's field lines (between
+    its request line and its blank line); False: they make it not plain."""
     host = rng = if_range = None
     child = set()
-    for line in lines[1:]:
+    for line in fields.split("\r\n") if fields else ():
         name, sep, value = line.partition(":")
         if not sep or not name or not _TOKEN.issuperset(name):
             return False  # also folded lines, which start with a space
@@ -103,7 +121,7 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
             if_range = value
     if not host or (child and _FROM_CHILD not in child):
         return False
-    return PlainRequest(parts[0], parts[1], host, end + 4, rng, if_range)
+    return host, rng, if_range
 
 
 # Request heads already judged by parse_plain, by their exact bytes: clients
@@ -120,8 +138,15 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
 # _ONE_RANGE); the value and the head's length are the request's own. Its own
 # memo, because a head with its range cut out is a head too (`Range: ` with
 # no value), whose verdict is another.
+# A head not seen before (a cold epoch asks each path once) has its field
+# lines judged once per block of them (_FIELDS, _FIELDS_RANGED, likewise):
+# clients send the same few blocks with every path. A block starts at the
+# CRLF that ends the request line, as the head's verdict depends on the
+# request line and the block alone (one of them not plain, nor is the head).
 _JUDGED: dict[bytes, PlainRequest | bool] = {}
 _JUDGED_RANGED: dict[bytes, PlainRequest | bool] = {}
+_FIELDS: dict[bytes, tuple[str, str | None, str | None] | bool] = {}
+_FIELDS_RANGED: dict[bytes, tuple[str, str | None, str | None] | bool] = {}
 _JUDGED_MAX = 4096
 _JUDGED_HEAD_MAX = 1024  # wget, curl and the SDKs send a few hundred bytes
 
@@ -136,12 +161,12 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
     head = bytes(buf[:end + 4])
     ranged = _RANGE_LINE.search(head)
     if ranged is None:
-        judged, memo = _JUDGED, head
+        judged, memo, blocks = _JUDGED, head, _FIELDS
     else:
-        judged, memo = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):]
+        judged, memo, blocks = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):], _FIELDS_RANGED
     verdict = judged.get(memo)
     if verdict is None:
-        verdict = parse_plain(head)
+        verdict = _judged(head, end, memo, blocks)
         if len(judged) >= _JUDGED_MAX:
             judged.clear()
         judged[memo] = verdict  # never None: the head is complete
@@ -149,6 +174,30 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
         return verdict
     return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
                         ranged.group(1).decode("ascii"), verdict.if_range)
+
+
+def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | bool:
+    """`parse_plain(head)` of a whole head (`end`: where its blank line
+    starts), its field lines judged once per block in `blocks`, the block as
+    `memo` (the head as `plain_request` remembers it) holds it."""
+    cut = head.find(b"\r\n")  # the request line's end: the range, if cut out of `memo`, is after it
+    line = head[:cut]
+    if b"\n" in line or not line.isascii():
+        return False
+    asked = _request_line(line.decode("ascii"))
+    if asked is False:
+        return False
+    block = memo[cut:]
+    fields = blocks.get(block)
+    if fields is None:
+        raw = head[cut + 2:end]
+        fields = False if _bare_lf(raw) or not raw.isascii() else _fields(raw.decode("ascii"))
+        if len(blocks) >= _JUDGED_MAX:
+            blocks.clear()
+        blocks[block] = fields
+    if fields is False:
+        return False
+    return PlainRequest(*asked, fields[0], end + 4, fields[1], fields[2])
 
 
 def one_plain_request(buf: bytearray) -> bool:
@@ -182,7 +231,7 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
     Its Date is the stored one (RFC 9110 §6.6.1): the same on every reuse.
     A hot copy says so, and names the node whose disk serves it (`served_by`).
     `label`: its X-Nezha-Cache when not a hit's (a miss the fast path led, front/fast_misses.py)."""
-    fields: list[tuple[str, str]] = []
+    lines = ["HTTP/1.1 200 OK"]
     vias: list[str] = []
     dated = ranges = False
     for k, v in meta.headers:  # one pass: each name lowercased once
@@ -190,22 +239,22 @@ def response_head(meta: Meta, *, via: str, served_by: str | None = None, label: 
         if name == "via":
             vias.append(v)
             continue
-        fields.append((k, v))
+        lines.append(f"{k}: {v}")
         if name == "date":
             dated = True
         elif name == "accept-ranges":
             ranges = True
     if not dated:  # dated as `with_date` dates a stored answer (RFC 9110 §6.6.1)
-        fields.append(("Date", imf_fixdate(meta.stored_at)))
+        lines.append(f"Date: {imf_fixdate(meta.stored_at)}")
     if not ranges:
-        fields.append(("Accept-Ranges", "bytes"))
-    fields += [("Via", ", ".join(vias + [via])),
-               (CACHE_HEADER, label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)),
-               ("Content-Length", str(meta.size))]
+        lines.append("Accept-Ranges: bytes")
+    vias.append(via)
+    lines.append(f"Via: {', '.join(vias)}\r\n{CACHE_HEADER}: "
+                 f"{label or (CacheOutcome.HOT_HIT if meta.hot else CacheOutcome.HIT)}\r\nContent-Length: {meta.size}")
     if meta.hot and served_by is not None:
-        fields.append((SERVED_BY_HEADER, served_by))
-    # Without the closing blank line: Age follows on each reuse.
-    return encode_head("HTTP/1.1 200 OK", fields)[:-2]
+        lines.append(f"{SERVED_BY_HEADER}: {served_by}")
+    lines.append("")  # each line ended; the closing blank line is left off: Age follows on each reuse
+    return encode_lines(lines)
 
 
 # 206 heads made from 200 heads (`partial_head`), by the 200 head: the handler

@@ -98,8 +98,8 @@ async def test_a_hit_evicted_between_lookup_and_open_is_served_by_the_full_handl
     node = await _warm(origin, make_node, session, b"w" * 3000)
     found = node.node.handler.plain.plain_hit
 
-    def evicted_right_after_lookup(raw_target, host_header, scheme="http"):
-        hit = found(raw_target, host_header, scheme)
+    def evicted_right_after_lookup(named):
+        hit = found(named)
         if hit is not None:
             os.unlink(hit[2])
             asyncio.get_running_loop().create_task(node.node.store.remove(hit[0].key))

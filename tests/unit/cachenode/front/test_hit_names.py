@@ -48,4 +48,17 @@ def test_a_request_named_once_is_not_resolved_again(finder, monkeypatch):
     first = finder.named("/d/3.bin", "data.example", "http")
     monkeypatch.setattr(hits, "resolve", lambda *a, **k: pytest.fail("resolved a second time"))
     assert finder.named("/d/3.bin", "data.example", "http") is first
-    assert finder.plain_hit("/d/3.bin", "data.example", "http") is None  # not stored: a miss, named from the memo
+    assert finder.plain_hit(first) is None  # not stored: a miss
+
+
+def test_a_host_is_judged_once_and_the_hosts_kept_are_bounded(finder, monkeypatch):
+    """Whether a Host field names an origin is remembered, with its answer either way, and no more than
+    _PLAIN_CACHE of them: the client chooses the field."""
+    assert finder.named("/d/1.bin", "elsewhere.example", "http") is None
+    monkeypatch.setattr(hits, "names_origin", lambda *a: pytest.fail("judged a second time"))
+    assert finder.named("/d/2.bin", "elsewhere.example", "http") is None
+    monkeypatch.undo()
+    assert finder.named("/d/1.bin", "data.example", "http") == resolve(TABLE, "/d/1.bin", "data.example")
+    for n in range(hits._PLAIN_CACHE + 10):
+        assert finder.named("/d/1.bin", f"h{n}.example", "http") is None
+    assert len(finder._hosts) <= hits._PLAIN_CACHE

@@ -3,6 +3,7 @@
 import pytest
 
 from cachenode.front import plain
+from cachenode.front.exact_head import encode_head
 from cachenode.front.plain import PlainRequest, parse_plain, partial_head, plain_request, response_head, wanted_range
 from cachenode.store.objects import Meta
 
@@ -86,6 +87,22 @@ def test_a_remembered_verdict_is_the_verdict_of_the_head_itself(raw):
         assert plain_request(bytearray(raw + tail)) == parse_plain(raw + tail)
 
 
+LINES = [b"GET /a HTTP/1.1", b"HEAD /b/c.bin?x=1 HTTP/1.1", b"GET /x HTTP/1.0", b"POST /x HTTP/1.1", b"GET /\xff HTTP/1.1",
+         b"GET  /x HTTP/1.1", b"GET /x\nHTTP/1.1", b"GET /x\n HTTP/1.1", b"GET /x HTTP/1.1\r", b"GET", b""]
+
+
+def test_a_head_not_seen_before_gets_the_verdict_of_its_own_request_line_and_fields():
+    """Field lines are judged once per block of them, whatever request line they came with: each new head,
+    with a block seen before or not, gets exactly what parse_plain gives it."""
+    blocks = [raw[raw.index(b"\r\n"):] for raw in [*PLAIN, *NOT_PLAIN] if b"\r\n\r\n" in raw]
+    for memo in (plain._JUDGED, plain._JUDGED_RANGED, plain._FIELDS, plain._FIELDS_RANGED):
+        memo.clear()
+    for n, (block, line) in enumerate((b, line) for _ in range(2) for b in blocks for line in LINES):
+        raw = line.replace(b"/", b"/%d/" % n, 1) + block  # a head of its own each time: a path not asked before
+        assert plain_request(bytearray(raw + b"GET /next")) == parse_plain(raw), raw
+    assert plain._FIELDS and plain._FIELDS_RANGED  # blocks were remembered, and the second pass read them
+
+
 def test_remembered_heads_stay_bounded_in_count_and_size():
     """Clients choose the heads: at most _JUDGED_MAX of them, none longer than _JUDGED_HEAD_MAX, are kept."""
     plain._JUDGED.clear()
@@ -100,6 +117,10 @@ def test_remembered_heads_stay_bounded_in_count_and_size():
     for i in range(plain._JUDGED_MAX + 10):  # ranged heads of as many objects
         plain_request(bytearray(b"GET /o%d HTTP/1.1\r\nHost: h.example\r\nRange: bytes=%d-\r\n\r\n" % (i, i)))
     assert 0 < len(plain._JUDGED_RANGED) <= plain._JUDGED_MAX
+    plain._FIELDS.clear()
+    for i in range(plain._JUDGED_MAX + 10):  # as many blocks of fields
+        plain_request(bytearray(b"GET /o HTTP/1.1\r\nHost: h%d.example\r\n\r\n" % i))
+    assert 0 < len(plain._FIELDS) <= plain._JUDGED_MAX
 
 
 def test_a_range_and_if_range_are_read_with_the_head():
@@ -185,3 +206,17 @@ def test_a_stored_heads_own_date_accept_ranges_and_vias_are_kept_once_in_their_p
         b"HTTP/1.1 200 OK\r\ndate: Sat, 05 Nov 1994 08:49:37 GMT\r\nAccept-Ranges: none\r\nX-Y: z\r\n"
         b"Via: 1.1 origin-lb, 1.0 squid, 1.1 node-0 (nezha)\r\nX-Nezha-Cache: hot-hit\r\nContent-Length: 5\r\n"
         b"X-Nezha-Served-By: node-2\r\n")
+
+
+@pytest.mark.parametrize("hot, served_by, label", [(False, None, None), (True, "node-2", None), (True, None, None),
+                                                   (False, "node-2", "miss")])
+def test_a_stored_heads_raw_octets_reach_the_client_as_the_origin_sent_them(hot, served_by, label):
+    """Written out line by line, the head is the one `encode_head` makes of the same fields in the same order."""
+    raw = b"attachment; filename=\xff\xc3\xa9.bin".decode("utf-8", "surrogateescape")
+    stored = (("Content-Disposition", raw), ("Via", "1.1 o\u00e9"), ("ETag", '"v1"'), ("Date", "Sat, 05 Nov 1994"))
+    pairs = [("Content-Disposition", raw), ("ETag", '"v1"'), ("Date", "Sat, 05 Nov 1994"), ("Accept-Ranges", "bytes"),
+             ("Via", "1.1 o\u00e9, 1.1 node-0 (nezha)"), ("X-Nezha-Cache", label or ("hot-hit" if hot else "hit")),
+             ("Content-Length", "5"), *([("X-Nezha-Served-By", served_by)] if hot and served_by else [])]
+    head = _head_of(stored, hot=hot, served_by=served_by, label=label)
+    assert head == encode_head("HTTP/1.1 200 OK", pairs)[:-2]
+    assert b"filename=\xff\xc3\xa9.bin\r\n" in head
