@@ -140,28 +140,18 @@ def main() -> None:
     if args.child:
         asyncio.run(child(args.repeats, args.work))
         return
+    sys.path.insert(0, str(REPO))  # the parent's only: a child imports the checkout on its PYTHONPATH
+    from bench.paired import alternated, least, unpack
+
     with tempfile.TemporaryDirectory(prefix="nezha-front-cost-ref-") as ref:
-        if args.reference_tree is None:
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", args.reference], capture_output=True,
-                                     check=True)
-            subprocess.run(["tar", "-x", "-C", ref], input=archive.stdout, check=True)
-        trees = {"reference": args.reference_tree or Path(ref), "this": REPO}
-        got: dict[str, list[dict]] = {name: [] for name in trees}
-        for n in range(args.rounds):
-            for name in (list(trees) if n % 2 == 0 else list(reversed(trees))):
-                got[name].append(run(trees[name], args.repeats))
+        tree = args.reference_tree or unpack(args.reference, ref)
+        got = alternated({"reference": tree, "this": REPO}, args.rounds, lambda t: run(t, args.repeats))
     for what in ("miss", "made"):
         if len({r[what] for r in got["reference"] + got["this"]}) != 1:
             sys.exit(f"the checkouts differ in the {what}:\n{got['reference'][0][what]}\n{got['this'][0][what]}")
-    ratios = []
-    for part in ("request", "head"):
-        ref_us, this_us = (min(r[part] for r in got[name]) for name in ("reference", "this"))
-        fewer = sum(t[part] < r[part] for r, t in zip(got["reference"], got["this"]))
-        print(f"{part}: reference {ref_us:.2f} us, this checkout {this_us:.2f} us "
-              f"({ref_us - this_us:+.2f} us saved); this checkout faster in {fewer} of {args.rounds} rounds")
-        ratios.append(f"{part}={this_us / ref_us:.3f}")
+    ratios = least(got, ("request", "head"), reference=str(args.reference_tree or args.reference))
     print("the same misses led and the same heads made by both checkouts")
-    print("ratios: " + " ".join(ratios))
+    print(ratios)
 
 
 if __name__ == "__main__":

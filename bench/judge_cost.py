@@ -141,26 +141,17 @@ def main() -> None:
     if args.child:
         child(args.repeats, args.distinct_dates)
         return
+    sys.path.insert(0, str(REPO))  # the parent's only: a child imports the checkout on its PYTHONPATH
+    from bench.paired import alternated, least, unpack
     with tempfile.TemporaryDirectory(prefix="nezha-judge-cost-") as ref:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.reference], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", ref], input=archive.stdout, check=True)
-        trees = {"reference": Path(ref), "this": REPO}
-        got: dict[str, list[dict]] = {name: [] for name in trees}
-        for n in range(args.rounds):
-            for name in (list(trees) if n % 2 == 0 else list(reversed(trees))):
-                got[name].append(run(trees[name], args.repeats, args.distinct_dates))
+        got = alternated({"reference": unpack(args.reference, ref), "this": REPO}, args.rounds,
+                         lambda tree: run(tree, args.repeats, args.distinct_dates))
     if {r["judged"] for r in got["reference"] + got["this"]} != {got["this"][0]["judged"]} or \
             {r["expected"] for r in got["reference"] + got["this"]} != {got["this"][0]["expected"]}:
         sys.exit(f"the checkouts judge the answer differently:\n{got['reference'][0]}\n{got['this'][0]}")
-    ratios = []
-    for part in ("fill", "judge"):
-        ref_us, this_us = (min(r[part] for r in got[name]) for name in ("reference", "this"))
-        fewer = sum(t[part] < r[part] for r, t in zip(got["reference"], got["this"]))
-        print(f"{part}: {args.reference} {ref_us:.2f} us, this checkout {this_us:.2f} us "
-              f"({ref_us - this_us:+.2f} us saved); this checkout faster in {fewer} of {args.rounds} rounds")
-        ratios.append(f"{part}={this_us / ref_us:.3f}")
+    ratios = least(got, ("fill", "judge"), reference=args.reference)
     print("same Judged and expected digest from both checkouts")
-    print("ratios: " + " ".join(ratios))
+    print(ratios)
 
 
 if __name__ == "__main__":
