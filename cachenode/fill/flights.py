@@ -92,15 +92,49 @@ class Outcome(NamedTuple):
 
 
 class Flight:
+    """Its outcome's future and its `landed` event are made when first asked
+    for: most flights of a cold epoch are a small fill that nobody joins,
+    answered by their leader alone, and a future and an event made, set and
+    dropped unread cost such a fill about a microsecond."""
+
     def __init__(self, key: str) -> None:
         self.key = key
-        self.outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self.landed = asyncio.Event()  # set once no request can join it any more
+        self._outcome: asyncio.Future[Outcome] | None = None
+        self._resolved: Outcome | None = None  # the outcome, while nobody has asked for its future
+        self._landed: asyncio.Event | None = None
+        self._has_landed = False
         self.superseded = False  # a write to the URL succeeded meanwhile: store nothing it got
 
+    @property
+    def outcome(self) -> asyncio.Future[Outcome]:
+        """What the flight's joiners wait on: its outcome, once it has one."""
+        if self._outcome is None:
+            self._outcome = asyncio.get_running_loop().create_future()
+            if self._resolved is not None:
+                self._outcome.set_result(self._resolved)
+        return self._outcome
+
+    @property
+    def landed(self) -> asyncio.Event:
+        """Set once no request can join it any more (`Flights.land`)."""
+        if self._landed is None:
+            self._landed = asyncio.Event()
+            if self._has_landed:
+                self._landed.set()
+        return self._landed
+
     def resolve(self, outcome: Outcome) -> None:
-        if not self.outcome.done():
-            self.outcome.set_result(outcome)
+        """Its outcome, the first one given (a later one changes nothing)."""
+        if self._outcome is None:
+            if self._resolved is None:
+                self._resolved = outcome
+        elif not self._outcome.done():
+            self._outcome.set_result(outcome)
+
+    def land(self) -> None:
+        self._has_landed = True
+        if self._landed is not None:
+            self._landed.set()
 
 
 class Flights:
@@ -126,7 +160,7 @@ class Flights:
     def land(self, flight: Flight) -> None:
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
-        flight.landed.set()
+        flight.land()
 
     def supersede(self, key: str) -> None:
         """A write to `key` succeeded: its exchange in progress, if any, stores
