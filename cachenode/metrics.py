@@ -70,38 +70,56 @@ class SettledRegistry(CollectorRegistry):
         yield from super().collect()
 
 
-class FirstByteHistogram:
-    """`nezha_time_to_first_byte_seconds` by kind of answer, as plain ints.
+class PlainHistogram:
+    """A histogram by label values (`kinds`, each a tuple of them), as plain ints.
 
-    Observed once per request, plain hits included, and read only at a
+    Observed once per request (`nezha_time_to_first_byte_seconds`, plain hits
+    included) or per fill (`nezha_fill_duration_seconds`), read only at a
     scrape. prometheus-client's Histogram takes a lock and walks its bounds
     for each observation (several microseconds, in a hit that costs tens);
     here an observation is a bisect and two additions. Only the event loop's
     thread observes. Exported like the library's (cumulative `le` buckets,
     `_count`, `_sum`), every kind from zero."""
 
-    name = "nezha_time_to_first_byte_seconds"
-    documentation = ("From a request read to its response head sent, by answer: hit (from disk), miss (a fill), "
-                     "peer (relayed), pass (the origin's, passed through)")
-
-    def __init__(self, bounds: tuple[float, ...], kinds: tuple[str, ...]) -> None:
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...], bounds: tuple[float, ...],
+                 kinds: tuple[tuple[str, ...], ...]) -> None:
+        self.name, self.documentation, self._labels = name, documentation, labels
         self._bounds = bounds
         self._les = [floatToGoString(b) for b in bounds] + ["+Inf"]
         self._counts = {kind: [0] * (len(bounds) + 1) for kind in kinds}
         self._sums = dict.fromkeys(kinds, 0.0)
 
-    def observe(self, kind: str, seconds: float) -> None:
+    def observe(self, kind: tuple[str, ...], seconds: float) -> None:
         self._counts[kind][bisect_left(self._bounds, seconds)] += 1  # le is inclusive: bounds[i] >= seconds
         self._sums[kind] += seconds
 
+    def labels(self, **values: str) -> PlainSeries:
+        """The series of these label values, to observe as prometheus-client's child is observed."""
+        kind = tuple(values[label] for label in self._labels)
+        if kind not in self._counts:
+            raise ValueError(f"{self.name} has no series {values}")
+        return PlainSeries(self, kind)
+
     def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self.name, self.documentation, labels=["cache"])
+        yield HistogramMetricFamily(self.name, self.documentation, labels=list(self._labels))
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=["cache"])
+        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self._labels))
         for kind, counts in self._counts.items():
-            family.add_metric([kind], list(zip(self._les, accumulate(counts))), self._sums[kind])
+            family.add_metric(list(kind), list(zip(self._les, accumulate(counts))), self._sums[kind])
         yield family
+
+
+class PlainSeries:
+    """One series of a `PlainHistogram`."""
+
+    __slots__ = ("_histogram", "_kind")
+
+    def __init__(self, histogram: PlainHistogram, kind: tuple[str, ...]) -> None:
+        self._histogram, self._kind = histogram, kind
+
+    def observe(self, seconds: float) -> None:
+        self._histogram.observe(self._kind, seconds)
 
 
 class Metrics:
@@ -125,8 +143,17 @@ class Metrics:
                                   "connections, by outcome", ("outcome",), registry=r)
         for outcome in ("stored", "fallback"):
             self.small_gets.labels(outcome)
+        # A fill stored at once (cachenode/fill/at_once.py): its origin bytes, and the small gets' outcomes
+        # (cachenode/front/fast_misses.py), in plain ints until the registry is read, as plain hits'.
+        self._origin_bytes = 0
+        self._small_gets = [0, 0]  # fallback, stored
+        self._small_gets_counters = (self.small_gets.labels("fallback"), self.small_gets.labels("stored"))
+        r.before_collect.append(self._settle_fills)
         self._add_fills(r)
-        self.first_byte = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
+        self.first_byte = PlainHistogram(
+            "nezha_time_to_first_byte_seconds", "From a request read to its response head sent, by answer: hit "
+            "(from disk), miss (a fill), peer (relayed), pass (the origin's, passed through)", ("cache",),
+            FIRST_BYTE_BUCKETS, (("hit",), ("miss",), ("peer",), ("pass",)))
         r.register(self.first_byte)
         # Plain hits (cachenode/front/fastpath.py) since the last read: plain
         # ints, added to the counters above when the registry is read.
@@ -176,13 +203,12 @@ class Metrics:
                                        ["found_by"], registry=r)
         for found_by in ("copy", "read", "scrub"):
             self.corrupt_objects.labels(found_by=found_by)
-        self.fill_duration = Histogram(
+        self.fill_duration = PlainHistogram(
             "nezha_fill_duration_seconds", "How long a fill took, from the source's answer to its end, by source "
             "(origin, peer) and outcome (stored; failed; not_stored: streamed whole, but not kept)",
-            ["source", "outcome"], buckets=FILL_BUCKETS, registry=r)
-        for source in ("origin", "peer"):
-            for outcome in ("stored", "failed", "not_stored"):
-                self.fill_duration.labels(source=source, outcome=outcome)
+            ("source", "outcome"), FILL_BUCKETS,
+            tuple((source, outcome) for source in ("origin", "peer") for outcome in ("stored", "failed", "not_stored")))
+        r.register(self.fill_duration)
 
     def _add_store(self, r: SettledRegistry) -> None:
         """The store: what it holds, its capacity, and what eviction took."""
@@ -244,7 +270,7 @@ class Metrics:
         if first_byte is not None:
             kind = "peer" if source == "peer" else _FIRST_BYTE.get((cache or "").removesuffix("-aborted"))
             if kind is not None:
-                self.first_byte.observe(kind, first_byte)
+                self.first_byte.observe((kind,), first_byte)
 
     def plain_hit(self, nbytes: int, first_byte: float | None, *, hot: bool) -> None:
         """One plain hit the fast path served: what `requests`, `hits`,
@@ -257,7 +283,7 @@ class Metrics:
             self._hits += 1
         self._hit_bytes += nbytes
         if first_byte is not None:
-            self.first_byte.observe("hit", first_byte)
+            self.first_byte.observe(("hit",), first_byte)
 
     def plain_miss(self, nbytes: int, first_byte: float | None) -> None:
         """One plain miss the fast path answered from a fill stored at once:
@@ -266,7 +292,24 @@ class Metrics:
         self._misses += 1
         self._miss_bytes += nbytes
         if first_byte is not None:
-            self.first_byte.observe("miss", first_byte)
+            self.first_byte.observe(("miss",), first_byte)
+
+    def from_origin(self, nbytes: int) -> None:
+        """Body bytes a fill stored at once got from the origin (`bytes_from_origin`)."""
+        self._origin_bytes += nbytes
+
+    def small_get(self, stored: bool) -> None:
+        """A cold small fill asked on the node's own connections: stored, or asked again the usual way."""
+        self._small_gets[stored] += 1
+
+    def _settle_fills(self) -> None:
+        nbytes, self._origin_bytes = self._origin_bytes, 0
+        if nbytes:
+            self.bytes_from_origin.inc(nbytes)
+        for stored, counter in enumerate(self._small_gets_counters):
+            if self._small_gets[stored]:
+                counter.inc(self._small_gets[stored])
+                self._small_gets[stored] = 0
 
     def _settle_misses(self) -> None:
         misses, nbytes = self._misses, self._miss_bytes

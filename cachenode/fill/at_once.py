@@ -152,5 +152,5 @@ class AtOnce:
 
     def _from_origin(self, host: str, n: int) -> None:
         """Count `n` bytes a fill got from the origin (what `FillRuns._counter`'s `on_bytes` counts as they come)."""
-        self.metrics.bytes_from_origin.inc(n)
+        self.metrics.from_origin(n)
         self.counts.count(host, bytes_from_origin=n, metrics=False)

@@ -212,7 +212,6 @@ class FastMisses:
         self.recent = recent
         assert small_gets is None or recent is not None
         self.small_gets = small_gets  # None: every fill asked through the engine (`--no-small-gets`)
-        self._small_gets = (metrics.small_gets.labels("stored"), metrics.small_gets.labels("fallback"))
         self._timeout = aiohttp.ClientTimeout(total=None)
 
     # -- before the origin is asked -------------------------------------------
@@ -287,7 +286,7 @@ class FastMisses:
                                            timeout=self.engine.settings.origin_read_timeout, url=url)
         outcome = None if answer is None else await self.engine.lead_small(
             miss.flight, answer, key=miss.key, url=url, origin=miss.origin, target=miss.target, source=source)
-        self._small_gets[outcome is None].inc()
+        self.metrics.small_get(outcome is not None)
         return outcome
 
     def _small(self, outcome: Outcome) -> bool:

@@ -45,7 +45,7 @@ def metric_values(node) -> dict[str, float]:
 
 
 def small_gets(node, outcome: str) -> float:
-    return node.node.metrics.small_gets.labels(outcome)._value.get()
+    return node.node.metrics.registry.get_sample_value("nezha_small_gets_total", {"outcome": outcome}) or 0.0
 
 
 async def fill_all(node, paths: list[str]) -> list[tuple[bytes, bytes]]:

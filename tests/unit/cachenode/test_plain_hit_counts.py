@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from cachenode.metrics import FIRST_BYTE_BUCKETS, FirstByteHistogram, Metrics
+from cachenode.metrics import FILL_BUCKETS, FIRST_BYTE_BUCKETS, Metrics, PlainHistogram
 
 
 def _value(m: Metrics, name: str, **labels: str) -> float:
@@ -42,21 +43,28 @@ def test_plain_hits_add_to_what_the_handler_counted_for_the_same_series():
     assert _value(m, "nezha_time_to_first_byte_seconds_sum", cache="hit") == 0.003
 
 
-def test_first_byte_histogram_exports_what_prometheus_clients_histogram_would():
-    """Same buckets (le inclusive, values on a bound included), counts and sums, line for line."""
-    ours = FirstByteHistogram(FIRST_BYTE_BUCKETS, ("hit", "miss", "peer", "pass"))
+@pytest.mark.parametrize("labels, kinds, bounds", [
+    (("cache",), (("hit",), ("miss",), ("peer",), ("pass",)), FIRST_BYTE_BUCKETS),
+    (("source", "outcome"), (("origin", "stored"), ("origin", "failed"), ("peer", "stored")), FILL_BUCKETS),
+])
+def test_a_plain_histogram_exports_what_prometheus_clients_histogram_would(labels, kinds, bounds):
+    """Same buckets (le inclusive, values on a bound included), counts and sums, line for line, by one
+    label (time to first byte) or two (fill duration), observed directly or through a series."""
+    ours = PlainHistogram("nezha_some_seconds", "Some seconds", labels, bounds, kinds)
     reg_ours = CollectorRegistry()
     reg_ours.register(ours)
     reg_lib = CollectorRegistry()
-    lib = Histogram(FirstByteHistogram.name, FirstByteHistogram.documentation, ["cache"],
-                    buckets=FIRST_BYTE_BUCKETS, registry=reg_lib)
-    for kind in ("hit", "miss", "peer", "pass"):
-        lib.labels(cache=kind)
-    values = [0.0, 0.0001, 0.0005, 0.00051, 0.001, 0.3, 2.5, 30, 31, 1e9, *FIRST_BYTE_BUCKETS]
+    lib = Histogram("nezha_some_seconds", "Some seconds", list(labels), buckets=bounds, registry=reg_lib)
+    for kind in kinds:
+        lib.labels(*kind)
+    values = [0.0, 0.0001, 0.0005, 0.00051, 0.001, 0.3, 2.5, 30, 31, 1e9, *bounds]
     for i, v in enumerate(values):
-        kind = ("hit", "miss", "peer")[i % 3]
-        ours.observe(kind, v)
-        lib.labels(cache=kind).observe(v)
+        kind = kinds[i % 3]
+        if i % 2:
+            ours.observe(kind, v)
+        else:
+            ours.labels(**dict(zip(labels, kind))).observe(v)
+        lib.labels(*kind).observe(v)
 
     def lines(reg):
         return sorted(line for line in generate_latest(reg).decode().splitlines()
