@@ -94,10 +94,14 @@ class PlainHistogram:
         self._sums[kind] += seconds
 
     def labels(self, **values: str) -> PlainSeries:
-        """The series of these label values, to observe as prometheus-client's child is observed."""
-        kind = tuple(values[label] for label in self._labels)
+        """The series of these label values, to observe as prometheus-client's child is observed; made
+        at its first use, as that library makes it, when it is none of `kinds`."""
+        if values.keys() != set(self._labels):
+            raise ValueError(f"{self.name} takes the labels {self._labels}, not {tuple(values)}")
+        kind = tuple(str(values[label]) for label in self._labels)
         if kind not in self._counts:
-            raise ValueError(f"{self.name} has no series {values}")
+            self._counts[kind] = [0] * (len(self._bounds) + 1)
+            self._sums[kind] = 0.0
         return PlainSeries(self, kind)
 
     def describe(self) -> Iterator[Metric]:

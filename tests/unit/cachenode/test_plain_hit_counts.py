@@ -71,3 +71,20 @@ def test_a_plain_histogram_exports_what_prometheus_clients_histogram_would(label
                       if not line.startswith("#") and "_created" not in line)
 
     assert lines(reg_ours) == lines(reg_lib)
+
+
+def test_a_plain_histograms_series_not_declared_is_made_at_its_first_use_as_the_librarys_is():
+    ours = PlainHistogram("nezha_some_seconds", "Some seconds", ("source", "outcome"), FILL_BUCKETS,
+                          (("origin", "stored"),))
+    reg_ours = CollectorRegistry()
+    reg_ours.register(ours)
+    reg_lib = CollectorRegistry()
+    lib = Histogram("nezha_some_seconds", "Some seconds", ["source", "outcome"], buckets=FILL_BUCKETS, registry=reg_lib)
+    lib.labels("origin", "stored")
+    ours.labels(source="origin", outcome="passed").observe(0.2)
+    lib.labels(source="origin", outcome="passed").observe(0.2)
+    assert generate_latest(reg_ours) == generate_latest(reg_lib)
+    with pytest.raises(ValueError):
+        ours.labels(source="origin")
+    with pytest.raises(ValueError):
+        ours.labels(source="origin", outcome="stored", extra="x")
