@@ -210,7 +210,7 @@ class FillEngine:
         except BaseException as e:
             if response is not None:
                 response.release()
-            if not flight.outcome.done():
+            if not flight.resolved():
                 self.flights.abort(flight, LeaderGone(f"request leading the fetch of {key} ended: {e!r}"))
             raise
 

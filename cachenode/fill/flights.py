@@ -123,6 +123,11 @@ class Flight:
                 self._landed.set()
         return self._landed
 
+    def resolved(self) -> bool:
+        """Whether it has its outcome (its future's `done()`), asked without making
+        the future: a leader's coroutine closed where no loop runs asks it too."""
+        return self._resolved is not None or (self._outcome is not None and self._outcome.done())
+
     def resolve(self, outcome: Outcome) -> None:
         """Its outcome, the first one given (a later one changes nothing)."""
         if self._outcome is None:

@@ -254,7 +254,7 @@ class FastMisses:
                                                            origin=miss.origin, stale=None, target=miss.target,
                                                            source=source)
         except BaseException as e:
-            if not miss.flight.outcome.done():  # ended before the engine took it: its joiners look again
+            if not miss.flight.resolved():  # ended before the engine took it: its joiners look again
                 self.engine.flights.abort(miss.flight, LeaderGone(f"request leading the fetch of {miss.key} "
                                                                   f"ended: {e!r}"))
             raise

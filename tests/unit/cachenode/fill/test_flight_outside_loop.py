@@ -47,3 +47,18 @@ def test_a_leader_closed_outside_its_loop_aborts_its_flight():
 
     assert asyncio.run(outcome()).kind is Kind.FAILED
 
+
+
+def test_whether_a_flight_is_resolved_is_its_outcome_futures_done():
+    async def run() -> None:
+        asked = Flight("k")  # its future made before its outcome
+        assert not asked.resolved() and not asked.outcome.done()
+        asked.resolve(Outcome(Kind.PASSED))
+        assert asked.resolved() and asked.outcome.done()
+        unasked = Flight("k2")  # its outcome given before anyone asked for the future
+        assert not unasked.resolved()
+        unasked.resolve(Outcome(Kind.STORED))
+        unasked.resolve(Outcome(Kind.FAILED))  # the first stands
+        assert unasked.resolved() and unasked.outcome.done() and unasked.outcome.result().kind is Kind.STORED
+
+    asyncio.run(run())
