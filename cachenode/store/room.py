@@ -1,0 +1,161 @@
+"""Room in the store's index: the bytes stored and reserved, whether a
+newcomer is kept, and what is evicted to make room for it, kind of copy by
+kind (cachenode/store/index.py's docstring says in which order and why).
+
+Apart from the index because it is what the index decides with its rows
+and policies, not how it keeps them: a mixin of `Index`, which owns them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from cachenode.store.objects import VARIANT_SEPARATOR, Meta
+from cachenode.store.policy import Candidate, Policy
+from cachenode.store.rows import EMPTY, EXTRA, HOT, Rows, digest_of, hash_of
+
+
+def kind_of(meta: Meta) -> str:
+    return "hot" if meta.hot else "extra" if meta.extra else "only"
+
+
+def _kind(flags: int) -> str:
+    return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
+
+
+@dataclass
+class Usage:
+    stored: int = 0
+    reserved: int = 0
+    hot: int = 0  # of `stored`, bytes of hot copies
+    extra: int = 0  # of `stored`, bytes of extra copies
+
+
+class Room:
+    """Needs of the class it is mixed into (`Index`): `usage`, `_rows`,
+    `policies`, `evictions`, `_kept`, `_protected`, `_protected_hash`,
+    `_evicted`, and its `has`, `drop`, `_meta`, `_key`, `_forget`, `__len__`."""
+
+    usage: Usage
+    _rows: Rows
+    policies: dict[str, Policy]
+    evictions: Counter[str]
+    _kept: dict[int, Meta]
+    _protected: Callable[[str], bool]
+    _protected_hash: Callable[[int], bool] | None
+    _evicted: Callable[[Meta, str], None]
+
+    def reserve(self, size: int) -> None:
+        self.usage.reserved += size
+
+    def release(self, size: int) -> None:
+        self.usage.reserved = max(0, self.usage.reserved - size)
+
+    def admits(self, meta: Meta, candidate: Candidate | None, limit: int, *, reserved_here: int = 0) -> bool:
+        """Is `meta` kept when committed? Yes if it fits without giving up an
+        only copy (hot and extra copies go first); else only an only copy
+        may, and only if the policy lets it displace the victim. `candidate`
+        None: worked out only if a victim is weighed (a newcomer that fits needs none)."""
+        u = self.usage
+        freed = 0
+        digest = digest_of(meta.slot)
+        rows = self._rows
+        if (old := rows.find(digest)) != EMPTY and _kind(rows.flags[old]) == "only":
+            freed = rows.sizes[old]
+        others = max(0, u.reserved - reserved_here - limit // 10)
+        room = limit - (u.stored - u.hot - u.extra - freed) - others
+        if meta.size <= room:
+            return True
+        only = self.policies["only"]
+        if kind_of(meta) == "only":
+            h = hash_of(digest)
+            victim = next(self._candidates("only", h), None)
+            if victim is not None and only.displaces(candidate if candidate else only.candidate(h), victim):
+                return True
+        self.evictions["refused"] += 1
+        return False
+
+    def evict_to(self, limit: int, *, keep: str | None = None, candidate: Candidate | None = None) -> None:
+        """Evict until what is stored fits `limit`, reservations beyond a tenth of it included.
+
+        `keep` (the object just committed, `candidate` as `arrived` saw it)
+        goes last among its kind: an only copy displaces a victim only if
+        the policy says so, else it is itself refused; an extra copy never
+        displaces an only copy. It survives alone only while its own bytes
+        fit: the reservations of fills still running may leave the total
+        above the limit until they commit and evict in turn.
+        """
+        headroom = limit // 10
+        while self._over(limit, headroom) and len(self):
+            victim, reason = self._next_victim(limit, keep, candidate)
+            if victim is None:
+                break
+            self._evict(self._rows.table.find(victim), reason)
+
+    def _candidates(self, kind: str, keep: int | None):
+        """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
+        table, protected, by_hash, kept = self._rows.table, self._protected, self._protected_hash, self._kept
+        policy = self.policies[kind]
+        left = len(policy)  # a protected one goes to the back: the walk meets it again at the end
+        for h in policy.victims():
+            if left == 0:
+                return
+            left -= 1
+            if h == keep:
+                continue
+            row = table.find(h)
+            if by_hash is not None and row not in kept:  # not kept whole: its slot is its key
+                held = by_hash(h)
+            else:
+                key = self._key(row)
+                held = key is not None and protected(key)
+            if held:
+                policy.pass_over(h)
+            else:
+                yield h
+
+    def _over(self, limit: int, headroom: int) -> bool:
+        u = self.usage
+        return u.stored + max(0, u.reserved - headroom) > limit
+
+    def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[int | None, str]:
+        """The hash of the slot that goes next, and why; None when nothing should."""
+        kept = None if keep is None else hash_of(digest_of(keep))
+        for kind in ("hot", "extra"):
+            h = next(self._candidates(kind, kept), None)
+            if h is not None:
+                return h, "extra_copy"
+        only = self.policies["only"]
+        victim = next(self._candidates("only", kept), None)
+        if keep is None or not self.has(keep):
+            return victim, "capacity"
+        if kept not in only:
+            return kept, "refused"
+        if victim is None:
+            if self.usage.stored <= limit or self._protected(keep.split(VARIANT_SEPARATOR, 1)[0]):
+                return None, ""
+            return kept, "refused"
+        if candidate is None or only.displaces(candidate, victim):
+            return victim, "capacity"
+        return kept, "refused"
+
+    def evict_hot_to(self, limit: int, *, keep: str | None = None) -> None:
+        """Evict hot copies, first to go first, until theirs fit `limit`; `keep` last."""
+        hot = self.policies["hot"]
+        kept = None if keep is None else hash_of(digest_of(keep))
+        while self.usage.hot > limit and len(hot):
+            h = next(self._candidates("hot", kept), None)
+            if h is None:
+                break
+            self._evict(self._rows.table.find(h), "extra_copy")
+
+    def _evict(self, row: int, reason: str) -> None:
+        meta = self._meta(row)
+        if meta is None:
+            self._forget(row, reason=reason)
+            return
+        dropped = self.drop(meta.slot, reason=reason)
+        assert dropped is not None
+        self._evicted(dropped, reason)
