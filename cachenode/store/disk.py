@@ -364,6 +364,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         if temp is not None:
             self.release(temp.reserved)
             temp.reserved = 0
+        if self._index.add_new(meta):  # nothing of its key held: nothing to replace
+            return self._admitted(meta, meta.key)
         varied, slot = self._index.vary_of(meta.key), meta.slot
         old = self._index.drop(slot, reason="replaced")
         if old is not None:
@@ -384,6 +386,10 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
             self._note_vary(meta.key, meta.vary)
         elif varied:
             self._note_vary(meta.key, None)
+        return self._admitted(meta, slot)
+
+    def _admitted(self, meta: Meta, slot: str) -> Meta:
+        """`meta`, just added to the index in `slot`, kept within the capacity and the hot copies' share."""
         if meta.hot and self.hot_capacity is not None:
             self._index.evict_hot_to(self.hot_capacity, keep=slot)
         if self.capacity is not None:

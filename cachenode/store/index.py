@@ -206,8 +206,10 @@ class Index(Records, Following, Room):
 
     def arrived(self, meta: Meta) -> None:
         """A newcomer the store kept or refused (not one whose write failed): a miss, as its kind's policy has it."""
-        kind = kind_of(meta)
-        self.census.read(kind, meta.size, self.policies[kind].missed_gap(hash_of(digest_of(meta.slot)))[1], hit=False)
+        self._arrived(kind_of(meta), meta.size, hash_of(digest_of(meta.slot)))
+
+    def _arrived(self, kind: str, size: int, h: int) -> None:
+        self.census.read(kind, size, self.policies[kind].missed_gap(h)[1], hit=False)
 
     def add(self, meta: Meta, *, recent: bool = True) -> None:
         """`meta` stored in its slot, which holds nothing yet (a commit drops what it replaces first).
@@ -220,9 +222,29 @@ class Index(Records, Following, Room):
             self.drop(slot)  # already held: the caller meant a replacement
         elif other != EMPTY:  # 64 bits of hash alike, another slot: the newcomer takes its row
             self._evict(other, "replaced")
+        self._add(meta, slot, digest, kind_of(meta), recent)
+
+    def add_new(self, meta: Meta) -> bool:
+        """`arrived` and `add` of `meta` at once when nothing of its key is held
+        and it does not vary (a cold fill's newcomer): nothing to drop or
+        replace, no Vary to note, its slot hashed and its kind found once.
+        False, and nothing done, for any other: the store's general way."""
+        key = meta.key
+        if meta.vary or key in self._vary or key in self._varying:
+            return False
+        digest = digest_of(key)
+        if self._rows.holder(digest) != EMPTY:
+            return False
+        kind = kind_of(meta)
+        self._arrived(kind, meta.size, hash_of(digest))
+        self._add(meta, key, digest, kind, True)
+        return True
+
+    def _add(self, meta: Meta, slot: str, digest: bytes, kind: str, recent: bool) -> None:
+        """`add` once no row holds `digest`'s hash (`slot`'s, `meta`'s; `kind` its kind)."""
+        rows = self._rows
         chunk = chunk_of(meta.key)
         nonce = self._nonce(meta, digest, chunk)
-        kind = kind_of(meta)
         flags = _MEMBER[kind] | (SEALED if meta.data.endswith(SEALED_SUFFIX) else 0)
         row = rows.new(digest, size=meta.size, nonce=nonce, flags=flags)
         if nonce == EMPTY:

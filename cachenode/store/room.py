@@ -116,9 +116,13 @@ class Room:
             else:
                 yield h
 
-    def _over(self, limit: int, headroom: int) -> bool:
+    def _over(self, limit: int, headroom: int, more: int = 0) -> bool:
         u = self.usage
-        return u.stored + max(0, u.reserved - headroom) > limit
+        return u.stored + max(0, u.reserved + more - headroom) > limit
+
+    def room_for(self, size: int, limit: int) -> bool:
+        """Whether `reserve(size)` would leave `evict_to(limit)` nothing to evict."""
+        return not self._over(limit, limit // 10, size)
 
     def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[int | None, str]:
         """The hash of the slot that goes next, and why; None when nothing should."""

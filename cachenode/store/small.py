@@ -170,12 +170,19 @@ class SealedWrites:
         it cannot be created or written: nothing is left behind then, and
         nothing is in the index."""
         meta = _sealed_meta(len(body), key, vary, variant, hot, self._extra_copy(key, hot=hot), record)
-        self.reserve(meta.size)  # room made first: what it evicts goes before the admission
-        try:
-            self.admission(meta, reserved=meta.size)
+        size = meta.size
+        if self.capacity is None or self._index.room_for(size, self.capacity):
+            # Its room reserved and released around the write would evict nothing and
+            # leave the usage as it is: the admission weighs it unreserved, as it would reserved.
+            self.admission(meta, reserved=0)
             self.write_unadmitted(meta, body)
-        finally:
-            self.release(meta.size)
+        else:
+            self.reserve(size)  # room made first: what it evicts goes before the admission
+            try:
+                self.admission(meta, reserved=size)
+                self.write_unadmitted(meta, body)
+            finally:
+                self.release(size)
         self.group_sync.committed()
         return self._admit(meta)
 
