@@ -21,6 +21,7 @@ from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.fields import imf_fixdate
 from cachenode.http.headers import describes_whole_body
 from cachenode.store.objects import Meta
+from nezha.frozen import quick_init
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
 MAX_HEAD = 8192
@@ -40,6 +41,7 @@ _RANGE_LINE = re.compile(rb"\r\n[Rr][Aa][Nn][Gg][Ee]:[ \t]*(bytes=(?:[0-9]{1,18}
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+@quick_init  # one is made for every request head not seen before (each of a cold epoch's)
 @dataclass(frozen=True)
 class PlainRequest:
     method: str
