@@ -17,6 +17,7 @@ from urllib.parse import unquote
 
 from nezha.credentials import credential_names
 from nezha.errors import NezhaError
+from nezha.frozen import quick_init
 
 
 class BadTarget(NezhaError):
@@ -44,6 +45,7 @@ _HOSTS: dict[str, str] = {}
 _HOSTS_MAX = 1024
 
 
+@quick_init  # one is made for every target not seen before (each of a cold epoch's requests)
 @dataclass(frozen=True)
 class Target:
     scheme: str
