@@ -11,7 +11,11 @@ expression checks the whole head at once (status line, and every field line
 a name, a colon and a value of visible characters, spaces and tabs: RFC 9112
 §4 and §5, no obsolete line folding, no control character), the head is
 decoded once, and each line is then only split at its first colon. A field
-name seen before is not lowercased or looked up again (`_NAMES`).
+name seen before is not lowercased or looked up again (`_NAMES`), and a whole
+line seen before is not split either (`_LINES`): an origin sends most of its
+lines (Server, Content-Type, a size's Content-Length, Connection, the Date of
+this second) with answer after answer; only a few (ETag, Last-Modified) are
+each object's own.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ _OTHER, _LENGTH, _CODING, _CONNECTION = range(4)  # what a field is to this read
 _ROLES = {"content-length": _LENGTH, "transfer-encoding": _CODING, "connection": _CONNECTION}
 _NAMES_MAX = 1024  # field names remembered; cleared when full (an origin chooses them)
 _NAMES: dict[str, tuple[str, int]] = {}  # a name as sent -> as stored, and its role
+# A field line as sent -> its (name as stored, value) pair, its role, and for a
+# Connection line its members (`_tokens`). Bounded as _NAMES, and in the
+# length of a line kept (longer ones are read every time): at most about 3 MiB.
+_LINES: dict[str, tuple[tuple[str, str], int, list[str]]] = {}
+_LINES_MAX = 4096
+_LINE_KEPT_MAX = 256
+_NO_TOKENS: list[str] = []  # never changed: the members of a line that is not Connection
 
 
 class Head:
@@ -63,6 +74,19 @@ def _named(name: str) -> tuple[str, int]:
     return named
 
 
+def _line(line: str) -> tuple[tuple[str, str], int, list[str]]:
+    """A field line read: (name as stored, value), its role, a Connection line's members."""
+    name, _, value = line.partition(":")
+    value = value.strip(" \t")
+    stored, role = _NAMES.get(name) or _named(name)
+    read = ((stored, value), role, _tokens(value) if role == _CONNECTION else _NO_TOKENS)
+    if len(line) <= _LINE_KEPT_MAX:
+        if len(_LINES) >= _LINES_MAX:
+            _LINES.clear()
+        _LINES[line] = read
+    return read
+
+
 def read_head(head: bytes, small_max: int) -> Head | None:
     """The head of a final 200 this client answers (without its blank line),
     with its Content-Length and whether its connection may be reused; None:
@@ -81,28 +105,29 @@ def read_head(head: bytes, small_max: int) -> Head | None:
         return None  # no field, so no Content-Length
     # A value's bytes past ASCII (obs-text) as aiohttp's parser decodes them; the rest of the head is ASCII.
     for line in head[start + 2:].decode("utf-8", "surrogateescape").split("\r\n"):
-        name, _, value = line.partition(":")
-        value = value.strip(" \t")
-        stored, role = _NAMES.get(name) or _named(name)
+        pair, role, tokens = _LINES.get(line) or _line(line)
         if role:
             if role == _LENGTH:
-                lengths.append(value)
+                lengths.append(pair[1])
             elif role == _CODING:
                 return None
             else:
-                connection += _tokens(value)
-        pairs.append((stored, value))
+                connection += tokens
+        pairs.append(pair)
     if len(lengths) != 1:
         return None
     length = lengths[0]
     # Only ASCII digits: "\u0661".isdigit() holds too, and int() reads it.
-    if not (length.isascii() and length.isdigit()) or len(length) > 18 or int(length) > small_max:
+    if not (length.isascii() and length.isdigit()) or len(length) > 18:
+        return None
+    size = int(length)
+    if size > small_max:
         return None
     minor = status.group(1)
     # RFC 9112 §9.3: "close" ends it whatever the version; HTTP/1.0 persists only when asked to.
     keep = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
     reason = (status.group(2) or b"").decode("ascii")
-    return Head(reason, _VERSIONS[minor], pairs, int(length), keep)
+    return Head(reason, _VERSIONS[minor], pairs, size, keep)
 
 
 def _tokens(value: str) -> list[str]:
