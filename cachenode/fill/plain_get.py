@@ -107,6 +107,7 @@ _WHERE_MAX = 1024  # remembered; cleared when full
 # Longer (authority and fields) are worked out every time: with the bound above, at most
 # about 2 MiB remembered whatever clients send (a User-Agent new on every request).
 _WHERE_ENTRY_MAX = 2048
+_UNSEEN = object()  # `_WHERE.get`'s answer for a key not there (None is an entry's value): one look-up, not two
 
 
 def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -> tuple[str, int, bytes] | None:
@@ -130,9 +131,8 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
             return None
         return asked.raw_host, asked.port, request_head(asked, request_fields(asked, fields))
     key = (authority, tuple(fields.items()))
-    if key in _WHERE:
-        where = _WHERE[key]
-    else:
+    where = _WHERE.get(key, _UNSEEN)
+    if where is _UNSEEN:
         asked = URL(url, encoded=True)  # its authority's parse is that of any URL with it: yarl splits it off first
         where = None
         if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
