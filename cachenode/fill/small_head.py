@@ -6,16 +6,17 @@ I/O: aiohttp lends only the names it gives known fields (`hdrs`) and the
 
 Why a module: the head is the single most expensive step of a small gets'
 exchange (a cProfile of a node under bench/small_fills_ab.py put it first
-among its functions per fill), so it is read in one pass: one regular
-expression checks the whole head at once (status line, and every field line
-a name, a colon and a value of visible characters, spaces and tabs: RFC 9112
-§4 and §5, no obsolete line folding, no control character), the head is
-decoded once, and each line is then only split at its first colon. A field
-name seen before is not lowercased or looked up again (`_NAMES`), and a whole
-line seen before is not split either (`_LINES`): an origin sends most of its
-lines (Server, Content-Type, a size's Content-Length, Connection, the Date of
-this second) with answer after answer; only a few (ETag, Last-Modified) are
-each object's own.
+among its functions per fill), so it is read in one pass: the status line
+is checked by one regular expression, the rest is decoded once and split
+into its lines, and each line is checked by another (a name, a colon and a
+value of visible characters, spaces and tabs: RFC 9112 §4 and §5, no
+obsolete line folding, no control character) and only split at its first
+colon. A whole line seen before is neither checked nor split again
+(`_LINES`, which keeps only lines that passed): an origin sends most of its
+lines (Server, Content-Type, a size's Content-Length, Connection, the Date
+of this second) with answer after answer; only a few (ETag, Last-Modified)
+are each object's own. A field name seen before is not lowercased or looked
+up again (`_NAMES`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ from multidict import istr
 # max_line_size and max_field_size), so no answer the engine would fail is stored here.
 LINE_MAX = 8190
 
-# The whole head but its blank line, lines joined by CRLF. A field's name
-# ends at its first colon (a colon is no tchar), and a value of these
-# characters is, stripped of its spaces and tabs, RFC 9112's field-value
-# between optional whitespace: so splitting a line at its first colon and
-# stripping reads what a per-line match of name, OWS, value, OWS would.
-_HEAD = re.compile(rb"HTTP/1\.([01]) 200(?: ([\t\x20-\x7e]*+))?"
-                   rb"((?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]++:[\t\x20-\x7e\x80-\xff]*+)*+)")
+# The status line and its CRLF (a reason holds no CR: the head's first CRLF ends it).
+_STATUS = re.compile(rb"HTTP/1\.([01]) 200(?: ([\t\x20-\x7e]*+))?\r\n")
+# A field line, as the head is decoded (`read_head`: a byte past ASCII is a
+# character past ASCII, and an ASCII byte itself). A field's name ends at its
+# first colon (a colon is no tchar), and a value of these characters is,
+# stripped of its spaces and tabs, RFC 9112's field-value between optional
+# whitespace: so splitting a line at its first colon and stripping reads what
+# a per-line match of name, OWS, value, OWS would. Neither CR nor LF is one of
+# them, so the lines a head splits into at CRLF are its field lines exactly
+# when each of them matches.
+_FIELD_LINE = re.compile("[!#$%&'*+\\-.^_`|~0-9A-Za-z]++:[\t\x20-\x7e\x80-\U0010ffff]*+")
 _VERSIONS = {b"0": HttpVersion(1, 0), b"1": HttpVersion(1, 1)}
 # aiohttp's parser names a field it knows as `hdrs` spells it ("Etag" for "ETag"), which is what is stored.
 _KNOWN = {str(name).lower(): name for name in vars(hdrs).values() if isinstance(name, istr)}
@@ -74,8 +79,11 @@ def _named(name: str) -> tuple[str, int]:
     return named
 
 
-def _line(line: str) -> tuple[tuple[str, str], int, list[str]]:
-    """A field line read: (name as stored, value), its role, a Connection line's members."""
+def _line(line: str) -> tuple[tuple[str, str], int, list[str]] | None:
+    """A field line read: (name as stored, value), its role, a Connection
+    line's members; None: not a field line (`_FIELD_LINE`), never kept."""
+    if _FIELD_LINE.fullmatch(line) is None:
+        return None
     name, _, value = line.partition(":")
     value = value.strip(" \t")
     stored, role = _NAMES.get(name) or _named(name)
@@ -94,18 +102,18 @@ def read_head(head: bytes, small_max: int) -> Head | None:
     control character, a field line without a name, a line over `LINE_MAX`)."""
     if len(head) > LINE_MAX and max(map(len, head.split(b"\r\n"))) > LINE_MAX:
         return None
-    status = _HEAD.fullmatch(head)
+    status = _STATUS.match(head)
     if status is None:
-        return None
+        return None  # also a head of a status line alone: no field, so no Content-Length
     pairs: list[tuple[str, str]] = []
     lengths: list[str] = []
     connection: list[str] = []
-    start = status.start(3)
-    if start == len(head):
-        return None  # no field, so no Content-Length
     # A value's bytes past ASCII (obs-text) as aiohttp's parser decodes them; the rest of the head is ASCII.
-    for line in head[start + 2:].decode("utf-8", "surrogateescape").split("\r\n"):
-        pair, role, tokens = _LINES.get(line) or _line(line)
+    for line in head[status.end():].decode("utf-8", "surrogateescape").split("\r\n"):
+        read = _LINES.get(line) or _line(line)
+        if read is None:
+            return None
+        pair, role, tokens = read
         if role:
             if role == _LENGTH:
                 lengths.append(pair[1])
