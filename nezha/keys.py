@@ -84,9 +84,12 @@ def parse_target(raw_target: str, host_header: str | None, *, scheme: str = "htt
     """Read the host and path a client asked for (`_parse_any`), a plain
     target (`_PLAIN_TARGET`) at the cost of one match."""
     plain = _PLAIN_TARGET.fullmatch(raw_target) if host_header else None
-    if plain is None or "/." in plain.group(1):
+    if plain is None:
         return _parse_any(raw_target, host_header, scheme=scheme)
-    return Target(scheme, _host_field(host_header), plain.group(1), plain.group(2) or "")  # by position: cheaper
+    path, query = plain.groups("")
+    if "/." in path:
+        return _parse_any(raw_target, host_header, scheme=scheme)
+    return Target(scheme, _host_field(host_header), path, query)  # by position: cheaper
 
 
 def _parse_any(raw_target: str, host_header: str | None, *, scheme: str = "http") -> Target:
