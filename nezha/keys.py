@@ -17,6 +17,7 @@ from urllib.parse import unquote
 
 from nezha.credentials import credential_names
 from nezha.errors import NezhaError
+from nezha.frozen import quick_init
 
 
 class BadTarget(NezhaError):
@@ -44,6 +45,7 @@ _HOSTS: dict[str, str] = {}
 _HOSTS_MAX = 1024
 
 
+@quick_init  # one is made for every target not seen before (each of a cold epoch's requests)
 @dataclass(frozen=True)
 class Target:
     scheme: str
@@ -82,9 +84,12 @@ def parse_target(raw_target: str, host_header: str | None, *, scheme: str = "htt
     """Read the host and path a client asked for (`_parse_any`), a plain
     target (`_PLAIN_TARGET`) at the cost of one match."""
     plain = _PLAIN_TARGET.fullmatch(raw_target) if host_header else None
-    if plain is None or "/." in plain.group(1):
+    if plain is None:
         return _parse_any(raw_target, host_header, scheme=scheme)
-    return Target(scheme, _host_field(host_header), plain.group(1), plain.group(2) or "")  # by position: cheaper
+    path, query = plain.groups("")
+    if "/." in path:
+        return _parse_any(raw_target, host_header, scheme=scheme)
+    return Target(scheme, _host_field(host_header), path, query)  # by position: cheaper
 
 
 def _parse_any(raw_target: str, host_header: str | None, *, scheme: str = "http") -> Target:

@@ -34,6 +34,7 @@ fail if a new aiohttp moves them.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Mapping
 
 from aiohttp import ClientResponse, ClientSession, ClientTimeout, hdrs
@@ -107,6 +108,7 @@ _WHERE_MAX = 1024  # remembered; cleared when full
 # Longer (authority and fields) are worked out every time: with the bound above, at most
 # about 2 MiB remembered whatever clients send (a User-Agent new on every request).
 _WHERE_ENTRY_MAX = 2048
+_UNSEEN = object()  # `_WHERE.get`'s answer for a key not there (None is an entry's value): one look-up, not two
 
 
 def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -> tuple[str, int, bytes] | None:
@@ -119,20 +121,18 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
     origin only in its target, yet yarl's parse of the URL and the fields'
     merge and serialisation cost a few microseconds each time. So what an
     http:// URL's authority and the fields decide is remembered, and a
-    target yarl keeps as it is spelt (`_as_spelt`) is written as the
+    target yarl keeps as it is spelt (`_AS_SPELT`) is written as the
     request line itself. Any other URL is read by yarl each time."""
-    slash = url.find("/", 7)
-    authority, target = url[7:slash], url[slash:]
-    if (timeout.total is not None or slash <= 7 or not url.startswith("http://") or "?" in authority
-            or "#" in authority or not _as_spelt(target)):
+    spelt = _AS_SPELT.fullmatch(url)
+    if timeout.total is not None or spelt is None or url[-1] == "?":
         asked = URL(url, encoded=True)
         if not plain(asked, timeout) or asked.raw_host is None or asked.port is None:
             return None
         return asked.raw_host, asked.port, request_head(asked, request_fields(asked, fields))
+    authority, target = spelt.groups()
     key = (authority, tuple(fields.items()))
-    if key in _WHERE:
-        where = _WHERE[key]
-    else:
+    where = _WHERE.get(key, _UNSEEN)
+    if where is _UNSEEN:
         asked = URL(url, encoded=True)  # its authority's parse is that of any URL with it: yarl splits it off first
         where = None
         if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
@@ -148,14 +148,13 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
     return host, port, b"GET %b HTTP/1.1\r\n%b" % (target.encode("ascii"), written)
 
 
-def _as_spelt(target: str) -> bool:
-    """Whether yarl reads an http:// URL ending in the path and query
-    `target` to the `raw_path_qs` `target`, which `_serialize_headers`
-    writes as its ASCII bytes: with `encoded=True` it neither quotes nor
-    normalises a path, but it drops a fragment, a query's lone "?" and
-    tabs, and aiohttp refuses a control character."""
-    return target[:1] == "/" and target.isascii() and target.isprintable() and "#" not in target and (
-        not target.endswith("?"))
+# An http:// URL whose authority (up to its first "/") holds no "?" or "#", and
+# whose path and query (from that "/") yarl reads to the `raw_path_qs` they
+# spell, which `_serialize_headers` writes as their ASCII bytes: with
+# `encoded=True` yarl neither quotes nor normalises a path, but it drops a
+# fragment, a query's lone "?" (`plain_request` checks the URL's end) and
+# tabs, and aiohttp refuses a control character. So: printable ASCII but "#".
+_AS_SPELT = re.compile(r"http://([^/?#]+)(/[\x20-\x22\x24-\x7e]*)")
 
 
 class _Written:

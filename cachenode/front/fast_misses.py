@@ -63,6 +63,7 @@ log = structlog.get_logger("nezha.cachenode")
 
 _FIELDS_MAX = 4096  # header blocks remembered (`_fields`); cleared when full
 _FIELDS_BLOCK_MAX = 1024  # longer blocks are parsed every time
+_UNSEEN = object()  # `PlainFields._fields.get`'s answer for a block not there
 
 
 _Fields = tuple[CIMultiDictProxy[str], CIMultiDictProxy[str]]  # a request's fields, and the origin's
@@ -128,8 +129,9 @@ class PlainFields:
         (credentials)."""
         start = head.find(b"\r\n") + 2
         block = bytes(head[start:])
-        if len(block) <= _FIELDS_BLOCK_MAX and block in self._fields:
-            return self._fields[block]
+        seen = self._fields.get(block, _UNSEEN)  # one look-up: None is an entry's value
+        if seen is not _UNSEEN:
+            return seen  # type: ignore[return-value]
         fields: CIMultiDict[str] = CIMultiDict()
         for line in block.decode("ascii").split("\r\n"):
             if line:
@@ -158,7 +160,12 @@ class Plain(NamedTuple):
     @property
     def url(self) -> str:
         """Where the origin is asked."""
-        return self.origin.upstream_for(self.target.scheme, self.target.host) + self.target.path_qs
+        return url_of(self.target, self.origin)
+
+
+def url_of(target: Target, origin: Origin) -> str:
+    """Where the origin is asked for `target`."""
+    return origin.upstream_for(target.scheme, target.host) + target.path_qs
 
 
 def plain_cold(req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None, fields: PlainFields,
@@ -169,17 +176,23 @@ def plain_cold(req: PlainRequest, head: bytes | bytearray, scheme: str, named: N
     directly (no `parent` tier), whose fields ask nothing of the cache
     (`PlainFields`) and whose target keeps no credential. None: not one;
     whether anything is stored or in flight under its key is the caller's."""
+    got = cold_fields(req, head, scheme, named, fields, parent=parent)
+    return None if got is None else Plain(*named, *got)  # type: ignore[misc]
+
+
+def cold_fields(req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None, fields: PlainFields,
+                *, parent: object) -> _Fields | None:
+    """`plain_cold`'s judgement: the fields of a request it takes, and those
+    the origin is sent; None: not one. Apart, so that `FastMisses.take`, which
+    makes a `Miss` of them, does not make a `Plain` first."""
     if req.method != "GET" or req.range is not None or req.if_range is not None or scheme != "http":
         return None
     if parent is not None or named is None:
         return None  # a child tier's misses go to its parent (fill/upstream.py)
     got = fields.of(head)
-    if got is None:
+    if got is None or credentials_kept(named[0], named[1]):
         return None
-    target, origin, key = named
-    if credentials_kept(target, origin):
-        return None
-    return Plain(target, origin, key, *got)
+    return got
 
 
 def miss_head(meta: Meta, via: str) -> bytes:
@@ -222,11 +235,12 @@ class FastMisses:
         `named`: what it names, as the hit lookup resolved it (front/hits.py
         `PlainHitFinder.named`: None for a Host naming no origin, a bad target
         or an `authorize` origin), so it is not resolved twice."""
-        plain = plain_cold(req, head, scheme, named, self._fields, parent=self.upstream.parent)
-        if plain is None:
+        got = cold_fields(req, head, scheme, named, self._fields, parent=self.upstream.parent)
+        if got is None:
             return None
-        key = plain.key
-        if self.engine.flights.get(key) is not None or self.store.lookup(key, plain.headers) is not None:
+        target, origin, key = named  # type: ignore[misc]  # not None: cold_fields took it
+        headers, forwarded = got
+        if self.engine.flights.get(key) is not None or self.store.lookup(key, headers) is not None:
             return None  # a joiner, or a stored copy (stale, or a variant): the read loop's
         owners = self.cluster.owners(key)
         if owners and owners[0].id != self.node_id:
@@ -234,7 +248,7 @@ class FastMisses:
         # Led from now: a request for the key that comes before the origin answers joins it.
         flight, _ = self.engine.flights.lead_or_join(key)
         # By position (the names are Miss's own, in its order): keywords cost a quarter more per miss.
-        return Miss(key, plain.url, plain.target, plain.origin, plain.headers, plain.forwarded, flight)
+        return Miss(key, url_of(target, origin), target, origin, headers, forwarded, flight)
 
     # -- the flight ---------------------------------------------------------------
     async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:

@@ -83,7 +83,8 @@ class PlainHitFinder:
         miss the fast path leads (front/fast_misses.py); memoised, as a hit's
         request comes again and again. None: never a plain hit, nor a miss the
         fast path leads."""
-        named = self._names.get((scheme, raw_target, host_header))
+        asked = (scheme, raw_target, host_header)
+        named = self._names.get(asked)
         if named is not None:
             return named
         for_origin = self._hosts.get(host_header)
@@ -101,7 +102,7 @@ class PlainHitFinder:
             return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
         if len(self._names) >= _PLAIN_CACHE:
             self._names.clear()
-        named = self._names[(scheme, raw_target, host_header)] = (target, origin, key)
+        named = self._names[asked] = (target, origin, key)
         return named
 
     def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,

@@ -21,6 +21,7 @@ from cachenode.http.conditionals import if_range_applies, parse_range
 from cachenode.http.fields import imf_fixdate
 from cachenode.http.headers import describes_whole_body
 from cachenode.store.objects import Meta
+from nezha.frozen import quick_init
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
 MAX_HEAD = 8192
@@ -40,6 +41,7 @@ _RANGE_LINE = re.compile(rb"\r\n[Rr][Aa][Nn][Gg][Ee]:[ \t]*(bytes=(?:[0-9]{1,18}
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+@quick_init  # one is made for every request head not seen before (each of a cold epoch's)
 @dataclass(frozen=True)
 class PlainRequest:
     method: str
@@ -66,24 +68,36 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
         head = buf[:end].decode("ascii")
     except UnicodeDecodeError:
         return False
-    line, _, fields = head.partition("\r\n")
-    asked = _request_line(line)
-    judged = _fields(fields) if asked is not False else False
-    if asked is False or judged is False:
+    asked = _request_line(buf, end + 2)
+    if asked is None:
         return False
-    return PlainRequest(*asked, judged[0], end + 4, judged[1], judged[2])
+    judged = _fields(head[asked.end():])
+    if judged is False:
+        return False
+    return PlainRequest(*_asked(asked), judged[0], end + 4, judged[1], judged[2])
 
 
 def _bare_lf(raw: bytes | bytearray) -> bool:
     return raw.count(b"\n") != raw.count(b"\r\n")
 
 
-def _request_line(line: str) -> tuple[str, str] | bool:
-    """The method and target of a plain request line; False: not plain."""
-    parts = line.split(" ")
-    if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
-        return False
-    return parts[0], parts[1]
+# A plain request line and its CRLF: GET or HEAD, one space, a target of
+# ASCII characters but space and LF, one space, HTTP/1.1. As the target can
+# hold neither LF nor space, its CRLF is the head's first, and the line is
+# what splits at single spaces into those three parts.
+_REQUEST_LINE = re.compile(rb"(GET|HEAD) ([^ \n\x80-\xff]+) HTTP/1\.1\r\n")
+
+
+def _request_line(head: bytes | bytearray, end: int) -> re.Match | None:
+    """The plain request line at the start of `head` (read up to `end`,
+    which includes its CRLF); None: not plain. One regular expression: a
+    cold epoch judges a request line per request."""
+    return _REQUEST_LINE.match(head, 0, end)
+
+
+def _asked(line: re.Match) -> tuple[str, str]:
+    """The method and target of a plain request line (`_request_line`)."""
+    return ("GET" if line.end(1) == 3 else "HEAD"), line.group(2).decode("ascii")
 
 
 def _fields(fields: str) -> tuple[str, str | None, str | None] | bool:
@@ -180,13 +194,10 @@ def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | 
     """`parse_plain(head)` of a whole head (`end`: where its blank line
     starts), its field lines judged once per block in `blocks`, the block as
     `memo` (the head as `plain_request` remembers it) holds it."""
-    cut = head.find(b"\r\n")  # the request line's end: the range, if cut out of `memo`, is after it
-    line = head[:cut]
-    if b"\n" in line or not line.isascii():
+    asked = _request_line(head, end + 2)
+    if asked is None:
         return False
-    asked = _request_line(line.decode("ascii"))
-    if asked is False:
-        return False
+    cut = asked.end() - 2  # the request line's end: the range, if cut out of `memo`, is after it
     block = memo[cut:]
     fields = blocks.get(block)
     if fields is None:
@@ -197,7 +208,7 @@ def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | 
         blocks[block] = fields
     if fields is False:
         return False
-    return PlainRequest(*asked, fields[0], end + 4, fields[1], fields[2])
+    return PlainRequest(*_asked(asked), fields[0], end + 4, fields[1], fields[2])
 
 
 def one_plain_request(buf: bytearray) -> bool:

@@ -86,9 +86,9 @@ def outcome(call, *args):
 
 URLS = [f"http://{authority}{target}" for authority in (
     "origin.example", "origin.example:8080", "Origin.Example:80", "127.0.0.1:9000", "[::1]:8443", "user@o",
-    "user:pw@o:81", "o:99999", "o:x", "o?q", "o#f", "o\tx:81", "") for target in (
+    "user:pw@o:81", "o:99999", "o:x", "o?q", "o#f", "o\tx:81", "o\nx:81", "") for target in (
     "/", "/a/b.bin", "/a?x=1&y", "/p?", "/p??", "/a/../b", "//x", "/a%27b/%28c%29", "/a b", "/a#frag",
-    "/caf\u00e9", "/a\tb", "/a\x01b", "/a\x7fb", "/?", "/x?y?z", "/\\x", "")] + [
+    "/caf\u00e9", "/a\tb", "/a\x01b", "/a\x7fb", "/?", "/x?y?z", "/\\x", "/a\nb", "/a\x1f", "/~!\"$\x7e", "")] + [
     "http://o", "http://o?x", "https://o/a", "HTTP://o/a", "http:/o/a", "ftp://o/a"]
 FIELDS = [{}, CIMultiDict([("Via", "1.1 n")]), CIMultiDict([("Via", "1.1 n"), ("X-A", "1"), ("x-a", "2")]),
           CIMultiDict([("Host", "images.example"), ("Accept", "image/*")]), {"X-A": "1\r\nX-Injected: 2"},

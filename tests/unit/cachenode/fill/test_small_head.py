@@ -5,6 +5,8 @@ parser reads it, and every head it cannot read plainly is declined."""
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 from unittest import mock
 
 import pytest
@@ -43,6 +45,7 @@ ACCEPTED = [
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length:\t5\t \r\nx-a: 1\r\nX-A: two  words \r\netag: e",
                  id="ows_and_repeats"),
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Note: caf\xc3\xa9 \xff\xe2\x82", id="obs_text"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-C1: a\xc2\x80b\xc2\x9f", id="obs_text_decoded_to_c1"),
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: Keep-Alive, close", id="close_listed"),
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 000000000000000005", id="eighteen_digits"),
 ]
@@ -50,14 +53,20 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("head", ACCEPTED)
 def test_an_accepted_head_reads_as_aiohttps_parser_reads_it(head: bytes) -> None:
-    """Names (as `hdrs` spells a known one), values, order, reason, version and reuse are aiohttp's."""
-    got = read_head(head, 1 << 20)
+    """Names (as `hdrs` spells a known one), values, order, reason, version and reuse are aiohttp's,
+    with its lines read anew and read again from those remembered (`_LINES`)."""
     message = aiohttp_reads(head)
-    assert got is not None
-    assert got.pairs == list(message.headers.items())
-    assert (got.reason, got.version, got.length) == (message.reason, message.version,
-                                                     int(message.headers["Content-Length"]))
-    assert got.keep is not message.should_close
+    small_head._LINES.clear()
+    names = None
+    for _ in range(2):
+        got = read_head(head, 1 << 20)
+        assert got is not None
+        assert got.pairs == list(message.headers.items())
+        assert names is None or [type(name) for name, _ in got.pairs] == names  # stored as the first read stored
+        names = [type(name) for name, _ in got.pairs]
+        assert (got.reason, got.version, got.length) == (message.reason, message.version,
+                                                         int(message.headers["Content-Length"]))
+        assert got.keep is not message.should_close
 
 
 @pytest.mark.parametrize("head", [
@@ -100,7 +109,9 @@ def test_an_accepted_head_reads_as_aiohttps_parser_reads_it(head: bytes) -> None
     pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Big: " + b"y" * LINE_MAX, id="long_line"),
 ])
 def test_a_head_not_read_plainly_or_not_a_small_200_is_declined(head: bytes) -> None:
+    small_head._LINES.clear()
     assert read_head(head, 2_000_000) is None
+    assert read_head(head, 2_000_000) is None  # its lines remembered
 
 
 def test_a_line_of_line_max_bytes_is_read_and_one_more_is_declined() -> None:
@@ -130,9 +141,11 @@ def test_the_connection_is_reused_as_its_version_and_connection_field_allow(vers
     head = b"HTTP/" + version + b" 200 OK\r\nContent-Length: 2"
     if connection is not None:
         head += b"\r\nConnection: " + connection
-    got = read_head(head, 2)
-    assert got is not None and got.keep is keep
-    assert got.version == HttpVersion(1, int(version[-1:]))
+    small_head._LINES.clear()
+    for _ in range(2):  # its lines read anew, then remembered
+        got = read_head(head, 2)
+        assert got is not None and got.keep is keep
+        assert got.version == HttpVersion(1, int(version[-1:]))
 
 
 def test_a_length_of_small_max_is_read_and_one_more_is_declined() -> None:
@@ -146,3 +159,54 @@ def test_the_names_remembered_stay_bounded_and_read_the_same_once_forgotten() ->
         got = read_head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-%d: v\r\netag: e" % n, 2)
         assert got is not None and got.pairs == [("Content-Length", "2"), (f"X-{n}", "v"), ("Etag", "e")]
         assert len(small_head._NAMES) <= small_head._NAMES_MAX
+
+
+def test_a_line_remembered_reads_as_itself_in_any_head_and_the_lines_kept_stay_bounded() -> None:
+    """Lines are remembered whatever head they came in: a Content-Length line read in an answer declined
+    (two lengths) counts in the next, a Connection line's members are never those of the line before, and an
+    origin that sends a new line with every answer never grows the memory past its bound."""
+    small_head._LINES.clear()
+    assert read_head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2", 2) is None
+    got = read_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2", 2)
+    assert got is not None and got.keep and got.length == 2
+    got = read_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 2", 2)
+    assert got is not None and not got.keep
+    got = read_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2", 2)
+    assert got is not None and got.keep  # "close" not left among the members remembered
+    long_line = b"X-Long: " + b"z" * small_head._LINE_KEPT_MAX
+    assert read_head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + long_line, 2) is not None
+    assert long_line.decode() not in small_head._LINES  # read, not kept
+    for n in range(3 * small_head._LINES_MAX):
+        got = read_head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nETag: \"%d\"" % n, 2)
+        assert got is not None and got.pairs == [("Content-Length", "2"), ("Etag", f'"{n}"')]
+        assert len(small_head._LINES) <= small_head._LINES_MAX
+
+
+# The whole-head expression read_head checked a head with before it checked its lines one by one (and kept
+# those that passed): a head is read exactly where this matches it.
+_WHOLE_HEAD = re.compile(rb"HTTP/1\.([01]) 200(?: ([\t\x20-\x7e]*+))?"
+                         rb"((?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]++:[\t\x20-\x7e\x80-\xff]*+)*+)")
+_PIECES = [b"X-A", b"Server", b"ETag", b"x", b":", b": ", b" ", b"\t", b"v", b"caf\xc3\xa9", b"\xff", b"\x80", b"\x00",
+           b"\x01", b"\x1f", b"\x7f", b"\r", b"\n", b"\r\n", b"@", b"(", b"~", b"1", b"HTTP/1.1 200 OK", b"\x0b",
+           b"\xc2\x80"]
+
+
+def test_a_head_is_read_exactly_where_its_status_line_and_every_field_line_match_as_one_expression() -> None:
+    """Heads of an accepted status line and a Content-Length, and field lines made of names, separators,
+    visible, control and non-ASCII bytes: read (fresh, and again from the lines remembered) exactly where the
+    whole-head expression matches, and declined everywhere else; likewise for status lines so made."""
+    rng = random.Random(35)
+    small_head._LINES.clear()
+    heads = []
+    for _ in range(3000):
+        lines = [b"".join(rng.choices(_PIECES, k=rng.randint(0, 4))) for _ in range(rng.randint(0, 3))]
+        heads.append(b"\r\n".join([b"HTTP/1.1 200 OK", b"Content-Length: 2", *lines]))
+        status = b"".join(rng.choices([b"HTTP/1.1 200", b"HTTP/1.0 200", b" ", b"OK", b"\t", b"\x7f", b"\xc3\xa9",
+                                       b"\r", b"\n", b"2", b"\x00"], k=rng.randint(1, 4)))
+        heads.append(status + b"\r\nContent-Length: 2")
+    matched = 0
+    for head in heads * 2:
+        expected = _WHOLE_HEAD.fullmatch(head) is not None
+        matched += expected
+        assert (read_head(head, 2) is not None) is expected, head
+    assert 0 < matched < len(heads) * 2  # both kinds made

@@ -103,6 +103,39 @@ def test_a_head_not_seen_before_gets_the_verdict_of_its_own_request_line_and_fie
     assert plain._FIELDS and plain._FIELDS_RANGED  # blocks were remembered, and the second pass read them
 
 
+# Request lines at the edges of plain: a lone CR, a tab or a control byte in the
+# target, an extra space anywhere, the version or method a byte off.
+REQUEST_LINES = [*LINES, b"get /a HTTP/1.1", b"GET /a\rb HTTP/1.1", b"GET /a\r HTTP/1.1", b"GET /a\tb HTTP/1.1",
+                 b"GET /a\x00 HTTP/1.1", b"GET /\x7f HTTP/1.1", b"GET /a HTTP/1.1 ", b"GET /a HTTP/1.11",
+                 b"GET  HTTP/1.1", b"HEAD * HTTP/1.1", b"GET http://h.example/a HTTP/1.1", b"GETX /a HTTP/1.1",
+                 b"GET /a HTTP/1.1\r\r", b" GET /a HTTP/1.1", b"GET /a /b HTTP/1.1", b"GET /a HTTP/1.1\x00",
+                 b"GET /a\xc3\xa9 HTTP/1.1", b"HEAD /a HTTP/1.1\t"]
+
+
+def _split_at_spaces(line: bytes) -> tuple[str, str] | bool:
+    """The request line rule as plain.py first wrote it: ASCII without LF, three parts at single spaces."""
+    if b"\n" in line or not line.isascii():
+        return False
+    parts = line.decode("ascii").split(" ")
+    if len(parts) != 3 or parts[0] not in ("GET", "HEAD") or parts[2] != "HTTP/1.1" or not parts[1]:
+        return False
+    return parts[0], parts[1]
+
+
+@pytest.mark.parametrize("line", REQUEST_LINES)
+def test_a_request_line_is_plain_where_it_splits_at_single_spaces_into_get_or_head_a_target_and_http_1_1(line):
+    """The one regular expression that reads a request line accepts exactly the lines the split rule accepts,
+    with the same method and target, the line being what comes before the head's first CRLF."""
+    for fields in (b"Host: h.example\r\n\r\n", b"\r\n"):
+        raw = line + b"\r\n" + fields
+        asked = _split_at_spaces(raw[:raw.index(b"\r\n")])
+        for got in (parse_plain(raw), plain_request(bytearray(raw)), plain_request(bytearray(raw))):
+            if asked is False or fields == b"\r\n":  # no Host: not plain whatever the line
+                assert got is False, raw
+            else:
+                assert isinstance(got, PlainRequest) and (got.method, got.target) == asked, raw
+
+
 def test_remembered_heads_stay_bounded_in_count_and_size():
     """Clients choose the heads: at most _JUDGED_MAX of them, none longer than _JUDGED_HEAD_MAX, are kept."""
     plain._JUDGED.clear()
