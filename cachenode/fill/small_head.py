@@ -51,7 +51,8 @@ _NAMES_MAX = 1024  # field names remembered; cleared when full (an origin choose
 _NAMES: dict[str, tuple[str, int]] = {}  # a name as sent -> as stored, and its role
 # A field line as sent -> its (name as stored, value) pair, its role, and for a
 # Connection line its members (`_tokens`). Bounded as _NAMES, and in the
-# length of a line kept (longer ones are read every time): at most about 3 MiB.
+# length of a line kept (longer ones are read every time): about 3 MiB of ASCII
+# lines, 9 if an origin fills them with characters past U+FFFF (4 bytes each).
 _LINES: dict[str, tuple[tuple[str, str], int, list[str]]] = {}
 _LINES_MAX = 4096
 _LINE_KEPT_MAX = 256
