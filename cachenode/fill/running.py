@@ -10,13 +10,11 @@ decided to store; everything after that, until the fill lands, is here.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any, AsyncIterator, Callable, Coroutine, Mapping, Protocol
 
 import aiohttp
 import structlog
-from multidict import CIMultiDict
 
 from cachenode.counts import Counts
 from cachenode.fill.assembly import Assemblies
@@ -28,7 +26,8 @@ from cachenode.fill.lead import Arrived, Body, How, Plan, plan_fill, stored_at_o
 from cachenode.fill.origin import Answered, ends_at_close
 from cachenode.fill.pace import HeldBody, held, pace_of
 from cachenode.fill.parallel import (RangedFetch, Validator, close_unread, if_range_validator, parallel_validator,
-                                     partial_mismatch, plain_rest, skip_first)
+                                     plain_rest)
+from cachenode.fill.parent_rest import rest_from_origin
 from cachenode.fill.upstream import Upstream
 from cachenode.fill.verify import BodyCheck, DigestMismatch, Digests
 from cachenode.http.freshness import Policy, current_age
@@ -186,7 +185,8 @@ class FillRuns:
                            blocks=response.headers.get(BLOCKS_HEADER) if source.peer is not None else None)
         if ranged is not None:
             ranged[0].attach(fill)
-        rest = self._rest_from_origin(response, source, reading) if from_parent else source.rest
+        rest = rest_from_origin(self.origins, response, source, reading, read_size=FILL_READ) if from_parent \
+            else source.rest
         work = self._work(flight, fill, response, meta=meta, plan=plan, ranged=ranged, on_bytes=on_bytes,
                           source=source, target=target, rest=rest, body=body, refused=refused,
                           parent=response.headers.get(CACHE_HEADER, "") if from_parent else None)
@@ -377,47 +377,6 @@ class FillRuns:
                 yield chunk
 
         return await fill.run(body(), store=self.store, meta=meta, on_bytes=on_bytes, superseded=superseded)
-
-    def _rest_from_origin(self, response: aiohttp.ClientResponse, source: Source,
-                          reading: dict[str, bool]) -> Callable[[int, BaseException], AsyncIterator[bytes]] | None:
-        """How a fill from the parent goes on when the parent breaks off
-        mid-body (a cluster pod restarted): the rest of the same
-        representation from the origin, by Range + If-Range on its
-        validator, checked as a parallel fill checks its ranges. None when
-        the answer has no length or validator to resume by."""
-        length = response.content_length
-        validator = if_range_validator(response.headers)
-        if response.status != 200 or length is None or validator is None:
-            return None
-        if validator.etag is not None:
-            # A strong ETag alone ties the rest to the head (If-Range sends it; a 206 carries it).
-            validator = dataclasses.replace(validator, last_modified=None)
-
-        async def rest(offset: int, error: BaseException) -> AsyncIterator[bytes]:
-            if offset >= length:
-                return  # every byte came: whatever broke came after the body
-            self.origins.broke_off(source.route, offset, error)
-            reading["parent"] = False
-            headers = CIMultiDict(source.headers)
-            headers["Range"] = f"bytes={offset}-{length - 1}"
-            headers["If-Range"] = validator.if_range
-            answer = await self.origins.client.request("GET", source.url, headers=headers, what=source.what)
-            try:
-                skip = 0
-                why = partial_mismatch(answer.status, answer.headers, first=offset, last=length - 1, total=length,
-                                       validator=validator)
-                if why is not None and answer.status == 200 and answer.content_length == length \
-                        and validator.mismatch(answer.headers) is None:
-                    why, skip = None, offset  # an origin that ignores Range: the whole object, the head skipped
-                if why is not None:
-                    raise FillAborted(f"{source.what}: the parent broke off after {offset} of {length} bytes and "
-                                      f"the origin's rest cannot be joined on ({why}): nothing is stored")
-                async for chunk in skip_first(answer.content.iter_chunked(FILL_READ), skip):
-                    yield chunk
-            finally:
-                answer.release()
-
-        return rest
 
     def _ranged_fetch(self, write: ObjectWrite, length: int | None, source: Source, validator: Validator,
                       on_bytes: Callable[[int], None], *, streams: int, on_demand: bool,
