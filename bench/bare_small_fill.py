@@ -23,11 +23,20 @@ stored; one without a Content-Length gets a 502. Prints "listening".
 
     python bench/bare_small_fill.py --serve --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT --dir DIR [--loop uvloop]
 
+With `--rules [--host NAME]` (`Ruled`), the same server with the node's own
+rules where the bare one cuts corners: the node's key and store, its
+judgement of the origin's answer, its sealed small file and its miss head.
+What a cold fill costs with the node's rules and without its per-fill
+layers (the lead chain, flights, counts, metrics, logs; the node's
+connection handling and origin client): its CPU less the bare server's is
+what the rules cost, the node's less its own what the layers cost.
+
 The benchmark (no --serve): an origin (Debian's nginx serving N files of
 16 KiB) and in front of it, in turn, the order reversed every other round:
 nginx `proxy_cache` at one worker (small_files.py's settings), the bare
-server on asyncio and on uvloop (when the interpreter has it), and `nezha
-cache --workers 1`, each fresh for each run (so only one run's objects are
+server on asyncio and on uvloop (when the interpreter has it), the bare
+server with the node's rules (`bare_rules`, on asyncio, as the node) and
+`nezha cache --workers 1`, each fresh for each run (so only one run's objects are
 stored at a time). Each fills and rereads 64 objects, checked byte for
 byte against the origin's files, then, after `os.sync()` and a second's
 pause, takes small_files.py's wrk command (64 connections, every path
@@ -37,11 +46,12 @@ processes' user + system, /proc/PID/stat), and its user part: nginx and the
 bare server spend most of theirs in the kernel (the socket and file calls
 every cache makes), the node in its own Python, so the user part is what a
 change to the node's code moves. Last line: `ratios:
-bare_small_fill=<bare/nginx> bare_uvloop_small_fill=... node_small_fill=...
-node_over_bare=<node/bare> bare_cpu_us=... node_cpu_us=... nginx_cpu_us=...
-nginx_user_us=... bare_user_us=... node_user_us=...`
+bare_small_fill=<bare/nginx> bare_uvloop_small_fill=...
+bare_rules_small_fill=... node_small_fill=... node_over_bare=<node/bare>
+node_over_bare_rules=... nginx_cpu_us=... bare_cpu_us=... (each server's)
+nginx_user_us=... bare_user_us=... (each server's)`
 
-    python bench/bare_small_fill.py [--rounds 3] [--seconds 5] [--objects 150000] [--python PATH]
+    python bench/bare_small_fill.py [--rounds 3] [--seconds 5] [--objects 150000] [--python PATH] [--servers nginx,bare_rules,node]
 
 --python: the interpreter of the bare server and of the node. Work folder on /dev/shm unless --work
 says otherwise (the box's file creation kept out, as in
@@ -66,6 +76,7 @@ MAGIC = b"BSF1"
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\nX-Cache: %s\r\n\r\n"
 REASONS = {400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 502: b"Bad Gateway"}
 FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+KINDS = ("nginx", "bare", "bare_uvloop", "bare_rules", "node")  # the servers the benchmark compares
 # nginx's settings as bench/small_files.py has them (bench/small_side_by_side.py's SIZES)
 CONF = dict(by="bench/bare_small_fill.py", worker_connections=4096, nofile=65536)
 
@@ -110,7 +121,7 @@ class Client(asyncio.Protocol):
         if head[:one] != b"GET":
             return self.answer(plain(405, b"GET only", close=True), close=True)
         key = head[one + 1:two]
-        found = self.server.index.get(key)
+        found = self.server.find(key, head)
         self.busy = True
         if found is None:
             self.server.miss(self, key)
@@ -139,6 +150,7 @@ class Origin(asyncio.Protocol):
         self.server, self.transport, self.buf = server, None, b""
         self.key: bytes | None = None  # the path asked, until its answer is whole
         self.want = -1  # the body's length once the head is read
+        self.head = b""  # the head of the answer being read (its blank line left off), once read
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -157,7 +169,8 @@ class Origin(asyncio.Protocol):
             if end < 0:
                 self.buf = buf
                 return
-            head = buf[:end].lower()
+            self.head = buf[:end]  # as sent: the rules variant reads its fields (`Ruled.stored`)
+            head = self.head.lower()
             at = head.find(b"\r\ncontent-length:")
             if at < 0:
                 return self.server.broken(self, "origin answered without a Content-Length")
@@ -202,6 +215,10 @@ class Bare:
             self.dirs.append(os.fsencode(d))
         import google_crc32c
         self.crc = google_crc32c.value
+
+    def find(self, key: bytes, head: bytes) -> tuple[bytes, int, int] | None:
+        """What is stored under the request's path (`head`: the request's head, which `Ruled` reads too)."""
+        return self.index.get(key)
 
     def hit(self, found: tuple[bytes, int, int]) -> bytes:
         path, offset, size = found
@@ -251,19 +268,7 @@ class Bare:
             self.idle.append(conn)
 
     def answered(self, conn: Origin, key: bytes, status: int, body: bytes, close: bool) -> None:
-        if status == 200:
-            n = self.count = self.count + 1
-            path = b"%s/%d.obj" % (self.dirs[n & 255], n)
-            header = HEADER.pack(MAGIC, len(body), self.crc(body), len(key)) + key
-            fd = os.open(path, FLAGS, 0o600)
-            try:
-                os.writev(fd, (header, body))
-            finally:
-                os.close(fd)
-            self.index[key] = (path, len(header), len(body))
-            answer = OK % (len(body), b"MISS") + body
-        else:
-            answer = plain(status, body)
+        answer = self.stored(conn, key, body) if status == 200 else plain(status, body)
         for client in self.filling.pop(key):
             client.answer(answer)
         if close:
@@ -271,6 +276,19 @@ class Bare:
             conn.transport.close()
         else:
             self.ready(conn)
+
+    def stored(self, conn: Origin, key: bytes, body: bytes) -> bytes:
+        """A 200's body stored under `key`, and the answer to its clients."""
+        n = self.count = self.count + 1
+        path = b"%s/%d.obj" % (self.dirs[n & 255], n)
+        header = HEADER.pack(MAGIC, len(body), self.crc(body), len(key)) + key
+        fd = os.open(path, FLAGS, 0o600)
+        try:
+            os.writev(fd, (header, body))
+        finally:
+            os.close(fd)
+        self.index[key] = (path, len(header), len(body))
+        return OK % (len(body), b"MISS") + body
 
     def fail(self, key: bytes, why: bytes) -> None:
         for client in self.filling.pop(key, ()):
@@ -291,9 +309,130 @@ class Bare:
             self.open()
 
 
+class Ruled(Bare):
+    """The bare server with the node's own rules where the bare one cuts
+    corners (`--rules`), its connections, request parsing and origin pool
+    kept: what a cold small fill would cost were the node's per-fill layers
+    (the lead chain, flights, counts, logs, metrics) gone and its rules kept.
+
+    A request's key is the node's (front/names.py `resolve`, with `--host` for
+    the Host field the bare server does not read), looked up in the node's
+    store (`Store.lookup`), opened on DIR/node as cachenode/app.py
+    `build_node` opens it. A miss's 200 is read as the node's own origin
+    client presents it (fill/small_head.py `read_head`, fill/small_gets.py
+    `SmallAnswer`), judged by the node's judgement (fill/judged.py `judge`,
+    its origin and Source as front/fast_misses.py builds them, the forwarded
+    fields by its `PlainFields`; a lone node chunks nothing), stored by
+    `Store.put_sealed` with the keywords fill/at_once.py `store_whole` passes,
+    and answered with the node's miss head (front/fast_misses.py
+    `miss_head`); a hit with a stored object's head (front/plain.py
+    `response_head`) and its Age, as the node's fast hits. An answer the
+    judgement does not store whole at once, or the store refuses, is passed
+    on unstored (the node would stream it or pass it on: none such in the
+    benchmark)."""
+
+    def __init__(self, upstream: tuple[str, int], folder: Path, host: str) -> None:
+        import time
+
+        from cachenode.cluster_view import ClusterView
+        from cachenode.fill.chunking import chunked_as
+        from cachenode.fill.flights import Source
+        from cachenode.fill.judged import judge
+        from cachenode.fill.lead import Step
+        from cachenode.fill.origin import via_of
+        from cachenode.fill.small_gets import SmallAnswer
+        from cachenode.fill.small_head import read_head
+        from cachenode.front.fast_misses import PlainFields, miss_head, url_of
+        from cachenode.front.names import resolve
+        from cachenode.front.plain import response_head
+        from cachenode.http.vary import variant
+        from cachenode.store.disk import Store
+        from cachenode.store.objects import NotStored
+        from nezha.config.cache import CacheSettings
+        from nezha.credentials import redact_url
+
+        super().__init__(upstream, folder)
+        # The node's code, bound once: an import statement in a method costs a look-up each call.
+        self.time, self.chunked_as, self.Source, self.judge, self.FILL = time.time, chunked_as, Source, judge, Step.FILL
+        self.SmallAnswer, self.read_head, self.miss_head, self.url_of = SmallAnswer, read_head, miss_head, url_of
+        self.resolve, self.response_head, self.variant, self.redact_url = resolve, response_head, variant, redact_url
+        self.NotStored = NotStored
+        settings = self.settings = CacheSettings(data_dir=folder / "node",
+                                                 origins=[f"{host}=http://{upstream[0]}:{upstream[1]}"])
+        self.node_id, self.host_name, self.table = settings.identity, host, settings.origin_table
+        self.via = via_of(self.node_id)
+        cluster = ClusterView(node_id=self.node_id, replicas=settings.replicas)
+        self.store = Store(settings.data_dir, capacity=settings.capacity, hot_capacity=settings.hot_capacity,
+                           pinned_capacity=settings.pinned_capacity, extra=cluster.holds_as_extra,
+                           small_max=settings.small_object_max, sync_interval=settings.sync_interval,
+                           verify_reads=settings.verify_reads)
+        self.fields = PlainFields(self.via)
+        self.named: dict[bytes, tuple] = {}  # a path being filled -> its target, origin, key and forwarded fields
+
+    def find(self, key: bytes, head: bytes):
+        target, origin, name = self.resolve(self.table, key.decode("latin-1"), self.host_name)
+        meta = self.store.lookup(name)
+        if meta is None:
+            fields = self.fields.of(head)
+            if fields is None:
+                raise ValueError(f"not a plain request: {bytes(head)!r}")  # the benchmark sends none
+            self.named[key] = (target, origin, name, fields[1])
+        return meta
+
+    def hit(self, meta) -> bytes:
+        fd = os.open(self.store.data_path(meta), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            body = os.pread(fd, meta.size, 0)  # a sealed small file: its body first, its seal after
+        finally:
+            os.close(fd)
+        return (self.response_head(meta, via=self.via, served_by=self.node_id)
+                + b"Age: %d\r\n\r\n" % meta.age_at(self.time()) + body)
+
+    def stored(self, conn: Origin, key: bytes, body: bytes) -> bytes:
+        target, origin, name, forwarded = self.named.pop(key)
+        store = self.store
+        head = self.read_head(conn.head, store.small_max)
+        if head is None:
+            return OK % (len(body), b"PASS") + body
+        url = self.url_of(target, origin)
+        answer = self.SmallAnswer(reason=head.reason, version=head.version, pairs=head.pairs,
+                             content_length=head.length, body=body, asked=url)
+        source = self.Source(url=url, what=f"origin {url}", headers=forwarded, interim=None, read_here=True)
+        judged = self.judge(answer, origin=origin, source=source, stale=None, now=self.time(), fits=store.fits,
+                       chunking=lambda vary, authorize: self.chunked_as(
+                           200, answer.headers, answer.content_length, peer=False,
+                           chunking=self.settings.chunking(origin), spread=False,
+                           plain=not authorize and vary == ()))
+        if judged.decision.step is not self.FILL or judged.chunk_size is not None:
+            return OK % (len(body), b"PASS") + body
+        vary, policy = judged.vary, judged.policy
+        try:
+            meta = store.put_sealed(
+                body, key=name, vary=vary, variant=self.variant(vary, source.headers) if vary else "",
+                url=self.redact_url(url, origin.credential_params), host=target.host, headers=judged.kept,
+                stored_at=judged.now, status=200, expires_at=judged.expires_at, stale_if_error=policy.stale_if_error,
+                age=judged.age, stale_while_revalidate=policy.stale_while_revalidate, authorize=judged.authorize)
+        except self.NotStored:
+            return OK % (len(body), b"PASS") + body
+        self.count += 1
+        return self.miss_head(meta, self.via) + body
+
+    def fail(self, key: bytes, why: bytes) -> None:
+        self.named.pop(key, None)
+        super().fail(key, why)
+
+
 async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    bare = Bare(address(args.upstream), args.dir)
+    bare = Ruled(address(args.upstream), args.dir, args.host) if args.rules else Bare(address(args.upstream), args.dir)
+    if args.rules:
+        from cachenode.cli import collect_young_less_often
+        from nezha.logs import configure
+
+        # The node's process as `nezha cache --log-level warning` sets it up (bench/harness.py `Node`).
+        configure(level="warning", cache_loggers=True)
+        collect_young_less_often()
+        await bare.store.open(background=True)
     host, port = address(args.listen)
     server = await loop.create_server(lambda: Client(bare), host, port, backlog=4096)
     print("listening", flush=True)
@@ -303,6 +442,8 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.close()
+    if args.rules:
+        await bare.store.close()
     print(f"bare: {bare.count} objects stored", file=sys.stderr, flush=True)
 
 
@@ -311,21 +452,24 @@ async def serve(args: argparse.Namespace) -> None:
 class BareServer:
     """The bare server above as a child process of the benchmark."""
 
-    def __init__(self, children, work: Path, name: str, python: str, loop: str) -> None:
+    def __init__(self, children, work: Path, name: str, python: str, loop: str, rules: bool = False) -> None:
         from testkit.ports import free_port
 
         self.children, self.name, self.python, self.loop, self.dir = children, name, python, loop, work / name
+        self.rules = rules  # with the node's rules (`Ruled`)
         self.port, self.proc = free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def start(self, *, upstream: str) -> None:
-        from bench.harness import BenchError
+        from bench.harness import BenchError, repo_env
+        from bench.small_files import HOST
 
         self.dir.mkdir()
         self.proc = await self.children.spawn(
             self.python, str(REPO / "bench" / "bare_small_fill.py"), "--serve", "--loop", self.loop,
             "--listen", f"127.0.0.1:{self.port}", "--upstream", upstream.removeprefix("http://"),
-            "--dir", str(self.dir), stdout=asyncio.subprocess.PIPE, stderr=None)
+            "--dir", str(self.dir), *(("--rules", "--host", HOST) if self.rules else ()),
+            stdout=asyncio.subprocess.PIPE, stderr=None, cwd=REPO, env=repo_env())
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
         except asyncio.TimeoutError:
@@ -370,8 +514,10 @@ async def run(args: argparse.Namespace, work: Path, children) -> str:
         raise BenchError(f"{args.python} cannot import google_crc32c: pip install -e '.[test]' into it")
     say(f"bare small fill: {args.objects} objects of 16 KiB, {args.rounds} rounds of {args.seconds} s, work dir "
         f"{work}, load {os.getloadavg()}; bare server on {version}; code {source_version()}; nginx {nginx_version()}")
-    kinds = ["nginx", "bare", "bare_uvloop", "node"]
-    if not has_uvloop:
+    kinds = [k for k in KINDS if k in args.servers]
+    if "nginx" not in kinds:
+        raise BenchError("--servers needs nginx: every figure is said against it")
+    if not has_uvloop and "bare_uvloop" in kinds:
         kinds.remove("bare_uvloop")
         say(f"  {args.python} has no uvloop: the bare server runs on asyncio only")
     root = work / "origin-files"
@@ -403,7 +549,8 @@ async def start(args: argparse.Namespace, work: Path, children, origin_url: str,
                                       **{**CONF, "workers": 1}))
         server.name = name
     elif kind.startswith("bare"):
-        server = BareServer(children, work, name, args.python, "uvloop" if kind == "bare_uvloop" else "asyncio")
+        server = BareServer(children, work, name, args.python, "uvloop" if kind == "bare_uvloop" else "asyncio",
+                            rules=kind == "bare_rules")
         await server.start(upstream=origin_url)
     else:
         server = Node(children, work, name, python=args.python)
@@ -458,11 +605,11 @@ def report(args: argparse.Namespace, rps: dict, cpu: dict, user: dict) -> str:
     for n, (f, c) in med.items():
         say(f"    {n:>11}: {f:6.0f} fills/s  {c:4.0f} us  {statistics.median(user[n]):4.0f} user  "
             f"({f / med['nginx'][0]:.3f} of nginx's fills/s, {c / med['nginx'][1]:.2f} of its CPU per fill)")
-    line = f"ratios: bare_small_fill={med['bare'][0] / med['nginx'][0]:.3f}"
-    if "bare_uvloop" in med:
-        line += f" bare_uvloop_small_fill={med['bare_uvloop'][0] / med['nginx'][0]:.3f}"
-    line += (f" node_small_fill={med['node'][0] / med['nginx'][0]:.3f} "
-             f"node_over_bare={med['node'][0] / med['bare'][0]:.3f}")
+    line = "ratios:" + "".join(f" {n}_small_fill={med[n][0] / med['nginx'][0]:.3f}" for n in med if n != "nginx")
+    if "node" in med and "bare" in med:
+        line += f" node_over_bare={med['node'][0] / med['bare'][0]:.3f}"
+    if "node" in med and "bare_rules" in med:
+        line += f" node_over_bare_rules={med['node'][0] / med['bare_rules'][0]:.3f}"
     line += "".join(f" {n}_cpu_us={c:.0f}" for n, (_, c) in med.items())
     return line + "".join(f" {n}_user_us={statistics.median(user[n]):.0f}" for n in med)
 
@@ -474,6 +621,10 @@ def main() -> None:
     ap.add_argument("--upstream", help="--serve: the origin's host:port")
     ap.add_argument("--dir", type=Path, help="--serve: where the objects' files go")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="--serve: the event loop")
+    ap.add_argument("--rules", action="store_true", help="--serve: with the node's rules (judge, store, miss head)")
+    ap.add_argument("--host", default="images.bench", help="--serve --rules: the origin's name (the Host asked)")
+    ap.add_argument("--servers", type=lambda t: t.split(","), default=list(KINDS),
+                    help=f"the servers compared, nginx among them (default: {','.join(KINDS)})")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--objects", type=int, default=150_000, help="16 KiB files at the origin; a run may not "
@@ -485,6 +636,8 @@ def main() -> None:
     if args.serve:
         if not (args.listen and args.upstream and args.dir):
             ap.error("--serve needs --listen, --upstream and --dir")
+        if args.rules:
+            sys.path.insert(0, str(REPO))  # the node's code
         if args.loop == "uvloop":
             import uvloop
             return uvloop.run(serve(args))

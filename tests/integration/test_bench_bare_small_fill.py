@@ -92,3 +92,57 @@ async def test_a_miss_then_a_hit_answer_the_origins_exact_bytes_and_the_origin_i
         proc.terminate()
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert err.decode().strip() == f"bare: {len(bodies)} objects stored"
+
+
+async def test_with_the_nodes_rules_a_small_miss_is_stored_in_the_nodes_store_and_read_back_exact(aiohttp_server,
+                                                                                                  tmp_path):
+    """`--rules`: a small 200 judged, stored by the node's store and answered with the node's miss head; a hit
+    read back from that store; an answer too large to store whole at once (past the store's small_max)
+    passed on unstored, so asked again; a 404 passed on."""
+    from cachenode.store.disk import Store
+
+    bodies = {f"/d/{n}.bin": os.urandom(size) for n, size in enumerate((1, 16 * 1024, 100 * 1024))}
+    large = {"/big.bin": os.urandom(300 * 1024)}
+    asked: list[str] = []
+
+    async def origin(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        body = {**bodies, **large}.get(request.path)
+        if body is None:
+            return web.Response(status=404, body=b"no such file")
+        return web.Response(body=body, headers={"ETag": '"v1"'})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", origin)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "bench" / "bare_small_fill.py"), "--serve", "--rules", "--host", "images.test",
+        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{server.port}", "--dir", str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"listening"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for path, body in bodies.items():
+            for cache in ("miss", "hit"):  # the node's labels, on the node's heads
+                status, fields, got = await ask(reader, writer, path)
+                assert (status, fields.get("x-nezha-cache"), got) == (200, cache, body), (path, cache)
+                assert fields["etag"] == '"v1"' and fields["via"].startswith("1.1 ")
+        for _ in range(2):
+            status, fields, got = await ask(reader, writer, "/big.bin")
+            assert (status, fields.get("x-cache"), got) == (200, "PASS", large["/big.bin"])
+            assert await ask(reader, writer, "/nothing") == (404, {"content-length": "12"}, b"no such file")
+        assert asked == [*bodies, "/big.bin", "/nothing", "/big.bin", "/nothing"]
+        writer.close()
+    finally:
+        proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert err.decode().strip().endswith(f"bare: {len(bodies)} objects stored")
+    store = Store(tmp_path / "node")
+    await store.open()
+    try:
+        for path, body in bodies.items():
+            meta = store.lookup(f"http://images.test{path}")
+            assert meta is not None and meta.size == len(body) and meta.url.endswith(path), path
+    finally:
+        await store.close()
