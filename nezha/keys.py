@@ -74,7 +74,7 @@ def _host_field(host_header: str) -> str:
     """`_split_host` of a Host field, remembered."""
     host = _HOSTS.get(host_header)
     if host is None:
-        host = keep(_HOSTS, host_header, _split_host(host_header), count_max=_HOSTS_MAX)
+        host = keep(_HOSTS, host_header, _split_host(host_header), _HOSTS_MAX)
     return host
 
 

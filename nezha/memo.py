@@ -14,7 +14,7 @@ pays on every hit (an OrderedDict's `move_to_end`, a Python call) to save a
 cold refill now and then, and a hit is the common case by far.
 
 The memo itself stays an exact `dict`, read by its site as one
-(`memo.get(key)`, `key in memo`); only `keep`, on a miss, knows the bounds.
+(`memo.get(key)`, `key in memo`); only `keep`, on a miss, is told the bounds.
 A dict subclass carrying its bounds would cost every hit about 9 ns on
 Python 3.11 (a subclass misses the interpreter's exact-dict paths: `get`,
 `in` and `[]` alike, timeit min of 30), so the bounds stay with the site,
@@ -30,12 +30,17 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
-def keep(memo: dict[_K, _V], key: _K, value: _V, *, count_max: int, size: int = 0,
-         size_max: int = sys.maxsize) -> _V:
+def keep(memo: dict[_K, _V], key: _K, value: _V, count_max: int, size: int = 0, size_max: int = sys.maxsize,
+         /) -> _V:
     """`value`, remembered in `memo` under `key`, `memo` forgotten whole
     first when it holds `count_max` entries already; unless `size` (the
     entry's length as its site measures it) is over `size_max`: then not
-    kept, and worked out afresh each time it is asked."""
+    kept, and worked out afresh each time it is asked.
+
+    Positional only: it runs on each miss, some of which come once per cold
+    fill (a new path's request head, an answer's Date and ETag lines), and
+    keywords cost a call about 20 ns more (timeit min of 40: 93 ns against
+    112 for the call and the store, 66 for the store written inline)."""
     if size <= size_max:
         if len(memo) >= count_max:
             memo.clear()

@@ -140,8 +140,8 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
         if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
             # The fields as `request_head` writes them after its request line (whose CRLF is left out).
             where = asked.raw_host, asked.port, _serialize_headers("", request_fields(asked, fields))[2:]
-        keep(_WHERE, key, where, count_max=_WHERE_MAX, size_max=_WHERE_ENTRY_MAX,
-             size=len(authority) + sum(len(n) + len(v) for n, v in key[1]))
+        size = len(authority) + sum(len(n) + len(v) for n, v in key[1])
+        keep(_WHERE, key, where, _WHERE_MAX, size, _WHERE_ENTRY_MAX)
     if where is None:
         return None
     host, port, written = where
@@ -181,9 +181,9 @@ class PlainGets:
         where = (url.scheme, url.raw_host or "", url.port, verify)
         template = self._templates.get(where)
         if template is None:
-            template = keep(self._templates, where, ClientRequest(
-                "GET", url.origin(), loop=asyncio.get_running_loop(), session=self._session, ssl=verify),
-                count_max=_TEMPLATES_MAX)
+            template = ClientRequest("GET", url.origin(), loop=asyncio.get_running_loop(), session=self._session,
+                                     ssl=verify)
+            keep(self._templates, where, template, _TEMPLATES_MAX)
         return template
 
     async def get(self, url: URL, headers: Mapping[str, str], *, timeout: ClientTimeout,

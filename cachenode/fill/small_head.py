@@ -75,7 +75,7 @@ class Head:
 
 def _named(name: str) -> tuple[str, int]:
     lname = name.lower()
-    return keep(_NAMES, name, (_KNOWN.get(lname) or name, _ROLES.get(lname, _OTHER)), count_max=_NAMES_MAX)
+    return keep(_NAMES, name, (_KNOWN.get(lname) or name, _ROLES.get(lname, _OTHER)), _NAMES_MAX)
 
 
 def _line(line: str) -> tuple[tuple[str, str], int, list[str]] | None:
@@ -87,7 +87,7 @@ def _line(line: str) -> tuple[tuple[str, str], int, list[str]] | None:
     value = value.strip(" \t")
     stored, role = _NAMES.get(name) or _named(name)
     read = ((stored, value), role, _tokens(value) if role == _CONNECTION else _NO_TOKENS)
-    return keep(_LINES, line, read, count_max=_LINES_MAX, size=len(line), size_max=_LINE_KEPT_MAX)
+    return keep(_LINES, line, read, _LINES_MAX, len(line), _LINE_KEPT_MAX)
 
 
 def read_head(head: bytes, small_max: int) -> Head | None:

@@ -142,7 +142,7 @@ class PlainFields:
         if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
             judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
                 forwarded_request_headers(fields, via=self._via, drop=NOT_FOR_FILLS)))
-        return keep(self._fields, block, judged, count_max=_FIELDS_MAX, size=len(block), size_max=_FIELDS_BLOCK_MAX)
+        return keep(self._fields, block, judged, _FIELDS_MAX, len(block), _FIELDS_BLOCK_MAX)
 
 
 class Plain(NamedTuple):

@@ -73,7 +73,7 @@ class PlainHitFinder:
         prepared = self._heads.get(key)
         if prepared is None or prepared[0] is not meta:
             prepared = keep(self._heads, key, (meta, response_head(meta, via=self.via, served_by=self.node_id),
-                                               self.store.data_path(meta)), count_max=_PLAIN_CACHE)
+                                               self.store.data_path(meta)), _PLAIN_CACHE)
         return prepared
 
     def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
@@ -88,7 +88,7 @@ class PlainHitFinder:
             return named
         for_origin = self._hosts.get(host_header)
         if for_origin is None:
-            for_origin = keep(self._hosts, host_header, names_origin(self.table, host_header), count_max=_PLAIN_CACHE)
+            for_origin = keep(self._hosts, host_header, names_origin(self.table, host_header), _PLAIN_CACHE)
         if not for_origin:
             return None
         try:
@@ -97,7 +97,7 @@ class PlainHitFinder:
             return None
         if key is None or origin is None or origin.credentials == "authorize":
             return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
-        return keep(self._names, asked, (target, origin, key), count_max=_PLAIN_CACHE)
+        return keep(self._names, asked, (target, origin, key), _PLAIN_CACHE)
 
     def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,
                      status: int = 200) -> None:

@@ -182,7 +182,7 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
     verdict = judged.get(memo)
     if verdict is None:
         # A verdict is never None (the head is complete): a miss of `get` is an unseen head.
-        verdict = keep(judged, memo, _judged(head, end, memo, blocks), count_max=_JUDGED_MAX)
+        verdict = keep(judged, memo, _judged(head, end, memo, blocks), _JUDGED_MAX)
     if ranged is None or verdict is False:
         return verdict
     return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
@@ -201,8 +201,8 @@ def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | 
     fields = blocks.get(block)
     if fields is None:
         raw = head[cut + 2:end]
-        fields = keep(blocks, block, False if _bare_lf(raw) or not raw.isascii() else _fields(raw.decode("ascii")),
-                      count_max=_JUDGED_MAX)
+        fields = False if _bare_lf(raw) or not raw.isascii() else _fields(raw.decode("ascii"))
+        keep(blocks, block, fields, _JUDGED_MAX)
     if fields is False:
         return False
     return PlainRequest(*_asked(asked), fields[0], end + 4, fields[1], fields[2])
@@ -285,5 +285,5 @@ def partial_head(head: bytes) -> bytes:
             name = line.partition(b":")[0].decode("latin-1")
             if name.lower() != "content-length" and not describes_whole_body(name):
                 lines.append(line)
-        made = keep(_PARTIAL_HEADS, head, b"\r\n".join(lines) + b"\r\n", count_max=_PARTIAL_HEADS_MAX)
+        made = keep(_PARTIAL_HEADS, head, b"\r\n".join(lines) + b"\r\n", _PARTIAL_HEADS_MAX)
     return made

@@ -84,7 +84,7 @@ class FieldLines(Mapping[str, str]):
             value = derive(self.lowered, *args)
             # Bounded in each argument's length, not in one size of the entry's.
             if not any(type(a) is str and len(a) > _ARG_KEPT_MAX for a in args):
-                keep(derived, key, value, count_max=_DERIVED_KEPT)
+                keep(derived, key, value, _DERIVED_KEPT)
         return value  # type: ignore[return-value]
 
     def items(self):  # type: ignore[override]
@@ -149,8 +149,7 @@ _ASKED_KEPT = 64
 def _names_of(names: tuple[str, ...]) -> _Names:
     known = _NAMES.get(names)
     if known is None:
-        known = keep(_NAMES, names, _Names(names), count_max=_NAMES_KEPT, size=sum(map(len, names)),
-                     size_max=_NAMES_LENGTH_MAX)
+        known = keep(_NAMES, names, _Names(names), _NAMES_KEPT, sum(map(len, names)), _NAMES_LENGTH_MAX)
     return known
 
 
@@ -236,7 +235,7 @@ def parse_cache_control(value: str | None) -> dict[str, str | None]:
             name = name.strip(" \t").lower()
             if name and name not in known:
                 known[name] = _unquote(arg.strip(" \t")) if sep else None
-        keep(_DIRECTIVES, value, known, count_max=_DIRECTIVES_KEPT)
+        keep(_DIRECTIVES, value, known, _DIRECTIVES_KEPT)
     return dict(known)  # the caller's own: the remembered one is never handed out
 
 

@@ -95,7 +95,7 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
             continue
         directives = _directives.get(value, _UNREAD)
         if directives is _UNREAD:
-            directives = keep(_directives, value, _directives_of(value), count_max=_DIRECTIVES_KEPT)
+            directives = keep(_directives, value, _directives_of(value), _DIRECTIVES_KEPT)
         if directives:
             return name, dict(directives)  # the caller's own: the remembered one is never handed out
     return None
