@@ -15,10 +15,10 @@ cold refill now and then, and a hit is the common case by far.
 
 The memo itself stays an exact `dict`, read by its site as one
 (`memo.get(key)`, `key in memo`); only `keep`, on a miss, is told the bounds.
-A dict subclass carrying its bounds would cost every hit about 9 ns on
-Python 3.11 (a subclass misses the interpreter's exact-dict paths: `get`,
-`in` and `[]` alike, timeit min of 30), so the bounds stay with the site,
-as constants it names.
+A dict subclass carrying its bounds would cost every hit about 9 ns more
+than an exact dict on Python 3.11 (`get`, `in` and `[]` alike, timeit min
+of 30, even with `__slots__` and no method of its own), so the bounds stay
+with the site, as constants it names.
 """
 
 from __future__ import annotations
