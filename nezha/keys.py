@@ -18,6 +18,7 @@ from urllib.parse import unquote
 from nezha.credentials import credential_names
 from nezha.errors import NezhaError
 from nezha.frozen import quick_init
+from nezha.memo import keep
 
 
 class BadTarget(NezhaError):
@@ -73,10 +74,7 @@ def _host_field(host_header: str) -> str:
     """`_split_host` of a Host field, remembered."""
     host = _HOSTS.get(host_header)
     if host is None:
-        host = _split_host(host_header)
-        if len(_HOSTS) >= _HOSTS_MAX:
-            _HOSTS.clear()
-        _HOSTS[host_header] = host
+        host = keep(_HOSTS, host_header, _split_host(host_header), _HOSTS_MAX)
     return host
 
 

@@ -46,6 +46,8 @@ from aiohttp.http_writer import _serialize_headers
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from yarl import URL
 
+from nezha.memo import keep
+
 _TEMPLATES_MAX = 1024  # (scheme, host, port, verification) kept; cleared when full
 
 
@@ -138,10 +140,8 @@ def plain_request(url: str, fields: Mapping[str, str], timeout: ClientTimeout) -
         if _plain_where(asked) and asked.raw_host is not None and asked.port is not None:
             # The fields as `request_head` writes them after its request line (whose CRLF is left out).
             where = asked.raw_host, asked.port, _serialize_headers("", request_fields(asked, fields))[2:]
-        if len(authority) + sum(len(n) + len(v) for n, v in key[1]) <= _WHERE_ENTRY_MAX:
-            if len(_WHERE) >= _WHERE_MAX:
-                _WHERE.clear()
-            _WHERE[key] = where
+        size = len(authority) + sum(len(n) + len(v) for n, v in key[1])
+        keep(_WHERE, key, where, _WHERE_MAX, size, _WHERE_ENTRY_MAX)
     if where is None:
         return None
     host, port, written = where
@@ -181,11 +181,9 @@ class PlainGets:
         where = (url.scheme, url.raw_host or "", url.port, verify)
         template = self._templates.get(where)
         if template is None:
-            if len(self._templates) >= _TEMPLATES_MAX:
-                self._templates.clear()
             template = ClientRequest("GET", url.origin(), loop=asyncio.get_running_loop(), session=self._session,
                                      ssl=verify)
-            self._templates[where] = template
+            keep(self._templates, where, template, _TEMPLATES_MAX)
         return template
 
     async def get(self, url: URL, headers: Mapping[str, str], *, timeout: ClientTimeout,

@@ -26,6 +26,8 @@ import re
 from aiohttp import HttpVersion, hdrs
 from multidict import istr
 
+from nezha.memo import keep
+
 # A line of the head, longer: declined, as aiohttp's parser refuses it (its
 # max_line_size and max_field_size), so no answer the engine would fail is stored here.
 LINE_MAX = 8190
@@ -73,11 +75,7 @@ class Head:
 
 def _named(name: str) -> tuple[str, int]:
     lname = name.lower()
-    named = (_KNOWN.get(lname) or name, _ROLES.get(lname, _OTHER))
-    if len(_NAMES) >= _NAMES_MAX:
-        _NAMES.clear()
-    _NAMES[name] = named
-    return named
+    return keep(_NAMES, name, (_KNOWN.get(lname) or name, _ROLES.get(lname, _OTHER)), _NAMES_MAX)
 
 
 def _line(line: str) -> tuple[tuple[str, str], int, list[str]] | None:
@@ -89,11 +87,7 @@ def _line(line: str) -> tuple[tuple[str, str], int, list[str]] | None:
     value = value.strip(" \t")
     stored, role = _NAMES.get(name) or _named(name)
     read = ((stored, value), role, _tokens(value) if role == _CONNECTION else _NO_TOKENS)
-    if len(line) <= _LINE_KEPT_MAX:
-        if len(_LINES) >= _LINES_MAX:
-            _LINES.clear()
-        _LINES[line] = read
-    return read
+    return keep(_LINES, line, read, _LINES_MAX, len(line), _LINE_KEPT_MAX)
 
 
 def read_head(head: bytes, small_max: int) -> Head | None:

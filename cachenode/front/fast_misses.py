@@ -56,6 +56,7 @@ from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.credentials import redact_url
 from nezha.keys import Target, credentials_kept
+from nezha.memo import keep
 from nezha.origins import Origin
 from nezha.wire import FROM_CHILD_HEADER, CacheOutcome
 
@@ -141,11 +142,7 @@ class PlainFields:
         if "Via" not in fields and FROM_CHILD_HEADER not in fields and request_bypasses_cache(fields) is None:
             judged = (CIMultiDictProxy(fields), CIMultiDictProxy(
                 forwarded_request_headers(fields, via=self._via, drop=NOT_FOR_FILLS)))
-        if len(block) <= _FIELDS_BLOCK_MAX:
-            if len(self._fields) >= _FIELDS_MAX:
-                self._fields.clear()
-            self._fields[block] = judged
-        return judged
+        return keep(self._fields, block, judged, _FIELDS_MAX, len(block), _FIELDS_BLOCK_MAX)
 
 
 class Plain(NamedTuple):

@@ -22,6 +22,7 @@ from cachenode.store.disk import Store
 from cachenode.store.objects import Meta
 from nezha.credentials import redact_url
 from nezha.keys import BadTarget, Target
+from nezha.memo import keep
 from nezha.origins import Origin, OriginTable
 from nezha.wire import CacheOutcome
 
@@ -71,10 +72,8 @@ class PlainHitFinder:
             return None  # its blocks are checked before they leave (front/respond.py), not sent unread
         prepared = self._heads.get(key)
         if prepared is None or prepared[0] is not meta:
-            if len(self._heads) >= _PLAIN_CACHE:
-                self._heads.clear()
-            prepared = self._heads[key] = (meta, response_head(meta, via=self.via, served_by=self.node_id),
-                                           self.store.data_path(meta))
+            prepared = keep(self._heads, key, (meta, response_head(meta, via=self.via, served_by=self.node_id),
+                                               self.store.data_path(meta)), _PLAIN_CACHE)
         return prepared
 
     def named(self, raw_target: str, host_header: str, scheme: str = "http") -> Named | None:
@@ -89,9 +88,7 @@ class PlainHitFinder:
             return named
         for_origin = self._hosts.get(host_header)
         if for_origin is None:
-            if len(self._hosts) >= _PLAIN_CACHE:
-                self._hosts.clear()
-            for_origin = self._hosts[host_header] = names_origin(self.table, host_header)
+            for_origin = keep(self._hosts, host_header, names_origin(self.table, host_header), _PLAIN_CACHE)
         if not for_origin:
             return None
         try:
@@ -100,10 +97,7 @@ class PlainHitFinder:
             return None
         if key is None or origin is None or origin.credentials == "authorize":
             return None  # an authorize origin's reads are each the origin's to allow: never a plain hit
-        if len(self._names) >= _PLAIN_CACHE:
-            self._names.clear()
-        named = self._names[asked] = (target, origin, key)
-        return named
+        return keep(self._names, asked, (target, origin, key), _PLAIN_CACHE)
 
     def log_fast_hit(self, meta: Meta, *, method: str, path: str, sent: int, ms: float, gone: bool = False,
                      status: int = 200) -> None:

@@ -22,6 +22,7 @@ from cachenode.http.fields import imf_fixdate
 from cachenode.http.headers import describes_whole_body
 from cachenode.store.objects import Meta
 from nezha.frozen import quick_init
+from nezha.memo import keep
 from nezha.wire import CACHE_HEADER, FROM_CHILD_HEADER, SERVED_BY_HEADER, CacheOutcome
 
 MAX_HEAD = 8192
@@ -180,10 +181,8 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
         judged, memo, blocks = _JUDGED_RANGED, head[:ranged.start(1)] + head[ranged.end(1):], _FIELDS_RANGED
     verdict = judged.get(memo)
     if verdict is None:
-        verdict = _judged(head, end, memo, blocks)
-        if len(judged) >= _JUDGED_MAX:
-            judged.clear()
-        judged[memo] = verdict  # never None: the head is complete
+        # A verdict is never None (the head is complete): a miss of `get` is an unseen head.
+        verdict = keep(judged, memo, _judged(head, end, memo, blocks), _JUDGED_MAX)
     if ranged is None or verdict is False:
         return verdict
     return PlainRequest(verdict.method, verdict.target, verdict.host, end + 4,
@@ -203,9 +202,7 @@ def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | 
     if fields is None:
         raw = head[cut + 2:end]
         fields = False if _bare_lf(raw) or not raw.isascii() else _fields(raw.decode("ascii"))
-        if len(blocks) >= _JUDGED_MAX:
-            blocks.clear()
-        blocks[block] = fields
+        keep(blocks, block, fields, _JUDGED_MAX)
     if fields is False:
         return False
     return PlainRequest(*_asked(asked), fields[0], end + 4, fields[1], fields[2])
@@ -288,8 +285,5 @@ def partial_head(head: bytes) -> bytes:
             name = line.partition(b":")[0].decode("latin-1")
             if name.lower() != "content-length" and not describes_whole_body(name):
                 lines.append(line)
-        made = b"\r\n".join(lines) + b"\r\n"
-        if len(_PARTIAL_HEADS) >= _PARTIAL_HEADS_MAX:
-            _PARTIAL_HEADS.clear()
-        _PARTIAL_HEADS[head] = made
+        made = keep(_PARTIAL_HEADS, head, b"\r\n".join(lines) + b"\r\n", _PARTIAL_HEADS_MAX)
     return made

@@ -18,6 +18,8 @@ import re
 from datetime import date, datetime, timezone
 from typing import Callable, Hashable, Iterable, Iterator, Mapping, TypeVar
 
+from nezha.memo import keep
+
 # RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31.
 _DELTA_MAX = 2**31
 
@@ -80,10 +82,9 @@ class FieldLines(Mapping[str, str]):
         value = derived.get(key, _ABSENT)
         if value is _ABSENT:
             value = derive(self.lowered, *args)
+            # Bounded in each argument's length, not in one size of the entry's.
             if not any(type(a) is str and len(a) > _ARG_KEPT_MAX for a in args):
-                if len(derived) >= _DERIVED_KEPT:
-                    derived.clear()
-                derived[key] = value
+                keep(derived, key, value, _DERIVED_KEPT)
         return value  # type: ignore[return-value]
 
     def items(self):  # type: ignore[override]
@@ -148,11 +149,7 @@ _ASKED_KEPT = 64
 def _names_of(names: tuple[str, ...]) -> _Names:
     known = _NAMES.get(names)
     if known is None:
-        known = _Names(names)
-        if sum(map(len, names)) <= _NAMES_LENGTH_MAX:
-            if len(_NAMES) >= _NAMES_KEPT:
-                _NAMES.clear()
-            _NAMES[names] = known
+        known = keep(_NAMES, names, _Names(names), _NAMES_KEPT, sum(map(len, names)), _NAMES_LENGTH_MAX)
     return known
 
 
@@ -238,9 +235,7 @@ def parse_cache_control(value: str | None) -> dict[str, str | None]:
             name = name.strip(" \t").lower()
             if name and name not in known:
                 known[name] = _unquote(arg.strip(" \t")) if sep else None
-        if len(_DIRECTIVES) >= _DIRECTIVES_KEPT:
-            _DIRECTIVES.clear()
-        _DIRECTIVES[value] = known
+        keep(_DIRECTIVES, value, known, _DIRECTIVES_KEPT)
     return dict(known)  # the caller's own: the remembered one is never handed out
 
 

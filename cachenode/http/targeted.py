@@ -33,6 +33,7 @@ from typing import Mapping
 import http_sf
 
 from cachenode.http.fields import field_value
+from nezha.memo import keep
 
 # Directives whose argument is delta-seconds (RFC 9111 §1.2.2, RFC 5861):
 # in a targeted field they must be Integers (RFC 9213 §2.1).
@@ -94,10 +95,7 @@ def targeted_directives(headers: Mapping[str, str], names: tuple[str, ...]) -> t
             continue
         directives = _directives.get(value, _UNREAD)
         if directives is _UNREAD:
-            directives = _directives_of(value)
-            if len(_directives) >= _DIRECTIVES_KEPT:
-                _directives.clear()
-            _directives[value] = directives
+            directives = keep(_directives, value, _directives_of(value), _DIRECTIVES_KEPT)
         if directives:
             return name, dict(directives)  # the caller's own: the remembered one is never handed out
     return None
