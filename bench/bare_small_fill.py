@@ -417,6 +417,11 @@ class Ruled(Bare):
         self.count += 1
         return self.miss_head(meta, self.via) + body
 
+    def answered(self, conn: Origin, key: bytes, status: int, body: bytes, close: bool) -> None:
+        if status != 200:
+            self.named.pop(key, None)  # a 200's is taken by `stored`: what a 404 named would stay for good
+        super().answered(conn, key, status, body, close)
+
     def fail(self, key: bytes, why: bytes) -> None:
         self.named.pop(key, None)
         super().fail(key, why)

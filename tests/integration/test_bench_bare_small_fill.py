@@ -146,3 +146,29 @@ async def test_with_the_nodes_rules_a_small_miss_is_stored_in_the_nodes_store_an
             assert meta is not None and meta.size == len(body) and meta.url.endswith(path), path
     finally:
         await store.close()
+
+
+async def test_with_the_nodes_rules_a_miss_answered_other_than_200_leaves_nothing_of_its_path_behind(tmp_path):
+    """What `Ruled.find` notes of a miss (its target, origin, key, fields) goes when its answer comes, whatever
+    the status: paths asked that the origin does not hold would otherwise grow the server's memory for good."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from bare_small_fill import Ruled
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    ruled = Ruled(("127.0.0.1", 9), tmp_path, "images.test")
+    await ruled.store.open(background=False)
+    try:
+        class Conn:  # an origin connection, as far as an answer's handling reads it
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: 4"
+
+        conn = Conn()
+        for status in (200, 404, 502):
+            key = b"/d/%d.bin" % status
+            assert ruled.find(key, b"GET %s HTTP/1.1\r\nHost: images.test" % key) is None
+            assert key in ruled.named
+            ruled.filling[key] = []
+            ruled.answered(conn, key, status, b"body", False)
+            assert ruled.named == {}, status
+    finally:
+        await ruled.store.close()
