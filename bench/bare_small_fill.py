@@ -638,6 +638,8 @@ def main() -> None:
                     "(default: this one)")
     ap.add_argument("--work", type=Path, default=Path("/dev/shm"), help="where the work folder goes (/dev/shm)")
     args = ap.parse_args()
+    if unknown := set(args.servers) - set(KINDS):
+        ap.error(f"--servers: no such server {', '.join(sorted(unknown))} (of {','.join(KINDS)})")
     if args.serve:
         if not (args.listen and args.upstream and args.dir):
             ap.error("--serve needs --listen, --upstream and --dir")
