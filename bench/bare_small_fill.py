@@ -396,13 +396,13 @@ class Ruled(Bare):
             return OK % (len(body), b"PASS") + body
         url = self.url_of(target, origin)
         answer = self.SmallAnswer(reason=head.reason, version=head.version, pairs=head.pairs,
-                             content_length=head.length, body=body, asked=url)
+                                  content_length=head.length, body=body, asked=url)
         source = self.Source(url=url, what=f"origin {url}", headers=forwarded, interim=None, read_here=True)
         judged = self.judge(answer, origin=origin, source=source, stale=None, now=self.time(), fits=store.fits,
-                       chunking=lambda vary, authorize: self.chunked_as(
-                           200, answer.headers, answer.content_length, peer=False,
-                           chunking=self.settings.chunking(origin), spread=False,
-                           plain=not authorize and vary == ()))
+                            chunking=lambda vary, authorize: self.chunked_as(
+                                200, answer.headers, answer.content_length, peer=False,
+                                chunking=self.settings.chunking(origin), spread=False,
+                                plain=not authorize and vary == ()))
         if judged.decision.step is not self.FILL or judged.chunk_size is not None:
             return OK % (len(body), b"PASS") + body
         vary, policy = judged.vary, judged.policy
