@@ -58,4 +58,3 @@ def rest_from_origin(origins: Upstream, response: aiohttp.ClientResponse, source
             answer.release()
 
     return rest
-
