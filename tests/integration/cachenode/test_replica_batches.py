@@ -72,6 +72,9 @@ async def test_a_lone_small_object_is_not_held_back_waiting_for_others(origin, c
         assert status == 200
         # Nothing else is filled: without the batch's delay (0.2 s) it would wait for company forever.
         await until(lambda: key_of("/alone.jpg") in nodes[owners[1]].node.store, timeout=60)
+        # The peer stores the batch before it answers, and the sender logs the batch once the answer is in:
+        # the copy can be seen on the peer a moment before its line is written.
+        await until(lambda: sent(logs), timeout=60)
     assert [b["records"] for b in sent(logs)] == [1]
 
 
