@@ -32,6 +32,22 @@ async def ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: 
     return int(lines[0].split()[1]), fields, await reader.readexactly(int(fields["content-length"]))
 
 
+async def serving(port: int, upstream: int, folder: Path, *flags: str) -> asyncio.subprocess.Process:
+    """The bench's server (`--serve` and `flags`) on `port` in front of the origin on `upstream`, once it
+    says it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "bench" / "bare_small_fill.py"), "--serve", *flags,
+        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}", "--dir", str(folder),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"listening"
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc
+
+
 def unpacked(data: bytes) -> tuple[str, bytes]:
     """A stored file's key and body, its header's length and checksum checked."""
     magic, size, crc, key_size = struct.unpack_from("<4sQIH", data)
@@ -62,12 +78,8 @@ async def test_a_miss_then_a_hit_answer_the_origins_exact_bytes_and_the_origin_i
     app.router.add_get("/{tail:.*}", origin)
     server = await aiohttp_server(app, host="127.0.0.1")
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "bench" / "bare_small_fill.py"), "--serve", "--loop", loop,
-        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{server.port}", "--dir", str(tmp_path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await serving(port, server.port, tmp_path, "--loop", loop)
     try:
-        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"listening"
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for path, body in bodies.items():
             for cache in ("MISS", "HIT"):
@@ -116,12 +128,8 @@ async def test_with_the_nodes_rules_a_small_miss_is_stored_in_the_nodes_store_an
     app.router.add_get("/{tail:.*}", origin)
     server = await aiohttp_server(app, host="127.0.0.1")
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "bench" / "bare_small_fill.py"), "--serve", "--rules", "--host", "images.test",
-        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{server.port}", "--dir", str(tmp_path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await serving(port, server.port, tmp_path, "--rules", "--host", "images.test")
     try:
-        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"listening"
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for path, body in bodies.items():
             for cache in ("miss", "hit"):  # the node's labels, on the node's heads
