@@ -61,21 +61,11 @@ def parse_plain(buf: bytes | bytearray) -> PlainRequest | None | bool:
     never comes held such clients for an hour, while aiohttp answers them 400
     at once (RFC 9112 §2.2 lets a server refuse bare LF)."""
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-    if _bare_lf(buf[:end] if end >= 0 else buf[:MAX_HEAD]):
-        return False
     if end < 0:
+        if _bare_lf(buf[:MAX_HEAD]):
+            return False
         return None if len(buf) < MAX_HEAD else False
-    try:
-        head = buf[:end].decode("ascii")
-    except UnicodeDecodeError:
-        return False
-    asked = _request_line(buf, end + 2)
-    if asked is None:
-        return False
-    judged = _fields(head[asked.end():])
-    if judged is False:
-        return False
-    return PlainRequest(*_asked(asked), judged[0], end + 4, judged[1], judged[2])
+    return _judged(buf, end)
 
 
 def _bare_lf(raw: bytes | bytearray) -> bool:
@@ -189,24 +179,27 @@ def plain_request(buf: bytearray) -> PlainRequest | None | bool:
                         ranged.group(1).decode("ascii"), verdict.if_range)
 
 
-def _judged(head: bytes, end: int, memo: bytes, blocks: dict) -> PlainRequest | bool:
-    """`parse_plain(head)` of a whole head (`end`: where its blank line
-    starts), its field lines judged once per block in `blocks`, the block as
-    `memo` (the head as `plain_request` remembers it) holds it."""
+def _judged(head: bytes | bytearray, end: int, memo: bytes | None = None,
+            blocks: dict | None = None) -> PlainRequest | bool:
+    """The verdict on a whole head (`end`: where its blank line starts): its
+    request line (`_request_line`, which takes no LF and no byte past ASCII)
+    and its field lines (ASCII, no bare LF, `_fields`). With `blocks`, the
+    field lines are judged once per block there, the block as `memo` (the
+    head as `plain_request` remembers it) holds it."""
     asked = _request_line(head, end + 2)
     if asked is None:
         return False
     cut = asked.end() - 2  # the request line's end: the range, if cut out of `memo`, is after it
-    block = memo[cut:]
-    fields = blocks.get(block)
+    block = None if blocks is None or memo is None else memo[cut:]
+    fields = None if block is None else blocks.get(block)  # type: ignore[union-attr]
     if fields is None:
         raw = head[cut + 2:end]
         fields = False if _bare_lf(raw) or not raw.isascii() else _fields(raw.decode("ascii"))
-        keep(blocks, block, fields, _JUDGED_MAX)
+        if block is not None:
+            keep(blocks, block, fields, _JUDGED_MAX)  # type: ignore[arg-type]
     if fields is False:
         return False
     return PlainRequest(*_asked(asked), fields[0], end + 4, fields[1], fields[2])
-
 
 def one_plain_request(buf: bytearray) -> bool:
     """Whether `buf` holds one whole plain request head and not a byte more.
