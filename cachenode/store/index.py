@@ -53,7 +53,7 @@ from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.index_view import IndexView, Slots
 from cachenode.store.policy import Candidate, Policy
 from cachenode.store.records import SEALED_SUFFIX, Records, digest_of
-from cachenode.store.room import Room, Usage, _kind, kind_of
+from cachenode.store.room import Room, Usage, kind_of, kind_of_flags
 from cachenode.store.rows import EMPTY, EXTRA, HOT, SEALED, RowOrder, Rows, hash_of
 from nezha.chunks import chunk_of
 
@@ -174,7 +174,7 @@ class Index(Records, Following, Room):
 
     def _used(self, row: int, meta: Meta) -> None:
         rows = self._rows
-        kind = _kind(rows.flags[row])
+        kind = kind_of_flags(rows.flags[row])
         self.census.read(kind, rows.sizes[row], self.policies[kind].hit(rows.hashes[row]), hit=True)
 
     def chunks_of(self, key: str) -> list[str]:
@@ -316,7 +316,7 @@ class Index(Records, Following, Room):
     def _release(self, row: int) -> None:
         """Row `row` out of its order, its bytes out of the usage, the row free."""
         rows = self._rows
-        h, size, kind = rows.hashes[row], rows.sizes[row], _kind(rows.flags[row])
+        h, size, kind = rows.hashes[row], rows.sizes[row], kind_of_flags(rows.flags[row])
         self.policies[kind].remove(h)
         self.usage.stored -= size
         if kind == "hot":

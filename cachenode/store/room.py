@@ -21,7 +21,8 @@ def kind_of(meta: Meta) -> str:
     return "hot" if meta.hot else "extra" if meta.extra else "only"
 
 
-def _kind(flags: int) -> str:
+def kind_of_flags(flags: int) -> str:
+    """`kind_of` of a row by its flags, as the index keeps them (cachenode/store/rows.py)."""
     return "hot" if flags & HOT else "extra" if flags & EXTRA else "only"
 
 
@@ -62,7 +63,7 @@ class Room:
         freed = 0
         digest = digest_of(meta.slot)
         rows = self._rows
-        if (old := rows.find(digest)) != EMPTY and _kind(rows.flags[old]) == "only":
+        if (old := rows.find(digest)) != EMPTY and kind_of_flags(rows.flags[old]) == "only":
             freed = rows.sizes[old]
         others = max(0, u.reserved - reserved_here - limit // 10)
         room = limit - (u.stored - u.hot - u.extra - freed) - others
