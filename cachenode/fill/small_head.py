@@ -69,8 +69,8 @@ class Head:
     __slots__ = ("reason", "version", "pairs", "length", "keep")
 
     def __init__(self, reason: str, version: HttpVersion, pairs: list[tuple[str, str]], length: int,
-                 keep: bool) -> None:
-        self.reason, self.version, self.pairs, self.length, self.keep = reason, version, pairs, length, keep
+                 alive: bool) -> None:
+        self.reason, self.version, self.pairs, self.length, self.keep = reason, version, pairs, length, alive
 
 
 def _named(name: str) -> tuple[str, int]:
@@ -128,9 +128,9 @@ def read_head(head: bytes, small_max: int) -> Head | None:
         return None
     minor = status.group(1)
     # RFC 9112 §9.3: "close" ends it whatever the version; HTTP/1.0 persists only when asked to.
-    keep = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
+    alive = "close" not in connection and (minor == b"1" or "keep-alive" in connection)
     reason = (status.group(2) or b"").decode("ascii")
-    return Head(reason, _VERSIONS[minor], pairs, size, keep)
+    return Head(reason, _VERSIONS[minor], pairs, size, alive)
 
 
 def _tokens(value: str) -> list[str]:
