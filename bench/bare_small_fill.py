@@ -342,7 +342,7 @@ class Ruled(Bare):
         from cachenode.fill.origin import via_of
         from cachenode.fill.small_gets import SmallAnswer
         from cachenode.fill.small_head import read_head
-        from cachenode.front.fast_misses import PlainFields, miss_head, url_of
+        from cachenode.front.fast_misses import PlainFields, miss_head
         from cachenode.front.names import resolve
         from cachenode.front.plain import response_head
         from cachenode.http.vary import variant
@@ -354,7 +354,7 @@ class Ruled(Bare):
         super().__init__(upstream, folder)
         # The node's code, bound once: an import statement in a method costs a look-up each call.
         self.time, self.chunked_as, self.Source, self.judge, self.FILL = time.time, chunked_as, Source, judge, Step.FILL
-        self.SmallAnswer, self.read_head, self.miss_head, self.url_of = SmallAnswer, read_head, miss_head, url_of
+        self.SmallAnswer, self.read_head, self.miss_head = SmallAnswer, read_head, miss_head
         self.resolve, self.response_head, self.variant, self.redact_url = resolve, response_head, variant, redact_url
         self.NotStored = NotStored
         settings = self.settings = CacheSettings(data_dir=folder / "node",
@@ -394,7 +394,7 @@ class Ruled(Bare):
         head = self.read_head(conn.head, store.small_max)
         if head is None:
             return OK % (len(body), b"PASS") + body
-        url = self.url_of(target, origin)
+        url = origin.url_of(target)
         answer = self.SmallAnswer(reason=head.reason, version=head.version, pairs=head.pairs,
                                   content_length=head.length, body=body, asked=url)
         source = self.Source(url=url, what=f"origin {url}", headers=forwarded, interim=None, read_here=True)

@@ -13,12 +13,15 @@ import json
 import re
 import ssl
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from yarl import URL
 
 from nezha.values import chunk_setting, parse_size
+
+if TYPE_CHECKING:
+    from nezha.keys import Target
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 # RFC 9110 §5.1: a field name is a token.
@@ -176,6 +179,10 @@ class Origin(BaseModel):
         else:
             chosen = f"https://{HOST_PLACEHOLDER}"
         return chosen.replace(HOST_PLACEHOLDER, host)
+
+    def url_of(self, target: Target) -> str:
+        """Where `target`, one of this origin's, is fetched: its upstream (`upstream_for`) and its path and query."""
+        return self.upstream_for(target.scheme, target.host) + target.path_qs
 
     @classmethod
     def parse(cls, spec: str) -> "Origin":

@@ -93,7 +93,7 @@ def origin_url(settings: CacheSettings, target: Target) -> str:
     origin = settings.origin_table.get(target.host)
     if origin is None:
         raise ChunkUnavailable(f"{target.host} is no longer a configured origin")
-    return origin.upstream_for(target.scheme, target.host) + target.path_qs
+    return origin.url_of(target)
 
 
 class ChunkReads:

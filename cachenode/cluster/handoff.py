@@ -263,7 +263,7 @@ class Handoff:
             flight, leader = self.flights.lead_or_join(key)
             if leader:
                 source = _peer_source(self.node_id, self.settings.cluster_token, peer, target, selecting, hot=hot)
-                url = origin.upstream_for(target.scheme, target.host) + target.path_qs
+                url = origin.url_of(target)
                 outcome, response = await self.lead(flight, key=key, url=url, origin=origin, stale=None,
                                                     target=target, source=source)
                 if response is not None:

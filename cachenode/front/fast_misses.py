@@ -157,12 +157,7 @@ class Plain(NamedTuple):
     @property
     def url(self) -> str:
         """Where the origin is asked."""
-        return url_of(self.target, self.origin)
-
-
-def url_of(target: Target, origin: Origin) -> str:
-    """Where the origin is asked for `target`."""
-    return origin.upstream_for(target.scheme, target.host) + target.path_qs
+        return self.origin.url_of(self.target)
 
 
 def plain_cold(req: PlainRequest, head: bytes | bytearray, scheme: str, named: Named | None, fields: PlainFields,
@@ -245,7 +240,7 @@ class FastMisses:
         # Led from now: a request for the key that comes before the origin answers joins it.
         flight, _ = self.engine.flights.lead_or_join(key)
         # By position (the names are Miss's own, in its order): keywords cost a quarter more per miss.
-        return Miss(key, url_of(target, origin), target, origin, headers, forwarded, flight)
+        return Miss(key, origin.url_of(target), target, origin, headers, forwarded, flight)
 
     # -- the flight ---------------------------------------------------------------
     async def lead(self, miss: Miss, *, interim: Interim) -> Outcome | Led:

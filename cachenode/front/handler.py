@@ -175,8 +175,7 @@ class Handler:
             raise web.HTTPForbidden(
                 text=f"host {target.host!r} is not a configured origin; this cache is not an open proxy\n")
         access(request).key = key
-        return Asked(target=target, origin=origin, key=key,
-                     url=origin.upstream_for(target.scheme, target.host) + target.path_qs)
+        return Asked(target=target, origin=origin, key=key, url=origin.url_of(target))
 
     async def _chunk(self, request: web.Request, asked: Asked) -> web.StreamResponse:
         """One chunk of a chunked object, for the peer reading it: this node owns that chunk."""

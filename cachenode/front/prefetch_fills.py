@@ -152,7 +152,7 @@ class PrefetchFills:
     async def _fill(self, key: str, *, target: Target, origin: Origin) -> dict:
         """Join or lead the key's flight, as a read does, until it says stored or why not."""
         engine = self._reads.engine
-        url = origin.upstream_for(target.scheme, target.host) + target.path_qs
+        url = origin.url_of(target)
         headers = {"Host": target.host}
         for _ in range(ATTEMPTS):
             if (meta := self._stored(key, target.host)) is not None:
