@@ -14,6 +14,7 @@ from hypothesis import settings
 
 from nezha import logs
 from testkit.bytecode import compile_project
+from testkit.heap import pytest_runtest_setup  # noqa: F401  (hook)
 from testkit.redis_server import RedisServer
 from testkit.timeouts import pytest_exception_interact, pytest_timeout_set_timer  # noqa: F401  (hooks)
 from testkit.tools import require_tool

@@ -17,13 +17,13 @@ collection the flood's allocations start walks every object the process
 holds, and in a whole suite that took a gap to 1.13 s (8 million tuples held
 beside the test took the largest case's from 0.19 to 0.65 s). A webhook
 runs in a process of its own, so the process's objects made before the
-flood are frozen out of the collector (`gc.freeze`) while it runs.
+test are frozen out of the collector (`gc.freeze`) while it runs, as before
+every test of the suite (testkit/heap.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import time
 
@@ -61,17 +61,6 @@ async def url(tls, tmp_path):
         yield f"https://127.0.0.1:{hook.settings.listen_addr[1]}"
     finally:
         await runner.cleanup()
-
-
-@pytest.fixture
-def own_heap():
-    """The objects of earlier tests out of the collector's walks until the test ends (the module's docstring)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def pod_with(containers: int) -> dict:
@@ -128,8 +117,7 @@ def declined(containers: int) -> str:
 @pytest.mark.parametrize("containers", [
     MAX_CONTAINERS, 8_000, 16_000, filling(MAX_BODY),
 ], ids=["at-the-bound", "8000", "16000", "a-body-at-max-body-bytes"])
-async def test_a_flood_of_huge_env_reviews_is_answered_while_healthz_is_never_held_a_second(url, tls, containers,
-                                                                                            own_heap):
+async def test_a_flood_of_huge_env_reviews_is_answered_while_healthz_is_never_held_a_second(url, tls, containers):
     obj = pod_with(containers)
     sent = review(obj)
     body = json.dumps(sent).encode()
