@@ -2,8 +2,9 @@
 doubling moves the old array's entries over a few at a time on the inserts
 and deletes that follow, and while it does, the table answers exactly as a
 dict would, mid-migration and across a run wrapping around the array's end.
-No operation moves more than `STEPS` entries, whatever the size, and each
-migration has ended before the next doubling."""
+No operation moves more than `STEPS` entries or makes more than `CHUNK`
+slots of the next array ready, whatever the size, and each migration has
+ended before the next doubling."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from array import array
 import pytest
 
 from cachenode.store import table as table_module
-from cachenode.store.table import EMPTY, STEPS, Table, _slot
+from cachenode.store.table import CHUNK, EMPTY, STEPS, Table, _slot
 
 
 def _home_near_end(rng: random.Random) -> int:
@@ -113,7 +114,9 @@ def test_a_doubling_during_a_migration_ends_the_migration_first_and_answers_stay
 def _worst_operation(steps: int, entries: int, monkeypatch: pytest.MonkeyPatch, *,
                      deletes: bool = True) -> tuple[int, int, int]:
     """Entries moved, and visits (entries moved and old slots passed), by the busiest operation while
-    `entries` are inserted (and, with `deletes`, one deleted after every third); and the entries moved in all."""
+    `entries` are inserted (and, with `deletes`, one deleted after every third); and the entries moved in all.
+    Each operation also makes at most CHUNK slots of the next array ready, and each doubling of an array
+    of at least CHUNK / 2 slots takes the one made ready: none is made whole at once."""
     monkeypatch.setattr(table_module, "STEPS", steps)
     rng = random.Random(entries)
     hashes = array("q", (rng.randrange(-(1 << 63), 1 << 63) for _ in range(entries)))
@@ -125,8 +128,13 @@ def _worst_operation(steps: int, entries: int, monkeypatch: pytest.MonkeyPatch, 
     most_moved = most_visits = 0
     for fn, *args in ops:
         moved, cursor, old = table._moved, table._cursor, table._old
+        spare, ready, size = table._spare, table._ready if table._spare is not None else 0, len(table._rows)
         fn(*args)
         moves = table._moved - moved
+        if len(table._rows) != size:
+            assert size < CHUNK // 2 or table._rows is spare and ready == 2 * size
+        else:
+            assert (table._ready if table._spare is not None else 0) - ready <= CHUNK
         if old is None:  # nothing to migrate before this operation (an insert that doubles only starts one)
             passed = 0
         elif table._old is old:
