@@ -46,7 +46,9 @@ STEPS = 8
 # An array of S slots starts on the next one of 2S when 4 * S / CHUNK
 # inserts are left before its doubling, twice the 2 * S / CHUNK it takes,
 # so that a doubling only swaps it in (from S = CHUNK / 2 on: smaller
-# arrays are made at once, at no cost).
+# arrays are made at once, at no cost). Held, it costs 16 bytes per object:
+# deletes that take the count another 4 * S / CHUNK below where making it
+# began let it go.
 CHUNK = 256
 _CHUNK = array("i", [EMPTY]) * CHUNK
 
@@ -140,6 +142,8 @@ class Table:
         elif i >= 0:
             _shift_back(rows, hashes, mask, i)
             self._count -= 1
+        if self._spare is not None and self._count < self._prepare_at - 4 * len(self._rows) // CHUNK:
+            self._spare = None  # a store that shrank back holds no array for a doubling not in sight
 
     def _grow(self) -> None:
         if self._old is not None:  # never with STEPS >= 3 (see STEPS); were it to happen, end it here

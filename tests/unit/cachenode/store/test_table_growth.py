@@ -175,3 +175,29 @@ def test_the_old_array_goes_once_its_entries_have_moved():
         inserts += 1
     assert inserts - 1 <= -(-((1 << 10) + (1 << 9)) // STEPS)
     assert all(table.find(hashes[r]) == r for r in range((1 << 9) + inserts)) and len(table) == (1 << 9) + inserts
+
+
+def test_the_next_array_is_made_ready_before_a_doubling_and_given_up_when_the_table_shrinks_back():
+    """A store that hovers just under a doubling keeps its next array; one that shrank well below lets it go."""
+    size = 1 << 12
+    hashes = array("q", (h - (1 << 61) for h in random.Random(5).sample(range(1 << 62), size)))
+    table = Table(hashes, size=size)
+    doubling = size // 2  # the insert that finds this many entries doubles the table
+    for row in range(doubling):
+        table.insert(hashes[row], row)
+    assert table._spare is not None and table._ready == 2 * size and len(table._rows) == size
+    band = 4 * size // CHUNK  # inserts that make it, from where they begin
+    for row in range(doubling - 1, doubling - 1 - 2 * band, -1):  # a band below where making it began
+        table.delete(hashes[row])
+    assert table._spare is not None
+    for row in range(doubling - 1 - 2 * band, doubling // 2, -1):
+        table.delete(hashes[row])
+    assert table._spare is None and len(table) == doubling // 2 + 1
+    for row in range(doubling // 2 + 1, doubling):
+        table.insert(hashes[row], row)
+    ready = table._spare
+    assert ready is not None and table._ready == 2 * size
+    table.insert(hashes[doubling], doubling)
+    assert table._rows is ready and len(table._rows) == 2 * size
+    assert all(table.find(hashes[row]) == row for row in range(doubling + 1)) and len(table) == doubling + 1
+    assert all(table.find(h) == EMPTY for h in hashes[doubling + 1:])
