@@ -58,11 +58,11 @@ class Table:
 
     Grown without a stall: a doubling keeps the old array (`_old`) and
     takes up one twice its size, made ready beforehand (`_spare`, see
-    CHUNK); inserts go to the new array, each
-    insert and delete then moves the entries of a few old slots (`STEPS`)
-    over, and a look that misses in the new array looks in the old one
-    while a migration is under way. An entry is in exactly one of the two,
-    with its row, so every answer is what a whole rebuild would give."""
+    CHUNK); inserts go to the new array, each insert and delete then moves
+    the entries of a few old slots (`STEPS`) over, and a look that misses
+    in the new array looks in the old one while a migration is under way.
+    An entry is in exactly one of the two, with its row, so every answer
+    is what a whole rebuild would give."""
 
     def __init__(self, hashes: array, size: int = 1024) -> None:
         self._hashes = hashes

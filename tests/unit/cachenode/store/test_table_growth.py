@@ -60,7 +60,8 @@ def _run(seed: int, steps: int, monkeypatch: pytest.MonkeyPatch, ops: int = 30_0
                          "missed_mid_migration"), 0)
     for step in range(ops):
         kind = rng.random()
-        h = _home_near_end(rng) if kind < 0.05 else _clustered(rng) if kind < 0.2 else rng.randrange(-(1 << 63), 1 << 63)
+        h = (_home_near_end(rng) if kind < 0.05 else _clustered(rng) if kind < 0.2
+             else rng.randrange(-(1 << 63), 1 << 63))
         if held and rng.random() < (0.55 if step * 4 // ops % 2 else 0.35):  # phases that shrink, then grow
             at = rng.randrange(len(held))
             h = held[at]
@@ -155,7 +156,7 @@ def test_no_operation_moves_more_than_steps_entries_whatever_the_size(entries, m
 def test_three_steps_are_the_fewest_that_end_every_migration_before_the_next_doubling(monkeypatch):
     """STEPS * S/2 >= S + S/2 (S/2 inserts from one doubling to the next, S slots to pass and S/2
     entries to move): with 3 no operation ever does more; with 2 a doubling must finish the last migration."""
-    assert STEPS * 1 >= 3  # the inequality for S = 2, and so for every S, a power of two
+    assert all(STEPS * (s // 2) >= s + s // 2 for s in (2 ** k for k in range(1, 40)))
     assert _worst_operation(3, 1 << 14, monkeypatch, deletes=False)[1] <= 3
     assert _worst_operation(2, 1 << 14, monkeypatch, deletes=False)[0] > 2
 
