@@ -8,7 +8,7 @@ object in it lives in arrays indexed by that integer (docs/cache-node.md
 "Memory per object"):
 
 - the SHA-256 of its slot (its file names come from it; the first 8 bytes,
-  signed, are its hash in the table below),
+  signed, are its hash in `Table`, cachenode/store/table.py),
 - its size in bytes, the nonce of its data file's name, a few flags,
 - its eviction policy's state: last access and its place in its kind's
   least-recently-used list (`RowOrder`, links between rows as int32).
@@ -16,12 +16,6 @@ object in it lives in arrays indexed by that integer (docs/cache-node.md
 The rest of its record (key, URL, headers, expiry...) is on disk, in its
 file; the index reads it on a hit (cachenode/store/index.py). Rows of
 objects that left are reused, so the arrays never hold holes for long.
-
-`Table` maps a slot's hash to its row: open addressing with linear
-probing over an array of rows, at most half full, deletions by backward
-shift (no tombstones), the hashes read from the rows themselves. Two slots
-sharing 64 bits of hash cannot both be in the table: the index compares
-the whole digest, and a newcomer takes the row of the other.
 """
 
 from __future__ import annotations
@@ -30,7 +24,8 @@ import hashlib
 from array import array
 from typing import Iterator
 
-EMPTY = -1
+from cachenode.store.table import EMPTY, Table
+
 DIGEST = 32  # bytes of a SHA-256
 
 # flags
@@ -64,87 +59,6 @@ def hash_of(digest: bytes) -> int:
 
 
 _last: tuple[str | None, bytes, int] = (None, b"", 0)
-
-
-class Table:
-    """hash -> row, for rows whose hash `hashes[row]` holds."""
-
-    def __init__(self, hashes: array, size: int = 1024) -> None:
-        self._hashes = hashes
-        self._rows = array("i", [EMPTY]) * size
-        self._mask = size - 1
-        self._count = 0
-        # The last hash looked for and its row (EMPTY: not held), until the
-        # next insert or delete: a hit finds its row once for the index and
-        # twice more for its policy's order, and a newcomer is looked for
-        # about four times before its insert (admitted, replacing, held, added).
-        self._memo: tuple[int | None, int] = (None, EMPTY)
-
-    def __len__(self) -> int:
-        return self._count
-
-    def find(self, h: int) -> int:
-        """The row of hash `h`, or EMPTY."""
-        memo = self._memo
-        if memo[0] == h:
-            return memo[1]
-        rows, hashes, mask = self._rows, self._hashes, self._mask
-        i = h & mask
-        while True:
-            r = rows[i]
-            if r == EMPTY or hashes[r] == h:
-                self._memo = (h, r)
-                return r
-            i = (i + 1) & mask
-
-    def insert(self, h: int, row: int) -> None:
-        """`row` as the row of hash `h`, which the table must not hold yet (and
-        its answer to the next look: its policy's order finds it next)."""
-        if (self._count + 1) * 2 > len(self._rows):
-            self._grow()
-        rows, mask = self._rows, self._mask
-        i = h & mask
-        while rows[i] != EMPTY:
-            i = (i + 1) & mask
-        rows[i] = row
-        self._count += 1
-        self._memo = (h, row)
-
-    def delete(self, h: int) -> None:
-        """Forget hash `h` (nothing if absent): later entries of its probe run shift back into its place."""
-        self._memo = (None, EMPTY)
-        rows, hashes, mask = self._rows, self._hashes, self._mask
-        i = h & mask
-        while True:
-            r = rows[i]
-            if r == EMPTY:
-                return
-            if hashes[r] == h:
-                break
-            i = (i + 1) & mask
-        j = i
-        while True:
-            j = (j + 1) & mask
-            r = rows[j]
-            if r == EMPTY:
-                break
-            home = hashes[r] & mask
-            # Move r back into the hole at i unless its home lies cyclically in (i, j].
-            if (i < j and (home <= i or home > j)) or (i > j and home <= i and home > j):
-                rows[i] = r
-                i = j
-        rows[i] = EMPTY
-        self._count -= 1
-
-    def _grow(self) -> None:
-        old = self._rows
-        size = len(old) * 2
-        self._rows = array("i", [EMPTY]) * size
-        self._mask = size - 1
-        self._count = 0
-        for r in old:
-            if r != EMPTY:
-                self.insert(self._hashes[r], r)
 
 
 class Rows:

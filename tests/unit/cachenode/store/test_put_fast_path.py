@@ -29,7 +29,7 @@ def index_state(store: Store) -> dict:
     idx = store.index
     r = idx._rows
     out = {"rows": [bytes(r.digests), list(r.hashes), list(r.sizes), list(r.nonces), bytes(r.flags), list(r.last),
-                    list(r.prev), list(r.next), list(r._free), list(r.table._rows), r.count],
+                    list(r.prev), list(r.next), list(r._free), list(r.table._rows), list(r.table._old or ()), r.count],
            "usage": dict(vars(idx.usage)), "evictions": dict(idx.evictions), "kept": sorted(idx._kept),
            "recent": list(idx._recent), "varying": {k: sorted(v) for k, v in idx._varying.items()},
            "vary": dict(idx._vary), "chunks": {k: sorted(v) for k, v in idx._chunks.items()},
