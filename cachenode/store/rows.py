@@ -27,6 +27,7 @@ the whole digest, and a newcomer takes the row of the other.
 from __future__ import annotations
 
 import hashlib
+import re
 from array import array
 from typing import Iterator
 
@@ -341,3 +342,38 @@ class RowOrder:
         while row != EMPTY:
             yield rows.hashes[row], rows.last[row]
             row = rows.next[row]
+
+    def walk(self, count: int) -> Iterator[list[tuple[int, int]]]:
+        """The policy's `Order.walk`: by row index, not along the list, since a row the
+        list would resume from may leave or move to the back between two batches. Over
+        the rows that exist at the start (rows added later are objects stored since).
+
+        The rows are every kind's, so a batch stops at `count` of this order's or
+        after a window of `count` times the rows per object of this order at the
+        start, scanned in C (a regular expression over the flags): at most
+        ceil(N / `count`) windows for N objects, and the rest of the batches full."""
+        rows = self._rows
+        end = len(rows.flags)
+        window = count * -(-end // max(1, self._len))
+        search = _IN_ORDER[self._member].search
+        at = 0
+        while at < end:
+            stop, batch = min(at + window, end), []
+            while len(batch) < count:
+                found = search(rows.flags, at, stop)
+                if found is None:
+                    at = stop
+                    break
+                row = found.start()
+                batch.append((rows.hashes[row], rows.last[row]))
+                at = row + 1
+            yield batch
+
+
+def _in_order(member: int) -> re.Pattern:
+    """Any flags byte of a row in the order of kind `member` (linked, used, that kind)."""
+    want, mask = member | LINKED | USED, HOT | EXTRA | LINKED | USED
+    return re.compile(b"[" + b"".join(re.escape(bytes([v])) for v in range(256) if v & mask == want) + b"]")
+
+
+_IN_ORDER = {member: _in_order(member) for member in (0, HOT, EXTRA)}
