@@ -42,22 +42,24 @@ has no history, so a collision can only keep a newcomer out (the subset
 stays), never let one in on another's record. Memory per object stays fixed.
 
 When the stored objects pass a quarter of the table, a table twice the size
-takes over; rebuilding it whole would stall the one add that crossed the
-line (0.45 s at 262,144 objects, 1.8 s at a million), so the stored objects' histories move
-over a few at a time (`_STEP` per add, hit and miss, as Redis rehashes its
-dict), the old table kept beside the new one until the walk over the
-order ends. Meanwhile a history missing from the new table is read from
-the old one, and a stored object not moved yet reads as the whole rebuild
-began it (its last access, a count of 1, halved since). Two things differ
-from that rebuild: a stored object keeps its history (its count was reset
-to 1), and the history of an object not stored stays readable until the
-walk ends (it was dropped at once). An object stored by the growth's own
-access, without a read (the start-up scan adds many in one), counts as
-stored at the growth.
+takes over. Rebuilt whole, it stalled the one add that crossed the line
+(0.45 s at 262,144 objects, 1.8 s at a million); instead the stored objects'
+histories move over a few at a time (`_STEP` per add, hit and miss, as Redis
+rehashes its dict), the old table kept beside the new one until a walk over
+the order ends, and the adds that lead to a growth make the new table's
+entries empty beforehand (`_Spare`). Meanwhile a history missing from the
+new table is read from the old one, and a stored object not moved yet reads
+as the whole rebuild began it (its last access, a count of 1, halved since).
+Two things differ from that rebuild: a stored object keeps its history (its
+count was reset to 1), and the history of an object not stored stays
+readable until the walk ends (it was dropped at once). An object stored by
+the growth's own access, without a read (the start-up scan adds many in
+one), counts as stored at the growth.
 """
 
 from __future__ import annotations
 
+import mmap
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -66,6 +68,7 @@ from typing import Callable, Hashable, Iterator, Protocol
 _HALVE = bytes(v >> 1 for v in range(256))  # a counter halved: bytearray.translate's table
 _NEVER = -1
 _MAX_COUNT = 15
+_NEVERS = memoryview(array("q", [_NEVER]) * 4096)
 # Stored objects whose history moves to a grown table per add, hit and miss. A walk
 # ends before the next growth: it takes at most (2*N + 2*_STEP) / (_STEP - 1) steps
 # for N objects stored at the growth (Order.walk), and the next growth needs N - 1 adds
@@ -91,15 +94,19 @@ class _History:
     that share one entry still both keep theirs.
     """
 
-    def __init__(self, size: int, hash_fn: Callable[[str], int], old: _History | None = None) -> None:
+    def __init__(self, size: int, hash_fn: Callable[[str], int], old: _History | None = None,
+                 spare: _Spare | None = None) -> None:
         self._hash = hash_fn
         self.old = old  # the table this one replaced, while the stored objects' histories move over
         self.size = size
         self._mask = size - 1
         self._bits = size.bit_length() - 1
-        self.last = array("q", [_NEVER]) * size
+        if spare is None or spare.size != size:
+            spare = _Spare(size)
+        spare.fill(1)  # its entries made empty before, by the adds that led to this growth
+        self.last = spare.last
         self.counts = bytearray(size)
-        self.tags = array("H", [0]) * size  # 16 more bits of the hash: whose history an entry holds
+        self.tags = spare.tags  # 16 more bits of the hash: whose history an entry holds
 
     def _find(self, slot: str) -> tuple[int, int, int]:
         """(the entry holding `slot`'s history or -1, the entry a newcomer would take, the tag).
@@ -152,6 +159,31 @@ class _History:
         self.counts = self.counts.translate(_HALVE)
         if self.old is not None:
             self.old.halve()
+
+
+class _Spare:
+    """The last accesses and tags of the next, larger history table, made empty a
+    few entries per add as the objects stored near its growth: an array made in
+    the add that grows the table would cost that add time in proportion to the
+    objects (50 ms at a million, mostly writing _NEVER), and one grown by appends
+    would now and then be copied whole. An anonymous map's pages are zeros
+    untouched until written, so the memory grows with what is made empty."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.last = memoryview(mmap.mmap(-1, 8 * size)).cast("q")
+        self.tags = memoryview(mmap.mmap(-1, 2 * size)).cast("H")
+        self._empty = 0  # entries of `last` made _NEVER so far
+
+    def fill(self, adds: int) -> None:
+        """An equal share of the entries not made empty yet, for each of `adds` adds left before the growth."""
+        empty, size = self._empty, self.size
+        end = empty + -(-(size - empty) // max(1, adds))
+        while empty < end:
+            step = min(end - empty, len(_NEVERS))
+            self.last[empty:empty + step] = _NEVERS[:step]
+            empty += step
+        self._empty = empty
 
 
 class Order(Protocol):
@@ -252,6 +284,7 @@ class Policy:
         self._walk: Iterator[list] | None = None
         self._grown_at = 0
         self._fresh = 1
+        self._spare: _Spare | None = None  # the next table's, from half way to its growth on
         # (time, gap) of recent hits, gaps decreasing: the head is the largest in the window.
         self._hit_gaps: deque[tuple[int, int]] = deque()
 
@@ -268,7 +301,12 @@ class Policy:
         if self._walk is not None:
             self._adopt(slot, self._now)  # stored by the growth's own access: the rebuild would have met it
             self._step()
-        if len(self._order) * 4 > self._history.size:
+        stored, size = len(self._order), self._history.size
+        if stored * 8 > size and self._walk is None:  # past half way to the next growth
+            if self._spare is None or self._spare.size != size * 2:
+                self._spare = _Spare(size * 2)
+            self._spare.fill(size // 4 + 1 - stored)
+        if stored * 4 > size:
             self._grow()
 
     def remove(self, slot: str) -> None:
@@ -387,7 +425,8 @@ class Policy:
         size = self._history.size * 2
         while len(self._order) * 4 > size:
             size *= 2
-        self._history = _History(size, self._hash, old=self._history)
+        self._history = _History(size, self._hash, old=self._history, spare=self._spare)
+        self._spare = None
         self._walk = self._order.walk(_STEP)
         self._grown_at, self._fresh = self._now, 1
 
