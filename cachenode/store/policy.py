@@ -171,8 +171,9 @@ class _Spare:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.last = memoryview(mmap.mmap(-1, 8 * size)).cast("q")
-        self.tags = memoryview(mmap.mmap(-1, 2 * size)).cast("H")
+        # Private: a process forked from this one keeps its own copy, as of an array.
+        self.last = memoryview(mmap.mmap(-1, 8 * size, flags=mmap.MAP_PRIVATE)).cast("q")
+        self.tags = memoryview(mmap.mmap(-1, 2 * size, flags=mmap.MAP_PRIVATE)).cast("H")
         self._empty = 0  # entries of `last` made _NEVER so far
 
     def fill(self, adds: int) -> None:
