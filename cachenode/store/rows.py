@@ -27,7 +27,6 @@ the whole digest, and a newcomer takes the row of the other.
 from __future__ import annotations
 
 import hashlib
-import re
 from array import array
 from typing import Iterator
 
@@ -350,30 +349,28 @@ class RowOrder:
 
         The rows are every kind's, so a batch stops at `count` of this order's or
         after a window of `count` times the rows per object of this order at the
-        start, scanned in C (a regular expression over the flags): at most
-        ceil(N / `count`) windows for N objects, and the rest of the batches full."""
+        start, scanned in C (memchr, for each flags byte a row of the order may
+        have): at most ceil(N / `count`) windows for N objects, the rest of the
+        batches full."""
         rows = self._rows
         end = len(rows.flags)
         window = count * -(-end // max(1, self._len))
-        search = _IN_ORDER[self._member].search
+        values = _IN_ORDER[self._member]
         at = 0
         while at < end:
-            stop, batch = min(at + window, end), []
+            stop, batch, flags = min(at + window, end), [], rows.flags
+            found = [flags.find(v, at, stop) for v in values]  # each value's next row (-1: none in the window)
             while len(batch) < count:
-                found = search(rows.flags, at, stop)
-                if found is None:
+                row = min((r for r in found if r >= 0), default=-1)
+                if row < 0:
                     at = stop
                     break
-                row = found.start()
                 batch.append((rows.hashes[row], rows.last[row]))
                 at = row + 1
+                found = [flags.find(v, at, stop) if r == row else r for v, r in zip(values, found)]
             yield batch
 
 
-def _in_order(member: int) -> re.Pattern:
-    """Any flags byte of a row in the order of kind `member` (linked, used, that kind)."""
-    want, mask = member | LINKED | USED, HOT | EXTRA | LINKED | USED
-    return re.compile(b"[" + b"".join(re.escape(bytes([v])) for v in range(256) if v & mask == want) + b"]")
-
-
-_IN_ORDER = {member: _in_order(member) for member in (0, HOT, EXTRA)}
+_FLAGS = HOT | EXTRA | SEALED | LINKED | USED
+# The flags bytes of a row in the order of each kind: linked, used, that kind, sealed or not.
+_IN_ORDER = {member: [v for v in range(_FLAGS + 1) if v & ~SEALED == member | LINKED | USED] for member in (0, HOT, EXTRA)}
