@@ -255,3 +255,36 @@ class RowOrder:
         while row != EMPTY:
             yield rows.hashes[row], rows.last[row]
             row = rows.next[row]
+
+    def walk(self, count: int) -> Iterator[list[tuple[int, int]]]:
+        """The policy's `Order.walk`: by row index, not along the list, since a row the
+        list would resume from may leave or move to the back between two batches. Over
+        the rows that exist at the start (rows added later are objects stored since).
+
+        The rows are every kind's, so a batch stops at `count` of this order's or
+        after a window of `count` times the rows per object of this order at the
+        start, scanned in C (memchr, for each flags byte a row of the order may
+        have): at most ceil(N / `count`) windows for N objects, the rest of the
+        batches full."""
+        rows = self._rows
+        end = len(rows.flags)
+        window = count * -(-end // max(1, self._len))
+        values = _IN_ORDER[self._member]
+        at = 0
+        while at < end:
+            stop, batch, flags = min(at + window, end), [], rows.flags
+            found = [flags.find(v, at, stop) for v in values]  # each value's next row (-1: none in the window)
+            while len(batch) < count:
+                row = min((r for r in found if r >= 0), default=-1)
+                if row < 0:
+                    at = stop
+                    break
+                batch.append((rows.hashes[row], rows.last[row]))
+                at = row + 1
+                found = [flags.find(v, at, stop) if r == row else r for v, r in zip(values, found)]
+            yield batch
+
+
+_FLAGS = HOT | EXTRA | SEALED | LINKED | USED
+# The flags bytes of a row in the order of each kind: linked, used, that kind, sealed or not.
+_IN_ORDER = {member: [v for v in range(_FLAGS + 1) if v & ~SEALED == member | LINKED | USED] for member in (0, HOT, EXTRA)}
