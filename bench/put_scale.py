@@ -33,11 +33,12 @@ largest size's figures to the smallest size's, each against its own
 reference (1.0: no growth), and last `ratios: open=... capped=... full=...`
 (the user + system ones). And the slowest single put while the store of N
 was filled (its thread's CPU, `time.thread_time`) and how many objects it
-found stored: a put that doubles the index's table and the policy's history
-(cachenode/store/rows.py `Table._grow`, cachenode/store/policy.py
-`Policy._grow`) rebuilds them, which costs that one put time in proportion to
-the objects stored, a constant per put amortized over the puts between two
-doublings. N bodies are held in `--work` at once
+found stored: the put that doubles the index's table and the policy's
+history (cachenode/store/table.py, cachenode/store/policy.py `Policy._grow`)
+once rebuilt them whole, in time proportional to the objects stored; they
+now move a few entries per put over the puts that follow, so a store of N
+timed soon after a doubling (300,000 is 38,000 puts past the one at 262,144)
+pays that moving in its timed puts. N bodies are held in `--work` at once
 (300,000 of 16 KiB: 4.9 GB): mind the room there.
 """
 
