@@ -8,8 +8,9 @@ nonce random (cachenode/store/small.py `_data_name`), so a lookup knows its
 name only from the folder. A glob of `<id>.*.obj` per lookup lists and
 matches the whole folder in Python: 2.5 ms at 3,906 files (a million
 objects), on the event loop, for every request until the scan gets there.
-Listed once, at the folder's first lookup, a lookup is a bisection and an
-open of each file the listing names for the key.
+Listed once, at the folder's first lookup (3.2 ms at 3,906 files, half of
+it `os.listdir`), a lookup is a bisection and an open of each file the
+listing names for the key: a miss 11 us whatever the folder holds.
 
 Why in this form: per sealed file two 64-bit integers, the first 64 bits of
 its id and its 48-bit nonce, in two arrays sorted by the first (16 bytes a
@@ -21,8 +22,8 @@ What a listing does not know is not missed: a file written after it is a
 commit's, which loaded the key before (from the index it is found from
 then on; a lookup between its rename and its landing in the index misses,
 as one a moment earlier would), and no follower leads a fill while the
-index loads; a file gone since is not found when opened. Two ids that share 64 bits
-(one pair in 2^64 per folder) only cost an open that finds nothing.
+index loads; a file gone since is not found when opened. Two ids that
+share 64 bits only cost an open that finds nothing.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ found to the index between folders. Meanwhile:
   loop, and only until the scan reaches the folder: its meta from its
   hashed path, its small objects' files by the names a listing of the
   folder gives (random nonces: no path to hash). The folder is listed once,
-  at its first such lookup (3.5 ms at 3,906 files), and the listing kept
+  at its first such lookup (3.2 ms at 3,906 files), and the listing kept
   as two integers a file (cachenode/store/listing.py) until the scan gets
-  there, not listed again at each lookup (3.6 ms each at 3,906 files);
+  there, not listed again at each lookup (2.6 ms each at 3,906 files);
   a response that varies is stored under its variant's own hashed path:
   the names it varies on, noted under the key's (`layout.read_vary`), and
   the request's values of them give that path;
