@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 from cachenode.store import small
+from cachenode.store.listing import SealedListing
 from cachenode.store.objects import Meta
 from cachenode.store.sealed import TRAILER_SIZE, Unsealed, record_length, seal
 from nezha.keys import object_id
@@ -238,10 +239,11 @@ def read_vary(objects: Path, key: str) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def find(objects: Path, slot: str) -> Meta | None:
+def find(objects: Path, slot: str, sealed: Iterable[str]) -> Meta | None:
     """The object stored in `slot`, read from its files (a lookup before the
-    start-up scan reached its folder); None if there is no complete one. A
-    small object's sealed file is checked whole; of two, the newer."""
+    start-up scan reached its folder); None if there is no complete one. Its
+    `.meta` is read from its hashed path; `sealed` names its small objects'
+    files (`SealedListing.names`), each checked whole; of two, the newer."""
     oid = object_id(slot)
     folder = objects / oid[:2]
     found: list[Meta] = []
@@ -252,11 +254,20 @@ def find(objects: Path, slot: str) -> Meta | None:
                 found.append(meta)
         except OSError:
             pass
-    for opath in folder.glob(f"{oid}.*{small.SUFFIX}"):
-        sealed = small.read_sealed(opath)
-        if sealed is not None and sealed.slot == slot:
-            found.append(sealed)
+    for name in sealed:
+        obj = small.read_sealed(folder / name)
+        if obj is not None and obj.slot == slot:
+            found.append(obj)
     return max(found, key=lambda m: m.stored_at, default=None)
+
+
+def list_sealed(folder: Path) -> SealedListing:
+    """The small objects' files in `folder` (none if it cannot be listed): what
+    `find` is told of them until the start-up scan reaches the folder."""
+    try:
+        return SealedListing(os.listdir(folder))
+    except OSError:
+        return SealedListing(())
 
 
 def scan(objects: Path, tmp: Path) -> tuple[list[Meta], int]:
