@@ -211,10 +211,6 @@ class RowOrder:
                 rows.last[row] = now
                 return
             self._unlink(row)
-        self._append(row, now)
-
-    def _append(self, row: int, now: int) -> None:
-        rows = self._rows
         rows.last[row] = now
         rows.prev[row], rows.next[row] = self.tail, EMPTY
         if self.tail == EMPTY:
@@ -249,7 +245,7 @@ class RowOrder:
         row = self._row(h)
         if row != EMPTY and self._rows.flags[row] & PARKED:
             self._unlink(row)
-            self._append(row, self._rows.last[row])
+            self.put(h, self._rows.last[row])
 
     def _unlink(self, row: int) -> None:
         rows = self._rows

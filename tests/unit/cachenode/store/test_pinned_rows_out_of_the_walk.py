@@ -178,7 +178,7 @@ class WalkedOrder(RowOrder):
         if row != EMPTY and row != self.tail:  # the old `to_back`: a pass over, its last access kept
             last = self._rows.last[row]
             self._unlink(row)
-            self._append(row, last)
+            self.put(h, last)
 
 
 class WalkedIndex(Index):
