@@ -86,11 +86,12 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self.verify_reads = verify_reads
         # Workloads' prefetched objects, kept from eviction within `pinned_capacity` (store/pins.py),
         # saved in the data directory at every change and restored at start (store/pins_file.py).
-        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock, changed=self._pins_changed)
+        self.pins = Pins(capacity=pinned_capacity, size_of=self.stored_size, clock=clock, changed=self._pins_changed,
+                         on_hold=lambda key, held: self._index.protect(key, held))
         self._pins_saving: asyncio.Task | None = None
         self._pins_dirty = False
         # The index keeps a compact row per object and reads the rest of its record from its file.
-        self._index = Index(evicted=self._evicted, protected=self.pins.holds, protected_hash=self.pins.holds_hash,
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds, ended=self.pins.expire,
                             records=functools.partial(read_record, self.objects), lost=self._lost)
         self._loader: Loader | None = None
         self._steps = Steps()

@@ -20,6 +20,11 @@ order (docs/cache-node.md "Eviction"):
    takes a victim's room only if the policy lets it displace the victim;
    otherwise the newcomer itself goes (reason `refused`).
 
+A protected object (pinned by a workload: `protect`) stays in its kind's
+order, its reads counted, but out of the walk eviction makes, and comes
+back at the back of the walk when its protection ends: eviction looks at
+a few rows however many are pinned (cachenode/store/rows.py `RowOrder.park`).
+
 Usage counts the bytes stored and the bytes reserved by fills still
 running. A reservation is made before the newcomer is known, so it evicts
 only copies beyond a headroom of a tenth of the capacity: evicting for a
@@ -78,13 +83,14 @@ class Index(Records, Following, Room):
 
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
                  protected: Callable[[str], bool] = lambda key: False,
-                 protected_hash: Callable[[int], bool] | None = None,
+                 ended: Callable[[int], int] = lambda limit: 0,
                  records: Callable[[str, str], Meta | None] | None = None,
                  lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
         self._evicted = evicted
-        self._protected = protected  # a key eviction passes over (pinned by a workload, say)
-        # The same asked by a slot's hash, for a row whose slot is its key: no record read per candidate.
-        self._protected_hash = protected_hash
+        # A key eviction passes over (pinned by a workload, say): asked of every object added, whose
+        # row then waits out of the walk eviction makes until `protect(key, False)` (module docstring).
+        self._protected = protected
+        self._ended = ended  # let at most so many protections whose time is over end; how many it looked at
         self._records = records
         self._lost = lost
         self.census = census or Census()
@@ -99,7 +105,8 @@ class Index(Records, Following, Room):
         # invalidated object's chunks are found without a manifest or a scan.
         self._chunks: dict[str, set[str]] = {}
         # A slot's hash is the int its row's order names it by already (`int`: no Python call per look).
-        self.policies = {kind: Policy(hash_fn=int, order=RowOrder(self._rows, _MEMBER[kind])) for kind in KINDS}
+        self._orders = {kind: RowOrder(self._rows, _MEMBER[kind]) for kind in KINDS}
+        self.policies = {kind: Policy(hash_fn=int, order=self._orders[kind]) for kind in KINDS}
         self.usage = Usage()
         self.evictions: Counter[str] = Counter({reason: 0 for reason in REASONS})
         self.slots = Slots(self)
@@ -254,6 +261,8 @@ class Index(Records, Following, Room):
         for watch in self.watchers:
             watch("put" if recent else "load", meta)
         self._held(row, kind, meta.size)
+        if self._protected(meta.key):
+            self._orders[kind].park(rows.hashes[row])
         if meta.vary:
             self._varying.setdefault(meta.key, set()).add(slot)
         if chunk is not None:
@@ -273,6 +282,16 @@ class Index(Records, Following, Room):
             u.hot += size
         elif kind == "extra":
             u.extra += size
+
+    def protect(self, key: str, held: bool) -> None:
+        """`key` protected from now (`held`: its objects leave the walk eviction makes) or no longer
+        (they come back at its end, as a walk that met them would have put them): its slot and its variants'."""
+        rows = self._rows
+        for slot in (key, *self._varying.get(key, ())):
+            row = rows.find(digest_of(slot))
+            if row != EMPTY:
+                order = self._orders[kind_of_flags(rows.flags[row])]
+                (order.park if held else order.unpark)(rows.hashes[row])
 
     def replace(self, new: Meta) -> None:
         """`new` in place of the meta in its slot (same bytes and kind: a refresh), keeping its place in the order."""

@@ -4,8 +4,9 @@ The controller pins what a workload's prefetch stored, on the node that
 stores it (`POST /_nezha/pins`: cachenode/cluster/pinning.py), while the
 workload exists, and releases it when the workload is deleted: the pins
 then hold for the workload's `nezha.io/prefetch-keep` more seconds. The
-store's index asks `holds(key)` before it evicts an object (the one check
-eviction makes of pins), and passes over a held one.
+store's index keeps a held object out of the walk its evictions make
+(cachenode/store/index.py): it is told (`on_hold`) when a key starts to be
+held and when it stops, and asks `holds(key)` of an object it adds.
 
 Pins may hold at most `capacity` bytes of this node (`--pinned-share` of
 its capacity): an epoch's scan of a dataset larger than the node must still
@@ -26,9 +27,10 @@ pinned (a prefetch of a million-file dataset pins them a batch at a time):
 the bytes held are a running sum, each object counted at its size when it
 was last pinned (a pinned object replaced by a larger version counts its
 new size once pinned again); pins that end leave it through a heap of their
-ends; a workload's keys are found without a walk over every pin. Eviction
-asks by the index's hash of a slot (`holds_hash`), so passing over a
-pinned object reads no record from disk.
+ends; a workload's keys are found without a walk over every pin. A pin
+whose time is over ends when it is next asked of, counted (`used`), or
+when the index, looking for a victim, lets a few go (`expire`): a million
+pins released at once must not all end within one put.
 
 No I/O: the store's sizes come through `size_of`, time through `clock`.
 """
@@ -39,8 +41,6 @@ import heapq
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-from cachenode.store.rows import digest_of, hash_of
 
 
 @dataclass(frozen=True)
@@ -55,18 +55,16 @@ class Pinned:
     room: int | None = None  # bytes still free for pins after this request; None: no bound
 
 
-def slot_hash(key: str) -> int:
-    """The store's index's hash of the slot of `key`'s response that does not vary (its slot is its key)."""
-    return hash_of(digest_of(key))
-
-
 class Pins:
     def __init__(self, *, capacity: int | None, size_of: Callable[[str], int | None],
-                 clock: Callable[[], float] = time.time, changed: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float] = time.time, changed: Callable[[], None] = lambda: None,
+                 on_hold: Callable[[str, bool], None] = lambda key, held: None) -> None:
         self.capacity = capacity
         self._size_of = size_of
         self._clock = clock
         self._changed = changed  # told after every pin and release: the store saves the pins
+        # Told that a key is held from now (True) or no longer (False): the index parks its objects.
+        self.on_hold = on_hold
         self._until: dict[str, dict[str, float | None]] = {}  # key -> workload -> until (None: while it exists)
         # What keeps a pin call's cost to the keys it names, however many are pinned:
         self._keys_of: dict[str, set[str]] = {}  # workload -> the keys it pins
@@ -74,7 +72,6 @@ class Pins:
         self._sizes: dict[str, int] = {}  # key -> the bytes counted for it: its size when last pinned
         self._unmeasured: set[str] = set()  # keys restored and not measured yet (the store may still be loading)
         self._used = 0  # the sum of `_sizes`
-        self._by_hash: dict[int, str] = {}  # the index's hash of a key's slot -> the key (`holds_hash`)
 
     def holds(self, key: str) -> bool:
         """Whether `key` is kept from eviction now; a pin past its time is dropped on the way."""
@@ -86,13 +83,6 @@ class Pins:
             if until is not None and until <= now:
                 self._unpin(key, workload)
         return key in self._until
-
-    def holds_hash(self, h: int) -> bool:
-        """`holds` for the key whose slot hashes to `h` in the store's index
-        (cachenode/store/rows.py `hash_of`): eviction asks it of a row without
-        reading the row's record for its key."""
-        key = self._by_hash.get(h)
-        return key is not None and self.holds(key)
 
     def used(self) -> int:
         """Bytes held by pins now (an object pinned twice counts once), each at its size when last pinned:
@@ -111,13 +101,28 @@ class Pins:
             self._unmeasured.clear()
         return self._used
 
+    def expire(self, limit: int) -> int:
+        """End at most `limit` pins whose time is over, soonest first; how many ends it looked at
+        (0: none was due). What one eviction lets end, however many ended at once."""
+        ends = self._ends
+        if not ends or ends[0][0] > (now := self._clock()):
+            return 0
+        looked = 0
+        while ends and looked < limit and ends[0][0] <= now:
+            until, key, workload = heapq.heappop(ends)
+            looked += 1
+            if self._until.get(key, {}).get(workload, -1.0) == until:
+                self._unpin(key, workload)
+        return looked
+
     def _pinned(self, key: str, workload: str, until: float | None, size: int | None) -> None:
         """`workload` pins `key` until `until`; `size`: its bytes now (None: measure it when asked)."""
         if key not in self._until:
-            self._by_hash[slot_hash(key)] = key
             if size is None:
                 self._unmeasured.add(key)
-        self._until.setdefault(key, {})[workload] = until
+            self._until[key] = {workload: until}
+            self.on_hold(key, True)
+        self._until[key][workload] = until
         self._keys_of.setdefault(workload, set()).add(key)
         if until is not None:
             heapq.heappush(self._ends, (until, key, workload))
@@ -138,7 +143,7 @@ class Pins:
             del self._until[key]
             self._used -= self._sizes.pop(key, 0)
             self._unmeasured.discard(key)
-            self._by_hash.pop(slot_hash(key), None)
+            self.on_hold(key, False)
 
     def pin(self, workload: str, keys: Iterable[str]) -> Pinned:
         """Pin `keys` for `workload` while it exists, within the capacity; see the module docstring."""

@@ -205,8 +205,6 @@ class Order(Protocol):
 
     def pop(self, slot: Hashable) -> None: ...
 
-    def to_back(self, slot: Hashable) -> None: ...
-
     def items(self) -> Iterator[tuple[Hashable, int]]: ...
 
     def walk(self, count: int) -> Iterator[list[tuple[Hashable, int]]]:
@@ -242,11 +240,6 @@ class KeyOrder:
 
     def pop(self, slot: Hashable) -> None:
         self._d.pop(slot, None)
-
-    def to_back(self, slot: Hashable) -> None:
-        """`slot` to the end of the order, its last access kept."""
-        if slot in self._d:
-            self._d.move_to_end(slot)
 
     def items(self) -> Iterator[tuple[Hashable, int]]:
         return iter(self._d.items())
@@ -315,13 +308,9 @@ class Policy:
             self._adopt(slot, self._order.get(slot))
         self._order.pop(slot)
 
-    def pass_over(self, slot: str) -> None:
-        """`slot` may not go now (pinned): to the end of the order, so the next
-        eviction does not pass over it again; not a read, its history unchanged."""
-        self._order.to_back(slot)
-
     def victims(self) -> Iterator[str]:
-        """The stored slots, first to go first (least recently used)."""
+        """The stored slots that may go, first to go first (least recently used): the
+        store's index leaves out those pinned (cachenode/store/rows.py `RowOrder.park`)."""
         return iter(self._order)
 
     def victim(self) -> str | None:

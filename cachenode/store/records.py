@@ -122,7 +122,3 @@ class Records:
         rows = self._rows
         oid = rows.digest(row).hex()
         return f"{oid}.{rows.nonces[row]:012x}{SEALED_SUFFIX if rows.flags[row] & SEALED else DATA_SUFFIX}"
-
-    def _key(self, row: int) -> str | None:
-        meta = self._meta(row)
-        return None if meta is None else meta.key

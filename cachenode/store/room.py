@@ -16,6 +16,10 @@ from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.policy import Candidate, Policy
 from cachenode.store.rows import EMPTY, EXTRA, HOT, Rows, digest_of, hash_of
 
+# Protections whose time is over (pins released and kept their time) let end per look for a victim:
+# a workload's million pins, released at once, end over the puts that follow, not within one.
+ENDS_PER_LOOK = 64
+
 
 def kind_of(meta: Meta) -> str:
     return "hot" if meta.hot else "extra" if meta.extra else "only"
@@ -36,16 +40,15 @@ class Usage:
 
 class Room:
     """Needs of the class it is mixed into (`Index`): `usage`, `_rows`,
-    `policies`, `evictions`, `_kept`, `_protected`, `_protected_hash`,
-    `_evicted`, and its `has`, `drop`, `_meta`, `_key`, `_forget`, `__len__`."""
+    `policies`, `evictions`, `_protected`, `_ended`, `_evicted`, and its
+    `has`, `drop`, `_meta`, `_forget`, `__len__`."""
 
     usage: Usage
     _rows: Rows
     policies: dict[str, Policy]
     evictions: Counter[str]
-    _kept: dict[int, Meta]
     _protected: Callable[[str], bool]
-    _protected_hash: Callable[[int], bool] | None
+    _ended: Callable[[int], int]
     _evicted: Callable[[Meta, str], None]
 
     def reserve(self, size: int) -> None:
@@ -72,7 +75,8 @@ class Room:
         only = self.policies["only"]
         if kind_of(meta) == "only":
             h = hash_of(digest)
-            victim = next(self._candidates("only", h), None)
+            self._ended(ENDS_PER_LOOK)
+            victim = self._victim("only", h)
             if victim is not None and only.displaces(candidate if candidate else only.candidate(h), victim):
                 return True
         self.evictions["refused"] += 1
@@ -95,27 +99,21 @@ class Room:
                 break
             self._evict(self._rows.table.find(victim), reason)
 
-    def _candidates(self, kind: str, keep: int | None):
-        """The hashes of the slots of `kind` that may go, first to go first: neither `keep` nor protected."""
-        table, protected, by_hash, kept = self._rows.table, self._protected, self._protected_hash, self._kept
-        policy = self.policies[kind]
-        left = len(policy)  # a protected one goes to the back: the walk meets it again at the end
-        for h in policy.victims():
-            if left == 0:
-                return
-            left -= 1
-            if h == keep:
-                continue
-            row = table.find(h)
-            if by_hash is not None and row not in kept:  # not kept whole: its slot is its key
-                held = by_hash(h)
-            else:
-                key = self._key(row)
-                held = key is not None and protected(key)
-            if held:
-                policy.pass_over(h)
-            else:
-                yield h
+    def _victim(self, kind: str, keep: int | None) -> int | None:
+        """The hash of the slot of `kind` that goes first, not `keep`; None when none may.
+        Protected ones are out of the order's walk (`Index.protect`): it looks at two
+        rows at most, however many are protected. When none is left, protections that
+        ended and are not let go yet (`ENDS_PER_LOOK` a look) go, one at a time, until one
+        brings back a row of `kind`: at their end of the order, where the walk meets them."""
+        order = self.policies[kind].victims()
+        for _ in range(ENDS_PER_LOOK + 1):
+            for h in order:
+                if h != keep:
+                    return h
+            if not self._ended(1):
+                return None
+            order = self.policies[kind].victims()
+        return None
 
     def _over(self, limit: int, headroom: int, more: int = 0) -> bool:
         u = self.usage
@@ -128,12 +126,13 @@ class Room:
     def _next_victim(self, limit: int, keep: str | None, candidate: Candidate | None) -> tuple[int | None, str]:
         """The hash of the slot that goes next, and why; None when nothing should."""
         kept = None if keep is None else hash_of(digest_of(keep))
+        self._ended(ENDS_PER_LOOK)
         for kind in ("hot", "extra"):
-            h = next(self._candidates(kind, kept), None)
+            h = self._victim(kind, kept)
             if h is not None:
                 return h, "extra_copy"
         only = self.policies["only"]
-        victim = next(self._candidates("only", kept), None)
+        victim = self._victim("only", kept)
         if keep is None or not self.has(keep):
             return victim, "capacity"
         if kept not in only:
@@ -151,7 +150,8 @@ class Room:
         hot = self.policies["hot"]
         kept = None if keep is None else hash_of(digest_of(keep))
         while self.usage.hot > limit and len(hot):
-            h = next(self._candidates("hot", kept), None)
+            self._ended(ENDS_PER_LOOK)
+            h = self._victim("hot", kept)
             if h is None:
                 break
             self._evict(self._rows.table.find(h), "extra_copy")

@@ -11,7 +11,8 @@ object in it lives in arrays indexed by that integer (docs/cache-node.md
   signed, are its hash in `Table`, cachenode/store/table.py),
 - its size in bytes, the nonce of its data file's name, a few flags,
 - its eviction policy's state: last access and its place in its kind's
-  least-recently-used list (`RowOrder`, links between rows as int32).
+  least-recently-used list (`RowOrder`, links between rows as int32), or
+  in the list of its kind's rows that may not go now (pinned: `PARKED`).
 
 The rest of its record (key, URL, headers, expiry...) is on disk, in its
 file; the index reads it on a hit (cachenode/store/index.py). Rows of
@@ -34,6 +35,8 @@ EXTRA = 2
 SEALED = 4  # a small object's sealed file (`.obj`); else a `.data` beside its `.meta`
 LINKED = 8  # in its kind's order
 USED = 16  # the row holds an object
+PARKED = 32  # in its kind's order, but out of the walk eviction makes: it may not go now (pinned)
+_UNLINKED = ~(LINKED | PARKED) & 0xFF
 
 
 def digest_of(slot: str) -> bytes:
@@ -163,14 +166,21 @@ def unpack(n: int, packed: bytes) -> Iterator[tuple[bytes, int, int, int]]:
 class RowOrder:
     """One kind's least-recently-used order over the rows, as the eviction
     policy keeps it (cachenode/store/policy.py `Order`): the policy names an
-    object by its slot's hash, the order finds its row through the table."""
+    object by its slot's hash, the order finds its row through the table.
+
+    A row `park`ed (its object is pinned: cachenode/store/index.py) stays in
+    the order, its last access read and written as any other's, but in a
+    list of its own that the walk (`__iter__`) never enters: eviction looks
+    at as many rows as it needs, however many are pinned. `unpark` puts it
+    at the back of the walk, as passing over a pinned object always did."""
 
     def __init__(self, rows: Rows, member: int) -> None:
         self._rows = rows
         self._member = member  # the kind's flags (HOT, EXTRA or 0): a row is in one order only
         self.head = EMPTY  # least recently used
         self.tail = EMPTY
-        self._len = 0
+        self.parked = EMPTY  # the first parked row, its list in no order
+        self._len = 0  # rows linked, parked ones too
 
     def __len__(self) -> int:
         return self._len
@@ -191,13 +201,13 @@ class RowOrder:
         return None if row == EMPTY else self._rows.last[row]
 
     def put(self, h: int, now: int) -> None:
-        """`h` accessed at `now`: the most recently used. Its row must exist."""
+        """`h` accessed at `now`: the most recently used (parked, it stays so). Its row must exist."""
         rows = self._rows
         row = rows.table.find(h)
         if row == EMPTY:
             raise KeyError(f"no row holds hash {h}: the index adds a row before its policy does")
         if rows.flags[row] & LINKED:
-            if row == self.tail:
+            if row == self.tail or rows.flags[row] & PARKED:
                 rows.last[row] = now
                 return
             self._unlink(row)
@@ -216,32 +226,46 @@ class RowOrder:
         if row != EMPTY:
             self._unlink(row)
 
-    def to_back(self, h: int) -> None:
-        """`h` to the end of the order, its last access kept (an iteration holding
-        the next row goes on from it, and meets `h` again at the end)."""
+    def park(self, h: int) -> None:
+        """`h` out of the walk, still in the order (nothing if it is not in it, or parked already)."""
         row = self._row(h)
-        if row != EMPTY and row != self.tail:
-            last = self._rows.last[row]
+        rows = self._rows
+        if row == EMPTY or rows.flags[row] & PARKED:
+            return
+        self._unlink(row)
+        rows.prev[row], rows.next[row] = EMPTY, self.parked
+        if self.parked != EMPTY:
+            rows.prev[self.parked] = row
+        self.parked = row
+        rows.flags[row] |= LINKED | PARKED
+        self._len += 1
+
+    def unpark(self, h: int) -> None:
+        """`h` back in the walk, at its end, its last access kept (nothing if it is not parked here)."""
+        row = self._row(h)
+        if row != EMPTY and self._rows.flags[row] & PARKED:
             self._unlink(row)
-            self.put(h, last)
+            self.put(h, self._rows.last[row])
 
     def _unlink(self, row: int) -> None:
         rows = self._rows
         p, n = rows.prev[row], rows.next[row]
-        if p == EMPTY:
-            self.head = n
-        else:
+        if p != EMPTY:
             rows.next[p] = n
-        if n == EMPTY:
-            self.tail = p
+        elif rows.flags[row] & PARKED:
+            self.parked = n
         else:
+            self.head = n
+        if n != EMPTY:
             rows.prev[n] = p
+        elif not rows.flags[row] & PARKED:
+            self.tail = p
         rows.prev[row] = rows.next[row] = EMPTY
-        rows.flags[row] &= ~LINKED & 0xFF
+        rows.flags[row] &= _UNLINKED
         self._len -= 1
 
     def __iter__(self) -> Iterator[int]:
-        """The hashes, least recently used first."""
+        """The hashes of the rows not parked, least recently used first."""
         rows = self._rows
         row = self.head
         while row != EMPTY:
@@ -250,11 +274,12 @@ class RowOrder:
             row = nxt
 
     def items(self) -> Iterator[tuple[int, int]]:
+        """(hash, last access) of every row in the order, the walk's then the parked ones."""
         rows = self._rows
-        row = self.head
-        while row != EMPTY:
-            yield rows.hashes[row], rows.last[row]
-            row = rows.next[row]
+        for row in (self.head, self.parked):
+            while row != EMPTY:
+                yield rows.hashes[row], rows.last[row]
+                row = rows.next[row]
 
     def walk(self, count: int) -> Iterator[list[tuple[int, int]]]:
         """The policy's `Order.walk`: by row index, not along the list, since a row the
@@ -285,6 +310,8 @@ class RowOrder:
             yield batch
 
 
-_FLAGS = HOT | EXTRA | SEALED | LINKED | USED
-# The flags bytes of a row in the order of each kind: linked, used, that kind, sealed or not.
-_IN_ORDER = {member: [v for v in range(_FLAGS + 1) if v & ~SEALED == member | LINKED | USED] for member in (0, HOT, EXTRA)}
+_FLAGS = HOT | EXTRA | SEALED | LINKED | USED | PARKED
+# The flags bytes of a row in the order of each kind: linked, used, that kind, sealed or not, parked or not
+# (a parked row is in the order, out of eviction's walk only: its history moves at a growth as any other's).
+_IN_ORDER = {member: [v for v in range(_FLAGS + 1) if v & ~(SEALED | PARKED) == member | LINKED | USED]
+             for member in (0, HOT, EXTRA)}

@@ -116,7 +116,9 @@ class Driven:
         """Rows of other kinds come and go between this order's: the walk passes over them."""
         rows = self.rows
         if self.noise and self.rng.random() < 0.5:
-            rows.free(self.noise.pop(self.rng.randrange(len(self.noise))))
+            row = self.noise.pop(self.rng.randrange(len(self.noise)))
+            self.hot.pop(rows.hashes[row])  # unlinked first (`Rows.free`): a reused row must not stay in the hot list
+            rows.free(row)
             return
         flags = self.rng.choice([HOT, EXTRA, 0])
         row = rows.new(digest_of_hash(self.rng.getrandbits(62) | 1 << 62, 1), size=1, nonce=1, flags=flags)
@@ -139,7 +141,7 @@ class Driven:
         self.ref.missed(s, self._ended(moving))
         if len(p) >= self.capacity:
             victim = p.victim()
-            if not p.displaces(candidate, victim):
+            if victim is None or not p.displaces(candidate, victim):  # None: every stored one parked
                 return
             self.remove(victim)
         self.add(s)
@@ -154,7 +156,7 @@ class Driven:
         self.ref.add(s, self._ended(moving) and p._history is table)
 
     def remove(self, s: int) -> None:
-        self.p.remove(s)
+        self.p.remove(s)  # parked or not: its row leaves its order
         del self.ref.stored[s]
         if self.rows is not None:
             self.rows.free(self.row_of.pop(s))
@@ -166,6 +168,19 @@ class Driven:
             c = self.p.candidate(s)
             last, count = self.ref.read(s)
             assert (c.count, c.gap) == (count, None if last == _NEVER else self.ref.now + 1 - last), (s, self.ref.now)
+
+
+def reorder(p: Policy, victim, parked: list, rng: random.Random) -> None:
+    """The order changed under a walk without a read: over rows, `victim` parked (its object pinned)
+    or one parked before unparked (its pin ended: to the back); over keys, `victim` to the back."""
+    order = p._order
+    if not isinstance(order, RowOrder):
+        order._d.move_to_end(victim)
+    elif parked and rng.random() < 0.5:
+        order.unpark(parked.pop(rng.randrange(len(parked))))
+    else:
+        order.park(victim)
+        parked.append(victim)
 
 
 @pytest.mark.parametrize("step", [STEP, 1], ids=["step", "one-a-step"])
@@ -183,6 +198,7 @@ def test_a_history_grown_a_step_at_a_time_answers_as_the_whole_rebuild_but_for_t
         d.add(s)
         d.check([s, H(0), H(rng.randrange(64))])
     moves, moving = 0, d.p._walk is not None
+    parked: list[int] = []
     for n in range(26_000):
         d.capacity = 40 + n // 20  # the store fills: growths at 65, 129, 257, 513 and 1025 objects
         universe = d.p._history.size
@@ -192,8 +208,8 @@ def test_a_history_grown_a_step_at_a_time_answers_as_the_whole_rebuild_but_for_t
             d.access(s)
         elif r < 0.9 and s in d.p:
             d.remove(s)
-        elif r < 0.95 and len(d.p):
-            d.p.pass_over(d.p.victim())
+        elif r < 0.95 and d.p.victim() is not None:
+            reorder(d.p, d.p.victim(), parked, rng)
         elif s not in d.p and len(d.p) < d.capacity:
             d.add(s)  # loaded late, without a read
         victim = d.p.victim()
@@ -284,8 +300,8 @@ def test_no_add_or_access_moves_more_than_a_step_of_histories_whatever_the_size(
 
 @pytest.mark.parametrize("member", [0, HOT, EXTRA])
 def test_a_row_walk_meets_each_object_stored_throughout_once_whatever_changes_between_its_batches(member):
-    """Objects of the order come and go, move to its back and are read between two batches, rows
-    are reused: each object of the order stored from the walk's start to its end is met once,
+    """Objects of the order come and go, are parked (pinned) and unparked and read between two
+    batches, rows are reused: each object of the order stored from the walk's start to its end is met once,
     every object met was in the order when its batch was made, no row of another kind or of
     none is met, and the walk takes no more batches than `Order.walk` promises."""
     rng = random.Random(member + 1)
@@ -300,6 +316,8 @@ def test_a_row_walk_meets_each_object_stored_throughout_once_whatever_changes_be
         if rng.random() < 0.9:
             orders[m].put(rows.hashes[row], 0)
             live[rows.hashes[row]] = m
+            if rng.random() < 0.2:
+                orders[m].park(rows.hashes[row])  # pinned: out of eviction's walk, still in the order
 
     for _ in range(3000):
         new()
@@ -324,7 +342,8 @@ def test_a_row_walk_meets_each_object_stored_throughout_once_whatever_changes_be
                 added += 1
                 new()
             elif r < 0.8:
-                orders[live[h]].to_back(h)
+                o = orders[live[h]]
+                o.park(h) if rng.random() < 0.5 else o.unpark(h)
             else:
                 orders[live[h]].put(h, batches)
     assert len(met) == len(set(met))
@@ -366,3 +385,27 @@ def test_a_stored_object_not_moved_yet_and_without_a_history_reads_as_the_rebuil
     while p._walk is not None:
         p.missed(5000)
     assert p.candidate(1024).count == 0 and p.candidate(1024).gap == p._now + 1 - 2040
+
+
+def test_a_pinned_object_out_of_evictions_walk_keeps_its_count_across_a_growth():
+    """A parked row (its object pinned: cachenode/store/rows.py `RowOrder.park`) is still in its
+    kind's order, so the growth's walk over the rows moves its history as any other's."""
+    rows = Rows()
+    order = RowOrder(rows, 0)
+    p = Policy(hash_fn=int, order=order, min_history=64)
+    hashes = []
+    for i in range(17):  # the 17th grows the table of 64
+        h = H(i)
+        rows.new(digest_of_hash(h), size=1, nonce=1, flags=0)
+        hashes.append(h)
+        for _ in range(3):
+            p.missed(h)
+        if i < 16:
+            p.add(h)
+            order.park(h) if i % 2 else None
+    p.add(hashes[16])
+    assert p._walk is not None
+    while p._walk is not None:
+        p.missed(H(2000))
+    assert p._history.old is None
+    assert all(p.candidate(h).count == 3 for h in hashes), [p.candidate(h).count for h in hashes]
