@@ -11,32 +11,7 @@ import time
 
 from cachenode.store import loading
 from cachenode.store.disk import Store
-from nezha.keys import object_id
-
-HOST = "images.example"
-
-
-def keys_in(folder: str, n: int) -> list[str]:
-    found, i = [], 0
-    while len(found) < n:
-        key = f"{HOST}/train/{i}.JPEG"
-        i += 1
-        if object_id(key)[:2] == folder:
-            found.append(key)
-    return found
-
-
-def put(store: Store, key: str, body: bytes, at: float):
-    return store.put_sealed(body, key=key, url=key, host=HOST, headers=(("ETag", f'"{at}"'),), stored_at=at,
-                            expires_at=at + 3600, status=200)
-
-
-def read(store: Store, key: str) -> bytes | None:
-    meta = store.lookup(key)
-    if meta is None:
-        return None
-    with open(store.data_path(meta), "rb") as f:
-        return f.read(meta.size)
+from tests.support_folders import keys_in, put, read
 
 
 async def test_a_folder_listed_before_it_changed_answers_as_the_store_changed_it(tmp_path, monkeypatch):

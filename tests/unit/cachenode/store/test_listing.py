@@ -23,19 +23,7 @@ from cachenode.store.objects import Meta, slot_of
 from cachenode.store.record_json import record_of
 from cachenode.store.sealed import seal
 from nezha.keys import object_id
-
-HOST = "images.example"
-
-
-def keys_in(folder: str, n: int, *, tag: str = "k") -> list[str]:
-    """`n` keys whose objects all live in `objects/<folder>`."""
-    found, i = [], 0
-    while len(found) < n:
-        key = f"{HOST}/{tag}/{i}.JPEG"
-        i += 1
-        if object_id(key)[:2] == folder:
-            found.append(key)
-    return found
+from tests.support_folders import HOST, keys_in
 
 
 def meta_of(key: str, at: float) -> Meta:
