@@ -91,7 +91,8 @@ class Store(IndexView, TempFiles, SealedWrites, Integrity, Removal):
         self._pins_saving: asyncio.Task | None = None
         self._pins_dirty = False
         # The index keeps a compact row per object and reads the rest of its record from its file.
-        self._index = Index(evicted=self._evicted, protected=self.pins.holds, ended=self.pins.expire,
+        self._index = Index(evicted=self._evicted, protected=self.pins.holds, named=self.pins.held,
+                            ended=self.pins.expire,
                             records=functools.partial(read_record, self.objects), lost=self._lost)
         self._loader: Loader | None = None
         self._steps = Steps()

@@ -83,6 +83,7 @@ class Index(Records, Following, Room):
 
     def __init__(self, *, evicted: Callable[[Meta, str], None], census: Census | None = None,
                  protected: Callable[[str], bool] = lambda key: False,
+                 named: Callable[[str], bool] | None = None,
                  ended: Callable[[int], int] = lambda limit: 0,
                  records: Callable[[str, str], Meta | None] | None = None,
                  lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
@@ -90,6 +91,9 @@ class Index(Records, Following, Room):
         # A key eviction passes over (pinned by a workload, say): asked of every object added, whose
         # row then waits out of the walk eviction makes until `protect(key, False)` (module docstring).
         self._protected = protected
+        # The same question without its side effects (ending a protection whose time is over), asked
+        # of each object added: an add may run inside the protector's own call (Pins.held says why).
+        self._named = named or protected
         self._ended = ended  # let at most so many protections whose time is over end; how many it looked at
         self._records = records
         self._lost = lost
@@ -261,7 +265,7 @@ class Index(Records, Following, Room):
         for watch in self.watchers:
             watch("put" if recent else "load", meta)
         self._held(row, kind, meta.size)
-        if self._protected(meta.key):
+        if self._named(meta.key):
             self._orders[kind].park(rows.hashes[row])
         if meta.vary:
             self._varying.setdefault(meta.key, set()).add(slot)

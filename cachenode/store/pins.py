@@ -84,6 +84,13 @@ class Pins:
                 self._unpin(key, workload)
         return key in self._until
 
+    def held(self, key: str) -> bool:
+        """Whether a pin names `key`, its time over or not; nothing ends on the way. What the index
+        asks of an object it adds: an add runs inside a pin call that measures a key while the store
+        loads (`used`: the size asked loads it), where ending a pin would change what that call walks.
+        A pin past its time is ended later (`expire`, `holds`), and its object then comes back."""
+        return key in self._until
+
     def used(self) -> int:
         """Bytes held by pins now (an object pinned twice counts once), each at its size when last pinned:
         a running sum, so a pin call costs what its own keys do."""
@@ -93,12 +100,12 @@ class Pins:
             until, key, workload = heapq.heappop(ends)
             if self._until.get(key, {}).get(workload, -1.0) == until:
                 self._unpin(key, workload)
-        if self._unmeasured:
-            for key in self._unmeasured:
-                size = self._size_of(key) or 0
+        for key in list(self._unmeasured):
+            size = self._size_of(key) or 0  # may load the key, while the store loads
+            if key in self._unmeasured:  # still pinned, and not measured meanwhile
+                self._unmeasured.discard(key)
                 self._sizes[key] = size
                 self._used += size
-            self._unmeasured.clear()
         return self._used
 
     def expire(self, limit: int) -> int:
@@ -202,6 +209,6 @@ class Pins:
             if not self.holds(key):
                 continue
             size = self._size_of(key) or 0
-            for workload in self._until[key]:
+            for workload in self._until.get(key, ()):
                 out[workload] = out.get(workload, 0) + size
         return out

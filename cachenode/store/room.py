@@ -14,7 +14,7 @@ from typing import Callable
 
 from cachenode.store.objects import VARIANT_SEPARATOR, Meta
 from cachenode.store.policy import Candidate, Policy
-from cachenode.store.rows import EMPTY, EXTRA, HOT, Rows, digest_of, hash_of
+from cachenode.store.rows import EMPTY, EXTRA, HOT, RowOrder, Rows, digest_of, hash_of
 
 # Protections whose time is over (pins released and kept their time) let end per look for a victim:
 # a workload's million pins, released at once, end over the puts that follow, not within one.
@@ -40,12 +40,13 @@ class Usage:
 
 class Room:
     """Needs of the class it is mixed into (`Index`): `usage`, `_rows`,
-    `policies`, `evictions`, `_protected`, `_ended`, `_evicted`, and its
+    `policies`, `_orders`, `evictions`, `_protected`, `_ended`, `_evicted`, and its
     `has`, `drop`, `_meta`, `_forget`, `__len__`."""
 
     usage: Usage
     _rows: Rows
     policies: dict[str, Policy]
+    _orders: dict[str, RowOrder]
     evictions: Counter[str]
     _protected: Callable[[str], bool]
     _ended: Callable[[int], int]
@@ -104,16 +105,18 @@ class Room:
         Protected ones are out of the order's walk (`Index.protect`): it looks at two
         rows at most, however many are protected. When none is left, protections that
         ended and are not let go yet (`ENDS_PER_LOOK` a look) go, one at a time, until one
-        brings back a row of `kind`: at their end of the order, where the walk meets them."""
-        order = self.policies[kind].victims()
-        for _ in range(ENDS_PER_LOOK + 1):
-            for h in order:
+        brings back a row of `kind` (at their end of the order, where the walk meets them)
+        or none is due: ends that bring nothing back (a key dropped since, a pin renewed)
+        do not stop it while a due one could. Each end is let go once, so what this costs
+        is paid once per pin, not per look; and none is let go for a kind none of whose
+        rows waits (nothing it could bring back)."""
+        policy, order = self.policies[kind], self._orders[kind]
+        while True:
+            for h in policy.victims():
                 if h != keep:
                     return h
-            if not self._ended(1):
+            if order.parked == EMPTY or not self._ended(1):
                 return None
-            order = self.policies[kind].victims()
-        return None
 
     def _over(self, limit: int, headroom: int, more: int = 0) -> bool:
         u = self.usage

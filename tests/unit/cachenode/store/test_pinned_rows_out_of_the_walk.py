@@ -35,7 +35,8 @@ def pinned_index(clock: Clock, cls: type[Index] = Index) -> tuple[Index, Pins, l
     """An index and its pins wired as the store wires them."""
     gone: list[tuple[str, str]] = []
     pins = Pins(capacity=None, size_of=lambda key: 100, clock=clock)
-    index = cls(evicted=lambda m, reason: gone.append((m.slot, reason)), protected=pins.holds, ended=pins.expire)
+    index = cls(evicted=lambda m, reason: gone.append((m.slot, reason)), protected=pins.holds, named=pins.held,
+                ended=pins.expire)
     pins.on_hold = index.protect
     return index, pins, gone
 
@@ -273,3 +274,55 @@ def test_evictions_and_admissions_are_the_old_walks_but_for_when_a_pinned_object
                 assert len(new.policies[kind]) == len(old.policies[kind])
             assert new.usage == old.usage
         assert len(new_gone) > 500, "the sequence evicts"
+
+
+def test_ended_pins_that_bring_nothing_back_do_not_stop_an_eviction_while_a_due_one_would():
+    """The heap of pins that end also holds ends of keys dropped since: letting them go brings no row
+    back, and the look goes on until one does (or none is due), so the store gets under its limit."""
+    clock = Clock()
+    index, pins, gone = pinned_index(clock)
+    def named(key: str) -> Meta:
+        return Meta(key=key, url=key, host="h", size=100, headers=(), stored_at=0.0, expires_at=60.0)
+
+    dropped = [named(f"http://h/a{i:04d}") for i in range(300)]  # pinned, then dropped; their ends sort first
+    kept = [named(f"http://h/z{i:04d}") for i in range(10)]
+    for m in dropped + kept:
+        index.add(m)
+    pins.pin("Job/ml/a", [m.key for m in dropped + kept])
+    for m in dropped:
+        index.drop(m.slot, reason="expired")
+    pins.release("Job/ml/a", 5.0)
+    clock.now += 10  # every pin is over
+    index.evict_to(500)
+    assert index.usage.stored <= 500
+    assert [slot for slot, _ in gone[-5:]] == [m.key for m in kept[:5]]
+
+
+def test_a_pin_call_that_measures_keys_the_store_loads_meanwhile_counts_what_is_still_pinned():
+    """While the store loads, measuring a restored pin's key loads it into the index (the store's
+    `stored_size`), and a pin's time may pass during that call: the index's add ends no pin on the
+    way (`Pins.held`), the call walks what it meant to, and the bytes count the keys still pinned."""
+    clock = Clock()
+    gone: list = []
+    stored = {meta(i).key: meta(i) for i in range(20)}
+    loaded: set[str] = set()
+
+    def size_of(key: str) -> int | None:
+        clock.now += 1.0  # each measure takes a second of this clock
+        if key not in loaded and key in stored:
+            loaded.add(key)
+            index.add(stored[key], recent=False)  # what a lookup while loading does
+        return 100 if key in stored else None
+
+    pins = Pins(capacity=None, size_of=size_of, clock=clock)
+    index = Index(evicted=lambda m, reason: gone.append(m.slot), protected=pins.holds, named=pins.held,
+                  ended=pins.expire)
+    pins.on_hold = index.protect
+    pins.restore({key: {"Job/ml/a": clock.now + 10} for key in stored})  # released before the restart
+    used = pins.used()
+    assert used == 100 * len(pins._until) and used > 0
+    assert sorted(pins.by_workload()) in (["Job/ml/a"], [])
+    clock.now += 60
+    assert pins.used() == 0 and not pins._until, "every pin ended, and its bytes with it"
+    index.evict_to(0)
+    assert sorted(gone) == sorted(stored), "their objects came back to the walk and could go"
