@@ -88,11 +88,13 @@ class Index(Records, Following, Room):
                  records: Callable[[str, str], Meta | None] | None = None,
                  lost: Callable[[str, str], None] = lambda oid, data: None, recent: int = RECENT) -> None:
         self._evicted = evicted
-        # A key eviction passes over (pinned by a workload, say): asked of every object added, whose
-        # row then waits out of the walk eviction makes until `protect(key, False)` (module docstring).
+        # A key eviction passes over (pinned by a workload, say), asked of a committed newcomer no
+        # victim can make room for (room.py `_next_victim`); it may end a protection past its time.
         self._protected = protected
-        # The same question without its side effects (ending a protection whose time is over), asked
-        # of each object added: an add may run inside the protector's own call (Pins.held says why).
+        # The same question without that side effect, asked of each object added, whose row then
+        # waits out of eviction's walk until `protect(key, False)`: an add may run inside the
+        # protector's own call (Pins.held says why). The store gives both; `protected` stands in
+        # for it only where no call of the protector adds objects (tests of eviction alone).
         self._named = named or protected
         self._ended = ended  # let at most so many protections whose time is over end; how many it looked at
         self._records = records

@@ -278,7 +278,7 @@ class Policy:
         self._walk: Iterator[list] | None = None
         self._grown_at = 0
         self._fresh = 1
-        self._spare: _Spare | None = None  # the next table's, from half way to its growth on
+        self._spare: _Spare | None = None  # the next table's, from the end of the last growth's walk on
         # (time, gap) of recent hits, gaps decreasing: the head is the largest in the window.
         self._hit_gaps: deque[tuple[int, int]] = deque()
 
@@ -296,7 +296,7 @@ class Policy:
             self._adopt(slot, self._now)  # stored by the growth's own access: the rebuild would have met it
             self._step()
         stored, size = len(self._order), self._history.size
-        if stored * 8 > size and self._walk is None:  # past half way to the next growth
+        if stored * 8 > size and self._walk is None:  # past half way to the next growth: from the end of the last one's walk on
             if self._spare is None or self._spare.size != size * 2:
                 self._spare = _Spare(size * 2)
             self._spare.fill(size // 4 + 1 - stored)

@@ -7,7 +7,7 @@ sharing 64 bits of hash cannot both be in the table: the index compares
 the whole digest, and a newcomer takes the row of the other.
 
 A doubling is not a rebuild in one go, which would hold the event loop
-in proportion to the objects stored (93 ms at 262,144 objects, 0.5 s at a
+in proportion to the objects stored (about 90 ms at 262,144 objects, 0.5 s at a
 million): as Redis's dict does, it keeps the old array and moves its
 entries over a few at a time on the inserts and deletes that follow. The
 old array, 8 bytes per object at the doubling, goes when its last entry
@@ -215,7 +215,7 @@ class Table:
 
 def _prepare_at(size: int) -> int:
     """The count from which inserts make the next doubling's array ready, for an array of `size`
-    slots: 4 * size / CHUNK inserts before the doubling (never, for arrays not a whole number of chunks)."""
+    slots: 4 * size / CHUNK inserts before the doubling (never below CHUNK / 2 slots: made at once there)."""
     return size // 2 - 4 * size // CHUNK if 2 * size >= CHUNK else size
 
 
