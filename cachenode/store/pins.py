@@ -6,7 +6,7 @@ workload exists, and releases it when the workload is deleted: the pins
 then hold for the workload's `nezha.io/prefetch-keep` more seconds. The
 store's index keeps a held object out of the walk its evictions make
 (cachenode/store/index.py): it is told (`on_hold`) when a key starts to be
-held and when it stops, and asks `holds(key)` of an object it adds.
+held and when it stops, and asks `held(key)` of an object it adds.
 
 Pins may hold at most `capacity` bytes of this node (`--pinned-share` of
 its capacity): an epoch's scan of a dataset larger than the node must still
@@ -94,12 +94,7 @@ class Pins:
     def used(self) -> int:
         """Bytes held by pins now (an object pinned twice counts once), each at its size when last pinned:
         a running sum, so a pin call costs what its own keys do."""
-        now = self._clock()
-        ends = self._ends
-        while ends and ends[0][0] <= now:
-            until, key, workload = heapq.heappop(ends)
-            if self._until.get(key, {}).get(workload, -1.0) == until:
-                self._unpin(key, workload)
+        self.expire(len(self._ends))  # every pin whose time is over ends: its bytes are not held
         for key in list(self._unmeasured):
             size = self._size_of(key) or 0  # may load the key, while the store loads
             if key in self._unmeasured:  # still pinned, and not measured meanwhile
